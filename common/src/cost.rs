@@ -1,0 +1,142 @@
+//! The cost model: per-stage pass durations, communication latency, activation memory.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::pass::PassKind;
+use crate::placement::Placement;
+
+/// Costs of one stage (one chunk on a worker).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StageCost {
+    /// Forward duration.
+    pub f: f64,
+    /// Input-gradient backward duration.
+    pub b: f64,
+    /// Weight-gradient backward duration.
+    pub w: f64,
+    /// Activation memory held per microbatch (allocated at F start).
+    pub mem: f64,
+}
+
+/// Per-stage costs plus the communication latency of one hop between workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Costs {
+    /// `stages[s]` for every stage of the placement.
+    pub stages: Vec<StageCost>,
+    /// Added on every dependency edge between different workers.
+    pub comm: f64,
+    /// Fraction of a microbatch's activation freed when B finishes (the rest at W).
+    pub release_at_b: f64,
+}
+
+/// Pass times of one stage of `1/d` of the model: the `--times F,B,W[,comm]` convention.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Times {
+    /// Forward.
+    pub f: f64,
+    /// Input gradient.
+    pub b: f64,
+    /// Weight gradient.
+    pub w: f64,
+    /// Per-hop latency.
+    pub comm: f64,
+}
+
+impl Times {
+    /// F = B = W = 1, no communication cost.
+    pub const UNIT: Times = Times {
+        f: 1.0,
+        b: 1.0,
+        w: 1.0,
+        comm: 0.0,
+    };
+
+    /// Rejects negative or non-finite values and an all-zero compute time.
+    pub fn check(&self) -> Result<()> {
+        let all = [self.f, self.b, self.w, self.comm];
+        if all.iter().any(|t| !t.is_finite() || *t < 0.0) {
+            return Err(Error::InvalidArgument {
+                field: "times",
+                reason: format!("every time must be finite and ≥ 0, got {all:?}"),
+            });
+        }
+        if self.f + self.b + self.w <= 0.0 {
+            return Err(Error::InvalidArgument {
+                field: "times",
+                reason: "F + B + W must be > 0".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Costs {
+    /// Costs for `placement` from times of one stage of `1/d` of the model: each of the `v`
+    /// chunks of a worker gets `1/v` of every time and `1/v` of the memory unit (one
+    /// microbatch's activation over `1/d` of the model).
+    pub fn uniform(placement: &Placement, times: Times) -> Result<Costs> {
+        times.check()?;
+        let v = f64::from(placement.chunks());
+        let stage = StageCost {
+            f: times.f / v,
+            b: times.b / v,
+            w: times.w / v,
+            mem: 1.0 / v,
+        };
+        Ok(Costs {
+            stages: vec![stage; placement.stages() as usize],
+            comm: times.comm,
+            release_at_b: 0.0,
+        })
+    }
+
+    /// Costs from explicit per-stage values (one entry per stage of the placement).
+    pub fn per_stage(placement: &Placement, stages: Vec<StageCost>, comm: f64) -> Result<Costs> {
+        if stages.len() != placement.stages() as usize {
+            return Err(Error::InvalidArgument {
+                field: "stage times",
+                reason: format!(
+                    "{} stages given, the placement has {}",
+                    stages.len(),
+                    placement.stages()
+                ),
+            });
+        }
+        for (s, c) in stages.iter().enumerate() {
+            Times {
+                f: c.f,
+                b: c.b,
+                w: c.w,
+                comm,
+            }
+            .check()
+            .map_err(|_| Error::InvalidArgument {
+                field: "stage times",
+                reason: format!("stage {s}: times must be finite, ≥ 0 and not all zero, got {c:?}"),
+            })?;
+            if !c.mem.is_finite() || c.mem < 0.0 {
+                return Err(Error::InvalidArgument {
+                    field: "stage times",
+                    reason: format!("stage {s}: memory must be finite and ≥ 0"),
+                });
+            }
+        }
+        Ok(Costs {
+            stages,
+            comm,
+            release_at_b: 0.0,
+        })
+    }
+
+    /// Duration of a pass of `kind` over `stage` (BW = B + W).
+    pub fn duration(&self, kind: PassKind, stage: u32) -> f64 {
+        let c = &self.stages[stage as usize];
+        match kind {
+            PassKind::F => c.f,
+            PassKind::B => c.b,
+            PassKind::W => c.w,
+            PassKind::BW => c.b + c.w,
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! Compaction with true costs: the last reordering step of every split schedule.
+//!
+//! The schedule is executed event by event under the real per-stage times and
+//! communication latency. A worker whose next pass is not ready may run a later pass of its
+//! program that is ready now, if that cannot hold the next pass up (its inputs are still
+//! being computed elsewhere, or it finishes before they arrive), and, for a forward, if the
+//! worker stays within the peak activation memory of its original order; and a ready B
+//! (or F, within memory) overtakes a W: W is never on the critical path. The new order is
+//! kept only when its simulated makespan is shorter, so this step can only help.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::cost::Costs;
+use crate::error::Result;
+use crate::pass::{Pass, PassKind};
+use crate::schedule::Schedule;
+use crate::simulate::simulate;
+use crate::validate::validate;
+
+/// How far ahead in its program a waiting worker looks for a ready pass.
+const WINDOW: usize = 12;
+const EPS: f64 = 1e-9;
+
+/// Runs the compaction; returns the better of the input and the compacted schedule.
+pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
+    let before = simulate(&schedule, costs)?;
+    let index = validate(&schedule)?;
+    let placement = &schedule.placement;
+    let workers = schedule.workers.len();
+    let cap = before.peak_memory.clone();
+
+    let mut remaining: Vec<Vec<Option<Pass>>> = schedule
+        .workers
+        .iter()
+        .map(|ps| ps.iter().copied().map(Some).collect())
+        .collect();
+    let mut head = vec![0usize; workers];
+    let mut free = vec![0.0f64; workers];
+    let mut mem = vec![0.0f64; workers];
+    let mut end: HashMap<Pass, f64> = HashMap::with_capacity(schedule.num_passes());
+    let mut orders: Vec<Vec<Pass>> = schedule
+        .workers
+        .iter()
+        .map(|ps| Vec::with_capacity(ps.len()))
+        .collect();
+    let mut now = 0.0f64;
+    // Arrival times of finished passes at other workers (non-negative f64 bits order like the values).
+    let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+
+    // When `pass` could start on worker `w`: None while an input is still being computed.
+    let ready_at = |pass: Pass, w: usize, end: &HashMap<Pass, f64>| -> Option<f64> {
+        let mut t = 0.0f64;
+        for (dep, _) in index.deps(pass) {
+            let e = *end.get(&dep)?;
+            let hop = if placement.worker_of(dep.stage) as usize != w {
+                costs.comm
+            } else {
+                0.0
+            };
+            t = t.max(e + hop);
+        }
+        Some(t)
+    };
+
+    let total = schedule.num_passes();
+    let mut placed = 0usize;
+    while placed < total {
+        let mut next_event = f64::INFINITY;
+        let mut progressed = false;
+        for w in 0..workers {
+            while head[w] < remaining[w].len() && remaining[w][head[w]].is_none() {
+                head[w] += 1;
+            }
+            if head[w] >= remaining[w].len() {
+                continue;
+            }
+            if free[w] > now + EPS {
+                next_event = next_event.min(free[w]);
+                continue;
+            }
+            let first = remaining[w][head[w]].unwrap_or(Pass::f(0, 0));
+            let head_ready = ready_at(first, w, &end);
+            // W is never on the critical path: a ready B, or an F that fits, goes first.
+            let b_first = || {
+                (head[w] + 1..remaining[w].len().min(head[w] + 1 + WINDOW)).find(|&i| {
+                    remaining[w][i].is_some_and(|p| {
+                        let ready = ready_at(p, w, &end).is_some_and(|r| r <= now + EPS);
+                        let allowed = match p.kind {
+                            PassKind::B | PassKind::BW => true,
+                            PassKind::F => {
+                                held_until(&remaining[w][head[w]..i], mem[w], costs)
+                                    + costs.stages[p.stage as usize].mem
+                                    <= cap[w] + EPS
+                            }
+                            PassKind::W => false,
+                        };
+                        ready && allowed
+                    })
+                })
+            };
+            let pick = match head_ready {
+                Some(t) if t <= now + EPS && first.kind == PassKind::W => {
+                    b_first().or(Some(head[w]))
+                }
+                Some(t) if t <= now + EPS => Some(head[w]),
+                _ => {
+                    let limit = head_ready.unwrap_or(f64::INFINITY);
+                    (head[w] + 1..remaining[w].len().min(head[w] + 1 + WINDOW)).find(|&i| {
+                        let Some(p) = remaining[w][i] else {
+                            return false;
+                        };
+                        let Some(r) = ready_at(p, w, &end) else {
+                            return false;
+                        };
+                        let fits = now + costs.duration(p.kind, p.stage) <= limit + EPS;
+                        let mem_ok = p.kind != PassKind::F
+                            || held_until(&remaining[w][head[w]..i], mem[w], costs)
+                                + costs.stages[p.stage as usize].mem
+                                <= cap[w] + EPS;
+                        // `r` exists only when every input of `p` is done, so a pass that
+                        // depends on one between the head and `i` is never picked.
+                        r <= now + EPS && fits && mem_ok
+                    })
+                }
+            };
+            match pick {
+                Some(i) => {
+                    let Some(p) = remaining[w][i].take() else {
+                        continue;
+                    };
+                    let dur = costs.duration(p.kind, p.stage);
+                    let m = costs.stages[p.stage as usize].mem;
+                    match p.kind {
+                        PassKind::F => mem[w] += m,
+                        PassKind::B => mem[w] -= m * costs.release_at_b,
+                        PassKind::W => mem[w] -= m * (1.0 - costs.release_at_b),
+                        PassKind::BW => mem[w] -= m,
+                    }
+                    free[w] = now + dur;
+                    end.insert(p, now + dur);
+                    events.push(Reverse((now + dur + costs.comm).to_bits()));
+                    orders[w].push(p);
+                    placed += 1;
+                    progressed = true;
+                    next_event = next_event.min(free[w]);
+                }
+                None => {
+                    if let Some(t) = head_ready.filter(|&t| t > now + EPS) {
+                        next_event = next_event.min(t);
+                    }
+                }
+            }
+        }
+        if progressed {
+            continue;
+        }
+        // Advance to the next moment anything can change: a pass ending or an input arriving.
+        while events
+            .peek()
+            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= now + EPS)
+        {
+            events.pop();
+        }
+        let soonest = events
+            .peek()
+            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
+        if !soonest.is_finite() || soonest <= now + EPS {
+            return Ok(schedule);
+        }
+        now = soonest;
+    }
+    let mut candidate = schedule.clone();
+    candidate.workers = orders;
+    match simulate(&candidate, costs) {
+        Ok(after) if after.makespan + EPS < before.makespan => Ok(candidate),
+        _ => Ok(schedule),
+    }
+}
+
+/// The most memory a worker holds while running `passes` (in order) from `now`: moving a
+/// forward in front of them adds its activation to every one of those moments.
+fn held_until(passes: &[Option<Pass>], now: f64, costs: &Costs) -> f64 {
+    let (mut held, mut most) = (now, now);
+    for p in passes.iter().flatten() {
+        let m = costs.stages[p.stage as usize].mem;
+        match p.kind {
+            PassKind::F => {
+                held += m;
+                most = most.max(held);
+            }
+            PassKind::B => held -= m * costs.release_at_b,
+            PassKind::W => held -= m * (1.0 - costs.release_at_b),
+            PassKind::BW => held -= m,
+        }
+    }
+    most
+}
+
+/// Zero-bubble style weight filling: each worker runs its F and B passes in their order,
+/// and its W passes (oldest first) only to fill time when its next F/B is not ready — if
+/// `eager`, whenever that happens; otherwise only when the W ends before the next pass's
+/// inputs arrive — or when the next F would take the worker above `cap` activation memory.
+/// Left-over W passes run at the end. Schedules without W passes come back unchanged.
+pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -> Result<Schedule> {
+    let index = validate(schedule)?;
+    let placement = &schedule.placement;
+    let workers = schedule.workers.len();
+    if schedule
+        .workers
+        .iter()
+        .flatten()
+        .all(|p| p.kind != PassKind::W)
+    {
+        return Ok(schedule.clone());
+    }
+    let main: Vec<Vec<Pass>> = schedule
+        .workers
+        .iter()
+        .map(|ps| {
+            ps.iter()
+                .copied()
+                .filter(|p| p.kind != PassKind::W)
+                .collect()
+        })
+        .collect();
+    let mut head = vec![0usize; workers];
+    let mut pending: Vec<std::collections::VecDeque<Pass>> = vec![Default::default(); workers];
+    let mut free = vec![0.0f64; workers];
+    let mut mem = vec![0.0f64; workers];
+    let mut end: HashMap<Pass, f64> = HashMap::with_capacity(schedule.num_passes());
+    let mut orders: Vec<Vec<Pass>> = schedule
+        .workers
+        .iter()
+        .map(|ps| Vec::with_capacity(ps.len()))
+        .collect();
+    let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    let mut now = 0.0f64;
+    let ready_at = |pass: Pass, w: usize, end: &HashMap<Pass, f64>| -> Option<f64> {
+        let mut t = 0.0f64;
+        for (dep, _) in index.deps(pass) {
+            let e = *end.get(&dep)?;
+            let hop = if placement.worker_of(dep.stage) as usize != w {
+                costs.comm
+            } else {
+                0.0
+            };
+            t = t.max(e + hop);
+        }
+        Some(t)
+    };
+    let total = schedule.num_passes();
+    let mut placed = 0usize;
+    while placed < total {
+        let mut progressed = false;
+        let mut next_event = f64::INFINITY;
+        for w in 0..workers {
+            if free[w] > now + EPS {
+                next_event = next_event.min(free[w]);
+                continue;
+            }
+            let next = main[w].get(head[w]).copied();
+            let next_ready = next.and_then(|p| ready_at(p, w, &end));
+            let run_w = match (next, next_ready) {
+                (None, _) => !pending[w].is_empty(),
+                (Some(p), Some(r)) if r <= now + EPS => {
+                    p.kind == PassKind::F
+                        && mem[w] + costs.stages[p.stage as usize].mem > cap + EPS
+                        && !pending[w].is_empty()
+                }
+                (Some(_), r) => pending[w].front().is_some_and(|wp| {
+                    eager
+                        || r.is_some_and(|r| now + costs.duration(PassKind::W, wp.stage) <= r + EPS)
+                }),
+            };
+            let pass = if run_w {
+                pending[w].pop_front()
+            } else if next_ready.is_some_and(|r| r <= now + EPS) {
+                head[w] += 1;
+                next
+            } else {
+                if let Some(r) = next_ready {
+                    next_event = next_event.min(r);
+                }
+                None
+            };
+            let Some(p) = pass else { continue };
+            let dur = costs.duration(p.kind, p.stage);
+            let m = costs.stages[p.stage as usize].mem;
+            match p.kind {
+                PassKind::F => mem[w] += m,
+                PassKind::B => {
+                    mem[w] -= m * costs.release_at_b;
+                    pending[w].push_back(Pass::w(p.stage, p.mb));
+                }
+                PassKind::W => mem[w] -= m * (1.0 - costs.release_at_b),
+                PassKind::BW => mem[w] -= m,
+            }
+            free[w] = now + dur;
+            end.insert(p, now + dur);
+            events.push(Reverse((now + dur).to_bits()));
+            events.push(Reverse((now + dur + costs.comm).to_bits()));
+            orders[w].push(p);
+            placed += 1;
+            progressed = true;
+        }
+        if progressed {
+            continue;
+        }
+        while events
+            .peek()
+            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= now + EPS)
+        {
+            events.pop();
+        }
+        let soonest = events
+            .peek()
+            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
+        if !soonest.is_finite() || soonest <= now + EPS {
+            return Ok(schedule.clone());
+        }
+        now = soonest;
+    }
+    let mut out = schedule.clone();
+    out.workers = orders;
+    Ok(out)
+}
+
+/// Greedy list scheduling for a B/W-split schedule on any placement: a free worker runs a
+/// ready B (lowest microbatch first, then the earlier stage), else a ready F that keeps it
+/// within `cap` (lowest microbatch first, then the deeper stage), else a pending W (if
+/// `eager`, or when a forward is held back by memory); W passes left over run at the end.
+/// This is the zero-bubble paper's "fill the bubbles with W" rule driven by true costs.
+pub fn greedy_split(template: &Schedule, costs: &Costs, cap: f64, eager: bool) -> Result<Schedule> {
+    let placement = &template.placement;
+    let n = template.microbatches;
+    let stages = placement.stages();
+    let workers = template.workers.len();
+    let mine: Vec<Vec<u32>> = (0..workers as u32)
+        .map(|w| placement.stages_of(w))
+        .collect();
+    let mut next_f = vec![0u32; stages as usize];
+    let mut next_b = vec![0u32; stages as usize];
+    let mut end_f = vec![f64::NAN; (stages * n) as usize];
+    let mut end_b = vec![f64::NAN; (stages * n) as usize];
+    let at = |s: u32, mb: u32| (s * n + mb) as usize;
+    let mut pending: Vec<std::collections::VecDeque<Pass>> = vec![Default::default(); workers];
+    let mut free = vec![0.0f64; workers];
+    let mut mem = vec![0.0f64; workers];
+    let mut orders: Vec<Vec<Pass>> = vec![Vec::new(); workers];
+    let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    let mut now = 0.0f64;
+    let total = 3 * (stages * n) as usize;
+    let mut placed = 0usize;
+    let hop = |a: u32, b: u32| {
+        if placement.worker_of(a) != placement.worker_of(b) {
+            costs.comm
+        } else {
+            0.0
+        }
+    };
+    while placed < total {
+        let mut progressed = false;
+        let mut next_event = f64::INFINITY;
+        for w in 0..workers {
+            if free[w] > now + EPS {
+                next_event = next_event.min(free[w]);
+                continue;
+            }
+            let ready = |e: f64| !e.is_nan() && e <= now + EPS;
+            // Ready B passes.
+            let b = mine[w]
+                .iter()
+                .filter(|&&s| next_b[s as usize] < next_f[s as usize])
+                .filter(|&&s| {
+                    let mb = next_b[s as usize];
+                    let f_done = ready(end_f[at(s, mb)]);
+                    let up = if s + 1 < stages {
+                        end_b[at(s + 1, mb)] + hop(s, s + 1)
+                    } else {
+                        0.0
+                    };
+                    f_done && ready(up)
+                })
+                .min_by_key(|&&s| (next_b[s as usize], s))
+                .copied();
+            let mut blocked_by_memory = false;
+            let f = if b.is_none() {
+                mine[w]
+                    .iter()
+                    .filter(|&&s| next_f[s as usize] < n)
+                    .filter(|&&s| {
+                        let mb = next_f[s as usize];
+                        s == 0 || ready(end_f[at(s - 1, mb)] + hop(s - 1, s))
+                    })
+                    .filter(|&&s| {
+                        let fits = mem[w] + costs.stages[s as usize].mem <= cap + EPS;
+                        blocked_by_memory |= !fits;
+                        fits
+                    })
+                    .min_by_key(|&&s| (next_f[s as usize], std::cmp::Reverse(s)))
+                    .copied()
+            } else {
+                None
+            };
+            let pass = if let Some(s) = b {
+                let mb = next_b[s as usize];
+                next_b[s as usize] += 1;
+                Some(Pass::b(s, mb))
+            } else if let Some(s) = f {
+                let mb = next_f[s as usize];
+                next_f[s as usize] += 1;
+                Some(Pass::f(s, mb))
+            } else if eager || blocked_by_memory || mine[w].iter().all(|&s| next_b[s as usize] == n)
+            {
+                pending[w].pop_front()
+            } else {
+                None
+            };
+            let Some(p) = pass else { continue };
+            let dur = costs.duration(p.kind, p.stage);
+            let m = costs.stages[p.stage as usize].mem;
+            let finish = now + dur;
+            match p.kind {
+                PassKind::F => {
+                    mem[w] += m;
+                    end_f[at(p.stage, p.mb)] = finish;
+                }
+                PassKind::B => {
+                    mem[w] -= m * costs.release_at_b;
+                    end_b[at(p.stage, p.mb)] = finish;
+                    pending[w].push_back(Pass::w(p.stage, p.mb));
+                }
+                PassKind::W | PassKind::BW => mem[w] -= m * (1.0 - costs.release_at_b),
+            }
+            free[w] = finish;
+            events.push(Reverse(finish.to_bits()));
+            events.push(Reverse((finish + costs.comm).to_bits()));
+            orders[w].push(p);
+            placed += 1;
+            progressed = true;
+        }
+        if progressed {
+            continue;
+        }
+        while events
+            .peek()
+            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= now + EPS)
+        {
+            events.pop();
+        }
+        let soonest = events
+            .peek()
+            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
+        if !soonest.is_finite() || soonest <= now + EPS {
+            return Err(crate::error::Error::Unsupported {
+                schedule: template.name.clone(),
+                reason: format!(
+                    "greedy filling under a memory cap of {cap}: every worker is blocked"
+                ),
+            });
+        }
+        now = soonest;
+    }
+    let mut out = template.clone();
+    out.workers = orders;
+    Ok(out)
+}

@@ -1,0 +1,388 @@
+//! Schedule generators. Every generator returns a [`Schedule`] that passes the validator.
+//!
+//! | name | placement | backward | seed |
+//! |---|---|---|---|
+//! | `gpipe` | one stage per worker | BW | 001, 002 |
+//! | `1f1b` | one stage per worker | BW | 001, 002 |
+//! | `eager-1f1b` | one stage per worker | BW | 000 Fig. 1(b) |
+//! | `interleaved-1f1b` | loop, `v` chunks | BW | Megatron-LM |
+//! | `looped-bfs` | loop, `v` chunks | BW | torch.distributed.pipelining |
+//! | `zb-h1`, `zb-h2` | one stage per worker | B + W | zero-bubble paper |
+//! | `v-min`, `v-half`, `v-zb` | V | B + W | 000 Sec. 3, App. F |
+//! | `1f1b-v` | V | BW | 000 App. H |
+//! | `dualpipe-v` | V | mixed | DeepSeek DualPipeV |
+
+mod block;
+mod classic;
+mod compact;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
+pub use compact::{compact, fill_weights, greedy_split};
+
+use crate::cost::{Costs, Times};
+use crate::error::{Error, Result};
+use crate::pass::Pass;
+use crate::placement::Placement;
+use crate::schedule::Schedule;
+use crate::simulate::simulate;
+
+/// The schedules pipewise can generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScheduleKind {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One forward, one backward (PipeDream-flush).
+    OneFOneB,
+    /// 1F1B with a doubled forward offset.
+    Eager1F1B,
+    /// Megatron's interleaved 1F1B.
+    Interleaved1F1B,
+    /// Breadth-first looped schedule.
+    LoopedBfs,
+    /// Zero bubble, 1F1B memory.
+    ZbH1,
+    /// Zero bubble, twice 1F1B memory.
+    ZbH2,
+    /// V-shape, ~1/3 of 1F1B memory.
+    VMin,
+    /// V-shape, ~1/2 of 1F1B memory.
+    VHalf,
+    /// V-shape, 1F1B memory, ~zero bubble.
+    VZb,
+    /// V-shape without the B/W split (~2/3 of 1F1B memory).
+    OneFOneBV,
+    /// DeepSeek's DualPipeV.
+    DualPipeV,
+}
+
+impl ScheduleKind {
+    /// Every kind, in `--compare` order.
+    pub const ALL: [ScheduleKind; 12] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Eager1F1B,
+        ScheduleKind::Interleaved1F1B,
+        ScheduleKind::LoopedBfs,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbH2,
+        ScheduleKind::VMin,
+        ScheduleKind::VHalf,
+        ScheduleKind::VZb,
+        ScheduleKind::OneFOneBV,
+        ScheduleKind::DualPipeV,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Eager1F1B => "eager-1f1b",
+            ScheduleKind::Interleaved1F1B => "interleaved-1f1b",
+            ScheduleKind::LoopedBfs => "looped-bfs",
+            ScheduleKind::ZbH1 => "zb-h1",
+            ScheduleKind::ZbH2 => "zb-h2",
+            ScheduleKind::VMin => "v-min",
+            ScheduleKind::VHalf => "v-half",
+            ScheduleKind::VZb => "v-zb",
+            ScheduleKind::OneFOneBV => "1f1b-v",
+            ScheduleKind::DualPipeV => "dualpipe-v",
+        }
+    }
+
+    /// True for the kinds whose stage count depends on `--chunks`.
+    pub fn uses_chunks(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::Interleaved1F1B | ScheduleKind::LoopedBfs
+        )
+    }
+
+    /// The smallest microbatch count the kind supports on `d` workers.
+    pub fn min_microbatches(self, d: u32) -> u32 {
+        match self {
+            ScheduleKind::DualPipeV => 2 * d,
+            _ => 1,
+        }
+    }
+}
+
+impl fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ScheduleKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
+        let alias = match wanted.as_str() {
+            "pipedream-flush" | "1f1b-flush" => "1f1b",
+            "interleaved" | "interleaved1f1b" => "interleaved-1f1b",
+            "loopedbfs" => "looped-bfs",
+            "zbh1" | "zb1p" => "zb-h1",
+            "zbh2" => "zb-h2",
+            "zbv" | "zbvzerobubble" => "v-zb",
+            "dualpipev" => "dualpipe-v",
+            other => other,
+        };
+        ScheduleKind::ALL
+            .into_iter()
+            .find(|k| k.name() == alias)
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "schedule",
+                reason: format!(
+                    "unknown schedule {s:?}; known: {}",
+                    ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
+                ),
+            })
+    }
+}
+
+/// What to generate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request {
+    /// Which schedule.
+    pub kind: ScheduleKind,
+    /// Worker count `d`.
+    pub workers: u32,
+    /// Microbatches per step `n`.
+    pub microbatches: u32,
+    /// Chunks per worker `v` (interleaved and looped only).
+    pub chunks: u32,
+    /// Pass times; reordering of zero-bubble and V schedules fills idle time measured with them.
+    pub times: Times,
+}
+
+impl Request {
+    /// A request with unit times and 2 chunks.
+    pub fn new(kind: ScheduleKind, workers: u32, microbatches: u32) -> Request {
+        Request {
+            kind,
+            workers,
+            microbatches,
+            chunks: 2,
+            times: Times::UNIT,
+        }
+    }
+}
+
+/// Generates the schedule `req` asks for.
+pub fn generate(req: &Request) -> Result<Schedule> {
+    let (d, n) = (req.workers, req.microbatches);
+    if d == 0 {
+        return Err(Error::InvalidArgument {
+            field: "workers",
+            reason: "must be at least 1".into(),
+        });
+    }
+    if n == 0 {
+        return Err(Error::InvalidArgument {
+            field: "microbatches",
+            reason: "must be at least 1".into(),
+        });
+    }
+    req.times.check()?;
+    let min_n = req.kind.min_microbatches(d);
+    if n < min_n {
+        return Err(Error::Unsupported {
+            schedule: req.kind.name().into(),
+            reason: format!(
+                "{n} microbatches on {d} workers: it needs at least {min_n} (2 × workers)"
+            ),
+        });
+    }
+    let costs_for = |placement: &Placement| Costs::uniform(placement, req.times);
+    match req.kind {
+        ScheduleKind::GPipe => Ok(classic::gpipe(d, n)),
+        ScheduleKind::OneFOneB => Ok(classic::one_f1b(d, n)),
+        ScheduleKind::Eager1F1B => Ok(classic::eager_1f1b(d, n)),
+        ScheduleKind::Interleaved1F1B => classic::interleaved(d, n, req.chunks),
+        ScheduleKind::LoopedBfs => classic::looped_bfs(d, n, req.chunks),
+        ScheduleKind::ZbH1 | ScheduleKind::ZbH2 => {
+            let s = if req.kind == ScheduleKind::ZbH1 {
+                classic::zb_h1(d, n)
+            } else {
+                classic::zb_h2(d, n)
+            };
+            let costs = costs_for(&s.placement)?;
+            compact(reorder_cooldown(s, &costs)?, &costs)
+        }
+        ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, req.times),
+        ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, req.times),
+        ScheduleKind::VZb => v_schedule(
+            "v-zb",
+            search_v_block(d, [4, 2, 4, 2], false)?,
+            d,
+            n,
+            req.times,
+        ),
+        ScheduleKind::OneFOneBV => {
+            // The tightest uniform fused block repeats without collision only for d ≤ 2;
+            // beyond that the F offsets must grow (see `search_v_block`).
+            let offsets = search_v_block(d, [1, 1, 2, 2], true)
+                .or_else(|_| search_v_block(d, [2, 4, 2, 4], true))?;
+            reorder_warmup(offsets.block(d).repeat("1f1b-v", n)?)
+        }
+        ScheduleKind::DualPipeV => Ok(dualpipe_v(d, n)),
+    }
+}
+
+/// Building block → repeat → squeeze → reorder (warm-up, cool-down, then compaction with
+/// the true costs).
+fn v_schedule(name: &str, offsets: VOffsets, d: u32, n: u32, times: Times) -> Result<Schedule> {
+    let block = offsets.block(d);
+    let repeated = block.repeat(name, n)?;
+    let warm = reorder_warmup(repeated)?;
+    let costs = Costs::uniform(&warm.placement, times)?;
+    let cooled = reorder_cooldown(warm, &costs)?;
+    // The memory class of the block: no worker may exceed the largest peak of the repeat.
+    let class = simulate(&cooled, &costs)?
+        .peak_memory
+        .iter()
+        .copied()
+        .fold(0.0, f64::max);
+    let mut best = compact(cooled.clone(), &costs)?;
+    for eager in [false, true] {
+        let filled = fill_weights(&cooled, &costs, class, eager)?;
+        best = better_of(best, filled, &costs)?;
+        if let Ok(greedy) = greedy_split(&cooled, &costs, class, eager) {
+            best = better_of(best, greedy, &costs)?;
+        }
+    }
+    Ok(best)
+}
+
+/// The schedule with the shorter makespan (then the lower span bubble); `a` on ties.
+fn better_of(a: Schedule, b: Schedule, costs: &Costs) -> Result<Schedule> {
+    let (sa, sb) = (simulate(&a, costs)?, simulate(&b, costs)?);
+    let key = |s: &crate::simulate::Simulation| (s.makespan, s.bubble_span);
+    let (ka, kb) = (key(&sa), key(&sb));
+    const EPS: f64 = 1e-9;
+    if kb.0 + EPS < ka.0 || (kb.0 <= ka.0 + EPS && kb.1 + EPS < ka.1) {
+        Ok(b)
+    } else {
+        Ok(a)
+    }
+}
+
+/// Finds the turn offsets (δ(F_d⁰,F_d¹), δ(F_1¹,B_1¹), δ(B_d¹,B_d⁰)) for V-shape offsets
+/// `[f_down, f_up, b_down, b_up]` that repeat without collision, preferring the lowest peak
+/// memory (Eq. 1), then the shortest block.
+pub fn search_v_block(
+    d: u32,
+    [f_down, f_up, b_down, b_up]: [i64; 4],
+    fused: bool,
+) -> Result<VOffsets> {
+    let min_b = if fused { 2 } else { 1 };
+    let mut best: Option<((i64, i64), VOffsets)> = None;
+    for turn_f in 1..=8 {
+        for turn_fb in 1..=8 {
+            for turn_b in min_b..=8 {
+                let o = VOffsets {
+                    f_down,
+                    f_up,
+                    b_down,
+                    b_up,
+                    turn_f,
+                    turn_fb,
+                    turn_b,
+                    fused,
+                };
+                let block = o.block(d);
+                if !block.collision_free() {
+                    continue;
+                }
+                let length = block
+                    .passes
+                    .iter()
+                    .map(|p| p.cell + p.len)
+                    .max()
+                    .unwrap_or(0);
+                let key = (block.peak_estimate(), length);
+                if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                    best = Some((key, o));
+                }
+            }
+        }
+    }
+    best.map(|(_, o)| o).ok_or_else(|| Error::NoBuildingBlock {
+        schedule: "v-shape".into(),
+        workers: d,
+    })
+}
+
+/// DualPipeV (DeepSeek): the V placement run in DualPipe's eight phases on worker `r`:
+/// warm-up forwards of chunk 0, paired forwards, B/W-split backwards of chunk 1 with
+/// forwards, the steady "F0 with B1, F1 with B0" overlap, then the drain where backwards
+/// are split and the weight passes are deferred to fill the tail. Needs `n ≥ 2d`.
+fn dualpipe_v(d: u32, n: u32) -> Schedule {
+    let mut schedule = Schedule::empty("dualpipe-v", Placement::V { workers: d }, n);
+    for r in 0..d {
+        let (s0, s1) = (r, 2 * d - 1 - r);
+        let mut out: Vec<Pass> = Vec::new();
+        let (mut f0, mut f1, mut b0, mut b1) = (0u32, 0u32, 0u32, 0u32);
+        let mut deferred: std::collections::VecDeque<Pass> = std::collections::VecDeque::new();
+        let fwd = |out: &mut Vec<Pass>, stage: u32, next: &mut u32| {
+            out.push(Pass::f(stage, *next));
+            *next += 1;
+        };
+        // `split`: B now, W deferred; otherwise a fused BW.
+        let bwd = |out: &mut Vec<Pass>,
+                   deferred: &mut std::collections::VecDeque<Pass>,
+                   stage: u32,
+                   next: &mut u32,
+                   split: bool| {
+            if split {
+                out.push(Pass::b(stage, *next));
+                deferred.push_back(Pass::w(stage, *next));
+            } else {
+                out.push(Pass::bw(stage, *next));
+            }
+            *next += 1;
+        };
+        for _ in 0..2 * (d - r - 1) {
+            fwd(&mut out, s0, &mut f0);
+        }
+        for _ in 0..=r {
+            fwd(&mut out, s0, &mut f0);
+            fwd(&mut out, s1, &mut f1);
+        }
+        for _ in 0..d - r - 1 {
+            bwd(&mut out, &mut deferred, s1, &mut b1, true);
+            if let Some(w) = deferred.pop_front() {
+                out.push(w);
+            }
+            fwd(&mut out, s1, &mut f1);
+        }
+        for _ in 0..n - 2 * d + r + 1 {
+            fwd(&mut out, s0, &mut f0);
+            bwd(&mut out, &mut deferred, s1, &mut b1, false);
+            fwd(&mut out, s1, &mut f1);
+            bwd(&mut out, &mut deferred, s0, &mut b0, false);
+        }
+        for _ in 0..d - r - 1 {
+            bwd(&mut out, &mut deferred, s1, &mut b1, false);
+            fwd(&mut out, s1, &mut f1);
+            bwd(&mut out, &mut deferred, s0, &mut b0, false);
+        }
+        for _ in 0..=r {
+            bwd(&mut out, &mut deferred, s1, &mut b1, true);
+            bwd(&mut out, &mut deferred, s0, &mut b0, true);
+        }
+        for _ in 0..d - r - 1 {
+            if let Some(w) = deferred.pop_front() {
+                out.push(w);
+            }
+            bwd(&mut out, &mut deferred, s0, &mut b0, true);
+        }
+        out.extend(deferred.drain(..));
+        schedule.workers[r as usize] = out;
+    }
+    schedule
+}

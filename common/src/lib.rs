@@ -1,0 +1,36 @@
+//! `pipewise-common`: the pure planning core of pipewise.
+//!
+//! Everything here is a function of its inputs: no I/O, no clock, no randomness.
+//!
+//! # Layout
+//!
+//! - [`pass`]: the pass IR (`F`, `B`, `W`, `BW` over a stage and microbatch) and its text form `0F3`.
+//! - [`placement`]: stage → worker layouts (one per worker, loop, V, explicit).
+//! - [`schedule`]: per-worker ordered pass lists.
+//! - [`validate`]: the validator (typed errors, marked grids).
+//! - [`cost`]: per-stage F/B/W durations, communication latency, activation memory.
+//! - [`simulate`]: start/end of every pass, makespan, bubble rates, peak memory, lower bounds.
+//! - [`generate`]: every schedule generator, and the building-block framework they share.
+//! - [`csv`]: import/export in the CSV form torchtitan and PyTorch use.
+//! - [`render`]: text grid, SVG, Chrome trace and report renderings.
+//! - [`error`]: the crate's one error type.
+
+pub mod cost;
+pub mod csv;
+pub mod error;
+pub mod generate;
+pub mod pass;
+pub mod placement;
+pub mod render;
+pub mod schedule;
+pub mod simulate;
+pub mod validate;
+
+pub use cost::{Costs, StageCost, Times};
+pub use error::{Error, Result};
+pub use generate::{Request, ScheduleKind, generate};
+pub use pass::{Pass, PassKind};
+pub use placement::Placement;
+pub use schedule::Schedule;
+pub use simulate::{Simulation, simulate};
+pub use validate::validate;

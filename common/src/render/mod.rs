@@ -1,0 +1,1 @@
+//! Renderings of schedules and simulations: text grid, SVG, Chrome trace, table, JSON.

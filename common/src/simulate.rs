@@ -1,0 +1,253 @@
+//! The simulator: runs every worker's program under a cost model.
+//!
+//! A pass starts when its worker is free and every pass it depends on has ended (plus the
+//! communication latency when the dependency ran on another worker). Activation memory of a
+//! (stage, microbatch) is allocated when its F starts and released when its W (or BW) ends;
+//! a fraction `release_at_b` may be released when B ends.
+
+use serde::Serialize;
+
+use crate::cost::Costs;
+use crate::error::{Error, Result};
+use crate::pass::{Pass, PassKind};
+use crate::schedule::Schedule;
+use crate::validate::{PassIndex, validate};
+
+/// A pass with its simulated start and end.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TimedPass {
+    /// The pass.
+    pub pass: Pass,
+    /// Start time.
+    pub start: f64,
+    /// End time.
+    pub end: f64,
+}
+
+/// What the simulator reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Simulation {
+    /// `timeline[w]`: worker `w`'s passes in program order, with times.
+    pub timeline: Vec<Vec<TimedPass>>,
+    /// Time from the first start to the last end.
+    pub makespan: f64,
+    /// Busy time of every worker.
+    pub busy: Vec<f64>,
+    /// `1 − Σ busy / (workers × makespan)`.
+    pub bubble: f64,
+    /// `max_w (span_w − busy_w) / span_w`, span = first start to last end on `w` (the paper's tables).
+    pub bubble_span: f64,
+    /// Peak activation memory of every worker, in the cost model's memory unit.
+    pub peak_memory: Vec<f64>,
+    /// Lower bounds on the makespan.
+    pub bounds: Bounds,
+}
+
+/// Lower bounds on the makespan.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Bounds {
+    /// The largest per-worker amount of work.
+    pub max_work: f64,
+    /// The longest dependency chain of one microbatch (all F, then all B, then one W,
+    /// with communication on every hop between workers).
+    pub critical_path: f64,
+    /// `max(max_work, critical_path)`: holds for every schedule on this placement.
+    pub lower_bound: f64,
+    /// The paper's App. E.2 bound for V schedules, `(6n + 6d − 3k − 1)·t` with `k` the
+    /// simulated peak in per-stage activations and `t` the shortest pass: a bound for
+    /// squeezed-and-reordered V-shape schedules at that memory, not for every schedule.
+    pub v_bound: Option<f64>,
+}
+
+const NOT_DONE: f64 = f64::NAN;
+
+/// Validates `schedule` and simulates it under `costs`.
+pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation> {
+    let index = validate(schedule)?;
+    simulate_validated(schedule, &index, costs)
+}
+
+/// Simulates a schedule already validated into `index`.
+pub fn simulate_validated(
+    schedule: &Schedule,
+    index: &PassIndex,
+    costs: &Costs,
+) -> Result<Simulation> {
+    let placement = &schedule.placement;
+    if costs.stages.len() != placement.stages() as usize {
+        return Err(Error::InvalidArgument {
+            field: "costs",
+            reason: format!(
+                "{} stage costs for {} stages",
+                costs.stages.len(),
+                placement.stages()
+            ),
+        });
+    }
+    let n = schedule.microbatches as usize;
+    let stages = placement.stages() as usize;
+    let slot = |p: Pass| -> usize {
+        let k = match p.kind {
+            PassKind::F => 0,
+            PassKind::B => 1,
+            PassKind::W => 2,
+            PassKind::BW => 3,
+        };
+        (k * stages + p.stage as usize) * n + p.mb as usize
+    };
+    let mut end = vec![NOT_DONE; 4 * stages * n];
+    let workers = schedule.workers.len();
+    let mut timeline: Vec<Vec<TimedPass>> = schedule
+        .workers
+        .iter()
+        .map(|ps| Vec::with_capacity(ps.len()))
+        .collect();
+    let mut free = vec![0.0f64; workers];
+    let mut head = vec![0usize; workers];
+    loop {
+        let mut progressed = false;
+        for w in 0..workers {
+            'worker: while let Some(&pass) = schedule.workers[w].get(head[w]) {
+                let mut ready = free[w];
+                for (dep, _) in index.deps(pass) {
+                    let t = end[slot(dep)];
+                    if t.is_nan() {
+                        break 'worker;
+                    }
+                    let hop = if placement.worker_of(dep.stage) as usize != w {
+                        costs.comm
+                    } else {
+                        0.0
+                    };
+                    ready = ready.max(t + hop);
+                }
+                let finish = ready + costs.duration(pass.kind, pass.stage);
+                end[slot(pass)] = finish;
+                free[w] = finish;
+                timeline[w].push(TimedPass {
+                    pass,
+                    start: ready,
+                    end: finish,
+                });
+                head[w] += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    Ok(summarise(schedule, costs, timeline))
+}
+
+fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) -> Simulation {
+    let first = timeline
+        .iter()
+        .filter_map(|t| t.first())
+        .map(|p| p.start)
+        .fold(f64::INFINITY, f64::min);
+    let last = timeline
+        .iter()
+        .filter_map(|t| t.last())
+        .map(|p| p.end)
+        .fold(0.0, f64::max);
+    let makespan = if first.is_finite() { last - first } else { 0.0 };
+    let busy: Vec<f64> = timeline
+        .iter()
+        .map(|t| t.iter().map(|p| p.end - p.start).sum())
+        .collect();
+    let total: f64 = busy.iter().sum();
+    let workers = timeline.len() as f64;
+    let bubble = if makespan > 0.0 {
+        1.0 - total / (workers * makespan)
+    } else {
+        0.0
+    };
+    let bubble_span = timeline
+        .iter()
+        .zip(&busy)
+        .filter_map(|(t, b)| {
+            let span = t.last()?.end - t.first()?.start;
+            (span > 0.0).then(|| (span - b) / span)
+        })
+        .fold(0.0, f64::max);
+    let peak_memory = timeline
+        .iter()
+        .map(|t| peak_of(t, costs))
+        .collect::<Vec<_>>();
+    let bounds = bounds(schedule, costs, &busy, &peak_memory);
+    Simulation {
+        timeline,
+        makespan,
+        busy,
+        bubble,
+        bubble_span,
+        peak_memory,
+        bounds,
+    }
+}
+
+/// Peak memory of one worker: passes run one at a time in program order, so allocations
+/// and releases happen in that order.
+fn peak_of(passes: &[TimedPass], costs: &Costs) -> f64 {
+    let (mut now, mut peak) = (0.0f64, 0.0f64);
+    for p in passes {
+        let m = costs.stages[p.pass.stage as usize].mem;
+        match p.pass.kind {
+            PassKind::F => {
+                now += m;
+                peak = peak.max(now);
+            }
+            PassKind::B => now -= m * costs.release_at_b,
+            PassKind::W => now -= m * (1.0 - costs.release_at_b),
+            PassKind::BW => now -= m,
+        }
+    }
+    peak
+}
+
+fn bounds(schedule: &Schedule, costs: &Costs, busy: &[f64], peak: &[f64]) -> Bounds {
+    let placement = &schedule.placement;
+    let max_work = busy.iter().copied().fold(0.0, f64::max);
+    let stages = placement.stages();
+    let mut chain = 0.0;
+    let mut hops = 0u32;
+    for s in 0..stages {
+        chain += costs.stages[s as usize].f + costs.stages[s as usize].b;
+        if s + 1 < stages && placement.worker_of(s) != placement.worker_of(s + 1) {
+            hops += 2;
+        }
+    }
+    let critical_path = match costs.stages.first() {
+        Some(first) => chain + first.w + f64::from(hops) * costs.comm,
+        None => 0.0,
+    };
+    let v_bound = match placement {
+        crate::placement::Placement::V { workers } => {
+            let d = f64::from(*workers);
+            let n = f64::from(schedule.microbatches);
+            let m = costs
+                .stages
+                .iter()
+                .map(|c| c.mem)
+                .fold(f64::INFINITY, f64::min);
+            let t = costs
+                .stages
+                .iter()
+                .flat_map(|c| [c.f, c.b, c.w])
+                .fold(f64::INFINITY, f64::min);
+            let peak = peak.iter().copied().fold(0.0, f64::max);
+            (m > 0.0).then(|| {
+                let k = (peak / m).round().min(2.0 * d);
+                (6.0 * n + 6.0 * d - 3.0 * k - 1.0).max(0.0) * t
+            })
+        }
+        _ => None,
+    };
+    Bounds {
+        max_work,
+        critical_path,
+        lower_bound: max_work.max(critical_path),
+        v_bound,
+    }
+}

@@ -1,0 +1,290 @@
+//! The validator: every generator's output and every imported schedule goes through it.
+//!
+//! Rules: each (stage, microbatch) has exactly one F and either one BW or one B and one W;
+//! each stage runs on the worker the placement gives it; on a worker, dependencies that live
+//! on the same worker come first (F(s) before F(s+1), B(s+1) before B(s), F before B before
+//! W); and the workers, each following its own order, never wait on each other forever.
+
+use std::fmt::Write as _;
+
+use crate::error::{Cell, Error, Result, Rule};
+use crate::pass::{Pass, PassKind};
+use crate::schedule::Schedule;
+
+const ABSENT: u32 = u32::MAX;
+
+/// Position of every pass of a schedule, indexed by (kind, stage, microbatch).
+#[derive(Debug, Clone)]
+pub struct PassIndex {
+    stages: u32,
+    microbatches: u32,
+    pos: Vec<u32>,
+}
+
+impl PassIndex {
+    fn slot(&self, pass: Pass) -> usize {
+        let kind = PassKind::ALL
+            .iter()
+            .position(|k| *k == pass.kind)
+            .unwrap_or(0);
+        (kind * self.stages as usize + pass.stage as usize) * self.microbatches as usize
+            + pass.mb as usize
+    }
+
+    /// Position of `pass` in its worker's program, if present.
+    pub fn position(&self, pass: Pass) -> Option<u32> {
+        let p = self.pos[self.slot(pass)];
+        (p != ABSENT).then_some(p)
+    }
+
+    /// The pass that produces the input gradient of (stage, mb): `B` if present, else `BW`.
+    pub fn input_backward(&self, stage: u32, mb: u32) -> Pass {
+        let b = Pass::b(stage, mb);
+        if self.position(b).is_some() {
+            b
+        } else {
+            Pass::bw(stage, mb)
+        }
+    }
+
+    /// The passes `pass` depends on, with the rule each dependency enforces.
+    pub fn deps(&self, pass: Pass) -> impl Iterator<Item = (Pass, Rule)> + '_ {
+        let (s, mb) = (pass.stage, pass.mb);
+        let mut out: [Option<(Pass, Rule)>; 2] = [None, None];
+        match pass.kind {
+            PassKind::F => {
+                if s > 0 {
+                    out[0] = Some((Pass::f(s - 1, mb), Rule::ForwardChain));
+                }
+            }
+            PassKind::B | PassKind::BW => {
+                out[0] = Some((Pass::f(s, mb), Rule::ForwardBeforeBackward));
+                if s + 1 < self.stages {
+                    out[1] = Some((self.input_backward(s + 1, mb), Rule::BackwardChain));
+                }
+            }
+            PassKind::W => out[0] = Some((Pass::b(s, mb), Rule::InputBeforeWeight)),
+        }
+        out.into_iter().flatten()
+    }
+}
+
+/// Checks `schedule` and returns the index of its passes.
+pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
+    let placement = &schedule.placement;
+    placement.check()?;
+    if schedule.num_workers() != placement.workers() {
+        return Err(Error::WorkerCount {
+            got: schedule.num_workers(),
+            expected: placement.workers(),
+        });
+    }
+    let stages = placement.stages();
+    let n = schedule.microbatches;
+    if n == 0 {
+        return Err(Error::InvalidArgument {
+            field: "microbatches",
+            reason: "must be at least 1".into(),
+        });
+    }
+    let mut index = PassIndex {
+        stages,
+        microbatches: n,
+        pos: vec![ABSENT; 4 * stages as usize * n as usize],
+    };
+
+    // Membership: ranges, placement, duplicates.
+    for (w, passes) in schedule.workers.iter().enumerate() {
+        for (p, &pass) in passes.iter().enumerate() {
+            let at = Cell {
+                worker: w as u32,
+                pos: p as u32,
+                pass,
+            };
+            if pass.stage >= stages {
+                return Err(Error::UnknownStage { at, stages });
+            }
+            if pass.mb >= n {
+                return Err(Error::MicrobatchOutOfRange {
+                    at,
+                    microbatches: n,
+                });
+            }
+            let expected = placement.worker_of(pass.stage);
+            if expected != at.worker {
+                return Err(Error::WrongWorker { at, expected });
+            }
+            let slot = index.slot(pass);
+            if index.pos[slot] != ABSENT {
+                let first = Cell {
+                    worker: at.worker,
+                    pos: index.pos[slot],
+                    pass,
+                };
+                return Err(Error::DuplicatePass { at, first });
+            }
+            index.pos[slot] = p as u32;
+        }
+    }
+
+    // Completeness: one F, and BW xor (B and W).
+    for s in 0..stages {
+        for mb in 0..n {
+            let w = placement.worker_of(s);
+            let here = |pass: Pass| {
+                index.position(pass).map(|pos| Cell {
+                    worker: w,
+                    pos,
+                    pass,
+                })
+            };
+            if here(Pass::f(s, mb)).is_none() {
+                return Err(Error::MissingPass {
+                    pass: Pass::f(s, mb),
+                });
+            }
+            let (b, wt, bw) = (
+                here(Pass::b(s, mb)),
+                here(Pass::w(s, mb)),
+                here(Pass::bw(s, mb)),
+            );
+            match (b, wt, bw) {
+                (None, None, Some(_)) | (Some(_), Some(_), None) => {}
+                (Some(at), _, Some(_)) | (_, Some(at), Some(_)) => {
+                    return Err(Error::MixedBackward { at });
+                }
+                (Some(_), None, None) => {
+                    return Err(Error::MissingPass {
+                        pass: Pass::w(s, mb),
+                    });
+                }
+                (None, Some(_), None) => {
+                    return Err(Error::MissingPass {
+                        pass: Pass::b(s, mb),
+                    });
+                }
+                (None, None, None) => {
+                    return Err(Error::MissingPass {
+                        pass: Pass::bw(s, mb),
+                    });
+                }
+            }
+        }
+    }
+
+    // Same-worker ordering.
+    for (w, passes) in schedule.workers.iter().enumerate() {
+        for (p, &pass) in passes.iter().enumerate() {
+            for (dep, rule) in index.deps(pass) {
+                let dep_worker = placement.worker_of(dep.stage);
+                let Some(dep_pos) = index.position(dep) else {
+                    continue;
+                };
+                if dep_worker == w as u32 && dep_pos > p as u32 {
+                    return Err(Error::OutOfOrder {
+                        at: Cell {
+                            worker: w as u32,
+                            pos: p as u32,
+                            pass,
+                        },
+                        needs: Cell {
+                            worker: dep_worker,
+                            pos: dep_pos,
+                            pass: dep,
+                        },
+                        rule,
+                    });
+                }
+            }
+        }
+    }
+
+    // Progress: run every worker's order with any durations; all must finish.
+    let mut done = vec![false; index.pos.len()];
+    let mut head = vec![0usize; schedule.workers.len()];
+    loop {
+        let mut progressed = false;
+        for (w, passes) in schedule.workers.iter().enumerate() {
+            while let Some(&pass) = passes.get(head[w]) {
+                if index.deps(pass).all(|(dep, _)| done[index.slot(dep)]) {
+                    done[index.slot(pass)] = true;
+                    head[w] += 1;
+                    progressed = true;
+                } else {
+                    break;
+                }
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    let stuck: Vec<(Cell, Pass)> = schedule
+        .workers
+        .iter()
+        .enumerate()
+        .filter_map(|(w, passes)| {
+            let pass = *passes.get(head[w])?;
+            let waits = index
+                .deps(pass)
+                .map(|(d, _)| d)
+                .find(|d| !done[index.slot(*d)])?;
+            Some((
+                Cell {
+                    worker: w as u32,
+                    pos: head[w] as u32,
+                    pass,
+                },
+                waits,
+            ))
+        })
+        .collect();
+    if !stuck.is_empty() {
+        return Err(Error::Deadlock { stuck });
+    }
+    Ok(index)
+}
+
+/// Renders the step-by-worker grid (columns are positions in each worker's program) with
+/// the cells named by `error` marked `>…<`. Long programs are cut to a window around the
+/// first marked cell.
+pub fn error_grid(schedule: &Schedule, error: &Error) -> String {
+    let marked = error.cells();
+    let longest = schedule.workers.iter().map(Vec::len).max().unwrap_or(0);
+    let centre = marked.first().map(|c| c.pos as usize).unwrap_or(0);
+    let lo = centre.saturating_sub(8);
+    let hi = (centre + 9).max(lo + 17).min(longest);
+    let width = schedule
+        .workers
+        .iter()
+        .flat_map(|ps| ps.iter().map(|p| p.to_string().len()))
+        .max()
+        .unwrap_or(3)
+        + 2;
+    let mut out = String::new();
+    let _ = write!(out, "{:>10}", "step");
+    for pos in lo..hi {
+        let _ = write!(out, " {pos:^width$}");
+    }
+    out.push('\n');
+    for (w, passes) in schedule.workers.iter().enumerate() {
+        let _ = write!(out, "{:>10}", format!("worker {w}"));
+        for pos in lo..hi {
+            let text = passes.get(pos).map(Pass::to_string).unwrap_or_default();
+            let hit = marked
+                .iter()
+                .any(|c| c.worker as usize == w && c.pos as usize == pos);
+            let cell = if hit { format!(">{text}<") } else { text };
+            let _ = write!(out, " {cell:^width$}");
+        }
+        out.push('\n');
+    }
+    if let Some(first) = marked.first() {
+        let _ = writeln!(
+            out,
+            "<-- ERROR HERE: {error} (cell {} of worker {})",
+            first.pos, first.worker
+        );
+    }
+    out
+}
