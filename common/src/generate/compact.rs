@@ -268,9 +268,24 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
                         && mem[w] + costs.stages[p.stage as usize].mem > cap + EPS
                         && !pending[w].is_empty()
                 }
-                (Some(_), r) => pending[w].front().is_some_and(|wp| {
-                    eager
-                        || r.is_some_and(|r| now + costs.duration(PassKind::W, wp.stage) <= r + EPS)
+                (Some(p), r) => pending[w].front().is_some_and(|wp| {
+                    // When the inputs of `p` can arrive at the earliest: known for started
+                    // passes; a pass not started yet needs at least its own duration.
+                    let earliest = r.unwrap_or_else(|| {
+                        index
+                            .deps(p)
+                            .filter(|(dep, _)| !end.contains_key(dep))
+                            .map(|(dep, _)| {
+                                let hop = if placement.worker_of(dep.stage) as usize != w {
+                                    costs.comm
+                                } else {
+                                    0.0
+                                };
+                                now + costs.duration(dep.kind, dep.stage) + hop
+                            })
+                            .fold(now, f64::max)
+                    });
+                    eager || now + costs.duration(PassKind::W, wp.stage) <= earliest + EPS
                 }),
             };
             let pass = if run_w {
@@ -322,147 +337,6 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
         now = soonest;
     }
     let mut out = schedule.clone();
-    out.workers = orders;
-    Ok(out)
-}
-
-/// Greedy list scheduling for a B/W-split schedule on any placement: a free worker runs a
-/// ready B (lowest microbatch first, then the earlier stage), else a ready F that keeps it
-/// within `cap` (lowest microbatch first, then the deeper stage), else a pending W (if
-/// `eager`, or when a forward is held back by memory); W passes left over run at the end.
-/// This is the zero-bubble paper's "fill the bubbles with W" rule driven by true costs.
-pub fn greedy_split(template: &Schedule, costs: &Costs, cap: f64, eager: bool) -> Result<Schedule> {
-    let placement = &template.placement;
-    let n = template.microbatches;
-    let stages = placement.stages();
-    let workers = template.workers.len();
-    let mine: Vec<Vec<u32>> = (0..workers as u32)
-        .map(|w| placement.stages_of(w))
-        .collect();
-    let mut next_f = vec![0u32; stages as usize];
-    let mut next_b = vec![0u32; stages as usize];
-    let mut end_f = vec![f64::NAN; (stages * n) as usize];
-    let mut end_b = vec![f64::NAN; (stages * n) as usize];
-    let at = |s: u32, mb: u32| (s * n + mb) as usize;
-    let mut pending: Vec<std::collections::VecDeque<Pass>> = vec![Default::default(); workers];
-    let mut free = vec![0.0f64; workers];
-    let mut mem = vec![0.0f64; workers];
-    let mut orders: Vec<Vec<Pass>> = vec![Vec::new(); workers];
-    let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
-    let mut now = 0.0f64;
-    let total = 3 * (stages * n) as usize;
-    let mut placed = 0usize;
-    let hop = |a: u32, b: u32| {
-        if placement.worker_of(a) != placement.worker_of(b) {
-            costs.comm
-        } else {
-            0.0
-        }
-    };
-    while placed < total {
-        let mut progressed = false;
-        let mut next_event = f64::INFINITY;
-        for w in 0..workers {
-            if free[w] > now + EPS {
-                next_event = next_event.min(free[w]);
-                continue;
-            }
-            let ready = |e: f64| !e.is_nan() && e <= now + EPS;
-            // Ready B passes.
-            let b = mine[w]
-                .iter()
-                .filter(|&&s| next_b[s as usize] < next_f[s as usize])
-                .filter(|&&s| {
-                    let mb = next_b[s as usize];
-                    let f_done = ready(end_f[at(s, mb)]);
-                    let up = if s + 1 < stages {
-                        end_b[at(s + 1, mb)] + hop(s, s + 1)
-                    } else {
-                        0.0
-                    };
-                    f_done && ready(up)
-                })
-                .min_by_key(|&&s| (next_b[s as usize], s))
-                .copied();
-            let mut blocked_by_memory = false;
-            let f = if b.is_none() {
-                mine[w]
-                    .iter()
-                    .filter(|&&s| next_f[s as usize] < n)
-                    .filter(|&&s| {
-                        let mb = next_f[s as usize];
-                        s == 0 || ready(end_f[at(s - 1, mb)] + hop(s - 1, s))
-                    })
-                    .filter(|&&s| {
-                        let fits = mem[w] + costs.stages[s as usize].mem <= cap + EPS;
-                        blocked_by_memory |= !fits;
-                        fits
-                    })
-                    .min_by_key(|&&s| (next_f[s as usize], std::cmp::Reverse(s)))
-                    .copied()
-            } else {
-                None
-            };
-            let pass = if let Some(s) = b {
-                let mb = next_b[s as usize];
-                next_b[s as usize] += 1;
-                Some(Pass::b(s, mb))
-            } else if let Some(s) = f {
-                let mb = next_f[s as usize];
-                next_f[s as usize] += 1;
-                Some(Pass::f(s, mb))
-            } else if eager || blocked_by_memory || mine[w].iter().all(|&s| next_b[s as usize] == n)
-            {
-                pending[w].pop_front()
-            } else {
-                None
-            };
-            let Some(p) = pass else { continue };
-            let dur = costs.duration(p.kind, p.stage);
-            let m = costs.stages[p.stage as usize].mem;
-            let finish = now + dur;
-            match p.kind {
-                PassKind::F => {
-                    mem[w] += m;
-                    end_f[at(p.stage, p.mb)] = finish;
-                }
-                PassKind::B => {
-                    mem[w] -= m * costs.release_at_b;
-                    end_b[at(p.stage, p.mb)] = finish;
-                    pending[w].push_back(Pass::w(p.stage, p.mb));
-                }
-                PassKind::W | PassKind::BW => mem[w] -= m * (1.0 - costs.release_at_b),
-            }
-            free[w] = finish;
-            events.push(Reverse(finish.to_bits()));
-            events.push(Reverse((finish + costs.comm).to_bits()));
-            orders[w].push(p);
-            placed += 1;
-            progressed = true;
-        }
-        if progressed {
-            continue;
-        }
-        while events
-            .peek()
-            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= now + EPS)
-        {
-            events.pop();
-        }
-        let soonest = events
-            .peek()
-            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
-        if !soonest.is_finite() || soonest <= now + EPS {
-            return Err(crate::error::Error::Unsupported {
-                schedule: template.name.clone(),
-                reason: format!(
-                    "greedy filling under a memory cap of {cap}: every worker is blocked"
-                ),
-            });
-        }
-        now = soonest;
-    }
-    let mut out = template.clone();
     out.workers = orders;
     Ok(out)
 }

@@ -20,7 +20,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
-pub use compact::{compact, fill_weights, greedy_split};
+pub use compact::{compact, fill_weights};
 
 use crate::cost::{Costs, Times};
 use crate::error::{Error, Result};
@@ -251,9 +251,6 @@ fn v_schedule(name: &str, offsets: VOffsets, d: u32, n: u32, times: Times) -> Re
     for eager in [false, true] {
         let filled = fill_weights(&cooled, &costs, class, eager)?;
         best = better_of(best, filled, &costs)?;
-        if let Ok(greedy) = greedy_split(&cooled, &costs, class, eager) {
-            best = better_of(best, greedy, &costs)?;
-        }
     }
     Ok(best)
 }
