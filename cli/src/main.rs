@@ -1,1 +1,41 @@
-fn main() {}
+//! `pipewise`: the command-line front end of the pipewise pipeline-parallel training planner.
+//!
+//! `pipewise plan` generates a schedule (or imports one from torchtitan / PyTorch CSV),
+//! simulates it under a cost model and prints a report or a rendering; `pipewise plan
+//! --compare` does so for every known schedule on one shape. See `pipewise plan --help`.
+//!
+//! # Layout
+//!
+//! - `main.rs`: parses the command line, runs it, prints errors and sets the exit status
+//!   (0 on success, 1 on a planning or input error, 2 on a command-line usage error).
+//! - [`args`]: the clap definitions (the arguments as typed) and their resolution into a
+//!   checked [`args::Plan`]; every input error is reported there, naming its option.
+//! - [`plan`]: the `plan` command: generate or import, simulate, time, render, write.
+//!
+//! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
+//! I/O, timing and error reporting.
+
+mod args;
+mod plan;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::args::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Plan(args) => args.resolve().and_then(|plan| plan::run(&plan)),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Nothing useful is left to do if standard error is closed too.
+            let _ = writeln!(std::io::stderr(), "error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,597 @@
-//! CSV import/export.
+//! Import and export of schedules in the CSV form of torchtitan and PyTorch's
+//! `torch.distributed.pipelining` (`_dump_csv` / `_load_csv`, "compute only" format).
+//!
+//! # Format
+//!
+//! One row per worker (row 1 is worker 0), one cell per time step, no header. A cell is
+//! empty (the worker is idle) or holds one action `<stage><kind><microbatch>`, e.g. `0F0`,
+//! `2I0`, `2W0`, `1B3`. Stages are global (model-order) stage indices.
+//!
+//! The kind letters follow PyTorch, which differs from pipewise's own pass text:
+//!
+//! | CSV | meaning | pipewise [`PassKind`] |
+//! |---|---|---|
+//! | `F` | forward | `F` |
+//! | `I` | backward for the input gradient | `B` |
+//! | `W` | backward for the weight gradient | `W` |
+//! | `B` | full backward (input and weight) | `BW` |
+//!
+//! The importer also accepts pipewise's own `BW` for a full backward.
+//!
+//! # Export layout
+//!
+//! [`to_csv`] places every pass on a unit-time grid: the schedule is simulated with every
+//! chunk pass F, I and W lasting one step and a full backward `B` lasting two (it is an I
+//! and a W), no communication latency. A pass is written in the cell of its first step; the
+//! second step of a full backward and every idle step are empty cells. All rows are padded
+//! with empty cells to the same length. The importer ignores empty cells, so only the order
+//! of actions in a row matters on import: a CSV whose cells are packed without gaps reads the
+//! same.
+//!
+//! # Import
+//!
+//! [`from_csv`] infers the placement from the row each stage appears in, the microbatch count
+//! from the largest microbatch, then validates the schedule. Every error names the offending
+//! cell by 1-based row and column ([`Error::Csv`]) where there is one.
+
+use std::fmt::Write as _;
+
+use crate::cost::{Costs, Times};
+use crate::error::{Cell, Error, Result, Rule};
+use crate::pass::{Pass, PassKind};
+use crate::placement::Placement;
+use crate::schedule::Schedule;
+use crate::simulate::simulate;
+use crate::validate::validate;
+
+/// The CSV (PyTorch) text of a pass: `I` for the input-gradient backward, `B` for the full
+/// backward.
+pub fn csv_token(pass: Pass) -> String {
+    let kind = match pass.kind {
+        PassKind::F => "F",
+        PassKind::B => "I",
+        PassKind::W => "W",
+        PassKind::BW => "B",
+    };
+    format!("{}{kind}{}", pass.stage, pass.mb)
+}
+
+/// Writes `schedule` as CSV on a unit-time grid (see the [module docs](self) for the layout).
+///
+/// Fails if the schedule does not validate.
+pub fn to_csv(schedule: &Schedule) -> Result<String> {
+    let v = f64::from(schedule.placement.chunks());
+    let costs = Costs::uniform(
+        &schedule.placement,
+        Times {
+            f: v,
+            b: v,
+            w: v,
+            comm: 0.0,
+        },
+    )?;
+    let sim = simulate(schedule, &costs)?;
+    let steps = sim.makespan.round().max(0.0) as usize;
+    let mut out = String::new();
+    for line in &sim.timeline {
+        let mut cells = vec![String::new(); steps];
+        for timed in line {
+            let step = timed.start.round().max(0.0) as usize;
+            if let Some(cell) = cells.get_mut(step) {
+                *cell = csv_token(timed.pass);
+            }
+        }
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Where a pass was read from.
+#[derive(Debug, Clone)]
+struct Origin {
+    /// 1-based row.
+    row: usize,
+    /// 1-based column.
+    column: usize,
+    /// The cell text, trimmed.
+    text: String,
+}
+
+/// Reads a schedule from CSV text (see the [module docs](self) for the format); `name`
+/// becomes [`Schedule::name`].
+///
+/// Errors name the offending cell: unknown or malformed actions, a stage appearing in two
+/// rows, and every validation error (missing, duplicate or misordered passes, deadlocks).
+pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut rows: Vec<&str> = text.lines().collect();
+    while rows.last().is_some_and(|r| r.trim().is_empty()) {
+        rows.pop();
+    }
+    if rows.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "CSV schedule",
+            reason: "it has no rows (expected one row per worker)".into(),
+        });
+    }
+
+    // Parse every cell; remember where each pass came from.
+    let mut programs: Vec<Vec<Pass>> = Vec::with_capacity(rows.len());
+    let mut origins: Vec<Vec<Origin>> = Vec::with_capacity(rows.len());
+    for (r, line) in rows.iter().enumerate() {
+        let mut program = Vec::new();
+        let mut origin = Vec::new();
+        for (c, raw) in line.split(',').enumerate() {
+            let cell = raw.trim().trim_matches('"').trim();
+            if cell.is_empty() {
+                continue;
+            }
+            let pass = parse_cell(cell).map_err(|reason| Error::Csv {
+                row: r + 1,
+                column: c + 1,
+                cell: cell.to_string(),
+                reason,
+            })?;
+            program.push(pass);
+            origin.push(Origin {
+                row: r + 1,
+                column: c + 1,
+                text: cell.to_string(),
+            });
+        }
+        programs.push(program);
+        origins.push(origin);
+    }
+
+    // Placement: the row of every stage.
+    let workers = programs.len() as u32;
+    let mut home: Vec<Option<(u32, usize)>> = Vec::new();
+    for (w, program) in programs.iter().enumerate() {
+        for (p, pass) in program.iter().enumerate() {
+            let s = pass.stage as usize;
+            if s >= home.len() {
+                home.resize(s + 1, None);
+            }
+            match home[s] {
+                None => home[s] = Some((w as u32, p)),
+                Some((other, first)) if other != w as u32 => {
+                    let o = &origins[other as usize][first];
+                    let here = &origins[w][p];
+                    return Err(Error::Csv {
+                        row: here.row,
+                        column: here.column,
+                        cell: here.text.clone(),
+                        reason: format!(
+                            "stage {s} also appears in row {} column {} ({:?}); every stage \
+                             must run on one worker (one row)",
+                            o.row, o.column, o.text
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let mut worker_of = Vec::with_capacity(home.len());
+    for (s, h) in home.iter().enumerate() {
+        match h {
+            Some((w, _)) => worker_of.push(*w),
+            None => {
+                return Err(Error::InvalidArgument {
+                    field: "CSV schedule",
+                    reason: format!(
+                        "stage {s} never appears, but stages up to {} do; stages must be \
+                         numbered 0, 1, 2, … without gaps",
+                        home.len() - 1
+                    ),
+                });
+            }
+        }
+    }
+    let microbatches = programs
+        .iter()
+        .flatten()
+        .map(|p| p.mb + 1)
+        .max()
+        .unwrap_or(0);
+    if microbatches == 0 {
+        return Err(Error::InvalidArgument {
+            field: "CSV schedule",
+            reason: "it has no actions (every cell is empty)".into(),
+        });
+    }
+
+    let schedule = Schedule {
+        name: name.to_string(),
+        placement: Placement::from_table(worker_of, workers),
+        microbatches,
+        workers: programs,
+    };
+    match validate(&schedule) {
+        Ok(_) => Ok(schedule),
+        Err(err) => Err(locate(&schedule, &origins, err)),
+    }
+}
+
+/// Parses one non-empty cell into a pass, or says why it cannot.
+fn parse_cell(cell: &str) -> std::result::Result<Pass, String> {
+    let digits_end = cell
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(cell.len());
+    let (stage_text, rest) = cell.split_at(digits_end);
+    let kind_end = rest
+        .find(|c: char| c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let (kind_text, mb_text) = rest.split_at(kind_end);
+    const SHAPE: &str = "expected <stage><F|I|W|B><microbatch>, e.g. 0F0, 2I0, 2W0, 1B3 \
+                         (I: input-gradient backward, B: full backward; BW is accepted too)";
+    let comm = ["SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD"];
+    if comm.contains(&kind_text) {
+        return Err(format!(
+            "{kind_text} is a communication action; only compute actions (F, I, W, B) can \
+             be imported: dump the schedule in PyTorch's compute-only format"
+        ));
+    }
+    let kind = match kind_text {
+        "F" => PassKind::F,
+        "I" => PassKind::B,
+        "W" => PassKind::W,
+        "B" | "BW" => PassKind::BW,
+        "" => return Err(format!("no action letter; {SHAPE}")),
+        other => return Err(format!("unknown action {other:?}; {SHAPE}")),
+    };
+    if stage_text.is_empty() {
+        return Err(format!("no stage number before {kind_text:?}; {SHAPE}"));
+    }
+    if mb_text.is_empty() {
+        return Err(format!("no microbatch number after {kind_text:?}; {SHAPE}"));
+    }
+    if !mb_text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "trailing text after the microbatch number; {SHAPE}"
+        ));
+    }
+    let number = |text: &str, what: &str| {
+        text.parse::<u32>()
+            .map_err(|_| format!("{what} {text} is too large"))
+    };
+    Ok(Pass::new(
+        kind,
+        number(stage_text, "stage")?,
+        number(mb_text, "microbatch")?,
+    ))
+}
+
+/// The dependency rules in CSV (PyTorch) terms.
+fn rule_text(rule: Rule) -> &'static str {
+    match rule {
+        Rule::ForwardChain => "F of stage s before F of stage s+1",
+        Rule::BackwardChain => "backward (I or B) of stage s+1 before backward of stage s",
+        Rule::ForwardBeforeBackward => "F before I or B of the same stage and microbatch",
+        Rule::InputBeforeWeight => "I before W of the same stage and microbatch",
+    }
+}
+
+/// Rewrites a validation error of an imported schedule so that it names CSV cells.
+fn locate(schedule: &Schedule, origins: &[Vec<Origin>], err: Error) -> Error {
+    let origin_of = |cell: &Cell| -> Option<&Origin> {
+        origins
+            .get(cell.worker as usize)
+            .and_then(|row| row.get(cell.pos as usize))
+    };
+    // Where a pass sits, by content (for passes an error names without a position).
+    let find = |pass: Pass| -> Option<&Origin> {
+        let w = schedule.placement.worker_of(pass.stage) as usize;
+        let pos = schedule.workers.get(w)?.iter().position(|p| *p == pass)?;
+        origins.get(w)?.get(pos)
+    };
+    let describe = |pass: Pass| -> String {
+        match find(pass) {
+            Some(o) => format!("{:?} (row {} column {})", o.text, o.row, o.column),
+            None => format!("{:?}", csv_token(pass)),
+        }
+    };
+    let at = |cell: &Cell, reason: String| -> Error {
+        match origin_of(cell) {
+            Some(o) => Error::Csv {
+                row: o.row,
+                column: o.column,
+                cell: o.text.clone(),
+                reason,
+            },
+            None => Error::InvalidArgument {
+                field: "CSV schedule",
+                reason,
+            },
+        }
+    };
+    let placed = |pass: Pass| -> Option<Error> {
+        let o = find(pass)?;
+        Some(Error::Csv {
+            row: o.row,
+            column: o.column,
+            cell: o.text.clone(),
+            reason: String::new(),
+        })
+    };
+    let with_reason = |e: Option<Error>, reason: String| -> Error {
+        match e {
+            Some(Error::Csv {
+                row, column, cell, ..
+            }) => Error::Csv {
+                row,
+                column,
+                cell,
+                reason,
+            },
+            _ => Error::InvalidArgument {
+                field: "CSV schedule",
+                reason,
+            },
+        }
+    };
+    match err {
+        Error::OutOfOrder { at: a, needs, rule } => at(
+            &a,
+            format!(
+                "breaks rule \"{}\": it needs {}, which comes later in the same row",
+                rule_text(rule),
+                describe(needs.pass)
+            ),
+        ),
+        Error::DuplicatePass { at: a, first } => {
+            let first_text = origin_of(&first)
+                .map(|o| format!("row {} column {}", o.row, o.column))
+                .unwrap_or_else(|| "an earlier cell".into());
+            at(&a, format!("duplicate of the action in {first_text}"))
+        }
+        Error::MixedBackward { at: a } => at(
+            &a,
+            format!(
+                "stage {} microbatch {} has both a full backward B and split I/W actions; \
+                 use either B, or I and W",
+                a.pass.stage, a.pass.mb
+            ),
+        ),
+        Error::MissingPass { pass } => {
+            let (s, mb) = (pass.stage, pass.mb);
+            let row = schedule.placement.worker_of(s) + 1;
+            match pass.kind {
+                PassKind::W => with_reason(
+                    placed(Pass::b(s, mb)),
+                    format!(
+                        "this input-gradient backward has no matching weight-gradient \
+                         backward {:?} (row {row})",
+                        csv_token(pass)
+                    ),
+                ),
+                PassKind::B => with_reason(
+                    placed(Pass::w(s, mb)),
+                    format!(
+                        "this weight-gradient backward has no matching input-gradient \
+                         backward {:?} (row {row})",
+                        csv_token(pass)
+                    ),
+                ),
+                PassKind::BW => with_reason(
+                    placed(Pass::f(s, mb)),
+                    format!(
+                        "this forward has no backward: row {row} needs {:?} (full backward), \
+                         or {:?} and {:?}",
+                        csv_token(pass),
+                        csv_token(Pass::b(s, mb)),
+                        csv_token(Pass::w(s, mb))
+                    ),
+                ),
+                PassKind::F => {
+                    let backward = [Pass::bw(s, mb), Pass::b(s, mb), Pass::w(s, mb)]
+                        .into_iter()
+                        .find_map(placed);
+                    let reason = if backward.is_some() {
+                        format!(
+                            "this backward has no forward {:?} (row {row})",
+                            csv_token(pass)
+                        )
+                    } else {
+                        format!(
+                            "stage {s} has no actions for microbatch {mb}: row {row} needs \
+                             {:?} and its backward (microbatches are 0 to {}, from the largest \
+                             microbatch in the file)",
+                            csv_token(pass),
+                            schedule.microbatches - 1
+                        )
+                    };
+                    with_reason(backward, reason)
+                }
+            }
+        }
+        Error::Deadlock { stuck } => {
+            let Some((first, waits)) = stuck.first() else {
+                return Error::InvalidArgument {
+                    field: "CSV schedule",
+                    reason: "deadlock".into(),
+                };
+            };
+            let mut reason = format!(
+                "deadlock: this action waits for {}, which can never run",
+                describe(*waits)
+            );
+            for (cell, waits) in &stuck[1..] {
+                if let Some(o) = origin_of(cell) {
+                    let _ = write!(
+                        reason,
+                        "; row {} column {} ({:?}) waits for {}",
+                        o.row,
+                        o.column,
+                        o.text,
+                        describe(*waits)
+                    );
+                }
+            }
+            at(first, reason)
+        }
+        Error::UnknownStage { at: a, .. }
+        | Error::MicrobatchOutOfRange { at: a, .. }
+        | Error::WrongWorker { at: a, .. } => {
+            let reason = err.to_string();
+            at(&a, reason)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{Request, ScheduleKind, generate};
+
+    fn csv_error(text: &str) -> (usize, usize, String, String) {
+        match from_csv(text, "test") {
+            Err(Error::Csv {
+                row,
+                column,
+                cell,
+                reason,
+            }) => (row, column, cell, reason),
+            other => panic!("expected a CSV error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_trips_generated_schedules() {
+        let cases = [
+            (ScheduleKind::OneFOneB, 4, 8, 2),
+            (ScheduleKind::GPipe, 3, 5, 2),
+            (ScheduleKind::ZbH1, 4, 8, 2),
+            (ScheduleKind::VHalf, 4, 8, 2),
+            (ScheduleKind::VMin, 4, 8, 2),
+            (ScheduleKind::Interleaved1F1B, 4, 8, 2),
+            (ScheduleKind::Interleaved1F1B, 2, 6, 3),
+            (ScheduleKind::DualPipeV, 3, 6, 2),
+        ];
+        for (kind, d, n, v) in cases {
+            let req = Request {
+                chunks: v,
+                ..Request::new(kind, d, n)
+            };
+            let schedule = generate(&req).expect("generates");
+            let text = to_csv(&schedule).expect("exports");
+            assert_eq!(text.lines().count(), d as usize, "{kind}");
+            let back = from_csv(&text, &schedule.name).expect("imports");
+            assert_eq!(back, schedule, "{kind}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn exports_pytorch_letters_on_unit_steps() {
+        let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 2, 2)).expect("1f1b");
+        let text = to_csv(&schedule).expect("exports");
+        // BW (PyTorch B) takes two steps: the token, then an empty cell.
+        assert_eq!(
+            text, "0F0,0F1,,,0B0,,,0B1,\n,1F0,1B0,,1F1,1B1,,,\n",
+            "{text}"
+        );
+        let split = generate(&Request::new(ScheduleKind::ZbH1, 2, 2)).expect("zb-h1");
+        let text = to_csv(&split).expect("exports");
+        assert!(text.contains("1I0") && text.contains("1W0"), "{text}");
+    }
+
+    #[test]
+    fn accepts_whitespace_blanks_and_bw() {
+        let text = " 0F0 , 0F1,\"0BW0\",, 0B1 \r\n\n\n";
+        let s = from_csv(text, "x").expect("imports");
+        assert_eq!(s.microbatches, 2);
+        assert_eq!(
+            s.workers,
+            vec![vec![
+                Pass::f(0, 0),
+                Pass::f(0, 1),
+                Pass::bw(0, 0),
+                Pass::bw(0, 1)
+            ]]
+        );
+        assert_eq!(s.placement, Placement::OnePerWorker { workers: 1 });
+    }
+
+    #[test]
+    fn names_the_cell_of_an_out_of_order_pass() {
+        let (row, column, cell, reason) = csv_error("0F0,0W0,0I0\n");
+        assert_eq!((row, column, cell.as_str()), (1, 2, "0W0"), "{reason}");
+        assert!(reason.contains("breaks rule"), "{reason}");
+        assert!(reason.contains("I before W"), "{reason}");
+
+        let (row, column, cell, reason) = csv_error("0F0,0I0,0W0\n1I0,1F0,1W0\n");
+        assert_eq!((row, column, cell.as_str()), (2, 1, "1I0"), "{reason}");
+        assert!(reason.contains("\"1F0\" (row 2 column 2)"), "{reason}");
+        let message = Error::Csv {
+            row,
+            column,
+            cell,
+            reason,
+        }
+        .to_string();
+        assert!(
+            message.starts_with("CSV row 2 column 1 (\"1I0\"): breaks rule"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn names_the_cell_of_a_deadlock() {
+        // V placement on 2 workers: worker 0 holds stages 0 and 3. 3F0 needs 2F0 on worker 1,
+        // which needs 1F0, which needs 0F0 — after 3F0 on worker 0.
+        let text = "3F0,0F0,3B0,0B0\n1F0,2F0,2B0,1B0\n";
+        let (row, column, cell, reason) = csv_error(text);
+        assert_eq!((row, column, cell.as_str()), (1, 1, "3F0"), "{reason}");
+        assert!(reason.contains("deadlock"), "{reason}");
+        assert!(reason.contains("row 2 column 1 (\"1F0\")"), "{reason}");
+    }
+
+    #[test]
+    fn rejects_unknown_tokens_with_position() {
+        let (row, column, cell, reason) = csv_error("0F0,0B0\n,1F0,1X0\n");
+        assert_eq!((row, column, cell.as_str()), (2, 3, "1X0"));
+        assert!(reason.contains("unknown action \"X\""), "{reason}");
+        for (bad, says) in [
+            ("F0", "no stage"),
+            ("0F", "no microbatch"),
+            ("0F0x", "trailing"),
+            ("0SEND_F0", "communication"),
+            ("1UNSHARD", "communication"),
+            ("0F99999999999", "too large"),
+        ] {
+            let (row, column, cell, reason) = csv_error(&format!("0F0,{bad}\n"));
+            assert_eq!((row, column, cell.as_str()), (1, 2, bad));
+            assert!(reason.contains(says), "{bad}: {reason}");
+        }
+    }
+
+    #[test]
+    fn rejects_inconsistent_placements_and_missing_passes() {
+        let (row, column, _, reason) = csv_error("0F0,0B0\n0F1,0B1\n");
+        assert_eq!((row, column), (2, 1));
+        assert!(reason.contains("row 1 column 1"), "{reason}");
+
+        let err = from_csv("0F0,0B0\n2F0,2B0\n", "x").expect_err("stage 1 missing");
+        assert!(err.to_string().contains("stage 1 never appears"), "{err}");
+
+        let (row, column, cell, reason) = csv_error("0F0,0I0\n");
+        assert_eq!((row, column, cell.as_str()), (1, 2, "0I0"));
+        assert!(reason.contains("\"0W0\""), "{reason}");
+
+        let (row, column, cell, reason) = csv_error("0F0,0F1,0B1\n");
+        assert_eq!((row, column, cell.as_str()), (1, 1, "0F0"));
+        assert!(reason.contains("no backward"), "{reason}");
+
+        let (row, column, _, reason) = csv_error("0F0,0B0,0F0\n");
+        assert_eq!((row, column), (1, 3));
+        assert!(reason.contains("duplicate"), "{reason}");
+
+        let (_, _, _, reason) = csv_error("0F0,0B0,0I0,0W0\n");
+        assert!(reason.contains("both a full backward"), "{reason}");
+
+        assert!(from_csv("\n\n", "x").is_err());
+        assert!(from_csv(",,\n", "x").is_err());
+    }
+}

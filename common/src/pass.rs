@@ -122,6 +122,61 @@ impl FromStr for Pass {
     }
 }
 
+/// A dense table with one value per pass of a step (`4 × stages × microbatches` slots),
+/// for the hot loops of the planner where hashing every lookup would dominate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PassMap<T> {
+    stages: u32,
+    microbatches: u32,
+    data: Vec<T>,
+}
+
+impl<T: Clone> PassMap<T> {
+    /// A table for `stages × microbatches` with every slot set to `fill`.
+    pub fn new(stages: u32, microbatches: u32, fill: T) -> Self {
+        PassMap {
+            stages,
+            microbatches,
+            data: vec![fill; 4 * stages as usize * microbatches as usize],
+        }
+    }
+
+    fn slot(&self, pass: Pass) -> usize {
+        let kind = match pass.kind {
+            PassKind::F => 0,
+            PassKind::B => 1,
+            PassKind::W => 2,
+            PassKind::BW => 3,
+        };
+        (kind * self.stages as usize + pass.stage as usize) * self.microbatches as usize
+            + pass.mb as usize
+    }
+
+    /// The value of `pass` (which must lie inside the table's shape).
+    pub fn get(&self, pass: Pass) -> &T {
+        &self.data[self.slot(pass)]
+    }
+
+    /// Sets the value of `pass`.
+    pub fn set(&mut self, pass: Pass, value: T) {
+        let slot = self.slot(pass);
+        self.data[slot] = value;
+    }
+}
+
+impl PassMap<f64> {
+    /// A time table where NaN means "not known yet".
+    pub fn times(stages: u32, microbatches: u32) -> Self {
+        PassMap::new(stages, microbatches, f64::NAN)
+    }
+
+    /// The time of `pass`, if known.
+    pub fn known(&self, pass: Pass) -> Option<f64> {
+        let t = *self.get(pass);
+        (!t.is_nan()).then_some(t)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

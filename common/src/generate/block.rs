@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::cost::{Costs, Times};
 use crate::error::{Error, Result};
-use crate::pass::{Pass, PassKind};
+use crate::pass::{Pass, PassKind, PassMap};
 use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::simulate::{TimedPass, simulate};
@@ -292,10 +292,10 @@ pub fn reorder_warmup(schedule: Schedule) -> Result<Schedule> {
     let costs = cell_costs(&schedule.placement)?;
     let sim = simulate(&schedule, &costs)?;
     let mut lines: Vec<Vec<TimedPass>> = sim.timeline;
-    let mut end: HashMap<Pass, f64> = lines
-        .iter()
-        .flat_map(|l| l.iter().map(|t| (t.pass, t.end)))
-        .collect();
+    let mut end = PassMap::times(schedule.placement.stages(), schedule.microbatches);
+    for t in lines.iter().flatten() {
+        end.set(t.pass, t.end);
+    }
     let first_b: Vec<f64> = lines
         .iter()
         .map(|l| {
@@ -313,19 +313,21 @@ pub fn reorder_warmup(schedule: Schedule) -> Result<Schedule> {
     let mut t = 0.0;
     while t < horizon {
         for (w, line) in lines.iter_mut().enumerate() {
-            if t + EPS >= first_b[w] || line.iter().any(|p| p.start <= t + EPS && t + EPS < p.end) {
+            if t + EPS >= first_b[w] {
                 continue;
             }
-            // Position of the first pass after the vacant cell.
-            let Some(next) = line.iter().position(|p| p.start > t + EPS) else {
+            // The line is sorted by start and passes do not overlap: only the last pass
+            // starting by `t` can cover it; `next` is the first pass after the vacant cell.
+            let next = line.partition_point(|p| p.start <= t + EPS);
+            if next == line.len() || (next > 0 && line[next - 1].end > t + EPS) {
                 continue;
-            };
+            }
             let found = line[next..].iter().take(64).position(|cand| {
                 cand.pass.kind == PassKind::F
                     && (cand.pass.stage == 0
                         || end
-                            .get(&Pass::f(cand.pass.stage - 1, cand.pass.mb))
-                            .is_some_and(|&e| e <= t + EPS))
+                            .known(Pass::f(cand.pass.stage - 1, cand.pass.mb))
+                            .is_some_and(|e| e <= t + EPS))
             });
             let Some(offset) = found else { continue };
             let from = next + offset;
@@ -337,7 +339,7 @@ pub fn reorder_warmup(schedule: Schedule) -> Result<Schedule> {
             let mut moved = line.remove(from);
             moved.end = t + (moved.end - moved.start);
             moved.start = t;
-            end.insert(moved.pass, moved.end);
+            end.set(moved.pass, moved.end);
             line.insert(next, moved);
         }
         t += 1.0;
@@ -389,11 +391,10 @@ pub fn reorder_cooldown(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     for (w, line) in sim.timeline.iter().enumerate() {
         let ws = &pending[w];
         let main = &line[..line.len() - ws.len()];
-        let b_end: HashMap<Pass, f64> = main
-            .iter()
-            .filter(|t| t.pass.kind == PassKind::B)
-            .map(|t| (t.pass, t.end))
-            .collect();
+        let mut b_end = PassMap::times(trimmed.placement.stages(), trimmed.microbatches);
+        for t in main.iter().filter(|t| t.pass.kind == PassKind::B) {
+            b_end.set(t.pass, t.end);
+        }
         let last_f = main
             .iter()
             .rposition(|p| p.pass.kind == PassKind::F)
@@ -406,14 +407,13 @@ pub fn reorder_cooldown(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
             loop {
                 let fits = queue.iter().position(|wp| {
                     let ready = b_end
-                        .get(&Pass::b(wp.stage, wp.mb))
-                        .copied()
+                        .known(Pass::b(wp.stage, wp.mb))
                         .unwrap_or(f64::INFINITY);
                     cursor.max(ready) + costs.duration(PassKind::W, wp.stage) <= t.start + EPS
                 });
                 let Some(i) = fits else { break };
                 let Some(wp) = queue.remove(i) else { break };
-                let ready = b_end.get(&Pass::b(wp.stage, wp.mb)).copied().unwrap_or(0.0);
+                let ready = b_end.known(Pass::b(wp.stage, wp.mb)).unwrap_or(0.0);
                 cursor = cursor.max(ready) + costs.duration(PassKind::W, wp.stage);
                 order.push(wp);
             }

@@ -9,11 +9,11 @@
 //! kept only when its simulated makespan is shorter, so this step can only help.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use crate::cost::Costs;
 use crate::error::Result;
-use crate::pass::{Pass, PassKind};
+use crate::pass::{Pass, PassKind, PassMap};
 use crate::schedule::Schedule;
 use crate::simulate::simulate;
 use crate::validate::validate;
@@ -38,7 +38,7 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     let mut head = vec![0usize; workers];
     let mut free = vec![0.0f64; workers];
     let mut mem = vec![0.0f64; workers];
-    let mut end: HashMap<Pass, f64> = HashMap::with_capacity(schedule.num_passes());
+    let mut end = PassMap::times(placement.stages(), schedule.microbatches);
     let mut orders: Vec<Vec<Pass>> = schedule
         .workers
         .iter()
@@ -49,10 +49,10 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
 
     // When `pass` could start on worker `w`: None while an input is still being computed.
-    let ready_at = |pass: Pass, w: usize, end: &HashMap<Pass, f64>| -> Option<f64> {
+    let ready_at = |pass: Pass, w: usize, end: &PassMap<f64>| -> Option<f64> {
         let mut t = 0.0f64;
         for (dep, _) in index.deps(pass) {
-            let e = *end.get(&dep)?;
+            let e = end.known(dep)?;
             let hop = if placement.worker_of(dep.stage) as usize != w {
                 costs.comm
             } else {
@@ -138,7 +138,7 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
                         PassKind::BW => mem[w] -= m,
                     }
                     free[w] = now + dur;
-                    end.insert(p, now + dur);
+                    end.set(p, now + dur);
                     events.push(Reverse((now + dur + costs.comm).to_bits()));
                     orders[w].push(p);
                     placed += 1;
@@ -228,7 +228,7 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
     let mut pending: Vec<std::collections::VecDeque<Pass>> = vec![Default::default(); workers];
     let mut free = vec![0.0f64; workers];
     let mut mem = vec![0.0f64; workers];
-    let mut end: HashMap<Pass, f64> = HashMap::with_capacity(schedule.num_passes());
+    let mut end = PassMap::times(placement.stages(), schedule.microbatches);
     let mut orders: Vec<Vec<Pass>> = schedule
         .workers
         .iter()
@@ -236,10 +236,10 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
         .collect();
     let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
     let mut now = 0.0f64;
-    let ready_at = |pass: Pass, w: usize, end: &HashMap<Pass, f64>| -> Option<f64> {
+    let ready_at = |pass: Pass, w: usize, end: &PassMap<f64>| -> Option<f64> {
         let mut t = 0.0f64;
         for (dep, _) in index.deps(pass) {
-            let e = *end.get(&dep)?;
+            let e = end.known(dep)?;
             let hop = if placement.worker_of(dep.stage) as usize != w {
                 costs.comm
             } else {
@@ -274,7 +274,7 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
                     let earliest = r.unwrap_or_else(|| {
                         index
                             .deps(p)
-                            .filter(|(dep, _)| !end.contains_key(dep))
+                            .filter(|(dep, _)| end.known(*dep).is_none())
                             .map(|(dep, _)| {
                                 let hop = if placement.worker_of(dep.stage) as usize != w {
                                     costs.comm
@@ -312,7 +312,7 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
                 PassKind::BW => mem[w] -= m,
             }
             free[w] = now + dur;
-            end.insert(p, now + dur);
+            end.set(p, now + dur);
             events.push(Reverse((now + dur).to_bits()));
             events.push(Reverse((now + dur + costs.comm).to_bits()));
             orders[w].push(p);

@@ -211,7 +211,7 @@ pub fn generate(req: &Request) -> Result<Schedule> {
                 classic::zb_h2(d, n)
             };
             let costs = costs_for(&s.placement)?;
-            compact(reorder_cooldown(s, &costs)?, &costs)
+            finish(s, &costs)
         }
         ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, req.times),
         ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, req.times),
@@ -233,24 +233,29 @@ pub fn generate(req: &Request) -> Result<Schedule> {
     }
 }
 
-/// Building block → repeat → squeeze → reorder (warm-up, cool-down, then compaction with
-/// the true costs).
+/// Building block → repeat → squeeze → reorder (warm-up, then [`finish`]).
 fn v_schedule(name: &str, offsets: VOffsets, d: u32, n: u32, times: Times) -> Result<Schedule> {
     let block = offsets.block(d);
     let repeated = block.repeat(name, n)?;
     let warm = reorder_warmup(repeated)?;
     let costs = Costs::uniform(&warm.placement, times)?;
-    let cooled = reorder_cooldown(warm, &costs)?;
-    // The memory class of the block: no worker may exceed the largest peak of the repeat.
-    let class = simulate(&cooled, &costs)?
+    finish(warm, &costs)
+}
+
+/// The cost-aware end of the split-backward pipelines: App. C cool-down reorder, then the
+/// best of compaction and zero-bubble W filling (both within the memory class: the largest
+/// per-worker peak of the reordered schedule).
+fn finish(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
+    let cooled = reorder_cooldown(schedule, costs)?;
+    let class = simulate(&cooled, costs)?
         .peak_memory
         .iter()
         .copied()
         .fold(0.0, f64::max);
-    let mut best = compact(cooled.clone(), &costs)?;
+    let mut best = compact(cooled.clone(), costs)?;
     for eager in [false, true] {
-        let filled = fill_weights(&cooled, &costs, class, eager)?;
-        best = better_of(best, filled, &costs)?;
+        let filled = fill_weights(&cooled, costs, class, eager)?;
+        best = better_of(best, filled, costs)?;
     }
     Ok(best)
 }

@@ -1,0 +1,544 @@
+//! Command-line arguments: the clap definitions ([`Cli`], [`PlanArgs`], the "low-level"
+//! arguments exactly as typed) and their resolution into a checked [`Plan`] (the "high-level"
+//! arguments the command runs on), in the manner of ripgrep's `LowArgs` → `HiArgs`.
+//!
+//! Everything a user can get wrong is caught here, with a message naming the option.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use pipewise_common::{ScheduleKind, Times};
+
+/// The largest worker count accepted.
+const MAX_WORKERS: u32 = 4096;
+/// The largest microbatch count accepted.
+const MAX_MICROBATCHES: u32 = 1_000_000;
+/// The largest chunk count accepted.
+const MAX_CHUNKS: u32 = 64;
+/// The largest `stages × microbatches` accepted (about a third of the pass count).
+const MAX_STAGE_MICROBATCHES: u64 = 2_000_000;
+
+const ABOUT: &str = "Pipeline-parallel training planner: generate, import, simulate and \
+                     render pipeline schedules (1F1B, interleaved, zero-bubble, V-shape, \
+                     DualPipeV, …).";
+
+const LONG_ABOUT: &str = "\
+Pipeline-parallel training planner.
+
+pipewise generates pipeline-parallel training schedules (GPipe, 1F1B, interleaved 1F1B,
+zero-bubble ZB-H1/ZB-H2, the V-shape family and DualPipeV) or imports them from the CSV
+form torchtitan and torch.distributed.pipelining use, checks them, simulates them under a
+cost model, and reports makespan, bubble rate and peak activation memory, or renders them
+as a text grid, CSV, SVG figure or Chrome/Perfetto trace.";
+
+const PLAN_AFTER_HELP: &str = "\
+Conventions:
+  Times (--times, --stage-times) are in any time unit you like; all reported times use it.
+  --times gives the cost of one pass over one stage holding 1/d of the model. A schedule
+  with v stages (chunks) per worker splits that: each chunk pass takes 1/v of it. A fused
+  backward (BW) takes B + W.
+  Memory is reported in units of one microbatch's activation over 1/d of the model (1F1B
+  peaks at d units on worker 0); --activation-bytes gives the bytes of one unit.
+  Pass text: <stage><kind><microbatch>, kinds F (forward), B (input-gradient backward),
+  W (weight-gradient backward), BW (full backward). In CSV files the PyTorch letters are
+  used instead: F, I (input gradient), W (weight gradient), B (full backward).
+
+Examples:
+  pipewise plan --schedule 1f1b --workers 4 --microbatches 8
+  pipewise plan -s v-half -d 8 -n 32 --format svg -o v-half.svg
+  pipewise plan -s interleaved-1f1b -d 4 -n 16 --chunks 3 --times 1,2,1,0.1
+  pipewise plan --compare -d 8 -n 32 --times 1,1,1 --activation-bytes 2GiB
+  pipewise plan -s zb-h1 -d 4 -n 8 --format csv -o zb.csv
+  pipewise plan -s csv:zb.csv --format grid";
+
+/// The `pipewise` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pipewise",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    arg_required_else_help = true,
+    propagate_version = true
+)]
+pub(crate) struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Generate or import a schedule, simulate it, and report or render it.
+    ///
+    /// Generates the schedule --schedule names for --workers and --microbatches
+    /// (or imports one from a CSV file with --schedule csv:PATH), simulates it
+    /// under --times or --stage-times, and writes a report (--format table or
+    /// json) or a rendering (grid, csv, svg, chrome). With --compare, plans
+    /// every known schedule for the same shape, one row per schedule.
+    #[command(after_long_help = PLAN_AFTER_HELP, verbatim_doc_comment)]
+    Plan(PlanArgs),
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    /// Human-readable report: makespan, bubble, peak memory per worker, bounds, planning time.
+    Table,
+    /// Text timeline, one row per worker, one cell per shortest pass ('.' = idle).
+    Grid,
+    /// The schedule as CSV in the torchtitan / torch.distributed.pipelining form.
+    Csv,
+    /// SVG figure: one row per worker, passes coloured by kind, time axis and legend.
+    Svg,
+    /// Chrome / Perfetto trace JSON (one time unit shown as 1 ms).
+    Chrome,
+    /// The report as JSON.
+    Json,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        f.write_str(&name)
+    }
+}
+
+fn schedule_help() -> String {
+    let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+    let mut known = String::new();
+    let mut line = String::new();
+    for name in names {
+        if !line.is_empty() && line.len() + name.len() + 2 > 70 {
+            known.push_str(line.trim_end());
+            known.push('\n');
+            line.clear();
+        }
+        line.push_str(name);
+        line.push_str(", ");
+    }
+    known.push_str(line.trim_end_matches([',', ' ']));
+    format!(
+        "The schedule to plan: a generator name (case-insensitive), or\n\
+         csv:PATH to import a schedule from a CSV file in the torchtitan /\n\
+         torch.distributed.pipelining form (one row per worker, cells like\n\
+         0F0, 2I0, 2W0, 1B3; workers, microbatches and placement are read\n\
+         from the file).\n\n\
+         Known schedules:\n{known}\n\n\
+         Required unless --compare is given."
+    )
+}
+
+/// `pipewise plan` arguments as typed.
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    /// Schedule name (e.g. 1f1b, zb-h1, v-half) or csv:PATH.
+    #[arg(
+        long,
+        short = 's',
+        value_name = "NAME|csv:PATH",
+        long_help = schedule_help(),
+        required_unless_present = "compare",
+        conflicts_with = "compare"
+    )]
+    pub(crate) schedule: Option<String>,
+
+    /// Number of workers (pipeline ranks) d.
+    ///
+    /// Required for generated schedules. For csv:PATH it is read from
+    /// the file (one row per worker); if given, it must match.
+    #[arg(long, short = 'd', value_name = "D", verbatim_doc_comment,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_WORKERS)))]
+    pub(crate) workers: Option<u32>,
+
+    /// Number of microbatches per training step n.
+    ///
+    /// Required for generated schedules. For csv:PATH it is read from
+    /// the file (largest microbatch + 1); if given, it must match.
+    #[arg(long, short = 'n', value_name = "N", verbatim_doc_comment,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_MICROBATCHES)))]
+    pub(crate) microbatches: Option<u32>,
+
+    /// Stages (chunks) per worker v, for interleaved-1f1b and looped-bfs [default: 2].
+    ///
+    /// Only those two schedules take it: the V-shape schedules always
+    /// have 2 chunks per worker and the others 1.
+    #[arg(long, value_name = "V", verbatim_doc_comment,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CHUNKS)))]
+    pub(crate) chunks: Option<u32>,
+
+    /// Pass times F,B,W or F,B,W,COMM of one stage holding 1/d of the model.
+    ///
+    /// F: forward, B: input-gradient backward, W: weight-gradient
+    /// backward, COMM: latency of one hop between workers (default 0).
+    /// A schedule with v chunks per worker gives every chunk pass 1/v of
+    /// these; a full backward BW takes B + W. The zero-bubble and V-shape
+    /// generators also use them to fill idle time.
+    #[arg(long, value_name = "F,B,W[,COMM]", default_value = "1,1,1,0",
+          value_parser = parse_times, verbatim_doc_comment)]
+    pub(crate) times: Times,
+
+    /// Per-stage times from FILE: one line per stage, "f,b,w" or "f,b,w,mem".
+    ///
+    /// Lines are in stage (model) order, stage 0 first: d lines for
+    /// one-stage-per-worker schedules, 2d for the V-shape ones, v·d for
+    /// interleaved-1f1b and looped-bfs. f, b, w are the times of that
+    /// stage's own passes (not divided by v); mem is its activation memory
+    /// per microbatch, in units of one microbatch's activation over 1/d of
+    /// the model (default 1/v). Blank lines and text after '#' are ignored.
+    /// Replaces the compute times of --times; COMM still comes from --times.
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
+    pub(crate) stage_times: Option<PathBuf>,
+
+    /// Bytes of one microbatch's activation over 1/d of the model, to report memory in bytes.
+    ///
+    /// A number, optionally with a unit: B, KB, MB, GB, TB (powers of
+    /// 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 3.5e8, 512MiB.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, verbatim_doc_comment)]
+    pub(crate) activation_bytes: Option<f64>,
+
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Table)]
+    pub(crate) format: Format,
+
+    /// Plan every known schedule for the same workers, microbatches and times, one row each.
+    ///
+    /// Schedules that do not support the shape are skipped and listed,
+    /// with the reason, after the table. Works with --format table and json.
+    #[arg(long, verbatim_doc_comment)]
+    pub(crate) compare: bool,
+
+    /// Write the output to FILE instead of standard output.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub(crate) output: Option<PathBuf>,
+}
+
+/// Where the schedule comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Source {
+    /// A generator, with its shape.
+    Generate {
+        /// Which generator.
+        kind: ScheduleKind,
+        /// Worker count.
+        workers: u32,
+        /// Microbatch count.
+        microbatches: u32,
+        /// Chunks per worker.
+        chunks: u32,
+    },
+    /// A CSV file, with the shape it must have when given.
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// `--workers`, if given.
+        workers: Option<u32>,
+        /// `--microbatches`, if given.
+        microbatches: Option<u32>,
+    },
+    /// Every generator, on one shape.
+    Compare {
+        /// Worker count.
+        workers: u32,
+        /// Microbatch count.
+        microbatches: u32,
+        /// Chunks per worker for the looped schedules.
+        chunks: u32,
+    },
+}
+
+/// Times of one stage from `--stage-times`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct StageTimes {
+    /// Forward.
+    pub(crate) f: f64,
+    /// Input-gradient backward.
+    pub(crate) b: f64,
+    /// Weight-gradient backward.
+    pub(crate) w: f64,
+    /// Activation memory per microbatch, if given.
+    pub(crate) mem: Option<f64>,
+}
+
+/// The checked request `pipewise plan` runs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Plan {
+    /// What to plan.
+    pub(crate) source: Source,
+    /// Times from `--times` (compute times may be overridden by `stage_times`).
+    pub(crate) times: Times,
+    /// Per-stage times, and the file they came from.
+    pub(crate) stage_times: Option<(PathBuf, Vec<StageTimes>)>,
+    /// Bytes of one memory unit.
+    pub(crate) activation_bytes: Option<f64>,
+    /// Output format.
+    pub(crate) format: Format,
+    /// Output file; standard output when `None`.
+    pub(crate) output: Option<PathBuf>,
+}
+
+impl PlanArgs {
+    /// Checks the arguments together and reads `--stage-times`.
+    pub(crate) fn resolve(self) -> Result<Plan> {
+        let source = self.source()?;
+        if matches!(source, Source::Compare { .. })
+            && !matches!(self.format, Format::Table | Format::Json)
+        {
+            bail!(
+                "--format {} cannot show several schedules; with --compare use --format table \
+                 or --format json",
+                self.format
+            );
+        }
+        let stage_times = match &self.stage_times {
+            Some(path) => Some((path.clone(), read_stage_times(path)?)),
+            None => None,
+        };
+        Ok(Plan {
+            source,
+            times: self.times,
+            stage_times,
+            activation_bytes: self.activation_bytes,
+            format: self.format,
+            output: self.output,
+        })
+    }
+
+    fn source(&self) -> Result<Source> {
+        if self.compare {
+            let (workers, microbatches) = self.shape("--compare")?;
+            let chunks = self.chunks.unwrap_or(2);
+            check_size(workers, microbatches, chunks.max(2))?;
+            return Ok(Source::Compare {
+                workers,
+                microbatches,
+                chunks,
+            });
+        }
+        let Some(name) = self.schedule.as_deref() else {
+            bail!("--schedule is required (or use --compare to plan every schedule)");
+        };
+        if let Some(path) = name.strip_prefix("csv:") {
+            if path.trim().is_empty() {
+                bail!("--schedule csv:PATH needs a file path after \"csv:\"");
+            }
+            if self.chunks.is_some() {
+                bail!(
+                    "--chunks does not apply to --schedule {name}: an imported schedule's \
+                     placement comes from the file"
+                );
+            }
+            return Ok(Source::Csv {
+                path: PathBuf::from(path),
+                workers: self.workers,
+                microbatches: self.microbatches,
+            });
+        }
+        let kind: ScheduleKind = name.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "--schedule: unknown schedule {name:?}; known schedules: {}; or csv:PATH to \
+                 import one",
+                ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
+            )
+        })?;
+        let (workers, microbatches) = self.shape(&format!("--schedule {kind}"))?;
+        if self.chunks.is_some() && !kind.uses_chunks() {
+            bail!(
+                "--chunks applies only to interleaved-1f1b and looped-bfs, not to {kind} \
+                 (its chunks per worker are fixed)"
+            );
+        }
+        let chunks = self.chunks.unwrap_or(2);
+        let stage_chunks = if kind.uses_chunks() { chunks } else { 2 };
+        check_size(workers, microbatches, stage_chunks)?;
+        Ok(Source::Generate {
+            kind,
+            workers,
+            microbatches,
+            chunks,
+        })
+    }
+
+    /// `--workers` and `--microbatches`, both required by `what`.
+    fn shape(&self, what: &str) -> Result<(u32, u32)> {
+        match (self.workers, self.microbatches) {
+            (Some(d), Some(n)) => Ok((d, n)),
+            (None, _) => bail!("--workers is required with {what}"),
+            (_, None) => bail!("--microbatches is required with {what}"),
+        }
+    }
+}
+
+/// Rejects shapes too large to plan in reasonable time and memory.
+fn check_size(workers: u32, microbatches: u32, chunks: u32) -> Result<()> {
+    let size = u64::from(workers) * u64::from(chunks) * u64::from(microbatches);
+    if size > MAX_STAGE_MICROBATCHES {
+        bail!(
+            "--workers {workers} × --microbatches {microbatches} (× {chunks} chunks) is too \
+             large: stages × microbatches must be at most {MAX_STAGE_MICROBATCHES}"
+        );
+    }
+    Ok(())
+}
+
+/// Parses a finite, non-negative number; `what` names it in errors.
+fn number(text: &str, what: &str) -> std::result::Result<f64, String> {
+    let text = text.trim();
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{what}: {text:?} is not a number"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("{what}: {text} must be finite and ≥ 0"));
+    }
+    Ok(value)
+}
+
+/// Parses `--times F,B,W[,COMM]`.
+pub(crate) fn parse_times(text: &str) -> std::result::Result<Times, String> {
+    let parts: Vec<&str> = text.split(',').collect();
+    if !(3..=4).contains(&parts.len()) {
+        return Err(format!(
+            "expected 3 or 4 comma-separated numbers F,B,W[,COMM], got {}",
+            parts.len()
+        ));
+    }
+    let times = Times {
+        f: number(parts[0], "F")?,
+        b: number(parts[1], "B")?,
+        w: number(parts[2], "W")?,
+        comm: match parts.get(3) {
+            Some(c) => number(c, "COMM")?,
+            None => 0.0,
+        },
+    };
+    times.check().map_err(|e| e.to_string())?;
+    Ok(times)
+}
+
+/// Parses `--activation-bytes`: a positive number with an optional unit.
+pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            ));
+        }
+    };
+    let value = number(digits, "bytes")? * scale;
+    if value <= 0.0 || !value.is_finite() {
+        return Err("must be greater than 0".into());
+    }
+    Ok(value)
+}
+
+/// Reads and parses a `--stage-times` file.
+fn read_stage_times(path: &Path) -> Result<Vec<StageTimes>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--stage-times: cannot read {}", path.display()))?;
+    parse_stage_times(&text).map_err(|e| anyhow::anyhow!("--stage-times {}: {e}", path.display()))
+}
+
+/// Parses the text of a `--stage-times` file.
+pub(crate) fn parse_stage_times(text: &str) -> std::result::Result<Vec<StageTimes>, String> {
+    let mut stages = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let content = line.split('#').next().unwrap_or("").trim();
+        if content.is_empty() {
+            continue;
+        }
+        let at = |e: String| format!("line {}: {e}", i + 1);
+        let parts: Vec<&str> = content.split(',').collect();
+        if !(3..=4).contains(&parts.len()) {
+            return Err(at(format!(
+                "expected f,b,w[,mem] (3 or 4 comma-separated numbers), got {content:?}"
+            )));
+        }
+        let f = number(parts[0], "f").map_err(at)?;
+        let b = number(parts[1], "b").map_err(at)?;
+        let w = number(parts[2], "w").map_err(at)?;
+        if f + b + w <= 0.0 {
+            return Err(at("f + b + w must be greater than 0".into()));
+        }
+        let mem = match parts.get(3) {
+            Some(m) => Some(number(m, "mem").map_err(at)?),
+            None => None,
+        };
+        stages.push(StageTimes { f, b, w, mem });
+    }
+    if stages.is_empty() {
+        return Err("no stages (expected one line f,b,w[,mem] per stage)".into());
+    }
+    Ok(stages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_times() {
+        assert_eq!(
+            parse_times("1,2,1"),
+            Ok(Times {
+                f: 1.0,
+                b: 2.0,
+                w: 1.0,
+                comm: 0.0
+            })
+        );
+        assert_eq!(parse_times(" 1, 2 ,1,0.5").map(|t| t.comm), Ok(0.5));
+        assert!(parse_times("1,2").is_err());
+        assert!(parse_times("1,x,1").is_err_and(|e| e.contains("B")));
+        assert!(parse_times("1,-1,1").is_err());
+        assert!(parse_times("0,0,0").is_err());
+        assert!(parse_times("1,1,inf").is_err());
+    }
+
+    #[test]
+    fn parses_bytes() {
+        assert_eq!(parse_bytes("1024"), Ok(1024.0));
+        assert_eq!(parse_bytes("2KiB"), Ok(2048.0));
+        assert_eq!(parse_bytes("1.5e3"), Ok(1500.0));
+        assert_eq!(parse_bytes("3 GB"), Ok(3e9));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("").is_err());
+    }
+
+    #[test]
+    fn parses_stage_times() {
+        let text = "# stage times\n1,2,1\n\n 0.5, 1, 0.5, 0.25 # last\n";
+        let stages = parse_stage_times(text).expect("parses");
+        assert_eq!(stages.len(), 2);
+        assert_eq!(stages[1].mem, Some(0.25));
+        assert!(parse_stage_times("1,2\n").is_err_and(|e| e.contains("line 1")));
+        assert!(parse_stage_times("1,2,1\n1,x,1\n").is_err_and(|e| e.contains("line 2")));
+        assert!(parse_stage_times("# nothing\n").is_err());
+    }
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

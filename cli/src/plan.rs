@@ -1,0 +1,257 @@
+//! `pipewise plan`: generate or import, simulate, then report or render.
+
+use std::io::Write as _;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+use pipewise_common::csv::{from_csv, to_csv};
+use pipewise_common::render::report::{Report, compare_table};
+use pipewise_common::render::{chrome, grid, svg};
+use pipewise_common::{
+    Costs, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, Times, generate,
+    simulate,
+};
+
+use crate::args::{Format, Plan, Source, StageTimes};
+
+/// Runs the plan and writes its output.
+pub(crate) fn run(plan: &Plan) -> Result<()> {
+    let text = match &plan.source {
+        Source::Generate {
+            kind,
+            workers,
+            microbatches,
+            chunks,
+        } => {
+            let start = Instant::now();
+            let request = request(plan, *kind, *workers, *microbatches, *chunks);
+            let schedule = generate(&request).with_context(|| {
+                format!("cannot plan {kind} with --workers {workers} --microbatches {microbatches}")
+            })?;
+            let sim = simulate_with(plan, &schedule)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            render(plan, &schedule, &sim, ms)?
+        }
+        Source::Csv {
+            path,
+            workers,
+            microbatches,
+        } => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!("--schedule csv:{}: cannot read the file", path.display())
+            })?;
+            let start = Instant::now();
+            let name = format!("csv:{}", path.display());
+            let schedule = from_csv(&text, &name)
+                .with_context(|| format!("--schedule {name}: not a valid schedule"))?;
+            if let Some(d) = workers
+                && *d != schedule.num_workers()
+            {
+                bail!(
+                    "--workers {d} does not match {name}, which has {} rows (workers)",
+                    schedule.num_workers()
+                );
+            }
+            if let Some(n) = microbatches
+                && *n != schedule.microbatches
+            {
+                bail!(
+                    "--microbatches {n} does not match {name}, which has {} microbatches",
+                    schedule.microbatches
+                );
+            }
+            let sim = simulate_with(plan, &schedule)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            render(plan, &schedule, &sim, ms)?
+        }
+        Source::Compare {
+            workers,
+            microbatches,
+            chunks,
+        } => compare(plan, *workers, *microbatches, *chunks)?,
+    };
+    write_output(plan, &text)
+}
+
+/// The generator request: `--times`, or with `--stage-times` the per-worker average of the
+/// stage times (the sum over stages divided by d, so that `Costs::uniform` spreads it back).
+fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Request {
+    let times = match &plan.stage_times {
+        Some((_, stages)) => {
+            let per_worker = |pick: fn(&StageTimes) -> f64| {
+                stages.iter().map(pick).sum::<f64>() / f64::from(d.max(1))
+            };
+            Times {
+                f: per_worker(|s| s.f),
+                b: per_worker(|s| s.b),
+                w: per_worker(|s| s.w),
+                comm: plan.times.comm,
+            }
+        }
+        None => plan.times,
+    };
+    Request {
+        kind,
+        workers: d,
+        microbatches: n,
+        chunks,
+        times,
+    }
+}
+
+/// The cost model for `placement`: `--stage-times` if given, else `--times`.
+fn costs(plan: &Plan, placement: &Placement) -> Result<Costs> {
+    match &plan.stage_times {
+        None => Costs::uniform(placement, plan.times).context("--times"),
+        Some((path, stages)) => {
+            if stages.len() != placement.stages() as usize {
+                bail!(
+                    "--stage-times {}: {} stages given, but this schedule has {} stages \
+                     ({placement} placement on {} workers); give one line per stage",
+                    path.display(),
+                    stages.len(),
+                    placement.stages(),
+                    placement.workers()
+                );
+            }
+            let default_mem = 1.0 / f64::from(placement.chunks().max(1));
+            let stages = stages
+                .iter()
+                .map(|s| StageCost {
+                    f: s.f,
+                    b: s.b,
+                    w: s.w,
+                    mem: s.mem.unwrap_or(default_mem),
+                })
+                .collect();
+            Costs::per_stage(placement, stages, plan.times.comm)
+                .with_context(|| format!("--stage-times {}", path.display()))
+        }
+    }
+}
+
+fn simulate_with(plan: &Plan, schedule: &Schedule) -> Result<Simulation> {
+    let costs = costs(plan, &schedule.placement)?;
+    simulate(schedule, &costs).with_context(|| format!("cannot simulate {}", schedule.name))
+}
+
+/// Renders one planned schedule in the chosen format.
+fn render(plan: &Plan, schedule: &Schedule, sim: &Simulation, ms: f64) -> Result<String> {
+    Ok(match plan.format {
+        Format::Table => Report::new(schedule, sim, plan.activation_bytes, ms).table(),
+        Format::Json => {
+            let mut text = Report::new(schedule, sim, plan.activation_bytes, ms).to_json();
+            text.push('\n');
+            text
+        }
+        Format::Grid => {
+            let q = trim_number(grid::quantum(sim));
+            format!(
+                "{}: d={}, n={}, makespan {}; one cell = {} time unit{}, '.' idle, '-' the \
+                 pass on its left continues\n{}",
+                schedule.name,
+                schedule.num_workers(),
+                schedule.microbatches,
+                trim_number(sim.makespan),
+                q,
+                if q == "1" { "" } else { "s" },
+                grid::grid(schedule, sim)
+            )
+        }
+        Format::Csv => to_csv(schedule).context("--format csv")?,
+        Format::Svg => svg::svg(schedule, sim),
+        Format::Chrome => chrome::chrome_trace(schedule, sim),
+    })
+}
+
+fn trim_number(x: f64) -> String {
+    let text = format!("{x:.4}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Plans every known schedule on one shape.
+fn compare(plan: &Plan, d: u32, n: u32, chunks: u32) -> Result<String> {
+    let mut reports = Vec::new();
+    let mut skipped: Vec<(ScheduleKind, String)> = Vec::new();
+    for kind in ScheduleKind::ALL {
+        let start = Instant::now();
+        let outcome = generate(&request(plan, kind, d, n, chunks))
+            .map_err(anyhow::Error::from)
+            .and_then(|schedule| {
+                let sim = simulate_with(plan, &schedule)?;
+                Ok((schedule, sim))
+            });
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        match outcome {
+            Ok((schedule, sim)) => {
+                reports.push(Report::new(&schedule, &sim, plan.activation_bytes, ms));
+            }
+            Err(e) => skipped.push((kind, format!("{e:#}"))),
+        }
+    }
+    if reports.is_empty() {
+        let why: Vec<String> = skipped.iter().map(|(k, e)| format!("  {k}: {e}")).collect();
+        bail!(
+            "no schedule supports --workers {d} --microbatches {n}:\n{}",
+            why.join("\n")
+        );
+    }
+    Ok(match plan.format {
+        Format::Json => {
+            let skipped: Vec<serde_json::Value> = skipped
+                .iter()
+                .map(|(k, e)| serde_json::json!({ "schedule": k.name(), "reason": e }))
+                .collect();
+            let value = serde_json::json!({ "reports": reports, "skipped": skipped });
+            let mut text = serde_json::to_string_pretty(&value)?;
+            text.push('\n');
+            text
+        }
+        _ => {
+            let mut text = format!(
+                "d={d} workers, n={n} microbatches, --times {},{},{},{}{}\n",
+                trim_number(plan.times.f),
+                trim_number(plan.times.b),
+                trim_number(plan.times.w),
+                trim_number(plan.times.comm),
+                match &plan.stage_times {
+                    Some((path, _)) => format!(" (compute from {})", path.display()),
+                    None => String::new(),
+                }
+            );
+            text.push_str(&compare_table(&reports));
+            text.push_str(
+                "peak mem: largest per-worker peak, in units of one microbatch's activation \
+                 over 1/d of the model\n",
+            );
+            if !skipped.is_empty() {
+                text.push_str("\nskipped:\n");
+                for (kind, why) in &skipped {
+                    text.push_str(&format!("  {kind}: {why}\n"));
+                }
+            }
+            text
+        }
+    })
+}
+
+/// Writes `text` to `--output` or standard output. A closed standard output (e.g. piping
+/// into `head`) is not an error.
+fn write_output(plan: &Plan, text: &str) -> Result<()> {
+    match &plan.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("--output: cannot write {}", path.display())),
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            match stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(e).context("cannot write to standard output")
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}

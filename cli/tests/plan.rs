@@ -1,0 +1,399 @@
+//! End-to-end tests of `pipewise plan`, running the built binary.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+fn pipewise(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args(args)
+        .output()
+        .expect("runs pipewise")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs and expects success; returns standard output.
+fn ok(args: &[&str]) -> String {
+    let out = pipewise(args);
+    assert!(
+        out.status.success(),
+        "pipewise {args:?} failed:\n{}",
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+/// Runs and expects failure; returns standard error.
+fn fails(args: &[&str]) -> String {
+    let out = pipewise(args);
+    assert!(
+        !out.status.success(),
+        "pipewise {args:?} succeeded:\n{}",
+        stdout(&out)
+    );
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// A fresh path in the temporary directory.
+fn temp_path(name: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("pipewise-test-{}-{n}-{name}", std::process::id()))
+}
+
+fn json(args: &[&str]) -> Value {
+    serde_json::from_str(&ok(args)).expect("valid JSON")
+}
+
+#[test]
+fn table_reports_makespan_and_bubble() {
+    let text = ok(&[
+        "plan",
+        "--schedule",
+        "1f1b",
+        "--workers",
+        "4",
+        "--microbatches",
+        "8",
+    ]);
+    assert!(text.contains("makespan"), "{text}");
+    assert!(text.contains("33"), "{text}");
+    assert!(text.contains("bubble"), "{text}");
+    assert!(text.contains("27.27 %"), "{text}");
+    assert!(text.contains("planning time"), "{text}");
+    assert!(text.contains("worker 3"), "{text}");
+}
+
+#[test]
+fn json_has_the_1f1b_numbers() {
+    let (d, n) = (4.0, 8.0);
+    let r = json(&[
+        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "--format", "json",
+    ]);
+    assert_eq!(r["schedule"], "1f1b");
+    assert_eq!(r["workers"], 4);
+    assert_eq!(r["microbatches"], 8);
+    assert_eq!(r["chunks"], 1);
+    assert_eq!(r["placement"], "one-per-worker");
+    // F = B = W = 1, BW = B + W = 2: 3 (n + d − 1).
+    assert_eq!(r["makespan"].as_f64(), Some(3.0 * (n + d - 1.0)));
+    let bubble = r["bubble"].as_f64().unwrap();
+    assert!(
+        (bubble - (d - 1.0) / (n + d - 1.0)).abs() < 1e-12,
+        "{bubble}"
+    );
+    assert!(r["bubble_span"].as_f64().is_some());
+    let peak: Vec<f64> = r["peak_memory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(peak, vec![4.0, 3.0, 2.0, 1.0]);
+    assert!(r["peak_memory_bytes"].is_null());
+    assert_eq!(r["lower_bound"].as_f64(), Some(24.0));
+    assert_eq!(r["max_work"].as_f64(), Some(24.0));
+    assert!(r["critical_path"].as_f64().is_some());
+    assert!(r["v_bound"].is_null());
+    assert!(r["planning_ms"].as_f64().is_some_and(|ms| ms >= 0.0));
+}
+
+#[test]
+fn activation_bytes_scale_peak_memory() {
+    let r = json(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "-f",
+        "json",
+        "--activation-bytes",
+        "1KiB",
+    ]);
+    let bytes: Vec<f64> = r["peak_memory_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(bytes, vec![4096.0, 3072.0, 2048.0, 1024.0]);
+}
+
+#[test]
+fn csv_export_then_import_gives_the_same_numbers() {
+    for (schedule, extra) in [
+        ("1f1b", &[][..]),
+        ("zb-h1", &[][..]),
+        ("v-half", &[][..]),
+        ("interleaved-1f1b", &["--chunks", "2"][..]),
+    ] {
+        let path = temp_path(&format!("{schedule}.csv"));
+        let path_text = path.to_str().unwrap();
+        // The generators use the times to fill idle time: export with the same times.
+        let mut export = vec![
+            "plan",
+            "-s",
+            schedule,
+            "-d",
+            "4",
+            "-n",
+            "8",
+            "--times",
+            "1,2,1,0.25",
+        ];
+        export.extend_from_slice(extra);
+        let mut args = export.clone();
+        args.extend(["--format", "csv", "--output", path_text]);
+        ok(&args);
+        let mut args = export.clone();
+        args.extend(["--format", "json"]);
+        let generated = json(&args);
+        let source = format!("csv:{path_text}");
+        let imported = json(&[
+            "plan",
+            "--schedule",
+            &source,
+            "--format",
+            "json",
+            "--times",
+            "1,2,1,0.25",
+        ]);
+        std::fs::remove_file(&path).ok();
+        assert_eq!(imported["schedule"], source.as_str());
+        for field in [
+            "workers",
+            "microbatches",
+            "chunks",
+            "placement",
+            "placement_table",
+            "makespan",
+            "bubble",
+            "bubble_span",
+            "peak_memory",
+            "lower_bound",
+            "v_bound",
+            "max_work",
+            "critical_path",
+        ] {
+            assert_eq!(imported[field], generated[field], "{schedule}: {field}");
+        }
+    }
+}
+
+#[test]
+fn imported_csv_errors_name_the_cell() {
+    let path = temp_path("bad.csv");
+    std::fs::write(&path, "0F0,0F1,0I0,0W0,0I1,0W1\n1I0,1F0,1F1,1W0,1I1,1W1\n").unwrap();
+    let source = format!("csv:{}", path.display());
+    let err = fails(&["plan", "-s", &source]);
+    std::fs::remove_file(&path).ok();
+    assert!(err.contains("CSV row 2 column 1 (\"1I0\")"), "{err}");
+    assert!(err.contains("breaks rule"), "{err}");
+
+    let err = fails(&["plan", "-s", "csv:/definitely/not/here.csv"]);
+    assert!(err.contains("/definitely/not/here.csv"), "{err}");
+}
+
+#[test]
+fn csv_shape_options_must_match_the_file() {
+    let path = temp_path("ok.csv");
+    std::fs::write(&path, "0F0,0B0\n").unwrap();
+    let source = format!("csv:{}", path.display());
+    ok(&["plan", "-s", &source, "-d", "1", "-n", "1"]);
+    let err = fails(&["plan", "-s", &source, "-d", "2"]);
+    assert!(err.contains("--workers 2"), "{err}");
+    let err = fails(&["plan", "-s", &source, "--chunks", "2"]);
+    assert!(err.contains("--chunks"), "{err}");
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn unknown_schedule_lists_the_known_ones() {
+    let err = fails(&["plan", "--schedule", "2f2b", "-d", "4", "-n", "8"]);
+    assert!(err.contains("unknown schedule \"2f2b\""), "{err}");
+    for known in ["gpipe", "1f1b", "zb-h1", "v-half", "dualpipe-v", "csv:PATH"] {
+        assert!(err.contains(known), "{known} missing from: {err}");
+    }
+}
+
+#[test]
+fn bad_numbers_name_their_option() {
+    let err = fails(&["plan", "-s", "1f1b", "--workers", "0", "-n", "8"]);
+    assert!(err.contains("--workers"), "{err}");
+    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "--microbatches", "0"]);
+    assert!(err.contains("--microbatches"), "{err}");
+    let err = fails(&["plan", "-s", "1f1b", "-n", "8"]);
+    assert!(err.contains("--workers is required"), "{err}");
+    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "-n", "8", "--times", "1,2"]);
+    assert!(err.contains("--times"), "{err}");
+    let err = fails(&[
+        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "--times", "0,0,0",
+    ]);
+    assert!(err.contains("--times"), "{err}");
+    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "-n", "8", "--chunks", "3"]);
+    assert!(err.contains("--chunks"), "{err}");
+    let err = fails(&["plan", "-s", "dualpipe-v", "-d", "4", "-n", "3"]);
+    assert!(err.contains("at least 8"), "{err}");
+    let err = fails(&["plan", "-s", "1f1b", "-d", "4096", "-n", "1000000"]);
+    assert!(err.contains("too large"), "{err}");
+    let err = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--activation-bytes",
+        "12 parsecs",
+    ]);
+    assert!(err.contains("--activation-bytes"), "{err}");
+}
+
+#[test]
+fn stage_times_override_times() {
+    let path = temp_path("stages.txt");
+    std::fs::write(&path, "# f,b,w\n1,1,1\n1,1,1\n2,2,2 # slow stage\n1,1,1\n").unwrap();
+    let file = path.to_str().unwrap();
+    let r = json(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "-f",
+        "json",
+        "--stage-times",
+        file,
+    ]);
+    // The slow stage does 8 × 6 of work.
+    assert_eq!(r["max_work"].as_f64(), Some(48.0));
+    let err = fails(&[
+        "plan",
+        "-s",
+        "v-half",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--stage-times",
+        file,
+    ]);
+    assert!(
+        err.contains("--stage-times") && err.contains("8 stages"),
+        "{err}"
+    );
+    std::fs::write(&path, "1,1\n").unwrap();
+    let err = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "1",
+        "-n",
+        "8",
+        "--stage-times",
+        file,
+    ]);
+    assert!(
+        err.contains("--stage-times") && err.contains("line 1"),
+        "{err}"
+    );
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn renderings() {
+    let grid = ok(&["plan", "-s", "zb-h1", "-d", "4", "-n", "8", "-f", "grid"]);
+    assert_eq!(
+        grid.lines().filter(|l| l.starts_with("worker ")).count(),
+        4,
+        "{grid}"
+    );
+
+    let svg = ok(&["plan", "-s", "v-half", "-d", "4", "-n", "8", "-f", "svg"]);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("class=\"pass\"").count(), 4 * 2 * 3 * 8);
+
+    let trace: Value = serde_json::from_str(&ok(&[
+        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "-f", "chrome",
+    ]))
+    .unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert_eq!(events.iter().filter(|e| e["ph"] == "X").count(), 4 * 2 * 8);
+
+    let csv = ok(&["plan", "-s", "1f1b", "-d", "2", "-n", "2", "-f", "csv"]);
+    assert_eq!(csv, "0F0,0F1,,,0B0,,,0B1,\n,1F0,1B0,,1F1,1B1,,,\n");
+
+    let path = temp_path("out.txt");
+    let printed = ok(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "2",
+        "-n",
+        "2",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(printed.is_empty());
+    let written = std::fs::read_to_string(&path).unwrap();
+    assert!(written.contains("makespan"));
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn compare_has_a_row_per_schedule_and_notes_skips() {
+    let text = ok(&["plan", "--compare", "-d", "4", "-n", "4"]);
+    for kind in ["gpipe", "1f1b", "zb-h1", "v-half", "interleaved-1f1b"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(kind)),
+            "{kind} missing:\n{text}"
+        );
+    }
+    // DualPipeV needs n ≥ 2d.
+    assert!(text.contains("skipped:"), "{text}");
+    assert!(text.contains("dualpipe-v:"), "{text}");
+
+    let value = json(&["plan", "--compare", "-d", "4", "-n", "4", "-f", "json"]);
+    let reports = value["reports"].as_array().unwrap();
+    assert!(reports.len() >= 10);
+    assert!(reports.iter().all(|r| r["makespan"].as_f64().is_some()));
+    assert_eq!(value["skipped"][0]["schedule"], "dualpipe-v");
+
+    let err = fails(&["plan", "--compare", "-d", "4", "-n", "4", "-f", "svg"]);
+    assert!(err.contains("--compare"), "{err}");
+    let err = fails(&["plan", "--compare", "-n", "4"]);
+    assert!(err.contains("--workers"), "{err}");
+}
+
+#[test]
+fn help_texts() {
+    let help = ok(&["--help"]);
+    assert!(help.contains("plan"), "{help}");
+    let help = ok(&["plan", "--help"]);
+    for needle in ["--schedule", "--times", "csv:PATH", "v-half", "Examples:"] {
+        assert!(help.contains(needle), "{needle}:\n{help}");
+    }
+    let err = fails(&[]);
+    assert!(err.contains("Usage"), "{err}");
+}
