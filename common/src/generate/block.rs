@@ -147,7 +147,7 @@ impl VOffsets {
             passes,
         };
         if !self.fused {
-            block.fill_weights();
+            block.place_weights();
         }
         block
     }
@@ -160,7 +160,7 @@ impl BuildingBlock {
 
     /// Adds a W after every B: on each worker, the earliest cell after the B whose residue
     /// modulo the period is still free (so that repeating stays collision-free).
-    fn fill_weights(&mut self) {
+    fn place_weights(&mut self) {
         let workers = self.placement.workers();
         let mut extra = Vec::new();
         for w in 0..workers {
@@ -178,10 +178,10 @@ impl BuildingBlock {
             bs.sort_by_key(|p| p.cell);
             for b in bs {
                 let mut c = b.cell + b.len;
-                // A free residue exists unless the worker already has `period` cells of work.
-                let Some(_) = used.iter().position(|u| !u) else {
+                // No free residue: the block collides anyway (`collision_free` rejects it).
+                if used.iter().all(|u| *u) {
                     break;
-                };
+                }
                 while used[c.rem_euclid(self.period) as usize] {
                     c += 1;
                 }
