@@ -129,6 +129,18 @@ impl Costs {
         })
     }
 
+    /// How a pass changes its worker's activation memory: `+mem` for F (at its start);
+    /// B releases `release_at_b` of it, W the rest, BW all of it (at their end).
+    pub fn memory_change(&self, pass: crate::pass::Pass) -> f64 {
+        let m = self.stages[pass.stage as usize].mem;
+        match pass.kind {
+            PassKind::F => m,
+            PassKind::B => -m * self.release_at_b,
+            PassKind::W => -m * (1.0 - self.release_at_b),
+            PassKind::BW => -m,
+        }
+    }
+
     /// Duration of a pass of `kind` over `stage` (BW = B + W).
     pub fn duration(&self, kind: PassKind, stage: u32) -> f64 {
         let c = &self.stages[stage as usize];

@@ -192,16 +192,8 @@ fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) 
 fn peak_of(passes: &[TimedPass], costs: &Costs) -> f64 {
     let (mut now, mut peak) = (0.0f64, 0.0f64);
     for p in passes {
-        let m = costs.stages[p.pass.stage as usize].mem;
-        match p.pass.kind {
-            PassKind::F => {
-                now += m;
-                peak = peak.max(now);
-            }
-            PassKind::B => now -= m * costs.release_at_b,
-            PassKind::W => now -= m * (1.0 - costs.release_at_b),
-            PassKind::BW => now -= m,
-        }
+        now += costs.memory_change(p.pass);
+        peak = peak.max(now);
     }
     peak
 }

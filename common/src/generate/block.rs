@@ -352,16 +352,16 @@ fn held_max(line: &[TimedPass], costs: &Costs, lo: usize, hi: usize) -> f64 {
     let mut now = 0.0f64;
     let mut best = 0.0f64;
     for (i, p) in line.iter().enumerate().take(hi + 1) {
-        let m = costs.stages[p.pass.stage as usize].mem;
-        if p.pass.kind == PassKind::F {
-            now += m;
+        let change = costs.memory_change(p.pass);
+        // Allocations count from the pass's start, releases from its end.
+        if change > 0.0 {
+            now += change;
         }
         if i >= lo {
             best = best.max(now);
         }
-        match p.pass.kind {
-            PassKind::W | PassKind::BW => now -= m,
-            _ => {}
+        if change < 0.0 {
+            now += change;
         }
     }
     best

@@ -130,13 +130,7 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
                         continue;
                     };
                     let dur = costs.duration(p.kind, p.stage);
-                    let m = costs.stages[p.stage as usize].mem;
-                    match p.kind {
-                        PassKind::F => mem[w] += m,
-                        PassKind::B => mem[w] -= m * costs.release_at_b,
-                        PassKind::W => mem[w] -= m * (1.0 - costs.release_at_b),
-                        PassKind::BW => mem[w] -= m,
-                    }
+                    mem[w] += costs.memory_change(p);
                     free[w] = now + dur;
                     end.set(p, now + dur);
                     events.push(Reverse((now + dur + costs.comm).to_bits()));
@@ -183,16 +177,8 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
 fn held_until(passes: &[Option<Pass>], now: f64, costs: &Costs) -> f64 {
     let (mut held, mut most) = (now, now);
     for p in passes.iter().flatten() {
-        let m = costs.stages[p.stage as usize].mem;
-        match p.kind {
-            PassKind::F => {
-                held += m;
-                most = most.max(held);
-            }
-            PassKind::B => held -= m * costs.release_at_b,
-            PassKind::W => held -= m * (1.0 - costs.release_at_b),
-            PassKind::BW => held -= m,
-        }
+        held += costs.memory_change(*p);
+        most = most.max(held);
     }
     most
 }
@@ -301,15 +287,9 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
             };
             let Some(p) = pass else { continue };
             let dur = costs.duration(p.kind, p.stage);
-            let m = costs.stages[p.stage as usize].mem;
-            match p.kind {
-                PassKind::F => mem[w] += m,
-                PassKind::B => {
-                    mem[w] -= m * costs.release_at_b;
-                    pending[w].push_back(Pass::w(p.stage, p.mb));
-                }
-                PassKind::W => mem[w] -= m * (1.0 - costs.release_at_b),
-                PassKind::BW => mem[w] -= m,
+            mem[w] += costs.memory_change(p);
+            if p.kind == PassKind::B {
+                pending[w].push_back(Pass::w(p.stage, p.mb));
             }
             free[w] = now + dur;
             end.set(p, now + dur);
