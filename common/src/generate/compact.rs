@@ -14,9 +14,10 @@ use std::collections::BinaryHeap;
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::pass::{Pass, PassKind, PassMap};
+use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::simulate::simulate;
-use crate::validate::validate;
+use crate::validate::{PassIndex, validate};
 
 /// How far ahead in its program a waiting worker looks for a ready pass.
 const WINDOW: usize = 12;
@@ -26,7 +27,6 @@ const EPS: f64 = 1e-9;
 pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     let before = simulate(&schedule, costs)?;
     let index = validate(&schedule)?;
-    let placement = &schedule.placement;
     let workers = schedule.workers.len();
     let cap = before.peak_memory.clone();
 
@@ -38,30 +38,12 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     let mut head = vec![0usize; workers];
     let mut free = vec![0.0f64; workers];
     let mut mem = vec![0.0f64; workers];
-    let mut end = PassMap::times(placement.stages(), schedule.microbatches);
     let mut orders: Vec<Vec<Pass>> = schedule
         .workers
         .iter()
         .map(|ps| Vec::with_capacity(ps.len()))
         .collect();
-    let mut now = 0.0f64;
-    // Arrival times of finished passes at other workers (non-negative f64 bits order like the values).
-    let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
-
-    // When `pass` could start on worker `w`: None while an input is still being computed.
-    let ready_at = |pass: Pass, w: usize, end: &PassMap<f64>| -> Option<f64> {
-        let mut t = 0.0f64;
-        for (dep, _) in index.deps(pass) {
-            let e = end.known(dep)?;
-            let hop = if placement.worker_of(dep.stage) as usize != w {
-                costs.comm
-            } else {
-                0.0
-            };
-            t = t.max(e + hop);
-        }
-        Some(t)
-    };
+    let mut clock = Clock::new(&schedule, &index, costs);
 
     let total = schedule.num_passes();
     let mut placed = 0usize;
@@ -75,17 +57,17 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
             if head[w] >= remaining[w].len() {
                 continue;
             }
-            if free[w] > now + EPS {
+            if free[w] > clock.now + EPS {
                 next_event = next_event.min(free[w]);
                 continue;
             }
             let first = remaining[w][head[w]].unwrap_or(Pass::f(0, 0));
-            let head_ready = ready_at(first, w, &end);
+            let head_ready = clock.ready_at(first, w);
             // W is never on the critical path: a ready B, or an F that fits, goes first.
             let b_first = || {
                 (head[w] + 1..remaining[w].len().min(head[w] + 1 + WINDOW)).find(|&i| {
                     remaining[w][i].is_some_and(|p| {
-                        let ready = ready_at(p, w, &end).is_some_and(|r| r <= now + EPS);
+                        let ready = clock.ready_at(p, w).is_some_and(|r| r <= clock.now + EPS);
                         let allowed = match p.kind {
                             PassKind::B | PassKind::BW => true,
                             PassKind::F => {
@@ -100,27 +82,27 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
                 })
             };
             let pick = match head_ready {
-                Some(t) if t <= now + EPS && first.kind == PassKind::W => {
+                Some(t) if t <= clock.now + EPS && first.kind == PassKind::W => {
                     b_first().or(Some(head[w]))
                 }
-                Some(t) if t <= now + EPS => Some(head[w]),
+                Some(t) if t <= clock.now + EPS => Some(head[w]),
                 _ => {
                     let limit = head_ready.unwrap_or(f64::INFINITY);
                     (head[w] + 1..remaining[w].len().min(head[w] + 1 + WINDOW)).find(|&i| {
                         let Some(p) = remaining[w][i] else {
                             return false;
                         };
-                        let Some(r) = ready_at(p, w, &end) else {
+                        let Some(r) = clock.ready_at(p, w) else {
                             return false;
                         };
-                        let fits = now + costs.duration(p.kind, p.stage) <= limit + EPS;
+                        let fits = clock.now + costs.duration(p.kind, p.stage) <= limit + EPS;
                         let mem_ok = p.kind != PassKind::F
                             || held_until(&remaining[w][head[w]..i], mem[w], costs)
                                 + costs.stages[p.stage as usize].mem
                                 <= cap[w] + EPS;
                         // `r` exists only when every input of `p` is done, so a pass that
                         // depends on one between the head and `i` is never picked.
-                        r <= now + EPS && fits && mem_ok
+                        r <= clock.now + EPS && fits && mem_ok
                     })
                 }
             };
@@ -131,16 +113,14 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
                     };
                     let dur = costs.duration(p.kind, p.stage);
                     mem[w] += costs.memory_change(p);
-                    free[w] = now + dur;
-                    end.set(p, now + dur);
-                    events.push(Reverse((now + dur + costs.comm).to_bits()));
+                    free[w] = clock.start(p, dur);
                     orders[w].push(p);
                     placed += 1;
                     progressed = true;
                     next_event = next_event.min(free[w]);
                 }
                 None => {
-                    if let Some(t) = head_ready.filter(|&t| t > now + EPS) {
+                    if let Some(t) = head_ready.filter(|&t| t > clock.now + EPS) {
                         next_event = next_event.min(t);
                     }
                 }
@@ -149,20 +129,9 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
         if progressed {
             continue;
         }
-        // Advance to the next moment anything can change: a pass ending or an input arriving.
-        while events
-            .peek()
-            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= now + EPS)
-        {
-            events.pop();
-        }
-        let soonest = events
-            .peek()
-            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
-        if !soonest.is_finite() || soonest <= now + EPS {
+        if !clock.advance(next_event) {
             return Ok(schedule);
         }
-        now = soonest;
     }
     let mut candidate = schedule.clone();
     candidate.workers = orders;
@@ -214,42 +183,27 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
     let mut pending: Vec<std::collections::VecDeque<Pass>> = vec![Default::default(); workers];
     let mut free = vec![0.0f64; workers];
     let mut mem = vec![0.0f64; workers];
-    let mut end = PassMap::times(placement.stages(), schedule.microbatches);
     let mut orders: Vec<Vec<Pass>> = schedule
         .workers
         .iter()
         .map(|ps| Vec::with_capacity(ps.len()))
         .collect();
-    let mut events: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
-    let mut now = 0.0f64;
-    let ready_at = |pass: Pass, w: usize, end: &PassMap<f64>| -> Option<f64> {
-        let mut t = 0.0f64;
-        for (dep, _) in index.deps(pass) {
-            let e = end.known(dep)?;
-            let hop = if placement.worker_of(dep.stage) as usize != w {
-                costs.comm
-            } else {
-                0.0
-            };
-            t = t.max(e + hop);
-        }
-        Some(t)
-    };
+    let mut clock = Clock::new(schedule, &index, costs);
     let total = schedule.num_passes();
     let mut placed = 0usize;
     while placed < total {
         let mut progressed = false;
         let mut next_event = f64::INFINITY;
         for w in 0..workers {
-            if free[w] > now + EPS {
+            if free[w] > clock.now + EPS {
                 next_event = next_event.min(free[w]);
                 continue;
             }
             let next = main[w].get(head[w]).copied();
-            let next_ready = next.and_then(|p| ready_at(p, w, &end));
+            let next_ready = next.and_then(|p| clock.ready_at(p, w));
             let run_w = match (next, next_ready) {
                 (None, _) => !pending[w].is_empty(),
-                (Some(p), Some(r)) if r <= now + EPS => {
+                (Some(p), Some(r)) if r <= clock.now + EPS => {
                     p.kind == PassKind::F
                         && mem[w] + costs.stages[p.stage as usize].mem > cap + EPS
                         && !pending[w].is_empty()
@@ -260,23 +214,23 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
                     let earliest = r.unwrap_or_else(|| {
                         index
                             .deps(p)
-                            .filter(|(dep, _)| end.known(*dep).is_none())
+                            .filter(|(dep, _)| clock.end.known(*dep).is_none())
                             .map(|(dep, _)| {
                                 let hop = if placement.worker_of(dep.stage) as usize != w {
                                     costs.comm
                                 } else {
                                     0.0
                                 };
-                                now + costs.duration(dep.kind, dep.stage) + hop
+                                clock.now + costs.duration(dep.kind, dep.stage) + hop
                             })
-                            .fold(now, f64::max)
+                            .fold(clock.now, f64::max)
                     });
-                    eager || now + costs.duration(PassKind::W, wp.stage) <= earliest + EPS
+                    eager || clock.now + costs.duration(PassKind::W, wp.stage) <= earliest + EPS
                 }),
             };
             let pass = if run_w {
                 pending[w].pop_front()
-            } else if next_ready.is_some_and(|r| r <= now + EPS) {
+            } else if next_ready.is_some_and(|r| r <= clock.now + EPS) {
                 head[w] += 1;
                 next
             } else {
@@ -291,10 +245,7 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
             if p.kind == PassKind::B {
                 pending[w].push_back(Pass::w(p.stage, p.mb));
             }
-            free[w] = now + dur;
-            end.set(p, now + dur);
-            events.push(Reverse((now + dur).to_bits()));
-            events.push(Reverse((now + dur + costs.comm).to_bits()));
+            free[w] = clock.start(p, dur);
             orders[w].push(p);
             placed += 1;
             progressed = true;
@@ -302,21 +253,82 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
         if progressed {
             continue;
         }
-        while events
-            .peek()
-            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= now + EPS)
-        {
-            events.pop();
-        }
-        let soonest = events
-            .peek()
-            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
-        if !soonest.is_finite() || soonest <= now + EPS {
+        if !clock.advance(next_event) {
             return Ok(schedule.clone());
         }
-        now = soonest;
     }
     let mut out = schedule.clone();
     out.workers = orders;
     Ok(out)
+}
+
+/// The event clock shared by the compaction and the W filling: end times of the passes
+/// started so far, and the moments at which something can change.
+struct Clock<'a> {
+    placement: &'a Placement,
+    index: &'a PassIndex,
+    costs: &'a Costs,
+    end: PassMap<f64>,
+    /// Ends and arrivals (end + comm) of started passes, as f64 bits (non-negative values
+    /// order like their bits).
+    events: BinaryHeap<Reverse<u64>>,
+    now: f64,
+}
+
+impl<'a> Clock<'a> {
+    fn new(schedule: &'a Schedule, index: &'a PassIndex, costs: &'a Costs) -> Self {
+        Clock {
+            placement: &schedule.placement,
+            index,
+            costs,
+            end: PassMap::times(schedule.placement.stages(), schedule.microbatches),
+            events: BinaryHeap::new(),
+            now: 0.0,
+        }
+    }
+
+    /// When `pass` could start on worker `w`: None while an input is still being computed.
+    fn ready_at(&self, pass: Pass, w: usize) -> Option<f64> {
+        let mut t = 0.0f64;
+        for (dep, _) in self.index.deps(pass) {
+            let e = self.end.known(dep)?;
+            let hop = if self.placement.worker_of(dep.stage) as usize != w {
+                self.costs.comm
+            } else {
+                0.0
+            };
+            t = t.max(e + hop);
+        }
+        Some(t)
+    }
+
+    /// Starts `pass` now for `dur`; returns its end.
+    fn start(&mut self, pass: Pass, dur: f64) -> f64 {
+        let end = self.now + dur;
+        self.end.set(pass, end);
+        self.events.push(Reverse(end.to_bits()));
+        self.events.push(Reverse((end + self.costs.comm).to_bits()));
+        end
+    }
+
+    /// Moves to the next moment anything can change: `next_event` or an end or arrival.
+    /// False when nothing ever will (the caller gives up).
+    fn advance(&mut self, next_event: f64) -> bool {
+        while self
+            .events
+            .peek()
+            .is_some_and(|Reverse(t)| f64::from_bits(*t) <= self.now + EPS)
+        {
+            self.events.pop();
+        }
+        let soonest = self
+            .events
+            .peek()
+            .map_or(next_event, |Reverse(t)| next_event.min(f64::from_bits(*t)));
+        if !soonest.is_finite() || soonest <= self.now + EPS {
+            return false;
+        }
+        self.now = soonest;
+        true
+    }
 }
