@@ -252,25 +252,28 @@ fn finish(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
         .iter()
         .copied()
         .fold(0.0, f64::max);
-    let mut best = compact(cooled.clone(), costs)?;
-    for eager in [false, true] {
-        let filled = fill_weights(&cooled, costs, class, eager)?;
-        best = better_of(best, filled, costs)?;
-    }
-    Ok(best)
-}
-
-/// The schedule with the shorter makespan (then the lower span bubble); `a` on ties.
-fn better_of(a: Schedule, b: Schedule, costs: &Costs) -> Result<Schedule> {
-    let (sa, sb) = (simulate(&a, costs)?, simulate(&b, costs)?);
-    let key = |s: &crate::simulate::Simulation| (s.makespan, s.bubble_span);
-    let (ka, kb) = (key(&sa), key(&sb));
+    let candidates = [
+        compact(cooled.clone(), costs)?,
+        fill_weights(&cooled, costs, class, false)?,
+        fill_weights(&cooled, costs, class, true)?,
+    ];
+    // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
     const EPS: f64 = 1e-9;
-    if kb.0 + EPS < ka.0 || (kb.0 <= ka.0 + EPS && kb.1 + EPS < ka.1) {
-        Ok(b)
-    } else {
-        Ok(a)
+    let mut best: Option<(Schedule, (f64, f64))> = None;
+    for candidate in candidates {
+        let sim = simulate(&candidate, costs)?;
+        let key = (sim.makespan, sim.bubble_span);
+        let better = best
+            .as_ref()
+            .is_none_or(|(_, b)| key.0 + EPS < b.0 || (key.0 <= b.0 + EPS && key.1 + EPS < b.1));
+        if better {
+            best = Some((candidate, key));
+        }
     }
+    best.map(|(s, _)| s).ok_or(Error::InvalidArgument {
+        field: "schedule",
+        reason: "no candidate schedule".into(),
+    })
 }
 
 /// Finds the turn offsets (δ(F_d⁰,F_d¹), δ(F_1¹,B_1¹), δ(B_d¹,B_d⁰)) for V-shape offsets
