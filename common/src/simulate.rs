@@ -43,6 +43,13 @@ pub struct Simulation {
     pub bounds: Bounds,
 }
 
+impl Simulation {
+    /// The largest per-worker peak activation memory.
+    pub fn max_peak_memory(&self) -> f64 {
+        self.peak_memory.iter().copied().fold(0.0, f64::max)
+    }
+}
+
 /// Lower bounds on the makespan.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Bounds {

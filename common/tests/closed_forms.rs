@@ -14,12 +14,7 @@ use pipewise_common::{Costs, Request, ScheduleKind, Simulation, Times, generate,
 
 const TOL: f64 = 1e-9;
 
-const UNIT: Times = Times {
-    f: 1.0,
-    b: 1.0,
-    w: 1.0,
-    comm: 0.0,
-};
+const UNIT: Times = Times::UNIT;
 
 fn run(kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Simulation {
     let mut req = Request::new(kind, d, n);

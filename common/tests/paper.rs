@@ -13,12 +13,7 @@
 
 use pipewise_common::{Costs, Request, ScheduleKind, Simulation, Times, generate, simulate};
 
-const UNIT: Times = Times {
-    f: 1.0,
-    b: 1.0,
-    w: 1.0,
-    comm: 0.0,
-};
+const UNIT: Times = Times::UNIT;
 
 fn run(kind: ScheduleKind, d: u32, n: u32, times: Times) -> Simulation {
     let mut req = Request::new(kind, d, n);
@@ -31,7 +26,7 @@ fn run(kind: ScheduleKind, d: u32, n: u32, times: Times) -> Simulation {
 /// Peak activation memory over all workers, in the simulator's unit (one microbatch's
 /// activation over `1/d` of the model: 1F1B holds `d` of them on worker 0).
 fn peak(sim: &Simulation) -> f64 {
-    sim.peak_memory.iter().copied().fold(0.0, f64::max)
+    sim.max_peak_memory()
 }
 
 // === Table 1 ===

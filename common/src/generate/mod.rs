@@ -247,11 +247,7 @@ fn v_schedule(name: &str, offsets: VOffsets, d: u32, n: u32, times: Times) -> Re
 /// per-worker peak of the reordered schedule).
 fn finish(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     let cooled = reorder_cooldown(schedule, costs)?;
-    let class = simulate(&cooled, costs)?
-        .peak_memory
-        .iter()
-        .copied()
-        .fold(0.0, f64::max);
+    let class = simulate(&cooled, costs)?.max_peak_memory();
     let candidates = [
         compact(cooled.clone(), costs)?,
         fill_weights(&cooled, costs, class, false)?,

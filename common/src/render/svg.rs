@@ -151,7 +151,7 @@ pub fn svg(schedule: &Schedule, sim: &Simulation) -> String {
         fmt_num(sim.makespan, 3),
         fmt_percent(sim.bubble),
     );
-    let peak = sim.peak_memory.iter().copied().fold(0.0, f64::max);
+    let peak = sim.max_peak_memory();
     let subtitle = format!(
         "placement {placement} · span bubble {} · peak activation memory {} (× one microbatch over 1/d of the model) · lower bound {}",
         fmt_percent(sim.bubble_span),
