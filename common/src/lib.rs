@@ -8,6 +8,7 @@
 //! - [`placement`]: stage → worker layouts (one per worker, loop, V, explicit).
 //! - [`schedule`]: per-worker ordered pass lists.
 //! - [`validate`]: the validator (typed errors, marked grids).
+//! - [`model`]: the GPT-style model spec: pieces, parameter counts, activation bytes, FLOPs.
 //! - [`cost`]: per-stage F/B/W durations, communication latency, activation memory.
 //! - [`simulate`]: start/end of every pass, makespan, bubble rates, peak memory, lower bounds.
 //! - [`generate`]: every schedule generator, and the building-block framework they share.
@@ -19,6 +20,7 @@ pub mod cost;
 pub mod csv;
 pub mod error;
 pub mod generate;
+pub mod model;
 pub mod pass;
 pub mod placement;
 pub mod render;

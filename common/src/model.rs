@@ -1,0 +1,441 @@
+//! The model spec: a GPT-style decoder described by its sizes, cut into pieces.
+//!
+//! The planner uses it for parameter counts, activation memory and FLOPs per piece; the worker
+//! builds the same model from it, and stashes exactly the bytes
+//! [`ModelSpec::piece_activation_bytes`] predicts (a worker test compares the two).
+//!
+//! # The model
+//!
+//! Pieces in model order: [`Piece::Embedding`] (token embedding `V × h` plus learned positions
+//! `t × h`), [`Piece::Block`]`(0..layers)` (pre-LayerNorm transformer blocks: LN → causal
+//! multi-head self-attention → residual, LN → MLP `h → 4h → h` with tanh-GELU → residual) and
+//! [`Piece::Head`] (final LayerNorm, untied LM head `h × V` without bias, cross-entropy loss).
+//! Linear layers of the blocks have biases; LayerNorms have a scale and a shift.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Element type of parameters and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 16-bit IEEE float.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// The text form (`f32`, `f16`, `bf16`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(DType::F32),
+            "f16" => Ok(DType::F16),
+            "bf16" => Ok(DType::BF16),
+            _ => Err(Error::InvalidArgument {
+                field: "dtype",
+                reason: format!("{s:?} is not one of f32, f16, bf16"),
+            }),
+        }
+    }
+}
+
+/// One contiguous piece of the model; a stage is a range of pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Piece {
+    /// Token embedding plus learned positions.
+    Embedding,
+    /// Transformer block `i` (0-based).
+    Block(u32),
+    /// Final LayerNorm, LM head and cross-entropy loss.
+    Head,
+}
+
+impl fmt::Display for Piece {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Piece::Embedding => f.write_str("embedding"),
+            Piece::Block(i) => write!(f, "block{i}"),
+            Piece::Head => f.write_str("head"),
+        }
+    }
+}
+
+/// Activation bytes a stage holds for one microbatch of one piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Activation {
+    /// Stash held from the end of `F` until `B` (what `B` and `W` need).
+    pub after_forward: u64,
+    /// Stash still held from the end of `B` until `W` frees it (what `W` needs).
+    pub after_backward_input: u64,
+}
+
+impl std::ops::Add for Activation {
+    type Output = Activation;
+
+    fn add(self, rhs: Activation) -> Activation {
+        Activation {
+            after_forward: self.after_forward + rhs.after_forward,
+            after_backward_input: self.after_backward_input + rhs.after_backward_input,
+        }
+    }
+}
+
+/// Sizes of a GPT-style decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// Vocabulary size (256 for byte-level tokens).
+    pub vocab: u32,
+    /// Hidden size `h`.
+    pub hidden: u32,
+    /// Attention heads (must divide `hidden`).
+    pub heads: u32,
+    /// Transformer blocks.
+    pub layers: u32,
+    /// Sequence length `t` (also the number of learned positions).
+    pub seq_len: u32,
+    /// Element type of parameters and activations.
+    pub dtype: DType,
+}
+
+/// Bytes of one token id (`u32`).
+const TOKEN_BYTES: u64 = 4;
+
+impl ModelSpec {
+    /// Rejects zero sizes and a hidden size the heads do not divide.
+    pub fn validate(&self) -> Result<()> {
+        let fields: [(&'static str, u32); 5] = [
+            ("vocab", self.vocab),
+            ("hidden", self.hidden),
+            ("heads", self.heads),
+            ("layers", self.layers),
+            ("seq_len", self.seq_len),
+        ];
+        for (field, value) in fields {
+            if value == 0 {
+                return Err(Error::InvalidArgument {
+                    field,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.hidden % self.heads != 0 {
+            return Err(Error::InvalidArgument {
+                field: "heads",
+                reason: format!(
+                    "{} heads do not divide hidden size {}",
+                    self.heads, self.hidden
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The pieces in model order: `Embedding`, `Block(0)` … `Block(layers − 1)`, `Head`.
+    pub fn pieces(&self) -> Vec<Piece> {
+        let mut pieces = Vec::with_capacity(self.layers as usize + 2);
+        pieces.push(Piece::Embedding);
+        pieces.extend((0..self.layers).map(Piece::Block));
+        pieces.push(Piece::Head);
+        pieces
+    }
+
+    /// Size of one attention head.
+    pub fn head_dim(&self) -> u32 {
+        self.hidden / self.heads.max(1)
+    }
+
+    /// Parameter count of a piece.
+    ///
+    /// - Embedding: `V·h + t·h` (tokens and learned positions);
+    /// - Block: `12h² + 13h` (two LayerNorms `2·2h`, QKV `h·3h + 3h`, attention output
+    ///   `h·h + h`, MLP `h·4h + 4h` and `4h·h + h`);
+    /// - Head: `2h + h·V` (final LayerNorm, LM head untied from the embedding, no bias).
+    pub fn piece_params(&self, p: Piece) -> u64 {
+        let (v, h, t) = (self.vocab as u64, self.hidden as u64, self.seq_len as u64);
+        match p {
+            Piece::Embedding => v * h + t * h,
+            Piece::Block(_) => 12 * h * h + 13 * h,
+            Piece::Head => 2 * h + h * v,
+        }
+    }
+
+    /// Total parameter count.
+    pub fn params(&self) -> u64 {
+        self.pieces()
+            .into_iter()
+            .map(|p| self.piece_params(p))
+            .sum()
+    }
+
+    /// Bytes a stage holds for one microbatch of `microbatch_size` sequences of this piece.
+    ///
+    /// With `N = b·t` tokens, `e` bytes per element, `a` heads and token ids as `u32`:
+    ///
+    /// | piece | after `F` | after `B` (held for `W`) |
+    /// |---|---|---|
+    /// | Embedding | `4N` (ids) | `4N + N·h·e` (ids, output gradient) |
+    /// | Block | `N·(16h + 2)·e + b·a·t²·e` | `20·N·h·e` |
+    /// | Head | `N·(2h + 1 + V)·e + 4N` | `N·(3h + V)·e` |
+    ///
+    /// Block after `F`, per token: LN1 normalised input and its `1/σ` (`h + 1`), LN1 output
+    /// (`h`), Q, K, V (`3h`), attention output before its projection (`h`), LN2 normalised
+    /// input and `1/σ` (`h + 1`), LN2 output (`h`), MLP pre-activation and GELU output
+    /// (`4h + 4h`); plus the causal attention probabilities (`a·t` per token).
+    /// Block after `B`, per token: for each weight, what `W` needs — LN1 (`x̂`, output
+    /// gradient: `2h`), QKV (input, output gradient: `h + 3h`), attention projection
+    /// (`h + h`), LN2 (`2h`), MLP up (`h + 4h`), MLP down (`4h + h`).
+    /// Head after `F`: final-LN `x̂` and `1/σ` (`h + 1`), its output (`h`), the softmax
+    /// probabilities (`V`) and the target ids; after `B`: `x̂`, the LN output gradient, the LN
+    /// output (the LM head's input) and the logits gradient (`3h + V`).
+    pub fn piece_activation_bytes(&self, p: Piece, microbatch_size: u32) -> Activation {
+        let (v, h, t) = (self.vocab as u64, self.hidden as u64, self.seq_len as u64);
+        let (a, b, e) = (
+            self.heads as u64,
+            microbatch_size as u64,
+            self.dtype.bytes(),
+        );
+        let n = b * t;
+        match p {
+            Piece::Embedding => Activation {
+                after_forward: TOKEN_BYTES * n,
+                after_backward_input: TOKEN_BYTES * n + n * h * e,
+            },
+            Piece::Block(_) => Activation {
+                after_forward: n * (16 * h + 2) * e + b * a * t * t * e,
+                after_backward_input: 20 * n * h * e,
+            },
+            Piece::Head => Activation {
+                after_forward: n * (2 * h + 1 + v) * e + TOKEN_BYTES * n,
+                after_backward_input: n * (3 * h + v) * e,
+            },
+        }
+    }
+
+    /// Forward FLOPs of a piece for one microbatch (`2·m·n·k` per matmul).
+    ///
+    /// - Embedding: `N·h` (the position add; the lookup does no arithmetic);
+    /// - Block: `24·N·h²` (QKV `6Nh²`, projection `2Nh²`, MLP `16Nh²`) plus `4·b·t²·h` for
+    ///   the scores and the weighted sum (the full `t × t` product, as computed);
+    /// - Head: `2·N·h·V` (LM head).
+    ///
+    /// Backward input and weight passes cost about the same as forward each for the linear
+    /// layers (`B` also redoes the attention products twice).
+    pub fn piece_flops(&self, p: Piece, microbatch_size: u32) -> f64 {
+        let (v, h, t) = (self.vocab as f64, self.hidden as f64, self.seq_len as f64);
+        let b = microbatch_size as f64;
+        let n = b * t;
+        match p {
+            Piece::Embedding => n * h,
+            Piece::Block(_) => 24.0 * n * h * h + 4.0 * b * t * t * h,
+            Piece::Head => 2.0 * n * h * v,
+        }
+    }
+
+    /// Sum of [`ModelSpec::piece_activation_bytes`] over a range of pieces (indices into
+    /// [`ModelSpec::pieces`]).
+    pub fn range_activation_bytes(
+        &self,
+        range: std::ops::Range<usize>,
+        microbatch_size: u32,
+    ) -> Activation {
+        self.pieces()
+            .into_iter()
+            .skip(range.start)
+            .take(range.end.saturating_sub(range.start))
+            .map(|p| self.piece_activation_bytes(p, microbatch_size))
+            .fold(Activation::default(), |acc, x| acc + x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ModelSpec {
+        ModelSpec {
+            vocab: 256,
+            hidden: 64,
+            heads: 4,
+            layers: 3,
+            seq_len: 32,
+            dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn dtype_text_round_trips() {
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            assert_eq!(d.to_string().parse::<DType>(), Ok(d));
+        }
+        assert_eq!("BF16".parse::<DType>(), Ok(DType::BF16));
+        assert!(matches!(
+            "f64".parse::<DType>(),
+            Err(Error::InvalidArgument { field: "dtype", .. })
+        ));
+        assert_eq!(DType::F32.bytes(), 4);
+        assert_eq!(DType::BF16.bytes(), 2);
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        assert_eq!(spec().validate(), Ok(()));
+        let cases: [(&str, ModelSpec); 6] = [
+            ("vocab", ModelSpec { vocab: 0, ..spec() }),
+            (
+                "hidden",
+                ModelSpec {
+                    hidden: 0,
+                    ..spec()
+                },
+            ),
+            ("heads", ModelSpec { heads: 0, ..spec() }),
+            (
+                "layers",
+                ModelSpec {
+                    layers: 0,
+                    ..spec()
+                },
+            ),
+            (
+                "seq_len",
+                ModelSpec {
+                    seq_len: 0,
+                    ..spec()
+                },
+            ),
+            ("heads", ModelSpec { heads: 5, ..spec() }),
+        ];
+        for (want, s) in cases {
+            match s.validate() {
+                Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, want),
+                other => panic!("{s:?}: expected InvalidArgument({want}), got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_in_model_order() {
+        let s = spec();
+        assert_eq!(
+            s.pieces(),
+            vec![
+                Piece::Embedding,
+                Piece::Block(0),
+                Piece::Block(1),
+                Piece::Block(2),
+                Piece::Head
+            ]
+        );
+        assert_eq!(Piece::Block(2).to_string(), "block2");
+    }
+
+    #[test]
+    fn parameter_counts() {
+        let s = spec();
+        assert_eq!(s.piece_params(Piece::Embedding), 256 * 64 + 32 * 64);
+        // GPT-2 small's block: 7,087,872 parameters at h = 768.
+        let gpt2 = ModelSpec {
+            hidden: 768,
+            heads: 12,
+            ..s
+        };
+        assert_eq!(gpt2.piece_params(Piece::Block(0)), 7_087_872);
+        assert_eq!(s.piece_params(Piece::Head), 2 * 64 + 64 * 256);
+        let total: u64 = s.pieces().iter().map(|&p| s.piece_params(p)).sum();
+        assert_eq!(s.params(), total);
+    }
+
+    #[test]
+    fn activation_bytes_scale_with_microbatch_and_dtype() {
+        let s = spec();
+        for p in s.pieces() {
+            let one = s.piece_activation_bytes(p, 1);
+            let three = s.piece_activation_bytes(p, 3);
+            assert_eq!(three.after_forward, 3 * one.after_forward, "{p}");
+            assert_eq!(
+                three.after_backward_input,
+                3 * one.after_backward_input,
+                "{p}"
+            );
+        }
+        // Half precision halves everything but the token ids.
+        let half = ModelSpec {
+            dtype: DType::BF16,
+            ..s
+        };
+        let b32 = s.piece_activation_bytes(Piece::Block(0), 2);
+        let b16 = half.piece_activation_bytes(Piece::Block(0), 2);
+        assert_eq!(b32.after_forward, 2 * b16.after_forward);
+        // Block at b = 1: N = 32 tokens, (16·64 + 2)·4 bytes each plus 4·32·32·4 bytes of
+        // attention probabilities.
+        assert_eq!(
+            s.piece_activation_bytes(Piece::Block(0), 1).after_forward,
+            32 * (16 * 64 + 2) * 4 + 4 * 32 * 32 * 4
+        );
+        let all = s.range_activation_bytes(0..5, 1);
+        let sum: u64 = s
+            .pieces()
+            .iter()
+            .map(|&p| s.piece_activation_bytes(p, 1).after_forward)
+            .sum();
+        assert_eq!(all.after_forward, sum);
+        assert_eq!(
+            s.range_activation_bytes(1..2, 1),
+            s.piece_activation_bytes(Piece::Block(0), 1)
+        );
+    }
+
+    #[test]
+    fn flops_are_matmul_dominated() {
+        let s = spec();
+        let n = 32.0;
+        assert_eq!(
+            s.piece_flops(Piece::Block(0), 1),
+            24.0 * n * 64.0 * 64.0 + 4.0 * 32.0 * 32.0 * 64.0
+        );
+        assert_eq!(s.piece_flops(Piece::Head, 2), 2.0 * 2.0 * n * 64.0 * 256.0);
+        assert!(s.piece_flops(Piece::Embedding, 1) < s.piece_flops(Piece::Block(0), 1));
+    }
+
+    #[test]
+    fn spec_serde_round_trips() {
+        let s = spec();
+        let text = serde_json::to_string(&s).expect("serialize");
+        assert!(text.contains("\"dtype\":\"f32\""), "{text}");
+        let back: ModelSpec = serde_json::from_str(&text).expect("deserialize");
+        assert_eq!(back, s);
+    }
+}

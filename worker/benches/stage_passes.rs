@@ -1,0 +1,3 @@
+//! Benchmark of F, B and W per block (filled in below).
+
+fn main() {}

@@ -1,0 +1,43 @@
+//! `pipewise-worker`: stage compute on candle — a GPT-style decoder cut into stages, with an
+//! exact `F` / `B` / `W` split.
+//!
+//! # Layout
+//!
+//! - [`stage`]: [`Stage`], a contiguous range of the model's pieces with `forward` (F),
+//!   `backward_input` (B), `backward_weight` (W), `backward` (BW), stash-byte accounting and
+//!   the optimizer step.
+//! - `piece` (private): the embedding, transformer block and head, each with its forward,
+//!   input-gradient and weight-gradient math and the stashes between them.
+//! - `ops` (private): hand-written forward and backward of linear, LayerNorm, tanh-GELU,
+//!   causal attention and cross-entropy on candle-core tensors.
+//! - [`param`]: parameters with gradient and AdamW state, seeded initialisation.
+//! - [`optim`]: AdamW and global-norm clipping across stages.
+//! - [`checkpoint`]: a stage's parameters, optimizer state and step as safetensors.
+//! - [`trainer`]: the single-device reference trainer (the whole model as one stage).
+//! - [`data`]: byte-level corpus (a generated default one or a text file) and a seeded
+//!   window sampler.
+//! - [`rng`]: the deterministic host-side random source.
+//! - [`test_utils`]: [`test_device!`] and device helpers for tests.
+//! - [`error`]: the crate's one error type.
+//!
+//! The model's sizes come from [`pipewise_common::model::ModelSpec`], which also predicts
+//! the stash bytes that [`Stage::stash_bytes`] measures.
+
+pub mod checkpoint;
+pub mod data;
+pub mod error;
+mod ops;
+pub mod optim;
+pub mod param;
+mod piece;
+pub mod rng;
+pub mod stage;
+pub mod test_utils;
+pub mod trainer;
+
+pub use candle_core::{DType as CandleDType, Device, Tensor};
+pub use data::{Batch, Corpus, Sampler};
+pub use error::{Error, Result};
+pub use optim::{AdamW, clip_scale};
+pub use stage::Stage;
+pub use trainer::{StepStats, Trainer};

@@ -1,0 +1,215 @@
+//! The math of every layer: forward, input gradient (`B`) and weight gradient (`W`), written
+//! by hand with candle-core tensor ops.
+//!
+//! Activations are 2-D `[N, features]` with `N = b·t` tokens, except inside attention
+//! (`[b, heads, t, head_dim]`). Linear weights are stored `[in, out]` (`y = x·W + b`).
+//! Every reduction is a candle reduction over a fixed axis, so results are deterministic.
+
+use candle_core::{D, DType, Device, Tensor};
+
+use crate::error::Result;
+
+/// LayerNorm epsilon (GPT-2's).
+pub(crate) const LN_EPS: f64 = 1e-5;
+/// `sqrt(2/π)`, the tanh-GELU constant.
+const GELU_K: f64 = 0.797_884_560_802_865_4;
+/// The cubic coefficient of tanh-GELU.
+const GELU_C: f64 = 0.044_715;
+
+/// Bytes a tensor holds (its elements times the element size).
+pub(crate) fn bytes(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
+}
+
+// === Linear ===
+
+/// `x·W + b` for `x: [N, in]`, `w: [in, out]`, `b: [out]`.
+pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let y = x.matmul(w)?;
+    Ok(match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
+}
+
+/// `B` of a linear layer: `dx = dy·Wᵀ`.
+pub(crate) fn linear_grad_input(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(dy.matmul(&w.t()?)?)
+}
+
+/// `W` of a linear layer: `dW = xᵀ·dy`.
+pub(crate) fn linear_grad_weight(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    Ok(x.t()?.matmul(dy)?)
+}
+
+/// `W` of a bias (or a LayerNorm shift): the sum of `dy` over tokens.
+pub(crate) fn sum_tokens(dy: &Tensor) -> Result<Tensor> {
+    Ok(dy.sum(0)?)
+}
+
+// === LayerNorm ===
+
+/// What LayerNorm's forward returns: the output and what the backward needs.
+pub(crate) struct LayerNormOut {
+    /// `x̂·γ + β`.
+    pub y: Tensor,
+    /// The normalised input `x̂ = (x − μ)/σ`.
+    pub xhat: Tensor,
+    /// `1/σ`, `[N, 1]`.
+    pub rstd: Tensor,
+}
+
+/// LayerNorm over the last axis of `x: [N, h]`.
+pub(crate) fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<LayerNormOut> {
+    let mean = x.mean_keepdim(1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(1)?;
+    let rstd = var.affine(1.0, LN_EPS)?.sqrt()?.recip()?;
+    let xhat = xc.broadcast_mul(&rstd)?;
+    let y = xhat.broadcast_mul(gamma)?.broadcast_add(beta)?;
+    Ok(LayerNormOut { y, xhat, rstd })
+}
+
+/// `B` of LayerNorm: `dx = (1/σ)·(g − mean(g) − x̂·mean(g·x̂))` with `g = dy·γ`.
+pub(crate) fn layer_norm_grad_input(
+    dy: &Tensor,
+    xhat: &Tensor,
+    rstd: &Tensor,
+    gamma: &Tensor,
+) -> Result<Tensor> {
+    let g = dy.broadcast_mul(gamma)?;
+    let mean_g = g.mean_keepdim(1)?;
+    let mean_gx = (&g * xhat)?.mean_keepdim(1)?;
+    let inner = g
+        .broadcast_sub(&mean_g)?
+        .sub(&xhat.broadcast_mul(&mean_gx)?)?;
+    Ok(inner.broadcast_mul(rstd)?)
+}
+
+/// `W` of LayerNorm: `(dγ, dβ) = (Σ dy·x̂, Σ dy)` over tokens.
+pub(crate) fn layer_norm_grad_weight(dy: &Tensor, xhat: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok(((dy * xhat)?.sum(0)?, dy.sum(0)?))
+}
+
+// === GELU (tanh approximation, as GPT-2) ===
+
+/// `0.5·u·(1 + tanh(k·(u + c·u³)))`.
+pub(crate) fn gelu(u: &Tensor) -> Result<Tensor> {
+    let th = gelu_tanh(u)?;
+    Ok((u * th.affine(0.5, 0.5)?)?)
+}
+
+fn gelu_tanh(u: &Tensor) -> Result<Tensor> {
+    let inner = (u + u.powf(3.0)?.affine(GELU_C, 0.0)?)?.affine(GELU_K, 0.0)?;
+    Ok(inner.tanh()?)
+}
+
+/// `B` of GELU: `dy · (0.5·(1 + th) + 0.5·u·(1 − th²)·k·(1 + 3c·u²))`.
+pub(crate) fn gelu_grad_input(u: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let th = gelu_tanh(u)?;
+    let left = th.affine(0.5, 0.5)?;
+    let sech2 = th.sqr()?.affine(-1.0, 1.0)?;
+    let dinner = u.sqr()?.affine(3.0 * GELU_C * GELU_K, GELU_K)?;
+    let right = ((u * sech2)? * dinner)?.affine(0.5, 0.0)?;
+    Ok((dy * (left + right)?)?)
+}
+
+// === Causal self-attention ===
+
+/// The additive causal mask `[t, t]`: 0 on and below the diagonal, −∞ above.
+pub(crate) fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let mut m = vec![0f32; t * t];
+    for i in 0..t {
+        for j in (i + 1)..t {
+            m[i * t + j] = f32::NEG_INFINITY;
+        }
+    }
+    Ok(Tensor::from_vec(m, (t, t), device)?.to_dtype(dtype)?)
+}
+
+/// `[N, h]` columns `[offset, offset + h)` of `x` as `[b, heads, t, head_dim]`, contiguous.
+pub(crate) fn split_heads(
+    x: &Tensor,
+    offset: usize,
+    (b, t, heads, h): (usize, usize, usize, usize),
+) -> Result<Tensor> {
+    Ok(x.narrow(1, offset, h)?
+        .reshape((b, t, heads, h / heads))?
+        .transpose(1, 2)?
+        .contiguous()?)
+}
+
+/// `[b, heads, t, head_dim]` back to `[N, h]`.
+pub(crate) fn merge_heads(x: &Tensor) -> Result<Tensor> {
+    let (b, heads, t, hd) = x.dims4()?;
+    Ok(x.transpose(1, 2)?
+        .contiguous()?
+        .reshape((b * t, heads * hd))?)
+}
+
+/// Row softmax over the last axis.
+pub(crate) fn softmax_last(s: &Tensor) -> Result<Tensor> {
+    let max = s.max_keepdim(D::Minus1)?;
+    let e = s.broadcast_sub(&max)?.exp()?;
+    let sum = e.sum_keepdim(D::Minus1)?;
+    Ok(e.broadcast_div(&sum)?)
+}
+
+/// Attention probabilities `softmax(q·kᵀ/√d + mask)` and output `p·v`.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let hd = q.dim(D::Minus1)?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let scores = q.matmul(&k.t()?)?.affine(scale, 0.0)?.broadcast_add(mask)?;
+    let p = softmax_last(&scores)?;
+    let y = p.matmul(v)?;
+    Ok((p, y))
+}
+
+/// `B` of attention: `(dq, dk, dv)` from the output gradient `dy: [b, heads, t, head_dim]`.
+pub(crate) fn attention_grad(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &Tensor,
+    dy: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let hd = q.dim(D::Minus1)?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let dv = p.t()?.matmul(dy)?;
+    let dp = dy.matmul(&v.t()?)?;
+    let row = (&dp * p)?.sum_keepdim(D::Minus1)?;
+    let ds = (p * dp.broadcast_sub(&row)?)?.affine(scale, 0.0)?;
+    let dq = ds.matmul(k)?;
+    let dk = ds.t()?.matmul(q)?;
+    Ok((dq, dk, dv))
+}
+
+// === Cross-entropy ===
+
+/// Softmax probabilities of `logits: [N, V]` and the mean negative log-likelihood of
+/// `targets: [N]` (u32), the loss as a rank-0 tensor in the logits' dtype.
+pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    let max = logits.max_keepdim(1)?;
+    let shifted = logits.broadcast_sub(&max)?;
+    let sum = shifted.exp()?.sum_keepdim(1)?;
+    let log_probs = shifted.broadcast_sub(&sum.log()?)?;
+    let picked = log_probs.gather(&targets.unsqueeze(1)?, 1)?;
+    let loss = picked.mean_all()?.neg()?;
+    Ok((log_probs.exp()?, loss))
+}
+
+/// `B` of the mean cross-entropy times `seed`: `(p − onehot(target))·seed/N`.
+pub(crate) fn cross_entropy_grad(probs: &Tensor, targets: &Tensor, seed: f64) -> Result<Tensor> {
+    let (n, vocab) = probs.dims2()?;
+    let classes = Tensor::arange(0u32, vocab as u32, probs.device())?;
+    let onehot = targets
+        .unsqueeze(1)?
+        .broadcast_eq(&classes.unsqueeze(0)?)?
+        .to_dtype(probs.dtype())?;
+    Ok((probs - onehot)?.affine(seed / n as f64, 0.0)?)
+}

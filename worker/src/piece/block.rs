@@ -1,0 +1,303 @@
+//! A pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `+ mlp(ln2(·))`.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::Result;
+use crate::ops;
+use crate::param::{Init, Param};
+
+/// The twelve parameter tensors of a block.
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    heads: usize,
+    pub(crate) ln1_w: Param,
+    pub(crate) ln1_b: Param,
+    /// `[h, 3h]`: Q, K, V side by side.
+    pub(crate) qkv_w: Param,
+    pub(crate) qkv_b: Param,
+    /// `[h, h]`.
+    pub(crate) proj_w: Param,
+    pub(crate) proj_b: Param,
+    pub(crate) ln2_w: Param,
+    pub(crate) ln2_b: Param,
+    /// `[h, 4h]`.
+    pub(crate) fc_w: Param,
+    pub(crate) fc_b: Param,
+    /// `[4h, h]`.
+    pub(crate) out_w: Param,
+    pub(crate) out_b: Param,
+}
+
+/// Held from `F` to `B` (see `ModelSpec::piece_activation_bytes`).
+#[derive(Debug)]
+pub(crate) struct ForwardStash {
+    b: usize,
+    t: usize,
+    xhat1: Tensor,
+    rstd1: Tensor,
+    a: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    p: Tensor,
+    y: Tensor,
+    xhat2: Tensor,
+    rstd2: Tensor,
+    c: Tensor,
+    u: Tensor,
+    g: Tensor,
+}
+
+/// Held from `B` to `W`: each weight's input and output gradient.
+#[derive(Debug)]
+pub(crate) struct WeightStash {
+    xhat1: Tensor,
+    da: Tensor,
+    a: Tensor,
+    dqkv: Tensor,
+    y: Tensor,
+    dproj: Tensor,
+    xhat2: Tensor,
+    dc: Tensor,
+    c: Tensor,
+    du: Tensor,
+    g: Tensor,
+    dout: Tensor,
+}
+
+impl ForwardStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        [
+            &self.xhat1,
+            &self.rstd1,
+            &self.a,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.p,
+            &self.y,
+            &self.xhat2,
+            &self.rstd2,
+            &self.c,
+            &self.u,
+            &self.g,
+        ]
+        .into_iter()
+        .map(ops::bytes)
+        .sum()
+    }
+}
+
+impl WeightStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        [
+            &self.xhat1,
+            &self.da,
+            &self.a,
+            &self.dqkv,
+            &self.y,
+            &self.dproj,
+            &self.xhat2,
+            &self.dc,
+            &self.c,
+            &self.du,
+            &self.g,
+            &self.dout,
+        ]
+        .into_iter()
+        .map(ops::bytes)
+        .sum()
+    }
+}
+
+impl Block {
+    pub(crate) fn new(
+        index: u32,
+        hidden: usize,
+        heads: usize,
+        layers: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let h = hidden;
+        // GPT-2: residual projections scaled by 1/sqrt(2·layers).
+        let resid_std = 0.02 / ((2 * layers.max(1)) as f64).sqrt();
+        let p = |name: &str, shape: &[usize], init: Init, decay: bool| {
+            Param::new(
+                format!("block{index}.{name}"),
+                shape,
+                init,
+                decay,
+                seed,
+                dtype,
+                device,
+            )
+        };
+        let ones = Init::Const(1.0);
+        let zeros = Init::Const(0.0);
+        Ok(Self {
+            heads,
+            ln1_w: p("ln1.weight", &[h], ones, false)?,
+            ln1_b: p("ln1.bias", &[h], zeros, false)?,
+            qkv_w: p("attn.qkv.weight", &[h, 3 * h], Init::Normal(0.02), true)?,
+            qkv_b: p("attn.qkv.bias", &[3 * h], zeros, false)?,
+            proj_w: p("attn.proj.weight", &[h, h], Init::Normal(resid_std), true)?,
+            proj_b: p("attn.proj.bias", &[h], zeros, false)?,
+            ln2_w: p("ln2.weight", &[h], ones, false)?,
+            ln2_b: p("ln2.bias", &[h], zeros, false)?,
+            fc_w: p("mlp.fc.weight", &[h, 4 * h], Init::Normal(0.02), true)?,
+            fc_b: p("mlp.fc.bias", &[4 * h], zeros, false)?,
+            out_w: p(
+                "mlp.proj.weight",
+                &[4 * h, h],
+                Init::Normal(resid_std),
+                true,
+            )?,
+            out_b: p("mlp.proj.bias", &[h], zeros, false)?,
+        })
+    }
+
+    pub(crate) fn params(&self) -> Vec<&Param> {
+        vec![
+            &self.ln1_w,
+            &self.ln1_b,
+            &self.qkv_w,
+            &self.qkv_b,
+            &self.proj_w,
+            &self.proj_b,
+            &self.ln2_w,
+            &self.ln2_b,
+            &self.fc_w,
+            &self.fc_b,
+            &self.out_w,
+            &self.out_b,
+        ]
+    }
+
+    pub(crate) fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![
+            &mut self.ln1_w,
+            &mut self.ln1_b,
+            &mut self.qkv_w,
+            &mut self.qkv_b,
+            &mut self.proj_w,
+            &mut self.proj_b,
+            &mut self.ln2_w,
+            &mut self.ln2_b,
+            &mut self.fc_w,
+            &mut self.fc_b,
+            &mut self.out_w,
+            &mut self.out_b,
+        ]
+    }
+
+    /// `x: [N, h]` with `N = b·t`; `mask` is the causal mask for `t`.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        (b, t): (usize, usize),
+        mask: &Tensor,
+    ) -> Result<(Tensor, ForwardStash)> {
+        let h = x.dim(1)?;
+        let dims = (b, t, self.heads, h);
+        let ln1 = ops::layer_norm(x, &self.ln1_w.value, &self.ln1_b.value)?;
+        let a = ln1.y;
+        let qkv = ops::linear(&a, &self.qkv_w.value, Some(&self.qkv_b.value))?;
+        let q = ops::split_heads(&qkv, 0, dims)?;
+        let k = ops::split_heads(&qkv, h, dims)?;
+        let v = ops::split_heads(&qkv, 2 * h, dims)?;
+        let (p, yh) = ops::attention(&q, &k, &v, mask)?;
+        let y = ops::merge_heads(&yh)?;
+        let x1 = (x + ops::linear(&y, &self.proj_w.value, Some(&self.proj_b.value))?)?;
+        let ln2 = ops::layer_norm(&x1, &self.ln2_w.value, &self.ln2_b.value)?;
+        let c = ln2.y;
+        let u = ops::linear(&c, &self.fc_w.value, Some(&self.fc_b.value))?;
+        let g = ops::gelu(&u)?;
+        let out = (&x1 + ops::linear(&g, &self.out_w.value, Some(&self.out_b.value))?)?;
+        let stash = ForwardStash {
+            b,
+            t,
+            xhat1: ln1.xhat,
+            rstd1: ln1.rstd,
+            a,
+            q,
+            k,
+            v,
+            p,
+            y,
+            xhat2: ln2.xhat,
+            rstd2: ln2.rstd,
+            c,
+            u,
+            g,
+        };
+        Ok((out, stash))
+    }
+
+    /// The input gradient only; every weight's input and output gradient go to the stash.
+    pub(crate) fn backward_input(
+        &self,
+        f: ForwardStash,
+        dout: Tensor,
+    ) -> Result<(Tensor, WeightStash)> {
+        let h = dout.dim(1)?;
+        // MLP: out = x1 + (gelu(c·Wfc + bfc)·Wout + bout).
+        let dg = ops::linear_grad_input(&dout, &self.out_w.value)?;
+        let du = ops::gelu_grad_input(&f.u, &dg)?;
+        let dc = ops::linear_grad_input(&du, &self.fc_w.value)?;
+        let dx1 =
+            (&dout + ops::layer_norm_grad_input(&dc, &f.xhat2, &f.rstd2, &self.ln2_w.value)?)?;
+        // Attention: x1 = x + (attn(a)·Wproj + bproj).
+        let dy = ops::linear_grad_input(&dx1, &self.proj_w.value)?;
+        let dyh = ops::split_heads(&dy, 0, (f.b, f.t, self.heads, h))?;
+        let (dq, dk, dv) = ops::attention_grad(&f.q, &f.k, &f.v, &f.p, &dyh)?;
+        let dqkv = Tensor::cat(
+            &[
+                &ops::merge_heads(&dq)?,
+                &ops::merge_heads(&dk)?,
+                &ops::merge_heads(&dv)?,
+            ],
+            1,
+        )?;
+        let da = ops::linear_grad_input(&dqkv, &self.qkv_w.value)?;
+        let dx = (&dx1 + ops::layer_norm_grad_input(&da, &f.xhat1, &f.rstd1, &self.ln1_w.value)?)?;
+        let stash = WeightStash {
+            xhat1: f.xhat1,
+            da,
+            a: f.a,
+            dqkv,
+            y: f.y,
+            dproj: dx1,
+            xhat2: f.xhat2,
+            dc,
+            c: f.c,
+            du,
+            g: f.g,
+            dout,
+        };
+        Ok((dx, stash))
+    }
+
+    /// Weight gradients from the stash, accumulated.
+    pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
+        self.out_w
+            .accumulate(&ops::linear_grad_weight(&w.g, &w.dout)?)?;
+        self.out_b.accumulate(&ops::sum_tokens(&w.dout)?)?;
+        self.fc_w
+            .accumulate(&ops::linear_grad_weight(&w.c, &w.du)?)?;
+        self.fc_b.accumulate(&ops::sum_tokens(&w.du)?)?;
+        let (dg2, db2) = ops::layer_norm_grad_weight(&w.dc, &w.xhat2)?;
+        self.ln2_w.accumulate(&dg2)?;
+        self.ln2_b.accumulate(&db2)?;
+        self.proj_w
+            .accumulate(&ops::linear_grad_weight(&w.y, &w.dproj)?)?;
+        self.proj_b.accumulate(&ops::sum_tokens(&w.dproj)?)?;
+        self.qkv_w
+            .accumulate(&ops::linear_grad_weight(&w.a, &w.dqkv)?)?;
+        self.qkv_b.accumulate(&ops::sum_tokens(&w.dqkv)?)?;
+        let (dg1, db1) = ops::layer_norm_grad_weight(&w.da, &w.xhat1)?;
+        self.ln1_w.accumulate(&dg1)?;
+        self.ln1_b.accumulate(&db1)
+    }
+}

@@ -1,0 +1,108 @@
+//! The embedding piece: token embedding plus learned positions.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::Result;
+use crate::ops;
+use crate::param::{Init, Param};
+
+/// Token and position tables.
+#[derive(Debug, Clone)]
+pub(crate) struct Embedding {
+    /// `[V, h]`.
+    pub(crate) wte: Param,
+    /// `[seq_len, h]`.
+    pub(crate) wpe: Param,
+}
+
+/// Held from `F` to `B`: the token ids `[b, t]`.
+#[derive(Debug)]
+pub(crate) struct ForwardStash {
+    ids: Tensor,
+}
+
+/// Held from `B` to `W`: the ids and the output gradient `[N, h]`.
+#[derive(Debug)]
+pub(crate) struct WeightStash {
+    ids: Tensor,
+    dy: Tensor,
+}
+
+impl ForwardStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        ops::bytes(&self.ids)
+    }
+}
+
+impl WeightStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        ops::bytes(&self.ids) + ops::bytes(&self.dy)
+    }
+}
+
+impl Embedding {
+    pub(crate) fn new(
+        vocab: usize,
+        hidden: usize,
+        seq_len: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let p = |name: &str, rows: usize| {
+            Param::new(
+                format!("embedding.{name}"),
+                &[rows, hidden],
+                Init::Normal(0.02),
+                true,
+                seed,
+                dtype,
+                device,
+            )
+        };
+        Ok(Self {
+            wte: p("wte", vocab)?,
+            wpe: p("wpe", seq_len)?,
+        })
+    }
+
+    pub(crate) fn params(&self) -> Vec<&Param> {
+        vec![&self.wte, &self.wpe]
+    }
+
+    pub(crate) fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.wte, &mut self.wpe]
+    }
+
+    /// `ids: [b, t]` (u32) → `[N, h]`.
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<(Tensor, ForwardStash)> {
+        let (b, t) = ids.dims2()?;
+        let h = self.wte.value.dim(1)?;
+        let x = self.wte.value.index_select(&ids.flatten_all()?, 0)?;
+        let pos = self.wpe.value.narrow(0, 0, t)?;
+        let out = x
+            .reshape((b, t, h))?
+            .broadcast_add(&pos)?
+            .reshape((b * t, h))?;
+        Ok((out, ForwardStash { ids: ids.clone() }))
+    }
+
+    /// Token ids take no gradient: `B` only keeps the output gradient for `W`.
+    pub(crate) fn backward_input(&self, f: ForwardStash, dy: Tensor) -> WeightStash {
+        WeightStash { ids: f.ids, dy }
+    }
+
+    /// `dwte[id] += dy` row by row (in token order), `dwpe[p] += Σ_b dy[b, p]`.
+    pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
+        let (b, t) = w.ids.dims2()?;
+        let (seq_len, h) = self.wpe.value.dims2()?;
+        let dwte = self.wte.grad.index_add(&w.ids.flatten_all()?, &w.dy, 0)?;
+        self.wte.grad = dwte;
+        let mut dwpe = w.dy.reshape((b, t, h))?.sum(0)?;
+        if t < seq_len {
+            let pad = Tensor::zeros((seq_len - t, h), dwpe.dtype(), dwpe.device())?;
+            dwpe = Tensor::cat(&[&dwpe, &pad], 0)?;
+        }
+        self.wpe.accumulate(&dwpe)
+    }
+}

@@ -1,0 +1,134 @@
+//! The head piece: final LayerNorm, LM head (untied, no bias) and cross-entropy loss.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::Result;
+use crate::ops;
+use crate::param::{Init, Param};
+
+/// Final LayerNorm and LM head.
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    pub(crate) ln_w: Param,
+    pub(crate) ln_b: Param,
+    /// `[h, V]`.
+    pub(crate) lm: Param,
+}
+
+/// Held from `F` to `B`.
+#[derive(Debug)]
+pub(crate) struct ForwardStash {
+    xhat: Tensor,
+    rstd: Tensor,
+    z: Tensor,
+    probs: Tensor,
+    targets: Tensor,
+}
+
+/// Held from `B` to `W`.
+#[derive(Debug)]
+pub(crate) struct WeightStash {
+    xhat: Tensor,
+    dz: Tensor,
+    z: Tensor,
+    dlogits: Tensor,
+}
+
+impl ForwardStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        [&self.xhat, &self.rstd, &self.z, &self.probs, &self.targets]
+            .into_iter()
+            .map(ops::bytes)
+            .sum()
+    }
+}
+
+impl WeightStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        [&self.xhat, &self.dz, &self.z, &self.dlogits]
+            .into_iter()
+            .map(ops::bytes)
+            .sum()
+    }
+}
+
+impl Head {
+    pub(crate) fn new(
+        vocab: usize,
+        hidden: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let p = |name: &str, shape: &[usize], init: Init, decay: bool| {
+            Param::new(
+                format!("head.{name}"),
+                shape,
+                init,
+                decay,
+                seed,
+                dtype,
+                device,
+            )
+        };
+        Ok(Self {
+            ln_w: p("ln_f.weight", &[hidden], Init::Const(1.0), false)?,
+            ln_b: p("ln_f.bias", &[hidden], Init::Const(0.0), false)?,
+            lm: p("lm_head.weight", &[hidden, vocab], Init::Normal(0.02), true)?,
+        })
+    }
+
+    pub(crate) fn params(&self) -> Vec<&Param> {
+        vec![&self.ln_w, &self.ln_b, &self.lm]
+    }
+
+    pub(crate) fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.ln_w, &mut self.ln_b, &mut self.lm]
+    }
+
+    /// `x: [N, h]`, `targets: [b, t]` (u32) → the microbatch's mean loss (rank 0).
+    pub(crate) fn forward(&self, x: &Tensor, targets: &Tensor) -> Result<(Tensor, ForwardStash)> {
+        let ln = ops::layer_norm(x, &self.ln_w.value, &self.ln_b.value)?;
+        let logits = ops::linear(&ln.y, &self.lm.value, None)?;
+        let targets = targets.flatten_all()?;
+        let (probs, loss) = ops::cross_entropy(&logits, &targets)?;
+        Ok((
+            loss,
+            ForwardStash {
+                xhat: ln.xhat,
+                rstd: ln.rstd,
+                z: ln.y,
+                probs,
+                targets,
+            },
+        ))
+    }
+
+    /// `seed` is `∂(step loss)/∂(this microbatch's mean loss)`, `1/n` for `n` microbatches.
+    pub(crate) fn backward_input(
+        &self,
+        f: ForwardStash,
+        seed: f64,
+    ) -> Result<(Tensor, WeightStash)> {
+        let dlogits = ops::cross_entropy_grad(&f.probs, &f.targets, seed)?;
+        let dz = ops::linear_grad_input(&dlogits, &self.lm.value)?;
+        let dx = ops::layer_norm_grad_input(&dz, &f.xhat, &f.rstd, &self.ln_w.value)?;
+        Ok((
+            dx,
+            WeightStash {
+                xhat: f.xhat,
+                dz,
+                z: f.z,
+                dlogits,
+            },
+        ))
+    }
+
+    pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
+        self.lm
+            .accumulate(&ops::linear_grad_weight(&w.z, &w.dlogits)?)?;
+        let (dg, db) = ops::layer_norm_grad_weight(&w.dz, &w.xhat)?;
+        self.ln_w.accumulate(&dg)?;
+        self.ln_b.accumulate(&db)
+    }
+}

@@ -1,0 +1,104 @@
+//! The pieces a stage is made of, dispatched by kind.
+
+pub(crate) mod block;
+pub(crate) mod embedding;
+pub(crate) mod head;
+
+use candle_core::{DType, Device};
+use pipewise_common::model::{ModelSpec, Piece};
+
+use crate::error::Result;
+use crate::param::Param;
+
+/// One piece with its parameters.
+#[derive(Debug, Clone)]
+pub(crate) enum PieceState {
+    Embedding(embedding::Embedding),
+    Block(Box<block::Block>),
+    Head(head::Head),
+}
+
+/// A piece's stash from `F` to `B`.
+#[derive(Debug)]
+pub(crate) enum ForwardStash {
+    Embedding(embedding::ForwardStash),
+    Block(Box<block::ForwardStash>),
+    Head(head::ForwardStash),
+}
+
+/// A piece's stash from `B` to `W`.
+#[derive(Debug)]
+pub(crate) enum WeightStash {
+    Embedding(embedding::WeightStash),
+    Block(Box<block::WeightStash>),
+    Head(head::WeightStash),
+}
+
+impl ForwardStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            ForwardStash::Embedding(s) => s.bytes(),
+            ForwardStash::Block(s) => s.bytes(),
+            ForwardStash::Head(s) => s.bytes(),
+        }
+    }
+}
+
+impl WeightStash {
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            WeightStash::Embedding(s) => s.bytes(),
+            WeightStash::Block(s) => s.bytes(),
+            WeightStash::Head(s) => s.bytes(),
+        }
+    }
+}
+
+impl PieceState {
+    /// Builds `piece` of `spec` with its seeded initial values.
+    pub(crate) fn new(
+        spec: &ModelSpec,
+        piece: Piece,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let (v, h) = (spec.vocab as usize, spec.hidden as usize);
+        Ok(match piece {
+            Piece::Embedding => PieceState::Embedding(embedding::Embedding::new(
+                v,
+                h,
+                spec.seq_len as usize,
+                seed,
+                dtype,
+                device,
+            )?),
+            Piece::Block(i) => PieceState::Block(Box::new(block::Block::new(
+                i,
+                h,
+                spec.heads as usize,
+                spec.layers as usize,
+                seed,
+                dtype,
+                device,
+            )?)),
+            Piece::Head => PieceState::Head(head::Head::new(v, h, seed, dtype, device)?),
+        })
+    }
+
+    pub(crate) fn params(&self) -> Vec<&Param> {
+        match self {
+            PieceState::Embedding(p) => p.params(),
+            PieceState::Block(p) => p.params(),
+            PieceState::Head(p) => p.params(),
+        }
+    }
+
+    pub(crate) fn params_mut(&mut self) -> Vec<&mut Param> {
+        match self {
+            PieceState::Embedding(p) => p.params_mut(),
+            PieceState::Block(p) => p.params_mut(),
+            PieceState::Head(p) => p.params_mut(),
+        }
+    }
+}

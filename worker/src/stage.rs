@@ -1,0 +1,493 @@
+//! A stage: a contiguous range of pieces with the passes the schedules use.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use candle_core::{DType, Device, Tensor};
+use pipewise_common::model::{self, ModelSpec, Piece};
+
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::optim::{self, AdamW};
+use crate::param::Param;
+use crate::piece::{ForwardStash, PieceState, WeightStash};
+
+/// The candle dtype of a spec dtype.
+pub fn candle_dtype(d: model::DType) -> DType {
+    match d {
+        model::DType::F32 => DType::F32,
+        model::DType::F16 => DType::F16,
+        model::DType::BF16 => DType::BF16,
+    }
+}
+
+/// What a microbatch has on this stage between passes.
+#[derive(Debug)]
+enum Pending {
+    /// After `F`: one stash per piece, and the microbatch's `(b, t)`.
+    Backward {
+        shape: (usize, usize),
+        stashes: Vec<ForwardStash>,
+    },
+    /// After `B`: one stash per piece.
+    Weight { stashes: Vec<WeightStash> },
+}
+
+impl Pending {
+    fn bytes(&self) -> u64 {
+        match self {
+            Pending::Backward { stashes, .. } => stashes.iter().map(ForwardStash::bytes).sum(),
+            Pending::Weight { stashes } => stashes.iter().map(WeightStash::bytes).sum(),
+        }
+    }
+}
+
+/// A contiguous range of the model's pieces, with `F`, `B`, `W`, `BW` and the optimizer step.
+///
+/// Tensors crossing stage boundaries: the first stage takes token ids `[b, t]` (u32); other
+/// stages take and give hidden states `[b, t, h]` in the model dtype; the last stage (the
+/// one holding [`Piece::Head`]) takes the targets `[b, t]` (u32) in `forward` and returns the
+/// microbatch's mean cross-entropy as a rank-0 f32 tensor. Gradients go the other way with the
+/// same shapes; the first stage's `B` returns `None` (token ids take no gradient).
+///
+/// The step's loss is the mean over its `n` microbatches ([`Stage::set_microbatches`]): the
+/// last stage seeds each microbatch's backward with `1/n`, as torchtitan's loss rescaling.
+#[derive(Debug)]
+pub struct Stage {
+    pub(crate) spec: ModelSpec,
+    pub(crate) range: Range<usize>,
+    pub(crate) kinds: Vec<Piece>,
+    pub(crate) pieces: Vec<PieceState>,
+    pub(crate) step: u64,
+    pub(crate) adamw: AdamW,
+    device: Device,
+    dtype: DType,
+    mask: Tensor,
+    loss_seed: f64,
+    pending: BTreeMap<u32, Pending>,
+    stash_bytes: u64,
+    peak_stash_bytes: u64,
+}
+
+impl Stage {
+    /// The stage holding pieces `range` (indices into [`ModelSpec::pieces`]) of `spec`, each
+    /// parameter initialised from `(seed, its name)` alone: building the model whole or stage
+    /// by stage gives the same values.
+    pub fn new(spec: &ModelSpec, range: Range<usize>, seed: u64, device: &Device) -> Result<Self> {
+        spec.validate()?;
+        let all = spec.pieces();
+        if range.start >= range.end || range.end > all.len() {
+            return Err(Error::InvalidArgument {
+                field: "range",
+                reason: format!(
+                    "pieces {}..{} is empty or beyond the model's {} pieces",
+                    range.start,
+                    range.end,
+                    all.len()
+                ),
+            });
+        }
+        let dtype = candle_dtype(spec.dtype);
+        let kinds = all[range.clone()].to_vec();
+        let pieces = kinds
+            .iter()
+            .map(|&p| PieceState::new(spec, p, seed, dtype, device))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            spec: *spec,
+            range,
+            kinds,
+            pieces,
+            step: 0,
+            adamw: AdamW::default(),
+            device: device.clone(),
+            dtype,
+            mask: ops::causal_mask(spec.seq_len as usize, dtype, device)?,
+            loss_seed: 1.0,
+            pending: BTreeMap::new(),
+            stash_bytes: 0,
+            peak_stash_bytes: 0,
+        })
+    }
+
+    /// The whole model as one stage.
+    pub fn whole(spec: &ModelSpec, seed: u64, device: &Device) -> Result<Self> {
+        Stage::new(spec, 0..spec.layers as usize + 2, seed, device)
+    }
+
+    /// Splits the model into `stages` contiguous stages with blocks spread as evenly as
+    /// possible (earlier stages get the extra blocks); the embedding goes with the first
+    /// stage and the head with the last. Returns the piece ranges.
+    pub fn even_split(spec: &ModelSpec, stages: usize) -> Result<Vec<Range<usize>>> {
+        let total = spec.layers as usize + 2;
+        if stages == 0 || stages > total {
+            return Err(Error::InvalidArgument {
+                field: "stages",
+                reason: format!("{stages} stages for a model of {total} pieces"),
+            });
+        }
+        let mut ranges = Vec::with_capacity(stages);
+        let mut start = 0;
+        for s in 0..stages {
+            let len = total / stages + usize::from(s < total % stages);
+            ranges.push(start..start + len);
+            start += len;
+        }
+        Ok(ranges)
+    }
+
+    /// The model spec.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The piece range (indices into [`ModelSpec::pieces`]).
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// The pieces held, in model order.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.kinds
+    }
+
+    /// The device the stage computes on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether this stage holds the embedding (its input is token ids).
+    pub fn is_first(&self) -> bool {
+        self.kinds.first() == Some(&Piece::Embedding)
+    }
+
+    /// Whether this stage holds the head (its output is the loss).
+    pub fn is_last(&self) -> bool {
+        self.kinds.last() == Some(&Piece::Head)
+    }
+
+    /// Sets the microbatch count of a step: the loss gradient seed becomes `1/n`.
+    pub fn set_microbatches(&mut self, n: u32) {
+        self.loss_seed = 1.0 / f64::from(n.max(1));
+    }
+
+    /// Sets the optimizer's hyper-parameters.
+    pub fn set_optimizer(&mut self, adamw: AdamW) {
+        self.adamw = adamw;
+    }
+
+    /// The optimizer's hyper-parameters.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.adamw
+    }
+
+    /// Optimizer steps taken.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Every parameter, in model order, named `"{piece}.{local}"`.
+    pub fn params(&self) -> impl Iterator<Item = &Param> {
+        self.pieces.iter().flat_map(PieceState::params)
+    }
+
+    fn params_mut(&mut self) -> impl Iterator<Item = &mut Param> {
+        self.pieces.iter_mut().flat_map(PieceState::params_mut)
+    }
+
+    /// Parameter elements held.
+    pub fn param_count(&self) -> u64 {
+        self.params().map(|p| p.value.elem_count() as u64).sum()
+    }
+
+    /// Bytes held right now in stashes for pending `B` and `W` passes (the sum of the sizes
+    /// of the tensors actually held).
+    pub fn stash_bytes(&self) -> u64 {
+        self.stash_bytes
+    }
+
+    /// The largest [`Stage::stash_bytes`] seen at a pass boundary since creation or the last
+    /// [`Stage::reset_peak`].
+    pub fn peak_stash_bytes(&self) -> u64 {
+        self.peak_stash_bytes
+    }
+
+    /// Restarts peak tracking from the current stash.
+    pub fn reset_peak(&mut self) {
+        self.peak_stash_bytes = self.stash_bytes;
+    }
+
+    /// Microbatches waiting for `B` and for `W`, in microbatch order.
+    pub fn pending(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut b = Vec::new();
+        let mut w = Vec::new();
+        for (&mb, p) in &self.pending {
+            match p {
+                Pending::Backward { .. } => b.push(mb),
+                Pending::Weight { .. } => w.push(mb),
+            }
+        }
+        (b, w)
+    }
+
+    fn account(&mut self) {
+        self.stash_bytes = self.pending.values().map(Pending::bytes).sum();
+        self.peak_stash_bytes = self.peak_stash_bytes.max(self.stash_bytes);
+    }
+
+    fn order_error(&self, pass: &'static str, mb: u32, reason: impl Into<String>) -> Error {
+        Error::PassOrder {
+            stage: format!(
+                "{}..{}",
+                self.kinds
+                    .first()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                self.kinds
+                    .last()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ),
+            pass,
+            mb,
+            reason: reason.into(),
+        }
+    }
+
+    /// `F`: runs microbatch `mb` through the stage and stashes what `B` and `W` need.
+    ///
+    /// `input` is token ids `[b, t]` on the first stage and hidden states `[b, t, h]`
+    /// elsewhere; `targets` (`[b, t]` u32) is required on the last stage and ignored
+    /// elsewhere. Returns hidden states `[b, t, h]`, or on the last stage the microbatch's
+    /// mean loss (rank-0 f32, not yet scaled by `1/n`).
+    pub fn forward(&mut self, mb: u32, input: &Tensor, targets: Option<&Tensor>) -> Result<Tensor> {
+        if self.pending.contains_key(&mb) {
+            return Err(self.order_error("F", mb, "already has a forward pending"));
+        }
+        let h = self.spec.hidden as usize;
+        let (b, t) = if self.is_first() {
+            input.dims2()?
+        } else {
+            let (b, t, hh) = input.dims3()?;
+            if hh != h {
+                return Err(Error::InvalidArgument {
+                    field: "input",
+                    reason: format!("hidden size {hh}, the model has {h}"),
+                });
+            }
+            (b, t)
+        };
+        if t == 0 || t > self.spec.seq_len as usize || b == 0 {
+            return Err(Error::InvalidArgument {
+                field: "input",
+                reason: format!(
+                    "shape [{b}, {t}] (need b ≥ 1 and 1 ≤ t ≤ seq_len {})",
+                    self.spec.seq_len
+                ),
+            });
+        }
+        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let mut x = if self.is_first() {
+            input.clone()
+        } else {
+            input.reshape((b * t, h))?
+        };
+        let mut stashes = Vec::with_capacity(self.pieces.len());
+        for piece in &self.pieces {
+            let (out, stash) = match piece {
+                PieceState::Embedding(e) => {
+                    let (out, s) = e.forward(&x)?;
+                    (out, ForwardStash::Embedding(s))
+                }
+                PieceState::Block(blk) => {
+                    let (out, s) = blk.forward(&x, (b, t), &mask)?;
+                    (out, ForwardStash::Block(Box::new(s)))
+                }
+                PieceState::Head(hd) => {
+                    let Some(targets) = targets else {
+                        return Err(self.order_error("F", mb, "the last stage needs targets"));
+                    };
+                    let (loss, s) = hd.forward(&x, targets)?;
+                    (loss, ForwardStash::Head(s))
+                }
+            };
+            stashes.push(stash);
+            x = out;
+        }
+        self.pending.insert(
+            mb,
+            Pending::Backward {
+                shape: (b, t),
+                stashes,
+            },
+        );
+        self.account();
+        if self.is_last() {
+            Ok(x.to_dtype(DType::F32)?)
+        } else {
+            Ok(x.reshape((b, t, h))?)
+        }
+    }
+
+    /// `B`: the gradient with respect to the stage's input only; what `W` needs stays
+    /// stashed. `grad_output` (`[b, t, h]`) is required except on the last stage, whose seed
+    /// is `1/n` ([`Stage::set_microbatches`]). Returns `None` on the first stage.
+    pub fn backward_input(
+        &mut self,
+        mb: u32,
+        grad_output: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let h = self.spec.hidden as usize;
+        let (shape, fstashes) = match self.pending.remove(&mb) {
+            Some(Pending::Backward { shape, stashes }) => (shape, stashes),
+            Some(other) => {
+                self.pending.insert(mb, other);
+                return Err(self.order_error("B", mb, "B already ran (waiting for W)"));
+            }
+            None => return Err(self.order_error("B", mb, "no forward pending")),
+        };
+        let (b, t) = shape;
+        let mut dy: Option<Tensor> = if self.is_last() {
+            None
+        } else {
+            let Some(g) = grad_output else {
+                self.pending.insert(
+                    mb,
+                    Pending::Backward {
+                        shape,
+                        stashes: fstashes,
+                    },
+                );
+                return Err(self.order_error("B", mb, "needs the output gradient"));
+            };
+            Some(g.reshape((b * t, h))?)
+        };
+        let mut wstashes = Vec::with_capacity(fstashes.len());
+        for (piece, stash) in self.pieces.iter().zip(fstashes).rev() {
+            let w = match (piece, stash) {
+                (PieceState::Head(hd), ForwardStash::Head(s)) => {
+                    let (dx, w) = hd.backward_input(s, self.loss_seed)?;
+                    dy = Some(dx);
+                    WeightStash::Head(w)
+                }
+                (PieceState::Block(blk), ForwardStash::Block(s)) => {
+                    let g = dy
+                        .take()
+                        .ok_or_else(|| self.order_error("B", mb, "no gradient"))?;
+                    let (dx, w) = blk.backward_input(*s, g)?;
+                    dy = Some(dx);
+                    WeightStash::Block(Box::new(w))
+                }
+                (PieceState::Embedding(e), ForwardStash::Embedding(s)) => {
+                    let g = dy
+                        .take()
+                        .ok_or_else(|| self.order_error("B", mb, "no gradient"))?;
+                    WeightStash::Embedding(e.backward_input(s, g))
+                }
+                _ => return Err(self.order_error("B", mb, "stash does not match its piece")),
+            };
+            wstashes.push(w);
+        }
+        wstashes.reverse();
+        self.pending
+            .insert(mb, Pending::Weight { stashes: wstashes });
+        self.account();
+        match dy {
+            Some(dx) => Ok(Some(dx.reshape((b, t, h))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `W`: weight gradients of microbatch `mb` from its stash, added to the accumulated
+    /// gradients; frees the stash.
+    pub fn backward_weight(&mut self, mb: u32) -> Result<()> {
+        let wstashes = match self.pending.remove(&mb) {
+            Some(Pending::Weight { stashes }) => stashes,
+            Some(other) => {
+                self.pending.insert(mb, other);
+                return Err(self.order_error("W", mb, "B has not run yet"));
+            }
+            None => return Err(self.order_error("W", mb, "nothing pending")),
+        };
+        for (piece, stash) in self.pieces.iter_mut().zip(wstashes) {
+            match (piece, stash) {
+                (PieceState::Embedding(e), WeightStash::Embedding(s)) => e.backward_weight(s)?,
+                (PieceState::Block(blk), WeightStash::Block(s)) => blk.backward_weight(*s)?,
+                (PieceState::Head(hd), WeightStash::Head(s)) => hd.backward_weight(s)?,
+                _ => {
+                    return Err(Error::InvalidArgument {
+                        field: "stash",
+                        reason: format!("microbatch {mb}: stash does not match its piece"),
+                    });
+                }
+            }
+        }
+        self.account();
+        Ok(())
+    }
+
+    /// Drops whatever microbatch `mb` has pending (e.g. after an evaluation-only forward).
+    pub fn discard(&mut self, mb: u32) {
+        self.pending.remove(&mb);
+        self.account();
+    }
+
+    /// `BW`: `B` then `W`, for schedules without the split.
+    pub fn backward(&mut self, mb: u32, grad_output: Option<&Tensor>) -> Result<Option<Tensor>> {
+        let dx = self.backward_input(mb, grad_output)?;
+        self.backward_weight(mb)?;
+        Ok(dx)
+    }
+
+    /// This stage's squared L2 norm of the accumulated gradients (for global clipping).
+    pub fn grad_sq_norm(&self) -> Result<f64> {
+        self.params().map(Param::grad_sq_sum).sum()
+    }
+
+    /// One AdamW step with gradients multiplied by `clip_scale` (from
+    /// [`crate::optim::clip_scale`] over all stages' [`Stage::grad_sq_norm`]); zeroes the
+    /// gradients. Fails while microbatches are pending.
+    pub fn optimizer_step(&mut self, clip_scale: f64) -> Result<()> {
+        if let Some((&mb, _)) = self.pending.iter().next() {
+            return Err(self.order_error("step", mb, "still pending at the optimizer step"));
+        }
+        self.step += 1;
+        let (cfg, step) = (self.adamw, self.step);
+        for p in self.params_mut() {
+            optim::update(p, &cfg, step, clip_scale)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the accumulated gradients.
+    pub fn zero_grad(&mut self) -> Result<()> {
+        for p in self.params_mut() {
+            p.grad = p.grad.zeros_like()?;
+        }
+        Ok(())
+    }
+
+    /// Installs loaded `(value, m, v)` per parameter (in [`Stage::params`] order) and the
+    /// step; zeroes gradients and drops pending microbatches.
+    pub(crate) fn replace_state(
+        &mut self,
+        loaded: Vec<(Tensor, Tensor, Tensor)>,
+        step: u64,
+    ) -> Result<()> {
+        for (p, (value, m, v)) in self.params_mut().zip(loaded) {
+            p.grad = value.zeros_like()?;
+            p.value = value;
+            p.m = m;
+            p.v = v;
+        }
+        self.step = step;
+        self.pending.clear();
+        self.account();
+        Ok(())
+    }
+
+    /// The model dtype as candle's.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
