@@ -70,12 +70,17 @@ fn orders() -> Vec<(String, Vec<Act>)> {
     out
 }
 
+/// Each microbatch's loss.
+type Losses = HashMap<u32, f32>;
+/// Input gradient of the stage starting at a piece, per microbatch.
+type InputGrads = HashMap<(usize, u32), Tensor>;
+
 /// Runs `acts` over `stages`, returning losses and each stage's input gradient per mb.
 fn run_pipeline(
     stages: &mut [Stage],
     batches: &[(Tensor, Tensor)],
     acts: &[Act],
-) -> Result<(HashMap<u32, f32>, HashMap<(usize, u32), Tensor>)> {
+) -> Result<(Losses, InputGrads)> {
     let mut losses = HashMap::new();
     let mut input_grads = HashMap::new();
     for s in stages.iter_mut() {

@@ -1,0 +1,112 @@
+//! Save → load → continue gives bit-identical parameters to training straight through.
+
+mod common;
+
+use std::path::PathBuf;
+
+use candle_core::Device;
+use pipewise_common::model::{DType as SpecDType, ModelSpec};
+use pipewise_worker::{AdamW, Corpus, Result, Sampler, Stage, Trainer, test_device};
+
+fn spec() -> ModelSpec {
+    ModelSpec {
+        vocab: 256,
+        hidden: 32,
+        heads: 2,
+        layers: 2,
+        seq_len: 16,
+        dtype: SpecDType::F32,
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("pipewise-worker-{}-{name}", std::process::id()))
+}
+
+fn bits(stage: &Stage) -> Result<Vec<(String, Vec<u32>)>> {
+    stage
+        .params()
+        .map(|p| {
+            let v = p.value.flatten_all()?.to_vec1::<f32>()?;
+            Ok((p.name.clone(), v.into_iter().map(f32::to_bits).collect()))
+        })
+        .collect()
+}
+
+fn resume(device: &Device) -> Result<()> {
+    let spec = spec();
+    let corpus = Corpus::generated();
+    let sampler = Sampler {
+        seed: 4,
+        microbatch_size: 4,
+        seq_len: 16,
+    };
+    let opt = AdamW {
+        lr: 1e-2,
+        max_grad_norm: Some(0.5),
+        ..AdamW::default()
+    };
+    let (total, cut) = (8u64, 5u64);
+    let mut straight = Trainer::new(&spec, 11, device, opt)?;
+    for step in 0..total {
+        straight.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    let mut first = Trainer::new(&spec, 11, device, opt)?;
+    for step in 0..cut {
+        first.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    let path = tmp(&format!("resume-{:?}.safetensors", device.location()));
+    first.stage().save_checkpoint(&path)?;
+    drop(first);
+    // A fresh model from another seed: everything must come from the checkpoint.
+    let mut stage = Stage::whole(&spec, 999, device)?;
+    stage.set_optimizer(opt);
+    stage.load_checkpoint(&path)?;
+    assert_eq!(stage.step(), cut);
+    let mut resumed = Trainer::from_stage(stage)?;
+    for step in cut..total {
+        resumed.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    std::fs::remove_file(&path).map_err(|source| pipewise_worker::Error::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let (a, b) = (bits(straight.stage())?, bits(resumed.stage())?);
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x == y, "{name} differs after resuming");
+    }
+    assert_eq!(resumed.stage().step(), total);
+    // Not vacuous: the parameters moved from their initial values.
+    let init = bits(&Stage::whole(&spec, 11, device)?)?;
+    assert!(init.iter().zip(&a).any(|((_, x), (_, y))| x != y));
+    Ok(())
+}
+
+test_device!(checkpoint_resume_is_bit_identical, resume);
+
+/// A stage checkpoint loads only into the same piece range and model sizes.
+fn mismatch(device: &Device) -> Result<()> {
+    let spec = spec();
+    let ranges = Stage::even_split(&spec, 2)?;
+    let s0 = Stage::new(&spec, ranges[0].clone(), 1, device)?;
+    let path = tmp(&format!("mismatch-{:?}.safetensors", device.location()));
+    s0.save_checkpoint(&path)?;
+    let mut same = Stage::new(&spec, ranges[0].clone(), 2, device)?;
+    same.load_checkpoint(&path)?;
+    assert_eq!(bits(&same)?, bits(&s0)?);
+    let mut other = Stage::new(&spec, ranges[1].clone(), 1, device)?;
+    let err = other.load_checkpoint(&path);
+    assert!(
+        matches!(err, Err(pipewise_worker::Error::Checkpoint { .. })),
+        "{err:?}"
+    );
+    let wider = ModelSpec { hidden: 64, ..spec };
+    let mut wide = Stage::new(&wider, ranges[0].clone(), 1, device)?;
+    assert!(wide.load_checkpoint(&path).is_err());
+    assert!(same.load_checkpoint(&tmp("missing.safetensors")).is_err());
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+test_device!(checkpoint_needs_same_range_and_spec, mismatch);

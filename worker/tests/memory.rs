@@ -1,0 +1,143 @@
+//! Stash bytes measured from the tensors a stage holds equal the spec's prediction.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::{small_spec, tokens};
+use pipewise_common::model::{DType as SpecDType, ModelSpec};
+use pipewise_worker::{Result, Stage, test_device};
+
+/// Holds `k` microbatches in flight on every stage of `spec` cut into `n_stages`, and checks
+/// the measured stash bytes after F, after B and after W against `k ×` the prediction.
+fn check(spec: &ModelSpec, n_stages: usize, b: usize, k: u32, device: &Device) -> Result<()> {
+    let ranges = Stage::even_split(spec, n_stages)?;
+    let mut stages = ranges
+        .iter()
+        .map(|r| Stage::new(spec, r.clone(), 3, device))
+        .collect::<Result<Vec<_>>>()?;
+    let batches: Vec<(Tensor, Tensor)> = (0..k)
+        .map(|mb| tokens(spec, b, mb, device))
+        .collect::<Result<_>>()?;
+    let close = |measured: u64, predicted: u64, what: &str| {
+        let rel = (measured as f64 - predicted as f64).abs() / predicted as f64;
+        assert!(
+            rel <= 0.05,
+            "{what}: measured {measured} B, predicted {predicted} B ({:.1}% off)",
+            rel * 100.0
+        );
+        // The implementation stashes exactly what the formula counts.
+        assert_eq!(measured, predicted, "{what}");
+    };
+    for (mb, (ids, targets)) in (0..k).zip(&batches) {
+        let mut x = ids.clone();
+        for s in stages.iter_mut() {
+            x = s.forward(mb, &x, Some(targets))?;
+        }
+    }
+    for (s, r) in stages.iter().zip(&ranges) {
+        let per_mb = spec.range_activation_bytes(r.clone(), b as u32);
+        close(
+            s.stash_bytes(),
+            u64::from(k) * per_mb.after_forward,
+            &format!("{r:?} after {k} F"),
+        );
+    }
+    for mb in 0..k {
+        let mut g: Option<Tensor> = None;
+        for s in stages.iter_mut().rev() {
+            g = s.backward_input(mb, g.as_ref())?;
+        }
+    }
+    for (s, r) in stages.iter().zip(&ranges) {
+        let per_mb = spec.range_activation_bytes(r.clone(), b as u32);
+        close(
+            s.stash_bytes(),
+            u64::from(k) * per_mb.after_backward_input,
+            &format!("{r:?} after {k} B"),
+        );
+        let peak = u64::from(k) * per_mb.after_forward.max(per_mb.after_backward_input);
+        assert_eq!(s.peak_stash_bytes(), peak, "{r:?} peak");
+        assert_eq!(s.pending().1.len(), k as usize);
+    }
+    // W frees the stash microbatch by microbatch.
+    for mb in 0..k {
+        for s in stages.iter_mut() {
+            s.backward_weight(mb)?;
+        }
+        for (s, r) in stages.iter().zip(&ranges) {
+            let per_mb = spec.range_activation_bytes(r.clone(), b as u32);
+            assert_eq!(
+                s.stash_bytes(),
+                u64::from(k - mb - 1) * per_mb.after_backward_input,
+                "{r:?} after W of mb {mb}"
+            );
+        }
+    }
+    for s in &stages {
+        assert_eq!(s.stash_bytes(), 0);
+    }
+    Ok(())
+}
+
+fn small(device: &Device) -> Result<()> {
+    let spec = small_spec(4);
+    for (n_stages, k) in [(1, 1), (2, 3), (4, 4), (6, 2)] {
+        check(&spec, n_stages, 2, k, device)?;
+    }
+    Ok(())
+}
+
+test_device!(stash_bytes_match_spec, small);
+
+/// Other shapes: more heads than the default, a longer sequence, half precision.
+fn shapes(device: &Device) -> Result<()> {
+    let wide = ModelSpec {
+        vocab: 256,
+        hidden: 48,
+        heads: 6,
+        layers: 2,
+        seq_len: 24,
+        dtype: SpecDType::F32,
+    };
+    check(&wide, 2, 3, 2, device)?;
+    let half = ModelSpec {
+        dtype: SpecDType::BF16,
+        ..wide
+    };
+    check(&half, 4, 1, 3, device)?;
+    Ok(())
+}
+
+test_device!(stash_bytes_match_spec_other_shapes, shapes);
+
+/// Mixed state: some microbatches waiting for B, others for W.
+fn mixed(device: &Device) -> Result<()> {
+    let spec = small_spec(2);
+    let b = 2;
+    let mut s = Stage::whole(&spec, 1, device)?;
+    let per = spec.range_activation_bytes(s.range(), b as u32);
+    for mb in 0..3 {
+        let (ids, targets) = tokens(&spec, b, mb, device)?;
+        s.forward(mb, &ids, Some(&targets))?;
+    }
+    s.backward_input(1, None)?;
+    assert_eq!(
+        s.stash_bytes(),
+        2 * per.after_forward + per.after_backward_input
+    );
+    assert_eq!(s.pending(), (vec![0, 2], vec![1]));
+    s.backward(0, None)?;
+    s.backward_weight(1)?;
+    assert_eq!(s.stash_bytes(), per.after_forward);
+    // States seen at pass boundaries: 3 F stashes; 2 F + 1 W (after B(1)); 1 F + 2 W
+    // (after B(0), before W(0)).
+    let (f, w) = (per.after_forward, per.after_backward_input);
+    assert_eq!(s.peak_stash_bytes(), (3 * f).max(2 * f + w).max(f + 2 * w));
+    s.reset_peak();
+    assert_eq!(s.peak_stash_bytes(), per.after_forward);
+    s.backward(2, None)?;
+    assert_eq!(s.stash_bytes(), 0);
+    Ok(())
+}
+
+test_device!(stash_bytes_mixed_pending, mixed);
