@@ -171,6 +171,18 @@ pub enum Error {
         /// Worker count.
         workers: u32,
     },
+    /// No schedule of the family fits the per-worker activation-memory limit.
+    #[error(
+        "no {schedule} schedule fits the memory limit {limit}; the smallest limit that fits is {smallest}"
+    )]
+    MemoryLimit {
+        /// Schedule family.
+        schedule: String,
+        /// The limit asked for.
+        limit: f64,
+        /// The smallest limit at which the planner returns a schedule.
+        smallest: f64,
+    },
 }
 
 fn describe_stuck(stuck: &[(Cell, Pass)]) -> String {

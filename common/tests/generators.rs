@@ -34,7 +34,7 @@ fn backward_of(kind: ScheduleKind) -> Backward {
     use ScheduleKind::*;
     match kind {
         GPipe | OneFOneB | Eager1F1B | Interleaved1F1B | LoopedBfs | OneFOneBV => Backward::Fused,
-        ZbH1 | ZbH2 | VMin | VHalf | VZb => Backward::Split,
+        ZbH1 | ZbH2 | VMin | VHalf | VZb | AdaptiveV | AdaptiveZb => Backward::Split,
         DualPipeV => Backward::Mixed,
     }
 }
@@ -43,9 +43,11 @@ fn backward_of(kind: ScheduleKind) -> Backward {
 fn expected_placement(kind: ScheduleKind, d: u32, chunks: u32) -> Placement {
     use ScheduleKind::*;
     match kind {
-        GPipe | OneFOneB | Eager1F1B | ZbH1 | ZbH2 => Placement::OnePerWorker { workers: d },
+        GPipe | OneFOneB | Eager1F1B | ZbH1 | ZbH2 | AdaptiveZb => {
+            Placement::OnePerWorker { workers: d }
+        }
         Interleaved1F1B | LoopedBfs => Placement::Loop { workers: d, chunks },
-        VMin | VHalf | VZb | OneFOneBV | DualPipeV => Placement::V { workers: d },
+        VMin | VHalf | VZb | OneFOneBV | DualPipeV | AdaptiveV => Placement::V { workers: d },
     }
 }
 
@@ -284,10 +286,26 @@ proptest! {
     }
 }
 
+proptest! {
+    // The adaptive searches are slower; fewer cases (the grid tests of `adaptive.rs` cover
+    // the acceptance shapes).
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn prop_adaptive_v(d in 1u32..=12, n in 1u32..=48, c in 1u32..=4) {
+        prop_kind(ScheduleKind::AdaptiveV, d, n, c)?;
+    }
+
+    #[test]
+    fn prop_adaptive_zb(d in 1u32..=16, n in 1u32..=64, c in 1u32..=4) {
+        prop_kind(ScheduleKind::AdaptiveZb, d, n, c)?;
+    }
+}
+
 /// A kind added to `ScheduleKind::ALL` must get its own property test above.
 #[test]
 fn every_kind_has_a_property_test() {
-    assert_eq!(ScheduleKind::ALL.len(), 12);
+    assert_eq!(ScheduleKind::ALL.len(), 14);
     let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(
         names,
@@ -303,7 +321,9 @@ fn every_kind_has_a_property_test() {
             "v-half",
             "v-zb",
             "1f1b-v",
-            "dualpipe-v"
+            "dualpipe-v",
+            "adaptive-v",
+            "adaptive-zb"
         ]
     );
 }

@@ -160,21 +160,23 @@ impl BuildingBlock {
 
     /// Adds a W after every B: on each worker, the earliest cell after the B whose residue
     /// modulo the period is still free (so that repeating stays collision-free).
-    fn place_weights(&mut self) {
-        let workers = self.placement.workers();
-        let mut extra = Vec::new();
-        for w in 0..workers {
-            let mut used: Vec<bool> = vec![false; self.period as usize];
-            for p in self.passes.iter().filter(|p| self.worker_of(p) == w) {
-                for c in p.cell..p.cell + p.len {
-                    used[c.rem_euclid(self.period) as usize] = true;
-                }
+    pub(crate) fn place_weights(&mut self) {
+        let workers = self.placement.workers() as usize;
+        let period = self.period as usize;
+        let mut used: Vec<Vec<bool>> = vec![vec![false; period]; workers];
+        let mut bs: Vec<Vec<Placed>> = vec![Vec::new(); workers];
+        for p in &self.passes {
+            let w = self.worker_of(p) as usize;
+            for c in p.cell..p.cell + p.len {
+                used[w][c.rem_euclid(self.period) as usize] = true;
             }
-            let mut bs: Vec<&Placed> = self
-                .passes
-                .iter()
-                .filter(|p| self.worker_of(p) == w && p.pass.kind == PassKind::B)
-                .collect();
+            if p.pass.kind == PassKind::B {
+                bs[w].push(*p);
+            }
+        }
+        let mut extra = Vec::new();
+        for (used, mut bs) in used.into_iter().zip(bs) {
+            let mut used = used;
             bs.sort_by_key(|p| p.cell);
             for b in bs {
                 let mut c = b.cell + b.len;

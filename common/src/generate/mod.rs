@@ -11,16 +11,25 @@
 //! | `v-min`, `v-half`, `v-zb` | V | B + W | 000 Sec. 3, App. F |
 //! | `1f1b-v` | V | BW | 000 App. H |
 //! | `dualpipe-v` | V | mixed | DeepSeek DualPipeV |
+//! | `adaptive-v` | V | B + W | 000 App. A (searched under a memory limit) |
+//! | `adaptive-zb` | one stage per worker | B + W | zero-bubble paper's ZB-1P / ZB-2P |
 
+mod adaptive;
 mod block;
 mod classic;
 mod compact;
+mod local;
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use adaptive::{
+    Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan, order_peak, split_candidates,
+    steady_peak,
+};
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
 pub use compact::{compact, fill_weights};
+pub use local::{budget_for, improve};
 
 use crate::cost::{Costs, Times};
 use crate::error::{Error, Result};
@@ -56,11 +65,15 @@ pub enum ScheduleKind {
     OneFOneBV,
     /// DeepSeek's DualPipeV.
     DualPipeV,
+    /// V placement searched under a memory limit (seed 000, App. A).
+    AdaptiveV,
+    /// One stage per worker, zero-bubble family searched under a memory limit.
+    AdaptiveZb,
 }
 
 impl ScheduleKind {
     /// Every kind, in `--compare` order.
-    pub const ALL: [ScheduleKind; 12] = [
+    pub const ALL: [ScheduleKind; 14] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Eager1F1B,
@@ -73,6 +86,8 @@ impl ScheduleKind {
         ScheduleKind::VZb,
         ScheduleKind::OneFOneBV,
         ScheduleKind::DualPipeV,
+        ScheduleKind::AdaptiveV,
+        ScheduleKind::AdaptiveZb,
     ];
 
     /// The command-line name.
@@ -90,6 +105,8 @@ impl ScheduleKind {
             ScheduleKind::VZb => "v-zb",
             ScheduleKind::OneFOneBV => "1f1b-v",
             ScheduleKind::DualPipeV => "dualpipe-v",
+            ScheduleKind::AdaptiveV => "adaptive-v",
+            ScheduleKind::AdaptiveZb => "adaptive-zb",
         }
     }
 
@@ -99,6 +116,27 @@ impl ScheduleKind {
             self,
             ScheduleKind::Interleaved1F1B | ScheduleKind::LoopedBfs
         )
+    }
+
+    /// True for the kinds planned under a memory limit.
+    pub fn is_adaptive(self) -> bool {
+        matches!(self, ScheduleKind::AdaptiveV | ScheduleKind::AdaptiveZb)
+    }
+
+    /// The placement the kind uses on `d` workers with `chunks` chunks.
+    pub fn placement(self, d: u32, chunks: u32) -> Placement {
+        match self {
+            ScheduleKind::Interleaved1F1B | ScheduleKind::LoopedBfs => {
+                Placement::Loop { workers: d, chunks }
+            }
+            ScheduleKind::VMin
+            | ScheduleKind::VHalf
+            | ScheduleKind::VZb
+            | ScheduleKind::OneFOneBV
+            | ScheduleKind::DualPipeV
+            | ScheduleKind::AdaptiveV => Placement::V { workers: d },
+            _ => Placement::OnePerWorker { workers: d },
+        }
     }
 
     /// The smallest microbatch count the kind supports on `d` workers.
@@ -129,6 +167,8 @@ impl FromStr for ScheduleKind {
             "zbh2" => "zb-h2",
             "zbv" | "zbvzerobubble" => "v-zb",
             "dualpipev" => "dualpipe-v",
+            "adaptivev" | "v-adaptive" => "adaptive-v",
+            "adaptivezb" | "zb-adaptive" | "zb-2p" | "zb2p" => "adaptive-zb",
             other => other,
         };
         ScheduleKind::ALL
@@ -157,6 +197,9 @@ pub struct Request {
     pub chunks: u32,
     /// Pass times; reordering of zero-bubble and V schedules fills idle time measured with them.
     pub times: Times,
+    /// Per-worker activation-memory limit of the adaptive kinds, in the cost model's memory
+    /// units; `None` means `d` units (1F1B's peak). Ignored by the fixed kinds.
+    pub memory_limit: Option<f64>,
 }
 
 impl Request {
@@ -168,12 +211,25 @@ impl Request {
             microbatches,
             chunks: 2,
             times: Times::UNIT,
+            memory_limit: None,
         }
     }
 }
 
-/// Generates the schedule `req` asks for.
+/// Simulated passes the local search may spend inside [`generate`] (about 0.1–0.3 s).
+pub const LOCAL_SEARCH_BUDGET: u64 = 3_000_000;
+
+/// Generates the schedule `req` asks for, with every stage costed from `req.times`.
 pub fn generate(req: &Request) -> Result<Schedule> {
+    generate_with(req, &|placement| Costs::uniform(placement, req.times))
+}
+
+/// Generates the schedule `req` asks for; the cost-aware steps (reordering, compaction, W
+/// filling, the adaptive searches) use `costs_for(placement)`, e.g. measured per-stage times.
+pub fn generate_with(
+    req: &Request,
+    costs_for: &dyn Fn(&Placement) -> Result<Costs>,
+) -> Result<Schedule> {
     let (d, n) = (req.workers, req.microbatches);
     if d == 0 {
         return Err(Error::InvalidArgument {
@@ -188,6 +244,14 @@ pub fn generate(req: &Request) -> Result<Schedule> {
         });
     }
     req.times.check()?;
+    if let Some(limit) = req.memory_limit
+        && (!limit.is_finite() || limit <= 0.0)
+    {
+        return Err(Error::InvalidArgument {
+            field: "memory limit",
+            reason: format!("must be a finite number > 0, got {limit}"),
+        });
+    }
     let min_n = req.kind.min_microbatches(d);
     if n < min_n {
         return Err(Error::Unsupported {
@@ -197,7 +261,7 @@ pub fn generate(req: &Request) -> Result<Schedule> {
             ),
         });
     }
-    let costs_for = |placement: &Placement| Costs::uniform(placement, req.times);
+    let limit = req.memory_limit.unwrap_or(f64::from(d));
     match req.kind {
         ScheduleKind::GPipe => Ok(classic::gpipe(d, n)),
         ScheduleKind::OneFOneB => Ok(classic::one_f1b(d, n)),
@@ -213,15 +277,23 @@ pub fn generate(req: &Request) -> Result<Schedule> {
             let costs = costs_for(&s.placement)?;
             finish(s, &costs)
         }
-        ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, req.times),
-        ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, req.times),
+        ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, costs_for),
+        ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, costs_for),
         ScheduleKind::VZb => v_schedule(
             "v-zb",
             search_v_block(d, [4, 2, 4, 2], false)?,
             d,
             n,
-            req.times,
+            costs_for,
         ),
+        ScheduleKind::AdaptiveV => {
+            let costs = costs_for(&Placement::V { workers: d })?;
+            Ok(adaptive_v(d, n, &costs, limit, LOCAL_SEARCH_BUDGET)?.schedule)
+        }
+        ScheduleKind::AdaptiveZb => {
+            let costs = costs_for(&Placement::OnePerWorker { workers: d })?;
+            Ok(adaptive_zb(d, n, &costs, limit, LOCAL_SEARCH_BUDGET)?.schedule)
+        }
         ScheduleKind::OneFOneBV => {
             // The tightest uniform fused block repeats without collision only for d ≤ 2;
             // beyond that the F offsets must grow (see `search_v_block`).
@@ -234,11 +306,17 @@ pub fn generate(req: &Request) -> Result<Schedule> {
 }
 
 /// Building block → repeat → squeeze → reorder (warm-up, then [`finish`]).
-fn v_schedule(name: &str, offsets: VOffsets, d: u32, n: u32, times: Times) -> Result<Schedule> {
+fn v_schedule(
+    name: &str,
+    offsets: VOffsets,
+    d: u32,
+    n: u32,
+    costs_for: &dyn Fn(&Placement) -> Result<Costs>,
+) -> Result<Schedule> {
     let block = offsets.block(d);
     let repeated = block.repeat(name, n)?;
     let warm = reorder_warmup(repeated)?;
-    let costs = Costs::uniform(&warm.placement, times)?;
+    let costs = costs_for(&warm.placement)?;
     finish(warm, &costs)
 }
 
@@ -246,12 +324,23 @@ fn v_schedule(name: &str, offsets: VOffsets, d: u32, n: u32, times: Times) -> Re
 /// best of compaction and zero-bubble W filling (both within the memory class: the largest
 /// per-worker peak of the reordered schedule).
 fn finish(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
+    finish_capped(schedule, costs, None)
+}
+
+/// [`finish`] with W filling allowed up to `cap` activation memory per worker instead of
+/// the reordered schedule's own peak.
+pub(crate) fn finish_capped(
+    schedule: Schedule,
+    costs: &Costs,
+    cap: Option<f64>,
+) -> Result<Schedule> {
     let cooled = reorder_cooldown(schedule, costs)?;
     let class = simulate(&cooled, costs)?.max_peak_memory();
+    let cap = cap.map_or(class, |c| c.max(class));
     let candidates = [
         compact(cooled.clone(), costs)?,
-        fill_weights(&cooled, costs, class, false)?,
-        fill_weights(&cooled, costs, class, true)?,
+        fill_weights(&cooled, costs, cap, false)?,
+        fill_weights(&cooled, costs, cap, true)?,
     ];
     // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
     const EPS: f64 = 1e-9;
