@@ -100,7 +100,8 @@ pub(crate) fn gelu(u: &Tensor) -> Result<Tensor> {
 }
 
 fn gelu_tanh(u: &Tensor) -> Result<Tensor> {
-    let inner = (u + u.powf(3.0)?.affine(GELU_C, 0.0)?)?.affine(GELU_K, 0.0)?;
+    let cube = (u.sqr()? * u)?;
+    let inner = (u + cube.affine(GELU_C, 0.0)?)?.affine(GELU_K, 0.0)?;
     Ok(inner.tanh()?)
 }
 

@@ -330,8 +330,9 @@ impl Stage {
     }
 
     /// `B`: the gradient with respect to the stage's input only; what `W` needs stays
-    /// stashed. `grad_output` (`[b, t, h]`) is required except on the last stage, whose seed
-    /// is `1/n` ([`Stage::set_microbatches`]). Returns `None` on the first stage.
+    /// stashed. `grad_output` (`[b, t, h]`) is required except on the last stage, where it is
+    /// ignored: the loss seeds the backward with `1/n` ([`Stage::set_microbatches`]).
+    /// Returns `None` on the first stage.
     pub fn backward_input(
         &mut self,
         mb: u32,
