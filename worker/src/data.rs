@@ -209,6 +209,12 @@ mod tests {
         assert_eq!(a.len(), 64 * 1024);
         assert!(a.as_bytes().iter().all(|c| c.is_ascii()));
         assert_ne!(Corpus::generate(1024, 1), Corpus::generate(1024, 2));
+        // Golden start: the default corpus must not change silently between versions.
+        let start = String::from_utf8_lossy(&a.as_bytes()[..74]).into_owned();
+        assert_eq!(
+            start,
+            "The pipeline receives the bubble. Every microbatch splits the activations."
+        );
     }
 
     #[test]

@@ -52,6 +52,11 @@ impl Pending {
 ///
 /// The step's loss is the mean over its `n` microbatches ([`Stage::set_microbatches`]): the
 /// last stage seeds each microbatch's backward with `1/n`, as torchtitan's loss rescaling.
+///
+/// Memory: [`Stage::stash_bytes`] is the sum of the sizes of the tensors held for pending
+/// `B` and `W` passes, updated at every pass boundary (transient buffers inside a pass are
+/// not counted); it equals [`ModelSpec::range_activation_bytes`] times the microbatches in
+/// each state. Parameters, gradients and AdamW moments are kept in the model dtype.
 #[derive(Debug)]
 pub struct Stage {
     pub(crate) spec: ModelSpec,
