@@ -214,9 +214,75 @@ pub(crate) struct PlanArgs {
     #[arg(long, verbatim_doc_comment)]
     pub(crate) compare: bool,
 
+    /// Per-worker activation-memory limit of adaptive-v and adaptive-zb.
+    ///
+    /// In the memory units of this report (one microbatch's activation
+    /// over 1/d of the model), e.g. 6.5; as a multiple of 1F1B's peak
+    /// (d units), e.g. 0.5x; or in bytes with a unit, e.g. 24GiB, which
+    /// needs --activation-bytes. Default: 1x (d units).
+    #[arg(long, value_name = "L|Fx|BYTES", value_parser = parse_memory_limit,
+          verbatim_doc_comment)]
+    pub(crate) memory_limit: Option<MemoryLimit>,
+
+    /// Plan adaptive-v or adaptive-zb at every limit from the smallest that
+    /// fits up to 2x 1F1B's peak and print bubble against limit.
+    ///
+    /// --format table (default) prints the table, svg a line chart, json
+    /// the points.
+    #[arg(long, verbatim_doc_comment, conflicts_with = "compare")]
+    pub(crate) sweep_memory: bool,
+
     /// Write the output to FILE instead of standard output.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
+}
+
+/// `--memory-limit` as typed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum MemoryLimit {
+    /// Memory units.
+    Units(f64),
+    /// A multiple of 1F1B's peak (`d` units).
+    Times1F1B(f64),
+    /// Bytes (converted with `--activation-bytes`).
+    Bytes(f64),
+}
+
+impl MemoryLimit {
+    /// The limit in memory units on `d` workers.
+    pub(crate) fn units(self, d: u32, activation_bytes: Option<f64>) -> Result<f64> {
+        Ok(match self {
+            MemoryLimit::Units(u) => u,
+            MemoryLimit::Times1F1B(x) => x * f64::from(d),
+            MemoryLimit::Bytes(b) => match activation_bytes {
+                Some(unit) => b / unit,
+                None => bail!(
+                    "--memory-limit in bytes needs --activation-bytes (the bytes of one memory \
+                     unit); or give the limit in units (e.g. 6.5) or as a multiple of 1F1B's \
+                     peak (e.g. 0.5x)"
+                ),
+            },
+        })
+    }
+}
+
+/// Parses `--memory-limit`: units, `0.5x`, or bytes with a unit.
+pub(crate) fn parse_memory_limit(text: &str) -> std::result::Result<MemoryLimit, String> {
+    let t = text.trim();
+    let limit = if let Some(x) = t.strip_suffix(['x', 'X']) {
+        MemoryLimit::Times1F1B(number(x, "memory limit")?)
+    } else if t.ends_with(['b', 'B']) {
+        MemoryLimit::Bytes(parse_bytes(t)?)
+    } else {
+        MemoryLimit::Units(number(t, "memory limit")?)
+    };
+    let value = match limit {
+        MemoryLimit::Units(v) | MemoryLimit::Times1F1B(v) | MemoryLimit::Bytes(v) => v,
+    };
+    if !(value > 0.0 && value.is_finite()) {
+        return Err("must be greater than 0".into());
+    }
+    Ok(limit)
 }
 
 /// Where the schedule comes from.
@@ -281,6 +347,10 @@ pub(crate) struct Plan {
     pub(crate) format: Format,
     /// Output file; standard output when `None`.
     pub(crate) output: Option<PathBuf>,
+    /// `--memory-limit`, as typed.
+    pub(crate) memory_limit: Option<MemoryLimit>,
+    /// `--sweep-memory`.
+    pub(crate) sweep_memory: bool,
 }
 
 impl PlanArgs {
@@ -296,6 +366,28 @@ impl PlanArgs {
                 self.format
             );
         }
+        let adaptive = match &source {
+            Source::Generate { kind, .. } => kind.is_adaptive(),
+            Source::Compare { .. } => true,
+            Source::Csv { .. } => false,
+        };
+        if self.memory_limit.is_some() && !adaptive {
+            bail!(
+                "--memory-limit applies to --schedule adaptive-v and adaptive-zb (and to their \
+                 rows with --compare); the fixed schedules have a fixed memory class"
+            );
+        }
+        if self.sweep_memory {
+            if !matches!(&source, Source::Generate { kind, .. } if kind.is_adaptive()) {
+                bail!("--sweep-memory needs --schedule adaptive-v or --schedule adaptive-zb");
+            }
+            if !matches!(self.format, Format::Table | Format::Svg | Format::Json) {
+                bail!(
+                    "--format {} cannot show a sweep; use table, svg or json",
+                    self.format
+                );
+            }
+        }
         let stage_times = match &self.stage_times {
             Some(path) => Some((path.clone(), read_stage_times(path)?)),
             None => None,
@@ -307,6 +399,8 @@ impl PlanArgs {
             activation_bytes: self.activation_bytes,
             format: self.format,
             output: self.output,
+            memory_limit: self.memory_limit,
+            sweep_memory: self.sweep_memory,
         })
     }
 

@@ -5,10 +5,12 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use pipewise_common::csv::{from_csv, to_csv};
+use pipewise_common::generate::generate_with;
+use pipewise_common::render::curve::{Series, line_chart};
 use pipewise_common::render::report::{Report, compare_table};
 use pipewise_common::render::{chrome, grid, svg};
 use pipewise_common::{
-    Costs, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, Times, generate,
+    Costs, Error, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, Times,
     simulate,
 };
 
@@ -22,10 +24,16 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
             workers,
             microbatches,
             chunks,
+        } if plan.sweep_memory => sweep(plan, *kind, *workers, *microbatches)?,
+        Source::Generate {
+            kind,
+            workers,
+            microbatches,
+            chunks,
         } => {
             let start = Instant::now();
-            let request = request(plan, *kind, *workers, *microbatches, *chunks);
-            let schedule = generate(&request).with_context(|| {
+            let request = request(plan, *kind, *workers, *microbatches, *chunks)?;
+            let schedule = generate_planned(plan, &request).with_context(|| {
                 format!("cannot plan {kind} with --workers {workers} --microbatches {microbatches}")
             })?;
             let sim = simulate_with(plan, &schedule)?;
@@ -75,7 +83,7 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
 
 /// The generator request: `--times`, or with `--stage-times` the per-worker average of the
 /// stage times (the sum over stages divided by d, so that `Costs::uniform` spreads it back).
-fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Request {
+fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Result<Request> {
     let times = match &plan.stage_times {
         Some((_, stages)) => {
             let per_worker = |pick: fn(&StageTimes) -> f64| {
@@ -90,13 +98,150 @@ fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Requ
         }
         None => plan.times,
     };
-    Request {
+    let memory_limit = match plan.memory_limit {
+        Some(limit) => Some(limit.units(d, plan.activation_bytes)?),
+        None => None,
+    };
+    Ok(Request {
         kind,
         workers: d,
         microbatches: n,
         chunks,
         times,
+        memory_limit,
+    })
+}
+
+/// Generates with the plan's cost model (`--stage-times` or `--times`) for every cost-aware
+/// step, so the adaptive kinds search with the true per-stage costs.
+fn generate_planned(plan: &Plan, request: &Request) -> pipewise_common::Result<Schedule> {
+    generate_with(request, &|placement| {
+        costs(plan, placement).map_err(|e| Error::InvalidArgument {
+            field: "stage times",
+            reason: format!("{e:#}"),
+        })
+    })
+}
+
+/// `--sweep-memory`: bubble against the memory limit, from the smallest limit that fits to
+/// twice 1F1B's peak.
+fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
+    let base = request(plan, kind, d, n, 2)?;
+    let tiny = Request {
+        memory_limit: Some(1e-6),
+        ..base
+    };
+    let smallest = match generate_planned(plan, &tiny) {
+        Err(Error::MemoryLimit { smallest, .. }) => smallest,
+        Err(e) => return Err(e).context(format!("cannot plan {kind}")),
+        Ok(_) => 1e-6,
+    };
+    let top = 2.0 * f64::from(d);
+    let steps = 32;
+    let mut points: Vec<(f64, Simulation)> = Vec::new();
+    let mut limits: Vec<f64> = (0..=steps)
+        .map(|i| smallest + (top - smallest) * f64::from(i) / f64::from(steps))
+        .collect();
+    // Whole and half units too, so the class limits show up exactly.
+    let mut u = (smallest * 2.0).ceil() / 2.0;
+    while u <= top {
+        limits.push(u);
+        u += 0.5;
     }
+    limits.sort_by(f64::total_cmp);
+    limits.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    for limit in limits {
+        let req = Request {
+            memory_limit: Some(limit),
+            ..base
+        };
+        let schedule = generate_planned(plan, &req)
+            .with_context(|| format!("cannot plan {kind} at memory limit {limit}"))?;
+        let sim = simulate_with(plan, &schedule)?;
+        points.push((limit, sim));
+    }
+    let unit_bytes = plan.activation_bytes;
+    Ok(match plan.format {
+        Format::Svg => {
+            let curve = |f: fn(&Simulation) -> f64| -> Vec<(f64, f64)> {
+                points
+                    .iter()
+                    .map(|(l, s)| (l / f64::from(d), 100.0 * f(s)))
+                    .collect()
+            };
+            line_chart(
+                &format!("{kind}: bubble against memory limit (d={d}, n={n})"),
+                "memory limit / 1F1B peak",
+                "bubble %",
+                &[
+                    Series {
+                        name: "bubble_span (paper)".into(),
+                        points: curve(|s| s.bubble_span),
+                    },
+                    Series {
+                        name: "bubble (all workers)".into(),
+                        points: curve(|s| s.bubble),
+                    },
+                ],
+            )
+        }
+        Format::Json => {
+            let rows: Vec<serde_json::Value> = points
+                .iter()
+                .map(|(l, s)| {
+                    serde_json::json!({
+                        "limit_units": l,
+                        "limit_vs_1f1b": l / f64::from(d),
+                        "limit_bytes": unit_bytes.map(|b| b * l),
+                        "makespan": s.makespan,
+                        "bubble": s.bubble,
+                        "bubble_span": s.bubble_span,
+                        "peak_units": s.max_peak_memory(),
+                    })
+                })
+                .collect();
+            let mut text = serde_json::to_string_pretty(&serde_json::json!({
+                "schedule": kind.name(), "workers": d, "microbatches": n, "points": rows
+            }))?;
+            text.push('\n');
+            text
+        }
+        _ => {
+            let mut text = format!(
+                "{kind}: bubble against memory limit, d={d}, n={n} (memory in units of one \
+                 microbatch's activation over 1/d of the model; 1F1B's peak = {d})\n\
+                 smallest limit that fits: {}\n\n",
+                trim_number(smallest)
+            );
+            text.push_str(&format!(
+                "{:>9} {:>8}{} {:>11} {:>9} {:>8} {:>7}\n",
+                "limit",
+                "x 1F1B",
+                if unit_bytes.is_some() {
+                    "        bytes"
+                } else {
+                    ""
+                },
+                "makespan",
+                "bubble%",
+                "span%",
+                "peak"
+            ));
+            for (l, s) in &points {
+                text.push_str(&format!(
+                    "{:>9} {:>8.3}{} {:>11} {:>9.2} {:>8.2} {:>7}\n",
+                    trim_number(*l),
+                    l / f64::from(d),
+                    unit_bytes.map_or(String::new(), |b| format!(" {:>12.4e}", b * l)),
+                    trim_number(s.makespan),
+                    100.0 * s.bubble,
+                    100.0 * s.bubble_span,
+                    trim_number(s.max_peak_memory())
+                ));
+            }
+            text
+        }
+    })
 }
 
 /// The cost model for `placement`: `--stage-times` if given, else `--times`.
@@ -175,8 +320,8 @@ fn compare(plan: &Plan, d: u32, n: u32, chunks: u32) -> Result<String> {
     let mut skipped: Vec<(ScheduleKind, String)> = Vec::new();
     for kind in ScheduleKind::ALL {
         let start = Instant::now();
-        let outcome = generate(&request(plan, kind, d, n, chunks))
-            .map_err(anyhow::Error::from)
+        let outcome = request(plan, kind, d, n, chunks)
+            .and_then(|req| generate_planned(plan, &req).map_err(anyhow::Error::from))
             .and_then(|schedule| {
                 let sim = simulate_with(plan, &schedule)?;
                 Ok((schedule, sim))

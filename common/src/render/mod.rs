@@ -9,6 +9,7 @@
 //! - [`report`]: the numbers of a plan as a struct, JSON and a human table; a comparison table.
 
 pub mod chrome;
+pub mod curve;
 pub mod grid;
 pub mod report;
 pub mod svg;

@@ -79,7 +79,7 @@ fn colours(kind: PassKind, chunk: usize, chunks: usize) -> (String, &'static str
 }
 
 /// Escapes text for XML content and attributes.
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for ch in text.chars() {
         match ch {
@@ -95,7 +95,7 @@ fn escape(text: &str) -> String {
 }
 
 /// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
-fn tick_step(span: f64, target: f64) -> f64 {
+pub(crate) fn tick_step(span: f64, target: f64) -> f64 {
     if span <= 0.0 || !span.is_finite() {
         return 1.0;
     }
