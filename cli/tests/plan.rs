@@ -397,3 +397,148 @@ fn help_texts() {
     let err = fails(&[]);
     assert!(err.contains("Usage"), "{err}");
 }
+
+/// `--memory-limit` in its three forms plans adaptive schedules within the limit; bad uses
+/// are refused with the option named.
+#[test]
+fn memory_limit_forms_and_errors() {
+    let peak = |args: &[&str]| -> f64 {
+        let v: Value = serde_json::from_str(&ok(args)).unwrap();
+        v["peak_memory"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    let base = [
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "6",
+        "-n",
+        "12",
+        "-f",
+        "json",
+    ];
+    let units = peak(&[&base[..], &["--memory-limit", "4"]].concat());
+    assert!(units <= 4.0 + 1e-9, "peak {units}");
+    let half = peak(&[&base[..], &["--memory-limit", "0.5x"]].concat());
+    assert!(half <= 3.0 + 1e-9, "peak {half}");
+    let bytes = peak(
+        &[
+            &base[..],
+            &["--memory-limit", "4MiB", "--activation-bytes", "1MiB"],
+        ]
+        .concat(),
+    );
+    assert!(bytes <= 4.0 + 1e-9, "peak {bytes}");
+    let zb = peak(&[
+        "plan",
+        "-s",
+        "adaptive-zb",
+        "-d",
+        "6",
+        "-n",
+        "12",
+        "-f",
+        "json",
+        "--memory-limit",
+        "4",
+    ]);
+    assert!(zb <= 4.0 + 1e-9, "peak {zb}");
+
+    let e = fails(&[
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "6",
+        "-n",
+        "12",
+        "--memory-limit",
+        "0.1",
+    ]);
+    assert!(e.contains("smallest limit that fits"), "{e}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "6",
+        "-n",
+        "12",
+        "--memory-limit",
+        "3",
+    ]);
+    assert!(e.contains("--memory-limit"), "{e}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "6",
+        "-n",
+        "12",
+        "--memory-limit",
+        "2GiB",
+    ]);
+    assert!(e.contains("--activation-bytes"), "{e}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "6",
+        "-n",
+        "12",
+        "--memory-limit",
+        "-2",
+    ]);
+    assert!(
+        e.contains("memory-limit") || e.contains("memory limit"),
+        "{e}"
+    );
+}
+
+/// `--sweep-memory` prints a monotone table, an SVG chart and JSON points.
+#[test]
+fn sweep_memory_table_svg_json() {
+    let args = [
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--times",
+        "12.96,13.22,9.76",
+        "--sweep-memory",
+    ];
+    let table = ok(&args);
+    assert!(table.contains("smallest limit that fits"), "{table}");
+    let svg = ok(&[&args[..], &["-f", "svg"]].concat());
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "{svg}"
+    );
+    let json: Value = serde_json::from_str(&ok(&[&args[..], &["-f", "json"]].concat())).unwrap();
+    let points = json["points"].as_array().unwrap();
+    assert!(points.len() > 5);
+    for p in points {
+        assert!(p["peak_units"].as_f64().unwrap() <= p["limit_units"].as_f64().unwrap() + 1e-9);
+    }
+    let e = fails(&[
+        "plan",
+        "-s",
+        "v-half",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--sweep-memory",
+    ]);
+    assert!(e.contains("--sweep-memory"), "{e}");
+}
