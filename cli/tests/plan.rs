@@ -493,8 +493,7 @@ fn memory_limit_forms_and_errors() {
         "6",
         "-n",
         "12",
-        "--memory-limit",
-        "-2",
+        "--memory-limit=-2",
     ]);
     assert!(
         e.contains("memory-limit") || e.contains("memory limit"),
