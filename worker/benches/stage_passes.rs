@@ -37,6 +37,10 @@ fn main() {
         candle_core::utils::get_num_threads(),
         seq_len as usize * mb
     );
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        // Other work on the machine skews the figures; say how busy it was.
+        println!("load average before the run: {}", load.trim());
+    }
     println!(
         "{:>6} {:>5} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10}",
         "hidden", "heads", "F ms", "B ms", "W ms", "B/F", "W/F", "F GFLOP/s"

@@ -8,9 +8,16 @@ use std::fmt::Debug;
 /// whose `Err` fails the test) expands to a module `name` with tests `name::cpu` and, under
 /// `#[cfg(feature = "cuda")]`, `name::cuda`.
 ///
-/// ```ignore
-/// fn adds(device: &Device) -> pipewise_worker::Result<()> { /* … */ Ok(()) }
-/// pipewise_worker::test_device!(adds_up, adds);
+/// ```no_run
+/// use pipewise_worker::{Device, Result, Tensor};
+///
+/// fn adds(device: &Device) -> Result<()> {
+///     let x = Tensor::new(&[1f32, 2.0], device)?;
+///     assert_eq!((&x + &x)?.to_vec1::<f32>()?, [2.0, 4.0]);
+///     Ok(())
+/// }
+/// pipewise_worker::test_device!(adds_up, adds); // tests adds_up::cpu (and adds_up::cuda)
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! test_device {
