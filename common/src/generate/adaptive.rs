@@ -59,7 +59,7 @@ const MAX_FULL_EVALUATIONS: u64 = 8;
 /// evaluated when they fit; above it only when the proxy ranks them among the best.
 const ALWAYS_FIXED: u64 = 200_000;
 /// Simulated passes the proxy may spend (blocks × 6dn).
-const PROXY_BUDGET: u64 = 30_000_000;
+const PROXY_BUDGET: u64 = 12_000_000;
 /// Blocks always ranked by the proxy, whatever the budget.
 const MIN_PROXIES: u64 = 16;
 const EPS: f64 = 1e-9;
