@@ -144,8 +144,8 @@ pub(crate) struct PlanArgs {
         short = 's',
         value_name = "NAME|csv:PATH",
         long_help = schedule_help(),
-        required_unless_present = "compare",
-        conflicts_with = "compare"
+        required_unless_present_any = ["compare", "auto"],
+        conflicts_with_all = ["compare", "auto"]
     )]
     pub(crate) schedule: Option<String>,
 
@@ -235,6 +235,10 @@ pub(crate) struct PlanArgs {
     /// Write the output to FILE instead of standard output.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
+
+    /// The auto-planner's options (`--auto` and the model spec).
+    #[command(flatten)]
+    pub(crate) auto: crate::auto::AutoArgs,
 }
 
 /// `--memory-limit` as typed.
@@ -308,6 +312,13 @@ pub(crate) enum Source {
         /// `--microbatches`, if given.
         microbatches: Option<u32>,
     },
+    /// The auto-planner (`--auto`) on `workers` workers.
+    Auto {
+        /// Worker count.
+        workers: u32,
+        /// The model spec and budget flags.
+        args: Box<crate::auto::AutoArgs>,
+    },
     /// Every generator, on one shape.
     Compare {
         /// Worker count.
@@ -369,7 +380,7 @@ impl PlanArgs {
         let adaptive = match &source {
             Source::Generate { kind, .. } => kind.is_adaptive(),
             Source::Compare { .. } => true,
-            Source::Csv { .. } => false,
+            Source::Csv { .. } | Source::Auto { .. } => false,
         };
         if self.memory_limit.is_some() && !adaptive {
             bail!(
@@ -405,6 +416,27 @@ impl PlanArgs {
     }
 
     fn source(&self) -> Result<Source> {
+        if self.auto.auto {
+            if self.compare {
+                bail!("--auto and --compare cannot be combined");
+            }
+            let Some(workers) = self.workers else {
+                bail!("--workers is required with --auto");
+            };
+            if self.microbatches.is_some() || self.chunks.is_some() {
+                bail!(
+                    "--auto chooses the microbatch count and chunks itself; drop --microbatches \
+                     and --chunks"
+                );
+            }
+            if !matches!(self.format, Format::Table | Format::Json) {
+                bail!("--auto prints a table or JSON; use --format table or --format json");
+            }
+            return Ok(Source::Auto {
+                workers,
+                args: Box::new(self.auto.clone()),
+            });
+        }
         if self.compare {
             let (workers, microbatches) = self.shape("--compare")?;
             let chunks = self.chunks.unwrap_or(2);

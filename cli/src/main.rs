@@ -11,11 +11,13 @@
 //! - [`args`]: the clap definitions (the arguments as typed) and their resolution into a
 //!   checked [`args::Plan`]; every input error is reported there, naming its option.
 //! - [`plan`]: the `plan` command: generate or import, simulate, time, render, write.
+//! - [`auto`]: `plan --auto`: the model-spec flags and the auto-planner's report.
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
 
 mod args;
+mod auto;
 mod plan;
 
 use std::io::Write as _;

@@ -77,6 +77,9 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
             microbatches,
             chunks,
         } => compare(plan, *workers, *microbatches, *chunks)?,
+        Source::Auto { workers, args } => {
+            crate::auto::run_auto(args, *workers, plan.times.comm, plan.format == Format::Json)?
+        }
     };
     write_output(plan, &text)
 }

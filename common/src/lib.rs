@@ -15,7 +15,9 @@
 //! - [`csv`]: import/export in the CSV form torchtitan and PyTorch use.
 //! - [`render`]: text grid, SVG, Chrome trace and report renderings.
 //! - [`error`]: the crate's one error type.
+//! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
 
+pub mod auto;
 pub mod cost;
 pub mod csv;
 pub mod error;

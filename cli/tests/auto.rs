@@ -1,0 +1,232 @@
+//! End-to-end tests of `pipewise plan --auto`, running the built binary.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+fn pipewise(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args(args)
+        .output()
+        .expect("runs pipewise")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs and expects success; returns standard output.
+fn ok(args: &[&str]) -> String {
+    let out = pipewise(args);
+    assert!(
+        out.status.success(),
+        "pipewise {args:?} failed:\n{}",
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+/// Runs and expects failure; returns standard error.
+fn fails(args: &[&str]) -> String {
+    let out = pipewise(args);
+    assert!(
+        !out.status.success(),
+        "pipewise {args:?} succeeded:\n{}",
+        stdout(&out)
+    );
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// `plan --auto` on the 24-layer model, 8 workers, global batch 32, with extra arguments.
+fn auto_args<'a>(budget: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "plan",
+        "--auto",
+        "--workers",
+        "8",
+        "--layers",
+        "24",
+        "--hidden",
+        "1024",
+        "--heads",
+        "16",
+        "--seq-len",
+        "1024",
+        "--vocab",
+        "32000",
+        "--dtype",
+        "bf16",
+        "--global-batch",
+        "32",
+        "--memory-per-worker",
+        budget,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// A row of the printed plan table.
+#[derive(Debug)]
+struct Row {
+    schedule: String,
+    shape: String,
+    max_gib: f64,
+    budget_gib: f64,
+}
+
+/// The rows of the plan table: lines starting with a rank number.
+fn rows(text: &str) -> Vec<Row> {
+    let mut out = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("rank") {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        if cells.is_empty() || cells[0].parse::<usize>().is_err() {
+            break;
+        }
+        // … max worker GiB "X / Y" closes the row.
+        let n = cells.len();
+        assert_eq!(cells[n - 2], "/", "{line}");
+        out.push(Row {
+            schedule: cells[1].to_string(),
+            shape: cells[2].to_string(),
+            max_gib: cells[n - 3].parse().unwrap(),
+            budget_gib: cells[n - 1].parse().unwrap(),
+        });
+    }
+    out
+}
+
+#[test]
+fn three_budgets_print_three_plans_that_fit() {
+    // With a huge budget, the JSON lists every plan and what it needs.
+    let open: Value = serde_json::from_str(&ok(&auto_args(
+        "1TiB",
+        &["--top", "1000", "--format", "json"],
+    )))
+    .expect("valid JSON");
+    let ranked = open["plan"]["ranked"].as_array().unwrap();
+    assert!(ranked.len() > 3);
+    let needs: Vec<u64> = ranked
+        .iter()
+        .map(|c| c["max_worker_bytes"].as_u64().unwrap())
+        .collect();
+    for c in ranked {
+        let total: u64 = c["worker_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(total, c["max_worker_bytes"].as_u64().unwrap());
+    }
+    let loose = needs[0];
+    let smallest = *needs.iter().min().unwrap();
+    assert!(smallest < loose);
+    let budgets = [smallest, smallest + (loose - smallest) / 2, loose];
+
+    let mut winners: Vec<(String, f64)> = Vec::new();
+    for budget in budgets {
+        let text = ok(&auto_args(&budget.to_string(), &[]));
+        let table = rows(&text);
+        assert!(!table.is_empty(), "{text}");
+        assert!(table.len() <= 5, "{text}");
+        for r in &table {
+            assert!(r.max_gib <= r.budget_gib, "{r:?}\n{text}");
+            assert!(r.max_gib <= (budget as f64 / GIB) + 0.005, "{r:?}\n{text}");
+        }
+        assert!(text.contains("Rejected"), "{text}");
+        // The JSON form of the same plan: exact bytes.
+        let plan: Value =
+            serde_json::from_str(&ok(&auto_args(&budget.to_string(), &["--format", "json"])))
+                .unwrap();
+        let best = &plan["plan"]["ranked"][0];
+        for c in plan["plan"]["ranked"].as_array().unwrap() {
+            assert!(c["max_worker_bytes"].as_u64().unwrap() <= budget, "{c}");
+            assert_eq!(c["fits"], Value::Bool(true));
+        }
+        assert_eq!(best["kind"].as_str().unwrap(), table[0].schedule);
+        assert_eq!(
+            format!(
+                "{}×{}",
+                best["microbatch_size"].as_u64().unwrap(),
+                best["microbatches"].as_u64().unwrap()
+            ),
+            table[0].shape
+        );
+        winners.push((
+            format!("{} {}", table[0].schedule, table[0].shape),
+            best["max_worker_bytes"].as_u64().unwrap() as f64,
+        ));
+    }
+    // Three different winners; the tighter budget gets the lower-memory plan.
+    assert_ne!(winners[0].0, winners[1].0, "{winners:?}");
+    assert_ne!(winners[1].0, winners[2].0, "{winners:?}");
+    assert_ne!(winners[0].0, winners[2].0, "{winners:?}");
+    assert!(winners[0].1 < winners[1].1, "{winners:?}");
+    assert!(winners[1].1 < winners[2].1, "{winners:?}");
+
+    // Below the smallest plan: an error naming the need.
+    let err = fails(&auto_args(&(smallest / 2).to_string(), &[]));
+    assert!(err.contains("the smallest plan needs"), "{err}");
+}
+
+#[test]
+fn auto_needs_the_model() {
+    let err = fails(&[
+        "plan",
+        "--auto",
+        "--workers",
+        "4",
+        "--global-batch",
+        "8",
+        "--memory-per-worker",
+        "8GiB",
+    ]);
+    assert!(
+        err.contains("--layers") || err.contains("--hidden"),
+        "{err}"
+    );
+    let err = fails(&auto_args("8GiB", &["--layer-times", "1,2"]));
+    assert!(err.contains("--layer-times"), "{err}");
+    let err = fails(&auto_args("8GiB", &["--dtype", "f64"]));
+    assert!(err.contains("--dtype"), "{err}");
+}
+
+#[test]
+fn measured_times_and_comm_are_used() {
+    let text = ok(&auto_args(
+        "16GiB",
+        &[
+            "--layer-times",
+            "10,20,10@2",
+            "--times",
+            "1,1,1,0.5",
+            "--top",
+            "3",
+        ],
+    ));
+    assert!(
+        text.contains("measured F 10 B 20 W 10 ms per block at microbatch size 2"),
+        "{text}"
+    );
+    assert!(text.contains("comm 0.5 ms"), "{text}");
+    assert_eq!(rows(&text).len(), 3, "{text}");
+}
