@@ -161,7 +161,13 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
         let schedule = generate_planned(plan, &req)
             .with_context(|| format!("cannot plan {kind} at memory limit {limit}"))?;
         let sim = simulate_with(plan, &schedule)?;
-        points.push((limit, sim));
+        // A schedule that fits a smaller limit fits this one too: the sweep keeps the best so
+        // far, so its curve never rises even where the search's proxy ranking would.
+        let carried = points
+            .last()
+            .filter(|(_, prev)| prev.makespan < sim.makespan)
+            .map(|(_, prev)| prev.clone());
+        points.push((limit, carried.unwrap_or(sim)));
     }
     let unit_bytes = plan.activation_bytes;
     Ok(match plan.format {
