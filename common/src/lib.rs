@@ -12,6 +12,7 @@
 //! - [`cost`]: per-stage F/B/W durations, communication latency, activation memory.
 //! - [`simulate`]: start/end of every pass, makespan, bubble rates, peak memory, lower bounds.
 //! - [`generate`]: every schedule generator, and the building-block framework they share.
+//! - [`job`]: a training job as submitted (TOML, torchtitan-style names) and its validation.
 //! - [`csv`]: import/export in the CSV form torchtitan and PyTorch use.
 //! - [`render`]: text grid, SVG, Chrome trace and report renderings.
 //! - [`error`]: the crate's one error type.
@@ -22,6 +23,7 @@ pub mod cost;
 pub mod csv;
 pub mod error;
 pub mod generate;
+pub mod job;
 pub mod model;
 pub mod pass;
 pub mod placement;

@@ -1,0 +1,570 @@
+//! A training job: what a user submits (TOML, field names in torchtitan's spirit) and its
+//! validation. Every rejected field comes back as [`Error::InvalidArgument`] naming the field
+//! (`section.key`) and the reason; the gRPC edge turns that into `InvalidArgument`.
+//!
+//! ```toml
+//! [job]
+//! name = "tiny"
+//!
+//! [model]
+//! vocab = 256
+//! hidden = 64
+//! heads = 4
+//! layers = 8
+//! seq_len = 32
+//! dtype = "f32"
+//!
+//! [training]
+//! global_batch_size = 8
+//! steps = 50
+//! seed = 42
+//! max_norm = 1.0
+//!
+//! [optimizer]
+//! lr = 3e-3
+//!
+//! [parallelism]
+//! pipeline_parallel_degree = 4
+//! pipeline_parallel_schedule = "v-half"     # any `pipewise plan` schedule
+//! pipeline_parallel_microbatch_size = 1     # microbatches = global_batch_size / this
+//!
+//! [checkpoint]
+//! enable_checkpoint = true
+//! folder = "checkpoints"
+//! interval = 10
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::generate::{Request, ScheduleKind, generate};
+use crate::model::{DType, ModelSpec};
+use crate::schedule::Schedule;
+
+/// `[job]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// Job name (non-empty).
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// `[training]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Training {
+    /// Sequences per optimizer step.
+    pub global_batch_size: u32,
+    /// Optimizer steps.
+    pub steps: u32,
+    /// Seed of initialisation and data sampling.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Gradient clipping by global norm (0 turns it off).
+    #[serde(default = "default_max_norm")]
+    pub max_norm: f64,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+
+fn default_max_norm() -> f64 {
+    1.0
+}
+
+/// `[optimizer]` (AdamW).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Optimizer {
+    /// Learning rate.
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    /// Decoupled weight decay.
+    #[serde(default = "default_weight_decay")]
+    pub weight_decay: f64,
+    /// First-moment decay.
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// Second-moment decay.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// Denominator epsilon.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+}
+
+fn default_lr() -> f64 {
+    3e-3
+}
+fn default_weight_decay() -> f64 {
+    0.1
+}
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.95
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Optimizer {
+            lr: default_lr(),
+            weight_decay: default_weight_decay(),
+            beta1: default_beta1(),
+            beta2: default_beta2(),
+            eps: default_eps(),
+        }
+    }
+}
+
+/// `[parallelism]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parallelism {
+    /// Workers (pipeline ranks).
+    pub pipeline_parallel_degree: u32,
+    /// Schedule name (`pipewise plan` names) or `auto`.
+    pub pipeline_parallel_schedule: String,
+    /// Sequences per microbatch.
+    #[serde(default = "one")]
+    pub pipeline_parallel_microbatch_size: u32,
+    /// Chunks per worker of `interleaved-1f1b` / `looped-bfs`.
+    #[serde(default = "two")]
+    pub pipeline_parallel_chunks: u32,
+    /// Activation-memory limit of the adaptive schedules, in units of one microbatch's
+    /// activation over `1/d` of the model (default: `d`, 1F1B's peak).
+    #[serde(default)]
+    pub memory_limit: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn two() -> u32 {
+    2
+}
+
+/// `[checkpoint]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// Save checkpoints at all.
+    #[serde(default)]
+    pub enable_checkpoint: bool,
+    /// Folder (relative to the coordinator's data directory unless absolute).
+    #[serde(default = "default_folder")]
+    pub folder: String,
+    /// Steps between checkpoints.
+    #[serde(default = "default_interval")]
+    pub interval: u32,
+}
+
+fn default_folder() -> String {
+    "checkpoints".into()
+}
+fn default_interval() -> u32 {
+    10
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            enable_checkpoint: false,
+            folder: default_folder(),
+            interval: default_interval(),
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Data {
+    /// A text file of training bytes; the generated default corpus when absent.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// A training job as submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// `[job]`.
+    pub job: JobSection,
+    /// `[model]`.
+    pub model: ModelSpec,
+    /// `[training]`.
+    pub training: Training,
+    /// `[optimizer]`.
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    /// `[parallelism]`.
+    pub parallelism: Parallelism,
+    /// `[checkpoint]`.
+    #[serde(default)]
+    pub checkpoint: Checkpoint,
+    /// `[data]`.
+    #[serde(default)]
+    pub data: Data,
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// The schedule a valid job runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPlan {
+    /// The schedule kind (`auto` resolved by the caller's planner; here the named kind).
+    pub kind: ScheduleKind,
+    /// Microbatches per step.
+    pub microbatches: u32,
+    /// The schedule.
+    pub schedule: Schedule,
+}
+
+impl JobSpec {
+    /// Parses TOML; a syntax error or an unknown field is an `InvalidArgument` on `toml`
+    /// whose reason names the line and the key.
+    pub fn from_toml(text: &str) -> Result<JobSpec> {
+        toml::from_str(text).map_err(|e| invalid("toml", e.to_string().trim().to_string()))
+    }
+
+    /// The job as TOML.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(self).map_err(|e| invalid("toml", e.to_string()))
+    }
+
+    /// Microbatches per step.
+    pub fn microbatches(&self) -> u32 {
+        self.training
+            .global_batch_size
+            .checked_div(self.parallelism.pipeline_parallel_microbatch_size)
+            .unwrap_or(0)
+    }
+
+    /// Checks every field; the first problem found is returned, naming its field.
+    pub fn validate(&self) -> Result<JobPlan> {
+        if self.job.name.trim().is_empty() {
+            return Err(invalid("job.name", "must not be empty"));
+        }
+        self.model.validate().map_err(|e| match e {
+            Error::InvalidArgument { field, reason } => Error::InvalidArgument {
+                field: model_field(field),
+                reason,
+            },
+            other => other,
+        })?;
+        let t = &self.training;
+        if t.steps == 0 {
+            return Err(invalid("training.steps", "must be at least 1"));
+        }
+        if t.global_batch_size == 0 {
+            return Err(invalid("training.global_batch_size", "must be at least 1"));
+        }
+        if !(t.max_norm.is_finite() && t.max_norm >= 0.0) {
+            return Err(invalid(
+                "training.max_norm",
+                format!(
+                    "must be finite and ≥ 0 (0 turns clipping off), got {}",
+                    t.max_norm
+                ),
+            ));
+        }
+        let o = &self.optimizer;
+        if !(o.lr.is_finite() && o.lr > 0.0) {
+            return Err(invalid(
+                "optimizer.lr",
+                format!("must be finite and > 0, got {}", o.lr),
+            ));
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            return Err(invalid(
+                "optimizer.weight_decay",
+                format!("must be finite and ≥ 0, got {}", o.weight_decay),
+            ));
+        }
+        for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(invalid(field, format!("must be in [0, 1), got {beta}")));
+            }
+        }
+        if !(o.eps.is_finite() && o.eps > 0.0) {
+            return Err(invalid(
+                "optimizer.eps",
+                format!("must be finite and > 0, got {}", o.eps),
+            ));
+        }
+        let p = &self.parallelism;
+        let d = p.pipeline_parallel_degree;
+        if d == 0 {
+            return Err(invalid(
+                "parallelism.pipeline_parallel_degree",
+                "must be at least 1 worker",
+            ));
+        }
+        let mbs = p.pipeline_parallel_microbatch_size;
+        if mbs == 0 {
+            return Err(invalid(
+                "parallelism.pipeline_parallel_microbatch_size",
+                "must be at least 1",
+            ));
+        }
+        if t.global_batch_size % mbs != 0 {
+            return Err(invalid(
+                "training.global_batch_size",
+                format!(
+                    "{} sequences do not split into microbatches of {mbs} \
+                     (parallelism.pipeline_parallel_microbatch_size)",
+                    t.global_batch_size
+                ),
+            ));
+        }
+        if p.pipeline_parallel_chunks == 0 {
+            return Err(invalid(
+                "parallelism.pipeline_parallel_chunks",
+                "must be at least 1",
+            ));
+        }
+        let kind: ScheduleKind = p.pipeline_parallel_schedule.parse().map_err(|_| {
+            invalid(
+                "parallelism.pipeline_parallel_schedule",
+                format!(
+                    "unknown schedule {:?}; known: {}",
+                    p.pipeline_parallel_schedule,
+                    ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
+                ),
+            )
+        })?;
+        if let Some(limit) = p.memory_limit {
+            if !kind.is_adaptive() {
+                return Err(invalid(
+                    "parallelism.memory_limit",
+                    format!("applies to adaptive-v and adaptive-zb, not to {kind}"),
+                ));
+            }
+            if !(limit.is_finite() && limit > 0.0) {
+                return Err(invalid(
+                    "parallelism.memory_limit",
+                    format!("must be finite and > 0, got {limit}"),
+                ));
+            }
+        }
+        let n = self.microbatches();
+        let stages = kind.placement(d, p.pipeline_parallel_chunks).stages();
+        let pieces = self.model.layers + 2;
+        if stages > pieces {
+            return Err(invalid(
+                "model.layers",
+                format!(
+                    "{kind} on {d} workers has {stages} stages but the model has only {pieces} \
+                     pieces (embedding, {} blocks, head); use at least {} layers",
+                    self.model.layers,
+                    stages - 2
+                ),
+            ));
+        }
+        let request = Request {
+            chunks: p.pipeline_parallel_chunks,
+            memory_limit: p.memory_limit,
+            ..Request::new(kind, d, n)
+        };
+        let schedule = generate(&request).map_err(|e| match e {
+            Error::MemoryLimit { smallest, .. } => invalid(
+                "parallelism.memory_limit",
+                format!("no {kind} schedule fits; the smallest limit that fits is {smallest}"),
+            ),
+            Error::Unsupported { reason, .. } => invalid(
+                "parallelism.pipeline_parallel_schedule",
+                format!("{kind} does not support {reason}"),
+            ),
+            other => other,
+        })?;
+        if self.checkpoint.enable_checkpoint {
+            if self.checkpoint.interval == 0 {
+                return Err(invalid("checkpoint.interval", "must be at least 1 step"));
+            }
+            if self.checkpoint.folder.trim().is_empty() {
+                return Err(invalid("checkpoint.folder", "must not be empty"));
+            }
+        }
+        if let Some(path) = &self.data.path
+            && path.trim().is_empty()
+        {
+            return Err(invalid("data.path", "must not be empty when given"));
+        }
+        Ok(JobPlan {
+            kind,
+            microbatches: n,
+            schedule,
+        })
+    }
+}
+
+/// `model.<field>` for a field name the model spec reports.
+fn model_field(field: &'static str) -> &'static str {
+    match field {
+        "vocab" => "model.vocab",
+        "hidden" => "model.hidden",
+        "heads" => "model.heads",
+        "layers" => "model.layers",
+        "seq_len" => "model.seq_len",
+        "dtype" => "model.dtype",
+        other => other,
+    }
+}
+
+/// A small valid job (the `pipewise local` default model), for tests and examples.
+pub fn example(workers: u32, schedule: &str) -> JobSpec {
+    JobSpec {
+        job: JobSection {
+            name: "example".into(),
+            description: String::new(),
+        },
+        model: ModelSpec {
+            vocab: 256,
+            hidden: 64,
+            heads: 4,
+            layers: 8,
+            seq_len: 32,
+            dtype: DType::F32,
+        },
+        training: Training {
+            global_batch_size: 8,
+            steps: 20,
+            seed: 42,
+            max_norm: 1.0,
+        },
+        optimizer: Optimizer::default(),
+        parallelism: Parallelism {
+            pipeline_parallel_degree: workers,
+            pipeline_parallel_schedule: schedule.into(),
+            pipeline_parallel_microbatch_size: 1,
+            pipeline_parallel_chunks: 2,
+            memory_limit: None,
+        },
+        checkpoint: Checkpoint::default(),
+        data: Data::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(spec: &JobSpec) -> &'static str {
+        match spec.validate() {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn example_validates_and_round_trips_through_toml() {
+        let spec = example(4, "v-half");
+        let plan = spec.validate().expect("valid");
+        assert_eq!(plan.microbatches, 8);
+        assert_eq!(plan.schedule.num_workers(), 4);
+        let text = spec.to_toml().expect("toml");
+        assert_eq!(JobSpec::from_toml(&text).expect("parses"), spec);
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        type Edit = fn(&mut JobSpec);
+        let cases: Vec<(&str, Edit)> = vec![
+            ("job.name", |s| s.job.name = " ".into()),
+            ("model.hidden", |s| s.model.hidden = 0),
+            ("model.heads", |s| s.model.heads = 3),
+            ("training.steps", |s| s.training.steps = 0),
+            ("training.global_batch_size", |s| {
+                s.training.global_batch_size = 0
+            }),
+            ("training.global_batch_size", |s| {
+                s.parallelism.pipeline_parallel_microbatch_size = 3
+            }),
+            ("training.max_norm", |s| s.training.max_norm = -1.0),
+            ("optimizer.lr", |s| s.optimizer.lr = f64::NAN),
+            ("optimizer.weight_decay", |s| {
+                s.optimizer.weight_decay = -0.1
+            }),
+            ("optimizer.beta2", |s| s.optimizer.beta2 = 1.0),
+            ("optimizer.eps", |s| s.optimizer.eps = 0.0),
+            ("parallelism.pipeline_parallel_degree", |s| {
+                s.parallelism.pipeline_parallel_degree = 0
+            }),
+            ("parallelism.pipeline_parallel_microbatch_size", |s| {
+                s.parallelism.pipeline_parallel_microbatch_size = 0
+            }),
+            ("parallelism.pipeline_parallel_schedule", |s| {
+                s.parallelism.pipeline_parallel_schedule = "2f2b".into()
+            }),
+            ("parallelism.pipeline_parallel_schedule", |s| {
+                // DualPipeV needs 2 × workers microbatches: 8 < 2 × 8.
+                s.parallelism.pipeline_parallel_schedule = "dualpipe-v".into();
+                s.parallelism.pipeline_parallel_degree = 8;
+                s.model.layers = 16;
+            }),
+            ("parallelism.pipeline_parallel_chunks", |s| {
+                s.parallelism.pipeline_parallel_chunks = 0
+            }),
+            ("parallelism.memory_limit", |s| {
+                s.parallelism.memory_limit = Some(2.0)
+            }),
+            ("parallelism.memory_limit", |s| {
+                s.parallelism.pipeline_parallel_schedule = "adaptive-v".into();
+                s.parallelism.memory_limit = Some(0.25);
+            }),
+            ("model.layers", |s| {
+                s.parallelism.pipeline_parallel_degree = 8
+            }),
+            ("checkpoint.interval", |s| {
+                s.checkpoint.enable_checkpoint = true;
+                s.checkpoint.interval = 0;
+            }),
+            ("data.path", |s| s.data.path = Some(String::new())),
+        ];
+        for (expected, edit) in cases {
+            let mut spec = example(4, "v-half");
+            edit(&mut spec);
+            assert_eq!(field_of(&spec), expected, "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn toml_errors_name_the_key() {
+        let mut text = example(2, "1f1b").to_toml().expect("toml");
+        text = text.replace("[training]", "[training]\nsteps_typo = 3");
+        match JobSpec::from_toml(&text) {
+            Err(Error::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "toml");
+                assert!(reason.contains("steps_typo"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(JobSpec::from_toml("not toml [").is_err());
+    }
+
+    #[test]
+    fn smallest_memory_limit_is_reported() {
+        let mut spec = example(4, "adaptive-v");
+        spec.parallelism.memory_limit = Some(0.25);
+        match spec.validate() {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains("smallest limit that fits"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
