@@ -16,6 +16,9 @@
 //! - [`trainer`]: the single-device reference trainer (the whole model as one stage).
 //! - [`data`]: byte-level corpus (a generated default one or a text file) and a seeded
 //!   window sampler.
+//! - [`runtime`]: the pipeline executor ([`runtime::WorkerRuntime`] runs a worker's program
+//!   of a schedule for one step), the worker-to-worker [`runtime::Transport`] and
+//!   [`runtime::run_local`] (all workers on threads of one process).
 //! - [`rng`]: the deterministic host-side random source.
 //! - [`test_utils`]: [`test_device!`] and device helpers for tests.
 //! - [`error`]: the crate's one error type.
@@ -31,6 +34,7 @@ pub mod optim;
 pub mod param;
 mod piece;
 pub mod rng;
+pub mod runtime;
 pub mod stage;
 pub mod test_utils;
 pub mod trainer;

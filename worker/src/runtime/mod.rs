@@ -1,0 +1,17 @@
+//! The pipeline runtime: a worker's stages executing its program of a schedule, with
+//! frames between workers through a [`Transport`] and the end-of-step collectives through a
+//! [`StepSync`].
+//!
+//! - [`executor`]: [`WorkerRuntime`] (one worker's step), [`StepSync`] and its in-process
+//!   [`LocalSync`], and [`run_local`] (every worker of a schedule on threads).
+//! - [`transport`]: [`Frame`], the [`Transport`] trait and the in-process
+//!   [`MemoryTransport`].
+
+pub mod executor;
+pub mod transport;
+
+pub use executor::{
+    DEFAULT_TIMEOUT, LocalOptions, LocalRun, LocalSync, StepReport, StepSync, WorkerRuntime,
+    WrapTransport, run_local, run_local_with,
+};
+pub use transport::{Frame, FrameKind, MemoryTransport, Transport};

@@ -1,0 +1,234 @@
+//! Worker-to-worker transport: the [`Transport`] trait the executor talks to, and
+//! [`MemoryTransport`], in-process mailboxes for workers running on threads.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+
+use crate::error::{Error, Result};
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    /// The output of `F` of stage `s − 1`, the input of `F` of stage `s`.
+    Activation,
+    /// The input gradient from `B`/`BW` of stage `s + 1`, the output gradient of stage `s`.
+    Gradient,
+}
+
+impl fmt::Display for FrameKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FrameKind::Activation => "activation",
+            FrameKind::Gradient => "gradient",
+        })
+    }
+}
+
+/// One tensor travelling between workers, addressed to its consumer.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The training job.
+    pub job: u64,
+    /// The training step (0-based).
+    pub step: u64,
+    /// The stage that consumes the tensor.
+    pub stage: u32,
+    /// The microbatch.
+    pub mb: u32,
+    /// Activation or gradient.
+    pub kind: FrameKind,
+    /// Hidden states or their gradient, `[b, t, h]` in the model dtype.
+    pub tensor: Tensor,
+}
+
+/// Worker-to-worker transport.
+///
+/// `send` must not block on the receiver's progress (it buffers); `recv` blocks until the
+/// frame addressed to `(stage, mb, kind)` arrives or `timeout` passes (an error), and rejects
+/// a frame whose `job` or `step` does not match the one asked for.
+pub trait Transport: Send + Sync {
+    /// Sends `frame` to worker `to_worker`.
+    fn send(&self, to_worker: u32, frame: Frame) -> Result<()>;
+
+    /// Waits for the frame of `(job, step, stage, mb, kind)` addressed to this worker and
+    /// returns its tensor.
+    fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> Result<Tensor>;
+}
+
+/// The mailbox key: who consumes the frame.
+type Key = (u32, u32, FrameKind);
+
+#[derive(Debug, Default)]
+struct MailboxState {
+    frames: HashMap<Key, VecDeque<Frame>>,
+    aborted: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Mailbox {
+    state: Mutex<MailboxState>,
+    arrived: Condvar,
+}
+
+impl Mailbox {
+    fn lock(&self) -> MutexGuard<'_, MailboxState> {
+        // A panic while holding the lock cannot leave the map half-updated (every update is
+        // one insert or remove), so a poisoned lock is still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// In-process mailboxes for `N` workers: one map of frames per worker behind a mutex, with
+/// a condition variable to wake the receiver. [`MemoryTransport::network`] gives one handle
+/// per worker; a handle sends to any worker and receives from its own mailbox.
+#[derive(Debug, Clone)]
+pub struct MemoryTransport {
+    me: u32,
+    boxes: Arc<Vec<Mailbox>>,
+}
+
+impl MemoryTransport {
+    /// Handles for `workers` workers sharing one set of mailboxes; handle `w` is worker `w`'s.
+    pub fn network(workers: u32) -> Vec<MemoryTransport> {
+        let boxes: Arc<Vec<Mailbox>> = Arc::new((0..workers).map(|_| Mailbox::default()).collect());
+        (0..workers)
+            .map(|me| MemoryTransport {
+                me,
+                boxes: Arc::clone(&boxes),
+            })
+            .collect()
+    }
+
+    /// The worker whose mailbox this handle receives from.
+    pub fn worker(&self) -> u32 {
+        self.me
+    }
+
+    /// Worker count of the network.
+    pub fn workers(&self) -> u32 {
+        self.boxes.len() as u32
+    }
+
+    /// Frames waiting in this worker's mailbox.
+    pub fn queued(&self) -> usize {
+        self.boxes
+            .get(self.me as usize)
+            .map_or(0, |b| b.lock().frames.values().map(VecDeque::len).sum())
+    }
+
+    /// Stops the whole network: every pending and later `recv` on any handle fails at once
+    /// with `reason` (used when one worker fails, so the others do not wait for it).
+    pub fn abort(&self, reason: &str) {
+        for b in self.boxes.iter() {
+            let mut state = b.lock();
+            if state.aborted.is_none() {
+                state.aborted = Some(reason.to_string());
+            }
+            b.arrived.notify_all();
+        }
+    }
+
+    fn mailbox(&self, worker: u32) -> Result<&Mailbox> {
+        self.boxes
+            .get(worker as usize)
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "worker",
+                reason: format!(
+                    "worker {worker} is not in this {}-worker network",
+                    self.boxes.len()
+                ),
+            })
+    }
+}
+
+fn frame_error(reason: String) -> Error {
+    Error::InvalidArgument {
+        field: "frame",
+        reason,
+    }
+}
+
+impl Transport for MemoryTransport {
+    fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
+        let mailbox = self.mailbox(to_worker)?;
+        let mut state = mailbox.lock();
+        if let Some(reason) = &state.aborted {
+            return Err(frame_error(format!(
+                "send to worker {to_worker}: the network was aborted ({reason})"
+            )));
+        }
+        state
+            .frames
+            .entry((frame.stage, frame.mb, frame.kind))
+            .or_default()
+            .push_back(frame);
+        mailbox.arrived.notify_all();
+        Ok(())
+    }
+
+    fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> Result<Tensor> {
+        let mailbox = self.mailbox(self.me)?;
+        let deadline = Instant::now() + timeout;
+        let key = (stage, mb, kind);
+        let mut state = mailbox.lock();
+        loop {
+            if let Some(reason) = &state.aborted {
+                return Err(frame_error(format!(
+                    "worker {}: waiting for the {kind} of stage {stage} microbatch {mb}: the \
+                     network was aborted ({reason})",
+                    self.me
+                )));
+            }
+            let queue = state.frames.get_mut(&key);
+            if let Some(frame) = queue.and_then(VecDeque::pop_front) {
+                if state.frames.get(&key).is_some_and(VecDeque::is_empty) {
+                    state.frames.remove(&key);
+                }
+                if frame.job != job || frame.step != step {
+                    return Err(frame_error(format!(
+                        "worker {}: the {kind} of stage {stage} microbatch {mb} belongs to job \
+                         {} step {}, expected job {job} step {step}",
+                        self.me, frame.job, frame.step
+                    )));
+                }
+                return Ok(frame.tensor);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(frame_error(format!(
+                    "worker {}: timed out after {:.3} s waiting for the {kind} of stage {stage} \
+                     microbatch {mb} (job {job} step {step})",
+                    self.me,
+                    timeout.as_secs_f64()
+                )));
+            }
+            state = mailbox
+                .arrived
+                .wait_timeout(state, deadline - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! The pipeline executor trains exactly like the single-device reference trainer under every
+//! schedule family, rejects malformed frames without hanging, and hands tensors between
+//! stages of one worker in memory.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use pipewise_common::generate::{Request, ScheduleKind, generate};
+use pipewise_common::model::{DType as SpecDType, ModelSpec};
+use pipewise_common::schedule::Schedule;
+use pipewise_worker::runtime::{
+    Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, Transport, WorkerRuntime,
+    run_local, run_local_with,
+};
+use pipewise_worker::test_utils::max_abs_diff;
+use pipewise_worker::{AdamW, Batch, Corpus, Result, Sampler, Stage, Trainer};
+
+const SEED: u64 = 7;
+const MICROBATCHES: u32 = 8;
+const TOLERANCE: f64 = 1e-5;
+
+fn spec(layers: u32) -> ModelSpec {
+    ModelSpec {
+        vocab: 256,
+        hidden: 32,
+        heads: 2,
+        layers,
+        seq_len: 16,
+        dtype: SpecDType::F32,
+    }
+}
+
+/// A large learning rate so parameters move visibly, and a clip threshold the early steps
+/// exceed (the clipped and the unclipped path both run).
+fn adamw() -> AdamW {
+    AdamW {
+        lr: 1e-2,
+        weight_decay: 0.1,
+        max_grad_norm: Some(0.5),
+        ..AdamW::default()
+    }
+}
+
+fn batches(spec: &ModelSpec, steps: u64, n: u32) -> Result<Vec<Vec<Batch>>> {
+    let corpus = Corpus::generated();
+    let sampler = Sampler {
+        seed: 3,
+        microbatch_size: 2,
+        seq_len: spec.seq_len as usize,
+    };
+    (0..steps)
+        .map(|step| sampler.step(&corpus, step, n, &Device::Cpu))
+        .collect()
+}
+
+struct Reference {
+    losses: Vec<f64>,
+    grad_norms: Vec<f64>,
+    params: BTreeMap<String, Tensor>,
+}
+
+fn reference(spec: &ModelSpec, steps: &[Vec<Batch>]) -> Result<Reference> {
+    let mut trainer = Trainer::new(spec, SEED, &Device::Cpu, adamw())?;
+    let mut losses = Vec::new();
+    let mut grad_norms = Vec::new();
+    for batches in steps {
+        let stats = trainer.train_step(batches)?;
+        losses.push(stats.loss);
+        grad_norms.push(stats.grad_norm);
+    }
+    let params = trainer
+        .stage()
+        .params()
+        .map(|p| (p.name.clone(), p.value.clone()))
+        .collect();
+    Ok(Reference {
+        losses,
+        grad_norms,
+        params,
+    })
+}
+
+fn schedule(kind: ScheduleKind, workers: u32, chunks: u32) -> Schedule {
+    let mut req = Request::new(kind, workers, MICROBATCHES);
+    req.chunks = chunks;
+    match generate(&req) {
+        Ok(s) => s,
+        Err(e) => panic!("{kind} on {workers} workers: {e}"),
+    }
+}
+
+/// Trains `steps` steps of `kind` on `workers` workers and compares losses and final
+/// parameters with the reference trainer; returns the largest differences.
+fn matches_reference(
+    kind: ScheduleKind,
+    workers: u32,
+    chunks: u32,
+    layers: u32,
+    steps: u64,
+) -> Result<()> {
+    let spec = spec(layers);
+    let data = batches(&spec, steps, MICROBATCHES)?;
+    let reference = reference(&spec, &data)?;
+    let schedule = schedule(kind, workers, chunks);
+    let started = Instant::now();
+    let run = run_local(&schedule, &spec, SEED, adamw(), &Device::Cpu, &data)?;
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(run.losses.len(), data.len());
+    let loss_diff = run
+        .losses
+        .iter()
+        .zip(&reference.losses)
+        .map(|(&a, &b)| (f64::from(a) - b).abs())
+        .fold(0.0, f64::max);
+    assert_eq!(run.params.len(), reference.params.len(), "parameter count");
+    let mut param_diff: f64 = 0.0;
+    for (name, want) in &reference.params {
+        let Some(got) = run.params.get(name) else {
+            panic!("{kind}: no parameter {name} after the pipeline run");
+        };
+        param_diff = param_diff.max(max_abs_diff(got, want)?);
+    }
+    let mut moved: f64 = 0.0;
+    let init = Stage::whole(&spec, SEED, &Device::Cpu)?;
+    for p in init.params() {
+        if let Some(want) = reference.params.get(&p.name) {
+            moved = moved.max(max_abs_diff(&p.value, want)?);
+        }
+    }
+    let norm_diff = run
+        .reports
+        .iter()
+        .zip(&reference.grad_norms)
+        .flat_map(|(workers, &want)| workers.iter().map(move |r| (r.grad_norm - want).abs()))
+        .fold(0.0, f64::max);
+    let clipped = reference.grad_norms.iter().filter(|&&g| g > 0.5).count();
+    eprintln!(
+        "{kind:>16} d={workers} stages={} n={MICROBATCHES} steps={steps}: max |Δloss| {loss_diff:.2e}, \
+         max |Δparam| {param_diff:.2e} (params moved up to {moved:.2e}), max |Δgrad norm| \
+         {norm_diff:.2e}, {clipped}/{steps} steps clipped, losses {:.4} → {:.4}, {secs:.2} s",
+        schedule.placement.stages(),
+        reference.losses[0],
+        reference.losses[reference.losses.len() - 1],
+    );
+    assert!(
+        loss_diff <= TOLERANCE,
+        "{kind}: losses differ by {loss_diff}"
+    );
+    assert!(
+        param_diff <= TOLERANCE,
+        "{kind}: parameters differ by {param_diff}"
+    );
+    assert!(moved > 1e-3, "training must move the parameters ({moved})");
+    assert!(clipped > 0, "at least one step should be clipped");
+    for (step, workers) in run.reports.iter().enumerate() {
+        let losses: Vec<Option<f32>> = workers.iter().map(|r| r.loss).collect();
+        assert!(
+            losses.iter().all(|&l| l == losses[0] && l.is_some()),
+            "step {step}: every worker knows the same loss: {losses:?}"
+        );
+        for r in workers {
+            assert!(r.busy_secs <= r.wall_secs + 1e-9);
+            assert!(r.peak_stash_bytes > 0);
+        }
+    }
+    Ok(())
+}
+
+macro_rules! exact {
+    ($name:ident, $kind:expr, $workers:expr, $chunks:expr, $layers:expr, $steps:expr) => {
+        #[test]
+        fn $name() -> Result<()> {
+            matches_reference($kind, $workers, $chunks, $layers, $steps)
+        }
+    };
+}
+
+exact!(gpipe_matches_reference, ScheduleKind::GPipe, 4, 1, 8, 5);
+exact!(
+    one_f1b_matches_reference,
+    ScheduleKind::OneFOneB,
+    4,
+    1,
+    8,
+    5
+);
+exact!(
+    interleaved_matches_reference,
+    ScheduleKind::Interleaved1F1B,
+    4,
+    2,
+    8,
+    5
+);
+exact!(zb_h1_matches_reference, ScheduleKind::ZbH1, 4, 1, 8, 5);
+exact!(zb_h2_matches_reference, ScheduleKind::ZbH2, 4, 1, 8, 5);
+exact!(v_min_matches_reference, ScheduleKind::VMin, 4, 1, 8, 5);
+exact!(v_half_matches_reference, ScheduleKind::VHalf, 4, 1, 8, 5);
+exact!(v_zb_matches_reference, ScheduleKind::VZb, 4, 1, 8, 5);
+exact!(
+    adaptive_v_matches_reference,
+    ScheduleKind::AdaptiveV,
+    4,
+    1,
+    8,
+    5
+);
+exact!(one_f1b_1_worker, ScheduleKind::OneFOneB, 1, 1, 8, 5);
+exact!(one_f1b_2_workers, ScheduleKind::OneFOneB, 2, 1, 8, 5);
+exact!(one_f1b_8_workers, ScheduleKind::OneFOneB, 8, 1, 14, 5);
+exact!(v_half_1_worker, ScheduleKind::VHalf, 1, 1, 8, 5);
+exact!(v_half_2_workers, ScheduleKind::VHalf, 2, 1, 8, 5);
+exact!(v_half_8_workers, ScheduleKind::VHalf, 8, 1, 14, 5);
+
+/// A transport that counts sends (and can corrupt one frame) before passing it on.
+struct Wrapped {
+    inner: MemoryTransport,
+    sends: Arc<AtomicUsize>,
+    corrupt: Option<fn(Frame) -> Frame>,
+}
+
+impl Transport for Wrapped {
+    fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
+        self.sends.fetch_add(1, Ordering::SeqCst);
+        let frame = match self.corrupt {
+            Some(f) if frame.mb == 1 => f(frame),
+            _ => frame,
+        };
+        self.inner.send(to_worker, frame)
+    }
+
+    fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> Result<Tensor> {
+        self.inner.recv(job, step, stage, mb, kind, timeout)
+    }
+}
+
+/// Sends per step: one activation and one gradient per microbatch for each pair of adjacent
+/// stages on different workers.
+fn cross_worker_frames(schedule: &Schedule) -> usize {
+    let p = &schedule.placement;
+    let crossings = (0..p.stages() - 1)
+        .filter(|&s| p.worker_of(s) != p.worker_of(s + 1))
+        .count();
+    2 * crossings * schedule.microbatches as usize
+}
+
+fn count_sends(schedule: &Schedule, layers: u32, steps: u64) -> Result<(usize, usize)> {
+    let spec = spec(layers);
+    let data = batches(&spec, steps, schedule.microbatches)?;
+    let reference = reference(&spec, &data)?;
+    let sends = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sends);
+    let wrap = move |_w: u32, inner: MemoryTransport| -> Box<dyn Transport> {
+        Box::new(Wrapped {
+            inner,
+            sends: Arc::clone(&counter),
+            corrupt: None,
+        })
+    };
+    let options = LocalOptions {
+        wrap: Some(&wrap),
+        ..LocalOptions::default()
+    };
+    let run = run_local_with(
+        &schedule.clone(),
+        &spec,
+        SEED,
+        adamw(),
+        &Device::Cpu,
+        &data,
+        options,
+    )?;
+    for (name, want) in &reference.params {
+        let Some(got) = run.params.get(name) else {
+            panic!("no parameter {name}");
+        };
+        assert!(max_abs_diff(got, want)? <= TOLERANCE, "{name}");
+    }
+    Ok((
+        sends.load(Ordering::SeqCst),
+        cross_worker_frames(schedule) * steps as usize,
+    ))
+}
+
+#[test]
+fn v_turn_stays_in_memory() -> Result<()> {
+    let schedule = schedule(ScheduleKind::VHalf, 4, 1);
+    // Worker 3 holds stages 3 and 4: the turn is the one adjacent pair on one worker.
+    assert_eq!(
+        schedule.placement.worker_of(3),
+        schedule.placement.worker_of(4)
+    );
+    let (sends, expected) = count_sends(&schedule, 8, 2)?;
+    eprintln!("v-half d=4: {sends} sends over 2 steps, {expected} cross-worker dependencies");
+    assert_eq!(sends, expected);
+    assert_eq!(expected, 2 * 2 * 6 * MICROBATCHES as usize);
+    Ok(())
+}
+
+#[test]
+fn loop_chunks_on_one_worker_stay_in_memory() -> Result<()> {
+    // One worker with two loop chunks (and a 1-worker V): every dependency is local.
+    for (kind, chunks) in [
+        (ScheduleKind::Interleaved1F1B, 2),
+        (ScheduleKind::Interleaved1F1B, 3),
+        (ScheduleKind::VMin, 1),
+    ] {
+        let schedule = schedule(kind, 1, chunks);
+        let (sends, expected) = count_sends(&schedule, 8, 2)?;
+        eprintln!(
+            "{kind} d=1 stages={}: {sends} sends, {expected} cross-worker dependencies",
+            schedule.placement.stages()
+        );
+        assert_eq!((sends, expected), (0, 0));
+    }
+    // Two workers, two loop chunks each: every adjacent pair crosses.
+    let schedule = schedule(ScheduleKind::Interleaved1F1B, 2, 2);
+    let (sends, expected) = count_sends(&schedule, 8, 1)?;
+    assert_eq!(sends, expected);
+    assert_eq!(expected, 2 * 3 * MICROBATCHES as usize);
+    Ok(())
+}
+
+/// Worker 1 of a 2-worker 1F1B pipeline, with the frame `frame` waiting in its mailbox.
+fn receive_one(frame: Option<Frame>, timeout: Duration) -> Result<()> {
+    let spec = spec(2);
+    let mut req = Request::new(ScheduleKind::OneFOneB, 2, 2);
+    req.chunks = 1;
+    let schedule = generate(&req).map_err(pipewise_worker::Error::from)?;
+    let partition = Stage::even_split(&spec, 2)?;
+    let mut rt = WorkerRuntime::new(1, &schedule, &spec, &partition, SEED, &Device::Cpu, adamw())?;
+    rt.set_timeout(timeout);
+    let net = MemoryTransport::network(2);
+    if let Some(frame) = frame {
+        net[0].send(1, frame)?;
+    }
+    let data = batches(&spec, 1, 2)?;
+    let sync = LocalSync::new(1, timeout);
+    let started = Instant::now();
+    let result = rt.run_step(0, 0, &data[0], &net[1], &sync);
+    assert!(
+        started.elapsed() < timeout + Duration::from_secs(5),
+        "the worker must give up in time"
+    );
+    assert_eq!(
+        rt.stages().values().map(|s| s.stash_bytes()).sum::<u64>(),
+        0
+    );
+    result.map(|_| ())
+}
+
+fn activation(step: u64, shape: (usize, usize, usize)) -> Result<Frame> {
+    Ok(Frame {
+        job: 0,
+        step,
+        stage: 1,
+        mb: 0,
+        kind: FrameKind::Activation,
+        tensor: Tensor::zeros(shape, candle_core::DType::F32, &Device::Cpu)?,
+    })
+}
+
+#[test]
+fn malformed_frames_are_errors() -> Result<()> {
+    let timeout = Duration::from_secs(2);
+    let cases = [
+        (
+            "wrong shape",
+            activation(0, (2, 15, 32))?,
+            "expected [2, 16, 32]",
+        ),
+        (
+            "wrong hidden",
+            activation(0, (2, 16, 31))?,
+            "expected [2, 16, 32]",
+        ),
+        ("wrong step", activation(5, (2, 16, 32))?, "step 5"),
+        (
+            "wrong job",
+            Frame {
+                job: 9,
+                ..activation(0, (2, 16, 32))?
+            },
+            "job 9",
+        ),
+    ];
+    for (what, frame, needle) in cases {
+        let Err(e) = receive_one(Some(frame), timeout) else {
+            panic!("{what}: the step succeeded");
+        };
+        let msg = e.to_string();
+        eprintln!("{what}: {msg}");
+        assert!(msg.contains(needle), "{what}: {msg}");
+    }
+    let Err(e) = receive_one(None, Duration::from_millis(200)) else {
+        panic!("no frame: the step succeeded");
+    };
+    eprintln!("no frame: {e}");
+    assert!(e.to_string().contains("timed out"), "{e}");
+    Ok(())
+}
+
+fn shrink(frame: Frame) -> Frame {
+    let tensor = match frame.tensor.narrow(1, 0, 8) {
+        Ok(t) => t,
+        Err(e) => panic!("narrow: {e}"),
+    };
+    Frame { tensor, ..frame }
+}
+
+fn later_step(frame: Frame) -> Frame {
+    Frame {
+        step: frame.step + 1,
+        ..frame
+    }
+}
+
+#[test]
+fn corrupted_frame_stops_every_worker() -> Result<()> {
+    let spec = spec(8);
+    let data = batches(&spec, 2, MICROBATCHES)?;
+    for (what, corrupt) in [
+        ("shape", shrink as fn(Frame) -> Frame),
+        ("step", later_step as fn(Frame) -> Frame),
+    ] {
+        for kind in [ScheduleKind::OneFOneB, ScheduleKind::VHalf] {
+            let schedule = schedule(kind, 4, 1);
+            let sends = Arc::new(AtomicUsize::new(0));
+            let wrap = move |w: u32, inner: MemoryTransport| -> Box<dyn Transport> {
+                Box::new(Wrapped {
+                    inner,
+                    sends: Arc::clone(&sends),
+                    corrupt: (w == 1).then_some(corrupt),
+                })
+            };
+            let options = LocalOptions {
+                wrap: Some(&wrap),
+                timeout: Duration::from_secs(30),
+                ..LocalOptions::default()
+            };
+            let started = Instant::now();
+            let result = run_local_with(
+                &schedule,
+                &spec,
+                SEED,
+                adamw(),
+                &Device::Cpu,
+                &data,
+                options,
+            );
+            let secs = started.elapsed().as_secs_f64();
+            let Err(e) = result else {
+                panic!("{kind}: a corrupted {what} went unnoticed");
+            };
+            eprintln!("{kind}, corrupted {what}: {e} ({secs:.2} s)");
+            assert!(e.to_string().contains("frame"), "{e}");
+            assert!(
+                !e.to_string().contains("aborted"),
+                "the root cause is reported: {e}"
+            );
+            assert!(secs < 20.0, "the other workers stop at once ({secs} s)");
+        }
+    }
+    Ok(())
+}
