@@ -1,0 +1,409 @@
+//! Conversions between the `pipewise.v1` messages and the planning core's types.
+//!
+//! Core → proto never fails ([`From`]); proto → core checks every field
+//! ([`TryFrom`]) and names the offending one in [`ConvertError`].
+
+use pipewise_common::model::{DType, ModelSpec};
+use pipewise_common::{Pass, PassKind, Placement};
+
+use crate::v1;
+
+/// A message that does not describe a valid core value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConvertError {
+    /// An enum field holds a number the schema does not define.
+    #[error("{field}: unknown enum value {value}")]
+    UnknownEnum {
+        /// The field (`Pass.kind`, `Placement.kind`, ...).
+        field: &'static str,
+        /// The number found.
+        value: i32,
+    },
+    /// An enum field is left at its `*_UNSPECIFIED` zero value.
+    #[error("{field}: not set")]
+    Unspecified {
+        /// The field.
+        field: &'static str,
+    },
+    /// A required message field is missing.
+    #[error("{field}: missing")]
+    Missing {
+        /// The field.
+        field: &'static str,
+    },
+    /// A field's value is out of range or contradicts another field.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Why it is rejected.
+        reason: String,
+    },
+}
+
+// === PassKind ===
+
+impl From<PassKind> for v1::PassKind {
+    fn from(kind: PassKind) -> Self {
+        match kind {
+            PassKind::F => v1::PassKind::F,
+            PassKind::B => v1::PassKind::B,
+            PassKind::W => v1::PassKind::W,
+            PassKind::BW => v1::PassKind::Bw,
+        }
+    }
+}
+
+/// Reads a `PassKind` enum field (`field` names it in errors).
+pub fn pass_kind(value: i32, field: &'static str) -> Result<PassKind, ConvertError> {
+    match v1::PassKind::try_from(value) {
+        Ok(v1::PassKind::F) => Ok(PassKind::F),
+        Ok(v1::PassKind::B) => Ok(PassKind::B),
+        Ok(v1::PassKind::W) => Ok(PassKind::W),
+        Ok(v1::PassKind::Bw) => Ok(PassKind::BW),
+        Ok(v1::PassKind::Unspecified) => Err(ConvertError::Unspecified { field }),
+        Err(_) => Err(ConvertError::UnknownEnum { field, value }),
+    }
+}
+
+// === Pass ===
+
+impl From<Pass> for v1::Pass {
+    fn from(pass: Pass) -> Self {
+        v1::Pass {
+            kind: v1::PassKind::from(pass.kind) as i32,
+            stage: pass.stage,
+            mb: pass.mb,
+        }
+    }
+}
+
+impl TryFrom<v1::Pass> for Pass {
+    type Error = ConvertError;
+
+    fn try_from(pass: v1::Pass) -> Result<Self, Self::Error> {
+        Ok(Pass::new(
+            pass_kind(pass.kind, "Pass.kind")?,
+            pass.stage,
+            pass.mb,
+        ))
+    }
+}
+
+/// A worker's program (its passes of one step, in order) as messages.
+pub fn program_to_proto(program: &[Pass]) -> Vec<v1::Pass> {
+    program.iter().map(|&p| p.into()).collect()
+}
+
+/// A worker's program from messages; the first bad pass fails the whole program.
+pub fn program_from_proto(program: Vec<v1::Pass>) -> Result<Vec<Pass>, ConvertError> {
+    program.into_iter().map(Pass::try_from).collect()
+}
+
+// === Placement ===
+
+impl From<&Placement> for v1::Placement {
+    fn from(placement: &Placement) -> Self {
+        let (kind, chunks) = match placement {
+            Placement::OnePerWorker { .. } => (v1::PlacementKind::OnePerWorker, 0),
+            Placement::Loop { chunks, .. } => (v1::PlacementKind::Loop, *chunks),
+            Placement::V { .. } => (v1::PlacementKind::V, 0),
+            Placement::Explicit { .. } => (v1::PlacementKind::Explicit, 0),
+        };
+        v1::Placement {
+            kind: kind as i32,
+            workers: placement.workers(),
+            chunks,
+            worker_of: placement.table(),
+        }
+    }
+}
+
+impl From<Placement> for v1::Placement {
+    fn from(placement: Placement) -> Self {
+        (&placement).into()
+    }
+}
+
+impl TryFrom<v1::Placement> for Placement {
+    type Error = ConvertError;
+
+    fn try_from(msg: v1::Placement) -> Result<Self, Self::Error> {
+        let workers = msg.workers;
+        let placement = match v1::PlacementKind::try_from(msg.kind) {
+            Ok(v1::PlacementKind::OnePerWorker) => Placement::OnePerWorker { workers },
+            Ok(v1::PlacementKind::Loop) => Placement::Loop {
+                workers,
+                chunks: msg.chunks,
+            },
+            Ok(v1::PlacementKind::V) => Placement::V { workers },
+            Ok(v1::PlacementKind::Explicit) => Placement::Explicit {
+                worker_of: msg.worker_of.clone(),
+                workers,
+            },
+            Ok(v1::PlacementKind::Unspecified) => {
+                return Err(ConvertError::Unspecified {
+                    field: "Placement.kind",
+                });
+            }
+            Err(_) => {
+                return Err(ConvertError::UnknownEnum {
+                    field: "Placement.kind",
+                    value: msg.kind,
+                });
+            }
+        };
+        placement.check().map_err(|e| ConvertError::Invalid {
+            field: match &e {
+                pipewise_common::Error::InvalidArgument {
+                    field: "chunks", ..
+                } => "Placement.chunks",
+                pipewise_common::Error::InvalidArgument {
+                    field: "workers", ..
+                } => "Placement.workers",
+                _ => "Placement.worker_of",
+            },
+            reason: e.to_string(),
+        })?;
+        // The table is always sent; for named shapes it must agree with the shape.
+        if !msg.worker_of.is_empty() && msg.worker_of != placement.table() {
+            return Err(ConvertError::Invalid {
+                field: "Placement.worker_of",
+                reason: format!(
+                    "table {:?} is not the {placement} table {:?}",
+                    msg.worker_of,
+                    placement.table()
+                ),
+            });
+        }
+        Ok(placement)
+    }
+}
+
+// === DType and ModelSpec ===
+
+impl From<DType> for v1::Dtype {
+    fn from(dtype: DType) -> Self {
+        match dtype {
+            DType::F32 => v1::Dtype::F32,
+            DType::F16 => v1::Dtype::F16,
+            DType::BF16 => v1::Dtype::Bf16,
+        }
+    }
+}
+
+/// Reads a `Dtype` enum field (`field` names it in errors).
+pub fn dtype(value: i32, field: &'static str) -> Result<DType, ConvertError> {
+    match v1::Dtype::try_from(value) {
+        Ok(v1::Dtype::F32) => Ok(DType::F32),
+        Ok(v1::Dtype::F16) => Ok(DType::F16),
+        Ok(v1::Dtype::Bf16) => Ok(DType::BF16),
+        Ok(v1::Dtype::Unspecified) => Err(ConvertError::Unspecified { field }),
+        Err(_) => Err(ConvertError::UnknownEnum { field, value }),
+    }
+}
+
+impl From<&ModelSpec> for v1::ModelSpec {
+    fn from(spec: &ModelSpec) -> Self {
+        v1::ModelSpec {
+            vocab: spec.vocab,
+            hidden: spec.hidden,
+            heads: spec.heads,
+            layers: spec.layers,
+            seq_len: spec.seq_len,
+            dtype: v1::Dtype::from(spec.dtype) as i32,
+        }
+    }
+}
+
+impl TryFrom<v1::ModelSpec> for ModelSpec {
+    type Error = ConvertError;
+
+    fn try_from(msg: v1::ModelSpec) -> Result<Self, Self::Error> {
+        let spec = ModelSpec {
+            vocab: msg.vocab,
+            hidden: msg.hidden,
+            heads: msg.heads,
+            layers: msg.layers,
+            seq_len: msg.seq_len,
+            dtype: dtype(msg.dtype, "ModelSpec.dtype")?,
+        };
+        spec.validate().map_err(|e| ConvertError::Invalid {
+            field: match &e {
+                pipewise_common::Error::InvalidArgument { field, .. } => match *field {
+                    "vocab" => "ModelSpec.vocab",
+                    "hidden" => "ModelSpec.hidden",
+                    "heads" => "ModelSpec.heads",
+                    "layers" => "ModelSpec.layers",
+                    "seq_len" => "ModelSpec.seq_len",
+                    _ => "ModelSpec",
+                },
+                _ => "ModelSpec",
+            },
+            reason: e.to_string(),
+        })?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pass_round_trips() {
+        for kind in PassKind::ALL {
+            for (stage, mb) in [(0, 0), (3, 17), (u32::MAX, u32::MAX)] {
+                let pass = Pass::new(kind, stage, mb);
+                let msg = v1::Pass::from(pass);
+                assert_eq!(Pass::try_from(msg), Ok(pass));
+            }
+        }
+    }
+
+    #[test]
+    fn program_round_trips() {
+        let program = vec![Pass::f(0, 0), Pass::f(7, 0), Pass::b(7, 0), Pass::w(7, 0)];
+        let msgs = program_to_proto(&program);
+        assert_eq!(program_from_proto(msgs), Ok(program));
+    }
+
+    #[test]
+    fn bad_pass_kind_names_the_field() {
+        let unknown = v1::Pass {
+            kind: 42,
+            stage: 0,
+            mb: 0,
+        };
+        assert_eq!(
+            Pass::try_from(unknown),
+            Err(ConvertError::UnknownEnum {
+                field: "Pass.kind",
+                value: 42
+            })
+        );
+        let unset = v1::Pass::default();
+        let err = Pass::try_from(unset).expect_err("unspecified kind");
+        assert_eq!(err, ConvertError::Unspecified { field: "Pass.kind" });
+        assert!(err.to_string().contains("Pass.kind"), "{err}");
+    }
+
+    #[test]
+    fn placement_round_trips() {
+        let placements = [
+            Placement::OnePerWorker { workers: 4 },
+            Placement::Loop {
+                workers: 3,
+                chunks: 2,
+            },
+            Placement::V { workers: 4 },
+            Placement::Explicit {
+                worker_of: vec![1, 0, 0, 1, 1],
+                workers: 2,
+            },
+        ];
+        for placement in placements {
+            let msg = v1::Placement::from(&placement);
+            assert_eq!(msg.worker_of, placement.table());
+            assert_eq!(Placement::try_from(msg), Ok(placement));
+        }
+    }
+
+    #[test]
+    fn bad_placements_name_the_field() {
+        let field_of = |msg: v1::Placement| match Placement::try_from(msg) {
+            Err(
+                ConvertError::Invalid { field, .. }
+                | ConvertError::Unspecified { field }
+                | ConvertError::UnknownEnum { field, .. }
+                | ConvertError::Missing { field },
+            ) => field,
+            Ok(p) => panic!("accepted {p:?}"),
+        };
+        let v = v1::Placement::from(Placement::V { workers: 2 });
+        assert_eq!(
+            field_of(v1::Placement {
+                kind: 0,
+                ..v.clone()
+            }),
+            "Placement.kind"
+        );
+        assert_eq!(
+            field_of(v1::Placement {
+                kind: 9,
+                ..v.clone()
+            }),
+            "Placement.kind"
+        );
+        assert_eq!(
+            field_of(v1::Placement {
+                workers: 0,
+                worker_of: vec![],
+                ..v.clone()
+            }),
+            "Placement.workers"
+        );
+        assert_eq!(
+            field_of(v1::Placement {
+                worker_of: vec![0, 1, 0, 1],
+                ..v.clone()
+            }),
+            "Placement.worker_of"
+        );
+        assert_eq!(
+            field_of(v1::Placement {
+                kind: v1::PlacementKind::Loop as i32,
+                chunks: 0,
+                worker_of: vec![],
+                ..v.clone()
+            }),
+            "Placement.chunks"
+        );
+        assert_eq!(
+            field_of(v1::Placement {
+                kind: v1::PlacementKind::Explicit as i32,
+                worker_of: vec![0, 5],
+                ..v
+            }),
+            "Placement.worker_of"
+        );
+    }
+
+    #[test]
+    fn model_spec_round_trips_and_checks() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let spec = ModelSpec {
+                vocab: 256,
+                hidden: 64,
+                heads: 4,
+                layers: 2,
+                seq_len: 32,
+                dtype,
+            };
+            let msg = v1::ModelSpec::from(&spec);
+            assert_eq!(ModelSpec::try_from(msg), Ok(spec));
+        }
+        let bad = v1::ModelSpec {
+            vocab: 256,
+            hidden: 64,
+            heads: 5,
+            layers: 2,
+            seq_len: 32,
+            dtype: v1::Dtype::F32 as i32,
+        };
+        assert!(matches!(
+            ModelSpec::try_from(bad),
+            Err(ConvertError::Invalid {
+                field: "ModelSpec.heads",
+                ..
+            })
+        ));
+        let no_dtype = v1::ModelSpec { dtype: 0, ..bad };
+        assert_eq!(
+            ModelSpec::try_from(no_dtype),
+            Err(ConvertError::Unspecified {
+                field: "ModelSpec.dtype"
+            })
+        );
+    }
+}
