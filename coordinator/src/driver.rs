@@ -1,0 +1,109 @@
+//! The driver actor: one per running job. It runs the job's steps through the
+//! [`JobRunner`] on a blocking thread and reports every step and the outcome to the job
+//! manager. The coordinator is off the critical path: within a step, only the runner's
+//! workers talk to each other.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use pipewise_common::job::{JobPlan, JobSpec};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::job_manager::JobMsg;
+
+/// One step's report, as `WatchJob` streams it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepEventData {
+    /// Job id.
+    pub job: u64,
+    /// Step number (1-based).
+    pub step: u64,
+    /// Mean loss over the step's microbatches.
+    pub loss: f64,
+    /// Wall time of the step.
+    pub step_time_ms: f64,
+    /// The schedule's simulated bubble.
+    pub planned_bubble: f64,
+    /// Measured bubble: 1 − time in passes / (workers × step wall time).
+    pub measured_bubble: f64,
+    /// (worker, peak activation bytes) for every worker.
+    pub peaks: Vec<(u32, u64)>,
+    /// Why the job was re-planned before this step, if it was.
+    pub replan_reason: String,
+}
+
+/// Runs a job's steps. `pipewise local` provides one that runs the workers in this
+/// process (each with its own runtime, talking over real gRPC).
+pub trait JobRunner: Send + Sync + 'static {
+    /// Runs every step of `spec` under `plan` (blocking), calling `report` after each step
+    /// and stopping early when `cancelled` is set. An `Err` fails the job with that text.
+    fn run(
+        &self,
+        job: u64,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        report: &mut dyn FnMut(StepEventData),
+        cancelled: &AtomicBool,
+    ) -> Result<(), String>;
+}
+
+/// The driver of one job.
+pub struct Driver;
+
+/// What a driver starts with.
+pub struct DriverArgs {
+    /// Job id.
+    pub job: u64,
+    /// The spec.
+    pub spec: JobSpec,
+    /// Its plan.
+    pub plan: JobPlan,
+    /// Who runs the steps.
+    pub runner: Arc<dyn JobRunner>,
+    /// Set to stop after the current step.
+    pub cancelled: Arc<AtomicBool>,
+    /// The job manager, told about every step and the end.
+    pub manager: ActorRef<JobMsg>,
+}
+
+impl Actor for Driver {
+    type Msg = ();
+    type State = ();
+    type Arguments = DriverArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: DriverArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        let DriverArgs {
+            job,
+            spec,
+            plan,
+            runner,
+            cancelled,
+            manager,
+        } = args;
+        tokio::spawn(async move {
+            let progress = manager.clone();
+            let flag = cancelled.clone();
+            let outcome = tokio::task::spawn_blocking(move || {
+                let mut report = |event: StepEventData| {
+                    // The manager outlives its drivers; a failed send only loses a report.
+                    let _ = progress.cast(JobMsg::Progress(Box::new(event)));
+                };
+                runner.run(job, &spec, &plan, &mut report, &flag)
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("runner task failed: {e}")));
+            let was_cancelled = cancelled.load(std::sync::atomic::Ordering::SeqCst);
+            let _ = manager.cast(JobMsg::Finished {
+                job,
+                outcome,
+                cancelled: was_cancelled,
+            });
+            myself.stop(None);
+        });
+        Ok(())
+    }
+}

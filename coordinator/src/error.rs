@@ -1,0 +1,51 @@
+//! The coordinator's one error type, turned into a `tonic::Status` only at the gRPC edge.
+
+/// Everything that can go wrong in the coordinator.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The planning core refused the input (bad job spec, infeasible plan).
+    #[error(transparent)]
+    Plan(#[from] pipewise_common::Error),
+    /// The durable job store failed.
+    #[error("job store: {0}")]
+    Store(String),
+    /// No job with this id.
+    #[error("job {0} not found")]
+    NotFound(u64),
+    /// A request field is invalid.
+    #[error("invalid {field}: {reason}")]
+    BadRequest {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// An actor could not be reached or failed.
+    #[error("coordinator actor: {0}")]
+    Actor(String),
+}
+
+/// Convenient alias.
+pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;
+
+impl From<CoordinatorError> for tonic::Status {
+    fn from(e: CoordinatorError) -> tonic::Status {
+        match &e {
+            CoordinatorError::Plan(pipewise_common::Error::InvalidArgument { field, reason })
+            | CoordinatorError::BadRequest { field, reason } => {
+                tonic::Status::invalid_argument(format!("{field}: {reason}"))
+            }
+            CoordinatorError::Plan(other) => tonic::Status::invalid_argument(other.to_string()),
+            CoordinatorError::NotFound(_) => tonic::Status::not_found(e.to_string()),
+            CoordinatorError::Store(_) | CoordinatorError::Actor(_) => {
+                tonic::Status::internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl<T> From<ractor::RactorErr<T>> for CoordinatorError {
+    fn from(e: ractor::RactorErr<T>) -> CoordinatorError {
+        CoordinatorError::Actor(e.to_string())
+    }
+}

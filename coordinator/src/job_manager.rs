@@ -1,0 +1,272 @@
+//! The job manager actor: accepts, queues, lists and cancels jobs, keeps every job in the
+//! durable store, starts one driver at a time, and fans step events out to watchers. Jobs
+//! run one after another, in submission order: a second job never mixes with a running one.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pipewise_common::job::{JobPlan, JobSpec};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::broadcast;
+
+use crate::driver::{Driver, DriverArgs, JobRunner, StepEventData};
+use crate::error::{CoordinatorError, Result};
+use crate::planner::PlannerMsg;
+use crate::store::{JobRecord, JobState, JobStore};
+
+/// The job manager.
+pub struct JobManager;
+
+/// What the job manager starts with.
+pub struct JobManagerArgs {
+    /// The durable store.
+    pub store: JobStore,
+    /// The planner.
+    pub planner: ActorRef<PlannerMsg>,
+    /// Who runs jobs; `None`: jobs wait in the queue (no embedded workers).
+    pub runner: Option<Arc<dyn JobRunner>>,
+}
+
+/// Messages of the job manager.
+pub enum JobMsg {
+    /// Validate, plan, store and queue a job.
+    Submit(Box<JobSpec>, RpcReplyPort<Result<JobRecord>>),
+    /// One job.
+    Get(u64, RpcReplyPort<Result<JobRecord>>),
+    /// Every job.
+    List(RpcReplyPort<Vec<JobRecord>>),
+    /// Cancel a queued or running job.
+    Cancel(u64, RpcReplyPort<Result<JobRecord>>),
+    /// Subscribe to a job's step events (the stream ends when the job does).
+    Watch(
+        u64,
+        RpcReplyPort<Result<broadcast::Receiver<StepEventData>>>,
+    ),
+    /// A driver's step report.
+    Progress(Box<StepEventData>),
+    /// A driver finished.
+    Finished {
+        /// Job id.
+        job: u64,
+        /// `Err(reason)` if it failed.
+        outcome: std::result::Result<(), String>,
+        /// Whether it stopped because of a cancel.
+        cancelled: bool,
+    },
+}
+
+/// The job manager's state.
+pub struct JobManagerState {
+    store: JobStore,
+    planner: ActorRef<PlannerMsg>,
+    runner: Option<Arc<dyn JobRunner>>,
+    records: BTreeMap<u64, JobRecord>,
+    plans: HashMap<u64, (JobSpec, JobPlan)>,
+    queue: VecDeque<u64>,
+    running: Option<(u64, Arc<AtomicBool>)>,
+    watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
+}
+
+impl JobManagerState {
+    fn save(&mut self, record: JobRecord) -> Result<JobRecord> {
+        self.store.put(&record)?;
+        self.records.insert(record.id, record.clone());
+        Ok(record)
+    }
+
+    fn record(&self, id: u64) -> Result<JobRecord> {
+        self.records
+            .get(&id)
+            .cloned()
+            .ok_or(CoordinatorError::NotFound(id))
+    }
+}
+
+impl Actor for JobManager {
+    type Msg = JobMsg;
+    type State = JobManagerState;
+    type Arguments = JobManagerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: JobManagerArgs,
+    ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        let mut state = JobManagerState {
+            store: args.store,
+            planner: args.planner,
+            runner: args.runner,
+            records: BTreeMap::new(),
+            plans: HashMap::new(),
+            queue: VecDeque::new(),
+            running: None,
+            watchers: HashMap::new(),
+        };
+        for mut record in state.store.list()? {
+            // A job that was running when the coordinator stopped cannot resume without its
+            // workers' state: it is marked failed (a new job resumes from its checkpoint).
+            if record.state == JobState::Running || record.state == JobState::Queued {
+                record.state = JobState::Failed;
+                record.error = "the coordinator restarted before the job finished".into();
+                state.store.put(&record)?;
+            }
+            state.records.insert(record.id, record);
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        match msg {
+            JobMsg::Submit(spec, reply) => {
+                let outcome = submit(state, *spec).await;
+                let _ = reply.send(outcome);
+                start_next(&myself, state).await;
+            }
+            JobMsg::Get(id, reply) => {
+                let _ = reply.send(state.record(id));
+            }
+            JobMsg::List(reply) => {
+                let _ = reply.send(state.records.values().cloned().collect());
+            }
+            JobMsg::Cancel(id, reply) => {
+                let outcome = cancel(state, id);
+                let _ = reply.send(outcome);
+            }
+            JobMsg::Watch(id, reply) => {
+                let outcome = state.record(id).map(|record| {
+                    let (tx, rx) = broadcast::channel(1024);
+                    if record.state.is_final() {
+                        rx // the sender drops here: the stream ends at once
+                    } else {
+                        state.watchers.entry(id).or_insert(tx).subscribe()
+                    }
+                });
+                let _ = reply.send(outcome);
+            }
+            JobMsg::Progress(event) => {
+                if let Ok(mut record) = state.record(event.job) {
+                    record.step = event.step;
+                    record.last_loss = Some(event.loss);
+                    state.save(record)?;
+                }
+                if let Some(tx) = state.watchers.get(&event.job) {
+                    let _ = tx.send(*event);
+                }
+            }
+            JobMsg::Finished {
+                job,
+                outcome,
+                cancelled,
+            } => {
+                if let Ok(mut record) = state.record(job) {
+                    match outcome {
+                        Ok(()) if cancelled && record.step < record.steps => {
+                            record.state = JobState::Cancelled
+                        }
+                        Ok(()) => record.state = JobState::Succeeded,
+                        Err(e) => {
+                            record.state = JobState::Failed;
+                            record.error = e;
+                        }
+                    }
+                    state.save(record)?;
+                }
+                state.watchers.remove(&job);
+                state.plans.remove(&job);
+                state.running = None;
+                start_next(&myself, state).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn submit(state: &mut JobManagerState, spec: JobSpec) -> Result<JobRecord> {
+    let plan = ractor::call!(state.planner, PlannerMsg::Plan, Box::new(spec.clone()))??;
+    let id = state.records.keys().next_back().copied().unwrap_or(0) + 1;
+    let record = JobRecord {
+        id,
+        name: spec.job.name.clone(),
+        spec_toml: spec.to_toml()?,
+        state: JobState::Queued,
+        step: 0,
+        steps: u64::from(spec.training.steps),
+        last_loss: None,
+        error: String::new(),
+        last_checkpoint: String::new(),
+    };
+    let record = state.save(record)?;
+    state.plans.insert(id, (spec, plan));
+    state.queue.push_back(id);
+    tracing::info!(job = id, name = %record.name, "job queued");
+    Ok(record)
+}
+
+fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
+    let mut record = state.record(id)?;
+    if record.state.is_final() {
+        return Ok(record);
+    }
+    if let Some((running, flag)) = &state.running
+        && *running == id
+    {
+        flag.store(true, Ordering::SeqCst);
+        return Ok(record);
+    }
+    state.queue.retain(|q| *q != id);
+    state.plans.remove(&id);
+    state.watchers.remove(&id);
+    record.state = JobState::Cancelled;
+    state.save(record)
+}
+
+async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
+    if state.running.is_some() {
+        return;
+    }
+    let Some(runner) = state.runner.clone() else {
+        return;
+    };
+    while let Some(id) = state.queue.pop_front() {
+        let Some((spec, plan)) = state.plans.remove(&id) else {
+            continue;
+        };
+        let Ok(mut record) = state.record(id) else {
+            continue;
+        };
+        record.state = JobState::Running;
+        if let Err(e) = state.save(record) {
+            tracing::error!(job = id, "cannot store the job: {e}");
+        }
+        let flag = Arc::new(AtomicBool::new(false));
+        state
+            .watchers
+            .entry(id)
+            .or_insert_with(|| broadcast::channel(1024).0);
+        let args = DriverArgs {
+            job: id,
+            spec,
+            plan,
+            runner,
+            cancelled: flag.clone(),
+            manager: myself.clone(),
+        };
+        match Actor::spawn(None, Driver, args).await {
+            Ok(_) => state.running = Some((id, flag)),
+            Err(e) => {
+                let _ = myself.cast(JobMsg::Finished {
+                    job: id,
+                    outcome: Err(format!("cannot start the driver: {e}")),
+                    cancelled: false,
+                });
+            }
+        }
+        return;
+    }
+}

@@ -1,0 +1,145 @@
+//! `pipewise-coordinator`: takes training jobs over gRPC, plans them with the pure core, and
+//! drives them. Everything is a ractor actor, one per file, behind a tonic edge.
+//!
+//! # Layout
+//!
+//! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
+//!   order); persistence through [`store`]; starts a [`driver`] per running job.
+//! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`).
+//! - [`membership`]: worker registrations and heartbeats; who is alive.
+//! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
+//!   reports each step.
+//! - [`store`]: the durable job store (redb) in the data directory.
+//! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
+//!   `tonic::Status`.
+//! - [`error`]: the crate's one error type.
+//!
+//! [`Coordinator::start`] wires them together and serves gRPC (with health and reflection).
+
+pub mod driver;
+pub mod error;
+pub mod job_manager;
+pub mod membership;
+pub mod planner;
+pub mod service;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use pipewise_proto::v1::cluster_service_server::ClusterServiceServer;
+use pipewise_proto::v1::job_service_server::JobServiceServer;
+use ractor::{Actor, ActorRef};
+use tokio::net::TcpListener;
+
+pub use driver::{JobRunner, StepEventData};
+pub use error::{CoordinatorError, Result};
+
+use job_manager::{JobManager, JobManagerArgs, JobMsg};
+use membership::{Membership, MembershipMsg};
+use planner::Planner;
+use store::JobStore;
+
+/// A running coordinator: its address and actors. Dropping it does not stop the server;
+/// call [`Coordinator::shutdown`].
+pub struct Coordinator {
+    /// The address the gRPC server listens on.
+    pub addr: SocketAddr,
+    /// The job manager.
+    pub jobs: ActorRef<JobMsg>,
+    /// The membership actor.
+    pub membership: ActorRef<MembershipMsg>,
+    server: tokio::task::JoinHandle<()>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    actors: Vec<(ractor::ActorCell, tokio::task::JoinHandle<()>)>,
+}
+
+impl Coordinator {
+    /// Opens the store in `data_dir`, spawns the actors and serves gRPC on `listen`
+    /// (port 0 picks a free one). Jobs run through `runner`; without one they stay queued.
+    pub async fn start(
+        listen: SocketAddr,
+        data_dir: &Path,
+        runner: Option<Arc<dyn JobRunner>>,
+    ) -> Result<Coordinator> {
+        let store = JobStore::open(data_dir)?;
+        let (planner, planner_handle) = Actor::spawn(None, Planner, ())
+            .await
+            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let planner_cell = planner.get_cell();
+        let (membership, membership_handle) = Actor::spawn(None, Membership, ())
+            .await
+            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let (jobs, jobs_handle) = Actor::spawn(
+            None,
+            JobManager,
+            JobManagerArgs {
+                store,
+                planner,
+                runner,
+            },
+        )
+        .await
+        .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|e| CoordinatorError::Actor(format!("cannot listen on {listen}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let (health_reporter, health) = pipewise_proto::health_service();
+        health_reporter
+            .set_serving::<JobServiceServer<service::Jobs>>()
+            .await;
+        health_reporter
+            .set_serving::<ClusterServiceServer<service::Cluster>>()
+            .await;
+        let reflection = pipewise_proto::reflection_service()
+            .map_err(|e| CoordinatorError::Actor(format!("reflection: {e}")))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let router = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(JobServiceServer::new(service::Jobs {
+                manager: jobs.clone(),
+            }))
+            .add_service(ClusterServiceServer::new(service::Cluster {
+                membership: membership.clone(),
+            }));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tokio::spawn(async move {
+            let stop = async {
+                let _ = rx.await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::error!("coordinator server: {e}");
+            }
+        });
+        let actors = vec![
+            (jobs.get_cell(), jobs_handle),
+            (membership.get_cell(), membership_handle),
+            (planner_cell, planner_handle),
+        ];
+        Ok(Coordinator {
+            addr,
+            jobs,
+            membership,
+            server,
+            shutdown: Some(tx),
+            actors,
+        })
+    }
+
+    /// Stops the server and the actors, and waits for them (the store is closed on return).
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.server).await;
+        for (cell, handle) in self.actors.drain(..) {
+            cell.stop(None);
+            let _ = handle.await;
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The gRPC edge: `JobService` and `ClusterService` forward to the actors; errors become
+//! `tonic::Status` here and only here.
+
+use std::pin::Pin;
+
+use pipewise_common::job::JobSpec;
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::cluster_service_server::ClusterService;
+use pipewise_proto::v1::job_service_server::JobService;
+use ractor::ActorRef;
+use tokio::time::Instant;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status};
+
+use crate::driver::StepEventData;
+use crate::error::CoordinatorError;
+use crate::job_manager::JobMsg;
+use crate::membership::{Heartbeat, MembershipMsg, WorkerInfo};
+use crate::store::{JobRecord, JobState};
+
+/// `JobService` over the job manager.
+#[derive(Clone)]
+pub struct Jobs {
+    /// The job manager.
+    pub manager: ActorRef<JobMsg>,
+}
+
+/// `ClusterService` over the membership actor.
+#[derive(Clone)]
+pub struct Cluster {
+    /// The membership actor.
+    pub membership: ActorRef<MembershipMsg>,
+}
+
+fn status_of(r: &JobRecord) -> pb::JobStatus {
+    let state = match r.state {
+        JobState::Queued => pb::JobState::Queued,
+        JobState::Running => pb::JobState::Running,
+        JobState::Succeeded => pb::JobState::Succeeded,
+        JobState::Failed => pb::JobState::Failed,
+        JobState::Cancelled => pb::JobState::Cancelled,
+    };
+    pb::JobStatus {
+        id: r.id,
+        name: r.name.clone(),
+        state: state as i32,
+        step: r.step,
+        steps: r.steps,
+        last_loss: r.last_loss.unwrap_or(f64::NAN),
+        error: r.error.clone(),
+        last_checkpoint: r.last_checkpoint.clone(),
+    }
+}
+
+/// Applies the request's overrides on top of the TOML spec.
+pub fn spec_of(req: &pb::JobSpec) -> Result<JobSpec, CoordinatorError> {
+    let mut spec = JobSpec::from_toml(&req.toml)?;
+    if let Some(name) = &req.name {
+        spec.job.name = name.clone();
+    }
+    if let Some(steps) = req.steps {
+        spec.training.steps = u32::try_from(steps).map_err(|_| CoordinatorError::BadRequest {
+            field: "steps",
+            reason: format!("{steps} does not fit in 32 bits"),
+        })?;
+    }
+    if let Some(n) = req.microbatches {
+        if n == 0 || spec.training.global_batch_size % n != 0 {
+            return Err(CoordinatorError::BadRequest {
+                field: "microbatches",
+                reason: format!(
+                    "{n} microbatches do not divide the global batch of {}",
+                    spec.training.global_batch_size
+                ),
+            });
+        }
+        spec.parallelism.pipeline_parallel_microbatch_size = spec.training.global_batch_size / n;
+    }
+    if let Some(schedule) = &req.schedule {
+        spec.parallelism.pipeline_parallel_schedule = schedule.clone();
+    }
+    if let Some(workers) = req.workers {
+        spec.parallelism.pipeline_parallel_degree = workers;
+    }
+    if let Some(seed) = req.seed {
+        spec.training.seed = seed;
+    }
+    Ok(spec)
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StepEvent, Status>> + Send>>;
+type AssignmentStream = Pin<Box<dyn Stream<Item = Result<pb::Assignment, Status>> + Send>>;
+
+fn event_of(e: StepEventData) -> pb::StepEvent {
+    pb::StepEvent {
+        job: e.job,
+        step: e.step,
+        loss: e.loss,
+        step_time_ms: e.step_time_ms,
+        planned_bubble: e.planned_bubble,
+        measured_bubble: e.measured_bubble,
+        peaks: e
+            .peaks
+            .into_iter()
+            .map(|(worker, peak_activation_bytes)| pb::WorkerPeak {
+                worker,
+                peak_activation_bytes,
+            })
+            .collect(),
+        replan_reason: e.replan_reason,
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for Jobs {
+    async fn submit_job(
+        &self,
+        request: Request<pb::JobSpec>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
+        let spec = spec_of(request.get_ref())?;
+        let record = ractor::call!(self.manager, JobMsg::Submit, Box::new(spec))
+            .map_err(CoordinatorError::from)??;
+        Ok(Response::new(status_of(&record)))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<pb::JobId>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
+        let id = request.get_ref().id;
+        let record =
+            ractor::call!(self.manager, JobMsg::Get, id).map_err(CoordinatorError::from)??;
+        Ok(Response::new(status_of(&record)))
+    }
+
+    async fn list_jobs(
+        &self,
+        _request: Request<pb::Empty>,
+    ) -> Result<Response<pb::JobList>, Status> {
+        let records = ractor::call!(self.manager, JobMsg::List).map_err(CoordinatorError::from)?;
+        Ok(Response::new(pb::JobList {
+            jobs: records.iter().map(status_of).collect(),
+        }))
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(
+        &self,
+        request: Request<pb::JobId>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let id = request.get_ref().id;
+        let rx =
+            ractor::call!(self.manager, JobMsg::Watch, id).map_err(CoordinatorError::from)??;
+        let stream =
+            tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|item| match item {
+                Ok(event) => Some(Ok(event_of(event))),
+                // A slow watcher skips events rather than stalling the job.
+                Err(_) => None,
+            });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::JobId>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
+        let id = request.get_ref().id;
+        let record =
+            ractor::call!(self.manager, JobMsg::Cancel, id).map_err(CoordinatorError::from)??;
+        Ok(Response::new(status_of(&record)))
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterService for Cluster {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterReply>, Status> {
+        let r = request.into_inner();
+        if r.worker_id.trim().is_empty() {
+            return Err(Status::invalid_argument("worker_id: must not be empty"));
+        }
+        if r.address.trim().is_empty() {
+            return Err(Status::invalid_argument("address: must not be empty"));
+        }
+        let info = WorkerInfo {
+            id: r.worker_id,
+            address: r.address,
+            device_kind: r.device_kind,
+            memory_bytes: r.memory_bytes,
+            last_seen: Instant::now(),
+            current_activation_bytes: 0,
+            peak_activation_bytes: 0,
+            step: 0,
+        };
+        let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(pb::RegisterReply {
+            accepted: true,
+            heartbeat_interval_ms: interval.as_millis() as u64,
+            reason: String::new(),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatReply>, Status> {
+        let r = request.into_inner();
+        let beat = Heartbeat {
+            id: r.worker_id,
+            current_activation_bytes: r.current_activation_bytes,
+            peak_activation_bytes: r.peak_activation_bytes,
+            step: r.step,
+        };
+        let known = ractor::call!(self.membership, MembershipMsg::Heartbeat, beat)
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(pb::HeartbeatReply {
+            known,
+            cancel: false,
+        }))
+    }
+
+    type AssignmentsStream = AssignmentStream;
+
+    async fn assignments(
+        &self,
+        _request: Request<pb::WorkerId>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        Err(Status::unimplemented(
+            "assignments to remote worker processes are not implemented yet; run jobs with \
+             `pipewise local`, whose workers run embedded",
+        ))
+    }
+}

@@ -1,0 +1,145 @@
+//! The durable job store: one redb table, job id → JSON record, in the data directory, so a
+//! restarted coordinator still lists every job.
+
+use std::path::Path;
+
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CoordinatorError, Result};
+
+const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
+
+/// Life cycle of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Accepted, waiting for workers or for the running job to finish.
+    Queued,
+    /// Steps are being driven.
+    Running,
+    /// All steps done.
+    Succeeded,
+    /// Stopped by an error.
+    Failed,
+    /// Stopped by the user.
+    Cancelled,
+}
+
+impl JobState {
+    /// True once the job will not change any more.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+/// What the store keeps about a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Job id (1, 2, …).
+    pub id: u64,
+    /// `[job] name`.
+    pub name: String,
+    /// The spec as submitted (TOML, after overrides).
+    pub spec_toml: String,
+    /// Current state.
+    pub state: JobState,
+    /// Steps done.
+    pub step: u64,
+    /// Steps asked for.
+    pub steps: u64,
+    /// Loss of the last step, if any.
+    pub last_loss: Option<f64>,
+    /// Why it failed.
+    pub error: String,
+    /// Path of the last checkpoint.
+    pub last_checkpoint: String,
+}
+
+/// The store (a redb database file `jobs.redb` in the data directory).
+pub struct JobStore {
+    db: Database,
+}
+
+fn store_err(e: impl std::fmt::Display) -> CoordinatorError {
+    CoordinatorError::Store(e.to_string())
+}
+
+impl JobStore {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<JobStore> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            CoordinatorError::Store(format!(
+                "cannot create data directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let db = Database::create(dir.join("jobs.redb")).map_err(store_err)?;
+        let txn = db.begin_write().map_err(store_err)?;
+        txn.open_table(JOBS).map_err(store_err)?;
+        txn.commit().map_err(store_err)?;
+        Ok(JobStore { db })
+    }
+
+    /// Inserts or replaces a record (durable on return).
+    pub fn put(&self, record: &JobRecord) -> Result<()> {
+        let bytes = serde_json::to_vec(record).map_err(store_err)?;
+        let txn = self.db.begin_write().map_err(store_err)?;
+        {
+            let mut table = txn.open_table(JOBS).map_err(store_err)?;
+            table
+                .insert(record.id, bytes.as_slice())
+                .map_err(store_err)?;
+        }
+        txn.commit().map_err(store_err)
+    }
+
+    /// Every record, by id.
+    pub fn list(&self) -> Result<Vec<JobRecord>> {
+        let txn = self.db.begin_read().map_err(store_err)?;
+        let table = txn.open_table(JOBS).map_err(store_err)?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(store_err)? {
+            let (_, value) = entry.map_err(store_err)?;
+            out.push(serde_json::from_slice(value.value()).map_err(store_err)?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_survive_reopening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let record = JobRecord {
+            id: 7,
+            name: "a".into(),
+            spec_toml: "x".into(),
+            state: JobState::Queued,
+            step: 0,
+            steps: 5,
+            last_loss: None,
+            error: String::new(),
+            last_checkpoint: String::new(),
+        };
+        {
+            let store = JobStore::open(dir.path()).expect("opens");
+            store.put(&record).expect("puts");
+            store
+                .put(&JobRecord {
+                    state: JobState::Running,
+                    ..record.clone()
+                })
+                .expect("replaces");
+        }
+        let store = JobStore::open(dir.path()).expect("reopens");
+        let all = store.list().expect("lists");
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].state, JobState::Running);
+    }
+}

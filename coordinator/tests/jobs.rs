@@ -1,0 +1,250 @@
+//! The coordinator over real gRPC on loopback: invalid job specs are refused with
+//! `InvalidArgument` naming the field, jobs queue one after another, watchers see every step,
+//! and a restarted coordinator lists the jobs it had.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use pipewise_common::job::{JobPlan, JobSpec, example};
+use pipewise_coordinator::{Coordinator, JobRunner, StepEventData};
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::job_service_client::JobServiceClient;
+use tokio_stream::StreamExt as _;
+
+/// A runner that "trains" by reporting a decreasing loss per step, and records how many
+/// jobs run at once (a test double for the embedded workers).
+struct CountingRunner {
+    active: AtomicU32,
+    overlap: AtomicBool,
+    delay_ms: u64,
+}
+
+impl JobRunner for CountingRunner {
+    fn run(
+        &self,
+        job: u64,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        report: &mut dyn FnMut(StepEventData),
+        cancelled: &AtomicBool,
+    ) -> Result<(), String> {
+        if self.active.fetch_add(1, Ordering::SeqCst) > 0 {
+            self.overlap.store(true, Ordering::SeqCst);
+        }
+        for step in 1..=u64::from(spec.training.steps) {
+            if cancelled.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
+            report(StepEventData {
+                job,
+                step,
+                loss: 5.0 / step as f64,
+                step_time_ms: self.delay_ms as f64,
+                planned_bubble: 0.1,
+                measured_bubble: 0.12,
+                peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
+                replan_reason: String::new(),
+            });
+        }
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn toml_of(spec: &JobSpec) -> String {
+    spec.to_toml().unwrap()
+}
+
+async fn client(c: &Coordinator) -> JobServiceClient<tonic::transport::Channel> {
+    JobServiceClient::connect(format!("http://{}", c.addr))
+        .await
+        .unwrap()
+}
+
+fn request(spec: &JobSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        toml: toml_of(spec),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_are_invalid_argument_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
+        .await
+        .unwrap();
+    let mut jobs = client(&c).await;
+    type Edit = fn(&mut JobSpec);
+    let cases: Vec<(&str, Edit)> = vec![
+        ("job.name", |s| s.job.name = String::new()),
+        ("model.heads", |s| s.model.heads = 5),
+        ("model.vocab", |s| s.model.vocab = 0),
+        ("training.steps", |s| s.training.steps = 0),
+        ("training.global_batch_size", |s| {
+            s.parallelism.pipeline_parallel_microbatch_size = 3
+        }),
+        ("optimizer.lr", |s| s.optimizer.lr = -1.0),
+        ("parallelism.pipeline_parallel_degree", |s| {
+            s.parallelism.pipeline_parallel_degree = 0
+        }),
+        ("parallelism.pipeline_parallel_schedule", |s| {
+            s.parallelism.pipeline_parallel_schedule = "nope".into()
+        }),
+        ("parallelism.memory_limit", |s| {
+            s.parallelism.pipeline_parallel_schedule = "adaptive-v".into();
+            s.parallelism.memory_limit = Some(0.1);
+        }),
+        ("model.layers", |s| {
+            s.parallelism.pipeline_parallel_degree = 16
+        }),
+        ("checkpoint.interval", |s| {
+            s.checkpoint.enable_checkpoint = true;
+            s.checkpoint.interval = 0;
+        }),
+    ];
+    for (field, edit) in cases {
+        let mut spec = example(4, "v-half");
+        edit(&mut spec);
+        let status = jobs.submit_job(request(&spec)).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{field}: {status:?}"
+        );
+        assert!(
+            status.message().starts_with(field),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    // Malformed TOML and bad overrides.
+    let status = jobs
+        .submit_job(pb::JobSpec {
+            toml: "[job]\nname = 3".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().starts_with("toml"), "{}", status.message());
+    let status = jobs
+        .submit_job(pb::JobSpec {
+            microbatches: Some(3),
+            ..request(&example(4, "1f1b"))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        status.message().starts_with("microbatches"),
+        "{}",
+        status.message()
+    );
+    // Nothing invalid was stored.
+    let list = jobs.list_jobs(pb::Empty {}).await.unwrap().into_inner();
+    assert!(list.jobs.is_empty());
+    // Unknown job ids are NotFound.
+    let status = jobs.get_job(pb::JobId { id: 99 }).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_queue_in_order_and_watchers_see_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = Arc::new(CountingRunner {
+        active: AtomicU32::new(0),
+        overlap: AtomicBool::new(false),
+        delay_ms: 20,
+    });
+    let c = Coordinator::start(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.path(),
+        Some(runner.clone()),
+    )
+    .await
+    .unwrap();
+    let mut jobs = client(&c).await;
+    let mut first = example(2, "1f1b");
+    first.training.steps = 10;
+    let mut second = example(4, "v-half");
+    second.job.name = "second".into();
+    second.training.steps = 5;
+    let a = jobs.submit_job(request(&first)).await.unwrap().into_inner();
+    let b = jobs
+        .submit_job(request(&second))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(a.id, b.id);
+    let mut watch = jobs
+        .watch_job(pb::JobId { id: b.id })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut steps = Vec::new();
+    while let Some(event) = watch.next().await {
+        let event = event.unwrap();
+        assert_eq!(event.job, b.id);
+        assert_eq!(event.peaks.len(), 4);
+        steps.push(event.step);
+    }
+    assert_eq!(steps, vec![1, 2, 3, 4, 5]);
+    let list = jobs.list_jobs(pb::Empty {}).await.unwrap().into_inner();
+    for job in &list.jobs {
+        assert_eq!(job.state, pb::JobState::Succeeded as i32, "{job:?}");
+        assert_eq!(job.step, job.steps);
+    }
+    assert!(
+        !runner.overlap.load(Ordering::SeqCst),
+        "two jobs ran at once"
+    );
+    // Cancelling a finished job changes nothing.
+    let again = jobs
+        .cancel_job(pb::JobId { id: a.id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.state, pb::JobState::Succeeded as i32);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_coordinator_lists_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
+        .await
+        .unwrap();
+    let mut jobs = client(&c).await;
+    let mut names = Vec::new();
+    for (i, schedule) in ["1f1b", "zb-h1", "v-min"].iter().enumerate() {
+        let mut spec = example(4, schedule);
+        spec.job.name = format!("job-{i}");
+        names.push(spec.job.name.clone());
+        jobs.submit_job(request(&spec)).await.unwrap();
+    }
+    // Cancel one while it is queued (no runner: every job waits).
+    let cancelled = jobs
+        .cancel_job(pb::JobId { id: 2 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cancelled.state, pb::JobState::Cancelled as i32);
+    c.shutdown().await;
+
+    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
+        .await
+        .unwrap();
+    let mut jobs = client(&c).await;
+    let list = jobs.list_jobs(pb::Empty {}).await.unwrap().into_inner();
+    let listed: Vec<String> = list.jobs.iter().map(|j| j.name.clone()).collect();
+    assert_eq!(listed, names);
+    assert_eq!(list.jobs[1].state, pb::JobState::Cancelled as i32);
+    // Jobs that had not finished are marked failed with the reason.
+    assert_eq!(list.jobs[0].state, pb::JobState::Failed as i32);
+    assert!(list.jobs[0].error.contains("restarted"));
+    c.shutdown().await;
+}
