@@ -81,6 +81,16 @@ pub(crate) enum Command {
     /// every known schedule for the same shape, one row per schedule.
     #[command(after_long_help = PLAN_AFTER_HELP, verbatim_doc_comment)]
     Plan(PlanArgs),
+    /// Train on this machine: a coordinator and N workers, the job over gRPC.
+    ///
+    /// Starts the coordinator (gRPC on loopback), submits the job, runs
+    /// every worker on its own thread with its own stages, prints a line
+    /// per step (loss, tokens/s, planned and measured bubble, peak
+    /// activation memory per worker) and a summary. --output-dir DIR
+    /// writes summary.json and the final parameters (params.safetensors,
+    /// the same tensor names whatever the worker count).
+    #[command(verbatim_doc_comment)]
+    Local(crate::local::LocalArgs),
 }
 
 /// Output formats.

@@ -11,6 +11,7 @@
 //! - [`args`]: the clap definitions (the arguments as typed) and their resolution into a
 //!   checked [`args::Plan`]; every input error is reported there, naming its option.
 //! - [`plan`]: the `plan` command: generate or import, simulate, time, render, write.
+//! - [`local`]: `pipewise local`: a coordinator and N embedded workers training on this machine.
 //! - [`auto`]: `plan --auto`: the model-spec flags and the auto-planner's report.
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
@@ -18,6 +19,7 @@
 
 mod args;
 mod auto;
+mod local;
 mod plan;
 
 use std::io::Write as _;
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Plan(args) => args.resolve().and_then(|plan| plan::run(&plan)),
+        Command::Local(args) => local::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
