@@ -29,6 +29,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod net;
 mod ops;
 pub mod optim;
 pub mod param;

@@ -1,0 +1,179 @@
+//! The sending side: one long-lived client-streaming `Send` call per peer, fed by an
+//! unbounded queue so `Transport::send` never waits for the receiver.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pipewise_proto::v1::TensorFrame;
+use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// Errors seen by the peer tasks, newest last (bounded).
+#[derive(Debug, Default)]
+pub(crate) struct PeerErrors {
+    list: Mutex<Vec<String>>,
+}
+
+const MAX_ERRORS: usize = 64;
+
+impl PeerErrors {
+    pub(crate) fn push(&self, error: String) {
+        let mut list = self
+            .list
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if list.len() == MAX_ERRORS {
+            list.remove(0);
+        }
+        list.push(error);
+    }
+
+    pub(crate) fn take(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .list
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+/// The queue into one peer's task.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    pub(crate) address: String,
+    pub(crate) queue: mpsc::UnboundedSender<TensorFrame>,
+}
+
+/// Client settings shared by every peer.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientSettings {
+    pub(crate) max_message_bytes: usize,
+    pub(crate) stream_window: u32,
+    pub(crate) connection_window: u32,
+    pub(crate) adaptive_window: bool,
+    pub(crate) max_frame_size: u32,
+    pub(crate) connect_timeout: Duration,
+}
+
+/// Starts the task of the peer at `address` (no connection yet: it connects on the first
+/// frame, and again after a failed call or connection attempt).
+pub(crate) fn spawn_peer(
+    runtime: &tokio::runtime::Handle,
+    worker: u32,
+    address: String,
+    settings: &ClientSettings,
+    errors: Arc<PeerErrors>,
+) -> Result<Peer, String> {
+    let uri = if address.contains("://") {
+        address.clone()
+    } else {
+        format!("http://{address}")
+    };
+    let endpoint = Endpoint::from_shared(uri)
+        .map_err(|e| format!("peer {worker} address {address:?}: {e}"))?
+        .connect_timeout(settings.connect_timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .http2_adaptive_window(settings.adaptive_window)
+        .max_frame_size(settings.max_frame_size);
+    let (queue, frames) = mpsc::unbounded_channel();
+    let max = settings.max_message_bytes;
+    let label = format!("peer {worker} ({address})");
+    runtime.spawn(drive(endpoint, max, frames, label, errors));
+    Ok(Peer { address, queue })
+}
+
+/// Forwards queued frames into a `Send` call; after a failed call, connects anew and starts
+/// another. A frame that could not be handed to a call (connection refused, call already
+/// over) is kept for the next one; frames already handed to a failed call are lost.
+async fn drive(
+    endpoint: Endpoint,
+    max_message_bytes: usize,
+    mut frames: mpsc::UnboundedReceiver<TensorFrame>,
+    label: String,
+    errors: Arc<PeerErrors>,
+) {
+    let mut carry: Option<TensorFrame> = None;
+    let mut failures: u32 = 0;
+    let mut channel: Option<Channel> = None;
+    loop {
+        let first = match carry.take() {
+            Some(frame) => frame,
+            None => match frames.recv().await {
+                Some(frame) => frame,
+                None => return,
+            },
+        };
+        if failures > 0 {
+            // Back off 50 ms, 100 ms, ... up to 2 s between attempts on a failing peer.
+            let ms = 50u64 << failures.min(6);
+            tokio::time::sleep(Duration::from_millis(ms.min(2_000))).await;
+        }
+        let connected = match channel.take() {
+            Some(connected) => connected,
+            None => match endpoint.connect().await {
+                Ok(connected) => connected,
+                Err(e) => {
+                    // Keep the frame for the next attempt.
+                    failures += 1;
+                    let error = format!("{label}: connect: {e}");
+                    tracing::warn!("{error}");
+                    errors.push(error);
+                    carry = Some(first);
+                    continue;
+                }
+            },
+        };
+        let mut client = ActivationServiceClient::new(connected.clone())
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        let (stream_tx, stream_rx) = mpsc::channel::<TensorFrame>(2);
+        let call = tokio::spawn(async move { client.send(ReceiverStream::new(stream_rx)).await });
+        let mut pending = Some(first);
+        let mut input_closed = false;
+        while let Some(frame) = pending.take() {
+            if let Err(mpsc::error::SendError(frame)) = stream_tx.send(frame).await {
+                // The call ended; this frame goes on the next one.
+                carry = Some(frame);
+                break;
+            }
+            tokio::select! {
+                next = frames.recv() => match next {
+                    Some(frame) => pending = Some(frame),
+                    None => input_closed = true,
+                },
+                () = stream_tx.closed() => {}
+            }
+        }
+        drop(stream_tx);
+        match call.await {
+            Ok(Ok(ack)) => {
+                failures = 0;
+                channel = Some(connected);
+                let ack = ack.into_inner();
+                tracing::debug!(
+                    frames = ack.frames,
+                    bytes = ack.bytes,
+                    "{label}: stream closed"
+                );
+            }
+            Ok(Err(status)) => {
+                failures += 1;
+                let error = format!("{label}: {:?}: {}", status.code(), status.message());
+                tracing::warn!("{error}");
+                errors.push(error);
+            }
+            Err(join) => {
+                failures += 1;
+                errors.push(format!("{label}: send task failed: {join}"));
+            }
+        }
+        if input_closed && carry.is_none() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The receiving side: validated frames in a mailbox keyed by `(step, stage, mb, kind)`,
+//! with a condition variable that wakes `recv`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use pipewise_proto::v1::TensorFrame;
+
+use super::codec::{self, Rejection};
+use crate::error::{Error, Result};
+use crate::runtime::transport::FrameKind;
+
+/// `(step, stage, mb, kind)`: the consumer of a frame.
+pub(crate) type Key = (u64, u32, u32, FrameKind);
+
+#[derive(Debug, Default)]
+struct State {
+    job: u64,
+    stages: BTreeSet<u32>,
+    frames: HashMap<Key, Tensor>,
+    /// Keys whose frame was rejected, with the reason; `recv` for them fails at once.
+    rejected: HashMap<Key, String>,
+    /// Keys already taken by `recv` (for duplicate detection), pruned to the last two steps.
+    consumed: HashSet<Key>,
+    newest_step: u64,
+    closed: Option<String>,
+    accepted_frames: u64,
+    accepted_bytes: u64,
+    rejected_frames: u64,
+}
+
+/// What the receiving side has seen so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboxStats {
+    /// Frames accepted into the mailbox.
+    pub accepted_frames: u64,
+    /// Payload bytes of the accepted frames.
+    pub accepted_bytes: u64,
+    /// Frames rejected as malformed, foreign or duplicate.
+    pub rejected_frames: u64,
+    /// Frames waiting for `recv`.
+    pub queued: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    state: Mutex<State>,
+    arrived: Condvar,
+    device: Device,
+}
+
+fn net_error(reason: String) -> Error {
+    Error::InvalidArgument {
+        field: "frame",
+        reason,
+    }
+}
+
+impl Inbox {
+    pub(crate) fn new(job: u64, stages: impl IntoIterator<Item = u32>, device: Device) -> Self {
+        Inbox {
+            state: Mutex::new(State {
+                job,
+                stages: stages.into_iter().collect(),
+                ..State::default()
+            }),
+            arrived: Condvar::new(),
+            device,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a single insert or remove, so a poisoned lock is still consistent.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Switches to a new job and set of stages, dropping every queued frame and record.
+    pub(crate) fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>) {
+        let mut state = self.lock();
+        let closed = state.closed.take();
+        *state = State {
+            job,
+            stages: stages.into_iter().collect(),
+            closed,
+            ..State::default()
+        };
+        self.arrived.notify_all();
+    }
+
+    pub(crate) fn stats(&self) -> InboxStats {
+        let state = self.lock();
+        InboxStats {
+            accepted_frames: state.accepted_frames,
+            accepted_bytes: state.accepted_bytes,
+            rejected_frames: state.rejected_frames,
+            queued: state.frames.len(),
+        }
+    }
+
+    /// Fails every pending and later `recv` with `reason`.
+    pub(crate) fn close(&self, reason: &str) {
+        let mut state = self.lock();
+        if state.closed.is_none() {
+            state.closed = Some(reason.to_string());
+        }
+        self.arrived.notify_all();
+    }
+
+    /// Records a rejection under every key the frame names (both kinds if its kind is bad),
+    /// except for a duplicate, whose first copy stays deliverable.
+    fn reject(&self, frame: &TensorFrame, rejection: &Rejection) {
+        let kinds = match codec::kind_from_proto(frame.kind) {
+            Ok(kind) => vec![kind],
+            Err(_) => vec![FrameKind::Activation, FrameKind::Gradient],
+        };
+        let mut state = self.lock();
+        state.rejected_frames += 1;
+        let kinds = if rejection.duplicate {
+            Vec::new()
+        } else {
+            kinds
+        };
+        for kind in kinds {
+            let key = (frame.step, frame.stage, frame.mb, kind);
+            state
+                .rejected
+                .insert(key, format!("job {}: {rejection}", frame.job));
+        }
+        self.arrived.notify_all();
+        tracing::warn!(
+            job = frame.job,
+            step = frame.step,
+            stage = frame.stage,
+            mb = frame.mb,
+            "rejected frame: {rejection}"
+        );
+    }
+
+    /// Validates and stores one frame; a rejection is also recorded for `recv`.
+    pub(crate) fn accept(&self, frame: TensorFrame) -> Result<(), Rejection> {
+        let checked = self.check(&frame).and_then(|(key, dtype, shape)| {
+            codec::decode(&frame.data, dtype, &shape, &self.device)
+                .map(|tensor| (key, tensor))
+                .map_err(|e| Rejection::new("data", e.to_string()))
+        });
+        let (key, tensor) = match checked {
+            Ok(ok) => ok,
+            Err(rejection) => {
+                self.reject(&frame, &rejection);
+                return Err(rejection);
+            }
+        };
+        let mut state = self.lock();
+        // The job or the key may have changed while the tensor was decoded.
+        let recheck = Self::check_key(&state, &frame, key);
+        if let Err(rejection) = recheck {
+            drop(state);
+            self.reject(&frame, &rejection);
+            return Err(rejection);
+        }
+        if key.0 > state.newest_step {
+            state.newest_step = key.0;
+            let keep_from = key.0.saturating_sub(1);
+            state.consumed.retain(|k| k.0 >= keep_from);
+        }
+        state.frames.insert(key, tensor);
+        state.accepted_frames += 1;
+        state.accepted_bytes += frame.data.len() as u64;
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    fn check_key(state: &State, frame: &TensorFrame, key: Key) -> Result<(), Rejection> {
+        if frame.job != state.job {
+            return Err(Rejection::new(
+                "job",
+                format!("{} is not this worker's job {}", frame.job, state.job),
+            ));
+        }
+        if !state.stages.contains(&frame.stage) {
+            return Err(Rejection::new(
+                "stage",
+                format!(
+                    "{} is not held by this worker (it holds {:?})",
+                    frame.stage, state.stages
+                ),
+            ));
+        }
+        if state.frames.contains_key(&key) || state.consumed.contains(&key) {
+            let mut rejection = Rejection::new(
+                "mb",
+                format!(
+                    "duplicate: the {} of step {} stage {} microbatch {} was already received",
+                    key.3, key.0, key.1, key.2
+                ),
+            );
+            rejection.duplicate = true;
+            return Err(rejection);
+        }
+        Ok(())
+    }
+
+    fn check(
+        &self,
+        frame: &TensorFrame,
+    ) -> Result<(Key, candle_core::DType, Vec<usize>), Rejection> {
+        let kind = codec::kind_from_proto(frame.kind)?;
+        let key = (frame.step, frame.stage, frame.mb, kind);
+        Self::check_key(&self.lock(), frame, key)?;
+        let (dtype, shape) = codec::check_layout(frame)?;
+        Ok((key, dtype, shape))
+    }
+
+    pub(crate) fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> Result<Tensor> {
+        let deadline = Instant::now() + timeout;
+        let key = (step, stage, mb, kind);
+        let mut state = self.lock();
+        loop {
+            if job != state.job {
+                return Err(net_error(format!(
+                    "waiting for the {kind} of job {job} step {step} stage {stage} microbatch \
+                     {mb}, but this worker is assigned job {}",
+                    state.job
+                )));
+            }
+            if let Some(reason) = state.rejected.remove(&key) {
+                return Err(net_error(format!(
+                    "the {kind} of step {step} stage {stage} microbatch {mb} was rejected: \
+                     {reason}"
+                )));
+            }
+            if let Some(tensor) = state.frames.remove(&key) {
+                state.consumed.insert(key);
+                return Ok(tensor);
+            }
+            if let Some(reason) = &state.closed {
+                return Err(net_error(format!(
+                    "waiting for the {kind} of step {step} stage {stage} microbatch {mb}: the \
+                     transport is closed ({reason})"
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let other_steps: Vec<u64> = state
+                    .frames
+                    .keys()
+                    .filter(|k| (k.1, k.2, k.3) == (stage, mb, kind))
+                    .map(|k| k.0)
+                    .collect();
+                return Err(net_error(format!(
+                    "timed out after {:.3} s waiting for the {kind} of job {job} step {step} \
+                     stage {stage} microbatch {mb} (queued for other steps: {other_steps:?})",
+                    timeout.as_secs_f64()
+                )));
+            }
+            state = self
+                .arrived
+                .wait_timeout(state, deadline - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The gRPC activation transport: [`GrpcTransport`] implements
+//! [`Transport`](crate::runtime::Transport) over `pipewise.v1.ActivationService`.
+//!
+//! - Receiving: a tonic server (bound to `127.0.0.1:0` by default) takes client streams of
+//!   `TensorFrame`s, validates each frame (known dtype and kind, `shape` product × dtype size
+//!   = `data` length, the worker's job, a stage the worker holds, no duplicate) and decodes it
+//!   into a mailbox keyed by `(step, stage, mb, kind)`. A bad frame ends its stream with
+//!   `InvalidArgument` naming the field (`TensorFrame.data: ...`) and is recorded, so `recv`
+//!   for its key fails at once instead of waiting for the timeout.
+//! - Sending: [`Transport::send`] encodes the tensor and queues it for the peer; one task per
+//!   peer drains the queue into a long-lived client-streaming `Send` call over a lazily
+//!   connected channel, and opens a new call (the channel reconnecting) after a failure.
+//!   Frames already handed to a call that fails are lost; the receiver's `recv` then times
+//!   out, and [`GrpcTransport::take_errors`] reports the failure on the sending side.
+//! - Wire form: little-endian raw elements of f32, f16 or bf16, row-major, bit-exact.
+//! - Limits: messages up to [`GrpcConfig::max_message_bytes`] (256 MiB by default), HTTP/2
+//!   stream and connection windows of 64 / 128 MiB and 1 MiB HTTP/2 frames, so 64 MiB
+//!   tensors stream without stalling on flow control.
+
+mod client;
+mod codec;
+mod inbox;
+mod server;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use pipewise_proto::v1::activation_service_server::ActivationServiceServer;
+use tokio::sync::oneshot;
+
+pub use inbox::InboxStats;
+
+use crate::error::{Error, Result};
+use crate::runtime::transport::{Frame, FrameKind, Transport};
+use client::{ClientSettings, Peer, PeerErrors};
+use inbox::Inbox;
+use server::ActivationServer;
+
+const MIB: usize = 1 << 20;
+
+/// Settings of a [`GrpcTransport`].
+#[derive(Debug, Clone)]
+pub struct GrpcConfig {
+    /// Where the `ActivationService` listens (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// The job whose frames are accepted.
+    pub job: u64,
+    /// The stages this worker holds (frames for other stages are rejected).
+    pub stages: Vec<u32>,
+    /// Largest encoded message, both ways (default 256 MiB).
+    pub max_message_bytes: usize,
+    /// HTTP/2 initial stream window (default 64 MiB).
+    pub stream_window_bytes: u32,
+    /// HTTP/2 initial connection window (default 128 MiB).
+    pub connection_window_bytes: u32,
+    /// HTTP/2 adaptive (BDP-probing) flow control; when on, it replaces the fixed windows
+    /// (default off: on loopback the fixed large windows are faster).
+    pub adaptive_window: bool,
+    /// Largest HTTP/2 frame (default 1 MiB; HTTP/2 allows up to 16 MiB − 1).
+    pub max_frame_bytes: u32,
+    /// How long a connection attempt to a peer may take (default 5 s).
+    pub connect_timeout: Duration,
+    /// Where received tensors are placed (default the CPU).
+    pub device: Device,
+}
+
+impl GrpcConfig {
+    /// Defaults for `job` with `stages`, listening on `127.0.0.1:0`.
+    pub fn new(job: u64, stages: impl IntoIterator<Item = u32>) -> Self {
+        GrpcConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            job,
+            stages: stages.into_iter().collect(),
+            max_message_bytes: 256 * MIB,
+            stream_window_bytes: 64 * MIB as u32,
+            connection_window_bytes: 128 * MIB as u32,
+            adaptive_window: false,
+            max_frame_bytes: MIB as u32,
+            connect_timeout: Duration::from_secs(5),
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// Worker-to-worker transport over gRPC (see the [module docs](self)).
+///
+/// Dropping it stops its server and its peer tasks (frames still queued are dropped).
+#[derive(Debug)]
+pub struct GrpcTransport {
+    runtime: tokio::runtime::Handle,
+    /// Set when the transport made its own runtime.
+    owned_runtime: Option<tokio::runtime::Runtime>,
+    local_addr: SocketAddr,
+    inbox: Arc<Inbox>,
+    peers: RwLock<HashMap<u32, Peer>>,
+    settings: ClientSettings,
+    errors: Arc<PeerErrors>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+fn net_error(field: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { field, reason }
+}
+
+impl GrpcTransport {
+    /// Starts a transport on its own tokio runtime (two worker threads).
+    pub fn start(config: GrpcConfig) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pipewise-net")
+            .enable_all()
+            .build()
+            .map_err(|e| net_error("runtime", format!("cannot start tokio: {e}")))?;
+        let mut transport = Self::start_on(runtime.handle().clone(), config)?;
+        transport.owned_runtime = Some(runtime);
+        Ok(transport)
+    }
+
+    /// Starts a transport whose server and peer tasks run on `runtime`. `send` and `recv`
+    /// block, so call them from threads outside the runtime's workers.
+    pub fn start_on(runtime: tokio::runtime::Handle, config: GrpcConfig) -> Result<Self> {
+        let listener = std::net::TcpListener::bind(config.listen)
+            .map_err(|e| net_error("listen", format!("cannot bind {}: {e}", config.listen)))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| net_error("listen", format!("{e}")))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| net_error("listen", format!("{e}")))?;
+        let inbox = Arc::new(Inbox::new(
+            config.job,
+            config.stages.iter().copied(),
+            config.device.clone(),
+        ));
+        let service = ActivationServiceServer::new(ActivationServer {
+            inbox: Arc::clone(&inbox),
+        })
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+        let (health_reporter, health) = pipewise_proto::health_service();
+        let (shutdown, stop) = oneshot::channel::<()>();
+        let incoming = {
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| net_error("listen", format!("{e}")))?;
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+        };
+        let router = tonic::transport::Server::builder()
+            .initial_stream_window_size(config.stream_window_bytes)
+            .initial_connection_window_size(config.connection_window_bytes)
+            .http2_adaptive_window(Some(config.adaptive_window))
+            .max_frame_size(config.max_frame_bytes)
+            .add_service(health)
+            .add_service(service);
+        let serve_inbox = Arc::clone(&inbox);
+        runtime.spawn(async move {
+            health_reporter
+                .set_serving::<ActivationServiceServer<ActivationServer>>()
+                .await;
+            let stopped = async {
+                let _ = stop.await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+                tracing::error!("activation server on {local_addr}: {e}");
+                serve_inbox.close(&format!("the activation server failed: {e}"));
+            }
+        });
+        Ok(GrpcTransport {
+            runtime,
+            owned_runtime: None,
+            local_addr,
+            inbox,
+            peers: RwLock::new(HashMap::new()),
+            settings: ClientSettings {
+                max_message_bytes: config.max_message_bytes,
+                stream_window: config.stream_window_bytes,
+                connection_window: config.connection_window_bytes,
+                adaptive_window: config.adaptive_window,
+                max_frame_size: config.max_frame_bytes,
+                connect_timeout: config.connect_timeout,
+            },
+            errors: Arc::new(PeerErrors::default()),
+            shutdown: Some(shutdown),
+        })
+    }
+
+    /// The address the `ActivationService` listens on (give it to the peers).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Sets (or replaces) the address of worker `worker`'s `ActivationService`
+    /// (`host:port` or `http://host:port`). Nothing connects until the first frame.
+    pub fn set_peer(&self, worker: u32, address: impl Into<String>) -> Result<()> {
+        let address = address.into();
+        let mut peers = self
+            .peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if peers.get(&worker).is_some_and(|p| p.address == address) {
+            return Ok(());
+        }
+        let peer = client::spawn_peer(
+            &self.runtime,
+            worker,
+            address,
+            &self.settings,
+            Arc::clone(&self.errors),
+        )
+        .map_err(|reason| net_error("peers", reason))?;
+        peers.insert(worker, peer);
+        Ok(())
+    }
+
+    /// Sets every peer of `peers` (worker index → address), as an `Assignment` lists them.
+    pub fn set_peers<'a>(&self, peers: impl IntoIterator<Item = (u32, &'a str)>) -> Result<()> {
+        for (worker, address) in peers {
+            self.set_peer(worker, address)?;
+        }
+        Ok(())
+    }
+
+    /// Switches to another job and set of held stages; queued frames and records are dropped.
+    pub fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>) {
+        self.inbox.assign(job, stages);
+    }
+
+    /// Counts of accepted, rejected and queued frames on the receiving side.
+    pub fn stats(&self) -> InboxStats {
+        self.inbox.stats()
+    }
+
+    /// Failures of the sending side since the last call (a peer rejected a frame, a
+    /// connection failed), oldest first.
+    pub fn take_errors(&self) -> Vec<String> {
+        self.errors.take()
+    }
+
+    /// Fails every pending and later `recv` with `reason` (e.g. when the job is aborted).
+    pub fn abort(&self, reason: &str) {
+        self.inbox.close(reason);
+    }
+}
+
+impl Transport for GrpcTransport {
+    fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
+        let peers = self
+            .peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let peer = peers.get(&to_worker).ok_or_else(|| {
+            net_error(
+                "to_worker",
+                format!("worker {to_worker} has no known address"),
+            )
+        })?;
+        let message = codec::encode(&frame)?;
+        peer.queue.send(message).map_err(|_| {
+            net_error(
+                "to_worker",
+                format!("the sender task of worker {to_worker} has stopped"),
+            )
+        })
+    }
+
+    fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> Result<Tensor> {
+        self.inbox.recv(job, step, stage, mb, kind, timeout)
+    }
+}
+
+impl Drop for GrpcTransport {
+    fn drop(&mut self) {
+        self.inbox.close("the transport was dropped");
+        if let Some(stop) = self.shutdown.take() {
+            let _ = stop.send(());
+        }
+        if let Ok(mut peers) = self.peers.write() {
+            peers.clear();
+        }
+        if let Some(runtime) = self.owned_runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}

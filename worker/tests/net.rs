@@ -1,0 +1,251 @@
+//! The gRPC activation transport on loopback: bit-exact exchange of several dtypes and
+//! shapes, rejection of malformed frames (with `recv` failing fast), and a 64 MiB frame.
+
+use std::time::{Duration, Instant};
+
+use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
+use pipewise_proto::v1::{self, TensorFrame};
+use pipewise_worker::net::{GrpcConfig, GrpcTransport};
+use pipewise_worker::runtime::{Frame, FrameKind, Transport};
+use pipewise_worker::{CandleDType, Device, Tensor};
+
+const JOB: u64 = 7;
+const WAIT: Duration = Duration::from_secs(30);
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Worker 0 holds stages 0 and 3, worker 1 holds stages 1 and 2 (a V over two workers).
+fn pair() -> Result<(GrpcTransport, GrpcTransport), Box<dyn std::error::Error>> {
+    let a = GrpcTransport::start(GrpcConfig::new(JOB, [0, 3]))?;
+    let b = GrpcTransport::start(GrpcConfig::new(JOB, [1, 2]))?;
+    a.set_peer(1, b.local_addr().to_string())?;
+    b.set_peer(0, a.local_addr().to_string())?;
+    Ok((a, b))
+}
+
+/// Deterministic values with signs, zeros of both signs, subnormals and infinities.
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed);
+            match i % 11 {
+                0 => -0.0,
+                1 => f32::MIN_POSITIVE / 8.0,
+                2 => f32::NEG_INFINITY,
+                _ => (x as f32 / u32::MAX as f32 - 0.5) * 1e3,
+            }
+        })
+        .collect()
+}
+
+fn bits(t: &Tensor) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    // f16 and bf16 widen to f32 exactly, so equal f32 bits mean equal bits.
+    Ok(t.to_dtype(CandleDType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
+fn frame(step: u64, stage: u32, mb: u32, kind: FrameKind, tensor: Tensor) -> Frame {
+    Frame {
+        job: JOB,
+        step,
+        stage,
+        mb,
+        kind,
+        tensor,
+    }
+}
+
+#[test]
+fn exchanges_frames_bit_exactly() -> TestResult {
+    let (a, b) = pair()?;
+    let shapes: [&[usize]; 5] = [&[], &[5], &[2, 3], &[2, 4, 8], &[3, 1, 7, 2]];
+    let dtypes = [CandleDType::F32, CandleDType::F16, CandleDType::BF16];
+    let mut sent = Vec::new();
+    for (mb, (shape, dtype)) in shapes
+        .iter()
+        .flat_map(|s| dtypes.iter().map(move |d| (*s, *d)))
+        .enumerate()
+    {
+        let mb = mb as u32;
+        let n = shape.iter().product::<usize>();
+        let t = Tensor::from_vec(values(n, mb), shape, &Device::Cpu)?.to_dtype(dtype)?;
+        // Forward: worker 0 → stage 1 on worker 1; backward: worker 1 → stage 0 on worker 0.
+        a.send(1, frame(3, 1, mb, FrameKind::Activation, t.clone()))?;
+        b.send(0, frame(3, 0, mb, FrameKind::Gradient, t.clone()))?;
+        sent.push((mb, t));
+    }
+    // Receive in reverse order: the mailbox is keyed, not a queue.
+    for (mb, t) in sent.iter().rev() {
+        let at_b = b.recv(JOB, 3, 1, *mb, FrameKind::Activation, WAIT)?;
+        let at_a = a.recv(JOB, 3, 0, *mb, FrameKind::Gradient, WAIT)?;
+        for got in [at_b, at_a] {
+            assert_eq!(got.dims(), t.dims(), "mb {mb}");
+            assert_eq!(got.dtype(), t.dtype(), "mb {mb}");
+            assert_eq!(bits(&got)?, bits(t)?, "mb {mb}");
+        }
+    }
+    assert_eq!(b.stats().accepted_frames, sent.len() as u64);
+    assert_eq!(b.stats().queued, 0);
+    assert!(a.take_errors().is_empty() && b.take_errors().is_empty());
+    Ok(())
+}
+
+#[test]
+fn recv_times_out_with_a_clear_error() -> TestResult {
+    let (_a, b) = pair()?;
+    let start = Instant::now();
+    let err = b
+        .recv(
+            JOB,
+            0,
+            1,
+            0,
+            FrameKind::Activation,
+            Duration::from_millis(200),
+        )
+        .expect_err("nothing was sent");
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    assert!(err.to_string().contains("timed out"), "{err}");
+    let err = b
+        .recv(JOB + 1, 0, 1, 0, FrameKind::Activation, WAIT)
+        .expect_err("wrong job");
+    assert!(err.to_string().contains("job"), "{err}");
+    Ok(())
+}
+
+fn good_frame(step: u64, stage: u32, mb: u32) -> TensorFrame {
+    TensorFrame {
+        job: JOB,
+        step,
+        stage,
+        mb,
+        kind: v1::FrameKind::Activation as i32,
+        dtype: v1::Dtype::F32 as i32,
+        shape: vec![2, 2],
+        data: vec![0u8; 16].into(),
+    }
+}
+
+/// Sends `frames` on one raw client stream and returns the call's status code and message.
+fn raw_send(
+    rt: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    frames: Vec<TensorFrame>,
+) -> Result<(tonic::Code, String), Box<dyn std::error::Error>> {
+    rt.block_on(async move {
+        let mut client = ActivationServiceClient::connect(format!("http://{addr}")).await?;
+        let out = match client.send(tokio_stream::iter(frames)).await {
+            Ok(ack) => (tonic::Code::Ok, format!("{:?}", ack.into_inner())),
+            Err(status) => (status.code(), status.message().to_string()),
+        };
+        Ok(out)
+    })
+}
+
+#[test]
+fn malformed_frames_are_rejected_and_recv_fails_fast() -> TestResult {
+    let (a, b) = pair()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let addr = b.local_addr();
+    let mut short = good_frame(0, 1, 0);
+    short.data = vec![0u8; 12].into();
+    let mut wrong_job = good_frame(0, 1, 1);
+    wrong_job.job = JOB + 1;
+    let unknown_stage = good_frame(0, 5, 2);
+    let mut no_dtype = good_frame(0, 1, 3);
+    no_dtype.dtype = 0;
+    let mut bad_kind = good_frame(0, 1, 4);
+    bad_kind.kind = 9;
+    let cases = [
+        (short, "TensorFrame.data", FrameKind::Activation),
+        (wrong_job, "TensorFrame.job", FrameKind::Activation),
+        (unknown_stage, "TensorFrame.stage", FrameKind::Activation),
+        (no_dtype, "TensorFrame.dtype", FrameKind::Activation),
+        (bad_kind, "TensorFrame.kind", FrameKind::Gradient),
+    ];
+    for (bad, field, kind) in cases {
+        let (step, stage, mb) = (bad.step, bad.stage, bad.mb);
+        let (code, message) = raw_send(&rt, addr, vec![bad])?;
+        assert_eq!(code, tonic::Code::InvalidArgument, "{field}: {message}");
+        assert!(message.contains(field), "{field}: {message}");
+        let start = Instant::now();
+        let err = b
+            .recv(JOB, step, stage, mb, kind, WAIT)
+            .expect_err("a rejected frame must not be delivered");
+        assert!(start.elapsed() < Duration::from_secs(2), "recv waited");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    // A duplicate is rejected, and the first copy is still delivered.
+    let (code, message) = raw_send(&rt, addr, vec![good_frame(1, 1, 0), good_frame(1, 1, 0)])?;
+    assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+    assert!(message.contains("duplicate"), "{message}");
+    let t = b.recv(JOB, 1, 1, 0, FrameKind::Activation, WAIT)?;
+    assert_eq!(t.dims(), &[2, 2]);
+    assert_eq!(b.stats().rejected_frames, 6);
+
+    // Through the transport: a frame for a stage the receiver does not hold is reported
+    // on the sending side, and the sender keeps working for later frames.
+    let t = Tensor::zeros((2, 2), CandleDType::F32, &Device::Cpu)?;
+    a.send(1, frame(2, 9, 0, FrameKind::Activation, t.clone()))?;
+    let deadline = Instant::now() + WAIT;
+    let errors = loop {
+        let errors = a.take_errors();
+        if !errors.is_empty() || Instant::now() > deadline {
+            break errors;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("InvalidArgument") && e.contains("TensorFrame.stage")),
+        "{errors:?}"
+    );
+    a.send(1, frame(2, 1, 0, FrameKind::Activation, t))?;
+    b.recv(JOB, 2, 1, 0, FrameKind::Activation, WAIT)?;
+    Ok(())
+}
+
+#[test]
+fn sender_reconnects_to_a_late_peer() -> TestResult {
+    let a = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
+    // Reserve a port, free it, and start the receiver there only after the first send.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    a.set_peer(1, port.to_string())?;
+    let t = Tensor::from_vec(values(64, 1), (8, 8), &Device::Cpu)?;
+    a.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let mut config = GrpcConfig::new(JOB, [1]);
+    config.listen = port;
+    let b = GrpcTransport::start(config)?;
+    let got = b.recv(JOB, 0, 1, 0, FrameKind::Activation, WAIT)?;
+    assert_eq!(bits(&got)?, bits(&t)?);
+    Ok(())
+}
+
+#[test]
+fn sixty_four_mib_frame_passes() -> TestResult {
+    let (a, b) = pair()?;
+    let n = 16 << 20; // 16 Mi f32 = 64 MiB
+    let t = Tensor::from_vec(values(n, 3), (16, 1024, 1024), &Device::Cpu)?;
+    let start = Instant::now();
+    a.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;
+    let got = b.recv(
+        JOB,
+        0,
+        1,
+        0,
+        FrameKind::Activation,
+        Duration::from_secs(120),
+    )?;
+    let elapsed = start.elapsed();
+    assert_eq!(got.dims(), t.dims());
+    assert_eq!(bits(&got)?, bits(&t)?);
+    assert_eq!(b.stats().accepted_bytes, 64 << 20);
+    println!("64 MiB frame in {:.1} ms", elapsed.as_secs_f64() * 1e3);
+    Ok(())
+}
