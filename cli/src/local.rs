@@ -3,9 +3,10 @@
 //! coordinator's driver runs the workers through [`EmbeddedRunner`], one thread and one
 //! [`WorkerRuntime`] per worker.
 //!
-//! Workers exchange activations and gradients through a [`Transport`]: in this version the
-//! in-process [`MemoryTransport`] (the gRPC activation transport is not wired in yet), and
-//! they all-reduce the gradient norm and the loss through a [`LocalSync`].
+//! Workers exchange activations and gradients through a [`Transport`]: by default each worker
+//! serves its own gRPC `ActivationService` on loopback ([`GrpcTransport`]) and streams frames
+//! to its peers; `--transport memory` uses in-process mailboxes instead. The gradient-norm and
+//! loss all-reduce at the end of a step goes through an in-process [`LocalSync`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,10 @@ use pipewise_common::{Costs, Times, simulate};
 use pipewise_coordinator::{Coordinator, JobRunner, StepEventData};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
-use pipewise_worker::runtime::{LocalSync, MemoryTransport, StepReport, Transport, WorkerRuntime};
+use pipewise_worker::net::{GrpcConfig, GrpcTransport};
+use pipewise_worker::runtime::{
+    Frame, FrameKind, LocalSync, MemoryTransport, StepReport, Transport, WorkerRuntime,
+};
 use pipewise_worker::{AdamW, Corpus, Device, Sampler, Stage, Tensor};
 use serde::Serialize;
 use tokio_stream::StreamExt as _;
@@ -32,6 +36,54 @@ pub(crate) enum ModelPreset {
     Tiny,
     /// vocab 256, hidden 128, 4 heads, 16 layers, sequence 64.
     Small,
+}
+
+/// How embedded workers exchange activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TransportKind {
+    /// Each worker serves gRPC on loopback; frames travel over real HTTP/2.
+    Grpc,
+    /// In-process mailboxes (no network).
+    Memory,
+}
+
+/// One worker's transport, either kind.
+enum AnyTransport {
+    Grpc(Box<GrpcTransport>),
+    Memory(MemoryTransport),
+}
+
+impl AnyTransport {
+    fn abort(&self, reason: &str) {
+        match self {
+            AnyTransport::Grpc(t) => t.abort(reason),
+            AnyTransport::Memory(t) => t.abort(reason),
+        }
+    }
+}
+
+impl Transport for AnyTransport {
+    fn send(&self, to_worker: u32, frame: Frame) -> pipewise_worker::Result<()> {
+        match self {
+            AnyTransport::Grpc(t) => t.send(to_worker, frame),
+            AnyTransport::Memory(t) => t.send(to_worker, frame),
+        }
+    }
+
+    fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> pipewise_worker::Result<Tensor> {
+        match self {
+            AnyTransport::Grpc(t) => t.recv(job, step, stage, mb, kind, timeout),
+            AnyTransport::Memory(t) => t.recv(job, step, stage, mb, kind, timeout),
+        }
+    }
 }
 
 /// `pipewise local` arguments.
@@ -71,6 +123,9 @@ pub(crate) struct LocalArgs {
     /// No progress lines, only the summary.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// How workers exchange activations and gradients.
+    #[arg(long, value_enum, default_value_t = TransportKind::Grpc)]
+    pub(crate) transport: TransportKind,
 }
 
 /// One step of `summary.json`.
@@ -94,6 +149,7 @@ struct RunResult {
 /// Runs a job's workers in this process (see the module documentation).
 pub(crate) struct EmbeddedRunner {
     corpus: Corpus,
+    transport: TransportKind,
     result: Mutex<Option<RunResult>>,
 }
 
@@ -164,7 +220,32 @@ impl JobRunner for EmbeddedRunner {
         let steps = u64::from(spec.training.steps);
         let n = plan.microbatches;
         let sync = LocalSync::new(d, Duration::from_secs(120));
-        let network = MemoryTransport::network(d);
+        let network: Vec<AnyTransport> = match self.transport {
+            TransportKind::Memory => MemoryTransport::network(d)
+                .into_iter()
+                .map(AnyTransport::Memory)
+                .collect(),
+            TransportKind::Grpc => {
+                let mut nets = Vec::with_capacity(d as usize);
+                for w in 0..d {
+                    let config = GrpcConfig::new(job, schedule.placement.stages_of(w));
+                    nets.push(GrpcTransport::start(config).map_err(|e| e.to_string())?);
+                }
+                let addrs: Vec<String> = nets.iter().map(|t| t.local_addr().to_string()).collect();
+                for t in &nets {
+                    t.set_peers(
+                        addrs
+                            .iter()
+                            .enumerate()
+                            .map(|(w, a)| (w as u32, a.as_str())),
+                    )
+                    .map_err(|e| e.to_string())?;
+                }
+                nets.into_iter()
+                    .map(|t| AnyTransport::Grpc(Box::new(t)))
+                    .collect()
+            }
+        };
         let gate = Gate {
             state: Mutex::new((0, false)),
             cond: Condvar::new(),
@@ -339,6 +420,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
     };
     let runner = Arc::new(EmbeddedRunner {
         corpus,
+        transport: args.transport,
         result: Mutex::new(None),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
