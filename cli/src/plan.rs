@@ -10,11 +10,10 @@ use pipewise_common::render::curve::{Series, line_chart};
 use pipewise_common::render::report::{Report, compare_table};
 use pipewise_common::render::{chrome, grid, svg};
 use pipewise_common::{
-    Costs, Error, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, Times,
-    simulate,
+    Costs, Error, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, simulate,
 };
 
-use crate::args::{Format, Plan, Source, StageTimes};
+use crate::args::{Format, Plan, Source};
 
 /// Runs the plan and writes its output.
 pub(crate) fn run(plan: &Plan) -> Result<()> {
@@ -84,23 +83,10 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
     write_output(plan, &text)
 }
 
-/// The generator request: `--times`, or with `--stage-times` the per-worker average of the
-/// stage times (the sum over stages divided by d, so that `Costs::uniform` spreads it back).
+/// The generator request. Its times are only checked: every cost-aware step gets the plan's
+/// cost model (`--stage-times` or `--times`) through [`generate_planned`].
 fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Result<Request> {
-    let times = match &plan.stage_times {
-        Some((_, stages)) => {
-            let per_worker = |pick: fn(&StageTimes) -> f64| {
-                stages.iter().map(pick).sum::<f64>() / f64::from(d.max(1))
-            };
-            Times {
-                f: per_worker(|s| s.f),
-                b: per_worker(|s| s.b),
-                w: per_worker(|s| s.w),
-                comm: plan.times.comm,
-            }
-        }
-        None => plan.times,
-    };
+    let times = plan.times;
     let memory_limit = match plan.memory_limit {
         Some(limit) => Some(limit.units(d, plan.activation_bytes)?),
         None => None,

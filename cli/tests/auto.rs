@@ -2,50 +2,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
-
 use serde_json::Value;
 
+mod common;
+use common::{fails, ok};
+
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-
-fn pipewise(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewise"))
-        .args(args)
-        .output()
-        .expect("runs pipewise")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Runs and expects success; returns standard output.
-fn ok(args: &[&str]) -> String {
-    let out = pipewise(args);
-    assert!(
-        out.status.success(),
-        "pipewise {args:?} failed:\n{}",
-        stderr(&out)
-    );
-    stdout(&out)
-}
-
-/// Runs and expects failure; returns standard error.
-fn fails(args: &[&str]) -> String {
-    let out = pipewise(args);
-    assert!(
-        !out.status.success(),
-        "pipewise {args:?} succeeded:\n{}",
-        stdout(&out)
-    );
-    let err = stderr(&out);
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
 
 /// `plan --auto` on the 24-layer model, 8 workers, global batch 32, with extra arguments.
 fn auto_args<'a>(budget: &'a str, extra: &[&'a str]) -> Vec<&'a str> {

@@ -3,49 +3,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 
-fn pipewise(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewise"))
-        .args(args)
-        .output()
-        .expect("runs pipewise")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Runs and expects success; returns standard output.
-fn ok(args: &[&str]) -> String {
-    let out = pipewise(args);
-    assert!(
-        out.status.success(),
-        "pipewise {args:?} failed:\n{}",
-        stderr(&out)
-    );
-    stdout(&out)
-}
-
-/// Runs and expects failure; returns standard error.
-fn fails(args: &[&str]) -> String {
-    let out = pipewise(args);
-    assert!(
-        !out.status.success(),
-        "pipewise {args:?} succeeded:\n{}",
-        stdout(&out)
-    );
-    let err = stderr(&out);
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
+mod common;
+use common::{fails, ok};
 
 /// A fresh path in the temporary directory.
 fn temp_path(name: &str) -> PathBuf {

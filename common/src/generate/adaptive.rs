@@ -31,7 +31,7 @@
 //! to ZB-H2 (`2(d − w − 1)`); W passes then fill the bubbles within the limit
 //! ([`super::fill_weights`]) and the local search runs. The least makespan that fits wins.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use super::block::{BuildingBlock, Placed, VOffsets, reorder_warmup};
 use super::classic::{Backward, one_f_one_b};
@@ -474,6 +474,48 @@ fn check_costs(costs: &Costs, placement: &Placement) -> Result<()> {
     Ok(())
 }
 
+/// Keeps `candidate` in `best` if it is better.
+fn keep_better(
+    best: &mut Option<(Schedule, Simulation)>,
+    candidate: Option<(Schedule, Simulation)>,
+) {
+    if let Some((s, sim)) = candidate
+        && best.as_ref().is_none_or(|(_, b)| better(&sim, b))
+    {
+        *best = Some((s, sim));
+    }
+}
+
+/// The end of both searches: the typed error if nothing fit, else the local search on the
+/// best schedule and its simulation.
+fn conclude(
+    name: &str,
+    best: Option<(Schedule, Simulation)>,
+    costs: &Costs,
+    limit: f64,
+    smallest: f64,
+    local_search_budget: u64,
+    (considered, evaluated): (usize, usize),
+) -> Result<Planned> {
+    let Some((schedule, sim)) = best else {
+        return Err(Error::MemoryLimit {
+            schedule: name.into(),
+            limit,
+            smallest,
+        });
+    };
+    let before = sim.makespan;
+    let schedule = improve(schedule, costs, limit, local_search_budget)?;
+    let simulation = simulate(&schedule, costs)?;
+    Ok(Planned {
+        schedule,
+        simulation,
+        considered,
+        evaluated,
+        before_local_search: before,
+    })
+}
+
 /// Keeps the better of `best` and `candidate` if the candidate fits `limit`.
 fn consider(
     best: &mut Option<(Schedule, Simulation)>,
@@ -586,29 +628,17 @@ pub fn adaptive_v(
     }
     for block in &blocks {
         evaluated += 1;
-        if let Some((s, sim)) = realise(block, NAME, n, costs, limit)? {
-            if best.as_ref().is_none_or(|(_, b)| better(&sim, b)) {
-                best = Some((s, sim));
-            }
-        }
+        keep_better(&mut best, realise(block, NAME, n, costs, limit)?);
     }
-    let Some((schedule, sim)) = best else {
-        return Err(Error::MemoryLimit {
-            schedule: NAME.into(),
-            limit,
-            smallest,
-        });
-    };
-    let before = sim.makespan;
-    let schedule = improve(schedule, costs, limit, local_search_budget)?;
-    let simulation = simulate(&schedule, costs)?;
-    Ok(Planned {
-        schedule,
-        simulation,
-        considered,
-        evaluated,
-        before_local_search: before,
-    })
+    conclude(
+        NAME,
+        best,
+        costs,
+        limit,
+        smallest,
+        local_search_budget,
+        (considered, evaluated),
+    )
 }
 
 /// Warm-up forwards of worker `w` for the adaptive zero-bubble family, index `c` in
@@ -640,11 +670,11 @@ pub fn adaptive_zb(
     let mut best: Option<(Schedule, Simulation)> = None;
     let mut smallest = f64::INFINITY;
     let mut evaluated = 0usize;
-    let mut seen: HashMap<Vec<usize>, ()> = HashMap::new();
+    let mut seen: HashSet<Vec<usize>> = HashSet::new();
     let shapes = 2 * (d - 1) + 1;
     for c in 0..shapes {
         let warm: Vec<usize> = (0..d).map(|w| zb_warmup(d, w, c).min(n as usize)).collect();
-        if seen.insert(warm.clone(), ()).is_some() {
+        if !seen.insert(warm.clone()) {
             continue;
         }
         let base = one_f_one_b(
@@ -666,29 +696,17 @@ pub fn adaptive_zb(
         consider(&mut local, base.clone(), costs, limit)?;
         let finished = finish_capped(base, costs, Some(limit))?;
         consider(&mut local, finished, costs, limit)?;
-        if let Some((s, sim)) = local {
-            if best.as_ref().is_none_or(|(_, b)| better(&sim, b)) {
-                best = Some((s, sim));
-            }
-        }
+        keep_better(&mut best, local);
     }
-    let Some((schedule, sim)) = best else {
-        return Err(Error::MemoryLimit {
-            schedule: NAME.into(),
-            limit,
-            smallest,
-        });
-    };
-    let before = sim.makespan;
-    let schedule = improve(schedule, costs, limit, local_search_budget)?;
-    let simulation = simulate(&schedule, costs)?;
-    Ok(Planned {
-        schedule,
-        simulation,
-        considered: shapes as usize,
-        evaluated,
-        before_local_search: before,
-    })
+    conclude(
+        NAME,
+        best,
+        costs,
+        limit,
+        smallest,
+        local_search_budget,
+        (shapes as usize, evaluated),
+    )
 }
 
 #[cfg(test)]
