@@ -91,6 +91,22 @@ pub(crate) enum Command {
     /// the same tensor names whatever the worker count).
     #[command(verbatim_doc_comment)]
     Local(crate::local::LocalArgs),
+    /// Run a coordinator: the job API and the cluster API over gRPC.
+    ///
+    /// Jobs submitted to it run on the worker processes that register
+    /// (`pipewise worker --coordinator URL`). Prints the bound address.
+    #[command(verbatim_doc_comment)]
+    Coordinator(crate::cluster::CoordinatorArgs),
+    /// Run a worker process: register with a coordinator and run assignments.
+    Worker(crate::cluster::WorkerArgs),
+    /// Submit a job file (TOML) to a coordinator.
+    Submit(crate::cluster::SubmitArgs),
+    /// Show one job, or list every job, of a coordinator.
+    Status(crate::cluster::JobArgs),
+    /// Follow a job's steps until it ends.
+    Watch(crate::cluster::JobArgs),
+    /// Cancel a job (workers stop at the next step boundary).
+    Cancel(crate::cluster::JobArgs),
 }
 
 /// Output formats.

@@ -13,12 +13,15 @@
 //! - [`plan`]: the `plan` command: generate or import, simulate, time, render, write.
 //! - [`local`]: `pipewise local`: a coordinator and N embedded workers training on this machine.
 //! - [`auto`]: `plan --auto`: the model-spec flags and the auto-planner's report.
+//! - [`cluster`]: `coordinator` and `worker` (the two kinds of process) and `submit`,
+//!   `status`, `watch`, `cancel` (clients of a running coordinator).
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
 
 mod args;
 mod auto;
+mod cluster;
 mod local;
 mod plan;
 
@@ -34,6 +37,12 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Plan(args) => args.resolve().and_then(|plan| plan::run(&plan)),
         Command::Local(args) => local::run(&args),
+        Command::Coordinator(args) => cluster::coordinator(&args),
+        Command::Worker(args) => cluster::worker(&args),
+        Command::Submit(args) => cluster::submit(&args),
+        Command::Status(args) => cluster::status(&args),
+        Command::Watch(args) => cluster::watch(&args),
+        Command::Cancel(args) => cluster::cancel(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

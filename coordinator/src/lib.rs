@@ -6,7 +6,9 @@
 //! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
 //!   order); persistence through [`store`]; starts a [`driver`] per running job.
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`).
-//! - [`membership`]: worker registrations and heartbeats; who is alive.
+//! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams
+//!   and the routing of workers' step reports.
+//! - [`cluster`]: [`cluster::ClusterRunner`], which runs jobs on registered worker processes.
 //! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
 //!   reports each step.
 //! - [`store`]: the durable job store (redb) in the data directory.
@@ -14,8 +16,10 @@
 //!   `tonic::Status`.
 //! - [`error`]: the crate's one error type.
 //!
-//! [`Coordinator::start`] wires them together and serves gRPC (with health and reflection).
+//! [`Coordinator::start`] wires them together and serves gRPC (with health and reflection);
+//! [`Coordinator::start_cluster`] does the same with jobs run by worker processes.
 
+pub mod cluster;
 pub mod driver;
 pub mod error;
 pub mod job_manager;
@@ -63,6 +67,29 @@ impl Coordinator {
         data_dir: &Path,
         runner: Option<Arc<dyn JobRunner>>,
     ) -> Result<Coordinator> {
+        Self::start_with(listen, data_dir, |_| runner).await
+    }
+
+    /// Like [`Coordinator::start`], with jobs run on the worker processes that register
+    /// ([`cluster::ClusterRunner`]).
+    pub async fn start_cluster(listen: SocketAddr, data_dir: &Path) -> Result<Coordinator> {
+        let runtime = tokio::runtime::Handle::current();
+        let dir = data_dir.to_path_buf();
+        Self::start_with(listen, data_dir, move |membership| {
+            Some(Arc::new(cluster::ClusterRunner {
+                membership: membership.clone(),
+                runtime,
+                data_dir: dir,
+            }) as Arc<dyn JobRunner>)
+        })
+        .await
+    }
+
+    async fn start_with(
+        listen: SocketAddr,
+        data_dir: &Path,
+        runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Arc<dyn JobRunner>>,
+    ) -> Result<Coordinator> {
         let store = JobStore::open(data_dir)?;
         let (planner, planner_handle) = Actor::spawn(None, Planner, ())
             .await
@@ -71,6 +98,7 @@ impl Coordinator {
         let (membership, membership_handle) = Actor::spawn(None, Membership, ())
             .await
             .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let runner = runner(&membership);
         let (jobs, jobs_handle) = Actor::spawn(
             None,
             JobManager,

@@ -1,10 +1,15 @@
-//! The membership actor: worker registrations and heartbeats, and who is alive.
+//! The membership actor: worker registrations and heartbeats, who is alive, the workers'
+//! assignment streams, and the routing of their step reports to the job that runs them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+use pipewise_proto::v1 as pb;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+use crate::error::{CoordinatorError, Result};
 
 /// Heartbeat interval handed to workers.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
@@ -30,6 +35,8 @@ pub struct WorkerInfo {
     pub peak_activation_bytes: u64,
     /// Last step the worker reported.
     pub step: u64,
+    /// Whether its assignment stream is open.
+    pub streaming: bool,
 }
 
 /// A heartbeat's content.
@@ -48,43 +55,73 @@ pub struct Heartbeat {
 /// The membership actor.
 pub struct Membership;
 
+/// The membership actor's state.
+#[derive(Default)]
+pub struct MembershipState {
+    workers: BTreeMap<String, WorkerInfo>,
+    streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
+    /// worker id → the job it was last assigned.
+    assigned: HashMap<String, u64>,
+    /// job → where its workers' step reports go.
+    sinks: HashMap<u64, std::sync::mpsc::Sender<pb::StepReport>>,
+    /// Jobs whose workers stop at the next step boundary (answered in `StepAck`).
+    stopping: HashSet<u64>,
+    /// Jobs whose workers abandon them at once (answered in heartbeats).
+    aborted: HashSet<u64>,
+}
+
 /// Messages of the membership actor.
 pub enum MembershipMsg {
     /// A worker registers (again); replies with the heartbeat interval.
     Register(WorkerInfo, RpcReplyPort<Duration>),
     /// A heartbeat; replies whether the worker is known (else it must register).
-    Heartbeat(Heartbeat, RpcReplyPort<bool>),
+    Heartbeat(Heartbeat, RpcReplyPort<HeartbeatAnswer>),
     /// The workers alive now.
     Live(RpcReplyPort<Vec<WorkerInfo>>),
+    /// A registered worker opens its assignment stream (replacing an older one).
+    OpenStream(String, RpcReplyPort<Result<mpsc::Receiver<pb::Assignment>>>),
+    /// Sends an assignment down a worker's stream.
+    Assign(String, Box<pb::Assignment>, RpcReplyPort<Result<()>>),
+    /// Routes the step reports of a job to a runner.
+    Attach(u64, std::sync::mpsc::Sender<pb::StepReport>),
+    /// A worker's step report; replies whether its job is stopping.
+    Report(Box<pb::StepReport>, RpcReplyPort<bool>),
+    /// Ask the job's workers to stop at the next step boundary.
+    Stop(u64),
+    /// Tell the job's workers to abandon it now; its reports are no longer routed.
+    Abort(u64),
+    /// The job is over; its reports are no longer routed.
+    Detach(u64),
 }
 
 impl Actor for Membership {
     type Msg = MembershipMsg;
-    type State = BTreeMap<String, WorkerInfo>;
+    type State = MembershipState;
     type Arguments = ();
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
         _args: (),
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(BTreeMap::new())
+    ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        Ok(MembershipState::default())
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
-        workers: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
+        st: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
         match msg {
-            MembershipMsg::Register(info, reply) => {
+            MembershipMsg::Register(mut info, reply) => {
                 tracing::info!(worker = %info.id, address = %info.address, "worker registered");
-                workers.insert(info.id.clone(), info);
+                info.streaming = st.streams.get(&info.id).is_some_and(|tx| !tx.is_closed());
+                st.workers.insert(info.id.clone(), info);
                 let _ = reply.send(HEARTBEAT_INTERVAL);
             }
             MembershipMsg::Heartbeat(beat, reply) => {
-                let known = match workers.get_mut(&beat.id) {
+                let known = match st.workers.get_mut(&beat.id) {
                     Some(w) => {
                         w.last_seen = Instant::now();
                         w.current_activation_bytes = beat.current_activation_bytes;
@@ -94,19 +131,92 @@ impl Actor for Membership {
                     }
                     None => false,
                 };
-                let _ = reply.send(known);
+                let abort = st
+                    .assigned
+                    .get(&beat.id)
+                    .copied()
+                    .filter(|job| st.aborted.contains(job));
+                let _ = reply.send(HeartbeatAnswer { known, abort });
             }
             MembershipMsg::Live(reply) => {
                 let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
                 let now = Instant::now();
-                let live = workers
+                let live = st
+                    .workers
                     .values()
                     .filter(|w| now.duration_since(w.last_seen) <= deadline)
-                    .cloned()
+                    .map(|w| WorkerInfo {
+                        streaming: st.streams.get(&w.id).is_some_and(|tx| !tx.is_closed()),
+                        ..w.clone()
+                    })
                     .collect();
                 let _ = reply.send(live);
+            }
+            MembershipMsg::OpenStream(id, reply) => {
+                if st.workers.contains_key(&id) {
+                    let (tx, rx) = mpsc::channel(16);
+                    st.streams.insert(id.clone(), tx);
+                    if let Some(w) = st.workers.get_mut(&id) {
+                        w.streaming = true;
+                    }
+                    let _ = reply.send(Ok(rx));
+                } else {
+                    let _ = reply.send(Err(CoordinatorError::BadRequest {
+                        field: "WorkerId.id",
+                        reason: format!("worker {id:?} is not registered; call Register first"),
+                    }));
+                }
+            }
+            MembershipMsg::Assign(id, assignment, reply) => {
+                let job = assignment.job;
+                let outcome = match st.streams.get(&id) {
+                    Some(tx) => tx.try_send(*assignment).map_err(|e| {
+                        CoordinatorError::Actor(format!(
+                            "cannot hand worker {id} its assignment: {e}"
+                        ))
+                    }),
+                    None => Err(CoordinatorError::Actor(format!(
+                        "worker {id} has no open assignment stream"
+                    ))),
+                };
+                if outcome.is_ok() {
+                    st.assigned.insert(id, job);
+                }
+                let _ = reply.send(outcome);
+            }
+            MembershipMsg::Attach(job, sink) => {
+                st.sinks.insert(job, sink);
+            }
+            MembershipMsg::Report(report, reply) => {
+                let job = report.job;
+                let stopping = st.stopping.contains(&job) || st.aborted.contains(&job);
+                if let Some(sink) = st.sinks.get(&job) {
+                    if sink.send(*report).is_err() {
+                        st.sinks.remove(&job);
+                    }
+                }
+                let _ = reply.send(stopping);
+            }
+            MembershipMsg::Stop(job) => {
+                st.stopping.insert(job);
+            }
+            MembershipMsg::Abort(job) => {
+                st.aborted.insert(job);
+                st.sinks.remove(&job);
+            }
+            MembershipMsg::Detach(job) => {
+                st.sinks.remove(&job);
             }
         }
         Ok(())
     }
+}
+
+/// The membership's answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatAnswer {
+    /// Whether the worker is registered.
+    pub known: bool,
+    /// The job the worker must abandon now, if any.
+    pub abort: Option<u64>,
 }

@@ -194,6 +194,7 @@ impl ClusterService for Cluster {
             current_activation_bytes: 0,
             peak_activation_bytes: 0,
             step: 0,
+            streaming: false,
         };
         let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
             .map_err(CoordinatorError::from)?;
@@ -215,11 +216,12 @@ impl ClusterService for Cluster {
             peak_activation_bytes: r.peak_activation_bytes,
             step: r.step,
         };
-        let known = ractor::call!(self.membership, MembershipMsg::Heartbeat, beat)
+        let answer = ractor::call!(self.membership, MembershipMsg::Heartbeat, beat)
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(pb::HeartbeatReply {
-            known,
-            cancel: false,
+            known: answer.known,
+            cancel: answer.abort.is_some(),
+            job: answer.abort.unwrap_or(0),
         }))
     }
 
@@ -227,11 +229,27 @@ impl ClusterService for Cluster {
 
     async fn assignments(
         &self,
-        _request: Request<pb::WorkerId>,
+        request: Request<pb::WorkerId>,
     ) -> Result<Response<Self::AssignmentsStream>, Status> {
-        Err(Status::unimplemented(
-            "assignments to remote worker processes are not implemented yet; run jobs with \
-             `pipewise local`, whose workers run embedded",
-        ))
+        let id = request.into_inner().id;
+        let rx = ractor::call!(self.membership, MembershipMsg::OpenStream, id)
+            .map_err(CoordinatorError::from)??;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn report_step(
+        &self,
+        request: Request<pb::StepReport>,
+    ) -> Result<Response<pb::StepAck>, Status> {
+        let report = request.into_inner();
+        if report.worker_id.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "StepReport.worker_id: must not be empty",
+            ));
+        }
+        let cancel = ractor::call!(self.membership, MembershipMsg::Report, Box::new(report))
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(pb::StepAck { cancel }))
     }
 }

@@ -19,6 +19,11 @@
 //! - [`runtime`]: the pipeline executor ([`runtime::WorkerRuntime`] runs a worker's program
 //!   of a schedule for one step), the worker-to-worker [`runtime::Transport`] and
 //!   [`runtime::run_local`] (all workers on threads of one process).
+//! - [`net`]: the gRPC activation transport ([`net::GrpcTransport`]) and the end-of-step
+//!   collectives across processes ([`net::NetSync`], served by a job's worker 0).
+//! - [`node`]: the worker process: a connection actor (register, heartbeat, assignments)
+//!   and an executor thread running assignments with the transport above.
+//! - [`job`]: what a worker derives from a job spec (optimizer, sampler, corpus, partition).
 //! - [`rng`]: the deterministic host-side random source.
 //! - [`test_utils`]: [`test_device!`] and device helpers for tests.
 //! - [`error`]: the crate's one error type.
@@ -29,7 +34,9 @@
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod job;
 pub mod net;
+pub mod node;
 mod ops;
 pub mod optim;
 pub mod param;

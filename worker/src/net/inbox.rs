@@ -81,11 +81,10 @@ impl Inbox {
     /// Switches to a new job and set of stages, dropping every queued frame and record.
     pub(crate) fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>) {
         let mut state = self.lock();
-        let closed = state.closed.take();
+        // A new assignment reopens a transport closed by an aborted job.
         *state = State {
             job,
             stages: stages.into_iter().collect(),
-            closed,
             ..State::default()
         };
         self.arrived.notify_all();

@@ -19,6 +19,7 @@
 
 mod client;
 mod codec;
+mod collective;
 mod inbox;
 mod server;
 
@@ -29,8 +30,10 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use pipewise_proto::v1::activation_service_server::ActivationServiceServer;
+use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
+pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
 
 use crate::error::{Error, Result};
@@ -98,6 +101,7 @@ pub struct GrpcTransport {
     peers: RwLock<HashMap<u32, Peer>>,
     settings: ClientSettings,
     errors: Arc<PeerErrors>,
+    collective: Arc<Collective>,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
@@ -140,6 +144,10 @@ impl GrpcTransport {
         })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
+        let collective = Arc::new(Collective::default());
+        let collective_service = CollectiveServiceServer::new(collective::CollectiveServer {
+            collective: Arc::clone(&collective),
+        });
         let (health_reporter, health) = pipewise_proto::health_service();
         let (shutdown, stop) = oneshot::channel::<()>();
         let incoming = {
@@ -154,7 +162,8 @@ impl GrpcTransport {
             .http2_adaptive_window(Some(config.adaptive_window))
             .max_frame_size(config.max_frame_bytes)
             .add_service(health)
-            .add_service(service);
+            .add_service(service)
+            .add_service(collective_service);
         let serve_inbox = Arc::clone(&inbox);
         runtime.spawn(async move {
             health_reporter
@@ -183,6 +192,7 @@ impl GrpcTransport {
                 connect_timeout: config.connect_timeout,
             },
             errors: Arc::new(PeerErrors::default()),
+            collective,
             shutdown: Some(shutdown),
         })
     }
@@ -228,6 +238,17 @@ impl GrpcTransport {
         self.inbox.assign(job, stages);
     }
 
+    /// The end-of-step collectives this worker serves when it is a job's worker 0.
+    pub fn collective(&self) -> &Arc<Collective> {
+        &self.collective
+    }
+
+    /// A [`NetSync`] for worker `worker` of `job` whose collectives go to the root
+    /// (worker 0) at `root`, over this transport's runtime.
+    pub fn sync_to(&self, root: &str, job: u64, worker: u32, timeout: Duration) -> Result<NetSync> {
+        NetSync::new(self.runtime.clone(), root, job, worker, timeout)
+    }
+
     /// Counts of accepted, rejected and queued frames on the receiving side.
     pub fn stats(&self) -> InboxStats {
         self.inbox.stats()
@@ -242,6 +263,7 @@ impl GrpcTransport {
     /// Fails every pending and later `recv` with `reason` (e.g. when the job is aborted).
     pub fn abort(&self, reason: &str) {
         self.inbox.close(reason);
+        self.collective.abort(reason);
     }
 }
 

@@ -95,7 +95,6 @@ impl WorkerRuntime {
         optimizer: AdamW,
     ) -> Result<Self> {
         pipewise_common::validate(schedule)?;
-        let placement = schedule.placement.clone();
         if worker >= schedule.num_workers() {
             return Err(invalid(
                 "worker",
@@ -105,22 +104,64 @@ impl WorkerRuntime {
                 ),
             ));
         }
+        Self::from_program(
+            worker,
+            &schedule.placement,
+            schedule.microbatches,
+            schedule.workers[worker as usize].clone(),
+            spec,
+            partition,
+            seed,
+            device,
+            optimizer,
+        )
+    }
+
+    /// Worker `worker` running `program` (its pass list of a schedule over `placement`
+    /// with `microbatches` microbatches), as a remote worker gets it in an assignment.
+    ///
+    /// Only this worker's part is checked: every pass is on a stage the placement gives
+    /// the worker, for a microbatch below `microbatches`, and appears once; and every
+    /// (stage, microbatch) gets its forward and its full backward (`B` and `W`, or `BW`).
+    /// The schedule as a whole is the planner's to validate.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_program(
+        worker: u32,
+        placement: &Placement,
+        microbatches: u32,
+        program: Vec<Pass>,
+        spec: &ModelSpec,
+        partition: &[Range<usize>],
+        seed: u64,
+        device: &Device,
+        optimizer: AdamW,
+    ) -> Result<Self> {
+        if worker >= placement.workers() {
+            return Err(invalid(
+                "worker",
+                format!(
+                    "worker {worker} of a {}-worker placement",
+                    placement.workers()
+                ),
+            ));
+        }
+        check_program(worker, placement, microbatches, &program)?;
         let stage_count = placement.stages();
         check_partition(spec, partition, stage_count)?;
         let mut stages = BTreeMap::new();
         for s in placement.stages_of(worker) {
             let mut stage = Stage::new(spec, partition[s as usize].clone(), seed, device)?;
             stage.set_optimizer(optimizer);
-            stage.set_microbatches(schedule.microbatches);
+            stage.set_microbatches(microbatches);
             stages.insert(s, stage);
         }
         Ok(Self {
             worker,
-            placement,
+            placement: placement.clone(),
             stage_count,
-            microbatches: schedule.microbatches,
+            microbatches,
             stages,
-            program: schedule.workers[worker as usize].clone(),
+            program,
             optimizer,
             hidden: spec.hidden as usize,
             timeout: DEFAULT_TIMEOUT,
@@ -422,6 +463,60 @@ struct StepCtx<'a> {
     transport: &'a dyn Transport,
     /// Tensors handed between stages of this worker, keyed by consumer.
     local: HashMap<(u32, u32, FrameKind), Tensor>,
+}
+
+/// One worker's program: its own stages, microbatches in range, each pass once, and a
+/// complete forward and backward for every (stage, microbatch) it holds.
+fn check_program(
+    worker: u32,
+    placement: &Placement,
+    microbatches: u32,
+    program: &[Pass],
+) -> Result<()> {
+    let mine = placement.stages_of(worker);
+    let mut seen: HashMap<(PassKind, u32, u32), usize> = HashMap::new();
+    for (i, p) in program.iter().enumerate() {
+        if !mine.contains(&p.stage) {
+            return Err(invalid(
+                "program",
+                format!(
+                    "pass {i} ({p}) is on stage {} that worker {worker} does not hold",
+                    p.stage
+                ),
+            ));
+        }
+        if p.mb >= microbatches {
+            return Err(invalid(
+                "program",
+                format!(
+                    "pass {i} ({p}) is for microbatch {} of {microbatches}",
+                    p.mb
+                ),
+            ));
+        }
+        if let Some(first) = seen.insert((p.kind, p.stage, p.mb), i) {
+            return Err(invalid(
+                "program",
+                format!("pass {i} ({p}) repeats pass {first}"),
+            ));
+        }
+    }
+    for &s in &mine {
+        for mb in 0..microbatches {
+            let has = |k: PassKind| seen.contains_key(&(k, s, mb));
+            let backward = has(PassKind::BW) || (has(PassKind::B) && has(PassKind::W));
+            if !has(PassKind::F) || !backward {
+                return Err(invalid(
+                    "program",
+                    format!(
+                        "stage {s} microbatch {mb} lacks its forward or a complete backward \
+                         (B and W, or BW)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_partition(spec: &ModelSpec, partition: &[Range<usize>], stages: u32) -> Result<()> {

@@ -1,0 +1,311 @@
+//! The cluster commands: `pipewise coordinator` and `pipewise worker` run the two kinds of
+//! process; `submit`, `status`, `watch` and `cancel` talk to a running coordinator's
+//! `JobService`.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use pipewise_coordinator::Coordinator;
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::job_service_client::JobServiceClient;
+use pipewise_worker::node::{NodeConfig, WorkerNode};
+use tokio_stream::StreamExt as _;
+use tonic::transport::Channel;
+
+/// `pipewise coordinator` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorArgs {
+    /// Address of the gRPC server (port 0 picks a free one; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub(crate) listen: SocketAddr,
+    /// Directory of the job store and (by default) of checkpoints and final parameters.
+    #[arg(long, value_name = "DIR", default_value = "pipewise-data")]
+    pub(crate) data_dir: PathBuf,
+}
+
+/// `pipewise worker` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The coordinator's URL.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub(crate) coordinator: String,
+    /// Address of this worker's activation service (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub(crate) listen: SocketAddr,
+    /// The address peers reach this worker at (default: the bound address).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// The worker's unique name (default: worker-<pid>).
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// Seconds to wait for a peer's frame or for the other workers at a step's end.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) timeout: u64,
+}
+
+/// Where a client command finds the coordinator.
+#[derive(Debug, Args)]
+pub(crate) struct Endpoint {
+    /// The coordinator's URL.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub(crate) coordinator: String,
+}
+
+/// `pipewise submit` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// The job file (TOML).
+    pub(crate) file: PathBuf,
+    #[command(flatten)]
+    pub(crate) endpoint: Endpoint,
+    /// Override the schedule.
+    #[arg(long)]
+    pub(crate) schedule: Option<String>,
+    /// Override the worker count.
+    #[arg(long)]
+    pub(crate) workers: Option<u32>,
+    /// Override the step count.
+    #[arg(long)]
+    pub(crate) steps: Option<u64>,
+    /// Override the microbatch count.
+    #[arg(long)]
+    pub(crate) microbatches: Option<u32>,
+    /// Follow the job until it ends (like `watch`); exit status 1 unless it succeeds.
+    #[arg(long)]
+    pub(crate) wait: bool,
+}
+
+/// `pipewise status` / `watch` / `cancel` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct JobArgs {
+    /// Job id (`status` without one lists every job).
+    pub(crate) job: Option<u64>,
+    #[command(flatten)]
+    pub(crate) endpoint: Endpoint,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Runs `pipewise coordinator` until the process is stopped.
+pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
+    let data_dir = std::path::absolute(&args.data_dir)
+        .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    runtime()?.block_on(async {
+        let coordinator = Coordinator::start_cluster(args.listen, &data_dir)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot start the coordinator")?;
+        println!(
+            "coordinator listening on {} (data in {})",
+            coordinator.addr,
+            data_dir.display()
+        );
+        std::io::stdout().flush().ok();
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}
+
+/// Runs `pipewise worker` until the process is stopped.
+pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
+    let id = args
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let mut config = NodeConfig::new(args.coordinator.clone(), id);
+    config.listen = args.listen;
+    config.advertise = args.advertise.clone();
+    config.timeout = Duration::from_secs(args.timeout);
+    runtime()?.block_on(async {
+        let node = WorkerNode::start(config)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot start the worker")?;
+        println!(
+            "worker {} serving activations on {}, coordinator {}",
+            node.id, node.address, args.coordinator
+        );
+        std::io::stdout().flush().ok();
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}
+
+async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
+    JobServiceClient::connect(endpoint.coordinator.clone())
+        .await
+        .with_context(|| format!("cannot reach the coordinator at {}", endpoint.coordinator))
+}
+
+fn state_name(state: i32) -> &'static str {
+    match pb::JobState::try_from(state).unwrap_or(pb::JobState::Unspecified) {
+        pb::JobState::Queued => "queued",
+        pb::JobState::Running => "running",
+        pb::JobState::Succeeded => "succeeded",
+        pb::JobState::Failed => "failed",
+        pb::JobState::Cancelled => "cancelled",
+        pb::JobState::Unspecified => "unknown",
+    }
+}
+
+fn print_status(s: &pb::JobStatus) {
+    let mut line = format!(
+        "job {:<4} {:<24} {:<10} step {}/{}",
+        s.id,
+        s.name,
+        state_name(s.state),
+        s.step,
+        s.steps
+    );
+    if !s.last_loss.is_nan() {
+        line.push_str(&format!("  loss {:.4}", s.last_loss));
+    }
+    if !s.error.is_empty() {
+        line.push_str(&format!("  error: {}", s.error));
+    }
+    println!("{line}");
+}
+
+fn status_error(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+/// Streams a job's steps until it ends; returns its final status.
+async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobStatus> {
+    let mut events = c
+        .watch_job(pb::JobId { id: job })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    while let Some(e) = events.next().await {
+        let e = e.map_err(status_error)?;
+        let peaks: Vec<String> = e
+            .peaks
+            .iter()
+            .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
+            .collect();
+        println!(
+            "step {:>4}  loss {:.6}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
+            e.step,
+            e.loss,
+            e.step_time_ms,
+            100.0 * e.planned_bubble,
+            100.0 * e.measured_bubble,
+            peaks.join(" ")
+        );
+    }
+    let status = c
+        .get_job(pb::JobId { id: job })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    print_status(&status);
+    Ok(status)
+}
+
+fn succeeded(status: &pb::JobStatus) -> Result<()> {
+    if status.state == pb::JobState::Succeeded as i32 {
+        Ok(())
+    } else {
+        bail!(
+            "job {} {}: {}",
+            status.id,
+            state_name(status.state),
+            status.error
+        )
+    }
+}
+
+/// `pipewise submit`.
+pub(crate) fn submit(args: &SubmitArgs) -> Result<()> {
+    let toml = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    runtime()?.block_on(async {
+        let mut c = client(&args.endpoint).await?;
+        let status = c
+            .submit_job(pb::JobSpec {
+                toml,
+                schedule: args.schedule.clone(),
+                workers: args.workers,
+                steps: args.steps,
+                microbatches: args.microbatches,
+                ..Default::default()
+            })
+            .await
+            .map_err(status_error)
+            .context("the coordinator refused the job")?
+            .into_inner();
+        print_status(&status);
+        if args.wait {
+            succeeded(&follow(&mut c, status.id).await?)?;
+        }
+        Ok(())
+    })
+}
+
+/// `pipewise status [JOB]`.
+pub(crate) fn status(args: &JobArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut c = client(&args.endpoint).await?;
+        match args.job {
+            Some(id) => print_status(
+                &c.get_job(pb::JobId { id })
+                    .await
+                    .map_err(status_error)?
+                    .into_inner(),
+            ),
+            None => {
+                let list = c
+                    .list_jobs(pb::Empty {})
+                    .await
+                    .map_err(status_error)?
+                    .into_inner();
+                if list.jobs.is_empty() {
+                    println!("no jobs");
+                }
+                for s in &list.jobs {
+                    print_status(s);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `pipewise watch JOB`.
+pub(crate) fn watch(args: &JobArgs) -> Result<()> {
+    let Some(job) = args.job else {
+        bail!("watch needs a job id");
+    };
+    runtime()?.block_on(async {
+        let mut c = client(&args.endpoint).await?;
+        succeeded(&follow(&mut c, job).await?)
+    })
+}
+
+/// `pipewise cancel JOB`.
+pub(crate) fn cancel(args: &JobArgs) -> Result<()> {
+    let Some(job) = args.job else {
+        bail!("cancel needs a job id");
+    };
+    runtime()?.block_on(async {
+        let mut c = client(&args.endpoint).await?;
+        let status = c
+            .cancel_job(pb::JobId { id: job })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        print_status(&status);
+        Ok(())
+    })
+}

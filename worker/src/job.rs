@@ -1,0 +1,48 @@
+//! What a worker derives from a job spec: the optimizer, the data sampler, the corpus and
+//! the stage partition, the same for an embedded and a remote worker (and for the
+//! single-device reference a run is compared with).
+
+use std::ops::Range;
+use std::path::Path;
+
+use pipewise_common::job::JobSpec;
+
+use crate::data::{Corpus, Sampler};
+use crate::error::Result;
+use crate::optim::AdamW;
+use crate::stage::Stage;
+
+/// The spec's AdamW hyper-parameters (`max_norm` ≤ 0: no clipping).
+pub fn optimizer_of(spec: &JobSpec) -> AdamW {
+    let o = &spec.optimizer;
+    AdamW {
+        lr: o.lr,
+        beta1: o.beta1,
+        beta2: o.beta2,
+        eps: o.eps,
+        weight_decay: o.weight_decay,
+        max_grad_norm: (spec.training.max_norm > 0.0).then_some(spec.training.max_norm),
+    }
+}
+
+/// The spec's microbatch sampler (seeded by `training.seed`).
+pub fn sampler_of(spec: &JobSpec) -> Sampler {
+    Sampler {
+        seed: spec.training.seed,
+        microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size as usize,
+        seq_len: spec.model.seq_len as usize,
+    }
+}
+
+/// The spec's training text: `data.path`, or the generated corpus.
+pub fn corpus_of(spec: &JobSpec) -> Result<Corpus> {
+    match &spec.data.path {
+        Some(path) => Corpus::from_file(Path::new(path)),
+        None => Ok(Corpus::generated()),
+    }
+}
+
+/// The model's pieces cut evenly into `stages` stages ([`Stage::even_split`]).
+pub fn partition_of(spec: &JobSpec, stages: u32) -> Result<Vec<Range<usize>>> {
+    Stage::even_split(&spec.model, stages as usize)
+}

@@ -1,0 +1,330 @@
+//! End-of-step collectives over gRPC, peer to peer: worker 0 of a job serves
+//! `pipewise.v1.CollectiveService` next to its `ActivationService`; every worker (worker 0
+//! included) sends its contribution with one unary `AllReduce` call, and every call is
+//! answered, with the same result, once all the job's workers have contributed.
+//!
+//! The reduction matches [`LocalSync`](crate::runtime::LocalSync): squared norms are summed
+//! in value order and losses averaged in f64, so a step gives the same numbers whether its
+//! workers share a process or not. The root also carries the stop signal: once
+//! [`Collective::request_stop`] is called, the next completed loss round tells every worker
+//! to stop after that step, so all of them stop at the same step boundary.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use pipewise_proto::v1::collective_service_client::CollectiveServiceClient;
+use pipewise_proto::v1::collective_service_server::CollectiveService;
+use pipewise_proto::v1::{ReduceOp, ReduceReply, ReduceRequest};
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+use crate::runtime::StepSync;
+
+type RoundResult = std::result::Result<(f64, bool), String>;
+
+#[derive(Debug)]
+struct Round {
+    values: Vec<Option<Vec<f64>>>,
+    arrived: usize,
+    done: watch::Sender<Option<RoundResult>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    job: u64,
+    workers: u32,
+    rounds: HashMap<(u64, i32), Round>,
+    stop: bool,
+    aborted: Option<String>,
+}
+
+/// The root's side of the collectives of one job (see the [module docs](self)).
+#[derive(Debug, Default)]
+pub struct Collective {
+    state: Mutex<State>,
+    timeout: Mutex<Option<Duration>>,
+}
+
+impl Collective {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Serves `job` with `workers` contributors from now on; pending rounds of an earlier
+    /// job fail, and the stop signal is cleared.
+    pub fn configure(&self, job: u64, workers: u32, timeout: Duration) {
+        let mut st = self.lock();
+        for (_, round) in st.rounds.drain() {
+            let _ = round
+                .done
+                .send(Some(Err("the worker was reassigned".into())));
+        }
+        st.job = job;
+        st.workers = workers;
+        st.stop = false;
+        st.aborted = None;
+        *self
+            .timeout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(timeout);
+    }
+
+    /// Every worker stops after the next step whose loss round completes.
+    pub fn request_stop(&self) {
+        self.lock().stop = true;
+    }
+
+    /// Fails every pending and later round with `reason` (until the next `configure`).
+    pub fn abort(&self, reason: &str) {
+        let mut st = self.lock();
+        for (_, round) in st.rounds.drain() {
+            let _ = round.done.send(Some(Err(reason.to_string())));
+        }
+        st.aborted = Some(reason.to_string());
+    }
+
+    fn contribute(
+        &self,
+        req: &ReduceRequest,
+    ) -> std::result::Result<watch::Receiver<Option<RoundResult>>, Status> {
+        let op = ReduceOp::try_from(req.op)
+            .ok()
+            .filter(|op| *op != ReduceOp::Unspecified)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("ReduceRequest.op: unknown op {}", req.op))
+            })?;
+        let mut st = self.lock();
+        if let Some(reason) = &st.aborted {
+            return Err(Status::aborted(format!("the job was aborted: {reason}")));
+        }
+        if st.workers == 0 || req.job != st.job {
+            return Err(Status::failed_precondition(format!(
+                "ReduceRequest.job: this worker serves the collectives of job {} ({} workers), \
+                 not of job {}",
+                st.job, st.workers, req.job
+            )));
+        }
+        if req.worker >= st.workers {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.worker: {} of a {}-worker job",
+                req.worker, st.workers
+            )));
+        }
+        if op == ReduceOp::SqNorm && req.values.len() != 1 {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.values: a squared norm is one value, got {}",
+                req.values.len()
+            )));
+        }
+        let workers = st.workers as usize;
+        let stop = st.stop;
+        let round = st
+            .rounds
+            .entry((req.step, op as i32))
+            .or_insert_with(|| Round {
+                values: vec![None; workers],
+                arrived: 0,
+                done: watch::channel(None).0,
+            });
+        let slot = &mut round.values[req.worker as usize];
+        if slot.is_some() {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.worker: worker {} already contributed to step {} {op:?}",
+                req.worker, req.step
+            )));
+        }
+        *slot = Some(req.values.clone());
+        round.arrived += 1;
+        let rx = round.done.subscribe();
+        if round.arrived == workers {
+            let values: Vec<f64> = round.values.iter().flatten().flatten().copied().collect();
+            let result = match op {
+                ReduceOp::SqNorm => {
+                    let mut v = values;
+                    v.sort_by(f64::total_cmp);
+                    Ok((v.iter().sum(), false))
+                }
+                ReduceOp::Barrier => Ok((0.0, false)),
+                _ if values.is_empty() => Err("no worker reported a loss".to_string()),
+                _ => Ok((values.iter().sum::<f64>() / values.len() as f64, stop)),
+            };
+            let _ = round.done.send(Some(result));
+            st.rounds.remove(&(req.step, op as i32));
+        }
+        Ok(rx)
+    }
+}
+
+/// The gRPC face of a [`Collective`].
+#[derive(Debug, Clone)]
+pub(crate) struct CollectiveServer {
+    pub(crate) collective: Arc<Collective>,
+}
+
+#[tonic::async_trait]
+impl CollectiveService for CollectiveServer {
+    async fn all_reduce(
+        &self,
+        request: Request<ReduceRequest>,
+    ) -> std::result::Result<Response<ReduceReply>, Status> {
+        let req = request.into_inner();
+        let mut rx = self.collective.contribute(&req)?;
+        let timeout = self
+            .collective
+            .timeout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or(crate::runtime::DEFAULT_TIMEOUT);
+        let waited = tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await;
+        let result = match waited {
+            Err(_) => {
+                let reason = format!(
+                    "step {}: timed out after {:.1} s waiting for the other workers",
+                    req.step,
+                    timeout.as_secs_f64()
+                );
+                self.collective.abort(&reason);
+                return Err(Status::deadline_exceeded(reason));
+            }
+            Ok(Err(_)) => return Err(Status::aborted("the collective was dropped")),
+            Ok(Ok(r)) => r.clone(),
+        };
+        match result {
+            Some(Ok((value, stop))) => Ok(Response::new(ReduceReply { value, stop })),
+            Some(Err(reason)) => Err(Status::aborted(reason)),
+            None => Err(Status::internal("round finished without a result")),
+        }
+    }
+}
+
+/// [`StepSync`] across processes: calls worker 0's `CollectiveService`.
+#[derive(Debug)]
+pub struct NetSync {
+    runtime: tokio::runtime::Handle,
+    client: CollectiveServiceClient<Channel>,
+    job: u64,
+    worker: u32,
+    timeout: Duration,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl NetSync {
+    /// Worker `worker` of `job`, reducing through the root at `root` (`host:port`); calls
+    /// block (from a thread outside `runtime`'s workers) at most `timeout` plus a margin.
+    pub fn new(
+        runtime: tokio::runtime::Handle,
+        root: &str,
+        job: u64,
+        worker: u32,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let uri = if root.contains("://") {
+            root.to_string()
+        } else {
+            format!("http://{root}")
+        };
+        let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::InvalidArgument {
+            field: "peers",
+            reason: format!("collective root address {root:?}: {e}"),
+        })?;
+        let channel = {
+            let _guard = runtime.enter();
+            endpoint
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .connect_lazy()
+        };
+        Ok(Self {
+            runtime,
+            client: CollectiveServiceClient::new(channel),
+            job,
+            worker,
+            timeout,
+            stop: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the root said, in the last loss round, to stop after that step.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn call_raw(
+        &self,
+        step: u64,
+        op: ReduceOp,
+        values: Vec<f64>,
+    ) -> std::result::Result<ReduceReply, Status> {
+        let mut client = self.client.clone();
+        let req = ReduceRequest {
+            job: self.job,
+            step,
+            op: op as i32,
+            worker: self.worker,
+            values,
+        };
+        let limit = self.timeout + Duration::from_secs(10);
+        self.runtime
+            .block_on(async move { tokio::time::timeout(limit, client.all_reduce(req)).await })
+            .map_err(|_| Status::deadline_exceeded("no answer from worker 0"))?
+            .map(tonic::Response::into_inner)
+    }
+
+    fn call(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
+        self.call_raw(step, op, values)
+            .map_err(|s| Error::InvalidArgument {
+                field: "sync",
+                reason: format!("step {step} {op:?}: {:?}: {}", s.code(), s.message()),
+            })
+    }
+
+    /// Waits until every worker of the job has joined (call once the transport is assigned
+    /// to the job, before the first step). Retries while worker 0 is unreachable or has not
+    /// taken the job yet.
+    pub fn barrier(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            match self.call_raw(u64::MAX, ReduceOp::Barrier, Vec::new()) {
+                Ok(_) => return Ok(()),
+                Err(s)
+                    if std::time::Instant::now() < deadline
+                        && matches!(
+                            s.code(),
+                            tonic::Code::FailedPrecondition | tonic::Code::Unavailable
+                        ) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(s) => {
+                    return Err(Error::InvalidArgument {
+                        field: "sync",
+                        reason: format!("start barrier: {:?}: {}", s.code(), s.message()),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl StepSync for NetSync {
+    fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
+        Ok(self.call(step, ReduceOp::SqNorm, vec![local])?.value)
+    }
+
+    fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32> {
+        let reply = self.call(
+            step,
+            ReduceOp::Loss,
+            local.iter().map(|&l| f64::from(l)).collect(),
+        )?;
+        if reply.stop {
+            self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(reply.value as f32)
+    }
+}

@@ -1,0 +1,632 @@
+//! The worker process (`pipewise worker`): joins a coordinator, takes assignments and runs
+//! them, talking to its peers directly.
+//!
+//! - [`Connection`] (a ractor actor): registers with the coordinator's `ClusterService`
+//!   (retrying until it answers), heartbeats on the interval the coordinator gives (current
+//!   and peak activation bytes, measured pass times per stage, the step), keeps the
+//!   `Assignments` stream open (reopening it after a failure) and hands each assignment to
+//!   the executor. A heartbeat answered with `cancel` for the running job aborts it at once.
+//! - The executor: one dedicated thread (candle compute stays off the async runtime) that
+//!   runs assignments one after another. For each it builds the worker's stages from the
+//!   assignment's job spec and program ([`WorkerRuntime::from_program`]), points the
+//!   worker's [`GrpcTransport`] at the job and its peers, joins the start barrier, and runs
+//!   the steps. After every step it queues a `StepReport` for the coordinator; a reporter
+//!   task sends them in order, so the coordinator is never waited on within a step.
+//! - The activation service: the [`GrpcTransport`] started with the node, whose address is
+//!   the one registered. Worker 0 of a job also serves the job's end-of-step collectives
+//!   ([`crate::net::Collective`]); a cancel reaches the workers through it, so all of them
+//!   stop at the same step.
+//!
+//! Checkpoints (`[checkpoint] enable_checkpoint`) and the final parameters are written to
+//! the assignment's `output_dir`, which every worker must be able to write (one machine, or
+//! a shared volume): `step-K/stage-S.safetensors` (parameters and optimizer state of stage
+//! `S` after `K` steps; an assignment starting at step `K` > 0 resumes from them) and
+//! `final/worker-W.safetensors` (the worker's parameters under their whole-model names).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pipewise_common::job::JobSpec;
+use pipewise_common::pass::{Pass, PassKind};
+use pipewise_common::placement::Placement;
+use pipewise_proto::convert::program_from_proto;
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use crate::error::{Error, Result};
+use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
+use crate::net::{GrpcConfig, GrpcTransport};
+use crate::runtime::{StepReport, WorkerRuntime};
+use crate::{Device, Tensor};
+
+/// How a worker process starts.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The coordinator's URL (`http://host:port`).
+    pub coordinator: String,
+    /// Where this worker's activation service listens.
+    pub listen: SocketAddr,
+    /// The address peers and the coordinator reach it at (default: the bound address).
+    pub advertise: Option<String>,
+    /// The worker's stable name (unique in the cluster).
+    pub id: String,
+    /// Where stages run.
+    pub device: Device,
+    /// How long to wait for a peer's frame or for the other workers at a step's end.
+    pub timeout: Duration,
+    /// How long to keep trying to reach the coordinator at start.
+    pub connect_for: Duration,
+}
+
+impl NodeConfig {
+    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the coordinator.
+    pub fn new(coordinator: impl Into<String>, id: impl Into<String>) -> Self {
+        NodeConfig {
+            coordinator: coordinator.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            id: id.into(),
+            device: Device::Cpu,
+            timeout: crate::runtime::DEFAULT_TIMEOUT,
+            connect_for: Duration::from_secs(60),
+        }
+    }
+}
+
+fn node_error(field: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { field, reason }
+}
+
+/// What the heartbeat reports.
+#[derive(Debug, Default, Clone)]
+struct NodeStats {
+    step: u64,
+    current_activation_bytes: u64,
+    peak_activation_bytes: u64,
+    stage_times: Vec<pb::StageTimes>,
+}
+
+/// The job being run and its abort flag.
+#[derive(Debug, Default)]
+struct Current {
+    job: Option<u64>,
+}
+
+/// Shared between the connection actor, the reporter and the executor thread.
+#[derive(Debug)]
+struct Shared {
+    transport: Arc<GrpcTransport>,
+    stats: Mutex<NodeStats>,
+    current: Mutex<Current>,
+}
+
+impl Shared {
+    fn stats(&self) -> std::sync::MutexGuard<'_, NodeStats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A running worker process (see the [module docs](self)).
+pub struct WorkerNode {
+    /// The worker's id.
+    pub id: String,
+    /// The address registered for its activation service.
+    pub address: String,
+    connection: ActorRef<ConnMsg>,
+    connection_handle: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
+    executor: Option<std::thread::JoinHandle<()>>,
+    assignments: Option<std::sync::mpsc::Sender<pb::Assignment>>,
+}
+
+impl WorkerNode {
+    /// Starts the activation service, registers with the coordinator and begins taking
+    /// assignments. Call from within a multi-threaded tokio runtime.
+    pub async fn start(config: NodeConfig) -> Result<WorkerNode> {
+        if config.id.trim().is_empty() {
+            return Err(node_error("id", "must not be empty".into()));
+        }
+        let runtime = tokio::runtime::Handle::current();
+        let mut net = GrpcConfig::new(0, std::iter::empty());
+        net.listen = config.listen;
+        net.device = config.device.clone();
+        let transport = Arc::new(GrpcTransport::start_on(runtime.clone(), net)?);
+        let address = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| transport.local_addr().to_string());
+        let shared = Arc::new(Shared {
+            transport,
+            stats: Mutex::new(NodeStats::default()),
+            current: Mutex::new(Current::default()),
+        });
+        let channel = connect(&config.coordinator, config.connect_for).await?;
+        let client = ClusterServiceClient::new(channel);
+        let (report_tx, report_rx) = mpsc::unbounded_channel::<pb::StepReport>();
+        tokio::spawn(reporter(client.clone(), report_rx, Arc::clone(&shared)));
+        let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignment>();
+        let executor = {
+            let shared = Arc::clone(&shared);
+            let config = config.clone();
+            std::thread::Builder::new()
+                .name(format!("pipewise-exec-{}", config.id))
+                .spawn(move || executor_loop(&config, &shared, &assign_rx, &report_tx))
+                .map_err(|e| node_error("executor", format!("cannot start its thread: {e}")))?
+        };
+        let (connection, connection_handle) = Actor::spawn(
+            None,
+            Connection,
+            ConnArgs {
+                client,
+                id: config.id.clone(),
+                address: address.clone(),
+                device_kind: device_kind(&config.device).into(),
+                shared: Arc::clone(&shared),
+                assignments: assign_tx.clone(),
+            },
+        )
+        .await
+        .map_err(|e| node_error("coordinator", e.to_string()))?;
+        Ok(WorkerNode {
+            id: config.id,
+            address,
+            connection,
+            connection_handle,
+            shared,
+            executor: Some(executor),
+            assignments: Some(assign_tx),
+        })
+    }
+
+    /// Stops taking assignments, aborts the running one and waits for the executor.
+    pub async fn shutdown(mut self) {
+        self.connection.stop(None);
+        let _ = (&mut self.connection_handle).await;
+        self.shared.transport.abort("the worker is shutting down");
+        drop(self.assignments.take());
+        if let Some(executor) = self.executor.take() {
+            let _ = tokio::task::spawn_blocking(move || executor.join()).await;
+        }
+    }
+}
+
+fn device_kind(device: &Device) -> &'static str {
+    match device {
+        Device::Cpu => "cpu",
+        Device::Cuda(_) => "cuda",
+        Device::Metal(_) => "metal",
+    }
+}
+
+/// Connects to the coordinator, retrying until `within` has passed.
+async fn connect(url: &str, within: Duration) -> Result<Channel> {
+    let uri = if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| node_error("coordinator", format!("{url:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(node_error(
+                    "coordinator",
+                    format!(
+                        "cannot reach {url} within {:.0} s: {e}",
+                        within.as_secs_f64()
+                    ),
+                ));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Sends step reports in order; a `cancel` answer asks the job's collectives to stop.
+async fn reporter(
+    mut client: ClusterServiceClient<Channel>,
+    mut reports: mpsc::UnboundedReceiver<pb::StepReport>,
+    shared: Arc<Shared>,
+) {
+    while let Some(report) = reports.recv().await {
+        let (job, step) = (report.job, report.step);
+        match client.report_step(report).await {
+            Ok(ack) if ack.get_ref().cancel => shared.transport.collective().request_stop(),
+            Ok(_) => {}
+            Err(status) => {
+                tracing::warn!(job, step, "step report not delivered: {}", status.message());
+            }
+        }
+    }
+}
+
+/// The connection actor (see the [module docs](self)).
+pub struct Connection;
+
+/// What the connection actor starts with.
+pub struct ConnArgs {
+    client: ClusterServiceClient<Channel>,
+    id: String,
+    address: String,
+    device_kind: String,
+    shared: Arc<Shared>,
+    assignments: std::sync::mpsc::Sender<pb::Assignment>,
+}
+
+/// Messages of the connection actor.
+pub enum ConnMsg {
+    /// Time to send a heartbeat.
+    Beat,
+}
+
+/// The connection actor's state.
+pub struct ConnState {
+    args: ConnArgs,
+    stream: tokio::task::JoinHandle<()>,
+}
+
+impl Connection {
+    async fn register(args: &ConnArgs) -> std::result::Result<Duration, ActorProcessingErr> {
+        let reply = args
+            .client
+            .clone()
+            .register(pb::RegisterRequest {
+                worker_id: args.id.clone(),
+                address: args.address.clone(),
+                device_kind: args.device_kind.clone(),
+                memory_bytes: 0,
+            })
+            .await?
+            .into_inner();
+        if !reply.accepted {
+            return Err(format!(
+                "the coordinator refused worker {}: {}",
+                args.id, reply.reason
+            )
+            .into());
+        }
+        tracing::info!(worker = %args.id, address = %args.address, "registered");
+        Ok(Duration::from_millis(reply.heartbeat_interval_ms.max(50)))
+    }
+}
+
+/// Keeps the assignment stream open and forwards what it brings.
+async fn follow_assignments(
+    mut client: ClusterServiceClient<Channel>,
+    id: String,
+    out: std::sync::mpsc::Sender<pb::Assignment>,
+) {
+    loop {
+        match client.assignments(pb::WorkerId { id: id.clone() }).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(a)) => {
+                            tracing::info!(worker = %id, job = a.job, index = a.worker_index, "assignment");
+                            if out.send(a).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::warn!(worker = %id, "assignment stream: {}", status.message());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                tracing::debug!(worker = %id, "cannot open the assignment stream: {}", status.message());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+impl Actor for Connection {
+    type Msg = ConnMsg;
+    type State = ConnState;
+    type Arguments = ConnArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ConnArgs,
+    ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        let interval = Self::register(&args).await?;
+        let stream = tokio::spawn(follow_assignments(
+            args.client.clone(),
+            args.id.clone(),
+            args.assignments.clone(),
+        ));
+        myself.send_interval(interval, || ConnMsg::Beat);
+        Ok(ConnState { args, stream })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        state.stream.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        match msg {
+            ConnMsg::Beat => {
+                let stats = state.args.shared.stats().clone();
+                let beat = pb::HeartbeatRequest {
+                    worker_id: state.args.id.clone(),
+                    current_activation_bytes: stats.current_activation_bytes,
+                    peak_activation_bytes: stats.peak_activation_bytes,
+                    stage_times: stats.stage_times,
+                    step: stats.step,
+                };
+                match state.args.client.clone().heartbeat(beat).await {
+                    Ok(reply) => {
+                        let reply = reply.into_inner();
+                        if !reply.known {
+                            // The coordinator restarted or forgot us: join again.
+                            if let Err(e) = Self::register(&state.args).await {
+                                tracing::warn!(worker = %state.args.id, "re-register: {e}");
+                            }
+                        }
+                        let running = state.args.shared.current().job;
+                        if reply.cancel && running == Some(reply.job) {
+                            tracing::warn!(worker = %state.args.id, job = reply.job, "job aborted by the coordinator");
+                            state.args.shared.transport.abort(&format!(
+                                "job {} was aborted by the coordinator",
+                                reply.job
+                            ));
+                        }
+                    }
+                    Err(status) => {
+                        tracing::warn!(worker = %state.args.id, "heartbeat: {}", status.message());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs assignments one after another until the channel closes.
+fn executor_loop(
+    config: &NodeConfig,
+    shared: &Shared,
+    assignments: &std::sync::mpsc::Receiver<pb::Assignment>,
+    reports: &mpsc::UnboundedSender<pb::StepReport>,
+) {
+    while let Ok(a) = assignments.recv() {
+        let (job, worker) = (a.job, a.worker_index);
+        shared.current().job = Some(job);
+        let mut last_step = a.first_step;
+        let outcome = run_assignment(config, shared, &a, reports, &mut last_step);
+        let mut report = pb::StepReport {
+            job,
+            worker_id: config.id.clone(),
+            worker_index: worker,
+            step: last_step,
+            ..Default::default()
+        };
+        match outcome {
+            Ok(path) => {
+                report.done = true;
+                report.params_path = path.display().to_string();
+            }
+            Err(e) => {
+                tracing::error!(job, worker, step = last_step, "assignment failed: {e}");
+                report.error = e.to_string();
+                shared
+                    .transport
+                    .abort(&format!("worker {worker} failed: {e}"));
+            }
+        }
+        let _ = reports.send(report);
+        shared.current().job = None;
+    }
+}
+
+fn assignment_error(reason: String) -> Error {
+    node_error("assignment", reason)
+}
+
+/// Runs one assignment; returns where the final parameters were written.
+fn run_assignment(
+    config: &NodeConfig,
+    shared: &Shared,
+    a: &pb::Assignment,
+    reports: &mpsc::UnboundedSender<pb::StepReport>,
+    last_step: &mut u64,
+) -> Result<PathBuf> {
+    let spec =
+        JobSpec::from_toml(&a.job_toml).map_err(|e| assignment_error(format!("job_toml: {e}")))?;
+    let placement = Placement::try_from(a.placement.clone().unwrap_or_default())
+        .map_err(|e| assignment_error(format!("placement: {e}")))?;
+    if placement.stages() != a.stage_count {
+        return Err(assignment_error(format!(
+            "stage_count {} but the placement has {} stages",
+            a.stage_count,
+            placement.stages()
+        )));
+    }
+    let program: Vec<Pass> = program_from_proto(a.program.clone())
+        .map_err(|e| assignment_error(format!("program: {e}")))?;
+    if a.first_step > a.end_step {
+        return Err(assignment_error(format!(
+            "steps [{}, {}) are empty",
+            a.first_step, a.end_step
+        )));
+    }
+    let workers = placement.workers();
+    let root = a.peers.get(&0).ok_or_else(|| {
+        assignment_error("peers: no address for worker 0 (the collectives' root)".into())
+    })?;
+    for w in 0..workers {
+        if !a.peers.contains_key(&w) {
+            return Err(assignment_error(format!(
+                "peers: no address for worker {w}"
+            )));
+        }
+    }
+    let partition = partition_of(&spec, placement.stages())?;
+    let mut rt = WorkerRuntime::from_program(
+        a.worker_index,
+        &placement,
+        a.microbatches,
+        program,
+        &spec.model,
+        &partition,
+        spec.training.seed,
+        &config.device,
+        optimizer_of(&spec),
+    )?;
+    rt.set_timeout(config.timeout);
+    let output = PathBuf::from(&a.output_dir);
+    if a.first_step > 0 {
+        for (s, stage) in rt.stages_mut() {
+            stage.load_checkpoint(&checkpoint_path(&output, a.first_step, *s))?;
+        }
+    }
+    let corpus = corpus_of(&spec)?;
+    let sampler = sampler_of(&spec);
+    let transport = &shared.transport;
+    transport.assign(a.job, placement.stages_of(a.worker_index));
+    transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+    if a.worker_index == 0 {
+        transport
+            .collective()
+            .configure(a.job, workers, config.timeout);
+    }
+    let sync = transport.sync_to(root, a.job, a.worker_index, config.timeout)?;
+    sync.barrier()?;
+    {
+        let mut stats = shared.stats();
+        stats.peak_activation_bytes = 0;
+        stats.current_activation_bytes = 0;
+    }
+    let interval = u64::from(spec.checkpoint.interval.max(1));
+    for step in a.first_step..a.end_step {
+        *last_step = step;
+        let batches = sampler.step(&corpus, step, a.microbatches, &config.device)?;
+        let report = rt.run_step(a.job, step, &batches, transport.as_ref(), &sync)?;
+        let stage_times = stage_times(&report);
+        {
+            let mut stats = shared.stats();
+            stats.step = step + 1;
+            stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
+            stats.current_activation_bytes =
+                rt.stages().values().map(crate::Stage::stash_bytes).sum();
+            stats.stage_times = stage_times.clone();
+        }
+        let _ = reports.send(pb::StepReport {
+            job: a.job,
+            worker_id: config.id.clone(),
+            worker_index: a.worker_index,
+            step,
+            loss: report.loss.map_or(f64::NAN, f64::from),
+            busy_secs: report.busy_secs,
+            wall_secs: report.wall_secs,
+            peak_activation_bytes: report.peak_stash_bytes,
+            grad_norm: report.grad_norm,
+            stage_times,
+            ..Default::default()
+        });
+        let done = step + 1;
+        if spec.checkpoint.enable_checkpoint && done % interval == 0 && done < a.end_step {
+            save_checkpoints(&rt, &output, done)?;
+        }
+        if sync.stop_requested() {
+            tracing::info!(job = a.job, step = done, "stopping: the job was cancelled");
+            break;
+        }
+    }
+    if spec.checkpoint.enable_checkpoint {
+        save_checkpoints(&rt, &output, *last_step + 1)?;
+    }
+    save_final(&rt, &output, a.worker_index)
+}
+
+fn checkpoint_path(output: &Path, step: u64, stage: u32) -> PathBuf {
+    output
+        .join(format!("step-{step}"))
+        .join(format!("stage-{stage}.safetensors"))
+}
+
+fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+fn save_checkpoints(rt: &WorkerRuntime, output: &Path, step: u64) -> Result<()> {
+    create_dir(&output.join(format!("step-{step}")))?;
+    for (s, stage) in rt.stages() {
+        stage.save_checkpoint(&checkpoint_path(output, step, *s))?;
+    }
+    Ok(())
+}
+
+/// Writes the worker's parameters under their whole-model names.
+fn save_final(rt: &WorkerRuntime, output: &Path, worker: u32) -> Result<PathBuf> {
+    let dir = output.join("final");
+    create_dir(&dir)?;
+    let path = dir.join(format!("worker-{worker}.safetensors"));
+    let tensors: HashMap<String, Tensor> = rt
+        .params()
+        .map(|p| p.value.to_device(&Device::Cpu).map(|t| (p.name.clone(), t)))
+        .collect::<std::result::Result<_, _>>()?;
+    candle_core::safetensors::save(&tensors, &path)?;
+    Ok(path)
+}
+
+/// Mean F / B / W milliseconds per stage (BW counted as B).
+fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
+    let mut sums: BTreeMap<u32, [(f64, u32); 3]> = BTreeMap::new();
+    for (pass, secs) in &report.pass_times {
+        let slot = match pass.kind {
+            PassKind::F => 0,
+            PassKind::B | PassKind::BW => 1,
+            PassKind::W => 2,
+        };
+        let e = &mut sums.entry(pass.stage).or_default()[slot];
+        e.0 += secs * 1e3;
+        e.1 += 1;
+    }
+    let mean = |(sum, n): (f64, u32)| if n == 0 { 0.0 } else { sum / f64::from(n) };
+    sums.into_iter()
+        .map(|(stage, [f, b, w])| pb::StageTimes {
+            stage,
+            f_ms: mean(f),
+            b_ms: mean(b),
+            w_ms: mean(w),
+        })
+        .collect()
+}
