@@ -96,8 +96,20 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// Logs to standard error, `info` and up unless `RUST_LOG` says otherwise.
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second initialisation (none happens in one process) would only be ignored.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Runs `pipewise coordinator` until the process is stopped.
 pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
+    init_logs();
     let data_dir = std::path::absolute(&args.data_dir)
         .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     runtime()?.block_on(async {
@@ -118,6 +130,7 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
 
 /// Runs `pipewise worker` until the process is stopped.
 pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
+    init_logs();
     let id = args
         .id
         .clone()
@@ -195,7 +208,7 @@ async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobSt
             .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
             .collect();
         println!(
-            "step {:>4}  loss {:.6}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
+            "step {:>4}  loss {:.7}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
             e.step,
             e.loss,
             e.step_time_ms,

@@ -96,6 +96,16 @@ impl ClusterRunner {
     }
 }
 
+/// A job handed to its workers.
+#[derive(Clone, Copy)]
+struct Assigned<'a> {
+    job: u64,
+    steps: u64,
+    planned: f64,
+    workers: &'a [WorkerInfo],
+    reports: &'a std::sync::mpsc::Receiver<pb::StepReport>,
+}
+
 /// The reports of one step, by worker index.
 type Pending = BTreeMap<u64, Vec<Option<pb::StepReport>>>;
 
@@ -160,7 +170,14 @@ impl JobRunner for ClusterRunner {
             }
         }
         tracing::info!(job, workers = ?workers.iter().map(|w| &w.id).collect::<Vec<_>>(), "assigned");
-        let outcome = self.follow(job, plan, &workers, &rx, report, cancelled);
+        let run = Assigned {
+            job,
+            steps,
+            planned: planned_bubble(plan),
+            workers: &workers,
+            reports: &rx,
+        };
+        let outcome = self.follow(&run, report, cancelled);
         let _ = self.membership.cast(MembershipMsg::Detach(job));
         outcome
     }
@@ -177,19 +194,23 @@ impl ClusterRunner {
     /// has run its course.
     fn follow(
         &self,
-        job: u64,
-        plan: &JobPlan,
-        workers: &[WorkerInfo],
-        rx: &std::sync::mpsc::Receiver<pb::StepReport>,
+        run: &Assigned<'_>,
         report: &mut dyn FnMut(StepEventData),
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
+        let Assigned {
+            job,
+            steps,
+            planned,
+            workers,
+            reports: rx,
+        } = *run;
         let d = workers.len();
-        let planned = planned_bubble(plan);
         let mut pending: Pending = BTreeMap::new();
         let mut done = vec![false; d];
         let mut stop_asked: Option<Instant> = None;
         let mut last_check = Instant::now();
+        let mut completed = 0u64;
         while done.iter().any(|x| !x) {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -224,6 +245,7 @@ impl ClusterRunner {
                             .flatten()
                             .collect();
                         report(event(job, step, planned, &reports));
+                        completed += 1;
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -260,6 +282,11 @@ impl ClusterRunner {
                     }
                 }
             }
+        }
+        if completed < steps && stop_asked.is_none() {
+            return Err(format!(
+                "the workers stopped after {completed} of {steps} steps without being asked to"
+            ));
         }
         Ok(())
     }

@@ -164,6 +164,10 @@ impl Actor for JobManager {
                 outcome,
                 cancelled,
             } => {
+                match &outcome {
+                    Ok(()) => tracing::info!(job, cancelled, "job finished"),
+                    Err(e) => tracing::warn!(job, "job failed: {e}"),
+                }
                 if let Ok(mut record) = state.record(job) {
                     match outcome {
                         Ok(()) if cancelled && record.step < record.steps => {

@@ -50,6 +50,8 @@ pub struct Heartbeat {
     pub peak_activation_bytes: u64,
     /// Last step done.
     pub step: u64,
+    /// The job the worker is running (0: none).
+    pub job: u64,
 }
 
 /// The membership actor.
@@ -131,11 +133,7 @@ impl Actor for Membership {
                     }
                     None => false,
                 };
-                let abort = st
-                    .assigned
-                    .get(&beat.id)
-                    .copied()
-                    .filter(|job| st.aborted.contains(job));
+                let abort = Some(beat.job).filter(|job| st.aborted.contains(job));
                 let _ = reply.send(HeartbeatAnswer { known, abort });
             }
             MembershipMsg::Live(reply) => {

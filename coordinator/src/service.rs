@@ -215,6 +215,7 @@ impl ClusterService for Cluster {
             current_activation_bytes: r.current_activation_bytes,
             peak_activation_bytes: r.peak_activation_bytes,
             step: r.step,
+            job: r.job,
         };
         let answer = ractor::call!(self.membership, MembershipMsg::Heartbeat, beat)
             .map_err(CoordinatorError::from)?;

@@ -113,6 +113,16 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Aborts the running job if `which` picks it. The check and the abort happen under
+    /// the lock the executor takes to start a job, so a job started since is never hit.
+    fn abort_if(&self, which: impl Fn(u64) -> bool, why: &str) {
+        let current = self.current();
+        if let Some(job) = current.job.filter(|j| which(*j)) {
+            tracing::warn!(job, "abandoning the job: {why}");
+            self.transport.abort(&format!("job {job} was {why}"));
+        }
+    }
+
     fn current(&self) -> std::sync::MutexGuard<'_, Current> {
         self.current
             .lock()
@@ -250,7 +260,7 @@ async fn reporter(
     while let Some(report) = reports.recv().await {
         let (job, step) = (report.job, report.step);
         match client.report_step(report).await {
-            Ok(ack) if ack.get_ref().cancel => shared.transport.collective().request_stop(),
+            Ok(ack) if ack.get_ref().cancel => shared.transport.collective().request_stop(job),
             Ok(_) => {}
             Err(status) => {
                 tracing::warn!(job, step, "step report not delivered: {}", status.message());
@@ -314,6 +324,7 @@ async fn follow_assignments(
     mut client: ClusterServiceClient<Channel>,
     id: String,
     out: std::sync::mpsc::Sender<pb::Assignment>,
+    shared: Arc<Shared>,
 ) {
     loop {
         match client.assignments(pb::WorkerId { id: id.clone() }).await {
@@ -323,6 +334,12 @@ async fn follow_assignments(
                     match stream.message().await {
                         Ok(Some(a)) => {
                             tracing::info!(worker = %id, job = a.job, index = a.worker_index, "assignment");
+                            // The coordinator hands out work only once a worker's last job
+                            // is over for it: a job still running here is abandoned.
+                            shared.abort_if(
+                                |old| old != a.job,
+                                &format!("superseded by job {}", a.job),
+                            );
                             if out.send(a).is_err() {
                                 return;
                             }
@@ -358,6 +375,7 @@ impl Actor for Connection {
             args.client.clone(),
             args.id.clone(),
             args.assignments.clone(),
+            Arc::clone(&args.shared),
         ));
         myself.send_interval(interval, || ConnMsg::Beat);
         Ok(ConnState { args, stream })
@@ -387,6 +405,7 @@ impl Actor for Connection {
                     peak_activation_bytes: stats.peak_activation_bytes,
                     stage_times: stats.stage_times,
                     step: stats.step,
+                    job: state.args.shared.current().job.unwrap_or(0),
                 };
                 match state.args.client.clone().heartbeat(beat).await {
                     Ok(reply) => {
@@ -397,13 +416,12 @@ impl Actor for Connection {
                                 tracing::warn!(worker = %state.args.id, "re-register: {e}");
                             }
                         }
-                        let running = state.args.shared.current().job;
-                        if reply.cancel && running == Some(reply.job) {
-                            tracing::warn!(worker = %state.args.id, job = reply.job, "job aborted by the coordinator");
-                            state.args.shared.transport.abort(&format!(
-                                "job {} was aborted by the coordinator",
-                                reply.job
-                            ));
+                        if reply.cancel {
+                            let job = reply.job;
+                            state
+                                .args
+                                .shared
+                                .abort_if(|j| j == job, "aborted by the coordinator");
                         }
                     }
                     Err(status) => {

@@ -74,9 +74,14 @@ impl Collective {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(timeout);
     }
 
-    /// Every worker stops after the next step whose loss round completes.
-    pub fn request_stop(&self) {
-        self.lock().stop = true;
+    /// If this root serves `job`, every worker of it stops after the next step whose loss
+    /// round completes (a request for another job, e.g. a late answer about an old one, is
+    /// ignored).
+    pub fn request_stop(&self, job: u64) {
+        let mut st = self.lock();
+        if st.job == job && st.workers > 0 {
+            st.stop = true;
+        }
     }
 
     /// Fails every pending and later round with `reason` (until the next `configure`).
@@ -99,15 +104,16 @@ impl Collective {
                 Status::invalid_argument(format!("ReduceRequest.op: unknown op {}", req.op))
             })?;
         let mut st = self.lock();
-        if let Some(reason) = &st.aborted {
-            return Err(Status::aborted(format!("the job was aborted: {reason}")));
-        }
+        // A job the root has not taken yet (retryable), before any abort of the one it has.
         if st.workers == 0 || req.job != st.job {
             return Err(Status::failed_precondition(format!(
                 "ReduceRequest.job: this worker serves the collectives of job {} ({} workers), \
                  not of job {}",
                 st.job, st.workers, req.job
             )));
+        }
+        if let Some(reason) = &st.aborted {
+            return Err(Status::aborted(format!("the job was aborted: {reason}")));
         }
         if req.worker >= st.workers {
             return Err(Status::invalid_argument(format!(

@@ -1,0 +1,403 @@
+//! Worker processes: a `pipewise coordinator` and several `pipewise worker` processes on
+//! loopback, jobs submitted with `pipewise submit`. Training across processes must equal the
+//! single-device reference trainer; a malformed frame or a cancel must end a job cleanly and
+//! leave the workers ready for the next one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
+
+use candle_core::{Device, Tensor};
+use pipewise_common::job::{JobSpec, example};
+use pipewise_worker::Trainer;
+use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
+
+const STEPS: u32 = 20;
+const TOLERANCE: f64 = 1e-5;
+
+fn pipewise() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pipewise"))
+}
+
+/// A coordinator and its workers; killed on drop.
+struct Cluster {
+    children: Vec<Child>,
+    url: String,
+    data: PathBuf,
+    /// Worker id → activation address.
+    workers: HashMap<String, String>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `cmd` and returns it with the first line it prints.
+fn spawn_with_line(mut cmd: Command, log: &Path) -> (Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("starts pipewise");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(!line.is_empty(), "no start line; see {}", log.display());
+    (child, line)
+}
+
+fn start(dir: &Path, workers: usize) -> Cluster {
+    std::fs::create_dir_all(dir).unwrap();
+    let data = dir.join("data");
+    let mut cmd = pipewise();
+    cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data);
+    let (coord, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
+    // "coordinator listening on ADDR (data in DIR)"
+    let addr = line.split_whitespace().nth(3).unwrap().to_string();
+    let url = format!("http://{addr}");
+    let mut cluster = Cluster {
+        children: vec![coord],
+        url: url.clone(),
+        data,
+        workers: HashMap::new(),
+    };
+    for w in 0..workers {
+        let id = format!("w{w}");
+        let mut cmd = pipewise();
+        cmd.args([
+            "worker",
+            "--coordinator",
+            &url,
+            "--id",
+            &id,
+            "--timeout",
+            "60",
+        ]);
+        let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
+        cluster.children.push(child);
+        // "worker ID serving activations on ADDR, coordinator URL"
+        let addr = line
+            .split_whitespace()
+            .nth(5)
+            .unwrap()
+            .trim_end_matches(',')
+            .to_string();
+        cluster.workers.insert(id, addr);
+    }
+    cluster
+}
+
+/// The test model: 14 layers (16 pieces, so 8 workers can hold a V shape), small sizes.
+fn spec(workers: u32, schedule: &str, steps: u32) -> JobSpec {
+    let mut spec = example(workers, schedule);
+    spec.job.name = format!("{schedule}-{workers}w");
+    spec.model.hidden = 32;
+    spec.model.heads = 2;
+    spec.model.layers = 14;
+    spec.model.seq_len = 16;
+    spec.training.steps = steps;
+    spec.optimizer.lr = 3e-3;
+    spec
+}
+
+fn write_spec(dir: &Path, spec: &JobSpec) -> PathBuf {
+    let path = dir.join(format!("{}.toml", spec.job.name));
+    std::fs::write(&path, spec.to_toml().unwrap()).unwrap();
+    path
+}
+
+/// `pipewise submit FILE --wait`: the job id and the losses it printed.
+fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
+    let out = pipewise()
+        .arg("submit")
+        .arg(file)
+        .args(["--coordinator", &cluster.url, "--wait"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}: {stdout}\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = stdout
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let losses = stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+        .collect();
+    (id, losses)
+}
+
+fn final_params(cluster: &Cluster, job: u64) -> HashMap<String, Tensor> {
+    let dir = cluster
+        .data
+        .join("checkpoints")
+        .join(format!("job-{job}"))
+        .join("final");
+    let mut all = HashMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let part = candle_core::safetensors::load(entry.unwrap().path(), &Device::Cpu).unwrap();
+        for (name, t) in part {
+            assert!(all.insert(name.clone(), t).is_none(), "{name} saved twice");
+        }
+    }
+    all
+}
+
+fn reference(spec: &JobSpec) -> (Vec<f64>, HashMap<String, Tensor>) {
+    let device = Device::Cpu;
+    let corpus = corpus_of(spec).unwrap();
+    let sampler = sampler_of(spec);
+    let mut trainer =
+        Trainer::new(&spec.model, spec.training.seed, &device, optimizer_of(spec)).unwrap();
+    let n = spec.microbatches();
+    let mut losses = Vec::new();
+    for step in 0..u64::from(spec.training.steps) {
+        let batches = sampler.step(&corpus, step, n, &device).unwrap();
+        losses.push(trainer.train_step(&batches).unwrap().loss);
+    }
+    let params = trainer
+        .stage()
+        .params()
+        .map(|p| (p.name.clone(), p.value.clone()))
+        .collect();
+    (losses, params)
+}
+
+fn max_param_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f64 {
+    assert_eq!(a.len(), b.len(), "tensor counts differ");
+    let mut worst = 0.0f64;
+    for (name, t) in a {
+        let u = b.get(name).unwrap_or_else(|| panic!("{name} missing"));
+        let d = (t - u)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        worst = worst.max(f64::from(d));
+    }
+    worst
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pipewise-cluster-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn worker_processes_match_the_single_device_reference() {
+    let dir = tempdir("exact");
+    let cluster = start(&dir, 8);
+    let (ref_losses, ref_params) = reference(&spec(1, "1f1b", STEPS));
+    let mut runs: Vec<(u32, &str)> = [
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zb-h1",
+        "zb-h2",
+        "v-min",
+        "v-half",
+        "v-zb",
+        "adaptive-v",
+    ]
+    .iter()
+    .map(|s| (4, *s))
+    .collect();
+    runs.extend([
+        (1, "1f1b"),
+        (2, "1f1b"),
+        (8, "1f1b"),
+        (1, "v-half"),
+        (2, "v-half"),
+        (8, "v-half"),
+    ]);
+    for (workers, schedule) in runs {
+        let started = Instant::now();
+        let spec = spec(workers, schedule, STEPS);
+        let (job, losses) = submit_wait(&cluster, &write_spec(&dir, &spec));
+        assert_eq!(losses.len(), STEPS as usize, "{schedule} d={workers}");
+        let loss_diff = losses
+            .iter()
+            .zip(&ref_losses)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        let param_diff = max_param_diff(&ref_params, &final_params(&cluster, job));
+        eprintln!(
+            "{schedule:>16} d={workers}: max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}, \
+             loss {:.4} → {:.4}, {:.1} s",
+            losses[0],
+            losses[losses.len() - 1],
+            started.elapsed().as_secs_f64()
+        );
+        // The printed losses have 7 decimals.
+        assert!(
+            loss_diff <= TOLERANCE,
+            "{schedule} d={workers}: Δloss {loss_diff}"
+        );
+        assert!(
+            param_diff <= TOLERANCE,
+            "{schedule} d={workers}: Δparam {param_diff}"
+        );
+    }
+}
+
+/// `pipewise submit FILE` (no wait): the job id.
+fn submit(cluster: &Cluster, file: &Path) -> u64 {
+    let out = pipewise()
+        .arg("submit")
+        .arg(file)
+        .args(["--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap()
+}
+
+/// `pipewise status JOB`: (state, step, the whole line).
+fn status(cluster: &Cluster, job: u64) -> (String, u64, String) {
+    let out = pipewise()
+        .args(["status", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let state = words[3].to_string();
+    let step = words[5].split('/').next().unwrap().parse().unwrap();
+    (state, step, line)
+}
+
+/// Polls the job's status until `done` holds (panics after `limit`).
+fn wait_until(
+    cluster: &Cluster,
+    job: u64,
+    limit: Duration,
+    done: impl Fn(&str, u64) -> bool,
+) -> String {
+    let started = Instant::now();
+    loop {
+        let (state, step, line) = status(cluster, job);
+        if done(&state, step) {
+            return line;
+        }
+        assert!(started.elapsed() < limit, "job {job} stuck: {line}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn malformed_frame_and_cancel_end_jobs_cleanly() {
+    let dir = tempdir("faults");
+    let cluster = start(&dir, 2);
+
+    // A long job; once it runs, a stranger sends worker 1 frames whose data does not match
+    // their shape, for the stage it holds and the steps ahead.
+    let job = submit(&cluster, &write_spec(&dir, &spec(2, "1f1b", 5000)));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= 2
+    });
+    let (_, now, _) = status(&cluster, job);
+    let target = format!("http://{}", cluster.workers["w1"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rejected = rt.block_on(async {
+        let mut client = ActivationServiceClient::connect(target).await.unwrap();
+        let mut rejected = Vec::new();
+        // Steps ahead of the status (which lags the workers a little).
+        for step in now + 2..now + 42 {
+            let frame = pb::TensorFrame {
+                job,
+                step,
+                stage: 1,
+                mb: 0,
+                kind: pb::FrameKind::Activation as i32,
+                dtype: pb::Dtype::F32 as i32,
+                shape: vec![1, 16, 32],
+                data: vec![0u8; 7].into(),
+            };
+            let err = client
+                .send(tokio_stream::iter(vec![frame]))
+                .await
+                .expect_err("a malformed frame is refused");
+            rejected.push(err);
+        }
+        rejected
+    });
+    for e in &rejected {
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("TensorFrame.data"), "{e:?}");
+    }
+    let line = wait_until(&cluster, job, Duration::from_secs(60), |s, _| {
+        s != "running"
+    });
+    assert!(line.contains("failed"), "{line}");
+    assert!(
+        line.contains("TensorFrame.data"),
+        "the error names the field: {line}"
+    );
+    eprintln!("malformed frames: {line}");
+
+    // A cancelled job stops at a step boundary.
+    let job = submit(&cluster, &write_spec(&dir, &spec(2, "v-half", 5000)));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= 1
+    });
+    let out = pipewise()
+        .args(["cancel", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = wait_until(&cluster, job, Duration::from_secs(60), |s, _| {
+        s != "running"
+    });
+    assert!(line.contains("cancelled"), "{line}");
+    eprintln!("cancel: {line}");
+
+    // The same workers then train the next job to the end.
+    let mut short = spec(2, "zb-h1", 3);
+    short.job.name = "after-faults".into();
+    let (_, losses) = submit_wait(&cluster, &write_spec(&dir, &short));
+    assert_eq!(losses.len(), 3);
+}
