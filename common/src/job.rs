@@ -234,6 +234,47 @@ pub struct JobPlan {
     pub schedule: Schedule,
 }
 
+impl JobPlan {
+    /// The peak activation bytes each worker is predicted to hold in a step: its program
+    /// replayed in order over the stages of `spec.model` cut evenly
+    /// ([`ModelSpec::even_split`]), each `F` adding the stage's stash after forward, `B`
+    /// trading it for the stash after the input gradient, `W` (and `BW`) freeing it, the
+    /// peak taken at pass boundaries with [`ModelSpec::piece_activation_bytes`]'s figures.
+    pub fn predicted_peak_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
+        use crate::pass::PassKind;
+        let placement = &self.schedule.placement;
+        let ranges = spec.model.even_split(placement.stages() as usize)?;
+        let b = spec.parallelism.pipeline_parallel_microbatch_size;
+        let per_stage: Vec<_> = ranges
+            .into_iter()
+            .map(|r| spec.model.range_activation_bytes(r, b))
+            .collect();
+        Ok(self
+            .schedule
+            .workers
+            .iter()
+            .map(|program| {
+                let (mut now, mut peak) = (0i128, 0i128);
+                for p in program {
+                    let a = per_stage[p.stage as usize];
+                    let (f, bw) = (
+                        i128::from(a.after_forward),
+                        i128::from(a.after_backward_input),
+                    );
+                    now += match p.kind {
+                        PassKind::F => f,
+                        PassKind::B => bw - f,
+                        PassKind::W => -bw,
+                        PassKind::BW => -f,
+                    };
+                    peak = peak.max(now);
+                }
+                u64::try_from(peak).unwrap_or(0)
+            })
+            .collect())
+    }
+}
+
 impl JobSpec {
     /// Parses TOML; a syntax error or an unknown field is an `InvalidArgument` on `toml`
     /// whose reason names the line and the key.

@@ -134,6 +134,27 @@ pub struct ModelSpec {
 const TOKEN_BYTES: u64 = 4;
 
 impl ModelSpec {
+    /// The model's pieces cut into `stages` contiguous ranges as evenly as possible
+    /// (earlier stages get the extra pieces); the embedding goes with the first stage and
+    /// the head with the last.
+    pub fn even_split(&self, stages: usize) -> Result<Vec<std::ops::Range<usize>>> {
+        let total = self.layers as usize + 2;
+        if stages == 0 || stages > total {
+            return Err(Error::InvalidArgument {
+                field: "stages",
+                reason: format!("{stages} stages for a model of {total} pieces"),
+            });
+        }
+        let mut ranges = Vec::with_capacity(stages);
+        let mut start = 0;
+        for s in 0..stages {
+            let len = total / stages + usize::from(s < total % stages);
+            ranges.push(start..start + len);
+            start += len;
+        }
+        Ok(ranges)
+    }
+
     /// Rejects zero sizes and a hidden size the heads do not divide.
     pub fn validate(&self) -> Result<()> {
         let fields: [(&'static str, u32); 5] = [

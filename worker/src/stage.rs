@@ -124,21 +124,7 @@ impl Stage {
     /// possible (earlier stages get the extra blocks); the embedding goes with the first
     /// stage and the head with the last. Returns the piece ranges.
     pub fn even_split(spec: &ModelSpec, stages: usize) -> Result<Vec<Range<usize>>> {
-        let total = spec.layers as usize + 2;
-        if stages == 0 || stages > total {
-            return Err(Error::InvalidArgument {
-                field: "stages",
-                reason: format!("{stages} stages for a model of {total} pieces"),
-            });
-        }
-        let mut ranges = Vec::with_capacity(stages);
-        let mut start = 0;
-        for s in 0..stages {
-            let len = total / stages + usize::from(s < total % stages);
-            ranges.push(start..start + len);
-            start += len;
-        }
-        Ok(ranges)
+        Ok(spec.even_split(stages)?)
     }
 
     /// The model spec.

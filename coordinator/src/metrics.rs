@@ -1,0 +1,123 @@
+//! The coordinator's Prometheus metrics, recorded through the `metrics` facade (the binary
+//! installs the exporter). Labels stay bounded: job id, worker index or id, stage, kind.
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured, `job`, (`worker` for per-worker measured) |
+//! | `pipewise_step_duration_seconds` | histogram | `job` |
+//! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job` |
+//! | `pipewise_activation_memory_bytes` | gauge | `kind` = current \| peak \| predicted_peak, `worker` |
+//! | `pipewise_steps_total` | counter | `job` |
+//! | `pipewise_loss` | gauge | `job` |
+//! | `pipewise_workers_up` | gauge | |
+//! | `pipewise_heartbeat_age_seconds` | gauge | `worker` |
+//! | `pipewise_jobs` | gauge | `state` |
+//! | `pipewise_replans_total` | counter | `reason` |
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+
+use crate::driver::StepEventData;
+
+/// Reasons a job is re-planned (the label values of `pipewise_replans_total`).
+pub const REPLAN_REASONS: [&str; 3] = ["worker_lost", "straggler", "memory_pressure"];
+
+/// Job states (the label values of `pipewise_jobs`).
+pub const JOB_STATES: [&str; 5] = ["queued", "running", "succeeded", "failed", "cancelled"];
+
+/// Registers help text and units, and zeroes the counters and gauges that must exist from
+/// the start (so dashboards and alerts see 0, not "no data").
+pub fn describe() {
+    describe_gauge!(
+        "pipewise_bubble_ratio",
+        Unit::Count,
+        "Idle fraction of the pipeline in a step: planned (simulated from the schedule) or measured (1 - time in passes / step wall time)"
+    );
+    describe_histogram!(
+        "pipewise_step_duration_seconds",
+        Unit::Seconds,
+        "Wall time of a training step (slowest worker)"
+    );
+    describe_gauge!(
+        "pipewise_tokens_per_second",
+        "Training throughput of the last step in tokens per second"
+    );
+    describe_gauge!(
+        "pipewise_samples_per_second",
+        "Training throughput of the last step in sequences per second"
+    );
+    describe_gauge!(
+        "pipewise_activation_memory_bytes",
+        Unit::Bytes,
+        "Activation bytes held by a worker: current, peak in the last step, and the plan's predicted peak"
+    );
+    describe_counter!("pipewise_steps_total", "Training steps finished");
+    describe_gauge!("pipewise_loss", "Mean training loss of the last step");
+    describe_gauge!("pipewise_workers_up", "Workers whose heartbeats are current");
+    describe_gauge!(
+        "pipewise_heartbeat_age_seconds",
+        Unit::Seconds,
+        "Seconds since a worker's last heartbeat"
+    );
+    describe_gauge!("pipewise_jobs", "Jobs known to the coordinator, by state");
+    describe_counter!("pipewise_replans_total", "Re-plans of running jobs, by reason");
+    for reason in REPLAN_REASONS {
+        counter!("pipewise_replans_total", "reason" => reason).absolute(0);
+    }
+    gauge!("pipewise_workers_up").set(0.0);
+}
+
+/// Records one finished step of a job: bubbles, step time, throughput, peaks.
+pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f64) {
+    let job = e.job.to_string();
+    gauge!("pipewise_bubble_ratio", "source" => "planned", "job" => job.clone())
+        .set(e.planned_bubble);
+    gauge!("pipewise_bubble_ratio", "source" => "measured", "job" => job.clone())
+        .set(e.measured_bubble);
+    for (worker, bubble) in &e.worker_bubbles {
+        gauge!("pipewise_bubble_ratio", "source" => "measured", "job" => job.clone(), "worker" => worker.to_string())
+            .set(*bubble);
+    }
+    let secs = e.step_time_ms / 1e3;
+    histogram!("pipewise_step_duration_seconds", "job" => job.clone()).record(secs);
+    if secs > 0.0 {
+        gauge!("pipewise_tokens_per_second", "job" => job.clone()).set(tokens_per_step / secs);
+        gauge!("pipewise_samples_per_second", "job" => job.clone()).set(samples_per_step / secs);
+    }
+    counter!("pipewise_steps_total", "job" => job.clone()).increment(1);
+    if e.loss.is_finite() {
+        gauge!("pipewise_loss", "job" => job).set(e.loss);
+    }
+    for (worker, peak) in &e.peaks {
+        gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "worker" => worker.to_string())
+            .set(*peak as f64);
+    }
+}
+
+/// The plan's predicted peak activation bytes of each worker.
+pub fn record_predicted_peaks(peaks: &[u64]) {
+    for (worker, peak) in peaks.iter().enumerate() {
+        gauge!("pipewise_activation_memory_bytes", "kind" => "predicted_peak", "worker" => worker.to_string())
+            .set(*peak as f64);
+    }
+}
+
+/// Current activation bytes of a worker (from its heartbeat or its last step).
+pub fn record_current_memory(worker: &str, bytes: u64) {
+    gauge!("pipewise_activation_memory_bytes", "kind" => "current", "worker" => worker.to_string())
+        .set(bytes as f64);
+}
+
+/// Liveness: workers up and each one's heartbeat age.
+pub fn record_liveness(ages: &[(String, f64)], up: usize) {
+    gauge!("pipewise_workers_up").set(up as f64);
+    for (worker, age) in ages {
+        gauge!("pipewise_heartbeat_age_seconds", "worker" => worker.clone()).set(*age);
+    }
+}
+
+/// Jobs by state.
+pub fn record_jobs(counts: &[(&'static str, usize)]) {
+    for (state, n) in counts {
+        gauge!("pipewise_jobs", "state" => *state).set(*n as f64);
+    }
+}
