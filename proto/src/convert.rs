@@ -246,6 +246,26 @@ impl TryFrom<v1::ModelSpec> for ModelSpec {
     }
 }
 
+// === Raw protobuf, for hand-written codecs ===
+
+/// The protobuf encoding of `message`, for codecs outside this crate that write part of a
+/// message themselves (the activation transport appends `TensorFrame.data` straight from
+/// tensor memory after the other fields).
+pub fn encode_message(message: &impl prost::Message) -> Vec<u8> {
+    message.encode_to_vec()
+}
+
+/// Decodes a protobuf message of type `M` from `bytes` (`field` names it in errors).
+pub fn decode_message<M: prost::Message + Default>(
+    bytes: &[u8],
+    field: &'static str,
+) -> Result<M, ConvertError> {
+    M::decode(bytes).map_err(|e| ConvertError::Invalid {
+        field,
+        reason: e.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,11 +4,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pipewise_proto::v1::TensorFrame;
-use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
+use pipewise_proto::v1::SendAck;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{GrpcMethod, Request, Response, Status};
+
+use super::codec::{FrameCodec, Outgoing};
+
+/// The service and method of the call, and its path.
+const SERVICE: &str = "pipewise.v1.ActivationService";
+const METHOD: &str = "Send";
+const PATH: &str = "/pipewise.v1.ActivationService/Send";
 
 /// Errors seen by the peer tasks, newest last (bounded).
 #[derive(Debug, Default)]
@@ -44,7 +52,7 @@ impl PeerErrors {
 #[derive(Debug, Clone)]
 pub(crate) struct Peer {
     pub(crate) address: String,
-    pub(crate) queue: mpsc::UnboundedSender<TensorFrame>,
+    pub(crate) queue: mpsc::UnboundedSender<Outgoing>,
 }
 
 /// Client settings shared by every peer.
@@ -93,11 +101,11 @@ pub(crate) fn spawn_peer(
 async fn drive(
     endpoint: Endpoint,
     max_message_bytes: usize,
-    mut frames: mpsc::UnboundedReceiver<TensorFrame>,
+    mut frames: mpsc::UnboundedReceiver<Outgoing>,
     label: String,
     errors: Arc<PeerErrors>,
 ) {
-    let mut carry: Option<TensorFrame> = None;
+    let mut carry: Option<Outgoing> = None;
     let mut failures: u32 = 0;
     let mut channel: Option<Channel> = None;
     loop {
@@ -128,11 +136,12 @@ async fn drive(
                 }
             },
         };
-        let mut client = ActivationServiceClient::new(connected.clone())
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes);
-        let (stream_tx, stream_rx) = mpsc::channel::<TensorFrame>(2);
-        let call = tokio::spawn(async move { client.send(ReceiverStream::new(stream_rx)).await });
+        let (stream_tx, stream_rx) = mpsc::channel::<Outgoing>(2);
+        let call = tokio::spawn(send_call(
+            connected.clone(),
+            max_message_bytes,
+            ReceiverStream::new(stream_rx),
+        ));
         let mut pending = Some(first);
         let mut input_closed = false;
         while let Some(frame) = pending.take() {
@@ -175,5 +184,41 @@ async fn drive(
         if input_closed && carry.is_none() {
             return;
         }
+    }
+}
+
+/// One `ActivationService.Send` call carrying `frames`, written by [`FrameCodec`] (what the
+/// generated client does, with a codec that copies each tensor only once).
+async fn send_call(
+    channel: Channel,
+    max_message_bytes: usize,
+    frames: ReceiverStream<Outgoing>,
+) -> Result<Response<SendAck>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(format!("service was not ready: {e}")))?;
+    let path = PathAndQuery::from_static(PATH);
+    let mut request = Request::new(frames);
+    request
+        .extensions_mut()
+        .insert(GrpcMethod::new(SERVICE, METHOD));
+    grpc.client_streaming(request, path, FrameCodec).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::server::ActivationServer;
+    use pipewise_proto::v1::activation_service_server::ActivationServiceServer;
+    use tonic::server::NamedService;
+
+    #[test]
+    fn path_is_the_generated_one() {
+        let name = <ActivationServiceServer<ActivationServer> as NamedService>::NAME;
+        assert_eq!(SERVICE, name);
+        assert_eq!(PATH, format!("/{name}/{METHOD}"));
     }
 }

@@ -7,11 +7,16 @@
 //!   into a mailbox keyed by `(step, stage, mb, kind)`. A bad frame ends its stream with
 //!   `InvalidArgument` naming the field (`TensorFrame.data: ...`) and is recorded, so `recv`
 //!   for its key fails at once instead of waiting for the timeout.
-//! - Sending: [`Transport::send`] encodes the tensor and queues it for the peer; one task per
-//!   peer drains the queue into a long-lived client-streaming `Send` call over a lazily
-//!   connected channel, and opens a new call (the channel reconnecting) after a failure.
-//!   Frames already handed to a call that fails are lost; the receiver's `recv` then times
-//!   out, and [`GrpcTransport::take_errors`] reports the failure on the sending side.
+//! - Sending: [`Transport::send`] queues the frame for the peer; one task per peer drains the
+//!   queue into a long-lived client-streaming `Send` call over a lazily connected channel,
+//!   and opens a new call (the channel reconnecting) after a failure. Frames already handed
+//!   to a call that fails are lost; the receiver's `recv` then times out, and
+//!   [`GrpcTransport::take_errors`] reports the failure on the sending side.
+//! - Copies: a contiguous CPU tensor is not copied by `send`; the call's codec copies its
+//!   memory straight into the gRPC message buffer when the frame goes out (so don't
+//!   overwrite a sent tensor's storage in place, e.g. with `slice_set`; variables are copied
+//!   at `send`, as are other views and device tensors). On receipt the data is copied once,
+//!   from tonic's message buffer into the tensor's storage.
 //! - Wire form: little-endian raw elements of f32, f16 or bf16, row-major, bit-exact.
 //! - Limits: messages up to [`GrpcConfig::max_message_bytes`] (256 MiB by default), HTTP/2
 //!   stream and connection windows of 64 / 128 MiB and 1 MiB HTTP/2 frames, so 64 MiB
