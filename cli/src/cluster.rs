@@ -25,6 +25,9 @@ pub(crate) struct CoordinatorArgs {
     /// Directory of the job store and (by default) of checkpoints and final parameters.
     #[arg(long, value_name = "DIR", default_value = "pipewise-data")]
     pub(crate) data_dir: PathBuf,
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
 }
 
 /// `pipewise worker` arguments.
@@ -45,6 +48,9 @@ pub(crate) struct WorkerArgs {
     /// Seconds to wait for a peer's frame or for the other workers at a step's end.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) timeout: u64,
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
 }
 
 /// Where a client command finds the coordinator.
@@ -113,6 +119,9 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
     let data_dir = std::path::absolute(&args.data_dir)
         .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     runtime()?.block_on(async {
+        if let Some(addr) = args.metrics_listen {
+            crate::metrics::serve(addr)?;
+        }
         let coordinator = Coordinator::start_cluster(args.listen, &data_dir)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -140,6 +149,10 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     config.advertise = args.advertise.clone();
     config.timeout = Duration::from_secs(args.timeout);
     runtime()?.block_on(async {
+        if let Some(addr) = args.metrics_listen {
+            crate::metrics::serve(addr)?;
+            pipewise_worker::metrics::describe();
+        }
         let node = WorkerNode::start(config)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))

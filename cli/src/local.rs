@@ -351,6 +351,11 @@ impl JobRunner for EmbeddedRunner {
                         .enumerate()
                         .map(|(w, r)| (w as u32, r.peak_stash_bytes))
                         .collect(),
+                    worker_bubbles: reports
+                        .iter()
+                        .enumerate()
+                        .map(|(w, r)| (w as u32, 1.0 - r.busy_secs / wall.max(f64::MIN_POSITIVE)))
+                        .collect(),
                     replan_reason: String::new(),
                 };
                 result.steps.push(StepSummary {

@@ -23,6 +23,7 @@ mod args;
 mod auto;
 mod cluster;
 mod local;
+mod metrics;
 mod plan;
 
 use std::io::Write as _;

@@ -316,6 +316,15 @@ fn event(job: u64, step: u64, planned: f64, reports: &[pb::StepReport]) -> StepE
             .iter()
             .map(|r| (r.worker_index, r.peak_activation_bytes))
             .collect(),
+        worker_bubbles: reports
+            .iter()
+            .map(|r| {
+                (
+                    r.worker_index,
+                    1.0 - r.busy_secs / wall.max(f64::MIN_POSITIVE),
+                )
+            })
+            .collect(),
         replan_reason: String::new(),
     }
 }

@@ -12,7 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use crate::job_manager::JobMsg;
 
 /// One step's report, as `WatchJob` streams it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepEventData {
     /// Job id.
     pub job: u64,
@@ -28,6 +28,8 @@ pub struct StepEventData {
     pub measured_bubble: f64,
     /// (worker, peak activation bytes) for every worker.
     pub peaks: Vec<(u32, u64)>,
+    /// (worker, measured bubble: 1 − its time in passes / step wall time) for every worker.
+    pub worker_bubbles: Vec<(u32, f64)>,
     /// Why the job was re-planned before this step, if it was.
     pub replan_reason: String,
 }
@@ -84,11 +86,18 @@ impl Actor for Driver {
             cancelled,
             manager,
         } = args;
+        if let Ok(peaks) = plan.predicted_peak_bytes(&spec) {
+            crate::metrics::record_predicted_peaks(&peaks);
+        }
+        let tokens_per_step =
+            f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len);
+        let samples_per_step = f64::from(spec.training.global_batch_size);
         tokio::spawn(async move {
             let progress = manager.clone();
             let flag = cancelled.clone();
             let outcome = tokio::task::spawn_blocking(move || {
                 let mut report = |event: StepEventData| {
+                    crate::metrics::record_step(&event, tokens_per_step, samples_per_step);
                     // The manager outlives its drivers; a failed send only loses a report.
                     let _ = progress.cast(JobMsg::Progress(Box::new(event)));
                 };

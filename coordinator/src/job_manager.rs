@@ -72,7 +72,20 @@ impl JobManagerState {
     fn save(&mut self, record: JobRecord) -> Result<JobRecord> {
         self.store.put(&record)?;
         self.records.insert(record.id, record.clone());
+        self.publish_counts();
         Ok(record)
+    }
+
+    fn publish_counts(&self) {
+        let counts = crate::metrics::JOB_STATES.map(|name| {
+            let n = self
+                .records
+                .values()
+                .filter(|r| r.state.name() == name)
+                .count();
+            (name, n)
+        });
+        crate::metrics::record_jobs(&counts);
     }
 
     fn record(&self, id: u64) -> Result<JobRecord> {
@@ -113,6 +126,7 @@ impl Actor for JobManager {
             }
             state.records.insert(record.id, record);
         }
+        state.publish_counts();
         Ok(state)
     }
 

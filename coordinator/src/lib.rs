@@ -8,6 +8,8 @@
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`).
 //! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams
 //!   and the routing of workers' step reports.
+//! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
+//!   time, throughput, liveness, jobs, re-plans).
 //! - [`cluster`]: [`cluster::ClusterRunner`], which runs jobs on registered worker processes.
 //! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
 //!   reports each step.
@@ -24,6 +26,7 @@ pub mod driver;
 pub mod error;
 pub mod job_manager;
 pub mod membership;
+pub mod metrics;
 pub mod planner;
 pub mod service;
 pub mod store;
@@ -90,6 +93,7 @@ impl Coordinator {
         data_dir: &Path,
         runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Arc<dyn JobRunner>>,
     ) -> Result<Coordinator> {
+        metrics::describe();
         let store = JobStore::open(data_dir)?;
         let (planner, planner_handle) = Actor::spawn(None, Planner, ())
             .await

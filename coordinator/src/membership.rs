@@ -62,8 +62,8 @@ pub struct Membership;
 pub struct MembershipState {
     workers: BTreeMap<String, WorkerInfo>,
     streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
-    /// worker id → the job it was last assigned.
-    assigned: HashMap<String, u64>,
+    /// worker id → the job it was last assigned and its index there.
+    assigned: HashMap<String, (u64, u32)>,
     /// job → where its workers' step reports go.
     sinks: HashMap<u64, std::sync::mpsc::Sender<pb::StepReport>>,
     /// Jobs whose workers stop at the next step boundary (answered in `StepAck`).
@@ -94,6 +94,8 @@ pub enum MembershipMsg {
     Abort(u64),
     /// The job is over; its reports are no longer routed.
     Detach(u64),
+    /// Publish liveness metrics (on an interval).
+    Tick,
 }
 
 impl Actor for Membership {
@@ -103,9 +105,10 @@ impl Actor for Membership {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         _args: (),
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        myself.send_interval(Duration::from_secs(1), || MembershipMsg::Tick);
         Ok(MembershipState::default())
     }
 
@@ -166,7 +169,7 @@ impl Actor for Membership {
                 }
             }
             MembershipMsg::Assign(id, assignment, reply) => {
-                let job = assignment.job;
+                let (job, index) = (assignment.job, assignment.worker_index);
                 let outcome = match st.streams.get(&id) {
                     Some(tx) => tx.try_send(*assignment).map_err(|e| {
                         CoordinatorError::Actor(format!(
@@ -178,7 +181,7 @@ impl Actor for Membership {
                     ))),
                 };
                 if outcome.is_ok() {
-                    st.assigned.insert(id, job);
+                    st.assigned.insert(id, (job, index));
                 }
                 let _ = reply.send(outcome);
             }
@@ -204,6 +207,25 @@ impl Actor for Membership {
             }
             MembershipMsg::Detach(job) => {
                 st.sinks.remove(&job);
+            }
+            MembershipMsg::Tick => {
+                let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
+                let now = Instant::now();
+                let ages: Vec<(String, f64)> = st
+                    .workers
+                    .values()
+                    .map(|w| (w.id.clone(), now.duration_since(w.last_seen).as_secs_f64()))
+                    .collect();
+                let up = ages
+                    .iter()
+                    .filter(|(_, age)| *age <= deadline.as_secs_f64())
+                    .count();
+                crate::metrics::record_liveness(&ages, up);
+                for w in st.workers.values() {
+                    if let Some((_, index)) = st.assigned.get(&w.id) {
+                        crate::metrics::record_current_memory(*index, w.current_activation_bytes);
+                    }
+                }
             }
         }
         Ok(())

@@ -14,7 +14,9 @@
 //! | `pipewise_jobs` | gauge | `state` |
 //! | `pipewise_replans_total` | counter | `reason` |
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 
 use crate::driver::StepEventData;
 
@@ -52,14 +54,20 @@ pub fn describe() {
     );
     describe_counter!("pipewise_steps_total", "Training steps finished");
     describe_gauge!("pipewise_loss", "Mean training loss of the last step");
-    describe_gauge!("pipewise_workers_up", "Workers whose heartbeats are current");
+    describe_gauge!(
+        "pipewise_workers_up",
+        "Workers whose heartbeats are current"
+    );
     describe_gauge!(
         "pipewise_heartbeat_age_seconds",
         Unit::Seconds,
         "Seconds since a worker's last heartbeat"
     );
     describe_gauge!("pipewise_jobs", "Jobs known to the coordinator, by state");
-    describe_counter!("pipewise_replans_total", "Re-plans of running jobs, by reason");
+    describe_counter!(
+        "pipewise_replans_total",
+        "Re-plans of running jobs, by reason"
+    );
     for reason in REPLAN_REASONS {
         counter!("pipewise_replans_total", "reason" => reason).absolute(0);
     }
@@ -101,8 +109,8 @@ pub fn record_predicted_peaks(peaks: &[u64]) {
     }
 }
 
-/// Current activation bytes of a worker (from its heartbeat or its last step).
-pub fn record_current_memory(worker: &str, bytes: u64) {
+/// Current activation bytes of worker `worker` (its index in the running job).
+pub fn record_current_memory(worker: u32, bytes: u64) {
     gauge!("pipewise_activation_memory_bytes", "kind" => "current", "worker" => worker.to_string())
         .set(bytes as f64);
 }

@@ -26,6 +26,17 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Lower-case name (`queued`, `running`, …), as metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
     /// True once the job will not change any more.
     pub fn is_final(self) -> bool {
         matches!(

@@ -23,6 +23,7 @@
 //!   collectives across processes ([`net::NetSync`], served by a job's worker 0).
 //! - [`node`]: the worker process: a connection actor (register, heartbeat, assignments)
 //!   and an executor thread running assignments with the transport above.
+//! - [`metrics`]: the worker's Prometheus metrics (pass durations, bubble, memory).
 //! - [`job`]: what a worker derives from a job spec (optimizer, sampler, corpus, partition).
 //! - [`rng`]: the deterministic host-side random source.
 //! - [`test_utils`]: [`test_device!`] and device helpers for tests.
@@ -35,6 +36,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod job;
+pub mod metrics;
 pub mod net;
 pub mod node;
 mod ops;

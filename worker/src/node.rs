@@ -526,6 +526,7 @@ fn run_assignment(
         optimizer_of(&spec),
     )?;
     rt.set_timeout(config.timeout);
+    crate::metrics::record_parameters(&rt);
     let output = PathBuf::from(&a.output_dir);
     if a.first_step > 0 {
         for (s, stage) in rt.stages_mut() {
@@ -554,6 +555,7 @@ fn run_assignment(
         *last_step = step;
         let batches = sampler.step(&corpus, step, a.microbatches, &config.device)?;
         let report = rt.run_step(a.job, step, &batches, transport.as_ref(), &sync)?;
+        crate::metrics::record_step(a.worker_index, &report);
         let stage_times = stage_times(&report);
         {
             let mut stats = shared.stats();

@@ -1,0 +1,33 @@
+//! The Prometheus exporter of the `coordinator`, `worker` and `local` commands.
+
+use std::net::SocketAddr;
+
+use anyhow::{Context as _, Result};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+/// Step-duration histogram buckets (seconds).
+const STEP_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Serves every metric recorded in this process on `http://ADDR/metrics` (call inside a
+/// tokio runtime). Durations are histograms with fixed buckets (so Grafana can draw
+/// heatmaps and `histogram_quantile` works).
+pub(crate) fn serve(addr: SocketAddr) -> Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Full("pipewise_pass_duration_seconds".into()),
+            &pipewise_worker::metrics::PASS_BUCKETS,
+        )
+        .context("pass-duration buckets")?
+        .set_buckets_for_metric(
+            Matcher::Full("pipewise_step_duration_seconds".into()),
+            &STEP_BUCKETS,
+        )
+        .context("step-duration buckets")?
+        .install()
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! The worker's Prometheus metrics, recorded through the `metrics` facade (the binary
+//! installs the exporter). Labels: `worker` (index in the job), `stage`, `kind`.
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `pipewise_pass_duration_seconds` | histogram | `kind` = F \| B \| W \| BW, `stage` |
+//! | `pipewise_worker_bubble_ratio` | gauge | `worker` |
+//! | `pipewise_worker_peak_activation_bytes` | gauge | `worker` |
+//! | `pipewise_parameter_bytes` | gauge | `worker` (parameters + AdamW moments) |
+//! | `pipewise_worker_steps_total` | counter | `worker` |
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+use crate::runtime::{StepReport, WorkerRuntime};
+
+/// Upper bounds of the pass-duration histogram buckets, in seconds.
+pub const PASS_BUCKETS: [f64; 14] = [
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Registers help text and units.
+pub fn describe() {
+    describe_histogram!(
+        "pipewise_pass_duration_seconds",
+        Unit::Seconds,
+        "Compute time of one pass (F, B, W or BW) of one microbatch on one stage"
+    );
+    describe_gauge!(
+        "pipewise_worker_bubble_ratio",
+        Unit::Count,
+        "This worker's idle fraction in its last step: 1 - time in passes / step wall time"
+    );
+    describe_gauge!(
+        "pipewise_worker_peak_activation_bytes",
+        Unit::Bytes,
+        "Largest activation stash this worker held in its last step"
+    );
+    describe_gauge!(
+        "pipewise_parameter_bytes",
+        Unit::Bytes,
+        "Bytes of this worker's parameters and AdamW moments"
+    );
+    describe_counter!("pipewise_worker_steps_total", "Steps this worker finished");
+}
+
+/// Records one step of worker `worker` (its index in the job).
+pub fn record_step(worker: u32, report: &StepReport) {
+    for (pass, secs) in &report.pass_times {
+        histogram!(
+            "pipewise_pass_duration_seconds",
+            "kind" => pass.kind.as_str(),
+            "stage" => pass.stage.to_string()
+        )
+        .record(*secs);
+    }
+    let w = worker.to_string();
+    if report.wall_secs > 0.0 {
+        gauge!("pipewise_worker_bubble_ratio", "worker" => w.clone())
+            .set(1.0 - report.busy_secs / report.wall_secs);
+    }
+    gauge!("pipewise_worker_peak_activation_bytes", "worker" => w.clone())
+        .set(report.peak_stash_bytes as f64);
+    counter!("pipewise_worker_steps_total", "worker" => w).increment(1);
+}
+
+/// Records the parameter and optimizer-state bytes of a worker's stages.
+pub fn record_parameters(rt: &WorkerRuntime) {
+    let bytes: usize = rt
+        .params()
+        .map(|p| p.value.elem_count() * p.value.dtype().size_in_bytes() * 3)
+        .sum();
+    gauge!("pipewise_parameter_bytes", "worker" => rt.worker().to_string()).set(bytes as f64);
+}
