@@ -46,6 +46,7 @@ impl JobRunner for CountingRunner {
                 planned_bubble: 0.1,
                 measured_bubble: 0.12,
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
+                worker_bubbles: Vec::new(),
                 replan_reason: String::new(),
             });
         }
