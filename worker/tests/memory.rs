@@ -146,6 +146,7 @@ test_device!(stash_bytes_mixed_pending, mixed);
 /// publish as `predicted_peak`) equals the peak the executor measures, for every schedule
 /// kind the runtime runs, so V-Half / 1F1B peak ratios are the predicted ones.
 #[test]
+#[allow(clippy::unwrap_used)]
 fn predicted_peaks_equal_measured_peaks() {
     use pipewise_common::job::example;
     use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
