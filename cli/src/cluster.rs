@@ -28,6 +28,9 @@ pub(crate) struct CoordinatorArgs {
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Log format on standard error.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
 }
 
 /// `pipewise worker` arguments.
@@ -51,6 +54,9 @@ pub(crate) struct WorkerArgs {
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Log format on standard error.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
 }
 
 /// Where a client command finds the coordinator.
@@ -102,20 +108,36 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (with the job, step and worker of the enclosing spans).
+    Json,
+}
+
 /// Logs to standard error, `info` and up unless `RUST_LOG` says otherwise.
-fn init_logs() {
+pub(crate) fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second initialisation (none happens in one process) would only be ignored.
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // A second initialisation (none happens in one process) would only be ignored.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 /// Runs `pipewise coordinator` until the process is stopped.
 pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
-    init_logs();
+    init_logs(args.log_format);
     let data_dir = std::path::absolute(&args.data_dir)
         .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     runtime()?.block_on(async {
@@ -139,7 +161,7 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
 
 /// Runs `pipewise worker` until the process is stopped.
 pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
-    init_logs();
+    init_logs(args.log_format);
     let id = args
         .id
         .clone()

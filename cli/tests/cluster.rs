@@ -86,6 +86,8 @@ fn start(dir: &Path, workers: usize) -> Cluster {
             &id,
             "--timeout",
             "60",
+            "--log-format",
+            "json",
         ]);
         let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
         cluster.children.push(child);
@@ -374,6 +376,15 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         "the error names the field: {line}"
     );
     eprintln!("malformed frames: {line}");
+    // The failing worker logged it as JSON, with the job and the worker from its spans.
+    let log = std::fs::read_to_string(dir.join("w1.log")).unwrap();
+    let failure: serde_json::Value = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["level"] == "ERROR")
+        .expect("an ERROR line in JSON");
+    assert_eq!(failure["span"]["job"], job, "{failure}");
+    assert_eq!(failure["span"]["worker"], 1, "{failure}");
 
     // A cancelled job stops at a step boundary.
     let job = submit(&cluster, &write_spec(&dir, &spec(2, "v-half", 5000)));

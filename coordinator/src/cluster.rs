@@ -118,6 +118,7 @@ impl JobRunner for ClusterRunner {
         report: &mut dyn FnMut(StepEventData),
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
+        let _span = tracing::info_span!("job", job).entered();
         let schedule = &plan.schedule;
         let d = schedule.num_workers();
         let Some(workers) = self.wait_for_workers(job, d, cancelled)? else {

@@ -443,6 +443,8 @@ fn executor_loop(
 ) {
     while let Ok(a) = assignments.recv() {
         let (job, worker) = (a.job, a.worker_index);
+        // Every log line of the job carries its id and the worker (and, below, the step).
+        let _job_span = tracing::info_span!("job", job, worker, id = %config.id).entered();
         shared.current().job = Some(job);
         let mut last_step = a.first_step;
         let outcome = run_assignment(config, shared, &a, reports, &mut last_step);
@@ -552,6 +554,7 @@ fn run_assignment(
     }
     let interval = u64::from(spec.checkpoint.interval.max(1));
     for step in a.first_step..a.end_step {
+        let _step_span = tracing::debug_span!("step", step).entered();
         *last_step = step;
         let batches = sampler.step(&corpus, step, a.microbatches, &config.device)?;
         let report = rt.run_step(a.job, step, &batches, transport.as_ref(), &sync)?;
