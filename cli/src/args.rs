@@ -83,8 +83,9 @@ pub(crate) enum Command {
     Plan(PlanArgs),
     /// Train on this machine: a coordinator and N workers, the job over gRPC.
     ///
-    /// Starts the coordinator (gRPC on loopback), submits the job, runs
-    /// every worker on its own thread with its own stages, prints a line
+    /// Starts the coordinator and N workers in this process (each worker
+    /// with its own gRPC activation service, heartbeats and executor
+    /// thread, all on loopback), submits the job, prints a line
     /// per step (loss, tokens/s, planned and measured bubble, peak
     /// activation memory per worker) and a summary. --output-dir DIR
     /// writes summary.json and the final parameters (params.safetensors,
@@ -107,6 +108,16 @@ pub(crate) enum Command {
     Watch(crate::cluster::JobArgs),
     /// Cancel a job (workers stop at the next step boundary).
     Cancel(crate::cluster::JobArgs),
+    /// Write a recent step's executed timeline next to its plan.
+    ///
+    /// Asks the coordinator for step K of JOB (default: the latest it
+    /// keeps; it keeps the last 64 steps of its last 8 jobs) and writes
+    /// OUT/step-K.trace.json (Chrome / Perfetto trace: process 0 planned,
+    /// process 1 executed, one thread per worker) and OUT/step-K.svg
+    /// (planned above executed on one time axis; waits for peers red,
+    /// sends orange, end-of-step sync grey).
+    #[command(verbatim_doc_comment)]
+    Trace(crate::cluster::TraceArgs),
 }
 
 /// Output formats.

@@ -119,8 +119,13 @@ pub(crate) enum LogFormat {
 
 /// Logs to standard error, `info` and up unless `RUST_LOG` says otherwise.
 pub(crate) fn init_logs(format: LogFormat) {
+    init_logs_at(format, "info");
+}
+
+/// Logs to standard error, `default` (a level or filter) unless `RUST_LOG` says otherwise.
+pub(crate) fn init_logs_at(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -354,6 +359,35 @@ pub(crate) fn cancel(args: &JobArgs) -> Result<()> {
             .map_err(status_error)?
             .into_inner();
         print_status(&status);
+        Ok(())
+    })
+}
+
+/// `pipewise trace` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct TraceArgs {
+    /// The job id.
+    pub(crate) job: u64,
+    /// The step (1-based; default: the latest kept).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) step: u64,
+    /// Where to write step-K.trace.json and step-K.svg.
+    #[arg(long, default_value = ".")]
+    pub(crate) out: PathBuf,
+    #[command(flatten)]
+    pub(crate) endpoint: Endpoint,
+}
+
+/// Runs `pipewise trace`.
+pub(crate) fn trace(args: &TraceArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut c = client(&args.endpoint).await?;
+        let svg = crate::local::write_trace(&mut c, args.job, args.step, &args.out).await?;
+        println!(
+            "wrote {} and {}",
+            svg.with_extension("trace.json").display(),
+            svg.display()
+        );
         Ok(())
     })
 }

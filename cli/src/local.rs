@@ -1,33 +1,38 @@
-//! `pipewise local`: a coordinator and N embedded workers on this machine. The job goes in
-//! over the coordinator's real gRPC `JobService` and its steps come back over `WatchJob`; the
-//! coordinator's driver runs the workers through [`EmbeddedRunner`], one thread and one
-//! [`WorkerRuntime`] per worker.
+//! `pipewise local`: a coordinator and N workers on this machine, in one process, talking
+//! over real gRPC on loopback exactly as separate processes do.
 //!
-//! Workers exchange activations and gradients through a [`Transport`]: by default each worker
-//! serves its own gRPC `ActivationService` on loopback ([`GrpcTransport`]) and streams frames
-//! to its peers; `--transport memory` uses in-process mailboxes instead. The gradient-norm and
-//! loss all-reduce at the end of a step goes through an in-process [`LocalSync`].
+//! The coordinator ([`Coordinator::start_cluster`]) listens on a free loopback port; N
+//! [`WorkerNode`]s register with it, heartbeat, take their assignments, exchange
+//! activations and gradients peer to peer over their own `ActivationService`s, and run the
+//! end-of-step collectives through worker 0's `CollectiveService`. Each node computes on
+//! its own executor thread. The job goes in over `JobService.SubmitJob` and its steps come
+//! back over `WatchJob`; the progress lines and the summary are printed from those events.
+//!
+//! `--output-dir` writes `summary.json` and `params.safetensors` (every worker's final
+//! parameters merged under their whole-model names) and keeps the coordinator's data
+//! (job store, checkpoints) there. `--metrics-listen` serves the coordinator's and the
+//! workers' Prometheus metrics from one endpoint; `--trace-dir` writes executed timelines
+//! (`JobService.GetStepTrace`).
 
 use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use pipewise_common::job::{JobPlan, JobSpec, example};
-use pipewise_common::{Costs, Times, simulate};
-use pipewise_coordinator::{Coordinator, JobRunner, StepEventData};
+use pipewise_coordinator::Coordinator;
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
-use pipewise_worker::net::{GrpcConfig, GrpcTransport};
-use pipewise_worker::runtime::{
-    Frame, FrameKind, LocalSync, MemoryTransport, StepReport, Transport, WorkerRuntime,
-};
-use pipewise_worker::{AdamW, Corpus, Device, Sampler, Stage, Tensor};
+use pipewise_worker::node::{NodeConfig, WorkerNode};
+use pipewise_worker::{Corpus, Tensor};
 use serde::Serialize;
 use tokio_stream::StreamExt as _;
+use tonic::transport::Channel;
+
+use crate::cluster::{LogFormat, init_logs_at};
 
 /// Model presets of `pipewise local`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -36,54 +41,6 @@ pub(crate) enum ModelPreset {
     Tiny,
     /// vocab 256, hidden 128, 4 heads, 16 layers, sequence 64.
     Small,
-}
-
-/// How embedded workers exchange activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum TransportKind {
-    /// Each worker serves gRPC on loopback; frames travel over real HTTP/2.
-    Grpc,
-    /// In-process mailboxes (no network).
-    Memory,
-}
-
-/// One worker's transport, either kind.
-enum AnyTransport {
-    Grpc(Box<GrpcTransport>),
-    Memory(MemoryTransport),
-}
-
-impl AnyTransport {
-    fn abort(&self, reason: &str) {
-        match self {
-            AnyTransport::Grpc(t) => t.abort(reason),
-            AnyTransport::Memory(t) => t.abort(reason),
-        }
-    }
-}
-
-impl Transport for AnyTransport {
-    fn send(&self, to_worker: u32, frame: Frame) -> pipewise_worker::Result<()> {
-        match self {
-            AnyTransport::Grpc(t) => t.send(to_worker, frame),
-            AnyTransport::Memory(t) => t.send(to_worker, frame),
-        }
-    }
-
-    fn recv(
-        &self,
-        job: u64,
-        step: u64,
-        stage: u32,
-        mb: u32,
-        kind: FrameKind,
-        timeout: Duration,
-    ) -> pipewise_worker::Result<Tensor> {
-        match self {
-            AnyTransport::Grpc(t) => t.recv(job, step, stage, mb, kind, timeout),
-            AnyTransport::Memory(t) => t.recv(job, step, stage, mb, kind, timeout),
-        }
-    }
 }
 
 /// `pipewise local` arguments.
@@ -123,9 +80,34 @@ pub(crate) struct LocalArgs {
     /// No progress lines, only the summary.
     #[arg(long)]
     pub(crate) quiet: bool,
-    /// How workers exchange activations and gradients.
-    #[arg(long, value_enum, default_value_t = TransportKind::Grpc)]
-    pub(crate) transport: TransportKind,
+    /// Serve Prometheus metrics of the whole run (coordinator and every worker) on
+    /// `http://ADDR/metrics`.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Keep serving metrics this many seconds after the job ends (so a scraper sees the
+    /// final values).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "SECS",
+        requires = "metrics_listen"
+    )]
+    pub(crate) metrics_linger: f64,
+    /// Write the executed timeline of some steps next to their plan to DIR: a Chrome /
+    /// Perfetto trace (`step-K.trace.json`) and an SVG (`step-K.svg`) per step.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) trace_dir: Option<PathBuf>,
+    /// Which steps `--trace-dir` writes (1-based, comma-separated; default: the last).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "K,...",
+        requires = "trace_dir"
+    )]
+    pub(crate) trace_steps: Vec<u64>,
+    /// Log format on standard error (logs are `warn` and up unless `RUST_LOG` says more).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
 }
 
 /// One step of `summary.json`.
@@ -139,253 +121,22 @@ struct StepSummary {
     peak_activation_bytes: Vec<u64>,
 }
 
-/// What the runner keeps for the summary.
-#[derive(Debug, Default)]
-struct RunResult {
-    steps: Vec<StepSummary>,
-    params: Vec<(String, Tensor)>,
-}
-
-/// Runs a job's workers in this process (see the module documentation).
-pub(crate) struct EmbeddedRunner {
-    corpus: Corpus,
-    transport: TransportKind,
-    result: Mutex<Option<RunResult>>,
-}
-
-/// Step gate: workers start step `k` only once the runner allows it (so a cancel stops
-/// every worker at the same step boundary).
-struct Gate {
-    state: Mutex<(u64, bool)>,
-    cond: Condvar,
-}
-
-impl Gate {
-    fn allow(&self, next: u64, stop: bool) {
-        if let Ok(mut s) = self.state.lock() {
-            *s = (next, stop);
+impl StepSummary {
+    fn of(e: &pb::StepEvent) -> StepSummary {
+        let mut peaks: Vec<(u32, u64)> = e
+            .peaks
+            .iter()
+            .map(|p| (p.worker, p.peak_activation_bytes))
+            .collect();
+        peaks.sort_unstable();
+        StepSummary {
+            step: e.step,
+            loss: e.loss,
+            step_time_ms: e.step_time_ms,
+            planned_bubble: e.planned_bubble,
+            measured_bubble: e.measured_bubble,
+            peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
         }
-        self.cond.notify_all();
-    }
-
-    /// Waits until step `step` may start; `false` when the run stops instead.
-    fn wait(&self, step: u64) -> bool {
-        let Ok(mut s) = self.state.lock() else {
-            return false;
-        };
-        while s.0 <= step && !s.1 {
-            s = match self.cond.wait(s) {
-                Ok(s) => s,
-                Err(_) => return false,
-            };
-        }
-        !s.1 || s.0 > step
-    }
-}
-
-type WorkerMsg = (u32, u64, pipewise_worker::Result<StepReport>);
-
-impl JobRunner for EmbeddedRunner {
-    fn run(
-        &self,
-        job: u64,
-        spec: &JobSpec,
-        plan: &JobPlan,
-        report: &mut dyn FnMut(StepEventData),
-        cancelled: &AtomicBool,
-    ) -> std::result::Result<(), String> {
-        let device = Device::Cpu;
-        let schedule = &plan.schedule;
-        let d = schedule.num_workers();
-        let stages = schedule.placement.stages() as usize;
-        let partition = Stage::even_split(&spec.model, stages).map_err(|e| e.to_string())?;
-        let o = &spec.optimizer;
-        let optimizer = AdamW {
-            lr: o.lr,
-            beta1: o.beta1,
-            beta2: o.beta2,
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-            max_grad_norm: (spec.training.max_norm > 0.0).then_some(spec.training.max_norm),
-        };
-        let sampler = Sampler {
-            seed: spec.training.seed,
-            microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size as usize,
-            seq_len: spec.model.seq_len as usize,
-        };
-        let planned = Costs::uniform(&schedule.placement, Times::UNIT)
-            .and_then(|c| simulate(schedule, &c))
-            .map(|s| s.bubble)
-            .unwrap_or(f64::NAN);
-        let steps = u64::from(spec.training.steps);
-        let n = plan.microbatches;
-        let sync = LocalSync::new(d, Duration::from_secs(120));
-        let network: Vec<AnyTransport> = match self.transport {
-            TransportKind::Memory => MemoryTransport::network(d)
-                .into_iter()
-                .map(AnyTransport::Memory)
-                .collect(),
-            TransportKind::Grpc => {
-                let mut nets = Vec::with_capacity(d as usize);
-                for w in 0..d {
-                    let config = GrpcConfig::new(job, schedule.placement.stages_of(w));
-                    nets.push(GrpcTransport::start(config).map_err(|e| e.to_string())?);
-                }
-                let addrs: Vec<String> = nets.iter().map(|t| t.local_addr().to_string()).collect();
-                for t in &nets {
-                    t.set_peers(
-                        addrs
-                            .iter()
-                            .enumerate()
-                            .map(|(w, a)| (w as u32, a.as_str())),
-                    )
-                    .map_err(|e| e.to_string())?;
-                }
-                nets.into_iter()
-                    .map(|t| AnyTransport::Grpc(Box::new(t)))
-                    .collect()
-            }
-        };
-        let gate = Gate {
-            state: Mutex::new((0, false)),
-            cond: Condvar::new(),
-        };
-        let (tx, rx) = std::sync::mpsc::channel::<WorkerMsg>();
-        let mut result = RunResult::default();
-        let outcome = std::thread::scope(|scope| -> std::result::Result<(), String> {
-            let mut threads = Vec::new();
-            for (w, transport) in network.into_iter().enumerate() {
-                let w = w as u32;
-                let tx = tx.clone();
-                let (partition, sync, gate, sampler, device, corpus) =
-                    (&partition, &sync, &gate, &sampler, &device, &self.corpus);
-                threads.push(scope.spawn(
-                    move || -> pipewise_worker::Result<Vec<(String, Tensor)>> {
-                        let mut rt = WorkerRuntime::new(
-                            w,
-                            schedule,
-                            &spec.model,
-                            partition,
-                            spec.training.seed,
-                            device,
-                            optimizer,
-                        )?;
-                        let mut step = 0u64;
-                        while step < steps && gate.wait(step) {
-                            let outcome =
-                                sampler.step(corpus, step, n, device).and_then(|batches| {
-                                    rt.run_step(
-                                        job,
-                                        step,
-                                        &batches,
-                                        &transport as &dyn Transport,
-                                        sync,
-                                    )
-                                });
-                            let failed = outcome.is_err();
-                            let _ = tx.send((w, step, outcome));
-                            if failed {
-                                transport.abort("a worker failed");
-                                sync.abort("a worker failed");
-                                break;
-                            }
-                            step += 1;
-                        }
-                        Ok(rt
-                            .params()
-                            .map(|p| (p.name.clone(), p.value.clone()))
-                            .collect())
-                    },
-                ));
-            }
-            drop(tx);
-            let mut error: Option<String> = None;
-            for step in 0..steps {
-                if cancelled.load(Ordering::SeqCst) || error.is_some() {
-                    break;
-                }
-                gate.allow(step + 1, false);
-                let start = Instant::now();
-                let mut reports: Vec<Option<StepReport>> = vec![None; d as usize];
-                let mut got = 0;
-                while got < d {
-                    match rx.recv() {
-                        Ok((w, s, Ok(r))) if s == step => {
-                            reports[w as usize] = Some(r);
-                            got += 1;
-                        }
-                        Ok((w, _, Err(e))) => {
-                            error.get_or_insert(format!("worker {w}: {e}"));
-                            got += 1;
-                        }
-                        Ok(_) => {}
-                        Err(_) => {
-                            error.get_or_insert("the workers stopped".into());
-                            break;
-                        }
-                    }
-                }
-                if error.is_some() {
-                    break;
-                }
-                let reports: Vec<StepReport> = reports.into_iter().flatten().collect();
-                let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
-                let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
-                let loss = reports
-                    .iter()
-                    .find_map(|r| r.loss)
-                    .map_or(f64::NAN, f64::from);
-                let event = StepEventData {
-                    job,
-                    step: step + 1,
-                    loss,
-                    step_time_ms: start.elapsed().as_secs_f64() * 1e3,
-                    planned_bubble: planned,
-                    measured_bubble: if wall > 0.0 {
-                        1.0 - busy / (f64::from(d) * wall)
-                    } else {
-                        0.0
-                    },
-                    peaks: reports
-                        .iter()
-                        .enumerate()
-                        .map(|(w, r)| (w as u32, r.peak_stash_bytes))
-                        .collect(),
-                    worker_bubbles: reports
-                        .iter()
-                        .enumerate()
-                        .map(|(w, r)| (w as u32, 1.0 - r.busy_secs / wall.max(f64::MIN_POSITIVE)))
-                        .collect(),
-                    replan_reason: String::new(),
-                };
-                result.steps.push(StepSummary {
-                    step: event.step,
-                    loss: event.loss,
-                    step_time_ms: event.step_time_ms,
-                    planned_bubble: event.planned_bubble,
-                    measured_bubble: event.measured_bubble,
-                    peak_activation_bytes: event.peaks.iter().map(|p| p.1).collect(),
-                });
-                report(event);
-            }
-            gate.allow(u64::MAX, true);
-            for t in threads {
-                match t.join() {
-                    Ok(Ok(params)) => result.params.extend(params),
-                    Ok(Err(e)) => {
-                        error.get_or_insert(e.to_string());
-                    }
-                    Err(_) => {
-                        error.get_or_insert("a worker thread panicked".into());
-                    }
-                }
-            }
-            error.map_or(Ok(()), Err)
-        });
-        if let Ok(mut slot) = self.result.lock() {
-            *slot = Some(result);
-        }
-        outcome
     }
 }
 
@@ -408,46 +159,55 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
 
 /// Runs `pipewise local`.
 pub(crate) fn run(args: &LocalArgs) -> Result<()> {
-    let spec = job_spec(args);
+    init_logs_at(args.log_format, "warn");
+    let mut spec = job_spec(args);
     let plan = spec
         .validate()
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("invalid local job")?;
-    let corpus = match &args.data {
-        Some(path) => Corpus::from_file(path)
+    if let Some(path) = &args.data {
+        // Refuse an unreadable file before anything starts (the workers read it again).
+        Corpus::from_file(path)
             .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("--data {}", path.display()))?,
-        None => Corpus::generated(),
-    };
+            .with_context(|| format!("--data {}", path.display()))?;
+        let absolute =
+            std::path::absolute(path).with_context(|| format!("--data {}", path.display()))?;
+        spec.data.path = Some(absolute.display().to_string());
+    }
+    if !(args.metrics_linger.is_finite() && args.metrics_linger >= 0.0) {
+        bail!("--metrics-linger: must be a finite number of seconds ≥ 0");
+    }
     let data_dir = match &args.output_dir {
-        Some(dir) => dir.clone(),
+        Some(dir) => {
+            std::path::absolute(dir).with_context(|| format!("--output-dir {}", dir.display()))?
+        }
         None => std::env::temp_dir().join(format!("pipewise-local-{}", std::process::id())),
     };
-    let runner = Arc::new(EmbeddedRunner {
-        corpus,
-        transport: args.transport,
-        result: Mutex::new(None),
-    });
+    spec.checkpoint.folder = data_dir.join("checkpoints").display().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     let started = Instant::now();
-    let final_status = runtime.block_on(drive(args, &spec, &plan, &data_dir, runner.clone()))?;
+    let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
     let total = started.elapsed();
-    let result = runner
-        .result
-        .lock()
-        .map_err(|_| anyhow::anyhow!("runner state poisoned"))?
-        .take()
-        .unwrap_or_default();
-    if final_status.state != pb::JobState::Succeeded as i32 {
-        bail!("the job did not succeed: {}", final_status.error);
+    let run = match outcome {
+        Ok(run) => run,
+        Err(e) => {
+            if args.output_dir.is_none() {
+                let _ = std::fs::remove_dir_all(&data_dir);
+            }
+            return Err(e);
+        }
+    };
+    if run.status.state != pb::JobState::Succeeded as i32 {
+        bail!("the job did not succeed: {}", run.status.error);
     }
-    print_summary(args, &spec, &plan, &result, total);
+    print_summary(args, &plan, &spec, &run.steps, total);
     if let Some(dir) = &args.output_dir {
-        write_outputs(dir, &spec, &result)?;
+        let params = merge_params(&run.params_dir, spec.parallelism.pipeline_parallel_degree)?;
+        write_outputs(dir, &spec, &run.steps, &params)?;
         println!(
             "wrote {}/summary.json and {}/params.safetensors",
             dir.display(),
@@ -459,22 +219,71 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
     Ok(())
 }
 
+/// What a finished local run hands back.
+struct Finished {
+    status: pb::JobStatus,
+    steps: Vec<StepSummary>,
+    /// Where the workers wrote `worker-W.safetensors`.
+    params_dir: PathBuf,
+}
+
 async fn drive(
     args: &LocalArgs,
     spec: &JobSpec,
     plan: &JobPlan,
     data_dir: &Path,
-    runner: Arc<EmbeddedRunner>,
-) -> Result<pb::JobStatus> {
-    let coordinator = Coordinator::start(
-        "127.0.0.1:0".parse().context("loopback address")?,
-        data_dir,
-        Some(runner),
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}"))
-    .context("cannot start the coordinator")?;
-    let mut client = JobServiceClient::connect(format!("http://{}", coordinator.addr))
+) -> Result<Finished> {
+    if let Some(addr) = args.metrics_listen {
+        crate::metrics::serve(addr)?;
+        pipewise_worker::metrics::describe();
+    }
+    let coordinator =
+        Coordinator::start_cluster("127.0.0.1:0".parse().context("loopback address")?, data_dir)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot start the coordinator")?;
+    let url = format!("http://{}", coordinator.addr);
+    let mut nodes = Vec::new();
+    let mut failure = None;
+    for w in 0..spec.parallelism.pipeline_parallel_degree {
+        match WorkerNode::start(NodeConfig::new(url.clone(), format!("local-{w}"))).await {
+            Ok(node) => nodes.push(node),
+            Err(e) => {
+                failure = Some(anyhow::anyhow!("{e}").context(format!("cannot start worker {w}")));
+                break;
+            }
+        }
+    }
+    let outcome = match failure {
+        Some(e) => Err(e),
+        None => run_job(args, spec, plan, &url).await,
+    };
+    if outcome.is_ok() && args.metrics_linger > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(args.metrics_linger)).await;
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+    coordinator.shutdown().await;
+    let (status, steps) = outcome?;
+    Ok(Finished {
+        params_dir: PathBuf::from(&spec.checkpoint.folder)
+            .join(format!("job-{}", status.id))
+            .join("final"),
+        status,
+        steps,
+    })
+}
+
+/// Submits the job, prints its progress, writes the traces asked for; returns the final
+/// status and every step's figures.
+async fn run_job(
+    args: &LocalArgs,
+    spec: &JobSpec,
+    plan: &JobPlan,
+    url: &str,
+) -> Result<(pb::JobStatus, Vec<StepSummary>)> {
+    let mut client = JobServiceClient::connect(url.to_string())
         .await
         .context("cannot reach the coordinator")?;
     let status = client
@@ -496,7 +305,7 @@ async fn drive(
             plan.microbatches,
             spec.parallelism.pipeline_parallel_microbatch_size,
             spec.training.steps,
-            coordinator.addr
+            url
         );
     }
     let mut events = client
@@ -506,13 +315,15 @@ async fn drive(
         .into_inner();
     let tokens_per_step =
         f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len);
+    let mut steps = Vec::new();
     while let Some(event) = events.next().await {
         let e = event.context("watch stream")?;
+        let summary = StepSummary::of(&e);
         if !args.quiet {
-            let peaks: Vec<String> = e
-                .peaks
+            let peaks: Vec<String> = summary
+                .peak_activation_bytes
                 .iter()
-                .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
+                .map(|p| format!("{:.0}", *p as f64 / 1024.0))
                 .collect();
             println!(
                 "step {:>4}/{}  loss {:.4}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
@@ -524,25 +335,79 @@ async fn drive(
                 100.0 * e.measured_bubble,
                 peaks.join(" ")
             );
+            std::io::stdout().flush().ok();
         }
+        steps.push(summary);
     }
     let final_status = client
         .get_job(pb::JobId { id: status.id })
         .await
         .context("cannot read the job's status")?
         .into_inner();
-    coordinator.shutdown().await;
-    Ok(final_status)
+    if let Some(dir) = &args.trace_dir {
+        let wanted = if args.trace_steps.is_empty() {
+            vec![0]
+        } else {
+            args.trace_steps.clone()
+        };
+        for step in wanted {
+            let path = write_trace(&mut client, status.id, step, dir).await?;
+            if !args.quiet {
+                println!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok((final_status, steps))
 }
 
-fn print_summary(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, r: &RunResult, total: Duration) {
-    let first = r.steps.first().map_or(f64::NAN, |s| s.loss);
-    let last = r.steps.last().map_or(f64::NAN, |s| s.loss);
-    let mean = |f: fn(&StepSummary) -> f64| {
-        r.steps.iter().map(f).sum::<f64>() / r.steps.len().max(1) as f64
-    };
+/// Fetches one step's trace (`0`: the latest) and writes `step-K.trace.json` and
+/// `step-K.svg` into `dir`; returns the SVG's path.
+pub(crate) async fn write_trace(
+    client: &mut JobServiceClient<Channel>,
+    job: u64,
+    step: u64,
+    dir: &Path,
+) -> Result<PathBuf> {
+    let t = client
+        .get_step_trace(pb::StepTraceRequest { job, step })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))
+        .with_context(|| format!("no trace of job {job} step {step}"))?
+        .into_inner();
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let json = dir.join(format!("step-{}.trace.json", t.step));
+    std::fs::write(&json, &t.chrome_trace_json)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    let svg = dir.join(format!("step-{}.svg", t.step));
+    std::fs::write(&svg, &t.svg).with_context(|| format!("cannot write {}", svg.display()))?;
+    Ok(svg)
+}
+
+/// Every worker's final parameters, under their whole-model names.
+fn merge_params(dir: &Path, workers: u32) -> Result<HashMap<String, Tensor>> {
+    let mut all = HashMap::new();
+    for w in 0..workers {
+        let path = dir.join(format!("worker-{w}.safetensors"));
+        let tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        all.extend(tensors);
+    }
+    Ok(all)
+}
+
+fn print_summary(
+    args: &LocalArgs,
+    plan: &JobPlan,
+    spec: &JobSpec,
+    steps: &[StepSummary],
+    total: Duration,
+) {
+    let first = steps.first().map_or(f64::NAN, |s| s.loss);
+    let last = steps.last().map_or(f64::NAN, |s| s.loss);
+    let mean =
+        |f: fn(&StepSummary) -> f64| steps.iter().map(f).sum::<f64>() / steps.len().max(1) as f64;
     let peak = |w: usize| {
-        r.steps
+        steps
             .iter()
             .filter_map(|s| s.peak_activation_bytes.get(w).copied())
             .max()
@@ -553,7 +418,7 @@ fn print_summary(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, r: &RunResult
         "summary: {} on {} workers, {} steps in {:.1} s",
         plan.kind,
         args.workers,
-        r.steps.len(),
+        steps.len(),
         total.as_secs_f64()
     );
     println!("  loss            {first:.4} → {last:.4}");
@@ -567,7 +432,7 @@ fn print_summary(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, r: &RunResult
             / (mean(|s| s.step_time_ms) / 1e3).max(1e-9)
     );
     println!(
-        "  bubble          planned {:.1} % (unit times), measured {:.1} % (mean)",
+        "  bubble          planned {:.1} % (simulated), measured {:.1} % (mean)",
         100.0 * mean(|s| s.planned_bubble),
         100.0 * mean(|s| s.measured_bubble)
     );
@@ -579,19 +444,23 @@ fn print_summary(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, r: &RunResult
     }
 }
 
-fn write_outputs(dir: &Path, spec: &JobSpec, r: &RunResult) -> Result<()> {
+fn write_outputs(
+    dir: &Path,
+    spec: &JobSpec,
+    steps: &[StepSummary],
+    params: &HashMap<String, Tensor>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let summary = serde_json::json!({
         "job": spec,
-        "steps": r.steps,
+        "steps": steps,
     });
     std::fs::write(
         dir.join("summary.json"),
         serde_json::to_string_pretty(&summary)?,
     )
     .context("cannot write summary.json")?;
-    let tensors: HashMap<String, Tensor> = r.params.iter().cloned().collect();
-    candle_core::safetensors::save(&tensors, dir.join("params.safetensors"))
+    candle_core::safetensors::save(params, dir.join("params.safetensors"))
         .context("cannot write params.safetensors")?;
     Ok(())
 }

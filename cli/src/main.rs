@@ -14,7 +14,8 @@
 //! - [`local`]: `pipewise local`: a coordinator and N embedded workers training on this machine.
 //! - [`auto`]: `plan --auto`: the model-spec flags and the auto-planner's report.
 //! - [`cluster`]: `coordinator` and `worker` (the two kinds of process) and `submit`,
-//!   `status`, `watch`, `cancel` (clients of a running coordinator).
+//!   `status`, `watch`, `cancel`, `trace` (clients of a running coordinator).
+//! - [`metrics`]: the Prometheus exporter (`--metrics-listen`).
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
@@ -44,6 +45,7 @@ fn main() -> ExitCode {
         Command::Status(args) => cluster::status(&args),
         Command::Watch(args) => cluster::watch(&args),
         Command::Cancel(args) => cluster::cancel(&args),
+        Command::Trace(args) => cluster::trace(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,8 @@
 //! - [`generate`]: every schedule generator, and the building-block framework they share.
 //! - [`job`]: a training job as submitted (TOML, torchtitan-style names) and its validation.
 //! - [`csv`]: import/export in the CSV form torchtitan and PyTorch use.
-//! - [`render`]: text grid, SVG, Chrome trace and report renderings.
+//! - [`trace`]: executed step timelines (spans recorded by workers) and their measured costs.
+//! - [`render`]: text grid, SVG, Chrome trace and report renderings; planned vs executed.
 //! - [`error`]: the crate's one error type.
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
 
@@ -30,6 +31,7 @@ pub mod placement;
 pub mod render;
 pub mod schedule;
 pub mod simulate;
+pub mod trace;
 pub mod validate;
 
 pub use cost::{Costs, StageCost, Times};

@@ -327,5 +327,36 @@ fn event(job: u64, step: u64, planned: f64, reports: &[pb::StepReport]) -> StepE
             })
             .collect(),
         replan_reason: String::new(),
+        trace: step_trace(job, step, reports),
     }
+}
+
+/// The step's executed timeline from every worker's spans (`None`, with a warning, when a
+/// report carries none or a malformed one).
+fn step_trace(
+    job: u64,
+    step: u64,
+    reports: &[pb::StepReport],
+) -> Option<std::sync::Arc<pipewise_common::trace::StepTrace>> {
+    let mut workers = vec![Vec::new(); reports.len()];
+    for r in reports {
+        let slot = workers.get_mut(r.worker_index as usize)?;
+        if r.spans.is_empty() {
+            return None;
+        }
+        for span in &r.spans {
+            match pipewise_common::trace::Span::try_from(*span) {
+                Ok(s) => slot.push(s),
+                Err(e) => {
+                    tracing::warn!(job, step, worker = r.worker_index, "bad trace span: {e}");
+                    return None;
+                }
+            }
+        }
+    }
+    Some(std::sync::Arc::new(pipewise_common::trace::StepTrace {
+        job,
+        step: step + 1,
+        workers,
+    }))
 }

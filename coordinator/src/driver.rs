@@ -32,6 +32,9 @@ pub struct StepEventData {
     pub worker_bubbles: Vec<(u32, f64)>,
     /// Why the job was re-planned before this step, if it was.
     pub replan_reason: String,
+    /// What every worker did when during the step, if the runner recorded it (the job
+    /// manager keeps it for `GetStepTrace` and strips it from watchers' events).
+    pub trace: Option<std::sync::Arc<pipewise_common::trace::StepTrace>>,
 }
 
 /// Runs a job's steps. `pipewise local` provides one that runs the workers in this

@@ -14,6 +14,7 @@ use crate::driver::{Driver, DriverArgs, JobRunner, StepEventData};
 use crate::error::{CoordinatorError, Result};
 use crate::planner::PlannerMsg;
 use crate::store::{JobRecord, JobState, JobStore};
+use crate::traces::{RenderedTrace, TraceStore};
 
 /// The job manager.
 pub struct JobManager;
@@ -45,6 +46,8 @@ pub enum JobMsg {
     ),
     /// A driver's step report.
     Progress(Box<StepEventData>),
+    /// Render a kept step's executed timeline (`step` 0: the latest).
+    Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
     /// A driver finished.
     Finished {
         /// Job id.
@@ -66,6 +69,7 @@ pub struct JobManagerState {
     queue: VecDeque<u64>,
     running: Option<(u64, Arc<AtomicBool>)>,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
+    traces: TraceStore,
 }
 
 impl JobManagerState {
@@ -115,6 +119,7 @@ impl Actor for JobManager {
             queue: VecDeque::new(),
             running: None,
             watchers: HashMap::new(),
+            traces: TraceStore::default(),
         };
         for mut record in state.store.list()? {
             // A job that was running when the coordinator stopped cannot resume without its
@@ -163,7 +168,10 @@ impl Actor for JobManager {
                 });
                 let _ = reply.send(outcome);
             }
-            JobMsg::Progress(event) => {
+            JobMsg::Progress(mut event) => {
+                if let Some(trace) = event.trace.take() {
+                    state.traces.add(trace);
+                }
                 if let Ok(mut record) = state.record(event.job) {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
@@ -172,6 +180,12 @@ impl Actor for JobManager {
                 if let Some(tx) = state.watchers.get(&event.job) {
                     let _ = tx.send(*event);
                 }
+            }
+            JobMsg::Trace(job, step, reply) => {
+                let outcome = state
+                    .record(job)
+                    .and_then(|_| state.traces.render(job, step));
+                let _ = reply.send(outcome);
             }
             JobMsg::Finished {
                 job,
@@ -263,6 +277,7 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
             tracing::error!(job = id, "cannot store the job: {e}");
         }
         let flag = Arc::new(AtomicBool::new(false));
+        state.traces.start(id, plan.schedule.clone());
         state
             .watchers
             .entry(id)

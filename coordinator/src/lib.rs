@@ -14,6 +14,7 @@
 //! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
 //!   reports each step.
 //! - [`store`]: the durable job store (redb) in the data directory.
+//! - [`traces`]: the recent steps' executed timelines and their rendering next to the plan.
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
 //!   `tonic::Status`.
 //! - [`error`]: the crate's one error type.
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod planner;
 pub mod service;
 pub mod store;
+pub mod traces;
 
 use std::net::SocketAddr;
 use std::path::Path;

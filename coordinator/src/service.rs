@@ -170,6 +170,24 @@ impl JobService for Jobs {
             ractor::call!(self.manager, JobMsg::Cancel, id).map_err(CoordinatorError::from)??;
         Ok(Response::new(status_of(&record)))
     }
+
+    async fn get_step_trace(
+        &self,
+        request: Request<pb::StepTraceRequest>,
+    ) -> Result<Response<pb::StepTrace>, Status> {
+        let pb::StepTraceRequest { job, step } = request.into_inner();
+        let t = ractor::call!(self.manager, JobMsg::Trace, job, step)
+            .map_err(CoordinatorError::from)??;
+        Ok(Response::new(pb::StepTrace {
+            job: t.job,
+            step: t.step,
+            chrome_trace_json: t.chrome_json,
+            svg: t.svg,
+            planned_bubble: t.planned_bubble,
+            executed_bubble: t.executed_bubble,
+            kept_steps: t.kept,
+        }))
+    }
 }
 
 #[tonic::async_trait]

@@ -4,6 +4,7 @@
 //! ([`TryFrom`]) and names the offending one in [`ConvertError`].
 
 use pipewise_common::model::{DType, ModelSpec};
+use pipewise_common::trace::{Activity, Span};
 use pipewise_common::{Pass, PassKind, Placement};
 
 use crate::v1;
@@ -98,6 +99,76 @@ pub fn program_to_proto(program: &[Pass]) -> Vec<v1::Pass> {
 /// A worker's program from messages; the first bad pass fails the whole program.
 pub fn program_from_proto(program: Vec<v1::Pass>) -> Result<Vec<Pass>, ConvertError> {
     program.into_iter().map(Pass::try_from).collect()
+}
+
+// === Trace spans ===
+
+impl From<&Span> for v1::TraceSpan {
+    fn from(span: &Span) -> Self {
+        let (kind, pass, peer) = match span.activity {
+            Activity::Pass(p) => (v1::SpanKind::Pass, Some(p.into()), 0),
+            Activity::Recv { pass, peer } => (v1::SpanKind::Recv, Some(pass.into()), peer),
+            Activity::Send { pass, peer } => (v1::SpanKind::Send, Some(pass.into()), peer),
+            Activity::Sync => (v1::SpanKind::Sync, None, 0),
+        };
+        v1::TraceSpan {
+            kind: kind as i32,
+            pass,
+            peer,
+            start: span.start,
+            end: span.end,
+        }
+    }
+}
+
+impl TryFrom<v1::TraceSpan> for Span {
+    type Error = ConvertError;
+
+    fn try_from(span: v1::TraceSpan) -> Result<Self, Self::Error> {
+        let pass = |p: Option<v1::Pass>| {
+            p.ok_or(ConvertError::Missing {
+                field: "TraceSpan.pass",
+            })
+            .and_then(Pass::try_from)
+        };
+        let activity = match v1::SpanKind::try_from(span.kind) {
+            Ok(v1::SpanKind::Pass) => Activity::Pass(pass(span.pass)?),
+            Ok(v1::SpanKind::Recv) => Activity::Recv {
+                pass: pass(span.pass)?,
+                peer: span.peer,
+            },
+            Ok(v1::SpanKind::Send) => Activity::Send {
+                pass: pass(span.pass)?,
+                peer: span.peer,
+            },
+            Ok(v1::SpanKind::Sync) => Activity::Sync,
+            Ok(v1::SpanKind::Unspecified) => {
+                return Err(ConvertError::Unspecified {
+                    field: "TraceSpan.kind",
+                });
+            }
+            Err(_) => {
+                return Err(ConvertError::UnknownEnum {
+                    field: "TraceSpan.kind",
+                    value: span.kind,
+                });
+            }
+        };
+        if !span.start.is_finite() || !span.end.is_finite() || span.end < span.start {
+            return Err(ConvertError::Invalid {
+                field: "TraceSpan.end",
+                reason: format!(
+                    "span [{}, {}] is not a finite interval",
+                    span.start, span.end
+                ),
+            });
+        }
+        Ok(Span {
+            activity,
+            start: span.start,
+            end: span.end,
+        })
+    }
 }
 
 // === Placement ===
@@ -286,6 +357,56 @@ mod tests {
         let program = vec![Pass::f(0, 0), Pass::f(7, 0), Pass::b(7, 0), Pass::w(7, 0)];
         let msgs = program_to_proto(&program);
         assert_eq!(program_from_proto(msgs), Ok(program));
+    }
+
+    #[test]
+    fn trace_spans_round_trip_and_bad_ones_name_the_field() {
+        let spans = [
+            Span {
+                activity: Activity::Pass(Pass::f(2, 5)),
+                start: 1.5,
+                end: 2.0,
+            },
+            Span {
+                activity: Activity::Recv {
+                    pass: Pass::b(1, 0),
+                    peer: 3,
+                },
+                start: 2.0,
+                end: 2.25,
+            },
+            Span {
+                activity: Activity::Send {
+                    pass: Pass::f(0, 1),
+                    peer: 1,
+                },
+                start: 3.0,
+                end: 3.0,
+            },
+            Span {
+                activity: Activity::Sync,
+                start: 4.0,
+                end: 5.0,
+            },
+        ];
+        for span in spans {
+            assert_eq!(Span::try_from(v1::TraceSpan::from(&span)), Ok(span));
+        }
+        let mut backwards = v1::TraceSpan::from(&spans[0]);
+        backwards.end = 1.0;
+        let err = Span::try_from(backwards).expect_err("end before start");
+        assert!(err.to_string().starts_with("TraceSpan.end"), "{err}");
+        let mut no_pass = v1::TraceSpan::from(&spans[1]);
+        no_pass.pass = None;
+        assert_eq!(
+            Span::try_from(no_pass),
+            Err(ConvertError::Missing {
+                field: "TraceSpan.pass"
+            })
+        );
+        let mut unknown = v1::TraceSpan::from(&spans[3]);
+        unknown.kind = 99;
+        assert!(Span::try_from(unknown).is_err());
     }
 
     #[test]

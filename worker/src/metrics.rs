@@ -8,6 +8,7 @@
 //! | `pipewise_worker_peak_activation_bytes` | gauge | `worker` |
 //! | `pipewise_parameter_bytes` | gauge | `worker` (parameters + AdamW moments) |
 //! | `pipewise_worker_steps_total` | counter | `worker` |
+//! | `pipewise_peer_bytes_total` | counter | `worker`, `peer`, `direction` = sent \| received |
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
@@ -43,6 +44,11 @@ pub fn describe() {
         "Bytes of this worker's parameters and AdamW moments"
     );
     describe_counter!("pipewise_worker_steps_total", "Steps this worker finished");
+    describe_counter!(
+        "pipewise_peer_bytes_total",
+        Unit::Bytes,
+        "Activation and gradient bytes this worker sent to or received from a peer worker"
+    );
 }
 
 /// Records one step of worker `worker` (its index in the job).
@@ -62,6 +68,20 @@ pub fn record_step(worker: u32, report: &StepReport) {
     }
     gauge!("pipewise_worker_peak_activation_bytes", "worker" => w.clone())
         .set(report.peak_stash_bytes as f64);
+    for (direction, table) in [
+        ("sent", &report.bytes_sent),
+        ("received", &report.bytes_received),
+    ] {
+        for (peer, bytes) in table {
+            counter!(
+                "pipewise_peer_bytes_total",
+                "worker" => w.clone(),
+                "peer" => peer.to_string(),
+                "direction" => direction
+            )
+            .increment(*bytes);
+        }
+    }
     counter!("pipewise_worker_steps_total", "worker" => w).increment(1);
 }
 

@@ -579,6 +579,9 @@ fn run_assignment(
             peak_activation_bytes: report.peak_stash_bytes,
             grad_norm: report.grad_norm,
             stage_times,
+            spans: report.spans.iter().map(pb::TraceSpan::from).collect(),
+            bytes_sent: report.bytes_sent.clone().into_iter().collect(),
+            bytes_received: report.bytes_received.clone().into_iter().collect(),
             ..Default::default()
         });
         let done = step + 1;

@@ -10,6 +10,7 @@
 
 pub mod chrome;
 pub mod curve;
+pub mod executed;
 pub mod grid;
 pub mod report;
 pub mod svg;

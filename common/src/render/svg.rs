@@ -71,7 +71,7 @@ fn hsl(h: f64, s: f64, l: f64) -> String {
 }
 
 /// Fill colour and text colour of a pass of `kind` on chunk `chunk` of `chunks`.
-fn colours(kind: PassKind, chunk: usize, chunks: usize) -> (String, &'static str) {
+pub(crate) fn colours(kind: PassKind, chunk: usize, chunks: usize) -> (String, &'static str) {
     let (h, s) = hue(kind);
     let l = lightness(chunk, chunks);
     let text = if l < 0.55 { "#ffffff" } else { "#1b1b1b" };

@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use candle_core::{Device, Tensor};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
+use pipewise_common::trace::{Activity, Span};
 
 use super::transport::{Frame, FrameKind, MemoryTransport, Transport};
 use crate::data::Batch;
@@ -52,6 +53,13 @@ pub struct StepReport {
     pub peak_stash_bytes: u64,
     /// The global gradient norm before clipping.
     pub grad_norm: f64,
+    /// What the worker did when, in seconds of UNIX time: every pass, every wait for a
+    /// peer's frame, every hand-over to the transport and the end-of-step sync.
+    pub spans: Vec<Span>,
+    /// Activation and gradient bytes sent to each peer worker during the step.
+    pub bytes_sent: BTreeMap<u32, u64>,
+    /// Activation and gradient bytes received from each peer worker during the step.
+    pub bytes_received: BTreeMap<u32, u64>,
 }
 
 /// One worker of a pipeline: the stages the schedule's placement gives it and its ordered
@@ -260,6 +268,9 @@ impl WorkerRuntime {
         sync: &dyn StepSync,
     ) -> Result<StepReport> {
         let started = Instant::now();
+        let epoch = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         if batches.len() != self.microbatches as usize {
             return Err(invalid(
                 "batches",
@@ -285,6 +296,10 @@ impl WorkerRuntime {
             shapes: &shapes,
             transport,
             local: HashMap::new(),
+            clock: (started, epoch),
+            spans: Vec::with_capacity(2 * self.program.len() + 1),
+            sent: BTreeMap::new(),
+            received: BTreeMap::new(),
         };
         let mut losses: Vec<(u32, f32)> = Vec::new();
         let mut pass_times = Vec::with_capacity(self.program.len());
@@ -299,16 +314,16 @@ impl WorkerRuntime {
                     let input = if s == 0 {
                         batch.tokens.clone()
                     } else {
-                        self.take(&mut ctx, s, mb, FrameKind::Activation)?
+                        self.take(&mut ctx, pass, FrameKind::Activation)?
                     };
                     let targets = (s == last).then_some(&batch.targets);
                     let t0 = Instant::now();
                     let out = self.stage_mut(s)?.forward(mb, &input, targets)?;
-                    let secs = t0.elapsed().as_secs_f64();
+                    let secs = ctx.span(Activity::Pass(pass), t0);
                     if s == last {
                         losses.push((mb, out.to_scalar::<f32>()?));
                     } else {
-                        self.deliver(&mut ctx, s + 1, mb, FrameKind::Activation, out)?;
+                        self.deliver(&mut ctx, pass, s + 1, FrameKind::Activation, out)?;
                     }
                     secs
                 }
@@ -316,7 +331,7 @@ impl WorkerRuntime {
                     let grad = if s == last {
                         None
                     } else {
-                        Some(self.take(&mut ctx, s, mb, FrameKind::Gradient)?)
+                        Some(self.take(&mut ctx, pass, FrameKind::Gradient)?)
                     };
                     let t0 = Instant::now();
                     let stage = self.stage_mut(s)?;
@@ -325,19 +340,19 @@ impl WorkerRuntime {
                     } else {
                         stage.backward(mb, grad.as_ref())?
                     };
-                    let secs = t0.elapsed().as_secs_f64();
+                    let secs = ctx.span(Activity::Pass(pass), t0);
                     if s > 0 {
                         let dx = dx.ok_or_else(|| {
                             invalid("stage", format!("pass {pass} gave no input gradient"))
                         })?;
-                        self.deliver(&mut ctx, s - 1, mb, FrameKind::Gradient, dx)?;
+                        self.deliver(&mut ctx, pass, s - 1, FrameKind::Gradient, dx)?;
                     }
                     secs
                 }
                 PassKind::W => {
                     let t0 = Instant::now();
                     self.stage_mut(s)?.backward_weight(mb)?;
-                    t0.elapsed().as_secs_f64()
+                    ctx.span(Activity::Pass(pass), t0)
                 }
             };
             pass_times.push((pass, secs));
@@ -354,6 +369,7 @@ impl WorkerRuntime {
         }
 
         // Global-norm clipping: every stage of every worker scales by the same factor.
+        let sync_started = Instant::now();
         let mut local_sq = 0.0;
         for stage in self.stages.values() {
             local_sq += stage.grad_sq_norm()?;
@@ -367,6 +383,7 @@ impl WorkerRuntime {
         let local_losses: Vec<f32> = losses.into_iter().map(|(_, l)| l).collect();
         let loss = sync.mean_loss(step, &local_losses)?;
         let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
+        ctx.span(Activity::Sync, sync_started);
         Ok(StepReport {
             loss: Some(loss),
             pass_times,
@@ -374,12 +391,16 @@ impl WorkerRuntime {
             wall_secs: started.elapsed().as_secs_f64(),
             peak_stash_bytes: peak,
             grad_norm: global_sq.sqrt(),
+            spans: ctx.spans,
+            bytes_sent: ctx.sent,
+            bytes_received: ctx.received,
         })
     }
 
     /// The input of a pass of stage `stage`: from this worker's memory when the producing
     /// stage is here, else from the transport (with its shape checked).
-    fn take(&self, ctx: &mut StepCtx<'_>, stage: u32, mb: u32, kind: FrameKind) -> Result<Tensor> {
+    fn take(&self, ctx: &mut StepCtx<'_>, pass: Pass, kind: FrameKind) -> Result<Tensor> {
+        let (stage, mb) = (pass.stage, pass.mb);
         let producer = match kind {
             FrameKind::Activation => stage - 1,
             FrameKind::Gradient => stage + 1,
@@ -396,9 +417,13 @@ impl WorkerRuntime {
                 )
             });
         }
+        let t0 = Instant::now();
         let tensor = ctx
             .transport
             .recv(ctx.job, ctx.step, stage, mb, kind, self.timeout)?;
+        let peer = self.placement.worker_of(producer);
+        ctx.span(Activity::Recv { pass, peer }, t0);
+        *ctx.received.entry(peer).or_default() += tensor_bytes(&tensor);
         let (b, t) = ctx.shapes[mb as usize];
         let expected = [b, t, self.hidden];
         let stage_ref = self
@@ -426,11 +451,12 @@ impl WorkerRuntime {
     fn deliver(
         &self,
         ctx: &mut StepCtx<'_>,
+        pass: Pass,
         stage: u32,
-        mb: u32,
         kind: FrameKind,
         tensor: Tensor,
     ) -> Result<()> {
+        let mb = pass.mb;
         let to = self.placement.worker_of(stage);
         if to == self.worker {
             if ctx.local.insert((stage, mb, kind), tensor).is_some() {
@@ -441,6 +467,8 @@ impl WorkerRuntime {
             }
             return Ok(());
         }
+        let bytes = tensor_bytes(&tensor);
+        let t0 = Instant::now();
         ctx.transport.send(
             to,
             Frame {
@@ -451,8 +479,16 @@ impl WorkerRuntime {
                 kind,
                 tensor,
             },
-        )
+        )?;
+        ctx.span(Activity::Send { pass, peer: to }, t0);
+        *ctx.sent.entry(to).or_default() += bytes;
+        Ok(())
     }
+}
+
+/// Bytes of a tensor's elements.
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
 /// Per-step state of [`WorkerRuntime::run_step`].
@@ -463,6 +499,29 @@ struct StepCtx<'a> {
     transport: &'a dyn Transport,
     /// Tensors handed between stages of this worker, keyed by consumer.
     local: HashMap<(u32, u32, FrameKind), Tensor>,
+    /// The step's start, as an instant and in seconds of UNIX time.
+    clock: (Instant, f64),
+    /// What happened when ([`StepReport::spans`]).
+    spans: Vec<Span>,
+    /// Bytes sent to each peer.
+    sent: BTreeMap<u32, u64>,
+    /// Bytes received from each peer.
+    received: BTreeMap<u32, u64>,
+}
+
+impl StepCtx<'_> {
+    /// Records `activity` from `since` until now; returns its seconds.
+    fn span(&mut self, activity: Activity, since: Instant) -> f64 {
+        let now = Instant::now();
+        let (started, epoch) = self.clock;
+        let at = |i: Instant| epoch + i.saturating_duration_since(started).as_secs_f64();
+        self.spans.push(Span {
+            activity,
+            start: at(since),
+            end: at(now),
+        });
+        now.saturating_duration_since(since).as_secs_f64()
+    }
 }
 
 /// One worker's program: its own stages, microbatches in range, each pass once, and a

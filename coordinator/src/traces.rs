@@ -1,0 +1,119 @@
+//! The executed timelines the coordinator keeps: for the last [`KEEP_JOBS`] jobs, the
+//! spans of their last [`KEEP_STEPS`] steps (in memory only; a restarted coordinator has
+//! none), and their rendering as a Chrome trace and an SVG next to the plan.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use pipewise_common::render::executed;
+use pipewise_common::schedule::Schedule;
+use pipewise_common::simulate;
+use pipewise_common::trace::{StepTrace, measured_costs};
+
+use crate::error::{CoordinatorError, Result};
+
+/// Steps kept per job.
+pub const KEEP_STEPS: usize = 64;
+/// Jobs whose traces are kept.
+pub const KEEP_JOBS: usize = 8;
+
+/// A step's timeline rendered next to its plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedTrace {
+    /// Job id.
+    pub job: u64,
+    /// Step (1-based).
+    pub step: u64,
+    /// Chrome / Perfetto trace JSON (process 0 planned, process 1 executed).
+    pub chrome_json: String,
+    /// SVG: planned above executed.
+    pub svg: String,
+    /// Bubble of the plan at the step's measured pass times.
+    pub planned_bubble: f64,
+    /// Bubble of the execution.
+    pub executed_bubble: f64,
+    /// Steps kept for this job.
+    pub kept: Vec<u64>,
+}
+
+/// One job's schedule and recent step traces.
+#[derive(Debug)]
+struct JobTraces {
+    schedule: Arc<Schedule>,
+    steps: VecDeque<Arc<StepTrace>>,
+}
+
+/// The traces of recent jobs.
+#[derive(Debug, Default)]
+pub struct TraceStore {
+    jobs: BTreeMap<u64, JobTraces>,
+}
+
+impl TraceStore {
+    /// A job starts running under `schedule`; the oldest job is forgotten past [`KEEP_JOBS`].
+    pub fn start(&mut self, job: u64, schedule: Schedule) {
+        self.jobs.insert(
+            job,
+            JobTraces {
+                schedule: Arc::new(schedule),
+                steps: VecDeque::new(),
+            },
+        );
+        while self.jobs.len() > KEEP_JOBS {
+            self.jobs.pop_first();
+        }
+    }
+
+    /// Keeps a step's trace (the oldest step goes past [`KEEP_STEPS`]). A trace that does
+    /// not match the job's schedule is dropped with a warning.
+    pub fn add(&mut self, trace: Arc<StepTrace>) {
+        let Some(entry) = self.jobs.get_mut(&trace.job) else {
+            return;
+        };
+        if let Err(e) = trace.check(&entry.schedule) {
+            tracing::warn!(job = trace.job, step = trace.step, "trace dropped: {e}");
+            return;
+        }
+        entry.steps.push_back(trace);
+        while entry.steps.len() > KEEP_STEPS {
+            entry.steps.pop_front();
+        }
+    }
+
+    /// Renders step `step` of `job` (`0`: the latest kept).
+    pub fn render(&self, job: u64, step: u64) -> Result<RenderedTrace> {
+        let entry = self.jobs.get(&job).ok_or_else(|| CoordinatorError::BadRequest {
+            field: "job",
+            reason: format!("no traces are kept for job {job} (only for the last {KEEP_JOBS} jobs run since the coordinator started)"),
+        })?;
+        let kept: Vec<u64> = entry.steps.iter().map(|t| t.step).collect();
+        let trace = if step == 0 {
+            entry.steps.back()
+        } else {
+            entry.steps.iter().find(|t| t.step == step)
+        }
+        .ok_or_else(|| CoordinatorError::BadRequest {
+            field: "step",
+            reason: match (kept.first(), kept.last()) {
+                (Some(a), Some(b)) => {
+                    format!("step {step} of job {job} is not kept; steps {a}..={b} are")
+                }
+                _ => format!("job {job} has no traced step yet"),
+            },
+        })?;
+        let schedule = &entry.schedule;
+        let costs = measured_costs(schedule, trace)?;
+        let planned = simulate(schedule, &costs)?;
+        let chrome = executed::chrome_trace(schedule, &planned, trace);
+        Ok(RenderedTrace {
+            job,
+            step: trace.step,
+            chrome_json: serde_json::to_string(&chrome)
+                .map_err(|e| CoordinatorError::Actor(format!("cannot serialise the trace: {e}")))?,
+            svg: executed::svg(schedule, &planned, trace),
+            planned_bubble: planned.bubble,
+            executed_bubble: trace.bubble(),
+            kept,
+        })
+    }
+}
