@@ -189,50 +189,15 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let started = Instant::now();
     let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
-    let total = started.elapsed();
-    let run = match outcome {
-        Ok(run) => run,
-        Err(e) => {
-            if args.output_dir.is_none() {
-                let _ = std::fs::remove_dir_all(&data_dir);
-            }
-            return Err(e);
-        }
-    };
-    if run.status.state != pb::JobState::Succeeded as i32 {
-        bail!("the job did not succeed: {}", run.status.error);
-    }
-    print_summary(args, &plan, &spec, &run.steps, total);
-    if let Some(dir) = &args.output_dir {
-        let params = merge_params(&run.params_dir, spec.parallelism.pipeline_parallel_degree)?;
-        write_outputs(dir, &spec, &run.steps, &params)?;
-        println!(
-            "wrote {}/summary.json and {}/params.safetensors",
-            dir.display(),
-            dir.display()
-        );
-    } else {
+    if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
     }
-    Ok(())
+    outcome
 }
 
-/// What a finished local run hands back.
-struct Finished {
-    status: pb::JobStatus,
-    steps: Vec<StepSummary>,
-    /// Where the workers wrote `worker-W.safetensors`.
-    params_dir: PathBuf,
-}
-
-async fn drive(
-    args: &LocalArgs,
-    spec: &JobSpec,
-    plan: &JobPlan,
-    data_dir: &Path,
-) -> Result<Finished> {
+/// Starts the coordinator and the workers, runs the job, reports, then stops them all.
+async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path) -> Result<()> {
     if let Some(addr) = args.metrics_listen {
         crate::metrics::serve(addr)?;
         pipewise_worker::metrics::describe();
@@ -254,25 +219,58 @@ async fn drive(
             }
         }
     }
+    let started = Instant::now();
     let outcome = match failure {
         Some(e) => Err(e),
-        None => run_job(args, spec, plan, &url).await,
+        None => run_job(args, spec, plan, &url)
+            .await
+            .and_then(|(status, steps)| finish(args, spec, plan, &status, &steps, started)),
     };
-    if outcome.is_ok() && args.metrics_linger > 0.0 {
+    if outcome.is_ok()
+        && let Some(addr) = args.metrics_listen
+        && args.metrics_linger > 0.0
+    {
+        println!(
+            "serving metrics on http://{addr}/metrics for {} s more",
+            args.metrics_linger
+        );
+        std::io::stdout().flush().ok();
         tokio::time::sleep(Duration::from_secs_f64(args.metrics_linger)).await;
     }
     for node in nodes {
         node.shutdown().await;
     }
     coordinator.shutdown().await;
-    let (status, steps) = outcome?;
-    Ok(Finished {
-        params_dir: PathBuf::from(&spec.checkpoint.folder)
+    outcome
+}
+
+/// After the job: the summary, and with `--output-dir` summary.json and the parameters.
+fn finish(
+    args: &LocalArgs,
+    spec: &JobSpec,
+    plan: &JobPlan,
+    status: &pb::JobStatus,
+    steps: &[StepSummary],
+    started: Instant,
+) -> Result<()> {
+    if status.state != pb::JobState::Succeeded as i32 {
+        bail!("the job did not succeed: {}", status.error);
+    }
+    print_summary(args, plan, spec, steps, started.elapsed());
+    if let Some(dir) = &args.output_dir {
+        let params_dir = PathBuf::from(&spec.checkpoint.folder)
             .join(format!("job-{}", status.id))
-            .join("final"),
-        status,
-        steps,
-    })
+            .join("final");
+        let params = merge_params(&params_dir, spec.parallelism.pipeline_parallel_degree)?;
+        write_outputs(dir, spec, steps, &params)?;
+        println!(
+            "wrote {}/summary.json and {}/params.safetensors",
+            dir.display(),
+            dir.display()
+        );
+    }
+    std::io::stdout().flush().ok();
+    Ok(())
 }
 
 /// Submits the job, prints its progress, writes the traces asked for; returns the final

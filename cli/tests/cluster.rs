@@ -409,6 +409,54 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
     // The same workers then train the next job to the end.
     let mut short = spec(2, "zb-h1", 3);
     short.job.name = "after-faults".into();
-    let (_, losses) = submit_wait(&cluster, &write_spec(&dir, &short));
+    let (job, losses) = submit_wait(&cluster, &write_spec(&dir, &short));
     assert_eq!(losses.len(), 3);
+
+    // `pipewise trace` writes a kept step's timeline; a step that is not kept is refused
+    // naming the field.
+    let traces = dir.join("traces");
+    let out = pipewise()
+        .args([
+            "trace",
+            &job.to_string(),
+            "--step",
+            "2",
+            "--coordinator",
+            &cluster.url,
+        ])
+        .arg("--out")
+        .arg(&traces)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chrome: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(traces.join("step-2.trace.json")).unwrap())
+            .unwrap();
+    assert_eq!(chrome["otherData"]["job"], job);
+    assert!(
+        std::fs::read_to_string(traces.join("step-2.svg"))
+            .unwrap()
+            .starts_with("<svg")
+    );
+    let out = pipewise()
+        .args([
+            "trace",
+            &job.to_string(),
+            "--step",
+            "9",
+            "--coordinator",
+            &cluster.url,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("step: step 9") && err.contains("1..=3"),
+        "{err}"
+    );
 }

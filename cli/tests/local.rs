@@ -136,3 +136,105 @@ fn tempfile_dir(tag: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
+
+/// `--trace-dir`: the Chrome trace parses and carries every pass of every worker twice
+/// (planned and executed), the executed passes line up with the schedule's programs, and
+/// the SVG renders to PNG (with `rsvg-convert`; `.ci/run` installs it and sets
+/// `PIPEWISE_REQUIRE_RSVG=1`).
+#[test]
+fn trace_dir_writes_a_chrome_trace_and_an_svg_per_step() {
+    let dir = tempfile_dir("trace");
+    let traces = dir.join("traces");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args([
+            "local",
+            "--workers",
+            "3",
+            "--schedule",
+            "zb-h1",
+            "--steps",
+            "3",
+        ])
+        .args(["--quiet", "--trace-steps", "1,3", "--trace-dir"])
+        .arg(&traces)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args([
+            "plan", "-s", "zb-h1", "-d", "3", "-n", "8", "--format", "csv",
+        ])
+        .output()
+        .unwrap();
+    assert!(plan.status.success());
+    // The CSV has one row per worker; every non-empty cell is a pass (PyTorch's letters:
+    // `I` is our input-gradient B).
+    let csv = String::from_utf8_lossy(&plan.stdout).to_string();
+    let programs: Vec<Vec<String>> = csv
+        .lines()
+        .map(|l| {
+            l.split(',')
+                .filter(|c| !c.trim().is_empty())
+                .map(|c| c.trim().replace('I', "B"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(programs.len(), 3, "{csv}");
+    for step in [1, 3] {
+        let json: Value = serde_json::from_str(
+            &std::fs::read_to_string(traces.join(format!("step-{step}.trace.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json["otherData"]["step"], step);
+        let events = json["traceEvents"].as_array().unwrap();
+        for pid in [0, 1] {
+            for (w, program) in programs.iter().enumerate() {
+                let mut passes: Vec<(f64, String)> = events
+                    .iter()
+                    .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["tid"] == w)
+                    .filter(|e| ["F", "B", "W", "BW"].contains(&e["cat"].as_str().unwrap()))
+                    .map(|e| {
+                        (
+                            e["ts"].as_f64().unwrap(),
+                            e["name"].as_str().unwrap().to_string(),
+                        )
+                    })
+                    .collect();
+                passes.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let names: Vec<String> = passes.into_iter().map(|p| p.1).collect();
+                if pid == 1 {
+                    // Executed: exactly the worker's program, in its order.
+                    assert_eq!(&names, program, "step {step} worker {w}");
+                } else {
+                    assert_eq!(names.len(), program.len(), "planned, worker {w}");
+                }
+            }
+        }
+        let executed = json["otherData"]["executed_bubble"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&executed), "{executed}");
+        let svg = traces.join(format!("step-{step}.svg"));
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+        let png = svg.with_extension("png");
+        match Command::new("rsvg-convert")
+            .arg(&svg)
+            .arg("-o")
+            .arg(&png)
+            .status()
+        {
+            Ok(status) => {
+                assert!(status.success(), "rsvg-convert failed on {}", svg.display());
+                assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+            }
+            Err(_) => assert!(
+                std::env::var_os("PIPEWISE_REQUIRE_RSVG").is_none(),
+                "PIPEWISE_REQUIRE_RSVG is set but rsvg-convert is not installed"
+            ),
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,10 +1,12 @@
-//! Metrics end to end: a coordinator and two workers (processes, each with
-//! `--metrics-listen`) train two jobs while a real Prometheus (Debian's `prometheus`
-//! package; `.ci/run` installs it) scrapes them every second. Then:
+//! Metrics end to end: two `pipewise local --metrics-listen` runs (1F1B, then V-Half, on
+//! the same 2-worker shape; each keeps serving for a few seconds after its job ends) while
+//! a real Prometheus (Debian's `prometheus` package; `.ci/run` installs it) scrapes them
+//! every second. Then:
 //!
-//! - `promtool check metrics` accepts every endpoint's output;
+//! - `promtool check metrics` accepts the endpoint's output;
 //! - the measured bubble is in [0, 1], the step time is plausible, and each worker's peak
-//!   activation bytes in Prometheus equal what `WatchJob` reported;
+//!   activation bytes in Prometheus equal what `WatchJob` reported (local's summary.json
+//!   holds the `WatchJob` events);
 //! - every PromQL expression of the Grafana dashboard (`deploy/grafana/pipewise.json`)
 //!   returns data;
 //! - the measured V-Half / 1F1B peak ratio per worker equals the plan's predicted ratio.
@@ -21,11 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pipewise_common::job::example;
-use pipewise_proto::v1 as pb;
-use pipewise_proto::v1::job_service_client::JobServiceClient;
 use serde_json::Value;
-use tokio_stream::StreamExt as _;
 
 struct Kill(Vec<Child>);
 
@@ -110,53 +108,48 @@ fn by_worker(samples: &[Value]) -> HashMap<String, f64> {
         .collect()
 }
 
-fn start_line(mut cmd: Command, log: &Path) -> (Child, String) {
-    let mut child = cmd
+/// Starts `pipewise local` on 2 workers with `schedule`, serving metrics on `port`, and
+/// returns once it says it is lingering (its job is over, summary.json written): the child
+/// (still serving) and the last step's peaks per worker from summary.json.
+fn start_local(dir: &Path, schedule: &str, port: u16) -> (Child, Vec<u64>) {
+    let out = dir.join(schedule);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args([
+            "local",
+            "--workers",
+            "2",
+            "--schedule",
+            schedule,
+            "--steps",
+            "30",
+        ])
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-linger", "8", "--quiet", "--output-dir"])
+        .arg(&out)
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("{schedule}.log"))).unwrap())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (child, line)
-}
-
-/// Submits `schedule` on 2 workers and follows it over `WatchJob`: the last event's peaks.
-fn run_job(rt: &tokio::runtime::Runtime, url: &str, schedule: &str, steps: u32) -> Vec<u64> {
-    let mut spec = example(2, schedule);
-    spec.job.name = format!("prom-{schedule}");
-    spec.training.steps = steps;
-    rt.block_on(async {
-        let mut c = JobServiceClient::connect(url.to_string()).await.unwrap();
-        let status = c
-            .submit_job(pb::JobSpec {
-                toml: spec.to_toml().unwrap(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut events = c
-            .watch_job(pb::JobId { id: status.id })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut last = None;
-        while let Some(e) = events.next().await {
-            last = Some(e.unwrap());
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("pipewise local {schedule} ended before lingering"))
+            .unwrap();
+        if line.starts_with("serving metrics on") {
+            break;
         }
-        let end = c
-            .get_job(pb::JobId { id: status.id })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(end.state, pb::JobState::Succeeded as i32, "{end:?}");
-        let mut peaks = last.unwrap().peaks;
-        peaks.sort_by_key(|p| p.worker);
-        peaks.iter().map(|p| p.peak_activation_bytes).collect()
-    })
+    }
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let last = summary["steps"].as_array().unwrap().last().unwrap().clone();
+    let peaks = last["peak_activation_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    (child, peaks)
 }
 
 #[test]
@@ -172,24 +165,8 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
     let dir = std::env::temp_dir().join(format!("pipewise-prom-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let bin = env!("CARGO_BIN_EXE_pipewise");
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
     let mut procs = Kill(Vec::new());
-
-    let mut cmd = Command::new(bin);
-    cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(["--metrics-listen", &format!("127.0.0.1:{}", ports[0])]);
-    let (child, line) = start_line(cmd, &dir.join("coordinator.log"));
-    procs.0.push(child);
-    let url = format!("http://{}", line.split_whitespace().nth(3).unwrap());
-    for w in 0..2 {
-        let mut cmd = Command::new(bin);
-        cmd.args(["worker", "--coordinator", &url, "--id", &format!("w{w}")])
-            .args(["--metrics-listen", &format!("127.0.0.1:{}", ports[1 + w])]);
-        let (child, _) = start_line(cmd, &dir.join(format!("w{w}.log")));
-        procs.0.push(child);
-    }
 
     let prom_port = free_port();
     let targets: Vec<String> = ports.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
@@ -226,11 +203,11 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let wait_scrapes = || std::thread::sleep(Duration::from_secs(4));
 
     // 1F1B first: its per-worker peaks, as WatchJob and as Prometheus saw them.
-    let watched_1f1b = run_job(&rt, &url, "1f1b", 30);
+    let (child, watched_1f1b) = start_local(&dir, "1f1b", ports[0]);
+    procs.0.push(child);
     wait_scrapes();
     let peak_1f1b = by_worker(&query(
         prom_port,
@@ -248,9 +225,16 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
             "worker {w}: metric vs WatchJob"
         );
     }
+    // promtool accepts the endpoint's output.
+    promtool_accepts(ports[0]);
+    // The 1F1B run ends; its series go stale before V-Half starts.
+    let mut first = procs.0.pop().unwrap();
+    first.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
 
     // Then V-Half on the same shape.
-    let watched_vhalf = run_job(&rt, &url, "v-half", 30);
+    let (child, watched_vhalf) = start_local(&dir, "v-half", ports[1]);
+    procs.0.push(child);
     wait_scrapes();
     let peak_vhalf = by_worker(&query(
         prom_port,
@@ -299,32 +283,7 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
         bubbles.iter().map(value).collect::<Vec<_>>()
     );
 
-    // promtool accepts every endpoint's output.
-    if let Some(promtool) = which("promtool") {
-        for port in &ports {
-            let (_, body) = http_get(*port, "/metrics").unwrap();
-            let mut check = Command::new(&promtool)
-                .args(["check", "metrics"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            check
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(body.as_bytes())
-                .unwrap();
-            let out = check.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "promtool on :{port}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
+    promtool_accepts(ports[1]);
 
     // Every dashboard query returns data.
     let dashboard: Value = serde_json::from_str(
@@ -349,4 +308,37 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
     }
     eprintln!("{count} dashboard queries returned data");
     let _ = std::fs::read_dir(&dir).map(|_| std::fs::remove_dir_all(&dir));
+}
+
+/// `promtool check metrics` (when installed) accepts what `port` serves.
+fn promtool_accepts(port: u16) {
+    let Some(promtool) = which("promtool") else {
+        eprintln!("promtool not installed: metrics format not checked");
+        return;
+    };
+    let (_, body) = http_get(port, "/metrics").unwrap();
+    let mut check = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool on :{port}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "promtool check metrics: :{port} ok ({} lines)",
+        body.lines().count()
+    );
 }
