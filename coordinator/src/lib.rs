@@ -138,9 +138,13 @@ impl Coordinator {
             .add_service(JobServiceServer::new(service::Jobs {
                 manager: jobs.clone(),
             }))
-            .add_service(ClusterServiceServer::new(service::Cluster {
-                membership: membership.clone(),
-            }));
+            .add_service(
+                ClusterServiceServer::new(service::Cluster {
+                    membership: membership.clone(),
+                })
+                // Step reports carry every span of a worker's step (see `traces`).
+                .max_decoding_message_size(64 << 20),
+            );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let server = tokio::spawn(async move {
             let stop = async {

@@ -1,6 +1,8 @@
 //! The executed timelines the coordinator keeps: for the last [`KEEP_JOBS`] jobs, the
-//! spans of their last [`KEEP_STEPS`] steps (in memory only; a restarted coordinator has
-//! none), and their rendering as a Chrome trace and an SVG next to the plan.
+//! spans of their last [`KEEP_STEPS`] steps, and never more than [`KEEP_SPANS`] spans in all
+//! (the oldest steps go first; the latest step of each job stays) — in memory only, so a
+//! restarted coordinator has none — and their rendering as a Chrome trace and an SVG next
+//! to the plan.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use crate::error::{CoordinatorError, Result};
 pub const KEEP_STEPS: usize = 64;
 /// Jobs whose traces are kept.
 pub const KEEP_JOBS: usize = 8;
+/// Spans kept over all jobs and steps (a span takes about 40 bytes).
+pub const KEEP_SPANS: usize = 2_000_000;
 
 /// A step's timeline rendered next to its plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +53,10 @@ pub struct TraceStore {
     jobs: BTreeMap<u64, JobTraces>,
 }
 
+fn spans_of(t: &StepTrace) -> usize {
+    t.workers.iter().map(Vec::len).sum()
+}
+
 impl TraceStore {
     /// A job starts running under `schedule`; the oldest job is forgotten past [`KEEP_JOBS`].
     pub fn start(&mut self, job: u64, schedule: Schedule) {
@@ -77,6 +85,21 @@ impl TraceStore {
         entry.steps.push_back(trace);
         while entry.steps.len() > KEEP_STEPS {
             entry.steps.pop_front();
+        }
+        // Over the span budget: drop the oldest steps, oldest jobs first, keeping each
+        // job's latest step.
+        let mut total: usize = self
+            .jobs
+            .values()
+            .flat_map(|j| j.steps.iter())
+            .map(|t| spans_of(t))
+            .sum();
+        for entry in self.jobs.values_mut() {
+            while total > KEEP_SPANS && entry.steps.len() > 1 {
+                if let Some(old) = entry.steps.pop_front() {
+                    total -= spans_of(&old);
+                }
+            }
         }
     }
 
@@ -115,5 +138,76 @@ impl TraceStore {
             executed_bubble: trace.bubble(),
             kept,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewise_common::trace::{Activity, Span};
+    use pipewise_common::{Request, ScheduleKind, generate};
+
+    fn trace_of(schedule: &Schedule, job: u64, step: u64) -> Arc<StepTrace> {
+        Arc::new(StepTrace {
+            job,
+            step,
+            workers: schedule
+                .workers
+                .iter()
+                .map(|program| {
+                    program
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &p)| Span {
+                            activity: Activity::Pass(p),
+                            start: i as f64,
+                            end: i as f64 + 0.5,
+                        })
+                        .collect()
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn keeps_the_last_steps_and_names_what_is_missing() {
+        let s = generate(&Request::new(ScheduleKind::OneFOneB, 2, 4)).expect("1f1b");
+        let mut store = TraceStore::default();
+        store.start(7, s.clone());
+        for step in 1..=(KEEP_STEPS as u64 + 5) {
+            store.add(trace_of(&s, 7, step));
+        }
+        let latest = store.render(7, 0).expect("latest");
+        assert_eq!(latest.step, KEEP_STEPS as u64 + 5);
+        assert_eq!(latest.kept.len(), KEEP_STEPS);
+        assert_eq!(latest.kept[0], 6);
+        assert!(latest.svg.starts_with("<svg"));
+        let chrome: serde_json::Value =
+            serde_json::from_str(&latest.chrome_json).expect("chrome json");
+        assert_eq!(chrome["otherData"]["step"], KEEP_STEPS as u64 + 5);
+        let err = store.render(7, 1).expect_err("step 1 is gone");
+        assert!(
+            err.to_string().contains("step 1 of job 7 is not kept"),
+            "{err}"
+        );
+        assert!(store.render(8, 0).is_err());
+        // A trace that does not match the schedule is dropped.
+        let mut wrong = (*trace_of(&s, 7, 999)).clone();
+        wrong.workers[0].pop();
+        store.add(Arc::new(wrong));
+        assert!(store.render(7, 999).is_err());
+    }
+
+    #[test]
+    fn forgets_the_oldest_jobs() {
+        let s = generate(&Request::new(ScheduleKind::GPipe, 1, 1)).expect("gpipe");
+        let mut store = TraceStore::default();
+        for job in 1..=(KEEP_JOBS as u64 + 2) {
+            store.start(job, s.clone());
+            store.add(trace_of(&s, job, 1));
+        }
+        assert!(store.render(1, 0).is_err());
+        assert!(store.render(2, 0).is_err());
+        assert!(store.render(3, 0).is_ok());
     }
 }

@@ -477,6 +477,10 @@ fn assignment_error(reason: String) -> Error {
     node_error("assignment", reason)
 }
 
+/// A step report carries the step's spans only up to this many (about 9 MB encoded; the
+/// coordinator accepts 64 MiB reports); longer steps are reported without a trace.
+const MAX_REPORTED_SPANS: usize = 200_000;
+
 /// Runs one assignment; returns where the final parameters were written.
 fn run_assignment(
     config: &NodeConfig,
@@ -579,7 +583,11 @@ fn run_assignment(
             peak_activation_bytes: report.peak_stash_bytes,
             grad_norm: report.grad_norm,
             stage_times,
-            spans: report.spans.iter().map(pb::TraceSpan::from).collect(),
+            spans: if report.spans.len() <= MAX_REPORTED_SPANS {
+                report.spans.iter().map(pb::TraceSpan::from).collect()
+            } else {
+                Vec::new()
+            },
             bytes_sent: report.bytes_sent.clone().into_iter().collect(),
             bytes_received: report.bytes_received.clone().into_iter().collect(),
             ..Default::default()
