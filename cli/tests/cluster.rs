@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -33,6 +35,8 @@ struct Cluster {
     data: PathBuf,
     /// Worker id → activation address.
     workers: HashMap<String, String>,
+    /// Metrics ports of the coordinator and of worker `w0`.
+    metrics: [u16; 2],
 }
 
 impl Drop for Cluster {
@@ -62,9 +66,11 @@ fn spawn_with_line(mut cmd: Command, log: &Path) -> (Child, String) {
 fn start(dir: &Path, workers: usize) -> Cluster {
     std::fs::create_dir_all(dir).unwrap();
     let data = dir.join("data");
+    let metrics = [common::free_port(), common::free_port()];
     let mut cmd = pipewise();
     cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data);
+        .arg(&data)
+        .args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[0])]);
     let (coord, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
     // "coordinator listening on ADDR (data in DIR)"
     let addr = line.split_whitespace().nth(3).unwrap().to_string();
@@ -74,6 +80,7 @@ fn start(dir: &Path, workers: usize) -> Cluster {
         url: url.clone(),
         data,
         workers: HashMap::new(),
+        metrics,
     };
     for w in 0..workers {
         let id = format!("w{w}");
@@ -89,6 +96,9 @@ fn start(dir: &Path, workers: usize) -> Cluster {
             "--log-format",
             "json",
         ]);
+        if w == 0 {
+            cmd.args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[1])]);
+        }
         let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
         cluster.children.push(child);
         // "worker ID serving activations on ADDR, coordinator URL"
@@ -459,4 +469,9 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         err.contains("step: step 9") && err.contains("1..=3"),
         "{err}"
     );
+
+    // The coordinator's and a worker's metrics endpoints pass `promtool check metrics`.
+    for port in cluster.metrics {
+        common::promtool_accepts(port);
+    }
 }

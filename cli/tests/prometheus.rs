@@ -16,10 +16,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,41 +37,6 @@ impl Drop for Kill {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-/// A plain HTTP/1.0 GET on loopback: (status, body).
-fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    Ok((status, body))
-}
-
 fn encode(q: &str) -> String {
     q.bytes()
         .map(|b| match b {
@@ -84,7 +50,8 @@ fn encode(q: &str) -> String {
 
 /// An instant PromQL query: the result vector.
 fn query(port: u16, q: &str) -> Vec<Value> {
-    let (status, body) = http_get(port, &format!("/api/v1/query?query={}", encode(q))).unwrap();
+    let (status, body) =
+        common::http_get(port, &format!("/api/v1/query?query={}", encode(q))).unwrap();
     assert_eq!(status, 200, "{q}: {body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["status"], "success", "{q}: {body}");
@@ -154,7 +121,7 @@ fn start_local(dir: &Path, schedule: &str, port: u16) -> (Child, Vec<u64>) {
 
 #[test]
 fn prometheus_scrapes_bubble_memory_and_step_time() {
-    let Some(prometheus) = which("prometheus") else {
+    let Some(prometheus) = common::which("prometheus") else {
         assert!(
             std::env::var_os("PIPEWISE_REQUIRE_PROMETHEUS").is_none(),
             "PIPEWISE_REQUIRE_PROMETHEUS is set but `prometheus` is not on the PATH"
@@ -165,10 +132,10 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
     let dir = std::env::temp_dir().join(format!("pipewise-prom-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let ports: Vec<u16> = (0..2).map(|_| common::free_port()).collect();
     let mut procs = Kill(Vec::new());
 
-    let prom_port = free_port();
+    let prom_port = common::free_port();
     let targets: Vec<String> = ports.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
     std::fs::write(
         dir.join("prometheus.yml"),
@@ -195,7 +162,7 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
             .unwrap(),
     );
     let started = Instant::now();
-    while !matches!(http_get(prom_port, "/-/ready"), Ok((200, _))) {
+    while !matches!(common::http_get(prom_port, "/-/ready"), Ok((200, _))) {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "prometheus not ready"
@@ -226,7 +193,7 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
         );
     }
     // promtool accepts the endpoint's output.
-    promtool_accepts(ports[0]);
+    common::promtool_accepts(ports[0]);
     // The 1F1B run ends; its series go stale before V-Half starts.
     let mut first = procs.0.pop().unwrap();
     first.wait().unwrap();
@@ -283,7 +250,7 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
         bubbles.iter().map(value).collect::<Vec<_>>()
     );
 
-    promtool_accepts(ports[1]);
+    common::promtool_accepts(ports[1]);
 
     // Every dashboard query returns data.
     let dashboard: Value = serde_json::from_str(
@@ -308,37 +275,4 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
     }
     eprintln!("{count} dashboard queries returned data");
     let _ = std::fs::read_dir(&dir).map(|_| std::fs::remove_dir_all(&dir));
-}
-
-/// `promtool check metrics` (when installed) accepts what `port` serves.
-fn promtool_accepts(port: u16) {
-    let Some(promtool) = which("promtool") else {
-        eprintln!("promtool not installed: metrics format not checked");
-        return;
-    };
-    let (_, body) = http_get(port, "/metrics").unwrap();
-    let mut check = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    check
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = check.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool on :{port}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "promtool check metrics: :{port} ok ({} lines)",
-        body.lines().count()
-    );
 }

@@ -2,7 +2,11 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 /// Runs the built binary with `args`.
 pub(crate) fn pipewise(args: &[&str]) -> Output {
@@ -44,4 +48,76 @@ pub(crate) fn fails(args: &[&str]) -> String {
     let err = stderr(&out);
     assert!(!err.contains("panicked"), "{err}");
     err
+}
+
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status, body).
+pub(crate) fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Ok((status, body))
+}
+
+/// `promtool check metrics` (when installed) accepts what `port` serves.
+pub(crate) fn promtool_accepts(port: u16) {
+    let Some(promtool) = which("promtool") else {
+        assert!(
+            std::env::var_os("PIPEWISE_REQUIRE_PROMETHEUS").is_none(),
+            "PIPEWISE_REQUIRE_PROMETHEUS is set but `promtool` is not on the PATH"
+        );
+        eprintln!("promtool not installed: metrics format not checked");
+        return;
+    };
+    let (_, body) = http_get(port, "/metrics").unwrap();
+    let mut check = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool on :{port}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "promtool check metrics: :{port} ok ({} lines)",
+        body.lines().count()
+    );
 }
