@@ -2,7 +2,9 @@
 //! with the B/F and W/F ratios the planner consumes (`pipewise plan --times F,B,W`).
 //!
 //! `cargo bench -p pipewise-worker --bench stage_passes`; `PIPEWISE_BENCH_QUICK=1` makes it
-//! tiny (a smoke run). Each figure is the median of several repetitions, all in one run.
+//! tiny (a smoke run). `PIPEWISE_BENCH_DEVICE=cuda` (or `cuda:N`) runs it on a GPU; that needs
+//! the `cuda` feature (`--features cuda`). Each figure is the median of several repetitions,
+//! all in one run.
 
 use std::time::Instant;
 
@@ -23,18 +25,40 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// The device from `PIPEWISE_BENCH_DEVICE`: unset or `cpu`, `cuda` (GPU 0) or `cuda:N`.
+fn bench_device() -> Device {
+    let name = std::env::var("PIPEWISE_BENCH_DEVICE").unwrap_or_default();
+    let ordinal = match name.as_str() {
+        "" | "cpu" => return Device::Cpu,
+        "cuda" => 0,
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => n,
+            _ => panic!("PIPEWISE_BENCH_DEVICE={other}: expected cpu, cuda or cuda:N"),
+        },
+    };
+    let hint = if cfg!(feature = "cuda") {
+        ""
+    } else {
+        " (build with --features cuda)"
+    };
+    Device::new_cuda(ordinal).unwrap_or_else(|e| panic!("PIPEWISE_BENCH_DEVICE={name}: {e}{hint}"))
+}
+
 fn main() {
     let quick = std::env::var("PIPEWISE_BENCH_QUICK").is_ok_and(|v| v == "1");
-    let device = Device::Cpu;
+    let device = bench_device();
     let (hiddens, seq_len, mb, reps): (&[u32], u32, usize, usize) = if quick {
         (&[64, 128], 32, 2, 3)
     } else {
         (&[256, 512, 1024], 256, 2, 7)
     };
     println!(
-        "stage_passes: one block, f32, CPU ({} threads), seq {seq_len}, microbatch {mb} \
+        "stage_passes: one block, f32, {}, seq {seq_len}, microbatch {mb} \
          ({} tokens), median of {reps}",
-        candle_core::utils::get_num_threads(),
+        match &device {
+            Device::Cpu => format!("CPU ({} threads)", candle_core::utils::get_num_threads()),
+            d => format!("{:?}", d.location()),
+        },
         seq_len as usize * mb
     );
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
