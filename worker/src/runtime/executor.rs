@@ -467,7 +467,7 @@ struct StepCtx<'a> {
 
 /// One worker's program: its own stages, microbatches in range, each pass once, and a
 /// complete forward and backward for every (stage, microbatch) it holds.
-fn check_program(
+pub(crate) fn check_program(
     worker: u32,
     placement: &Placement,
     microbatches: u32,
@@ -519,7 +519,11 @@ fn check_program(
     Ok(())
 }
 
-fn check_partition(spec: &ModelSpec, partition: &[Range<usize>], stages: u32) -> Result<()> {
+pub(crate) fn check_partition(
+    spec: &ModelSpec,
+    partition: &[Range<usize>],
+    stages: u32,
+) -> Result<()> {
     let total = spec.layers as usize + 2;
     if partition.len() != stages as usize {
         return Err(invalid(
