@@ -96,7 +96,7 @@ fn job(schedule: &str, d: u32, n: u32, ms: [f64; 3], hidden: u32, seq: u32) -> J
 
 enum WorkerSync<'a> {
     Local(&'a LocalSync),
-    Net(NetSync),
+    Net(Box<NetSync>),
 }
 
 impl WorkerSync<'_> {
@@ -110,7 +110,7 @@ impl WorkerSync<'_> {
     fn get(&self) -> &dyn StepSync {
         match self {
             WorkerSync::Local(s) => *s,
-            WorkerSync::Net(s) => s,
+            WorkerSync::Net(s) => s.as_ref(),
         }
     }
 }
@@ -217,9 +217,9 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
                 .iter()
                 .enumerate()
                 .map(|(w, t)| {
-                    Ok(WorkerSync::Net(
+                    Ok(WorkerSync::Net(Box::new(
                         t.sync_to(&addrs[0], JOB, w as u32, TIMEOUT)?,
-                    ))
+                    )))
                 })
                 .collect::<BenchResult<Vec<_>>>()?;
             // The transports outlive every worker thread: worker 0's serves the collectives.
