@@ -32,7 +32,8 @@
 //! Environment: `PIPEWISE_EMU_MS=F,B,W` (default `20,20,20`), `PIPEWISE_EMU_STEPS` (steps
 //! per d = 8 run, default 3, the first a warm-up), `PIPEWISE_EMU_D32_STEPS` (default 2),
 //! `PIPEWISE_EMU_HIDDEN` / `PIPEWISE_EMU_SEQ` (frame size, default 1024 × 128),
-//! `PIPEWISE_EMU_ONLY=memory|grpc`, `PIPEWISE_BENCH_QUICK=1` (d = 4, n = 8, 2 ms passes:
+//! `PIPEWISE_EMU_ONLY=memory|grpc`, `PIPEWISE_EMU_SCHEDULE=v-half|zb-h1|1f1b`,
+//! `PIPEWISE_BENCH_QUICK=1` (d = 4, n = 8, 2 ms passes:
 //! a smoke test). The machine's load average is printed before and after, since the
 //! figures depend on it.
 
@@ -273,6 +274,7 @@ fn main() -> BenchResult<()> {
     let hidden = env_u64("PIPEWISE_EMU_HIDDEN", 1024) as u32;
     let seq = env_u64("PIPEWISE_EMU_SEQ", 128) as u32;
     let only = std::env::var("PIPEWISE_EMU_ONLY").ok();
+    let only_schedule = std::env::var("PIPEWISE_EMU_SCHEDULE").ok();
     let cases: Vec<(&str, u32, u32, u64)> = if quick {
         vec![("v-half", 4, 8, 2), ("zb-h1", 4, 8, 2)]
     } else {
@@ -313,6 +315,9 @@ fn main() -> BenchResult<()> {
     );
     let started = Instant::now();
     for (schedule, d, n, steps) in cases {
+        if only_schedule.as_deref().is_some_and(|o| o != schedule) {
+            continue;
+        }
         for &transport in &transports {
             let spec = job(schedule, d, n, ms, hidden, seq);
             let r = measure(&spec, transport, steps)?;

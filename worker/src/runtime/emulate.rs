@@ -10,7 +10,8 @@
 //! ([`Costs::uniform`] over the placement with the job's F / B / W times, so a chunk of a
 //! `v`-chunk placement takes `1/v` of them), and a pass's output is a freshly allocated
 //! tensor of ones of the true boundary size, `[microbatch size, seq_len, hidden]` in the
-//! model's dtype, so the transport moves and checks real bytes.
+//! model's dtype (written within the pass's time, as real compute writes its output), so
+//! the transport moves and checks real bytes.
 //!
 //! The sleep is deadline based: the thread sleeps until [`SPIN_MARGIN`] before the pass's
 //! end, then yields in a loop until the end (a plain `sleep` overshoots by the timer slack
@@ -232,30 +233,29 @@ impl EmulatedRuntime {
             if let Some(kind) = input {
                 self.take(&mut local, transport, job, step, s, mb, kind)?;
             }
+            let output = match pass.kind {
+                PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
+                PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
+                _ => None,
+            };
+            // The output buffer is written within the pass's time, as a real pass writes
+            // its output while it computes.
             let t0 = Instant::now();
+            let tensor = match output {
+                Some(_) => Some(Tensor::ones(
+                    &self.frame_dims[..],
+                    self.dtype,
+                    &self.device,
+                )?),
+                None => None,
+            };
             sleep_until(t0 + Duration::from_secs_f64(self.pass_secs(pass)));
             pass_times.push((pass, t0.elapsed().as_secs_f64()));
-            match pass.kind {
-                PassKind::F if s == last => losses.push(self.uniform_loss),
-                PassKind::F => self.deliver(
-                    &mut local,
-                    transport,
-                    job,
-                    step,
-                    s + 1,
-                    mb,
-                    FrameKind::Activation,
-                )?,
-                PassKind::B | PassKind::BW if s > 0 => self.deliver(
-                    &mut local,
-                    transport,
-                    job,
-                    step,
-                    s - 1,
-                    mb,
-                    FrameKind::Gradient,
-                )?,
-                _ => {}
+            if pass.kind == PassKind::F && s == last {
+                losses.push(self.uniform_loss);
+            }
+            if let (Some((to, kind)), Some(tensor)) = (output, tensor) {
+                self.deliver(&mut local, transport, job, step, to, mb, kind, tensor)?;
             }
             let a = self.stash[s as usize];
             let (f, bw) = (
@@ -378,7 +378,8 @@ impl EmulatedRuntime {
         Ok(tensor)
     }
 
-    /// Hands a fresh output buffer to `stage`: in memory when it is on this worker, else sent.
+    /// Hands a pass's output buffer to `stage`: in memory when it is on this worker, else
+    /// sent.
     #[allow(clippy::too_many_arguments)]
     fn deliver(
         &self,
@@ -389,8 +390,8 @@ impl EmulatedRuntime {
         stage: u32,
         mb: u32,
         kind: FrameKind,
+        tensor: Tensor,
     ) -> Result<()> {
-        let tensor = Tensor::ones(&self.frame_dims[..], self.dtype, &self.device)?;
         let to = self.placement.worker_of(stage);
         if to == self.worker {
             if local.insert((stage, mb, kind), tensor).is_some() {
