@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
-use pipewise_common::job::{JobPlan, JobSpec, example};
+use pipewise_common::job::{Compute, JobPlan, JobSpec, example};
 use pipewise_coordinator::Coordinator;
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
@@ -33,6 +33,15 @@ use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
 use crate::cluster::{LogFormat, init_logs_at};
+
+/// Stage compute of `pipewise local`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ComputeArg {
+    /// The stage compute library (candle, CPU).
+    Real,
+    /// Passes sleep for their cost-model time; frames are buffers of the true size.
+    Emulate,
+}
 
 /// Model presets of `pipewise local`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -105,6 +114,14 @@ pub(crate) struct LocalArgs {
         requires = "trace_dir"
     )]
     pub(crate) trace_steps: Vec<u64>,
+    /// Stage compute: `real` (candle) or `emulate` (each pass sleeps for its cost-model
+    /// time and frames are real buffers of the true size; no learning, no parameters).
+    #[arg(long, value_enum, default_value_t = ComputeArg::Real)]
+    pub(crate) compute: ComputeArg,
+    /// Emulated pass times in milliseconds, F,B,W, of one stage holding 1/d of the model.
+    #[arg(long, value_name = "F,B,W", value_delimiter = ',',
+          default_values_t = [10.0, 10.0, 10.0])]
+    pub(crate) emulate_ms: Vec<f64>,
     /// Log format on standard error (logs are `warn` and up unless `RUST_LOG` says more).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -154,6 +171,14 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
     spec.optimizer.lr = args.lr;
     spec.parallelism.pipeline_parallel_microbatch_size = args.microbatch_size;
     spec.data.path = args.data.as_ref().map(|p| p.display().to_string());
+    if args.compute == ComputeArg::Emulate
+        && let [f, b, w] = args.emulate_ms[..]
+    {
+        spec.compute = Compute::emulate(f, b, w);
+        // Emulated passes cost nothing to hold, so give every stage of a V or interleaved
+        // placement (up to 4 per worker) at least one layer.
+        spec.model.layers = spec.model.layers.max(4 * args.workers);
+    }
     spec
 }
 
@@ -173,6 +198,12 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         let absolute =
             std::path::absolute(path).with_context(|| format!("--data {}", path.display()))?;
         spec.data.path = Some(absolute.display().to_string());
+    }
+    if args.emulate_ms.len() != 3 {
+        bail!(
+            "--emulate-ms: three times F,B,W in milliseconds, got {} values",
+            args.emulate_ms.len()
+        );
     }
     if !(args.metrics_linger.is_finite() && args.metrics_linger >= 0.0) {
         bail!("--metrics-linger: must be a finite number of seconds ≥ 0");
@@ -258,16 +289,22 @@ fn finish(
     }
     print_summary(args, plan, spec, steps, started.elapsed());
     if let Some(dir) = &args.output_dir {
+        // Emulated workers learn nothing and write no parameters.
         let params_dir = PathBuf::from(&spec.checkpoint.folder)
             .join(format!("job-{}", status.id))
             .join("final");
-        let params = merge_params(&params_dir, spec.parallelism.pipeline_parallel_degree)?;
-        write_outputs(dir, spec, steps, &params)?;
-        println!(
-            "wrote {}/summary.json and {}/params.safetensors",
-            dir.display(),
-            dir.display()
-        );
+        if spec.compute.is_emulated() {
+            write_outputs(dir, spec, steps, None)?;
+            println!("wrote {}/summary.json", dir.display());
+        } else {
+            let params = merge_params(&params_dir, spec.parallelism.pipeline_parallel_degree)?;
+            write_outputs(dir, spec, steps, Some(&params))?;
+            println!(
+                "wrote {}/summary.json and {}/params.safetensors",
+                dir.display(),
+                dir.display()
+            );
+        }
     }
     std::io::stdout().flush().ok();
     Ok(())
@@ -324,10 +361,14 @@ async fn run_job(
                 .map(|p| format!("{:.0}", *p as f64 / 1024.0))
                 .collect();
             println!(
-                "step {:>4}/{}  loss {:.4}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
+                "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
                 e.step,
                 spec.training.steps,
-                e.loss,
+                if e.loss.is_nan() {
+                    "n/a".to_string()
+                } else {
+                    format!("{:.4}", e.loss)
+                },
                 tokens_per_step / (e.step_time_ms / 1e3).max(1e-9),
                 100.0 * e.planned_bubble,
                 100.0 * e.measured_bubble,
@@ -419,7 +460,11 @@ fn print_summary(
         steps.len(),
         total.as_secs_f64()
     );
-    println!("  loss            {first:.4} → {last:.4}");
+    if spec.compute.is_emulated() {
+        println!("  loss            n/a (emulated compute learns nothing)");
+    } else {
+        println!("  loss            {first:.4} → {last:.4}");
+    }
     println!(
         "  step time       {:.1} ms (mean)",
         mean(|s| s.step_time_ms)
@@ -446,7 +491,7 @@ fn write_outputs(
     dir: &Path,
     spec: &JobSpec,
     steps: &[StepSummary],
-    params: &HashMap<String, Tensor>,
+    params: Option<&HashMap<String, Tensor>>,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let summary = serde_json::json!({
@@ -458,7 +503,9 @@ fn write_outputs(
         serde_json::to_string_pretty(&summary)?,
     )
     .context("cannot write summary.json")?;
-    candle_core::safetensors::save(params, dir.join("params.safetensors"))
-        .context("cannot write params.safetensors")?;
+    if let Some(params) = params {
+        candle_core::safetensors::save(params, dir.join("params.safetensors"))
+            .context("cannot write params.safetensors")?;
+    }
     Ok(())
 }

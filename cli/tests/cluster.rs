@@ -475,3 +475,67 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         common::promtool_accepts(port);
     }
 }
+
+/// `[compute] mode = "emulate"` reaches worker processes through the job spec: the job runs
+/// its steps with sleeping passes (no loss, no parameters) and the coordinator's planned
+/// bubble is the schedule simulated with the emulated times, not with unit times.
+#[test]
+fn emulated_job_runs_on_worker_processes() {
+    use pipewise_common::job::Compute;
+    use pipewise_common::{Costs, Times, simulate};
+
+    let dir = tempdir("emulate");
+    let cluster = start(&dir, 4);
+    let mut spec = spec(4, "zb-h1", 3);
+    spec.job.name = "emulated-zb-h1".into();
+    // B four times F and W a quarter of B: ZB-H1's bubble differs from the unit-time one.
+    spec.compute = Compute::emulate(2.0, 8.0, 1.0);
+    let plan = spec.validate().unwrap();
+    let bubble = |times: Times| {
+        simulate(
+            &plan.schedule,
+            &Costs::uniform(&plan.schedule.placement, times).unwrap(),
+        )
+        .unwrap()
+        .bubble
+    };
+    let planned = bubble(spec.compute.times_secs());
+    assert!((planned - bubble(Times::UNIT)).abs() > 0.01, "{planned}");
+
+    let file = write_spec(&dir, &spec);
+    let out = pipewise()
+        .arg("submit")
+        .arg(&file)
+        .args(["--coordinator", &cluster.url, "--wait"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "step    1  loss NaN  12.3 ms  bubble planned  12.3% measured  14.5%  peak KiB [...]"
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
+    assert_eq!(steps.len(), 3, "{stdout}");
+    let percent_after = |line: &str, key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap() + key.len()..];
+        rest.trim_start()
+            .split('%')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    for line in steps {
+        assert!(line.contains("loss NaN"), "nothing is learned: {line}");
+        let p = percent_after(line, "planned");
+        assert!(
+            (p - 100.0 * planned).abs() <= 0.051,
+            "{line}: planned {planned}"
+        );
+        let m = percent_after(line, "measured");
+        assert!((0.0..=100.0).contains(&m), "{line}");
+    }
+}

@@ -238,3 +238,63 @@ fn trace_dir_writes_a_chrome_trace_and_an_svg_per_step() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--compute emulate`: passes sleep, frames are real buffers over gRPC, nothing is learned
+/// (no loss, no parameters); the planned bubble is the simulation with the emulated times.
+#[test]
+fn emulated_local_run_reports_bubbles_and_no_loss() {
+    let dir = tempfile_dir("emulate");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args([
+            "local",
+            "--workers",
+            "4",
+            "--schedule",
+            "zb-h1",
+            "--steps",
+            "2",
+        ])
+        .args(["--compute", "emulate", "--emulate-ms", "2,3,1", "--quiet"])
+        .arg("--output-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert!(!dir.join("params.safetensors").exists());
+    let plan = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args([
+            "plan",
+            "-s",
+            "zb-h1",
+            "-d",
+            "4",
+            "-n",
+            "8",
+            "--times",
+            "1,1.5,0.5",
+        ])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let planned: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let planned = planned["bubble"].as_f64().unwrap();
+    for step in summary["steps"].as_array().unwrap() {
+        assert!(step["loss"].is_null(), "{step}");
+        assert!((step["planned_bubble"].as_f64().unwrap() - planned).abs() < 1e-9);
+        let measured = step["measured_bubble"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&measured), "{measured}");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args(["local", "--compute", "emulate", "--emulate-ms", "2,3"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--emulate-ms"));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -32,10 +32,23 @@
 //! enable_checkpoint = true
 //! folder = "checkpoints"
 //! interval = 10
+//!
+//! [compute]                 # optional; absent = real compute
+//! mode = "emulate"          # "real" (candle stage compute) or "emulate"
+//! f_ms = 10.0               # emulated pass times of one stage of 1/d of the model
+//! b_ms = 10.0
+//! w_ms = 10.0
 //! ```
+//!
+//! With `mode = "emulate"` a worker runs its program without candle: every pass sleeps for
+//! the cost model's duration of it (`Costs::uniform` over the job's placement with these
+//! times, so a V or interleaved chunk pass takes `1/v` of them) and the frames between
+//! workers are real buffers of the true activation size. The planned bubble (and the
+//! schedule's cost-aware reordering) then use these times.
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::Times;
 use crate::error::{Error, Result};
 use crate::generate::{Request, ScheduleKind, generate};
 use crate::model::{DType, ModelSpec};
@@ -193,6 +206,113 @@ pub struct Data {
     pub path: Option<String>,
 }
 
+/// How the workers compute a job's passes (`[compute] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeMode {
+    /// The stage compute library (candle).
+    #[default]
+    Real,
+    /// Each pass sleeps for its cost-model time; frames are zero buffers of the true size.
+    Emulate,
+}
+
+/// `[compute]`: real or emulated stage compute, and the emulated pass times.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compute {
+    /// `"real"` (default) or `"emulate"`.
+    #[serde(default)]
+    pub mode: ComputeMode,
+    /// Emulated forward milliseconds of one stage holding `1/d` of the model.
+    #[serde(default = "default_f_ms")]
+    pub f_ms: f64,
+    /// Emulated input-gradient (B) milliseconds, same convention.
+    #[serde(default = "default_b_ms")]
+    pub b_ms: f64,
+    /// Emulated weight-gradient (W) milliseconds, same convention.
+    #[serde(default = "default_w_ms")]
+    pub w_ms: f64,
+}
+
+/// The longest emulated pass time accepted: a pass of more than a minute is a units mistake
+/// (and would run into the workers' frame timeout).
+pub const MAX_EMULATED_PASS_MS: f64 = 60_000.0;
+
+fn default_f_ms() -> f64 {
+    10.0
+}
+fn default_b_ms() -> f64 {
+    10.0
+}
+fn default_w_ms() -> f64 {
+    10.0
+}
+
+impl Default for Compute {
+    fn default() -> Self {
+        Compute {
+            mode: ComputeMode::Real,
+            f_ms: default_f_ms(),
+            b_ms: default_b_ms(),
+            w_ms: default_w_ms(),
+        }
+    }
+}
+
+impl Compute {
+    /// Emulated compute with these F / B / W milliseconds.
+    pub fn emulate(f_ms: f64, b_ms: f64, w_ms: f64) -> Compute {
+        Compute {
+            mode: ComputeMode::Emulate,
+            f_ms,
+            b_ms,
+            w_ms,
+        }
+    }
+
+    /// Whether passes are emulated.
+    pub fn is_emulated(&self) -> bool {
+        self.mode == ComputeMode::Emulate
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Compute::default()
+    }
+
+    /// The emulated pass times in seconds (no communication cost), for
+    /// [`Costs::uniform`](crate::Costs::uniform) over the job's placement.
+    pub fn times_secs(&self) -> Times {
+        Times {
+            f: self.f_ms / 1e3,
+            b: self.b_ms / 1e3,
+            w: self.w_ms / 1e3,
+            comm: 0.0,
+        }
+    }
+
+    /// Checks the times (each finite, > 0 and at most [`MAX_EMULATED_PASS_MS`]), naming
+    /// the field (`compute.f_ms` …). Checked whatever the mode, so a typo is caught early.
+    pub fn validate(&self) -> Result<()> {
+        for (field, ms) in [
+            ("compute.f_ms", self.f_ms),
+            ("compute.b_ms", self.b_ms),
+            ("compute.w_ms", self.w_ms),
+        ] {
+            if !(ms.is_finite() && ms > 0.0 && ms <= MAX_EMULATED_PASS_MS) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "must be a finite number of milliseconds in (0, {MAX_EMULATED_PASS_MS}], \
+                         got {ms}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A training job as submitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -214,6 +334,9 @@ pub struct JobSpec {
     /// `[data]`.
     #[serde(default)]
     pub data: Data,
+    /// `[compute]` (absent: real compute).
+    #[serde(default, skip_serializing_if = "Compute::is_default")]
+    pub compute: Compute,
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
@@ -293,6 +416,23 @@ impl JobSpec {
             .global_batch_size
             .checked_div(self.parallelism.pipeline_parallel_microbatch_size)
             .unwrap_or(0)
+    }
+
+    /// The pass times the planner costs this job's schedule with: unit times for real
+    /// compute (the measured ratios are not known before it runs), the `[compute]` times
+    /// relative to F for emulated compute (the bubble does not depend on the scale).
+    pub fn planning_times(&self) -> Times {
+        if self.compute.is_emulated() && self.compute.f_ms > 0.0 {
+            let f = self.compute.f_ms;
+            Times {
+                f: 1.0,
+                b: self.compute.b_ms / f,
+                w: self.compute.w_ms / f,
+                comm: 0.0,
+            }
+        } else {
+            Times::UNIT
+        }
     }
 
     /// Checks every field; the first problem found is returned, naming its field.
@@ -416,9 +556,11 @@ impl JobSpec {
                 ),
             ));
         }
+        self.compute.validate()?;
         let request = Request {
             chunks: p.pipeline_parallel_chunks,
             memory_limit: p.memory_limit,
+            times: self.planning_times(),
             ..Request::new(kind, d, n)
         };
         let schedule = generate(&request).map_err(|e| match e {
@@ -497,6 +639,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
         },
         checkpoint: Checkpoint::default(),
         data: Data::default(),
+        compute: Compute::default(),
     }
 }
 
@@ -575,6 +718,23 @@ mod tests {
                 s.checkpoint.interval = 0;
             }),
             ("data.path", |s| s.data.path = Some(String::new())),
+            ("compute.f_ms", |s| {
+                s.compute = Compute::emulate(f64::NAN, 1.0, 1.0)
+            }),
+            ("compute.b_ms", |s| {
+                s.compute = Compute::emulate(1.0, 0.0, 1.0)
+            }),
+            ("compute.w_ms", |s| {
+                s.compute = Compute::emulate(1.0, 1.0, -2.0)
+            }),
+            ("compute.f_ms", |s| {
+                s.compute = Compute::emulate(f64::INFINITY, 1.0, 1.0)
+            }),
+            ("compute.w_ms", |s| {
+                s.compute = Compute::emulate(1.0, 1.0, 1e9)
+            }),
+            // Checked in real mode too: a typo in an unused section is still a typo.
+            ("compute.b_ms", |s| s.compute.b_ms = -1.0),
         ];
         for (expected, edit) in cases {
             let mut spec = example(4, "v-half");
@@ -595,6 +755,57 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(JobSpec::from_toml("not toml [").is_err());
+    }
+
+    #[test]
+    fn compute_section_is_optional_and_round_trips() {
+        let real = example(4, "v-half");
+        assert_eq!(real.compute.mode, ComputeMode::Real);
+        let text = real.to_toml().expect("toml");
+        assert!(!text.contains("[compute]"), "{text}");
+        assert_eq!(real.planning_times(), Times::UNIT);
+
+        let mut emu = real.clone();
+        emu.compute = Compute::emulate(12.0, 24.0, 6.0);
+        let text = emu.to_toml().expect("toml");
+        assert!(
+            text.contains("[compute]") && text.contains("emulate"),
+            "{text}"
+        );
+        let back = JobSpec::from_toml(&text).expect("parses");
+        assert_eq!(back, emu);
+        assert!(back.compute.is_emulated());
+        let t = back.planning_times();
+        assert_eq!((t.f, t.b, t.w, t.comm), (1.0, 2.0, 0.5, 0.0));
+        let s = back.compute.times_secs();
+        assert!((s.f - 0.012).abs() < 1e-12 && (s.b - 0.024).abs() < 1e-12);
+        back.validate().expect("valid");
+
+        // Only the mode given: the default times.
+        let text = format!(
+            "{}\n[compute]\nmode = \"emulate\"\n",
+            real.to_toml().expect("toml")
+        );
+        let c = JobSpec::from_toml(&text).expect("parses").compute;
+        assert_eq!(c, Compute::emulate(10.0, 10.0, 10.0));
+    }
+
+    #[test]
+    fn malformed_compute_section_names_the_key() {
+        let base = example(2, "1f1b").to_toml().expect("toml");
+        for (section, key) in [
+            ("[compute]\nmode = \"emulated\"\n", "mode"),
+            ("[compute]\nmode = \"emulate\"\nf_ms = \"fast\"\n", "f_ms"),
+            ("[compute]\nmode = \"emulate\"\nx_ms = 3.0\n", "x_ms"),
+        ] {
+            match JobSpec::from_toml(&format!("{base}\n{section}")) {
+                Err(Error::InvalidArgument { field, reason }) => {
+                    assert_eq!(field, "toml");
+                    assert!(reason.contains(key), "{key}: {reason}");
+                }
+                other => panic!("{section}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
-use pipewise_common::{Costs, Times, simulate};
+use pipewise_common::{Costs, simulate};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::ActorRef;
@@ -31,10 +31,11 @@ use crate::membership::{MembershipMsg, WorkerInfo};
 /// How long a cancelled job's workers get to stop before they are told to abandon it.
 const STOP_GRACE: Duration = Duration::from_secs(30);
 
-/// The planned bubble of a plan under unit pass times (what `StepEvent.planned_bubble`
-/// reports).
-pub fn planned_bubble(plan: &JobPlan) -> f64 {
-    Costs::uniform(&plan.schedule.placement, Times::UNIT)
+/// The planned bubble of a job's plan (what `StepEvent.planned_bubble` reports): its
+/// schedule simulated under [`JobSpec::planning_times`], unit pass times for real compute
+/// and the `[compute]` times for an emulated job.
+pub fn planned_bubble(plan: &JobPlan, spec: &JobSpec) -> f64 {
+    Costs::uniform(&plan.schedule.placement, spec.planning_times())
         .and_then(|c| simulate(&plan.schedule, &c))
         .map(|s| s.bubble)
         .unwrap_or(f64::NAN)
@@ -174,7 +175,7 @@ impl JobRunner for ClusterRunner {
         let run = Assigned {
             job,
             steps,
-            planned: planned_bubble(plan),
+            planned: planned_bubble(plan, spec),
             workers: &workers,
             reports: &rx,
         };

@@ -18,7 +18,9 @@
 //!   window sampler.
 //! - [`runtime`]: the pipeline executor ([`runtime::WorkerRuntime`] runs a worker's program
 //!   of a schedule for one step), the worker-to-worker [`runtime::Transport`] and
-//!   [`runtime::run_local`] (all workers on threads of one process).
+//!   [`runtime::run_local`] (all workers on threads of one process), and the emulated
+//!   runtime [`runtime::EmulatedRuntime`] (`[compute] mode = "emulate"`: passes sleep for
+//!   their cost-model time, frames are real buffers of the true size).
 //! - [`net`]: the gRPC activation transport ([`net::GrpcTransport`]) and the end-of-step
 //!   collectives across processes ([`net::NetSync`], served by a job's worker 0).
 //! - [`node`]: the worker process: a connection actor (register, heartbeat, assignments)

@@ -42,7 +42,7 @@ use tonic::transport::Channel;
 use crate::error::{Error, Result};
 use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
 use crate::net::{GrpcConfig, GrpcTransport};
-use crate::runtime::{StepReport, WorkerRuntime};
+use crate::runtime::{EmulatedRuntime, StepReport, WorkerRuntime};
 use crate::{Device, Tensor};
 
 /// How a worker process starts.
@@ -520,6 +520,10 @@ fn run_assignment(
         }
     }
     let partition = partition_of(&spec, placement.stages())?;
+    if spec.compute.is_emulated() {
+        let parts = (&spec, &placement, program, &partition[..], root.as_str());
+        return run_emulated_assignment(config, shared, a, reports, last_step, parts);
+    }
     let mut rt = WorkerRuntime::from_program(
         a.worker_index,
         &placement,
@@ -572,26 +576,7 @@ fn run_assignment(
                 rt.stages().values().map(crate::Stage::stash_bytes).sum();
             stats.stage_times = stage_times.clone();
         }
-        let _ = reports.send(pb::StepReport {
-            job: a.job,
-            worker_id: config.id.clone(),
-            worker_index: a.worker_index,
-            step,
-            loss: report.loss.map_or(f64::NAN, f64::from),
-            busy_secs: report.busy_secs,
-            wall_secs: report.wall_secs,
-            peak_activation_bytes: report.peak_stash_bytes,
-            grad_norm: report.grad_norm,
-            stage_times,
-            spans: if report.spans.len() <= MAX_REPORTED_SPANS {
-                report.spans.iter().map(pb::TraceSpan::from).collect()
-            } else {
-                Vec::new()
-            },
-            bytes_sent: report.bytes_sent.clone().into_iter().collect(),
-            bytes_received: report.bytes_received.clone().into_iter().collect(),
-            ..Default::default()
-        });
+        let _ = reports.send(step_report(config, a, step, &report, stage_times));
         let done = step + 1;
         if spec.checkpoint.enable_checkpoint && done % interval == 0 && done < a.end_step {
             save_checkpoints(&rt, &output, done)?;
@@ -605,6 +590,110 @@ fn run_assignment(
         save_checkpoints(&rt, &output, *last_step + 1)?;
     }
     save_final(&rt, &output, a.worker_index)
+}
+
+/// What [`run_assignment`] has parsed and checked: the spec, placement, program, partition
+/// and worker 0's address.
+type EmulatedParts<'a> = (
+    &'a JobSpec,
+    &'a Placement,
+    Vec<Pass>,
+    &'a [std::ops::Range<usize>],
+    &'a str,
+);
+
+/// Runs an assignment of a `[compute] mode = "emulate"` job with an [`EmulatedRuntime`]:
+/// the same transport set-up, start barrier, step reports and cancel handling as a real
+/// one, but no parameters, checkpoints or data. Returns an empty path (nothing written).
+fn run_emulated_assignment(
+    config: &NodeConfig,
+    shared: &Shared,
+    a: &pb::Assignment,
+    reports: &mpsc::UnboundedSender<pb::StepReport>,
+    last_step: &mut u64,
+    (spec, placement, program, partition, root): EmulatedParts<'_>,
+) -> Result<PathBuf> {
+    let mut rt = EmulatedRuntime::from_program(
+        a.worker_index,
+        placement,
+        a.microbatches,
+        program,
+        &spec.model,
+        spec.parallelism.pipeline_parallel_microbatch_size,
+        partition,
+        spec.compute.times_secs(),
+    )?;
+    rt.set_timeout(config.timeout);
+    let transport = &shared.transport;
+    transport.assign(a.job, placement.stages_of(a.worker_index));
+    transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+    if a.worker_index == 0 {
+        transport
+            .collective()
+            .configure(a.job, placement.workers(), config.timeout);
+    }
+    let sync = transport.sync_to(root, a.job, a.worker_index, config.timeout)?;
+    sync.barrier()?;
+    {
+        let mut stats = shared.stats();
+        stats.peak_activation_bytes = 0;
+        stats.current_activation_bytes = 0;
+    }
+    for step in a.first_step..a.end_step {
+        let _step_span = tracing::debug_span!("step", step, emulated = true).entered();
+        *last_step = step;
+        let report = rt.run_step(a.job, step, transport.as_ref(), &sync)?;
+        crate::metrics::record_step(a.worker_index, &report);
+        let stage_times = stage_times(&report);
+        {
+            let mut stats = shared.stats();
+            stats.step = step + 1;
+            stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
+            stats.current_activation_bytes = 0;
+            stats.stage_times = stage_times.clone();
+        }
+        let _ = reports.send(step_report(config, a, step, &report, stage_times));
+        if sync.stop_requested() {
+            tracing::info!(
+                job = a.job,
+                step = step + 1,
+                "stopping: the job was cancelled"
+            );
+            break;
+        }
+    }
+    Ok(PathBuf::new())
+}
+
+/// The coordinator's view of one step of assignment `a` (the loss is NaN when the step
+/// has none, e.g. emulated compute).
+fn step_report(
+    config: &NodeConfig,
+    a: &pb::Assignment,
+    step: u64,
+    report: &StepReport,
+    stage_times: Vec<pb::StageTimes>,
+) -> pb::StepReport {
+    pb::StepReport {
+        job: a.job,
+        worker_id: config.id.clone(),
+        worker_index: a.worker_index,
+        step,
+        loss: report.loss.map_or(f64::NAN, f64::from),
+        busy_secs: report.busy_secs,
+        wall_secs: report.wall_secs,
+        peak_activation_bytes: report.peak_stash_bytes,
+        grad_norm: report.grad_norm,
+        stage_times,
+        spans: if report.spans.len() <= MAX_REPORTED_SPANS {
+            report.spans.iter().map(pb::TraceSpan::from).collect()
+        } else {
+            Vec::new()
+        },
+        bytes_sent: report.bytes_sent.clone().into_iter().collect(),
+        bytes_received: report.bytes_received.clone().into_iter().collect(),
+        ..Default::default()
+    }
 }
 
 fn checkpoint_path(output: &Path, step: u64, stage: u32) -> PathBuf {

@@ -268,9 +268,6 @@ impl WorkerRuntime {
         sync: &dyn StepSync,
     ) -> Result<StepReport> {
         let started = Instant::now();
-        let epoch = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         if batches.len() != self.microbatches as usize {
             return Err(invalid(
                 "batches",
@@ -296,10 +293,7 @@ impl WorkerRuntime {
             shapes: &shapes,
             transport,
             local: HashMap::new(),
-            clock: (started, epoch),
-            spans: Vec::with_capacity(2 * self.program.len() + 1),
-            sent: BTreeMap::new(),
-            received: BTreeMap::new(),
+            rec: Recorder::start(started, 2 * self.program.len() + 1),
         };
         let mut losses: Vec<(u32, f32)> = Vec::new();
         let mut pass_times = Vec::with_capacity(self.program.len());
@@ -319,7 +313,7 @@ impl WorkerRuntime {
                     let targets = (s == last).then_some(&batch.targets);
                     let t0 = Instant::now();
                     let out = self.stage_mut(s)?.forward(mb, &input, targets)?;
-                    let secs = ctx.span(Activity::Pass(pass), t0);
+                    let secs = ctx.rec.span(Activity::Pass(pass), t0);
                     if s == last {
                         losses.push((mb, out.to_scalar::<f32>()?));
                     } else {
@@ -340,7 +334,7 @@ impl WorkerRuntime {
                     } else {
                         stage.backward(mb, grad.as_ref())?
                     };
-                    let secs = ctx.span(Activity::Pass(pass), t0);
+                    let secs = ctx.rec.span(Activity::Pass(pass), t0);
                     if s > 0 {
                         let dx = dx.ok_or_else(|| {
                             invalid("stage", format!("pass {pass} gave no input gradient"))
@@ -352,7 +346,7 @@ impl WorkerRuntime {
                 PassKind::W => {
                     let t0 = Instant::now();
                     self.stage_mut(s)?.backward_weight(mb)?;
-                    ctx.span(Activity::Pass(pass), t0)
+                    ctx.rec.span(Activity::Pass(pass), t0)
                 }
             };
             pass_times.push((pass, secs));
@@ -383,7 +377,7 @@ impl WorkerRuntime {
         let local_losses: Vec<f32> = losses.into_iter().map(|(_, l)| l).collect();
         let loss = sync.mean_loss(step, &local_losses)?;
         let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
-        ctx.span(Activity::Sync, sync_started);
+        ctx.rec.span(Activity::Sync, sync_started);
         Ok(StepReport {
             loss: Some(loss),
             pass_times,
@@ -391,9 +385,9 @@ impl WorkerRuntime {
             wall_secs: started.elapsed().as_secs_f64(),
             peak_stash_bytes: peak,
             grad_norm: global_sq.sqrt(),
-            spans: ctx.spans,
-            bytes_sent: ctx.sent,
-            bytes_received: ctx.received,
+            spans: ctx.rec.spans,
+            bytes_sent: ctx.rec.sent,
+            bytes_received: ctx.rec.received,
         })
     }
 
@@ -422,8 +416,8 @@ impl WorkerRuntime {
             .transport
             .recv(ctx.job, ctx.step, stage, mb, kind, self.timeout)?;
         let peer = self.placement.worker_of(producer);
-        ctx.span(Activity::Recv { pass, peer }, t0);
-        *ctx.received.entry(peer).or_default() += tensor_bytes(&tensor);
+        ctx.rec.span(Activity::Recv { pass, peer }, t0);
+        *ctx.rec.received.entry(peer).or_default() += tensor_bytes(&tensor);
         let (b, t) = ctx.shapes[mb as usize];
         let expected = [b, t, self.hidden];
         let stage_ref = self
@@ -480,14 +474,14 @@ impl WorkerRuntime {
                 tensor,
             },
         )?;
-        ctx.span(Activity::Send { pass, peer: to }, t0);
-        *ctx.sent.entry(to).or_default() += bytes;
+        ctx.rec.span(Activity::Send { pass, peer: to }, t0);
+        *ctx.rec.sent.entry(to).or_default() += bytes;
         Ok(())
     }
 }
 
 /// Bytes of a tensor's elements.
-fn tensor_bytes(t: &Tensor) -> u64 {
+pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
     (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
@@ -499,22 +493,42 @@ struct StepCtx<'a> {
     transport: &'a dyn Transport,
     /// Tensors handed between stages of this worker, keyed by consumer.
     local: HashMap<(u32, u32, FrameKind), Tensor>,
-    /// The step's start, as an instant and in seconds of UNIX time.
-    clock: (Instant, f64),
-    /// What happened when ([`StepReport::spans`]).
-    spans: Vec<Span>,
-    /// Bytes sent to each peer.
-    sent: BTreeMap<u32, u64>,
-    /// Bytes received from each peer.
-    received: BTreeMap<u32, u64>,
+    /// What happened when, and bytes per peer.
+    rec: Recorder,
 }
 
-impl StepCtx<'_> {
+/// Records what a worker does during a step: [`StepReport::spans`] (in seconds of UNIX
+/// time, from one reading of the system clock at the step's start plus monotonic offsets)
+/// and bytes sent to / received from each peer.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    started: Instant,
+    epoch: f64,
+    pub(crate) spans: Vec<Span>,
+    pub(crate) sent: BTreeMap<u32, u64>,
+    pub(crate) received: BTreeMap<u32, u64>,
+}
+
+impl Recorder {
+    /// A recorder for a step that started at `started`.
+    pub(crate) fn start(started: Instant, capacity: usize) -> Recorder {
+        let epoch = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+            - started.elapsed().as_secs_f64();
+        Recorder {
+            started,
+            epoch,
+            spans: Vec::with_capacity(capacity),
+            sent: BTreeMap::new(),
+            received: BTreeMap::new(),
+        }
+    }
+
     /// Records `activity` from `since` until now; returns its seconds.
-    fn span(&mut self, activity: Activity, since: Instant) -> f64 {
+    pub(crate) fn span(&mut self, activity: Activity, since: Instant) -> f64 {
         let now = Instant::now();
-        let (started, epoch) = self.clock;
-        let at = |i: Instant| epoch + i.saturating_duration_since(started).as_secs_f64();
+        let at = |i: Instant| self.epoch + i.saturating_duration_since(self.started).as_secs_f64();
         self.spans.push(Span {
             activity,
             start: at(since),
@@ -526,7 +540,7 @@ impl StepCtx<'_> {
 
 /// One worker's program: its own stages, microbatches in range, each pass once, and a
 /// complete forward and backward for every (stage, microbatch) it holds.
-fn check_program(
+pub(crate) fn check_program(
     worker: u32,
     placement: &Placement,
     microbatches: u32,
@@ -578,7 +592,11 @@ fn check_program(
     Ok(())
 }
 
-fn check_partition(spec: &ModelSpec, partition: &[Range<usize>], stages: u32) -> Result<()> {
+pub(crate) fn check_partition(
+    spec: &ModelSpec,
+    partition: &[Range<usize>],
+    stages: u32,
+) -> Result<()> {
     let total = spec.layers as usize + 2;
     if partition.len() != stages as usize {
         return Err(invalid(

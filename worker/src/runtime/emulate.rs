@@ -1,0 +1,541 @@
+//! Emulated compute (`[compute] mode = "emulate"`): a worker's program of a schedule run
+//! without candle, so that many workers fit on a small machine and the runtime's own
+//! overhead (transport, waiting, end-of-step collectives) becomes measurable.
+//!
+//! [`EmulatedRuntime`] walks its program exactly as [`WorkerRuntime`](super::WorkerRuntime)
+//! does — it takes a pass's input (from this worker's memory when the producing stage is
+//! here, else from the [`Transport`], checking shape and dtype), runs the pass, hands the
+//! output on (in memory, or sent) and ends the step with the same two [`StepSync`]
+//! collectives — but a pass is a sleep for the cost model's duration of it
+//! ([`Costs::uniform`] over the placement with the job's F / B / W times, so a chunk of a
+//! `v`-chunk placement takes `1/v` of them), and a pass's output is a freshly allocated
+//! tensor of ones of the true boundary size, `[microbatch size, seq_len, hidden]` in the
+//! model's dtype (written within the pass's time, as real compute writes its output), so
+//! the transport moves and checks real bytes.
+//!
+//! The sleep is deadline based: the thread sleeps until [`SPIN_MARGIN`] before the pass's
+//! end, then yields in a loop until the end (a plain `sleep` overshoots by the timer slack
+//! and the wake-up latency, 50–100 µs per pass on Linux). The pass time recorded is the
+//! measured length of that wait, so the report's bubble is what actually happened.
+//!
+//! The report is the real executor's [`StepReport`]: `busy_secs` is the time in passes,
+//! `wall_secs` the step from its start to the end of the collectives, `peak_stash_bytes`
+//! the stash the real stages would hold (each stage's [`ModelSpec::range_activation_bytes`]
+//! held from F to B, then the part W needs until W; the accounting of
+//! [`JobPlan::predicted_peak_bytes`](pipewise_common::job::JobPlan::predicted_peak_bytes)),
+//! `loss` is `None` (nothing is learned; the last stage contributes `ln(vocab)`, the loss of
+//! a uniform guess, to the loss collective so that it has something to average) and
+//! `grad_norm` is 0.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, Tensor};
+use pipewise_common::model::{Activation, ModelSpec};
+use pipewise_common::pass::{Pass, PassKind};
+use pipewise_common::placement::Placement;
+use pipewise_common::schedule::Schedule;
+use pipewise_common::{Costs, Times};
+
+use pipewise_common::trace::Activity;
+
+use super::executor::{
+    DEFAULT_TIMEOUT, LocalOptions, LocalSync, Recorder, StepReport, StepSync, check_partition,
+    check_program, tensor_bytes,
+};
+use super::transport::{Frame, FrameKind, MemoryTransport, Transport};
+use crate::error::{Error, Result};
+use crate::stage::{Stage, candle_dtype};
+
+/// How long before a pass's end the emulated pass stops sleeping and starts yielding.
+pub const SPIN_MARGIN: Duration = Duration::from_micros(200);
+
+fn invalid(field: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { field, reason }
+}
+
+/// Waits until `deadline`: sleeps until [`SPIN_MARGIN`] before it, then yields.
+pub fn sleep_until(deadline: Instant) {
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let left = deadline - now;
+        if left > SPIN_MARGIN {
+            std::thread::sleep(left - SPIN_MARGIN);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Where a (stage, microbatch) of this worker is: which passes it has had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Forward,
+    BackwardInput,
+}
+
+/// One worker of a pipeline with emulated compute (see the [module docs](self)).
+#[derive(Debug)]
+pub struct EmulatedRuntime {
+    worker: u32,
+    placement: Placement,
+    stage_count: u32,
+    program: Vec<Pass>,
+    costs: Costs,
+    /// Stash of one microbatch, by stage (only this worker's stages are used).
+    stash: Vec<Activation>,
+    frame_dims: [usize; 3],
+    dtype: DType,
+    device: Device,
+    uniform_loss: f32,
+    timeout: Duration,
+}
+
+impl EmulatedRuntime {
+    /// Worker `worker` of `schedule` over `spec` cut evenly ([`Stage::even_split`]), with
+    /// microbatches of `microbatch_size` sequences and one-stage-of-`1/d` pass times
+    /// `times` (seconds; `comm` is not emulated, the transport's own latency is what it is).
+    pub fn new(
+        worker: u32,
+        schedule: &Schedule,
+        spec: &ModelSpec,
+        microbatch_size: u32,
+        times: Times,
+    ) -> Result<Self> {
+        pipewise_common::validate(schedule)?;
+        if worker >= schedule.num_workers() {
+            return Err(invalid(
+                "worker",
+                format!(
+                    "worker {worker} of a {}-worker schedule",
+                    schedule.num_workers()
+                ),
+            ));
+        }
+        let partition = Stage::even_split(spec, schedule.placement.stages() as usize)?;
+        Self::from_program(
+            worker,
+            &schedule.placement,
+            schedule.microbatches,
+            schedule.workers[worker as usize].clone(),
+            spec,
+            microbatch_size,
+            &partition,
+            times,
+        )
+    }
+
+    /// Worker `worker` running `program` (its pass list of a schedule over `placement`
+    /// with `microbatches` microbatches), checked as
+    /// [`WorkerRuntime::from_program`](super::WorkerRuntime::from_program) checks it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_program(
+        worker: u32,
+        placement: &Placement,
+        microbatches: u32,
+        program: Vec<Pass>,
+        spec: &ModelSpec,
+        microbatch_size: u32,
+        partition: &[Range<usize>],
+        times: Times,
+    ) -> Result<Self> {
+        if worker >= placement.workers() {
+            return Err(invalid(
+                "worker",
+                format!(
+                    "worker {worker} of a {}-worker placement",
+                    placement.workers()
+                ),
+            ));
+        }
+        if microbatch_size == 0 {
+            return Err(invalid("microbatch_size", "must be at least 1".into()));
+        }
+        spec.validate()?;
+        check_program(worker, placement, microbatches, &program)?;
+        let stage_count = placement.stages();
+        check_partition(spec, partition, stage_count)?;
+        let costs = Costs::uniform(placement, times)?;
+        let stash = partition
+            .iter()
+            .map(|r| spec.range_activation_bytes(r.clone(), microbatch_size))
+            .collect();
+        Ok(Self {
+            worker,
+            placement: placement.clone(),
+            stage_count,
+            program,
+            costs,
+            stash,
+            frame_dims: [
+                microbatch_size as usize,
+                spec.seq_len as usize,
+                spec.hidden as usize,
+            ],
+            dtype: candle_dtype(spec.dtype),
+            device: Device::Cpu,
+            uniform_loss: (spec.vocab.max(1) as f32).ln(),
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Sets how long to wait for a frame.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// This worker's index.
+    pub fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    /// The passes this worker runs each step, in order.
+    pub fn program(&self) -> &[Pass] {
+        &self.program
+    }
+
+    /// The emulated duration of `pass`, in seconds.
+    pub fn pass_secs(&self, pass: Pass) -> f64 {
+        self.costs.duration(pass.kind, pass.stage)
+    }
+
+    /// Bytes of one frame between stages (`b · t · h ·` dtype size).
+    pub fn frame_bytes(&self) -> u64 {
+        self.frame_dims.iter().product::<usize>() as u64 * self.dtype.size_in_bytes() as u64
+    }
+
+    /// Runs this worker's program for step `step` of job `job` with emulated passes, then
+    /// the end-of-step collectives.
+    pub fn run_step(
+        &mut self,
+        job: u64,
+        step: u64,
+        transport: &dyn Transport,
+        sync: &dyn StepSync,
+    ) -> Result<StepReport> {
+        let started = Instant::now();
+        let last = self.stage_count - 1;
+        let mut local: HashMap<(u32, u32, FrameKind), Tensor> = HashMap::new();
+        let mut progress: HashMap<(u32, u32), Progress> = HashMap::new();
+        let mut losses = Vec::new();
+        let mut pass_times = Vec::with_capacity(self.program.len());
+        let mut rec = Recorder::start(started, 2 * self.program.len() + 1);
+        let (mut now, mut peak) = (0i128, 0i128);
+        for i in 0..self.program.len() {
+            let pass = self.program[i];
+            let s = pass.stage;
+            self.advance(&mut progress, pass)?;
+            let input = match pass.kind {
+                PassKind::F if s > 0 => Some(FrameKind::Activation),
+                PassKind::B | PassKind::BW if s < last => Some(FrameKind::Gradient),
+                _ => None,
+            };
+            if let Some(kind) = input {
+                self.take(&mut local, &mut rec, transport, (job, step), pass, kind)?;
+            }
+            let output = match pass.kind {
+                PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
+                PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
+                _ => None,
+            };
+            // The output buffer is written within the pass's time, as a real pass writes
+            // its output while it computes.
+            let t0 = Instant::now();
+            let tensor = match output {
+                Some(_) => Some(Tensor::ones(
+                    &self.frame_dims[..],
+                    self.dtype,
+                    &self.device,
+                )?),
+                None => None,
+            };
+            sleep_until(t0 + Duration::from_secs_f64(self.pass_secs(pass)));
+            pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
+            if pass.kind == PassKind::F && s == last {
+                losses.push(self.uniform_loss);
+            }
+            if let (Some((to, kind)), Some(tensor)) = (output, tensor) {
+                self.deliver(
+                    &mut local,
+                    &mut rec,
+                    transport,
+                    (job, step),
+                    pass,
+                    to,
+                    kind,
+                    tensor,
+                )?;
+            }
+            let a = self.stash[s as usize];
+            let (f, bw) = (
+                i128::from(a.after_forward),
+                i128::from(a.after_backward_input),
+            );
+            now += match pass.kind {
+                PassKind::F => f,
+                PassKind::B => bw - f,
+                PassKind::W => -bw,
+                PassKind::BW => -f,
+            };
+            peak = peak.max(now);
+        }
+        if let Some(&(s, mb, kind)) = local.keys().next() {
+            return Err(invalid(
+                "schedule",
+                format!(
+                    "worker {}: the {kind} for stage {s} microbatch {mb} was never consumed",
+                    self.worker
+                ),
+            ));
+        }
+        let sync_started = Instant::now();
+        let global_sq = sync.all_reduce_sq_norm(step, 0.0)?;
+        sync.mean_loss(step, &losses)?;
+        rec.span(Activity::Sync, sync_started);
+        let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
+        Ok(StepReport {
+            loss: None,
+            pass_times,
+            busy_secs,
+            wall_secs: started.elapsed().as_secs_f64(),
+            peak_stash_bytes: u64::try_from(peak).unwrap_or(0),
+            grad_norm: global_sq.sqrt(),
+            spans: rec.spans,
+            bytes_sent: rec.sent,
+            bytes_received: rec.received,
+        })
+    }
+
+    /// Checks that `pass` comes in an order a real stage would accept (F, then B, then W;
+    /// or F then BW) and records it.
+    fn advance(&self, progress: &mut HashMap<(u32, u32), Progress>, pass: Pass) -> Result<()> {
+        let key = (pass.stage, pass.mb);
+        let had = progress.get(&key).copied();
+        let next = match (pass.kind, had) {
+            (PassKind::F, None) => Some(Progress::Forward),
+            (PassKind::B, Some(Progress::Forward)) => Some(Progress::BackwardInput),
+            (PassKind::W, Some(Progress::BackwardInput))
+            | (PassKind::BW, Some(Progress::Forward)) => None,
+            _ => {
+                return Err(Error::PassOrder {
+                    stage: format!("stage {}", pass.stage),
+                    pass: match pass.kind {
+                        PassKind::F => "F",
+                        PassKind::B => "B",
+                        PassKind::W => "W",
+                        PassKind::BW => "BW",
+                    },
+                    mb: pass.mb,
+                    reason: format!(
+                        "worker {}: out of order after {}",
+                        self.worker,
+                        match had {
+                            None => "nothing",
+                            Some(Progress::Forward) => "F",
+                            Some(Progress::BackwardInput) => "B",
+                        }
+                    ),
+                });
+            }
+        };
+        match next {
+            Some(p) => progress.insert(key, p),
+            None => progress.remove(&key),
+        };
+        Ok(())
+    }
+
+    /// Takes the input of a pass of `stage`: from this worker's memory when the producing
+    /// stage is here, else from the transport, with its shape and dtype checked.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &self,
+        local: &mut HashMap<(u32, u32, FrameKind), Tensor>,
+        rec: &mut Recorder,
+        transport: &dyn Transport,
+        (job, step): (u64, u64),
+        pass: Pass,
+        kind: FrameKind,
+    ) -> Result<Tensor> {
+        let (stage, mb) = (pass.stage, pass.mb);
+        let producer = match kind {
+            FrameKind::Activation => stage - 1,
+            FrameKind::Gradient => stage + 1,
+        };
+        if self.placement.worker_of(producer) == self.worker {
+            return local.remove(&(stage, mb, kind)).ok_or_else(|| {
+                invalid(
+                    "schedule",
+                    format!(
+                        "worker {}: stage {stage} microbatch {mb} needs the {kind} of stage \
+                         {producer} before this worker produced it",
+                        self.worker
+                    ),
+                )
+            });
+        }
+        let t0 = Instant::now();
+        let tensor = transport.recv(job, step, stage, mb, kind, self.timeout)?;
+        let peer = self.placement.worker_of(producer);
+        rec.span(Activity::Recv { pass, peer }, t0);
+        *rec.received.entry(peer).or_default() += tensor_bytes(&tensor);
+        if tensor.dims() != self.frame_dims || tensor.dtype() != self.dtype {
+            return Err(invalid(
+                "frame",
+                format!(
+                    "worker {}: the {kind} for stage {stage} microbatch {mb} of step {step} is \
+                     {:?} {:?}, expected {:?} {:?}",
+                    self.worker,
+                    tensor.dims(),
+                    tensor.dtype(),
+                    self.frame_dims,
+                    self.dtype
+                ),
+            ));
+        }
+        Ok(tensor)
+    }
+
+    /// Hands a pass's output buffer to `stage`: in memory when it is on this worker, else
+    /// sent.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver(
+        &self,
+        local: &mut HashMap<(u32, u32, FrameKind), Tensor>,
+        rec: &mut Recorder,
+        transport: &dyn Transport,
+        (job, step): (u64, u64),
+        pass: Pass,
+        stage: u32,
+        kind: FrameKind,
+        tensor: Tensor,
+    ) -> Result<()> {
+        let mb = pass.mb;
+        let to = self.placement.worker_of(stage);
+        if to == self.worker {
+            if local.insert((stage, mb, kind), tensor).is_some() {
+                return Err(invalid(
+                    "schedule",
+                    format!("the {kind} for stage {stage} microbatch {mb} was produced twice"),
+                ));
+            }
+            return Ok(());
+        }
+        let bytes = tensor_bytes(&tensor);
+        let t0 = Instant::now();
+        transport.send(
+            to,
+            Frame {
+                job,
+                step,
+                stage,
+                mb,
+                kind,
+                tensor,
+            },
+        )?;
+        rec.span(Activity::Send { pass, peer: to }, t0);
+        *rec.sent.entry(to).or_default() += bytes;
+        Ok(())
+    }
+}
+
+/// Runs `steps` emulated steps of every worker of `schedule` on its own thread, with
+/// [`MemoryTransport`] (wrapped by `options.wrap` when given) and a [`LocalSync`] between
+/// them; `options.partition` (default [`Stage::even_split`]) sets the stash sizes. Returns
+/// `reports[step][worker]`. When a worker fails, the others are stopped and the first
+/// failure is returned.
+pub fn run_emulated_local(
+    schedule: &Schedule,
+    spec: &ModelSpec,
+    microbatch_size: u32,
+    times: Times,
+    steps: u64,
+    options: LocalOptions<'_>,
+) -> Result<Vec<Vec<StepReport>>> {
+    pipewise_common::validate(schedule)?;
+    let workers = schedule.num_workers();
+    let partition: Vec<Range<usize>> = match options.partition {
+        Some(p) => p.to_vec(),
+        None => Stage::even_split(spec, schedule.placement.stages() as usize)?,
+    };
+    let mut runtimes = Vec::with_capacity(workers as usize);
+    for w in 0..workers {
+        let mut rt = EmulatedRuntime::from_program(
+            w,
+            &schedule.placement,
+            schedule.microbatches,
+            schedule.workers[w as usize].clone(),
+            spec,
+            microbatch_size,
+            &partition,
+            times,
+        )?;
+        rt.set_timeout(options.timeout);
+        runtimes.push(rt);
+    }
+    let handles = MemoryTransport::network(workers);
+    let Some(network) = handles.first().cloned() else {
+        return Err(invalid("schedule", "no workers".into()));
+    };
+    let sync = LocalSync::new(workers, options.timeout);
+    let first_failed = std::sync::Mutex::new(None::<Error>);
+    let outcomes: Vec<Option<Vec<StepReport>>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = runtimes
+            .into_iter()
+            .zip(handles)
+            .map(|(mut rt, handle)| {
+                let (network, sync, first_failed) = (&network, &sync, &first_failed);
+                scope.spawn(move || {
+                    let transport: Box<dyn Transport> = match options.wrap {
+                        Some(wrap) => wrap(rt.worker(), handle),
+                        None => Box::new(handle),
+                    };
+                    let mut reports = Vec::with_capacity(steps as usize);
+                    for step in 0..steps {
+                        match rt.run_step(options.job, step, transport.as_ref(), sync) {
+                            Ok(r) => reports.push(r),
+                            Err(e) => {
+                                let reason = format!("worker {} stopped: {e}", rt.worker());
+                                let mut first = first_failed
+                                    .lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                                if first.is_none() {
+                                    *first = Some(e);
+                                }
+                                drop(first);
+                                network.abort(&reason);
+                                sync.abort(&reason);
+                                return None;
+                            }
+                        }
+                    }
+                    Some(reports)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().ok().flatten())
+            .collect()
+    });
+    if let Some(e) = first_failed
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        return Err(e);
+    }
+    let mut reports: Vec<Vec<StepReport>> = (0..steps).map(|_| Vec::new()).collect();
+    for (w, outcome) in outcomes.into_iter().enumerate() {
+        let worker_reports =
+            outcome.ok_or_else(|| invalid("worker", format!("worker {w} panicked")))?;
+        for (step, r) in worker_reports.into_iter().enumerate() {
+            reports[step].push(r);
+        }
+    }
+    Ok(reports)
+}
