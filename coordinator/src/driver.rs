@@ -37,8 +37,8 @@ pub struct StepEventData {
     pub trace: Option<std::sync::Arc<pipewise_common::trace::StepTrace>>,
 }
 
-/// Runs a job's steps. `pipewise local` provides one that runs the workers in this
-/// process (each with its own runtime, talking over real gRPC).
+/// Runs a job's steps. [`crate::cluster::ClusterRunner`] hands them to registered worker
+/// processes (or `pipewise local`'s in-process worker nodes); tests provide fakes.
 pub trait JobRunner: Send + Sync + 'static {
     /// Runs every step of `spec` under `plan` (blocking), calling `report` after each step
     /// and stopping early when `cancelled` is set. An `Err` fails the job with that text.
