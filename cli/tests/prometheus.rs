@@ -75,6 +75,33 @@ fn by_worker(samples: &[Value]) -> HashMap<String, f64> {
         .collect()
 }
 
+/// `pipewise_activation_memory_bytes{kind}` of the run serving metrics on `port`, by worker,
+/// once Prometheus has scraped every worker's series (and, when `expected` is not empty,
+/// the values `expected[w]`; a run's peaks are the same every step, so an earlier scrape
+/// agrees too). Polls for up to 60 s.
+fn scraped(prom_port: u16, port: u16, kind: &str, expected: &[u64]) -> HashMap<String, f64> {
+    let q = format!(
+        "pipewise_activation_memory_bytes{{kind=\"{kind}\",instance=\"127.0.0.1:{port}\"}}"
+    );
+    let started = Instant::now();
+    loop {
+        let got = by_worker(&query(prom_port, &q));
+        let complete = got.len() >= expected.len().max(2)
+            && expected
+                .iter()
+                .enumerate()
+                .all(|(w, b)| got.get(&w.to_string()) == Some(&(*b as f64)));
+        if complete {
+            return got;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{q}: Prometheus has {got:?}, WatchJob said {expected:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// Starts `pipewise local` on 2 workers with `schedule`, serving metrics on `port`, and
 /// returns once it says it is lingering (its job is over, summary.json written): the child
 /// (still serving) and the last step's peaks per worker from summary.json.
@@ -91,7 +118,7 @@ fn start_local(dir: &Path, schedule: &str, port: u16) -> (Child, Vec<u64>) {
             "30",
         ])
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
-        .args(["--metrics-linger", "8", "--quiet", "--output-dir"])
+        .args(["--metrics-linger", "60", "--quiet", "--output-dir"])
         .arg(&out)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join(format!("{schedule}.log"))).unwrap())
@@ -170,20 +197,11 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    let wait_scrapes = || std::thread::sleep(Duration::from_secs(4));
-
     // 1F1B first: its per-worker peaks, as WatchJob and as Prometheus saw them.
     let (child, watched_1f1b) = start_local(&dir, "1f1b", ports[0]);
     procs.0.push(child);
-    wait_scrapes();
-    let peak_1f1b = by_worker(&query(
-        prom_port,
-        "pipewise_activation_memory_bytes{kind=\"peak\"}",
-    ));
-    let pred_1f1b = by_worker(&query(
-        prom_port,
-        "pipewise_activation_memory_bytes{kind=\"predicted_peak\"}",
-    ));
+    let peak_1f1b = scraped(prom_port, ports[0], "peak", &watched_1f1b);
+    let pred_1f1b = scraped(prom_port, ports[0], "predicted_peak", &[]);
     for (w, bytes) in watched_1f1b.iter().enumerate() {
         assert!(*bytes > 0);
         assert_eq!(
@@ -194,23 +212,16 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
     }
     // promtool accepts the endpoint's output.
     common::promtool_accepts(ports[0]);
-    // The 1F1B run ends; its series go stale before V-Half starts.
+    // The 1F1B run is stopped (its series go stale); queries below name their instance.
     let mut first = procs.0.pop().unwrap();
+    let _ = first.kill();
     first.wait().unwrap();
-    std::thread::sleep(Duration::from_secs(2));
 
     // Then V-Half on the same shape.
     let (child, watched_vhalf) = start_local(&dir, "v-half", ports[1]);
     procs.0.push(child);
-    wait_scrapes();
-    let peak_vhalf = by_worker(&query(
-        prom_port,
-        "pipewise_activation_memory_bytes{kind=\"peak\"}",
-    ));
-    let pred_vhalf = by_worker(&query(
-        prom_port,
-        "pipewise_activation_memory_bytes{kind=\"predicted_peak\"}",
-    ));
+    let peak_vhalf = scraped(prom_port, ports[1], "peak", &watched_vhalf);
+    let pred_vhalf = scraped(prom_port, ports[1], "predicted_peak", &[]);
     for (w, bytes) in watched_vhalf.iter().enumerate() {
         let w = w.to_string();
         assert_eq!(
