@@ -275,12 +275,17 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
-            let result = query(prom_port, expr);
-            assert!(
-                !result.is_empty(),
-                "dashboard panel {:?}: `{expr}` returned no data",
-                panel["title"]
-            );
+            // `rate()` needs two scrapes of a series inside its window: allow the
+            // lingering run up to 30 s of scrapes.
+            let asked = Instant::now();
+            while query(prom_port, expr).is_empty() {
+                assert!(
+                    asked.elapsed() < Duration::from_secs(30),
+                    "dashboard panel {:?}: `{expr}` returned no data",
+                    panel["title"]
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
             count += 1;
         }
     }

@@ -182,6 +182,9 @@ impl Actor for Membership {
                 };
                 if outcome.is_ok() {
                     st.assigned.insert(id, (job, index));
+                    // A worker starts its assignment holding no activations; heartbeats
+                    // (sampled every tick) update it from there.
+                    crate::metrics::record_current_memory(index, 0);
                 }
                 let _ = reply.send(outcome);
             }
