@@ -39,11 +39,9 @@ pub enum JobMsg {
     List(RpcReplyPort<Vec<JobRecord>>),
     /// Cancel a queued or running job.
     Cancel(u64, RpcReplyPort<Result<JobRecord>>),
-    /// Subscribe to a job's step events (the stream ends when the job does).
-    Watch(
-        u64,
-        RpcReplyPort<Result<broadcast::Receiver<StepEventData>>>,
-    ),
+    /// Subscribe to a job's step events: the ones already kept (see [`HISTORY_STEPS`]),
+    /// then a live receiver (which ends when the job does).
+    Watch(u64, RpcReplyPort<Result<Watch>>),
     /// A driver's step report.
     Progress(Box<StepEventData>),
     /// Render a kept step's executed timeline (`step` 0: the latest).
@@ -59,6 +57,14 @@ pub enum JobMsg {
     },
 }
 
+/// Step events kept per job for late watchers.
+pub const HISTORY_STEPS: usize = 100_000;
+/// Jobs whose step events are kept (the most recent ones).
+pub const HISTORY_JOBS: usize = 16;
+
+/// What a watcher gets: the steps so far, then the live ones.
+pub type Watch = (Vec<StepEventData>, broadcast::Receiver<StepEventData>);
+
 /// The job manager's state.
 pub struct JobManagerState {
     store: JobStore,
@@ -70,6 +76,7 @@ pub struct JobManagerState {
     running: Option<(u64, Arc<AtomicBool>)>,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
+    history: BTreeMap<u64, VecDeque<StepEventData>>,
 }
 
 impl JobManagerState {
@@ -120,6 +127,7 @@ impl Actor for JobManager {
             running: None,
             watchers: HashMap::new(),
             traces: TraceStore::default(),
+            history: BTreeMap::new(),
         };
         for mut record in state.store.list()? {
             // A job that was running when the coordinator stopped cannot resume without its
@@ -159,11 +167,16 @@ impl Actor for JobManager {
             }
             JobMsg::Watch(id, reply) => {
                 let outcome = state.record(id).map(|record| {
+                    let past: Vec<StepEventData> = state
+                        .history
+                        .get(&id)
+                        .map(|h| h.iter().cloned().collect())
+                        .unwrap_or_default();
                     let (tx, rx) = broadcast::channel(1024);
                     if record.state.is_final() {
-                        rx // the sender drops here: the stream ends at once
+                        (past, rx) // the sender drops here: the live part ends at once
                     } else {
-                        state.watchers.entry(id).or_insert(tx).subscribe()
+                        (past, state.watchers.entry(id).or_insert(tx).subscribe())
                     }
                 });
                 let _ = reply.send(outcome);
@@ -176,6 +189,14 @@ impl Actor for JobManager {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
                     state.save(record)?;
+                }
+                let kept = state.history.entry(event.job).or_default();
+                kept.push_back((*event).clone());
+                while kept.len() > HISTORY_STEPS {
+                    kept.pop_front();
+                }
+                while state.history.len() > HISTORY_JOBS {
+                    state.history.pop_first();
                 }
                 if let Some(tx) = state.watchers.get(&event.job) {
                     let _ = tx.send(*event);

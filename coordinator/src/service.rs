@@ -150,14 +150,16 @@ impl JobService for Jobs {
         request: Request<pb::JobId>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let id = request.get_ref().id;
-        let rx =
+        let (past, rx) =
             ractor::call!(self.manager, JobMsg::Watch, id).map_err(CoordinatorError::from)??;
-        let stream =
-            tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|item| match item {
-                Ok(event) => Some(Ok(event_of(event))),
-                // A slow watcher skips events rather than stalling the job.
-                Err(_) => None,
-            });
+        let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|item| match item {
+            Ok(event) => Some(Ok(event_of(event))),
+            // A slow watcher skips events rather than stalling the job.
+            Err(_) => None,
+        });
+        // The steps before the call first (a watcher that subscribes late misses none),
+        // then the live ones; the job manager hands both over atomically.
+        let stream = tokio_stream::iter(past.into_iter().map(|e| Ok(event_of(e)))).chain(live);
         Ok(Response::new(Box::pin(stream)))
     }
 

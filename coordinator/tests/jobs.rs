@@ -211,6 +211,17 @@ async fn jobs_queue_in_order_and_watchers_see_every_step() {
         .unwrap()
         .into_inner();
     assert_eq!(again.state, pb::JobState::Succeeded as i32);
+    // A watcher that comes after the job ended still gets every step, then the end.
+    let mut late = jobs
+        .watch_job(pb::JobId { id: a.id })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut replayed = Vec::new();
+    while let Some(event) = late.next().await {
+        replayed.push(event.unwrap().step);
+    }
+    assert_eq!(replayed, (1..=a.steps).collect::<Vec<_>>());
     c.shutdown().await;
 }
 
