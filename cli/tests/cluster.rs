@@ -364,6 +364,7 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
                 dtype: pb::Dtype::F32 as i32,
                 shape: vec![1, 16, 32],
                 data: vec![0u8; 7].into(),
+                offset: 0,
             };
             let err = client
                 .send(tokio_stream::iter(vec![frame]))

@@ -1,5 +1,6 @@
 //! The gRPC activation transport on loopback: bit-exact exchange of several dtypes and
-//! shapes, rejection of malformed frames (with `recv` failing fast), and a 64 MiB frame.
+//! shapes, whole and in chunks, rejection of malformed frames and chunk sequences (with
+//! `recv` failing fast), and a 64 MiB frame.
 
 use std::time::{Duration, Instant};
 
@@ -95,6 +96,104 @@ fn exchanges_frames_bit_exactly() -> TestResult {
 }
 
 #[test]
+fn chunked_frames_arrive_bit_exactly() -> TestResult {
+    // Chunks of 1000 bytes: f32 chunks of 250 elements, f16/bf16 of 500, ragged ends.
+    let mut config_a = GrpcConfig::new(JOB, [0, 3]);
+    config_a.chunk_bytes = 1000;
+    let a = GrpcTransport::start(config_a)?;
+    let b = GrpcTransport::start(GrpcConfig::new(JOB, [1, 2]))?;
+    a.set_peer(1, b.local_addr().to_string())?;
+    let mut sent = Vec::new();
+    for (mb, dtype) in [CandleDType::F32, CandleDType::F16, CandleDType::BF16]
+        .into_iter()
+        .enumerate()
+    {
+        for (i, n) in [0usize, 1, 250, 251, 4097].into_iter().enumerate() {
+            let mb = (mb * 10 + i) as u32;
+            let t = Tensor::from_vec(values(n, mb), n, &Device::Cpu)?.to_dtype(dtype)?;
+            a.send(1, frame(0, 1, mb, FrameKind::Activation, t.clone()))?;
+            sent.push((mb, t));
+        }
+    }
+    for (mb, t) in &sent {
+        let got = b.recv(JOB, 0, 1, *mb, FrameKind::Activation, WAIT)?;
+        assert_eq!(got.dims(), t.dims(), "mb {mb}");
+        assert_eq!(got.dtype(), t.dtype(), "mb {mb}");
+        assert_eq!(bits(&got)?, bits(t)?, "mb {mb}");
+    }
+    let stats = b.stats();
+    assert_eq!(stats.accepted_frames, sent.len() as u64);
+    let bytes: usize = sent
+        .iter()
+        .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+        .sum();
+    assert_eq!(stats.accepted_bytes, bytes as u64);
+    assert!(a.take_errors().is_empty(), "{:?}", a.take_errors());
+    Ok(())
+}
+
+#[test]
+fn broken_chunk_sequences_are_rejected_and_recv_fails_fast() -> TestResult {
+    let (_a, b) = pair()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let addr = b.local_addr();
+    // A 4 x 4 f32 tensor (64 bytes) in chunks of 16 bytes.
+    let chunk = |mb: u32, offset: u64| {
+        let mut c = good_frame(0, 1, mb);
+        c.shape = vec![4, 4];
+        c.offset = offset;
+        c
+    };
+    let cases: [(&str, Vec<TensorFrame>, &str); 4] = [
+        (
+            "ends mid-tensor",
+            vec![chunk(0, 0), chunk(0, 16)],
+            "TensorFrame.data",
+        ),
+        ("gap", vec![chunk(1, 0), chunk(1, 32)], "TensorFrame.offset"),
+        ("no first chunk", vec![chunk(2, 16)], "TensorFrame.offset"),
+        (
+            "interleaved",
+            vec![chunk(3, 0), chunk(4, 0)],
+            "TensorFrame.data",
+        ),
+    ];
+    for (what, frames, field) in cases {
+        let mbs: std::collections::BTreeSet<u32> = frames.iter().map(|f| f.mb).collect();
+        let (code, message) = raw_send(&rt, addr, frames)?;
+        assert_eq!(code, tonic::Code::InvalidArgument, "{what}: {message}");
+        assert!(message.contains(field), "{what}: {message}");
+        // Every tensor the broken sequence named fails at once instead of waiting.
+        for mb in mbs {
+            let start = Instant::now();
+            let err = b
+                .recv(JOB, 0, 1, mb, FrameKind::Activation, WAIT)
+                .expect_err("a broken tensor must not be delivered");
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{what}: recv waited"
+            );
+            assert!(err.to_string().contains("rejected"), "{what}: {err}");
+        }
+    }
+    // The same chunks in order are accepted.
+    let whole = (0..4).map(|i| chunk(9, 16 * i)).collect();
+    let (code, message) = raw_send(&rt, addr, whole)?;
+    assert_eq!(code, tonic::Code::Ok, "{message}");
+    assert_eq!(
+        b.recv(JOB, 0, 1, 9, FrameKind::Activation, WAIT)?.dims(),
+        &[4, 4]
+    );
+    // A tensor larger than the receiver's limit is refused before it is allocated.
+    let mut huge = good_frame(0, 1, 10);
+    huge.shape = vec![1 << 40];
+    let (code, message) = raw_send(&rt, addr, vec![huge])?;
+    assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+    assert!(message.contains("TensorFrame.shape"), "{message}");
+    Ok(())
+}
+
+#[test]
 fn recv_times_out_with_a_clear_error() -> TestResult {
     let (_a, b) = pair()?;
     let start = Instant::now();
@@ -127,6 +226,7 @@ fn good_frame(step: u64, stage: u32, mb: u32) -> TensorFrame {
         dtype: v1::Dtype::F32 as i32,
         shape: vec![2, 2],
         data: vec![0u8; 16].into(),
+        offset: 0,
     }
 }
 

@@ -11,7 +11,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{GrpcMethod, Request, Response, Status};
 
-use super::codec::{FrameCodec, Outgoing};
+use super::codec::{Chunk, FrameCodec, Outgoing};
 
 /// The service and method of the call, and its path.
 const SERVICE: &str = "pipewise.v1.ActivationService";
@@ -63,6 +63,7 @@ pub(crate) struct ClientSettings {
     pub(crate) connection_window: u32,
     pub(crate) adaptive_window: bool,
     pub(crate) max_frame_size: u32,
+    pub(crate) chunk_bytes: usize,
     pub(crate) connect_timeout: Duration,
 }
 
@@ -91,28 +92,31 @@ pub(crate) fn spawn_peer(
     let (queue, frames) = mpsc::unbounded_channel();
     let max = settings.max_message_bytes;
     let label = format!("peer {worker} ({address})");
-    runtime.spawn(drive(endpoint, max, frames, label, errors));
+    let chunk_bytes = settings.chunk_bytes;
+    runtime.spawn(drive(endpoint, max, chunk_bytes, frames, label, errors));
     Ok(Peer { address, queue })
 }
 
-/// Forwards queued frames into a `Send` call; after a failed call, connects anew and starts
-/// another. A frame that could not be handed to a call (connection refused, call already
-/// over) is kept for the next one; frames already handed to a failed call are lost.
+/// Forwards queued frames, in chunks, into a `Send` call; after a failed call, connects
+/// anew and starts another. A frame none of whose chunks could be handed to a call
+/// (connection refused, call already over) is kept for the next one; frames handed to a
+/// failed call, wholly or in part, are lost.
 async fn drive(
     endpoint: Endpoint,
     max_message_bytes: usize,
+    chunk_bytes: usize,
     mut frames: mpsc::UnboundedReceiver<Outgoing>,
     label: String,
     errors: Arc<PeerErrors>,
 ) {
-    let mut carry: Option<Outgoing> = None;
+    let mut carry: Option<Arc<Outgoing>> = None;
     let mut failures: u32 = 0;
     let mut channel: Option<Channel> = None;
     loop {
         let first = match carry.take() {
             Some(frame) => frame,
             None => match frames.recv().await {
-                Some(frame) => frame,
+                Some(frame) => Arc::new(frame),
                 None => return,
             },
         };
@@ -136,7 +140,7 @@ async fn drive(
                 }
             },
         };
-        let (stream_tx, stream_rx) = mpsc::channel::<Outgoing>(2);
+        let (stream_tx, stream_rx) = mpsc::channel::<Chunk>(2);
         let call = tokio::spawn(send_call(
             connected.clone(),
             max_message_bytes,
@@ -144,15 +148,19 @@ async fn drive(
         ));
         let mut pending = Some(first);
         let mut input_closed = false;
-        while let Some(frame) = pending.take() {
-            if let Err(mpsc::error::SendError(frame)) = stream_tx.send(frame).await {
-                // The call ended; this frame goes on the next one.
-                carry = Some(frame);
-                break;
+        'frames: while let Some(frame) = pending.take() {
+            for (index, chunk) in frame.chunks(chunk_bytes).enumerate() {
+                if stream_tx.send(chunk).await.is_err() {
+                    // The call ended; an untouched frame goes on the next one.
+                    if index == 0 {
+                        carry = Some(frame);
+                    }
+                    break 'frames;
+                }
             }
             tokio::select! {
                 next = frames.recv() => match next {
-                    Some(frame) => pending = Some(frame),
+                    Some(frame) => pending = Some(Arc::new(frame)),
                     None => input_closed = true,
                 },
                 () = stream_tx.closed() => {}
@@ -192,7 +200,7 @@ async fn drive(
 async fn send_call(
     channel: Channel,
     max_message_bytes: usize,
-    frames: ReceiverStream<Outgoing>,
+    frames: ReceiverStream<Chunk>,
 ) -> Result<Response<SendAck>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel)
         .max_decoding_message_size(max_message_bytes)

@@ -1,8 +1,14 @@
-//! Tensor ⇄ [`TensorFrame`]: little-endian raw elements, row-major, exact to the bit.
+//! Tensor ⇄ [`TensorFrame`]s: little-endian raw elements, row-major, exact to the bit.
 //!
-//! Sending, [`FrameCodec`] writes each frame's tensor memory straight into the gRPC message
-//! buffer (one copy); receiving, the prost-decoded `data` (a slice of tonic's buffer) is
-//! copied once into the tensor's own storage.
+//! Sending, a tensor goes out as chunks of at most the configured chunk size (whole
+//! elements each, consecutive messages of one stream, `offset` growing). [`FrameCodec`]
+//! writes each chunk's bytes straight from the tensor's memory into the gRPC message buffer
+//! (one copy). Receiving, an [`Assembly`] copies each chunk's prost-decoded `data` (a slice
+//! of tonic's buffer) into the tensor's own storage (one copy). Chunks keep tonic's
+//! per-message buffers small and reused, so they stay in cache and are not page-faulted in
+//! afresh for every large tensor.
+
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
@@ -116,16 +122,56 @@ fn element_bytes<T: LeElement>(tensor: &Tensor) -> Result<Bytes> {
     Ok(Bytes::from_owner(PodBytes(values)))
 }
 
-fn element_tensor<T: LeElement>(data: &[u8], shape: &[usize], device: &Device) -> Result<Tensor> {
-    // One copy, which also aligns the elements; no zeroing of the new memory first.
-    let values: Vec<T> = match bytemuck::try_cast_slice::<u8, T>(data) {
-        Ok(elements) if cfg!(target_endian = "little") => elements.to_vec(),
-        _ => data
-            .chunks_exact(std::mem::size_of::<T>())
-            .map(T::from_le_chunk)
-            .collect(),
-    };
-    Ok(Tensor::from_vec(values, shape, device)?)
+/// The elements of a tensor being received, in its own storage.
+#[derive(Debug)]
+enum Values {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    Bf16(Vec<half::bf16>),
+}
+
+impl Values {
+    /// Room for `elements` elements, none written yet: each chunk is appended in place, so
+    /// the storage is written once (no zeroing first).
+    fn with_capacity(dtype: DType, elements: usize) -> Result<Self, Rejection> {
+        Ok(match dtype {
+            DType::F32 => Values::F32(Vec::with_capacity(elements)),
+            DType::F16 => Values::F16(Vec::with_capacity(elements)),
+            DType::BF16 => Values::Bf16(Vec::with_capacity(elements)),
+            other => {
+                return Err(Rejection::new(
+                    "dtype",
+                    format!("{other:?} is not a wire dtype"),
+                ));
+            }
+        })
+    }
+
+    /// Appends the little-endian elements in `data` (a whole number of elements).
+    fn extend_le(&mut self, data: &[u8]) {
+        fn extend<T: LeElement>(v: &mut Vec<T>, data: &[u8]) {
+            v.extend(
+                data.chunks_exact(std::mem::size_of::<T>())
+                    .map(T::from_le_chunk),
+            );
+        }
+        match self {
+            Values::F32(v) => extend(v, data),
+            Values::F16(v) => extend(v, data),
+            Values::Bf16(v) => extend(v, data),
+        }
+    }
+
+    fn into_tensor(self, shape: &[usize], device: &Device) -> Result<Tensor> {
+        fn build<T: LeElement>(v: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
+            Ok(Tensor::from_vec(v, shape, device)?)
+        }
+        match self {
+            Values::F32(v) => build(v, shape, device),
+            Values::F16(v) => build(v, shape, device),
+            Values::Bf16(v) => build(v, shape, device),
+        }
+    }
 }
 
 /// Where the `data` of an outgoing frame comes from.
@@ -141,14 +187,15 @@ enum Payload {
 
 /// A frame on its way to a peer: every `TensorFrame` field but `data`, and the data.
 ///
-/// [`FrameCodec`] writes it as one `TensorFrame` message, so the data is copied once, from
-/// the tensor into the message buffer.
+/// It goes out as one or more [`Chunk`]s; [`FrameCodec`] writes each as one `TensorFrame`
+/// message, copying its bytes once, from the tensor into the message buffer.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
-    /// The fields of the frame, with `data` left empty.
+    /// The fields of the frame, with `data` left empty and `offset` 0.
     header: TensorFrame,
     payload: Payload,
     data_len: usize,
+    element_bytes: usize,
 }
 
 /// Prepares `frame` for the wire. Only f32, f16 and bf16 tensors travel.
@@ -191,14 +238,18 @@ pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
             dtype: dtype as i32,
             shape: tensor.dims().iter().map(|&d| d as u64).collect(),
             data: Bytes::new(),
+            offset: 0,
         },
         payload,
         data_len: tensor.elem_count() * size,
+        element_bytes: size,
     })
 }
 
 /// The key of `TensorFrame.data` (field 8, length-delimited).
 const DATA_KEY: u8 = (8 << 3) | 2;
+/// The key of `TensorFrame.offset` (field 9, varint).
+const OFFSET_KEY: u8 = 9 << 3;
 
 fn put_varint(dst: &mut impl BufMut, mut value: u64) {
     while value >= 0x80 {
@@ -213,23 +264,48 @@ fn encode_error(reason: impl std::fmt::Display) -> Status {
 }
 
 impl Outgoing {
-    /// Writes the `TensorFrame` message: the other fields, then `data` (protobuf allows
-    /// fields in any order).
-    fn write(&self, dst: &mut impl BufMut) -> Result<(), Status> {
-        dst.put_slice(&convert::encode_message(&self.header));
-        dst.put_u8(DATA_KEY);
-        put_varint(dst, self.data_len as u64);
-        match &self.payload {
-            Payload::Bytes(bytes) => {
-                if bytes.len() != self.data_len {
-                    return Err(encode_error(format!(
-                        "{} bytes, expected {}",
-                        bytes.len(),
-                        self.data_len
-                    )));
-                }
-                dst.put_slice(bytes);
+    /// The chunks of this frame, each at most `chunk_bytes` long (rounded down to whole
+    /// elements, one element at least); a frame of no elements is one empty chunk.
+    pub(crate) fn chunks(
+        self: &Arc<Self>,
+        chunk_bytes: usize,
+    ) -> impl Iterator<Item = Chunk> + use<> {
+        let step = (chunk_bytes / self.element_bytes).max(1) * self.element_bytes;
+        let frame = Arc::clone(self);
+        let count = self.data_len.div_ceil(step).max(1);
+        (0..count).map(move |i| {
+            let offset = i * step;
+            Chunk {
+                frame: Arc::clone(&frame),
+                offset,
+                len: step.min(frame.data_len - offset),
             }
+        })
+    }
+
+    /// The bytes `offset..offset + len` of the frame's data.
+    fn with_bytes<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        use_bytes: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, Status> {
+        let range = offset..offset + len;
+        let slice = |bytes: &[u8]| -> Result<R, Status> {
+            if bytes.len() != self.data_len {
+                return Err(encode_error(format!(
+                    "{} bytes, expected {}",
+                    bytes.len(),
+                    self.data_len
+                )));
+            }
+            let part = bytes
+                .get(range.clone())
+                .ok_or_else(|| encode_error(format!("chunk {range:?} out of range")))?;
+            Ok(use_bytes(part))
+        };
+        match &self.payload {
+            Payload::Bytes(bytes) => slice(bytes),
             Payload::Tensor(tensor) => {
                 let (storage, layout) = tensor.storage_and_layout();
                 let (start, end) = layout
@@ -238,35 +314,50 @@ impl Outgoing {
                 let Storage::Cpu(cpu) = &*storage else {
                     return Err(encode_error("the tensor is not on the CPU"));
                 };
-                let range = start..end;
+                let elements = start..end;
                 let bytes: Option<&[u8]> = match cpu {
-                    CpuStorage::F32(v) => v.get(range).map(bytemuck::cast_slice),
-                    CpuStorage::F16(v) => v.get(range).map(bytemuck::cast_slice),
-                    CpuStorage::BF16(v) => v.get(range).map(bytemuck::cast_slice),
+                    CpuStorage::F32(v) => v.get(elements).map(bytemuck::cast_slice),
+                    CpuStorage::F16(v) => v.get(elements).map(bytemuck::cast_slice),
+                    CpuStorage::BF16(v) => v.get(elements).map(bytemuck::cast_slice),
                     _ => return Err(encode_error("the storage is not f32, f16 or bf16")),
                 };
-                let bytes = bytes.ok_or_else(|| encode_error("the layout exceeds the storage"))?;
-                if bytes.len() != self.data_len {
-                    return Err(encode_error(format!(
-                        "{} bytes, expected {}",
-                        bytes.len(),
-                        self.data_len
-                    )));
-                }
-                dst.put_slice(bytes);
+                slice(bytes.ok_or_else(|| encode_error("the layout exceeds the storage"))?)
             }
         }
-        Ok(())
     }
 }
 
-/// The client codec of `ActivationService.Send`: [`Outgoing`] frames out (data copied once,
+/// Bytes `offset..offset + len` of an outgoing frame: one `TensorFrame` message.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    frame: Arc<Outgoing>,
+    offset: usize,
+    len: usize,
+}
+
+impl Chunk {
+    /// Writes the `TensorFrame` message: the other fields, then `offset` and `data`
+    /// (protobuf allows fields in any order).
+    fn write(&self, dst: &mut impl BufMut) -> Result<(), Status> {
+        dst.put_slice(&convert::encode_message(&self.frame.header));
+        if self.offset > 0 {
+            dst.put_u8(OFFSET_KEY);
+            put_varint(dst, self.offset as u64);
+        }
+        dst.put_u8(DATA_KEY);
+        put_varint(dst, self.len as u64);
+        self.frame
+            .with_bytes(self.offset, self.len, |bytes| dst.put_slice(bytes))
+    }
+}
+
+/// The client codec of `ActivationService.Send`: [`Chunk`]s out (data copied once,
 /// straight into the message buffer), `SendAck` in.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct FrameCodec;
 
 impl Codec for FrameCodec {
-    type Encode = Outgoing;
+    type Encode = Chunk;
     type Decode = SendAck;
     type Encoder = FrameCodec;
     type Decoder = FrameCodec;
@@ -281,12 +372,12 @@ impl Codec for FrameCodec {
 }
 
 impl Encoder for FrameCodec {
-    type Item = Outgoing;
+    type Item = Chunk;
     type Error = Status;
 
-    fn encode(&mut self, item: Outgoing, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, item: Chunk, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         // The fields besides `data` take a few dozen bytes; reserve once for the whole message.
-        dst.reserve(item.data_len + 64 + 10 * item.header.shape.len());
+        dst.reserve(item.len + 80 + 10 * item.frame.header.shape.len());
         item.write(dst)
     }
 }
@@ -303,8 +394,12 @@ impl Decoder for FrameCodec {
     }
 }
 
-/// Checks `dtype`, `shape` and the data length of a frame; returns the dtype and the shape.
-pub(crate) fn check_layout(frame: &TensorFrame) -> Result<(DType, Vec<usize>), Rejection> {
+/// The dtype, shape and byte length of the tensor a frame (or its first chunk) announces,
+/// refused above `max_bytes`.
+pub(crate) fn check_layout(
+    frame: &TensorFrame,
+    max_bytes: usize,
+) -> Result<(DType, usize, Vec<usize>, usize), Rejection> {
     let (dtype, size) = dtype_from_proto(frame.dtype)?;
     let mut shape = Vec::with_capacity(frame.shape.len());
     let mut elements: usize = 1;
@@ -316,37 +411,168 @@ pub(crate) fn check_layout(frame: &TensorFrame) -> Result<(DType, Vec<usize>), R
         })?;
         shape.push(d);
     }
-    let expected = elements
+    let total = elements
         .checked_mul(size)
-        .ok_or_else(|| Rejection::new("shape", format!("{:?} is too large", frame.shape)))?;
-    if expected != frame.data.len() {
-        return Err(Rejection::new(
-            "data",
-            format!(
-                "{} bytes, but shape {:?} of {dtype:?} needs {expected}",
-                frame.data.len(),
-                frame.shape
-            ),
-        ));
-    }
-    Ok((dtype, shape))
+        .filter(|&total| total <= max_bytes)
+        .ok_or_else(|| {
+            Rejection::new(
+                "shape",
+                format!(
+                    "{:?} of {dtype:?} is larger than the {max_bytes}-byte limit",
+                    frame.shape
+                ),
+            )
+        })?;
+    Ok((dtype, size, shape, total))
 }
 
-/// Decodes the tensor of a frame that passed [`check_layout`].
-pub(crate) fn decode(
-    data: &[u8],
-    dtype: DType,
-    shape: &[usize],
-    device: &Device,
-) -> Result<Tensor> {
-    match dtype {
-        DType::F32 => element_tensor::<f32>(data, shape, device),
-        DType::F16 => element_tensor::<half::f16>(data, shape, device),
-        DType::BF16 => element_tensor::<half::bf16>(data, shape, device),
-        other => Err(Error::InvalidArgument {
-            field: "dtype",
-            reason: format!("{other:?} is not a wire dtype"),
-        }),
+/// A tensor being received chunk by chunk, straight into its own storage.
+#[derive(Debug)]
+pub(crate) struct Assembly {
+    /// The first chunk's fields (`data` empty), which every later chunk must repeat.
+    header: TensorFrame,
+    shape: Vec<usize>,
+    element_bytes: usize,
+    total: usize,
+    filled: usize,
+    values: Values,
+}
+
+impl Assembly {
+    /// Starts the tensor announced by `first` (whose layout passed [`check_layout`]); the
+    /// chunk's data is added by [`Assembly::append`].
+    pub(crate) fn start(
+        first: &TensorFrame,
+        dtype: DType,
+        element_bytes: usize,
+        shape: Vec<usize>,
+        total: usize,
+    ) -> Result<Self, Rejection> {
+        if first.offset != 0 {
+            return Err(Rejection::new(
+                "offset",
+                format!(
+                    "{} starts no tensor: a tensor's first chunk has offset 0",
+                    first.offset
+                ),
+            ));
+        }
+        Ok(Assembly {
+            header: TensorFrame {
+                data: Bytes::new(),
+                ..first.clone()
+            },
+            shape,
+            element_bytes,
+            total,
+            filled: 0,
+            values: Values::with_capacity(dtype, total / element_bytes)?,
+        })
+    }
+
+    /// The first chunk's fields.
+    pub(crate) fn header(&self) -> &TensorFrame {
+        &self.header
+    }
+
+    /// Bytes received so far, and the tensor's size.
+    pub(crate) fn progress(&self) -> (usize, usize) {
+        (self.filled, self.total)
+    }
+
+    /// Whether `chunk` continues this tensor: the same fields and the next offset.
+    pub(crate) fn check_continues(&self, chunk: &TensorFrame) -> Result<(), Rejection> {
+        let h = &self.header;
+        let same = chunk.job == h.job
+            && chunk.step == h.step
+            && chunk.stage == h.stage
+            && chunk.mb == h.mb
+            && chunk.kind == h.kind;
+        if !same {
+            return Err(Rejection::new(
+                "data",
+                format!(
+                    "a chunk for step {} stage {} microbatch {} came before the tensor of step \
+                     {} stage {} microbatch {} was complete ({} of {} bytes)",
+                    chunk.step,
+                    chunk.stage,
+                    chunk.mb,
+                    h.step,
+                    h.stage,
+                    h.mb,
+                    self.filled,
+                    self.total
+                ),
+            ));
+        }
+        if chunk.dtype != h.dtype || chunk.shape != h.shape {
+            return Err(Rejection::new(
+                "shape",
+                format!(
+                    "a later chunk says dtype {} shape {:?}, the first said dtype {} shape {:?}",
+                    chunk.dtype, chunk.shape, h.dtype, h.shape
+                ),
+            ));
+        }
+        if chunk.offset != self.filled as u64 {
+            return Err(Rejection::new(
+                "offset",
+                format!(
+                    "{}, but {} bytes of the tensor have arrived (chunks come in order, \
+                     without gaps or overlaps)",
+                    chunk.offset, self.filled
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies a chunk's data into the tensor's storage.
+    pub(crate) fn append(&mut self, data: &[u8]) -> Result<(), Rejection> {
+        let end = self.filled + data.len();
+        if end > self.total {
+            return Err(Rejection::new(
+                "data",
+                format!(
+                    "{} bytes at offset {}, but the tensor's shape {:?} needs {} bytes in all",
+                    data.len(),
+                    self.filled,
+                    self.header.shape,
+                    self.total
+                ),
+            ));
+        }
+        if data.len() % self.element_bytes != 0 {
+            return Err(Rejection::new(
+                "data",
+                format!(
+                    "{} bytes is not a whole number of {}-byte elements",
+                    data.len(),
+                    self.element_bytes
+                ),
+            ));
+        }
+        if data.is_empty() && self.total > 0 {
+            return Err(Rejection::new(
+                "data",
+                "an empty chunk of a non-empty tensor",
+            ));
+        }
+        self.values.extend_le(data);
+        self.filled = end;
+        Ok(())
+    }
+
+    /// Whether every byte has arrived.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.filled == self.total
+    }
+
+    /// The received tensor (call when [`Assembly::is_complete`]).
+    pub(crate) fn finish(self, device: &Device) -> Result<Tensor, Rejection> {
+        self.values
+            .into_tensor(&self.shape, device)
+            .map_err(|e| Rejection::new("data", e.to_string()))
     }
 }
 
@@ -354,19 +580,151 @@ pub(crate) fn decode(
 mod tests {
     use super::*;
 
-    /// The `TensorFrame` a peer decodes from what [`FrameCodec`] writes for `frame`.
-    fn wire(frame: &Frame) -> Result<TensorFrame> {
-        let mut buf = Vec::new();
-        encode(frame)?
-            .write(&mut buf)
-            .map_err(|s| Error::InvalidArgument {
-                field: "frame",
-                reason: s.message().to_string(),
-            })?;
-        convert::decode_message(&buf, "TensorFrame").map_err(|e| Error::InvalidArgument {
+    fn rejection(r: Rejection) -> Error {
+        Error::InvalidArgument {
             field: "frame",
-            reason: e.to_string(),
-        })
+            reason: r.to_string(),
+        }
+    }
+
+    /// The `TensorFrame`s a peer decodes from what [`FrameCodec`] writes for `frame` in
+    /// chunks of `chunk_bytes`.
+    fn wire_chunks(frame: &Frame, chunk_bytes: usize) -> Result<Vec<TensorFrame>> {
+        let outgoing = Arc::new(encode(frame)?);
+        outgoing
+            .chunks(chunk_bytes)
+            .map(|chunk| {
+                let mut buf = Vec::new();
+                chunk.write(&mut buf).map_err(|s| Error::InvalidArgument {
+                    field: "frame",
+                    reason: s.message().to_string(),
+                })?;
+                convert::decode_message(&buf, "TensorFrame").map_err(|e| Error::InvalidArgument {
+                    field: "frame",
+                    reason: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The `TensorFrame` a peer decodes for `frame` sent whole.
+    fn wire(frame: &Frame) -> Result<TensorFrame> {
+        let mut chunks = wire_chunks(frame, usize::MAX)?;
+        assert_eq!(chunks.len(), 1);
+        Ok(chunks.remove(0))
+    }
+
+    /// Assembles chunks as the receiver does.
+    fn assemble(chunks: &[TensorFrame]) -> Result<Tensor, Rejection> {
+        let first = chunks
+            .first()
+            .ok_or_else(|| Rejection::new("data", "no chunk"))?;
+        let (dtype, size, shape, total) = check_layout(first, usize::MAX)?;
+        let mut assembly = Assembly::start(first, dtype, size, shape, total)?;
+        assembly.append(&first.data)?;
+        for chunk in &chunks[1..] {
+            assembly.check_continues(chunk)?;
+            assembly.append(&chunk.data)?;
+        }
+        if !assembly.is_complete() {
+            return Err(Rejection::new("data", "incomplete"));
+        }
+        assembly.finish(&Device::Cpu)
+    }
+
+    fn frame_of(tensor: Tensor) -> Frame {
+        Frame {
+            job: 1,
+            step: 2,
+            stage: 3,
+            mb: 4,
+            kind: FrameKind::Activation,
+            tensor,
+        }
+    }
+
+    #[test]
+    fn chunks_reassemble_bit_exactly() -> Result<()> {
+        let t = Tensor::arange(0f32, 1000.0, &Device::Cpu)?
+            .affine(0.37, -5.0)?
+            .reshape((10, 100))?;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let t = t.to_dtype(dtype)?;
+            let size = dtype.size_in_bytes();
+            // Exact multiples, ragged ends, odd sizes (rounded down to whole elements), one
+            // element per chunk.
+            for chunk_bytes in [usize::MAX, 4000, 1000, 999, 7, 1] {
+                let chunks = wire_chunks(&frame_of(t.clone()), chunk_bytes)?;
+                let step = (chunk_bytes.min(1 << 30) / size).max(1) * size;
+                assert_eq!(chunks.len(), (1000 * size).div_ceil(step));
+                let mut offset = 0u64;
+                for c in &chunks {
+                    assert_eq!(c.offset, offset);
+                    assert_eq!(c.data.len() % size, 0);
+                    offset += c.data.len() as u64;
+                }
+                let back = assemble(&chunks).map_err(rejection)?;
+                assert_eq!(back.dims(), t.dims());
+                let a = back.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let b = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                assert_eq!(a, b, "{dtype:?} in chunks of {chunk_bytes}");
+            }
+        }
+        // A tensor of no elements is one empty chunk.
+        let empty = Tensor::zeros((0, 3), DType::F32, &Device::Cpu)?;
+        let chunks = wire_chunks(&frame_of(empty), 16)?;
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(assemble(&chunks).map_err(rejection)?.dims(), &[0, 3]);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_chunk_sequences_name_the_field() -> Result<()> {
+        let t = Tensor::arange(0f32, 64.0, &Device::Cpu)?.reshape((8, 8))?;
+        let good = wire_chunks(&frame_of(t), 64)?;
+        assert_eq!(good.len(), 4);
+        let field = |chunks: Vec<TensorFrame>| match assemble(&chunks) {
+            Ok(_) => "accepted",
+            Err(r) => r.field,
+        };
+        // A gap, an overlap, a first chunk that is not at offset 0.
+        let gap = vec![good[0].clone(), good[2].clone()];
+        let overlap = vec![good[0].clone(), good[0].clone()];
+        let late_start = good[1..].to_vec();
+        assert_eq!(field(gap), "offset");
+        assert_eq!(field(overlap.clone()), "offset");
+        assert_eq!(field(late_start), "offset");
+        // Another microbatch before this tensor is complete; a shape change mid-tensor.
+        let mut other_mb = good[1].clone();
+        other_mb.mb += 1;
+        assert_eq!(field(vec![good[0].clone(), other_mb]), "data");
+        let mut reshaped = good[1].clone();
+        reshaped.shape = vec![4, 16];
+        assert_eq!(field(vec![good[0].clone(), reshaped]), "shape");
+        // Too many bytes, part of an element, an empty chunk, missing bytes.
+        let mut long = good[3].clone();
+        long.data = vec![0u8; 128].into();
+        assert_eq!(
+            field(vec![
+                good[0].clone(),
+                good[1].clone(),
+                good[2].clone(),
+                long
+            ]),
+            "data"
+        );
+        let mut ragged = good[0].clone();
+        ragged.data = vec![0u8; 6].into();
+        assert_eq!(field(vec![ragged]), "data");
+        let mut empty = good[1].clone();
+        empty.data = Bytes::new();
+        assert_eq!(field(vec![good[0].clone(), empty]), "data");
+        assert_eq!(field(good[..3].to_vec()), "data");
+        assert_eq!(field(good.clone()), "accepted");
+        // A shape above the limit is refused before anything is allocated.
+        let err = check_layout(&good[0], 255).expect_err("256 bytes > 255");
+        assert_eq!(err.field, "shape");
+        Ok(())
     }
 
     #[test]
@@ -391,11 +749,7 @@ mod tests {
                 tensor: t.clone(),
             };
             let msg = wire(&frame)?;
-            let (dt, shape) = check_layout(&msg).map_err(|r| Error::InvalidArgument {
-                field: "frame",
-                reason: r.to_string(),
-            })?;
-            let back = decode(&msg.data, dt, &shape, &Device::Cpu)?;
+            let back = assemble(&[msg]).map_err(rejection)?;
             assert_eq!(back.dims(), t.dims());
             assert_eq!(back.dtype(), dtype);
             let a = back.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;

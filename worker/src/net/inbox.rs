@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use pipewise_proto::v1::TensorFrame;
 
-use super::codec::{self, Rejection};
+use super::codec::{self, Assembly, Rejection};
 use crate::error::{Error, Result};
 use crate::runtime::transport::FrameKind;
 
@@ -49,6 +49,8 @@ pub(crate) struct Inbox {
     state: Mutex<State>,
     arrived: Condvar,
     device: Device,
+    /// The largest tensor accepted, in bytes.
+    max_bytes: usize,
 }
 
 fn net_error(reason: String) -> Error {
@@ -59,7 +61,12 @@ fn net_error(reason: String) -> Error {
 }
 
 impl Inbox {
-    pub(crate) fn new(job: u64, stages: impl IntoIterator<Item = u32>, device: Device) -> Self {
+    pub(crate) fn new(
+        job: u64,
+        stages: impl IntoIterator<Item = u32>,
+        device: Device,
+        max_bytes: usize,
+    ) -> Self {
         Inbox {
             state: Mutex::new(State {
                 job,
@@ -68,6 +75,7 @@ impl Inbox {
             }),
             arrived: Condvar::new(),
             device,
+            max_bytes,
         }
     }
 
@@ -139,28 +147,71 @@ impl Inbox {
         );
     }
 
-    /// Validates and stores one frame; a rejection is also recorded for `recv`.
-    pub(crate) fn accept(&self, frame: TensorFrame) -> Result<(), Rejection> {
-        let checked = self.check(&frame).and_then(|(key, dtype, shape)| {
-            codec::decode(&frame.data, dtype, &shape, &self.device)
-                .map(|tensor| (key, tensor))
-                .map_err(|e| Rejection::new("data", e.to_string()))
-        });
-        let (key, tensor) = match checked {
-            Ok(ok) => ok,
+    /// Takes one message of a stream: a whole frame or the next chunk of the tensor in
+    /// `pending` (the stream's assembly, `None` between tensors). Returns whether a frame
+    /// completed. A rejection is recorded for `recv` under the message's key and, when it
+    /// breaks off a tensor in progress, under that tensor's key too.
+    pub(crate) fn accept(
+        &self,
+        pending: &mut Option<Assembly>,
+        frame: TensorFrame,
+    ) -> Result<bool, Rejection> {
+        let in_progress = pending.as_ref().map(|a| a.header().clone());
+        match self.take(pending, &frame) {
+            Ok(done) => Ok(done),
             Err(rejection) => {
+                *pending = None;
                 self.reject(&frame, &rejection);
-                return Err(rejection);
+                if let Some(header) = in_progress {
+                    let (step, stage, mb) = (header.step, header.stage, header.mb);
+                    if (frame.step, frame.stage, frame.mb) != (step, stage, mb) {
+                        self.reject(&header, &rejection);
+                    }
+                }
+                Err(rejection)
+            }
+        }
+    }
+
+    /// Records that a stream ended (or failed) with `pending` incomplete.
+    pub(crate) fn abandon(&self, pending: Assembly, why: &str) -> Rejection {
+        let (filled, total) = pending.progress();
+        let rejection = Rejection::new(
+            "data",
+            format!("{why} after {filled} of the tensor's {total} bytes"),
+        );
+        self.reject(pending.header(), &rejection);
+        rejection
+    }
+
+    fn take(&self, pending: &mut Option<Assembly>, frame: &TensorFrame) -> Result<bool, Rejection> {
+        let key = (
+            frame.step,
+            frame.stage,
+            frame.mb,
+            codec::kind_from_proto(frame.kind)?,
+        );
+        let mut assembly = match pending.take() {
+            Some(assembly) => {
+                assembly.check_continues(frame)?;
+                assembly
+            }
+            None => {
+                Self::check_key(&self.lock(), frame, key)?;
+                let (dtype, size, shape, total) = codec::check_layout(frame, self.max_bytes)?;
+                Assembly::start(frame, dtype, size, shape, total)?
             }
         };
-        let mut state = self.lock();
-        // The job or the key may have changed while the tensor was decoded.
-        let recheck = Self::check_key(&state, &frame, key);
-        if let Err(rejection) = recheck {
-            drop(state);
-            self.reject(&frame, &rejection);
-            return Err(rejection);
+        assembly.append(&frame.data)?;
+        if !assembly.is_complete() {
+            *pending = Some(assembly);
+            return Ok(false);
         }
+        let bytes = assembly.progress().1 as u64;
+        let tensor = assembly.finish(&self.device)?;
+        let mut state = self.lock();
+        // The job or the key may have changed while the tensor arrived.
+        Self::check_key(&state, frame, key)?;
         if key.0 > state.newest_step {
             state.newest_step = key.0;
             let keep_from = key.0.saturating_sub(1);
@@ -168,9 +219,9 @@ impl Inbox {
         }
         state.frames.insert(key, tensor);
         state.accepted_frames += 1;
-        state.accepted_bytes += frame.data.len() as u64;
+        state.accepted_bytes += bytes;
         self.arrived.notify_all();
-        Ok(())
+        Ok(true)
     }
 
     fn check_key(state: &State, frame: &TensorFrame, key: Key) -> Result<(), Rejection> {
@@ -201,17 +252,6 @@ impl Inbox {
             return Err(rejection);
         }
         Ok(())
-    }
-
-    fn check(
-        &self,
-        frame: &TensorFrame,
-    ) -> Result<(Key, candle_core::DType, Vec<usize>), Rejection> {
-        let kind = codec::kind_from_proto(frame.kind)?;
-        let key = (frame.step, frame.stage, frame.mb, kind);
-        Self::check_key(&self.lock(), frame, key)?;
-        let (dtype, shape) = codec::check_layout(frame)?;
-        Ok((key, dtype, shape))
     }
 
     pub(crate) fn recv(

@@ -12,6 +12,10 @@
 //!   and opens a new call (the channel reconnecting) after a failure. Frames already handed
 //!   to a call that fails are lost; the receiver's `recv` then times out, and
 //!   [`GrpcTransport::take_errors`] reports the failure on the sending side.
+//! - Chunks: a tensor larger than [`GrpcConfig::chunk_bytes`] (1 MiB) goes out as
+//!   consecutive `TensorFrame` messages with growing `offset`s, which the receiver copies
+//!   one by one into the tensor's storage; small messages keep tonic's buffers reused and
+//!   in cache instead of a fresh tensor-sized buffer on each side for every frame.
 //! - Copies: a contiguous CPU tensor is not copied by `send`; the call's codec copies its
 //!   memory straight into the gRPC message buffer when the frame goes out (so don't
 //!   overwrite a sent tensor's storage in place, e.g. with `slice_set`; variables are copied
@@ -58,7 +62,7 @@ pub struct GrpcConfig {
     pub job: u64,
     /// The stages this worker holds (frames for other stages are rejected).
     pub stages: Vec<u32>,
-    /// Largest encoded message, both ways (default 256 MiB).
+    /// Largest encoded message, both ways, and largest tensor accepted (default 256 MiB).
     pub max_message_bytes: usize,
     /// HTTP/2 initial stream window (default 64 MiB).
     pub stream_window_bytes: u32,
@@ -69,6 +73,9 @@ pub struct GrpcConfig {
     pub adaptive_window: bool,
     /// Largest HTTP/2 frame (default 1 MiB; HTTP/2 allows up to 16 MiB − 1).
     pub max_frame_bytes: u32,
+    /// Largest `TensorFrame` chunk sent (default 1 MiB): a larger tensor goes out as
+    /// consecutive chunks, so message buffers stay small, reused and in cache.
+    pub chunk_bytes: usize,
     /// How long a connection attempt to a peer may take (default 5 s).
     pub connect_timeout: Duration,
     /// Where received tensors are placed (default the CPU).
@@ -87,6 +94,7 @@ impl GrpcConfig {
             connection_window_bytes: 128 * MIB as u32,
             adaptive_window: false,
             max_frame_bytes: MIB as u32,
+            chunk_bytes: MIB,
             connect_timeout: Duration::from_secs(5),
             device: Device::Cpu,
         }
@@ -143,6 +151,7 @@ impl GrpcTransport {
             config.job,
             config.stages.iter().copied(),
             config.device.clone(),
+            config.max_message_bytes,
         ));
         let service = ActivationServiceServer::new(ActivationServer {
             inbox: Arc::clone(&inbox),
@@ -194,6 +203,7 @@ impl GrpcTransport {
                 connection_window: config.connection_window_bytes,
                 adaptive_window: config.adaptive_window,
                 max_frame_size: config.max_frame_bytes,
+                chunk_bytes: config.chunk_bytes,
                 connect_timeout: config.connect_timeout,
             },
             errors: Arc::new(PeerErrors::default()),

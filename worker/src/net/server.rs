@@ -1,4 +1,5 @@
-//! The `ActivationService` server: frames from peers into the [`Inbox`].
+//! The `ActivationService` server: frames from peers, whole or in chunks, into the
+//! [`Inbox`].
 
 use std::sync::Arc;
 
@@ -22,13 +23,30 @@ impl ActivationService for ActivationServer {
     ) -> Result<Response<SendAck>, Status> {
         let mut frames = request.into_inner();
         let mut ack = SendAck::default();
-        while let Some(frame) = frames.message().await? {
+        // The tensor whose chunks are arriving on this stream.
+        let mut pending = None;
+        loop {
+            let frame = match frames.message().await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(status) => {
+                    if let Some(partial) = pending.take() {
+                        self.inbox.abandon(partial, "the stream failed");
+                    }
+                    return Err(status);
+                }
+            };
             let bytes = frame.data.len() as u64;
-            self.inbox
-                .accept(frame)
+            let done = self
+                .inbox
+                .accept(&mut pending, frame)
                 .map_err(|rejection| Status::invalid_argument(rejection.to_string()))?;
-            ack.frames += 1;
+            ack.frames += u64::from(done);
             ack.bytes += bytes;
+        }
+        if let Some(partial) = pending {
+            let rejection = self.inbox.abandon(partial, "the stream ended");
+            return Err(Status::invalid_argument(rejection.to_string()));
         }
         Ok(Response::new(ack))
     }
