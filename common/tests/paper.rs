@@ -209,13 +209,6 @@ fn format_table4(cells: &[(u32, ScheduleKind, Cell)]) -> String {
     out
 }
 
-/// Cells pipewise does not reach yet. V-ZB at n = d = 16 never reaches the stable phase;
-/// our building-block + App. C + cost-aware W filling gives ≈ 22.7 % where the paper's
-/// greedy scheduler reports 18.7 % (its lower bound for worker 0 here is ≈ 16.9 %).
-/// `table4_known_gaps` (ignored) still asserts the paper's figure for these cells, and
-/// the main test fails if one of them starts passing, so this list cannot go stale.
-const KNOWN_GAPS: [(ScheduleKind, u32); 1] = [(ScheduleKind::VZb, 16)];
-
 fn table4_cells() -> Vec<(u32, ScheduleKind, Cell)> {
     let d = D_9_6B;
     let mut cells = Vec::new();
@@ -242,19 +235,9 @@ fn table4_bubble_rate_and_memory_9_6b() {
     let cells = table4_cells();
     let table = format_table4(&cells);
     println!("{table}");
-    let known = |n: u32, kind: ScheduleKind| KNOWN_GAPS.contains(&(kind, n));
-    let fixed: Vec<String> = cells
-        .iter()
-        .filter(|(n, kind, c)| known(*n, *kind) && c.bubble_ok() && c.memory_ok())
-        .map(|(n, kind, _)| format!("{kind} n={n}"))
-        .collect();
-    assert!(
-        fixed.is_empty(),
-        "known gaps now pass, remove them from KNOWN_GAPS: {fixed:?}\n\n{table}"
-    );
     let failures: Vec<String> = cells
         .iter()
-        .filter(|(n, kind, c)| !c.memory_ok() || (!c.bubble_ok() && !known(*n, *kind)))
+        .filter(|(_, _, c)| !c.memory_ok() || !c.bubble_ok())
         .map(|(n, kind, c)| {
             format!(
                 "{kind} n={n}: bubble {:.2} % (paper {}, limit {:.2}), peak {} (class {})",
@@ -273,23 +256,4 @@ fn table4_bubble_rate_and_memory_9_6b() {
         cells.len(),
         failures.join("\n")
     );
-}
-
-#[test]
-#[ignore = "known gap: V-ZB at n = 16 is ~22.7 % against the paper's 18.7 % (see KNOWN_GAPS)"]
-fn table4_known_gaps() {
-    let cells = table4_cells();
-    let table = format_table4(&cells);
-    for (kind, n) in KNOWN_GAPS {
-        let (_, _, c) = cells
-            .iter()
-            .find(|(m, k, _)| *m == n && *k == kind)
-            .unwrap();
-        assert!(
-            c.bubble_ok(),
-            "{kind} n={n}: {:.2} % vs paper {} %\n\n{table}",
-            c.ours,
-            c.paper
-        );
-    }
 }

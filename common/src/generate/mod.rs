@@ -8,7 +8,8 @@
 //! | `interleaved-1f1b` | loop, `v` chunks | BW | Megatron-LM |
 //! | `looped-bfs` | loop, `v` chunks | BW | torch.distributed.pipelining |
 //! | `zb-h1`, `zb-h2` | one stage per worker | B + W | zero-bubble paper |
-//! | `v-min`, `v-half`, `v-zb` | V | B + W | 000 Sec. 3, App. F |
+//! | `v-min`, `v-half` | V | B + W | 000 Sec. 3, App. F |
+//! | `v-zb` | V | B + W | 000 Sec. 3, App. F; the better by span bubble of that and [`greedy_v`] |
 //! | `1f1b-v` | V | BW | 000 App. H |
 //! | `dualpipe-v` | V | mixed | DeepSeek DualPipeV |
 //! | `adaptive-v` | V | B + W | 000 App. A (searched under a memory limit) |
@@ -18,6 +19,7 @@ mod adaptive;
 mod block;
 mod classic;
 mod compact;
+mod greedy_v;
 mod local;
 
 use std::fmt;
@@ -29,6 +31,7 @@ pub use adaptive::{
 };
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
 pub use compact::{compact, fill_weights};
+pub use greedy_v::greedy_v;
 pub use local::{budget_for, improve};
 
 use crate::cost::{Costs, Times};
@@ -279,13 +282,24 @@ pub fn generate_with(
         }
         ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, costs_for),
         ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, costs_for),
-        ScheduleKind::VZb => v_schedule(
-            "v-zb",
-            search_v_block(d, [4, 2, 4, 2], false)?,
-            d,
-            n,
-            costs_for,
-        ),
+        ScheduleKind::VZb => {
+            let block = v_schedule(
+                "v-zb",
+                search_v_block(d, [4, 2, 4, 2], false)?,
+                d,
+                n,
+                costs_for,
+            )?;
+            // The greedy V scheduler competes in the block schedule's memory class; it wins
+            // when few microbatches keep the block schedule out of its steady state.
+            let costs = costs_for(&block.placement)?;
+            let block_sim = simulate(&block, &costs)?;
+            let Ok(greedy) = greedy_v(d, n, &costs, block_sim.max_peak_memory()) else {
+                return Ok(block);
+            };
+            let better = greedy_v::span_first(&simulate(&greedy, &costs)?, &block_sim);
+            Ok(if better { greedy } else { block })
+        }
         ScheduleKind::AdaptiveV => {
             let costs = costs_for(&Placement::V { workers: d })?;
             Ok(adaptive_v(d, n, &costs, limit, LOCAL_SEARCH_BUDGET)?.schedule)
