@@ -463,6 +463,8 @@ impl<'a> Greedy<'a> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use crate::cost::Times;
 
