@@ -222,6 +222,10 @@ impl Request {
 /// Simulated passes the local search may spend inside [`generate`] (about 0.1–0.3 s).
 pub const LOCAL_SEARCH_BUDGET: u64 = 3_000_000;
 
+/// Largest V-ZB shape (passes, 6dn) on which [`greedy_v`] runs beside the building block
+/// (d = 16 up to n = 1024; d = 64 up to n = 256).
+pub const GREEDY_V_PASSES: u64 = 100_000;
+
 /// Generates the schedule `req` asks for, with every stage costed from `req.times`.
 pub fn generate(req: &Request) -> Result<Schedule> {
     generate_with(req, &|placement| Costs::uniform(placement, req.times))
@@ -291,7 +295,11 @@ pub fn generate_with(
                 costs_for,
             )?;
             // The greedy V scheduler competes in the block schedule's memory class; it wins
-            // when few microbatches keep the block schedule out of its steady state.
+            // when few microbatches keep the block schedule out of its steady state, and is
+            // skipped on large shapes, where it costs seconds and the block is near zero bubble.
+            if 6 * u64::from(d) * u64::from(n) > GREEDY_V_PASSES {
+                return Ok(block);
+            }
             let costs = costs_for(&block.placement)?;
             let block_sim = simulate(&block, &costs)?;
             let Ok(greedy) = greedy_v(d, n, &costs, block_sim.max_peak_memory()) else {
