@@ -269,13 +269,15 @@ fn with_comm(fraction: f64) -> Times {
 }
 
 /// Points where the adaptive V schedule is still slower than 1F1B: comm 0.5 F, d = 16, at the
-/// V-Half limit (9 units; 3–4 % slower). Not an inherent limit: by Little's law worker 0's
-/// first-chunk activation (alive ≥ 812.6 per microbatch: 32 half F and B passes, 60 hops,
-/// half a W) and its last-chunk one (≥ 18.0), half a unit each, bound the V steady state at
-/// ≥ 46.1 per microbatch within 9 units, while 1F1B's bound is 769.4 / 16 = 48.1 and 1F1B
-/// reaches it (n = 64 → 128 adds 48.09 per microbatch). The searched V orders add 49.45;
-/// blocks with 7- or 8-cell periods (idle cells to absorb the hops) added 49.55 and an
-/// event-driven list scheduler did worse, so neither was kept.
+/// V-Half limit (9 units; 3–4 % slower). By Little's law on worker 0's memory (its
+/// first-chunk activation lives ≥ 812.6 per microbatch: 32 half F and B passes, 60 hops, half
+/// a W; its last-chunk one ≥ 18.0; half a unit each) a V schedule within 9 units needs
+/// ≥ 46.1 per microbatch in the steady state, while 1F1B's bound, 769.4 / 16 = 48.1, is what
+/// it reaches (n = 64 → 128 adds 48.09 per microbatch). So a V schedule beats 1F1B here only
+/// if its microbatches wait less than (48.09 − 46.14) × 18 ≈ 35 in all over a round trip of
+/// 64 passes and 60 hops (≈ 0.55 per hop, passes being 4.9–6.6 long). The V orders found add
+/// 49.45 (≈ 60 of waiting); blocks with 7- or 8-cell periods (idle cells to absorb the hops)
+/// added 49.55 and an event-driven list scheduler did worse, so neither was kept.
 const COMM_KNOWN_GAPS: [(f64, u32, f64); 1] = [(0.5, 16, 9.0)];
 
 fn is_known_gap(fraction: f64, d: u32, limit: f64) -> bool {
