@@ -4,8 +4,8 @@
 //! elements each, consecutive messages of one stream, `offset` growing). [`FrameCodec`]
 //! writes each chunk's bytes straight from the tensor's memory into the gRPC message buffer
 //! (one copy). Receiving, an [`Assembly`] copies each chunk's prost-decoded `data` (a slice
-//! of tonic's buffer) into the tensor's own storage (one copy). Chunks keep tonic's
-//! per-message buffers small and reused, so they stay in cache and are not page-faulted in
+//! of the HTTP/2 frame that carried it) into the tensor's own storage (one copy). Chunks keep
+//! the per-message buffers small and reused, so they stay in cache and are not page-faulted in
 //! afresh for every large tensor.
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! [`Transport`](crate::runtime::Transport) over `pipewise.v1.ActivationService`.
 //!
 //! - Receiving: a tonic server (bound to `127.0.0.1:0` by default) takes client streams of
-//!   `TensorFrame`s, validates each frame (known dtype and kind, `shape` product × dtype size
+//!   `TensorFrame`s (its `Send` method served below tonic's codec, see `server`), validates each frame (known dtype and kind, `shape` product × dtype size
 //!   = `data` length, the worker's job, a stage the worker holds, no duplicate) and decodes it
 //!   into a mailbox keyed by `(step, stage, mb, kind)`. A bad frame ends its stream with
 //!   `InvalidArgument` naming the field (`TensorFrame.data: ...`) and is recorded, so `recv`
@@ -20,10 +20,11 @@
 //!   memory straight into the gRPC message buffer when the frame goes out (so don't
 //!   overwrite a sent tensor's storage in place, e.g. with `slice_set`; variables are copied
 //!   at `send`, as are other views and device tensors). On receipt the data is copied once,
-//!   from tonic's message buffer into the tensor's storage.
+//!   from the HTTP/2 DATA frame that carried it into the tensor's storage (twice when a
+//!   message straddles DATA frames).
 //! - Wire form: little-endian raw elements of f32, f16 or bf16, row-major, bit-exact.
 //! - Limits: messages up to [`GrpcConfig::max_message_bytes`] (256 MiB by default), HTTP/2
-//!   stream and connection windows of 64 / 128 MiB and 1 MiB HTTP/2 frames, so 64 MiB
+//!   stream and connection windows of 64 / 128 MiB and 2 MiB HTTP/2 frames, so 64 MiB
 //!   tensors stream without stalling on flow control.
 
 mod client;
@@ -38,7 +39,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
-use pipewise_proto::v1::activation_service_server::ActivationServiceServer;
 use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
@@ -71,7 +71,8 @@ pub struct GrpcConfig {
     /// HTTP/2 adaptive (BDP-probing) flow control; when on, it replaces the fixed windows
     /// (default off: on loopback the fixed large windows are faster).
     pub adaptive_window: bool,
-    /// Largest HTTP/2 frame (default 1 MiB; HTTP/2 allows up to 16 MiB − 1).
+    /// Largest HTTP/2 frame (default 2 MiB; HTTP/2 allows up to 16 MiB − 1). Above the chunk
+    /// size, so a chunk's message travels in one DATA frame and is decoded without a copy.
     pub max_frame_bytes: u32,
     /// Largest `TensorFrame` chunk sent (default 1 MiB): a larger tensor goes out as
     /// consecutive chunks, so message buffers stay small, reused and in cache.
@@ -93,7 +94,7 @@ impl GrpcConfig {
             stream_window_bytes: 64 * MIB as u32,
             connection_window_bytes: 128 * MIB as u32,
             adaptive_window: false,
-            max_frame_bytes: MIB as u32,
+            max_frame_bytes: 2 * MIB as u32,
             chunk_bytes: MIB,
             connect_timeout: Duration::from_secs(5),
             device: Device::Cpu,
@@ -153,11 +154,10 @@ impl GrpcTransport {
             config.device.clone(),
             config.max_message_bytes,
         ));
-        let service = ActivationServiceServer::new(ActivationServer {
+        let service = ActivationServer {
             inbox: Arc::clone(&inbox),
-        })
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+            max_message_bytes: config.max_message_bytes,
+        };
         let collective = Arc::new(Collective::default());
         let collective_service = CollectiveServiceServer::new(collective::CollectiveServer {
             collective: Arc::clone(&collective),
@@ -180,9 +180,7 @@ impl GrpcTransport {
             .add_service(collective_service);
         let serve_inbox = Arc::clone(&inbox);
         runtime.spawn(async move {
-            health_reporter
-                .set_serving::<ActivationServiceServer<ActivationServer>>()
-                .await;
+            health_reporter.set_serving::<ActivationServer>().await;
             let stopped = async {
                 let _ = stop.await;
             };
