@@ -45,7 +45,7 @@ pub(crate) struct WorkerArgs {
     /// The address peers reach this worker at (default: the bound address).
     #[arg(long)]
     pub(crate) advertise: Option<String>,
-    /// The worker's unique name (default: worker-<pid>).
+    /// The worker's unique name (default: worker-PID, with the process id).
     #[arg(long)]
     pub(crate) id: Option<String>,
     /// Seconds to wait for a peer's frame or for the other workers at a step's end.

@@ -7,11 +7,11 @@
 //! - [`pass`]: the pass IR (`F`, `B`, `W`, `BW` over a stage and microbatch) and its text form `0F3`.
 //! - [`placement`]: stage → worker layouts (one per worker, loop, V, explicit).
 //! - [`schedule`]: per-worker ordered pass lists.
-//! - [`validate`]: the validator (typed errors, marked grids).
+//! - [`mod@validate`]: the validator (typed errors, marked grids).
 //! - [`model`]: the GPT-style model spec: pieces, parameter counts, activation bytes, FLOPs.
 //! - [`cost`]: per-stage F/B/W durations, communication latency, activation memory.
-//! - [`simulate`]: start/end of every pass, makespan, bubble rates, peak memory, lower bounds.
-//! - [`generate`]: every schedule generator, and the building-block framework they share.
+//! - [`mod@simulate`]: start/end of every pass, makespan, bubble rates, peak memory, lower bounds.
+//! - [`mod@generate`]: every schedule generator, and the building-block framework they share.
 //! - [`job`]: a training job as submitted (TOML, torchtitan-style names) and its validation.
 //! - [`csv`]: import/export in the CSV form torchtitan and PyTorch use.
 //! - [`trace`]: executed step timelines (spans recorded by workers) and their measured costs.

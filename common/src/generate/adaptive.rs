@@ -183,7 +183,7 @@ fn fb_cells(o: &SplitOffsets, d: u32) -> Vec<[i64; 4]> {
 }
 
 /// Enumerates the collision-free Eq. 3 tuples on `d` workers. The collision test only needs
-/// the residues of `s[i] − p[i]` (see [`fb_cells`]), so the turn loops are O(1) each.
+/// the residues of `s[i] − p[i]` (see `fb_cells` in the tests), so the turn loops are O(1) each.
 pub fn split_candidates(d: u32) -> Vec<SplitOffsets> {
     let mut out = Vec::new();
     let di = i64::from(d);

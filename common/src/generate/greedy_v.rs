@@ -52,7 +52,8 @@ pub(crate) fn span_first(a: &Simulation, b: &Simulation) -> bool {
 }
 
 /// The best greedy V schedule for `d` workers and `n` microbatches whose activation memory
-/// stays within `cap` per worker (in `costs`' unit), by [`span_first`].
+/// stays within `cap` per worker (in `costs`' unit): the lowest span bubble, bubbles within
+/// 0.1 point counting as equal, then the lowest makespan.
 pub fn greedy_v(d: u32, n: u32, costs: &Costs, cap: f64) -> Result<Schedule> {
     let placement = Placement::V { workers: d };
     if costs.stages.len() != placement.stages() as usize {

@@ -41,7 +41,7 @@ struct State {
     aborted: Option<String>,
 }
 
-/// The root's side of the collectives of one job (see the [module docs](self)).
+/// The root's side of the collectives of one job (see the module docs of `net::collective`).
 #[derive(Debug, Default)]
 pub struct Collective {
     state: Mutex<State>,

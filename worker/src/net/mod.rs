@@ -1,5 +1,5 @@
 //! The gRPC activation transport: [`GrpcTransport`] implements
-//! [`Transport`](crate::runtime::Transport) over `pipewise.v1.ActivationService`.
+//! [`crate::runtime::Transport`] over `pipewise.v1.ActivationService`.
 //!
 //! - Receiving: a tonic server (bound to `127.0.0.1:0` by default) takes client streams of
 //!   `TensorFrame`s (its `Send` method served below tonic's codec, see `server`), validates each frame (known dtype and kind, `shape` product × dtype size
