@@ -5,7 +5,8 @@
 //! `cargo bench -p pipewise-worker --bench transport`; `PIPEWISE_BENCH_QUICK=1` runs tiny
 //! frames for a smoke test; `PIPEWISE_BENCH_SIZES=1,4,64` picks the frame sizes in MiB;
 //! `PIPEWISE_BENCH_CHUNK=256` sets the sender's chunk size in KiB (default: the
-//! transport's, 1 MiB).
+//! transport's, 1 MiB). A second table gives the median round trip of one frame each way
+//! (32 KiB, 512 KiB, 4 MiB) over gRPC and over raw TCP: the latency a pipeline hop pays.
 //!
 //! - gRPC: worker 0 sends `k` frames (distinct microbatches) to worker 1, which receives
 //!   them all; the time covers tensor → bytes, the stream, validation and bytes → tensor.
@@ -101,6 +102,74 @@ fn tcp_run(
     })
 }
 
+/// Round trips of one frame each way (an activation to worker 1, its gradient back), as a
+/// pipeline hop sees them; the median of `rounds`.
+fn grpc_round_trip(
+    a: &GrpcTransport,
+    b: &GrpcTransport,
+    tensor: &Tensor,
+    step: u64,
+    rounds: u32,
+) -> BenchResult<Duration> {
+    let wait = Duration::from_secs(30);
+    let mut times = Vec::with_capacity(rounds as usize);
+    for mb in 0..rounds {
+        let start = Instant::now();
+        let frame = |stage, kind| Frame {
+            job: 1,
+            step,
+            stage,
+            mb,
+            kind,
+            tensor: tensor.clone(),
+        };
+        a.send(1, frame(1, FrameKind::Activation))?;
+        b.recv(1, step, 1, mb, FrameKind::Activation, wait)?;
+        b.send(0, frame(0, FrameKind::Gradient))?;
+        a.recv(1, step, 0, mb, FrameKind::Gradient, wait)?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// The same round trips over one raw TCP connection (the echo side reads the whole frame
+/// before writing it back); the median of `rounds`.
+fn tcp_round_trip(
+    rt: &tokio::runtime::Runtime,
+    bytes: usize,
+    rounds: u32,
+) -> BenchResult<Duration> {
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let echo = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await?;
+            socket.set_nodelay(true)?;
+            let mut buf = vec![0u8; bytes];
+            for _ in 0..rounds {
+                socket.read_exact(&mut buf).await?;
+                socket.write_all(&buf).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        let mut socket = tokio::net::TcpStream::connect(addr).await?;
+        socket.set_nodelay(true)?;
+        let out = vec![7u8; bytes];
+        let mut back = vec![0u8; bytes];
+        let mut times = Vec::with_capacity(rounds as usize);
+        for _ in 0..rounds {
+            let start = Instant::now();
+            socket.write_all(&out).await?;
+            socket.read_exact(&mut back).await?;
+            times.push(start.elapsed());
+        }
+        echo.await??;
+        times.sort();
+        Ok(times[times.len() / 2])
+    })
+}
+
 fn mib_per_s(bytes: usize, frames: u32, t: Duration) -> f64 {
     (bytes as f64 * f64::from(frames)) / MIB as f64 / t.as_secs_f64()
 }
@@ -178,6 +247,29 @@ fn main() -> BenchResult<()> {
             "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2}",
             g / t,
             g / f
+        );
+    }
+    // Latency: what one pipeline hop costs, which a throughput figure hides.
+    b.set_peer(0, a.local_addr().to_string())?;
+    let rounds = if quick { 5 } else { 50 };
+    println!("round trip (activation out, gradient back), median of {rounds}");
+    println!(
+        "{:>9} {:>11} {:>11} {:>8}",
+        "frame", "grpc ms", "tcp ms", "ratio"
+    );
+    for bytes in [32 << 10, 512 << 10, 4 * MIB] {
+        let tensor = Tensor::zeros(bytes / 4, candle_core::DType::F32, &Device::Cpu)?;
+        step += 1;
+        grpc_round_trip(&a, &b, &tensor, step, 2)?;
+        step += 1;
+        let grpc = grpc_round_trip(&a, &b, &tensor, step, rounds)?;
+        let tcp = tcp_round_trip(&rt, bytes, rounds)?;
+        println!(
+            "{:>9} {:>11.3} {:>11.3} {:>8.2}",
+            format!("{} KiB", bytes >> 10),
+            grpc.as_secs_f64() * 1e3,
+            tcp.as_secs_f64() * 1e3,
+            grpc.as_secs_f64() / tcp.as_secs_f64()
         );
     }
     let errors = a.take_errors();
