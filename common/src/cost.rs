@@ -129,6 +129,21 @@ impl Costs {
         })
     }
 
+    /// Checks that these costs cover exactly the stages of `placement`.
+    pub fn check_for(&self, placement: &Placement) -> Result<()> {
+        if self.stages.len() != placement.stages() as usize {
+            return Err(Error::InvalidArgument {
+                field: "costs",
+                reason: format!(
+                    "{} stage costs for the {} stages of the {placement} placement",
+                    self.stages.len(),
+                    placement.stages()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// How a pass changes its worker's activation memory: `+mem` for F (at its start);
     /// B releases `release_at_b` of it, W the rest, BW all of it (at their end).
     pub fn memory_change(&self, pass: crate::pass::Pass) -> f64 {

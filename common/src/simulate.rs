@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::cost::Costs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pass::{Pass, PassKind};
 use crate::schedule::Schedule;
 use crate::validate::{PassIndex, validate};
@@ -81,16 +81,7 @@ pub fn simulate_validated(
     costs: &Costs,
 ) -> Result<Simulation> {
     let placement = &schedule.placement;
-    if costs.stages.len() != placement.stages() as usize {
-        return Err(Error::InvalidArgument {
-            field: "costs",
-            reason: format!(
-                "{} stage costs for {} stages",
-                costs.stages.len(),
-                placement.stages()
-            ),
-        });
-    }
+    costs.check_for(placement)?;
     let n = schedule.microbatches as usize;
     let stages = placement.stages() as usize;
     let slot = |p: Pass| -> usize {

@@ -59,6 +59,25 @@ fn grpc_run(
     Ok(start.elapsed())
 }
 
+/// A connected loopback TCP pair (writer side, reader side), both without Nagle's delay.
+async fn tcp_pair() -> std::io::Result<(tokio::net::TcpStream, tokio::net::TcpStream)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let (near, far) = tokio::join!(
+        tokio::net::TcpStream::connect(listener.local_addr()?),
+        listener.accept()
+    );
+    let (near, (far, _)) = (near?, far?);
+    near.set_nodelay(true)?;
+    far.set_nodelay(true)?;
+    Ok((near, far))
+}
+
+/// The median of `times`.
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
 fn tcp_run(
     rt: &tokio::runtime::Runtime,
     bytes: usize,
@@ -66,11 +85,9 @@ fn tcp_run(
     fresh: bool,
 ) -> BenchResult<Duration> {
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
+        let (mut socket, mut far) = tcp_pair().await?;
         let reader = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await?;
-            socket.set_nodelay(true)?;
+            let socket = &mut far;
             let mut buf = vec![0u8; bytes];
             let mut total = 0usize;
             for _ in 0..frames {
@@ -87,8 +104,6 @@ fn tcp_run(
         });
         let data = vec![0x5au8; bytes];
         let start = Instant::now();
-        let mut socket = tokio::net::TcpStream::connect(addr).await?;
-        socket.set_nodelay(true)?;
         for _ in 0..frames {
             socket.write_all(&data).await?;
         }
@@ -129,8 +144,7 @@ fn grpc_round_trip(
         a.recv(1, step, 0, mb, FrameKind::Gradient, wait)?;
         times.push(start.elapsed());
     }
-    times.sort();
-    Ok(times[times.len() / 2])
+    Ok(median(times))
 }
 
 /// The same round trips over one raw TCP connection (the echo side reads the whole frame
@@ -141,11 +155,9 @@ fn tcp_round_trip(
     rounds: u32,
 ) -> BenchResult<Duration> {
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
+        let (mut socket, mut far) = tcp_pair().await?;
         let echo = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await?;
-            socket.set_nodelay(true)?;
+            let socket = &mut far;
             let mut buf = vec![0u8; bytes];
             for _ in 0..rounds {
                 socket.read_exact(&mut buf).await?;
@@ -153,8 +165,6 @@ fn tcp_round_trip(
             }
             Ok::<_, std::io::Error>(())
         });
-        let mut socket = tokio::net::TcpStream::connect(addr).await?;
-        socket.set_nodelay(true)?;
         let out = vec![7u8; bytes];
         let mut back = vec![0u8; bytes];
         let mut times = Vec::with_capacity(rounds as usize);
@@ -165,8 +175,7 @@ fn tcp_round_trip(
             times.push(start.elapsed());
         }
         echo.await??;
-        times.sort();
-        Ok(times[times.len() / 2])
+        Ok(median(times))
     })
 }
 

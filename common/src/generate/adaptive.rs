@@ -460,20 +460,6 @@ fn check_inputs(d: u32, n: u32, limit: f64) -> Result<()> {
     Ok(())
 }
 
-fn check_costs(costs: &Costs, placement: &Placement) -> Result<()> {
-    if costs.stages.len() != placement.stages() as usize {
-        return Err(Error::InvalidArgument {
-            field: "costs",
-            reason: format!(
-                "{} stage costs for the {} stages of the {placement} placement",
-                costs.stages.len(),
-                placement.stages()
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// Keeps `candidate` in `best` if it is better.
 fn keep_better(
     best: &mut Option<(Schedule, Simulation)>,
@@ -566,7 +552,7 @@ pub fn adaptive_v(
 ) -> Result<Planned> {
     check_inputs(d, n, limit)?;
     let placement = Placement::V { workers: d };
-    check_costs(costs, &placement)?;
+    costs.check_for(&placement)?;
     const NAME: &str = "adaptive-v";
 
     let all = split_candidates(d);
@@ -665,7 +651,7 @@ pub fn adaptive_zb(
 ) -> Result<Planned> {
     check_inputs(d, n, limit)?;
     let placement = Placement::OnePerWorker { workers: d };
-    check_costs(costs, &placement)?;
+    costs.check_for(&placement)?;
     const NAME: &str = "adaptive-zb";
     let mut best: Option<(Schedule, Simulation)> = None;
     let mut smallest = f64::INFINITY;

@@ -30,7 +30,6 @@ use crate::pass::{Pass, PassKind};
 use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::simulate::{Simulation, simulate};
-use crate::validate::validate;
 
 const EPS: f64 = 1e-9;
 /// Refinement runs per variant (each must lower the worst idle time to continue).
@@ -55,41 +54,36 @@ pub(crate) fn span_first(a: &Simulation, b: &Simulation) -> bool {
 /// stays within `cap` per worker (in `costs`' unit): the lowest span bubble, bubbles within
 /// 0.1 point counting as equal, then the lowest makespan.
 pub fn greedy_v(d: u32, n: u32, costs: &Costs, cap: f64) -> Result<Schedule> {
-    let placement = Placement::V { workers: d };
-    if costs.stages.len() != placement.stages() as usize {
-        return Err(Error::InvalidArgument {
-            field: "stage times",
-            reason: format!(
-                "{} stages given, the V placement on {d} workers has {}",
-                costs.stages.len(),
-                placement.stages()
-            ),
-        });
-    }
+    greedy_v_simulated(d, n, costs, cap).map(|(schedule, _)| schedule)
+}
+
+/// [`greedy_v`] with the winner's simulation under `costs`.
+pub(crate) fn greedy_v_simulated(
+    d: u32,
+    n: u32,
+    costs: &Costs,
+    cap: f64,
+) -> Result<(Schedule, Simulation)> {
+    costs.check_for(&Placement::V { workers: d })?;
     let mut best: Option<(Schedule, Simulation)> = None;
-    let mut last_error = None;
-    for fill_before_b in [true, false] {
-        for fill_before_f in [true, false] {
-            let fill = Fill {
-                before_b: fill_before_b,
-                before_f: fill_before_f,
-            };
-            match refined(d, n, costs, cap, fill) {
-                Ok(schedule) => {
-                    let sim = simulate(&schedule, costs)?;
+    let mut last_error = unsupported(d, n, "no variant ran".into());
+    for before_b in [true, false] {
+        for before_f in [true, false] {
+            let fill = Fill { before_b, before_f };
+            // `simulate` also validates the schedule.
+            let run = refined(d, n, costs, cap, fill)
+                .and_then(|schedule| Ok((simulate(&schedule, costs)?, schedule)));
+            match run {
+                Ok((sim, schedule)) => {
                     if best.as_ref().is_none_or(|(_, b)| span_first(&sim, b)) {
                         best = Some((schedule, sim));
                     }
                 }
-                Err(e) => last_error = Some(e),
+                Err(e) => last_error = e,
             }
         }
     }
-    match (best, last_error) {
-        (Some((schedule, _)), _) => Ok(schedule),
-        (None, Some(e)) => Err(e),
-        (None, None) => Err(unsupported(d, n, "no variant ran".into())),
-    }
+    best.ok_or(last_error)
 }
 
 fn unsupported(d: u32, n: u32, reason: String) -> Error {
@@ -116,9 +110,7 @@ fn refined(d: u32, n: u32, costs: &Costs, cap: f64, fill: Fill) -> Result<Schedu
             _ => break,
         }
     }
-    let schedule = best.into_schedule();
-    validate(&schedule)?;
-    Ok(schedule)
+    Ok(best.into_schedule())
 }
 
 /// Legs of a microbatch's round trip, in dependency order.
@@ -490,7 +482,7 @@ mod tests {
                     for cap in [f64::from(d), f64::from(d + 2) / 2.0] {
                         match greedy_v(d, n, &costs, cap) {
                             Ok(s) => {
-                                validate(&s).unwrap();
+                                crate::validate::validate(&s).unwrap();
                                 let sim = simulate(&s, &costs).unwrap();
                                 assert!(
                                     sim.max_peak_memory() <= cap + EPS,
@@ -534,13 +526,7 @@ mod tests {
             Times::UNIT,
         );
         let err = greedy_v(4, 8, &costs.unwrap(), 4.0).unwrap_err();
-        assert!(matches!(
-            err,
-            Error::InvalidArgument {
-                field: "stage times",
-                ..
-            }
-        ));
+        assert!(matches!(err, Error::InvalidArgument { field: "costs", .. }));
     }
 
     #[test]

@@ -302,10 +302,12 @@ pub fn generate_with(
             }
             let costs = costs_for(&block.placement)?;
             let block_sim = simulate(&block, &costs)?;
-            let Ok(greedy) = greedy_v(d, n, &costs, block_sim.max_peak_memory()) else {
+            let Ok((greedy, greedy_sim)) =
+                greedy_v::greedy_v_simulated(d, n, &costs, block_sim.max_peak_memory())
+            else {
                 return Ok(block);
             };
-            let better = greedy_v::span_first(&simulate(&greedy, &costs)?, &block_sim);
+            let better = greedy_v::span_first(&greedy_sim, &block_sim);
             Ok(if better { greedy } else { block })
         }
         ScheduleKind::AdaptiveV => {

@@ -394,9 +394,9 @@ impl Decoder for FrameCodec {
     }
 }
 
-/// The dtype, shape and byte length of the tensor a frame (or its first chunk) announces,
-/// refused above `max_bytes`.
-pub(crate) fn check_layout(
+/// The dtype, element size, shape and byte length of the tensor a frame (or its first chunk)
+/// announces, refused above `max_bytes`.
+fn check_layout(
     frame: &TensorFrame,
     max_bytes: usize,
 ) -> Result<(DType, usize, Vec<usize>, usize), Rejection> {
@@ -439,15 +439,10 @@ pub(crate) struct Assembly {
 }
 
 impl Assembly {
-    /// Starts the tensor announced by `first` (whose layout passed [`check_layout`]); the
-    /// chunk's data is added by [`Assembly::append`].
-    pub(crate) fn start(
-        first: &TensorFrame,
-        dtype: DType,
-        element_bytes: usize,
-        shape: Vec<usize>,
-        total: usize,
-    ) -> Result<Self, Rejection> {
+    /// Starts the tensor announced by `first`, refused when its layout is invalid or larger
+    /// than `max_bytes`; the chunk's data is added by [`Assembly::append`].
+    pub(crate) fn start(first: &TensorFrame, max_bytes: usize) -> Result<Self, Rejection> {
+        let (dtype, element_bytes, shape, total) = check_layout(first, max_bytes)?;
         if first.offset != 0 {
             return Err(Rejection::new(
                 "offset",
@@ -619,8 +614,7 @@ mod tests {
         let first = chunks
             .first()
             .ok_or_else(|| Rejection::new("data", "no chunk"))?;
-        let (dtype, size, shape, total) = check_layout(first, usize::MAX)?;
-        let mut assembly = Assembly::start(first, dtype, size, shape, total)?;
+        let mut assembly = Assembly::start(first, usize::MAX)?;
         assembly.append(&first.data)?;
         for chunk in &chunks[1..] {
             assembly.check_continues(chunk)?;
@@ -722,7 +716,7 @@ mod tests {
         assert_eq!(field(good[..3].to_vec()), "data");
         assert_eq!(field(good.clone()), "accepted");
         // A shape above the limit is refused before anything is allocated.
-        let err = check_layout(&good[0], 255).expect_err("256 bytes > 255");
+        let err = Assembly::start(&good[0], 255).expect_err("256 bytes > 255");
         assert_eq!(err.field, "shape");
         Ok(())
     }

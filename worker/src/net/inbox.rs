@@ -198,8 +198,7 @@ impl Inbox {
             }
             None => {
                 Self::check_key(&self.lock(), frame, key)?;
-                let (dtype, size, shape, total) = codec::check_layout(frame, self.max_bytes)?;
-                Assembly::start(frame, dtype, size, shape, total)?
+                Assembly::start(frame, self.max_bytes)?
             }
         };
         assembly.append(&frame.data)?;
