@@ -13,10 +13,7 @@ use tonic::{GrpcMethod, Request, Response, Status};
 
 use super::codec::{Chunk, FrameCodec, Outgoing};
 
-/// The service and method of the call, and its path.
-const SERVICE: &str = "pipewise.v1.ActivationService";
-const METHOD: &str = "Send";
-const PATH: &str = "/pipewise.v1.ActivationService/Send";
+use super::server::{SEND, SEND_PATH, SERVICE};
 
 /// Errors seen by the peer tasks, newest last (bounded).
 #[derive(Debug, Default)]
@@ -208,23 +205,20 @@ async fn send_call(
     grpc.ready()
         .await
         .map_err(|e| Status::unknown(format!("service was not ready: {e}")))?;
-    let path = PathAndQuery::from_static(PATH);
+    let path = PathAndQuery::from_static(SEND_PATH);
     let mut request = Request::new(frames);
     request
         .extensions_mut()
-        .insert(GrpcMethod::new(SERVICE, METHOD));
+        .insert(GrpcMethod::new(SERVICE, SEND));
     grpc.client_streaming(request, path, FrameCodec).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipewise_proto::v1::activation_service_server::SERVICE_NAME;
 
     #[test]
     fn path_is_the_generated_one() {
-        assert_eq!(SERVICE, SERVICE_NAME);
-        assert_eq!(super::super::server::SERVICE, SERVICE_NAME);
-        assert_eq!(PATH, format!("/{SERVICE_NAME}/{METHOD}"));
+        assert_eq!(SEND_PATH, format!("/{SERVICE}/{SEND}"));
     }
 }

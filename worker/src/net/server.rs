@@ -25,10 +25,12 @@ use tonic::server::NamedService;
 
 use super::inbox::Inbox;
 
-/// The service's full name, as in the `.proto`.
-pub(crate) const SERVICE: &str = "pipewise.v1.ActivationService";
-/// The path of its only method.
-const SEND_PATH: &str = "/pipewise.v1.ActivationService/Send";
+/// The service's full name, as generated from the `.proto`.
+pub(crate) use pipewise_proto::v1::activation_service_server::SERVICE_NAME as SERVICE;
+/// The name of its only method.
+pub(crate) const SEND: &str = "Send";
+/// That method's path (checked against [`SERVICE`] and [`SEND`] in the tests).
+pub(crate) const SEND_PATH: &str = "/pipewise.v1.ActivationService/Send";
 /// gRPC's message prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
