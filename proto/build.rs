@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // The workspace forbids unsafe code (and `std::env::set_var` is unsafe in edition 2024),
+    // The workspace denies unsafe code (and `std::env::set_var` is unsafe in edition 2024),
     // so the vendored protoc reaches prost-build through its config rather than `PROTOC`.
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let protos = [

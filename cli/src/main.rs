@@ -35,6 +35,9 @@ use clap::Parser as _;
 use crate::args::{Cli, Command};
 
 fn main() -> ExitCode {
+    // Before any thread starts (see `pipewise_worker::alloc`; `PIPEWISE_MALLOC=default`
+    // keeps the allocator's defaults).
+    pipewise_worker::alloc::policy_from_env();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Plan(args) => args.resolve().and_then(|plan| plan::run(&plan)),

@@ -263,6 +263,8 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
 }
 
 fn main() -> BenchResult<()> {
+    // Before any thread starts, as the `pipewise` binary does.
+    let heap = pipewise_worker::alloc::policy_from_env();
     let quick = std::env::var("PIPEWISE_BENCH_QUICK").is_ok_and(|v| v == "1");
     let ms = env_times(if quick {
         [2.0, 2.0, 2.0]
@@ -290,7 +292,8 @@ fn main() -> BenchResult<()> {
         .filter(|t| only.as_deref().is_none_or(|o| o == *t))
         .collect();
     println!(
-        "emulated compute: F,B,W = {},{},{} ms per stage of 1/d; {} cores; load average {}",
+        "emulated compute: F,B,W = {},{},{} ms per stage of 1/d; {} cores; load average {}; \
+         heap: {heap}",
         ms[0],
         ms[1],
         ms[2],

@@ -184,6 +184,8 @@ fn mib_per_s(bytes: usize, frames: u32, t: Duration) -> f64 {
 }
 
 fn main() -> BenchResult<()> {
+    // Before any thread starts, as the `pipewise` binary does.
+    let heap = pipewise_worker::alloc::policy_from_env();
     let quick = std::env::var("PIPEWISE_BENCH_QUICK").is_ok_and(|v| v == "1");
     // PIPEWISE_BENCH_SIZES=1,4,64 picks other frame sizes (MiB).
     let sizes: Vec<usize> = match std::env::var("PIPEWISE_BENCH_SIZES") {
@@ -215,7 +217,7 @@ fn main() -> BenchResult<()> {
 
     println!(
         "activation transport, loopback, f32 frames in {chunk_kib} KiB chunks, best of {reps} interleaved rounds \
-         (adaptive window: {adaptive})"
+         (adaptive window: {adaptive}; heap: {heap})"
     );
     println!(
         "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8}",

@@ -30,10 +30,12 @@
 //! - [`rng`]: the deterministic host-side random source.
 //! - [`test_utils`]: [`test_device!`] and device helpers for tests.
 //! - [`error`]: the crate's one error type.
+//! - [`alloc`]: the worker process's heap policy (freed buffers kept for reuse, glibc).
 //!
 //! The model's sizes come from [`pipewise_common::model::ModelSpec`], which also predicts
 //! the stash bytes that [`Stage::stash_bytes`] measures.
 
+pub mod alloc;
 pub mod checkpoint;
 pub mod data;
 pub mod error;
