@@ -43,7 +43,7 @@ use pipewise_common::job::{Compute, JobSpec, example};
 use pipewise_common::model::DType;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::{Costs, simulate};
-use pipewise_worker::net::{GrpcConfig, GrpcTransport, NetSync};
+use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
 use pipewise_worker::runtime::{
     EmulatedRuntime, LocalSync, MemoryTransport, StepReport, StepSync, Transport,
 };
@@ -199,10 +199,10 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
         _ => {
             let mut nets = Vec::with_capacity(d as usize);
             for w in 0..d {
-                nets.push(GrpcTransport::start(GrpcConfig::new(
-                    JOB,
-                    schedule.placement.stages_of(w),
-                ))?);
+                let mut config = GrpcConfig::new(JOB, schedule.placement.stages_of(w));
+                // As a worker node assigned an emulated job does.
+                config.delivery = Delivery::Buffers;
+                nets.push(GrpcTransport::start(config)?);
             }
             let addrs: Vec<String> = nets.iter().map(|t| t.local_addr().to_string()).collect();
             for t in &nets {

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use pipewise_worker::net::{GrpcConfig, GrpcTransport};
-use pipewise_worker::runtime::{Frame, FrameKind, Transport};
+use pipewise_worker::runtime::{Frame, FrameKind, Payload, Transport};
 use pipewise_worker::{Device, Tensor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -42,7 +42,7 @@ fn grpc_run(
                 stage: 1,
                 mb,
                 kind: FrameKind::Activation,
-                tensor: tensor.clone(),
+                payload: Payload::Tensor(tensor.clone()),
             },
         )?;
     }
@@ -136,7 +136,7 @@ fn grpc_round_trip(
             stage,
             mb,
             kind,
-            tensor: tensor.clone(),
+            payload: Payload::Tensor(tensor.clone()),
         };
         a.send(1, frame(1, FrameKind::Activation))?;
         b.recv(1, step, 1, mb, FrameKind::Activation, wait)?;

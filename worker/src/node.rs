@@ -41,7 +41,7 @@ use tonic::transport::Channel;
 
 use crate::error::{Error, Result};
 use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
-use crate::net::{GrpcConfig, GrpcTransport};
+use crate::net::{Delivery, GrpcConfig, GrpcTransport};
 use crate::runtime::{EmulatedRuntime, StepReport, WorkerRuntime};
 use crate::{Device, Tensor};
 
@@ -546,7 +546,11 @@ fn run_assignment(
     let corpus = corpus_of(&spec)?;
     let sampler = sampler_of(&spec);
     let transport = &shared.transport;
-    transport.assign(a.job, placement.stages_of(a.worker_index));
+    transport.assign(
+        a.job,
+        placement.stages_of(a.worker_index),
+        Delivery::Tensors,
+    );
     transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
     if a.worker_index == 0 {
         transport
@@ -625,7 +629,11 @@ fn run_emulated_assignment(
     )?;
     rt.set_timeout(config.timeout);
     let transport = &shared.transport;
-    transport.assign(a.job, placement.stages_of(a.worker_index));
+    transport.assign(
+        a.job,
+        placement.stages_of(a.worker_index),
+        Delivery::Buffers,
+    );
     transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
     if a.worker_index == 0 {
         transport

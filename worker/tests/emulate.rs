@@ -15,9 +15,9 @@ use pipewise_common::pass::PassKind;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::{Times, simulate};
 use pipewise_worker::runtime::{
-    EmulatedRuntime, Frame, LocalOptions, MemoryTransport, Transport, run_emulated_local,
+    EmulatedRuntime, Frame, LocalOptions, MemoryTransport, Payload, Transport, run_emulated_local,
 };
-use pipewise_worker::{Error, Result, Tensor};
+use pipewise_worker::{Error, Result};
 
 /// 1 ms passes: fast tests, and long enough that a recorded pass time shorter than the
 /// emulated one would be a bug, not noise.
@@ -52,8 +52,11 @@ struct Counting {
 
 impl Transport for Counting {
     fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
-        let t = &frame.tensor;
-        let bytes = (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let bytes = frame.payload.byte_len();
+        // Emulated compute sends byte buffers, never tensors.
+        if !matches!(frame.payload, Payload::Buffer(_)) {
+            self.wrong.fetch_add(1, Ordering::SeqCst);
+        }
         self.frames.fetch_add(1, Ordering::SeqCst);
         self.bytes.fetch_add(bytes, Ordering::SeqCst);
         if bytes != self.expected_bytes {
@@ -70,7 +73,7 @@ impl Transport for Counting {
         mb: u32,
         kind: pipewise_worker::runtime::FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         self.inner.recv(job, step, stage, mb, kind, timeout)
     }
 }
@@ -229,12 +232,17 @@ fn frames_carry_the_true_activation_size() {
     }
 }
 
-/// Replaces every frame's tensor with one of the wrong shape.
+/// Replaces every frame's buffer with one of the wrong shape.
 struct Truncating(MemoryTransport);
 
 impl Transport for Truncating {
     fn send(&self, to_worker: u32, mut frame: Frame) -> Result<()> {
-        frame.tensor = frame.tensor.narrow(2, 0, 1)?.contiguous()?;
+        let Payload::Buffer(buffer) = &mut frame.payload else {
+            panic!("emulated compute sends buffers");
+        };
+        let h = buffer.shape[2];
+        buffer.shape[2] = 1;
+        buffer.bytes = buffer.bytes.slice(..buffer.bytes.len() / h);
         self.0.send(to_worker, frame)
     }
 
@@ -246,7 +254,7 @@ impl Transport for Truncating {
         mb: u32,
         kind: pipewise_worker::runtime::FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         self.0.recv(job, step, stage, mb, kind, timeout)
     }
 }

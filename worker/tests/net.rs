@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
 use pipewise_proto::v1::{self, TensorFrame};
-use pipewise_worker::net::{GrpcConfig, GrpcTransport};
-use pipewise_worker::runtime::{Frame, FrameKind, Transport};
+use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport};
+use pipewise_worker::runtime::{Buffer, Frame, FrameKind, Payload, Transport};
 use pipewise_worker::{CandleDType, Device, Tensor};
 
 const JOB: u64 = 7;
@@ -56,7 +56,15 @@ fn frame(step: u64, stage: u32, mb: u32, kind: FrameKind, tensor: Tensor) -> Fra
         stage,
         mb,
         kind,
-        tensor,
+        payload: Payload::Tensor(tensor),
+    }
+}
+
+/// The tensor of a payload the transport delivers as a tensor (its default).
+fn tensor_of(payload: Payload) -> Tensor {
+    match payload {
+        Payload::Tensor(t) => t,
+        Payload::Buffer(_) => panic!("a buffer from a transport that delivers tensors"),
     }
 }
 
@@ -81,8 +89,8 @@ fn exchanges_frames_bit_exactly() -> TestResult {
     }
     // Receive in reverse order: the mailbox is keyed, not a queue.
     for (mb, t) in sent.iter().rev() {
-        let at_b = b.recv(JOB, 3, 1, *mb, FrameKind::Activation, WAIT)?;
-        let at_a = a.recv(JOB, 3, 0, *mb, FrameKind::Gradient, WAIT)?;
+        let at_b = tensor_of(b.recv(JOB, 3, 1, *mb, FrameKind::Activation, WAIT)?);
+        let at_a = tensor_of(a.recv(JOB, 3, 0, *mb, FrameKind::Gradient, WAIT)?);
         for got in [at_b, at_a] {
             assert_eq!(got.dims(), t.dims(), "mb {mb}");
             assert_eq!(got.dtype(), t.dtype(), "mb {mb}");
@@ -116,7 +124,7 @@ fn chunked_frames_arrive_bit_exactly() -> TestResult {
         }
     }
     for (mb, t) in &sent {
-        let got = b.recv(JOB, 0, 1, *mb, FrameKind::Activation, WAIT)?;
+        let got = tensor_of(b.recv(JOB, 0, 1, *mb, FrameKind::Activation, WAIT)?);
         assert_eq!(got.dims(), t.dims(), "mb {mb}");
         assert_eq!(got.dtype(), t.dtype(), "mb {mb}");
         assert_eq!(bits(&got)?, bits(t)?, "mb {mb}");
@@ -322,7 +330,7 @@ fn sender_reconnects_to_a_late_peer() -> TestResult {
     let mut config = GrpcConfig::new(JOB, [1]);
     config.listen = port;
     let b = GrpcTransport::start(config)?;
-    let got = b.recv(JOB, 0, 1, 0, FrameKind::Activation, WAIT)?;
+    let got = tensor_of(b.recv(JOB, 0, 1, 0, FrameKind::Activation, WAIT)?);
     assert_eq!(bits(&got)?, bits(&t)?);
     Ok(())
 }
@@ -334,18 +342,67 @@ fn sixty_four_mib_frame_passes() -> TestResult {
     let t = Tensor::from_vec(values(n, 3), (16, 1024, 1024), &Device::Cpu)?;
     let start = Instant::now();
     a.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;
-    let got = b.recv(
+    let got = tensor_of(b.recv(
         JOB,
         0,
         1,
         0,
         FrameKind::Activation,
         Duration::from_secs(120),
-    )?;
+    )?);
     let elapsed = start.elapsed();
     assert_eq!(got.dims(), t.dims());
     assert_eq!(bits(&got)?, bits(&t)?);
     assert_eq!(b.stats().accepted_bytes, 64 << 20);
     println!("64 MiB frame in {:.1} ms", elapsed.as_secs_f64() * 1e3);
+    Ok(())
+}
+
+/// Emulated compute's byte buffers cross gRPC as they are, in one chunk and in several, and
+/// a transport assigned to deliver buffers hands a sent tensor over as its wire bytes.
+#[test]
+fn buffers_cross_as_bytes() -> TestResult {
+    let a = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
+    let mut config = GrpcConfig::new(JOB, [1]);
+    config.delivery = Delivery::Buffers;
+    let b = GrpcTransport::start(config)?;
+    a.set_peer(1, b.local_addr().to_string())?;
+    // 16 KiB (one chunk, delivered as the slice that carried it) and 3 MiB (three 1 MiB
+    // chunks, joined into one buffer).
+    for (mb, elements) in [(0u32, 4096usize), (1, 3 << 18)] {
+        let bytes: Vec<u8> = values(elements, mb)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let sent = Buffer {
+            dtype: CandleDType::F32,
+            shape: vec![1, elements],
+            bytes: bytes.clone().into(),
+        };
+        a.send(
+            1,
+            Frame {
+                job: JOB,
+                step: 0,
+                stage: 1,
+                mb,
+                kind: FrameKind::Activation,
+                payload: Payload::Buffer(sent),
+            },
+        )?;
+        let Payload::Buffer(got) = b.recv(JOB, 0, 1, mb, FrameKind::Activation, WAIT)? else {
+            panic!("b delivers buffers");
+        };
+        assert_eq!(got.shape, vec![1, elements]);
+        assert_eq!(got.dtype, CandleDType::F32);
+        assert_eq!(&got.bytes[..], &bytes[..]);
+    }
+    let t = Tensor::from_vec(values(5000, 9), (5, 1000), &Device::Cpu)?;
+    a.send(1, frame(0, 1, 7, FrameKind::Activation, t.clone()))?;
+    let got = b.recv(JOB, 0, 1, 7, FrameKind::Activation, WAIT)?;
+    assert!(matches!(got, Payload::Buffer(_)));
+    let got = got.into_tensor(&Device::Cpu)?;
+    assert_eq!(got.dims(), t.dims());
+    assert_eq!(bits(&got)?, bits(&t)?);
     Ok(())
 }

@@ -12,7 +12,7 @@ use pipewise_common::generate::{Request, ScheduleKind, generate};
 use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_common::schedule::Schedule;
 use pipewise_worker::runtime::{
-    Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, Transport, WorkerRuntime,
+    Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, Payload, Transport, WorkerRuntime,
     run_local, run_local_with,
 };
 use pipewise_worker::test_utils::max_abs_diff;
@@ -247,7 +247,7 @@ impl Transport for Wrapped {
         mb: u32,
         kind: FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         self.inner.recv(job, step, stage, mb, kind, timeout)
     }
 }
@@ -374,7 +374,7 @@ fn activation(step: u64, shape: (usize, usize, usize)) -> Result<Frame> {
         stage: 1,
         mb: 0,
         kind: FrameKind::Activation,
-        tensor: Tensor::zeros(shape, candle_core::DType::F32, &Device::Cpu)?,
+        payload: Payload::Tensor(Tensor::zeros(shape, candle_core::DType::F32, &Device::Cpu)?),
     })
 }
 
@@ -419,11 +419,17 @@ fn malformed_frames_are_errors() -> Result<()> {
 }
 
 fn shrink(frame: Frame) -> Frame {
-    let tensor = match frame.tensor.narrow(1, 0, 8) {
+    let Payload::Tensor(tensor) = &frame.payload else {
+        panic!("real compute sends tensors");
+    };
+    let tensor = match tensor.narrow(1, 0, 8) {
         Ok(t) => t,
         Err(e) => panic!("narrow: {e}"),
     };
-    Frame { tensor, ..frame }
+    Frame {
+        payload: Payload::Tensor(tensor),
+        ..frame
+    }
 }
 
 fn later_step(frame: Frame) -> Frame {

@@ -4,13 +4,15 @@
 //! elements each, consecutive messages of one stream, `offset` growing). [`FrameCodec`]
 //! writes each chunk's bytes straight from the tensor's memory into the gRPC message buffer
 //! (one copy). Receiving, an [`Assembly`] copies each chunk's prost-decoded `data` (a slice
-//! of the HTTP/2 frame that carried it) into the tensor's own storage (one copy). Chunks keep
+//! of the HTTP/2 frame that carried it) into the tensor's own storage (one copy), or, when
+//! the transport delivers [`Buffer`]s (emulated compute), keeps that slice itself (no copy)
+//! for a frame of one chunk and copies the chunks into one buffer otherwise. Chunks keep
 //! the per-message buffers small and reused, so they stay in cache and are not page-faulted in
 //! afresh for every large tensor.
 
 use std::sync::Arc;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use pipewise_proto::convert;
 use pipewise_proto::v1::{self, SendAck, TensorFrame};
@@ -18,7 +20,7 @@ use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use crate::error::{Error, Result};
-use crate::runtime::transport::{Frame, FrameKind};
+use crate::runtime::transport::{Buffer, Frame, FrameKind, Payload};
 
 /// A rejected field of an incoming frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,11 +178,11 @@ impl Values {
 
 /// Where the `data` of an outgoing frame comes from.
 #[derive(Debug)]
-enum Payload {
+enum Source {
     /// A contiguous CPU tensor of a wire dtype on a little-endian host: its memory is
     /// copied straight into the gRPC message when the frame is encoded.
     Tensor(Tensor),
-    /// The data already in wire form (tensors on other devices, views that are not
+    /// The data already in wire form (buffers; tensors on other devices, views that are not
     /// contiguous, variables, big-endian hosts).
     Bytes(Bytes),
 }
@@ -193,7 +195,7 @@ enum Payload {
 pub(crate) struct Outgoing {
     /// The fields of the frame, with `data` left empty and `offset` 0.
     header: TensorFrame,
-    payload: Payload,
+    source: Source,
     data_len: usize,
     element_bytes: usize,
 }
@@ -203,31 +205,40 @@ pub(crate) struct Outgoing {
 /// A contiguous CPU tensor is not copied here: the encoder reads its memory later (candle
 /// tensors are immutable; a variable, which `Var::set` can overwrite, is copied now).
 pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
-    let tensor = &frame.tensor;
-    let (dtype, size) = match tensor.dtype() {
-        DType::F32 => (v1::Dtype::F32, 4),
-        DType::F16 => (v1::Dtype::F16, 2),
-        DType::BF16 => (v1::Dtype::Bf16, 2),
-        other => {
+    let (dtype, size) = match wire_dtype(frame.payload.dtype()) {
+        Some(wire) => wire,
+        None => {
             return Err(Error::InvalidArgument {
                 field: "frame.tensor",
-                reason: format!("dtype {other:?} cannot be sent (f32, f16 and bf16 can)"),
+                reason: format!(
+                    "dtype {:?} cannot be sent (f32, f16 and bf16 can)",
+                    frame.payload.dtype()
+                ),
             });
         }
     };
-    let in_place = cfg!(target_endian = "little")
-        && tensor.device().is_cpu()
-        && tensor.is_contiguous()
-        && !tensor.is_variable();
-    let payload = if in_place {
-        Payload::Tensor(tensor.clone())
-    } else {
-        Payload::Bytes(match dtype {
-            v1::Dtype::F16 => element_bytes::<half::f16>(tensor)?,
-            v1::Dtype::Bf16 => element_bytes::<half::bf16>(tensor)?,
-            _ => element_bytes::<f32>(tensor)?,
-        })
+    let source = match &frame.payload {
+        Payload::Buffer(buffer) => {
+            buffer.check()?;
+            Source::Bytes(buffer.bytes.clone())
+        }
+        Payload::Tensor(tensor) => {
+            let in_place = cfg!(target_endian = "little")
+                && tensor.device().is_cpu()
+                && tensor.is_contiguous()
+                && !tensor.is_variable();
+            if in_place {
+                Source::Tensor(tensor.clone())
+            } else {
+                Source::Bytes(match dtype {
+                    v1::Dtype::F16 => element_bytes::<half::f16>(tensor)?,
+                    v1::Dtype::Bf16 => element_bytes::<half::bf16>(tensor)?,
+                    _ => element_bytes::<f32>(tensor)?,
+                })
+            }
+        }
     };
+    let dims = frame.payload.dims();
     Ok(Outgoing {
         header: TensorFrame {
             job: frame.job,
@@ -236,14 +247,24 @@ pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
             mb: frame.mb,
             kind: kind_to_proto(frame.kind) as i32,
             dtype: dtype as i32,
-            shape: tensor.dims().iter().map(|&d| d as u64).collect(),
+            shape: dims.iter().map(|&d| d as u64).collect(),
             data: Bytes::new(),
             offset: 0,
         },
-        payload,
-        data_len: tensor.elem_count() * size,
+        source,
+        data_len: dims.iter().product::<usize>() * size,
         element_bytes: size,
     })
+}
+
+/// The wire dtype and element size of `dtype`, if it travels.
+fn wire_dtype(dtype: DType) -> Option<(v1::Dtype, usize)> {
+    match dtype {
+        DType::F32 => Some((v1::Dtype::F32, 4)),
+        DType::F16 => Some((v1::Dtype::F16, 2)),
+        DType::BF16 => Some((v1::Dtype::Bf16, 2)),
+        _ => None,
+    }
 }
 
 /// The key of `TensorFrame.data` (field 8, length-delimited).
@@ -304,9 +325,9 @@ impl Outgoing {
                 .ok_or_else(|| encode_error(format!("chunk {range:?} out of range")))?;
             Ok(use_bytes(part))
         };
-        match &self.payload {
-            Payload::Bytes(bytes) => slice(bytes),
-            Payload::Tensor(tensor) => {
+        match &self.source {
+            Source::Bytes(bytes) => slice(bytes),
+            Source::Tensor(tensor) => {
                 let (storage, layout) = tensor.storage_and_layout();
                 let (start, end) = layout
                     .contiguous_offsets()
@@ -426,22 +447,52 @@ fn check_layout(
     Ok((dtype, size, shape, total))
 }
 
-/// A tensor being received chunk by chunk, straight into its own storage.
+/// What the receiving side hands to `recv`: tensors (real compute) or [`Buffer`]s
+/// (emulated compute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// Each frame decoded into a tensor's own storage as it arrives (one copy).
+    #[default]
+    Tensors,
+    /// Each frame kept as its wire bytes: a frame that came as one chunk is the slice of the
+    /// HTTP/2 frame that carried it (no copy); the chunks of a larger one are copied into
+    /// one buffer.
+    Buffers,
+}
+
+/// Where an [`Assembly`] puts the data.
+#[derive(Debug)]
+enum Sink {
+    Tensor(Values),
+    /// The whole data when it came as one chunk, else the chunks so far.
+    Buffer {
+        whole: Option<Bytes>,
+        parts: BytesMut,
+    },
+}
+
+/// A tensor being received chunk by chunk, straight into its own storage (or its bytes,
+/// see [`Delivery`]).
 #[derive(Debug)]
 pub(crate) struct Assembly {
     /// The first chunk's fields (`data` empty), which every later chunk must repeat.
     header: TensorFrame,
+    dtype: DType,
     shape: Vec<usize>,
     element_bytes: usize,
     total: usize,
     filled: usize,
-    values: Values,
+    sink: Sink,
 }
 
 impl Assembly {
     /// Starts the tensor announced by `first`, refused when its layout is invalid or larger
     /// than `max_bytes`; the chunk's data is added by [`Assembly::append`].
-    pub(crate) fn start(first: &TensorFrame, max_bytes: usize) -> Result<Self, Rejection> {
+    pub(crate) fn start(
+        first: &TensorFrame,
+        max_bytes: usize,
+        delivery: Delivery,
+    ) -> Result<Self, Rejection> {
         let (dtype, element_bytes, shape, total) = check_layout(first, max_bytes)?;
         if first.offset != 0 {
             return Err(Rejection::new(
@@ -457,11 +508,20 @@ impl Assembly {
                 data: Bytes::new(),
                 ..first.clone()
             },
+            dtype,
             shape,
             element_bytes,
             total,
             filled: 0,
-            values: Values::with_capacity(dtype, total / element_bytes)?,
+            sink: match delivery {
+                Delivery::Tensors => {
+                    Sink::Tensor(Values::with_capacity(dtype, total / element_bytes)?)
+                }
+                Delivery::Buffers => Sink::Buffer {
+                    whole: None,
+                    parts: BytesMut::new(),
+                },
+            },
         })
     }
 
@@ -522,8 +582,8 @@ impl Assembly {
         Ok(())
     }
 
-    /// Copies a chunk's data into the tensor's storage.
-    pub(crate) fn append(&mut self, data: &[u8]) -> Result<(), Rejection> {
+    /// Copies a chunk's data into the tensor's storage (or keeps it, see [`Delivery`]).
+    pub(crate) fn append(&mut self, data: &Bytes) -> Result<(), Rejection> {
         let end = self.filled + data.len();
         if end > self.total {
             return Err(Rejection::new(
@@ -553,7 +613,19 @@ impl Assembly {
                 "an empty chunk of a non-empty tensor",
             ));
         }
-        self.values.extend_le(data);
+        match &mut self.sink {
+            Sink::Tensor(values) => values.extend_le(data),
+            Sink::Buffer { whole, parts } => {
+                if self.filled == 0 && end == self.total {
+                    *whole = Some(data.clone());
+                } else {
+                    if parts.is_empty() {
+                        parts.reserve(self.total);
+                    }
+                    parts.extend_from_slice(data);
+                }
+            }
+        }
         self.filled = end;
         Ok(())
     }
@@ -563,11 +635,19 @@ impl Assembly {
         self.filled == self.total
     }
 
-    /// The received tensor (call when [`Assembly::is_complete`]).
-    pub(crate) fn finish(self, device: &Device) -> Result<Tensor, Rejection> {
-        self.values
-            .into_tensor(&self.shape, device)
-            .map_err(|e| Rejection::new("data", e.to_string()))
+    /// The received tensor or buffer (call when [`Assembly::is_complete`]).
+    pub(crate) fn finish(self, device: &Device) -> Result<Payload, Rejection> {
+        match self.sink {
+            Sink::Tensor(values) => values
+                .into_tensor(&self.shape, device)
+                .map(Payload::Tensor)
+                .map_err(|e| Rejection::new("data", e.to_string())),
+            Sink::Buffer { whole, parts } => Ok(Payload::Buffer(Buffer {
+                dtype: self.dtype,
+                shape: self.shape,
+                bytes: whole.unwrap_or_else(|| parts.freeze()),
+            })),
+        }
     }
 }
 
@@ -609,12 +689,12 @@ mod tests {
         Ok(chunks.remove(0))
     }
 
-    /// Assembles chunks as the receiver does.
-    fn assemble(chunks: &[TensorFrame]) -> Result<Tensor, Rejection> {
+    /// Assembles chunks as the receiver does, delivering as `delivery` says.
+    fn assemble_as(chunks: &[TensorFrame], delivery: Delivery) -> Result<Payload, Rejection> {
         let first = chunks
             .first()
             .ok_or_else(|| Rejection::new("data", "no chunk"))?;
-        let mut assembly = Assembly::start(first, usize::MAX)?;
+        let mut assembly = Assembly::start(first, usize::MAX, delivery)?;
         assembly.append(&first.data)?;
         for chunk in &chunks[1..] {
             assembly.check_continues(chunk)?;
@@ -626,6 +706,14 @@ mod tests {
         assembly.finish(&Device::Cpu)
     }
 
+    /// Assembles chunks into a tensor, as the receiver of real compute does.
+    fn assemble(chunks: &[TensorFrame]) -> Result<Tensor, Rejection> {
+        match assemble_as(chunks, Delivery::Tensors)? {
+            Payload::Tensor(t) => Ok(t),
+            Payload::Buffer(_) => Err(Rejection::new("data", "a buffer, not a tensor")),
+        }
+    }
+
     fn frame_of(tensor: Tensor) -> Frame {
         Frame {
             job: 1,
@@ -633,8 +721,65 @@ mod tests {
             stage: 3,
             mb: 4,
             kind: FrameKind::Activation,
-            tensor,
+            payload: Payload::Tensor(tensor),
         }
+    }
+
+    /// Buffers travel as their bytes: one chunk is delivered as the very slice that carried
+    /// it, several are joined; either decodes to the tensor the tensor path gives.
+    #[test]
+    fn buffers_are_delivered_without_a_copy_when_whole() -> Result<()> {
+        let t = Tensor::arange(0f32, 600.0, &Device::Cpu)?.reshape((2, 3, 100))?;
+        let bytes: Vec<u8> = t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let frame = Frame {
+            payload: Payload::Buffer(Buffer {
+                dtype: DType::F32,
+                shape: vec![2, 3, 100],
+                bytes: Bytes::from(bytes.clone()),
+            }),
+            ..frame_of(t.clone())
+        };
+        for chunk_bytes in [usize::MAX, 1000, 4] {
+            let chunks = wire_chunks(&frame, chunk_bytes)?;
+            let Payload::Buffer(got) =
+                assemble_as(&chunks, Delivery::Buffers).map_err(rejection)?
+            else {
+                panic!("expected a buffer");
+            };
+            assert_eq!((got.dtype, &got.shape[..]), (DType::F32, &[2, 3, 100][..]));
+            assert_eq!(&got.bytes[..], &bytes[..]);
+            if chunks.len() == 1 {
+                assert_eq!(
+                    got.bytes.as_ptr(),
+                    chunks[0].data.as_ptr(),
+                    "not the same slice"
+                );
+            }
+            // The same wire bytes decode to the same tensor either way.
+            let via_buffer = Payload::Buffer(got).into_tensor(&Device::Cpu)?;
+            let via_tensor = assemble(&chunks).map_err(rejection)?;
+            assert_eq!(
+                via_buffer.flatten_all()?.to_vec1::<f32>()?,
+                via_tensor.flatten_all()?.to_vec1::<f32>()?
+            );
+            assert_eq!(via_tensor.dims(), t.dims());
+        }
+        // A buffer whose length does not match its shape is not sent.
+        let short = Frame {
+            payload: Payload::Buffer(Buffer {
+                dtype: DType::F32,
+                shape: vec![2, 3, 100],
+                bytes: Bytes::from(vec![0u8; 10]),
+            }),
+            ..frame_of(t)
+        };
+        assert!(encode(&short).is_err());
+        Ok(())
     }
 
     #[test]
@@ -716,7 +861,7 @@ mod tests {
         assert_eq!(field(good[..3].to_vec()), "data");
         assert_eq!(field(good.clone()), "accepted");
         // A shape above the limit is refused before anything is allocated.
-        let err = Assembly::start(&good[0], 255).expect_err("256 bytes > 255");
+        let err = Assembly::start(&good[0], 255, Delivery::Tensors).expect_err("256 bytes > 255");
         assert_eq!(err.field, "shape");
         Ok(())
     }
@@ -740,7 +885,7 @@ mod tests {
                 stage: 3,
                 mb: 4,
                 kind: FrameKind::Gradient,
-                tensor: t.clone(),
+                payload: Payload::Tensor(t.clone()),
             };
             let msg = wire(&frame)?;
             let back = assemble(&[msg]).map_err(rejection)?;
@@ -763,7 +908,7 @@ mod tests {
             stage: 0,
             mb: 0,
             kind: FrameKind::Activation,
-            tensor: t,
+            payload: Payload::Tensor(t),
         };
         assert_eq!(&wire(&frame)?.data[..], &1.0f32.to_le_bytes());
         Ok(())
@@ -787,7 +932,7 @@ mod tests {
                 stage: 0,
                 mb: 0,
                 kind: FrameKind::Activation,
-                tensor: t.clone(),
+                payload: Payload::Tensor(t.clone()),
             };
             let msg = wire(&frame)?;
             assert_eq!(

@@ -5,12 +5,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use pipewise_proto::v1::TensorFrame;
 
-use super::codec::{self, Assembly, Rejection};
+use super::codec::{self, Assembly, Delivery, Rejection};
 use crate::error::{Error, Result};
-use crate::runtime::transport::FrameKind;
+use crate::runtime::transport::{FrameKind, Payload};
 
 /// `(step, stage, mb, kind)`: the consumer of a frame.
 pub(crate) type Key = (u64, u32, u32, FrameKind);
@@ -19,7 +19,8 @@ pub(crate) type Key = (u64, u32, u32, FrameKind);
 struct State {
     job: u64,
     stages: BTreeSet<u32>,
-    frames: HashMap<Key, Tensor>,
+    delivery: Delivery,
+    frames: HashMap<Key, Payload>,
     /// Keys whose frame was rejected, with the reason; `recv` for them fails at once.
     rejected: HashMap<Key, String>,
     /// Keys already taken by `recv` (for duplicate detection), pruned to the last two steps.
@@ -64,6 +65,7 @@ impl Inbox {
     pub(crate) fn new(
         job: u64,
         stages: impl IntoIterator<Item = u32>,
+        delivery: Delivery,
         device: Device,
         max_bytes: usize,
     ) -> Self {
@@ -71,6 +73,7 @@ impl Inbox {
             state: Mutex::new(State {
                 job,
                 stages: stages.into_iter().collect(),
+                delivery,
                 ..State::default()
             }),
             arrived: Condvar::new(),
@@ -86,13 +89,20 @@ impl Inbox {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Switches to a new job and set of stages, dropping every queued frame and record.
-    pub(crate) fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>) {
+    /// Switches to a new job and set of stages, whose frames are delivered as `delivery`
+    /// says, dropping every queued frame and record.
+    pub(crate) fn assign(
+        &self,
+        job: u64,
+        stages: impl IntoIterator<Item = u32>,
+        delivery: Delivery,
+    ) {
         let mut state = self.lock();
         // A new assignment reopens a transport closed by an aborted job.
         *state = State {
             job,
             stages: stages.into_iter().collect(),
+            delivery,
             ..State::default()
         };
         self.arrived.notify_all();
@@ -197,8 +207,12 @@ impl Inbox {
                 assembly
             }
             None => {
-                Self::check_key(&self.lock(), frame, key)?;
-                Assembly::start(frame, self.max_bytes)?
+                let delivery = {
+                    let state = self.lock();
+                    Self::check_key(&state, frame, key)?;
+                    state.delivery
+                };
+                Assembly::start(frame, self.max_bytes, delivery)?
             }
         };
         assembly.append(&frame.data)?;
@@ -207,7 +221,7 @@ impl Inbox {
             return Ok(false);
         }
         let bytes = assembly.progress().1 as u64;
-        let tensor = assembly.finish(&self.device)?;
+        let payload = assembly.finish(&self.device)?;
         let mut state = self.lock();
         // The job or the key may have changed while the tensor arrived.
         Self::check_key(&state, frame, key)?;
@@ -216,7 +230,7 @@ impl Inbox {
             let keep_from = key.0.saturating_sub(1);
             state.consumed.retain(|k| k.0 >= keep_from);
         }
-        state.frames.insert(key, tensor);
+        state.frames.insert(key, payload);
         state.accepted_frames += 1;
         state.accepted_bytes += bytes;
         self.arrived.notify_all();
@@ -261,7 +275,7 @@ impl Inbox {
         mb: u32,
         kind: FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         let deadline = Instant::now() + timeout;
         let key = (step, stage, mb, kind);
         let mut state = self.lock();
@@ -279,9 +293,9 @@ impl Inbox {
                      {reason}"
                 )));
             }
-            if let Some(tensor) = state.frames.remove(&key) {
+            if let Some(payload) = state.frames.remove(&key) {
                 state.consumed.insert(key);
-                return Ok(tensor);
+                return Ok(payload);
             }
             if let Some(reason) = &state.closed {
                 return Err(net_error(format!(

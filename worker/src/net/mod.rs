@@ -38,15 +38,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
+pub use codec::Delivery;
 pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
 
 use crate::error::{Error, Result};
-use crate::runtime::transport::{Frame, FrameKind, Transport};
+use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};
 use client::{ClientSettings, Peer, PeerErrors};
 use inbox::Inbox;
 use server::ActivationServer;
@@ -81,6 +82,9 @@ pub struct GrpcConfig {
     pub connect_timeout: Duration,
     /// Where received tensors are placed (default the CPU).
     pub device: Device,
+    /// What `recv` returns until the first [`GrpcTransport::assign`]: tensors (default) or,
+    /// for emulated compute, byte buffers.
+    pub delivery: Delivery,
 }
 
 impl GrpcConfig {
@@ -98,6 +102,7 @@ impl GrpcConfig {
             chunk_bytes: MIB,
             connect_timeout: Duration::from_secs(5),
             device: Device::Cpu,
+            delivery: Delivery::Tensors,
         }
     }
 }
@@ -151,6 +156,7 @@ impl GrpcTransport {
         let inbox = Arc::new(Inbox::new(
             config.job,
             config.stages.iter().copied(),
+            config.delivery,
             config.device.clone(),
             config.max_message_bytes,
         ));
@@ -246,9 +252,10 @@ impl GrpcTransport {
         Ok(())
     }
 
-    /// Switches to another job and set of held stages; queued frames and records are dropped.
-    pub fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>) {
-        self.inbox.assign(job, stages);
+    /// Switches to another job and set of held stages, whose received frames `recv` returns
+    /// as `delivery` says; queued frames and records are dropped.
+    pub fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>, delivery: Delivery) {
+        self.inbox.assign(job, stages, delivery);
     }
 
     /// The end-of-step collectives this worker serves when it is a job's worker 0.
@@ -309,7 +316,7 @@ impl Transport for GrpcTransport {
         mb: u32,
         kind: FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         self.inbox.recv(job, step, stage, mb, kind, timeout)
     }
 }

@@ -9,9 +9,10 @@
 //! collectives — but a pass is a sleep for the cost model's duration of it
 //! ([`Costs::uniform`] over the placement with the job's F / B / W times, so a chunk of a
 //! `v`-chunk placement takes `1/v` of them), and a pass's output is a freshly allocated
-//! tensor of ones of the true boundary size, `[microbatch size, seq_len, hidden]` in the
-//! model's dtype (written within the pass's time, as real compute writes its output), so
-//! the transport moves and checks real bytes.
+//! [`Buffer`] of the true boundary size, `[microbatch size, seq_len, hidden]` in the
+//! model's dtype, every byte written (within the pass's time, as real compute writes its
+//! output), so the transport moves and checks real bytes; the gRPC transport sends and
+//! delivers such buffers without copying them in user space.
 //!
 //! The sleep is deadline based: the thread sleeps until [`SPIN_MARGIN`] before the pass's
 //! end, then yields in a loop until the end (a plain `sleep` overshoots by the timer slack
@@ -31,7 +32,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::DType;
 use pipewise_common::model::{Activation, ModelSpec};
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::placement::Placement;
@@ -42,9 +43,9 @@ use pipewise_common::trace::Activity;
 
 use super::executor::{
     DEFAULT_TIMEOUT, LocalOptions, LocalSync, Recorder, StepReport, StepSync, check_partition,
-    check_program, tensor_bytes,
+    check_program,
 };
-use super::transport::{Frame, FrameKind, MemoryTransport, Transport};
+use super::transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::{Stage, candle_dtype};
 
@@ -90,7 +91,6 @@ pub struct EmulatedRuntime {
     stash: Vec<Activation>,
     frame_dims: [usize; 3],
     dtype: DType,
-    device: Device,
     uniform_loss: f32,
     timeout: Duration,
 }
@@ -177,7 +177,6 @@ impl EmulatedRuntime {
                 spec.hidden as usize,
             ],
             dtype: candle_dtype(spec.dtype),
-            device: Device::Cpu,
             uniform_loss: (spec.vocab.max(1) as f32).ln(),
             timeout: DEFAULT_TIMEOUT,
         })
@@ -219,7 +218,7 @@ impl EmulatedRuntime {
     ) -> Result<StepReport> {
         let started = Instant::now();
         let last = self.stage_count - 1;
-        let mut local: HashMap<(u32, u32, FrameKind), Tensor> = HashMap::new();
+        let mut local: HashMap<(u32, u32, FrameKind), Payload> = HashMap::new();
         let mut progress: HashMap<(u32, u32), Progress> = HashMap::new();
         let mut losses = Vec::new();
         let mut pass_times = Vec::with_capacity(self.program.len());
@@ -245,14 +244,8 @@ impl EmulatedRuntime {
             // The output buffer is written within the pass's time, as a real pass writes
             // its output while it computes.
             let t0 = Instant::now();
-            let tensor = match output {
-                Some(_) => Some(Tensor::ones(
-                    &self.frame_dims[..],
-                    self.dtype,
-                    &self.device,
-                )?),
-                None => None,
-            };
+            let tensor =
+                output.map(|_| Payload::Buffer(Buffer::filled(self.dtype, &self.frame_dims, 1)));
             sleep_until(t0 + Duration::from_secs_f64(self.pass_secs(pass)));
             pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
             if pass.kind == PassKind::F && s == last {
@@ -354,13 +347,13 @@ impl EmulatedRuntime {
     #[allow(clippy::too_many_arguments)]
     fn take(
         &self,
-        local: &mut HashMap<(u32, u32, FrameKind), Tensor>,
+        local: &mut HashMap<(u32, u32, FrameKind), Payload>,
         rec: &mut Recorder,
         transport: &dyn Transport,
         (job, step): (u64, u64),
         pass: Pass,
         kind: FrameKind,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         let (stage, mb) = (pass.stage, pass.mb);
         let producer = match kind {
             FrameKind::Activation => stage - 1,
@@ -382,7 +375,7 @@ impl EmulatedRuntime {
         let tensor = transport.recv(job, step, stage, mb, kind, self.timeout)?;
         let peer = self.placement.worker_of(producer);
         rec.span(Activity::Recv { pass, peer }, t0);
-        *rec.received.entry(peer).or_default() += tensor_bytes(&tensor);
+        *rec.received.entry(peer).or_default() += tensor.byte_len();
         if tensor.dims() != self.frame_dims || tensor.dtype() != self.dtype {
             return Err(invalid(
                 "frame",
@@ -405,14 +398,14 @@ impl EmulatedRuntime {
     #[allow(clippy::too_many_arguments)]
     fn deliver(
         &self,
-        local: &mut HashMap<(u32, u32, FrameKind), Tensor>,
+        local: &mut HashMap<(u32, u32, FrameKind), Payload>,
         rec: &mut Recorder,
         transport: &dyn Transport,
         (job, step): (u64, u64),
         pass: Pass,
         stage: u32,
         kind: FrameKind,
-        tensor: Tensor,
+        tensor: Payload,
     ) -> Result<()> {
         let mb = pass.mb;
         let to = self.placement.worker_of(stage);
@@ -425,7 +418,7 @@ impl EmulatedRuntime {
             }
             return Ok(());
         }
-        let bytes = tensor_bytes(&tensor);
+        let bytes = tensor.byte_len();
         let t0 = Instant::now();
         transport.send(
             to,
@@ -435,7 +428,7 @@ impl EmulatedRuntime {
                 stage,
                 mb,
                 kind,
-                tensor,
+                payload: tensor,
             },
         )?;
         rec.span(Activity::Send { pass, peer: to }, t0);

@@ -14,7 +14,7 @@ use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::trace::{Activity, Span};
 
-use super::transport::{Frame, FrameKind, MemoryTransport, Transport};
+use super::transport::{Frame, FrameKind, MemoryTransport, Payload, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, clip_scale};
@@ -412,19 +412,19 @@ impl WorkerRuntime {
             });
         }
         let t0 = Instant::now();
-        let tensor = ctx
+        let payload = ctx
             .transport
             .recv(ctx.job, ctx.step, stage, mb, kind, self.timeout)?;
         let peer = self.placement.worker_of(producer);
         ctx.rec.span(Activity::Recv { pass, peer }, t0);
-        *ctx.rec.received.entry(peer).or_default() += tensor_bytes(&tensor);
+        *ctx.rec.received.entry(peer).or_default() += payload.byte_len();
         let (b, t) = ctx.shapes[mb as usize];
         let expected = [b, t, self.hidden];
         let stage_ref = self
             .stages
             .get(&stage)
             .ok_or_else(|| invalid("schedule", format!("stage {stage} is not held here")))?;
-        if tensor.dims() != expected || tensor.dtype() != stage_ref.dtype() {
+        if payload.dims() != expected || payload.dtype() != stage_ref.dtype() {
             return Err(invalid(
                 "frame",
                 format!(
@@ -432,13 +432,14 @@ impl WorkerRuntime {
                      {:?} {:?}, expected {expected:?} {:?}",
                     self.worker,
                     ctx.step,
-                    tensor.dims(),
-                    tensor.dtype(),
+                    payload.dims(),
+                    payload.dtype(),
                     stage_ref.dtype()
                 ),
             ));
         }
-        Ok(tensor.to_device(stage_ref.device())?)
+        let device = stage_ref.device();
+        Ok(payload.into_tensor(device)?.to_device(device)?)
     }
 
     /// Hands `tensor` to stage `stage`: in memory when it is on this worker, else sent.
@@ -471,7 +472,7 @@ impl WorkerRuntime {
                 stage,
                 mb,
                 kind,
-                tensor,
+                payload: Payload::Tensor(tensor),
             },
         )?;
         ctx.rec.span(Activity::Send { pass, peer: to }, t0);

@@ -19,4 +19,4 @@ pub use executor::{
     DEFAULT_TIMEOUT, LocalOptions, LocalRun, LocalSync, StepReport, StepSync, WorkerRuntime,
     WrapTransport, run_local, run_local_with,
 };
-pub use transport::{Frame, FrameKind, MemoryTransport, Transport};
+pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};

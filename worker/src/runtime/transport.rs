@@ -6,7 +6,8 @@ use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
+use bytes::Bytes;
+use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -28,7 +29,99 @@ impl fmt::Display for FrameKind {
     }
 }
 
-/// One tensor travelling between workers, addressed to its consumer.
+/// The little-endian bytes of a row-major `shape` tensor of `dtype`, as they travel: what
+/// emulated compute sends and receives instead of tensors ("real byte buffers of the true
+/// size"), and what the gRPC transport then moves without copying them in user space.
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    /// The element type.
+    pub dtype: DType,
+    /// The dimensions.
+    pub shape: Vec<usize>,
+    /// `shape`'s product × `dtype`'s size bytes.
+    pub bytes: Bytes,
+}
+
+impl Buffer {
+    /// A buffer of `shape` and `dtype` with every byte `fill`, checked.
+    pub fn filled(dtype: DType, shape: &[usize], fill: u8) -> Buffer {
+        let len = shape.iter().product::<usize>() * dtype.size_in_bytes();
+        Buffer {
+            dtype,
+            shape: shape.to_vec(),
+            bytes: Bytes::from(vec![fill; len]),
+        }
+    }
+
+    /// Checks that the byte length matches the shape and dtype.
+    pub fn check(&self) -> Result<()> {
+        let expected = self.shape.iter().product::<usize>() * self.dtype.size_in_bytes();
+        if self.bytes.len() == expected {
+            Ok(())
+        } else {
+            Err(frame_error(format!(
+                "a {:?} {:?} buffer needs {expected} bytes, it has {}",
+                self.shape,
+                self.dtype,
+                self.bytes.len()
+            )))
+        }
+    }
+}
+
+/// What a frame carries.
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// A tensor (real compute).
+    Tensor(Tensor),
+    /// Its bytes (emulated compute).
+    Buffer(Buffer),
+}
+
+impl Payload {
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Payload::Tensor(t) => t.dims(),
+            Payload::Buffer(b) => &b.shape,
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Payload::Tensor(t) => t.dtype(),
+            Payload::Buffer(b) => b.dtype,
+        }
+    }
+
+    /// The size of the data in bytes.
+    pub fn byte_len(&self) -> u64 {
+        (self.dims().iter().product::<usize>() * self.dtype().size_in_bytes()) as u64
+    }
+
+    /// The tensor; a buffer is decoded onto `device` (one copy).
+    pub fn into_tensor(self, device: &Device) -> Result<Tensor> {
+        match self {
+            Payload::Tensor(t) => Ok(t),
+            Payload::Buffer(b) => {
+                b.check()?;
+                if cfg!(target_endian = "big") {
+                    return Err(frame_error(
+                        "buffers are little-endian; decoding them on a big-endian host is not \
+                         supported"
+                            .to_string(),
+                    ));
+                }
+                Ok(Tensor::from_raw_buffer(
+                    &b.bytes, b.dtype, &b.shape, device,
+                )?)
+            }
+        }
+    }
+}
+
+/// One tensor (or its bytes) travelling between workers, addressed to its consumer.
 #[derive(Debug, Clone)]
 pub struct Frame {
     /// The training job.
@@ -42,7 +135,7 @@ pub struct Frame {
     /// Activation or gradient.
     pub kind: FrameKind,
     /// Hidden states or their gradient, `[b, t, h]` in the model dtype.
-    pub tensor: Tensor,
+    pub payload: Payload,
 }
 
 /// Worker-to-worker transport.
@@ -55,7 +148,8 @@ pub trait Transport: Send + Sync {
     fn send(&self, to_worker: u32, frame: Frame) -> Result<()>;
 
     /// Waits for the frame of `(job, step, stage, mb, kind)` addressed to this worker and
-    /// returns its tensor.
+    /// returns its payload (in the form it was sent in; the gRPC transport delivers the form
+    /// its current assignment asks for).
     fn recv(
         &self,
         job: u64,
@@ -64,7 +158,7 @@ pub trait Transport: Send + Sync {
         mb: u32,
         kind: FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor>;
+    ) -> Result<Payload>;
 }
 
 /// The mailbox key: who consumes the frame.
@@ -188,7 +282,7 @@ impl Transport for MemoryTransport {
         mb: u32,
         kind: FrameKind,
         timeout: Duration,
-    ) -> Result<Tensor> {
+    ) -> Result<Payload> {
         let mailbox = self.mailbox(self.me)?;
         let deadline = Instant::now() + timeout;
         let key = (stage, mb, kind);
@@ -213,7 +307,7 @@ impl Transport for MemoryTransport {
                         self.me, frame.job, frame.step
                     )));
                 }
-                return Ok(frame.tensor);
+                return Ok(frame.payload);
             }
             let now = Instant::now();
             if now >= deadline {
