@@ -1,19 +1,28 @@
 //! The sending side: one long-lived client-streaming `Send` call per peer, fed by an
 //! unbounded queue so `Transport::send` never waits for the receiver.
+//!
+//! The call is made below tonic's codec (as the server serves it): [`ChunkBody`] hands
+//! each chunk to HTTP/2 as its message prefix and fields, then its data as a slice of the
+//! frame's bytes, so emulated compute's buffers reach the socket without a copy in user
+//! space (tonic's encoder would copy every message into its buffer). The reply is read by
+//! [`send_call`]: the `SendAck` and the `grpc-status` trailer, as any gRPC client would.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
 use pipewise_proto::v1::SendAck;
+use prost::Message;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{GrpcMethod, Request, Response, Status};
+use tonic::{Code, Status};
+use tower_service::Service;
 
-use super::codec::{Chunk, FrameCodec, Outgoing};
-
-use super::server::{SEND, SEND_PATH, SERVICE};
+use super::codec::{Chunk, Outgoing, PREFIX};
+use super::server::SEND_PATH;
 
 /// Errors seen by the peer tasks, newest last (bounded).
 #[derive(Debug, Default)]
@@ -140,8 +149,7 @@ async fn drive(
         let (stream_tx, stream_rx) = mpsc::channel::<Chunk>(2);
         let call = tokio::spawn(send_call(
             connected.clone(),
-            max_message_bytes,
-            ReceiverStream::new(stream_rx),
+            ChunkBody::new(stream_rx, max_message_bytes),
         ));
         let mut pending = Some(first);
         let mut input_closed = false;
@@ -168,7 +176,6 @@ async fn drive(
             Ok(Ok(ack)) => {
                 failures = 0;
                 channel = Some(connected);
-                let ack = ack.into_inner();
                 tracing::debug!(
                     frames = ack.frames,
                     bytes = ack.bytes,
@@ -192,30 +199,114 @@ async fn drive(
     }
 }
 
-/// One `ActivationService.Send` call carrying `frames`, written by [`FrameCodec`] (what the
-/// generated client does, with a codec that copies each tensor only once).
-async fn send_call(
-    channel: Channel,
+/// The request body of one `Send` call: each chunk from the queue as DATA, in two parts
+/// (see [`Chunk::wire`]); it ends when the queue's sender is dropped.
+struct ChunkBody {
+    chunks: mpsc::Receiver<Chunk>,
+    /// The data part of the chunk whose first part went out last.
+    data: Option<Bytes>,
     max_message_bytes: usize,
-    frames: ReceiverStream<Chunk>,
-) -> Result<Response<SendAck>, Status> {
-    let mut grpc = tonic::client::Grpc::new(channel)
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
-    grpc.ready()
+}
+
+impl ChunkBody {
+    fn new(chunks: mpsc::Receiver<Chunk>, max_message_bytes: usize) -> Self {
+        ChunkBody {
+            chunks,
+            data: None,
+            max_message_bytes,
+        }
+    }
+}
+
+impl http_body::Body for ChunkBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+        }
+        match self.chunks.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(chunk)) => Poll::Ready(Some(chunk.wire(self.max_message_bytes).map(
+                |(head, data)| {
+                    self.data = data;
+                    http_body::Frame::data(head)
+                },
+            ))),
+        }
+    }
+}
+
+/// A transport failure of the call, as tonic reports one.
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Status {
+    Status::unavailable(format!("{what}: {e}"))
+}
+
+/// One `ActivationService.Send` call carrying `body`: sends it, then reads the reply (a
+/// `SendAck` message and the `grpc-status` trailer, or a trailers-only error).
+async fn send_call(mut channel: Channel, body: ChunkBody) -> Result<SendAck, Status> {
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
         .await
-        .map_err(|e| Status::unknown(format!("service was not ready: {e}")))?;
-    let path = PathAndQuery::from_static(SEND_PATH);
-    let mut request = Request::new(frames);
-    request
-        .extensions_mut()
-        .insert(GrpcMethod::new(SERVICE, SEND));
-    grpc.client_streaming(request, path, FrameCodec).await
+        .map_err(|e| unavailable("connection", e))?;
+    let request = http::Request::post(SEND_PATH)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .body(tonic::body::Body::new(body))
+        .map_err(|e| Status::internal(format!("request: {e}")))?;
+    let response = channel
+        .call(request)
+        .await
+        .map_err(|e| unavailable("call", e))?;
+    // A trailers-only reply carries the status in its headers.
+    if let Some(status) = Status::from_header_map(response.headers())
+        && status.code() != Code::Ok
+    {
+        return Err(status);
+    }
+    if response.status() != http::StatusCode::OK {
+        return Err(Status::unknown(format!(
+            "HTTP status {} from the peer",
+            response.status()
+        )));
+    }
+    let mut body = response.into_body();
+    let mut reply = BytesMut::new();
+    let mut status = None;
+    while let Some(frame) = body.frame().await {
+        match frame?.into_data() {
+            Ok(data) => reply.extend_from_slice(&data),
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    status = Status::from_header_map(&trailers);
+                }
+            }
+        }
+    }
+    match status {
+        Some(status) if status.code() != Code::Ok => return Err(status),
+        Some(_) => {}
+        None => return Err(Status::internal("the reply has no grpc-status")),
+    }
+    if reply.len() < PREFIX || reply[0] != 0 {
+        return Err(Status::internal(
+            "the reply is not one uncompressed message",
+        ));
+    }
+    let mut message = reply.freeze();
+    message.advance(PREFIX);
+    SendAck::decode(message).map_err(|e| Status::internal(format!("SendAck: {e}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::net::server::{SEND, SERVICE};
 
     #[test]
     fn path_is_the_generated_one() {

@@ -1,9 +1,9 @@
 //! Tensor ⇄ [`TensorFrame`]s: little-endian raw elements, row-major, exact to the bit.
 //!
 //! Sending, a tensor goes out as chunks of at most the configured chunk size (whole
-//! elements each, consecutive messages of one stream, `offset` growing). [`FrameCodec`]
-//! writes each chunk's bytes straight from the tensor's memory into the gRPC message buffer
-//! (one copy). Receiving, an [`Assembly`] copies each chunk's prost-decoded `data` (a slice
+//! elements each, consecutive messages of one stream, `offset` growing). [`Chunk::wire`]
+//! writes each chunk's bytes straight from the tensor's memory into the gRPC message (one
+//! copy); a [`Buffer`]'s bytes (emulated compute) go to HTTP/2 as slices, not copied. Receiving, an [`Assembly`] copies each chunk's prost-decoded `data` (a slice
 //! of the HTTP/2 frame that carried it) into the tensor's own storage (one copy), or, when
 //! the transport delivers [`Buffer`]s (emulated compute), keeps that slice itself (no copy)
 //! for a frame of one chunk and copies the chunks into one buffer otherwise. Chunks keep
@@ -12,12 +12,11 @@
 
 use std::sync::Arc;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use pipewise_proto::convert;
-use pipewise_proto::v1::{self, SendAck, TensorFrame};
+use pipewise_proto::v1::{self, TensorFrame};
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Buffer, Frame, FrameKind, Payload};
@@ -189,8 +188,7 @@ enum Source {
 
 /// A frame on its way to a peer: every `TensorFrame` field but `data`, and the data.
 ///
-/// It goes out as one or more [`Chunk`]s; [`FrameCodec`] writes each as one `TensorFrame`
-/// message, copying its bytes once, from the tensor into the message buffer.
+/// It goes out as one or more [`Chunk`]s, each one `TensorFrame` message ([`Chunk::wire`]).
 #[derive(Debug)]
 pub(crate) struct Outgoing {
     /// The fields of the frame, with `data` left empty and `offset` 0.
@@ -266,6 +264,9 @@ fn wire_dtype(dtype: DType) -> Option<(v1::Dtype, usize)> {
         _ => None,
     }
 }
+
+/// gRPC's message prefix: a compression flag and a big-endian length.
+pub(crate) const PREFIX: usize = 5;
 
 /// The key of `TensorFrame.data` (field 8, length-delimited).
 const DATA_KEY: u8 = (8 << 3) | 2;
@@ -359,7 +360,16 @@ pub(crate) struct Chunk {
 impl Chunk {
     /// Writes the `TensorFrame` message: the other fields, then `offset` and `data`
     /// (protobuf allows fields in any order).
+    #[cfg(test)]
     fn write(&self, dst: &mut impl BufMut) -> Result<(), Status> {
+        self.write_head(dst);
+        self.frame
+            .with_bytes(self.offset, self.len, |bytes| dst.put_slice(bytes))
+    }
+
+    /// Every byte of the message before the data's: the other fields, `offset`, and the
+    /// data's key and length.
+    fn write_head(&self, dst: &mut impl BufMut) {
         dst.put_slice(&convert::encode_message(&self.frame.header));
         if self.offset > 0 {
             dst.put_u8(OFFSET_KEY);
@@ -367,51 +377,46 @@ impl Chunk {
         }
         dst.put_u8(DATA_KEY);
         put_varint(dst, self.len as u64);
-        self.frame
-            .with_bytes(self.offset, self.len, |bytes| dst.put_slice(bytes))
-    }
-}
-
-/// The client codec of `ActivationService.Send`: [`Chunk`]s out (data copied once,
-/// straight into the message buffer), `SendAck` in.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FrameCodec;
-
-impl Codec for FrameCodec {
-    type Encode = Chunk;
-    type Decode = SendAck;
-    type Encoder = FrameCodec;
-    type Decoder = FrameCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        FrameCodec
     }
 
-    fn decoder(&mut self) -> Self::Decoder {
-        FrameCodec
-    }
-}
-
-impl Encoder for FrameCodec {
-    type Item = Chunk;
-    type Error = Status;
-
-    fn encode(&mut self, item: Chunk, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        // The fields besides `data` take a few dozen bytes; reserve once for the whole message.
-        dst.reserve(item.len + 80 + 10 * item.frame.header.shape.len());
-        item.write(dst)
-    }
-}
-
-impl Decoder for FrameCodec {
-    type Item = SendAck;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<SendAck>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        convert::decode_message(&bytes, "SendAck")
-            .map(Some)
-            .map_err(|e| Status::internal(e.to_string()))
+    /// The chunk as a length-prefixed gRPC message of at most `max_message_bytes`, in two
+    /// parts: the prefix and the fields before the data, and the data when it is already
+    /// bytes (a slice of them, not a copy: HTTP/2 writes it to the socket from where it is).
+    /// A tensor's memory is copied into the first part instead (the one copy on this side).
+    pub(crate) fn wire(&self, max_message_bytes: usize) -> Result<(Bytes, Option<Bytes>), Status> {
+        let mut head = BytesMut::with_capacity(PREFIX + 64 + 10 * self.frame.header.shape.len());
+        head.put_bytes(0, PREFIX);
+        self.write_head(&mut head);
+        let data = match &self.frame.source {
+            Source::Bytes(bytes) => {
+                let end = self.offset + self.len;
+                if bytes.len() != self.frame.data_len || end > bytes.len() {
+                    return Err(encode_error(format!(
+                        "chunk {}..{end} of {} bytes (expected {})",
+                        self.offset,
+                        bytes.len(),
+                        self.frame.data_len
+                    )));
+                }
+                Some(bytes.slice(self.offset..end))
+            }
+            Source::Tensor(_) => {
+                head.reserve(self.len);
+                self.frame
+                    .with_bytes(self.offset, self.len, |bytes| head.put_slice(bytes))?;
+                None
+            }
+        };
+        let message = head.len() - PREFIX + data.as_ref().map_or(0, Bytes::len);
+        if message > max_message_bytes {
+            return Err(Status::out_of_range(format!(
+                "a {message}-byte TensorFrame is over the {max_message_bytes}-byte limit"
+            )));
+        }
+        let length = u32::try_from(message)
+            .map_err(|_| encode_error(format!("{message} bytes do not fit a gRPC message")))?;
+        head[1..PREFIX].copy_from_slice(&length.to_be_bytes());
+        Ok((head.freeze(), data))
     }
 }
 
@@ -662,7 +667,7 @@ mod tests {
         }
     }
 
-    /// The `TensorFrame`s a peer decodes from what [`FrameCodec`] writes for `frame` in
+    /// The `TensorFrame`s a peer decodes from what [`Chunk::write`] writes for `frame` in
     /// chunks of `chunk_bytes`.
     fn wire_chunks(frame: &Frame, chunk_bytes: usize) -> Result<Vec<TensorFrame>> {
         let outgoing = Arc::new(encode(frame)?);
@@ -723,6 +728,54 @@ mod tests {
             kind: FrameKind::Activation,
             payload: Payload::Tensor(tensor),
         }
+    }
+
+    /// A chunk's wire form is its message, length-prefixed: a tensor's in one part, a
+    /// buffer's as the fields and then a slice of the buffer itself.
+    #[test]
+    fn wire_form_is_the_prefixed_message() -> Result<()> {
+        let t = Tensor::arange(0f32, 300.0, &Device::Cpu)?;
+        let bytes: Vec<u8> = t
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let buffer = Bytes::from(bytes);
+        let as_buffer = Frame {
+            payload: Payload::Buffer(Buffer {
+                dtype: DType::F32,
+                shape: vec![300],
+                bytes: buffer.clone(),
+            }),
+            ..frame_of(t.clone())
+        };
+        for (frame, split) in [(frame_of(t), false), (as_buffer, true)] {
+            let outgoing = Arc::new(encode(&frame)?);
+            for chunk in outgoing.chunks(400) {
+                let mut message = Vec::new();
+                chunk
+                    .write(&mut message)
+                    .map_err(|s| rejection(Rejection::new("data", s.message())))?;
+                let (head, data) = chunk
+                    .wire(usize::MAX)
+                    .map_err(|s| rejection(Rejection::new("data", s.message())))?;
+                assert_eq!(data.is_some(), split);
+                let mut wire = head.to_vec();
+                if let Some(data) = &data {
+                    assert!(buffer.as_ptr_range().contains(&data.as_ptr()), "a copy");
+                    wire.extend_from_slice(data);
+                }
+                assert_eq!(wire[0], 0);
+                assert_eq!(
+                    u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize,
+                    message.len()
+                );
+                assert_eq!(&wire[PREFIX..], &message[..]);
+                // Over the message limit: refused.
+                assert!(chunk.wire(message.len() - 1).is_err());
+            }
+        }
+        Ok(())
     }
 
     /// Buffers travel as their bytes: one chunk is delivered as the very slice that carried

@@ -2,11 +2,13 @@
 //! [`Inbox`].
 //!
 //! `Send` is served below tonic's codec: [`Messages`] reads the gRPC length-prefixed
-//! messages straight from the HTTP/2 DATA frames and decodes each `TensorFrame` from a slice
-//! of the frame that carried it, so its `data` reaches the [`Inbox`]'s assembly without the
-//! two copies tonic's decoder makes (into its buffer, and again when that buffer grows). A
-//! message split across DATA frames is joined with one copy. The wire protocol is plain gRPC:
-//! any gRPC client can call it.
+//! messages straight from the HTTP/2 DATA frames and decodes each `TensorFrame` from slices
+//! of the frames that carried it, so its `data` reaches the [`Inbox`]'s assembly without the
+//! two copies tonic's decoder makes (into its buffer, and again when that buffer grows). The
+//! data is a slice of one DATA frame whenever one frame holds all of it (as when the peer
+//! sends the fields and the data as two DATA frames, see `client`); only data that itself
+//! straddles frames is joined, with one copy. The wire protocol is plain gRPC: any gRPC
+//! client can call it.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -23,16 +25,16 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::server::NamedService;
 
+use super::codec::PREFIX;
 use super::inbox::Inbox;
 
 /// The service's full name, as generated from the `.proto`.
 pub(crate) use pipewise_proto::v1::activation_service_server::SERVICE_NAME as SERVICE;
 /// The name of its only method.
+#[cfg(test)]
 pub(crate) const SEND: &str = "Send";
 /// That method's path (checked against [`SERVICE`] and [`SEND`] in the tests).
 pub(crate) const SEND_PATH: &str = "/pipewise.v1.ActivationService/Send";
-/// gRPC's message prefix: a compression flag and a big-endian length.
-const PREFIX: usize = 5;
 
 /// Serves one worker's mailbox.
 #[derive(Debug, Clone)]
@@ -181,32 +183,28 @@ impl Messages {
         Ok(true)
     }
 
-    /// The next `len` buffered bytes (call after [`Messages::fill`]): a slice of one DATA
-    /// frame when it holds them all, else one copy.
-    fn take(&mut self, len: usize) -> Bytes {
+    /// The next `len` buffered bytes (call after [`Messages::fill`]), as the slices of the
+    /// DATA frames that hold them (no copy).
+    fn take(&mut self, len: usize) -> Segments {
         self.buffered -= len;
-        if let Some(front) = self.segments.front_mut()
-            && front.len() >= len
-        {
-            let out = front.split_to(len);
-            if front.is_empty() {
-                self.segments.pop_front();
-            }
-            return out;
-        }
-        let mut out = BytesMut::with_capacity(len);
-        while out.len() < len {
+        let mut parts = VecDeque::new();
+        let mut left = len;
+        while left > 0 {
             let Some(front) = self.segments.front_mut() else {
                 break;
             };
-            let n = front.len().min(len - out.len());
-            out.put_slice(&front[..n]);
-            front.advance(n);
-            if front.is_empty() {
-                self.segments.pop_front();
+            if front.len() > left {
+                parts.push_back(front.split_to(left));
+                left = 0;
+            } else {
+                left -= front.len();
+                parts.extend(self.segments.pop_front());
             }
         }
-        out.freeze()
+        Segments {
+            parts,
+            remaining: len - left,
+        }
     }
 
     /// The next message, `None` at the end of a well-formed stream.
@@ -220,14 +218,14 @@ impl Messages {
                 self.buffered
             )));
         }
-        let prefix = self.take(PREFIX);
-        if prefix[0] != 0 {
+        let mut prefix = self.take(PREFIX);
+        let flag = prefix.get_u8();
+        if flag != 0 {
             return Err(Status::unimplemented(format!(
-                "message compression flag {}: only uncompressed messages are accepted",
-                prefix[0]
+                "message compression flag {flag}: only uncompressed messages are accepted"
             )));
         }
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = prefix.get_u32() as usize;
         if len > self.max_message_bytes {
             return Err(Status::out_of_range(format!(
                 "a {len}-byte message is over the {}-byte limit",
@@ -243,6 +241,68 @@ impl Messages {
         TensorFrame::decode(self.take(len))
             .map(Some)
             .map_err(|e| Status::internal(format!("TensorFrame: {e}")))
+    }
+}
+
+/// Bytes in consecutive slices of DATA frames: a [`Buf`] whose `copy_to_bytes` is a slice,
+/// not a copy, when one slice holds the bytes asked for (prost takes `bytes` fields so).
+#[derive(Debug)]
+struct Segments {
+    parts: VecDeque<Bytes>,
+    remaining: usize,
+}
+
+impl Buf for Segments {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.parts.front().map_or(&[], |part| &part[..])
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        assert!(cnt <= self.remaining, "advance past the end of the message");
+        self.remaining -= cnt;
+        while cnt > 0 {
+            let Some(front) = self.parts.front_mut() else {
+                break;
+            };
+            if front.len() > cnt {
+                front.advance(cnt);
+                cnt = 0;
+            } else {
+                cnt -= front.len();
+                self.parts.pop_front();
+            }
+        }
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        assert!(
+            len <= self.remaining,
+            "copy_to_bytes past the end of the message"
+        );
+        if let Some(front) = self.parts.front_mut()
+            && front.len() >= len
+        {
+            let out = front.split_to(len);
+            if front.is_empty() {
+                self.parts.pop_front();
+            }
+            self.remaining -= len;
+            return out;
+        }
+        let mut out = BytesMut::with_capacity(len);
+        while out.len() < len {
+            let n = self.chunk().len().min(len - out.len());
+            if n == 0 {
+                break; // no empty slices are kept, so this does not happen
+            }
+            out.put_slice(&self.chunk()[..n]);
+            self.advance(n);
+        }
+        out.freeze()
     }
 }
 
@@ -296,6 +356,37 @@ mod tests {
             }
             Ok(out)
         })
+    }
+
+    /// The fields and the data in two DATA frames (as `client` sends them): the decoded data
+    /// is the second frame's bytes themselves, not a copy.
+    #[test]
+    fn data_in_its_own_data_frame_is_not_copied() {
+        let payload = vec![9u8; 4096];
+        let wire = framed(0, &frame(5, &payload).encode_to_vec());
+        let cut = wire.len() - payload.len();
+        let (head, data) = (
+            Bytes::copy_from_slice(&wire[..cut]),
+            Bytes::copy_from_slice(&wire[cut..]),
+        );
+        let data_at = data.as_ptr();
+        let pieces = [
+            Ok::<_, Infallible>(http_body::Frame::data(head)),
+            Ok(http_body::Frame::data(data)),
+        ];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let got = rt
+            .block_on(async {
+                let body = Body::new(http_body_util::StreamBody::new(tokio_stream::iter(pieces)));
+                Messages::new(body, 1 << 20).next().await
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.mb, 5);
+        assert_eq!(&got.data[..], &payload[..]);
+        assert_eq!(got.data.as_ptr(), data_at);
     }
 
     #[test]
