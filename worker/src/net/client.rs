@@ -1,9 +1,10 @@
 //! The sending side: one long-lived client-streaming `Send` call per peer, fed by an
 //! unbounded queue so `Transport::send` never waits for the receiver.
 //!
-//! The call is made below tonic's codec (as the server serves it): [`ChunkBody`] hands
-//! each chunk to HTTP/2 as its message prefix and fields, then its data as a slice of the
-//! frame's bytes, so emulated compute's buffers reach the socket without a copy in user
+//! The call is made below tonic's codec (as the server serves it): its body, [`ChunkBody`],
+//! takes frames straight from the peer's queue (no task in between) and hands each chunk
+//! to HTTP/2 as its message prefix and fields, then its data as a slice of the frame's
+//! bytes, so emulated compute's buffers reach the socket without a copy in user
 //! space (tonic's encoder would copy every message into its buffer). The reply is read by
 //! [`send_call`]: the `SendAck` and the `grpc-status` trailer, as any gRPC client would.
 
@@ -103,29 +104,68 @@ pub(crate) fn spawn_peer(
     Ok(Peer { address, queue })
 }
 
-/// Forwards queued frames, in chunks, into a `Send` call; after a failed call, connects
-/// anew and starts another. A frame none of whose chunks could be handed to a call
-/// (connection refused, call already over) is kept for the next one; frames handed to a
-/// failed call, wholly or in part, are lost.
+/// A peer's queue, shared by the peer's task (between calls) and the body of its current
+/// call (which takes frames straight from it, so a frame reaches HTTP/2 without another
+/// task in between).
+struct Queue {
+    frames: mpsc::UnboundedReceiver<Outgoing>,
+    /// A frame taken from `frames` but not yet handed to a call.
+    next: Option<Arc<Outgoing>>,
+    /// `frames` has ended: the transport was dropped.
+    closed: bool,
+}
+
+type SharedQueue = Arc<Mutex<Queue>>;
+
+fn lock(queue: &SharedQueue) -> std::sync::MutexGuard<'_, Queue> {
+    // Every update is one assignment, so a poisoned lock is still consistent.
+    queue
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Waits for the next frame (kept in `next`); `false` once the queue has ended.
+async fn frame_waiting(queue: &SharedQueue) -> bool {
+    std::future::poll_fn(|cx| {
+        let mut q = lock(queue);
+        if q.next.is_some() {
+            return Poll::Ready(true);
+        }
+        match q.frames.poll_recv(cx) {
+            Poll::Ready(Some(frame)) => {
+                q.next = Some(Arc::new(frame));
+                Poll::Ready(true)
+            }
+            Poll::Ready(None) => {
+                q.closed = true;
+                Poll::Ready(false)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Connects when a frame is queued and makes a `Send` call whose body drains the queue;
+/// after a failed call, connects anew and makes another. A frame none of whose chunks were
+/// handed to a call (connection refused, call already over) is kept for the next one;
+/// frames handed to a failed call, wholly or in part, are lost.
 async fn drive(
     endpoint: Endpoint,
     max_message_bytes: usize,
     chunk_bytes: usize,
-    mut frames: mpsc::UnboundedReceiver<Outgoing>,
+    frames: mpsc::UnboundedReceiver<Outgoing>,
     label: String,
     errors: Arc<PeerErrors>,
 ) {
-    let mut carry: Option<Arc<Outgoing>> = None;
+    let queue = Arc::new(Mutex::new(Queue {
+        frames,
+        next: None,
+        closed: false,
+    }));
     let mut failures: u32 = 0;
     let mut channel: Option<Channel> = None;
-    loop {
-        let first = match carry.take() {
-            Some(frame) => frame,
-            None => match frames.recv().await {
-                Some(frame) => Arc::new(frame),
-                None => return,
-            },
-        };
+    while frame_waiting(&queue).await {
         if failures > 0 {
             // Back off 50 ms, 100 ms, ... up to 2 s between attempts on a failing peer.
             let ms = 50u64 << failures.min(6);
@@ -136,44 +176,24 @@ async fn drive(
             None => match endpoint.connect().await {
                 Ok(connected) => connected,
                 Err(e) => {
-                    // Keep the frame for the next attempt.
+                    // The frame stays queued for the next attempt.
                     failures += 1;
                     let error = format!("{label}: connect: {e}");
                     tracing::warn!("{error}");
                     errors.push(error);
-                    carry = Some(first);
                     continue;
                 }
             },
         };
-        let (stream_tx, stream_rx) = mpsc::channel::<Chunk>(2);
-        let call = tokio::spawn(send_call(
-            connected.clone(),
-            ChunkBody::new(stream_rx, max_message_bytes),
-        ));
-        let mut pending = Some(first);
-        let mut input_closed = false;
-        'frames: while let Some(frame) = pending.take() {
-            for (index, chunk) in frame.chunks(chunk_bytes).enumerate() {
-                if stream_tx.send(chunk).await.is_err() {
-                    // The call ended; an untouched frame goes on the next one.
-                    if index == 0 {
-                        carry = Some(frame);
-                    }
-                    break 'frames;
-                }
-            }
-            tokio::select! {
-                next = frames.recv() => match next {
-                    Some(frame) => pending = Some(Arc::new(frame)),
-                    None => input_closed = true,
-                },
-                () = stream_tx.closed() => {}
-            }
-        }
-        drop(stream_tx);
-        match call.await {
-            Ok(Ok(ack)) => {
+        let body = ChunkBody {
+            queue: Arc::clone(&queue),
+            chunks: None,
+            data: None,
+            chunk_bytes,
+            max_message_bytes,
+        };
+        match send_call(connected.clone(), body).await {
+            Ok(ack) => {
                 failures = 0;
                 channel = Some(connected);
                 tracing::debug!(
@@ -182,40 +202,30 @@ async fn drive(
                     "{label}: stream closed"
                 );
             }
-            Ok(Err(status)) => {
+            Err(status) => {
                 failures += 1;
                 let error = format!("{label}: {:?}: {}", status.code(), status.message());
                 tracing::warn!("{error}");
                 errors.push(error);
             }
-            Err(join) => {
-                failures += 1;
-                errors.push(format!("{label}: send task failed: {join}"));
-            }
         }
-        if input_closed && carry.is_none() {
+        let q = lock(&queue);
+        if q.closed && q.next.is_none() {
             return;
         }
     }
 }
 
-/// The request body of one `Send` call: each chunk from the queue as DATA, in two parts
-/// (see [`Chunk::wire`]); it ends when the queue's sender is dropped.
+/// The request body of one `Send` call: the queue's frames, each chunk as DATA in two parts
+/// (see [`Chunk::wire`]); it ends when the queue does.
 struct ChunkBody {
-    chunks: mpsc::Receiver<Chunk>,
+    queue: SharedQueue,
+    /// The chunks of the frame being sent that are still to go.
+    chunks: Option<Box<dyn Iterator<Item = Chunk> + Send + Sync>>,
     /// The data part of the chunk whose first part went out last.
     data: Option<Bytes>,
+    chunk_bytes: usize,
     max_message_bytes: usize,
-}
-
-impl ChunkBody {
-    fn new(chunks: mpsc::Receiver<Chunk>, max_message_bytes: usize) -> Self {
-        ChunkBody {
-            chunks,
-            data: None,
-            max_message_bytes,
-        }
-    }
 }
 
 impl http_body::Body for ChunkBody {
@@ -229,15 +239,29 @@ impl http_body::Body for ChunkBody {
         if let Some(data) = self.data.take() {
             return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
         }
-        match self.chunks.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Ready(Some(chunk)) => Poll::Ready(Some(chunk.wire(self.max_message_bytes).map(
-                |(head, data)| {
+        loop {
+            if let Some(chunk) = self.chunks.as_mut().and_then(Iterator::next) {
+                let max = self.max_message_bytes;
+                return Poll::Ready(Some(chunk.wire(max).map(|(head, data)| {
                     self.data = data;
                     http_body::Frame::data(head)
-                },
-            ))),
+                })));
+            }
+            let frame = {
+                let mut q = lock(&self.queue);
+                match q.next.take() {
+                    Some(frame) => frame,
+                    None => match q.frames.poll_recv(cx) {
+                        Poll::Ready(Some(frame)) => Arc::new(frame),
+                        Poll::Ready(None) => {
+                            q.closed = true;
+                            return Poll::Ready(None);
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    },
+                }
+            };
+            self.chunks = Some(Box::new(frame.chunks(self.chunk_bytes)));
         }
     }
 }
