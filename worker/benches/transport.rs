@@ -10,14 +10,17 @@
 //!
 //! - gRPC: worker 0 sends `k` frames (distinct microbatches) to worker 1, which receives
 //!   them all; the time covers tensor → bytes, the stream, validation and bytes → tensor.
+//! - gRPC buffers (`grpc-buf`, `r-buf` = grpc-buf / tcp): the same with emulated compute's
+//!   byte buffers, which neither side copies in user space (the receiver is assigned
+//!   `Delivery::Buffers`): the transport's own cost, without the tensor copies.
 //! - raw TCP: one connection, the writer sends `k` buffers, the reader reads each into a
 //!   buffer (reused: the ideal; and fresh per frame, as a receiver that hands each frame
 //!   on must).
 
 use std::time::{Duration, Instant};
 
-use pipewise_worker::net::{GrpcConfig, GrpcTransport};
-use pipewise_worker::runtime::{Frame, FrameKind, Payload, Transport};
+use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport};
+use pipewise_worker::runtime::{Buffer, Frame, FrameKind, Payload, Transport};
 use pipewise_worker::{Device, Tensor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -28,10 +31,16 @@ const MIB: usize = 1 << 20;
 fn grpc_run(
     a: &GrpcTransport,
     b: &GrpcTransport,
-    tensor: &Tensor,
+    payload: &Payload,
     step: u64,
     frames: u32,
 ) -> BenchResult<Duration> {
+    // The receiver hands over what the sender sent: tensors, or (emulated compute) buffers.
+    let delivery = match payload {
+        Payload::Tensor(_) => Delivery::Tensors,
+        Payload::Buffer(_) => Delivery::Buffers,
+    };
+    b.assign(1, [1], delivery);
     let start = Instant::now();
     for mb in 0..frames {
         a.send(
@@ -42,7 +51,7 @@ fn grpc_run(
                 stage: 1,
                 mb,
                 kind: FrameKind::Activation,
-                payload: Payload::Tensor(tensor.clone()),
+                payload: payload.clone(),
             },
         )?;
     }
@@ -220,44 +229,53 @@ fn main() -> BenchResult<()> {
          (adaptive window: {adaptive}; heap: {heap})"
     );
     println!(
-        "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8}",
-        "frame", "frames", "grpc MiB/s", "tcp MiB/s", "tcp-fresh", "ratio", "r-fresh"
+        "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8} {:>10} {:>8}",
+        "frame",
+        "frames",
+        "grpc MiB/s",
+        "tcp MiB/s",
+        "tcp-fresh",
+        "ratio",
+        "r-fresh",
+        "grpc-buf",
+        "r-buf"
     );
     let mut step = 0u64; // the last step used
     for bytes in sizes {
         // About 512 MiB per measurement (256 frames of the quick sizes at most).
         let frames = ((512 * MIB) / bytes).clamp(4, 256) as u32;
         let frames = if quick { frames.min(16) } else { frames };
-        let tensor =
-            Tensor::zeros(bytes / 4, candle_core::DType::F32, &Device::Cpu)?.affine(1.0, 0.25)?;
+        let tensor = Payload::Tensor(
+            Tensor::zeros(bytes / 4, candle_core::DType::F32, &Device::Cpu)?.affine(1.0, 0.25)?,
+        );
+        let buffer = Payload::Buffer(Buffer::filled(candle_core::DType::F32, &[bytes / 4], 7));
         // Warm up the connection and allocator. Every run uses a fresh step: the receiver
         // rejects a repeated (step, stage, mb, kind) as a duplicate.
         step += 1;
         grpc_run(&a, &b, &tensor, step, 1)?;
         tcp_run(&rt, bytes, 1, false)?;
-        // The three transports take turns, so a burst of load on this shared machine hits
-        // all of them; each keeps its best round.
-        let (mut grpc, mut tcp, mut tcp_fresh) = (Duration::MAX, Duration::MAX, Duration::MAX);
+        // The transports take turns, so a burst of load on this shared machine hits all of
+        // them; each keeps its best round.
+        let mut best = [Duration::MAX; 4];
         for _ in 0..reps {
             step += 1;
-            grpc = grpc.min(grpc_run(&a, &b, &tensor, step, frames)?);
-            tcp = tcp.min(tcp_run(&rt, bytes, frames, false)?);
-            tcp_fresh = tcp_fresh.min(tcp_run(&rt, bytes, frames, true)?);
+            best[0] = best[0].min(grpc_run(&a, &b, &tensor, step, frames)?);
+            best[1] = best[1].min(tcp_run(&rt, bytes, frames, false)?);
+            best[2] = best[2].min(tcp_run(&rt, bytes, frames, true)?);
+            step += 1;
+            best[3] = best[3].min(grpc_run(&a, &b, &buffer, step, frames)?);
         }
-        let (g, t, f) = (
-            mib_per_s(bytes, frames, grpc),
-            mib_per_s(bytes, frames, tcp),
-            mib_per_s(bytes, frames, tcp_fresh),
-        );
+        let [g, t, f, gb] = best.map(|time| mib_per_s(bytes, frames, time));
         let label = if bytes >= MIB {
             format!("{} MiB", bytes / MIB)
         } else {
             format!("{} KiB", bytes >> 10)
         };
         println!(
-            "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2}",
+            "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2} {gb:>10.0} {:>8.2}",
             g / t,
-            g / f
+            g / f,
+            gb / t
         );
     }
     // Latency: what one pipeline hop costs, which a throughput figure hides.
@@ -268,6 +286,7 @@ fn main() -> BenchResult<()> {
         "{:>9} {:>11} {:>11} {:>8}",
         "frame", "grpc ms", "tcp ms", "ratio"
     );
+    b.assign(1, [1], Delivery::Tensors);
     for bytes in [32 << 10, 512 << 10, 4 * MIB] {
         let tensor = Tensor::zeros(bytes / 4, candle_core::DType::F32, &Device::Cpu)?;
         step += 1;
