@@ -2,26 +2,30 @@
 //! [`crate::runtime::Transport`] over `pipewise.v1.ActivationService`.
 //!
 //! - Receiving: a tonic server (bound to `127.0.0.1:0` by default) takes client streams of
-//!   `TensorFrame`s (its `Send` method served below tonic's codec, see `server`), validates each frame (known dtype and kind, `shape` product × dtype size
-//!   = `data` length, the worker's job, a stage the worker holds, no duplicate) and decodes it
-//!   into a mailbox keyed by `(step, stage, mb, kind)`. A bad frame ends its stream with
+//!   `TensorFrame`s (its `Send` method served below tonic's codec, see `server`), validates
+//!   each frame (known dtype and kind, `shape` product × dtype size = `data` length, the
+//!   worker's job, a stage the worker holds, no duplicate) and decodes it into a mailbox
+//!   keyed by `(step, stage, mb, kind)`, as a tensor or a byte buffer ([`Delivery`]). A bad frame ends its stream with
 //!   `InvalidArgument` naming the field (`TensorFrame.data: ...`) and is recorded, so `recv`
 //!   for its key fails at once instead of waiting for the timeout.
-//! - Sending: [`Transport::send`] queues the frame for the peer; one task per peer drains the
-//!   queue into a long-lived client-streaming `Send` call over a lazily connected channel,
-//!   and opens a new call (the channel reconnecting) after a failure. Frames already handed
-//!   to a call that fails are lost; the receiver's `recv` then times out, and
-//!   [`GrpcTransport::take_errors`] reports the failure on the sending side.
+//! - Sending: [`Transport::send`] queues the frame for the peer; one task per peer connects
+//!   lazily and makes a long-lived client-streaming `Send` call whose body takes the frames
+//!   straight from that queue (see `client`: the call is made below tonic's codec, as the
+//!   server serves it), and opens a new call (the channel reconnecting) after a failure.
+//!   Frames already handed to a call that fails are lost; the receiver's `recv` then times
+//!   out, and [`GrpcTransport::take_errors`] reports the failure on the sending side.
 //! - Chunks: a tensor larger than [`GrpcConfig::chunk_bytes`] (1 MiB) goes out as
 //!   consecutive `TensorFrame` messages with growing `offset`s, which the receiver copies
-//!   one by one into the tensor's storage; small messages keep tonic's buffers reused and
-//!   in cache instead of a fresh tensor-sized buffer on each side for every frame.
-//! - Copies: a contiguous CPU tensor is not copied by `send`; the call's codec copies its
-//!   memory straight into the gRPC message buffer when the frame goes out (so don't
-//!   overwrite a sent tensor's storage in place, e.g. with `slice_set`; variables are copied
-//!   at `send`, as are other views and device tensors). On receipt the data is copied once,
-//!   from the HTTP/2 DATA frame that carried it into the tensor's storage (twice when a
-//!   message straddles DATA frames).
+//!   one by one into the tensor's storage; small messages keep the buffers reused and in
+//!   cache instead of a fresh tensor-sized buffer on each side for every frame.
+//! - Copies: a contiguous CPU tensor is not copied by `send`; its memory is copied straight
+//!   into the gRPC message when the frame goes out (so don't overwrite a sent tensor's
+//!   storage in place, e.g. with `slice_set`; variables are copied at `send`, as are other
+//!   views and device tensors). On receipt the data is copied once, from the HTTP/2 DATA
+//!   frame that carried it into the tensor's storage. A [`crate::runtime::Buffer`]
+//!   (emulated compute's byte buffers) is copied by neither side: its bytes go to HTTP/2 as
+//!   slices, and a receiver assigned [`Delivery::Buffers`] hands over the slice of the DATA
+//!   frame that carried a one-chunk frame (larger ones are joined with one copy).
 //! - Wire form: little-endian raw elements of f32, f16 or bf16, row-major, bit-exact.
 //! - Limits: messages up to [`GrpcConfig::max_message_bytes`] (256 MiB by default), HTTP/2
 //!   stream and connection windows of 64 / 128 MiB and 2 MiB HTTP/2 frames, so 64 MiB
