@@ -484,7 +484,6 @@ pub(crate) struct Assembly {
     header: TensorFrame,
     dtype: DType,
     shape: Vec<usize>,
-    element_bytes: usize,
     total: usize,
     filled: usize,
     sink: Sink,
@@ -515,7 +514,6 @@ impl Assembly {
             },
             dtype,
             shape,
-            element_bytes,
             total,
             filled: 0,
             sink: match delivery {
@@ -602,13 +600,14 @@ impl Assembly {
                 ),
             ));
         }
-        if data.len() % self.element_bytes != 0 {
+        let element_bytes = self.dtype.size_in_bytes();
+        if data.len() % element_bytes != 0 {
             return Err(Rejection::new(
                 "data",
                 format!(
                     "{} bytes is not a whole number of {}-byte elements",
                     data.len(),
-                    self.element_bytes
+                    element_bytes
                 ),
             ));
         }
