@@ -99,13 +99,31 @@ struct Fill {
     before_f: bool,
 }
 
+/// What one greedy run is asked for: `n` microbatches on `d` workers under `costs`, at most
+/// `cap` memory units per worker, W passes filling gaps as `fill` says.
+#[derive(Debug, Clone, Copy)]
+struct Setup<'a> {
+    d: u32,
+    n: u32,
+    costs: &'a Costs,
+    cap: f64,
+    fill: Fill,
+}
+
 /// One variant, re-run with the previous run's idle times as allowances while the worst
 /// idle time falls.
 fn refined(d: u32, n: u32, costs: &Costs, cap: f64, fill: Fill) -> Result<Schedule> {
-    let mut best = Greedy::run(d, n, costs, cap, fill, None)?;
+    let setup = Setup {
+        d,
+        n,
+        costs,
+        cap,
+        fill,
+    };
+    let mut best = Greedy::run(setup, None)?;
     for _ in 0..MAX_REFINEMENTS {
         let allowance = best.idle.clone();
-        match Greedy::run(d, n, costs, cap, fill, Some(allowance)) {
+        match Greedy::run(setup, Some(allowance)) {
             Ok(next) if next.worst_idle() + EPS < best.worst_idle() => best = next,
             _ => break,
         }
@@ -138,14 +156,14 @@ struct Greedy<'a> {
 }
 
 impl<'a> Greedy<'a> {
-    fn run(
-        d: u32,
-        n: u32,
-        costs: &'a Costs,
-        cap: f64,
-        fill: Fill,
-        allowance: Option<Vec<f64>>,
-    ) -> Result<Greedy<'a>> {
+    fn run(setup: Setup<'a>, allowance: Option<Vec<f64>>) -> Result<Greedy<'a>> {
+        let Setup {
+            d,
+            n,
+            costs,
+            cap,
+            fill,
+        } = setup;
         let workers = d as usize;
         let mut g = Greedy {
             d,
