@@ -36,7 +36,7 @@ use std::collections::HashSet;
 use super::block::{BuildingBlock, Placed, VOffsets, reorder_warmup};
 use super::classic::{Backward, one_f_one_b};
 use super::local::improve;
-use super::{finish_capped, search_v_block};
+use super::{finish_simulated, search_v_block};
 use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::pass::{Pass, PassKind};
@@ -510,13 +510,22 @@ fn consider(
     limit: f64,
 ) -> Result<()> {
     let sim = simulate(&candidate, costs)?;
+    consider_simulated(best, (candidate, sim), limit);
+    Ok(())
+}
+
+/// [`consider`] for a candidate already simulated under the same costs.
+fn consider_simulated(
+    best: &mut Option<(Schedule, Simulation)>,
+    (candidate, sim): (Schedule, Simulation),
+    limit: f64,
+) {
     if sim.max_peak_memory() > limit + EPS {
-        return Ok(());
+        return;
     }
     if best.as_ref().is_none_or(|(_, b)| better(&sim, b)) {
         *best = Some((candidate, sim));
     }
-    Ok(())
 }
 
 /// Repeat → warm-up reorder → cool-down reorder, compaction and W filling within `limit`:
@@ -533,8 +542,11 @@ fn realise(
     let mut best = None;
     consider(&mut best, warm.clone(), costs, limit)?;
     if best.is_some() {
-        let finished = finish_capped(warm, costs, Some(limit))?;
-        consider(&mut best, finished, costs, limit)?;
+        consider_simulated(
+            &mut best,
+            finish_simulated(warm, costs, Some(limit))?,
+            limit,
+        );
     }
     Ok(best)
 }
@@ -680,8 +692,11 @@ pub fn adaptive_zb(
         evaluated += 1;
         let mut local = None;
         consider(&mut local, base.clone(), costs, limit)?;
-        let finished = finish_capped(base, costs, Some(limit))?;
-        consider(&mut local, finished, costs, limit)?;
+        consider_simulated(
+            &mut local,
+            finish_simulated(base, costs, Some(limit))?,
+            limit,
+        );
         keep_better(&mut best, local);
     }
     conclude(

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::placement::Placement;
 use crate::schedule::Schedule;
-use crate::simulate::simulate;
+use crate::simulate::{Simulation, simulate};
 
 /// The schedules pipewise can generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -287,7 +287,7 @@ pub fn generate_with(
         ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, costs_for),
         ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, costs_for),
         ScheduleKind::VZb => {
-            let block = v_schedule(
+            let (block, block_sim, costs) = v_schedule_simulated(
                 "v-zb",
                 search_v_block(d, [4, 2, 4, 2], false)?,
                 d,
@@ -300,8 +300,6 @@ pub fn generate_with(
             if 6 * u64::from(d) * u64::from(n) > GREEDY_V_PASSES {
                 return Ok(block);
             }
-            let costs = costs_for(&block.placement)?;
-            let block_sim = simulate(&block, &costs)?;
             let Ok((greedy, greedy_sim)) =
                 greedy_v::greedy_v_simulated(d, n, &costs, block_sim.max_peak_memory())
             else {
@@ -337,27 +335,39 @@ fn v_schedule(
     n: u32,
     costs_for: &dyn Fn(&Placement) -> Result<Costs>,
 ) -> Result<Schedule> {
+    v_schedule_simulated(name, offsets, d, n, costs_for).map(|(schedule, _, _)| schedule)
+}
+
+/// [`v_schedule`] with its simulation and the costs it was simulated under.
+fn v_schedule_simulated(
+    name: &str,
+    offsets: VOffsets,
+    d: u32,
+    n: u32,
+    costs_for: &dyn Fn(&Placement) -> Result<Costs>,
+) -> Result<(Schedule, Simulation, Costs)> {
     let block = offsets.block(d);
     let repeated = block.repeat(name, n)?;
     let warm = reorder_warmup(repeated)?;
     let costs = costs_for(&warm.placement)?;
-    finish(warm, &costs)
+    let (schedule, sim) = finish_simulated(warm, &costs, None)?;
+    Ok((schedule, sim, costs))
 }
 
 /// The cost-aware end of the split-backward pipelines: App. C cool-down reorder, then the
 /// best of compaction and zero-bubble W filling (both within the memory class: the largest
 /// per-worker peak of the reordered schedule).
 fn finish(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
-    finish_capped(schedule, costs, None)
+    finish_simulated(schedule, costs, None).map(|(schedule, _)| schedule)
 }
 
 /// [`finish`] with W filling allowed up to `cap` activation memory per worker instead of
-/// the reordered schedule's own peak.
-pub(crate) fn finish_capped(
+/// the reordered schedule's own peak (when larger), and the winner's simulation.
+pub(crate) fn finish_simulated(
     schedule: Schedule,
     costs: &Costs,
     cap: Option<f64>,
-) -> Result<Schedule> {
+) -> Result<(Schedule, Simulation)> {
     let cooled = reorder_cooldown(schedule, costs)?;
     let class = simulate(&cooled, costs)?.max_peak_memory();
     let cap = cap.map_or(class, |c| c.max(class));
@@ -368,18 +378,18 @@ pub(crate) fn finish_capped(
     ];
     // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
     const EPS: f64 = 1e-9;
-    let mut best: Option<(Schedule, (f64, f64))> = None;
+    let mut best: Option<(Schedule, Simulation)> = None;
     for candidate in candidates {
         let sim = simulate(&candidate, costs)?;
-        let key = (sim.makespan, sim.bubble_span);
-        let better = best
-            .as_ref()
-            .is_none_or(|(_, b)| key.0 + EPS < b.0 || (key.0 <= b.0 + EPS && key.1 + EPS < b.1));
+        let better = best.as_ref().is_none_or(|(_, b)| {
+            sim.makespan + EPS < b.makespan
+                || (sim.makespan <= b.makespan + EPS && sim.bubble_span + EPS < b.bubble_span)
+        });
         if better {
-            best = Some((candidate, key));
+            best = Some((candidate, sim));
         }
     }
-    best.map(|(s, _)| s).ok_or(Error::InvalidArgument {
+    best.ok_or(Error::InvalidArgument {
         field: "schedule",
         reason: "no candidate schedule".into(),
     })
