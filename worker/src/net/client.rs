@@ -287,9 +287,8 @@ async fn send_call(mut channel: Channel, body: ChunkBody) -> Result<SendAck, Sta
         .await
         .map_err(|e| unavailable("call", e))?;
     // A trailers-only reply carries the status in its headers.
-    if let Some(status) = Status::from_header_map(response.headers())
-        && status.code() != Code::Ok
-    {
+    let mut status = Status::from_header_map(response.headers());
+    if let Some(status) = status.take_if(|s| s.code() != Code::Ok) {
         return Err(status);
     }
     if response.status() != http::StatusCode::OK {
@@ -300,7 +299,6 @@ async fn send_call(mut channel: Channel, body: ChunkBody) -> Result<SendAck, Sta
     }
     let mut body = response.into_body();
     let mut reply = BytesMut::new();
-    let mut status = None;
     while let Some(frame) = body.frame().await {
         match frame?.into_data() {
             Ok(data) => reply.extend_from_slice(&data),
@@ -312,18 +310,28 @@ async fn send_call(mut channel: Channel, body: ChunkBody) -> Result<SendAck, Sta
         }
     }
     match status {
-        Some(status) if status.code() != Code::Ok => return Err(status),
-        Some(_) => {}
-        None => return Err(Status::internal("the reply has no grpc-status")),
+        Some(status) if status.code() != Code::Ok => Err(status),
+        Some(_) => ack_from(reply.freeze()),
+        None => Err(Status::internal("the reply has no grpc-status")),
     }
+}
+
+/// The `SendAck` of a reply body: exactly one uncompressed length-prefixed message.
+fn ack_from(mut reply: Bytes) -> Result<SendAck, Status> {
     if reply.len() < PREFIX || reply[0] != 0 {
         return Err(Status::internal(
             "the reply is not one uncompressed message",
         ));
     }
-    let mut message = reply.freeze();
-    message.advance(PREFIX);
-    SendAck::decode(message).map_err(|e| Status::internal(format!("SendAck: {e}")))
+    let len = u32::from_be_bytes([reply[1], reply[2], reply[3], reply[4]]) as usize;
+    reply.advance(PREFIX);
+    if len != reply.len() {
+        return Err(Status::internal(format!(
+            "the reply's message says {len} bytes, {} came",
+            reply.len()
+        )));
+    }
+    SendAck::decode(reply).map_err(|e| Status::internal(format!("SendAck: {e}")))
 }
 
 #[cfg(test)]
@@ -335,5 +343,32 @@ mod tests {
     #[test]
     fn path_is_the_generated_one() {
         assert_eq!(SEND_PATH, format!("/{SERVICE}/{SEND}"));
+    }
+
+    fn prefixed(flag: u8, message: &[u8], len: usize) -> Bytes {
+        let mut out = vec![flag];
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+        out.extend_from_slice(message);
+        out.into()
+    }
+
+    #[test]
+    fn reply_is_one_ack_or_an_error() {
+        let ack = SendAck {
+            frames: 3,
+            bytes: 4096,
+        };
+        let message = ack.encode_to_vec();
+        let got = ack_from(prefixed(0, &message, message.len()));
+        assert_eq!(got.ok(), Some(ack));
+        for bad in [
+            prefixed(1, &message, message.len()),     // compressed
+            prefixed(0, &message, message.len() + 1), // truncated
+            prefixed(0, &message, message.len() - 1), // trailing bytes
+            Bytes::from_static(&[0, 0, 0]),           // no whole prefix
+        ] {
+            let err = ack_from(bad).expect_err("not one plain message");
+            assert_eq!(err.code(), Code::Internal);
+        }
     }
 }
