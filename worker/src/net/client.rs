@@ -323,8 +323,8 @@ fn ack_from(mut reply: Bytes) -> Result<SendAck, Status> {
             "the reply is not one uncompressed message",
         ));
     }
-    let len = u32::from_be_bytes([reply[1], reply[2], reply[3], reply[4]]) as usize;
-    reply.advance(PREFIX);
+    reply.advance(1);
+    let len = reply.get_u32() as usize;
     if len != reply.len() {
         return Err(Status::internal(format!(
             "the reply's message says {len} bytes, {} came",

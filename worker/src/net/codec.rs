@@ -236,7 +236,6 @@ pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
             }
         }
     };
-    let dims = frame.payload.dims();
     Ok(Outgoing {
         header: TensorFrame {
             job: frame.job,
@@ -245,12 +244,12 @@ pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
             mb: frame.mb,
             kind: kind_to_proto(frame.kind) as i32,
             dtype: dtype as i32,
-            shape: dims.iter().map(|&d| d as u64).collect(),
+            shape: frame.payload.dims().iter().map(|&d| d as u64).collect(),
             data: Bytes::new(),
             offset: 0,
         },
         source,
-        data_len: dims.iter().product::<usize>() * size,
+        data_len: frame.payload.byte_len() as usize,
         element_bytes: size,
     })
 }
@@ -388,18 +387,10 @@ impl Chunk {
         head.put_bytes(0, PREFIX);
         self.write_head(&mut head);
         let data = match &self.frame.source {
-            Source::Bytes(bytes) => {
-                let end = self.offset + self.len;
-                if bytes.len() != self.frame.data_len || end > bytes.len() {
-                    return Err(encode_error(format!(
-                        "chunk {}..{end} of {} bytes (expected {})",
-                        self.offset,
-                        bytes.len(),
-                        self.frame.data_len
-                    )));
-                }
-                Some(bytes.slice(self.offset..end))
-            }
+            Source::Bytes(bytes) => Some(
+                self.frame
+                    .with_bytes(self.offset, self.len, |part| bytes.slice_ref(part))?,
+            ),
             Source::Tensor(_) => {
                 head.reserve(self.len);
                 self.frame
@@ -469,11 +460,8 @@ pub enum Delivery {
 #[derive(Debug)]
 enum Sink {
     Tensor(Values),
-    /// The whole data when it came as one chunk, else the chunks so far.
-    Buffer {
-        whole: Option<Bytes>,
-        parts: BytesMut,
-    },
+    /// The chunks' data as received (slices of the DATA frames, not copies).
+    Buffer(Vec<Bytes>),
 }
 
 /// A tensor being received chunk by chunk, straight into its own storage (or its bytes,
@@ -520,10 +508,7 @@ impl Assembly {
                 Delivery::Tensors => {
                     Sink::Tensor(Values::with_capacity(dtype, total / element_bytes)?)
                 }
-                Delivery::Buffers => Sink::Buffer {
-                    whole: None,
-                    parts: BytesMut::new(),
-                },
+                Delivery::Buffers => Sink::Buffer(Vec::new()),
             },
         })
     }
@@ -619,16 +604,7 @@ impl Assembly {
         }
         match &mut self.sink {
             Sink::Tensor(values) => values.extend_le(data),
-            Sink::Buffer { whole, parts } => {
-                if self.filled == 0 && end == self.total {
-                    *whole = Some(data.clone());
-                } else {
-                    if parts.is_empty() {
-                        parts.reserve(self.total);
-                    }
-                    parts.extend_from_slice(data);
-                }
-            }
+            Sink::Buffer(parts) => parts.push(data.clone()),
         }
         self.filled = end;
         Ok(())
@@ -646,11 +622,23 @@ impl Assembly {
                 .into_tensor(&self.shape, device)
                 .map(Payload::Tensor)
                 .map_err(|e| Rejection::new("data", e.to_string())),
-            Sink::Buffer { whole, parts } => Ok(Payload::Buffer(Buffer {
-                dtype: self.dtype,
-                shape: self.shape,
-                bytes: whole.unwrap_or_else(|| parts.freeze()),
-            })),
+            Sink::Buffer(mut parts) => {
+                // One chunk is handed over as it came; several are joined (one copy).
+                let bytes = if parts.len() == 1 {
+                    parts.pop().unwrap_or_default()
+                } else {
+                    let mut joined = BytesMut::with_capacity(self.total);
+                    for part in &parts {
+                        joined.extend_from_slice(part);
+                    }
+                    joined.freeze()
+                };
+                Ok(Payload::Buffer(Buffer {
+                    dtype: self.dtype,
+                    shape: self.shape,
+                    bytes,
+                }))
+            }
         }
     }
 }
@@ -718,6 +706,15 @@ mod tests {
         }
     }
 
+    /// A tensor's elements as little-endian f32 bytes.
+    fn le_bytes(t: &Tensor) -> Result<Vec<u8>> {
+        Ok(t.flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect())
+    }
+
     fn frame_of(tensor: Tensor) -> Frame {
         Frame {
             job: 1,
@@ -734,12 +731,7 @@ mod tests {
     #[test]
     fn wire_form_is_the_prefixed_message() -> Result<()> {
         let t = Tensor::arange(0f32, 300.0, &Device::Cpu)?;
-        let bytes: Vec<u8> = t
-            .to_vec1::<f32>()?
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        let buffer = Bytes::from(bytes);
+        let buffer = Bytes::from(le_bytes(&t)?);
         let as_buffer = Frame {
             payload: Payload::Buffer(Buffer {
                 dtype: DType::F32,
@@ -782,12 +774,7 @@ mod tests {
     #[test]
     fn buffers_are_delivered_without_a_copy_when_whole() -> Result<()> {
         let t = Tensor::arange(0f32, 600.0, &Device::Cpu)?.reshape((2, 3, 100))?;
-        let bytes: Vec<u8> = t
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        let bytes = le_bytes(&t)?;
         let frame = Frame {
             payload: Payload::Buffer(Buffer {
                 dtype: DType::F32,
@@ -991,9 +978,7 @@ mod tests {
                 msg.shape,
                 t.dims().iter().map(|&d| d as u64).collect::<Vec<_>>()
             );
-            let want = t.flatten_all()?.to_vec1::<f32>()?;
-            let want: Vec<u8> = want.iter().flat_map(|x| x.to_le_bytes()).collect();
-            assert_eq!(&msg.data[..], &want[..]);
+            assert_eq!(&msg.data[..], &le_bytes(&t)?[..]);
         }
         Ok(())
     }

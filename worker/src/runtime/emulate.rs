@@ -244,14 +244,14 @@ impl EmulatedRuntime {
             // The output buffer is written within the pass's time, as a real pass writes
             // its output while it computes.
             let t0 = Instant::now();
-            let tensor =
+            let buffer =
                 output.map(|_| Payload::Buffer(Buffer::filled(self.dtype, &self.frame_dims, 1)));
             sleep_until(t0 + Duration::from_secs_f64(self.pass_secs(pass)));
             pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
             if pass.kind == PassKind::F && s == last {
                 losses.push(self.uniform_loss);
             }
-            if let (Some((to, kind)), Some(tensor)) = (output, tensor) {
+            if let (Some((to, kind)), Some(buffer)) = (output, buffer) {
                 self.deliver(
                     &mut local,
                     &mut rec,
@@ -260,7 +260,7 @@ impl EmulatedRuntime {
                     pass,
                     to,
                     kind,
-                    tensor,
+                    buffer,
                 )?;
             }
             let a = self.stash[s as usize];
@@ -372,25 +372,25 @@ impl EmulatedRuntime {
             });
         }
         let t0 = Instant::now();
-        let tensor = transport.recv(job, step, stage, mb, kind, self.timeout)?;
+        let payload = transport.recv(job, step, stage, mb, kind, self.timeout)?;
         let peer = self.placement.worker_of(producer);
         rec.span(Activity::Recv { pass, peer }, t0);
-        *rec.received.entry(peer).or_default() += tensor.byte_len();
-        if tensor.dims() != self.frame_dims || tensor.dtype() != self.dtype {
+        *rec.received.entry(peer).or_default() += payload.byte_len();
+        if payload.dims() != self.frame_dims || payload.dtype() != self.dtype {
             return Err(invalid(
                 "frame",
                 format!(
                     "worker {}: the {kind} for stage {stage} microbatch {mb} of step {step} is \
                      {:?} {:?}, expected {:?} {:?}",
                     self.worker,
-                    tensor.dims(),
-                    tensor.dtype(),
+                    payload.dims(),
+                    payload.dtype(),
                     self.frame_dims,
                     self.dtype
                 ),
             ));
         }
-        Ok(tensor)
+        Ok(payload)
     }
 
     /// Hands a pass's output buffer to `stage`: in memory when it is on this worker, else
@@ -405,12 +405,12 @@ impl EmulatedRuntime {
         pass: Pass,
         stage: u32,
         kind: FrameKind,
-        tensor: Payload,
+        payload: Payload,
     ) -> Result<()> {
         let mb = pass.mb;
         let to = self.placement.worker_of(stage);
         if to == self.worker {
-            if local.insert((stage, mb, kind), tensor).is_some() {
+            if local.insert((stage, mb, kind), payload).is_some() {
                 return Err(invalid(
                     "schedule",
                     format!("the {kind} for stage {stage} microbatch {mb} was produced twice"),
@@ -418,7 +418,7 @@ impl EmulatedRuntime {
             }
             return Ok(());
         }
-        let bytes = tensor.byte_len();
+        let bytes = payload.byte_len();
         let t0 = Instant::now();
         transport.send(
             to,
@@ -428,7 +428,7 @@ impl EmulatedRuntime {
                 stage,
                 mb,
                 kind,
-                payload: tensor,
+                payload,
             },
         )?;
         rec.span(Activity::Send { pass, peer: to }, t0);

@@ -462,7 +462,8 @@ impl WorkerRuntime {
             }
             return Ok(());
         }
-        let bytes = tensor_bytes(&tensor);
+        let payload = Payload::Tensor(tensor);
+        let bytes = payload.byte_len();
         let t0 = Instant::now();
         ctx.transport.send(
             to,
@@ -472,18 +473,13 @@ impl WorkerRuntime {
                 stage,
                 mb,
                 kind,
-                payload: Payload::Tensor(tensor),
+                payload,
             },
         )?;
         ctx.rec.span(Activity::Send { pass, peer: to }, t0);
         *ctx.rec.sent.entry(to).or_default() += bytes;
         Ok(())
     }
-}
-
-/// Bytes of a tensor's elements.
-pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
-    (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
 /// Per-step state of [`WorkerRuntime::run_step`].

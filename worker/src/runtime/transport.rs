@@ -42,20 +42,24 @@ pub struct Buffer {
     pub bytes: Bytes,
 }
 
+/// Bytes of the elements of a `shape` tensor of `dtype`.
+fn data_bytes(shape: &[usize], dtype: DType) -> usize {
+    shape.iter().product::<usize>() * dtype.size_in_bytes()
+}
+
 impl Buffer {
-    /// A buffer of `shape` and `dtype` with every byte `fill`, checked.
+    /// A buffer of `shape` and `dtype` with every byte `fill`.
     pub fn filled(dtype: DType, shape: &[usize], fill: u8) -> Buffer {
-        let len = shape.iter().product::<usize>() * dtype.size_in_bytes();
         Buffer {
             dtype,
             shape: shape.to_vec(),
-            bytes: Bytes::from(vec![fill; len]),
+            bytes: Bytes::from(vec![fill; data_bytes(shape, dtype)]),
         }
     }
 
     /// Checks that the byte length matches the shape and dtype.
     pub fn check(&self) -> Result<()> {
-        let expected = self.shape.iter().product::<usize>() * self.dtype.size_in_bytes();
+        let expected = data_bytes(&self.shape, self.dtype);
         if self.bytes.len() == expected {
             Ok(())
         } else {
@@ -97,7 +101,7 @@ impl Payload {
 
     /// The size of the data in bytes.
     pub fn byte_len(&self) -> u64 {
-        (self.dims().iter().product::<usize>() * self.dtype().size_in_bytes()) as u64
+        data_bytes(self.dims(), self.dtype()) as u64
     }
 
     /// The tensor; a buffer is decoded onto `device` (one copy).
