@@ -101,11 +101,7 @@ pub(crate) struct JobArgs {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    pipewise_worker::sched::async_runtime(2, "pipewise").context("cannot start the async runtime")
 }
 
 /// How log lines are written.

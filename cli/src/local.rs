@@ -215,10 +215,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("pipewise-local-{}", std::process::id())),
     };
     spec.checkpoint.folder = data_dir.join("checkpoints").display().to_string();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    let runtime = pipewise_worker::sched::async_runtime(2, "pipewise")
         .context("cannot start the async runtime")?;
     let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
     if args.output_dir.is_none() {

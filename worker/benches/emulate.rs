@@ -20,7 +20,12 @@
 //! difference in points, the planned makespan, the measured step time (the slowest
 //! worker's wall time, mean over the measured steps), the per-step coordination overhead
 //! `(measured step − planned makespan) / planned makespan` (transport latency, waking up,
-//! the collectives) and the mean pass overshoot (recorded pass time − emulated time).
+//! the collectives) and the mean pass overshoot (recorded pass time − emulated time). A
+//! second line breaks the last step down along its critical path (the chain of passes and
+//! hops that ends with the step's last pass, walked back from the spans the workers
+//! recorded): planned pass time, overshoot, local gaps between a worker's passes (and how
+//! much of them went into handing frames to the transport), and the hops on which a pass
+//! waited for its frame, with their mean time from the producing pass's end.
 //!
 //! Pass times: F = B = W = 20 ms for one stage of `1/d` of the model (a V-Half chunk pass
 //! is 10 ms). They must be long against what the machine adds per pass and per hop: the
@@ -34,14 +39,18 @@
 //! `PIPEWISE_EMU_HIDDEN` / `PIPEWISE_EMU_SEQ` (frame size, default 1024 × 128),
 //! `PIPEWISE_EMU_ONLY=memory|grpc`, `PIPEWISE_EMU_SCHEDULE=v-half|zb-h1|1f1b`,
 //! `PIPEWISE_BENCH_QUICK=1` (d = 4, n = 8, 2 ms passes:
-//! a smoke test). The machine's load average is printed before and after, since the
+//! a smoke test), `PIPEWISE_SCHED=default` (the transports' runtime threads stay normal
+//! threads instead of `SCHED_BATCH`, see `pipewise_worker::sched`). The machine's load average is printed before and after, since the
 //! figures depend on it.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pipewise_common::job::{Compute, JobSpec, example};
 use pipewise_common::model::DType;
+use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::schedule::Schedule;
+use pipewise_common::trace::{Activity, Span};
 use pipewise_common::{Costs, simulate};
 use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
 use pipewise_worker::runtime::{
@@ -163,8 +172,115 @@ struct Row {
     makespan: f64,
     step: f64,
     overshoot_us: f64,
+    critical: CriticalPath,
     steps: usize,
     frame_kib: u64,
+}
+
+/// Where the measured step's time went: the chain of passes and hops that ends with the
+/// step's last pass, walked back from it. Each pass on the chain waited either for the
+/// previous pass of its worker (a local gap: handing its output to the transport, taking
+/// an input that had arrived, bookkeeping) or, when the frame it needed was produced after
+/// that, for the frame (a hop: from the producing pass's end to this pass's start).
+#[derive(Default)]
+struct CriticalPath {
+    passes: usize,
+    planned: f64,
+    overshoot: f64,
+    gaps: f64,
+    gaps_in_send: f64,
+    hops: usize,
+    hop_secs: f64,
+}
+
+impl CriticalPath {
+    fn of(step: &[StepReport], pass_secs: &[Vec<f64>]) -> CriticalPath {
+        let is_pass = |s: &Span| matches!(s.activity, Activity::Pass(_));
+        let mut at: HashMap<Pass, (usize, usize)> = HashMap::new();
+        let mut planned: HashMap<Pass, f64> = HashMap::new();
+        for (w, r) in step.iter().enumerate() {
+            for (i, span) in r.spans.iter().enumerate() {
+                if let Activity::Pass(p) = span.activity {
+                    at.insert(p, (w, i));
+                }
+            }
+            for ((p, _), &secs) in r.pass_times.iter().zip(&pass_secs[w]) {
+                planned.insert(*p, secs);
+            }
+        }
+        let last_end = |w: usize| {
+            step[w]
+                .spans
+                .iter()
+                .rfind(|s| is_pass(s))
+                .map_or(f64::MIN, |s| s.end)
+        };
+        let mut path = CriticalPath::default();
+        let Some(mut w) = (0..step.len()).max_by(|&a, &b| last_end(a).total_cmp(&last_end(b)))
+        else {
+            return path;
+        };
+        let Some(mut i) = step[w].spans.iter().rposition(is_pass) else {
+            return path;
+        };
+        loop {
+            let span = step[w].spans[i];
+            let Activity::Pass(p) = span.activity else {
+                break;
+            };
+            let want = planned.get(&p).copied().unwrap_or(0.0);
+            path.passes += 1;
+            path.planned += want;
+            path.overshoot += span.duration() - want;
+            let previous = step[w].spans[..i].iter().rposition(is_pass);
+            let previous_end = previous.map(|j| step[w].spans[j].end);
+            let producer = match p.kind {
+                PassKind::F if p.stage > 0 => at.get(&Pass::new(PassKind::F, p.stage - 1, p.mb)),
+                PassKind::B | PassKind::BW => [PassKind::B, PassKind::BW]
+                    .into_iter()
+                    .find_map(|k| at.get(&Pass::new(k, p.stage + 1, p.mb))),
+                _ => None,
+            };
+            if let Some(&(qw, qi)) = producer {
+                let produced = step[qw].spans[qi].end;
+                if qw != w && previous_end.is_none_or(|e| produced > e) {
+                    path.hops += 1;
+                    path.hop_secs += span.start - produced;
+                    (w, i) = (qw, qi);
+                    continue;
+                }
+            }
+            let Some(j) = previous else {
+                break;
+            };
+            path.gaps += span.start - step[w].spans[j].end;
+            path.gaps_in_send += step[w].spans[j + 1..i]
+                .iter()
+                .filter(|s| matches!(s.activity, Activity::Send { .. }))
+                .map(Span::duration)
+                .sum::<f64>();
+            i = j;
+        }
+        path
+    }
+}
+
+impl std::fmt::Display for CriticalPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "critical path: {} passes {:.0} ms planned {:+.1} ms overshoot; local gaps {:.1} ms \
+             ({:.1} ms in send); {} hops {:.1} ms ({:.0} µs each)",
+            self.passes,
+            1e3 * self.planned,
+            1e3 * self.overshoot,
+            1e3 * self.gaps,
+            1e3 * self.gaps_in_send,
+            self.hops,
+            1e3 * self.hop_secs,
+            1e6 * self.hop_secs / self.hops.max(1) as f64
+        )
+    }
 }
 
 fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<Row> {
@@ -257,6 +373,10 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
         makespan: sim.makespan,
         step: wall_sum / measured_steps.len().max(1) as f64,
         overshoot_us: 1e6 * over_sum / over_count.max(1) as f64,
+        critical: measured_steps
+            .last()
+            .map(|step| CriticalPath::of(step, &pass_secs))
+            .unwrap_or_default(),
         steps: measured_steps.len(),
         frame_kib,
     })
@@ -340,6 +460,7 @@ fn main() -> BenchResult<()> {
                 r.steps,
                 r.frame_kib
             );
+            println!("  {}", r.critical);
         }
     }
     println!(
@@ -348,5 +469,8 @@ fn main() -> BenchResult<()> {
         started.elapsed().as_secs_f64(),
         loadavg()
     );
+    if let Some(policy) = pipewise_worker::sched::runtime_policy() {
+        println!("gRPC transports' {policy}");
+    }
     Ok(())
 }

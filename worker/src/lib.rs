@@ -31,6 +31,7 @@
 //! - [`test_utils`]: [`test_device!`] and device helpers for tests.
 //! - [`error`]: the crate's one error type.
 //! - [`alloc`]: the worker process's heap policy (freed buffers kept for reuse, glibc).
+//! - [`sched`]: the async runtime whose threads do not preempt compute (`SCHED_BATCH`).
 //!
 //! The model's sizes come from [`pipewise_common::model::ModelSpec`], which also predicts
 //! the stash bytes that [`Stage::stash_bytes`] measures.
@@ -49,6 +50,7 @@ pub mod param;
 mod piece;
 pub mod rng;
 pub mod runtime;
+pub mod sched;
 pub mod stage;
 pub mod test_utils;
 pub mod trainer;

@@ -134,13 +134,9 @@ fn net_error(field: &'static str, reason: String) -> Error {
 }
 
 impl GrpcTransport {
-    /// Starts a transport on its own tokio runtime (two worker threads).
+    /// Starts a transport on its own tokio runtime (two worker threads, see [`crate::sched`]).
     pub fn start(config: GrpcConfig) -> Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("pipewise-net")
-            .enable_all()
-            .build()
+        let runtime = crate::sched::async_runtime(2, "pipewise-net")
             .map_err(|e| net_error("runtime", format!("cannot start tokio: {e}")))?;
         let mut transport = Self::start_on(runtime.handle().clone(), config)?;
         transport.owned_runtime = Some(runtime);
