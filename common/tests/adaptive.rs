@@ -277,7 +277,12 @@ fn with_comm(fraction: f64) -> Times {
 /// if its microbatches wait less than (48.09 − 46.14) × 18 ≈ 35 in all over a round trip of
 /// 64 passes and 60 hops (≈ 0.55 per hop, passes being 4.9–6.6 long). The V orders found add
 /// 49.45 (≈ 60 of waiting); blocks with 7- or 8-cell periods (idle cells to absorb the hops)
-/// added 49.55 and an event-driven list scheduler did worse, so neither was kept.
+/// added 49.55 and an event-driven list scheduler did worse, so neither was kept. The finite
+/// n make it harder still: a microbatch's span is ≥ 812.6, so a periodic schedule takes
+/// ≥ (n − 1)·P + 812.6, which reaches 1F1B's 1490.0 at n = 16 only if P ≤ 45.16, below the
+/// 46.14 bound (n = 32: P ≤ 46.67); only a non-periodic fill could. Above the limit the gap
+/// closes quickly (`pipewise plan -s adaptive-v -d 16 --times 12.96,13.22,9.76,6.48`):
+/// adaptive-v beats 1F1B from 11 units for n = 16, 32, 64, and at 10 units for n = 64 only.
 const COMM_KNOWN_GAPS: [(f64, u32, f64); 1] = [(0.5, 16, 9.0)];
 
 fn is_known_gap(fraction: f64, d: u32, limit: f64) -> bool {
