@@ -5,14 +5,15 @@
 //! runtime, which wakes one of its threads. Linux's fair scheduler lets a thread that wakes
 //! up preempt the thread that woke it, so on a machine with fewer free cores than threads the
 //! compute thread that just queued a frame stopped until the runtime thread had written the
-//! frame (0.1–0.5 ms for 512 KiB): the next pass started late, and every hop of the schedule
-//! paid it twice. With the runtime's threads in `SCHED_BATCH` (same weight and fairness as
+//! frame (0.1–0.5 ms for 512 KiB): the next pass started late, at every hop of the
+//! schedule. With the runtime's threads in `SCHED_BATCH` (same weight and fairness as
 //! normal threads, but a waking batch thread never preempts a running one) the network work
 //! goes to a free core, or to the next scheduling tick, and compute carries on.
 //!
-//! Emulate bench, V-Half, d = 8, n = 64 over gRPC, in one sitting: the critical path's time
-//! in `send` fell from 23–28 ms to 2 ms a step and measured − planned bubble from
-//! +3.1–3.4 to +2.2–2.6 points (see the README for the figures of record).
+//! Emulate bench, V-Half, d = 8, n = 64 over gRPC, alternating runs in one sitting: the
+//! critical path's time in `send` fell from 18–28 ms to about 2 ms a step, and measured −
+//! planned bubble from +2.9–3.8 to +2.2–2.7 points (see the README for the figures of
+//! record).
 //!
 //! [`async_runtime`] builds the runtime the `pipewise` binary, [`crate::net::GrpcTransport`]
 //! and the benches use. `PIPEWISE_SCHED=default` keeps the runtime's threads as normal
