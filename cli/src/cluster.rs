@@ -100,7 +100,8 @@ pub(crate) struct JobArgs {
     pub(crate) endpoint: Endpoint,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+/// The async runtime of every `pipewise` command (two threads, see `pipewise_worker::sched`).
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     pipewise_worker::sched::async_runtime(2, "pipewise").context("cannot start the async runtime")
 }
 

@@ -215,8 +215,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("pipewise-local-{}", std::process::id())),
     };
     spec.checkpoint.folder = data_dir.join("checkpoints").display().to_string();
-    let runtime = pipewise_worker::sched::async_runtime(2, "pipewise")
-        .context("cannot start the async runtime")?;
+    let runtime = crate::cluster::runtime()?;
     let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);

@@ -41,7 +41,7 @@ use tonic::transport::Channel;
 
 use crate::error::{Error, Result};
 use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
-use crate::net::{Delivery, GrpcConfig, GrpcTransport};
+use crate::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
 use crate::runtime::{EmulatedRuntime, StepReport, WorkerRuntime};
 use crate::{Device, Tensor};
 
@@ -546,24 +546,7 @@ fn run_assignment(
     let corpus = corpus_of(&spec)?;
     let sampler = sampler_of(&spec);
     let transport = &shared.transport;
-    transport.assign(
-        a.job,
-        placement.stages_of(a.worker_index),
-        Delivery::Tensors,
-    );
-    transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
-    if a.worker_index == 0 {
-        transport
-            .collective()
-            .configure(a.job, workers, config.timeout);
-    }
-    let sync = transport.sync_to(root, a.job, a.worker_index, config.timeout)?;
-    sync.barrier()?;
-    {
-        let mut stats = shared.stats();
-        stats.peak_activation_bytes = 0;
-        stats.current_activation_bytes = 0;
-    }
+    let sync = join_job(config, shared, a, &placement, root, Delivery::Tensors)?;
     let interval = u64::from(spec.checkpoint.interval.max(1));
     for step in a.first_step..a.end_step {
         let _step_span = tracing::debug_span!("step", step).entered();
@@ -571,16 +554,8 @@ fn run_assignment(
         let batches = sampler.step(&corpus, step, a.microbatches, &config.device)?;
         let report = rt.run_step(a.job, step, &batches, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
-        let stage_times = stage_times(&report);
-        {
-            let mut stats = shared.stats();
-            stats.step = step + 1;
-            stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
-            stats.current_activation_bytes =
-                rt.stages().values().map(crate::Stage::stash_bytes).sum();
-            stats.stage_times = stage_times.clone();
-        }
-        let _ = reports.send(step_report(config, a, step, &report, stage_times));
+        let held = rt.stages().values().map(crate::Stage::stash_bytes).sum();
+        publish_step(config, shared, a, reports, step, &report, held);
         let done = step + 1;
         if spec.checkpoint.enable_checkpoint && done % interval == 0 && done < a.end_step {
             save_checkpoints(&rt, &output, done)?;
@@ -629,38 +604,13 @@ fn run_emulated_assignment(
     )?;
     rt.set_timeout(config.timeout);
     let transport = &shared.transport;
-    transport.assign(
-        a.job,
-        placement.stages_of(a.worker_index),
-        Delivery::Buffers,
-    );
-    transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
-    if a.worker_index == 0 {
-        transport
-            .collective()
-            .configure(a.job, placement.workers(), config.timeout);
-    }
-    let sync = transport.sync_to(root, a.job, a.worker_index, config.timeout)?;
-    sync.barrier()?;
-    {
-        let mut stats = shared.stats();
-        stats.peak_activation_bytes = 0;
-        stats.current_activation_bytes = 0;
-    }
+    let sync = join_job(config, shared, a, placement, root, Delivery::Buffers)?;
     for step in a.first_step..a.end_step {
         let _step_span = tracing::debug_span!("step", step, emulated = true).entered();
         *last_step = step;
         let report = rt.run_step(a.job, step, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
-        let stage_times = stage_times(&report);
-        {
-            let mut stats = shared.stats();
-            stats.step = step + 1;
-            stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
-            stats.current_activation_bytes = 0;
-            stats.stage_times = stage_times.clone();
-        }
-        let _ = reports.send(step_report(config, a, step, &report, stage_times));
+        publish_step(config, shared, a, reports, step, &report, 0);
         if sync.stop_requested() {
             tracing::info!(
                 job = a.job,
@@ -671,6 +621,55 @@ fn run_emulated_assignment(
         }
     }
     Ok(PathBuf::new())
+}
+
+/// Readies the transport for assignment `a` (its stages, frames delivered as `delivery`,
+/// the peers' addresses, worker 0's collectives), waits at the start barrier for the job's
+/// other workers and resets the activation counters. Returns the end-of-step collectives.
+fn join_job(
+    config: &NodeConfig,
+    shared: &Shared,
+    a: &pb::Assignment,
+    placement: &Placement,
+    root: &str,
+    delivery: Delivery,
+) -> Result<NetSync> {
+    let transport = &shared.transport;
+    transport.assign(a.job, placement.stages_of(a.worker_index), delivery);
+    transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+    if a.worker_index == 0 {
+        transport
+            .collective()
+            .configure(a.job, placement.workers(), config.timeout);
+    }
+    let sync = transport.sync_to(root, a.job, a.worker_index, config.timeout)?;
+    sync.barrier()?;
+    let mut stats = shared.stats();
+    stats.peak_activation_bytes = 0;
+    stats.current_activation_bytes = 0;
+    Ok(sync)
+}
+
+/// Records step `step`'s report in the heartbeat statistics (`held`: activation bytes still
+/// stashed after it) and sends it to the coordinator.
+fn publish_step(
+    config: &NodeConfig,
+    shared: &Shared,
+    a: &pb::Assignment,
+    reports: &mpsc::UnboundedSender<pb::StepReport>,
+    step: u64,
+    report: &StepReport,
+    held: u64,
+) {
+    let stage_times = stage_times(report);
+    {
+        let mut stats = shared.stats();
+        stats.step = step + 1;
+        stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
+        stats.current_activation_bytes = held;
+        stats.stage_times = stage_times.clone();
+    }
+    let _ = reports.send(step_report(config, a, step, report, stage_times));
 }
 
 /// The coordinator's view of one step of assignment `a` (the loss is NaN when the step

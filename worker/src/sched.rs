@@ -19,7 +19,7 @@
 //! and the benches use. `PIPEWISE_SCHED=default` keeps the runtime's threads as normal
 //! threads. Elsewhere than Linux with glibc it does nothing.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// What [`batch_this_thread`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,28 +45,18 @@ impl std::fmt::Display for ThreadPolicy {
     }
 }
 
-/// The policy the last runtime thread got (0: none started yet).
-static LAST: AtomicU8 = AtomicU8::new(0);
-
-fn encode(policy: ThreadPolicy) -> u8 {
-    match policy {
-        ThreadPolicy::Batch => 1,
-        ThreadPolicy::Unsupported => 2,
-        ThreadPolicy::Refused => 3,
-        ThreadPolicy::Defaults => 4,
-    }
-}
+/// The policy the last runtime thread got (`None`: none started yet).
+static LAST: Mutex<Option<ThreadPolicy>> = Mutex::new(None);
 
 /// The policy the threads of the runtimes built by [`async_runtime`] got, `None` before the
 /// first one started.
 pub fn runtime_policy() -> Option<ThreadPolicy> {
-    match LAST.load(Ordering::Relaxed) {
-        1 => Some(ThreadPolicy::Batch),
-        2 => Some(ThreadPolicy::Unsupported),
-        3 => Some(ThreadPolicy::Refused),
-        4 => Some(ThreadPolicy::Defaults),
-        _ => None,
-    }
+    *LAST.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether the environment asks for normal threads (`PIPEWISE_SCHED=default`).
+fn opted_out() -> bool {
+    std::env::var_os("PIPEWISE_SCHED").is_some_and(|v| v == "default")
 }
 
 /// Makes the calling thread `SCHED_BATCH` (see the module docs).
@@ -94,7 +84,7 @@ pub fn batch_this_thread() -> ThreadPolicy {
 /// What each runtime thread does first: [`batch_this_thread`], unless the environment has
 /// `PIPEWISE_SCHED=default`.
 fn on_runtime_thread() {
-    let policy = if std::env::var_os("PIPEWISE_SCHED").is_some_and(|v| v == "default") {
+    let policy = if opted_out() {
         ThreadPolicy::Defaults
     } else {
         batch_this_thread()
@@ -102,7 +92,7 @@ fn on_runtime_thread() {
     if policy == ThreadPolicy::Refused {
         tracing::warn!("the kernel refused SCHED_BATCH for a runtime thread");
     }
-    LAST.store(encode(policy), Ordering::Relaxed);
+    *LAST.lock().unwrap_or_else(PoisonError::into_inner) = Some(policy);
 }
 
 /// A multi-threaded tokio runtime (I/O and timers on) with `threads` worker threads named
@@ -144,7 +134,7 @@ mod tests {
             .expect("task")
         });
         let reported = runtime_policy().expect("a runtime thread started");
-        let opted_out = std::env::var_os("PIPEWISE_SCHED").is_some_and(|v| v == "default");
+        let opted_out = opted_out();
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         {
             // What the runtime says it did is what the kernel shows: SCHED_BATCH unless it was
