@@ -12,7 +12,7 @@
 //! | `v-zb` | V | B + W | 000 Sec. 3, App. F; the better by span bubble of that and [`greedy_v`] |
 //! | `1f1b-v` | V | BW | 000 App. H |
 //! | `dualpipe-v` | V | mixed | DeepSeek DualPipeV |
-//! | `adaptive-v` | V | B + W | 000 App. A (searched under a memory limit) |
+//! | `adaptive-v` | V | B + W | 000 App. A (searched under a memory limit), and list scheduling with the true costs |
 //! | `adaptive-zb` | one stage per worker | B + W | zero-bubble paper's ZB-1P / ZB-2P |
 
 mod adaptive;
@@ -20,6 +20,7 @@ mod block;
 mod classic;
 mod compact;
 mod greedy_v;
+mod list_v;
 mod local;
 
 use std::fmt;
