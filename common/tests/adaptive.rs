@@ -284,8 +284,9 @@ fn with_comm(fraction: f64) -> Times {
 /// harder still: a microbatch's span is ≥ 812.6, so a periodic schedule takes
 /// ≥ (n − 1)·P + 812.6, which reaches 1F1B's 2259.4 at n = 32 only if P ≤ 46.67. Above the
 /// limit the gap closes quickly (`pipewise plan -s adaptive-v -d 16 --times
-/// 12.96,13.22,9.76,6.48`): adaptive-v beats 1F1B from 11 units for n = 32, 64, 128, and at
-/// 10 units for n = 64 only.
+/// 12.96,13.22,9.76,6.48`): at 10 units adaptive-v beats 1F1B for n = 16, 64 and 128
+/// (1440.3, 3792.8, 6842.0) and is 0.4 % slower for n = 32 (2267.7 against 2259.4); from
+/// 11 units it beats it for every n.
 const COMM_KNOWN_GAPS: [(f64, u32, f64, u32); 1] = [(0.5, 16, 9.0, 32)];
 
 fn is_known_gap(fraction: f64, d: u32, n: u32, limit: f64) -> bool {
