@@ -270,7 +270,7 @@ fn with_comm(fraction: f64) -> Times {
 
 /// Points where the adaptive V schedule is still slower than 1F1B: comm 0.5 F, d = 16, at the
 /// V-Half limit (9 units), n ≥ 32 (3–4 % slower; n = 16 is won by the list scheduler's
-/// non-periodic fill: 1473.8 against 1490.0). By Little's law on worker 0's memory (its
+/// non-periodic fill: 1470.2 against 1490.0). By Little's law on worker 0's memory (its
 /// first-chunk activation lives ≥ 812.6 per microbatch: 32 half F and B passes, 60 hops, half
 /// a W; its last-chunk one ≥ 18.0; half a unit each) a V schedule within 9 units needs
 /// ≥ 46.1 per microbatch in the steady state, while 1F1B's bound, 769.4 / 16 = 48.1, is what
@@ -284,9 +284,9 @@ fn with_comm(fraction: f64) -> Times {
 /// harder still: a microbatch's span is ≥ 812.6, so a periodic schedule takes
 /// ≥ (n − 1)·P + 812.6, which reaches 1F1B's 2259.4 at n = 32 only if P ≤ 46.67. Above the
 /// limit the gap closes quickly (`pipewise plan -s adaptive-v -d 16 --times
-/// 12.96,13.22,9.76,6.48`): at 10 units adaptive-v beats 1F1B for n = 16, 64 and 128
-/// (1440.3, 3792.8, 6842.0) and is 0.4 % slower for n = 32 (2267.7 against 2259.4); from
-/// 11 units it beats it for every n.
+/// 12.96,13.22,9.76,6.48`): at 10 units adaptive-v already beats 1F1B for every n (n = 16,
+/// 32, 64, 128: 1424.7, 2241.1, 3792.8, 6842.0 against 1490.0, 2259.4, 3798.3, 6876.1), and
+/// at 11 units by 6–15 %.
 const COMM_KNOWN_GAPS: [(f64, u32, f64, u32); 1] = [(0.5, 16, 9.0, 32)];
 
 fn is_known_gap(fraction: f64, d: u32, n: u32, limit: f64) -> bool {

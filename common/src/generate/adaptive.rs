@@ -24,11 +24,12 @@
 //!    always evaluated too when they fit, so the result is never worse than the fixed
 //!    schedule of the same memory class under the same costs.
 //! 5. **List scheduling** ([`super::list_v`]): passes placed one at a time in time order
-//!    with the true costs and hop latency, over a small grid of start rates and memory
-//!    reserves, as many runs as [`LIST_BUDGET`] allows. Blocks repeat one timing for every
-//!    microbatch, which costs the most when hops are long and `n` is small; there a
-//!    non-periodic fill wins (e.g. d = 16, n = 16, hops of half an F, 9 units: 1473.8
-//!    against the best block's 1542.3 and 1F1B's 1490.0). The best of 4 and 5 goes to the
+//!    with the true costs and hop latency, over a grid of start rates, bursts, W policies
+//!    and memory reserves refined by pattern search, as many runs as [`LIST_BUDGET`]
+//!    allows. Blocks repeat one timing for every microbatch, which costs the most when hops
+//!    are long and `n` is small; there a non-periodic fill wins (e.g. d = 16, hops of half
+//!    an F, 9 units, n = 16: 1470.2 against the best block's 1542.3 and 1F1B's 1490.0; 10
+//!    units, n = 32: 2241.1 against 2267.7 and 2259.4). The best of 4 and 5 goes to the
 //!    local search.
 //!
 //! # Adaptive zero bubble
@@ -638,15 +639,12 @@ pub fn adaptive_v(
         evaluated += 1;
         keep_better(&mut best, realise(block, NAME, n, costs, limit)?);
     }
-    // List scheduling in time order with the true costs and hops, for as many grid points as
-    // the budget allows.
+    // List scheduling in time order with the true costs and hops, for as many runs as the
+    // budget allows.
     let runs = (LIST_BUDGET / per_proxy.max(1)).max(1) as usize;
-    for params in list_v::grid(d, costs).into_iter().take(runs) {
-        if let Some(schedule) = list_v::list_v(d, n, costs, limit, NAME, params) {
-            evaluated += 1;
-            consider(&mut best, schedule, costs, limit)?;
-        }
-    }
+    let (listed, made) = list_v::search(d, n, costs, limit, NAME, runs)?;
+    evaluated += made;
+    keep_better(&mut best, listed);
     conclude(
         NAME,
         best,

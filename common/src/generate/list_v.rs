@@ -7,8 +7,8 @@
 //! time order, each on its worker as soon as the worker is free and the pass's input has
 //! arrived:
 //!
-//! - worker 0 starts the first `burst` microbatches as fast as memory allows, then a new one
-//!   at most every `gap` time units;
+//! - worker 0 starts microbatches `0 ..= burst` as fast as memory allows, then a new one at
+//!   most every `gap` time units;
 //! - a first-chunk forward that would leave less than `reserve` second-chunk activations of
 //!   room on its worker waits; a second-chunk forward only needs to fit, since its microbatch
 //!   already holds memory on every worker it still has to pass (the reserve is what keeps a
@@ -17,15 +17,18 @@
 //!   forward, first-chunk forward); a pending W fills idle time only when no other input
 //!   arrives within `w_slack` × its length.
 //!
-//! Every choice is a function of the inputs. [`grid`] lists the parameters the adaptive V
-//! scheduler tries (within its budget); the simulator confirms each run's memory.
+//! Every choice is a function of the inputs. [`search`] runs the scheduler over [`grid`] and
+//! refines the best few points by pattern search, within a budget of runs; the simulator
+//! confirms each run's memory.
 
 use std::collections::VecDeque;
 
 use crate::cost::Costs;
+use crate::error::Result;
 use crate::pass::{Pass, PassKind};
 use crate::placement::Placement;
 use crate::schedule::Schedule;
+use crate::simulate::{Simulation, simulate};
 
 const EPS: f64 = 1e-9;
 
@@ -38,7 +41,7 @@ pub(crate) struct ListParams {
     pub reserve: f64,
     /// A W fills idle time only if no input arrives within `w_slack` × its length.
     pub w_slack: f64,
-    /// The first `burst` microbatches start without the gap.
+    /// Microbatches `0 ..= burst` start without the gap (only memory holds them back).
     pub burst: u32,
 }
 
@@ -273,20 +276,11 @@ pub(crate) fn list_v(
     Some(schedule)
 }
 
-/// The parameter grid, most promising first: gaps from "as fast as memory allows" to 1.5×
-/// the busiest worker's work per microbatch, two reserves, three W policies.
+/// The parameter grid (84 points, run in this order while the budget lasts): no burst, then
+/// bursts up to microbatch d/4 and d/2; two W policies; reserves of one and two activations;
+/// gaps from "as fast as memory allows" to 1.5× the busiest worker's work per microbatch.
 pub(crate) fn grid(d: u32, costs: &Costs) -> Vec<ListParams> {
-    let work = (0..d)
-        .map(|w| {
-            [w, 2 * d - 1 - w]
-                .iter()
-                .map(|&s| {
-                    let c = &costs.stages[s as usize];
-                    c.f + c.b + c.w
-                })
-                .sum::<f64>()
-        })
-        .fold(0.0, f64::max);
+    let work = busiest_work(d, costs);
     let mut out = Vec::new();
     for burst in [0, d / 4, d / 2] {
         for w_slack in [0.5, 1.0] {
@@ -303,6 +297,154 @@ pub(crate) fn grid(d: u32, costs: &Costs) -> Vec<ListParams> {
         }
     }
     out
+}
+
+/// The most work per microbatch on any worker (F, B and W of both its stages).
+fn busiest_work(d: u32, costs: &Costs) -> f64 {
+    (0..d)
+        .map(|w| {
+            [w, 2 * d - 1 - w]
+                .iter()
+                .map(|&s| {
+                    let c = &costs.stages[s as usize];
+                    c.f + c.b + c.w
+                })
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Grid points the pattern search starts from (the best few: the landscape has several
+/// valleys).
+const REFINED_STARTS: usize = 3;
+
+/// Runs the list scheduler over [`grid`], then refines the best few points by pattern search
+/// (the gap in steps from 4 % down to 0.5 % of the busiest worker's work per microbatch, the
+/// burst by one or two microbatches, the other W policies and reserves), spending at most
+/// `runs` runs. Returns the least-makespan run that the simulator confirms within `limit`,
+/// with its simulation, and the number of runs made.
+pub(crate) fn search(
+    d: u32,
+    n: u32,
+    costs: &Costs,
+    limit: f64,
+    name: &str,
+    runs: usize,
+) -> Result<(Option<(Schedule, Simulation)>, usize)> {
+    let mut s = Search {
+        d,
+        n,
+        costs,
+        limit,
+        name,
+        left: runs,
+        tried: Vec::new(),
+        best: None,
+    };
+    let mut ranked: Vec<(f64, ListParams)> = Vec::new();
+    for p in grid(d, costs) {
+        if let Some(makespan) = s.run(p)? {
+            ranked.push((makespan, p));
+        }
+    }
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let work = busiest_work(d, costs);
+    for &(makespan, start) in ranked.iter().take(REFINED_STARTS) {
+        s.refine(start, makespan, work)?;
+    }
+    Ok((s.best, runs - s.left))
+}
+
+struct Search<'a> {
+    d: u32,
+    n: u32,
+    costs: &'a Costs,
+    limit: f64,
+    name: &'a str,
+    left: usize,
+    tried: Vec<ListParams>,
+    best: Option<(Schedule, Simulation)>,
+}
+
+impl Search<'_> {
+    /// Runs `p` unless tried before or out of runs: its makespan if it fits the limit (and
+    /// it is kept if it beats the best so far).
+    fn run(&mut self, p: ListParams) -> Result<Option<f64>> {
+        if self.left == 0 || p.gap < 0.0 || self.tried.contains(&p) {
+            return Ok(None);
+        }
+        self.left -= 1;
+        self.tried.push(p);
+        let Some(schedule) = list_v(self.d, self.n, self.costs, self.limit, self.name, p) else {
+            return Ok(None);
+        };
+        let sim = simulate(&schedule, self.costs)?;
+        if sim.max_peak_memory() > self.limit + EPS {
+            return Ok(None);
+        }
+        let makespan = sim.makespan;
+        if self
+            .best
+            .as_ref()
+            .is_none_or(|(_, b)| makespan + EPS < b.makespan)
+        {
+            self.best = Some((schedule, sim));
+        }
+        Ok(Some(makespan))
+    }
+
+    /// Pattern search from `cur` (whose run took `at`): the first improving neighbour, else a
+    /// smaller gap step, until the step is below 0.5 % of `work` or the runs are spent.
+    fn refine(&mut self, mut cur: ListParams, mut at: f64, work: f64) -> Result<()> {
+        let mut step = 0.04 * work;
+        while self.left > 0 && step >= 0.005 * work - EPS {
+            let mut next = vec![
+                ListParams {
+                    gap: cur.gap - step,
+                    ..cur
+                },
+                ListParams {
+                    gap: cur.gap + step,
+                    ..cur
+                },
+                ListParams {
+                    burst: cur.burst + 1,
+                    ..cur
+                },
+                ListParams {
+                    burst: cur.burst.saturating_sub(1),
+                    ..cur
+                },
+                ListParams {
+                    burst: cur.burst + 2,
+                    ..cur
+                },
+                ListParams {
+                    burst: cur.burst.saturating_sub(2),
+                    ..cur
+                },
+            ];
+            for w_slack in [0.0, 0.25, 0.5, 1.0, 2.0] {
+                next.push(ListParams { w_slack, ..cur });
+            }
+            for reserve in [1.0, 2.0, 3.0] {
+                next.push(ListParams { reserve, ..cur });
+            }
+            let mut moved = false;
+            for p in next {
+                if let Some(m) = self.run(p)?
+                    && m + EPS < at
+                {
+                    (cur, at, moved) = (p, m, true);
+                    break;
+                }
+            }
+            if !moved {
+                step /= 2.0;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -358,5 +500,34 @@ mod tests {
         let c = costs(4, 6.48);
         let p = grid(4, &c)[0];
         assert!(list_v(4, 8, &c, 0.5, "list", p).is_none());
+    }
+
+    /// The search keeps within its run budget, and its pattern search only improves on the
+    /// best grid point.
+    #[test]
+    fn search_respects_the_budget_and_improves_on_the_grid() {
+        let (d, n, limit) = (4u32, 8u32, 3.0);
+        let c = costs(d, 6.48);
+        let mut grid_best = f64::INFINITY;
+        for p in grid(d, &c) {
+            if let Some(s) = list_v(d, n, &c, limit, "list", p) {
+                let sim = simulate(&s, &c).expect("a valid schedule");
+                if sim.max_peak_memory() <= limit + 1e-9 {
+                    grid_best = grid_best.min(sim.makespan);
+                }
+            }
+        }
+        assert!(grid_best.is_finite());
+        let (best, made) = search(d, n, &c, limit, "list", 10_000).expect("search");
+        let (schedule, sim) = best.expect("a fitting run");
+        assert!(
+            made > grid(d, &c).len(),
+            "the pattern search ran ({made} runs)"
+        );
+        assert!(sim.makespan <= grid_best + 1e-9);
+        assert!(sim.max_peak_memory() <= limit + 1e-9);
+        assert_eq!(simulate(&schedule, &c).expect("valid"), sim);
+        let (_, made) = search(d, n, &c, limit, "list", 5).expect("search");
+        assert_eq!(made, 5);
     }
 }
