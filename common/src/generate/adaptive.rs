@@ -72,7 +72,7 @@ const PROXY_BUDGET: u64 = 12_000_000;
 /// Blocks always ranked by the proxy, whatever the budget.
 const MIN_PROXIES: u64 = 16;
 /// Passes (6dn per run) that list scheduling may spend.
-const LIST_BUDGET: u64 = 2_000_000;
+const LIST_BUDGET: u64 = 1_000_000;
 const EPS: f64 = 1e-9;
 
 /// The offsets of Eq. 3 (seed 000, App. A), with workers numbered from 0: the offset across
