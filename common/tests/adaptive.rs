@@ -161,6 +161,10 @@ fn infeasible_limits_name_the_smallest_feasible_one() {
                 assert!(smallest > 0.25);
                 let p = adaptive_v(d, n, &costs, smallest, 0).expect("the smallest limit plans");
                 assert!(p.simulation.max_peak_memory() <= smallest + EPS);
+                assert!(
+                    adaptive_v(d, n, &costs, smallest - 0.01, 0).is_err(),
+                    "d={d}: {smallest} is not the smallest"
+                );
                 let text = adaptive_v(d, n, &costs, 0.25, 0)
                     .expect_err("infeasible")
                     .to_string();
@@ -173,6 +177,10 @@ fn infeasible_limits_name_the_smallest_feasible_one() {
             Err(Error::MemoryLimit { smallest, .. }) => {
                 let p = adaptive_zb(d, n, &one, smallest, 0).expect("the smallest limit plans");
                 assert!(p.simulation.max_peak_memory() <= smallest + EPS);
+                assert!(
+                    adaptive_zb(d, n, &one, smallest - 0.01, 0).is_err(),
+                    "d={d}: {smallest} is not the smallest"
+                );
             }
             other => panic!("d={d}: expected MemoryLimit, got {other:?}"),
         }
@@ -356,11 +364,9 @@ fn comm_failures(only_gaps: bool) -> Vec<String> {
 fn fig9_sudden_drop_above_half_memory() {
     let d = 16u32;
     for n in [32u32, 64] {
-        let costs = v_costs(d, TABLE5);
-        let smallest = match adaptive_v(d, n, &costs, 0.01, 0) {
-            Err(Error::MemoryLimit { smallest, .. }) => smallest,
-            other => panic!("expected MemoryLimit, got {other:?}"),
-        };
+        // From V-Min's memory, the smallest the paper's block search reaches (list
+        // scheduling plans below it, down to one microbatch in flight).
+        let smallest = f64::from((d + 4) / 3);
         let mut curve = Vec::new();
         let mut limit = smallest;
         while limit <= f64::from(d) + EPS {

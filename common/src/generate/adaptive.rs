@@ -580,7 +580,10 @@ pub fn adaptive_v(
 
     let all = split_candidates(d);
     let considered = all.len();
-    let mut smallest = f64::INFINITY;
+    // Every V schedule holds both of a worker's activations of a microbatch when its second
+    // chunk's forward starts, and list scheduling with a reserve of one activation plans at
+    // exactly that floor, so it is the smallest limit that fits.
+    let mut smallest = list_v::memory_floor(d, costs);
     // (block length, peak, block) of every distinct fitting block.
     let mut seen: HashSet<Vec<i64>> = HashSet::new();
     let mut fitting: Vec<(i64, f64, BuildingBlock)> = Vec::new();

@@ -299,6 +299,16 @@ pub(crate) fn grid(d: u32, costs: &Costs) -> Vec<ListParams> {
     out
 }
 
+/// The least activation memory any V schedule needs: on every worker both stages' activations
+/// of one microbatch are live when its second-chunk forward starts. A run with a reserve of
+/// one activation completes at this limit (the oldest microbatch in flight always finds room
+/// ahead of it), so it is also the smallest limit list scheduling plans at.
+pub(crate) fn memory_floor(d: u32, costs: &Costs) -> f64 {
+    (0..d)
+        .map(|w| costs.stages[w as usize].mem + costs.stages[(2 * d - 1 - w) as usize].mem)
+        .fold(0.0, f64::max)
+}
+
 /// The most work per microbatch on any worker (F, B and W of both its stages).
 fn busiest_work(d: u32, costs: &Costs) -> f64 {
     (0..d)
@@ -529,5 +539,36 @@ mod tests {
         assert_eq!(simulate(&schedule, &c).expect("valid"), sim);
         let (_, made) = search(d, n, &c, limit, "list", 5).expect("search");
         assert_eq!(made, 5);
+    }
+
+    /// At the memory floor (here with heterogeneous stages, so the floor is set by one worker
+    /// and the others have room to run ahead), every run with a reserve of one activation
+    /// completes and fits (a larger reserve may not start at all), and nothing fits below.
+    #[test]
+    fn the_memory_floor_plans_and_nothing_below_it_does() {
+        use crate::cost::StageCost;
+        let d = 4u32;
+        let stages: Vec<StageCost> = (0..2 * d)
+            .map(|s| StageCost {
+                f: 5.0 + f64::from(s),
+                b: 6.0,
+                w: 4.0,
+                mem: 0.25 + 0.1 * f64::from(s % 3),
+            })
+            .collect();
+        let c = Costs::per_stage(&Placement::V { workers: d }, stages, 2.0).expect("costs");
+        let floor = memory_floor(d, &c);
+        for n in [1u32, 4, 9] {
+            for p in grid(d, &c) {
+                let Some(s) = list_v(d, n, &c, floor, "list", p) else {
+                    assert!(p.reserve > 1.0, "n={n} {p:?} deadlocked at the floor");
+                    continue;
+                };
+                let sim = simulate(&s, &c).expect("a valid schedule");
+                assert!(sim.max_peak_memory() <= floor + 1e-9, "{p:?}");
+            }
+            let (best, _) = search(d, n, &c, floor - 1e-3, "list", 50).expect("search");
+            assert!(best.is_none(), "a run fit below the floor");
+        }
     }
 }
