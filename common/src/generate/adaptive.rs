@@ -438,7 +438,8 @@ pub struct Planned {
     pub simulation: Simulation,
     /// Building blocks (or warm-up shapes) considered.
     pub considered: usize,
-    /// Candidates simulated at full size.
+    /// Candidates evaluated at full size: realised blocks, and list-scheduling runs
+    /// (counted even when a run deadlocks and so is never simulated).
     pub evaluated: usize,
     /// Makespan before the local search.
     pub before_local_search: f64,

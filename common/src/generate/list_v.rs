@@ -8,14 +8,15 @@
 //! arrived:
 //!
 //! - worker 0 starts microbatches `0 ..= burst` as fast as memory allows, then a new one at
-//!   most every `gap` time units;
+//!   most every `gap` time units (this shapes the order of worker 0's passes; the simulator
+//!   then runs that order as soon as possible, so a first forward may start sooner);
 //! - a first-chunk forward that would leave less than `reserve` second-chunk activations of
 //!   room on its worker waits; a second-chunk forward only needs to fit, since its microbatch
 //!   already holds memory on every worker it still has to pass (the reserve is what keeps a
 //!   run free of deadlock; one that still deadlocks returns `None`);
 //! - the oldest leg goes first (first-chunk backward, second-chunk backward, second-chunk
-//!   forward, first-chunk forward); a pending W fills idle time only when no other input
-//!   arrives within `w_slack` × its length.
+//!   forward, first-chunk forward); a pending W fills idle time only when no input known so
+//!   far (from passes already placed) arrives within `w_slack` × its length.
 //!
 //! Every choice is a function of the inputs. [`search`] runs the scheduler over [`grid`] and
 //! refines the best few points by pattern search, within a budget of runs; the simulator
@@ -39,7 +40,7 @@ pub(crate) struct ListParams {
     pub gap: f64,
     /// Room (in activations of the worker's second chunk) a first-chunk forward must leave.
     pub reserve: f64,
-    /// A W fills idle time only if no input arrives within `w_slack` × its length.
+    /// A W fills idle time only if no input known so far arrives within `w_slack` × its length.
     pub w_slack: f64,
     /// Microbatches `0 ..= burst` start without the gap (only memory holds them back).
     pub burst: u32,
@@ -276,7 +277,8 @@ pub(crate) fn list_v(
     Some(schedule)
 }
 
-/// The parameter grid (84 points, run in this order while the budget lasts): no burst, then
+/// The parameter grid (84 points for d ≥ 4, fewer distinct ones below, since d/4 and d/2
+/// round to 0; run in this order while the budget lasts): no burst, then
 /// bursts up to microbatch d/4 and d/2; two W policies; reserves of one and two activations;
 /// gaps from "as fast as memory allows" to 1.5× the busiest worker's work per microbatch.
 pub(crate) fn grid(d: u32, costs: &Costs) -> Vec<ListParams> {
@@ -407,7 +409,9 @@ impl Search<'_> {
     /// smaller gap step, until the step is below 0.5 % of `work` or the runs are spent.
     fn refine(&mut self, mut cur: ListParams, mut at: f64, work: f64) -> Result<()> {
         let mut step = 0.04 * work;
-        while self.left > 0 && step >= 0.005 * work - EPS {
+        // Relative, so that tiny pass times (or none) still end the search.
+        let smallest_step = 0.005 * work;
+        while self.left > 0 && step > 0.0 && step >= smallest_step * (1.0 - 1e-9) {
             let mut next = vec![
                 ListParams {
                     gap: cur.gap - step,
@@ -474,7 +478,7 @@ mod tests {
     }
 
     /// Every run that completes is a valid schedule of all 6dn passes, and its simulated peak
-    /// stays within the limit whenever the reserve covers the second-chunk forwards.
+    /// stays within the limit.
     #[test]
     fn runs_validate_and_fit() {
         let mut completed = 0;
@@ -570,5 +574,21 @@ mod tests {
             let (best, _) = search(d, n, &c, floor - 1e-3, "list", 50).expect("search");
             assert!(best.is_none(), "a run fit below the floor");
         }
+    }
+
+    /// With vanishing pass times the pattern search still ends by its step rule, long before
+    /// a large run budget is spent.
+    #[test]
+    fn the_pattern_search_ends_with_tiny_pass_times() {
+        let times = Times {
+            f: 1e-12,
+            b: 1e-12,
+            w: 1e-12,
+            comm: 0.0,
+        };
+        let c = Costs::uniform(&Placement::V { workers: 2 }, times).expect("valid costs");
+        let (best, made) = search(2, 3, &c, 2.0, "list", 1_000_000).expect("search");
+        assert!(best.is_some());
+        assert!(made < 1_000, "{made} runs");
     }
 }
