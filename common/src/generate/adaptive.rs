@@ -583,15 +583,15 @@ pub fn adaptive_v(
     let considered = all.len();
     // Every V schedule holds both of a worker's activations of a microbatch when its second
     // chunk's forward starts, and list scheduling with a reserve of one activation plans at
-    // exactly that floor, so it is the smallest limit that fits.
-    let mut smallest = list_v::memory_floor(d, costs);
+    // exactly that floor, so it is the smallest limit that fits (every block's peak, which
+    // covers both lifetimes, is at least the floor).
+    let smallest = list_v::memory_floor(d, costs);
     // (block length, peak, block) of every distinct fitting block.
     let mut seen: HashSet<Vec<i64>> = HashSet::new();
     let mut fitting: Vec<(i64, f64, BuildingBlock)> = Vec::new();
     for o in all {
         let block = o.block(d);
         let peak = steady_peak(&block, costs);
-        smallest = smallest.min(peak);
         if peak <= limit + EPS && seen.insert(signature(&block)) {
             let length = block
                 .passes

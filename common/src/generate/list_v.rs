@@ -71,11 +71,7 @@ struct State<'a> {
 
 impl State<'_> {
     fn worker(&self, stage: u32) -> u32 {
-        if stage < self.d {
-            stage
-        } else {
-            2 * self.d - 1 - stage
-        }
+        Placement::V { workers: self.d }.worker_of(stage)
     }
 
     fn hop(&self, from: u32, to: u32) -> f64 {
