@@ -45,7 +45,7 @@ use super::block::{BuildingBlock, Placed, VOffsets, reorder_warmup};
 use super::classic::{Backward, one_f_one_b};
 use super::list_v;
 use super::local::improve;
-use super::{finish_simulated, search_v_block};
+use super::{ScheduleKind, finish_simulated, fixed_v, search_v_block};
 use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::pass::{Pass, PassKind};
@@ -642,6 +642,21 @@ pub fn adaptive_v(
     for block in &blocks {
         evaluated += 1;
         keep_better(&mut best, realise(block, NAME, n, costs, limit)?);
+    }
+    // The fixed schedules themselves, as `pipewise plan` builds them (their W filling and,
+    // for V-ZB, the greedy V scheduler), so that neither bubble is ever above them in their
+    // memory class: on a tie in makespan the lower span bubble wins.
+    if per_proxy <= ALWAYS_FIXED {
+        for kind in [ScheduleKind::VMin, ScheduleKind::VHalf, ScheduleKind::VZb] {
+            if let Ok((schedule, sim)) = fixed_v(kind, d, n, costs) {
+                evaluated += 1;
+                let schedule = Schedule {
+                    name: NAME.into(),
+                    ..schedule
+                };
+                consider_simulated(&mut best, (schedule, sim), limit);
+            }
+        }
     }
     // List scheduling in time order with the true costs and hops, for as many runs as the
     // budget allows.

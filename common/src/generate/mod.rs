@@ -285,29 +285,9 @@ pub fn generate_with(
             let costs = costs_for(&s.placement)?;
             finish(s, &costs)
         }
-        ScheduleKind::VMin => v_schedule("v-min", VOffsets::v_min(d), d, n, costs_for),
-        ScheduleKind::VHalf => v_schedule("v-half", VOffsets::v_half(d), d, n, costs_for),
-        ScheduleKind::VZb => {
-            let (block, block_sim, costs) = v_schedule_simulated(
-                "v-zb",
-                search_v_block(d, [4, 2, 4, 2], false)?,
-                d,
-                n,
-                costs_for,
-            )?;
-            // The greedy V scheduler competes in the block schedule's memory class; it wins
-            // when few microbatches keep the block schedule out of its steady state, and is
-            // skipped on large shapes, where it costs seconds and the block is near zero bubble.
-            if 6 * u64::from(d) * u64::from(n) > GREEDY_V_PASSES {
-                return Ok(block);
-            }
-            let Ok((greedy, greedy_sim)) =
-                greedy_v::greedy_v_simulated(d, n, &costs, block_sim.max_peak_memory())
-            else {
-                return Ok(block);
-            };
-            let better = greedy_v::span_first(&greedy_sim, &block_sim);
-            Ok(if better { greedy } else { block })
+        ScheduleKind::VMin | ScheduleKind::VHalf | ScheduleKind::VZb => {
+            let costs = costs_for(&Placement::V { workers: d })?;
+            fixed_v(req.kind, d, n, &costs).map(|(schedule, _)| schedule)
         }
         ScheduleKind::AdaptiveV => {
             let costs = costs_for(&Placement::V { workers: d })?;
@@ -329,30 +309,42 @@ pub fn generate_with(
 }
 
 /// Building block → repeat → squeeze → reorder (warm-up, then [`finish`]).
-fn v_schedule(
-    name: &str,
-    offsets: VOffsets,
+/// The fixed V-shape schedules (V-Min, V-Half, V-ZB) of seed 000 under `costs` (over the
+/// `2d` stages of the V placement), with their simulation: the block of the class repeated,
+/// App. C's reorders, then [`finish`]'s compaction or W filling within the class; for V-ZB
+/// the greedy V scheduler competes in the same memory class on shapes of up to
+/// [`GREEDY_V_PASSES`] passes, and the lower span bubble wins.
+pub(crate) fn fixed_v(
+    kind: ScheduleKind,
     d: u32,
     n: u32,
-    costs_for: &dyn Fn(&Placement) -> Result<Costs>,
-) -> Result<Schedule> {
-    v_schedule_simulated(name, offsets, d, n, costs_for).map(|(schedule, _, _)| schedule)
-}
-
-/// [`v_schedule`] with its simulation and the costs it was simulated under.
-fn v_schedule_simulated(
-    name: &str,
-    offsets: VOffsets,
-    d: u32,
-    n: u32,
-    costs_for: &dyn Fn(&Placement) -> Result<Costs>,
-) -> Result<(Schedule, Simulation, Costs)> {
-    let block = offsets.block(d);
-    let repeated = block.repeat(name, n)?;
-    let warm = reorder_warmup(repeated)?;
-    let costs = costs_for(&warm.placement)?;
-    let (schedule, sim) = finish_simulated(warm, &costs, None)?;
-    Ok((schedule, sim, costs))
+    costs: &Costs,
+) -> Result<(Schedule, Simulation)> {
+    let (name, offsets) = match kind {
+        ScheduleKind::VMin => ("v-min", VOffsets::v_min(d)),
+        ScheduleKind::VHalf => ("v-half", VOffsets::v_half(d)),
+        ScheduleKind::VZb => ("v-zb", search_v_block(d, [4, 2, 4, 2], false)?),
+        other => {
+            return Err(Error::Unsupported {
+                schedule: other.name().into(),
+                reason: "not a fixed V-shape schedule".into(),
+            });
+        }
+    };
+    let warm = reorder_warmup(offsets.block(d).repeat(name, n)?)?;
+    let (block, block_sim) = finish_simulated(warm, costs, None)?;
+    // The greedy V scheduler competes in the block schedule's memory class; it wins when few
+    // microbatches keep the block schedule out of its steady state, and is skipped on large
+    // shapes, where it costs seconds and the block is near zero bubble.
+    if kind != ScheduleKind::VZb || 6 * u64::from(d) * u64::from(n) > GREEDY_V_PASSES {
+        return Ok((block, block_sim));
+    }
+    match greedy_v::greedy_v_simulated(d, n, costs, block_sim.max_peak_memory()) {
+        Ok((greedy, greedy_sim)) if greedy_v::span_first(&greedy_sim, &block_sim) => {
+            Ok((greedy, greedy_sim))
+        }
+        _ => Ok((block, block_sim)),
+    }
 }
 
 /// The cost-aware end of the split-backward pipelines: App. C cool-down reorder, then the
