@@ -327,7 +327,11 @@ fn with_comm(fraction: f64) -> Times {
 /// when its input arrives or right after a pass of its worker (one microbatch per period:
 /// nothing below 49.5; two per period: nothing at 48.0) found no better. The finite n make it
 /// harder still: a microbatch's span is ≥ 812.6, so a periodic schedule takes
-/// ≥ (n − 1)·P + 812.6, which reaches 1F1B's 2259.4 at n = 32 only if P ≤ 46.67. Above the
+/// ≥ (n − 1)·P + 812.6, which reaches 1F1B's 2259.4 at n = 32 only if P ≤ 46.67. An exact
+/// solver comes within 0.2 % and no closer (`docs/experiments/v_comm_cpsat.py`, CP-SAT):
+/// one microbatch laid collision-free modulo a period of 40, slots skipped where memory would
+/// overflow, gives 2269.6 / 3844.5 / 6915.9 at n = 32 / 64 / 128, and 257 s of solving the
+/// whole n = 32 schedule from there reach 2262.35. Above the
 /// limit the gap closes quickly (`pipewise plan -s adaptive-v -d 16 --times
 /// 12.96,13.22,9.76,6.48`): at 10 units adaptive-v already beats 1F1B for every n (n = 16,
 /// 32, 64, 128: 1424.7, 2241.1, 3792.8, 6842.0 against 1490.0, 2259.4, 3798.3, 6876.1), and

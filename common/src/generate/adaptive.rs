@@ -21,16 +21,20 @@
 //! 4. **Full evaluation** of the best few: repeat to `n`, squeeze, reorder the warm-up and
 //!    the cool-down (App. C), compact and fill W passes within the limit ([`super::finish`]),
 //!    then the local search of [`super::local`]. The fixed V-Min / V-Half / V-ZB blocks are
-//!    always evaluated too when they fit, so the result is never worse than the fixed
-//!    schedule of the same memory class under the same costs.
+//!    always evaluated too when they fit, and on small shapes (up to [`ALWAYS_FIXED`]
+//!    passes) so are the fixed schedules themselves as `pipewise plan` builds them
+//!    ([`super::fixed_v`]: their W filling and, for V-ZB, the greedy V scheduler), so the
+//!    result is never worse than the fixed schedule of the same memory class under the same
+//!    costs: never a longer makespan, and on equal makespans never a higher span bubble.
 //! 5. **List scheduling** ([`super::list_v`]): passes placed one at a time in time order
 //!    with the true costs and hop latency, over a grid of start rates, bursts, W policies
 //!    and memory reserves refined by pattern search, as many runs as [`LIST_BUDGET`]
 //!    allows. Blocks repeat one timing for every microbatch, which costs the most when hops
 //!    are long and `n` is small; there a non-periodic fill wins (e.g. d = 16, hops of half
 //!    an F, 9 units, n = 16: 1470.2 against the best block's 1542.3 and 1F1B's 1490.0; 10
-//!    units, n = 32: 2241.1 against 2267.7 and 2259.4). The best of 4 and 5 goes to the
-//!    local search.
+//!    units, n = 32: 2241.1 against 2267.7 and 2259.4). The best of 4 and 5 (least
+//!    makespan, then least span bubble) goes to the local search, which lowers the makespan,
+//!    then the span bubble.
 //!
 //! # Adaptive zero bubble
 //!

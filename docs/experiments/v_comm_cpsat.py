@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""How far can a V schedule go at the V-Half limit with a per-hop communication cost?
+
+An experiment, not part of the build: it asks Google OR-tools' CP-SAT solver
+(`pip install ortools`; 9.15 was used) for V-shape schedules of the case where adaptive-v
+is still slower than 1F1B (README, "Status and known gaps"): d = 16 workers, seed 000's
+Table 5 times (F, B, W = 12.96, 13.22, 9.76 per stage of 1/d, so 6.48, 6.61, 4.88 per
+V chunk), a hop between workers of 0.5 F = 6.48, and 9 units of activation memory per
+worker (18 chunk activations, each held from its F's start to its W's end, the
+accounting of pipewise's simulator). Times are in hundredths, so the model is integral.
+
+    full N HINT.csv SECONDS OUT.csv
+        The whole schedule of N microbatches as a CP-SAT model (precedence along each
+        microbatch's chain with the hop latency, one pass at a time per worker, a
+        cumulative memory limit per worker), started from HINT.csv (a schedule in the form
+        `pipewise plan --format csv` writes) and improved for SECONDS; writes the best
+        per-worker orders to OUT.csv.
+
+    wave P N OUT.csv
+        A one-microbatch template whose passes do not collide modulo a period P (each
+        worker's passes laid on a circle of length P), chosen to minimise the largest sum
+        of a worker's two activation lifetimes; microbatches are then put into the slots
+        0, P, 2P, ... in order, skipping a slot whenever the next microbatch would take a
+        worker over its memory; writes the resulting orders to OUT.csv.
+
+Re-simulate any output with pipewise itself (it checks validity and memory):
+
+    pipewise plan -s csv:OUT.csv --times 12.96,13.22,9.76,6.48 --memory-limit 9
+"""
+
+import csv
+import sys
+
+from ortools.sat.python import cp_model
+
+D = 16
+STAGES = 2 * D
+DUR = {"F": 648, "B": 661, "W": 488}
+HOP = 648
+CAP = 18  # 9 units of 1/d of the model = 18 activations of a half-size chunk
+CSV_KIND = {"F": "F", "B": "I", "W": "W"}
+
+
+def worker(stage):
+    return stage if stage < D else STAGES - 1 - stage
+
+
+def hop(a, b):
+    return 0 if worker(a) == worker(b) else HOP
+
+
+def deps(kind, stage, mb):
+    if kind == "F":
+        return [] if stage == 0 else [(("F", stage - 1, mb), hop(stage - 1, stage))]
+    if kind == "B":
+        if stage == STAGES - 1:
+            return [(("F", stage, mb), 0)]
+        return [(("B", stage + 1, mb), hop(stage + 1, stage))]
+    return [(("B", stage, mb), 0)]
+
+
+def simulate(orders):
+    """Runs per-worker orders as soon as possible; returns (start times, makespan)."""
+    end, start = {}, {}
+    pos, free = [0] * D, [0] * D
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for w in range(D):
+            while pos[w] < len(orders[w]):
+                p = orders[w][pos[w]]
+                ds = deps(*p)
+                if any(d not in end for d, _ in ds):
+                    break
+                t = max([free[w]] + [end[d] + h for d, h in ds])
+                start[p], end[p] = t, t + DUR[p[0]]
+                free[w] = end[p]
+                pos[w] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise SystemExit("the orders deadlock")
+    return start, max(end.values())
+
+
+def peak(orders):
+    """Largest number of live activations on any worker (memory follows the order)."""
+    top = 0
+    for order in orders:
+        live = 0
+        for kind, _, _ in order:
+            live += kind == "F"
+            top = max(top, live)
+            live -= kind == "W"
+    return top
+
+
+def read_csv(path):
+    orders = []
+    for row in csv.reader(open(path)):
+        order = []
+        for cell in (c.strip() for c in row):
+            if not cell:
+                continue
+            i = 0
+            while cell[i].isdigit():
+                i += 1
+            kind = {"I": "B"}.get(cell[i], cell[i])
+            order.append((kind, int(cell[:i]), int(cell[i + 1 :])))
+        orders.append(order)
+    return orders
+
+
+def write_csv(path, orders):
+    with open(path, "w") as f:
+        for order in orders:
+            f.write(",".join(f"{s}{CSV_KIND[k]}{m}" for k, s, m in order) + "\n")
+
+
+def orders_of(times):
+    """Per-worker orders of a timed schedule {(kind, stage, mb): start}."""
+    rows = [[] for _ in range(D)]
+    for p, t in times.items():
+        rows[worker(p[1])].append((t, p))
+    return [[p for _, p in sorted(r)] for r in rows]
+
+
+def chain(m, t, mbs):
+    for mb in mbs:
+        for s in range(1, STAGES):
+            m.Add(t[("F", s, mb)] >= t[("F", s - 1, mb)] + DUR["F"] + hop(s - 1, s))
+        m.Add(t[("B", STAGES - 1, mb)] >= t[("F", STAGES - 1, mb)] + DUR["F"])
+        for s in range(STAGES - 1):
+            m.Add(t[("B", s, mb)] >= t[("B", s + 1, mb)] + DUR["B"] + hop(s + 1, s))
+        for s in range(STAGES):
+            m.Add(t[("W", s, mb)] >= t[("B", s, mb)] + DUR["B"])
+
+
+class Progress(cp_model.CpSolverSolutionCallback):
+    def on_solution_callback(self):
+        print(
+            f"{self.WallTime():7.1f} s: makespan {self.ObjectiveValue() / 100:.2f}, "
+            f"bound {self.BestObjectiveBound() / 100:.2f}",
+            flush=True,
+        )
+
+
+def full(n, hint_path, seconds, out):
+    horizon = 1_000_000
+    m = cp_model.CpModel()
+    t = {
+        (k, s, mb): m.NewIntVar(0, horizon, f"{k}{s}_{mb}")
+        for mb in range(n)
+        for s in range(STAGES)
+        for k in "FBW"
+    }
+    chain(m, t, range(n))
+    per_worker = [[] for _ in range(D)]
+    for (k, s, mb), v in t.items():
+        per_worker[worker(s)].append(m.NewFixedSizeIntervalVar(v, DUR[k], ""))
+    for ivs in per_worker:
+        m.AddNoOverlap(ivs)
+    for w in range(D):
+        lives = []
+        for s in (w, STAGES - 1 - w):
+            for mb in range(n):
+                end = m.NewIntVar(0, horizon, "")
+                m.Add(end == t[("W", s, mb)] + DUR["W"])
+                size = m.NewIntVar(0, horizon, "")
+                lives.append(m.NewIntervalVar(t[("F", s, mb)], size, end, ""))
+        m.AddCumulative(lives, [1] * len(lives), CAP)
+    makespan = m.NewIntVar(0, horizon, "makespan")
+    for (k, s, mb), v in t.items():
+        if k == "W":
+            m.Add(makespan >= v + DUR["W"])
+    # Microbatches are interchangeable: number them in the order they enter stage 0.
+    for mb in range(n - 1):
+        m.Add(t[("F", 0, mb)] <= t[("F", 0, mb + 1)])
+    m.Minimize(makespan)
+    start, hint_makespan = simulate(read_csv(hint_path))
+    order = sorted(range(n), key=lambda mb: start[("F", 0, mb)])
+    renumber = {old: new for new, old in enumerate(order)}
+    for (k, s, mb), v in start.items():
+        m.AddHint(t[(k, s, renumber[mb])], v)
+    m.AddHint(makespan, hint_makespan)
+    print(f"hint: makespan {hint_makespan / 100:.2f}", flush=True)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = seconds
+    solver.parameters.num_workers = 2
+    status = solver.Solve(m, Progress())
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise SystemExit(solver.StatusName(status))
+    orders = orders_of({p: solver.Value(v) for p, v in t.items()})
+    _, best = simulate(orders)
+    print(f"{solver.StatusName(status)}: makespan {best / 100:.2f}, peak {peak(orders)}")
+    write_csv(out, orders)
+
+
+def template(period):
+    """One microbatch's timing, collision free modulo `period` (hundredths)."""
+    m = cp_model.CpModel()
+    horizon = 200_000
+    t = {(k, s, 0): m.NewIntVar(0, horizon, "") for s in range(STAGES) for k in "FBW"}
+    chain(m, t, [0])
+    m.Add(t[("F", 0, 0)] == 0)
+    for w in range(D):
+        ivs = []
+        for s in (w, STAGES - 1 - w):
+            for k in "FBW":
+                laps = m.NewIntVar(0, horizon // period + 1, "")
+                phase = m.NewIntVar(0, period - 1, "")
+                m.Add(t[(k, s, 0)] == phase + period * laps)
+                # A circle of length `period` laid out twice, so wrapping passes collide too.
+                ivs.append(m.NewFixedSizeIntervalVar(phase, DUR[k], ""))
+                again = m.NewIntVar(period, 2 * period, "")
+                m.Add(again == phase + period)
+                ivs.append(m.NewFixedSizeIntervalVar(again, DUR[k], ""))
+        m.AddNoOverlap(ivs)
+    worst = m.NewIntVar(0, horizon, "")
+    for w in range(D):
+        a, b = w, STAGES - 1 - w
+        m.Add(
+            worst
+            >= t[("W", a, 0)] - t[("F", a, 0)] + t[("W", b, 0)] - t[("F", b, 0)] + 2 * DUR["W"]
+        )
+    m.Minimize(worst)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 30
+    solver.parameters.num_workers = 2
+    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise SystemExit(f"no template at period {period / 100}")
+    print(f"template: largest lifetime sum {solver.Value(worst) / 100:.2f}", flush=True)
+    return {(k, s): solver.Value(v) for (k, s, _), v in t.items()}
+
+
+def wave(period, n, out):
+    tm = template(period)
+    slots, slot = [], 0
+    while len(slots) < n:
+        trial = slots + [slot]
+        times = {(k, s, mb): x + at * period for mb, at in enumerate(trial) for (k, s), x in tm.items()}
+        if peak(orders_of(times)) <= CAP:
+            slots = trial
+        slot += 1
+    times = {(k, s, mb): x + at * period for mb, at in enumerate(slots) for (k, s), x in tm.items()}
+    orders = orders_of(times)
+    _, makespan = simulate(orders)
+    print(f"{n} microbatches in {slots[-1] + 1} slots: makespan {makespan / 100:.2f}, peak {peak(orders)}")
+    write_csv(out, orders)
+
+
+if __name__ == "__main__":
+    match sys.argv[1:]:
+        case ["full", n, hint, seconds, out]:
+            full(int(n), hint, float(seconds), out)
+        case ["wave", period, n, out]:
+            wave(int(round(float(period) * 100)), int(n), out)
+        case _:
+            raise SystemExit(__doc__)
