@@ -133,11 +133,19 @@ fn three_budgets_print_three_plans_that_fit() {
             ),
             table[0].shape
         );
+        // A plan is its schedule kind and shape and, for the adaptive kinds, the schedule
+        // planned to the budget, which shows in its predicted step time.
         winners.push((
-            format!("{} {}", table[0].schedule, table[0].shape),
+            format!(
+                "{} {} {:.3} ms",
+                table[0].schedule,
+                table[0].shape,
+                best["step_ms"].as_f64().unwrap()
+            ),
             best["max_worker_bytes"].as_u64().unwrap() as f64,
         ));
     }
+    eprintln!("winners: {winners:?}");
     // Three different winners; the tighter budget gets the lower-memory plan.
     assert_ne!(winners[0].0, winners[1].0, "{winners:?}");
     assert_ne!(winners[1].0, winners[2].0, "{winners:?}");

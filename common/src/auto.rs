@@ -18,10 +18,11 @@
 //! 3. checks the static memory of every worker: parameters, gradients and AdamW state,
 //!    [`bytes_per_param`] bytes per parameter;
 //! 4. generates the schedule with the stage costs and simulates it; the adaptive kinds are
-//!    searched under one activation limit for every worker, the budget minus the largest
-//!    static state (conservative where the static state differs between workers: the
-//!    budget they are reported to need is that largest static state plus the smallest
-//!    limit the search accepts);
+//!    searched under one activation limit for every worker: the budget minus the smallest
+//!    static state if the schedule found then fits every worker, else the largest limit
+//!    found by bisection down to the budget minus the largest static state (which always
+//!    fits) whose schedule fits every worker; the budget they are reported to need is the
+//!    largest static state plus the smallest limit the search accepts;
 //! 5. keeps it if every worker's static bytes plus simulated activation peak fit.
 //!
 //! The fitting plans are ranked by predicted step time (throughput is `global_batch ·
@@ -70,6 +71,11 @@ pub const MAX_ADAPTIVE_SHAPE: u64 = 8192;
 /// Extra searches of an adaptive kind, bisecting the activation limit for the least memory
 /// that keeps the fastest makespan (the search itself breaks makespan ties by bubble).
 pub const ADAPTIVE_DESCENT_STEPS: usize = 8;
+
+/// Extra searches of an adaptive kind, bisecting the activation limit between the room on
+/// the fullest worker and the room on the emptiest for the largest limit that still fits
+/// every worker (when the emptiest worker's room does not).
+pub const ADAPTIVE_ASCENT_STEPS: usize = 6;
 
 /// The fixed kinds are planned only when `stages × microbatches` is at most this.
 pub const MAX_FIXED_SHAPE: u64 = 1_000_000;
@@ -705,7 +711,29 @@ fn plan_one(
         }
         if found.is_none() && optimistic > room {
             match search(room) {
-                Ok(p) => found = Some((p, room)),
+                Ok(p) => {
+                    // Between the room that always fits and the one that did not, bisect
+                    // for the largest limit whose schedule still fits every worker.
+                    let (mut lo, mut hi) = (room, optimistic);
+                    let mut best = (p, room);
+                    for _ in 0..ADAPTIVE_ASCENT_STEPS {
+                        if hi - lo <= 0.01 * hi {
+                            break;
+                        }
+                        let mid = 0.5 * (lo + hi);
+                        match search(mid) {
+                            Ok(p) if fits_all(&p.simulation) => {
+                                if p.simulation.makespan < best.0.simulation.makespan {
+                                    best = (p, mid);
+                                }
+                                lo = mid;
+                            }
+                            Ok(_) | Err(Error::MemoryLimit { .. }) => hi = mid,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    found = Some(best);
+                }
                 Err(e) => failure = Some(e),
             }
         }
