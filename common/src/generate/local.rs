@@ -9,8 +9,9 @@
 //! metric: idle time within a worker's own span), to end that worker sooner. A move is kept
 //! only if the schedule still validates, every worker stays within the memory limit and the
 //! triple (makespan, span bubble, sum of the workers' finish times) strictly decreases in
-//! that order, so the search terminates and never makes a schedule worse on either bubble. The work is bounded by a budget counted in simulated passes (the core has
-//! no clock).
+//! that order, so the search terminates, never lengthens the makespan and raises the span
+//! bubble only when it shortens the makespan. The work is bounded by a budget counted in
+//! simulated passes (the core has no clock).
 
 use crate::cost::Costs;
 use crate::error::Result;
