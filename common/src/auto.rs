@@ -583,6 +583,37 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     })
 }
 
+/// Between `room` (whose schedule `at_room` fits every worker) and `optimistic` (whose
+/// schedule did not), bisects the activation limit for the largest one whose schedule still
+/// fits every worker; returns the fastest fitting schedule seen and its limit.
+fn widen_limit(
+    search: &dyn Fn(f64) -> Result<crate::generate::Planned>,
+    fits_all: &dyn Fn(&Simulation) -> bool,
+    at_room: crate::generate::Planned,
+    room: f64,
+    optimistic: f64,
+) -> Result<(crate::generate::Planned, f64)> {
+    let (mut lo, mut hi) = (room, optimistic);
+    let mut best = (at_room, room);
+    for _ in 0..ADAPTIVE_ASCENT_STEPS {
+        if hi - lo <= 0.01 * hi {
+            break;
+        }
+        let mid = 0.5 * (lo + hi);
+        match search(mid) {
+            Ok(p) if fits_all(&p.simulation) => {
+                if p.simulation.makespan < best.0.simulation.makespan {
+                    best = (p, mid);
+                }
+                lo = mid;
+            }
+            Ok(_) | Err(Error::MemoryLimit { .. }) => hi = mid,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(best)
+}
+
 /// Plans one (kind, microbatch size) configuration.
 fn plan_one(
     req: &AutoRequest,
@@ -711,29 +742,7 @@ fn plan_one(
         }
         if found.is_none() && optimistic > room {
             match search(room) {
-                Ok(p) => {
-                    // Between the room that always fits and the one that did not, bisect
-                    // for the largest limit whose schedule still fits every worker.
-                    let (mut lo, mut hi) = (room, optimistic);
-                    let mut best = (p, room);
-                    for _ in 0..ADAPTIVE_ASCENT_STEPS {
-                        if hi - lo <= 0.01 * hi {
-                            break;
-                        }
-                        let mid = 0.5 * (lo + hi);
-                        match search(mid) {
-                            Ok(p) if fits_all(&p.simulation) => {
-                                if p.simulation.makespan < best.0.simulation.makespan {
-                                    best = (p, mid);
-                                }
-                                lo = mid;
-                            }
-                            Ok(_) | Err(Error::MemoryLimit { .. }) => hi = mid,
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    found = Some(best);
-                }
+                Ok(p) => found = Some(widen_limit(&search, &fits_all, p, room, optimistic)?),
                 Err(e) => failure = Some(e),
             }
         }

@@ -48,6 +48,29 @@ impl Simulation {
     pub fn max_peak_memory(&self) -> f64 {
         self.peak_memory.iter().copied().fold(0.0, f64::max)
     }
+
+    /// The worker whose idle share of its own span is [`Simulation::bubble_span`] (the last
+    /// such worker on ties; `None` when no worker has a span).
+    pub fn worst_span_worker(&self) -> Option<usize> {
+        span_bubbles(&self.timeline, &self.busy)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(w, _)| w)
+    }
+}
+
+/// `(worker, (span − busy) / span)` of every worker with a span (first start to last end).
+fn span_bubbles<'a>(
+    timeline: &'a [Vec<TimedPass>],
+    busy: &'a [f64],
+) -> impl Iterator<Item = (usize, f64)> + 'a {
+    timeline
+        .iter()
+        .zip(busy)
+        .enumerate()
+        .filter_map(|(w, (t, b))| {
+            let span = t.last()?.end - t.first()?.start;
+            (span > 0.0).then(|| (w, (span - b) / span))
+        })
 }
 
 /// Lower bounds on the makespan.
@@ -161,13 +184,8 @@ fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) 
     } else {
         0.0
     };
-    let bubble_span = timeline
-        .iter()
-        .zip(&busy)
-        .filter_map(|(t, b)| {
-            let span = t.last()?.end - t.first()?.start;
-            (span > 0.0).then(|| (span - b) / span)
-        })
+    let bubble_span = span_bubbles(&timeline, &busy)
+        .map(|(_, b)| b)
         .fold(0.0, f64::max);
     let peak_memory = timeline
         .iter()

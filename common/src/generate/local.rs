@@ -68,7 +68,7 @@ pub fn improve(schedule: Schedule, costs: &Costs, limit: f64, budget: u64) -> Re
         let last = last_pass(&sim.timeline, None);
         let mut moves = candidate_moves(&current, &index, &sim, costs, last);
         moves.truncate(MOVES_PER_ROUND);
-        let worst = worst_span_worker(&sim);
+        let worst = sim.worst_span_worker();
         if worst.is_some() && last_pass(&sim.timeline, worst) != last {
             let more = candidate_moves(
                 &current,
@@ -119,20 +119,6 @@ fn last_pass(lines: &[Vec<TimedPass>], worker: Option<usize>) -> Option<(usize, 
         .filter_map(|(w, l)| l.last().map(|p| (w, l.len() - 1, p.end)))
         .max_by(|a, b| a.2.total_cmp(&b.2))
         .map(|(w, i, _)| (w, i))
-}
-
-/// The worker whose idle share of its own span is [`Simulation::bubble_span`].
-fn worst_span_worker(sim: &Simulation) -> Option<usize> {
-    sim.timeline
-        .iter()
-        .zip(&sim.busy)
-        .enumerate()
-        .filter_map(|(w, (t, busy))| {
-            let span = t.last()?.end - t.first()?.start;
-            (span > 0.0).then(|| (w, (span - busy) / span))
-        })
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(w, _)| w)
 }
 
 /// Moves `(worker, from, to)` (positions in the worker's program; `to` is the position the
