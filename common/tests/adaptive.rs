@@ -332,7 +332,8 @@ fn with_comm(fraction: f64) -> Times {
 /// CP-SAT): one microbatch laid collision-free modulo a period of 40, slots skipped where
 /// memory would overflow, gives 2269.6 / 3844.5 / 6915.9 at n = 32 / 64 / 128, and solving
 /// the whole n = 32 schedule from there reaches 2262.35 in 257 s and 2258.89 in 1500 s, just
-/// below 1F1B (`a_v_schedule_within_the_v_half_limit_beats_1f1b_at_n_32`). Above the
+/// below 1F1B (`a_v_schedule_within_the_v_half_limit_beats_1f1b_at_n_32`); at n = 64,
+/// 1500 s reach only 3834.58, 1 % above 1F1B. Above the
 /// limit the gap closes quickly (`pipewise plan -s adaptive-v -d 16 --times
 /// 12.96,13.22,9.76,6.48`): at 10 units adaptive-v already beats 1F1B for every n (n = 16,
 /// 32, 64, 128: 1424.7, 2241.1, 3792.8, 6842.0 against 1490.0, 2259.4, 3798.3, 6876.1), and

@@ -31,7 +31,8 @@ Re-simulate any output with pipewise itself (it checks validity and memory):
 
 Results (2 CP-SAT workers on 2 cores): `wave 40 32` gives 2269.58; `full 32` from there
 reaches 2262.35 after 257 s and 2258.89 after 1500 s (first below 1F1B's 2259.42 at about
-1180 s; bound 1765.64), kept as docs/experiments/v_comm_d16_n32.csv.
+1180 s; bound 1765.64), kept as docs/experiments/v_comm_d16_n32.csv. `wave 40 64` gives
+3844.54 and `full 64` from there 3834.58 after 1500 s (1F1B: 3798.30; bound 3147.40).
 """
 
 import csv
