@@ -434,6 +434,43 @@ fn bad_times_are_invalid() {
     }
 }
 
+/// Valid times with zero or vanishing backward passes (frozen weights: W = 0; B = W = 0), or
+/// all tiny (the time unit is free): every kind plans a valid schedule. The App. C cool-down
+/// reordering used to put a W ahead of its own B when that B, later in the order, ended by
+/// the time the pass before it started.
+#[test]
+fn zero_or_tiny_backward_times_still_plan() {
+    for times in [
+        Times {
+            b: 0.0,
+            w: 0.0,
+            ..Times::UNIT
+        },
+        Times {
+            w: 0.0,
+            ..Times::UNIT
+        },
+        Times {
+            b: 1e-10,
+            w: 1e-10,
+            ..Times::UNIT
+        },
+        Times {
+            f: 1e-10,
+            b: 1e-10,
+            w: 1e-10,
+            comm: 0.0,
+        },
+    ] {
+        for kind in ScheduleKind::ALL {
+            let mut req = request(kind, 4, 8, 2);
+            req.times = times;
+            let s = generate(&req).unwrap_or_else(|e| panic!("{kind} with {times:?}: {e}"));
+            validate(&s).unwrap_or_else(|e| panic!("{kind} with {times:?}: {e}"));
+        }
+    }
+}
+
 #[test]
 fn dualpipe_v_needs_two_microbatches_per_worker() {
     for d in 1..=16u32 {

@@ -393,14 +393,16 @@ pub fn reorder_cooldown(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
     for (w, line) in sim.timeline.iter().enumerate() {
         let ws = &pending[w];
         let main = &line[..line.len() - ws.len()];
-        let mut b_end = PassMap::times(trimmed.placement.stages(), trimmed.microbatches);
-        for t in main.iter().filter(|t| t.pass.kind == PassKind::B) {
-            b_end.set(t.pass, t.end);
-        }
         let last_f = main
             .iter()
             .rposition(|p| p.pass.kind == PassKind::F)
             .map_or(0, |i| i + 1);
+        // Ends of the B passes already in `order`: a W may only follow its own B (with zero
+        // or tiny B times, a later B can end by the time an earlier pass starts).
+        let mut b_end = PassMap::times(trimmed.placement.stages(), trimmed.microbatches);
+        for t in main[..last_f].iter().filter(|t| t.pass.kind == PassKind::B) {
+            b_end.set(t.pass, t.end);
+        }
         let mut queue: std::collections::VecDeque<Pass> = ws.iter().copied().collect();
         let mut order: Vec<Pass> = main[..last_f].iter().map(|t| t.pass).collect();
         let mut cursor = main[..last_f].last().map_or(0.0, |t| t.end);
@@ -420,6 +422,9 @@ pub fn reorder_cooldown(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
                 order.push(wp);
             }
             order.push(t.pass);
+            if t.pass.kind == PassKind::B {
+                b_end.set(t.pass, t.end);
+            }
             cursor = t.end;
         }
         order.extend(queue);
