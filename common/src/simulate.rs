@@ -86,6 +86,8 @@ pub struct Bounds {
     /// The paper's App. E.2 bound for V schedules, `(6n + 6d − 3k − 1)·t` with `k` the
     /// simulated peak in per-stage activations and `t` the shortest pass: a bound for
     /// squeezed-and-reordered V-shape schedules at that memory, not for every schedule.
+    /// `None` off the V placement and for fewer microbatches than workers, where the
+    /// formula exceeds real makespans (e.g. V-Half, d = 8, n = 1: 23.5 against 16.5).
     pub v_bound: Option<f64>,
 }
 
@@ -245,7 +247,7 @@ fn bounds(schedule: &Schedule, costs: &Costs, busy: &[f64], peak: &[f64]) -> Bou
                 .flat_map(|c| [c.f, c.b, c.w])
                 .fold(f64::INFINITY, f64::min);
             let peak = peak.iter().copied().fold(0.0, f64::max);
-            (m > 0.0).then(|| {
+            (m > 0.0 && schedule.microbatches >= *workers).then(|| {
                 let k = (peak / m).round().min(2.0 * d);
                 (6.0 * n + 6.0 * d - 3.0 * k - 1.0).max(0.0) * t
             })

@@ -158,3 +158,47 @@ fn interleaved_idle_is_1f1b_idle_over_v() {
         failures.join("\n")
     );
 }
+
+/// The App. E.2 V bound is reported only where it is one: from `n = d` microbatches on it
+/// never exceeds the simulated makespan of a V schedule (unit and Table 5 times), and below
+/// that it is absent (the formula would exceed real makespans there).
+#[test]
+fn v_bound_is_a_bound_where_reported() {
+    let table5 = Times {
+        f: 12.96,
+        b: 13.22,
+        w: 9.76,
+        comm: 0.0,
+    };
+    for kind in [
+        ScheduleKind::VMin,
+        ScheduleKind::VHalf,
+        ScheduleKind::VZb,
+        ScheduleKind::AdaptiveV,
+    ] {
+        for d in 2..=8u32 {
+            for n in 1..=3 * d {
+                for times in [UNIT, table5] {
+                    let Ok(s) = generate(&Request {
+                        times,
+                        ..Request::new(kind, d, n)
+                    }) else {
+                        continue;
+                    };
+                    let sim = simulate(&s, &Costs::uniform(&s.placement, times).unwrap()).unwrap();
+                    match sim.bounds.v_bound {
+                        Some(v) => {
+                            assert!(n >= d, "{kind} d={d} n={n}: a V bound below n = d");
+                            assert!(
+                                v <= sim.makespan * (1.0 + TOL),
+                                "{kind} d={d} n={n}: V bound {v} > makespan {}",
+                                sim.makespan
+                            );
+                        }
+                        None => assert!(n < d, "{kind} d={d} n={n}: no V bound"),
+                    }
+                }
+            }
+        }
+    }
+}
