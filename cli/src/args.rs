@@ -518,8 +518,11 @@ impl PlanArgs {
             );
         }
         let chunks = self.chunks.unwrap_or(2);
-        let stage_chunks = if kind.uses_chunks() { chunks } else { 2 };
-        check_size(workers, microbatches, stage_chunks)?;
+        check_size(
+            workers,
+            microbatches,
+            kind.placement(workers, chunks).chunks(),
+        )?;
         Ok(Source::Generate {
             kind,
             workers,
@@ -542,9 +545,14 @@ impl PlanArgs {
 fn check_size(workers: u32, microbatches: u32, chunks: u32) -> Result<()> {
     let size = u64::from(workers) * u64::from(chunks) * u64::from(microbatches);
     if size > MAX_STAGE_MICROBATCHES {
+        let per_worker = if chunks == 1 {
+            String::new()
+        } else {
+            format!(" (× {chunks} chunks per worker)")
+        };
         bail!(
-            "--workers {workers} × --microbatches {microbatches} (× {chunks} chunks) is too \
-             large: stages × microbatches must be at most {MAX_STAGE_MICROBATCHES}"
+            "--workers {workers} × --microbatches {microbatches}{per_worker} is too large: \
+             stages × microbatches must be at most {MAX_STAGE_MICROBATCHES}"
         );
     }
     Ok(())
@@ -623,6 +631,8 @@ fn read_stage_times(path: &Path) -> Result<Vec<StageTimes>> {
 
 /// Parses the text of a `--stage-times` file.
 pub(crate) fn parse_stage_times(text: &str) -> std::result::Result<Vec<StageTimes>, String> {
+    // A byte-order mark, as some editors write, like CSV schedules accept.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut stages = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let content = line.split('#').next().unwrap_or("").trim();
@@ -697,6 +707,8 @@ mod tests {
         assert!(parse_stage_times("1,2\n").is_err_and(|e| e.contains("line 1")));
         assert!(parse_stage_times("1,2,1\n1,x,1\n").is_err_and(|e| e.contains("line 2")));
         assert!(parse_stage_times("# nothing\n").is_err());
+        let bom = parse_stage_times("\u{feff}1,2,1\n").expect("a byte-order mark is skipped");
+        assert_eq!(bom.len(), 1);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::cost::Costs;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pass::{Pass, PassKind};
 use crate::schedule::Schedule;
 use crate::validate::{PassIndex, validate};
@@ -159,6 +159,16 @@ pub fn simulate_validated(
         if !progressed {
             break;
         }
+    }
+    // Huge times (e.g. 1e306 per pass over a thousand passes) overflow to infinity, and the
+    // bubble to NaN: refuse them rather than report them as figures.
+    if timeline.iter().flatten().any(|p| !p.end.is_finite()) {
+        return Err(Error::InvalidArgument {
+            field: "times",
+            reason: "the simulated times overflow (a pass ends at infinity); give the times \
+                     in a larger unit"
+                .into(),
+        });
     }
     Ok(summarise(schedule, costs, timeline))
 }

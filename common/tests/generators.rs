@@ -434,6 +434,39 @@ fn bad_times_are_invalid() {
     }
 }
 
+/// Times so large that the simulated ends overflow are refused (field `times`), not reported
+/// as an infinite makespan and a NaN bubble.
+#[test]
+fn overflowing_times_are_invalid() {
+    let huge = Times {
+        f: 1e306,
+        b: 1e306,
+        w: 1e306,
+        comm: 0.0,
+    };
+    let s = generate(&request(ScheduleKind::OneFOneB, 4, 1000, 2)).unwrap();
+    let costs = Costs::uniform(&s.placement, huge).unwrap();
+    assert_eq!(
+        field_of(simulate(&s, &costs).map(|_| s.clone())),
+        Some("times")
+    );
+    let mut req = request(ScheduleKind::ZbH1, 4, 1000, 2);
+    req.times = huge;
+    assert_eq!(field_of(generate(&req)), Some("times"));
+    // Large but finite: planned as usual.
+    let big = Costs::uniform(
+        &s.placement,
+        Times {
+            f: 1e300,
+            b: 1e300,
+            w: 1e300,
+            comm: 0.0,
+        },
+    )
+    .unwrap();
+    assert!(simulate(&s, &big).is_ok_and(|sim| sim.makespan.is_finite()));
+}
+
 /// Valid times with zero or vanishing backward passes (frozen weights: W = 0; B = W = 0), or
 /// all tiny (the time unit is free): every kind plans a valid schedule. The App. C cool-down
 /// reordering used to put a W ahead of its own B when that B, later in the order, ended by
