@@ -482,7 +482,9 @@ enum Outcome {
 /// Plans every configuration of `req` and ranks the ones that fit.
 ///
 /// Fails with [`Error::InvalidArgument`] on an invalid request, or with field
-/// `"memory per worker"` when nothing fits, naming the smallest budget that would.
+/// `"memory per worker"` when nothing fits, naming the smallest budget that would, or with
+/// field `"workers"` when nothing can be planned at any budget (e.g. fewer model pieces
+/// than stages), naming the reasons.
 pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     req.validate()?;
     let per_param = bytes_per_param(req.spec.dtype);
@@ -544,10 +546,26 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
                 "no plan fits {} bytes per worker; the smallest plan needs {bytes} bytes ({what})",
                 req.memory_per_worker
             ),
-            None => format!(
-                "no schedule could be planned for {} workers and a global batch of {}",
-                req.workers, req.global_batch
-            ),
+            None => {
+                // Nothing was even planned: the reasons are the shape's, not the budget's.
+                let mut why: Vec<&str> = Vec::new();
+                for r in &rejected {
+                    if !why.contains(&r.reason.as_str()) {
+                        why.push(&r.reason);
+                    }
+                }
+                return Err(Error::InvalidArgument {
+                    field: "workers",
+                    reason: format!(
+                        "no schedule could be planned for {} workers, {} layers and a global \
+                         batch of {}: {}",
+                        req.workers,
+                        req.spec.layers,
+                        req.global_batch,
+                        why.iter().take(3).copied().collect::<Vec<_>>().join("; ")
+                    ),
+                });
+            }
         };
         return Err(Error::InvalidArgument {
             field: "memory per worker",
@@ -1181,6 +1199,18 @@ mod tests {
             && r.why == Why::Skipped
             && r.reason.contains("only 3 pieces")));
         assert!(plan.ranked.iter().all(|c| c.partition.len() == 2));
+    }
+
+    #[test]
+    fn too_few_layers_for_the_workers_name_the_shape_not_the_budget() {
+        // 1 layer = 3 pieces, 4 workers need 4 stages: nothing can be planned at any budget.
+        match auto_plan(&request(1, 256, 4, u64::MAX)) {
+            Err(Error::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "workers");
+                assert!(reason.contains("only 3 pieces"), "{reason}");
+            }
+            other => panic!("expected an error naming the workers, got {other:?}"),
+        }
     }
 
     #[test]
