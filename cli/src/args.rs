@@ -466,6 +466,13 @@ impl PlanArgs {
                      and --chunks"
                 );
             }
+            if self.stage_times.is_some() || self.activation_bytes.is_some() {
+                bail!(
+                    "--stage-times and --activation-bytes do not apply to --auto: it derives \
+                     stage costs and activation bytes from the model spec (measured times go \
+                     in --layer-times)"
+                );
+            }
             if !matches!(self.format, Format::Table | Format::Json) {
                 bail!("--auto prints a table or JSON; use --format table or --format json");
             }

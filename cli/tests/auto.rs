@@ -178,6 +178,9 @@ fn auto_needs_the_model() {
     assert!(err.contains("--layer-times"), "{err}");
     let err = fails(&auto_args("8GiB", &["--dtype", "f64"]));
     assert!(err.contains("--dtype"), "{err}");
+    // Options of the unit-based planner are refused, not silently ignored.
+    let err = fails(&auto_args("8GiB", &["--activation-bytes", "1GiB"]));
+    assert!(err.contains("--activation-bytes"), "{err}");
 }
 
 #[test]
