@@ -161,8 +161,13 @@ pub fn simulate_validated(
         }
     }
     // Huge times (e.g. 1e306 per pass over a thousand passes) overflow to infinity, and the
-    // bubble to NaN: refuse them rather than report them as figures.
-    if timeline.iter().flatten().any(|p| !p.end.is_finite()) {
+    // bubble to NaN: refuse them rather than report them as figures. A worker's passes end
+    // in order, so its last pass tells.
+    if timeline
+        .iter()
+        .filter_map(|t| t.last())
+        .any(|p| !p.end.is_finite())
+    {
         return Err(Error::InvalidArgument {
             field: "times",
             reason: "the simulated times overflow (a pass ends at infinity); give the times \
