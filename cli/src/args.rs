@@ -266,7 +266,7 @@ pub(crate) struct PlanArgs {
     ///
     /// --format table (default) prints the table, svg a line chart, json
     /// the points.
-    #[arg(long, verbatim_doc_comment, conflicts_with = "compare")]
+    #[arg(long, verbatim_doc_comment, conflicts_with_all = ["compare", "memory_limit"])]
     pub(crate) sweep_memory: bool,
 
     /// Write the output to FILE instead of standard output.
@@ -292,7 +292,7 @@ pub(crate) enum MemoryLimit {
 impl MemoryLimit {
     /// The limit in memory units on `d` workers.
     pub(crate) fn units(self, d: u32, activation_bytes: Option<f64>) -> Result<f64> {
-        Ok(match self {
+        let units = match self {
             MemoryLimit::Units(u) => u,
             MemoryLimit::Times1F1B(x) => x * f64::from(d),
             MemoryLimit::Bytes(b) => match activation_bytes {
@@ -303,27 +303,24 @@ impl MemoryLimit {
                      peak (e.g. 0.5x)"
                 ),
             },
-        })
+        };
+        if !(units > 0.0 && units.is_finite()) {
+            bail!("--memory-limit comes to {units:e} memory units, out of range (> 0, finite)");
+        }
+        Ok(units)
     }
 }
 
 /// Parses `--memory-limit`: units, `0.5x`, or bytes with a unit.
 pub(crate) fn parse_memory_limit(text: &str) -> std::result::Result<MemoryLimit, String> {
     let t = text.trim();
-    let limit = if let Some(x) = t.strip_suffix(['x', 'X']) {
-        MemoryLimit::Times1F1B(number(x, "memory limit")?)
+    Ok(if let Some(x) = t.strip_suffix(['x', 'X']) {
+        MemoryLimit::Times1F1B(positive(x, "memory limit")?)
     } else if t.ends_with(['b', 'B']) {
         MemoryLimit::Bytes(parse_bytes(t)?)
     } else {
-        MemoryLimit::Units(number(t, "memory limit")?)
-    };
-    let value = match limit {
-        MemoryLimit::Units(v) | MemoryLimit::Times1F1B(v) | MemoryLimit::Bytes(v) => v,
-    };
-    if !(value > 0.0 && value.is_finite()) {
-        return Err("must be greater than 0".into());
-    }
-    Ok(limit)
+        MemoryLimit::Units(positive(t, "memory limit")?)
+    })
 }
 
 /// Where the schedule comes from.
@@ -565,6 +562,20 @@ fn check_size(workers: u32, microbatches: u32, chunks: u32) -> Result<()> {
     Ok(())
 }
 
+/// Parses a finite number greater than 0; `what` names it in errors.
+fn positive(text: &str, what: &str) -> std::result::Result<f64, String> {
+    let text = text.trim();
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{what}: {text:?} is not a number"))?;
+    if !(value > 0.0 && value.is_finite()) {
+        return Err(format!(
+            "{what}: {text} must be a finite number greater than 0"
+        ));
+    }
+    Ok(value)
+}
+
 /// Parses a finite, non-negative number; `what` names it in errors.
 fn number(text: &str, what: &str) -> std::result::Result<f64, String> {
     let text = text.trim();
@@ -622,9 +633,9 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
             ));
         }
     };
-    let value = number(digits, "bytes")? * scale;
-    if value <= 0.0 || !value.is_finite() {
-        return Err("must be greater than 0".into());
+    let value = positive(digits, "bytes")? * scale;
+    if !value.is_finite() {
+        return Err(format!("{text} is too large"));
     }
     Ok(value)
 }
@@ -703,6 +714,24 @@ mod tests {
         assert!(parse_bytes("0").is_err());
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("1e308 TiB").is_err_and(|e| e.contains("too large")));
+    }
+
+    #[test]
+    fn memory_limits_must_be_positive_with_one_message() {
+        for bad in ["-1", "0", "0x", "-2x", "inf", "NaN"] {
+            let e = parse_memory_limit(bad).expect_err(bad);
+            assert!(
+                e.contains("greater than 0") || e.contains("not a number"),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(parse_memory_limit("0.5x"), Ok(MemoryLimit::Times1F1B(0.5)));
+        // Finite as typed, infinite once converted: named, not passed on.
+        let e = MemoryLimit::Times1F1B(1e308)
+            .units(16, None)
+            .expect_err("overflows");
+        assert!(e.to_string().contains("--memory-limit"), "{e}");
     }
 
     #[test]

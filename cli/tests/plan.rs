@@ -503,4 +503,18 @@ fn sweep_memory_table_svg_json() {
         "--sweep-memory",
     ]);
     assert!(e.contains("--sweep-memory"), "{e}");
+    // A sweep plans every limit itself: a --memory-limit beside it is refused, not ignored.
+    let e = fails(&[
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--sweep-memory",
+        "--memory-limit",
+        "3",
+    ]);
+    assert!(e.contains("--memory-limit"), "{e}");
 }
