@@ -504,17 +504,6 @@ fn sweep_memory_table_svg_json() {
     ]);
     assert!(e.contains("--sweep-memory"), "{e}");
     // A sweep plans every limit itself: a --memory-limit beside it is refused, not ignored.
-    let e = fails(&[
-        "plan",
-        "-s",
-        "adaptive-v",
-        "-d",
-        "4",
-        "-n",
-        "8",
-        "--sweep-memory",
-        "--memory-limit",
-        "3",
-    ]);
+    let e = fails(&[&args[..], &["--memory-limit", "3"]].concat());
     assert!(e.contains("--memory-limit"), "{e}");
 }
