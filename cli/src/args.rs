@@ -562,12 +562,17 @@ fn check_size(workers: u32, microbatches: u32, chunks: u32) -> Result<()> {
     Ok(())
 }
 
+/// Parses a number (any float, including inf and NaN); `what` names it in errors.
+fn float(text: &str, what: &str) -> std::result::Result<f64, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{what}: {:?} is not a number", text.trim()))
+}
+
 /// Parses a finite number greater than 0; `what` names it in errors.
 fn positive(text: &str, what: &str) -> std::result::Result<f64, String> {
     let text = text.trim();
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("{what}: {text:?} is not a number"))?;
+    let value = float(text, what)?;
     if !(value > 0.0 && value.is_finite()) {
         return Err(format!(
             "{what}: {text} must be a finite number greater than 0"
@@ -579,9 +584,7 @@ fn positive(text: &str, what: &str) -> std::result::Result<f64, String> {
 /// Parses a finite, non-negative number; `what` names it in errors.
 fn number(text: &str, what: &str) -> std::result::Result<f64, String> {
     let text = text.trim();
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("{what}: {text:?} is not a number"))?;
+    let value = float(text, what)?;
     if !value.is_finite() || value < 0.0 {
         return Err(format!("{what}: {text} must be finite and ≥ 0"));
     }

@@ -348,8 +348,8 @@ fn is_known_gap(fraction: f64, d: u32, n: u32, limit: f64) -> bool {
 
 /// The known gap at n = 32 is the planner's, not the V placement's: CP-SAT, given 1500 s
 /// (`docs/experiments/v_comm_cpsat.py full`, from its `wave 40` construction), found a V
-/// schedule within the V-Half limit that is shorter than 1F1B. Pipewise's own validator and
-/// simulator confirm it, so the gap is a target for the planner, not a limit of the model.
+/// schedule within the V-Half limit that is shorter than 1F1B; pipewise's own validator and
+/// simulator confirm it here.
 #[test]
 fn a_v_schedule_within_the_v_half_limit_beats_1f1b_at_n_32() {
     let (d, n, limit) = (16u32, 32u32, 9.0);
