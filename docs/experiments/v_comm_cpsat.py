@@ -16,6 +16,12 @@ accounting of pipewise's simulator). Times are in hundredths, so the model is in
         `pipewise plan --format csv` writes) and improved for SECONDS; writes the best
         per-worker orders to OUT.csv.
 
+    templates SECONDS P [P ...]
+        The `wave` template alone at each period P, solved for SECONDS: its largest sum of
+        a worker's two activation lifetimes, the solver's bound on it, and what that costs
+        per microbatch in the steady state (at least P, and at least the sum over CAP
+        activations: Little's law on the worker's memory).
+
     wave P N OUT.csv
         A one-microbatch template whose passes do not collide modulo a period P (each
         worker's passes laid on a circle of length P), chosen to minimise the largest sum
@@ -33,6 +39,20 @@ Results (2 CP-SAT workers on 2 cores): `wave 40 32` gives 2269.58; `full 32` fro
 reaches 2262.35 after 257 s and 2258.89 after 1500 s (first below 1F1B's 2259.42 at about
 1180 s; bound 1765.64), kept as docs/experiments/v_comm_d16_n32.csv. `wave 40 64` gives
 3844.54 and `full 64` from there 3834.58 after 1500 s (1F1B: 3798.30; bound 3147.40).
+
+Why n = 64 and 128 are harder than n = 32 (2026-11-25). 1F1B runs 48.09 per microbatch in
+its steady state (3798.30 − 2259.42 over 32 microbatches) after 720.6 of fill and drain. A V
+microbatch's round trip is at least 812.56 (32 F, 32 B, 60 hops, one W), so at n = 128 a V
+schedule must average below about (6876.06 − 812.56) / 127 = 47.7 per microbatch, and below
+47.4 at n = 64; only the first ~18 microbatches are free of the memory limit (n = 32 is
+won that way: 13 start back to back). `templates 100 40 46 47`: the best one-microbatch
+template at period 40 has a lifetime sum of 862.72 and CP-SAT proves it optimal, so its
+waves cost at least 47.93 per microbatch (48.1 realised: 9 microbatches every 433.1);
+at 46 and 47 the bounds, 863.94 and 888.59, prove at least 48.0 and 49.4. At 41–44 the
+best templates found in 25–100 s are the period-40 one shifted (the same orders), and at 45
+a worse one; their bounds, 833.9–851.7, leave those periods open. A two-microbatch template at period 80 (a variant of `template`,
+not kept) found nothing better than two period-40 ones in 120 s (1725.44, bound 1679.56).
+The pipewise local search gains nothing on the waves (2269.58, 3844.54, 6915.92).
 """
 
 import csv
@@ -203,7 +223,7 @@ def full(n, hint_path, seconds, out):
     write_csv(out, orders)
 
 
-def template(period):
+def template(period, seconds=30):
     """One microbatch's timing, collision free modulo `period` (hundredths)."""
     m = cp_model.CpModel()
     horizon = 200_000
@@ -232,11 +252,20 @@ def template(period):
         )
     m.Minimize(worst)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 30
+    solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = 2
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SystemExit(f"no template at period {period / 100}")
-    print(f"template: largest lifetime sum {solver.Value(worst) / 100:.2f}", flush=True)
+    worst_sum, bound = solver.Value(worst) / 100, solver.BestObjectiveBound() / 100
+    # Every slot holds a microbatch only if the lifetimes fit the memory on average
+    # (CAP activations per period); otherwise slots are skipped and a microbatch costs at
+    # least worst / CAP, and every template at this period at least bound / CAP.
+    print(
+        f"template at period {period / 100}: largest lifetime sum {worst_sum:.2f} "
+        f"(bound {bound:.2f}); per microbatch at least {max(period / 100, worst_sum / CAP):.2f} "
+        f"with it, {max(period / 100, bound / CAP):.2f} with any",
+        flush=True,
+    )
     return {(k, s): solver.Value(v) for (k, s, _), v in t.items()}
 
 
@@ -258,6 +287,9 @@ def wave(period, n, out):
 
 if __name__ == "__main__":
     match sys.argv[1:]:
+        case ["templates", seconds, *periods] if periods:
+            for p in periods:
+                template(int(round(float(p) * 100)), float(seconds))
         case ["full", n, hint, seconds, out]:
             full(int(n), hint, float(seconds), out)
         case ["wave", period, n, out]:

@@ -43,7 +43,8 @@
 //! to ZB-H2 (`2(d − w − 1)`); W passes then fill the bubbles within the limit
 //! ([`super::fill_weights`]) and the local search runs. The least makespan that fits wins.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::block::{BuildingBlock, Placed, VOffsets, reorder_warmup};
 use super::classic::{Backward, one_f_one_b};
@@ -416,6 +417,35 @@ fn signature(block: &BuildingBlock) -> Vec<i64> {
         .collect()
 }
 
+/// The distinct blocks seen so far, by [`signature`], in O(1) memory per block: a hash of
+/// each signature, with the blocks that share it (rebuilt to compare, so a hash collision
+/// never merges two different blocks).
+#[derive(Default)]
+struct Distinct {
+    by_hash: HashMap<u64, Vec<usize>>,
+}
+
+impl Distinct {
+    /// Records `block` as number `index` unless an equal one was recorded; `rebuild(i)`
+    /// gives back block number `i`. True if `block` is new.
+    fn insert(
+        &mut self,
+        block: &BuildingBlock,
+        index: usize,
+        rebuild: impl Fn(usize) -> BuildingBlock,
+    ) -> bool {
+        let sig = signature(block);
+        let mut hasher = DefaultHasher::new();
+        sig.hash(&mut hasher);
+        let same = self.by_hash.entry(hasher.finish()).or_default();
+        if same.iter().any(|&i| signature(&rebuild(i)) == sig) {
+            return false;
+        }
+        same.push(index);
+        true
+    }
+}
+
 /// Peak activation memory of a schedule's order (allocation at F, release at B/W/BW); order
 /// alone decides it, timing does not.
 pub fn order_peak(schedule: &Schedule, costs: &Costs) -> f64 {
@@ -590,20 +620,22 @@ pub fn adaptive_v(
     // exactly that floor, so it is the smallest limit that fits (every block's peak, which
     // covers both lifetimes, is at least the floor).
     let smallest = list_v::memory_floor(d, costs);
-    // (block length, peak, block) of every distinct fitting block.
-    let mut seen: HashSet<Vec<i64>> = HashSet::new();
-    let mut fitting: Vec<(i64, f64, BuildingBlock)> = Vec::new();
+    // (block length, peak, offsets) of every distinct fitting block. Blocks are rebuilt from
+    // their offsets when needed rather than kept: there are O(d) candidates of 6d passes each
+    // (316k at d = 256), and keeping them took gigabytes at a few hundred workers.
+    let mut seen = Distinct::default();
+    let mut fitting: Vec<(i64, f64, SplitOffsets)> = Vec::new();
     for o in all {
         let block = o.block(d);
         let peak = steady_peak(&block, costs);
-        if peak <= limit + EPS && seen.insert(signature(&block)) {
+        if peak <= limit + EPS && seen.insert(&block, fitting.len(), |i| fitting[i].2.block(d)) {
             let length = block
                 .passes
                 .iter()
                 .map(|p| p.cell + p.len)
                 .max()
                 .unwrap_or(0);
-            fitting.push((length, peak, block));
+            fitting.push((length, peak, o));
         }
     }
     // Proxy: the squeezed makespan under the true costs, for as many blocks as the budget
@@ -614,7 +646,10 @@ pub fn adaptive_v(
     let mut ranked: Vec<(f64, f64, BuildingBlock)> = fitting
         .into_iter()
         .take(proxies)
-        .map(|(_, peak, block)| (block_makespan(&block, n, costs), peak, block))
+        .map(|(_, peak, o)| {
+            let block = o.block(d);
+            (block_makespan(&block, n, costs), peak, block)
+        })
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     let mut best: Option<(Schedule, Simulation)> = None;

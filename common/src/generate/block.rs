@@ -163,37 +163,37 @@ impl BuildingBlock {
     pub(crate) fn place_weights(&mut self) {
         let workers = self.placement.workers() as usize;
         let period = self.period as usize;
-        let mut used: Vec<Vec<bool>> = vec![vec![false; period]; workers];
-        let mut bs: Vec<Vec<Placed>> = vec![Vec::new(); workers];
+        // One flat table of used residues, and the B passes sorted by worker then cell: two
+        // allocations however many workers (this runs for every candidate block).
+        let mut used = vec![false; workers * period];
+        let mut bs: Vec<(usize, Placed)> = Vec::with_capacity(self.passes.len() / 3);
         for p in &self.passes {
             let w = self.worker_of(p) as usize;
             for c in p.cell..p.cell + p.len {
-                used[w][c.rem_euclid(self.period) as usize] = true;
+                used[w * period + c.rem_euclid(self.period) as usize] = true;
             }
             if p.pass.kind == PassKind::B {
-                bs[w].push(*p);
+                bs.push((w, *p));
             }
         }
-        let mut extra = Vec::new();
-        for (used, mut bs) in used.into_iter().zip(bs) {
-            let mut used = used;
-            bs.sort_by_key(|p| p.cell);
-            for b in bs {
-                let mut c = b.cell + b.len;
-                // No free residue: the block collides anyway (`collision_free` rejects it).
-                if used.iter().all(|u| *u) {
-                    break;
-                }
-                while used[c.rem_euclid(self.period) as usize] {
-                    c += 1;
-                }
-                used[c.rem_euclid(self.period) as usize] = true;
-                extra.push(Placed {
-                    pass: Pass::w(b.pass.stage, 0),
-                    cell: c,
-                    len: 1,
-                });
+        bs.sort_by_key(|(w, p)| (*w, p.cell));
+        let mut extra = Vec::with_capacity(bs.len());
+        for (w, b) in bs {
+            let used = &mut used[w * period..(w + 1) * period];
+            // No free residue: the block collides anyway (`collision_free` rejects it).
+            if used.iter().all(|u| *u) {
+                continue;
             }
+            let mut c = b.cell + b.len;
+            while used[c.rem_euclid(self.period) as usize] {
+                c += 1;
+            }
+            used[c.rem_euclid(self.period) as usize] = true;
+            extra.push(Placed {
+                pass: Pass::w(b.pass.stage, 0),
+                cell: c,
+                len: 1,
+            });
         }
         self.passes.extend(extra);
     }
