@@ -48,7 +48,10 @@ schedule must average below about (6876.06 − 812.56) / 127 = 47.7 per microbat
 won that way: 13 start back to back). `templates 100 40 46 47`: the best one-microbatch
 template at period 40 has a lifetime sum of 862.72 and CP-SAT proves it optimal, so its
 waves cost at least 47.93 per microbatch (48.1 realised: 9 microbatches every 433.1);
-at 46 and 47 the bounds, 863.94 and 888.59, prove at least 48.0 and 49.4. At 41–44 the
+at 46 and 47 one run each (100 s and 150 s) proved bounds of 863.94 and 888.59, so at least
+48.0 and 49.4 per microbatch; a later 100 s run of `templates 100 40 46 47` proved only
+830.53 and 835.17 there (the two-worker search is not deterministic; every bound it proves
+holds) and found no template better than 900.72 and 916.72. At 41–44 the
 best templates found in 25–100 s are the period-40 one shifted (the same orders), and at 45
 a worse one; their bounds, 833.9–851.7, leave those periods open. A two-microbatch template at period 80 (a variant of `template`,
 not kept) found nothing better than two period-40 ones in 120 s (1725.44, bound 1679.56).

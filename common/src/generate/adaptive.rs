@@ -42,6 +42,8 @@
 //! first backward, from `min(d − w − 1, c)` (below 1F1B's memory) through 1F1B (`d − w − 1`)
 //! to ZB-H2 (`2(d − w − 1)`); W passes then fill the bubbles within the limit
 //! ([`super::fill_weights`]) and the local search runs. The least makespan that fits wins.
+//! On large shapes (above `ZB_FULL_BUDGET` passes in all) the warm-ups are ranked by a
+//! proxy (the order as repeated, or with lazy W filling) and only the best are finished.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -50,7 +52,7 @@ use super::block::{BuildingBlock, Placed, VOffsets, reorder_warmup};
 use super::classic::{Backward, one_f_one_b};
 use super::list_v;
 use super::local::improve;
-use super::{ScheduleKind, finish_simulated, fixed_v, search_v_block};
+use super::{ScheduleKind, fill_weights, finish_simulated, fixed_v, search_v_block};
 use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::pass::{Pass, PassKind};
@@ -78,6 +80,11 @@ const PROXY_BUDGET: u64 = 12_000_000;
 const MIN_PROXIES: u64 = 16;
 /// Passes (6dn per run) that list scheduling may spend.
 const LIST_BUDGET: u64 = 1_000_000;
+/// Passes (shapes × 3dn) adaptive zero bubble may spend finishing shapes: every shape up to
+/// 3dn·(2d − 1) = 2M (e.g. d = 32, n = 330), the best-simulating ones above.
+const ZB_FULL_BUDGET: u64 = 2_000_000;
+/// Shapes adaptive zero bubble always finishes, whatever the budget.
+const ZB_MIN_FULL: u64 = 4;
 const EPS: f64 = 1e-9;
 
 /// The offsets of Eq. 3 (seed 000, App. A), with workers numbered from 0: the offset across
@@ -745,12 +752,8 @@ pub fn adaptive_zb(
     let mut evaluated = 0usize;
     let mut seen: HashSet<Vec<usize>> = HashSet::new();
     let shapes = 2 * (d - 1) + 1;
-    for c in 0..shapes {
-        let warm: Vec<usize> = (0..d).map(|w| zb_warmup(d, w, c).min(n as usize)).collect();
-        if !seen.insert(warm.clone()) {
-            continue;
-        }
-        let base = one_f_one_b(
+    let shape = |warm: &[usize]| {
+        one_f_one_b(
             NAME,
             placement.clone(),
             n,
@@ -758,13 +761,42 @@ pub fn adaptive_zb(
             |w| (0..n).map(|mb| (w, mb)).collect(),
             |w| (0..n).map(|mb| (w, mb)).collect(),
             |w| warm[w as usize],
-        );
-        let peak = order_peak(&base, costs);
-        smallest = smallest.min(peak);
-        if peak > limit + EPS {
+        )
+    };
+    // Every distinct warm-up shape that fits.
+    let mut fitting: Vec<Vec<usize>> = Vec::new();
+    for c in 0..shapes {
+        let warm: Vec<usize> = (0..d).map(|w| zb_warmup(d, w, c).min(n as usize)).collect();
+        if !seen.insert(warm.clone()) {
             continue;
         }
+        let peak = order_peak(&shape(&warm), costs);
+        smallest = smallest.min(peak);
+        if peak <= limit + EPS {
+            fitting.push(warm);
+        }
+    }
+    // The whole finishing (cool-down reorder, compaction, both W fillings) costs several
+    // times a proxy: on large shapes only the shapes with the best proxies get it. The
+    // proxy is the better of the order as repeated and its lazy W filling; the sort is
+    // stable, so the smaller warm-up goes first on ties.
+    let per_shape = 3 * u64::from(d) * u64::from(n);
+    let full = (ZB_FULL_BUDGET / per_shape.max(1)).max(ZB_MIN_FULL) as usize;
+    if fitting.len() > full {
+        let mut ranked = Vec::with_capacity(fitting.len());
+        for warm in fitting {
+            let base = shape(&warm);
+            let sim = simulate(&base, costs)?;
+            let filled = simulate(&fill_weights(&base, costs, limit, false)?, costs)?;
+            let key = if better(&filled, &sim) { filled } else { sim };
+            ranked.push((key.makespan, key.bubble_span, warm));
+        }
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        fitting = ranked.into_iter().take(full).map(|(_, _, w)| w).collect();
+    }
+    for warm in fitting {
         evaluated += 1;
+        let base = shape(&warm);
         let mut local = None;
         consider(&mut local, base.clone(), costs, limit)?;
         consider_simulated(
