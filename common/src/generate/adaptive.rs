@@ -81,7 +81,7 @@ const MIN_PROXIES: u64 = 16;
 /// Passes (6dn per run) that list scheduling may spend.
 const LIST_BUDGET: u64 = 1_000_000;
 /// Passes (shapes × 3dn) adaptive zero bubble may spend finishing shapes: every shape up to
-/// 3dn·(2d − 1) = 2M (e.g. d = 32, n = 330), the best-simulating ones above.
+/// 3dn·(2d − 1) = 2M (e.g. d = 32, n = 330), above that the ones the proxy ranks best.
 const ZB_FULL_BUDGET: u64 = 2_000_000;
 /// Shapes adaptive zero bubble always finishes, whatever the budget.
 const ZB_MIN_FULL: u64 = 4;
