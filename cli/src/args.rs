@@ -255,8 +255,9 @@ pub(crate) struct PlanArgs {
     ///
     /// In the memory units of this report (one microbatch's activation
     /// over 1/d of the model), e.g. 6.5; as a multiple of 1F1B's peak
-    /// (d units), e.g. 0.5x; or in bytes with a unit, e.g. 24GiB, which
-    /// needs --activation-bytes. Default: 1x (d units).
+    /// (d units; with a memory column in --stage-times, 1F1B's peak on
+    /// the same layers per worker), e.g. 0.5x; or in bytes with a unit,
+    /// e.g. 24GiB, which needs --activation-bytes. Default: 1x.
     #[arg(long, value_name = "L|Fx|BYTES", value_parser = parse_memory_limit,
           verbatim_doc_comment)]
     pub(crate) memory_limit: Option<MemoryLimit>,
@@ -283,18 +284,23 @@ pub(crate) struct PlanArgs {
 pub(crate) enum MemoryLimit {
     /// Memory units.
     Units(f64),
-    /// A multiple of 1F1B's peak (`d` units).
+    /// A multiple of 1F1B's peak (`d` units when every worker holds 1/d of the model).
     Times1F1B(f64),
     /// Bytes (converted with `--activation-bytes`).
     Bytes(f64),
 }
 
 impl MemoryLimit {
-    /// The limit in memory units on `d` workers.
-    pub(crate) fn units(self, d: u32, activation_bytes: Option<f64>) -> Result<f64> {
+    /// The limit in memory units; `one_f_one_b_peak` gives 1F1B's peak in units (asked
+    /// only for a multiple of it).
+    pub(crate) fn units(
+        self,
+        one_f_one_b_peak: impl FnOnce() -> Result<f64>,
+        activation_bytes: Option<f64>,
+    ) -> Result<f64> {
         let units = match self {
             MemoryLimit::Units(u) => u,
-            MemoryLimit::Times1F1B(x) => x * f64::from(d),
+            MemoryLimit::Times1F1B(x) => x * one_f_one_b_peak()?,
             MemoryLimit::Bytes(b) => match activation_bytes {
                 Some(unit) => b / unit,
                 None => bail!(
@@ -732,7 +738,7 @@ mod tests {
         assert_eq!(parse_memory_limit("0.5x"), Ok(MemoryLimit::Times1F1B(0.5)));
         // Finite as typed, infinite once converted: named, not passed on.
         let e = MemoryLimit::Times1F1B(1e308)
-            .units(16, None)
+            .units(|| Ok(16.0), None)
             .expect_err("overflows");
         assert!(e.to_string().contains("--memory-limit"), "{e}");
     }

@@ -87,8 +87,12 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
 /// cost model (`--stage-times` or `--times`) through [`generate_planned`].
 fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Result<Request> {
     let times = plan.times;
+    let peak = || one_f_one_b_peak(plan, &kind.placement(d, chunks));
     let memory_limit = match plan.memory_limit {
-        Some(limit) => Some(limit.units(d, plan.activation_bytes)?),
+        Some(limit) => Some(limit.units(peak, plan.activation_bytes)?),
+        // The adaptive kinds' default, 1x 1F1B's peak (the generators' own default, d
+        // units, is the same unless --stage-times gives stage memory).
+        None if matches!(kind, ScheduleKind::AdaptiveV | ScheduleKind::AdaptiveZb) => Some(peak()?),
         None => None,
     };
     Ok(Request {
@@ -125,7 +129,8 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
         Err(e) => return Err(e).context(format!("cannot plan {kind}")),
         Ok(_) => 1e-6,
     };
-    let top = 2.0 * f64::from(d);
+    let one_f_one_b = one_f_one_b_peak(plan, &kind.placement(d, 2))?;
+    let top = 2.0 * one_f_one_b;
     let steps = 32;
     let mut points: Vec<(f64, Simulation)> = Vec::new();
     let mut limits: Vec<f64> = (0..=steps)
@@ -161,7 +166,7 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
             let curve = |f: fn(&Simulation) -> f64| -> Vec<(f64, f64)> {
                 points
                     .iter()
-                    .map(|(l, s)| (l / f64::from(d), 100.0 * f(s)))
+                    .map(|(l, s)| (l / one_f_one_b, 100.0 * f(s)))
                     .collect()
             };
             line_chart(
@@ -186,7 +191,7 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
                 .map(|(l, s)| {
                     serde_json::json!({
                         "limit_units": l,
-                        "limit_vs_1f1b": l / f64::from(d),
+                        "limit_vs_1f1b": l / one_f_one_b,
                         "limit_bytes": unit_bytes.map(|b| b * l),
                         "makespan": s.makespan,
                         "bubble": s.bubble,
@@ -204,8 +209,9 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
         _ => {
             let mut text = format!(
                 "{kind}: bubble against memory limit, d={d}, n={n} (memory in units of one \
-                 microbatch's activation over 1/d of the model; 1F1B's peak = {d})\n\
+                 microbatch's activation over 1/d of the model; 1F1B's peak = {})\n\
                  smallest limit that fits: {}\n\n",
+                trim_number(one_f_one_b),
                 trim_number(smallest)
             );
             text.push_str(&format!(
@@ -226,7 +232,7 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
                 text.push_str(&format!(
                     "{:>9} {:>8.3}{} {:>11} {:>9.2} {:>8.2} {:>7}\n",
                     trim_number(*l),
-                    l / f64::from(d),
+                    l / one_f_one_b,
                     unit_bytes.map_or(String::new(), |b| format!(" {:>12.4e}", b * l)),
                     trim_number(s.makespan),
                     100.0 * s.bubble,
@@ -237,6 +243,25 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
             text
         }
     })
+}
+
+/// 1F1B's peak activation memory in units under the plan's stage memory: 1F1B with the
+/// same layers on each worker as `placement` holds `d − w` microbatches of worker `w`'s
+/// stages, so its peak is `max_w (d − w)·m_w` with `m_w` the memory of `w`'s stages: `d`
+/// units when every worker holds 1/d of the model (`--times`, or `--stage-times` without
+/// a memory column).
+fn one_f_one_b_peak(plan: &Plan, placement: &Placement) -> Result<f64> {
+    let costs = costs(plan, placement)?;
+    let d = placement.workers() as usize;
+    let mut per_worker = vec![0.0f64; d];
+    for (s, c) in costs.stages.iter().enumerate() {
+        per_worker[placement.worker_of(s as u32) as usize] += c.mem;
+    }
+    Ok(per_worker
+        .iter()
+        .enumerate()
+        .map(|(w, m)| (d - w) as f64 * m)
+        .fold(0.0, f64::max))
 }
 
 /// The cost model for `placement`: `--stage-times` if given, else `--times`.

@@ -283,6 +283,66 @@ fn stage_times_override_times() {
     std::fs::remove_file(&path).ok();
 }
 
+/// With stage memory in --stage-times, a multiple of 1F1B's peak is a multiple of 1F1B's
+/// peak on those stages (`max_w (d − w)·m_w`), not of `d` units.
+#[test]
+fn memory_multiples_follow_the_stage_memory() {
+    let path = temp_path("stage-memory.txt");
+    // Worker 0's stage holds 2 units per microbatch, worker 1's 1: 1F1B's peak is
+    // max(2 × 2, 1 × 1) = 4 units, and no schedule fits below 2 (one activation of stage 0).
+    std::fs::write(&path, "1,1,1,2\n1,1,1,1\n").unwrap();
+    let file = path.to_str().unwrap();
+    let plan = |limit: &str| {
+        vec![
+            "plan".to_string(),
+            "-s".into(),
+            "adaptive-zb".into(),
+            "-d".into(),
+            "2".into(),
+            "-n".into(),
+            "4".into(),
+            "-f".into(),
+            "json".into(),
+            "--stage-times".into(),
+            file.into(),
+            "--memory-limit".into(),
+            limit.into(),
+        ]
+    };
+    let args = plan("0.5x");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // 0.5x is 2 units: it fits (as a multiple of d = 2 it would be 1 unit, and fail).
+    let r = json(&args);
+    let peak = r["peak_memory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .fold(0.0, f64::max);
+    assert!(peak <= 2.0 + 1e-9 && peak > 0.0, "{r}");
+    let args = plan("0.4x");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let err = fails(&args);
+    assert!(
+        err.contains("memory limit 1.6") && err.contains("smallest limit that fits is 2"),
+        "{err}"
+    );
+    let sweep = ok(&[
+        "plan",
+        "-s",
+        "adaptive-zb",
+        "-d",
+        "2",
+        "-n",
+        "4",
+        "--stage-times",
+        file,
+        "--sweep-memory",
+    ]);
+    assert!(sweep.contains("1F1B's peak = 4)"), "{sweep}");
+    std::fs::remove_file(&path).ok();
+}
+
 #[test]
 fn renderings() {
     let grid = ok(&["plan", "-s", "zb-h1", "-d", "4", "-n", "8", "-f", "grid"]);
