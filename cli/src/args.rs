@@ -300,7 +300,16 @@ impl MemoryLimit {
     ) -> Result<f64> {
         let units = match self {
             MemoryLimit::Units(u) => u,
-            MemoryLimit::Times1F1B(x) => x * one_f_one_b_peak()?,
+            MemoryLimit::Times1F1B(x) => {
+                let peak = one_f_one_b_peak()?;
+                if peak <= 0.0 {
+                    bail!(
+                        "--memory-limit {x}x: 1F1B's peak is {peak} units (the stages hold no \
+                         activation memory); give the limit in units"
+                    );
+                }
+                x * peak
+            }
             MemoryLimit::Bytes(b) => match activation_bytes {
                 Some(unit) => b / unit,
                 None => bail!(
@@ -741,6 +750,11 @@ mod tests {
             .units(|| Ok(16.0), None)
             .expect_err("overflows");
         assert!(e.to_string().contains("--memory-limit"), "{e}");
+        // Stages without memory: no multiple of a zero peak is a limit.
+        let e = MemoryLimit::Times1F1B(0.5)
+            .units(|| Ok(0.0), None)
+            .expect_err("zero peak");
+        assert!(e.to_string().contains("1F1B's peak is 0"), "{e}");
     }
 
     #[test]

@@ -91,8 +91,11 @@ fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Resu
     let memory_limit = match plan.memory_limit {
         Some(limit) => Some(limit.units(peak, plan.activation_bytes)?),
         // The adaptive kinds' default, 1x 1F1B's peak (the generators' own default, d
-        // units, is the same unless --stage-times gives stage memory).
-        None if matches!(kind, ScheduleKind::AdaptiveV | ScheduleKind::AdaptiveZb) => Some(peak()?),
+        // units, is the same unless --stage-times gives stage memory; kept when the stages
+        // hold no memory at all, where any limit fits).
+        None if matches!(kind, ScheduleKind::AdaptiveV | ScheduleKind::AdaptiveZb) => {
+            Some(peak()?).filter(|p| *p > 0.0)
+        }
         None => None,
     };
     Ok(Request {
@@ -130,6 +133,9 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
         Ok(_) => 1e-6,
     };
     let one_f_one_b = one_f_one_b_peak(plan, &kind.placement(d, 2))?;
+    if one_f_one_b <= 0.0 {
+        bail!("--sweep-memory: the stages hold no activation memory, so every limit fits");
+    }
     let top = 2.0 * one_f_one_b;
     let steps = 32;
     let mut points: Vec<(f64, Simulation)> = Vec::new();

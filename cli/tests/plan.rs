@@ -340,6 +340,25 @@ fn memory_multiples_follow_the_stage_memory() {
         "--sweep-memory",
     ]);
     assert!(sweep.contains("1F1B's peak = 4)"), "{sweep}");
+    // Stages that hold no memory: the default limit still plans, a multiple of the zero
+    // peak and a sweep are refused with the reason.
+    std::fs::write(&path, "1,1,1,0\n1,1,1,0\n").unwrap();
+    let base = [
+        "plan",
+        "-s",
+        "adaptive-zb",
+        "-d",
+        "2",
+        "-n",
+        "4",
+        "--stage-times",
+        file,
+    ];
+    assert!(ok(&base).contains("makespan"));
+    let err = fails(&[&base[..], &["--memory-limit", "0.5x"]].concat());
+    assert!(err.contains("1F1B's peak is 0"), "{err}");
+    let err = fails(&[&base[..], &["--sweep-memory"]].concat());
+    assert!(err.contains("no activation memory"), "{err}");
     std::fs::remove_file(&path).ok();
 }
 
