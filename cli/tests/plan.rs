@@ -292,57 +292,6 @@ fn memory_multiples_follow_the_stage_memory() {
     // max(2 × 2, 1 × 1) = 4 units, and no schedule fits below 2 (one activation of stage 0).
     std::fs::write(&path, "1,1,1,2\n1,1,1,1\n").unwrap();
     let file = path.to_str().unwrap();
-    let plan = |limit: &str| {
-        vec![
-            "plan".to_string(),
-            "-s".into(),
-            "adaptive-zb".into(),
-            "-d".into(),
-            "2".into(),
-            "-n".into(),
-            "4".into(),
-            "-f".into(),
-            "json".into(),
-            "--stage-times".into(),
-            file.into(),
-            "--memory-limit".into(),
-            limit.into(),
-        ]
-    };
-    let args = plan("0.5x");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    // 0.5x is 2 units: it fits (as a multiple of d = 2 it would be 1 unit, and fail).
-    let r = json(&args);
-    let peak = r["peak_memory"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_f64)
-        .fold(0.0, f64::max);
-    assert!(peak <= 2.0 + 1e-9 && peak > 0.0, "{r}");
-    let args = plan("0.4x");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let err = fails(&args);
-    assert!(
-        err.contains("memory limit 1.6") && err.contains("smallest limit that fits is 2"),
-        "{err}"
-    );
-    let sweep = ok(&[
-        "plan",
-        "-s",
-        "adaptive-zb",
-        "-d",
-        "2",
-        "-n",
-        "4",
-        "--stage-times",
-        file,
-        "--sweep-memory",
-    ]);
-    assert!(sweep.contains("1F1B's peak = 4)"), "{sweep}");
-    // Stages that hold no memory: the default limit still plans, a multiple of the zero
-    // peak and a sweep are refused with the reason.
-    std::fs::write(&path, "1,1,1,0\n1,1,1,0\n").unwrap();
     let base = [
         "plan",
         "-s",
@@ -354,10 +303,30 @@ fn memory_multiples_follow_the_stage_memory() {
         "--stage-times",
         file,
     ];
+    let with = |more: &[&'static str]| [&base[..], more].concat();
+    // 0.5x is 2 units: it fits (as a multiple of d = 2 it would be 1 unit, and fail).
+    let r = json(&with(&["-f", "json", "--memory-limit", "0.5x"]));
+    let peak = r["peak_memory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .fold(0.0, f64::max);
+    assert!(peak <= 2.0 + 1e-9 && peak > 0.0, "{r}");
+    let err = fails(&with(&["--memory-limit", "0.4x"]));
+    assert!(
+        err.contains("memory limit 1.6") && err.contains("smallest limit that fits is 2"),
+        "{err}"
+    );
+    let sweep = ok(&with(&["--sweep-memory"]));
+    assert!(sweep.contains("1F1B's peak = 4)"), "{sweep}");
+    // Stages that hold no memory: the default limit still plans, a multiple of the zero
+    // peak and a sweep are refused with the reason.
+    std::fs::write(&path, "1,1,1,0\n1,1,1,0\n").unwrap();
     assert!(ok(&base).contains("makespan"));
-    let err = fails(&[&base[..], &["--memory-limit", "0.5x"]].concat());
+    let err = fails(&with(&["--memory-limit", "0.5x"]));
     assert!(err.contains("1F1B's peak is 0"), "{err}");
-    let err = fails(&[&base[..], &["--sweep-memory"]].concat());
+    let err = fails(&with(&["--sweep-memory"]));
     assert!(err.contains("no activation memory"), "{err}");
     std::fs::remove_file(&path).ok();
 }
