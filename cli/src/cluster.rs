@@ -239,6 +239,9 @@ async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobSt
         .into_inner();
     while let Some(e) = events.next().await {
         let e = e.map_err(status_error)?;
+        if !e.replan_reason.is_empty() {
+            println!("re-planned: {}", e.replan_reason);
+        }
         let peaks: Vec<String> = e
             .peaks
             .iter()

@@ -350,6 +350,9 @@ async fn run_job(
     while let Some(event) = events.next().await {
         let e = event.context("watch stream")?;
         let summary = StepSummary::of(&e);
+        if !e.replan_reason.is_empty() {
+            println!("re-planned: {}", e.replan_reason);
+        }
         if !args.quiet {
             let peaks: Vec<String> = summary
                 .peak_activation_bytes

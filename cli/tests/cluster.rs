@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -547,4 +547,112 @@ fn emulated_job_runs_on_worker_processes() {
         let m = percent_after(line, "measured");
         assert!((0.0..=100.0).contains(&m), "{line}");
     }
+}
+
+/// A worker process killed mid-job: the coordinator re-plans onto the survivors, which
+/// resume from the last complete checkpoint (written by another partition), and training
+/// ends exactly where it would have without the loss.
+#[test]
+fn a_lost_worker_is_replanned_onto_the_survivors() {
+    const LONG: u32 = 40;
+    let dir = tempdir("replan");
+    let mut cluster = start(&dir, 3);
+    let mut spec = spec(3, "v-half", LONG);
+    spec.job.name = "replan".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 3;
+    let (ref_losses, ref_params) = reference(&spec);
+
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= 5
+    });
+    // Worker w2 (the third process after the coordinator) dies without a word.
+    cluster.children[3].kill().unwrap();
+    let (_, killed_at, _) = status(&cluster, job);
+    assert!(
+        killed_at + 5 < u64::from(LONG),
+        "the job ran too fast to lose a worker mid-way ({killed_at} steps)"
+    );
+    let line = wait_until(&cluster, job, Duration::from_secs(120), |s, _| {
+        s != "running"
+    });
+    assert!(line.contains("succeeded"), "{line}");
+
+    // The job's whole history: the re-plan, then the steps again from the checkpoint.
+    let out = pipewise()
+        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let replans: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("re-planned:"))
+        .collect();
+    assert_eq!(replans.len(), 1, "{stdout}");
+    let why = replans[0];
+    assert!(why.contains("worker 2 (w2) stopped heartbeating"), "{why}");
+    assert!(
+        why.contains("re-planned onto 2 workers (v-half, 4 stages)"),
+        "{why}"
+    );
+    let resume: u64 = why
+        .rsplit("checkpoint of step ")
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint step in {why}"));
+    assert!(
+        resume >= 3 && resume % 3 == 0 && resume <= killed_at,
+        "{why}"
+    );
+    // step → the last loss reported for it (steps the lost run finished after the
+    // checkpoint ran twice); the first step after the re-plan follows the checkpoint.
+    let mut losses: BTreeMap<u64, f64> = BTreeMap::new();
+    let mut after_replan = None;
+    for l in stdout.lines() {
+        if l.starts_with("re-planned:") {
+            after_replan = Some(None);
+        }
+        if !l.starts_with("step") {
+            continue;
+        }
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let step: u64 = words[1].parse().unwrap();
+        losses.insert(step, words[3].parse().unwrap());
+        if after_replan == Some(None) {
+            after_replan = Some(Some(step));
+        }
+    }
+    assert_eq!(after_replan, Some(Some(resume + 1)), "{stdout}");
+    assert_eq!(losses.len(), LONG as usize, "{stdout}");
+    let loss_diff = losses
+        .values()
+        .zip(&ref_losses)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let params = final_params(&cluster, job);
+    let param_diff = max_param_diff(&ref_params, &params);
+    eprintln!(
+        "re-plan: killed at step {killed_at}, resumed from {resume}; max |Δloss| {loss_diff:.2e}, \
+         max |Δparam| {param_diff:.2e}"
+    );
+    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
+    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
+    // Written by the two survivors only (the abandoned run's directories were cleared).
+    let finals = std::fs::read_dir(
+        cluster
+            .data
+            .join("checkpoints")
+            .join(format!("job-{job}"))
+            .join("final"),
+    )
+    .unwrap()
+    .count();
+    assert_eq!(finals, 2);
+    let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("pipewise_replans_total{reason=\"worker_lost\"} 1")),
+        "{text}"
+    );
 }

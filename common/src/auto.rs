@@ -55,6 +55,7 @@ use crate::generate::{
     LOCAL_SEARCH_BUDGET, Request, ScheduleKind, adaptive_v, adaptive_zb, generate_with,
 };
 use crate::model::{DType, ModelSpec, Piece};
+use crate::render::report::fmt_bytes;
 use crate::schedule::Schedule;
 use crate::simulate::{Simulation, simulate};
 
@@ -527,10 +528,10 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
             why: Why::DoesNotFit,
             reason: format!(
                 "does not fit: worker {worst} needs {} > budget {} ({} static + {} activations)",
-                c.max_worker_bytes,
-                req.memory_per_worker,
-                c.static_bytes[worst],
-                c.activation_bytes[worst]
+                fmt_bytes(c.max_worker_bytes as f64),
+                fmt_bytes(req.memory_per_worker as f64),
+                fmt_bytes(c.static_bytes[worst] as f64),
+                fmt_bytes(c.activation_bytes[worst] as f64)
             ),
             needed_bytes: Some(c.max_worker_bytes),
             step_ms: Some(c.step_ms),
@@ -789,9 +790,12 @@ fn plan_one(
                     planned.schedule,
                     planned.simulation,
                     format!(
-                        "searched under {} activation bytes per worker ({} to {} left by the \
-                         budget)",
-                        limit as u64, room as u64, optimistic as u64
+                        "searched under an activation limit of {} per worker, the lowest found \
+                         that keeps its step time (the budget leaves {} for activations on the \
+                         fullest worker, {} on the emptiest)",
+                        fmt_bytes(limit),
+                        fmt_bytes(room),
+                        fmt_bytes(optimistic)
                     ),
                 )
             }
@@ -799,11 +803,11 @@ fn plan_one(
                 return Ok(skip(
                     Why::DoesNotFit,
                     format!(
-                        "does not fit: the smallest {} schedule needs {} activation bytes per \
+                        "does not fit: the smallest {} schedule needs {} of activations per \
                          worker, {} are left after the static state",
                         kind.name(),
-                        smallest.ceil() as u64,
-                        room as u64
+                        fmt_bytes(smallest.ceil()),
+                        fmt_bytes(room)
                     ),
                     Some(max_static + smallest.ceil() as u64),
                 ));
@@ -886,7 +890,9 @@ fn static_reason(static_bytes: &[u64], budget: u64) -> String {
         .max_by_key(|&(_, b)| b)
         .unwrap_or((0, 0));
     format!(
-        "does not fit: parameters and optimizer state need {bytes} bytes on worker {w} > budget {budget}"
+        "does not fit: parameters and optimizer state need {} on worker {w} > budget {}",
+        fmt_bytes(bytes as f64),
+        fmt_bytes(budget as f64)
     )
 }
 

@@ -7,12 +7,34 @@
 //! `StepReport` after every step (without waiting for an answer), and the runner turns a
 //! complete set of reports into a step event.
 //!
-//! Ends: every worker reports `done` → success. A worker reports an error, or stops
-//! heartbeating → the job fails and the other workers are told (in their heartbeat reply)
-//! to abandon it. A cancel → the workers are asked (in their step acks) to stop; worker 0
-//! spreads that through the step's collective, so all stop after the same step.
-//! Re-planning onto the survivors after a lost worker is not implemented yet: the job fails
-//! with the reason.
+//! Ends: every worker reports `done` → success. A worker reports an error while all of the
+//! job's workers still heartbeat → the job fails and the others are told (in their
+//! heartbeat reply) to abandon it. A cancel → the workers are asked (in their step acks) to
+//! stop; worker 0 spreads that through the step's collective, so all stop after the same
+//! step.
+//!
+//! **Re-planning after a lost worker.** A worker of the job that stops heartbeating (or
+//! whose peers fail because it vanished: an error report is held for
+//! [`LOST_GRACE`] to see whether a worker goes silent) ends the *run*, not the job:
+//!
+//! 1. the run is abandoned and the runner waits until the survivors have left it;
+//! 2. the resume step `K` is the last checkpoint every stage of the run wrote completely
+//!    (`step-K/stage-S.safetensors` for every stage, written under a temporary name and
+//!    renamed), else the step the run started from (0: the seeded initial model, so a job
+//!    without checkpoints starts over); later step directories and `final/` are removed;
+//! 3. the spec is planned again for `d'` = min(live workers, the spec's degree) workers
+//!    (the memory limit, in units of `1/d` of the model, is scaled by `d' / d`); a spec
+//!    that does not plan on `d'` workers fails the job with the planner's reason;
+//! 4. a new run starts at step `K` on those workers; each loads its stages from `step-K`
+//!    by tensor name, whatever partition wrote it, so training continues exactly as it
+//!    would have. Its first step event carries the reason and the new schedule; the
+//!    counter `pipewise_replans_total{reason="worker_lost"}` counts it. At most
+//!    [`MAX_REPLANS`] re-plans per job.
+//!
+//! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
+//! collectives, reports and aborts), is the job id for the first run and
+//! `job + k · 2^48` after `k` re-plans ([`run_id`]), so nothing of an abandoned run can
+//! reach the next one. Events and metrics carry the job id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -20,16 +42,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
-use pipewise_common::{Costs, simulate};
+use pipewise_common::{Costs, Schedule, simulate};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::ActorRef;
 
 use crate::driver::{JobRunner, StepEventData};
-use crate::membership::{MembershipMsg, WorkerInfo};
+use crate::membership::{HEARTBEAT_INTERVAL, MISSED_HEARTBEATS, MembershipMsg, WorkerInfo};
 
 /// How long a cancelled job's workers get to stop before they are told to abandon it.
 const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// How long an error report is held to see whether one of the run's workers stopped
+/// heartbeating (then the run is re-planned instead of the job failing): a little more
+/// than the time after which a silent worker counts as dead.
+pub const LOST_GRACE: Duration =
+    Duration::from_millis(HEARTBEAT_INTERVAL.as_millis() as u64 * (MISSED_HEARTBEATS as u64 + 2));
+
+/// How long survivors get to leave an abandoned run before the next run is handed out
+/// anyway (their queued assignment then waits until they have).
+const LEAVE_GRACE: Duration = Duration::from_secs(30);
+
+/// Re-plans per job at most; one more lost worker fails it.
+pub const MAX_REPLANS: u64 = 8;
+
+/// The id of a job's run after `replans` re-plans (see the [module docs](self)).
+pub fn run_id(job: u64, replans: u64) -> u64 {
+    job.wrapping_add(replans << 48)
+}
 
 /// The planned bubble of a job's plan (what `StepEvent.planned_bubble` reports): its
 /// schedule simulated under [`JobSpec::planning_times`], unit pass times for real compute
@@ -97,14 +137,24 @@ impl ClusterRunner {
     }
 }
 
-/// A job handed to its workers.
+/// One run of a job handed to its workers.
 #[derive(Clone, Copy)]
 struct Assigned<'a> {
     job: u64,
+    run: u64,
+    first_step: u64,
     steps: u64,
     planned: f64,
     workers: &'a [WorkerInfo],
     reports: &'a std::sync::mpsc::Receiver<pb::StepReport>,
+}
+
+/// How a run ended other than by finishing the job.
+enum Ended {
+    /// The job fails with this reason.
+    Failed(String),
+    /// A worker of the run is gone (the reason); every step before `through` completed.
+    Lost { reason: String, through: u64 },
 }
 
 /// The reports of one step, by worker index.
@@ -120,30 +170,172 @@ impl JobRunner for ClusterRunner {
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
         let _span = tracing::info_span!("job", job).entered();
-        let schedule = &plan.schedule;
-        let d = schedule.num_workers();
-        let Some(workers) = self.wait_for_workers(job, d, cancelled)? else {
-            return Ok(());
-        };
         let output = self.output_dir(job, spec);
         std::fs::create_dir_all(&output)
             .map_err(|e| format!("cannot create {}: {e}", output.display()))?;
-        let toml = spec.to_toml().map_err(|e| e.to_string())?;
-        let peers: HashMap<u32, String> = workers
+        let mut plan = plan.clone();
+        let mut first_step = 0;
+        let mut replanned: Option<(String, std::sync::Arc<Schedule>)> = None;
+        for replans in 0.. {
+            let d = plan.schedule.num_workers();
+            let Some(workers) = self.wait_for_workers(job, d, cancelled)? else {
+                return Ok(());
+            };
+            let run = run_id(job, replans);
+            let (tx, rx) = std::sync::mpsc::channel::<pb::StepReport>();
+            self.membership
+                .cast(MembershipMsg::Attach(run, tx))
+                .map_err(|e| format!("membership: {e}"))?;
+            let assigned = Assigned {
+                job,
+                run,
+                first_step,
+                steps: u64::from(spec.training.steps),
+                planned: planned_bubble(&plan, spec),
+                workers: &workers,
+                reports: &rx,
+            };
+            let outcome = self
+                .assign(&assigned, spec, &plan, &output)
+                .and_then(|()| self.follow(&assigned, report, cancelled, replanned.take()));
+            let _ = self.membership.cast(MembershipMsg::Detach(run));
+            let (lost, through) = match outcome {
+                Ok(()) => return Ok(()),
+                Err(Ended::Failed(reason)) => return Err(reason),
+                Err(Ended::Lost { reason, through }) => (reason, through),
+            };
+            let _ = self.abort(run, String::new());
+            if cancelled.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            if replans >= MAX_REPLANS {
+                return Err(format!(
+                    "{lost}; not re-planned: the job was re-planned {MAX_REPLANS} times already"
+                ));
+            }
+            self.wait_until_left(run, &workers);
+            let stages = plan.schedule.placement.stages();
+            let resume = last_checkpoint(&output, spec, first_step, through, stages);
+            remove_after(&output, resume)?;
+            let survivors = self.live()?.iter().filter(|w| w.streaming).count() as u32;
+            let d2 = survivors.min(spec.parallelism.pipeline_parallel_degree);
+            if d2 == 0 {
+                return Err(format!("{lost}; no worker is left to re-plan onto"));
+            }
+            plan = replan(spec, d2)
+                .map_err(|e| format!("{lost}; re-planning onto {d2} workers failed: {e}"))?;
+            let reason = format!(
+                "{lost}; re-planned onto {d2} workers ({}, {} stages), resuming from {}",
+                plan.kind.name(),
+                plan.schedule.placement.stages(),
+                if resume == 0 {
+                    "the start (no checkpoint)".to_string()
+                } else {
+                    format!("the checkpoint of step {resume}")
+                }
+            );
+            tracing::warn!(job, "{reason}");
+            crate::metrics::record_replan("worker_lost");
+            replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
+            first_step = resume;
+        }
+        Err("re-plans exhausted".into())
+    }
+}
+
+/// `spec` planned for `d` workers: its degree set to `d` and its memory limit (in units of
+/// `1/degree` of the model) scaled to the same bytes.
+fn replan(spec: &JobSpec, d: u32) -> pipewise_common::Result<JobPlan> {
+    let mut spec = spec.clone();
+    let p = &mut spec.parallelism;
+    p.memory_limit = p
+        .memory_limit
+        .map(|l| l * f64::from(d) / f64::from(p.pipeline_parallel_degree.max(1)));
+    p.pipeline_parallel_degree = d;
+    spec.validate()
+}
+
+/// The step a run that started at `first_step` and completed every step before `through`
+/// resumes from: the last checkpoint step after `first_step` (every `checkpoint.interval`
+/// steps, when checkpoints are on) whose directory holds all `stages` stage files, else
+/// `first_step`.
+fn last_checkpoint(
+    output: &std::path::Path,
+    spec: &JobSpec,
+    first_step: u64,
+    through: u64,
+    stages: u32,
+) -> u64 {
+    if !spec.checkpoint.enable_checkpoint {
+        return first_step;
+    }
+    let interval = u64::from(spec.checkpoint.interval.max(1));
+    (first_step + 1..=through)
+        .rev()
+        .filter(|k| k % interval == 0)
+        .find(|k| {
+            (0..stages).all(|s| {
+                output
+                    .join(format!("step-{k}"))
+                    .join(format!("stage-{s}.safetensors"))
+                    .is_file()
+            })
+        })
+        .unwrap_or(first_step)
+}
+
+/// Removes what an abandoned run wrote after step `resume`: later step directories and
+/// `final/`.
+fn remove_after(output: &std::path::Path, resume: u64) -> Result<(), String> {
+    let entries = match std::fs::read_dir(output) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot read {}: {e}", output.display())),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let stale = name == "final"
+            || name
+                .strip_prefix("step-")
+                .and_then(|k| k.parse::<u64>().ok())
+                .is_some_and(|k| k > resume);
+        if stale {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path)
+                .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+impl ClusterRunner {
+    /// Fails the job: its workers abandon it. Returns `reason` for the caller to return.
+    fn abort(&self, job: u64, reason: String) -> String {
+        let _ = self.membership.cast(MembershipMsg::Abort(job));
+        reason
+    }
+
+    /// Sends every worker of the run its assignment.
+    fn assign(
+        &self,
+        run: &Assigned<'_>,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        output: &std::path::Path,
+    ) -> Result<(), Ended> {
+        let schedule = &plan.schedule;
+        let toml = spec.to_toml().map_err(|e| Ended::Failed(e.to_string()))?;
+        let peers: HashMap<u32, String> = run
+            .workers
             .iter()
             .enumerate()
             .map(|(i, w)| (i as u32, w.address.clone()))
             .collect();
-        let (tx, rx) = std::sync::mpsc::channel::<pb::StepReport>();
-        self.membership
-            .cast(MembershipMsg::Attach(job, tx))
-            .map_err(|e| format!("membership: {e}"))?;
-        let steps = u64::from(spec.training.steps);
-        for (i, w) in workers.iter().enumerate() {
+        for (i, w) in run.workers.iter().enumerate() {
             let assignment = pb::Assignment {
-                job,
-                first_step: 0,
-                end_step: steps,
+                job: run.run,
+                first_step: run.first_step,
+                end_step: run.steps,
                 worker_index: i as u32,
                 stages: schedule.placement.stages_of(i as u32),
                 placement: Some((&schedule.placement).into()),
@@ -167,41 +359,66 @@ impl JobRunner for ClusterRunner {
             });
             match sent {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(self.abort(job, e.to_string())),
-                Err(e) => return Err(self.abort(job, format!("membership: {e}"))),
+                Ok(Err(e)) => return Err(Ended::Failed(self.abort(run.run, e.to_string()))),
+                Err(e) => {
+                    return Err(Ended::Failed(
+                        self.abort(run.run, format!("membership: {e}")),
+                    ));
+                }
             }
         }
-        tracing::info!(job, workers = ?workers.iter().map(|w| &w.id).collect::<Vec<_>>(), "assigned");
-        let run = Assigned {
-            job,
-            steps,
-            planned: planned_bubble(plan, spec),
-            workers: &workers,
-            reports: &rx,
-        };
-        let outcome = self.follow(&run, report, cancelled);
-        let _ = self.membership.cast(MembershipMsg::Detach(job));
-        outcome
+        tracing::info!(
+            job = run.job,
+            run = run.run,
+            first_step = run.first_step,
+            workers = ?run.workers.iter().map(|w| &w.id).collect::<Vec<_>>(),
+            "assigned"
+        );
+        Ok(())
     }
-}
 
-impl ClusterRunner {
-    /// Fails the job: its workers abandon it. Returns `reason` for the caller to return.
-    fn abort(&self, job: u64, reason: String) -> String {
-        let _ = self.membership.cast(MembershipMsg::Abort(job));
-        reason
+    /// Waits (up to [`LEAVE_GRACE`]) until no live worker of an abandoned run still says
+    /// in its heartbeat that it runs it.
+    fn wait_until_left(&self, run: u64, workers: &[WorkerInfo]) {
+        let started = Instant::now();
+        while started.elapsed() < LEAVE_GRACE {
+            let Ok(live) = self.live() else { return };
+            let staying = live
+                .iter()
+                .any(|l| l.job == run && workers.iter().any(|w| w.id == l.id));
+            if !staying {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        tracing::warn!(
+            run,
+            "survivors still run the abandoned run; handing out the next"
+        );
+    }
+
+    /// The first worker of the run (by index) that is no longer live, as a reason.
+    fn first_lost(&self, workers: &[WorkerInfo], done: &[bool]) -> Result<Option<String>, Ended> {
+        let live = self.live().map_err(Ended::Failed)?;
+        Ok(workers.iter().enumerate().find_map(|(i, w)| {
+            (!done[i] && !live.iter().any(|l| l.id == w.id))
+                .then(|| format!("worker {i} ({}) stopped heartbeating", w.id))
+        }))
     }
 
     /// Collects the workers' reports until all are done, one fails or dies, or a cancel
-    /// has run its course.
+    /// has run its course. `replanned` (why, and the new schedule) goes with the first event.
     fn follow(
         &self,
         run: &Assigned<'_>,
         report: &mut dyn FnMut(StepEventData),
         cancelled: &AtomicBool,
-    ) -> Result<(), String> {
+        mut replanned: Option<(String, std::sync::Arc<Schedule>)>,
+    ) -> Result<(), Ended> {
         let Assigned {
             job,
+            run: run_id,
+            first_step,
             steps,
             planned,
             workers,
@@ -213,6 +430,10 @@ impl ClusterRunner {
         let mut stop_asked: Option<Instant> = None;
         let mut last_check = Instant::now();
         let mut completed = 0u64;
+        let lost = |reason: String, completed: u64| Ended::Lost {
+            reason,
+            through: first_step + completed,
+        };
         while done.iter().any(|x| !x) {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -222,15 +443,22 @@ impl ClusterRunner {
                         continue;
                     }
                     if !r.error.is_empty() {
-                        return Err(self.abort(
-                            job,
-                            format!(
-                                "worker {i} ({}) failed at step {}: {}",
-                                r.worker_id,
-                                r.step + 1,
-                                r.error
-                            ),
-                        ));
+                        let failure = format!(
+                            "worker {i} ({}) failed at step {}: {}",
+                            r.worker_id,
+                            r.step + 1,
+                            r.error
+                        );
+                        // A vanished peer shows first as a failed send or receive: give
+                        // its missing heartbeats the time to tell.
+                        let started = Instant::now();
+                        while started.elapsed() < LOST_GRACE {
+                            if let Some(gone) = self.first_lost(workers, &done)? {
+                                return Err(lost(format!("{gone} ({failure})"), completed));
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        return Err(Ended::Failed(self.abort(run_id, failure)));
                     }
                     if r.done {
                         done[i] = true;
@@ -246,23 +474,30 @@ impl ClusterRunner {
                             .into_iter()
                             .flatten()
                             .collect();
-                        report(event(job, step, planned, &reports));
+                        let mut e = event(job, step, planned, &reports);
+                        if let Some((reason, schedule)) = replanned.take() {
+                            e.replan_reason = reason;
+                            e.replanned = Some(schedule);
+                        }
+                        report(e);
                         completed += 1;
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(self.abort(job, "the report channel closed".into()));
+                    return Err(Ended::Failed(
+                        self.abort(run_id, "the report channel closed".into()),
+                    ));
                 }
             }
             if cancelled.load(Ordering::SeqCst) {
                 match stop_asked {
                     None => {
-                        let _ = self.membership.cast(MembershipMsg::Stop(job));
+                        let _ = self.membership.cast(MembershipMsg::Stop(run_id));
                         stop_asked = Some(Instant::now());
                     }
                     Some(at) if at.elapsed() > STOP_GRACE => {
-                        let _ = self.abort(job, "cancelled".into());
+                        let _ = self.abort(run_id, "cancelled".into());
                         return Ok(());
                     }
                     Some(_) => {}
@@ -270,25 +505,17 @@ impl ClusterRunner {
             }
             if last_check.elapsed() >= Duration::from_secs(1) {
                 last_check = Instant::now();
-                let live = self.live()?;
-                for (i, w) in workers.iter().enumerate() {
-                    if !done[i] && !live.iter().any(|l| l.id == w.id) {
-                        return Err(self.abort(
-                            job,
-                            format!(
-                                "worker {i} ({}) stopped heartbeating; re-planning onto the \
-                                 survivors is not implemented, so the job fails",
-                                w.id
-                            ),
-                        ));
-                    }
+                if let Some(gone) = self.first_lost(workers, &done)? {
+                    return Err(lost(gone, completed));
                 }
             }
         }
-        if completed < steps && stop_asked.is_none() {
-            return Err(format!(
-                "the workers stopped after {completed} of {steps} steps without being asked to"
-            ));
+        let expected = steps.saturating_sub(first_step);
+        if completed < expected && stop_asked.is_none() {
+            return Err(Ended::Failed(format!(
+                "the workers stopped after {} of {steps} steps without being asked to",
+                first_step + completed
+            )));
         }
         Ok(())
     }
@@ -328,6 +555,7 @@ fn event(job: u64, step: u64, planned: f64, reports: &[pb::StepReport]) -> StepE
             })
             .collect(),
         replan_reason: String::new(),
+        replanned: None,
         trace: step_trace(job, step, reports),
     }
 }
@@ -360,4 +588,76 @@ fn step_trace(
         step: step + 1,
         workers,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use pipewise_common::job::example;
+
+    fn touch(path: &std::path::Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"x").unwrap();
+    }
+
+    /// The resume step is the last checkpoint with every stage's file; later directories
+    /// and `final/` go.
+    #[test]
+    fn resumes_from_the_last_complete_checkpoint() {
+        let out = std::env::temp_dir().join(format!("pipewise-resume-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = 2;
+        for k in [2, 4, 6] {
+            for s in 0..4 {
+                // Step 6 lost stage 3's file (the run died while writing it).
+                if (k, s) != (6, 3) {
+                    touch(&out.join(format!("step-{k}/stage-{s}.safetensors")));
+                }
+            }
+        }
+        touch(&out.join("final/worker-0.safetensors"));
+        // Steps before 7 completed: 6 is incomplete, so 4.
+        assert_eq!(last_checkpoint(&out, &spec, 0, 7, 4), 4);
+        // Only steps before 3 completed: 4 is not trusted even though its files exist.
+        assert_eq!(last_checkpoint(&out, &spec, 0, 3, 4), 2);
+        // Nothing after the run's own start: it starts there again.
+        assert_eq!(last_checkpoint(&out, &spec, 4, 5, 4), 4);
+        // More stages than the files: none complete.
+        assert_eq!(last_checkpoint(&out, &spec, 0, 7, 5), 0);
+        spec.checkpoint.enable_checkpoint = false;
+        assert_eq!(last_checkpoint(&out, &spec, 0, 7, 4), 0);
+        remove_after(&out, 4).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["step-2", "step-4"]);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    /// Re-planning keeps the memory limit's bytes: units of `1/d` of the model scale by
+    /// `d' / d`.
+    #[test]
+    fn replanning_scales_the_memory_limit() {
+        let mut spec = example(4, "adaptive-v");
+        spec.parallelism.memory_limit = Some(3.0);
+        let plan = replan(&spec, 2).unwrap();
+        assert_eq!(plan.schedule.num_workers(), 2);
+        let on_two = |limit: f64| {
+            let mut two = spec.clone();
+            two.parallelism.pipeline_parallel_degree = 2;
+            two.parallelism.memory_limit = Some(limit);
+            two.validate().unwrap().schedule
+        };
+        assert_eq!(plan.schedule, on_two(1.5));
+        // Not vacuous: the unscaled limit plans another schedule.
+        assert_ne!(plan.schedule, on_two(3.0));
+        assert_ne!(run_id(7, 1), 7);
+        assert_eq!(run_id(7, 0), 7);
+    }
 }

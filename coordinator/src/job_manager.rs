@@ -182,6 +182,11 @@ impl Actor for JobManager {
                 let _ = reply.send(outcome);
             }
             JobMsg::Progress(mut event) => {
+                if let Some(schedule) = event.replanned.take() {
+                    // Traces from here on follow the new schedule (the old run's are
+                    // dropped: they no longer match it).
+                    state.traces.start(event.job, (*schedule).clone());
+                }
                 if let Some(trace) = event.trace.take() {
                     state.traces.add(trace);
                 }

@@ -37,6 +37,8 @@ pub struct WorkerInfo {
     pub step: u64,
     /// Whether its assignment stream is open.
     pub streaming: bool,
+    /// The job (run) it said it was running in its last heartbeat (0: none).
+    pub job: u64,
 }
 
 /// A heartbeat's content.
@@ -132,6 +134,7 @@ impl Actor for Membership {
                         w.current_activation_bytes = beat.current_activation_bytes;
                         w.peak_activation_bytes = beat.peak_activation_bytes;
                         w.step = beat.step;
+                        w.job = beat.job;
                         true
                     }
                     None => false,

@@ -74,6 +74,11 @@ pub fn describe() {
     gauge!("pipewise_workers_up").set(0.0);
 }
 
+/// Counts one re-plan of a running job; `reason` is one of [`REPLAN_REASONS`].
+pub fn record_replan(reason: &'static str) {
+    counter!("pipewise_replans_total", "reason" => reason).increment(1);
+}
+
 /// Records one finished step of a job: bubbles, step time, throughput, peaks.
 pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f64) {
     let job = e.job.to_string();

@@ -215,6 +215,7 @@ impl ClusterService for Cluster {
             peak_activation_bytes: 0,
             step: 0,
             streaming: false,
+            job: 0,
         };
         let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
             .map_err(CoordinatorError::from)?;

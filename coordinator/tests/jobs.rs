@@ -48,6 +48,7 @@ impl JobRunner for CountingRunner {
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
                 worker_bubbles: Vec::new(),
                 replan_reason: String::new(),
+                replanned: None,
                 trace: None,
             });
         }

@@ -4,11 +4,16 @@
 //! (`name` as [`Param::name`](crate::param::Param::name), e.g. `block3.attn.qkv.weight`),
 //! and `meta/step` (`[1]` i64), `meta/range` (`[2]` i64, the piece range) and `meta/spec`
 //! (`[5]` i64: vocab, hidden, heads, layers, seq_len). A checkpoint loads only into a stage
-//! with the same spec and piece range. Checkpoints are taken between steps: accumulated
-//! gradients are not saved, and a stage with pending microbatches refuses to save.
+//! with the same spec and piece range ([`Stage::load_checkpoint`]); a step's directory of
+//! stage files (`step-K/stage-S.safetensors`, one per stage of any partition of the same
+//! model) loads into a stage of another partition by the tensors' whole-model names
+//! ([`Stage::load_checkpoint_dir`], how a job re-planned onto fewer workers resumes).
+//! Files are written under a temporary name and renamed, so a file with the final name is
+//! complete. Checkpoints are taken between steps: accumulated gradients are not saved, and
+//! a stage with pending microbatches refuses to save.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
@@ -35,17 +40,63 @@ fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
     ))
 }
 
+/// One checkpoint file: its meta and tensors.
+struct Shard {
+    path: PathBuf,
+    step: i64,
+    range: Vec<i64>,
+    spec: Vec<i64>,
+    tensors: HashMap<String, Tensor>,
+}
+
+fn bad(path: &Path, reason: String) -> Error {
+    Error::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+fn read_shard(path: &Path, device: &Device) -> Result<Shard> {
+    if !path.exists() {
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint"),
+        });
+    }
+    let mut tensors = candle_core::safetensors::load(path, device)?;
+    let mut ints = |key: &str| -> Result<Vec<i64>> {
+        let t = tensors
+            .remove(key)
+            .ok_or_else(|| bad(path, format!("has no tensor {key}")))?;
+        Ok(t.to_dtype(DType::I64)?.to_vec1::<i64>()?)
+    };
+    let range = ints("meta/range")?;
+    let spec = ints("meta/spec")?;
+    let step = ints("meta/step")?
+        .first()
+        .copied()
+        .ok_or_else(|| bad(path, "empty meta/step".into()))?;
+    Ok(Shard {
+        path: path.to_path_buf(),
+        step,
+        range,
+        spec,
+        tensors,
+    })
+}
+
 impl Stage {
-    /// Writes this stage's parameters, optimizer state and step to `path`.
+    /// Writes this stage's parameters, optimizer state and step to `path` (through a
+    /// temporary file renamed into place, so `path` never holds a partial checkpoint).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
         let (waiting_b, waiting_w) = self.pending();
         if !waiting_b.is_empty() || !waiting_w.is_empty() {
-            return Err(Error::Checkpoint {
-                path: path.to_path_buf(),
-                reason: format!(
+            return Err(bad(
+                path,
+                format!(
                     "microbatches {waiting_b:?} wait for B and {waiting_w:?} for W; save between steps"
                 ),
-            });
+            ));
         }
         let cpu = Device::Cpu;
         let mut tensors: HashMap<String, Tensor> = HashMap::new();
@@ -58,7 +109,14 @@ impl Stage {
         tensors.insert("meta/step".into(), step);
         tensors.insert("meta/range".into(), range);
         tensors.insert("meta/spec".into(), spec);
-        candle_core::safetensors::save(&tensors, path)?;
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        candle_core::safetensors::save(&tensors, &partial)?;
+        std::fs::rename(&partial, path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(())
     }
 
@@ -66,58 +124,120 @@ impl Stage {
     /// `path`, and zeroes its gradients. The checkpoint must come from a stage with the same
     /// spec (sizes and dtype) and piece range.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
-        let bad = |reason: String| Error::Checkpoint {
-            path: path.to_path_buf(),
-            reason,
-        };
-        if !path.exists() {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint"),
-            });
+        let shard = read_shard(path, &self.device().clone())?;
+        let want: Vec<i64> = [self.range().start as i64, self.range().end as i64].into();
+        if shard.range != want {
+            return Err(bad(
+                path,
+                format!(
+                    "holds pieces {:?}, this stage holds {:?}",
+                    shard.range,
+                    self.range()
+                ),
+            ));
+        }
+        self.install(vec![shard])
+    }
+
+    /// Like [`Stage::load_checkpoint`], from a step's directory of stage files
+    /// (`stage-S.safetensors`) written by the stages of any partition of the same model:
+    /// every tensor is taken, by its whole-model name, from the file that holds it. The
+    /// files must agree on the spec and the step, and every parameter of this stage must be
+    /// in exactly one of them. Every file is read (the whole model's state, once).
+    pub fn load_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
+        let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let path = entry
+                .map_err(|source| Error::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?
+                .path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("stage-") && name.ends_with(".safetensors") {
+                files.push(path);
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(bad(dir, "holds no stage-S.safetensors files".into()));
         }
         let device = self.device().clone();
-        let mut tensors = candle_core::safetensors::load(path, &device)?;
-        let mut take = |key: String| {
-            tensors
-                .remove(&key)
-                .ok_or_else(|| bad(format!("has no tensor {key}")))
-        };
-        let ints =
-            |t: Tensor| -> Result<Vec<i64>> { Ok(t.to_dtype(DType::I64)?.to_vec1::<i64>()?) };
-        let (_, want_range, want_spec) = meta(self, &Device::Cpu)?;
-        let got_range = ints(take("meta/range".into())?)?;
-        let got_spec = ints(take("meta/spec".into())?)?;
-        if got_range != want_range.to_vec1::<i64>()? {
-            return Err(bad(format!(
-                "holds pieces {got_range:?}, this stage holds {:?}",
-                self.range()
-            )));
+        let shards = files
+            .iter()
+            .map(|f| read_shard(f, &device))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
+            return Err(bad(
+                dir,
+                format!(
+                    "mixes steps: {} is at step {}, {} at step {}",
+                    shards[0].path.display(),
+                    shards[0].step,
+                    other.path.display(),
+                    other.step
+                ),
+            ));
         }
-        if got_spec != want_spec.to_vec1::<i64>()? {
-            return Err(bad(format!(
-                "model sizes {got_spec:?} differ from this stage's {:?}",
-                want_spec.to_vec1::<i64>()?
-            )));
+        self.install(shards)
+    }
+
+    /// Installs this stage's tensors from `shards` (which all passed [`read_shard`]).
+    fn install(&mut self, mut shards: Vec<Shard>) -> Result<()> {
+        let (_, _, want_spec) = meta(self, &Device::Cpu)?;
+        let want_spec = want_spec.to_vec1::<i64>()?;
+        for shard in &shards {
+            if shard.spec != want_spec {
+                return Err(bad(
+                    &shard.path,
+                    format!(
+                        "model sizes {:?} differ from this stage's {want_spec:?}",
+                        shard.spec
+                    ),
+                ));
+            }
         }
-        let step = ints(take("meta/step".into())?)?
-            .first()
-            .copied()
-            .ok_or_else(|| bad("empty meta/step".into()))?;
+        let step = shards.first().map_or(0, |s| s.step);
         let dtype = self.dtype();
         let mut loaded = Vec::new();
         for p in self.params() {
+            let key = format!("param/{}", p.name);
+            let mut holders = shards.iter_mut().filter(|s| s.tensors.contains_key(&key));
+            let Some(shard) = holders.next() else {
+                let held: Vec<&Vec<i64>> = shards.iter().map(|s| &s.range).collect();
+                let path = shards.first().map(|s| s.path.clone()).unwrap_or_default();
+                return Err(bad(
+                    &path,
+                    format!("no file holds {key} (they hold pieces {held:?})"),
+                ));
+            };
+            if let Some(twice) = holders.next() {
+                return Err(bad(
+                    &twice.path,
+                    format!("holds {key}, which another file of the step holds too"),
+                ));
+            }
             let mut get = |prefix: &str| -> Result<Tensor> {
-                let t = take(format!("{prefix}/{}", p.name))?;
+                let name = format!("{prefix}/{}", p.name);
+                let t = shard
+                    .tensors
+                    .remove(&name)
+                    .ok_or_else(|| bad(&shard.path, format!("has no tensor {name}")))?;
                 if t.dims() != p.value.dims() || t.dtype() != dtype {
-                    return Err(bad(format!(
-                        "{prefix}/{} is {:?} {:?}, expected {:?} {:?}",
-                        p.name,
-                        t.dtype(),
-                        t.dims(),
-                        dtype,
-                        p.value.dims()
-                    )));
+                    return Err(bad(
+                        &shard.path,
+                        format!(
+                            "{name} is {:?} {:?}, expected {:?} {:?}",
+                            t.dtype(),
+                            t.dims(),
+                            dtype,
+                            p.value.dims()
+                        ),
+                    ));
                 }
                 Ok(t)
             };

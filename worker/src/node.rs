@@ -20,7 +20,8 @@
 //! Checkpoints (`[checkpoint] enable_checkpoint`) and the final parameters are written to
 //! the assignment's `output_dir`, which every worker must be able to write (one machine, or
 //! a shared volume): `step-K/stage-S.safetensors` (parameters and optimizer state of stage
-//! `S` after `K` steps; an assignment starting at step `K` > 0 resumes from them) and
+//! `S` after `K` steps; an assignment starting at step `K` > 0 resumes from them, whatever
+//! partition wrote them) and
 //! `final/worker-W.safetensors` (the worker's parameters under their whole-model names).
 
 use std::collections::{BTreeMap, HashMap};
@@ -539,8 +540,11 @@ fn run_assignment(
     crate::metrics::record_parameters(&rt);
     let output = PathBuf::from(&a.output_dir);
     if a.first_step > 0 {
-        for (s, stage) in rt.stages_mut() {
-            stage.load_checkpoint(&checkpoint_path(&output, a.first_step, *s))?;
+        // The step's stage files may come from another partition (a job re-planned onto
+        // fewer workers): tensors are found by name.
+        let dir = output.join(format!("step-{}", a.first_step));
+        for stage in rt.stages_mut().values_mut() {
+            stage.load_checkpoint_dir(&dir)?;
         }
     }
     let corpus = corpus_of(&spec)?;

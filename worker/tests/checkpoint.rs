@@ -110,3 +110,116 @@ fn mismatch(device: &Device) -> Result<()> {
 }
 
 test_device!(checkpoint_needs_same_range_and_spec, mismatch);
+
+/// Writes `stages` as a step directory `dir` (`stage-S.safetensors`), replacing it.
+fn save_dir(dir: &std::path::Path, stages: &[Stage]) -> Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|source| pipewise_worker::Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for (s, stage) in stages.iter().enumerate() {
+        stage.save_checkpoint(&dir.join(format!("stage-{s}.safetensors")))?;
+    }
+    Ok(())
+}
+
+/// Stages of an even split into `parts`, each loaded from the step directory `dir`.
+fn load_split(
+    spec: &ModelSpec,
+    parts: usize,
+    dir: &std::path::Path,
+    device: &Device,
+) -> Result<Vec<Stage>> {
+    Stage::even_split(spec, parts)?
+        .into_iter()
+        .map(|r| {
+            let mut stage = Stage::new(spec, r, 999, device)?;
+            stage.load_checkpoint_dir(dir)?;
+            Ok(stage)
+        })
+        .collect()
+}
+
+/// A step's stage files load into any other partition of the model by name (how a job
+/// re-planned onto fewer workers resumes): 1 → 2 → 3 → 1 stages, then training goes on
+/// bit-identically to training straight through.
+fn reshard(device: &Device) -> Result<()> {
+    let spec = ModelSpec {
+        layers: 3,
+        ..spec()
+    };
+    let corpus = Corpus::generated();
+    let sampler = Sampler {
+        seed: 7,
+        microbatch_size: 4,
+        seq_len: 16,
+    };
+    let opt = AdamW {
+        lr: 1e-2,
+        ..AdamW::default()
+    };
+    let (total, cut) = (6u64, 3u64);
+    let mut straight = Trainer::new(&spec, 5, device, opt)?;
+    for step in 0..total {
+        straight.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    let mut first = Trainer::new(&spec, 5, device, opt)?;
+    for step in 0..cut {
+        first.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    let root = tmp(&format!("reshard-{:?}", device.location()));
+    let (one, two, three) = (root.join("one"), root.join("two"), root.join("three"));
+    save_dir(&one, std::slice::from_ref(first.stage()))?;
+    let halves = load_split(&spec, 2, &one, device)?;
+    assert!(halves.iter().all(|s| s.step() == cut));
+    save_dir(&two, &halves)?;
+    save_dir(&three, &load_split(&spec, 3, &two, device)?)?;
+    let mut whole = Stage::whole(&spec, 999, device)?;
+    whole.set_optimizer(opt);
+    whole.load_checkpoint_dir(&three)?;
+    assert_eq!(whole.step(), cut);
+    let mut resumed = Trainer::from_stage(whole)?;
+    for step in cut..total {
+        resumed.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    let (a, b) = (bits(straight.stage())?, bits(resumed.stage())?);
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x == y, "{name} differs after resharding");
+    }
+
+    // Refused: a directory missing a stage's file, one mixing two partitions (a tensor in
+    // two files), one mixing steps, an empty one.
+    let err = |dir: &std::path::Path| {
+        let mut stage = Stage::whole(&spec, 1, device).expect("a stage");
+        match stage.load_checkpoint_dir(dir) {
+            Err(pipewise_worker::Error::Checkpoint { reason, .. }) => reason,
+            other => panic!("{}: {other:?}", dir.display()),
+        }
+    };
+    std::fs::remove_file(two.join("stage-1.safetensors")).expect("removed");
+    assert!(
+        err(&two).starts_with("no file holds param/"),
+        "{}",
+        err(&two)
+    );
+    std::fs::copy(
+        one.join("stage-0.safetensors"),
+        three.join("stage-9.safetensors"),
+    )
+    .expect("copied");
+    assert!(err(&three).contains("another file of the step holds too"));
+    let later = Trainer::new(&spec, 5, device, opt)?;
+    save_dir(&two, &load_split(&spec, 2, &one, device)?)?;
+    later
+        .stage()
+        .save_checkpoint(&two.join("stage-1.safetensors"))?;
+    assert!(err(&two).starts_with("mixes steps"), "{}", err(&two));
+    save_dir(&one, &[])?;
+    assert!(err(&one).contains("no stage-S.safetensors"));
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+test_device!(checkpoint_loads_into_another_partition, reshard);
