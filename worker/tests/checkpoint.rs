@@ -33,6 +33,24 @@ fn bits(stage: &Stage) -> Result<Vec<(String, Vec<u32>)>> {
         .collect()
 }
 
+/// A trainer of `spec` from `seed`, trained for steps `range` of `sampler` (2
+/// microbatches a step).
+fn trained(
+    spec: &ModelSpec,
+    seed: u64,
+    opt: AdamW,
+    sampler: &Sampler,
+    steps: std::ops::Range<u64>,
+    device: &Device,
+) -> Result<Trainer> {
+    let corpus = Corpus::generated();
+    let mut trainer = Trainer::new(spec, seed, device, opt)?;
+    for step in steps {
+        trainer.train_step(&sampler.step(&corpus, step, 2, device)?)?;
+    }
+    Ok(trainer)
+}
+
 fn resume(device: &Device) -> Result<()> {
     let spec = spec();
     let corpus = Corpus::generated();
@@ -47,14 +65,8 @@ fn resume(device: &Device) -> Result<()> {
         ..AdamW::default()
     };
     let (total, cut) = (8u64, 5u64);
-    let mut straight = Trainer::new(&spec, 11, device, opt)?;
-    for step in 0..total {
-        straight.train_step(&sampler.step(&corpus, step, 2, device)?)?;
-    }
-    let mut first = Trainer::new(&spec, 11, device, opt)?;
-    for step in 0..cut {
-        first.train_step(&sampler.step(&corpus, step, 2, device)?)?;
-    }
+    let straight = trained(&spec, 11, opt, &sampler, 0..total, device)?;
+    let first = trained(&spec, 11, opt, &sampler, 0..cut, device)?;
     let path = tmp(&format!("resume-{:?}.safetensors", device.location()));
     first.stage().save_checkpoint(&path)?;
     drop(first);
@@ -160,14 +172,8 @@ fn reshard(device: &Device) -> Result<()> {
         ..AdamW::default()
     };
     let (total, cut) = (6u64, 3u64);
-    let mut straight = Trainer::new(&spec, 5, device, opt)?;
-    for step in 0..total {
-        straight.train_step(&sampler.step(&corpus, step, 2, device)?)?;
-    }
-    let mut first = Trainer::new(&spec, 5, device, opt)?;
-    for step in 0..cut {
-        first.train_step(&sampler.step(&corpus, step, 2, device)?)?;
-    }
+    let straight = trained(&spec, 5, opt, &sampler, 0..total, device)?;
+    let first = trained(&spec, 5, opt, &sampler, 0..cut, device)?;
     let root = tmp(&format!("reshard-{:?}", device.location()));
     let (one, two, three) = (root.join("one"), root.join("two"), root.join("three"));
     save_dir(&one, std::slice::from_ref(first.stage()))?;
