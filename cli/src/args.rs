@@ -9,16 +9,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use pipewise_common::generate::{
+    MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, MAX_WORKERS,
+};
 use pipewise_common::{ScheduleKind, Times};
-
-/// The largest worker count accepted.
-const MAX_WORKERS: u32 = 4096;
-/// The largest microbatch count accepted.
-const MAX_MICROBATCHES: u32 = 1_000_000;
-/// The largest chunk count accepted.
-const MAX_CHUNKS: u32 = 64;
-/// The largest `stages × microbatches` accepted (about a third of the pass count).
-const MAX_STAGE_MICROBATCHES: u64 = 2_000_000;
 
 const ABOUT: &str = "Pipeline-parallel training planner: generate, import, simulate and \
                      render pipeline schedules (1F1B, interleaved, zero-bubble, V-shape, \

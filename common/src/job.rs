@@ -50,7 +50,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::Times;
 use crate::error::{Error, Result};
-use crate::generate::{Request, ScheduleKind, generate};
+use crate::generate::{
+    MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, MAX_WORKERS, Request, ScheduleKind,
+    generate,
+};
 use crate::model::{DType, ModelSpec};
 use crate::schedule::Schedule;
 
@@ -489,10 +492,10 @@ impl JobSpec {
         }
         let p = &self.parallelism;
         let d = p.pipeline_parallel_degree;
-        if d == 0 {
+        if !(1..=MAX_WORKERS).contains(&d) {
             return Err(invalid(
                 "parallelism.pipeline_parallel_degree",
-                "must be at least 1 worker",
+                format!("must be 1 to {MAX_WORKERS} workers, got {d}"),
             ));
         }
         let mbs = p.pipeline_parallel_microbatch_size;
@@ -512,10 +515,13 @@ impl JobSpec {
                 ),
             ));
         }
-        if p.pipeline_parallel_chunks == 0 {
+        if !(1..=MAX_CHUNKS).contains(&p.pipeline_parallel_chunks) {
             return Err(invalid(
                 "parallelism.pipeline_parallel_chunks",
-                "must be at least 1",
+                format!(
+                    "must be 1 to {MAX_CHUNKS}, got {}",
+                    p.pipeline_parallel_chunks
+                ),
             ));
         }
         let kind: ScheduleKind = p.pipeline_parallel_schedule.parse().map_err(|_| {
@@ -543,7 +549,28 @@ impl JobSpec {
             }
         }
         let n = self.microbatches();
+        if n > MAX_MICROBATCHES {
+            return Err(invalid(
+                "training.global_batch_size",
+                format!(
+                    "{} sequences in microbatches of {mbs} are {n} microbatches; at most \
+                     {MAX_MICROBATCHES} are planned (use larger microbatches)",
+                    t.global_batch_size
+                ),
+            ));
+        }
         let stages = kind.placement(d, p.pipeline_parallel_chunks).stages();
+        let size = u64::from(stages) * u64::from(n);
+        if size > MAX_STAGE_MICROBATCHES {
+            return Err(invalid(
+                "training.global_batch_size",
+                format!(
+                    "{kind} on {d} workers has {stages} stages; × {n} microbatches is {size}, \
+                     at most {MAX_STAGE_MICROBATCHES} are planned (use larger microbatches or \
+                     fewer workers)"
+                ),
+            ));
+        }
         let pieces = self.model.layers + 2;
         if stages > pieces {
             return Err(invalid(
@@ -712,6 +739,24 @@ mod tests {
             }),
             ("model.layers", |s| {
                 s.parallelism.pipeline_parallel_degree = 8
+            }),
+            // Too large to plan: refused before any allocation (a u32-sized batch used to
+            // exhaust the coordinator's memory inside the generator).
+            ("model.layers", |s| s.model.layers = u32::MAX),
+            ("parallelism.pipeline_parallel_degree", |s| {
+                s.parallelism.pipeline_parallel_degree = u32::MAX
+            }),
+            ("parallelism.pipeline_parallel_chunks", |s| {
+                s.parallelism.pipeline_parallel_schedule = "interleaved-1f1b".into();
+                s.parallelism.pipeline_parallel_chunks = 1000;
+            }),
+            ("training.global_batch_size", |s| {
+                s.training.global_batch_size = u32::MAX
+            }),
+            ("training.global_batch_size", |s| {
+                // 1M microbatches × 4 stages: each count alone is within limits.
+                s.training.global_batch_size = 1_000_000;
+                s.parallelism.pipeline_parallel_degree = 4;
             }),
             ("checkpoint.interval", |s| {
                 s.checkpoint.enable_checkpoint = true;

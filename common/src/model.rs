@@ -113,6 +113,10 @@ impl std::ops::Add for Activation {
     }
 }
 
+/// The most transformer blocks a model spec may have (the largest published models have a
+/// few hundred; the auto-planner's partition search grows with the square of the count).
+pub const MAX_LAYERS: u32 = 10_000;
+
 /// Sizes of a GPT-style decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -171,6 +175,12 @@ impl ModelSpec {
                     reason: "must be at least 1".into(),
                 });
             }
+        }
+        if self.layers > MAX_LAYERS {
+            return Err(Error::InvalidArgument {
+                field: "layers",
+                reason: format!("must be at most {MAX_LAYERS}, got {}", self.layers),
+            });
         }
         if self.hidden % self.heads != 0 {
             return Err(Error::InvalidArgument {

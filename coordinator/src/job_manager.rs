@@ -31,8 +31,15 @@ pub struct JobManagerArgs {
 
 /// Messages of the job manager.
 pub enum JobMsg {
-    /// Validate, plan, store and queue a job.
+    /// Validate, plan, store and queue a job. Planning runs beside the manager (a large
+    /// adaptive plan takes seconds), which goes on answering; `Planned` finishes it.
     Submit(Box<JobSpec>, RpcReplyPort<Result<JobRecord>>),
+    /// A submitted job's plan (or why it has none): store and queue it.
+    Planned(
+        Box<JobSpec>,
+        Box<Result<JobPlan>>,
+        RpcReplyPort<Result<JobRecord>>,
+    ),
     /// One job.
     Get(u64, RpcReplyPort<Result<JobRecord>>),
     /// Every job.
@@ -151,7 +158,22 @@ impl Actor for JobManager {
     ) -> std::result::Result<(), ActorProcessingErr> {
         match msg {
             JobMsg::Submit(spec, reply) => {
-                let outcome = submit(state, *spec).await;
+                let planner = state.planner.clone();
+                let manager = myself.clone();
+                tokio::spawn(async move {
+                    let planned = ractor::call!(planner, PlannerMsg::Plan, spec.clone())
+                        .map_err(CoordinatorError::from)
+                        .and_then(|r| r);
+                    // The manager outlives the coordinator's requests; if it is gone, so
+                    // is the caller.
+                    let _ = manager.cast(JobMsg::Planned(spec, Box::new(planned), reply));
+                });
+            }
+            JobMsg::Planned(spec, planned, reply) => {
+                let outcome = match *planned {
+                    Ok(plan) => enqueue(state, *spec, plan),
+                    Err(e) => Err(e),
+                };
                 let _ = reply.send(outcome);
                 start_next(&myself, state).await;
             }
@@ -245,8 +267,8 @@ impl Actor for JobManager {
     }
 }
 
-async fn submit(state: &mut JobManagerState, spec: JobSpec) -> Result<JobRecord> {
-    let plan = ractor::call!(state.planner, PlannerMsg::Plan, Box::new(spec.clone()))??;
+/// Stores and queues a planned job.
+fn enqueue(state: &mut JobManagerState, spec: JobSpec, plan: JobPlan) -> Result<JobRecord> {
     let id = state.records.keys().next_back().copied().unwrap_or(0) + 1;
     let record = JobRecord {
         id,

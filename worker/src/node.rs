@@ -166,7 +166,10 @@ impl WorkerNode {
             current: Mutex::new(Current::default()),
         });
         let channel = connect(&config.coordinator, config.connect_for).await?;
-        let client = ClusterServiceClient::new(channel);
+        // An assignment carries the worker's whole program (up to millions of passes).
+        let client = ClusterServiceClient::new(channel)
+            .max_decoding_message_size(ASSIGNMENT_LIMIT)
+            .max_encoding_message_size(ASSIGNMENT_LIMIT);
         let (report_tx, report_rx) = mpsc::unbounded_channel::<pb::StepReport>();
         tokio::spawn(reporter(client.clone(), report_rx, Arc::clone(&shared)));
         let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignment>();
@@ -473,6 +476,10 @@ fn executor_loop(
         shared.current().job = None;
     }
 }
+
+/// The largest message on the coordinator connection: an assignment of the largest plan
+/// `JobSpec::validate` accepts (2M stage-microbatches, 6M passes of 6–12 bytes) fits.
+const ASSIGNMENT_LIMIT: usize = 256 << 20;
 
 fn assignment_error(reason: String) -> Error {
     node_error("assignment", reason)

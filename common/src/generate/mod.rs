@@ -220,6 +220,16 @@ impl Request {
     }
 }
 
+/// The largest worker count `pipewise plan` and job specs accept.
+pub const MAX_WORKERS: u32 = 4096;
+/// The largest microbatch count accepted.
+pub const MAX_MICROBATCHES: u32 = 1_000_000;
+/// The largest chunk (stage-per-worker) count accepted.
+pub const MAX_CHUNKS: u32 = 64;
+/// The largest `stages × microbatches` accepted (about a third of the pass count): larger
+/// shapes take minutes and gigabytes to plan and render.
+pub const MAX_STAGE_MICROBATCHES: u64 = 2_000_000;
+
 /// Simulated passes the local search may spend inside [`generate`] (about 0.1–0.3 s).
 pub const LOCAL_SEARCH_BUDGET: u64 = 3_000_000;
 
