@@ -38,6 +38,7 @@ use std::fmt::Write as _;
 
 use crate::cost::{Costs, Times};
 use crate::error::{Cell, Error, Result, Rule};
+use crate::generate::{MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, MAX_WORKERS};
 use crate::pass::{Pass, PassKind};
 use crate::placement::Placement;
 use crate::schedule::Schedule;
@@ -127,12 +128,14 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
             if cell.is_empty() {
                 continue;
             }
-            let pass = parse_cell(cell).map_err(|reason| Error::Csv {
-                row: r + 1,
-                column: c + 1,
-                cell: cell.to_string(),
-                reason,
-            })?;
+            let pass = parse_cell(cell)
+                .and_then(|p| within_limits(p, rows.len()))
+                .map_err(|reason| Error::Csv {
+                    row: r + 1,
+                    column: c + 1,
+                    cell: cell.to_string(),
+                    reason,
+                })?;
             program.push(pass);
             origin.push(Origin {
                 row: r + 1,
@@ -201,6 +204,17 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
             reason: "it has no actions (every cell is empty)".into(),
         });
     }
+    let size = worker_of.len() as u64 * u64::from(microbatches);
+    if size > MAX_STAGE_MICROBATCHES {
+        return Err(Error::InvalidArgument {
+            field: "CSV schedule",
+            reason: format!(
+                "{} stages × {microbatches} microbatches is {size}; at most \
+                 {MAX_STAGE_MICROBATCHES} are planned",
+                worker_of.len()
+            ),
+        });
+    }
 
     let schedule = Schedule {
         name: name.to_string(),
@@ -215,6 +229,32 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
 }
 
 /// Parses one non-empty cell into a pass, or says why it cannot.
+/// Refuses a pass whose numbers are beyond what `pipewise plan` plans (before they size
+/// any table): microbatches below [`MAX_MICROBATCHES`], stages below
+/// [`MAX_CHUNKS`] per row.
+fn within_limits(pass: Pass, rows: usize) -> std::result::Result<Pass, String> {
+    if rows > MAX_WORKERS as usize {
+        return Err(format!(
+            "the file has {rows} rows; at most {MAX_WORKERS} workers are accepted"
+        ));
+    }
+    if pass.mb >= MAX_MICROBATCHES {
+        return Err(format!(
+            "microbatch {} is too large: at most {MAX_MICROBATCHES} microbatches are accepted",
+            pass.mb
+        ));
+    }
+    let stages = u64::from(MAX_CHUNKS) * rows as u64;
+    if u64::from(pass.stage) >= stages {
+        return Err(format!(
+            "stage {} is too large: {rows} rows hold at most {stages} stages ({MAX_CHUNKS} \
+             per worker)",
+            pass.stage
+        ));
+    }
+    Ok(pass)
+}
+
 fn parse_cell(cell: &str) -> std::result::Result<Pass, String> {
     let digits_end = cell
         .find(|c: char| !c.is_ascii_digit())
@@ -546,6 +586,27 @@ mod tests {
         assert_eq!((row, column, cell.as_str()), (1, 1, "3F0"), "{reason}");
         assert!(reason.contains("deadlock"), "{reason}");
         assert!(reason.contains("row 2 column 1 (\"1F0\")"), "{reason}");
+    }
+
+    #[test]
+    fn refuses_numbers_beyond_the_limits_before_allocating() {
+        // These used to size tables from the cell's numbers (tens of gigabytes) or wrap.
+        let (row, column, cell, reason) = csv_error("0F0,0B0\n4000000000F0,4000000000B0");
+        assert_eq!(
+            (row, column, cell.as_str()),
+            (2, 1, "4000000000F0"),
+            "{reason}"
+        );
+        assert!(reason.contains("stage 4000000000 is too large"), "{reason}");
+        let (_, _, _, reason) = csv_error("0F3999999999");
+        assert!(
+            reason.contains("microbatch 3999999999 is too large"),
+            "{reason}"
+        );
+        let (_, _, _, reason) = csv_error("0F4294967295,0B4294967295");
+        assert!(reason.contains("is too large"), "{reason}");
+        let err = from_csv("0F0,0B0", "ok").map(|s| s.microbatches);
+        assert_eq!(err.ok(), Some(1));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A text timeline: one row per worker, one cell per time quantum.
 //!
 //! Time is quantised to the shortest pass of the simulation, so a unit-time schedule shows
-//! one cell per pass. A pass fills `round(duration / quantum)` cells (at least one): its text
+//! one cell per pass; when passes are so uneven that this would give a row more than
+//! [`MAX_CELLS`] cells, the quantum grows to the makespan over [`MAX_CELLS`]. A pass fills `round(duration / quantum)` cells (at least one): its text
 //! (`0F3`, `1B0`, `2W5`, `0BW1`, pipewise's own pass text) in the first, `-` in the others.
 //! Idle cells are `.`. A pass shorter than half a cell (e.g. a zero-time W) still gets one
 //! cell, which shifts the rest of its row right: the grid is exact for unit-time schedules
@@ -12,9 +13,14 @@ use crate::simulate::Simulation;
 
 use super::{first_start, shortest_pass};
 
-/// The duration of one grid cell: the shortest pass of `sim`.
+/// The most cells a row gets from time alone (a pass of zero time still takes one).
+pub const MAX_CELLS: f64 = 100_000.0;
+
+/// The duration of one grid cell: the shortest pass of `sim`, or the span of the timeline
+/// over [`MAX_CELLS`] if that is longer.
 pub fn quantum(sim: &Simulation) -> f64 {
-    shortest_pass(sim)
+    let span = sim.makespan - first_start(sim);
+    shortest_pass(sim).max(span / MAX_CELLS)
 }
 
 /// Renders the grid: exactly one line per worker, `worker W | cells…`.
@@ -97,5 +103,33 @@ mod tests {
                 .count();
             assert_eq!(shown, s.num_passes(), "{kind}\n{text}");
         }
+    }
+
+    /// Very uneven pass times coarsen the grid instead of drawing one cell per shortest
+    /// pass (F of 1e-9 against B and W of 1 asked for gigabytes).
+    #[test]
+    fn uneven_times_keep_the_grid_bounded() {
+        let schedule = generate(&Request::new(ScheduleKind::ZbH1, 4, 8)).expect("generates");
+        let times = Times {
+            f: 1e-9,
+            b: 1.0,
+            w: 1.0,
+            comm: 0.0,
+        };
+        let costs = Costs::uniform(&schedule.placement, times).expect("costs");
+        let sim = simulate(&schedule, &costs).expect("simulates");
+        let text = grid(&schedule, &sim);
+        assert_eq!(text.lines().count(), 4);
+        // Cells are 3 characters and a space here ("0F0 ", "--- ", ".   ").
+        let longest = text.lines().map(str::len).max().unwrap_or(0);
+        assert!(
+            longest as f64 <= 4.0 * (MAX_CELLS + 200.0),
+            "{longest} characters"
+        );
+        assert!(
+            longest as f64 >= 4.0 * 0.9 * MAX_CELLS,
+            "{longest} characters"
+        );
+        assert!(quantum(&sim) > 1e-9);
     }
 }
