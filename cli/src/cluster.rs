@@ -283,17 +283,22 @@ fn succeeded(status: &pb::JobStatus) -> Result<()> {
 pub(crate) fn submit(args: &SubmitArgs) -> Result<()> {
     let toml = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let request = pb::JobSpec {
+        toml,
+        schedule: args.schedule.clone(),
+        workers: args.workers,
+        steps: args.steps,
+        microbatches: args.microbatches,
+        ..Default::default()
+    };
+    // The file is read here as the coordinator will read it, so a malformed one is named
+    // before any connection (the coordinator still validates and plans it).
+    pipewise_coordinator::service::spec_of(&request)
+        .with_context(|| format!("{} is not a valid job spec", args.file.display()))?;
     runtime()?.block_on(async {
         let mut c = client(&args.endpoint).await?;
         let status = c
-            .submit_job(pb::JobSpec {
-                toml,
-                schedule: args.schedule.clone(),
-                workers: args.workers,
-                steps: args.steps,
-                microbatches: args.microbatches,
-                ..Default::default()
-            })
+            .submit_job(request)
             .await
             .map_err(status_error)
             .context("the coordinator refused the job")?

@@ -656,3 +656,32 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
         "{text}"
     );
 }
+
+/// `submit` reads the job file before connecting: a malformed one is named even when no
+/// coordinator runs (it used to say only that the coordinator could not be reached).
+#[test]
+fn submit_names_a_malformed_job_file_before_connecting() {
+    let dir = tempdir("badfile");
+    std::fs::create_dir_all(&dir).unwrap();
+    let nowhere = format!("http://127.0.0.1:{}", common::free_port());
+    let negative = spec(2, "1f1b", 3)
+        .to_toml()
+        .unwrap()
+        .replace("steps = 3", "steps = -5");
+    for (name, text, expect) in [
+        ("unclosed.toml", "[job\nname=", "unclosed table"),
+        ("empty.toml", "", "missing field"),
+        ("negative.toml", negative.as_str(), "steps"),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let err = common::fails(&["submit", path.to_str().unwrap(), "--coordinator", &nowhere]);
+        assert!(err.contains("is not a valid job spec"), "{name}: {err}");
+        assert!(err.contains(expect), "{name}: {err}");
+        assert!(!err.contains("cannot reach"), "{name}: {err}");
+    }
+    // A valid file gets as far as the connection.
+    let path = write_spec(&dir, &spec(2, "1f1b", 3));
+    let err = common::fails(&["submit", path.to_str().unwrap(), "--coordinator", &nowhere]);
+    assert!(err.contains("cannot reach the coordinator"), "{err}");
+}
