@@ -51,6 +51,10 @@ pub(crate) struct WorkerArgs {
     /// Seconds to wait for a peer's frame or for the other workers at a step's end.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) timeout: u64,
+    /// Make every pass take this many times as long (a stand-in for a slower device, to
+    /// try the coordinator's straggler handling).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_slowdown, hide = true)]
+    pub(crate) slowdown: f64,
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
@@ -162,6 +166,13 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
 }
 
 /// Runs `pipewise worker` until the process is stopped.
+fn parse_slowdown(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() && (1.0..=1000.0).contains(&f) => Ok(f),
+        _ => Err(format!("{text:?} is not a factor from 1 to 1000")),
+    }
+}
+
 pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     init_logs(args.log_format);
     let id = args
@@ -172,6 +183,7 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     config.listen = args.listen;
     config.advertise = args.advertise.clone();
     config.timeout = Duration::from_secs(args.timeout);
+    config.slowdown = args.slowdown;
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics_listen {
             crate::metrics::serve(addr)?;

@@ -28,6 +28,7 @@ pub mod job;
 pub mod model;
 pub mod pass;
 pub mod placement;
+pub mod rebalance;
 pub mod render;
 pub mod schedule;
 pub mod simulate;

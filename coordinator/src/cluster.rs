@@ -31,6 +31,18 @@
 //!    counter `pipewise_replans_total{reason="worker_lost"}` counts it. At most
 //!    [`MAX_REPLANS`] re-plans per job.
 //!
+//! **Moving layers off a straggler.** A run of a real-compute job with checkpoints is
+//! watched: after each step every worker's time in passes is divided by its modelled work
+//! (the FLOPs of the pieces it holds, the embedding counted as 5 % of a block). A worker at
+//! [`STRAGGLER_RATIO`] times the median or more for [`STRAGGLER_STEPS`] steps in a row is
+//! a straggler: if a split of the pieces weighted by the measured slowness
+//! ([`pipewise_common::rebalance::split_for_speeds`]) cuts the busiest worker's predicted
+//! time by [`STRAGGLER_GAIN`] or more, every worker is asked to stop after the same step
+//! (they save it), and the next run starts there with the new split (the assignment's
+//! `stage_pieces`; the schedule and the worker count stay). The event carries the reason,
+//! `pipewise_replans_total{reason="straggler"}` counts it. `pipewise worker --slowdown F`
+//! (hidden) makes a worker's passes F times longer, to try it.
+//!
 //! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
 //! collectives, reports and aborts), is the job id for the first run and
 //! `job + k · 2^48` after `k` re-plans ([`run_id`]), so nothing of an abandoned run can
@@ -42,6 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::rebalance::{largest_worker_time, split_for_speeds};
 use pipewise_common::{Costs, Schedule, simulate};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
@@ -147,7 +160,44 @@ struct Assigned<'a> {
     planned: f64,
     workers: &'a [WorkerInfo],
     reports: &'a std::sync::mpsc::Receiver<pb::StepReport>,
+    /// Pieces per stage of this run (empty: the even split).
+    stage_pieces: &'a [u32],
+    /// What straggler detection needs; `None`: the run is not watched for stragglers.
+    watch: Option<&'a Straggle>,
 }
+
+/// What the runner watches a run's step times with: the cost of every piece (FLOPs, with
+/// a floor), the stage → worker table and the split in use.
+struct Straggle {
+    piece_costs: Vec<f64>,
+    worker_of: Vec<u32>,
+    counts: Vec<u32>,
+}
+
+impl Straggle {
+    /// Modelled work of every worker under the split in use.
+    fn work(&self, workers: usize) -> Vec<f64> {
+        let mut work = vec![0.0; workers];
+        let mut next = 0usize;
+        for (&w, &c) in self.worker_of.iter().zip(&self.counts) {
+            let cost: f64 = self.piece_costs[next..next + c as usize].iter().sum();
+            next += c as usize;
+            if let Some(x) = work.get_mut(w as usize) {
+                *x += cost;
+            }
+        }
+        work
+    }
+}
+
+/// A worker whose time in passes per unit of modelled work is at least this many times
+/// the median's, over [`STRAGGLER_STEPS`] steps in a row, is a straggler.
+pub const STRAGGLER_RATIO: f64 = 2.0;
+/// Steps in a row (after a run's first) a straggler must be slow in.
+pub const STRAGGLER_STEPS: usize = 3;
+/// A straggler's layers move only if the new split's predicted step shortens by this
+/// factor at least.
+pub const STRAGGLER_GAIN: f64 = 1.1;
 
 /// How a run ended other than by finishing the job.
 enum Ended {
@@ -155,6 +205,13 @@ enum Ended {
     Failed(String),
     /// A worker of the run is gone (the reason); every step before `through` completed.
     Lost { reason: String, through: u64 },
+    /// The run stopped after step `through` to move layers off a straggler (the reason)
+    /// onto the split `counts` (pieces per stage).
+    Straggler {
+        reason: String,
+        through: u64,
+        counts: Vec<u32>,
+    },
 }
 
 /// The reports of one step, by worker index.
@@ -175,6 +232,7 @@ impl JobRunner for ClusterRunner {
             .map_err(|e| format!("cannot create {}: {e}", output.display()))?;
         let mut plan = plan.clone();
         let mut first_step = 0;
+        let mut stage_pieces: Vec<u32> = Vec::new();
         let mut replanned: Option<(String, std::sync::Arc<Schedule>)> = None;
         for replans in 0.. {
             let d = plan.schedule.num_workers();
@@ -186,6 +244,7 @@ impl JobRunner for ClusterRunner {
             self.membership
                 .cast(MembershipMsg::Attach(run, tx))
                 .map_err(|e| format!("membership: {e}"))?;
+            let straggle = straggle_of(spec, &plan, &stage_pieces);
             let assigned = Assigned {
                 job,
                 run,
@@ -194,6 +253,8 @@ impl JobRunner for ClusterRunner {
                 planned: planned_bubble(&plan, spec),
                 workers: &workers,
                 reports: &rx,
+                stage_pieces: &stage_pieces,
+                watch: straggle.as_ref(),
             };
             let outcome = self
                 .assign(&assigned, spec, &plan, &output)
@@ -203,6 +264,29 @@ impl JobRunner for ClusterRunner {
                 Ok(()) => return Ok(()),
                 Err(Ended::Failed(reason)) => return Err(reason),
                 Err(Ended::Lost { reason, through }) => (reason, through),
+                Err(Ended::Straggler {
+                    reason,
+                    through,
+                    counts,
+                }) => {
+                    // The workers stopped after `through` steps and saved it (checkpoints
+                    // are on whenever stragglers are watched).
+                    let stages = plan.schedule.placement.stages();
+                    let resume = if complete(&output, through, stages) {
+                        through
+                    } else {
+                        last_checkpoint(&output, spec, first_step, through, stages)
+                    };
+                    self.wait_until_left(run, &workers);
+                    remove_after(&output, resume)?;
+                    let reason = format!("{reason}; resuming from the checkpoint of step {resume}");
+                    tracing::warn!(job, "{reason}");
+                    crate::metrics::record_replan("straggler");
+                    replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
+                    stage_pieces = counts;
+                    first_step = resume;
+                    continue;
+                }
             };
             let _ = self.abort(run, String::new());
             if cancelled.load(Ordering::SeqCst) {
@@ -237,6 +321,7 @@ impl JobRunner for ClusterRunner {
             tracing::warn!(job, "{reason}");
             crate::metrics::record_replan("worker_lost");
             replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
+            stage_pieces.clear();
             first_step = resume;
         }
         Err("re-plans exhausted".into())
@@ -273,15 +358,56 @@ fn last_checkpoint(
     (first_step + 1..=through)
         .rev()
         .filter(|k| k % interval == 0)
-        .find(|k| {
-            (0..stages).all(|s| {
-                output
-                    .join(format!("step-{k}"))
-                    .join(format!("stage-{s}.safetensors"))
-                    .is_file()
-            })
-        })
+        .find(|&k| complete(output, k, stages))
         .unwrap_or(first_step)
+}
+
+/// Whether `step-K/` holds all `stages` stage files.
+fn complete(output: &std::path::Path, k: u64, stages: u32) -> bool {
+    (0..stages).all(|s| {
+        output
+            .join(format!("step-{k}"))
+            .join(format!("stage-{s}.safetensors"))
+            .is_file()
+    })
+}
+
+/// How a run of `plan` on the split `stage_pieces` (empty: even) is watched for
+/// stragglers: only real-compute jobs with checkpoints (layers move through one), and
+/// only with more stages than one.
+fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Option<Straggle> {
+    if spec.compute.is_emulated() || !spec.checkpoint.enable_checkpoint {
+        return None;
+    }
+    let placement = &plan.schedule.placement;
+    let stages = placement.stages();
+    if placement.workers() < 2 {
+        return None;
+    }
+    let model = &spec.model;
+    let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
+    let block = model.piece_flops(pipewise_common::model::Piece::Block(0), mbs);
+    // The embedding's FLOPs are next to nothing but its pass is not free.
+    let piece_costs: Vec<f64> = model
+        .pieces()
+        .into_iter()
+        .map(|p| model.piece_flops(p, mbs).max(0.05 * block))
+        .collect();
+    let counts = if stage_pieces.is_empty() {
+        model
+            .even_split(stages as usize)
+            .ok()?
+            .iter()
+            .map(|r| r.len() as u32)
+            .collect()
+    } else {
+        stage_pieces.to_vec()
+    };
+    Some(Straggle {
+        piece_costs,
+        worker_of: (0..stages).map(|s| placement.worker_of(s)).collect(),
+        counts,
+    })
 }
 
 /// Removes what an abandoned run wrote after step `resume`: later step directories and
@@ -348,6 +474,7 @@ impl ClusterRunner {
                 job_toml: toml.clone(),
                 output_dir: output.display().to_string(),
                 stage_count: schedule.placement.stages(),
+                stage_pieces: run.stage_pieces.to_vec(),
             };
             let sent = self.runtime.block_on(async {
                 ractor::call!(
@@ -423,6 +550,8 @@ impl ClusterRunner {
             planned,
             workers,
             reports: rx,
+            watch,
+            ..
         } = *run;
         let d = workers.len();
         let mut pending: Pending = BTreeMap::new();
@@ -434,6 +563,9 @@ impl ClusterRunner {
             reason,
             through: first_step + completed,
         };
+        // Relative slowness of every worker in the last steps, and a pending move.
+        let mut history: Vec<Vec<f64>> = Vec::new();
+        let mut moving: Option<(String, Vec<u32>)> = None;
         while done.iter().any(|x| !x) {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -481,6 +613,24 @@ impl ClusterRunner {
                         }
                         report(e);
                         completed += 1;
+                        if let Some(watch) = watch
+                            && moving.is_none()
+                            && stop_asked.is_none()
+                            && completed > 1
+                            && let Some(found) = straggler(
+                                watch,
+                                &reports,
+                                &mut history,
+                                first_step + completed,
+                                steps,
+                                workers,
+                            )
+                        {
+                            // Stop every worker after the same step (they save it), then
+                            // the runner starts the next run on the new split.
+                            let _ = self.membership.cast(MembershipMsg::Stop(run_id));
+                            moving = Some(found);
+                        }
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -510,6 +660,16 @@ impl ClusterRunner {
                 }
             }
         }
+        if let Some((reason, counts)) = moving
+            && stop_asked.is_none()
+            && first_step + completed < steps
+        {
+            return Err(Ended::Straggler {
+                reason,
+                through: first_step + completed,
+                counts,
+            });
+        }
         let expected = steps.saturating_sub(first_step);
         if completed < expected && stop_asked.is_none() {
             return Err(Ended::Failed(format!(
@@ -519,6 +679,79 @@ impl ClusterRunner {
         }
         Ok(())
     }
+}
+
+/// Adds one step's reports to `history` (every worker's time in passes per unit of
+/// modelled work, over the median's) and returns the reason and the new split when a
+/// worker has been a straggler for [`STRAGGLER_STEPS`] steps in a row and moving layers
+/// off it is predicted to shorten the step by [`STRAGGLER_GAIN`] at least (and at least
+/// two steps are left after `done`).
+fn straggler(
+    watch: &Straggle,
+    reports: &[pb::StepReport],
+    history: &mut Vec<Vec<f64>>,
+    done: u64,
+    steps: u64,
+    workers: &[WorkerInfo],
+) -> Option<(String, Vec<u32>)> {
+    let d = workers.len();
+    let work = watch.work(d);
+    let mut per = vec![f64::NAN; d];
+    for r in reports {
+        let w = r.worker_index as usize;
+        if let (Some(slot), Some(&units)) = (per.get_mut(w), work.get(w))
+            && units > 0.0
+        {
+            *slot = r.busy_secs / units;
+        }
+    }
+    if per.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+        history.clear();
+        return None;
+    }
+    let mut sorted = per.clone();
+    sorted.sort_by(f64::total_cmp);
+    // The lower median: with two workers, the faster one.
+    let median = sorted[(d - 1) / 2];
+    history.push(per.iter().map(|x| x / median).collect());
+    if history.len() > STRAGGLER_STEPS {
+        history.remove(0);
+    }
+    if history.len() < STRAGGLER_STEPS || done + 2 > steps {
+        return None;
+    }
+    let slowness: Vec<f64> = (0..d)
+        .map(|w| history.iter().map(|h| h[w]).sum::<f64>() / STRAGGLER_STEPS as f64)
+        .collect();
+    let slowest = (0..d).max_by(|&a, &b| slowness[a].total_cmp(&slowness[b]))?;
+    if !history.iter().all(|h| h[slowest] >= STRAGGLER_RATIO) {
+        return None;
+    }
+    let counts = split_for_speeds(&watch.piece_costs, &watch.worker_of, &slowness).ok()?;
+    let before = largest_worker_time(
+        &watch.piece_costs,
+        &watch.worker_of,
+        &slowness,
+        &watch.counts,
+    );
+    let after = largest_worker_time(&watch.piece_costs, &watch.worker_of, &slowness, &counts);
+    if before < STRAGGLER_GAIN * after {
+        return None;
+    }
+    Some((
+        format!(
+            "worker {slowest} ({}) took {:.1}× the median's time per unit of work over {} \
+             steps; moved layers: pieces per stage {:?} → {:?} (predicted {:.0}% less time \
+             on the busiest worker)",
+            workers[slowest].id,
+            slowness[slowest],
+            STRAGGLER_STEPS,
+            watch.counts,
+            counts,
+            100.0 * (1.0 - after / before)
+        ),
+        counts,
+    ))
 }
 
 /// One step's event from every worker's report.

@@ -63,6 +63,9 @@ pub struct NodeConfig {
     pub timeout: Duration,
     /// How long to keep trying to reach the coordinator at start.
     pub connect_for: Duration,
+    /// Every real pass takes this many times as long (a stand-in for a slower device, to
+    /// exercise straggler handling; 1: none).
+    pub slowdown: f64,
 }
 
 impl NodeConfig {
@@ -76,6 +79,7 @@ impl NodeConfig {
             device: Device::Cpu,
             timeout: crate::runtime::DEFAULT_TIMEOUT,
             connect_for: Duration::from_secs(60),
+            slowdown: 1.0,
         }
     }
 }
@@ -481,6 +485,32 @@ fn executor_loop(
 /// `JobSpec::validate` accepts (2M stage-microbatches, 6M passes of 6–12 bytes) fits.
 const ASSIGNMENT_LIMIT: usize = 256 << 20;
 
+/// The partition `stage_pieces` (pieces per stage) describes: one positive count per
+/// stage, adding up to the model's pieces.
+fn pieces_partition(
+    spec: &JobSpec,
+    stage_pieces: &[u32],
+    stages: u32,
+) -> Result<Vec<std::ops::Range<usize>>> {
+    let total = spec.model.layers as usize + 2;
+    let sum: u64 = stage_pieces.iter().map(|&c| u64::from(c)).sum();
+    if stage_pieces.len() != stages as usize || stage_pieces.contains(&0) || sum != total as u64 {
+        return Err(assignment_error(format!(
+            "stage_pieces {stage_pieces:?}: need {stages} positive counts adding up to the \
+             model's {total} pieces"
+        )));
+    }
+    let mut start = 0;
+    Ok(stage_pieces
+        .iter()
+        .map(|&c| {
+            let r = start..start + c as usize;
+            start = r.end;
+            r
+        })
+        .collect())
+}
+
 fn assignment_error(reason: String) -> Error {
     node_error("assignment", reason)
 }
@@ -527,7 +557,11 @@ fn run_assignment(
             )));
         }
     }
-    let partition = partition_of(&spec, placement.stages())?;
+    let partition = if a.stage_pieces.is_empty() {
+        partition_of(&spec, placement.stages())?
+    } else {
+        pieces_partition(&spec, &a.stage_pieces, placement.stages())?
+    };
     if spec.compute.is_emulated() {
         let parts = (&spec, &placement, program, &partition[..], root.as_str());
         return run_emulated_assignment(config, shared, a, reports, last_step, parts);
@@ -544,6 +578,7 @@ fn run_assignment(
         optimizer_of(&spec),
     )?;
     rt.set_timeout(config.timeout);
+    rt.set_slowdown(config.slowdown);
     crate::metrics::record_parameters(&rt);
     let output = PathBuf::from(&a.output_dir);
     if a.first_step > 0 {

@@ -79,6 +79,8 @@ pub struct WorkerRuntime {
     optimizer: AdamW,
     hidden: usize,
     timeout: Duration,
+    /// Every pass takes this many times as long ([`WorkerRuntime::set_slowdown`]).
+    slowdown: f64,
 }
 
 fn invalid(field: &'static str, reason: String) -> Error {
@@ -173,12 +175,31 @@ impl WorkerRuntime {
             optimizer,
             hidden: spec.hidden as usize,
             timeout: DEFAULT_TIMEOUT,
+            slowdown: 1.0,
         })
     }
 
     /// Sets how long to wait for a frame (and, in [`run_local`], for the other workers).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// Makes every pass take `factor` times as long (it sleeps for the extra time after
+    /// computing): a stand-in for a slower device, to exercise straggler handling.
+    /// Factors below 1 count as 1.
+    pub fn set_slowdown(&mut self, factor: f64) {
+        self.slowdown = if factor.is_finite() {
+            factor.max(1.0)
+        } else {
+            1.0
+        };
+    }
+
+    /// Sleeps for the slowdown's share of a pass that started at `t0`.
+    fn stretch(&self, t0: Instant) {
+        if self.slowdown > 1.0 {
+            std::thread::sleep(t0.elapsed().mul_f64(self.slowdown - 1.0));
+        }
     }
 
     /// How long a `recv` waits.
@@ -313,7 +334,10 @@ impl WorkerRuntime {
                     let targets = (s == last).then_some(&batch.targets);
                     let t0 = Instant::now();
                     let out = self.stage_mut(s)?.forward(mb, &input, targets)?;
-                    let secs = ctx.rec.span(Activity::Pass(pass), t0);
+                    let secs = {
+                        self.stretch(t0);
+                        ctx.rec.span(Activity::Pass(pass), t0)
+                    };
                     if s == last {
                         losses.push((mb, out.to_scalar::<f32>()?));
                     } else {
@@ -334,7 +358,10 @@ impl WorkerRuntime {
                     } else {
                         stage.backward(mb, grad.as_ref())?
                     };
-                    let secs = ctx.rec.span(Activity::Pass(pass), t0);
+                    let secs = {
+                        self.stretch(t0);
+                        ctx.rec.span(Activity::Pass(pass), t0)
+                    };
                     if s > 0 {
                         let dx = dx.ok_or_else(|| {
                             invalid("stage", format!("pass {pass} gave no input gradient"))
@@ -346,7 +373,10 @@ impl WorkerRuntime {
                 PassKind::W => {
                     let t0 = Instant::now();
                     self.stage_mut(s)?.backward_weight(mb)?;
-                    ctx.rec.span(Activity::Pass(pass), t0)
+                    {
+                        self.stretch(t0);
+                        ctx.rec.span(Activity::Pass(pass), t0)
+                    }
                 }
             };
             pass_times.push((pass, secs));

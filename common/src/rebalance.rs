@@ -1,0 +1,201 @@
+//! Moving layers off a straggler: a contiguous split of the model's pieces into a
+//! placement's stages for measured worker speeds.
+//!
+//! Worker `w` takes `slowness[w]` time units per unit of piece cost; its time per step is
+//! `slowness[w] ×` the cost of all its stages. [`split_for_speeds`] minimises the largest
+//! per-worker time under a per-stage cap (a worker's share of the bound split evenly over
+//! its stages), by bisection on the bound, each bound checked exactly by which prefixes of
+//! the pieces the stages can cover in turn.
+
+use crate::error::{Error, Result};
+
+fn invalid(field: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { field, reason }
+}
+
+/// Pieces per stage (model order) for `piece_costs` split over the stages of `worker_of`
+/// (stage → worker), every stage non-empty, minimising the largest per-worker time for the
+/// workers' `slowness` (see the [module docs](self)).
+pub fn split_for_speeds(
+    piece_costs: &[f64],
+    worker_of: &[u32],
+    slowness: &[f64],
+) -> Result<Vec<u32>> {
+    let stages = worker_of.len();
+    if stages == 0 || stages > piece_costs.len() {
+        return Err(invalid(
+            "stages",
+            format!("{stages} stages for {} pieces", piece_costs.len()),
+        ));
+    }
+    if piece_costs.iter().any(|c| !(c.is_finite() && *c >= 0.0)) {
+        return Err(invalid("piece_costs", "must be finite and ≥ 0".into()));
+    }
+    let mut held = vec![0u32; slowness.len()];
+    for &w in worker_of {
+        let slot = held
+            .get_mut(w as usize)
+            .ok_or_else(|| invalid("worker_of", format!("worker {w} has no slowness")))?;
+        *slot += 1;
+    }
+    if slowness.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(invalid("slowness", "must be finite and > 0".into()));
+    }
+    // A stage on worker w may cost at most bound / (slowness × stages it holds). Which
+    // prefixes of the pieces the first s stages can cover is found stage by stage (a
+    // stage from a covered prefix i reaches i + 1 … the last j whose sum fits), and the
+    // split is read back from the last stage.
+    let pieces = piece_costs.len();
+    let mut prefix = vec![0.0; pieces + 1];
+    for (i, c) in piece_costs.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + c;
+    }
+    let fill = |bound: f64| -> Option<Vec<u32>> {
+        let caps: Vec<f64> = worker_of
+            .iter()
+            .map(|&w| bound / (slowness[w as usize] * f64::from(held[w as usize])))
+            .collect();
+        let mut reach: Vec<Vec<bool>> = Vec::with_capacity(stages + 1);
+        let mut first = vec![false; pieces + 1];
+        first[0] = true;
+        reach.push(first);
+        for &cap in &caps {
+            let from = &reach[reach.len() - 1];
+            let mut delta = vec![0i64; pieces + 2];
+            let mut j = 0;
+            for i in 0..pieces {
+                j = j.max(i);
+                while j < pieces && prefix[j + 1] - prefix[i] <= cap {
+                    j += 1;
+                }
+                if from[i] && j > i {
+                    delta[i + 1] += 1;
+                    delta[j + 1] -= 1;
+                }
+            }
+            let mut next = vec![false; pieces + 1];
+            let mut run = 0;
+            for (k, slot) in next.iter_mut().enumerate() {
+                run += delta[k];
+                *slot = run > 0;
+            }
+            reach.push(next);
+        }
+        if !reach[stages][pieces] {
+            return None;
+        }
+        let mut counts = vec![0u32; stages];
+        let mut end = pieces;
+        for s in (0..stages).rev() {
+            let start = (0..end)
+                .rev()
+                .find(|&i| reach[s][i] && prefix[end] - prefix[i] <= caps[s])?;
+            counts[s] = (end - start) as u32;
+            end = start;
+        }
+        Some(counts)
+    };
+    let max_slow = slowness.iter().copied().fold(0.0, f64::max);
+    let max_held = held.iter().copied().max().unwrap_or(1);
+    let total: f64 = piece_costs.iter().sum();
+    let mut hi = (total * max_slow * f64::from(max_held)).max(f64::MIN_POSITIVE) * 1.000_001;
+    let mut best = fill(hi).ok_or_else(|| invalid("piece_costs", "no split fits".into()))?;
+    let mut lo = 0.0;
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        match fill(mid) {
+            Some(split) => {
+                best = split;
+                hi = mid;
+            }
+            None => lo = mid,
+        }
+        if hi - lo <= 1e-9 * hi {
+            break;
+        }
+    }
+    Ok(best)
+}
+
+/// The largest per-worker time of the split `counts` (pieces per stage).
+pub fn largest_worker_time(
+    piece_costs: &[f64],
+    worker_of: &[u32],
+    slowness: &[f64],
+    counts: &[u32],
+) -> f64 {
+    let mut time = vec![0.0; slowness.len()];
+    let mut next = 0usize;
+    for (&w, &c) in worker_of.iter().zip(counts) {
+        let cost: f64 = piece_costs[next..next + c as usize].iter().sum();
+        next += c as usize;
+        if let Some(t) = time.get_mut(w as usize) {
+            *t += cost * slowness.get(w as usize).copied().unwrap_or(1.0);
+        }
+    }
+    time.into_iter().fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every split with non-empty stages, by brute force (small cases).
+    fn all_splits(pieces: usize, stages: usize) -> Vec<Vec<u32>> {
+        if stages == 1 {
+            return vec![vec![pieces as u32]];
+        }
+        let mut out = Vec::new();
+        for first in 1..=pieces - (stages - 1) {
+            for mut rest in all_splits(pieces - first, stages - 1) {
+                rest.insert(0, first as u32);
+                out.push(rest);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_slow_worker_gets_fewer_pieces() {
+        let costs = vec![1.0; 12];
+        let even = split_for_speeds(&costs, &[0, 1, 2], &[1.0, 1.0, 1.0]).expect("splits");
+        assert_eq!(even, [4, 4, 4]);
+        let slow = split_for_speeds(&costs, &[0, 1, 2], &[1.0, 1.0, 3.0]).expect("splits");
+        assert_eq!(slow.iter().sum::<u32>(), 12);
+        assert!(slow[2] < 4 && slow[2] >= 1, "{slow:?}");
+        // V placement: worker 1 holds stages 1 and 2.
+        let v = split_for_speeds(&costs, &[0, 1, 1, 0], &[1.0, 2.0]).expect("splits");
+        assert!(v[1] + v[2] < v[0] + v[3], "{v:?}");
+    }
+
+    /// One stage per worker: the bisection finds the optimum of brute force.
+    #[test]
+    fn one_stage_per_worker_is_optimal() {
+        let costs = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 0.0, 3.0];
+        for slowness in [
+            [1.0, 1.0, 1.0, 1.0],
+            [1.0, 2.5, 1.0, 0.5],
+            [4.0, 1.0, 1.0, 1.0],
+        ] {
+            let workers = [0, 1, 2, 3];
+            let got = split_for_speeds(&costs, &workers, &slowness).expect("splits");
+            let best = all_splits(costs.len(), 4)
+                .iter()
+                .map(|s| largest_worker_time(&costs, &workers, &slowness, s))
+                .fold(f64::INFINITY, f64::min);
+            let t = largest_worker_time(&costs, &workers, &slowness, &got);
+            assert!(
+                (t - best).abs() <= 1e-6 * best,
+                "{slowness:?}: {got:?} {t} vs {best}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_bad_input() {
+        assert!(split_for_speeds(&[1.0], &[0, 1], &[1.0, 1.0]).is_err());
+        assert!(split_for_speeds(&[1.0, 1.0], &[0, 2], &[1.0, 1.0]).is_err());
+        assert!(split_for_speeds(&[1.0, f64::NAN], &[0, 1], &[1.0, 1.0]).is_err());
+        assert!(split_for_speeds(&[1.0, 1.0], &[0, 1], &[1.0, 0.0]).is_err());
+    }
+}
