@@ -55,6 +55,11 @@ pub(crate) struct WorkerArgs {
     /// try the coordinator's straggler handling).
     #[arg(long, default_value_t = 1.0, value_parser = parse_slowdown, hide = true)]
     pub(crate) slowdown: f64,
+    /// Device memory this worker may use (bytes, e.g. 80GiB): a job whose measured peak
+    /// (activations, parameters, gradients, optimizer state) overflows it is moved to a
+    /// schedule predicted to fit. Default: not watched.
+    #[arg(long, value_name = "BYTES", value_parser = parse_memory_bytes)]
+    pub(crate) memory_bytes: Option<u64>,
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
@@ -166,6 +171,15 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
 }
 
 /// Runs `pipewise worker` until the process is stopped.
+fn parse_memory_bytes(text: &str) -> std::result::Result<u64, String> {
+    let bytes = crate::args::parse_bytes(text)?;
+    if bytes >= 1.0 && bytes < 2f64.powi(63) {
+        Ok(bytes as u64)
+    } else {
+        Err(format!("{text:?} is not a positive number of bytes"))
+    }
+}
+
 fn parse_slowdown(text: &str) -> std::result::Result<f64, String> {
     match text.parse::<f64>() {
         Ok(f) if f.is_finite() && (1.0..=1000.0).contains(&f) => Ok(f),
@@ -184,6 +198,7 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     config.advertise = args.advertise.clone();
     config.timeout = Duration::from_secs(args.timeout);
     config.slowdown = args.slowdown;
+    config.memory_bytes = args.memory_bytes.unwrap_or(0);
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics_listen {
             crate::metrics::serve(addr)?;

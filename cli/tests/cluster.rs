@@ -67,8 +67,8 @@ fn start(dir: &Path, workers: usize) -> Cluster {
     start_with(dir, workers, &[])
 }
 
-/// [`start`], with worker `w` slowed down `factor` times for every `(w, factor)`.
-fn start_with(dir: &Path, workers: usize, slow: &[(usize, f64)]) -> Cluster {
+/// [`start`], with extra arguments for worker `w` for every `(w, args)`.
+fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster {
     std::fs::create_dir_all(dir).unwrap();
     let data = dir.join("data");
     let metrics = [common::free_port(), common::free_port()];
@@ -104,8 +104,8 @@ fn start_with(dir: &Path, workers: usize, slow: &[(usize, f64)]) -> Cluster {
         if w == 0 {
             cmd.args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[1])]);
         }
-        if let Some((_, factor)) = slow.iter().find(|(i, _)| *i == w) {
-            cmd.args(["--slowdown", &factor.to_string()]);
+        if let Some((_, args)) = extra.iter().find(|(i, _)| *i == w) {
+            cmd.args(*args);
         }
         let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
         cluster.children.push(child);
@@ -703,7 +703,7 @@ fn submit_names_a_malformed_job_file_before_connecting() {
 fn layers_move_off_a_straggler() {
     const LONG: u32 = 24;
     let dir = tempdir("straggler");
-    let cluster = start_with(&dir, 3, &[(2, 6.0)]);
+    let cluster = start_with(&dir, 3, &[(2, &["--slowdown", "6"])]);
     let mut spec = spec(3, "1f1b", LONG);
     spec.job.name = "straggler".into();
     spec.checkpoint.enable_checkpoint = true;
@@ -781,6 +781,70 @@ fn layers_move_off_a_straggler() {
         text.lines().any(
             |l| l.starts_with("pipewise_replans_total{reason=\"straggler\"}") && !l.ends_with(" 0")
         ),
+        "{text}"
+    );
+}
+
+/// A worker whose registered memory the job overflows (GPipe holds every microbatch's
+/// activations): the coordinator stops every worker after the step, moves the job to the
+/// fastest schedule predicted to fit and resumes; training stays exact.
+#[test]
+fn memory_pressure_moves_the_job_to_a_schedule_that_fits() {
+    const LONG: u32 = 8;
+    let dir = tempdir("pressure");
+    let mut spec = spec(2, "gpipe", LONG);
+    spec.job.name = "pressure".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 1000;
+    // Worker 0's parameters, gradients and AdamW moments (f32), and the activations GPipe
+    // and 1F1B are predicted to hold there.
+    let plan = spec.validate().unwrap();
+    let first_stage = spec.model.even_split(2).unwrap()[0].clone();
+    let params: u64 = spec.model.pieces()[first_stage]
+        .iter()
+        .map(|&p| spec.model.piece_params(p))
+        .sum();
+    let fixed = params * 4 * 4;
+    let gpipe = plan.predicted_peak_bytes(&spec).unwrap()[0];
+    let mut one = spec.clone();
+    one.parallelism.pipeline_parallel_schedule = "1f1b".into();
+    let one_f_one_b = one.validate().unwrap().predicted_peak_bytes(&one).unwrap()[0];
+    assert!(one_f_one_b < gpipe);
+    let budget = (fixed + (gpipe + one_f_one_b) / 2).to_string();
+    let cluster = start_with(&dir, 2, &[(0, &["--memory-bytes", budget.as_str()])]);
+    let (ref_losses, ref_params) = reference(&spec);
+    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
+    let out = pipewise()
+        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let moves: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("re-planned:") && l.contains("moved to"))
+        .collect();
+    assert_eq!(moves.len(), 1, "{stdout}");
+    assert!(moves[0].contains("worker 0 (w0) held"), "{}", moves[0]);
+    assert!(moves[0].contains("gpipe planned"), "{}", moves[0]);
+    eprintln!("pressure: {} (budget {budget} bytes)", moves[0]);
+    let mut losses: BTreeMap<u64, f64> = BTreeMap::new();
+    for l in stdout.lines().filter(|l| l.starts_with("step")) {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        losses.insert(words[1].parse().unwrap(), words[3].parse().unwrap());
+    }
+    assert_eq!(losses.len(), LONG as usize, "{stdout}");
+    let loss_diff = losses
+        .values()
+        .zip(&ref_losses)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let param_diff = max_param_diff(&ref_params, &final_params(&cluster, job));
+    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
+    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
+    let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("pipewise_replans_total{reason=\"memory_pressure\"} 1")),
         "{text}"
     );
 }

@@ -43,6 +43,15 @@
 //! `pipewise_replans_total{reason="straggler"}` counts it. `pipewise worker --slowdown F`
 //! (hidden) makes a worker's passes F times longer, to try it.
 //!
+//! **Memory pressure.** A worker started with `--memory-bytes B` registers `B`. When a
+//! step's report shows a worker holding more (its peak activations plus its parameters,
+//! gradients and AdamW moments, `static_bytes`), every worker is asked to stop after the
+//! same step and the job goes on with the fastest plan of [`FITTING_KINDS`] (simulated
+//! under the job's planning times) whose predicted bytes fit every worker that registered
+//! a size and are lower on the overflowing one (`pipewise_replans_total{reason=
+//! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`] plus the
+//! parameters of the even split.
+//!
 //! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
 //! collectives, reports and aborts), is the job id for the first run and
 //! `job + k · 2^48` after `k` re-plans ([`run_id`]), so nothing of an abandoned run can
@@ -55,6 +64,7 @@ use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
 use pipewise_common::rebalance::{largest_worker_time, split_for_speeds};
+use pipewise_common::render::report::fmt_bytes;
 use pipewise_common::{Costs, Schedule, simulate};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
@@ -164,6 +174,9 @@ struct Assigned<'a> {
     stage_pieces: &'a [u32],
     /// What straggler detection needs; `None`: the run is not watched for stragglers.
     watch: Option<&'a Straggle>,
+    /// The job's spec and the run's plan (memory pressure re-plans from them).
+    spec: &'a JobSpec,
+    plan: &'a JobPlan,
 }
 
 /// What the runner watches a run's step times with: the cost of every piece (FLOPs, with
@@ -205,13 +218,30 @@ enum Ended {
     Failed(String),
     /// A worker of the run is gone (the reason); every step before `through` completed.
     Lost { reason: String, through: u64 },
-    /// The run stopped after step `through` to move layers off a straggler (the reason)
-    /// onto the split `counts` (pieces per stage).
-    Straggler {
+    /// The run stopped after step `through` (the reason) to go on with `to`.
+    Move {
         reason: String,
         through: u64,
-        counts: Vec<u32>,
+        to: Move,
     },
+}
+
+/// What a run that stopped between steps goes on with.
+enum Move {
+    /// A straggler's layers moved: the same plan on this split (pieces per stage).
+    Split(Vec<u32>),
+    /// Memory pressure: a plan predicted to fit (on the even split).
+    Plan(Box<JobPlan>),
+}
+
+impl Move {
+    /// The `pipewise_replans_total` reason.
+    fn metric(&self) -> &'static str {
+        match self {
+            Move::Split(_) => "straggler",
+            Move::Plan(_) => "memory_pressure",
+        }
+    }
 }
 
 /// The reports of one step, by worker index.
@@ -255,6 +285,8 @@ impl JobRunner for ClusterRunner {
                 reports: &rx,
                 stage_pieces: &stage_pieces,
                 watch: straggle.as_ref(),
+                spec,
+                plan: &plan,
             };
             let outcome = self
                 .assign(&assigned, spec, &plan, &output)
@@ -264,13 +296,13 @@ impl JobRunner for ClusterRunner {
                 Ok(()) => return Ok(()),
                 Err(Ended::Failed(reason)) => return Err(reason),
                 Err(Ended::Lost { reason, through }) => (reason, through),
-                Err(Ended::Straggler {
+                Err(Ended::Move {
                     reason,
                     through,
-                    counts,
+                    to,
                 }) => {
-                    // The workers stopped after `through` steps and saved it (checkpoints
-                    // are on whenever stragglers are watched).
+                    // The workers stopped after `through` steps and saved it when
+                    // checkpoints are on (always, when stragglers are watched).
                     let stages = plan.schedule.placement.stages();
                     let resume = if complete(&output, through, stages) {
                         through
@@ -279,11 +311,24 @@ impl JobRunner for ClusterRunner {
                     };
                     self.wait_until_left(run, &workers);
                     remove_after(&output, resume)?;
-                    let reason = format!("{reason}; resuming from the checkpoint of step {resume}");
+                    let reason = format!(
+                        "{reason}; resuming from {}",
+                        if resume == 0 {
+                            "the start (no checkpoint)".to_string()
+                        } else {
+                            format!("the checkpoint of step {resume}")
+                        }
+                    );
                     tracing::warn!(job, "{reason}");
-                    crate::metrics::record_replan("straggler");
+                    crate::metrics::record_replan(to.metric());
+                    match to {
+                        Move::Split(counts) => stage_pieces = counts,
+                        Move::Plan(new_plan) => {
+                            plan = *new_plan;
+                            stage_pieces.clear();
+                        }
+                    }
                     replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
-                    stage_pieces = counts;
                     first_step = resume;
                     continue;
                 }
@@ -551,6 +596,8 @@ impl ClusterRunner {
             workers,
             reports: rx,
             watch,
+            spec,
+            plan,
             ..
         } = *run;
         let d = workers.len();
@@ -565,7 +612,7 @@ impl ClusterRunner {
         };
         // Relative slowness of every worker in the last steps, and a pending move.
         let mut history: Vec<Vec<f64>> = Vec::new();
-        let mut moving: Option<(String, Vec<u32>)> = None;
+        let mut moving: Option<(String, Move)> = None;
         while done.iter().any(|x| !x) {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -613,6 +660,14 @@ impl ClusterRunner {
                         }
                         report(e);
                         completed += 1;
+                        if moving.is_none()
+                            && stop_asked.is_none()
+                            && first_step + completed < steps
+                            && let Some((reason, fits)) = pressure(spec, plan, &reports, workers)
+                        {
+                            let _ = self.membership.cast(MembershipMsg::Stop(run_id));
+                            moving = Some((reason, Move::Plan(Box::new(fits))));
+                        }
                         if let Some(watch) = watch
                             && moving.is_none()
                             && stop_asked.is_none()
@@ -629,7 +684,7 @@ impl ClusterRunner {
                             // Stop every worker after the same step (they save it), then
                             // the runner starts the next run on the new split.
                             let _ = self.membership.cast(MembershipMsg::Stop(run_id));
-                            moving = Some(found);
+                            moving = Some((found.0, Move::Split(found.1)));
                         }
                     }
                 }
@@ -660,14 +715,14 @@ impl ClusterRunner {
                 }
             }
         }
-        if let Some((reason, counts)) = moving
+        if let Some((reason, to)) = moving
             && stop_asked.is_none()
             && first_step + completed < steps
         {
-            return Err(Ended::Straggler {
+            return Err(Ended::Move {
                 reason,
                 through: first_step + completed,
-                counts,
+                to,
             });
         }
         let expected = steps.saturating_sub(first_step);
@@ -752,6 +807,95 @@ fn straggler(
         ),
         counts,
     ))
+}
+
+/// Schedules a job under memory pressure may move to (with the job's worker count).
+const FITTING_KINDS: [&str; 9] = [
+    "1f1b",
+    "zb-h1",
+    "zb-h2",
+    "interleaved-1f1b",
+    "v-min",
+    "v-half",
+    "v-zb",
+    "adaptive-zb",
+    "adaptive-v",
+];
+
+/// When a worker with a registered memory size held more than it (its step's peak
+/// activations plus its parameters, gradients and optimizer state), the reason and the
+/// fastest plan (simulated under the job's planning times) predicted to fit every worker
+/// that registered one, holding less on the overflowing worker than the plan in use;
+/// `None` if nothing overflowed or nothing fits.
+fn pressure(
+    spec: &JobSpec,
+    plan: &JobPlan,
+    reports: &[pb::StepReport],
+    workers: &[WorkerInfo],
+) -> Option<(String, JobPlan)> {
+    let (over, need) = reports.iter().find_map(|r| {
+        let w = workers.get(r.worker_index as usize)?;
+        let need = r.peak_activation_bytes + r.static_bytes;
+        (w.memory_bytes > 0 && need > w.memory_bytes).then_some((r.worker_index as usize, need))
+    })?;
+    let predicted = |p: &JobPlan| -> Option<Vec<u64>> {
+        let peaks = p.predicted_peak_bytes(spec).ok()?;
+        let statics = static_bytes(spec, p)?;
+        Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
+    };
+    let now = predicted(plan)?;
+    let mut best: Option<(f64, JobPlan, Vec<u64>)> = None;
+    for kind in FITTING_KINDS {
+        let mut candidate = spec.clone();
+        candidate.parallelism.pipeline_parallel_schedule = kind.into();
+        candidate.parallelism.memory_limit = None;
+        let Ok(p) = candidate.validate() else {
+            continue;
+        };
+        let Some(bytes) = predicted(&p) else { continue };
+        let fits = bytes
+            .iter()
+            .zip(workers)
+            .all(|(b, w)| w.memory_bytes == 0 || *b <= w.memory_bytes);
+        if !fits || bytes[over] >= now[over] {
+            continue;
+        }
+        let Ok(sim) = Costs::uniform(&p.schedule.placement, candidate.planning_times())
+            .and_then(|c| simulate(&p.schedule, &c))
+        else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(m, _, _)| sim.makespan < *m) {
+            best = Some((sim.makespan, p, bytes));
+        }
+    }
+    let (_, fits, bytes) = best?;
+    Some((
+        format!(
+            "worker {over} ({}) held {} of its {} ({} planned); moved to {}, predicted {} there",
+            workers[over].id,
+            fmt_bytes(need as f64),
+            fmt_bytes(workers[over].memory_bytes as f64),
+            plan.kind.name(),
+            fits.kind.name(),
+            fmt_bytes(bytes[over] as f64)
+        ),
+        fits,
+    ))
+}
+
+/// Parameters, gradients and the two AdamW moments each worker of `plan` holds (the
+/// even split).
+fn static_bytes(spec: &JobSpec, plan: &JobPlan) -> Option<Vec<u64>> {
+    let placement = &plan.schedule.placement;
+    let ranges = spec.model.even_split(placement.stages() as usize).ok()?;
+    let pieces = spec.model.pieces();
+    let mut out = vec![0u64; placement.workers() as usize];
+    for (s, r) in ranges.into_iter().enumerate() {
+        let params: u64 = pieces[r].iter().map(|&p| spec.model.piece_params(p)).sum();
+        out[placement.worker_of(s as u32) as usize] += params * spec.model.dtype.bytes() * 4;
+    }
+    Some(out)
 }
 
 /// One step's event from every worker's report.

@@ -66,6 +66,9 @@ pub struct NodeConfig {
     /// Every real pass takes this many times as long (a stand-in for a slower device, to
     /// exercise straggler handling; 1: none).
     pub slowdown: f64,
+    /// Device memory this worker may use, registered with the coordinator, which moves a
+    /// job that overflows it to a schedule that fits (0: not said, not watched).
+    pub memory_bytes: u64,
 }
 
 impl NodeConfig {
@@ -80,6 +83,7 @@ impl NodeConfig {
             timeout: crate::runtime::DEFAULT_TIMEOUT,
             connect_for: Duration::from_secs(60),
             slowdown: 1.0,
+            memory_bytes: 0,
         }
     }
 }
@@ -193,6 +197,7 @@ impl WorkerNode {
                 id: config.id.clone(),
                 address: address.clone(),
                 device_kind: device_kind(&config.device).into(),
+                memory_bytes: config.memory_bytes,
                 shared: Arc::clone(&shared),
                 assignments: assign_tx.clone(),
             },
@@ -286,6 +291,7 @@ pub struct ConnArgs {
     id: String,
     address: String,
     device_kind: String,
+    memory_bytes: u64,
     shared: Arc<Shared>,
     assignments: std::sync::mpsc::Sender<pb::Assignment>,
 }
@@ -311,7 +317,7 @@ impl Connection {
                 worker_id: args.id.clone(),
                 address: args.address.clone(),
                 device_kind: args.device_kind.clone(),
-                memory_bytes: 0,
+                memory_bytes: args.memory_bytes,
             })
             .await?
             .into_inner();
@@ -579,6 +585,11 @@ fn run_assignment(
     )?;
     rt.set_timeout(config.timeout);
     rt.set_slowdown(config.slowdown);
+    // Parameters, gradients and the two AdamW moments.
+    let static_bytes: u64 = rt
+        .params()
+        .map(|p| (p.value.elem_count() * p.value.dtype().size_in_bytes() * 4) as u64)
+        .sum();
     crate::metrics::record_parameters(&rt);
     let output = PathBuf::from(&a.output_dir);
     if a.first_step > 0 {
@@ -601,7 +612,15 @@ fn run_assignment(
         let report = rt.run_step(a.job, step, &batches, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
         let held = rt.stages().values().map(crate::Stage::stash_bytes).sum();
-        publish_step(config, shared, a, reports, step, &report, held);
+        publish_step(
+            config,
+            shared,
+            a,
+            reports,
+            step,
+            &report,
+            (held, static_bytes),
+        );
         let done = step + 1;
         if spec.checkpoint.enable_checkpoint && done % interval == 0 && done < a.end_step {
             save_checkpoints(&rt, &output, done)?;
@@ -656,7 +675,7 @@ fn run_emulated_assignment(
         *last_step = step;
         let report = rt.run_step(a.job, step, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
-        publish_step(config, shared, a, reports, step, &report, 0);
+        publish_step(config, shared, a, reports, step, &report, (0, 0));
         if sync.stop_requested() {
             tracing::info!(
                 job = a.job,
@@ -705,7 +724,7 @@ fn publish_step(
     reports: &mpsc::UnboundedSender<pb::StepReport>,
     step: u64,
     report: &StepReport,
-    held: u64,
+    (held, static_bytes): (u64, u64),
 ) {
     let stage_times = stage_times(report);
     {
@@ -715,7 +734,10 @@ fn publish_step(
         stats.current_activation_bytes = held;
         stats.stage_times = stage_times.clone();
     }
-    let _ = reports.send(step_report(config, a, step, report, stage_times));
+    let _ = reports.send(pb::StepReport {
+        static_bytes,
+        ..step_report(config, a, step, report, stage_times)
+    });
 }
 
 /// The coordinator's view of one step of assignment `a` (the loss is NaN when the step
