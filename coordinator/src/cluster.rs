@@ -810,7 +810,7 @@ fn straggler(
 }
 
 /// Schedules a job under memory pressure may move to (with the job's worker count).
-const FITTING_KINDS: [&str; 9] = [
+pub const FITTING_KINDS: [&str; 9] = [
     "1f1b",
     "zb-h1",
     "zb-h2",
