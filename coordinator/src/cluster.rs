@@ -177,6 +177,9 @@ struct Assigned<'a> {
     /// The job's spec and the run's plan (memory pressure re-plans from them).
     spec: &'a JobSpec,
     plan: &'a JobPlan,
+    /// Whether the run may stop to move layers or change the plan (fewer than
+    /// [`MAX_REPLANS`] re-plans so far).
+    may_move: bool,
 }
 
 /// What the runner watches a run's step times with: the cost of every piece (FLOPs, with
@@ -287,6 +290,7 @@ impl JobRunner for ClusterRunner {
                 watch: straggle.as_ref(),
                 spec,
                 plan: &plan,
+                may_move: replans < MAX_REPLANS,
             };
             let outcome = self
                 .assign(&assigned, spec, &plan, &output)
@@ -598,6 +602,7 @@ impl ClusterRunner {
             watch,
             spec,
             plan,
+            may_move,
             ..
         } = *run;
         let d = workers.len();
@@ -613,6 +618,9 @@ impl ClusterRunner {
         // Relative slowness of every worker in the last steps, and a pending move.
         let mut history: Vec<Vec<f64>> = Vec::new();
         let mut moving: Option<(String, Move)> = None;
+        // Memory pressure is answered once per run: when nothing fits, planning the
+        // candidates again every step would not change that.
+        let mut pressure_tried = false;
         while done.iter().any(|x| !x) {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -660,15 +668,28 @@ impl ClusterRunner {
                         }
                         report(e);
                         completed += 1;
-                        if moving.is_none()
+                        let overflow = reports.iter().any(|r| {
+                            workers.get(r.worker_index as usize).is_some_and(|w| {
+                                w.memory_bytes > 0
+                                    && r.peak_activation_bytes + r.static_bytes > w.memory_bytes
+                            })
+                        });
+                        if overflow
+                            && may_move
+                            && !pressure_tried
+                            && moving.is_none()
                             && stop_asked.is_none()
                             && first_step + completed < steps
-                            && let Some((reason, fits)) = pressure(spec, plan, &reports, workers)
+                            && let Some((reason, fits)) = {
+                                pressure_tried = true;
+                                pressure(spec, plan, &reports, workers)
+                            }
                         {
                             let _ = self.membership.cast(MembershipMsg::Stop(run_id));
                             moving = Some((reason, Move::Plan(Box::new(fits))));
                         }
                         if let Some(watch) = watch
+                            && may_move
                             && moving.is_none()
                             && stop_asked.is_none()
                             && completed > 1
