@@ -557,6 +557,64 @@ fn emulated_job_runs_on_worker_processes() {
     }
 }
 
+/// `pipewise watch JOB` once the job has ended: everything it printed.
+fn history(cluster: &Cluster, job: u64) -> String {
+    let out = pipewise()
+        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The `re-planned:` lines of a watch output that contain `what`.
+fn replans<'a>(stdout: &'a str, what: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("re-planned:") && l.contains(what))
+        .collect()
+}
+
+/// step → the last loss a watch output reports for it (steps run again after a re-plan
+/// count once, the later run).
+fn last_losses(stdout: &str) -> BTreeMap<u64, f64> {
+    let mut losses = BTreeMap::new();
+    for l in stdout.lines().filter(|l| l.starts_with("step")) {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        losses.insert(words[1].parse().unwrap(), words[3].parse().unwrap());
+    }
+    losses
+}
+
+/// Asserts that every step's loss and the final parameters of `job` equal the reference
+/// (within [`TOLERANCE`]); returns the largest differences.
+fn assert_exact(
+    cluster: &Cluster,
+    job: u64,
+    losses: &BTreeMap<u64, f64>,
+    (ref_losses, ref_params): &(Vec<f64>, HashMap<String, Tensor>),
+) -> (f64, f64) {
+    assert_eq!(losses.len(), ref_losses.len(), "{losses:?}");
+    let loss_diff = losses
+        .values()
+        .zip(ref_losses)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let param_diff = max_param_diff(ref_params, &final_params(cluster, job));
+    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
+    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
+    (loss_diff, param_diff)
+}
+
+/// `pipewise_replans_total{reason=…}` on the coordinator's metrics.
+fn replans_counted(cluster: &Cluster, reason: &str) -> f64 {
+    let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
+    let key = format!("pipewise_replans_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
+}
+
 /// A worker process killed mid-job: the coordinator re-plans onto the survivors, which
 /// resume from the last complete checkpoint (written by another partition), and training
 /// ends exactly where it would have without the loss.
@@ -569,7 +627,7 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     spec.job.name = "replan".into();
     spec.checkpoint.enable_checkpoint = true;
     spec.checkpoint.interval = 3;
-    let (ref_losses, ref_params) = reference(&spec);
+    let reference = reference(&spec);
 
     let job = submit(&cluster, &write_spec(&dir, &spec));
     wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
@@ -587,20 +645,13 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     });
     assert!(line.contains("succeeded"), "{line}");
 
-    // The job's whole history: the re-plan, then the steps again from the checkpoint.
-    let out = pipewise()
-        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    // (A straggler move, on a busy machine, would be a second re-plan; it keeps training
+    // The job's whole history: the re-plan, then the steps again from the checkpoint. (A
+    // straggler move, on a busy machine, would be a second re-plan; it keeps training
     // exact too.)
-    let replans: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("re-planned:") && l.contains("stopped heartbeating"))
-        .collect();
-    assert_eq!(replans.len(), 1, "{stdout}");
-    let why = replans[0];
+    let stdout = history(&cluster, job);
+    let lost = replans(&stdout, "stopped heartbeating");
+    assert_eq!(lost.len(), 1, "{stdout}");
+    let why = lost[0];
     assert!(why.contains("worker 2 (w2) stopped heartbeating"), "{why}");
     assert!(
         why.contains("re-planned onto 2 workers (v-half, 4 stages)"),
@@ -615,39 +666,19 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
         resume >= 3 && resume % 3 == 0 && resume <= killed_at,
         "{why}"
     );
-    // step → the last loss reported for it (steps the lost run finished after the
-    // checkpoint ran twice); the first step after the re-plan follows the checkpoint.
-    let mut losses: BTreeMap<u64, f64> = BTreeMap::new();
-    let mut after_replan = None;
-    for l in stdout.lines() {
-        if l.starts_with("re-planned:") && l.contains("stopped heartbeating") {
-            after_replan = Some(None);
-        }
-        if !l.starts_with("step") {
-            continue;
-        }
-        let words: Vec<&str> = l.split_whitespace().collect();
-        let step: u64 = words[1].parse().unwrap();
-        losses.insert(step, words[3].parse().unwrap());
-        if after_replan == Some(None) {
-            after_replan = Some(Some(step));
-        }
-    }
-    assert_eq!(after_replan, Some(Some(resume + 1)), "{stdout}");
-    assert_eq!(losses.len(), LONG as usize, "{stdout}");
-    let loss_diff = losses
-        .values()
-        .zip(&ref_losses)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    let params = final_params(&cluster, job);
-    let param_diff = max_param_diff(&ref_params, &params);
+    // The first step after the re-plan follows the checkpoint.
+    let after: Option<u64> = stdout
+        .split(why)
+        .nth(1)
+        .and_then(|rest| rest.lines().find(|l| l.starts_with("step")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok());
+    assert_eq!(after, Some(resume + 1), "{stdout}");
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
     eprintln!(
         "re-plan: killed at step {killed_at}, resumed from {resume}; max |Δloss| {loss_diff:.2e}, \
          max |Δparam| {param_diff:.2e}"
     );
-    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
-    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
     // Written by the two survivors only (the abandoned run's directories were cleared).
     let finals = std::fs::read_dir(
         cluster
@@ -659,12 +690,7 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     .unwrap()
     .count();
     assert_eq!(finals, 2);
-    let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("pipewise_replans_total{reason=\"worker_lost\"} 1")),
-        "{text}"
-    );
+    assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
 }
 
 /// `submit` reads the job file before connecting: a malformed one is named even when no
@@ -708,36 +734,26 @@ fn layers_move_off_a_straggler() {
     spec.job.name = "straggler".into();
     spec.checkpoint.enable_checkpoint = true;
     spec.checkpoint.interval = 1000;
-    let (ref_losses, ref_params) = reference(&spec);
+    let reference = reference(&spec);
     let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
-    let out = pipewise()
-        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let moves: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("re-planned:") && l.contains("moved layers"))
-        .collect();
+    let stdout = history(&cluster, job);
+    let moves = replans(&stdout, "moved layers");
     assert!(!moves.is_empty(), "{stdout}");
     let first = moves[0];
     assert!(first.contains("worker 2 (w2) took"), "{first}");
-    // "pieces per stage [a, b, c] → [x, y, z]"
-    let split = |text: &str| -> Vec<u32> {
-        text.trim_matches(|c| c == '[' || c == ']')
-            .split(", ")
-            .map(|x| x.parse().unwrap())
-            .collect()
-    };
+    // "pieces per stage [a, b, c] → [x, y, z] (predicted …"
     let lists: Vec<Vec<u32>> = first
         .split("pieces per stage ")
         .nth(1)
-        .unwrap()
-        .split(" (predicted")
-        .next()
+        .and_then(|rest| rest.split(" (predicted").next())
         .unwrap()
         .split(" → ")
-        .map(split)
+        .map(|list| {
+            list.trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
         .collect();
     assert_eq!(lists.len(), 2, "{first}");
     assert_eq!(lists[0].iter().sum::<u32>(), lists[1].iter().sum::<u32>());
@@ -745,28 +761,14 @@ fn layers_move_off_a_straggler() {
         lists[1][2] < lists[0][2],
         "the straggler keeps its layers: {first}"
     );
-    let mut losses: BTreeMap<u64, f64> = BTreeMap::new();
-    for l in stdout.lines().filter(|l| l.starts_with("step")) {
-        let words: Vec<&str> = l.split_whitespace().collect();
-        losses.insert(words[1].parse().unwrap(), words[3].parse().unwrap());
-    }
-    assert_eq!(losses.len(), LONG as usize, "{stdout}");
-    let loss_diff = losses
-        .values()
-        .zip(&ref_losses)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    let param_diff = max_param_diff(&ref_params, &final_params(&cluster, job));
-    // Step times before the first move and after the last (not asserted: a shared machine).
-    let ms: Vec<(u64, f64)> = stdout
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    // Step times of the reports' first and second halves (not asserted: a shared machine).
+    let ms: Vec<f64> = stdout
         .lines()
         .filter(|l| l.starts_with("step"))
-        .map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w[1].parse().unwrap(), w[4].parse().unwrap())
-        })
+        .map(|l| l.split_whitespace().nth(4).unwrap().parse().unwrap())
         .collect();
-    let mean = |xs: &[(u64, f64)]| xs.iter().map(|x| x.1).sum::<f64>() / xs.len().max(1) as f64;
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let cut = ms.len() / 2;
     eprintln!(
         "straggler: {first}\n  max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}; \
@@ -774,15 +776,7 @@ fn layers_move_off_a_straggler() {
         mean(&ms[..cut]),
         mean(&ms[cut..])
     );
-    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
-    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
-    let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
-    assert!(
-        text.lines().any(
-            |l| l.starts_with("pipewise_replans_total{reason=\"straggler\"}") && !l.ends_with(" 0")
-        ),
-        "{text}"
-    );
+    assert!(replans_counted(&cluster, "straggler") >= 1.0);
 }
 
 /// A worker whose registered memory the job overflows (GPipe holds every microbatch's
@@ -812,39 +806,14 @@ fn memory_pressure_moves_the_job_to_a_schedule_that_fits() {
     assert!(one_f_one_b < gpipe);
     let budget = (fixed + (gpipe + one_f_one_b) / 2).to_string();
     let cluster = start_with(&dir, 2, &[(0, &["--memory-bytes", budget.as_str()])]);
-    let (ref_losses, ref_params) = reference(&spec);
+    let reference = reference(&spec);
     let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
-    let out = pipewise()
-        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let moves: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("re-planned:") && l.contains("moved to"))
-        .collect();
+    let stdout = history(&cluster, job);
+    let moves = replans(&stdout, "moved to");
     assert_eq!(moves.len(), 1, "{stdout}");
     assert!(moves[0].contains("worker 0 (w0) held"), "{}", moves[0]);
     assert!(moves[0].contains("gpipe planned"), "{}", moves[0]);
     eprintln!("pressure: {} (budget {budget} bytes)", moves[0]);
-    let mut losses: BTreeMap<u64, f64> = BTreeMap::new();
-    for l in stdout.lines().filter(|l| l.starts_with("step")) {
-        let words: Vec<&str> = l.split_whitespace().collect();
-        losses.insert(words[1].parse().unwrap(), words[3].parse().unwrap());
-    }
-    assert_eq!(losses.len(), LONG as usize, "{stdout}");
-    let loss_diff = losses
-        .values()
-        .zip(&ref_losses)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    let param_diff = max_param_diff(&ref_params, &final_params(&cluster, job));
-    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
-    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
-    let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("pipewise_replans_total{reason=\"memory_pressure\"} 1")),
-        "{text}"
-    );
+    assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    assert_eq!(replans_counted(&cluster, "memory_pressure"), 1.0);
 }
