@@ -307,6 +307,9 @@ impl JobRunner for ClusterRunner {
                 }) => {
                     // The workers stopped after `through` steps and saved it when
                     // checkpoints are on (always, when stragglers are watched).
+                    if cancelled.load(Ordering::SeqCst) {
+                        return Ok(());
+                    }
                     let stages = plan.schedule.placement.stages();
                     let resume = if complete(&output, through, stages) {
                         through
