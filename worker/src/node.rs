@@ -626,7 +626,11 @@ fn run_assignment(
             save_checkpoints(&rt, &output, done)?;
         }
         if sync.stop_requested() {
-            tracing::info!(job = a.job, step = done, "stopping: the job was cancelled");
+            tracing::info!(
+                job = a.job,
+                step = done,
+                "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
+            );
             break;
         }
     }
@@ -680,7 +684,7 @@ fn run_emulated_assignment(
             tracing::info!(
                 job = a.job,
                 step = step + 1,
-                "stopping: the job was cancelled"
+                "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
             );
             break;
         }
