@@ -360,6 +360,22 @@ pub struct JobPlan {
     pub schedule: Schedule,
 }
 
+/// The checkpoint directory after `step` steps under a job's output directory
+/// (`step-K/`; workers write it, the coordinator resumes re-planned runs from it).
+pub fn checkpoint_dir(output: &std::path::Path, step: u64) -> std::path::PathBuf {
+    output.join(format!("step-{step}"))
+}
+
+/// The checkpoint of stage `stage` after `step` steps (`step-K/stage-S.safetensors`).
+pub fn checkpoint_file(output: &std::path::Path, step: u64, stage: u32) -> std::path::PathBuf {
+    checkpoint_dir(output, step).join(format!("stage-{stage}.safetensors"))
+}
+
+/// The step of a checkpoint directory's name (`step-K` → K).
+pub fn checkpoint_step(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
+}
+
 impl JobPlan {
     /// The peak activation bytes each worker is predicted to hold in a step: its program
     /// replayed in order over the stages of `spec.model` cut evenly

@@ -62,7 +62,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::job::{JobPlan, JobSpec, checkpoint_file, checkpoint_step};
 use pipewise_common::rebalance::{largest_worker_time, split_for_speeds};
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_common::{Costs, Schedule, simulate};
@@ -416,12 +416,7 @@ fn last_checkpoint(
 
 /// Whether `step-K/` holds all `stages` stage files.
 fn complete(output: &std::path::Path, k: u64, stages: u32) -> bool {
-    (0..stages).all(|s| {
-        output
-            .join(format!("step-{k}"))
-            .join(format!("stage-{s}.safetensors"))
-            .is_file()
-    })
+    (0..stages).all(|s| checkpoint_file(output, k, s).is_file())
 }
 
 /// How a run of `plan` on the split `stage_pieces` (empty: even) is watched for
@@ -472,11 +467,7 @@ fn remove_after(output: &std::path::Path, resume: u64) -> Result<(), String> {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let stale = name == "final"
-            || name
-                .strip_prefix("step-")
-                .and_then(|k| k.parse::<u64>().ok())
-                .is_some_and(|k| k > resume);
+        let stale = name == "final" || checkpoint_step(&name).is_some_and(|k| k > resume);
         if stale {
             let path = entry.path();
             std::fs::remove_dir_all(&path)

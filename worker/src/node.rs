@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pipewise_common::job::JobSpec;
+use pipewise_common::job::{JobSpec, checkpoint_dir, checkpoint_file};
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::placement::Placement;
 use pipewise_proto::convert::program_from_proto;
@@ -595,7 +595,7 @@ fn run_assignment(
     if a.first_step > 0 {
         // The step's stage files may come from another partition (a job re-planned onto
         // fewer workers): tensors are found by name.
-        let dir = output.join(format!("step-{}", a.first_step));
+        let dir = checkpoint_dir(&output, a.first_step);
         for stage in rt.stages_mut().values_mut() {
             stage.load_checkpoint_dir(&dir)?;
         }
@@ -775,12 +775,6 @@ fn step_report(
     }
 }
 
-fn checkpoint_path(output: &Path, step: u64, stage: u32) -> PathBuf {
-    output
-        .join(format!("step-{step}"))
-        .join(format!("stage-{stage}.safetensors"))
-}
-
 fn create_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -789,9 +783,9 @@ fn create_dir(dir: &Path) -> Result<()> {
 }
 
 fn save_checkpoints(rt: &WorkerRuntime, output: &Path, step: u64) -> Result<()> {
-    create_dir(&output.join(format!("step-{step}")))?;
+    create_dir(&checkpoint_dir(output, step))?;
     for (s, stage) in rt.stages() {
-        stage.save_checkpoint(&checkpoint_path(output, step, *s))?;
+        stage.save_checkpoint(&checkpoint_file(output, step, *s))?;
     }
     Ok(())
 }
