@@ -18,6 +18,8 @@
 //! - [`render`]: text grid, SVG, Chrome trace and report renderings; planned vs executed.
 //! - [`error`]: the crate's one error type.
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
+//! - [`rebalance`]: a split of the model's pieces for measured worker speeds (moving layers
+//!   off a straggler).
 
 pub mod auto;
 pub mod cost;

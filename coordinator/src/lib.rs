@@ -10,7 +10,8 @@
 //!   and the routing of workers' step reports.
 //! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
 //!   time, throughput, liveness, jobs, re-plans).
-//! - [`cluster`]: [`cluster::ClusterRunner`], which runs jobs on registered worker processes.
+//! - [`cluster`]: [`cluster::ClusterRunner`], which runs jobs on registered worker processes
+//!   and re-plans them between steps (a lost worker, a straggler, memory pressure).
 //! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
 //!   reports each step.
 //! - [`store`]: the durable job store (redb) in the data directory.
