@@ -8,6 +8,7 @@
 //! **Time scale:** one time unit of the cost model is shown as one millisecond, so `ts` and
 //! `dur` (which the format gives in microseconds) are the simulated times × 1000.
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::schedule::Schedule;
@@ -16,26 +17,44 @@ use crate::simulate::Simulation;
 /// Microseconds per time unit of the cost model (one unit is shown as 1 ms).
 pub const MICROS_PER_UNIT: f64 = 1000.0;
 
-/// The trace as a JSON value (`{"traceEvents": [...], "displayTimeUnit": "ms", ...}`).
-pub fn trace_value(schedule: &Schedule, sim: &Simulation) -> Value {
-    let mut events: Vec<Value> = Vec::with_capacity(
-        sim.timeline.iter().map(Vec::len).sum::<usize>() + 2 * sim.timeline.len() + 1,
-    );
-    events.push(json!({
+/// One pass as a complete event (written one by one: a JSON tree of a large schedule
+/// took kilobytes per pass).
+#[derive(Serialize)]
+struct PassEvent<'a> {
+    name: String,
+    cat: &'a str,
+    ph: &'a str,
+    pid: u32,
+    tid: usize,
+    ts: f64,
+    dur: f64,
+    args: PassArgs<'a>,
+}
+
+#[derive(Serialize)]
+struct PassArgs<'a> {
+    stage: u32,
+    mb: u32,
+    kind: &'a str,
+}
+
+/// The trace as JSON text (`{"traceEvents": [...], "displayTimeUnit": "ms", ...}`).
+pub fn chrome_trace(schedule: &Schedule, sim: &Simulation) -> String {
+    let mut meta: Vec<Value> = vec![json!({
         "name": "process_name",
         "ph": "M",
         "pid": 0,
         "args": { "name": format!("pipewise: {}", schedule.name) },
-    }));
+    })];
     for w in 0..sim.timeline.len() {
-        events.push(json!({
+        meta.push(json!({
             "name": "thread_name",
             "ph": "M",
             "pid": 0,
             "tid": w,
             "args": { "name": format!("worker {w}") },
         }));
-        events.push(json!({
+        meta.push(json!({
             "name": "thread_sort_index",
             "ph": "M",
             "pid": 0,
@@ -43,44 +62,51 @@ pub fn trace_value(schedule: &Schedule, sim: &Simulation) -> Value {
             "args": { "sort_index": w },
         }));
     }
+    let mut text = String::from("{\"traceEvents\":[");
+    let mut first = true;
+    let mut push = |event: String| {
+        if !first {
+            text.push(',');
+        }
+        first = false;
+        text.push_str(&event);
+    };
+    for event in &meta {
+        push(event.to_string());
+    }
     for (w, line) in sim.timeline.iter().enumerate() {
         for timed in line {
             let pass = timed.pass;
-            events.push(json!({
-                "name": pass.to_string(),
-                "cat": pass.kind.as_str(),
-                "ph": "X",
-                "pid": 0,
-                "tid": w,
-                "ts": timed.start * MICROS_PER_UNIT,
-                "dur": (timed.end - timed.start) * MICROS_PER_UNIT,
-                "args": {
-                    "stage": pass.stage,
-                    "mb": pass.mb,
-                    "kind": pass.kind.as_str(),
+            let event = PassEvent {
+                name: pass.to_string(),
+                cat: pass.kind.as_str(),
+                ph: "X",
+                pid: 0,
+                tid: w,
+                ts: timed.start * MICROS_PER_UNIT,
+                dur: (timed.end - timed.start) * MICROS_PER_UNIT,
+                args: PassArgs {
+                    stage: pass.stage,
+                    mb: pass.mb,
+                    kind: pass.kind.as_str(),
                 },
-            }));
+            };
+            // Plain fields and finite numbers: serialising cannot fail.
+            push(serde_json::to_string(&event).unwrap_or_default());
         }
     }
-    json!({
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "schedule": schedule.name,
-            "workers": schedule.num_workers(),
-            "microbatches": schedule.microbatches,
-            "placement": schedule.placement.to_string(),
-            "makespan": sim.makespan,
-            "bubble": sim.bubble,
-            "time_scale": "1 time unit = 1 ms",
-        },
-    })
-}
-
-/// The trace as JSON text.
-pub fn chrome_trace(schedule: &Schedule, sim: &Simulation) -> String {
-    let mut text = trace_value(schedule, sim).to_string();
-    text.push('\n');
+    let other = json!({
+        "schedule": schedule.name,
+        "workers": schedule.num_workers(),
+        "microbatches": schedule.microbatches,
+        "placement": schedule.placement.to_string(),
+        "makespan": sim.makespan,
+        "bubble": sim.bubble,
+        "time_scale": "1 time unit = 1 ms",
+    });
+    text.push_str("],\"displayTimeUnit\":\"ms\",\"otherData\":");
+    text.push_str(&other.to_string());
+    text.push_str("}\n");
     text
 }
 
