@@ -622,6 +622,9 @@ pub(crate) fn parse_times(text: &str) -> std::result::Result<Times, String> {
     Ok(times)
 }
 
+/// The largest byte count accepted (1 EiB): larger ones overflow the reports' sums.
+const MAX_BYTES: f64 = 1_152_921_504_606_846_976.0;
+
 /// Parses `--activation-bytes`: a positive number with an optional unit.
 pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
     let text = text.trim();
@@ -629,6 +632,11 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
         .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
+    if digits.trim().is_empty() {
+        return Err(format!(
+            "{text:?} is not a number of bytes (e.g. 3.5e8, 512MiB)"
+        ));
+    }
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -646,8 +654,8 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
         }
     };
     let value = positive(digits, "bytes")? * scale;
-    if !value.is_finite() {
-        return Err(format!("{text} is too large"));
+    if !(value.is_finite() && value <= MAX_BYTES) {
+        return Err(format!("{text} is too large: at most 2^60 bytes (1 EiB)"));
     }
     Ok(value)
 }
@@ -726,6 +734,13 @@ mod tests {
         assert!(parse_bytes("0").is_err());
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("").is_err());
+        // Huge finite values were accepted and printed as "inf PiB"; NaN blamed its unit.
+        assert!(parse_bytes("1e308").is_err_and(|e| e.contains("too large")));
+        assert!(parse_bytes("2EiB").is_err());
+        assert_eq!(parse_bytes("1024TiB"), Ok(1024.0f64.powi(5)));
+        for text in ["nan", "inf"] {
+            assert!(parse_bytes(text).is_err_and(|e| e.contains("not a number of bytes")));
+        }
         assert!(parse_bytes("1e308 TiB").is_err_and(|e| e.contains("too large")));
     }
 
