@@ -318,14 +318,7 @@ impl JobRunner for ClusterRunner {
                     };
                     self.wait_until_left(run, &workers);
                     remove_after(&output, resume)?;
-                    let reason = format!(
-                        "{reason}; resuming from {}",
-                        if resume == 0 {
-                            "the start (no checkpoint)".to_string()
-                        } else {
-                            format!("the checkpoint of step {resume}")
-                        }
-                    );
+                    let reason = format!("{reason}; resuming from {}", resumed_from(resume));
                     tracing::warn!(job, "{reason}");
                     crate::metrics::record_replan(to.metric());
                     match to {
@@ -364,11 +357,7 @@ impl JobRunner for ClusterRunner {
                 "{lost}; re-planned onto {d2} workers ({}, {} stages), resuming from {}",
                 plan.kind.name(),
                 plan.schedule.placement.stages(),
-                if resume == 0 {
-                    "the start (no checkpoint)".to_string()
-                } else {
-                    format!("the checkpoint of step {resume}")
-                }
+                resumed_from(resume)
             );
             tracing::warn!(job, "{reason}");
             crate::metrics::record_replan("worker_lost");
@@ -377,6 +366,15 @@ impl JobRunner for ClusterRunner {
             first_step = resume;
         }
         Err("re-plans exhausted".into())
+    }
+}
+
+/// Where a re-planned job resumes, in words.
+fn resumed_from(step: u64) -> String {
+    if step == 0 {
+        "the start (no checkpoint)".into()
+    } else {
+        format!("the checkpoint of step {step}")
     }
 }
 
