@@ -100,13 +100,20 @@ fn parse_dtype(text: &str) -> std::result::Result<DType, String> {
 }
 
 /// Parses `--layer-times F,B,W[@MBS]`.
+/// The longest pass time of one layer accepted (ms): about eleven days.
+const MAX_LAYER_MS: f64 = 1e9;
+
 pub(crate) fn parse_layer_times(text: &str) -> std::result::Result<LayerTimes, String> {
     let (times, mbs) = match text.split_once('@') {
         Some((t, m)) => (
             t,
-            m.trim()
-                .parse::<u32>()
-                .map_err(|_| format!("microbatch size {:?} is not a whole number", m.trim()))?,
+            m.trim().parse::<u32>().map_err(|_| {
+                format!(
+                    "microbatch size {:?} is not a whole number from 1 to {}",
+                    m.trim(),
+                    u32::MAX
+                )
+            })?,
         ),
         None => (text, 1),
     };
@@ -129,6 +136,13 @@ pub(crate) fn parse_layer_times(text: &str) -> std::result::Result<LayerTimes, S
     };
     if [f, b, w].iter().any(|t| !t.is_finite() || *t < 0.0) || f + b + w <= 0.0 {
         return Err("times must be finite, ≥ 0 and not all zero".into());
+    }
+    // Scaled to the model's pieces and summed over stages, larger times overflow (1e308
+    // made every partition infinite and the error blamed --workers).
+    if [f, b, w].iter().any(|t| *t > MAX_LAYER_MS) {
+        return Err(format!(
+            "times must be at most {MAX_LAYER_MS:e} ms per layer (F,B,W = {f},{b},{w})"
+        ));
     }
     Ok(LayerTimes {
         f,
@@ -379,5 +393,8 @@ mod tests {
         assert!(parse_layer_times("1,2,1@0").is_err());
         assert!(parse_layer_times("0,0,0").is_err());
         assert!(parse_layer_times("-1,2,1").is_err());
+        // Used to reach the planner and fail as "invalid workers".
+        assert!(parse_layer_times("1e308,1e308,1e308").is_err_and(|e| e.contains("at most")));
+        assert!(parse_layer_times("1,1,1@4294967296").is_err_and(|e| e.contains("from 1 to")));
     }
 }
