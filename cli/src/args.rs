@@ -487,6 +487,16 @@ impl PlanArgs {
                 args: Box::new(self.auto.clone()),
             });
         }
+        let given = self.auto.given();
+        if !given.is_empty() {
+            bail!(
+                "{} {} only with --auto (the model spec sizes an auto-planned job); add --auto \
+                 or drop {}",
+                given.join(", "),
+                if given.len() == 1 { "applies" } else { "apply" },
+                if given.len() == 1 { "it" } else { "them" },
+            );
+        }
         if self.compare {
             let (workers, microbatches) = self.shape("--compare")?;
             let chunks = self.chunks.unwrap_or(2);

@@ -37,37 +37,36 @@ pub(crate) struct AutoArgs {
     pub(crate) auto: bool,
 
     /// Transformer blocks of the model (--auto).
-    #[arg(long, value_name = "N", requires = "auto",
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) layers: Option<u32>,
 
     /// Hidden size of the model (--auto).
-    #[arg(long, value_name = "H", requires = "auto",
+    #[arg(long, value_name = "H",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) hidden: Option<u32>,
 
     /// Attention heads of the model; must divide --hidden (--auto).
-    #[arg(long, value_name = "A", requires = "auto",
+    #[arg(long, value_name = "A",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) heads: Option<u32>,
 
     /// Sequence length in tokens (--auto).
-    #[arg(long, value_name = "T", requires = "auto",
+    #[arg(long, value_name = "T",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) seq_len: Option<u32>,
 
-    /// Vocabulary size (--auto).
-    #[arg(long, value_name = "V", default_value_t = 50257, requires = "auto",
+    /// Vocabulary size (--auto) [default: 50257].
+    #[arg(long, value_name = "V",
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) vocab: u32,
+    pub(crate) vocab: Option<u32>,
 
-    /// Element type of parameters and activations: f32, f16 or bf16 (--auto).
-    #[arg(long, value_name = "DTYPE", default_value = "bf16", requires = "auto",
-          value_parser = parse_dtype)]
-    pub(crate) dtype: DType,
+    /// Element type of parameters and activations: f32, f16 or bf16 (--auto) [default: bf16].
+    #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
+    pub(crate) dtype: Option<DType>,
 
     /// Sequences per training step (--auto).
-    #[arg(long, value_name = "B", requires = "auto",
+    #[arg(long, value_name = "B",
           value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) global_batch: Option<u32>,
 
@@ -75,7 +74,7 @@ pub(crate) struct AutoArgs {
     ///
     /// A number of bytes, optionally with a unit: B, KB, MB, GB, TB
     /// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).
-    #[arg(long, value_name = "BYTES", requires = "auto", value_parser = parse_bytes,
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes,
           verbatim_doc_comment)]
     pub(crate) memory_per_worker: Option<f64>,
 
@@ -84,14 +83,41 @@ pub(crate) struct AutoArgs {
     /// Without it, every piece's F, B and W each take its FLOPs at
     /// 100 TFLOP/s. MBS defaults to 1; times scale linearly with the
     /// microbatch size, the embedding and head by their FLOPs.
-    #[arg(long, value_name = "F,B,W[@MBS]", requires = "auto", value_parser = parse_layer_times,
+    #[arg(long, value_name = "F,B,W[@MBS]", value_parser = parse_layer_times,
           verbatim_doc_comment)]
     pub(crate) layer_times: Option<LayerTimes>,
 
-    /// How many of the fitting plans to show (--auto).
-    #[arg(long, value_name = "K", default_value_t = 5, requires = "auto",
+    /// How many of the fitting plans to show (--auto) [default: 5].
+    #[arg(long, value_name = "K",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub(crate) top: u32,
+    pub(crate) top: Option<u32>,
+}
+
+/// `--vocab` without a value: GPT-2's vocabulary.
+const DEFAULT_VOCAB: u32 = 50257;
+/// `--top` without a value.
+const DEFAULT_TOP: u32 = 5;
+
+impl AutoArgs {
+    /// The model-spec and budget flags given on the command line. They only mean something
+    /// with `--auto`, so `pipewise plan` refuses them without it rather than ignore them.
+    pub(crate) fn given(&self) -> Vec<&'static str> {
+        [
+            ("--layers", self.layers.is_some()),
+            ("--hidden", self.hidden.is_some()),
+            ("--heads", self.heads.is_some()),
+            ("--seq-len", self.seq_len.is_some()),
+            ("--vocab", self.vocab.is_some()),
+            ("--dtype", self.dtype.is_some()),
+            ("--global-batch", self.global_batch.is_some()),
+            ("--memory-per-worker", self.memory_per_worker.is_some()),
+            ("--layer-times", self.layer_times.is_some()),
+            ("--top", self.top.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
 }
 
 /// Parses `--dtype`.
@@ -165,19 +191,19 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
     }
     Ok(AutoRequest {
         spec: ModelSpec {
-            vocab: args.vocab,
+            vocab: args.vocab.unwrap_or(DEFAULT_VOCAB),
             hidden: need(args.hidden, "--hidden")?,
             heads: need(args.heads, "--heads")?,
             layers: need(args.layers, "--layers")?,
             seq_len: need(args.seq_len, "--seq-len")?,
-            dtype: args.dtype,
+            dtype: args.dtype.unwrap_or(DType::BF16),
         },
         global_batch: need(args.global_batch, "--global-batch")?,
         workers,
         memory_per_worker: memory as u64,
         layer_times: args.layer_times,
         comm_ms,
-        top: args.top as usize,
+        top: args.top.unwrap_or(DEFAULT_TOP) as usize,
     })
 }
 

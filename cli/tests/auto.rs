@@ -184,6 +184,40 @@ fn auto_needs_the_model() {
 }
 
 #[test]
+fn model_options_without_auto_are_refused() {
+    // They were silently ignored (clap's `requires` does not see an unset flag as absent).
+    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "-n", "8", "--layers", "24"]);
+    assert!(err.contains("--layers applies only with --auto"), "{err}");
+    let err = fails(&[
+        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "--vocab", "100", "--top", "3",
+    ]);
+    assert!(
+        err.contains("--vocab, --top apply only with --auto"),
+        "{err}"
+    );
+    // The defaults still apply under --auto.
+    let text = ok(&[
+        "plan",
+        "--auto",
+        "--workers",
+        "8",
+        "--layers",
+        "24",
+        "--hidden",
+        "1024",
+        "--heads",
+        "16",
+        "--seq-len",
+        "1024",
+        "--global-batch",
+        "32",
+        "--memory-per-worker",
+        "16GiB",
+    ]);
+    assert!(text.contains("vocabulary 50257, bf16"), "{text}");
+}
+
+#[test]
 fn measured_times_and_comm_are_used() {
     let text = ok(&auto_args(
         "16GiB",
