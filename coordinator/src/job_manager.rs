@@ -356,50 +356,15 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::Mutex;
-
     use super::*;
+    use crate::planner::tests::gated_planner;
     use pipewise_common::job::example;
-
-    /// Plan requests not answered yet.
-    type Held = Arc<Mutex<Vec<(Box<JobSpec>, RpcReplyPort<Result<JobPlan>>)>>>;
-
-    /// A planner that holds every request until the test releases it.
-    struct HeldPlanner(Held);
-
-    impl Actor for HeldPlanner {
-        type Msg = PlannerMsg;
-        type State = ();
-        type Arguments = ();
-
-        async fn pre_start(
-            &self,
-            _myself: ActorRef<Self::Msg>,
-            _args: (),
-        ) -> std::result::Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-
-        async fn handle(
-            &self,
-            _myself: ActorRef<Self::Msg>,
-            msg: Self::Msg,
-            _state: &mut (),
-        ) -> std::result::Result<(), ActorProcessingErr> {
-            let PlannerMsg::Plan(spec, reply) = msg;
-            self.0.lock().unwrap().push((spec, reply));
-            Ok(())
-        }
-    }
 
     /// The manager answers while a submitted job is being planned (a slow plan used to
     /// block `GetJob` and `ListJobs` until it ended), and queues the job once it is planned.
     #[tokio::test]
     async fn answers_while_a_job_is_planned() {
-        let held = Arc::new(Mutex::new(Vec::new()));
-        let (planner, _) = Actor::spawn(None, HeldPlanner(held.clone()), ())
-            .await
-            .unwrap();
+        let (planner, release, waiting) = gated_planner(2).await;
         let dir = std::env::temp_dir().join(format!("pipewise-held-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let (manager, _) = Actor::spawn(
@@ -413,13 +378,14 @@ mod tests {
         )
         .await
         .unwrap();
-        let spec = example(2, "1f1b");
+        let mut spec = example(2, "1f1b");
+        spec.job.name = "held".into();
         let submit = {
             let manager = manager.clone();
             let spec = spec.clone();
             tokio::spawn(async move { ractor::call!(manager, JobMsg::Submit, Box::new(spec)) })
         };
-        while held.lock().unwrap().is_empty() {
+        while *waiting.lock().unwrap() == 0 {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         // The plan is held: the manager still answers, and knows no job yet.
@@ -432,10 +398,7 @@ mod tests {
         assert!(listed.is_empty());
         assert!(ractor::call!(manager, JobMsg::Get, 1).unwrap().is_err());
         assert!(!submit.is_finished());
-        let (spec_held, reply) = held.lock().unwrap().pop().unwrap();
-        reply
-            .send(spec_held.validate().map_err(Into::into))
-            .unwrap();
+        release.send(()).unwrap();
         let record = submit.await.unwrap().unwrap().unwrap();
         assert_eq!(record.name, spec.job.name);
         assert_eq!(ractor::call!(manager, JobMsg::List).unwrap().len(), 1);

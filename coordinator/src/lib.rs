@@ -5,7 +5,8 @@
 //!
 //! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
 //!   order); persistence through [`store`]; starts a [`driver`] per running job.
-//! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`).
+//! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`),
+//!   several submissions at once.
 //! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams
 //!   and the routing of workers' step reports.
 //! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
@@ -48,7 +49,7 @@ pub use error::{CoordinatorError, Result};
 
 use job_manager::{JobManager, JobManagerArgs, JobMsg};
 use membership::{Membership, MembershipMsg};
-use planner::Planner;
+use planner::{Planner, PlannerArgs};
 use store::JobStore;
 
 /// A running coordinator: its address and actors. Dropping it does not stop the server;
@@ -98,7 +99,7 @@ impl Coordinator {
     ) -> Result<Coordinator> {
         metrics::describe();
         let store = JobStore::open(data_dir)?;
-        let (planner, planner_handle) = Actor::spawn(None, Planner, ())
+        let (planner, planner_handle) = Actor::spawn(None, Planner, PlannerArgs::default())
             .await
             .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
         let planner_cell = planner.get_cell();
