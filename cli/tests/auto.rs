@@ -196,24 +196,12 @@ fn model_options_without_auto_are_refused() {
         "{err}"
     );
     // The defaults still apply under --auto.
-    let text = ok(&[
-        "plan",
-        "--auto",
-        "--workers",
-        "8",
-        "--layers",
-        "24",
-        "--hidden",
-        "1024",
-        "--heads",
-        "16",
-        "--seq-len",
-        "1024",
-        "--global-batch",
-        "32",
-        "--memory-per-worker",
-        "16GiB",
-    ]);
+    let mut args = auto_args("16GiB", &[]);
+    for flag in ["--vocab", "--dtype"] {
+        let at = args.iter().position(|a| *a == flag).unwrap();
+        args.drain(at..at + 2);
+    }
+    let text = ok(&args);
     assert!(text.contains("vocabulary 50257, bf16"), "{text}");
 }
 

@@ -41,20 +41,17 @@ use pipewise_common::{Costs, Times};
 
 use pipewise_common::trace::Activity;
 
+use super::exchange::{Input, Link, Local, invalid};
 use super::executor::{
     DEFAULT_TIMEOUT, LocalOptions, LocalSync, Recorder, StepReport, StepSync, check_partition,
     check_program,
 };
-use super::transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};
+use super::transport::{Buffer, FrameKind, MemoryTransport, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::{Stage, candle_dtype};
 
 /// How long before a pass's end the emulated pass stops sleeping and starts yielding.
 pub const SPIN_MARGIN: Duration = Duration::from_micros(200);
-
-fn invalid(field: &'static str, reason: String) -> Error {
-    Error::InvalidArgument { field, reason }
-}
 
 /// Waits until `deadline`: sleeps until [`SPIN_MARGIN`] before it, then yields.
 pub fn sleep_until(deadline: Instant) {
@@ -218,7 +215,15 @@ impl EmulatedRuntime {
     ) -> Result<StepReport> {
         let started = Instant::now();
         let last = self.stage_count - 1;
-        let mut local: HashMap<(u32, u32, FrameKind), Payload> = HashMap::new();
+        let link = Link {
+            worker: self.worker,
+            placement: &self.placement,
+            transport,
+            job,
+            step,
+            timeout: self.timeout,
+        };
+        let mut local: Local<Payload> = HashMap::new();
         let mut progress: HashMap<(u32, u32), Progress> = HashMap::new();
         let mut losses = Vec::new();
         let mut pass_times = Vec::with_capacity(self.program.len());
@@ -233,8 +238,11 @@ impl EmulatedRuntime {
                 PassKind::B | PassKind::BW if s < last => Some(FrameKind::Gradient),
                 _ => None,
             };
-            if let Some(kind) = input {
-                self.take(&mut local, &mut rec, transport, (job, step), pass, kind)?;
+            if let Some(kind) = input
+                && let Input::Received(payload) = link.take(&mut local, &mut rec, pass, kind)?
+                && (payload.dims() != self.frame_dims || payload.dtype() != self.dtype)
+            {
+                return Err(link.bad_frame(pass, kind, &payload, (&self.frame_dims, self.dtype)));
             }
             let output = match pass.kind {
                 PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
@@ -252,16 +260,7 @@ impl EmulatedRuntime {
                 losses.push(self.uniform_loss);
             }
             if let (Some((to, kind)), Some(buffer)) = (output, buffer) {
-                self.deliver(
-                    &mut local,
-                    &mut rec,
-                    transport,
-                    (job, step),
-                    pass,
-                    to,
-                    kind,
-                    buffer,
-                )?;
+                link.deliver(&mut local, &mut rec, pass, to, kind, buffer, |p| p)?;
             }
             let a = self.stash[s as usize];
             let (f, bw) = (
@@ -339,100 +338,6 @@ impl EmulatedRuntime {
             Some(p) => progress.insert(key, p),
             None => progress.remove(&key),
         };
-        Ok(())
-    }
-
-    /// Takes the input of a pass of `stage`: from this worker's memory when the producing
-    /// stage is here, else from the transport, with its shape and dtype checked.
-    #[allow(clippy::too_many_arguments)]
-    fn take(
-        &self,
-        local: &mut HashMap<(u32, u32, FrameKind), Payload>,
-        rec: &mut Recorder,
-        transport: &dyn Transport,
-        (job, step): (u64, u64),
-        pass: Pass,
-        kind: FrameKind,
-    ) -> Result<Payload> {
-        let (stage, mb) = (pass.stage, pass.mb);
-        let producer = match kind {
-            FrameKind::Activation => stage - 1,
-            FrameKind::Gradient => stage + 1,
-        };
-        if self.placement.worker_of(producer) == self.worker {
-            return local.remove(&(stage, mb, kind)).ok_or_else(|| {
-                invalid(
-                    "schedule",
-                    format!(
-                        "worker {}: stage {stage} microbatch {mb} needs the {kind} of stage \
-                         {producer} before this worker produced it",
-                        self.worker
-                    ),
-                )
-            });
-        }
-        let t0 = Instant::now();
-        let payload = transport.recv(job, step, stage, mb, kind, self.timeout)?;
-        let peer = self.placement.worker_of(producer);
-        rec.span(Activity::Recv { pass, peer }, t0);
-        *rec.received.entry(peer).or_default() += payload.byte_len();
-        if payload.dims() != self.frame_dims || payload.dtype() != self.dtype {
-            return Err(invalid(
-                "frame",
-                format!(
-                    "worker {}: the {kind} for stage {stage} microbatch {mb} of step {step} is \
-                     {:?} {:?}, expected {:?} {:?}",
-                    self.worker,
-                    payload.dims(),
-                    payload.dtype(),
-                    self.frame_dims,
-                    self.dtype
-                ),
-            ));
-        }
-        Ok(payload)
-    }
-
-    /// Hands a pass's output buffer to `stage`: in memory when it is on this worker, else
-    /// sent.
-    #[allow(clippy::too_many_arguments)]
-    fn deliver(
-        &self,
-        local: &mut HashMap<(u32, u32, FrameKind), Payload>,
-        rec: &mut Recorder,
-        transport: &dyn Transport,
-        (job, step): (u64, u64),
-        pass: Pass,
-        stage: u32,
-        kind: FrameKind,
-        payload: Payload,
-    ) -> Result<()> {
-        let mb = pass.mb;
-        let to = self.placement.worker_of(stage);
-        if to == self.worker {
-            if local.insert((stage, mb, kind), payload).is_some() {
-                return Err(invalid(
-                    "schedule",
-                    format!("the {kind} for stage {stage} microbatch {mb} was produced twice"),
-                ));
-            }
-            return Ok(());
-        }
-        let bytes = payload.byte_len();
-        let t0 = Instant::now();
-        transport.send(
-            to,
-            Frame {
-                job,
-                step,
-                stage,
-                mb,
-                kind,
-                payload,
-            },
-        )?;
-        rec.span(Activity::Send { pass, peer: to }, t0);
-        *rec.sent.entry(to).or_default() += bytes;
         Ok(())
     }
 }

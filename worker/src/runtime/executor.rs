@@ -14,9 +14,10 @@ use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::trace::{Activity, Span};
 
-use super::transport::{Frame, FrameKind, MemoryTransport, Payload, Transport};
+use super::exchange::{Input, Link, Local, invalid};
+use super::transport::{FrameKind, MemoryTransport, Payload, Transport};
 use crate::data::Batch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::optim::{AdamW, clip_scale};
 use crate::param::Param;
 use crate::stage::Stage;
@@ -81,10 +82,6 @@ pub struct WorkerRuntime {
     timeout: Duration,
     /// Every pass takes this many times as long ([`WorkerRuntime::set_slowdown`]).
     slowdown: f64,
-}
-
-fn invalid(field: &'static str, reason: String) -> Error {
-    Error::InvalidArgument { field, reason }
 }
 
 impl WorkerRuntime {
@@ -308,11 +305,19 @@ impl WorkerRuntime {
         }
         let mut peak = self.stash_now();
         let last = self.stage_count - 1;
+        // The stages are borrowed mutably while the link is alive: it keeps its own copy of
+        // the (small) placement.
+        let placement = self.placement.clone();
         let mut ctx = StepCtx {
-            job,
-            step,
+            link: Link {
+                worker: self.worker,
+                placement: &placement,
+                transport,
+                job,
+                step,
+                timeout: self.timeout,
+            },
             shapes: &shapes,
-            transport,
             local: HashMap::new(),
             rec: Recorder::start(started, 2 * self.program.len() + 1),
         };
@@ -421,33 +426,14 @@ impl WorkerRuntime {
         })
     }
 
-    /// The input of a pass of stage `stage`: from this worker's memory when the producing
-    /// stage is here, else from the transport (with its shape checked).
+    /// The input of `pass`: from this worker's memory when the producing stage is here, else
+    /// from the transport (with its shape checked).
     fn take(&self, ctx: &mut StepCtx<'_>, pass: Pass, kind: FrameKind) -> Result<Tensor> {
-        let (stage, mb) = (pass.stage, pass.mb);
-        let producer = match kind {
-            FrameKind::Activation => stage - 1,
-            FrameKind::Gradient => stage + 1,
+        let payload = match ctx.link.take(&mut ctx.local, &mut ctx.rec, pass, kind)? {
+            Input::Local(tensor) => return Ok(tensor),
+            Input::Received(payload) => payload,
         };
-        if self.placement.worker_of(producer) == self.worker {
-            return ctx.local.remove(&(stage, mb, kind)).ok_or_else(|| {
-                invalid(
-                    "schedule",
-                    format!(
-                        "worker {}: stage {stage} microbatch {mb} needs the {kind} of stage \
-                         {producer} before this worker produced it",
-                        self.worker
-                    ),
-                )
-            });
-        }
-        let t0 = Instant::now();
-        let payload = ctx
-            .transport
-            .recv(ctx.job, ctx.step, stage, mb, kind, self.timeout)?;
-        let peer = self.placement.worker_of(producer);
-        ctx.rec.span(Activity::Recv { pass, peer }, t0);
-        *ctx.rec.received.entry(peer).or_default() += payload.byte_len();
+        let (stage, mb) = (pass.stage, pass.mb);
         let (b, t) = ctx.shapes[mb as usize];
         let expected = [b, t, self.hidden];
         let stage_ref = self
@@ -455,18 +441,9 @@ impl WorkerRuntime {
             .get(&stage)
             .ok_or_else(|| invalid("schedule", format!("stage {stage} is not held here")))?;
         if payload.dims() != expected || payload.dtype() != stage_ref.dtype() {
-            return Err(invalid(
-                "frame",
-                format!(
-                    "worker {}: the {kind} for stage {stage} microbatch {mb} of step {} is \
-                     {:?} {:?}, expected {expected:?} {:?}",
-                    self.worker,
-                    ctx.step,
-                    payload.dims(),
-                    payload.dtype(),
-                    stage_ref.dtype()
-                ),
-            ));
+            return Err(ctx
+                .link
+                .bad_frame(pass, kind, &payload, (&expected, stage_ref.dtype())));
         }
         let device = stage_ref.device();
         Ok(payload.into_tensor(device)?.to_device(device)?)
@@ -481,45 +458,25 @@ impl WorkerRuntime {
         kind: FrameKind,
         tensor: Tensor,
     ) -> Result<()> {
-        let mb = pass.mb;
-        let to = self.placement.worker_of(stage);
-        if to == self.worker {
-            if ctx.local.insert((stage, mb, kind), tensor).is_some() {
-                return Err(invalid(
-                    "schedule",
-                    format!("the {kind} for stage {stage} microbatch {mb} was produced twice"),
-                ));
-            }
-            return Ok(());
-        }
-        let payload = Payload::Tensor(tensor);
-        let bytes = payload.byte_len();
-        let t0 = Instant::now();
-        ctx.transport.send(
-            to,
-            Frame {
-                job: ctx.job,
-                step: ctx.step,
-                stage,
-                mb,
-                kind,
-                payload,
-            },
-        )?;
-        ctx.rec.span(Activity::Send { pass, peer: to }, t0);
-        *ctx.rec.sent.entry(to).or_default() += bytes;
-        Ok(())
+        ctx.link.deliver(
+            &mut ctx.local,
+            &mut ctx.rec,
+            pass,
+            stage,
+            kind,
+            tensor,
+            Payload::Tensor,
+        )
     }
 }
 
 /// Per-step state of [`WorkerRuntime::run_step`].
 struct StepCtx<'a> {
-    job: u64,
-    step: u64,
+    /// Where inputs come from and outputs go.
+    link: Link<'a>,
     shapes: &'a [(usize, usize)],
-    transport: &'a dyn Transport,
     /// Tensors handed between stages of this worker, keyed by consumer.
-    local: HashMap<(u32, u32, FrameKind), Tensor>,
+    local: Local<Tensor>,
     /// What happened when, and bytes per peer.
     rec: Recorder,
 }

@@ -9,8 +9,11 @@
 //!   [`run_emulated_local`] (every worker on threads).
 //! - [`transport`]: [`Frame`], the [`Transport`] trait and the in-process
 //!   [`MemoryTransport`].
+//! - `exchange`: a pass's input and output between stages (kept in memory when both stages
+//!   are on the worker, else through the transport), shared by both runtimes.
 
 pub mod emulate;
+mod exchange;
 pub mod executor;
 pub mod transport;
 
