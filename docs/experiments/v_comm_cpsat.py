@@ -22,6 +22,12 @@ accounting of pipewise's simulator). Times are in hundredths, so the model is in
         per microbatch in the steady state (at least P, and at least the sum over CAP
         activations: Little's law on the worker's memory).
 
+    periodic K SECONDS RATE [RATE ...]
+        Whether any K-periodic V schedule (K microbatches with their own timings, repeated
+        every K * RATE) runs at RATE per microbatch: its passes collision-free modulo the
+        period on every worker and Little's law on every worker's memory, both necessary.
+        INFEASIBLE is a proof that none exists; UNKNOWN means the time ran out.
+
     wave P N OUT.csv
         A one-microbatch template whose passes do not collide modulo a period P (each
         worker's passes laid on a circle of length P), chosen to minimise the largest sum
@@ -56,6 +62,19 @@ best templates found in 25–100 s are the period-40 one shifted (the same order
 a worse one; their bounds, 833.9–851.7, leave those periods open. A two-microbatch template at period 80 (a variant of `template`,
 not kept) found nothing better than two period-40 ones in 120 s (1725.44, bound 1679.56).
 The pipewise local search gains nothing on the waves (2269.58, 3844.54, 6915.92).
+
+Periodic schedules (2026-11-25, `periodic`, 2 workers on 2 cores). The rates that matter:
+47.4 and 47.7 per microbatch (what a V schedule must average at n = 64 and 128 to beat 1F1B,
+above), and 48.09 (1F1B's own steady state: a V schedule slower than that loses to 1F1B
+for every large enough n). Proved INFEASIBLE: K = 1 at every rate up to 49.10 (47.4, 47.7,
+48.09, 48.5 and 49.0 in 0.1 s, 49.10 in 15 s; the first feasible rate in steps of 0.01 is
+49.12); K = 2 at 47.4, 47.7 and 48.09 (27 s, 72 s, 20 s); K = 3 at 47.7 (107 s). UNKNOWN
+after 120 s: K = 3 at 47.4 and 48.09; K = 4 at all three; K = 5, 6 and 8 at 47.7 after
+300 s (an earlier model that capped how long a W may wait after its B proved K = 2 to 4
+infeasible quickly, but that cap is not implied by the memory limit, so those results
+are not kept). So no V schedule within 9 units that repeats every one or two microbatches
+even matches 1F1B's steady state; longer repeats and schedules that never repeat remain
+open.
 """
 
 import csv
@@ -288,6 +307,84 @@ def wave(period, n, out):
     write_csv(out, orders)
 
 
+def releases():
+    """Each pass's earliest start in one microbatch's chain when nothing waits (hundredths;
+    a W right after its B)."""
+    at, t = {}, 0
+    for s in range(STAGES):
+        t += DUR["F"] + hop(s - 1, s) if s else 0
+        at[("F", s)] = t
+    t += DUR["F"]
+    for s in range(STAGES - 1, -1, -1):
+        t += DUR["B"] + hop(s + 1, s) if s < STAGES - 1 else 0
+        at[("B", s)] = t
+        at[("W", s)] = t + DUR["B"]
+    return at
+
+
+def min_lifetime_sum(w=0):
+    """Worker w's two activation lifetimes when nothing waits (each from its F's start to
+    its W's end); 830.53 on worker 0, whose stage 0 spans the whole round trip."""
+    at = releases()
+    return sum(at[("W", s)] + DUR["W"] - at[("F", s)] for s in (w, STAGES - 1 - w))
+
+
+def periodic(k, per, seconds):
+    """Is there a k-periodic V schedule at `per` hundredths per microbatch?
+
+    Microbatches j = 0..k-1 of each period of length Q = k * per get their own timing;
+    microbatch j + m*k runs at j's times plus m*Q. Every worker's passes of the k
+    microbatches must not overlap modulo Q, and Little's law must hold on every worker's
+    memory: the sum of the k microbatches' activation lifetimes on its two stages is at
+    most CAP * Q (CAP live activations on average). Both are necessary for any k-periodic
+    schedule within the limit, so INFEASIBLE proves that none exists at this rate.
+    Returns the solver's status name."""
+    q_len = k * per
+    # Every wait on a microbatch's chain, or of a W after its B, lengthens its worker's
+    # lifetimes by as much, and every microbatch's lifetimes on worker 0 are at least the
+    # floor: no timing waits longer than this in all.
+    budget = max(0, CAP * q_len - k * min_lifetime_sum())
+    at = releases()
+    m = cp_model.CpModel()
+    t, bounds = {}, {}
+    for j in range(k):
+        for (kind, s), r in at.items():
+            # The microbatch starts within the period; then only waits delay it. A W may
+            # also wait after its B for as long as its worker's memory allows.
+            late = r + q_len + budget
+            if kind == "W":
+                late += max(0, CAP * q_len - k * min_lifetime_sum(worker(s)))
+            bounds[(kind, s, j)] = (r, late)
+            t[(kind, s, j)] = m.NewIntVar(r, late, "")
+    m.Add(t[("F", 0, 0)] == 0)
+    for j in range(1, k):
+        m.Add(t[("F", 0, j)] >= t[("F", 0, j - 1)])
+    chain(m, t, range(k))
+    for w in range(D):
+        passes = [(kind, s, j) for j in range(k) for s in (w, STAGES - 1 - w) for kind in "FBW"]
+        for a in range(len(passes)):
+            for b in range(a + 1, len(passes)):
+                pa, pb = passes[a], passes[b]
+                lo = bounds[pb][0] - bounds[pa][1]
+                hi = bounds[pb][1] - bounds[pa][0]
+                # start(b) - start(a) = laps * Q + r with r in [dur(a), Q - dur(b)]: the
+                # two passes are apart on the circle of length Q.
+                laps = m.NewIntVar(lo // q_len - 1, hi // q_len + 1, "")
+                r = m.NewIntVar(DUR[pa[0]], q_len - DUR[pb[0]], "")
+                m.Add(t[pb] - t[pa] == laps * q_len + r)
+        lives = [
+            t[("W", s, j)] + DUR["W"] - t[("F", s, j)]
+            for j in range(k)
+            for s in (w, STAGES - 1 - w)
+        ]
+        m.Add(sum(lives) <= CAP * q_len)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = seconds
+    solver.parameters.num_workers = 2
+    status = solver.StatusName(solver.Solve(m))
+    print(f"k = {k}, {per / 100:.2f} per microbatch: {status} in {solver.WallTime():.1f} s", flush=True)
+    return status
+
 if __name__ == "__main__":
     match sys.argv[1:]:
         case ["templates", seconds, *periods] if periods:
@@ -295,6 +392,9 @@ if __name__ == "__main__":
                 template(int(round(float(p) * 100)), float(seconds))
         case ["full", n, hint, seconds, out]:
             full(int(n), hint, float(seconds), out)
+        case ["periodic", k, seconds, *rates] if rates:
+            for rate in rates:
+                periodic(int(k), int(round(float(rate) * 100)), float(seconds))
         case ["wave", period, n, out]:
             wave(int(round(float(period) * 100)), int(n), out)
         case _:
