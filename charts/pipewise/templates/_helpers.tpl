@@ -1,0 +1,47 @@
+{{/* The release's base name, at most 40 characters (room for the suffixes below). */}}
+{{- define "pipewise.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pipewise.coordinator" -}}{{ include "pipewise.fullname" . }}-coordinator{{- end -}}
+{{- define "pipewise.worker" -}}{{ include "pipewise.fullname" . }}-worker{{- end -}}
+{{- define "pipewise.data" -}}{{ .Values.storage.existingClaim | default (printf "%s-data" (include "pipewise.fullname" .)) }}{{- end -}}
+
+{{/* The coordinator's URL inside the cluster. */}}
+{{- define "pipewise.coordinatorUrl" -}}
+http://{{ include "pipewise.coordinator" . }}:{{ .Values.coordinator.port }}
+{{- end -}}
+
+{{- define "pipewise.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "pipewise.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component (coordinator or worker). */}}
+{{- define "pipewise.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The data volume of a pod. */}}
+{{- define "pipewise.dataVolume" -}}
+- name: data
+{{- if .Values.storage.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ include "pipewise.data" . }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end -}}

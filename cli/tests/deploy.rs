@@ -1,0 +1,322 @@
+//! The deployment files: the Helm chart (`charts/pipewise`, rendered with `helm template`),
+//! the compose cluster and the Prometheus configuration under `deploy/`.
+//!
+//! The chart tests need `helm`: from `PIPEWISE_HELM`, else on the PATH; `.ci/run` installs it
+//! (from an npm package) and sets `PIPEWISE_REQUIRE_HELM=1`, which makes a missing `helm` a
+//! failure rather than a skip. Every command line the files give `pipewise` is checked
+//! against the options its subcommand really has.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_norway::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn helm() -> Option<PathBuf> {
+    let found = std::env::var_os("PIPEWISE_HELM")
+        .map(PathBuf::from)
+        .or_else(|| common::which("helm"));
+    if found.is_none() {
+        assert!(
+            std::env::var_os("PIPEWISE_REQUIRE_HELM").is_none(),
+            "PIPEWISE_REQUIRE_HELM is set but there is no `helm` (PIPEWISE_HELM or the PATH)"
+        );
+        eprintln!("skipped: no `helm` (set PIPEWISE_HELM or put helm on the PATH)");
+    }
+    found
+}
+
+/// `helm template rel charts/pipewise ARGS`, as YAML documents.
+fn render(helm: &Path, args: &[&str]) -> Vec<Value> {
+    let out = Command::new(helm)
+        .args(["template", "rel"])
+        .arg(root().join("charts/pipewise"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "helm template {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+use serde::Deserialize as _;
+
+/// The one document of `kind` (and `name`, when given).
+fn find<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && name.is_none_or(|n| d["metadata"]["name"] == n))
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} {name:?}");
+    found[0]
+}
+
+fn kinds(docs: &[Value]) -> BTreeSet<String> {
+    docs.iter()
+        .map(|d| d["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The value after `flag` in a command line.
+fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+/// Every `--flag` of `args` is an option of `pipewise SUBCOMMAND` (args[0]).
+fn flags_exist(args: &[String]) {
+    let help = common::ok(&[args[0].as_str(), "--help"]);
+    for flag in args.iter().filter(|a| a.starts_with("--")) {
+        assert!(
+            help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+            "`pipewise {}` has no option {flag}",
+            args[0]
+        );
+    }
+}
+
+fn container(workload: &Value) -> &Value {
+    &workload["spec"]["template"]["spec"]["containers"][0]
+}
+
+#[test]
+fn the_chart_renders_a_cluster() {
+    let Some(helm) = helm() else { return };
+    let lint = Command::new(&helm)
+        .arg("lint")
+        .arg(root().join("charts/pipewise"))
+        .output()
+        .unwrap();
+    assert!(
+        lint.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+
+    let docs = render(&helm, &[]);
+    let expected: BTreeSet<String> = [
+        "ConfigMap",
+        "Deployment",
+        "PersistentVolumeClaim",
+        "Service",
+        "StatefulSet",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(kinds(&docs), expected);
+
+    let coordinator = find(&docs, "Deployment", Some("rel-pipewise-coordinator"));
+    let args = strings(&container(coordinator)["args"]);
+    assert_eq!(args[0], "coordinator");
+    flags_exist(&args);
+    assert_eq!(arg(&args, "--data-dir"), Some("/data"));
+    let service = find(&docs, "Service", Some("rel-pipewise-coordinator"));
+    assert_eq!(service["spec"]["ports"][0]["port"], 50051);
+
+    let workers = find(&docs, "StatefulSet", None);
+    assert_eq!(workers["spec"]["replicas"], 4);
+    let worker = container(workers);
+    let args = strings(&worker["args"]);
+    assert_eq!(args[0], "worker");
+    flags_exist(&args);
+    // The workers find the coordinator's Service, and their peers through the headless one.
+    assert_eq!(
+        arg(&args, "--coordinator"),
+        Some("http://rel-pipewise-coordinator:50051")
+    );
+    let headless = workers["spec"]["serviceName"].as_str().unwrap();
+    let peers = find(&docs, "Service", Some(headless));
+    assert_eq!(peers["spec"]["clusterIP"], "None");
+    assert_eq!(peers["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(
+        arg(&args, "--advertise"),
+        Some(format!("$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:50052").as_str())
+    );
+    assert_eq!(arg(&args, "--id"), Some("$(POD_NAME)"));
+    // One GPU per worker, used.
+    assert_eq!(worker["resources"]["limits"]["nvidia.com/gpu"], 1);
+    assert_eq!(arg(&args, "--device"), Some("cuda"));
+    // Both mount the shared data claim the chart creates.
+    let claim = find(&docs, "PersistentVolumeClaim", None);
+    assert_eq!(claim["spec"]["accessModes"][0], "ReadWriteMany");
+    for workload in [coordinator, workers] {
+        assert_eq!(
+            workload["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            claim["metadata"]["name"]
+        );
+        assert_eq!(container(workload)["volumeMounts"][0]["mountPath"], "/data");
+    }
+    // The dashboard ConfigMap carries deploy/grafana/pipewise.json.
+    let dashboard = find(&docs, "ConfigMap", Some("rel-pipewise-dashboard"));
+    let shipped = std::fs::read_to_string(root().join("deploy/grafana/pipewise.json")).unwrap();
+    let rendered = dashboard["data"]["pipewise.json"].as_str().unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(rendered).unwrap(),
+        serde_json::from_str::<serde_json::Value>(&shipped).unwrap()
+    );
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+}
+
+#[test]
+fn the_chart_follows_its_values() {
+    let Some(helm) = helm() else { return };
+    let job = root().join("deploy/job.toml");
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "workers.replicas=8,workers.gpu.enabled=false,workers.memoryBytes=80GiB,\
+             workers.resources.limits.cpu=4,storage.existingClaim=shared,\
+             metrics.serviceMonitor.enabled=true,grafana.dashboard.enabled=false",
+            "--set-file",
+            &format!("job={}", job.display()),
+        ],
+    );
+    assert!(docs.iter().all(|d| d["kind"] != "PersistentVolumeClaim"));
+    let workers = find(&docs, "StatefulSet", None);
+    assert_eq!(workers["spec"]["replicas"], 8);
+    let worker = container(workers);
+    let args = strings(&worker["args"]);
+    flags_exist(&args);
+    assert_eq!(arg(&args, "--device"), Some("cpu"));
+    assert_eq!(arg(&args, "--memory-bytes"), Some("80GiB"));
+    assert_eq!(worker["resources"]["limits"]["cpu"], 4);
+    assert!(worker["resources"]["limits"]["nvidia.com/gpu"].is_null());
+    assert_eq!(
+        workers["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "shared"
+    );
+    // The ServiceMonitor selects both Services by their metrics label and port name.
+    let monitor = find(&docs, "ServiceMonitor", None);
+    let selector = &monitor["spec"]["selector"]["matchLabels"];
+    for service in docs.iter().filter(|d| d["kind"] == "Service") {
+        assert_eq!(service["metadata"]["labels"]["pipewise.io/metrics"], "true");
+        assert_eq!(
+            service["metadata"]["labels"]["app.kubernetes.io/instance"],
+            selector["app.kubernetes.io/instance"]
+        );
+        let ports = service["spec"]["ports"].as_sequence().unwrap();
+        assert!(
+            ports
+                .iter()
+                .any(|p| p["name"] == monitor["spec"]["endpoints"][0]["port"])
+        );
+    }
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["name"] != "rel-pipewise-dashboard")
+    );
+    // The job file is submitted by a hook Job.
+    let config = find(&docs, "ConfigMap", Some("rel-pipewise-job"));
+    let shipped = std::fs::read_to_string(&job).unwrap();
+    assert_eq!(
+        config["data"]["job.toml"].as_str().unwrap().trim(),
+        shipped.trim()
+    );
+    let submit = find(&docs, "Job", None);
+    let args = strings(&container(submit)["args"]);
+    assert_eq!(args[..2], ["submit", "/etc/pipewise/job.toml"]);
+    flags_exist(&args);
+    assert_eq!(
+        arg(&args, "--coordinator"),
+        Some("http://rel-pipewise-coordinator:50051")
+    );
+}
+
+#[test]
+fn the_chart_carries_the_shipped_dashboard() {
+    let chart = std::fs::read(root().join("charts/pipewise/dashboards/pipewise.json")).unwrap();
+    let shipped = std::fs::read(root().join("deploy/grafana/pipewise.json")).unwrap();
+    assert!(
+        chart == shipped,
+        "charts/pipewise/dashboards/pipewise.json differs from deploy/grafana/pipewise.json"
+    );
+}
+
+#[test]
+fn the_compose_cluster_is_consistent() {
+    let text = std::fs::read_to_string(root().join("deploy/compose.yaml")).unwrap();
+    let compose: Value = serde_norway::from_str(&text).unwrap();
+    let services = compose["services"].as_mapping().unwrap();
+    let prometheus: Value = serde_norway::from_str(
+        &std::fs::read_to_string(root().join("deploy/prometheus/prometheus.yml")).unwrap(),
+    )
+    .unwrap();
+    let targets: BTreeSet<String> = prometheus["scrape_configs"][0]["static_configs"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|c| strings(&c["targets"]))
+        .collect();
+    let mut workers = 0;
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        let Some(command) = service.get("command") else {
+            continue;
+        };
+        let args = strings(command);
+        if !["coordinator", "worker"].contains(&args[0].as_str()) {
+            continue;
+        }
+        flags_exist(&args);
+        let metrics_port = arg(&args, "--metrics-listen")
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap();
+        assert!(
+            targets.contains(&format!("{name}:{metrics_port}")),
+            "Prometheus does not scrape {name}"
+        );
+        if args[0] == "worker" {
+            workers += 1;
+            assert_eq!(arg(&args, "--id"), Some(name));
+            assert_eq!(
+                arg(&args, "--advertise"),
+                Some(format!("{name}:50052").as_str())
+            );
+            assert_eq!(
+                arg(&args, "--coordinator"),
+                Some("http://coordinator:50051")
+            );
+        }
+    }
+    assert_eq!(workers, 4);
+    assert_eq!(targets.len(), 5);
+    if let Some(promtool) = common::which("promtool") {
+        let out = Command::new(promtool)
+            .args(["check", "config"])
+            .arg(root().join("deploy/prometheus/prometheus.yml"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
