@@ -36,17 +36,11 @@ fn helm() -> Option<PathBuf> {
 
 /// `helm template rel charts/pipewise ARGS`, as YAML documents.
 fn render(helm: &Path, args: &[&str]) -> Vec<Value> {
-    let out = Command::new(helm)
-        .args(["template", "rel"])
-        .arg(root().join("charts/pipewise"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "helm template {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = common::succeeds(
+        Command::new(helm)
+            .args(["template", "rel"])
+            .arg(root().join("charts/pipewise"))
+            .args(args),
     );
     serde_norway::Deserializer::from_str(&text)
         .map(|doc| Value::deserialize(doc).unwrap())
@@ -106,15 +100,10 @@ fn container(workload: &Value) -> &Value {
 #[test]
 fn the_chart_renders_a_cluster() {
     let Some(helm) = helm() else { return };
-    let lint = Command::new(&helm)
-        .arg("lint")
-        .arg(root().join("charts/pipewise"))
-        .output()
-        .unwrap();
-    assert!(
-        lint.status.success(),
-        "{}",
-        String::from_utf8_lossy(&lint.stdout)
+    common::succeeds(
+        Command::new(&helm)
+            .arg("lint")
+            .arg(root().join("charts/pipewise")),
     );
 
     let docs = render(&helm, &[]);
@@ -308,15 +297,10 @@ fn the_compose_cluster_is_consistent() {
     assert_eq!(workers, 4);
     assert_eq!(targets.len(), 5);
     if let Some(promtool) = common::which("promtool") {
-        let out = Command::new(promtool)
-            .args(["check", "config"])
-            .arg(root().join("deploy/prometheus/prometheus.yml"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        common::succeeds(
+            Command::new(promtool)
+                .args(["check", "config"])
+                .arg(root().join("deploy/prometheus/prometheus.yml")),
         );
     }
 }

@@ -37,6 +37,19 @@ pub(crate) fn ok(args: &[&str]) -> String {
     stdout(&out)
 }
 
+/// Runs any command and expects success; returns standard output. On failure the panic
+/// shows the command and both of its outputs.
+pub(crate) fn succeeds(command: &mut Command) -> String {
+    let out = command.output().expect("runs the command");
+    assert!(
+        out.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
 /// Runs and expects failure; returns standard error.
 pub(crate) fn fails(args: &[&str]) -> String {
     let out = pipewise(args);
