@@ -236,6 +236,38 @@ fn the_chart_follows_its_values() {
     );
 }
 
+/// Bad values are refused by the chart's schema, naming the field, before anything renders.
+#[test]
+fn the_chart_refuses_bad_values() {
+    let Some(helm) = helm() else { return };
+    for (set, field) in [
+        ("workers.replicas=0", "workers.replicas"),
+        ("logFormat=xml", "logFormat"),
+        ("workers.memoryBytes=lots", "workers.memoryBytes"),
+        ("coordinator.port=70000", "coordinator.port"),
+        ("storage.accessModes={Sometimes}", "storage.accessModes"),
+    ] {
+        let out = Command::new(&helm)
+            .args(["template", "rel"])
+            .arg(root().join("charts/pipewise"))
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set} was accepted");
+        assert!(err.contains(field), "{set}: {err}");
+    }
+    // Byte counts as numbers or with a unit pass.
+    for ok in [
+        "workers.memoryBytes=80000000000",
+        "workers.memoryBytes=24GiB",
+    ] {
+        let docs = render(&helm, &["--set", ok]);
+        let args = strings(&container(find(&docs, "StatefulSet", None))["args"]);
+        assert_eq!(arg(&args, "--memory-bytes"), ok.split('=').nth(1));
+    }
+}
+
 #[test]
 fn the_chart_carries_the_shipped_dashboard() {
     let chart = std::fs::read(root().join("charts/pipewise/dashboards/pipewise.json")).unwrap();
