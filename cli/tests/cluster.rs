@@ -88,37 +88,44 @@ fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster
         metrics,
     };
     for w in 0..workers {
-        let id = format!("w{w}");
-        let mut cmd = pipewise();
-        cmd.args([
-            "worker",
-            "--coordinator",
-            &url,
-            "--id",
-            &id,
-            "--timeout",
-            "60",
-            "--log-format",
-            "json",
-        ]);
+        let mut args: Vec<&str> = Vec::new();
+        if let Some((_, extra)) = extra.iter().find(|(i, _)| *i == w) {
+            args.extend_from_slice(extra);
+        }
+        let metrics_listen = format!("127.0.0.1:{}", metrics[1]);
         if w == 0 {
-            cmd.args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[1])]);
+            args.extend(["--metrics-listen", &metrics_listen]);
         }
-        if let Some((_, args)) = extra.iter().find(|(i, _)| *i == w) {
-            cmd.args(*args);
-        }
-        let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
-        cluster.children.push(child);
-        // "worker ID serving activations on ADDR, coordinator URL"
-        let addr = line
-            .split_whitespace()
-            .nth(5)
-            .unwrap()
-            .trim_end_matches(',')
-            .to_string();
-        cluster.workers.insert(id, addr);
+        add_worker(&mut cluster, dir, &format!("w{w}"), &args);
     }
     cluster
+}
+
+/// Starts worker `id` (with `args`) against the cluster's coordinator.
+fn add_worker(cluster: &mut Cluster, dir: &Path, id: &str, args: &[&str]) {
+    let mut cmd = pipewise();
+    cmd.args([
+        "worker",
+        "--coordinator",
+        &cluster.url,
+        "--id",
+        id,
+        "--timeout",
+        "60",
+        "--log-format",
+        "json",
+    ]);
+    cmd.args(args);
+    let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
+    cluster.children.push(child);
+    // "worker ID serving activations on ADDR, coordinator URL"
+    let addr = line
+        .split_whitespace()
+        .nth(5)
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string();
+    cluster.workers.insert(id.to_string(), addr);
 }
 
 /// The test model: 14 layers (16 pieces, so 8 workers can hold a V shape), small sizes.
@@ -691,6 +698,82 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     .count();
     assert_eq!(finals, 2);
     assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
+}
+
+/// A job re-planned onto the survivors grows back to its degree when a worker joins: the
+/// run stops after a step (saving it), the job is planned on the larger set again, and
+/// training still ends exactly where it would have without the loss.
+#[test]
+fn a_replanned_job_grows_back_when_a_worker_joins() {
+    const LONG: u32 = 120;
+    let dir = tempdir("grow");
+    let mut cluster = start(&dir, 3);
+    let mut spec = spec(3, "1f1b", LONG);
+    spec.job.name = "grow".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 5;
+    let reference = reference(&spec);
+
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= 3
+    });
+    cluster.children[3].kill().unwrap();
+    // The job goes on with two workers; then a new one joins.
+    let started = Instant::now();
+    while replans_counted(&cluster, "worker_lost") < 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no re-plan after the loss"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    add_worker(&mut cluster, &dir, "w3", &[]);
+    let (_, joined_at, _) = status(&cluster, job);
+    assert!(
+        joined_at + 20 < u64::from(LONG),
+        "the job ran too fast to grow mid-way ({joined_at} steps)"
+    );
+    let line = wait_until(&cluster, job, Duration::from_secs(180), |s, _| {
+        s != "running"
+    });
+    assert!(line.contains("succeeded"), "{line}");
+
+    let stdout = history(&cluster, job);
+    assert_eq!(
+        replans(&stdout, "stopped heartbeating").len(),
+        1,
+        "{stdout}"
+    );
+    let grew = replans(&stdout, "joined");
+    assert_eq!(grew.len(), 1, "{stdout}");
+    assert!(
+        grew[0].contains("1 worker(s) joined; grew onto 3 workers (1f1b, 3 stages)"),
+        "{}",
+        grew[0]
+    );
+    assert!(
+        grew[0].contains("resuming from the checkpoint of step"),
+        "{}",
+        grew[0]
+    );
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    eprintln!(
+        "grow: w3 joined at step {joined_at}; max |Δloss| {loss_diff:.2e}, max |Δparam| \
+         {param_diff:.2e}"
+    );
+    // The last run is on three workers, the new one among them.
+    let finals = std::fs::read_dir(
+        cluster
+            .data
+            .join("checkpoints")
+            .join(format!("job-{job}"))
+            .join("final"),
+    )
+    .unwrap()
+    .count();
+    assert_eq!(finals, 3);
+    assert_eq!(replans_counted(&cluster, "worker_joined"), 1.0);
 }
 
 /// `submit` reads the job file before connecting: a malformed one is named even when no

@@ -52,6 +52,13 @@
 //! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`] plus the
 //! parameters of the even split.
 //!
+//! **Growing back.** A run on fewer workers than the job's degree (after a loss) of a job
+//! with checkpoints is checked once a second: when more streaming workers are live than
+//! the run has, every worker is asked to stop after the same step (they save it) and the
+//! job goes on from there planned on min(live, degree) workers
+//! (`pipewise_replans_total{reason="worker_joined"}`). A plan that fails is logged and not
+//! tried again until the live count changes.
+//!
 //! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
 //! collectives, reports and aborts), is the job id for the first run and
 //! `job + k · 2^48` after `k` re-plans ([`run_id`]), so nothing of an abandoned run can
@@ -235,6 +242,8 @@ enum Move {
     Split(Vec<u32>),
     /// Memory pressure: a plan predicted to fit (on the even split).
     Plan(Box<JobPlan>),
+    /// Workers joined a job that runs on fewer than its degree: the plan on more of them.
+    Grow(Box<JobPlan>),
 }
 
 impl Move {
@@ -243,6 +252,7 @@ impl Move {
         match self {
             Move::Split(_) => "straggler",
             Move::Plan(_) => "memory_pressure",
+            Move::Grow(_) => "worker_joined",
         }
     }
 }
@@ -323,7 +333,7 @@ impl JobRunner for ClusterRunner {
                     crate::metrics::record_replan(to.metric());
                     match to {
                         Move::Split(counts) => stage_pieces = counts,
-                        Move::Plan(new_plan) => {
+                        Move::Plan(new_plan) | Move::Grow(new_plan) => {
                             plan = *new_plan;
                             stage_pieces.clear();
                         }
@@ -574,6 +584,32 @@ impl ClusterRunner {
         }))
     }
 
+    /// When more streaming workers are live than the `d` of the run (and the live count
+    /// differs from `tried`), the plan on min(live, degree) of them and why.
+    fn grow(&self, spec: &JobSpec, d: usize, tried: &mut usize) -> Option<(String, JobPlan)> {
+        let live = self.live().ok()?.iter().filter(|w| w.streaming).count();
+        if live <= d || live == *tried {
+            return None;
+        }
+        *tried = live;
+        let d2 = (live as u32).min(spec.parallelism.pipeline_parallel_degree);
+        match replan(spec, d2) {
+            Ok(plan) => Some((
+                format!(
+                    "{} worker(s) joined; grew onto {d2} workers ({}, {} stages)",
+                    d2 as usize - d,
+                    plan.kind.name(),
+                    plan.schedule.placement.stages()
+                ),
+                plan,
+            )),
+            Err(e) => {
+                tracing::warn!("not growing onto {d2} workers: {e}");
+                None
+            }
+        }
+    }
+
     /// Collects the workers' reports until all are done, one fails or dies, or a cancel
     /// has run its course. `replanned` (why, and the new schedule) goes with the first event.
     fn follow(
@@ -613,6 +649,9 @@ impl ClusterRunner {
         // Memory pressure is answered once per run: when nothing fits, planning the
         // candidates again every step would not change that.
         let mut pressure_tried = false;
+        // The live worker count a growth was last tried for (a plan that fails is not
+        // tried again until the count changes).
+        let mut grow_tried = d;
         while done.iter().any(|x| !x) {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -725,6 +764,21 @@ impl ClusterRunner {
                 last_check = Instant::now();
                 if let Some(gone) = self.first_lost(workers, &done)? {
                     return Err(lost(gone, completed));
+                }
+                // A job running on fewer workers than its degree (after a loss) grows back
+                // when workers join: only with checkpoints (the stop saves the step the
+                // next run starts from) and with steps left after the next one.
+                if may_move
+                    && moving.is_none()
+                    && stop_asked.is_none()
+                    && spec.checkpoint.enable_checkpoint
+                    && completed > 0
+                    && first_step + completed + 1 < steps
+                    && (d as u32) < spec.parallelism.pipeline_parallel_degree
+                    && let Some(found) = self.grow(spec, d, &mut grow_tried)
+                {
+                    let _ = self.membership.cast(MembershipMsg::Stop(run_id));
+                    moving = Some((found.0, Move::Grow(Box::new(found.1))));
                 }
             }
         }

@@ -21,7 +21,12 @@ use metrics::{
 use crate::driver::StepEventData;
 
 /// Reasons a job is re-planned (the label values of `pipewise_replans_total`).
-pub const REPLAN_REASONS: [&str; 3] = ["worker_lost", "straggler", "memory_pressure"];
+pub const REPLAN_REASONS: [&str; 4] = [
+    "worker_lost",
+    "straggler",
+    "memory_pressure",
+    "worker_joined",
+];
 
 /// Job states (the label values of `pipewise_jobs`).
 pub const JOB_STATES: [&str; 5] = ["queued", "running", "succeeded", "failed", "cancelled"];
