@@ -12,7 +12,8 @@
 //! complete. Checkpoints are taken between steps: accumulated gradients are not saved, and
 //! a stage with pending microbatches refuses to save.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -85,6 +86,34 @@ fn read_shard(path: &Path, device: &Device) -> Result<Shard> {
     })
 }
 
+/// The longest safetensors header read (bytes); a real one lists a few names per tensor.
+const MAX_HEADER: u64 = 256 << 20;
+
+/// The tensor names a safetensors file holds, from its header alone (8 bytes of header
+/// length, then the JSON header), without reading the tensors.
+fn tensor_names(path: &Path) -> Result<BTreeSet<String>> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(bad(path, format!("has a header of {len} bytes")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| bad(path, format!("has an unreadable header: {e}")))?;
+    Ok(map
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k != "__metadata__")
+        .collect())
+}
+
 impl Stage {
     /// Writes this stage's parameters, optimizer state and step to `path` (through a
     /// temporary file renamed into place, so `path` never holds a partial checkpoint).
@@ -143,7 +172,8 @@ impl Stage {
     /// (`stage-S.safetensors`) written by the stages of any partition of the same model:
     /// every tensor is taken, by its whole-model name, from the file that holds it. The
     /// files must agree on the spec and the step, and every parameter of this stage must be
-    /// in exactly one of them. Every file is read (the whole model's state, once).
+    /// in exactly one of them. Only the files that hold some of this stage's tensors are
+    /// read (their headers say which), so a stage reads about its own share of the state.
     pub fn load_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
         let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
@@ -166,8 +196,24 @@ impl Stage {
         if files.is_empty() {
             return Err(bad(dir, "holds no stage-S.safetensors files".into()));
         }
+        let wanted: BTreeSet<String> = self.params().map(|p| format!("param/{}", p.name)).collect();
+        let mut needed = Vec::new();
+        for f in files {
+            if !tensor_names(&f)?.is_disjoint(&wanted) {
+                needed.push(f);
+            }
+        }
+        if needed.is_empty() {
+            return Err(bad(
+                dir,
+                format!(
+                    "holds none of the tensors of this stage (pieces {:?})",
+                    self.range()
+                ),
+            ));
+        }
         let device = self.device().clone();
-        let shards = files
+        let shards = needed
             .iter()
             .map(|f| read_shard(f, &device))
             .collect::<Result<Vec<_>>>()?;

@@ -195,6 +195,23 @@ fn reshard(device: &Device) -> Result<()> {
         assert!(x == y, "{name} differs after resharding");
     }
 
+    // A stage reads only the files holding its tensors: with the last file's tensors cut
+    // off (its header intact), the first third of the model still loads, the whole not.
+    let last = three.join("stage-2.safetensors");
+    let full = std::fs::read(&last).expect("read");
+    let header = 8 + u64::from_le_bytes(full[..8].try_into().expect("8 bytes")) as usize;
+    std::fs::write(&last, &full[..header + 16]).expect("written");
+    let first_third = Stage::even_split(&spec, 3)?[0].clone();
+    let mut stage = Stage::new(&spec, first_third, 999, device)?;
+    stage.load_checkpoint_dir(&three)?;
+    assert_eq!(stage.step(), cut);
+    assert!(
+        Stage::whole(&spec, 999, device)?
+            .load_checkpoint_dir(&three)
+            .is_err()
+    );
+    std::fs::write(&last, &full).expect("restored");
+
     // Refused: a directory missing a stage's file, one mixing two partitions (a tensor in
     // two files), one mixing steps, an empty one.
     let err = |dir: &std::path::Path| {
