@@ -230,7 +230,8 @@ pub(crate) struct PlanArgs {
     /// Bytes of one microbatch's activation over 1/d of the model, to report memory in bytes.
     ///
     /// A number, optionally with a unit: B, KB, MB, GB, TB (powers of
-    /// 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 3.5e8, 512MiB.
+    /// 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 3.5e8, 512MiB;
+    /// Kubernetes' K, M, G, T, Ki, Mi, Gi, Ti also.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, verbatim_doc_comment)]
     pub(crate) activation_bytes: Option<f64>,
 
@@ -647,19 +648,22 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
             "{text:?} is not a number of bytes (e.g. 3.5e8, 512MiB)"
         ));
     }
+    // Kubernetes' quantity suffixes (K, M, G, T and Ki, Mi, Gi, Ti) mean the same, so a
+    // chart value such as 80Gi reads as it does in a pod's resources.
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "tb" | "t" => 1e12,
+        "kib" | "ki" => 1024.0,
+        "mib" | "mi" => 1024.0 * 1024.0,
+        "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
+        "tib" | "ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (or \
+                 Kubernetes' K, M, G, T, Ki, Mi, Gi, Ti)"
             ));
         }
     };
@@ -752,6 +756,11 @@ mod tests {
             assert!(parse_bytes(text).is_err_and(|e| e.contains("not a number of bytes")));
         }
         assert!(parse_bytes("1e308 TiB").is_err_and(|e| e.contains("too large")));
+        // Kubernetes quantities, as a chart's values give them.
+        assert_eq!(parse_bytes("80Gi"), Ok(80.0 * 1024.0f64.powi(3)));
+        assert_eq!(parse_bytes("512Mi"), Ok(512.0 * 1024.0 * 1024.0));
+        assert_eq!(parse_bytes("8G"), Ok(8e9));
+        assert!(parse_bytes("8Gx").is_err_and(|e| e.contains("Gi")));
     }
 
     #[test]

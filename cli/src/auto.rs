@@ -73,7 +73,8 @@ pub(crate) struct AutoArgs {
     /// Memory of one worker, e.g. 80GB, 24GiB, 8e9 (--auto).
     ///
     /// A number of bytes, optionally with a unit: B, KB, MB, GB, TB
-    /// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).
+    /// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024);
+    /// Kubernetes' K, M, G, T, Ki, Mi, Gi, Ti also.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes,
           verbatim_doc_comment)]
     pub(crate) memory_per_worker: Option<f64>,
