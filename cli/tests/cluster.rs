@@ -776,6 +776,55 @@ fn a_replanned_job_grows_back_when_a_worker_joins() {
     assert_eq!(replans_counted(&cluster, "worker_joined"), 1.0);
 }
 
+/// The peak activation KiB per worker of every step a watch output prints.
+fn peaks(stdout: &str) -> Vec<Vec<f64>> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .map(|l| {
+            let list = &l[l.find("peak KiB [").unwrap() + 10..l.rfind(']').unwrap()];
+            list.split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// torchtitan's `pipeline_parallel_first_stage_less_layers` moves blocks off the first
+/// stage: worker 0 holds fewer activations, worker 1 more, and training is still exact.
+#[test]
+fn first_stage_less_layers_moves_blocks_off_the_first_stage() {
+    let dir = tempdir("lesslayers");
+    let cluster = start(&dir, 2);
+    let even = spec(2, "1f1b", 3);
+    let mut less = even.clone();
+    less.job.name = "less".into();
+    // 14 blocks + 4 slots: 9 per stage, the first holding 5 blocks and the embedding.
+    less.parallelism.pipeline_parallel_first_stage_less_layers = 4;
+    let reference = reference(&even);
+    let (even_job, _) = submit_wait(&cluster, &write_spec(&dir, &even));
+    let (less_job, _) = submit_wait(&cluster, &write_spec(&dir, &less));
+    let (a, b) = (history(&cluster, even_job), history(&cluster, less_job));
+    let (pa, pb) = (&peaks(&a)[0], &peaks(&b)[0]);
+    eprintln!("peak KiB per worker: even split {pa:?}, first stage 4 layers less {pb:?}");
+    assert!(pb[0] < pa[0] && pb[1] > pa[1], "{pa:?} {pb:?}");
+    assert_exact(&cluster, less_job, &last_losses(&b), &reference);
+    // Refused before planning, with the field named.
+    less.parallelism.pipeline_parallel_first_stage_less_layers = 40;
+    let out = pipewise()
+        .arg("submit")
+        .arg(write_spec(&dir, &less))
+        .args(["--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("parallelism.pipeline_parallel_first_stage_less_layers"),
+        "{err}"
+    );
+}
+
 /// `submit` reads the job file before connecting: a malformed one is named even when no
 /// coordinator runs (it used to say only that the coordinator could not be reached).
 #[test]

@@ -27,6 +27,8 @@
 //! pipeline_parallel_degree = 4
 //! pipeline_parallel_schedule = "v-half"     # any `pipewise plan` schedule
 //! pipeline_parallel_microbatch_size = 1     # microbatches = global_batch_size / this
+//! pipeline_parallel_first_stage_less_layers = 1   # optional, torchtitan's layer split
+//! pipeline_parallel_last_stage_less_layers = 1    # (default: the pieces split evenly)
 //!
 //! [checkpoint]
 //! enable_checkpoint = true
@@ -159,6 +161,83 @@ pub struct Parallelism {
     /// activation over `1/d` of the model (default: `d`, 1F1B's peak).
     #[serde(default)]
     pub memory_limit: Option<f64>,
+    /// torchtitan's layer split: the first stage holds this many fewer transformer blocks
+    /// than the others (it also holds the embedding). With the next two fields unset the
+    /// pieces (embedding, blocks, head) are split evenly.
+    #[serde(default)]
+    pub pipeline_parallel_first_stage_less_layers: u32,
+    /// The last stage holds this many fewer blocks (it also holds the output head).
+    #[serde(default)]
+    pub pipeline_parallel_last_stage_less_layers: u32,
+    /// Blocks per stage, counting the first and last stages' fewer blocks as held: must
+    /// agree with the schedule's stage count (`(layers + first less + last less) /
+    /// stages`).
+    #[serde(default)]
+    pub pipeline_parallel_layers_per_stage: Option<u32>,
+}
+
+impl Parallelism {
+    /// Pieces (embedding, blocks, head) per stage for `layers` blocks in `stages` stages,
+    /// the torchtitan way: `layers + first less + last less` block slots split as evenly
+    /// as possible (earlier stages take the remainder), the first stage's slots minus
+    /// `first less` plus the embedding, the last's minus `last less` plus the head. `None`
+    /// when none of the three fields is set (the even split of the pieces applies).
+    pub fn stage_pieces(&self, layers: u32, stages: u32) -> Result<Option<Vec<u32>>> {
+        let (first, last) = (
+            self.pipeline_parallel_first_stage_less_layers,
+            self.pipeline_parallel_last_stage_less_layers,
+        );
+        if first == 0 && last == 0 && self.pipeline_parallel_layers_per_stage.is_none() {
+            return Ok(None);
+        }
+        let slots = u64::from(layers) + u64::from(first) + u64::from(last);
+        let s = u64::from(stages.max(1));
+        if let Some(per) = self.pipeline_parallel_layers_per_stage
+            && u64::from(per) * s != slots
+        {
+            return Err(invalid(
+                "parallelism.pipeline_parallel_layers_per_stage",
+                format!(
+                    "{per} blocks per stage × {s} stages is not {slots} ({layers} layers + \
+                     {first} + {last} fewer on the first and last stages)"
+                ),
+            ));
+        }
+        let mut blocks: Vec<i64> = (0..s)
+            .map(|i| (slots / s + u64::from(i < slots % s)) as i64)
+            .collect();
+        blocks[0] -= i64::from(first);
+        let end = blocks.len() - 1;
+        blocks[end] -= i64::from(last);
+        if blocks.iter().any(|b| *b < 0) {
+            let field = if blocks[0] < 0 {
+                "parallelism.pipeline_parallel_first_stage_less_layers"
+            } else {
+                "parallelism.pipeline_parallel_last_stage_less_layers"
+            };
+            return Err(invalid(
+                field,
+                format!(
+                    "{layers} layers in {s} stages leave {} block slots per stage: too few \
+                     to hold {first} fewer on the first and {last} fewer on the last",
+                    slots / s
+                ),
+            ));
+        }
+        let mut pieces: Vec<u32> = blocks.into_iter().map(|b| b as u32).collect();
+        pieces[0] += 1;
+        pieces[end] += 1;
+        if let Some(i) = pieces.iter().position(|p| *p == 0) {
+            return Err(invalid(
+                "parallelism.pipeline_parallel_first_stage_less_layers",
+                format!(
+                    "stage {i} would hold no layer ({layers} layers, {s} stages, {first} and \
+                     {last} fewer on the first and last)"
+                ),
+            ));
+        }
+        Ok(Some(pieces))
+    }
 }
 
 fn one() -> u32 {
@@ -599,6 +678,7 @@ impl JobSpec {
                 ),
             ));
         }
+        p.stage_pieces(self.model.layers, stages)?;
         self.compute.validate()?;
         let request = Request {
             chunks: p.pipeline_parallel_chunks,
@@ -679,6 +759,9 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             pipeline_parallel_microbatch_size: 1,
             pipeline_parallel_chunks: 2,
             memory_limit: None,
+            pipeline_parallel_first_stage_less_layers: 0,
+            pipeline_parallel_last_stage_less_layers: 0,
+            pipeline_parallel_layers_per_stage: None,
         },
         checkpoint: Checkpoint::default(),
         data: Data::default(),
@@ -689,6 +772,47 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// torchtitan's first / last stage less layers and layers per stage.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn stage_pieces_follow_torchtitan_options() {
+        let mut spec = example(2, "1f1b");
+        let p = &mut spec.parallelism;
+        assert_eq!(p.stage_pieces(8, 2).unwrap(), None);
+        // 8 blocks + 2 slots = 5 per stage; the first holds 2 fewer, plus the embedding.
+        p.pipeline_parallel_first_stage_less_layers = 2;
+        assert_eq!(p.stage_pieces(8, 2).unwrap(), Some(vec![4, 6]));
+        // 32 blocks, 4 stages, one fewer on each end: 34 slots as 9, 9, 8, 8.
+        p.pipeline_parallel_first_stage_less_layers = 1;
+        p.pipeline_parallel_last_stage_less_layers = 1;
+        assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 9, 8, 8]));
+        assert_eq!(
+            p.stage_pieces(32, 4).unwrap().unwrap().iter().sum::<u32>(),
+            32 + 2
+        );
+        // Layers per stage must agree with the stage count.
+        p.pipeline_parallel_layers_per_stage = Some(8);
+        let err = p.stage_pieces(32, 4).unwrap_err().to_string();
+        assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
+        p.pipeline_parallel_first_stage_less_layers = 0;
+        p.pipeline_parallel_last_stage_less_layers = 0;
+        assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 8, 8, 9]));
+        // More fewer layers than a stage has slots.
+        p.pipeline_parallel_layers_per_stage = None;
+        p.pipeline_parallel_first_stage_less_layers = 12;
+        let err = p.stage_pieces(8, 2).unwrap_err().to_string();
+        assert!(err.contains("first_stage_less_layers"), "{err}");
+        // A middle stage without a block.
+        p.pipeline_parallel_first_stage_less_layers = 1;
+        let err = p.stage_pieces(1, 4).unwrap_err().to_string();
+        assert!(err.contains("no layer") || err.contains("too few"), "{err}");
+        // Checked when the job is validated, with the field named.
+        let mut spec = example(2, "1f1b");
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(3);
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
+    }
 
     fn field_of(spec: &JobSpec) -> &'static str {
         match spec.validate() {

@@ -275,7 +275,7 @@ impl JobRunner for ClusterRunner {
             .map_err(|e| format!("cannot create {}: {e}", output.display()))?;
         let mut plan = plan.clone();
         let mut first_step = 0;
-        let mut stage_pieces: Vec<u32> = Vec::new();
+        let mut stage_pieces = spec_split(spec, &plan);
         let mut replanned: Option<(String, std::sync::Arc<Schedule>)> = None;
         for replans in 0.. {
             let d = plan.schedule.num_workers();
@@ -335,7 +335,7 @@ impl JobRunner for ClusterRunner {
                         Move::Split(counts) => stage_pieces = counts,
                         Move::Plan(new_plan) | Move::Grow(new_plan) => {
                             plan = *new_plan;
-                            stage_pieces.clear();
+                            stage_pieces = spec_split(spec, &plan);
                         }
                     }
                     replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
@@ -372,10 +372,24 @@ impl JobRunner for ClusterRunner {
             tracing::warn!(job, "{reason}");
             crate::metrics::record_replan("worker_lost");
             replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
-            stage_pieces.clear();
+            stage_pieces = spec_split(spec, &plan);
             first_step = resume;
         }
         Err("re-plans exhausted".into())
+    }
+}
+
+/// The job's own layer split for `plan`'s stages (torchtitan's first / last stage less
+/// layers; empty: the even split of the pieces).
+fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
+    let p = &spec.parallelism;
+    match p.stage_pieces(spec.model.layers, plan.schedule.placement.stages()) {
+        Ok(split) => split.unwrap_or_default(),
+        Err(e) => {
+            // Only after a re-plan to another stage count, which `replan` checked.
+            tracing::warn!("the job's layer split does not apply, split evenly: {e}");
+            Vec::new()
+        }
     }
 }
 
@@ -397,6 +411,8 @@ fn replan(spec: &JobSpec, d: u32) -> pipewise_common::Result<JobPlan> {
         .memory_limit
         .map(|l| l * f64::from(d) / f64::from(p.pipeline_parallel_degree.max(1)));
     p.pipeline_parallel_degree = d;
+    // Blocks per stage pins the stage count, which a re-plan changes.
+    p.pipeline_parallel_layers_per_stage = None;
     spec.validate()
 }
 
