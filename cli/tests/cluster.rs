@@ -192,7 +192,7 @@ fn final_params(cluster: &Cluster, job: u64) -> HashMap<String, Tensor> {
     all
 }
 
-fn reference(spec: &JobSpec) -> (Vec<f64>, HashMap<String, Tensor>) {
+fn reference(spec: &JobSpec) -> Reference {
     let device = Device::Cpu;
     let corpus = corpus_of(spec).unwrap();
     let sampler = sampler_of(spec);
@@ -598,7 +598,7 @@ fn assert_exact(
     cluster: &Cluster,
     job: u64,
     losses: &BTreeMap<u64, f64>,
-    (ref_losses, ref_params): &(Vec<f64>, HashMap<String, Tensor>),
+    (ref_losses, ref_params): &Reference,
 ) -> (f64, f64) {
     assert_eq!(losses.len(), ref_losses.len(), "{losses:?}");
     let loss_diff = losses
@@ -622,24 +622,54 @@ fn replans_counted(cluster: &Cluster, reason: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {key} in {text}"))
 }
 
+/// The single-device reference of a spec: every step's loss and the final parameters.
+type Reference = (Vec<f64>, HashMap<String, Tensor>);
+
+/// Three worker processes running `schedule` for `steps` steps with checkpoints every
+/// `interval`, submitted and seen running past step `past`: the directory, cluster, spec,
+/// its reference and the job id.
+fn running_checkpointed(
+    name: &str,
+    schedule: &str,
+    steps: u32,
+    interval: u32,
+    past: u64,
+) -> (PathBuf, Cluster, JobSpec, Reference, u64) {
+    let dir = tempdir(name);
+    let cluster = start(&dir, 3);
+    let mut spec = spec(3, schedule, steps);
+    spec.job.name = name.into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = interval;
+    let reference = reference(&spec);
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= past
+    });
+    (dir, cluster, spec, reference, job)
+}
+
+/// Files in the job's `final/` directory (one per worker of the last run).
+fn finals(cluster: &Cluster, job: u64) -> usize {
+    std::fs::read_dir(
+        cluster
+            .data
+            .join("checkpoints")
+            .join(format!("job-{job}"))
+            .join("final"),
+    )
+    .unwrap()
+    .count()
+}
+
 /// A worker process killed mid-job: the coordinator re-plans onto the survivors, which
 /// resume from the last complete checkpoint (written by another partition), and training
 /// ends exactly where it would have without the loss.
 #[test]
 fn a_lost_worker_is_replanned_onto_the_survivors() {
     const LONG: u32 = 40;
-    let dir = tempdir("replan");
-    let mut cluster = start(&dir, 3);
-    let mut spec = spec(3, "v-half", LONG);
-    spec.job.name = "replan".into();
-    spec.checkpoint.enable_checkpoint = true;
-    spec.checkpoint.interval = 3;
-    let reference = reference(&spec);
-
-    let job = submit(&cluster, &write_spec(&dir, &spec));
-    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
-        s == "running" && step >= 5
-    });
+    let (_dir, mut cluster, _, reference, job) =
+        running_checkpointed("replan", "v-half", LONG, 3, 5);
     // Worker w2 (the third process after the coordinator) dies without a word.
     cluster.children[3].kill().unwrap();
     let (_, killed_at, _) = status(&cluster, job);
@@ -687,16 +717,7 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
          max |Δparam| {param_diff:.2e}"
     );
     // Written by the two survivors only (the abandoned run's directories were cleared).
-    let finals = std::fs::read_dir(
-        cluster
-            .data
-            .join("checkpoints")
-            .join(format!("job-{job}"))
-            .join("final"),
-    )
-    .unwrap()
-    .count();
-    assert_eq!(finals, 2);
+    assert_eq!(finals(&cluster, job), 2);
     assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
 }
 
@@ -706,18 +727,7 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
 #[test]
 fn a_replanned_job_grows_back_when_a_worker_joins() {
     const LONG: u32 = 120;
-    let dir = tempdir("grow");
-    let mut cluster = start(&dir, 3);
-    let mut spec = spec(3, "1f1b", LONG);
-    spec.job.name = "grow".into();
-    spec.checkpoint.enable_checkpoint = true;
-    spec.checkpoint.interval = 5;
-    let reference = reference(&spec);
-
-    let job = submit(&cluster, &write_spec(&dir, &spec));
-    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
-        s == "running" && step >= 3
-    });
+    let (dir, mut cluster, _, reference, job) = running_checkpointed("grow", "1f1b", LONG, 5, 3);
     cluster.children[3].kill().unwrap();
     // The job goes on with two workers; then a new one joins.
     let started = Instant::now();
@@ -763,16 +773,7 @@ fn a_replanned_job_grows_back_when_a_worker_joins() {
          {param_diff:.2e}"
     );
     // The last run is on three workers, the new one among them.
-    let finals = std::fs::read_dir(
-        cluster
-            .data
-            .join("checkpoints")
-            .join(format!("job-{job}"))
-            .join("final"),
-    )
-    .unwrap()
-    .count();
-    assert_eq!(finals, 3);
+    assert_eq!(finals(&cluster, job), 3);
     assert_eq!(replans_counted(&cluster, "worker_joined"), 1.0);
 }
 
