@@ -327,7 +327,8 @@ fn with_comm(fraction: f64) -> Times {
 /// when its input arrives or right after a pass of its worker (one microbatch per period:
 /// nothing below 49.5; two per period: nothing at 48.0) found no better. Without those
 /// restrictions, CP-SAT proves (`v_comm_cpsat.py periodic`) that no schedule repeating every
-/// microbatch runs below 49.12 per microbatch and none repeating every two reaches 48.09. The finite n make it
+/// microbatch runs below 49.12 per microbatch, none repeating every two reaches 48.09, and
+/// none repeating every three reaches 47.4 or 47.7 (what n = 64 and 128 need). The finite n make it
 /// harder still: a microbatch's span is ≥ 812.6, so a periodic schedule takes
 /// ≥ (n − 1)·P + 812.6, which reaches 1F1B's 2259.4 at n = 32 only if P ≤ 46.67. An exact
 /// solver shows that V schedules can still win at n = 32 (`docs/experiments/v_comm_cpsat.py`,
