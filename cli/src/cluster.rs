@@ -104,7 +104,7 @@ pub(crate) fn parse_device(text: &str) -> std::result::Result<DeviceArg, String>
 
 impl DeviceArg {
     /// The candle device (opens the GPU).
-    fn open(self) -> Result<candle_core::Device> {
+    pub(crate) fn open(self) -> Result<candle_core::Device> {
         match self {
             DeviceArg::Cpu => Ok(candle_core::Device::Cpu),
             DeviceArg::Cuda(n) => candle_core::Device::new_cuda(n)

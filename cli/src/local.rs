@@ -125,6 +125,11 @@ pub(crate) struct LocalArgs {
     /// Log format on standard error (logs are `warn` and up unless `RUST_LOG` says more).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
+    /// Where every worker's stages run: `cpu`, or `cuda` / `cuda:N` (all workers share
+    /// that GPU; needs a pipewise built with `--features cuda`, see docs/cuda.md).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu",
+          value_parser = crate::cluster::parse_device)]
+    pub(crate) device: crate::cluster::DeviceArg,
 }
 
 /// One step of `summary.json`.
@@ -235,10 +240,13 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot start the coordinator")?;
     let url = format!("http://{}", coordinator.addr);
+    let device = args.device.open()?;
     let mut nodes = Vec::new();
     let mut failure = None;
     for w in 0..spec.parallelism.pipeline_parallel_degree {
-        match WorkerNode::start(NodeConfig::new(url.clone(), format!("local-{w}"))).await {
+        let mut config = NodeConfig::new(url.clone(), format!("local-{w}"));
+        config.device = device.clone();
+        match WorkerNode::start(config).await {
             Ok(node) => nodes.push(node),
             Err(e) => {
                 failure = Some(anyhow::anyhow!("{e}").context(format!("cannot start worker {w}")));

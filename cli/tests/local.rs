@@ -129,6 +129,19 @@ fn bad_local_jobs_are_refused_with_the_field() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("global_batch_size"), "{err}");
+    // CUDA in a binary built without it: refused at start, with the way to get it.
+    if !cfg!(feature = "cuda") {
+        let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+            .args(["local", "--device", "cuda", "--steps", "1"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("built without CUDA") && err.contains("--features cuda"),
+            "{err}"
+        );
+    }
 }
 
 fn tempfile_dir(tag: &str) -> std::path::PathBuf {
