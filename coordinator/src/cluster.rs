@@ -380,13 +380,22 @@ impl JobRunner for ClusterRunner {
 }
 
 /// The job's own layer split for `plan`'s stages (torchtitan's first / last stage less
-/// layers; empty: the even split of the pieces).
+/// layers; empty: the even split of the pieces), as [`replan`] checked it for a plan on
+/// another worker count.
 fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
+    let d = plan.schedule.num_workers();
+    let respecced;
+    let spec = if d == spec.parallelism.pipeline_parallel_degree {
+        spec
+    } else {
+        respecced = respec(spec, d);
+        &respecced
+    };
     let p = &spec.parallelism;
     match p.stage_pieces(spec.model.layers, plan.schedule.placement.stages()) {
         Ok(split) => split.unwrap_or_default(),
         Err(e) => {
-            // Only after a re-plan to another stage count, which `replan` checked.
+            // Every plan here came from a spec validated with the same split.
             tracing::warn!("the job's layer split does not apply, split evenly: {e}");
             Vec::new()
         }
@@ -402,18 +411,23 @@ fn resumed_from(step: u64) -> String {
     }
 }
 
-/// `spec` planned for `d` workers: its degree set to `d` and its memory limit (in units of
-/// `1/degree` of the model) scaled to the same bytes.
+/// `spec` planned for `d` workers (see [`respec`]).
 fn replan(spec: &JobSpec, d: u32) -> pipewise_common::Result<JobPlan> {
+    respec(spec, d).validate()
+}
+
+/// `spec` for `d` workers: its degree set to `d`, its memory limit (in units of
+/// `1/degree` of the model) scaled to the same bytes, and no blocks per stage (that pins
+/// the stage count, which changes with the workers).
+fn respec(spec: &JobSpec, d: u32) -> JobSpec {
     let mut spec = spec.clone();
     let p = &mut spec.parallelism;
     p.memory_limit = p
         .memory_limit
         .map(|l| l * f64::from(d) / f64::from(p.pipeline_parallel_degree.max(1)));
     p.pipeline_parallel_degree = d;
-    // Blocks per stage pins the stage count, which a re-plan changes.
     p.pipeline_parallel_layers_per_stage = None;
-    spec.validate()
+    spec
 }
 
 /// The step a run that started at `first_step` and completed every step before `through`
@@ -1119,5 +1133,21 @@ mod tests {
         assert_ne!(plan.schedule, on_two(3.0));
         assert_ne!(run_id(7, 1), 7);
         assert_eq!(run_id(7, 0), 7);
+    }
+
+    /// torchtitan's first / last stage less layers survive a re-plan onto other workers,
+    /// blocks per stage (which pins the stage count) included in the spec or not.
+    #[test]
+    fn the_layer_split_survives_a_replan() {
+        let mut spec = example(4, "1f1b");
+        spec.model.layers = 10;
+        spec.parallelism.pipeline_parallel_first_stage_less_layers = 2;
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(3);
+        let plan = spec.validate().unwrap();
+        // 10 blocks + 2 slots, 3 per stage: the first holds 1 block and the embedding.
+        assert_eq!(spec_split(&spec, &plan), vec![2, 3, 3, 4]);
+        let on_two = replan(&spec, 2).unwrap();
+        // 12 slots, 6 per stage.
+        assert_eq!(spec_split(&spec, &on_two), vec![5, 7]);
     }
 }
