@@ -401,9 +401,7 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         }
     }
     assert!(malformed >= 30, "{malformed} of 40 refused for their data");
-    let line = wait_until(&cluster, job, Duration::from_secs(60), |s, _| {
-        s != "running"
-    });
+    let line = ended(&cluster, job, Duration::from_secs(60));
     assert!(line.contains("failed"), "{line}");
     assert!(
         line.contains("TensorFrame.data"),
@@ -434,9 +432,7 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let line = wait_until(&cluster, job, Duration::from_secs(60), |s, _| {
-        s != "running"
-    });
+    let line = ended(&cluster, job, Duration::from_secs(60));
     assert!(line.contains("cancelled"), "{line}");
     eprintln!("cancel: {line}");
 
@@ -612,6 +608,11 @@ fn assert_exact(
     (loss_diff, param_diff)
 }
 
+/// Waits until the job is no longer running; its status line.
+fn ended(cluster: &Cluster, job: u64, limit: Duration) -> String {
+    wait_until(cluster, job, limit, |s, _| s != "running")
+}
+
 /// `pipewise_replans_total{reason=…}` on the coordinator's metrics.
 fn replans_counted(cluster: &Cluster, reason: &str) -> f64 {
     let (_, text) = common::http_get(cluster.metrics[0], "/metrics").unwrap();
@@ -677,9 +678,7 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
         killed_at + 5 < u64::from(LONG),
         "the job ran too fast to lose a worker mid-way ({killed_at} steps)"
     );
-    let line = wait_until(&cluster, job, Duration::from_secs(120), |s, _| {
-        s != "running"
-    });
+    let line = ended(&cluster, job, Duration::from_secs(120));
     assert!(line.contains("succeeded"), "{line}");
 
     // The job's whole history: the re-plan, then the steps again from the checkpoint. (A
@@ -744,9 +743,7 @@ fn a_replanned_job_grows_back_when_a_worker_joins() {
         joined_at + 20 < u64::from(LONG),
         "the job ran too fast to grow mid-way ({joined_at} steps)"
     );
-    let line = wait_until(&cluster, job, Duration::from_secs(180), |s, _| {
-        s != "running"
-    });
+    let line = ended(&cluster, job, Duration::from_secs(180));
     assert!(line.contains("succeeded"), "{line}");
 
     let stdout = history(&cluster, job);

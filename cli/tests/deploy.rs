@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde::Deserialize as _;
 use serde_norway::Value;
 
 fn root() -> PathBuf {
@@ -47,8 +48,6 @@ fn render(helm: &Path, args: &[&str]) -> Vec<Value> {
         .filter(|v| !v.is_null())
         .collect()
 }
-
-use serde::Deserialize as _;
 
 /// The one document of `kind` (and `name`, when given).
 fn find<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {

@@ -8,6 +8,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+
 fn local(dir: &Path, workers: &str, schedule: &str, steps: &str) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
         .args([
@@ -99,44 +101,29 @@ fn same_result_for_any_worker_count_and_schedule() {
 
 #[test]
 fn bad_local_jobs_are_refused_with_the_field() {
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
-        .args([
-            "local",
-            "--workers",
-            "4",
-            "--schedule",
-            "nope",
-            "--steps",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::fails(&[
+        "local",
+        "--workers",
+        "4",
+        "--schedule",
+        "nope",
+        "--steps",
+        "1",
+    ]);
     assert!(err.contains("pipeline_parallel_schedule"), "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
-        .args([
-            "local",
-            "--workers",
-            "4",
-            "--global-batch",
-            "6",
-            "--microbatch-size",
-            "4",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::fails(&[
+        "local",
+        "--workers",
+        "4",
+        "--global-batch",
+        "6",
+        "--microbatch-size",
+        "4",
+    ]);
     assert!(err.contains("global_batch_size"), "{err}");
     // CUDA in a binary built without it: refused at start, with the way to get it.
     if !cfg!(feature = "cuda") {
-        let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
-            .args(["local", "--device", "cuda", "--steps", "1"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = common::fails(&["local", "--device", "cuda", "--steps", "1"]);
         assert!(
             err.contains("built without CUDA") && err.contains("--features cuda"),
             "{err}"
