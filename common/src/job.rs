@@ -229,7 +229,7 @@ impl Parallelism {
         pieces[end] += 1;
         if let Some(i) = pieces.iter().position(|p| *p == 0) {
             return Err(invalid(
-                "parallelism.pipeline_parallel_first_stage_less_layers",
+                "model.layers",
                 format!(
                     "stage {i} would hold no layer ({layers} layers, {s} stages, {first} and \
                      {last} fewer on the first and last)"
@@ -807,6 +807,7 @@ mod tests {
         p.pipeline_parallel_first_stage_less_layers = 1;
         let err = p.stage_pieces(1, 4).unwrap_err().to_string();
         assert!(err.contains("no layer") || err.contains("too few"), "{err}");
+        assert!(err.contains("model.layers"), "{err}");
         // Checked when the job is validated, with the field named.
         let mut spec = example(2, "1f1b");
         spec.parallelism.pipeline_parallel_layers_per_stage = Some(3);
