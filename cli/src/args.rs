@@ -326,7 +326,8 @@ pub(crate) fn parse_memory_limit(text: &str) -> std::result::Result<MemoryLimit,
     let t = text.trim();
     Ok(if let Some(x) = t.strip_suffix(['x', 'X']) {
         MemoryLimit::Times1F1B(positive(x, "memory limit")?)
-    } else if t.ends_with(['b', 'B']) {
+    } else if t.ends_with(|c: char| c.is_ascii_alphabetic()) && !t.ends_with(['e', 'E']) {
+        // A unit (24GB, 24GiB, or Kubernetes' 24Gi): bytes.
         MemoryLimit::Bytes(parse_bytes(t)?)
     } else {
         MemoryLimit::Units(positive(t, "memory limit")?)
@@ -648,8 +649,15 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
             "{text:?} is not a number of bytes (e.g. 3.5e8, 512MiB)"
         ));
     }
-    // Kubernetes' quantity suffixes (K, M, G, T and Ki, Mi, Gi, Ti) mean the same, so a
-    // chart value such as 80Gi reads as it does in a pod's resources.
+    // Kubernetes' quantity suffixes (k, M, G, T and Ki, Mi, Gi, Ti) mean the same, so a
+    // chart value such as 80Gi reads as it does in a pod's resources. A lone lower-case `m`
+    // is Kubernetes' milli (512m is half a byte there), not mega: refused, not guessed.
+    if unit.trim() == "m" {
+        return Err(format!(
+            "{text:?}: a lone \"m\" is Kubernetes' milli, not mega; write {digits}M, \
+             {digits}MB or {digits}Mi"
+        ));
+    }
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" | "k" => 1e3,
@@ -761,6 +769,10 @@ mod tests {
         assert_eq!(parse_bytes("512Mi"), Ok(512.0 * 1024.0 * 1024.0));
         assert_eq!(parse_bytes("8G"), Ok(8e9));
         assert!(parse_bytes("8Gx").is_err_and(|e| e.contains("Gi")));
+        // Kubernetes' m is milli: refused with the spellings that mean mega.
+        assert!(parse_bytes("512m").is_err_and(|e| e.contains("milli") && e.contains("512Mi")));
+        assert_eq!(parse_bytes("512M"), Ok(512e6));
+        assert_eq!(parse_bytes("512mb"), Ok(512e6));
     }
 
     #[test]
@@ -773,6 +785,19 @@ mod tests {
             );
         }
         assert_eq!(parse_memory_limit("0.5x"), Ok(MemoryLimit::Times1F1B(0.5)));
+        // Any byte unit, Kubernetes' included, makes the limit a byte count.
+        let gib = 1024.0f64.powi(3);
+        assert_eq!(
+            parse_memory_limit("24Gi"),
+            Ok(MemoryLimit::Bytes(24.0 * gib))
+        );
+        assert_eq!(
+            parse_memory_limit("24GiB"),
+            Ok(MemoryLimit::Bytes(24.0 * gib))
+        );
+        assert_eq!(parse_memory_limit("6.5"), Ok(MemoryLimit::Units(6.5)));
+        assert!(parse_memory_limit("2e").is_err());
+        assert!(parse_memory_limit("24parsecs").is_err_and(|e| e.contains("unknown unit")));
         // Finite as typed, infinite once converted: named, not passed on.
         let e = MemoryLimit::Times1F1B(1e308)
             .units(|| Ok(16.0), None)

@@ -96,6 +96,31 @@ fn container(workload: &Value) -> &Value {
     &workload["spec"]["template"]["spec"]["containers"][0]
 }
 
+/// The tag each `docker build -f DOCKERFILE ... -t TAG` command of `text` (one a line) gives,
+/// with its Dockerfile.
+fn built_tags(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let words: Vec<String> = line.split_whitespace().map(String::from).collect();
+            let at = words
+                .windows(3)
+                .position(|w| w == ["docker", "build", "-f"])?;
+            let words = &words[at..];
+            let tag = arg(words, "-t").unwrap_or_else(|| panic!("no -t in {line:?}"));
+            Some((arg(words, "-f").unwrap().to_string(), tag.to_string()))
+        })
+        .collect()
+}
+
+/// The image and pull policy of a workload's container.
+fn image(workload: &Value) -> (&str, &str) {
+    let c = container(workload);
+    (
+        c["image"].as_str().unwrap(),
+        c["imagePullPolicy"].as_str().unwrap(),
+    )
+}
+
 #[test]
 fn the_chart_renders_a_cluster() {
     let Some(helm) = helm() else { return };
@@ -235,6 +260,129 @@ fn the_chart_follows_its_values() {
     );
 }
 
+/// The CUDA build cannot start without the driver's libcuda.so.1, which only pods given a GPU
+/// have: the coordinator and the submit hook Job run the CPU image (deploy/Dockerfile), GPU
+/// workers the CUDA one (deploy/Dockerfile.cuda), and by default these are exactly the tags
+/// the documented build commands give.
+#[test]
+fn only_gpu_workers_run_the_cuda_image() {
+    let Some(helm) = helm() else { return };
+    let job = format!("job={}", root().join("deploy/job.toml").display());
+
+    // The build commands at the top of each Dockerfile and in the README.
+    let mut documented = Vec::new();
+    for file in ["deploy/Dockerfile", "deploy/Dockerfile.cuda", "README.md"] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        documented.extend(built_tags(&text));
+    }
+    let tag_of = |dockerfile: &str| -> String {
+        let tags: BTreeSet<&str> = documented
+            .iter()
+            .filter(|(f, _)| f == dockerfile)
+            .map(|(_, t)| t.as_str())
+            .collect();
+        assert_eq!(
+            tags.len(),
+            1,
+            "{dockerfile} is documented with tags {tags:?}"
+        );
+        tags.first().unwrap().to_string()
+    };
+    let cpu = tag_of("deploy/Dockerfile");
+    let cuda = tag_of("deploy/Dockerfile.cuda");
+    assert_eq!(cuda, format!("{cpu}-cuda"));
+
+    let docs = render(&helm, &["--set-file", &job]);
+    let coordinator = find(&docs, "Deployment", None);
+    let submit = find(&docs, "Job", None);
+    let workers = find(&docs, "StatefulSet", None);
+    assert_eq!(image(coordinator), (cpu.as_str(), "IfNotPresent"));
+    assert_eq!(image(submit), (cpu.as_str(), "IfNotPresent"));
+    assert_eq!(image(workers), (cuda.as_str(), "IfNotPresent"));
+    assert!(
+        container(coordinator)["resources"].is_null() && container(submit)["resources"].is_null(),
+        "a pod that runs the CPU image asks for no GPU"
+    );
+    assert_eq!(
+        container(workers)["resources"]["limits"]["nvidia.com/gpu"],
+        1
+    );
+
+    // CPU workers run the CPU image.
+    let docs = render(
+        &helm,
+        &["--set", "workers.gpu.enabled=false", "--set-file", &job],
+    );
+    for workload in [
+        find(&docs, "Deployment", None),
+        find(&docs, "Job", None),
+        find(&docs, "StatefulSet", None),
+    ] {
+        assert_eq!(image(workload), (cpu.as_str(), "IfNotPresent"));
+    }
+
+    // One repository and tag for both: the CUDA image follows with "-cuda"; a tag that reads
+    // as a number is given as a string.
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "image.repository=registry.example/pipewise,image.pullPolicy=Always",
+            "--set-string",
+            "image.tag=2",
+            "--set-file",
+            &job,
+        ],
+    );
+    assert_eq!(
+        image(find(&docs, "Deployment", None)),
+        ("registry.example/pipewise:2", "Always")
+    );
+    assert_eq!(
+        image(find(&docs, "Job", None)),
+        ("registry.example/pipewise:2", "Always")
+    );
+    assert_eq!(
+        image(find(&docs, "StatefulSet", None)),
+        ("registry.example/pipewise:2-cuda", "Always")
+    );
+
+    // Or a CUDA image of its own, which the CPU pods never take.
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "workers.gpu.image.repository=registry.example/pipewise-gpu,\
+             workers.gpu.image.tag=v7,workers.gpu.image.pullPolicy=Always",
+            "--set-file",
+            &job,
+        ],
+    );
+    assert_eq!(
+        image(find(&docs, "StatefulSet", None)),
+        ("registry.example/pipewise-gpu:v7", "Always")
+    );
+    assert_eq!(
+        image(find(&docs, "Deployment", None)),
+        (cpu.as_str(), "IfNotPresent")
+    );
+    assert_eq!(
+        image(find(&docs, "Job", None)),
+        (cpu.as_str(), "IfNotPresent")
+    );
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "workers.gpu.enabled=false,workers.gpu.image.tag=v7",
+        ],
+    );
+    assert_eq!(
+        image(find(&docs, "StatefulSet", None)),
+        (cpu.as_str(), "IfNotPresent")
+    );
+}
+
 /// Bad values are refused by the chart's schema, naming the field, before anything renders.
 #[test]
 fn the_chart_refuses_bad_values() {
@@ -243,6 +391,28 @@ fn the_chart_refuses_bad_values() {
         ("workers.replicas=0", "workers.replicas"),
         ("logFormat=xml", "logFormat"),
         ("workers.memoryBytes=lots", "workers.memoryBytes"),
+        // Not a number as `pipewise worker --memory-bytes` reads one.
+        ("workers.memoryBytes=e", "workers.memoryBytes"),
+        ("workers.memoryBytes=+", "workers.memoryBytes"),
+        ("workers.memoryBytes=Gi", "workers.memoryBytes"),
+        ("workers.memoryBytes=.", "workers.memoryBytes"),
+        ("workers.memoryBytes=1e", "workers.memoryBytes"),
+        ("workers.memoryBytes=5eB", "workers.memoryBytes"),
+        ("workers.memoryBytes=8-GiB", "workers.memoryBytes"),
+        ("workers.memoryBytes=80GiBs", "workers.memoryBytes"),
+        // Kubernetes' m is milli, refused by the CLI too.
+        ("workers.memoryBytes=512m", "workers.memoryBytes"),
+        ("workers.memoryBytes=0GiB", "workers.memoryBytes"),
+        ("workers.memoryBytes=0", "workers.memoryBytes"),
+        // `--set` reads 2 as a number: a tag is given with `--set-string`.
+        ("image.tag=2", "image.tag"),
+        ("image.tag=a:b", "image.tag"),
+        ("image.tags=x", "tags"),
+        (
+            "workers.gpu.image.pullPolicy=Sometimes",
+            "workers.gpu.image.pullPolicy",
+        ),
+        ("workers.gpu.image.tag=2", "workers.gpu.image.tag"),
         ("coordinator.port=70000", "coordinator.port"),
         ("storage.accessModes={Sometimes}", "storage.accessModes"),
     ] {
@@ -260,6 +430,12 @@ fn the_chart_refuses_bad_values() {
     for ok in [
         "workers.memoryBytes=80000000000",
         "workers.memoryBytes=24GiB",
+        "workers.memoryBytes=80Gi",
+        "workers.memoryBytes=1.5e9",
+        "workers.memoryBytes=+2.5E3 kib",
+        "workers.memoryBytes=.5T",
+        "workers.memoryBytes=512mb",
+        "workers.memoryBytes=512Mi",
     ] {
         let docs = render(&helm, &["--set", ok]);
         let args = strings(&container(find(&docs, "StatefulSet", None))["args"]);

@@ -16,8 +16,30 @@
 http://{{ include "pipewise.coordinator" . }}:{{ .Values.coordinator.port }}
 {{- end -}}
 
+{{/* The CPU image (deploy/Dockerfile): the coordinator, the submit hook Job, CPU workers. */}}
 {{- define "pipewise.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/*
+The workers' image: with workers.gpu.enabled the CUDA image (deploy/Dockerfile.cuda), whose
+empty fields follow `image` (tag: image.tag or appVersion, with "-cuda"); else the CPU image.
+*/}}
+{{- define "pipewise.workerImage" -}}
+{{- if .Values.workers.gpu.enabled -}}
+{{- $cuda := .Values.workers.gpu.image | default dict -}}
+{{ $cuda.repository | default .Values.image.repository }}:{{ $cuda.tag | default (printf "%s-cuda" (.Values.image.tag | default .Chart.AppVersion)) }}
+{{- else -}}
+{{ include "pipewise.image" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "pipewise.workerPullPolicy" -}}
+{{- if .Values.workers.gpu.enabled -}}
+{{ (.Values.workers.gpu.image | default dict).pullPolicy | default .Values.image.pullPolicy }}
+{{- else -}}
+{{ .Values.image.pullPolicy }}
+{{- end -}}
 {{- end -}}
 
 {{- define "pipewise.labels" -}}
