@@ -755,7 +755,7 @@ fn a_replanned_job_grows_back_when_a_worker_joins() {
     let grew = replans(&stdout, "joined");
     assert_eq!(grew.len(), 1, "{stdout}");
     assert!(
-        grew[0].contains("1 worker(s) joined; grew onto 3 workers (1f1b, 3 stages)"),
+        grew[0].contains("workers joined (3 live); grew from 2 onto 3 workers (1f1b, 3 stages)"),
         "{}",
         grew[0]
     );

@@ -169,9 +169,9 @@ pub struct Parallelism {
     /// The last stage holds this many fewer blocks (it also holds the output head).
     #[serde(default)]
     pub pipeline_parallel_last_stage_less_layers: u32,
-    /// Blocks per stage, counting the first and last stages' fewer blocks as held: must
-    /// agree with the schedule's stage count (`(layers + first less + last less) /
-    /// stages`).
+    /// Blocks per stage, counting the first and last stages' fewer blocks as held: as in
+    /// torchtitan, `⌈(layers + first less + last less) / layers per stage⌉` must be the
+    /// schedule's stage count (the slots are then split as evenly as possible).
     #[serde(default)]
     pub pipeline_parallel_layers_per_stage: Option<u32>,
 }
@@ -193,13 +193,19 @@ impl Parallelism {
         let slots = u64::from(layers) + u64::from(first) + u64::from(last);
         let s = u64::from(stages.max(1));
         if let Some(per) = self.pipeline_parallel_layers_per_stage
-            && u64::from(per) * s != slots
+            && (per == 0 || slots.div_ceil(u64::from(per)) != s)
         {
+            let made = if per == 0 {
+                "no stage".to_string()
+            } else {
+                format!("{} stages", slots.div_ceil(u64::from(per)))
+            };
             return Err(invalid(
                 "parallelism.pipeline_parallel_layers_per_stage",
                 format!(
-                    "{per} blocks per stage × {s} stages is not {slots} ({layers} layers + \
-                     {first} + {last} fewer on the first and last stages)"
+                    "{per} blocks per stage make {made} of {slots} block slots ({layers} \
+                     layers + {first} + {last} fewer on the first and last stages), the \
+                     schedule has {s}"
                 ),
             ));
         }
@@ -457,14 +463,14 @@ pub fn checkpoint_step(name: &str) -> Option<u64> {
 
 impl JobPlan {
     /// The peak activation bytes each worker is predicted to hold in a step: its program
-    /// replayed in order over the stages of `spec.model` cut evenly
-    /// ([`ModelSpec::even_split`]), each `F` adding the stage's stash after forward, `B`
+    /// replayed in order over the stages of `spec.model` cut as the job cuts them
+    /// ([`JobSpec::stage_ranges`]), each `F` adding the stage's stash after forward, `B`
     /// trading it for the stash after the input gradient, `W` (and `BW`) freeing it, the
     /// peak taken at pass boundaries with [`ModelSpec::piece_activation_bytes`]'s figures.
     pub fn predicted_peak_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
         use crate::pass::PassKind;
         let placement = &self.schedule.placement;
-        let ranges = spec.model.even_split(placement.stages() as usize)?;
+        let ranges = spec.stage_ranges(placement.stages())?;
         let b = spec.parallelism.pipeline_parallel_microbatch_size;
         let per_stage: Vec<_> = ranges
             .into_iter()
@@ -497,6 +503,16 @@ impl JobPlan {
 }
 
 impl JobSpec {
+    /// The model's pieces (embedding, blocks, head) of each of `stages` stages: the job's
+    /// layer split ([`Parallelism::stage_pieces`]) or, without one, the even split
+    /// ([`ModelSpec::even_split`]).
+    pub fn stage_ranges(&self, stages: u32) -> Result<Vec<std::ops::Range<usize>>> {
+        match self.parallelism.stage_pieces(self.model.layers, stages)? {
+            Some(counts) => self.model.split_by_counts(&counts),
+            None => self.model.even_split(stages as usize),
+        }
+    }
+
     /// Parses TOML; a syntax error or an unknown field is an `InvalidArgument` on `toml`
     /// whose reason names the line and the key.
     pub fn from_toml(text: &str) -> Result<JobSpec> {
@@ -791,10 +807,18 @@ mod tests {
             p.stage_pieces(32, 4).unwrap().unwrap().iter().sum::<u32>(),
             32 + 2
         );
-        // Layers per stage must agree with the stage count.
+        // Layers per stage must give the stage count: ⌈34 / 8⌉ = 5 stages, not 4.
         p.pipeline_parallel_layers_per_stage = Some(8);
         let err = p.stage_pieces(32, 4).unwrap_err().to_string();
         assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
+        assert!(err.contains("5 stages") && err.contains("has 4"), "{err}");
+        // torchtitan rounds up: 9 per stage gives ⌈34 / 9⌉ = 4 stages, split 9, 9, 8, 8.
+        p.pipeline_parallel_layers_per_stage = Some(9);
+        assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 9, 8, 8]));
+        p.pipeline_parallel_layers_per_stage = Some(0);
+        let err = p.stage_pieces(32, 4).unwrap_err().to_string();
+        assert!(err.contains("no stage"), "{err}");
+        p.pipeline_parallel_layers_per_stage = Some(8);
         p.pipeline_parallel_first_stage_less_layers = 0;
         p.pipeline_parallel_last_stage_less_layers = 0;
         assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 8, 8, 9]));
@@ -813,6 +837,53 @@ mod tests {
         spec.parallelism.pipeline_parallel_layers_per_stage = Some(3);
         let err = spec.validate().unwrap_err().to_string();
         assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
+    }
+
+    /// The shipped example job validates, and so does its commented layer split.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn the_example_job_file_validates_with_its_layer_split() {
+        let text = include_str!("../../deploy/job.toml");
+        let spec = JobSpec::from_toml(text).unwrap();
+        spec.validate().unwrap();
+        let uncommented = text.replace("# pipeline_parallel_", "pipeline_parallel_");
+        assert_ne!(uncommented, text);
+        let split = JobSpec::from_toml(&uncommented).unwrap();
+        assert_eq!(
+            split.parallelism.pipeline_parallel_layers_per_stage,
+            Some(2)
+        );
+        let plan = split.validate().unwrap();
+        let stages = plan.schedule.placement.stages();
+        let ranges = split.stage_ranges(stages).unwrap();
+        let held: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+        // 16 block slots in 8 stages of 2; one fewer block on each end, which also holds
+        // the embedding or the head.
+        assert_eq!(held, vec![2; 8]);
+    }
+
+    /// Predicted activation peaks follow the job's layer split, not the even one.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn predicted_peaks_follow_the_layer_split() {
+        let mut spec = example(2, "1f1b");
+        spec.model.layers = 8;
+        let even = spec
+            .validate()
+            .unwrap()
+            .predicted_peak_bytes(&spec)
+            .unwrap();
+        spec.parallelism.pipeline_parallel_first_stage_less_layers = 2;
+        let ranges = spec.stage_ranges(2).unwrap();
+        assert_eq!(ranges, vec![0..4, 4..10]);
+        let split = spec
+            .validate()
+            .unwrap()
+            .predicted_peak_bytes(&spec)
+            .unwrap();
+        // Fewer blocks on worker 0, more on worker 1.
+        assert!(split[0] < even[0], "{split:?} against {even:?}");
+        assert!(split[1] > even[1], "{split:?} against {even:?}");
     }
 
     fn field_of(spec: &JobSpec) -> &'static str {

@@ -159,6 +159,31 @@ impl ModelSpec {
         Ok(ranges)
     }
 
+    /// The model's pieces cut into contiguous ranges of `counts[s]` pieces each (a stage
+    /// per count): every count positive, adding up to the model's pieces.
+    pub fn split_by_counts(&self, counts: &[u32]) -> Result<Vec<std::ops::Range<usize>>> {
+        let total = self.layers as usize + 2;
+        let sum: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        if counts.is_empty() || counts.contains(&0) || sum != total as u64 {
+            return Err(Error::InvalidArgument {
+                field: "stage_pieces",
+                reason: format!(
+                    "{counts:?}: need a positive count per stage adding up to the model's \
+                     {total} pieces"
+                ),
+            });
+        }
+        let mut start = 0;
+        Ok(counts
+            .iter()
+            .map(|&c| {
+                let r = start..start + c as usize;
+                start = r.end;
+                r
+            })
+            .collect())
+    }
+
     /// Rejects zero sizes and a hidden size the heads do not divide.
     pub fn validate(&self) -> Result<()> {
         let fields: [(&'static str, u32); 5] = [
@@ -323,6 +348,28 @@ mod tests {
             layers: 3,
             seq_len: 32,
             dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn split_by_counts_cuts_contiguous_ranges() {
+        // 3 blocks + embedding + head = 5 pieces.
+        assert_eq!(spec().split_by_counts(&[2, 3]), Ok(vec![0..2, 2..5]));
+        assert_eq!(
+            spec().split_by_counts(&[1, 1, 1, 2]),
+            Ok(vec![0..1, 1..2, 2..3, 3..5])
+        );
+        for bad in [&[][..], &[5, 0], &[2, 2], &[3, 3]] {
+            assert!(
+                matches!(
+                    spec().split_by_counts(bad),
+                    Err(Error::InvalidArgument {
+                        field: "stage_pieces",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
         }
     }
 

@@ -50,7 +50,8 @@
 //! under the job's planning times) whose predicted bytes fit every worker that registered
 //! a size and are lower on the overflowing one (`pipewise_replans_total{reason=
 //! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`] plus the
-//! parameters of the even split.
+//! parameters, gradients and AdamW moments of the job's layer split; later losses and
+//! growths re-plan the schedule the move chose.
 //!
 //! **Growing back.** A run on fewer workers than the job's degree (after a loss) of a job
 //! with checkpoints is checked once a second: when more streaming workers are live than
@@ -274,8 +275,11 @@ impl JobRunner for ClusterRunner {
         std::fs::create_dir_all(&output)
             .map_err(|e| format!("cannot create {}: {e}", output.display()))?;
         let mut plan = plan.clone();
+        // The spec the runs follow: the job's, with the schedule a memory-pressure move
+        // chose (a later loss or growth re-plans that schedule, not the one that overflowed).
+        let mut current = spec.clone();
         let mut first_step = 0;
-        let mut stage_pieces = spec_split(spec, &plan);
+        let mut stage_pieces = spec_split(&current, &plan);
         let mut replanned: Option<(String, std::sync::Arc<Schedule>)> = None;
         for replans in 0.. {
             let d = plan.schedule.num_workers();
@@ -298,7 +302,7 @@ impl JobRunner for ClusterRunner {
                 reports: &rx,
                 stage_pieces: &stage_pieces,
                 watch: straggle.as_ref(),
-                spec,
+                spec: &current,
                 plan: &plan,
                 may_move: replans < MAX_REPLANS,
             };
@@ -333,9 +337,17 @@ impl JobRunner for ClusterRunner {
                     crate::metrics::record_replan(to.metric());
                     match to {
                         Move::Split(counts) => stage_pieces = counts,
-                        Move::Plan(new_plan) | Move::Grow(new_plan) => {
+                        Move::Plan(new_plan) => {
                             plan = *new_plan;
-                            stage_pieces = spec_split(spec, &plan);
+                            let p = &mut current.parallelism;
+                            p.pipeline_parallel_schedule = plan.kind.name().to_string();
+                            p.memory_limit = None;
+                            p.pipeline_parallel_layers_per_stage = None;
+                            stage_pieces = spec_split(&current, &plan);
+                        }
+                        Move::Grow(new_plan) => {
+                            plan = *new_plan;
+                            stage_pieces = spec_split(&current, &plan);
                         }
                     }
                     replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
@@ -361,7 +373,7 @@ impl JobRunner for ClusterRunner {
             if d2 == 0 {
                 return Err(format!("{lost}; no worker is left to re-plan onto"));
             }
-            plan = replan(spec, d2)
+            plan = replan(&current, d2)
                 .map_err(|e| format!("{lost}; re-planning onto {d2} workers failed: {e}"))?;
             let reason = format!(
                 "{lost}; re-planned onto {d2} workers ({}, {} stages), resuming from {}",
@@ -372,7 +384,7 @@ impl JobRunner for ClusterRunner {
             tracing::warn!(job, "{reason}");
             crate::metrics::record_replan("worker_lost");
             replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
-            stage_pieces = spec_split(spec, &plan);
+            stage_pieces = spec_split(&current, &plan);
             first_step = resume;
         }
         Err("re-plans exhausted".into())
@@ -615,7 +627,8 @@ impl ClusterRunner {
     }
 
     /// When more streaming workers are live than the `d` of the run (and the live count
-    /// differs from `tried`), the plan on min(live, degree) of them and why.
+    /// differs from `tried`), the plan of `spec` (the schedule the job follows) on
+    /// min(live, degree) of them and why.
     fn grow(&self, spec: &JobSpec, d: usize, tried: &mut usize) -> Option<(String, JobPlan)> {
         let live = self.live().ok()?.iter().filter(|w| w.streaming).count();
         if live <= d || live == *tried {
@@ -626,8 +639,7 @@ impl ClusterRunner {
         match replan(spec, d2) {
             Ok(plan) => Some((
                 format!(
-                    "{} worker(s) joined; grew onto {d2} workers ({}, {} stages)",
-                    d2 as usize - d,
+                    "workers joined ({live} live); grew from {d} onto {d2} workers ({}, {} stages)",
                     plan.kind.name(),
                     plan.schedule.placement.stages()
                 ),
@@ -930,6 +942,9 @@ fn pressure(
     reports: &[pb::StepReport],
     workers: &[WorkerInfo],
 ) -> Option<(String, JobPlan)> {
+    // The job as planned for the run's worker count (after a loss it may be fewer than
+    // the degree), without a stage count pinned by blocks per stage.
+    let spec = &respec(spec, plan.schedule.num_workers());
     let (over, need) = reports.iter().find_map(|r| {
         let w = workers.get(r.worker_index as usize)?;
         let need = r.peak_activation_bytes + r.static_bytes;
@@ -982,10 +997,10 @@ fn pressure(
 }
 
 /// Parameters, gradients and the two AdamW moments each worker of `plan` holds (the
-/// even split).
+/// job's layer split, [`JobSpec::stage_ranges`]).
 fn static_bytes(spec: &JobSpec, plan: &JobPlan) -> Option<Vec<u64>> {
     let placement = &plan.schedule.placement;
-    let ranges = spec.model.even_split(placement.stages() as usize).ok()?;
+    let ranges = spec.stage_ranges(placement.stages()).ok()?;
     let pieces = spec.model.pieces();
     let mut out = vec![0u64; placement.workers() as usize];
     for (s, r) in ranges.into_iter().enumerate() {
@@ -1137,6 +1152,67 @@ mod tests {
 
     /// torchtitan's first / last stage less layers survive a re-plan onto other workers,
     /// blocks per stage (which pins the stage count) included in the spec or not.
+    /// Memory pressure predicts with the job's layer split and may move to a schedule with
+    /// another stage count even when blocks per stage pinned the first one.
+    #[test]
+    fn pressure_follows_the_layer_split() {
+        let mut spec = example(4, "gpipe");
+        spec.model.layers = 10;
+        spec.parallelism.pipeline_parallel_first_stage_less_layers = 2;
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(3);
+        let plan = spec.validate().unwrap();
+        let mut even = spec.clone();
+        even.parallelism.pipeline_parallel_first_stage_less_layers = 0;
+        even.parallelism.pipeline_parallel_layers_per_stage = None;
+        // Worker 0 holds one block and the embedding, not three pieces.
+        let split = static_bytes(&spec, &plan).unwrap();
+        assert!(split[0] < static_bytes(&even, &plan).unwrap()[0], "{split:?}");
+        let need = |kind: &str| -> Vec<u64> {
+            let mut c = respec(&spec, 4);
+            c.parallelism.pipeline_parallel_schedule = kind.into();
+            let p = c.validate().unwrap();
+            let peaks = p.predicted_peak_bytes(&c).unwrap();
+            let statics = static_bytes(&c, &p).unwrap();
+            peaks.iter().zip(statics).map(|(a, b)| a + b).collect()
+        };
+        let (gpipe, v_half, one_f_one_b) = (need("gpipe"), need("v-half"), need("1f1b"));
+        // Every worker has exactly V-Half's need: 1F1B does not fit worker 0, GPipe
+        // overflowed it.
+        assert!(gpipe[0] > v_half[0] && one_f_one_b[0] > v_half[0]);
+        let workers: Vec<WorkerInfo> = v_half
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| WorkerInfo {
+                id: format!("w{i}"),
+                address: String::new(),
+                device_kind: "cpu".into(),
+                memory_bytes: b,
+                last_seen: tokio::time::Instant::now(),
+                current_activation_bytes: 0,
+                peak_activation_bytes: 0,
+                step: 0,
+                streaming: true,
+                job: 0,
+            })
+            .collect();
+        let reports = vec![pb::StepReport {
+            worker_index: 0,
+            peak_activation_bytes: gpipe[0],
+            ..Default::default()
+        }];
+        let (reason, fits) = pressure(&spec, &plan, &reports, &workers).unwrap();
+        assert!(reason.contains("worker 0"), "{reason}");
+        // V-Half's class: two stages per worker, not the four stages the spec pinned.
+        assert_eq!(fits.schedule.placement.stages(), 8, "{reason}");
+        let mut moved = respec(&spec, 4);
+        moved.parallelism.pipeline_parallel_schedule = fits.kind.name().into();
+        let bytes = fits.predicted_peak_bytes(&moved).unwrap();
+        let statics = static_bytes(&moved, &fits).unwrap();
+        for (w, worker) in workers.iter().enumerate() {
+            assert!(bytes[w] + statics[w] <= worker.memory_bytes, "{reason}");
+        }
+    }
+
     #[test]
     fn the_layer_split_survives_a_replan() {
         let mut spec = example(4, "1f1b");

@@ -498,23 +498,14 @@ fn pieces_partition(
     stage_pieces: &[u32],
     stages: u32,
 ) -> Result<Vec<std::ops::Range<usize>>> {
-    let total = spec.model.layers as usize + 2;
-    let sum: u64 = stage_pieces.iter().map(|&c| u64::from(c)).sum();
-    if stage_pieces.len() != stages as usize || stage_pieces.contains(&0) || sum != total as u64 {
+    if stage_pieces.len() != stages as usize {
         return Err(assignment_error(format!(
-            "stage_pieces {stage_pieces:?}: need {stages} positive counts adding up to the \
-             model's {total} pieces"
+            "stage_pieces {stage_pieces:?}: need {stages} counts, one per stage"
         )));
     }
-    let mut start = 0;
-    Ok(stage_pieces
-        .iter()
-        .map(|&c| {
-            let r = start..start + c as usize;
-            start = r.end;
-            r
-        })
-        .collect())
+    spec.model
+        .split_by_counts(stage_pieces)
+        .map_err(|e| assignment_error(e.to_string()))
 }
 
 fn assignment_error(reason: String) -> Error {
