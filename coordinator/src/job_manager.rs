@@ -1,6 +1,9 @@
 //! The job manager actor: accepts, queues, lists and cancels jobs, keeps every job in the
 //! durable store, starts one driver at a time, and fans step events out to watchers. Jobs
-//! run one after another, in submission order: a second job never mixes with a running one.
+//! run one after another, in the order they were queued: a second job never mixes with a
+//! running one. A job gets its id and its place in the queue when its plan is ready, and
+//! plans run side by side ([`crate::planner`]), so a job with a quick plan can overtake one
+//! submitted before it with a slow plan.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;

@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
-//!   order); persistence through [`store`]; starts a [`driver`] per running job.
+//!   the order their plans were ready); persistence through [`store`]; starts a [`driver`]
+//!   per running job.
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`),
 //!   several submissions at once.
 //! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams

@@ -3,7 +3,7 @@
 //!
 //! Several submissions plan at once, up to [`PlannerArgs::concurrency`]: a small job
 //! submitted behind a slow adaptive plan is not held up by it. Further requests wait for a
-//! free slot in arrival order.
+//! free slot.
 
 use std::sync::Arc;
 

@@ -170,10 +170,11 @@ impl Stage {
 
     /// Like [`Stage::load_checkpoint`], from a step's directory of stage files
     /// (`stage-S.safetensors`) written by the stages of any partition of the same model:
-    /// every tensor is taken, by its whole-model name, from the file that holds it. The
-    /// files must agree on the spec and the step, and every parameter of this stage must be
-    /// in exactly one of them. Only the files that hold some of this stage's tensors are
-    /// read (their headers say which), so a stage reads about its own share of the state.
+    /// every tensor is taken, by its whole-model name, from the file that holds it. Only the
+    /// files that hold some of this stage's tensors are read (their headers say which), so
+    /// a stage reads about its own share of the state; those files must agree on the spec
+    /// and the step, and every parameter of this stage must be in exactly one of them (the
+    /// other files of the directory are not checked).
     pub fn load_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
         let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
