@@ -47,8 +47,9 @@
 //! step's report shows a worker holding more (its peak activations plus its parameters,
 //! gradients and AdamW moments, `static_bytes`), every worker is asked to stop after the
 //! same step and the job goes on with the fastest plan of [`FITTING_KINDS`] (simulated
-//! under the job's planning times) whose predicted bytes fit every worker that registered
-//! a size and are lower on the overflowing one (`pipewise_replans_total{reason=
+//! under the job's planning times; the adaptive kinds, when their default limit does not
+//! fit, at a limit bisected to the bytes there are) whose predicted bytes fit every worker
+//! that registered a size and are lower on the overflowing one (`pipewise_replans_total{reason=
 //! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`] plus the
 //! parameters, gradients and AdamW moments of the job's layer split; later losses and
 //! growths re-plan the schedule the move chose.
@@ -241,8 +242,9 @@ enum Ended {
 enum Move {
     /// A straggler's layers moved: the same plan on this split (pieces per stage).
     Split(Vec<u32>),
-    /// Memory pressure: a plan predicted to fit (on the even split).
-    Plan(Box<JobPlan>),
+    /// Memory pressure: a plan predicted to fit, with the schedule and memory limit it was
+    /// planned with (later re-plans keep them).
+    Plan(Box<JobPlan>, String, Option<f64>),
     /// Workers joined a job that runs on fewer than its degree: the plan on more of them.
     Grow(Box<JobPlan>),
 }
@@ -252,7 +254,7 @@ impl Move {
     fn metric(&self) -> &'static str {
         match self {
             Move::Split(_) => "straggler",
-            Move::Plan(_) => "memory_pressure",
+            Move::Plan(..) => "memory_pressure",
             Move::Grow(_) => "worker_joined",
         }
     }
@@ -337,11 +339,15 @@ impl JobRunner for ClusterRunner {
                     crate::metrics::record_replan(to.metric());
                     match to {
                         Move::Split(counts) => stage_pieces = counts,
-                        Move::Plan(new_plan) => {
+                        Move::Plan(new_plan, schedule, limit) => {
                             plan = *new_plan;
                             let p = &mut current.parallelism;
-                            p.pipeline_parallel_schedule = plan.kind.name().to_string();
-                            p.memory_limit = None;
+                            // The limit is in units of 1/d of the model for the run's d;
+                            // the spec's are for its degree.
+                            let scale = f64::from(p.pipeline_parallel_degree)
+                                / f64::from(plan.schedule.num_workers().max(1));
+                            p.pipeline_parallel_schedule = schedule;
+                            p.memory_limit = limit.map(|l| l * scale);
                             p.pipeline_parallel_layers_per_stage = None;
                             stage_pieces = spec_split(&current, &plan);
                         }
@@ -759,7 +765,15 @@ impl ClusterRunner {
                             }
                         {
                             let _ = self.membership.cast(MembershipMsg::Stop(run_id));
-                            moving = Some((reason, Move::Plan(Box::new(fits))));
+                            let p = fits.spec.parallelism;
+                            moving = Some((
+                                reason,
+                                Move::Plan(
+                                    Box::new(fits.plan),
+                                    p.pipeline_parallel_schedule,
+                                    p.memory_limit,
+                                ),
+                            ));
                         }
                         if let Some(watch) = watch
                             && may_move
@@ -941,7 +955,7 @@ fn pressure(
     plan: &JobPlan,
     reports: &[pb::StepReport],
     workers: &[WorkerInfo],
-) -> Option<(String, JobPlan)> {
+) -> Option<(String, Fitting)> {
     // The job as planned for the run's worker count (after a loss it may be fewer than
     // the degree), without a stage count pinned by blocks per stage.
     let spec = &respec(spec, plan.schedule.num_workers());
@@ -956,45 +970,111 @@ fn pressure(
         Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
     };
     let now = predicted(plan)?;
-    let mut best: Option<(f64, JobPlan, Vec<u64>)> = None;
-    for kind in FITTING_KINDS {
-        let mut candidate = spec.clone();
-        candidate.parallelism.pipeline_parallel_schedule = kind.into();
-        candidate.parallelism.memory_limit = None;
-        let Ok(p) = candidate.validate() else {
-            continue;
-        };
-        let Some(bytes) = predicted(&p) else { continue };
+    // A candidate spec's plan, when it fits every worker that registered a size and holds
+    // less on the overflowing one; `Err(true)` when it does not validate (an adaptive
+    // limit below the smallest feasible one), `Err(false)` when it does not fit.
+    let assess = |candidate: &JobSpec| -> Result<Fitting, bool> {
+        let p = candidate.validate().map_err(|_| true)?;
+        let bytes = predicted(&p).ok_or(true)?;
         let fits = bytes
             .iter()
             .zip(workers)
             .all(|(b, w)| w.memory_bytes == 0 || *b <= w.memory_bytes);
         if !fits || bytes[over] >= now[over] {
-            continue;
+            return Err(false);
         }
-        let Ok(sim) = Costs::uniform(&p.schedule.placement, candidate.planning_times())
+        let sim = Costs::uniform(&p.schedule.placement, candidate.planning_times())
             .and_then(|c| simulate(&p.schedule, &c))
-        else {
-            continue;
+            .map_err(|_| true)?;
+        Ok(Fitting {
+            makespan: sim.makespan,
+            spec: candidate.clone(),
+            plan: p,
+            bytes,
+        })
+    };
+    let mut best: Option<Fitting> = None;
+    for kind in FITTING_KINDS {
+        let mut candidate = spec.clone();
+        candidate.parallelism.pipeline_parallel_schedule = kind.into();
+        candidate.parallelism.memory_limit = None;
+        let found = match assess(&candidate) {
+            Ok(found) => Some(found),
+            // An adaptive schedule planned to a limit that fits the bytes left.
+            Err(false) if kind.starts_with("adaptive") => fit_limit(&candidate, &assess),
+            Err(_) => None,
         };
-        if best.as_ref().is_none_or(|(m, _, _)| sim.makespan < *m) {
-            best = Some((sim.makespan, p, bytes));
+        if let Some(found) = found
+            && best.as_ref().is_none_or(|b| found.makespan < b.makespan)
+        {
+            best = Some(found);
         }
     }
-    let (_, fits, bytes) = best?;
+    let best = best?;
+    let limit = best
+        .spec
+        .parallelism
+        .memory_limit
+        .map(|l| format!(" at a limit of {l:.2} units"))
+        .unwrap_or_default();
     Some((
         format!(
-            "worker {over} ({}) held {} of its {} ({} planned); moved to {}, predicted {} there",
+            "worker {over} ({}) held {} of its {} ({} planned); moved to {}{limit}, predicted \
+             {} there",
             workers[over].id,
             fmt_bytes(need as f64),
             fmt_bytes(workers[over].memory_bytes as f64),
             plan.kind.name(),
-            fits.kind.name(),
-            fmt_bytes(bytes[over] as f64)
+            best.plan.kind.name(),
+            fmt_bytes(best.bytes[over] as f64)
         ),
-        fits,
+        best,
     ))
 }
+
+/// A plan memory pressure may move to.
+struct Fitting {
+    /// Simulated under the job's planning times.
+    makespan: f64,
+    /// The spec it was planned from (its schedule and memory limit).
+    spec: JobSpec,
+    plan: JobPlan,
+    /// Predicted bytes per worker (activations, parameters, gradients, AdamW moments).
+    bytes: Vec<u64>,
+}
+
+/// Plans of an adaptive schedule at its default limit (1F1B's peak) do not fit: the
+/// fastest plan that does among [`FIT_STEPS`] limits bisected below it (a limit the
+/// planner cannot meet moves up, one whose plan does not fit moves down).
+fn fit_limit(
+    candidate: &JobSpec,
+    assess: &dyn Fn(&JobSpec) -> Result<Fitting, bool>,
+) -> Option<Fitting> {
+    let (mut lo, mut hi) = (
+        0.0,
+        f64::from(candidate.parallelism.pipeline_parallel_degree),
+    );
+    let mut best: Option<Fitting> = None;
+    for _ in 0..FIT_STEPS {
+        let mid = 0.5 * (lo + hi);
+        let mut c = candidate.clone();
+        c.parallelism.memory_limit = Some(mid);
+        match assess(&c) {
+            Ok(found) => {
+                lo = mid;
+                if best.as_ref().is_none_or(|b| found.makespan < b.makespan) {
+                    best = Some(found);
+                }
+            }
+            Err(true) => lo = mid,
+            Err(false) => hi = mid,
+        }
+    }
+    best
+}
+
+/// How many limits [`fit_limit`] tries (the last step is 1/64 of 1F1B's peak).
+const FIT_STEPS: usize = 6;
 
 /// Parameters, gradients and the two AdamW moments each worker of `plan` holds (the
 /// job's layer split, [`JobSpec::stage_ranges`]).
@@ -1166,7 +1246,10 @@ mod tests {
         even.parallelism.pipeline_parallel_layers_per_stage = None;
         // Worker 0 holds one block and the embedding, not three pieces.
         let split = static_bytes(&spec, &plan).unwrap();
-        assert!(split[0] < static_bytes(&even, &plan).unwrap()[0], "{split:?}");
+        assert!(
+            split[0] < static_bytes(&even, &plan).unwrap()[0],
+            "{split:?}"
+        );
         let need = |kind: &str| -> Vec<u64> {
             let mut c = respec(&spec, 4);
             c.parallelism.pipeline_parallel_schedule = kind.into();
@@ -1203,13 +1286,85 @@ mod tests {
         let (reason, fits) = pressure(&spec, &plan, &reports, &workers).unwrap();
         assert!(reason.contains("worker 0"), "{reason}");
         // V-Half's class: two stages per worker, not the four stages the spec pinned.
-        assert_eq!(fits.schedule.placement.stages(), 8, "{reason}");
-        let mut moved = respec(&spec, 4);
-        moved.parallelism.pipeline_parallel_schedule = fits.kind.name().into();
-        let bytes = fits.predicted_peak_bytes(&moved).unwrap();
-        let statics = static_bytes(&moved, &fits).unwrap();
+        assert_eq!(fits.plan.schedule.placement.stages(), 8, "{reason}");
+        let moved = &fits.spec;
+        assert_eq!(moved.validate().unwrap().schedule, fits.plan.schedule);
+        let bytes = fits.plan.predicted_peak_bytes(moved).unwrap();
+        let statics = static_bytes(moved, &fits.plan).unwrap();
         for (w, worker) in workers.iter().enumerate() {
             assert!(bytes[w] + statics[w] <= worker.memory_bytes, "{reason}");
+        }
+    }
+
+    /// Memory pressure plans the adaptive schedules to the bytes the workers have: with
+    /// worker 0 between V-Half's need and adaptive-v's at its default limit (1F1B's peak),
+    /// adaptive-v at a limit between the two is faster than V-Half.
+    #[test]
+    fn pressure_plans_adaptive_schedules_to_the_bytes_left() {
+        let mut spec = example(4, "gpipe");
+        spec.model.layers = 14;
+        spec.training.global_batch_size = 16;
+        let plan = spec.validate().unwrap();
+        let planned = |kind: &str| -> (Vec<u64>, f64) {
+            let mut c = spec.clone();
+            c.parallelism.pipeline_parallel_schedule = kind.into();
+            let p = c.validate().unwrap();
+            let peaks = p.predicted_peak_bytes(&c).unwrap();
+            let statics = static_bytes(&c, &p).unwrap();
+            let sim = simulate(
+                &p.schedule,
+                &Costs::uniform(&p.schedule.placement, c.planning_times()).unwrap(),
+            )
+            .unwrap();
+            (
+                peaks.iter().zip(statics).map(|(a, b)| a + b).collect(),
+                sim.makespan,
+            )
+        };
+        let (gpipe, _) = planned("gpipe");
+        let (v_half, v_half_makespan) = planned("v-half");
+        let (one_f_one_b, _) = planned("1f1b");
+        let (adaptive, _) = planned("adaptive-v");
+        let workers: Vec<WorkerInfo> = (0..4)
+            .map(|i| WorkerInfo {
+                id: format!("w{i}"),
+                address: String::new(),
+                device_kind: "cpu".into(),
+                // Worker 0 between V-Half's need and adaptive-v's at its default
+                // limit; the others hold any of them.
+                memory_bytes: if i == 0 {
+                    (v_half[0] + adaptive[0]) / 2
+                } else {
+                    v_half[i].max(adaptive[i]).max(one_f_one_b[i])
+                },
+                last_seen: tokio::time::Instant::now(),
+                current_activation_bytes: 0,
+                peak_activation_bytes: 0,
+                step: 0,
+                streaming: true,
+                job: 0,
+            })
+            .collect();
+        // Neither 1F1B nor adaptive-v at its default limit fits worker 0.
+        assert!(adaptive[0] > workers[0].memory_bytes);
+        assert!(one_f_one_b[0] > workers[0].memory_bytes);
+        let reports = vec![pb::StepReport {
+            worker_index: 0,
+            peak_activation_bytes: gpipe[0],
+            ..Default::default()
+        }];
+        let (reason, fits) = pressure(&spec, &plan, &reports, &workers).unwrap();
+        println!(
+            "{reason}; makespan {} against v-half's {v_half_makespan}",
+            fits.makespan
+        );
+        assert_eq!(fits.plan.kind.name(), "adaptive-v", "{reason}");
+        let limit = fits.spec.parallelism.memory_limit.unwrap();
+        // Below the default of 4 units, which does not fit.
+        assert!(limit < 4.0, "{reason}");
+        assert!(fits.makespan < v_half_makespan, "{reason}");
+        for (b, w) in fits.bytes.iter().zip(&workers) {
+            assert!(*b <= w.memory_bytes, "{reason}");
         }
     }
 
