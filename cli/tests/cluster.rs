@@ -909,9 +909,11 @@ fn layers_move_off_a_straggler() {
     assert!(replans_counted(&cluster, "straggler") >= 1.0);
 }
 
-/// A worker whose registered memory the job overflows (GPipe holds every microbatch's
-/// activations): the coordinator stops every worker after the step, moves the job to the
-/// fastest schedule predicted to fit and resumes; training stays exact.
+/// A worker whose registered memory the job's plan is predicted to overflow (GPipe holds
+/// every microbatch's activations): the coordinator moves the job to the fastest schedule
+/// predicted to fit before its first step, no step overflows, and training stays exact.
+/// (An overflow only measured, after a step, stops the run and moves it the same way:
+/// `pressure_*` unit tests in `coordinator/src/cluster.rs`.)
 #[test]
 fn memory_pressure_moves_the_job_to_a_schedule_that_fits() {
     const LONG: u32 = 8;
@@ -941,9 +943,28 @@ fn memory_pressure_moves_the_job_to_a_schedule_that_fits() {
     let stdout = history(&cluster, job);
     let moves = replans(&stdout, "moved to");
     assert_eq!(moves.len(), 1, "{stdout}");
-    assert!(moves[0].contains("worker 0 (w0) held"), "{}", moves[0]);
+    assert!(
+        moves[0].contains("worker 0 (w0) is predicted to hold"),
+        "{}",
+        moves[0]
+    );
     assert!(moves[0].contains("gpipe planned"), "{}", moves[0]);
+    assert!(moves[0].ends_with("before step 1"), "{}", moves[0]);
     eprintln!("pressure: {} (budget {budget} bytes)", moves[0]);
+    // Every step ran once, on the new plan, within the budget on worker 0.
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
+    assert_eq!(steps.len(), LONG as usize, "{stdout}");
+    for line in &steps {
+        let kib = line
+            .split('[')
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
+        let held = kib.parse::<f64>().unwrap() * 1024.0 + fixed as f64;
+        assert!(held <= budget.parse::<f64>().unwrap() + 1024.0, "{line}");
+    }
     assert_exact(&cluster, job, &last_losses(&stdout), &reference);
     assert_eq!(replans_counted(&cluster, "memory_pressure"), 1.0);
 }

@@ -44,9 +44,10 @@
 //! (hidden) makes a worker's passes F times longer, to try it.
 //!
 //! **Memory pressure.** A worker started with `--memory-bytes B` registers `B`. When a
-//! step's report shows a worker holding more (its peak activations plus its parameters,
-//! gradients and AdamW moments, `static_bytes`), every worker is asked to stop after the
-//! same step and the job goes on with the fastest plan of [`FITTING_KINDS`] (simulated
+//! run's plan is predicted to make a worker hold more (checked before the run starts), or
+//! a step's report shows it holding more (its peak activations plus its parameters,
+//! gradients and AdamW moments, `static_bytes`; every worker is then asked to stop after
+//! the same step), the job goes on with the fastest plan of [`FITTING_KINDS`] (simulated
 //! under the job's planning times; the adaptive kinds, when their default limit does not
 //! fit, at a limit bisected to the bytes there are) whose predicted bytes fit every worker
 //! that registered a size and are lower on the overflowing one (`pipewise_replans_total{reason=
@@ -288,6 +289,27 @@ impl JobRunner for ClusterRunner {
             let Some(workers) = self.wait_for_workers(job, d, cancelled)? else {
                 return Ok(());
             };
+            // A plan predicted not to fit a worker's registered memory is moved before it
+            // starts: a device would fail to allocate rather than report the overflow.
+            if let Some((reason, fits)) = pressure(&current, &plan, None, &workers) {
+                let reason = format!("{reason}; before step {}", first_step + 1);
+                tracing::warn!(job, "{reason}");
+                crate::metrics::record_replan("memory_pressure");
+                let p = fits.spec.parallelism;
+                adopt(
+                    &mut current,
+                    p.pipeline_parallel_schedule,
+                    p.memory_limit,
+                    d,
+                );
+                plan = fits.plan;
+                stage_pieces = spec_split(&current, &plan);
+                replanned = Some(match replanned.take() {
+                    Some((earlier, _)) => format!("{earlier}; then {reason}"),
+                    None => reason,
+                })
+                .map(|r| (r, std::sync::Arc::new(plan.schedule.clone())));
+            }
             let run = run_id(job, replans);
             let (tx, rx) = std::sync::mpsc::channel::<pb::StepReport>();
             self.membership
@@ -341,14 +363,7 @@ impl JobRunner for ClusterRunner {
                         Move::Split(counts) => stage_pieces = counts,
                         Move::Plan(new_plan, schedule, limit) => {
                             plan = *new_plan;
-                            let p = &mut current.parallelism;
-                            // The limit is in units of 1/d of the model for the run's d;
-                            // the spec's are for its degree.
-                            let scale = f64::from(p.pipeline_parallel_degree)
-                                / f64::from(plan.schedule.num_workers().max(1));
-                            p.pipeline_parallel_schedule = schedule;
-                            p.memory_limit = limit.map(|l| l * scale);
-                            p.pipeline_parallel_layers_per_stage = None;
+                            adopt(&mut current, schedule, limit, plan.schedule.num_workers());
                             stage_pieces = spec_split(&current, &plan);
                         }
                         Move::Grow(new_plan) => {
@@ -418,6 +433,17 @@ fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
             Vec::new()
         }
     }
+}
+
+/// Makes `current` (the spec the runs follow) plan `schedule` at `limit` from now on, as a
+/// memory-pressure move chose them on `d` workers: the limit, in units of `1/d` of the
+/// model, is kept in units of `1/degree` as the spec's are; no blocks per stage pin the
+/// stage count.
+fn adopt(current: &mut JobSpec, schedule: String, limit: Option<f64>, d: u32) {
+    let p = &mut current.parallelism;
+    p.memory_limit = limit.map(|l| l * f64::from(p.pipeline_parallel_degree) / f64::from(d.max(1)));
+    p.pipeline_parallel_schedule = schedule;
+    p.pipeline_parallel_layers_per_stage = None;
 }
 
 /// Where a re-planned job resumes, in words.
@@ -761,7 +787,7 @@ impl ClusterRunner {
                             && first_step + completed < steps
                             && let Some((reason, fits)) = {
                                 pressure_tried = true;
-                                pressure(spec, plan, &reports, workers)
+                                pressure(spec, plan, Some(&reports), workers)
                             }
                         {
                             let _ = self.membership.cast(MembershipMsg::Stop(run_id));
@@ -946,30 +972,40 @@ pub const FITTING_KINDS: [&str; 9] = [
 ];
 
 /// When a worker with a registered memory size held more than it (its step's peak
-/// activations plus its parameters, gradients and optimizer state), the reason and the
-/// fastest plan (simulated under the job's planning times) predicted to fit every worker
+/// activations plus its parameters, gradients and optimizer state, in `measured`; without
+/// reports: is predicted to hold more, before a run starts), the reason and the fastest
+/// plan (simulated under the job's planning times) predicted to fit every worker
 /// that registered one, holding less on the overflowing worker than the plan in use;
 /// `None` if nothing overflowed or nothing fits.
 fn pressure(
     spec: &JobSpec,
     plan: &JobPlan,
-    reports: &[pb::StepReport],
+    measured: Option<&[pb::StepReport]>,
     workers: &[WorkerInfo],
 ) -> Option<(String, Fitting)> {
     // The job as planned for the run's worker count (after a loss it may be fewer than
     // the degree), without a stage count pinned by blocks per stage.
     let spec = &respec(spec, plan.schedule.num_workers());
-    let (over, need) = reports.iter().find_map(|r| {
-        let w = workers.get(r.worker_index as usize)?;
-        let need = r.peak_activation_bytes + r.static_bytes;
-        (w.memory_bytes > 0 && need > w.memory_bytes).then_some((r.worker_index as usize, need))
-    })?;
     let predicted = |p: &JobPlan| -> Option<Vec<u64>> {
         let peaks = p.predicted_peak_bytes(spec).ok()?;
         let statics = static_bytes(spec, p)?;
         Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
     };
     let now = predicted(plan)?;
+    let over_budget = |w: usize, need: u64| {
+        workers
+            .get(w)
+            .is_some_and(|w| w.memory_bytes > 0 && need > w.memory_bytes)
+    };
+    let (over, need, held) = match measured {
+        Some(reports) => reports.iter().find_map(|r| {
+            let need = r.peak_activation_bytes + r.static_bytes;
+            let w = r.worker_index as usize;
+            over_budget(w, need).then_some((w, need, "held"))
+        })?,
+        None => (0..now.len())
+            .find_map(|w| over_budget(w, now[w]).then_some((w, now[w], "is predicted to hold")))?,
+    };
     // A candidate spec's plan, when it fits every worker that registered a size and holds
     // less on the overflowing one; `Err(true)` when it does not validate (an adaptive
     // limit below the smallest feasible one), `Err(false)` when it does not fit.
@@ -1019,8 +1055,8 @@ fn pressure(
         .unwrap_or_default();
     Some((
         format!(
-            "worker {over} ({}) held {} of its {} ({} planned); moved to {}{limit}, predicted \
-             {} there",
+            "worker {over} ({}) {held} {} of its {} ({} planned); moved to {}{limit}, \
+             predicted {} there",
             workers[over].id,
             fmt_bytes(need as f64),
             fmt_bytes(workers[over].memory_bytes as f64),
@@ -1283,8 +1319,17 @@ mod tests {
             peak_activation_bytes: gpipe[0],
             ..Default::default()
         }];
-        let (reason, fits) = pressure(&spec, &plan, &reports, &workers).unwrap();
-        assert!(reason.contains("worker 0"), "{reason}");
+        let (reason, fits) = pressure(&spec, &plan, Some(&reports), &workers).unwrap();
+        assert!(reason.contains("worker 0 (w0) held"), "{reason}");
+        // Before a run, from the plan's prediction alone: the same move.
+        let (ahead, same) = pressure(&spec, &plan, None, &workers).unwrap();
+        assert!(
+            ahead.contains("worker 0 (w0) is predicted to hold"),
+            "{ahead}"
+        );
+        assert_eq!(same.plan.schedule, fits.plan.schedule);
+        // A plan predicted to fit is left alone.
+        assert!(pressure(&spec, &fits.plan, None, &workers).is_none());
         // V-Half's class: two stages per worker, not the four stages the spec pinned.
         assert_eq!(fits.plan.schedule.placement.stages(), 8, "{reason}");
         let moved = &fits.spec;
@@ -1353,7 +1398,7 @@ mod tests {
             peak_activation_bytes: gpipe[0],
             ..Default::default()
         }];
-        let (reason, fits) = pressure(&spec, &plan, &reports, &workers).unwrap();
+        let (reason, fits) = pressure(&spec, &plan, Some(&reports), &workers).unwrap();
         println!(
             "{reason}; makespan {} against v-half's {v_half_makespan}",
             fits.makespan
