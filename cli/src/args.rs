@@ -653,6 +653,7 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
     // chart value such as 80Gi reads as it does in a pod's resources. A lone lower-case `m`
     // is Kubernetes' milli (512m is half a byte there), not mega: refused, not guessed.
     if unit.trim() == "m" {
+        let digits = digits.trim();
         return Err(format!(
             "{text:?}: a lone \"m\" is Kubernetes' milli, not mega; write {digits}M, \
              {digits}MB or {digits}Mi"
@@ -771,6 +772,7 @@ mod tests {
         assert!(parse_bytes("8Gx").is_err_and(|e| e.contains("Gi")));
         // Kubernetes' m is milli: refused with the spellings that mean mega.
         assert!(parse_bytes("512m").is_err_and(|e| e.contains("milli") && e.contains("512Mi")));
+        assert!(parse_bytes("512 m").is_err_and(|e| e.contains("write 512M,")));
         assert_eq!(parse_bytes("512M"), Ok(512e6));
         assert_eq!(parse_bytes("512mb"), Ok(512e6));
     }

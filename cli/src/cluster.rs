@@ -55,9 +55,10 @@ pub(crate) struct WorkerArgs {
     /// try the coordinator's straggler handling).
     #[arg(long, default_value_t = 1.0, value_parser = parse_slowdown, hide = true)]
     pub(crate) slowdown: f64,
-    /// Device memory this worker may use (bytes, e.g. 80GiB): a job whose measured peak
-    /// (activations, parameters, gradients, optimizer state) overflows it is moved to a
-    /// schedule predicted to fit. Default: not watched.
+    /// Device memory this worker may use (bytes, e.g. 80GiB): a job whose plan is
+    /// predicted to overflow it (activations, parameters, gradients, optimizer state) is
+    /// moved to a schedule predicted to fit before it starts, and one whose measured peak
+    /// overflows it, after the step. Default: not watched.
     #[arg(long, value_name = "BYTES", value_parser = parse_memory_bytes)]
     pub(crate) memory_bytes: Option<u64>,
     /// Where stages run: `cpu`, or `cuda` / `cuda:N` (the N-th GPU; needs a pipewise built

@@ -174,6 +174,12 @@ pub struct Parallelism {
     /// schedule's stage count (the slots are then split as evenly as possible).
     #[serde(default)]
     pub pipeline_parallel_layers_per_stage: Option<u32>,
+    /// Not part of a job file: split the torchtitan way although none of the three fields
+    /// above is set. The coordinator sets it when it re-plans a job with blocks per stage
+    /// onto another stage count (blocks per stage no longer apply, the way of splitting
+    /// does).
+    #[serde(skip)]
+    pub torchtitan_split: bool,
 }
 
 impl Parallelism {
@@ -181,13 +187,18 @@ impl Parallelism {
     /// the torchtitan way: `layers + first less + last less` block slots split as evenly
     /// as possible (earlier stages take the remainder), the first stage's slots minus
     /// `first less` plus the embedding, the last's minus `last less` plus the head. `None`
-    /// when none of the three fields is set (the even split of the pieces applies).
+    /// when none of the three fields (nor [`Parallelism::torchtitan_split`]) is set: the
+    /// even split of the pieces applies.
     pub fn stage_pieces(&self, layers: u32, stages: u32) -> Result<Option<Vec<u32>>> {
         let (first, last) = (
             self.pipeline_parallel_first_stage_less_layers,
             self.pipeline_parallel_last_stage_less_layers,
         );
-        if first == 0 && last == 0 && self.pipeline_parallel_layers_per_stage.is_none() {
+        if first == 0
+            && last == 0
+            && self.pipeline_parallel_layers_per_stage.is_none()
+            && !self.torchtitan_split
+        {
             return Ok(None);
         }
         let slots = u64::from(layers) + u64::from(first) + u64::from(last);
@@ -778,6 +789,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             pipeline_parallel_first_stage_less_layers: 0,
             pipeline_parallel_last_stage_less_layers: 0,
             pipeline_parallel_layers_per_stage: None,
+            torchtitan_split: false,
         },
         checkpoint: Checkpoint::default(),
         data: Data::default(),

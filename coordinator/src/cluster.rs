@@ -304,11 +304,7 @@ impl JobRunner for ClusterRunner {
                 );
                 plan = fits.plan;
                 stage_pieces = spec_split(&current, &plan);
-                replanned = Some(match replanned.take() {
-                    Some((earlier, _)) => format!("{earlier}; then {reason}"),
-                    None => reason,
-                })
-                .map(|r| (r, std::sync::Arc::new(plan.schedule.clone())));
+                tell(&mut replanned, reason, &plan);
             }
             let run = run_id(job, replans);
             let (tx, rx) = std::sync::mpsc::channel::<pb::StepReport>();
@@ -332,7 +328,7 @@ impl JobRunner for ClusterRunner {
             };
             let outcome = self
                 .assign(&assigned, spec, &plan, &output)
-                .and_then(|()| self.follow(&assigned, report, cancelled, replanned.take()));
+                .and_then(|()| self.follow(&assigned, report, cancelled, &mut replanned));
             let _ = self.membership.cast(MembershipMsg::Detach(run));
             let (lost, through) = match outcome {
                 Ok(()) => return Ok(()),
@@ -371,7 +367,7 @@ impl JobRunner for ClusterRunner {
                             stage_pieces = spec_split(&current, &plan);
                         }
                     }
-                    replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
+                    tell(&mut replanned, reason, &plan);
                     first_step = resume;
                     continue;
                 }
@@ -394,7 +390,7 @@ impl JobRunner for ClusterRunner {
             if d2 == 0 {
                 return Err(format!("{lost}; no worker is left to re-plan onto"));
             }
-            plan = replan(&current, d2)
+            (current, plan) = replan_after_loss(current, spec, d2)
                 .map_err(|e| format!("{lost}; re-planning onto {d2} workers failed: {e}"))?;
             let reason = format!(
                 "{lost}; re-planned onto {d2} workers ({}, {} stages), resuming from {}",
@@ -404,7 +400,7 @@ impl JobRunner for ClusterRunner {
             );
             tracing::warn!(job, "{reason}");
             crate::metrics::record_replan("worker_lost");
-            replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
+            tell(&mut replanned, reason, &plan);
             stage_pieces = spec_split(&current, &plan);
             first_step = resume;
         }
@@ -443,7 +439,21 @@ fn adopt(current: &mut JobSpec, schedule: String, limit: Option<f64>, d: u32) {
     let p = &mut current.parallelism;
     p.memory_limit = limit.map(|l| l * f64::from(p.pipeline_parallel_degree) / f64::from(d.max(1)));
     p.pipeline_parallel_schedule = schedule;
-    p.pipeline_parallel_layers_per_stage = None;
+    unpin_stages(p);
+}
+
+/// Records a re-plan to `plan` for the next step event: after any earlier one no event has
+/// carried yet (a run lost before its first step), so neither reason is lost.
+fn tell(
+    replanned: &mut Option<(String, std::sync::Arc<Schedule>)>,
+    reason: String,
+    plan: &JobPlan,
+) {
+    let reason = match replanned.take() {
+        Some((earlier, _)) => format!("{earlier}; then {reason}"),
+        None => reason,
+    };
+    *replanned = Some((reason, std::sync::Arc::new(plan.schedule.clone())));
 }
 
 /// Where a re-planned job resumes, in words.
@@ -453,6 +463,30 @@ fn resumed_from(step: u64) -> String {
     } else {
         format!("the checkpoint of step {step}")
     }
+}
+
+/// After a loss: `current` (the spec the runs follow) planned for `d` workers, with the spec
+/// it was planned from. When a memory-pressure move chose `current`'s schedule and limit
+/// and the limit cannot be met on `d` workers, that schedule at its default limit, else
+/// the job's own spec (the check before the run moves it again if it does not fit).
+fn replan_after_loss(
+    current: JobSpec,
+    spec: &JobSpec,
+    d: u32,
+) -> pipewise_common::Result<(JobSpec, JobPlan)> {
+    let first = match replan(&current, d) {
+        Ok(plan) => return Ok((current, plan)),
+        Err(e) if current == *spec => return Err(e),
+        Err(e) => e,
+    };
+    let mut unlimited = current.clone();
+    unlimited.parallelism.memory_limit = None;
+    if let Ok(plan) = replan(&unlimited, d) {
+        return Ok((unlimited, plan));
+    }
+    replan(spec, d)
+        .map(|plan| (spec.clone(), plan))
+        .map_err(|_| first)
 }
 
 /// `spec` planned for `d` workers (see [`respec`]).
@@ -470,8 +504,15 @@ fn respec(spec: &JobSpec, d: u32) -> JobSpec {
         .memory_limit
         .map(|l| l * f64::from(d) / f64::from(p.pipeline_parallel_degree.max(1)));
     p.pipeline_parallel_degree = d;
-    p.pipeline_parallel_layers_per_stage = None;
+    unpin_stages(p);
     spec
+}
+
+/// Drops blocks per stage (it pins the stage count) but keeps splitting the torchtitan way.
+fn unpin_stages(p: &mut pipewise_common::job::Parallelism) {
+    if p.pipeline_parallel_layers_per_stage.take().is_some() {
+        p.torchtitan_split = true;
+    }
 }
 
 /// The step a run that started at `first_step` and completed every step before `through`
@@ -685,13 +726,14 @@ impl ClusterRunner {
     }
 
     /// Collects the workers' reports until all are done, one fails or dies, or a cancel
-    /// has run its course. `replanned` (why, and the new schedule) goes with the first event.
+    /// has run its course. `replanned` (why, and the new schedule) goes with the first event
+    /// (it stays for the next run if none came).
     fn follow(
         &self,
         run: &Assigned<'_>,
         report: &mut dyn FnMut(StepEventData),
         cancelled: &AtomicBool,
-        mut replanned: Option<(String, std::sync::Arc<Schedule>)>,
+        replanned: &mut Option<(String, std::sync::Arc<Schedule>)>,
     ) -> Result<(), Ended> {
         let Assigned {
             job,
@@ -1266,8 +1308,6 @@ mod tests {
         assert_eq!(run_id(7, 0), 7);
     }
 
-    /// torchtitan's first / last stage less layers survive a re-plan onto other workers,
-    /// blocks per stage (which pins the stage count) included in the spec or not.
     /// Memory pressure predicts with the job's layer split and may move to a schedule with
     /// another stage count even when blocks per stage pinned the first one.
     #[test]
@@ -1413,6 +1453,8 @@ mod tests {
         }
     }
 
+    /// torchtitan's first / last stage less layers survive a re-plan onto other workers,
+    /// blocks per stage (which pins the stage count) included in the spec or not.
     #[test]
     fn the_layer_split_survives_a_replan() {
         let mut spec = example(4, "1f1b");
@@ -1425,5 +1467,53 @@ mod tests {
         let on_two = replan(&spec, 2).unwrap();
         // 12 slots, 6 per stage.
         assert_eq!(spec_split(&spec, &on_two), vec![5, 7]);
+    }
+
+    /// Blocks per stage alone asks for torchtitan's split (blocks evenly, the embedding and
+    /// the head added to the end stages), which differs from the even split of the pieces;
+    /// a re-planned or pressure-checked spec keeps it.
+    #[test]
+    fn blocks_per_stage_alone_keeps_the_torchtitan_split() {
+        let mut spec = example(4, "1f1b");
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(2);
+        let plan = spec.validate().unwrap();
+        assert_eq!(spec_split(&spec, &plan), vec![3, 2, 2, 3]);
+        assert_eq!(
+            spec.model.even_split(4).unwrap(),
+            vec![0..3, 3..6, 6..8, 8..10]
+        );
+        let same = respec(&spec, 4);
+        assert_eq!(same.parallelism.pipeline_parallel_layers_per_stage, None);
+        assert_eq!(same.stage_ranges(4).unwrap(), spec.stage_ranges(4).unwrap());
+        assert_eq!(spec_split(&same, &plan), vec![3, 2, 2, 3]);
+        let mut moved = spec.clone();
+        adopt(&mut moved, "v-half".into(), None, 4);
+        let v_half = moved.validate().unwrap();
+        // 8 blocks in 8 stages, the embedding and the head at the ends.
+        assert_eq!(spec_split(&moved, &v_half), vec![2, 1, 1, 1, 1, 1, 1, 2]);
+    }
+
+    /// A loss after a memory-pressure move to an adaptive limit that cannot be met on the
+    /// survivors re-plans that schedule at its default limit; the job's own limit is not
+    /// dropped that way.
+    #[test]
+    fn a_loss_after_a_pressure_move_falls_back_to_a_plannable_limit() {
+        let spec = example(4, "1f1b");
+        let at = |limit: f64| {
+            let mut c = spec.clone();
+            adopt(&mut c, "adaptive-v".into(), Some(limit), 4);
+            c
+        };
+        let limit = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+            .into_iter()
+            .find(|&l| replan(&at(l), 4).is_ok() && replan(&at(l), 2).is_err())
+            .expect("a limit met on 4 workers, not on 2");
+        let (used, plan) = replan_after_loss(at(limit), &spec, 2).unwrap();
+        assert_eq!(plan.kind.name(), "adaptive-v");
+        assert_eq!(used.parallelism.memory_limit, None);
+        assert_eq!(plan.schedule.num_workers(), 2);
+        // The job's own limit: the loss fails the job as before.
+        let own = at(limit);
+        assert!(replan_after_loss(own.clone(), &own, 2).is_err());
     }
 }
