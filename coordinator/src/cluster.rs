@@ -1244,6 +1244,34 @@ mod tests {
     use super::*;
     use pipewise_common::job::example;
 
+    /// Live workers that registered these memory sizes.
+    fn registered(memory: impl Iterator<Item = u64>) -> Vec<WorkerInfo> {
+        memory
+            .enumerate()
+            .map(|(i, memory_bytes)| WorkerInfo {
+                id: format!("w{i}"),
+                address: String::new(),
+                device_kind: "cpu".into(),
+                memory_bytes,
+                last_seen: tokio::time::Instant::now(),
+                current_activation_bytes: 0,
+                peak_activation_bytes: 0,
+                step: 0,
+                streaming: true,
+                job: 0,
+            })
+            .collect()
+    }
+
+    /// A step's reports in which worker 0 held `peak` bytes of activations.
+    fn overflow_on_worker_0(peak: u64) -> Vec<pb::StepReport> {
+        vec![pb::StepReport {
+            worker_index: 0,
+            peak_activation_bytes: peak,
+            ..Default::default()
+        }]
+    }
+
     fn touch(path: &std::path::Path) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, b"x").unwrap();
@@ -1338,27 +1366,8 @@ mod tests {
         // Every worker has exactly V-Half's need: 1F1B does not fit worker 0, GPipe
         // overflowed it.
         assert!(gpipe[0] > v_half[0] && one_f_one_b[0] > v_half[0]);
-        let workers: Vec<WorkerInfo> = v_half
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| WorkerInfo {
-                id: format!("w{i}"),
-                address: String::new(),
-                device_kind: "cpu".into(),
-                memory_bytes: b,
-                last_seen: tokio::time::Instant::now(),
-                current_activation_bytes: 0,
-                peak_activation_bytes: 0,
-                step: 0,
-                streaming: true,
-                job: 0,
-            })
-            .collect();
-        let reports = vec![pb::StepReport {
-            worker_index: 0,
-            peak_activation_bytes: gpipe[0],
-            ..Default::default()
-        }];
+        let workers = registered(v_half.iter().copied());
+        let reports = overflow_on_worker_0(gpipe[0]);
         let (reason, fits) = pressure(&spec, &plan, Some(&reports), &workers).unwrap();
         assert!(reason.contains("worker 0 (w0) held"), "{reason}");
         // Before a run, from the plan's prediction alone: the same move.
@@ -1410,34 +1419,19 @@ mod tests {
         let (v_half, v_half_makespan) = planned("v-half");
         let (one_f_one_b, _) = planned("1f1b");
         let (adaptive, _) = planned("adaptive-v");
-        let workers: Vec<WorkerInfo> = (0..4)
-            .map(|i| WorkerInfo {
-                id: format!("w{i}"),
-                address: String::new(),
-                device_kind: "cpu".into(),
-                // Worker 0 between V-Half's need and adaptive-v's at its default
-                // limit; the others hold any of them.
-                memory_bytes: if i == 0 {
-                    (v_half[0] + adaptive[0]) / 2
-                } else {
-                    v_half[i].max(adaptive[i]).max(one_f_one_b[i])
-                },
-                last_seen: tokio::time::Instant::now(),
-                current_activation_bytes: 0,
-                peak_activation_bytes: 0,
-                step: 0,
-                streaming: true,
-                job: 0,
-            })
-            .collect();
+        // Worker 0 between V-Half's need and adaptive-v's at its default limit; the
+        // others hold any of them.
+        let workers = registered((0..4).map(|i| {
+            if i == 0 {
+                (v_half[0] + adaptive[0]) / 2
+            } else {
+                v_half[i].max(adaptive[i]).max(one_f_one_b[i])
+            }
+        }));
         // Neither 1F1B nor adaptive-v at its default limit fits worker 0.
         assert!(adaptive[0] > workers[0].memory_bytes);
         assert!(one_f_one_b[0] > workers[0].memory_bytes);
-        let reports = vec![pb::StepReport {
-            worker_index: 0,
-            peak_activation_bytes: gpipe[0],
-            ..Default::default()
-        }];
+        let reports = overflow_on_worker_0(gpipe[0]);
         let (reason, fits) = pressure(&spec, &plan, Some(&reports), &workers).unwrap();
         println!(
             "{reason}; makespan {} against v-half's {v_half_makespan}",
