@@ -479,13 +479,29 @@ impl JobPlan {
     /// trading it for the stash after the input gradient, `W` (and `BW`) freeing it, the
     /// peak taken at pass boundaries with [`ModelSpec::piece_activation_bytes`]'s figures.
     pub fn predicted_peak_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
+        let ranges = spec.stage_ranges(self.schedule.placement.stages())?;
+        self.predicted_peak_bytes_over(spec, &ranges)
+    }
+
+    /// [`JobPlan::predicted_peak_bytes`] with the model's pieces cut into `ranges`, one per
+    /// stage (e.g. a split that moved layers off a slow worker).
+    pub fn predicted_peak_bytes_over(
+        &self,
+        spec: &JobSpec,
+        ranges: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u64>> {
         use crate::pass::PassKind;
-        let placement = &self.schedule.placement;
-        let ranges = spec.stage_ranges(placement.stages())?;
+        let stages = self.schedule.placement.stages();
+        if ranges.len() != stages as usize {
+            return Err(invalid(
+                "stage_pieces",
+                format!("{} ranges for {stages} stages", ranges.len()),
+            ));
+        }
         let b = spec.parallelism.pipeline_parallel_microbatch_size;
         let per_stage: Vec<_> = ranges
-            .into_iter()
-            .map(|r| spec.model.range_activation_bytes(r, b))
+            .iter()
+            .map(|r| spec.model.range_activation_bytes(r.clone(), b))
             .collect();
         Ok(self
             .schedule

@@ -291,7 +291,7 @@ impl JobRunner for ClusterRunner {
             };
             // A plan predicted not to fit a worker's registered memory is moved before it
             // starts: a device would fail to allocate rather than report the overflow.
-            if let Some((reason, fits)) = pressure(&current, &plan, None, &workers) {
+            if let Some((reason, fits)) = pressure(&current, &plan, &stage_pieces, None, &workers) {
                 let reason = format!("{reason}; before step {}", first_step + 1);
                 tracing::warn!(job, "{reason}");
                 crate::metrics::record_replan("memory_pressure");
@@ -747,6 +747,7 @@ impl ClusterRunner {
             spec,
             plan,
             may_move,
+            stage_pieces,
             ..
         } = *run;
         let d = workers.len();
@@ -829,7 +830,7 @@ impl ClusterRunner {
                             && first_step + completed < steps
                             && let Some((reason, fits)) = {
                                 pressure_tried = true;
-                                pressure(spec, plan, Some(&reports), workers)
+                                pressure(spec, plan, stage_pieces, Some(&reports), workers)
                             }
                         {
                             let _ = self.membership.cast(MembershipMsg::Stop(run_id));
@@ -1022,18 +1023,30 @@ pub const FITTING_KINDS: [&str; 9] = [
 fn pressure(
     spec: &JobSpec,
     plan: &JobPlan,
+    in_use: &[u32],
     measured: Option<&[pb::StepReport]>,
     workers: &[WorkerInfo],
 ) -> Option<(String, Fitting)> {
     // The job as planned for the run's worker count (after a loss it may be fewer than
     // the degree), without a stage count pinned by blocks per stage.
     let spec = &respec(spec, plan.schedule.num_workers());
+    let predicted_over = |p: &JobPlan, ranges: &[std::ops::Range<usize>]| -> Option<Vec<u64>> {
+        let peaks = p.predicted_peak_bytes_over(spec, ranges).ok()?;
+        let statics = static_bytes_over(spec, p, ranges)?;
+        Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
+    };
     let predicted = |p: &JobPlan| -> Option<Vec<u64>> {
         let peaks = p.predicted_peak_bytes(spec).ok()?;
         let statics = static_bytes(spec, p)?;
         Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
     };
-    let now = predicted(plan)?;
+    // The plan in use on the split in use (a straggler move's), the candidates on the
+    // job's split (a move goes back to it).
+    let now = if in_use.is_empty() {
+        predicted(plan)?
+    } else {
+        predicted_over(plan, &spec.model.split_by_counts(in_use).ok()?)?
+    };
     let over_budget = |w: usize, need: u64| {
         workers
             .get(w)
@@ -1157,11 +1170,23 @@ const FIT_STEPS: usize = 6;
 /// Parameters, gradients and the two AdamW moments each worker of `plan` holds (the
 /// job's layer split, [`JobSpec::stage_ranges`]).
 fn static_bytes(spec: &JobSpec, plan: &JobPlan) -> Option<Vec<u64>> {
+    let ranges = spec.stage_ranges(plan.schedule.placement.stages()).ok()?;
+    static_bytes_over(spec, plan, &ranges)
+}
+
+/// [`static_bytes`] with the pieces cut into `ranges`, one per stage.
+fn static_bytes_over(
+    spec: &JobSpec,
+    plan: &JobPlan,
+    ranges: &[std::ops::Range<usize>],
+) -> Option<Vec<u64>> {
     let placement = &plan.schedule.placement;
-    let ranges = spec.stage_ranges(placement.stages()).ok()?;
+    if ranges.len() != placement.stages() as usize {
+        return None;
+    }
     let pieces = spec.model.pieces();
     let mut out = vec![0u64; placement.workers() as usize];
-    for (s, r) in ranges.into_iter().enumerate() {
+    for (s, r) in ranges.iter().cloned().enumerate() {
         let params: u64 = pieces[r].iter().map(|&p| spec.model.piece_params(p)).sum();
         out[placement.worker_of(s as u32) as usize] += params * spec.model.dtype.bytes() * 4;
     }
@@ -1368,17 +1393,17 @@ mod tests {
         assert!(gpipe[0] > v_half[0] && one_f_one_b[0] > v_half[0]);
         let workers = registered(v_half.iter().copied());
         let reports = overflow_on_worker_0(gpipe[0]);
-        let (reason, fits) = pressure(&spec, &plan, Some(&reports), &workers).unwrap();
+        let (reason, fits) = pressure(&spec, &plan, &[], Some(&reports), &workers).unwrap();
         assert!(reason.contains("worker 0 (w0) held"), "{reason}");
         // Before a run, from the plan's prediction alone: the same move.
-        let (ahead, same) = pressure(&spec, &plan, None, &workers).unwrap();
+        let (ahead, same) = pressure(&spec, &plan, &[], None, &workers).unwrap();
         assert!(
             ahead.contains("worker 0 (w0) is predicted to hold"),
             "{ahead}"
         );
         assert_eq!(same.plan.schedule, fits.plan.schedule);
         // A plan predicted to fit is left alone.
-        assert!(pressure(&spec, &fits.plan, None, &workers).is_none());
+        assert!(pressure(&spec, &fits.plan, &[], None, &workers).is_none());
         // V-Half's class: two stages per worker, not the four stages the spec pinned.
         assert_eq!(fits.plan.schedule.placement.stages(), 8, "{reason}");
         let moved = &fits.spec;
@@ -1432,7 +1457,7 @@ mod tests {
         assert!(adaptive[0] > workers[0].memory_bytes);
         assert!(one_f_one_b[0] > workers[0].memory_bytes);
         let reports = overflow_on_worker_0(gpipe[0]);
-        let (reason, fits) = pressure(&spec, &plan, Some(&reports), &workers).unwrap();
+        let (reason, fits) = pressure(&spec, &plan, &[], Some(&reports), &workers).unwrap();
         println!(
             "{reason}; makespan {} against v-half's {v_half_makespan}",
             fits.makespan
@@ -1445,6 +1470,31 @@ mod tests {
         for (b, w) in fits.bytes.iter().zip(&workers) {
             assert!(*b <= w.memory_bytes, "{reason}");
         }
+    }
+
+    /// The plan in use is judged on the split in use: layers a straggler move put on
+    /// worker 0 can overflow it where the job's split would not.
+    #[test]
+    fn pressure_judges_the_split_in_use() {
+        let mut spec = example(2, "1f1b");
+        spec.training.global_batch_size = 16;
+        let plan = spec.validate().unwrap();
+        let total = |ranges: &[std::ops::Range<usize>]| -> u64 {
+            let peak = plan.predicted_peak_bytes_over(&spec, ranges).unwrap()[0];
+            peak + static_bytes_over(&spec, &plan, ranges).unwrap()[0]
+        };
+        let moved = [8u32, 2];
+        let even = total(&spec.stage_ranges(2).unwrap());
+        let heavy = total(&spec.model.split_by_counts(&moved).unwrap());
+        assert!(heavy > even, "{heavy} {even}");
+        let workers = registered([(even + heavy) / 2, u64::MAX / 4].into_iter());
+        assert!(pressure(&spec, &plan, &[], None, &workers).is_none());
+        let (reason, fits) = pressure(&spec, &plan, &moved, None, &workers).unwrap();
+        assert!(reason.contains("is predicted to hold"), "{reason}");
+        assert!(fits.bytes[0] <= workers[0].memory_bytes, "{reason}");
+        // One range for two stages.
+        let whole = spec.model.split_by_counts(&[10]).unwrap();
+        assert!(plan.predicted_peak_bytes_over(&spec, &whole).is_err());
     }
 
     /// torchtitan's first / last stage less layers survive a re-plan onto other workers,
