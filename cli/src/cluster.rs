@@ -61,6 +61,10 @@ pub(crate) struct WorkerArgs {
     /// overflows it, after the step. Default: not watched.
     #[arg(long, value_name = "BYTES", value_parser = parse_memory_bytes)]
     pub(crate) memory_bytes: Option<u64>,
+    /// Report this many bytes held beyond what the stages hold (a stand-in for memory no
+    /// plan predicts, to try the coordinator's after-a-step memory check).
+    #[arg(long, value_name = "BYTES", value_parser = parse_memory_bytes, hide = true)]
+    pub(crate) unplanned_bytes: Option<u64>,
     /// Where stages run: `cpu`, or `cuda` / `cuda:N` (the N-th GPU; needs a pipewise built
     /// with `--features cuda`, see docs/cuda.md).
     #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = parse_device)]
@@ -216,7 +220,7 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
     })
 }
 
-/// Runs `pipewise worker` until the process is stopped.
+/// A byte count of at least one byte.
 fn parse_memory_bytes(text: &str) -> std::result::Result<u64, String> {
     // parse_bytes keeps it positive and at most 2^60; a fraction of a byte is left.
     let bytes = crate::args::parse_bytes(text)?;
@@ -234,6 +238,7 @@ fn parse_slowdown(text: &str) -> std::result::Result<f64, String> {
     }
 }
 
+/// Runs `pipewise worker` until the process is stopped.
 pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     init_logs(args.log_format);
     let id = args
@@ -246,6 +251,7 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     config.timeout = Duration::from_secs(args.timeout);
     config.slowdown = args.slowdown;
     config.memory_bytes = args.memory_bytes.unwrap_or(0);
+    config.unplanned_bytes = args.unplanned_bytes.unwrap_or(0);
     config.device = args.device.open()?;
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics_listen {

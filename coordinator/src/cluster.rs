@@ -766,10 +766,29 @@ impl ClusterRunner {
         // Memory pressure is answered once per run: when nothing fits, planning the
         // candidates again every step would not change that.
         let mut pressure_tried = false;
+        // Its search for a plan that fits (up to a few dozen plans), beside the reports.
+        let mut searching: Option<std::thread::JoinHandle<Option<(String, Fitting)>>> = None;
         // The live worker count a growth was last tried for (a plan that fails is not
         // tried again until the count changes).
         let mut grow_tried = d;
         while done.iter().any(|x| !x) {
+            if searching.as_ref().is_some_and(|h| h.is_finished())
+                && let Some((reason, fits)) = searching.take().and_then(|h| h.join().ok()).flatten()
+                && moving.is_none()
+                && stop_asked.is_none()
+                && first_step + completed < steps
+            {
+                let _ = self.membership.cast(MembershipMsg::Stop(run_id));
+                let p = fits.spec.parallelism;
+                moving = Some((
+                    reason,
+                    Move::Plan(
+                        Box::new(fits.plan),
+                        p.pipeline_parallel_schedule,
+                        p.memory_limit,
+                    ),
+                ));
+            }
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
                     let i = r.worker_index as usize;
@@ -828,21 +847,14 @@ impl ClusterRunner {
                             && moving.is_none()
                             && stop_asked.is_none()
                             && first_step + completed < steps
-                            && let Some((reason, fits)) = {
-                                pressure_tried = true;
-                                pressure(spec, plan, stage_pieces, Some(&reports), workers)
-                            }
                         {
-                            let _ = self.membership.cast(MembershipMsg::Stop(run_id));
-                            let p = fits.spec.parallelism;
-                            moving = Some((
-                                reason,
-                                Move::Plan(
-                                    Box::new(fits.plan),
-                                    p.pipeline_parallel_schedule,
-                                    p.memory_limit,
-                                ),
-                            ));
+                            pressure_tried = true;
+                            let (spec, plan) = (spec.clone(), plan.clone());
+                            let (pieces, workers) = (stage_pieces.to_vec(), workers.to_vec());
+                            let measured = reports.clone();
+                            searching = Some(std::thread::spawn(move || {
+                                pressure(&spec, &plan, &pieces, Some(&measured), &workers)
+                            }));
                         }
                         if let Some(watch) = watch
                             && may_move

@@ -69,6 +69,10 @@ pub struct NodeConfig {
     /// Device memory this worker may use, registered with the coordinator, which moves a
     /// job that overflows it to a schedule that fits (0: not said, not watched).
     pub memory_bytes: u64,
+    /// Bytes the worker reports holding beyond what it computes: a stand-in for memory no
+    /// plan predicts (allocator slack, other processes), to exercise the coordinator's
+    /// after-a-step memory check (0: none).
+    pub unplanned_bytes: u64,
 }
 
 impl NodeConfig {
@@ -84,6 +88,7 @@ impl NodeConfig {
             connect_for: Duration::from_secs(60),
             slowdown: 1.0,
             memory_bytes: 0,
+            unplanned_bytes: 0,
         }
     }
 }
@@ -576,11 +581,12 @@ fn run_assignment(
     )?;
     rt.set_timeout(config.timeout);
     rt.set_slowdown(config.slowdown);
-    // Parameters, gradients and the two AdamW moments.
+    // Parameters, gradients and the two AdamW moments (and what the config adds).
     let static_bytes: u64 = rt
         .params()
         .map(|p| (p.value.elem_count() * p.value.dtype().size_in_bytes() * 4) as u64)
-        .sum();
+        .sum::<u64>()
+        .saturating_add(config.unplanned_bytes);
     crate::metrics::record_parameters(&rt);
     let output = PathBuf::from(&a.output_dir);
     if a.first_step > 0 {
