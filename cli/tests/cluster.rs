@@ -918,12 +918,9 @@ fn pressure_job(name: &str) -> (JobSpec, u64, u64, u64) {
     spec.checkpoint.enable_checkpoint = true;
     spec.checkpoint.interval = 1000;
     let plan = spec.validate().unwrap();
-    let first_stage = spec.model.even_split(2).unwrap()[0].clone();
-    let params: u64 = spec.model.pieces()[first_stage]
-        .iter()
-        .map(|&p| spec.model.piece_params(p))
-        .sum();
-    let fixed = params * 4 * 4;
+    let fixed = plan
+        .predicted_state_bytes_over(&spec, &spec.model.even_split(2).unwrap())
+        .unwrap()[0];
     let gpipe = plan.predicted_peak_bytes(&spec).unwrap()[0];
     let mut one = spec.clone();
     one.parallelism.pipeline_parallel_schedule = "1f1b".into();
@@ -961,13 +958,11 @@ fn memory_pressure_moves_the_job_to_a_schedule_that_fits() {
     assert!(moves[0].contains("moved to v-half,"), "{}", moves[0]);
     let mut v_half = spec.clone();
     v_half.parallelism.pipeline_parallel_schedule = "v-half".into();
-    let placement = v_half.validate().unwrap().schedule.placement;
-    let ranges = v_half.stage_ranges(placement.stages()).unwrap();
-    let fixed_after: u64 = (0..placement.stages())
-        .filter(|&s| placement.worker_of(s) == 0)
-        .flat_map(|s| spec.model.pieces()[ranges[s as usize].clone()].to_vec())
-        .map(|p| spec.model.piece_params(p) * 4 * 4)
-        .sum();
+    let moved = v_half.validate().unwrap();
+    let ranges = v_half
+        .stage_ranges(moved.schedule.placement.stages())
+        .unwrap();
+    let fixed_after = moved.predicted_state_bytes_over(&v_half, &ranges).unwrap()[0];
     assert!(fixed_after > 0);
     // Every step ran once, on the new plan, within the budget on worker 0.
     let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();

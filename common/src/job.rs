@@ -483,6 +483,59 @@ impl JobPlan {
         self.predicted_peak_bytes_over(spec, &ranges)
     }
 
+    /// Everything each worker is predicted to hold in a step, on the job's layer split: its
+    /// peak activations ([`JobPlan::predicted_peak_bytes`]) plus its training state
+    /// ([`JobPlan::predicted_state_bytes_over`]).
+    pub fn predicted_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
+        let ranges = spec.stage_ranges(self.schedule.placement.stages())?;
+        self.predicted_bytes_over(spec, &ranges)
+    }
+
+    /// [`JobPlan::predicted_bytes`] with the model's pieces cut into `ranges`.
+    pub fn predicted_bytes_over(
+        &self,
+        spec: &JobSpec,
+        ranges: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u64>> {
+        let peaks = self.predicted_peak_bytes_over(spec, ranges)?;
+        let state = self.predicted_state_bytes_over(spec, ranges)?;
+        Ok(peaks.iter().zip(state).map(|(a, b)| a + b).collect())
+    }
+
+    /// The parameters, gradients and two AdamW moments each worker holds, with the model's
+    /// pieces cut into `ranges` (one per stage): four copies of its stages' parameters in
+    /// the spec's dtype, as a worker counts them in its step reports.
+    pub fn predicted_state_bytes_over(
+        &self,
+        spec: &JobSpec,
+        ranges: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u64>> {
+        self.check_ranges(ranges)?;
+        let placement = &self.schedule.placement;
+        let pieces = spec.model.pieces();
+        let mut out = vec![0u64; placement.workers() as usize];
+        for (s, r) in ranges.iter().enumerate() {
+            let params: u64 = pieces[r.clone()]
+                .iter()
+                .map(|&p| spec.model.piece_params(p))
+                .sum();
+            out[placement.worker_of(s as u32) as usize] += params * spec.model.dtype.bytes() * 4;
+        }
+        Ok(out)
+    }
+
+    /// `ranges` has one range per stage.
+    fn check_ranges(&self, ranges: &[std::ops::Range<usize>]) -> Result<()> {
+        let stages = self.schedule.placement.stages();
+        if ranges.len() != stages as usize {
+            return Err(invalid(
+                "stage_pieces",
+                format!("{} ranges for {stages} stages", ranges.len()),
+            ));
+        }
+        Ok(())
+    }
+
     /// [`JobPlan::predicted_peak_bytes`] with the model's pieces cut into `ranges`, one per
     /// stage (e.g. a split that moved layers off a slow worker).
     pub fn predicted_peak_bytes_over(
@@ -491,13 +544,7 @@ impl JobPlan {
         ranges: &[std::ops::Range<usize>],
     ) -> Result<Vec<u64>> {
         use crate::pass::PassKind;
-        let stages = self.schedule.placement.stages();
-        if ranges.len() != stages as usize {
-            return Err(invalid(
-                "stage_pieces",
-                format!("{} ranges for {stages} stages", ranges.len()),
-            ));
-        }
+        self.check_ranges(ranges)?;
         let b = spec.parallelism.pipeline_parallel_microbatch_size;
         let per_stage: Vec<_> = ranges
             .iter()

@@ -243,9 +243,9 @@ enum Ended {
 enum Move {
     /// A straggler's layers moved: the same plan on this split (pieces per stage).
     Split(Vec<u32>),
-    /// Memory pressure: a plan predicted to fit, with the schedule and memory limit it was
-    /// planned with (later re-plans keep them).
-    Plan(Box<JobPlan>, String, Option<f64>),
+    /// Memory pressure: a plan predicted to fit, with the spec it was planned from (later
+    /// re-plans keep its schedule and memory limit).
+    Plan(Box<Fitting>),
     /// Workers joined a job that runs on fewer than its degree: the plan on more of them.
     Grow(Box<JobPlan>),
 }
@@ -295,14 +295,7 @@ impl JobRunner for ClusterRunner {
                 let reason = format!("{reason}; before step {}", first_step + 1);
                 tracing::warn!(job, "{reason}");
                 crate::metrics::record_replan("memory_pressure");
-                let p = fits.spec.parallelism;
-                adopt(
-                    &mut current,
-                    p.pipeline_parallel_schedule,
-                    p.memory_limit,
-                    d,
-                );
-                plan = fits.plan;
+                plan = fits.adopt_into(&mut current);
                 stage_pieces = spec_split(&current, &plan);
                 tell(&mut replanned, reason, &plan);
             }
@@ -357,9 +350,8 @@ impl JobRunner for ClusterRunner {
                     crate::metrics::record_replan(to.metric());
                     match to {
                         Move::Split(counts) => stage_pieces = counts,
-                        Move::Plan(new_plan, schedule, limit) => {
-                            plan = *new_plan;
-                            adopt(&mut current, schedule, limit, plan.schedule.num_workers());
+                        Move::Plan(fits) => {
+                            plan = fits.adopt_into(&mut current);
                             stage_pieces = spec_split(&current, &plan);
                         }
                         Move::Grow(new_plan) => {
@@ -779,15 +771,7 @@ impl ClusterRunner {
                 && first_step + completed < steps
             {
                 let _ = self.membership.cast(MembershipMsg::Stop(run_id));
-                let p = fits.spec.parallelism;
-                moving = Some((
-                    reason,
-                    Move::Plan(
-                        Box::new(fits.plan),
-                        p.pipeline_parallel_schedule,
-                        p.memory_limit,
-                    ),
-                ));
+                moving = Some((reason, Move::Plan(Box::new(fits))));
             }
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
@@ -1042,22 +1026,14 @@ fn pressure(
     // The job as planned for the run's worker count (after a loss it may be fewer than
     // the degree), without a stage count pinned by blocks per stage.
     let spec = &respec(spec, plan.schedule.num_workers());
-    let predicted_over = |p: &JobPlan, ranges: &[std::ops::Range<usize>]| -> Option<Vec<u64>> {
-        let peaks = p.predicted_peak_bytes_over(spec, ranges).ok()?;
-        let statics = static_bytes_over(spec, p, ranges)?;
-        Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
-    };
-    let predicted = |p: &JobPlan| -> Option<Vec<u64>> {
-        let peaks = p.predicted_peak_bytes(spec).ok()?;
-        let statics = static_bytes(spec, p)?;
-        Some(peaks.iter().zip(&statics).map(|(a, b)| a + b).collect())
-    };
+    let predicted = |p: &JobPlan| p.predicted_bytes(spec).ok();
     // The plan in use on the split in use (a straggler move's), the candidates on the
     // job's split (a move goes back to it).
     let now = if in_use.is_empty() {
         predicted(plan)?
     } else {
-        predicted_over(plan, &spec.model.split_by_counts(in_use).ok()?)?
+        let ranges = spec.model.split_by_counts(in_use).ok()?;
+        plan.predicted_bytes_over(spec, &ranges).ok()?
     };
     let over_budget = |w: usize, need: u64| {
         workers
@@ -1146,6 +1122,17 @@ struct Fitting {
     bytes: Vec<u64>,
 }
 
+impl Fitting {
+    /// Makes `current` (the spec the runs follow) plan this schedule and memory limit from
+    /// now on ([`adopt`]); the plan.
+    fn adopt_into(self, current: &mut JobSpec) -> JobPlan {
+        let p = self.spec.parallelism;
+        let d = self.plan.schedule.num_workers();
+        adopt(current, p.pipeline_parallel_schedule, p.memory_limit, d);
+        self.plan
+    }
+}
+
 /// Plans of an adaptive schedule at its default limit (1F1B's peak) do not fit: the
 /// fastest plan that does among [`FIT_STEPS`] limits bisected below it (a limit the
 /// planner cannot meet moves up, one whose plan does not fit moves down).
@@ -1178,32 +1165,6 @@ fn fit_limit(
 
 /// How many limits [`fit_limit`] tries (the last step is 1/64 of 1F1B's peak).
 const FIT_STEPS: usize = 6;
-
-/// Parameters, gradients and the two AdamW moments each worker of `plan` holds (the
-/// job's layer split, [`JobSpec::stage_ranges`]).
-fn static_bytes(spec: &JobSpec, plan: &JobPlan) -> Option<Vec<u64>> {
-    let ranges = spec.stage_ranges(plan.schedule.placement.stages()).ok()?;
-    static_bytes_over(spec, plan, &ranges)
-}
-
-/// [`static_bytes`] with the pieces cut into `ranges`, one per stage.
-fn static_bytes_over(
-    spec: &JobSpec,
-    plan: &JobPlan,
-    ranges: &[std::ops::Range<usize>],
-) -> Option<Vec<u64>> {
-    let placement = &plan.schedule.placement;
-    if ranges.len() != placement.stages() as usize {
-        return None;
-    }
-    let pieces = spec.model.pieces();
-    let mut out = vec![0u64; placement.workers() as usize];
-    for (s, r) in ranges.iter().cloned().enumerate() {
-        let params: u64 = pieces[r].iter().map(|&p| spec.model.piece_params(p)).sum();
-        out[placement.worker_of(s as u32) as usize] += params * spec.model.dtype.bytes() * 4;
-    }
-    Some(out)
-}
 
 /// One step's event from every worker's report.
 fn event(job: u64, step: u64, planned: f64, reports: &[pb::StepReport]) -> StepEventData {
@@ -1386,18 +1347,16 @@ mod tests {
         even.parallelism.pipeline_parallel_first_stage_less_layers = 0;
         even.parallelism.pipeline_parallel_layers_per_stage = None;
         // Worker 0 holds one block and the embedding, not three pieces.
-        let split = static_bytes(&spec, &plan).unwrap();
-        assert!(
-            split[0] < static_bytes(&even, &plan).unwrap()[0],
-            "{split:?}"
-        );
+        let state = |s: &JobSpec| {
+            plan.predicted_state_bytes_over(s, &s.stage_ranges(4).unwrap())
+                .unwrap()
+        };
+        let split = state(&spec);
+        assert!(split[0] < state(&even)[0], "{split:?}");
         let need = |kind: &str| -> Vec<u64> {
             let mut c = respec(&spec, 4);
             c.parallelism.pipeline_parallel_schedule = kind.into();
-            let p = c.validate().unwrap();
-            let peaks = p.predicted_peak_bytes(&c).unwrap();
-            let statics = static_bytes(&c, &p).unwrap();
-            peaks.iter().zip(statics).map(|(a, b)| a + b).collect()
+            c.validate().unwrap().predicted_bytes(&c).unwrap()
         };
         let (gpipe, v_half, one_f_one_b) = (need("gpipe"), need("v-half"), need("1f1b"));
         // Every worker has exactly V-Half's need: 1F1B does not fit worker 0, GPipe
@@ -1420,10 +1379,9 @@ mod tests {
         assert_eq!(fits.plan.schedule.placement.stages(), 8, "{reason}");
         let moved = &fits.spec;
         assert_eq!(moved.validate().unwrap().schedule, fits.plan.schedule);
-        let bytes = fits.plan.predicted_peak_bytes(moved).unwrap();
-        let statics = static_bytes(moved, &fits.plan).unwrap();
+        let bytes = fits.plan.predicted_bytes(moved).unwrap();
         for (w, worker) in workers.iter().enumerate() {
-            assert!(bytes[w] + statics[w] <= worker.memory_bytes, "{reason}");
+            assert!(bytes[w] <= worker.memory_bytes, "{reason}");
         }
     }
 
@@ -1440,17 +1398,12 @@ mod tests {
             let mut c = spec.clone();
             c.parallelism.pipeline_parallel_schedule = kind.into();
             let p = c.validate().unwrap();
-            let peaks = p.predicted_peak_bytes(&c).unwrap();
-            let statics = static_bytes(&c, &p).unwrap();
             let sim = simulate(
                 &p.schedule,
                 &Costs::uniform(&p.schedule.placement, c.planning_times()).unwrap(),
             )
             .unwrap();
-            (
-                peaks.iter().zip(statics).map(|(a, b)| a + b).collect(),
-                sim.makespan,
-            )
+            (p.predicted_bytes(&c).unwrap(), sim.makespan)
         };
         let (gpipe, _) = planned("gpipe");
         let (v_half, v_half_makespan) = planned("v-half");
@@ -1492,8 +1445,7 @@ mod tests {
         spec.training.global_batch_size = 16;
         let plan = spec.validate().unwrap();
         let total = |ranges: &[std::ops::Range<usize>]| -> u64 {
-            let peak = plan.predicted_peak_bytes_over(&spec, ranges).unwrap()[0];
-            peak + static_bytes_over(&spec, &plan, ranges).unwrap()[0]
+            plan.predicted_bytes_over(&spec, ranges).unwrap()[0]
         };
         let moved = [8u32, 2];
         let even = total(&spec.stage_ranges(2).unwrap());
