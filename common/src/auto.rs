@@ -16,7 +16,7 @@
 //!    gives the first stage fewer blocks where the time balance leaves room (torchtitan's
 //!    "first and last stage hold fewer layers");
 //! 3. checks the static memory of every worker: parameters, gradients and AdamW state,
-//!    [`bytes_per_param`] bytes per parameter;
+//!    [`DType::training_state_bytes`](crate::model::DType::training_state_bytes) bytes per parameter;
 //! 4. generates the schedule with the stage costs and simulates it; the adaptive kinds are
 //!    searched under one activation limit for every worker: the budget minus the smallest
 //!    static state if the schedule found then fits every worker, else the largest limit
@@ -55,7 +55,7 @@ use crate::error::{Error, Result};
 use crate::generate::{
     LOCAL_SEARCH_BUDGET, Request, ScheduleKind, adaptive_v, adaptive_zb, generate_with,
 };
-use crate::model::{DType, ModelSpec, Piece};
+use crate::model::{ModelSpec, Piece};
 use crate::render::report::fmt_bytes;
 use crate::schedule::Schedule;
 use crate::simulate::{Simulation, simulate};
@@ -99,12 +99,6 @@ pub const AUTO_KINDS: [ScheduleKind; 11] = [
 
 /// Relative tolerance when comparing step times.
 const REL_EPS: f64 = 1e-9;
-
-/// Training-state bytes per parameter: the parameter and its gradient in the spec's dtype,
-/// plus AdamW's two moments in f32 (`2·e + 8`; 12 bytes in bf16, 16 in f32).
-pub fn bytes_per_param(dtype: DType) -> u64 {
-    2 * dtype.bytes() + 8
-}
 
 /// Measured pass times (milliseconds) of one transformer block at one microbatch size.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -473,7 +467,8 @@ impl Rejected {
 pub struct AutoPlan {
     /// Total parameter count of the model.
     pub params: u64,
-    /// Training-state bytes per parameter ([`bytes_per_param`]).
+    /// Training-state bytes per parameter
+    /// ([`DType::training_state_bytes`](crate::model::DType::training_state_bytes)).
     pub bytes_per_param: u64,
     /// The budget, bytes per worker.
     pub memory_per_worker: u64,
@@ -501,7 +496,7 @@ enum Outcome {
 /// than stages), naming the reasons.
 pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     req.validate()?;
-    let per_param = bytes_per_param(req.spec.dtype);
+    let per_param = req.spec.dtype.training_state_bytes();
     let mut planned: Vec<Candidate> = Vec::new();
     let mut rejected: Vec<Rejected> = Vec::new();
     for mbs in (1..=req.global_batch).filter(|b| req.global_batch % b == 0) {
@@ -929,7 +924,7 @@ mod tests {
             heads: 4,
             layers,
             seq_len: 32,
-            dtype: DType::BF16,
+            dtype: crate::model::DType::BF16,
         }
     }
 
@@ -1136,12 +1131,6 @@ mod tests {
             partition_summary(&s, &[0..2, 2..3, 3..4, 4..5, 5..6, 6..8]),
             "emb+1 | 1 ×4 | 1+head"
         );
-    }
-
-    #[test]
-    fn training_state_bytes() {
-        assert_eq!(bytes_per_param(DType::BF16), 12);
-        assert_eq!(bytes_per_param(DType::F32), 16);
     }
 
     #[test]

@@ -503,8 +503,8 @@ impl JobPlan {
     }
 
     /// The parameters, gradients and two AdamW moments each worker holds, with the model's
-    /// pieces cut into `ranges` (one per stage): four copies of its stages' parameters in
-    /// the spec's dtype, as a worker counts them in its step reports.
+    /// pieces cut into `ranges` (one per stage): [`DType::training_state_bytes`] per
+    /// parameter of its stages, as a worker counts them in its step reports.
     pub fn predicted_state_bytes_over(
         &self,
         spec: &JobSpec,
@@ -519,7 +519,8 @@ impl JobPlan {
                 .iter()
                 .map(|&p| spec.model.piece_params(p))
                 .sum();
-            out[placement.worker_of(s as u32) as usize] += params * spec.model.dtype.bytes() * 4;
+            out[placement.worker_of(s as u32) as usize] +=
+                params * spec.model.dtype.training_state_bytes();
         }
         Ok(out)
     }

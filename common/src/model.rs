@@ -40,6 +40,15 @@ impl DType {
         }
     }
 
+    /// Training-state bytes per parameter as a worker holds them: the parameter and its
+    /// gradient in this dtype, AdamW's two moments in f32, and for bf16 and f16 an f32
+    /// master copy that the optimizer updates (as Megatron-LM's mixed-precision optimizer
+    /// keeps them, so small updates are not lost): 16 bytes in every dtype.
+    pub fn training_state_bytes(self) -> u64 {
+        let master = if self == DType::F32 { 0 } else { 4 };
+        2 * self.bytes() + 2 * 4 + master
+    }
+
     /// The text form (`f32`, `f16`, `bf16`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -339,6 +348,13 @@ impl ModelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn training_state_keeps_moments_and_masters_in_f32() {
+        assert_eq!(DType::F32.training_state_bytes(), 4 + 4 + 8);
+        assert_eq!(DType::BF16.training_state_bytes(), 2 + 2 + 8 + 4);
+        assert_eq!(DType::F16.training_state_bytes(), 2 + 2 + 8 + 4);
+    }
 
     fn spec() -> ModelSpec {
         ModelSpec {

@@ -1,7 +1,8 @@
 //! Checkpoints of a stage as safetensors: parameters, AdamW moments and the step.
 //!
-//! Tensor names: `param/{name}`, `adam_m/{name}`, `adam_v/{name}` for every parameter
-//! (`name` as [`Param::name`](crate::param::Param::name), e.g. `block3.attn.qkv.weight`),
+//! Tensor names: `param/{name}` (the model dtype), `adam_m/{name}`, `adam_v/{name}` (f32)
+//! for every parameter and `master/{name}` (f32) for those of a bf16 or f16 model (`name`
+//! as [`Param::name`](crate::param::Param::name), e.g. `block3.attn.qkv.weight`),
 //! and `meta/step` (`[1]` i64), `meta/range` (`[2]` i64, the piece range) and `meta/spec`
 //! (`[5]` i64: vocab, hidden, heads, layers, seq_len). A checkpoint loads only into a stage
 //! with the same spec and piece range ([`Stage::load_checkpoint`]); a step's directory of
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::param::MOMENT_DTYPE;
 use crate::stage::Stage;
 
 fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
@@ -133,6 +135,9 @@ impl Stage {
             tensors.insert(format!("param/{}", p.name), p.value.to_device(&cpu)?);
             tensors.insert(format!("adam_m/{}", p.name), p.m.to_device(&cpu)?);
             tensors.insert(format!("adam_v/{}", p.name), p.v.to_device(&cpu)?);
+            if let Some(master) = &p.master {
+                tensors.insert(format!("master/{}", p.name), master.to_device(&cpu)?);
+            }
         }
         let (step, range, spec) = meta(self, &cpu)?;
         tensors.insert("meta/step".into(), step);
@@ -268,27 +273,43 @@ impl Stage {
                     format!("holds {key}, which another file of the step holds too"),
                 ));
             }
-            let mut get = |prefix: &str| -> Result<Tensor> {
+            // Parameters in the model dtype, master copies and moments in f32. Checkpoints
+            // written before moments and master copies were kept in f32 hold moments in the
+            // model dtype and no master copy: they are widened.
+            let master_name = format!("master/{}", p.name);
+            let master = shard.tensors.contains_key(&master_name);
+            let mut get = |prefix: &str, want: DType| -> Result<Tensor> {
                 let name = format!("{prefix}/{}", p.name);
                 let t = shard
                     .tensors
                     .remove(&name)
                     .ok_or_else(|| bad(&shard.path, format!("has no tensor {name}")))?;
-                if t.dims() != p.value.dims() || t.dtype() != dtype {
+                let old_form = prefix != "master" && t.dtype() == dtype;
+                if t.dims() != p.value.dims() || (t.dtype() != want && !old_form) {
                     return Err(bad(
                         &shard.path,
                         format!(
                             "{name} is {:?} {:?}, expected {:?} {:?}",
                             t.dtype(),
                             t.dims(),
-                            dtype,
+                            want,
                             p.value.dims()
                         ),
                     ));
                 }
-                Ok(t)
+                Ok(t.to_dtype(want)?)
             };
-            loaded.push((get("param")?, get("adam_m")?, get("adam_v")?));
+            let value = get("param", dtype)?;
+            let wide = if master {
+                get("master", MOMENT_DTYPE)?
+            } else {
+                value.to_dtype(MOMENT_DTYPE)?
+            };
+            loaded.push((
+                wide,
+                get("adam_m", MOMENT_DTYPE)?,
+                get("adam_v", MOMENT_DTYPE)?,
+            ));
         }
         self.replace_state(loaded, u64::try_from(step).unwrap_or(0))
     }

@@ -41,7 +41,7 @@ pub fn describe() {
     describe_gauge!(
         "pipewise_parameter_bytes",
         Unit::Bytes,
-        "Bytes of this worker's parameters and AdamW moments"
+        "Bytes of this worker's parameters, their f32 master copies (bf16, f16) and AdamW moments"
     );
     describe_counter!("pipewise_worker_steps_total", "Steps this worker finished");
     describe_counter!(
@@ -85,11 +85,11 @@ pub fn record_step(worker: u32, report: &StepReport) {
     counter!("pipewise_worker_steps_total", "worker" => w).increment(1);
 }
 
-/// Records the parameter and optimizer-state bytes of a worker's stages.
+/// Records the parameter and optimizer-state bytes of a worker's stages (all but gradients).
 pub fn record_parameters(rt: &WorkerRuntime) {
-    let bytes: usize = rt
+    let bytes: u64 = rt
         .params()
-        .map(|p| p.value.elem_count() * p.value.dtype().size_in_bytes() * 3)
-        .sum();
+        .map(|p| p.state_bytes() - p.grad_bytes())
+        .sum::<u64>();
     gauge!("pipewise_parameter_bytes", "worker" => rt.worker().to_string()).set(bytes as f64);
 }

@@ -584,7 +584,7 @@ fn run_assignment(
     // Parameters, gradients and the two AdamW moments (and what the config adds).
     let static_bytes: u64 = rt
         .params()
-        .map(|p| (p.value.elem_count() * p.value.dtype().size_in_bytes() * 4) as u64)
+        .map(|p| p.state_bytes())
         .sum::<u64>()
         .saturating_add(config.unplanned_bytes);
     crate::metrics::record_parameters(&rt);

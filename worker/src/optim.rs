@@ -54,11 +54,15 @@ pub fn clip_scale(total_sq_norm: f64, max_grad_norm: Option<f64>) -> f64 {
 }
 
 /// One AdamW update of `p` at step `step` (1-based) with gradient `grad_scale · p.grad`.
+/// The update is computed in f32, on the master copy of a bf16 or f16 parameter, whose
+/// rounding becomes the parameter.
 pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<()> {
+    let wide = p.m.dtype();
+    let g = p.grad.to_dtype(wide)?;
     let g = if grad_scale == 1.0 {
-        p.grad.clone()
+        g
     } else {
-        p.grad.affine(grad_scale, 0.0)?
+        g.affine(grad_scale, 0.0)?
     };
     let m = (p.m.affine(cfg.beta1, 0.0)? + g.affine(1.0 - cfg.beta1, 0.0)?)?;
     let v = (p.v.affine(cfg.beta2, 0.0)? + g.sqr()?.affine(1.0 - cfg.beta2, 0.0)?)?;
@@ -67,11 +71,18 @@ pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> 
     let bc2 = 1.0 - cfg.beta2.powi(exp);
     let denom = v.affine(1.0 / bc2, 0.0)?.sqrt()?.affine(1.0, cfg.eps)?;
     let adam = m.affine(1.0 / bc1, 0.0)?.div(&denom)?;
-    let mut value: Tensor = p.value.clone();
+    let mut value: Tensor = match &p.master {
+        Some(master) => master.clone(),
+        None => p.value.to_dtype(wide)?,
+    };
     if p.decay && cfg.weight_decay != 0.0 {
         value = value.affine(1.0 - cfg.lr * cfg.weight_decay, 0.0)?;
     }
-    p.value = (value - adam.affine(cfg.lr, 0.0)?)?;
+    let value = (value - adam.affine(cfg.lr, 0.0)?)?;
+    p.value = value.to_dtype(p.value.dtype())?;
+    if p.master.is_some() {
+        p.master = Some(value);
+    }
     p.m = m;
     p.v = v;
     p.grad = p.grad.zeros_like()?;
@@ -80,7 +91,75 @@ pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> 
 
 #[cfg(test)]
 mod tests {
+    use candle_core::{DType, Device};
+
     use super::*;
+    use crate::param::Init;
+
+    /// bf16 parameters keep an f32 master copy: twenty updates of 1e-3 each move a weight of
+    /// 1.0, though each is below half of bf16's spacing there (2⁻⁸) and would round away.
+    #[test]
+    fn bf16_updates_accumulate_in_the_master_copy() -> Result<()> {
+        let cpu = Device::Cpu;
+        let mut p = Param::new(
+            "w".into(),
+            &[4],
+            Init::Const(1.0),
+            false,
+            0,
+            DType::BF16,
+            &cpu,
+        )?;
+        assert_eq!(p.m.dtype(), DType::F32);
+        let cfg = AdamW {
+            lr: 1e-3,
+            weight_decay: 0.0,
+            ..AdamW::default()
+        };
+        for step in 1..=20 {
+            p.grad = p.value.ones_like()?;
+            update(&mut p, &cfg, step, 1.0)?;
+        }
+        let master = p
+            .master
+            .as_ref()
+            .expect("a bf16 parameter has a master copy");
+        // A constant gradient makes every bias-corrected Adam step ≈ lr.
+        for x in master.to_vec1::<f32>()? {
+            assert!((x - (1.0 - 20e-3)).abs() < 1e-4, "master {x}");
+        }
+        assert_eq!(
+            p.value.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+            master
+                .to_dtype(DType::BF16)?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?
+        );
+        assert!(
+            p.value
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?
+                .iter()
+                .all(|&x| x < 0.99)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn f32_parameters_have_no_master_copy() -> Result<()> {
+        let p = Param::new(
+            "w".into(),
+            &[2, 3],
+            Init::Normal(0.02),
+            true,
+            1,
+            DType::F32,
+            &Device::Cpu,
+        )?;
+        assert!(p.master.is_none());
+        assert_eq!(p.state_bytes(), 6 * 16);
+        Ok(())
+    }
 
     #[test]
     fn clip_scale_only_shrinks() {

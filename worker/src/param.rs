@@ -5,6 +5,10 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::Result;
 use crate::rng::SplitMix64;
 
+/// The dtype of AdamW's moments and of the master copy of bf16 and f16 parameters: f32, as
+/// `DType::training_state_bytes` in `pipewise-common` counts them.
+pub(crate) const MOMENT_DTYPE: DType = DType::F32;
+
 /// How a parameter starts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Init {
@@ -23,9 +27,13 @@ pub struct Param {
     pub value: Tensor,
     /// The gradient accumulated by `W` passes since the last optimizer step.
     pub grad: Tensor,
-    /// AdamW first moment.
+    /// The f32 master copy of a bf16 or f16 parameter, which the optimizer updates (`value`
+    /// is it rounded), so updates smaller than the narrow dtype's spacing are not lost;
+    /// `None` for f32 parameters.
+    pub(crate) master: Option<Tensor>,
+    /// AdamW first moment, in [`MOMENT_DTYPE`].
     pub(crate) m: Tensor,
-    /// AdamW second moment.
+    /// AdamW second moment, in [`MOMENT_DTYPE`].
     pub(crate) v: Tensor,
     /// Whether AdamW's weight decay applies (matrices and embeddings, not biases or norms).
     pub decay: bool,
@@ -52,15 +60,40 @@ impl Param {
             Init::Const(c) => vec![c as f32; n],
         };
         let value = Tensor::from_vec(host, shape, device)?.to_dtype(dtype)?;
-        let zeros = value.zeros_like()?;
+        let moments = Tensor::zeros(shape, MOMENT_DTYPE, device)?;
         Ok(Self {
             name,
-            grad: zeros.clone(),
-            m: zeros.clone(),
-            v: zeros,
+            grad: value.zeros_like()?,
+            master: Self::master_of(&value)?,
+            m: moments.clone(),
+            v: moments,
             value,
             decay,
         })
+    }
+
+    /// The master copy `value` needs: its f32 widening when it is narrower than f32.
+    pub(crate) fn master_of(value: &Tensor) -> Result<Option<Tensor>> {
+        Ok(if value.dtype() == MOMENT_DTYPE {
+            None
+        } else {
+            Some(value.to_dtype(MOMENT_DTYPE)?)
+        })
+    }
+
+    /// Bytes of the tensors this parameter keeps for training, measured from them: its
+    /// value, gradient, master copy (if any) and two AdamW moments.
+    pub fn state_bytes(&self) -> u64 {
+        [&self.value, &self.grad, &self.m, &self.v]
+            .into_iter()
+            .chain(self.master.as_ref())
+            .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+            .sum()
+    }
+
+    /// Bytes of the accumulated gradient.
+    pub fn grad_bytes(&self) -> u64 {
+        (self.grad.elem_count() * self.grad.dtype().size_in_bytes()) as u64
     }
 
     /// Adds `g` to the accumulated gradient.

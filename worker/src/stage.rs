@@ -56,7 +56,8 @@ impl Pending {
 /// Memory: [`Stage::stash_bytes`] is the sum of the sizes of the tensors held for pending
 /// `B` and `W` passes, updated at every pass boundary (transient buffers inside a pass are
 /// not counted); it equals [`ModelSpec::range_activation_bytes`] times the microbatches in
-/// each state. Parameters, gradients and AdamW moments are kept in the model dtype.
+/// each state. Parameters and gradients are kept in the model dtype; AdamW moments, and the
+/// master copy of bf16 and f16 parameters, in f32.
 #[derive(Debug)]
 pub struct Stage {
     pub(crate) spec: ModelSpec,
@@ -459,16 +460,18 @@ impl Stage {
         Ok(())
     }
 
-    /// Installs loaded `(value, m, v)` per parameter (in [`Stage::params`] order) and the
-    /// step; zeroes gradients and drops pending microbatches.
+    /// Installs loaded `(value, m, v)` per parameter (in [`Stage::params`] order, all in f32:
+    /// `value` is the master copy of a bf16 or f16 parameter) and the step; zeroes gradients
+    /// and drops pending microbatches.
     pub(crate) fn replace_state(
         &mut self,
         loaded: Vec<(Tensor, Tensor, Tensor)>,
         step: u64,
     ) -> Result<()> {
-        for (p, (value, m, v)) in self.params_mut().zip(loaded) {
-            p.grad = value.zeros_like()?;
-            p.value = value;
+        for (p, (wide, m, v)) in self.params_mut().zip(loaded) {
+            p.value = wide.to_dtype(p.value.dtype())?;
+            p.master = Param::master_of(&p.value)?.map(|_| wide);
+            p.grad = p.value.zeros_like()?;
             p.m = m;
             p.v = v;
         }

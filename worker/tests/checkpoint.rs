@@ -9,13 +9,17 @@ use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_worker::{AdamW, Corpus, Result, Sampler, Stage, Trainer, test_device};
 
 fn spec() -> ModelSpec {
+    spec_in(SpecDType::F32)
+}
+
+fn spec_in(dtype: SpecDType) -> ModelSpec {
     ModelSpec {
         vocab: 256,
         hidden: 32,
         heads: 2,
         layers: 2,
         seq_len: 16,
-        dtype: SpecDType::F32,
+        dtype,
     }
 }
 
@@ -27,7 +31,11 @@ fn bits(stage: &Stage) -> Result<Vec<(String, Vec<u32>)>> {
     stage
         .params()
         .map(|p| {
-            let v = p.value.flatten_all()?.to_vec1::<f32>()?;
+            let v = p
+                .value
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
             Ok((p.name.clone(), v.into_iter().map(f32::to_bits).collect()))
         })
         .collect()
@@ -51,8 +59,13 @@ fn trained(
     Ok(trainer)
 }
 
+/// In f32, and in bf16, whose f32 master copies and moments the checkpoint must carry.
 fn resume(device: &Device) -> Result<()> {
-    let spec = spec();
+    resume_in(spec(), device)?;
+    resume_in(spec_in(SpecDType::BF16), device)
+}
+
+fn resume_in(spec: ModelSpec, device: &Device) -> Result<()> {
     let corpus = Corpus::generated();
     let sampler = Sampler {
         seed: 4,
@@ -67,7 +80,11 @@ fn resume(device: &Device) -> Result<()> {
     let (total, cut) = (8u64, 5u64);
     let straight = trained(&spec, 11, opt, &sampler, 0..total, device)?;
     let first = trained(&spec, 11, opt, &sampler, 0..cut, device)?;
-    let path = tmp(&format!("resume-{:?}.safetensors", device.location()));
+    let path = tmp(&format!(
+        "resume-{}-{:?}.safetensors",
+        spec.dtype,
+        device.location()
+    ));
     first.stage().save_checkpoint(&path)?;
     drop(first);
     // A fresh model from another seed: everything must come from the checkpoint.
@@ -96,6 +113,80 @@ fn resume(device: &Device) -> Result<()> {
 }
 
 test_device!(checkpoint_resume_is_bit_identical, resume);
+
+/// A bf16 checkpoint of the old form (moments in bf16, no master copies) still loads: the
+/// parameters are exact, the master copies and moments are their widenings.
+fn old_form(device: &Device) -> Result<()> {
+    use candle_core::DType;
+    let spec = spec_in(SpecDType::BF16);
+    let sampler = Sampler {
+        seed: 4,
+        microbatch_size: 2,
+        seq_len: 16,
+    };
+    let trained = trained(&spec, 11, AdamW::default(), &sampler, 0..2, device)?;
+    let new = tmp(&format!("new-form-{:?}.safetensors", device.location()));
+    let old = tmp(&format!("old-form-{:?}.safetensors", device.location()));
+    trained.stage().save_checkpoint(&new)?;
+    let mut tensors = candle_core::safetensors::load(&new, &Device::Cpu)?;
+    let masters = tensors.keys().filter(|k| k.starts_with("master/")).count();
+    assert_eq!(masters, trained.stage().params().count());
+    tensors.retain(|k, _| !k.starts_with("master/"));
+    for (k, t) in tensors.iter_mut() {
+        if k.starts_with("adam_") {
+            assert_eq!(t.dtype(), DType::F32, "{k}");
+            *t = t.to_dtype(DType::BF16)?;
+        }
+    }
+    candle_core::safetensors::save(&tensors, &old)?;
+    let mut stage = Stage::whole(&spec, 999, device)?;
+    stage.load_checkpoint(&old)?;
+    assert_eq!(bits(&stage)?, bits(trained.stage())?);
+    assert_eq!(stage.step(), 2);
+    // Saved again, it holds the new form: f32 master copies equal to the parameters, and
+    // the old bf16 moments widened.
+    stage.save_checkpoint(&new)?;
+    let again = candle_core::safetensors::load(&new, &Device::Cpu)?;
+    for p in stage.params() {
+        let widened = |name: &str| -> Result<Vec<f32>> {
+            Ok(tensors[&format!("{name}/{}", p.name)]
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?)
+        };
+        for name in ["param", "adam_m", "adam_v"] {
+            let saved = &again[&format!("{name}/{}", p.name)];
+            assert_eq!(
+                saved.dtype(),
+                if name == "param" {
+                    DType::BF16
+                } else {
+                    DType::F32
+                }
+            );
+            assert_eq!(
+                saved
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+                widened(name)?,
+                "{name}/{}",
+                p.name
+            );
+        }
+        let master = &again[&format!("master/{}", p.name)];
+        assert_eq!(master.flatten_all()?.to_vec1::<f32>()?, widened("param")?);
+    }
+    for path in [&new, &old] {
+        std::fs::remove_file(path).map_err(|source| pipewise_worker::Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+test_device!(checkpoint_of_the_old_form_loads, old_form);
 
 /// A stage checkpoint loads only into the same piece range and model sizes.
 fn mismatch(device: &Device) -> Result<()> {

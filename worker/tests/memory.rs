@@ -89,6 +89,54 @@ fn small(device: &Device) -> Result<()> {
 
 test_device!(stash_bytes_match_spec, small);
 
+/// The training state a stage holds, measured from its tensors (value, gradient, f32 master
+/// copy of bf16 parameters, f32 moments), equals the spec's prediction
+/// (`DType::training_state_bytes` per parameter), before and after an optimizer step.
+fn state(device: &Device) -> Result<()> {
+    for dtype in [SpecDType::F32, SpecDType::BF16] {
+        let spec = ModelSpec {
+            dtype,
+            ..small_spec(2)
+        };
+        let ranges = Stage::even_split(&spec, 2)?;
+        let mut stages = ranges
+            .iter()
+            .map(|r| Stage::new(&spec, r.clone(), 3, device))
+            .collect::<Result<Vec<_>>>()?;
+        let check = |stages: &[Stage], when: &str| {
+            for (s, r) in stages.iter().zip(&ranges) {
+                let params: u64 = spec.pieces()[r.clone()]
+                    .iter()
+                    .map(|&p| spec.piece_params(p))
+                    .sum();
+                let measured: u64 = s.params().map(|p| p.state_bytes()).sum();
+                assert_eq!(
+                    measured,
+                    params * dtype.training_state_bytes(),
+                    "{dtype} {r:?} {when}"
+                );
+            }
+        };
+        check(&stages, "at the start");
+        let (ids, targets) = tokens(&spec, 2, 0, device)?;
+        let mut x = ids;
+        for s in stages.iter_mut() {
+            x = s.forward(0, &x, Some(&targets))?;
+        }
+        let mut g: Option<Tensor> = None;
+        for s in stages.iter_mut().rev() {
+            g = s.backward(0, g.as_ref())?;
+        }
+        for s in stages.iter_mut() {
+            s.optimizer_step(1.0)?;
+        }
+        check(&stages, "after a step");
+    }
+    Ok(())
+}
+
+test_device!(training_state_bytes_match_spec, state);
+
 /// Other shapes: more heads than the default, a longer sequence, half precision.
 fn shapes(device: &Device) -> Result<()> {
     let wide = ModelSpec {
