@@ -1050,27 +1050,32 @@ fn pressure(
             .find_map(|w| over_budget(w, now[w]).then_some((w, now[w], "is predicted to hold")))?,
     };
     // A candidate spec's plan, when it fits every worker that registered a size and holds
-    // less on the overflowing one; `Err(true)` when it does not validate (an adaptive
-    // limit below the smallest feasible one), `Err(false)` when it does not fit.
-    let assess = |candidate: &JobSpec| -> Result<Fitting, bool> {
-        let p = candidate.validate().map_err(|_| true)?;
-        let bytes = predicted(&p).ok_or(true)?;
+    // less on the overflowing one.
+    let assess = |candidate: &JobSpec| -> Assessed {
+        let Ok(p) = candidate.validate() else {
+            return Assessed::Unplannable;
+        };
+        let Some(bytes) = predicted(&p) else {
+            return Assessed::Unplannable;
+        };
         let fits = bytes
             .iter()
             .zip(workers)
             .all(|(b, w)| w.memory_bytes == 0 || *b <= w.memory_bytes);
         if !fits || bytes[over] >= now[over] {
-            return Err(false);
+            return Assessed::TooBig;
         }
-        let sim = Costs::uniform(&p.schedule.placement, candidate.planning_times())
+        match Costs::uniform(&p.schedule.placement, candidate.planning_times())
             .and_then(|c| simulate(&p.schedule, &c))
-            .map_err(|_| true)?;
-        Ok(Fitting {
-            makespan: sim.makespan,
-            spec: candidate.clone(),
-            plan: p,
-            bytes,
-        })
+        {
+            Ok(sim) => Assessed::Fits(Box::new(Fitting {
+                makespan: sim.makespan,
+                spec: candidate.clone(),
+                plan: p,
+                bytes,
+            })),
+            Err(_) => Assessed::Unplannable,
+        }
     };
     let mut best: Option<Fitting> = None;
     for kind in FITTING_KINDS {
@@ -1078,10 +1083,10 @@ fn pressure(
         candidate.parallelism.pipeline_parallel_schedule = kind.into();
         candidate.parallelism.memory_limit = None;
         let found = match assess(&candidate) {
-            Ok(found) => Some(found),
+            Assessed::Fits(found) => Some(*found),
             // An adaptive schedule planned to a limit that fits the bytes left.
-            Err(false) if kind.starts_with("adaptive") => fit_limit(&candidate, &assess),
-            Err(_) => None,
+            Assessed::TooBig if kind.starts_with("adaptive") => fit_limit(&candidate, &assess),
+            Assessed::TooBig | Assessed::Unplannable => None,
         };
         if let Some(found) = found
             && best.as_ref().is_none_or(|b| found.makespan < b.makespan)
@@ -1133,13 +1138,20 @@ impl Fitting {
     }
 }
 
+/// What a candidate spec of a memory-pressure move comes to.
+enum Assessed {
+    /// It plans, fits every worker and holds less on the overflowing one.
+    Fits(Box<Fitting>),
+    /// Its plan holds too much somewhere.
+    TooBig,
+    /// It does not plan: e.g. an adaptive limit below the smallest feasible one.
+    Unplannable,
+}
+
 /// Plans of an adaptive schedule at its default limit (1F1B's peak) do not fit: the
 /// fastest plan that does among [`FIT_STEPS`] limits bisected below it (a limit the
 /// planner cannot meet moves up, one whose plan does not fit moves down).
-fn fit_limit(
-    candidate: &JobSpec,
-    assess: &dyn Fn(&JobSpec) -> Result<Fitting, bool>,
-) -> Option<Fitting> {
+fn fit_limit(candidate: &JobSpec, assess: &dyn Fn(&JobSpec) -> Assessed) -> Option<Fitting> {
     let (mut lo, mut hi) = (
         0.0,
         f64::from(candidate.parallelism.pipeline_parallel_degree),
@@ -1150,14 +1162,14 @@ fn fit_limit(
         let mut c = candidate.clone();
         c.parallelism.memory_limit = Some(mid);
         match assess(&c) {
-            Ok(found) => {
+            Assessed::Fits(found) => {
                 lo = mid;
                 if best.as_ref().is_none_or(|b| found.makespan < b.makespan) {
-                    best = Some(found);
+                    best = Some(*found);
                 }
             }
-            Err(true) => lo = mid,
-            Err(false) => hi = mid,
+            Assessed::Unplannable => lo = mid,
+            Assessed::TooBig => hi = mid,
         }
     }
     best
