@@ -45,14 +45,14 @@
 //!
 //! **Memory pressure.** A worker started with `--memory-bytes B` registers `B`. When a
 //! run's plan is predicted to make a worker hold more (checked before the run starts), or
-//! a step's report shows it holding more (its peak activations plus its parameters,
-//! gradients and AdamW moments, `static_bytes`; every worker is then asked to stop after
+//! a step's report shows it holding more (its peak activations plus its training state:
+//! parameters, gradients, AdamW moments and master copies, `static_bytes`; every worker is then asked to stop after
 //! the same step), the job goes on with the fastest plan of [`FITTING_KINDS`] (simulated
 //! under the job's planning times; the adaptive kinds, when their default limit does not
 //! fit, at a limit bisected to the bytes there are) whose predicted bytes fit every worker
 //! that registered a size and are lower on the overflowing one (`pipewise_replans_total{reason=
 //! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`] plus the
-//! parameters, gradients and AdamW moments of the job's layer split; later losses and
+//! training state of the job's layer split ([`JobPlan::predicted_state_bytes_over`]); later losses and
 //! growths re-plan the schedule the move chose.
 //!
 //! **Growing back.** A run on fewer workers than the job's degree (after a loss) of a job
@@ -1123,7 +1123,7 @@ struct Fitting {
     /// The spec it was planned from (its schedule and memory limit).
     spec: JobSpec,
     plan: JobPlan,
-    /// Predicted bytes per worker (activations, parameters, gradients, AdamW moments).
+    /// Predicted bytes per worker (activations and training state).
     bytes: Vec<u64>,
 }
 

@@ -59,14 +59,26 @@ fn bad(path: &Path, reason: String) -> Error {
     }
 }
 
-fn read_shard(path: &Path, device: &Device) -> Result<Shard> {
+/// The bit patterns of a host tensor's elements, widened to f32 (exact for f32, bf16, f16).
+fn bits(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(f32::to_bits)
+        .collect())
+}
+
+/// Reads a stage file into host memory (its tensors move to the stage's device one
+/// parameter at a time as they are installed).
+fn read_shard(path: &Path) -> Result<Shard> {
     if !path.exists() {
         return Err(Error::Io {
             path: path.to_path_buf(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint"),
         });
     }
-    let mut tensors = candle_core::safetensors::load(path, device)?;
+    let mut tensors = candle_core::safetensors::load(path, &Device::Cpu)?;
     let mut ints = |key: &str| -> Result<Vec<i64>> {
         let t = tensors
             .remove(key)
@@ -158,7 +170,7 @@ impl Stage {
     /// `path`, and zeroes its gradients. The checkpoint must come from a stage with the same
     /// spec (sizes and dtype) and piece range.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
-        let shard = read_shard(path, &self.device().clone())?;
+        let shard = read_shard(path)?;
         let want: Vec<i64> = [self.range().start as i64, self.range().end as i64].into();
         if shard.range != want {
             return Err(bad(
@@ -218,10 +230,9 @@ impl Stage {
                 ),
             ));
         }
-        let device = self.device().clone();
         let shards = needed
             .iter()
-            .map(|f| read_shard(f, &device))
+            .map(|f| read_shard(f))
             .collect::<Result<Vec<_>>>()?;
         if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
             return Err(bad(
@@ -301,7 +312,14 @@ impl Stage {
             };
             let value = get("param", dtype)?;
             let wide = if master {
-                get("master", MOMENT_DTYPE)?
+                let wide = get("master", MOMENT_DTYPE)?;
+                if bits(&wide.to_dtype(dtype)?)? != bits(&value)? {
+                    return Err(bad(
+                        &shard.path,
+                        format!("{key} is not {master_name} rounded to {dtype:?}"),
+                    ));
+                }
+                wide
             } else {
                 value.to_dtype(MOMENT_DTYPE)?
             };

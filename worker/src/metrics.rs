@@ -6,7 +6,7 @@
 //! | `pipewise_pass_duration_seconds` | histogram | `kind` = F \| B \| W \| BW, `stage` |
 //! | `pipewise_worker_bubble_ratio` | gauge | `worker` |
 //! | `pipewise_worker_peak_activation_bytes` | gauge | `worker` |
-//! | `pipewise_parameter_bytes` | gauge | `worker` (parameters + AdamW moments) |
+//! | `pipewise_parameter_bytes` | gauge | `worker` (parameters + f32 master copies + AdamW moments) |
 //! | `pipewise_worker_steps_total` | counter | `worker` |
 //! | `pipewise_peer_bytes_total` | counter | `worker`, `peer`, `direction` = sent \| received |
 

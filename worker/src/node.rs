@@ -581,7 +581,7 @@ fn run_assignment(
     )?;
     rt.set_timeout(config.timeout);
     rt.set_slowdown(config.slowdown);
-    // Parameters, gradients and the two AdamW moments (and what the config adds).
+    // Parameters, gradients, master copies and AdamW moments (and what the config adds).
     let static_bytes: u64 = rt
         .params()
         .map(|p| p.state_bytes())
@@ -676,7 +676,16 @@ fn run_emulated_assignment(
         *last_step = step;
         let report = rt.run_step(a.job, step, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
-        publish_step(config, shared, a, reports, step, &report, (0, 0));
+        // Emulated compute holds no parameters; only what the config adds counts.
+        publish_step(
+            config,
+            shared,
+            a,
+            reports,
+            step,
+            &report,
+            (0, config.unplanned_bytes),
+        );
         if sync.stop_requested() {
             tracing::info!(
                 job = a.job,

@@ -461,19 +461,23 @@ impl Stage {
     }
 
     /// Installs loaded `(value, m, v)` per parameter (in [`Stage::params`] order, all in f32:
-    /// `value` is the master copy of a bf16 or f16 parameter) and the step; zeroes gradients
-    /// and drops pending microbatches.
+    /// `value` is the master copy of a bf16 or f16 parameter, on any device) and the step;
+    /// zeroes gradients and drops pending microbatches. Tensors move to this stage's device
+    /// one parameter at a time, each replacing the one it succeeds, so the device holds at
+    /// most one parameter's state twice.
     pub(crate) fn replace_state(
         &mut self,
         loaded: Vec<(Tensor, Tensor, Tensor)>,
         step: u64,
     ) -> Result<()> {
+        let device = self.device.clone();
         for (p, (wide, m, v)) in self.params_mut().zip(loaded) {
+            let wide = wide.to_device(&device)?;
             p.value = wide.to_dtype(p.value.dtype())?;
-            p.master = Param::master_of(&p.value)?.map(|_| wide);
+            p.master = (p.value.dtype() != wide.dtype()).then_some(wide);
             p.grad = p.value.zeros_like()?;
-            p.m = m;
-            p.v = v;
+            p.m = m.to_device(&device)?;
+            p.v = v.to_device(&device)?;
         }
         self.step = step;
         self.pending.clear();

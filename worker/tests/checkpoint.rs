@@ -114,6 +114,25 @@ fn resume_in(spec: ModelSpec, device: &Device) -> Result<()> {
 
 test_device!(checkpoint_resume_is_bit_identical, resume);
 
+/// Rewrites the bf16 stage file `src` as `dst` in the old form (moments in bf16, no master
+/// copies) and returns its tensors.
+fn to_old_form(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
+    use candle_core::DType;
+    let mut tensors = candle_core::safetensors::load(src, &Device::Cpu)?;
+    tensors.retain(|k, _| !k.starts_with("master/"));
+    for (k, t) in tensors.iter_mut() {
+        if k.starts_with("adam_") {
+            assert_eq!(t.dtype(), DType::F32, "{k}");
+            *t = t.to_dtype(DType::BF16)?;
+        }
+    }
+    candle_core::safetensors::save(&tensors, dst)?;
+    Ok(tensors)
+}
+
 /// A bf16 checkpoint of the old form (moments in bf16, no master copies) still loads: the
 /// parameters are exact, the master copies and moments are their widenings.
 fn old_form(device: &Device) -> Result<()> {
@@ -128,17 +147,12 @@ fn old_form(device: &Device) -> Result<()> {
     let new = tmp(&format!("new-form-{:?}.safetensors", device.location()));
     let old = tmp(&format!("old-form-{:?}.safetensors", device.location()));
     trained.stage().save_checkpoint(&new)?;
-    let mut tensors = candle_core::safetensors::load(&new, &Device::Cpu)?;
-    let masters = tensors.keys().filter(|k| k.starts_with("master/")).count();
+    let masters = candle_core::safetensors::load(&new, &Device::Cpu)?
+        .into_keys()
+        .filter(|k| k.starts_with("master/"))
+        .count();
     assert_eq!(masters, trained.stage().params().count());
-    tensors.retain(|k, _| !k.starts_with("master/"));
-    for (k, t) in tensors.iter_mut() {
-        if k.starts_with("adam_") {
-            assert_eq!(t.dtype(), DType::F32, "{k}");
-            *t = t.to_dtype(DType::BF16)?;
-        }
-    }
-    candle_core::safetensors::save(&tensors, &old)?;
+    let tensors = to_old_form(&new, &old)?;
     let mut stage = Stage::whole(&spec, 999, device)?;
     stage.load_checkpoint(&old)?;
     assert_eq!(bits(&stage)?, bits(trained.stage())?);
@@ -187,6 +201,84 @@ fn old_form(device: &Device) -> Result<()> {
 }
 
 test_device!(checkpoint_of_the_old_form_loads, old_form);
+
+/// A step directory mixing the new form (stage 0) and the old (stage 1) loads into one
+/// stage: stage 0's master copies as saved, stage 1's widened from its parameters. A master
+/// copy that its parameter is not the rounding of is refused.
+fn mixed_and_tampered(device: &Device) -> Result<()> {
+    use candle_core::DType;
+    let spec = spec_in(SpecDType::BF16);
+    let sampler = Sampler {
+        seed: 4,
+        microbatch_size: 2,
+        seq_len: 16,
+    };
+    let trained = trained(&spec, 11, AdamW::default(), &sampler, 0..3, device)?;
+    let root = tmp(&format!("mixed-{:?}", device.location()));
+    let (whole, mixed) = (root.join("whole"), root.join("mixed"));
+    save_dir(&whole, std::slice::from_ref(trained.stage()))?;
+    save_dir(&mixed, &load_split(&spec, 2, &whole, device)?)?;
+    let saved = candle_core::safetensors::load(whole.join("stage-0.safetensors"), &Device::Cpu)?;
+    let stage1 = mixed.join("stage-1.safetensors");
+    let old = to_old_form(&stage1, &stage1)?;
+    let mut stage = Stage::whole(&spec, 999, device)?;
+    stage.load_checkpoint_dir(&mixed)?;
+    assert_eq!(bits(&stage)?, bits(trained.stage())?);
+    stage.save_checkpoint(&root.join("again.safetensors"))?;
+    let again = candle_core::safetensors::load(root.join("again.safetensors"), &Device::Cpu)?;
+    let f32s = |t: &candle_core::Tensor| -> Result<Vec<u32>> {
+        Ok(t.to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect())
+    };
+    let mut kept_finer = 0;
+    for p in stage.params() {
+        let master = f32s(&again[&format!("master/{}", p.name)])?;
+        let param = format!("param/{}", p.name);
+        if old.contains_key(&param) {
+            assert_eq!(master, f32s(&old[&param])?, "{} widened", p.name);
+        } else {
+            let want = f32s(&saved[&format!("master/{}", p.name)])?;
+            assert_eq!(master, want, "{} as saved", p.name);
+            kept_finer += usize::from(want != f32s(&saved[&param])?);
+        }
+    }
+    // Not vacuous: some saved master copies hold more than their bf16 parameters.
+    assert!(kept_finer > 0);
+
+    // Tampered: a master copy moved by far more than bf16's rounding.
+    let path = root.join("tampered.safetensors");
+    let mut tensors = saved.clone();
+    let name = trained
+        .stage()
+        .params()
+        .next()
+        .expect("a parameter")
+        .name
+        .clone();
+    let key = format!("master/{name}");
+    tensors.insert(key.clone(), tensors[&key].affine(1.0, 1.0)?);
+    candle_core::safetensors::save(&tensors, &path)?;
+    match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
+        Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
+            assert!(
+                reason.contains(&format!("is not {key} rounded")),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+test_device!(
+    checkpoint_mixing_forms_loads_and_a_bad_master_is_refused,
+    mixed_and_tampered
+);
 
 /// A stage checkpoint loads only into the same piece range and model sizes.
 fn mismatch(device: &Device) -> Result<()> {
@@ -246,11 +338,17 @@ fn load_split(
 
 /// A step's stage files load into any other partition of the model by name (how a job
 /// re-planned onto fewer workers resumes): 1 → 2 → 3 → 1 stages, then training goes on
-/// bit-identically to training straight through.
+/// bit-identically to training straight through; in bf16 (master copies travel with their
+/// parameters) and in f32, where the refusals are checked too.
 fn reshard(device: &Device) -> Result<()> {
+    reshard_in(SpecDType::BF16, device)?;
+    reshard_in(SpecDType::F32, device)
+}
+
+fn reshard_in(dtype: SpecDType, device: &Device) -> Result<()> {
     let spec = ModelSpec {
         layers: 3,
-        ..spec()
+        ..spec_in(dtype)
     };
     let corpus = Corpus::generated();
     let sampler = Sampler {
@@ -265,7 +363,7 @@ fn reshard(device: &Device) -> Result<()> {
     let (total, cut) = (6u64, 3u64);
     let straight = trained(&spec, 5, opt, &sampler, 0..total, device)?;
     let first = trained(&spec, 5, opt, &sampler, 0..cut, device)?;
-    let root = tmp(&format!("reshard-{:?}", device.location()));
+    let root = tmp(&format!("reshard-{dtype}-{:?}", device.location()));
     let (one, two, three) = (root.join("one"), root.join("two"), root.join("three"));
     save_dir(&one, std::slice::from_ref(first.stage()))?;
     let halves = load_split(&spec, 2, &one, device)?;
@@ -284,6 +382,10 @@ fn reshard(device: &Device) -> Result<()> {
     assert_eq!(a.len(), b.len());
     for ((name, x), (_, y)) in a.iter().zip(&b) {
         assert!(x == y, "{name} differs after resharding");
+    }
+    if dtype != SpecDType::F32 {
+        let _ = std::fs::remove_dir_all(&root);
+        return Ok(());
     }
 
     // A stage reads only the files holding its tensors: with the last file's tensors cut
