@@ -237,14 +237,14 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
     );
     let _ = writeln!(
         out,
-        "  parameters: {:.1} M × {} bytes (parameter and gradient in {}, {}AdamW moments in f32) = {} GiB",
+        "  parameters: {:.1} M × {} bytes (parameter in {}, gradient, {}AdamW moments in f32) = {} GiB",
         plan.params as f64 / 1e6,
         plan.bytes_per_param,
         s.dtype,
         if s.dtype == DType::F32 {
             ""
         } else {
-            "master copy and "
+            "master copy, "
         },
         gib(plan.params * plan.bytes_per_param)
     );

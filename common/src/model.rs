@@ -40,13 +40,14 @@ impl DType {
         }
     }
 
-    /// Training-state bytes per parameter as a worker holds them: the parameter and its
-    /// gradient in this dtype, AdamW's two moments in f32, and for bf16 and f16 an f32
-    /// master copy that the optimizer updates (as Megatron-LM's mixed-precision optimizer
-    /// keeps them, so small updates are not lost): 16 bytes in every dtype.
+    /// Training-state bytes per parameter as a worker holds them: the parameter in this
+    /// dtype; its accumulated gradient and AdamW's two moments in f32; for bf16 and f16 also
+    /// an f32 master copy that the optimizer updates. That is Megatron-LM's mixed-precision
+    /// layout, so neither small updates nor small microbatch gradients are rounded away:
+    /// 16 bytes in f32, 18 in bf16 and f16.
     pub fn training_state_bytes(self) -> u64 {
         let master = if self == DType::F32 { 0 } else { 4 };
-        2 * self.bytes() + 2 * 4 + master
+        self.bytes() + 3 * 4 + master
     }
 
     /// The text form (`f32`, `f16`, `bf16`).
@@ -352,8 +353,8 @@ mod tests {
     #[test]
     fn training_state_keeps_moments_and_masters_in_f32() {
         assert_eq!(DType::F32.training_state_bytes(), 4 + 4 + 8);
-        assert_eq!(DType::BF16.training_state_bytes(), 2 + 2 + 8 + 4);
-        assert_eq!(DType::F16.training_state_bytes(), 2 + 2 + 8 + 4);
+        assert_eq!(DType::BF16.training_state_bytes(), 2 + 4 + 8 + 4);
+        assert_eq!(DType::F16.training_state_bytes(), 2 + 4 + 8 + 4);
     }
 
     fn spec() -> ModelSpec {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::param::MOMENT_DTYPE;
+use crate::param::STATE_DTYPE;
 use crate::stage::Stage;
 
 fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
@@ -312,7 +312,7 @@ impl Stage {
             };
             let value = get("param", dtype)?;
             let wide = if master {
-                let wide = get("master", MOMENT_DTYPE)?;
+                let wide = get("master", STATE_DTYPE)?;
                 if bits(&wide.to_dtype(dtype)?)? != bits(&value)? {
                     return Err(bad(
                         &shard.path,
@@ -321,12 +321,12 @@ impl Stage {
                 }
                 wide
             } else {
-                value.to_dtype(MOMENT_DTYPE)?
+                value.to_dtype(STATE_DTYPE)?
             };
             loaded.push((
                 wide,
-                get("adam_m", MOMENT_DTYPE)?,
-                get("adam_v", MOMENT_DTYPE)?,
+                get("adam_m", STATE_DTYPE)?,
+                get("adam_v", STATE_DTYPE)?,
             ));
         }
         self.replace_state(loaded, u64::try_from(step).unwrap_or(0))

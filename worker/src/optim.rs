@@ -58,11 +58,10 @@ pub fn clip_scale(total_sq_norm: f64, max_grad_norm: Option<f64>) -> f64 {
 /// rounding becomes the parameter.
 pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<()> {
     let wide = p.m.dtype();
-    let g = p.grad.to_dtype(wide)?;
     let g = if grad_scale == 1.0 {
-        g
+        p.grad.clone()
     } else {
-        g.affine(grad_scale, 0.0)?
+        p.grad.affine(grad_scale, 0.0)?
     };
     let m = (p.m.affine(cfg.beta1, 0.0)? + g.affine(1.0 - cfg.beta1, 0.0)?)?;
     let v = (p.v.affine(cfg.beta2, 0.0)? + g.sqr()?.affine(1.0 - cfg.beta2, 0.0)?)?;
@@ -117,7 +116,7 @@ mod tests {
             ..AdamW::default()
         };
         for step in 1..=20 {
-            p.grad = p.value.ones_like()?;
+            p.grad = p.grad.ones_like()?;
             update(&mut p, &cfg, step, 1.0)?;
         }
         let master = p
@@ -142,6 +141,32 @@ mod tests {
                 .iter()
                 .all(|&x| x < 0.99)
         );
+        Ok(())
+    }
+
+    /// Microbatch gradients of a bf16 parameter are summed in f32: a hundred of 2⁻⁸ added
+    /// to 1.0 reach 1.390625, where a bf16 sum would stay at 1.0 (half of bf16's spacing
+    /// there rounds to even).
+    #[test]
+    fn bf16_gradients_are_summed_in_f32() -> Result<()> {
+        let cpu = Device::Cpu;
+        let mut p = Param::new(
+            "w".into(),
+            &[3],
+            Init::Const(0.5),
+            true,
+            0,
+            DType::BF16,
+            &cpu,
+        )?;
+        p.accumulate(&Tensor::ones(3, DType::BF16, &cpu)?)?;
+        let small = Tensor::full(2f32.powi(-8), 3, &cpu)?.to_dtype(DType::BF16)?;
+        for _ in 0..100 {
+            p.accumulate(&small)?;
+        }
+        assert_eq!(p.grad.dtype(), DType::F32);
+        assert_eq!(p.grad.to_vec1::<f32>()?, vec![1.390625; 3]);
+        assert_eq!(p.state_bytes(), 3 * (2 + 4 + 4 + 4 + 4));
         Ok(())
     }
 

@@ -5,9 +5,10 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::Result;
 use crate::rng::SplitMix64;
 
-/// The dtype of AdamW's moments and of the master copy of bf16 and f16 parameters: f32, as
-/// `DType::training_state_bytes` in `pipewise-common` counts them.
-pub(crate) const MOMENT_DTYPE: DType = DType::F32;
+/// The dtype of accumulated gradients, AdamW's moments and the master copy of bf16 and f16
+/// parameters: f32 whatever the model dtype, as `DType::training_state_bytes` in
+/// `pipewise-common` counts them (Megatron-LM's mixed-precision layout).
+pub(crate) const STATE_DTYPE: DType = DType::F32;
 
 /// How a parameter starts.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,15 +26,16 @@ pub struct Param {
     pub name: String,
     /// The value.
     pub value: Tensor,
-    /// The gradient accumulated by `W` passes since the last optimizer step.
+    /// The gradient accumulated by `W` passes since the last optimizer step, in
+    /// [`STATE_DTYPE`] (a bf16 model's microbatch gradients are summed in f32).
     pub grad: Tensor,
     /// The f32 master copy of a bf16 or f16 parameter, which the optimizer updates (`value`
     /// is it rounded), so updates smaller than the narrow dtype's spacing are not lost;
     /// `None` for f32 parameters.
     pub(crate) master: Option<Tensor>,
-    /// AdamW first moment, in [`MOMENT_DTYPE`].
+    /// AdamW first moment, in [`STATE_DTYPE`].
     pub(crate) m: Tensor,
-    /// AdamW second moment, in [`MOMENT_DTYPE`].
+    /// AdamW second moment, in [`STATE_DTYPE`].
     pub(crate) v: Tensor,
     /// Whether AdamW's weight decay applies (matrices and embeddings, not biases or norms).
     pub decay: bool,
@@ -60,13 +62,13 @@ impl Param {
             Init::Const(c) => vec![c as f32; n],
         };
         let value = Tensor::from_vec(host, shape, device)?.to_dtype(dtype)?;
-        let moments = Tensor::zeros(shape, MOMENT_DTYPE, device)?;
+        let zeros = Tensor::zeros(shape, STATE_DTYPE, device)?;
         Ok(Self {
             name,
-            grad: value.zeros_like()?,
+            grad: zeros.clone(),
             master: Self::master_of(&value)?,
-            m: moments.clone(),
-            v: moments,
+            m: zeros.clone(),
+            v: zeros,
             value,
             decay,
         })
@@ -74,10 +76,10 @@ impl Param {
 
     /// The master copy `value` needs: its f32 widening when it is narrower than f32.
     pub(crate) fn master_of(value: &Tensor) -> Result<Option<Tensor>> {
-        Ok(if value.dtype() == MOMENT_DTYPE {
+        Ok(if value.dtype() == STATE_DTYPE {
             None
         } else {
-            Some(value.to_dtype(MOMENT_DTYPE)?)
+            Some(value.to_dtype(STATE_DTYPE)?)
         })
     }
 
@@ -96,9 +98,9 @@ impl Param {
         (self.grad.elem_count() * self.grad.dtype().size_in_bytes()) as u64
     }
 
-    /// Adds `g` to the accumulated gradient.
+    /// Adds `g` (in the model dtype) to the accumulated gradient, in f32.
     pub(crate) fn accumulate(&mut self, g: &Tensor) -> Result<()> {
-        self.grad = (&self.grad + g)?;
+        self.grad = (&self.grad + g.to_dtype(STATE_DTYPE)?)?;
         Ok(())
     }
 

@@ -56,8 +56,8 @@ impl Pending {
 /// Memory: [`Stage::stash_bytes`] is the sum of the sizes of the tensors held for pending
 /// `B` and `W` passes, updated at every pass boundary (transient buffers inside a pass are
 /// not counted); it equals [`ModelSpec::range_activation_bytes`] times the microbatches in
-/// each state. Parameters and gradients are kept in the model dtype; AdamW moments, and the
-/// master copy of bf16 and f16 parameters, in f32.
+/// each state. Parameters are kept in the model dtype; accumulated gradients, AdamW moments
+/// and the master copy of bf16 and f16 parameters in f32.
 #[derive(Debug)]
 pub struct Stage {
     pub(crate) spec: ModelSpec,
@@ -474,8 +474,8 @@ impl Stage {
         for (p, (wide, m, v)) in self.params_mut().zip(loaded) {
             let wide = wide.to_device(&device)?;
             p.value = wide.to_dtype(p.value.dtype())?;
+            p.grad = wide.zeros_like()?;
             p.master = (p.value.dtype() != wide.dtype()).then_some(wide);
-            p.grad = p.value.zeros_like()?;
             p.m = m.to_device(&device)?;
             p.v = v.to_device(&device)?;
         }

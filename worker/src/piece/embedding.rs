@@ -96,7 +96,11 @@ impl Embedding {
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
         let (b, t) = w.ids.dims2()?;
         let (seq_len, h) = self.wpe.value.dims2()?;
-        let dwte = self.wte.grad.index_add(&w.ids.flatten_all()?, &w.dy, 0)?;
+        let dy_wide = w.dy.to_dtype(self.wte.grad.dtype())?;
+        let dwte = self
+            .wte
+            .grad
+            .index_add(&w.ids.flatten_all()?, &dy_wide, 0)?;
         self.wte.grad = dwte;
         let mut dwpe = w.dy.reshape((b, t, h))?.sum(0)?;
         if t < seq_len {
