@@ -59,8 +59,10 @@ fn bad(path: &Path, reason: String) -> Error {
     }
 }
 
-/// The bit patterns of a host tensor's elements, widened to f32 (exact for f32, bf16, f16).
-fn bits(t: &Tensor) -> Result<Vec<u32>> {
+/// The bit patterns of a tensor's elements widened to f32 (exact for f32, bf16 and f16), to
+/// compare tensors exactly (NaNs included): how a master copy is checked against its
+/// parameter.
+pub fn tensor_bits(t: &Tensor) -> Result<Vec<u32>> {
     Ok(t.to_dtype(DType::F32)?
         .flatten_all()?
         .to_vec1::<f32>()?
@@ -313,7 +315,7 @@ impl Stage {
             let value = get("param", dtype)?;
             let wide = if master {
                 let wide = get("master", STATE_DTYPE)?;
-                if bits(&wide.to_dtype(dtype)?)? != bits(&value)? {
+                if tensor_bits(&wide.to_dtype(dtype)?)? != tensor_bits(&value)? {
                     return Err(bad(
                         &shard.path,
                         format!("{key} is not {master_name} rounded to {dtype:?}"),

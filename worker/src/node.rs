@@ -677,15 +677,8 @@ fn run_emulated_assignment(
         let report = rt.run_step(a.job, step, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
         // Emulated compute holds no parameters; only what the config adds counts.
-        publish_step(
-            config,
-            shared,
-            a,
-            reports,
-            step,
-            &report,
-            (0, config.unplanned_bytes),
-        );
+        let bytes = (0, config.unplanned_bytes);
+        publish_step(config, shared, a, reports, step, &report, bytes);
         if sync.stop_requested() {
             tracing::info!(
                 job = a.job,

@@ -95,20 +95,16 @@ mod tests {
     use super::*;
     use crate::param::Init;
 
+    /// A parameter named `w` on the CPU.
+    fn param(shape: &[usize], init: Init, dtype: DType) -> Result<Param> {
+        Param::new("w".into(), shape, init, true, 0, dtype, &Device::Cpu)
+    }
+
     /// bf16 parameters keep an f32 master copy: twenty updates of 1e-3 each move a weight of
     /// 1.0, though each is below half of bf16's spacing there (2⁻⁸) and would round away.
     #[test]
     fn bf16_updates_accumulate_in_the_master_copy() -> Result<()> {
-        let cpu = Device::Cpu;
-        let mut p = Param::new(
-            "w".into(),
-            &[4],
-            Init::Const(1.0),
-            false,
-            0,
-            DType::BF16,
-            &cpu,
-        )?;
+        let mut p = param(&[4], Init::Const(1.0), DType::BF16)?;
         assert_eq!(p.m.dtype(), DType::F32);
         let cfg = AdamW {
             lr: 1e-3,
@@ -150,15 +146,7 @@ mod tests {
     #[test]
     fn bf16_gradients_are_summed_in_f32() -> Result<()> {
         let cpu = Device::Cpu;
-        let mut p = Param::new(
-            "w".into(),
-            &[3],
-            Init::Const(0.5),
-            true,
-            0,
-            DType::BF16,
-            &cpu,
-        )?;
+        let mut p = param(&[3], Init::Const(0.5), DType::BF16)?;
         p.accumulate(&Tensor::ones(3, DType::BF16, &cpu)?)?;
         let small = Tensor::full(2f32.powi(-8), 3, &cpu)?.to_dtype(DType::BF16)?;
         for _ in 0..100 {
@@ -172,15 +160,7 @@ mod tests {
 
     #[test]
     fn f32_parameters_have_no_master_copy() -> Result<()> {
-        let p = Param::new(
-            "w".into(),
-            &[2, 3],
-            Init::Normal(0.02),
-            true,
-            1,
-            DType::F32,
-            &Device::Cpu,
-        )?;
+        let p = param(&[2, 3], Init::Normal(0.02), DType::F32)?;
         assert!(p.master.is_none());
         assert_eq!(p.state_bytes(), 6 * 16);
         Ok(())

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use candle_core::Device;
 use pipewise_common::model::{DType as SpecDType, ModelSpec};
+use pipewise_worker::checkpoint::tensor_bits;
 use pipewise_worker::{AdamW, Corpus, Result, Sampler, Stage, Trainer, test_device};
 
 fn spec() -> ModelSpec {
@@ -30,14 +31,7 @@ fn tmp(name: &str) -> PathBuf {
 fn bits(stage: &Stage) -> Result<Vec<(String, Vec<u32>)>> {
     stage
         .params()
-        .map(|p| {
-            let v = p
-                .value
-                .to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            Ok((p.name.clone(), v.into_iter().map(f32::to_bits).collect()))
-        })
+        .map(|p| Ok((p.name.clone(), tensor_bits(&p.value)?)))
         .collect()
 }
 
@@ -133,16 +127,21 @@ fn to_old_form(
     Ok(tensors)
 }
 
+/// Microbatches of 2 windows of 16 tokens.
+fn short_windows() -> Sampler {
+    Sampler {
+        seed: 4,
+        microbatch_size: 2,
+        seq_len: 16,
+    }
+}
+
 /// A bf16 checkpoint of the old form (moments in bf16, no master copies) still loads: the
 /// parameters are exact, the master copies and moments are their widenings.
 fn old_form(device: &Device) -> Result<()> {
     use candle_core::DType;
     let spec = spec_in(SpecDType::BF16);
-    let sampler = Sampler {
-        seed: 4,
-        microbatch_size: 2,
-        seq_len: 16,
-    };
+    let sampler = short_windows();
     let trained = trained(&spec, 11, AdamW::default(), &sampler, 0..2, device)?;
     let new = tmp(&format!("new-form-{:?}.safetensors", device.location()));
     let old = tmp(&format!("old-form-{:?}.safetensors", device.location()));
@@ -206,13 +205,8 @@ test_device!(checkpoint_of_the_old_form_loads, old_form);
 /// stage: stage 0's master copies as saved, stage 1's widened from its parameters. A master
 /// copy that its parameter is not the rounding of is refused.
 fn mixed_and_tampered(device: &Device) -> Result<()> {
-    use candle_core::DType;
     let spec = spec_in(SpecDType::BF16);
-    let sampler = Sampler {
-        seed: 4,
-        microbatch_size: 2,
-        seq_len: 16,
-    };
+    let sampler = short_windows();
     let trained = trained(&spec, 11, AdamW::default(), &sampler, 0..3, device)?;
     let root = tmp(&format!("mixed-{:?}", device.location()));
     let (whole, mixed) = (root.join("whole"), root.join("mixed"));
@@ -226,24 +220,16 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
     assert_eq!(bits(&stage)?, bits(trained.stage())?);
     stage.save_checkpoint(&root.join("again.safetensors"))?;
     let again = candle_core::safetensors::load(root.join("again.safetensors"), &Device::Cpu)?;
-    let f32s = |t: &candle_core::Tensor| -> Result<Vec<u32>> {
-        Ok(t.to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f32::to_bits)
-            .collect())
-    };
     let mut kept_finer = 0;
     for p in stage.params() {
-        let master = f32s(&again[&format!("master/{}", p.name)])?;
+        let master = tensor_bits(&again[&format!("master/{}", p.name)])?;
         let param = format!("param/{}", p.name);
         if old.contains_key(&param) {
-            assert_eq!(master, f32s(&old[&param])?, "{} widened", p.name);
+            assert_eq!(master, tensor_bits(&old[&param])?, "{} widened", p.name);
         } else {
-            let want = f32s(&saved[&format!("master/{}", p.name)])?;
+            let want = tensor_bits(&saved[&format!("master/{}", p.name)])?;
             assert_eq!(master, want, "{} as saved", p.name);
-            kept_finer += usize::from(want != f32s(&saved[&param])?);
+            kept_finer += usize::from(want != tensor_bits(&saved[&param])?);
         }
     }
     // Not vacuous: some saved master copies hold more than their bf16 parameters.
