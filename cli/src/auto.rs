@@ -122,7 +122,7 @@ impl AutoArgs {
 }
 
 /// Parses `--dtype`.
-fn parse_dtype(text: &str) -> std::result::Result<DType, String> {
+pub(crate) fn parse_dtype(text: &str) -> std::result::Result<DType, String> {
     text.parse::<DType>().map_err(|e| e.to_string())
 }
 

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use pipewise_common::job::{Compute, JobPlan, JobSpec, example};
+use pipewise_common::model::DType;
 use pipewise_coordinator::Coordinator;
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
@@ -32,6 +33,7 @@ use serde::Serialize;
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
+use crate::auto::parse_dtype;
 use crate::cluster::{LogFormat, init_logs_at};
 
 /// Stage compute of `pipewise local`.
@@ -68,6 +70,10 @@ pub(crate) struct LocalArgs {
     /// Model size.
     #[arg(long, value_enum, default_value_t = ModelPreset::Tiny)]
     pub(crate) model: ModelPreset,
+    /// Model dtype: `f32`, or `bf16` / `f16` (mixed precision: compute and activations in
+    /// it; gradients, AdamW moments and master copies of the parameters in f32).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub(crate) dtype: DType,
     /// Sequences per step.
     #[arg(long, default_value_t = 8)]
     pub(crate) global_batch: u32,
@@ -170,6 +176,7 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
         spec.model.layers = 16;
         spec.model.seq_len = 64;
     }
+    spec.model.dtype = args.dtype;
     spec.training.steps = args.steps;
     spec.training.global_batch_size = args.global_batch;
     spec.training.seed = args.seed;

@@ -11,6 +11,10 @@ use serde_json::Value;
 mod common;
 
 fn local(dir: &Path, workers: &str, schedule: &str, steps: &str) -> Value {
+    local_with(dir, workers, schedule, steps, &[])
+}
+
+fn local_with(dir: &Path, workers: &str, schedule: &str, steps: &str, extra: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
         .args([
             "local",
@@ -24,6 +28,7 @@ fn local(dir: &Path, workers: &str, schedule: &str, steps: &str) -> Value {
             "--output-dir",
         ])
         .arg(dir)
+        .args(extra)
         .output()
         .expect("runs pipewise");
     assert!(
@@ -95,6 +100,39 @@ fn same_result_for_any_worker_count_and_schedule() {
                 }
             }
         }
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
+/// Mixed precision: a bf16 job trains (its loss falls), holds about half the activations
+/// of the f32 job (token ids and a few f32 statistics keep their size), writes bf16 parameters, and gives the same losses on 1 worker and on 4.
+#[test]
+fn bf16_trains_alike_on_any_worker_count() {
+    let root = tempfile_dir("bf16");
+    let bf16 = local_with(&root.join("4"), "4", "v-half", "6", &["--dtype", "bf16"]);
+    let l = losses(&bf16);
+    assert!(l[5] < l[0], "loss did not fall: {l:?}");
+    let p = params(&root.join("4"));
+    assert!(!p.is_empty());
+    assert!(p.values().all(|t| t.dtype() == candle_core::DType::BF16));
+    let f32 = local(&root.join("f32"), "4", "v-half", "6");
+    let peaks = |s: &Value| s["steps"][0]["peak_activation_bytes"].clone();
+    let (half, full) = (peaks(&bf16), peaks(&f32));
+    for (h, f) in half
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(full.as_array().unwrap())
+    {
+        let ratio = h.as_f64().unwrap() / f.as_f64().unwrap();
+        assert!((0.5..0.51).contains(&ratio), "{half} vs {full}");
+    }
+    let one = local_with(&root.join("1"), "1", "1f1b", "6", &["--dtype", "bf16"]);
+    for (a, b) in losses(&one).iter().zip(&l) {
+        assert!(
+            (a - b).abs() <= 1e-2 * a.abs(),
+            "1 worker {a} vs 4 workers {b}"
+        );
     }
     let _ = std::fs::remove_dir_all(root);
 }
