@@ -70,8 +70,9 @@ pub(crate) struct LocalArgs {
     /// Model size.
     #[arg(long, value_enum, default_value_t = ModelPreset::Tiny)]
     pub(crate) model: ModelPreset,
-    /// Model dtype: `f32`, or `bf16` / `f16` (mixed precision: compute and activations in
-    /// it; gradients, AdamW moments and master copies of the parameters in f32).
+    /// Model dtype: `f32`, or `bf16` (mixed precision: compute and activations in bf16;
+    /// gradients, AdamW moments, master copies and the loss in f32). `f16` only with
+    /// `--compute emulate` (real f16 training would need loss scaling).
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub(crate) dtype: DType,
     /// Sequences per step.

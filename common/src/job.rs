@@ -636,6 +636,15 @@ impl JobSpec {
             },
             other => other,
         })?;
+        if self.model.dtype == DType::F16 && !self.compute.is_emulated() {
+            // bf16 has f32's exponent range; f16's underflows without loss scaling (a
+            // 32k-vocabulary loss gradient over 8 × 4096 tokens is about 1e-9).
+            return Err(invalid(
+                "model.dtype",
+                "f16 training needs loss scaling, which pipewise does not have; use bf16 \
+                 (f16 is accepted for planning and emulated compute)",
+            ));
+        }
         let t = &self.training;
         if t.steps == 0 {
             return Err(invalid("training.steps", "must be at least 1"));
@@ -980,12 +989,24 @@ mod tests {
     }
 
     #[test]
+    fn f16_is_refused_only_for_real_compute() {
+        let mut spec = example(2, "1f1b");
+        spec.model.dtype = DType::BF16;
+        assert!(spec.validate().is_ok());
+        spec.model.dtype = DType::F16;
+        assert!(spec.validate().is_err());
+        spec.compute = Compute::emulate(1.0, 1.0, 1.0);
+        assert!(spec.validate().is_ok());
+    }
+
+    #[test]
     fn every_bad_field_is_named() {
         type Edit = fn(&mut JobSpec);
         let cases: Vec<(&str, Edit)> = vec![
             ("job.name", |s| s.job.name = " ".into()),
             ("model.hidden", |s| s.model.hidden = 0),
             ("model.heads", |s| s.model.heads = 3),
+            ("model.dtype", |s| s.model.dtype = DType::F16),
             ("training.steps", |s| s.training.steps = 0),
             ("training.global_batch_size", |s| {
                 s.training.global_batch_size = 0

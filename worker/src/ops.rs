@@ -42,9 +42,10 @@ pub(crate) fn linear_grad_weight(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     Ok(x.t()?.matmul(dy)?)
 }
 
-/// `W` of a bias (or a LayerNorm shift): the sum of `dy` over tokens.
+/// `W` of a bias (or a LayerNorm shift): the sum of `dy` over tokens, in f32 (a bf16 sum
+/// over many tokens would round small terms away).
 pub(crate) fn sum_tokens(dy: &Tensor) -> Result<Tensor> {
-    Ok(dy.sum(0)?)
+    Ok(dy.to_dtype(DType::F32)?.sum(0)?)
 }
 
 // === LayerNorm ===
@@ -86,9 +87,10 @@ pub(crate) fn layer_norm_grad_input(
     Ok(inner.broadcast_mul(rstd)?)
 }
 
-/// `W` of LayerNorm: `(dγ, dβ) = (Σ dy·x̂, Σ dy)` over tokens.
+/// `W` of LayerNorm: `(dγ, dβ) = (Σ dy·x̂, Σ dy)` over tokens, in f32.
 pub(crate) fn layer_norm_grad_weight(dy: &Tensor, xhat: &Tensor) -> Result<(Tensor, Tensor)> {
-    Ok(((dy * xhat)?.sum(0)?, dy.sum(0)?))
+    let (dy, xhat) = (dy.to_dtype(DType::F32)?, xhat.to_dtype(DType::F32)?);
+    Ok(((&dy * xhat)?.sum(0)?, dy.sum(0)?))
 }
 
 // === GELU (tanh approximation, as GPT-2) ===
@@ -192,25 +194,73 @@ pub(crate) fn attention_grad(
 
 // === Cross-entropy ===
 
-/// Softmax probabilities of `logits: [N, V]` and the mean negative log-likelihood of
-/// `targets: [N]` (u32), the loss as a rank-0 tensor in the logits' dtype.
+/// Softmax probabilities of `logits: [N, V]` (in the logits' dtype) and the mean negative
+/// log-likelihood of `targets: [N]` (u32), a rank-0 f32 tensor. Computed in f32 whatever
+/// the logits' dtype, as torchtitan and Megatron-LM upcast the logits for the loss.
 pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dtype = logits.dtype();
+    let logits = logits.to_dtype(DType::F32)?;
     let max = logits.max_keepdim(1)?;
     let shifted = logits.broadcast_sub(&max)?;
     let sum = shifted.exp()?.sum_keepdim(1)?;
     let log_probs = shifted.broadcast_sub(&sum.log()?)?;
     let picked = log_probs.gather(&targets.unsqueeze(1)?, 1)?;
     let loss = picked.mean_all()?.neg()?;
-    Ok((log_probs.exp()?, loss))
+    Ok((log_probs.exp()?.to_dtype(dtype)?, loss))
 }
 
-/// `B` of the mean cross-entropy times `seed`: `(p − onehot(target))·seed/N`.
+/// `B` of the mean cross-entropy times `seed`: `(p − onehot(target))·seed/N`, computed in
+/// f32 and returned in the probabilities' dtype.
 pub(crate) fn cross_entropy_grad(probs: &Tensor, targets: &Tensor, seed: f64) -> Result<Tensor> {
     let (n, vocab) = probs.dims2()?;
     let classes = Tensor::arange(0u32, vocab as u32, probs.device())?;
     let onehot = targets
         .unsqueeze(1)?
         .broadcast_eq(&classes.unsqueeze(0)?)?
-        .to_dtype(probs.dtype())?;
-    Ok((probs - onehot)?.affine(seed / n as f64, 0.0)?)
+        .to_dtype(DType::F32)?;
+    let grad = (probs.to_dtype(DType::F32)? - onehot)?.affine(seed / n as f64, 0.0)?;
+    Ok(grad.to_dtype(probs.dtype())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[n, 2]` bf16 rows: one row of 1.0, then `n − 1` rows of 2⁻⁸.
+    fn one_then_small(n: usize) -> Result<Tensor> {
+        let mut host = vec![2f32.powi(-8); 2 * n];
+        host[..2].fill(1.0);
+        Ok(Tensor::from_vec(host, (n, 2), &Device::Cpu)?.to_dtype(DType::BF16)?)
+    }
+
+    /// Weight gradients summed over tokens are f32: 1 + 255 × 2⁻⁸ is 1.99609375, where a
+    /// bf16 sum stays at 1.0 (each 2⁻⁸ is half of bf16's spacing there and rounds to even).
+    #[test]
+    fn token_sums_of_bf16_gradients_are_f32() -> Result<()> {
+        let dy = one_then_small(256)?;
+        let want = vec![1.0 + 255.0 * 2f32.powi(-8); 2];
+        assert_eq!(dy.sum(0)?.to_dtype(DType::F32)?.to_vec1::<f32>()?[0], 1.0);
+        assert_eq!(sum_tokens(&dy)?.to_vec1::<f32>()?, want);
+        let ones = Tensor::ones((256, 2), DType::BF16, &Device::Cpu)?;
+        let (dgamma, dbeta) = layer_norm_grad_weight(&dy, &ones)?;
+        assert_eq!(dgamma.to_vec1::<f32>()?, want);
+        assert_eq!(dbeta.to_vec1::<f32>()?, want);
+        Ok(())
+    }
+
+    /// The loss of bf16 logits is computed in f32 (and equals the f32 logits' loss); the
+    /// probabilities and the logits' gradient keep the logits' dtype.
+    #[test]
+    fn bf16_cross_entropy_is_computed_in_f32() -> Result<()> {
+        let host: Vec<f32> = (0..3 * 40).map(|i| ((i * 7) % 13) as f32 * 0.37).collect();
+        let logits = Tensor::from_vec(host, (3, 40), &Device::Cpu)?.to_dtype(DType::BF16)?;
+        let targets = Tensor::new(&[1u32, 17, 39], &Device::Cpu)?;
+        let (probs, loss) = cross_entropy(&logits, &targets)?;
+        assert_eq!((probs.dtype(), loss.dtype()), (DType::BF16, DType::F32));
+        let (_, wide) = cross_entropy(&logits.to_dtype(DType::F32)?, &targets)?;
+        assert_eq!(loss.to_scalar::<f32>()?, wide.to_scalar::<f32>()?);
+        let grad = cross_entropy_grad(&probs, &targets, 0.5)?;
+        assert_eq!(grad.dtype(), DType::BF16);
+        Ok(())
+    }
 }

@@ -58,10 +58,11 @@ pub fn clip_scale(total_sq_norm: f64, max_grad_norm: Option<f64>) -> f64 {
 /// rounding becomes the parameter.
 pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<()> {
     let wide = p.m.dtype();
+    let g = p.grad.to_dtype(wide)?;
     let g = if grad_scale == 1.0 {
-        p.grad.clone()
+        g
     } else {
-        p.grad.affine(grad_scale, 0.0)?
+        g.affine(grad_scale, 0.0)?
     };
     let m = (p.m.affine(cfg.beta1, 0.0)? + g.affine(1.0 - cfg.beta1, 0.0)?)?;
     let v = (p.v.affine(cfg.beta2, 0.0)? + g.sqr()?.affine(1.0 - cfg.beta2, 0.0)?)?;

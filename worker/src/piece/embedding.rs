@@ -102,7 +102,7 @@ impl Embedding {
             .grad
             .index_add(&w.ids.flatten_all()?, &dy_wide, 0)?;
         self.wte.grad = dwte;
-        let mut dwpe = w.dy.reshape((b, t, h))?.sum(0)?;
+        let mut dwpe = dy_wide.reshape((b, t, h))?.sum(0)?;
         if t < seq_len {
             let pad = Tensor::zeros((seq_len - t, h), dwpe.dtype(), dwpe.device())?;
             dwpe = Tensor::cat(&[&dwpe, &pad], 0)?;
