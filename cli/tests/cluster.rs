@@ -212,26 +212,6 @@ fn reference(spec: &JobSpec) -> Reference {
     (losses, params)
 }
 
-fn max_param_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f64 {
-    assert_eq!(a.len(), b.len(), "tensor counts differ");
-    let mut worst = 0.0f64;
-    for (name, t) in a {
-        let u = b.get(name).unwrap_or_else(|| panic!("{name} missing"));
-        let d = (t - u)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        worst = worst.max(f64::from(d));
-    }
-    worst
-}
-
 fn tempdir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pipewise-cluster-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -275,7 +255,7 @@ fn worker_processes_match_the_single_device_reference() {
             .zip(&ref_losses)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
-        let param_diff = max_param_diff(&ref_params, &final_params(&cluster, job));
+        let param_diff = common::max_param_diff(&ref_params, &final_params(&cluster, job));
         eprintln!(
             "{schedule:>16} d={workers}: max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}, \
              loss {:.4} → {:.4}, {:.1} s",
@@ -602,7 +582,7 @@ fn assert_exact(
         .zip(ref_losses)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f64::max);
-    let param_diff = max_param_diff(ref_params, &final_params(cluster, job));
+    let param_diff = common::max_param_diff(ref_params, &final_params(cluster, job));
     assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
     assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
     (loss_diff, param_diff)

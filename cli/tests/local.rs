@@ -63,23 +63,8 @@ fn assert_same(what: &str, (rl, rp): (&[f64], &Params), (l, p): (&[f64], &Params
     for (a, b) in rl.iter().zip(l) {
         assert!((a - b).abs() <= 1e-5, "{what}: loss {a} vs {b}");
     }
-    assert_eq!(rp.len(), p.len(), "{what}: tensor names differ");
-    for (name, t) in rp {
-        let u = p.get(name).unwrap_or_else(|| panic!("{what}: no {name}"));
-        assert_eq!(t.dtype(), u.dtype(), "{what} {name}");
-        let diff = (t.to_dtype(candle_core::DType::F32).unwrap()
-            - u.to_dtype(candle_core::DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-        assert!(diff <= 1e-5, "{what} {name}: max diff {diff}");
-    }
+    let diff = common::max_param_diff(rp, p);
+    assert!(diff <= 1e-5, "{what}: parameters differ by up to {diff}");
 }
 
 #[test]

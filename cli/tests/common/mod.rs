@@ -8,6 +8,33 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+/// The largest absolute difference between same-named tensors of `a` and `b` (compared in
+/// f32; both must hold the same names and dtypes).
+pub(crate) fn max_param_diff(
+    a: &std::collections::HashMap<String, candle_core::Tensor>,
+    b: &std::collections::HashMap<String, candle_core::Tensor>,
+) -> f64 {
+    assert_eq!(a.len(), b.len(), "tensor counts differ");
+    let mut worst = 0.0f64;
+    for (name, t) in a {
+        let u = b.get(name).unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(t.dtype(), u.dtype(), "{name}");
+        let f32 = |x: &candle_core::Tensor| x.to_dtype(candle_core::DType::F32).unwrap();
+        let d = (f32(t) - f32(u))
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        worst = worst.max(f64::from(d));
+    }
+    worst
+}
+
 /// Runs the built binary with `args`.
 pub(crate) fn pipewise(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pipewise"))
