@@ -3,8 +3,10 @@
 //! Tensor names: `param/{name}` (the model dtype), `adam_m/{name}`, `adam_v/{name}` (f32)
 //! for every parameter and `master/{name}` (f32) for those of a bf16 or f16 model (`name`
 //! as [`Param::name`](crate::param::Param::name), e.g. `block3.attn.qkv.weight`),
-//! and `meta/step` (`[1]` i64), `meta/range` (`[2]` i64, the piece range) and `meta/spec`
-//! (`[5]` i64: vocab, hidden, heads, layers, seq_len). A checkpoint loads only into a stage
+//! and `meta/step` (`[1]` i64), `meta/range` (`[2]` i64, the piece range), `meta/spec`
+//! (`[5]` i64: vocab, hidden, heads, layers, seq_len) and `meta/format` (`[1]` i64,
+//! [`FORMAT`]; files without it are format 1: moments in the model dtype, no master
+//! copies). A file of a later format is refused with its number. A checkpoint loads only into a stage
 //! with the same spec and piece range ([`Stage::load_checkpoint`]); a step's directory of
 //! stage files (`step-K/stage-S.safetensors`, one per stage of any partition of the same
 //! model) loads into a stage of another partition by the tensors' whole-model names
@@ -42,6 +44,9 @@ fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
         )?,
     ))
 }
+
+/// The checkpoint format written: 2 since moments and master copies are kept in f32.
+pub const FORMAT: i64 = 2;
 
 /// One checkpoint file: its meta and tensors.
 struct Shard {
@@ -81,6 +86,7 @@ fn read_shard(path: &Path) -> Result<Shard> {
         });
     }
     let mut tensors = candle_core::safetensors::load(path, &Device::Cpu)?;
+    let has_format = tensors.contains_key("meta/format");
     let mut ints = |key: &str| -> Result<Vec<i64>> {
         let t = tensors
             .remove(key)
@@ -93,6 +99,17 @@ fn read_shard(path: &Path) -> Result<Shard> {
         .first()
         .copied()
         .ok_or_else(|| bad(path, "empty meta/step".into()))?;
+    let format = if has_format {
+        ints("meta/format")?.first().copied().unwrap_or(0)
+    } else {
+        1
+    };
+    if !(1..=FORMAT).contains(&format) {
+        return Err(bad(
+            path,
+            format!("is of checkpoint format {format}; this pipewise reads formats 1 to {FORMAT}"),
+        ));
+    }
     Ok(Shard {
         path: path.to_path_buf(),
         step,
@@ -157,6 +174,7 @@ impl Stage {
         tensors.insert("meta/step".into(), step);
         tensors.insert("meta/range".into(), range);
         tensors.insert("meta/spec".into(), spec);
+        tensors.insert("meta/format".into(), Tensor::new(&[FORMAT], &cpu)?);
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
         let partial = PathBuf::from(partial);

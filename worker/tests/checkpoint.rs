@@ -108,15 +108,19 @@ fn resume_in(spec: ModelSpec, device: &Device) -> Result<()> {
 
 test_device!(checkpoint_resume_is_bit_identical, resume);
 
-/// Rewrites the bf16 stage file `src` as `dst` in the old form (moments in bf16, no master
-/// copies) and returns its tensors.
+/// Rewrites the bf16 stage file `src` as `dst` in the old form (format 1: moments in bf16,
+/// no master copies, no `meta/format`) and returns its tensors.
 fn to_old_form(
     src: &std::path::Path,
     dst: &std::path::Path,
 ) -> Result<std::collections::HashMap<String, candle_core::Tensor>> {
     use candle_core::DType;
     let mut tensors = candle_core::safetensors::load(src, &Device::Cpu)?;
-    tensors.retain(|k, _| !k.starts_with("master/"));
+    assert_eq!(
+        tensors["meta/format"].to_vec1::<i64>()?,
+        [pipewise_worker::checkpoint::FORMAT]
+    );
+    tensors.retain(|k, _| !k.starts_with("master/") && k != "meta/format");
     for (k, t) in tensors.iter_mut() {
         if k.starts_with("adam_") {
             assert_eq!(t.dtype(), DType::F32, "{k}");
@@ -203,7 +207,7 @@ test_device!(checkpoint_of_the_old_form_loads, old_form);
 
 /// A step directory mixing the new form (stage 0) and the old (stage 1) loads into one
 /// stage: stage 0's master copies as saved, stage 1's widened from its parameters. A master
-/// copy that its parameter is not the rounding of is refused.
+/// copy that its parameter is not the rounding of is refused, and so is a later format.
 fn mixed_and_tampered(device: &Device) -> Result<()> {
     let spec = spec_in(SpecDType::BF16);
     let sampler = short_windows();
@@ -235,6 +239,21 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
     // Not vacuous: some saved master copies hold more than their bf16 parameters.
     assert!(kept_finer > 0);
 
+    // A file of a later format is refused with its number.
+    let path = root.join("future.safetensors");
+    let mut tensors = saved.clone();
+    tensors.insert(
+        "meta/format".into(),
+        candle_core::Tensor::new(&[3i64], &Device::Cpu)?,
+    );
+    candle_core::safetensors::save(&tensors, &path)?;
+    match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
+        Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
+            assert!(reason.contains("checkpoint format 3"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+
     // Tampered: a master copy moved by far more than bf16's rounding.
     let path = root.join("tampered.safetensors");
     let mut tensors = saved.clone();
@@ -262,7 +281,7 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
 }
 
 test_device!(
-    checkpoint_mixing_forms_loads_and_a_bad_master_is_refused,
+    checkpoint_mixing_forms_loads_and_bad_files_are_refused,
     mixed_and_tampered
 );
 
