@@ -60,15 +60,30 @@ pub(crate) struct LayerNormOut {
     pub rstd: Tensor,
 }
 
-/// LayerNorm over the last axis of `x: [N, h]`.
+/// `t` in f32, where a bf16 or f16 model's reductions and normalisations run (as Megatron-LM's
+/// fused LayerNorm and softmax kernels take and give the model dtype and compute in f32).
+fn wide(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F32)?)
+}
+
+/// LayerNorm over the last axis of `x: [N, h]`, computed in f32; every output in `x`'s
+/// dtype.
 pub(crate) fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<LayerNormOut> {
+    let dtype = x.dtype();
+    let x = wide(x)?;
     let mean = x.mean_keepdim(1)?;
     let xc = x.broadcast_sub(&mean)?;
     let var = xc.sqr()?.mean_keepdim(1)?;
     let rstd = var.affine(1.0, LN_EPS)?.sqrt()?.recip()?;
     let xhat = xc.broadcast_mul(&rstd)?;
-    let y = xhat.broadcast_mul(gamma)?.broadcast_add(beta)?;
-    Ok(LayerNormOut { y, xhat, rstd })
+    let y = xhat
+        .broadcast_mul(&wide(gamma)?)?
+        .broadcast_add(&wide(beta)?)?;
+    Ok(LayerNormOut {
+        y: y.to_dtype(dtype)?,
+        xhat: xhat.to_dtype(dtype)?,
+        rstd: rstd.to_dtype(dtype)?,
+    })
 }
 
 /// `B` of LayerNorm: `dx = (1/σ)·(g − mean(g) − x̂·mean(g·x̂))` with `g = dy·γ`.
@@ -78,13 +93,14 @@ pub(crate) fn layer_norm_grad_input(
     rstd: &Tensor,
     gamma: &Tensor,
 ) -> Result<Tensor> {
-    let g = dy.broadcast_mul(gamma)?;
+    let xhat = wide(xhat)?;
+    let g = wide(dy)?.broadcast_mul(&wide(gamma)?)?;
     let mean_g = g.mean_keepdim(1)?;
-    let mean_gx = (&g * xhat)?.mean_keepdim(1)?;
+    let mean_gx = (&g * &xhat)?.mean_keepdim(1)?;
     let inner = g
         .broadcast_sub(&mean_g)?
         .sub(&xhat.broadcast_mul(&mean_gx)?)?;
-    Ok(inner.broadcast_mul(rstd)?)
+    Ok(inner.broadcast_mul(&wide(rstd)?)?.to_dtype(dy.dtype())?)
 }
 
 /// `W` of LayerNorm: `(dγ, dβ) = (Σ dy·x̂, Σ dy)` over tokens, in f32.
@@ -150,12 +166,13 @@ pub(crate) fn merge_heads(x: &Tensor) -> Result<Tensor> {
         .reshape((b * t, heads * hd))?)
 }
 
-/// Row softmax over the last axis.
+/// Row softmax over the last axis, computed in f32, in `s`'s dtype.
 pub(crate) fn softmax_last(s: &Tensor) -> Result<Tensor> {
-    let max = s.max_keepdim(D::Minus1)?;
-    let e = s.broadcast_sub(&max)?.exp()?;
+    let w = wide(s)?;
+    let max = w.max_keepdim(D::Minus1)?;
+    let e = w.broadcast_sub(&max)?.exp()?;
     let sum = e.sum_keepdim(D::Minus1)?;
-    Ok(e.broadcast_div(&sum)?)
+    Ok(e.broadcast_div(&sum)?.to_dtype(s.dtype())?)
 }
 
 /// Attention probabilities `softmax(q·kᵀ/√d + mask)` and output `p·v`.
@@ -184,9 +201,12 @@ pub(crate) fn attention_grad(
     let hd = q.dim(D::Minus1)?;
     let scale = 1.0 / (hd as f64).sqrt();
     let dv = p.t()?.matmul(dy)?;
-    let dp = dy.matmul(&v.t()?)?;
-    let row = (&dp * p)?.sum_keepdim(D::Minus1)?;
-    let ds = (p * dp.broadcast_sub(&row)?)?.affine(scale, 0.0)?;
+    // The softmax's backward in f32, as its forward.
+    let (dp, pw) = (wide(&dy.matmul(&v.t()?)?)?, wide(p)?);
+    let row = (&dp * &pw)?.sum_keepdim(D::Minus1)?;
+    let ds = (pw * dp.broadcast_sub(&row)?)?
+        .affine(scale, 0.0)?
+        .to_dtype(q.dtype())?;
     let dq = ds.matmul(k)?;
     let dk = ds.t()?.matmul(q)?;
     Ok((dq, dk, dv))
@@ -245,6 +265,42 @@ mod tests {
         let (dgamma, dbeta) = layer_norm_grad_weight(&dy, &ones)?;
         assert_eq!(dgamma.to_vec1::<f32>()?, want);
         assert_eq!(dbeta.to_vec1::<f32>()?, want);
+        Ok(())
+    }
+
+    /// LayerNorm and softmax of bf16 inputs are computed in f32 and rounded once: on rows
+    /// far from zero (32…48 in steps of 0.25, exact in bf16) the outputs are the f32 results
+    /// of the same inputs rounded to bf16.
+    #[test]
+    fn bf16_layer_norm_and_softmax_round_once() -> Result<()> {
+        let host: Vec<f32> = (0..4 * 64)
+            .map(|i| 32.0 + ((i * 37) % 64) as f32 * 0.25)
+            .collect();
+        let x32 = Tensor::from_vec(host, (4, 64), &Device::Cpu)?;
+        let x = x32.to_dtype(DType::BF16)?;
+        let (g, b) = (
+            Tensor::ones(64, DType::F32, &Device::Cpu)?,
+            Tensor::zeros(64, DType::F32, &Device::Cpu)?,
+        );
+        let narrow = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(DType::BF16)?
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?)
+        };
+        let flat = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let half = layer_norm(&x, &g.to_dtype(DType::BF16)?, &b.to_dtype(DType::BF16)?)?;
+        let full = layer_norm(&x32, &g, &b)?;
+        assert_eq!(half.y.dtype(), DType::BF16);
+        assert_eq!(flat(&half.y)?, narrow(&full.y)?);
+        assert_eq!(flat(&half.rstd)?, narrow(&full.rstd)?);
+        let scores = x.affine(0.5, 0.0)?;
+        assert_eq!(
+            flat(&softmax_last(&scores)?)?,
+            narrow(&softmax_last(&scores.to_dtype(DType::F32)?)?)?
+        );
         Ok(())
     }
 
