@@ -9,8 +9,10 @@
 //! - `piece` (private): the embedding, transformer block and head, each with its forward,
 //!   input-gradient and weight-gradient math and the stashes between them.
 //! - `ops` (private): hand-written forward and backward of linear, LayerNorm, tanh-GELU,
-//!   causal attention and cross-entropy on candle-core tensors.
-//! - [`param`]: parameters with gradient and AdamW state, seeded initialisation.
+//!   causal attention and cross-entropy on candle-core tensors (LayerNorm, softmax, loss
+//!   and token sums computed in f32 for a bf16 model).
+//! - [`param`]: parameters with their f32 gradient, AdamW moments and (bf16) master copy,
+//!   seeded initialisation: Megatron-LM's mixed-precision layout.
 //! - [`optim`]: AdamW and global-norm clipping across stages.
 //! - [`checkpoint`]: a stage's parameters, optimizer state and step as safetensors.
 //! - [`trainer`]: the single-device reference trainer (the whole model as one stage).
