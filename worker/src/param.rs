@@ -27,15 +27,15 @@ pub struct Param {
     /// The value.
     pub value: Tensor,
     /// The gradient accumulated by `W` passes since the last optimizer step, in
-    /// [`STATE_DTYPE`] (a bf16 model's microbatch gradients are summed in f32).
+    /// f32 (`STATE_DTYPE`) (a bf16 model's microbatch gradients are summed in f32).
     pub grad: Tensor,
     /// The f32 master copy of a bf16 or f16 parameter, which the optimizer updates (`value`
     /// is it rounded), so updates smaller than the narrow dtype's spacing are not lost;
     /// `None` for f32 parameters.
     pub(crate) master: Option<Tensor>,
-    /// AdamW first moment, in [`STATE_DTYPE`].
+    /// AdamW first moment, in f32 (`STATE_DTYPE`).
     pub(crate) m: Tensor,
-    /// AdamW second moment, in [`STATE_DTYPE`].
+    /// AdamW second moment, in f32 (`STATE_DTYPE`).
     pub(crate) v: Tensor,
     /// Whether AdamW's weight decay applies (matrices and embeddings, not biases or norms).
     pub decay: bool,
