@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// Element type of parameters and activations.
+///
+/// Written in lower case; read in any case, in job specs as on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum DType {
     /// 32-bit IEEE float.
     F32,
@@ -57,6 +59,14 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
         }
+    }
+}
+
+impl TryFrom<String> for DType {
+    type Error = Error;
+
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
     }
 }
 
@@ -349,6 +359,17 @@ impl ModelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dtype_reads_in_any_case_and_writes_lower_case() {
+        let read: DType = serde_json::from_str("\"BF16\"").expect("reads");
+        assert_eq!(read, DType::BF16);
+        assert_eq!(serde_json::to_string(&read).expect("writes"), "\"bf16\"");
+        let err = serde_json::from_str::<DType>("\"fp8\"")
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("not one of f32, f16, bf16"), "{err}");
+    }
 
     #[test]
     fn training_state_keeps_moments_and_masters_in_f32() {
