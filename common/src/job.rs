@@ -512,15 +512,10 @@ impl JobPlan {
     ) -> Result<Vec<u64>> {
         self.check_ranges(ranges)?;
         let placement = &self.schedule.placement;
-        let pieces = spec.model.pieces();
         let mut out = vec![0u64; placement.workers() as usize];
         for (s, r) in ranges.iter().enumerate() {
-            let params: u64 = pieces[r.clone()]
-                .iter()
-                .map(|&p| spec.model.piece_params(p))
-                .sum();
             out[placement.worker_of(s as u32) as usize] +=
-                params * spec.model.dtype.training_state_bytes();
+                spec.model.range_params(r.clone()) * spec.model.dtype.training_state_bytes();
         }
         Ok(out)
     }

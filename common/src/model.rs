@@ -270,9 +270,14 @@ impl ModelSpec {
 
     /// Total parameter count.
     pub fn params(&self) -> u64 {
-        self.pieces()
-            .into_iter()
-            .map(|p| self.piece_params(p))
+        self.range_params(0..self.pieces().len())
+    }
+
+    /// Parameter count of a range of pieces (indices into [`ModelSpec::pieces`]).
+    pub fn range_params(&self, range: std::ops::Range<usize>) -> u64 {
+        self.pieces()[range]
+            .iter()
+            .map(|&p| self.piece_params(p))
             .sum()
     }
 

@@ -66,7 +66,9 @@ impl Param {
         Ok(Self {
             name,
             grad: zeros.clone(),
-            master: Self::master_of(&value)?,
+            master: Self::needs_master(dtype)
+                .then(|| value.to_dtype(STATE_DTYPE))
+                .transpose()?,
             m: zeros.clone(),
             v: zeros,
             value,
@@ -74,13 +76,9 @@ impl Param {
         })
     }
 
-    /// The master copy `value` needs: its f32 widening when it is narrower than f32.
-    pub(crate) fn master_of(value: &Tensor) -> Result<Option<Tensor>> {
-        Ok(if value.dtype() == STATE_DTYPE {
-            None
-        } else {
-            Some(value.to_dtype(STATE_DTYPE)?)
-        })
+    /// Whether parameters of `dtype` keep an f32 master copy: when it is narrower than f32.
+    pub(crate) fn needs_master(dtype: DType) -> bool {
+        dtype != STATE_DTYPE
     }
 
     /// Bytes of the tensors this parameter keeps for training, measured from them: its

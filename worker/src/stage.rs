@@ -475,7 +475,7 @@ impl Stage {
             let wide = wide.to_device(&device)?;
             p.value = wide.to_dtype(p.value.dtype())?;
             p.grad = wide.zeros_like()?;
-            p.master = (p.value.dtype() != wide.dtype()).then_some(wide);
+            p.master = Param::needs_master(p.value.dtype()).then_some(wide);
             p.m = m.to_device(&device)?;
             p.v = v.to_device(&device)?;
         }

@@ -105,10 +105,7 @@ fn state(device: &Device) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         let check = |stages: &[Stage], when: &str| {
             for (s, r) in stages.iter().zip(&ranges) {
-                let params: u64 = spec.pieces()[r.clone()]
-                    .iter()
-                    .map(|&p| spec.piece_params(p))
-                    .sum();
+                let params = spec.range_params(r.clone());
                 let measured: u64 = s.params().map(|p| p.state_bytes()).sum();
                 assert_eq!(
                     measured,
