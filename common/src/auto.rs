@@ -720,7 +720,7 @@ fn plan_one(
                 f: ps.iter().map(|p| p.f).sum(),
                 b: ps.iter().map(|p| p.b).sum(),
                 w: ps.iter().map(|p| p.w).sum(),
-                mem: ps.iter().map(|p| p.mem).sum::<u64>() as f64,
+                mem: ps.iter().map(|p| p.mem).fold(0, u64::saturating_add) as f64,
             }
         })
         .collect();
@@ -728,8 +728,12 @@ fn plan_one(
     let stage_workers: Vec<u32> = (0..stages as u32).map(|s| placement.worker_of(s)).collect();
     let mut static_bytes = vec![0u64; d as usize];
     for (s, r) in partition.iter().enumerate() {
-        let p: u64 = pieces[r.clone()].iter().map(|p| p.params).sum();
-        static_bytes[stage_workers[s] as usize] += p * per_param;
+        let p = pieces[r.clone()]
+            .iter()
+            .map(|p| p.params)
+            .fold(0, u64::saturating_add);
+        let w = stage_workers[s] as usize;
+        static_bytes[w] = static_bytes[w].saturating_add(p.saturating_mul(per_param));
     }
     let max_static = static_bytes.iter().copied().max().unwrap_or(0);
     let budget = req.memory_per_worker;
@@ -747,7 +751,7 @@ fn plan_one(
             // Static state alone does not fit: ask for the smallest activation limit.
             let needed = match search(f64::MIN_POSITIVE) {
                 Err(Error::MemoryLimit { smallest, .. }) => {
-                    Some(max_static + smallest.ceil() as u64)
+                    Some(max_static.saturating_add(smallest.ceil() as u64))
                 }
                 _ => None,
             };
@@ -761,7 +765,7 @@ fn plan_one(
             sim.peak_memory
                 .iter()
                 .zip(&static_bytes)
-                .all(|(p, &st)| st + p.ceil() as u64 <= budget)
+                .all(|(p, &st)| st.saturating_add(p.ceil() as u64) <= budget)
         };
         // One limit serves every worker: first the room on the emptiest worker (kept only
         // if every worker then fits), then the room on the fullest one (always fits).
@@ -824,7 +828,7 @@ fn plan_one(
                         fmt_bytes(smallest.ceil()),
                         fmt_bytes(room)
                     ),
-                    Some(max_static + smallest.ceil() as u64),
+                    Some(max_static.saturating_add(smallest.ceil() as u64)),
                 ));
             }
             (None, Some(e)) => return Ok(skip(Why::Skipped, format!("skipped: {e}"), None)),
@@ -859,7 +863,7 @@ fn plan_one(
     let worker_bytes: Vec<u64> = static_bytes
         .iter()
         .zip(&activation_bytes)
-        .map(|(s, a)| s + a)
+        .map(|(s, a)| s.saturating_add(*a))
         .collect();
     let max_worker_bytes = worker_bytes.iter().copied().max().unwrap_or(0);
     if max_static > budget {

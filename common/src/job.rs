@@ -499,7 +499,11 @@ impl JobPlan {
     ) -> Result<Vec<u64>> {
         let peaks = self.predicted_peak_bytes_over(spec, ranges)?;
         let state = self.predicted_state_bytes_over(spec, ranges)?;
-        Ok(peaks.iter().zip(state).map(|(a, b)| a + b).collect())
+        Ok(peaks
+            .iter()
+            .zip(state)
+            .map(|(a, b)| a.saturating_add(b))
+            .collect())
     }
 
     /// The parameters, gradients and two AdamW moments each worker holds, with the model's
@@ -514,8 +518,12 @@ impl JobPlan {
         let placement = &self.schedule.placement;
         let mut out = vec![0u64; placement.workers() as usize];
         for (s, r) in ranges.iter().enumerate() {
-            out[placement.worker_of(s as u32) as usize] +=
-                spec.model.range_params(r.clone()) * spec.model.dtype.training_state_bytes();
+            let w = placement.worker_of(s as u32) as usize;
+            out[w] = out[w].saturating_add(
+                spec.model
+                    .range_params(r.clone())
+                    .saturating_mul(spec.model.dtype.training_state_bytes()),
+            );
         }
         Ok(out)
     }
@@ -566,7 +574,8 @@ impl JobPlan {
                     };
                     peak = peak.max(now);
                 }
-                u64::try_from(peak).unwrap_or(0)
+                // Never negative (it starts at 0); past u64 only for saturated stashes.
+                u64::try_from(peak).unwrap_or(u64::MAX)
             })
             .collect())
     }
@@ -1047,6 +1056,13 @@ mod tests {
             // Too large to plan: refused before any allocation (a u32-sized batch used to
             // exhaust the coordinator's memory inside the generator).
             ("model.layers", |s| s.model.layers = u32::MAX),
+            // Sizes whose parameter and stash byte counts used to overflow u64.
+            ("model.hidden", |s| {
+                s.model.hidden = 4_000_000_000;
+                s.model.heads = 1;
+            }),
+            ("model.vocab", |s| s.model.vocab = u32::MAX),
+            ("model.seq_len", |s| s.model.seq_len = u32::MAX),
             ("parallelism.pipeline_parallel_degree", |s| {
                 s.parallelism.pipeline_parallel_degree = u32::MAX
             }),
@@ -1094,14 +1110,17 @@ mod tests {
 
     #[test]
     fn toml_errors_name_the_key() {
-        let mut text = example(2, "1f1b").to_toml().expect("toml");
-        text = text.replace("[training]", "[training]\nsteps_typo = 3");
-        match JobSpec::from_toml(&text) {
-            Err(Error::InvalidArgument { field, reason }) => {
-                assert_eq!(field, "toml");
-                assert!(reason.contains("steps_typo"), "{reason}");
+        let good = example(2, "1f1b").to_toml().expect("toml");
+        for (section, key) in [("[training]", "steps_typo"), ("[model]", "n_kv_heads")] {
+            let text = good.replace(section, &format!("{section}\n{key} = 3"));
+            assert_ne!(text, good, "{section} is in the example");
+            match JobSpec::from_toml(&text) {
+                Err(Error::InvalidArgument { field, reason }) => {
+                    assert_eq!(field, "toml");
+                    assert!(reason.contains(key), "{reason}");
+                }
+                other => panic!("{other:?}"),
             }
-            other => panic!("{other:?}"),
         }
         assert!(JobSpec::from_toml("not toml [").is_err());
     }

@@ -127,8 +127,10 @@ impl std::ops::Add for Activation {
 
     fn add(self, rhs: Activation) -> Activation {
         Activation {
-            after_forward: self.after_forward + rhs.after_forward,
-            after_backward_input: self.after_backward_input + rhs.after_backward_input,
+            after_forward: self.after_forward.saturating_add(rhs.after_forward),
+            after_backward_input: self
+                .after_backward_input
+                .saturating_add(rhs.after_backward_input),
         }
     }
 }
@@ -137,8 +139,21 @@ impl std::ops::Add for Activation {
 /// few hundred; the auto-planner's partition search grows with the square of the count).
 pub const MAX_LAYERS: u32 = 10_000;
 
+/// The largest hidden size a model spec may have (published models stay below 2^15); with
+/// [`MAX_VOCAB`] and [`MAX_SEQ_LEN`] it keeps parameter counts and their byte totals far
+/// inside `u64`.
+pub const MAX_HIDDEN: u32 = 1 << 18;
+
+/// The largest vocabulary a model spec may have (published ones stay below 2^19).
+pub const MAX_VOCAB: u32 = 1 << 24;
+
+/// The longest sequence a model spec may have (2^22 tokens, four times the longest
+/// published context).
+pub const MAX_SEQ_LEN: u32 = 1 << 22;
+
 /// Sizes of a GPT-style decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// Vocabulary size (256 for byte-level tokens).
     pub vocab: u32,
@@ -204,7 +219,8 @@ impl ModelSpec {
             .collect())
     }
 
-    /// Rejects zero sizes and a hidden size the heads do not divide.
+    /// Rejects zero sizes, sizes above [`MAX_LAYERS`], [`MAX_HIDDEN`], [`MAX_VOCAB`] and
+    /// [`MAX_SEQ_LEN`], and a hidden size the heads do not divide.
     pub fn validate(&self) -> Result<()> {
         let fields: [(&'static str, u32); 5] = [
             ("vocab", self.vocab),
@@ -221,11 +237,19 @@ impl ModelSpec {
                 });
             }
         }
-        if self.layers > MAX_LAYERS {
-            return Err(Error::InvalidArgument {
-                field: "layers",
-                reason: format!("must be at most {MAX_LAYERS}, got {}", self.layers),
-            });
+        let caps: [(&'static str, u32, u32); 4] = [
+            ("layers", self.layers, MAX_LAYERS),
+            ("hidden", self.hidden, MAX_HIDDEN),
+            ("vocab", self.vocab, MAX_VOCAB),
+            ("seq_len", self.seq_len, MAX_SEQ_LEN),
+        ];
+        for (field, value, cap) in caps {
+            if value > cap {
+                return Err(Error::InvalidArgument {
+                    field,
+                    reason: format!("must be at most {cap}, got {value}"),
+                });
+            }
         }
         if self.hidden % self.heads != 0 {
             return Err(Error::InvalidArgument {
@@ -260,12 +284,18 @@ impl ModelSpec {
     ///   `h·h + h`, MLP `h·4h + 4h` and `4h·h + h`);
     /// - Head: `2h + h·V` (final LayerNorm, LM head untied from the embedding, no bias).
     pub fn piece_params(&self, p: Piece) -> u64 {
-        let (v, h, t) = (self.vocab as u64, self.hidden as u64, self.seq_len as u64);
-        match p {
+        // In u128 and saturating, for specs not (yet) validated against the size caps.
+        let (v, h, t) = (
+            u128::from(self.vocab),
+            u128::from(self.hidden),
+            u128::from(self.seq_len),
+        );
+        let n = match p {
             Piece::Embedding => v * h + t * h,
             Piece::Block(_) => 12 * h * h + 13 * h,
             Piece::Head => 2 * h + h * v,
-        }
+        };
+        u64::try_from(n).unwrap_or(u64::MAX)
     }
 
     /// Total parameter count.
@@ -278,7 +308,7 @@ impl ModelSpec {
         self.pieces()[range]
             .iter()
             .map(|&p| self.piece_params(p))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Bytes a stage holds for one microbatch of `microbatch_size` sequences of this piece.
@@ -302,26 +332,29 @@ impl ModelSpec {
     /// probabilities (`V`) and the target ids; after `B`: `x̂`, the LN output gradient, the LN
     /// output (the LM head's input) and the logits gradient (`3h + V`).
     pub fn piece_activation_bytes(&self, p: Piece, microbatch_size: u32) -> Activation {
-        let (v, h, t) = (self.vocab as u64, self.hidden as u64, self.seq_len as u64);
-        let (a, b, e) = (
-            self.heads as u64,
-            microbatch_size as u64,
-            self.dtype.bytes(),
+        // In u128: the attention probabilities grow with `b·a·t²`, which a large enough
+        // microbatch takes past u64 even within the size caps; such a stash saturates.
+        let (v, h, t) = (
+            u128::from(self.vocab),
+            u128::from(self.hidden),
+            u128::from(self.seq_len),
         );
+        let (a, b, e) = (
+            u128::from(self.heads),
+            u128::from(microbatch_size),
+            u128::from(self.dtype.bytes()),
+        );
+        let ids = u128::from(TOKEN_BYTES);
         let n = b * t;
-        match p {
-            Piece::Embedding => Activation {
-                after_forward: TOKEN_BYTES * n,
-                after_backward_input: TOKEN_BYTES * n + n * h * e,
-            },
-            Piece::Block(_) => Activation {
-                after_forward: n * (16 * h + 2) * e + b * a * t * t * e,
-                after_backward_input: 20 * n * h * e,
-            },
-            Piece::Head => Activation {
-                after_forward: n * (2 * h + 1 + v) * e + TOKEN_BYTES * n,
-                after_backward_input: n * (3 * h + v) * e,
-            },
+        let (after_forward, after_backward_input) = match p {
+            Piece::Embedding => (ids * n, ids * n + n * h * e),
+            Piece::Block(_) => (n * (16 * h + 2) * e + b * a * t * t * e, 20 * n * h * e),
+            Piece::Head => (n * (2 * h + 1 + v) * e + ids * n, n * (3 * h + v) * e),
+        };
+        let clamp = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
+        Activation {
+            after_forward: clamp(after_forward),
+            after_backward_input: clamp(after_backward_input),
         }
     }
 
@@ -391,6 +424,59 @@ mod tests {
             layers: 3,
             seq_len: 32,
             dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn sizes_within_the_caps_count_without_overflow() {
+        let largest = ModelSpec {
+            vocab: MAX_VOCAB,
+            hidden: MAX_HIDDEN,
+            heads: MAX_HIDDEN,
+            layers: MAX_LAYERS,
+            seq_len: MAX_SEQ_LEN,
+            dtype: DType::BF16,
+        };
+        assert!(largest.validate().is_ok());
+        // Parameters stay exact (far inside u64), and so does their training state.
+        let h = u64::from(MAX_HIDDEN);
+        assert_eq!(largest.piece_params(Piece::Block(0)), 12 * h * h + 13 * h);
+        let total = largest.params();
+        assert!(
+            total
+                .checked_mul(DType::BF16.training_state_bytes())
+                .is_some()
+        );
+        // A stash past u64 saturates rather than wrapping to a small figure.
+        let huge = largest.piece_activation_bytes(Piece::Block(0), u32::MAX);
+        assert_eq!(huge.after_forward, u64::MAX);
+        let all = largest.range_activation_bytes(0..4, u32::MAX);
+        assert_eq!(all.after_forward, u64::MAX);
+        // One token of the smallest model is counted exactly as before.
+        assert_eq!(
+            spec()
+                .piece_activation_bytes(Piece::Embedding, 1)
+                .after_forward,
+            4 * 32
+        );
+        for (field, edit) in [
+            (
+                "hidden",
+                (|m: &mut ModelSpec| m.hidden = MAX_HIDDEN * 2) as fn(&mut ModelSpec),
+            ),
+            ("vocab", |m| m.vocab = MAX_VOCAB + 1),
+            ("seq_len", |m| m.seq_len = MAX_SEQ_LEN + 1),
+            ("layers", |m| m.layers = MAX_LAYERS + 1),
+        ] {
+            let mut m = largest;
+            edit(&mut m);
+            match m.validate() {
+                Err(Error::InvalidArgument { field: f, reason }) => {
+                    assert_eq!(f, field);
+                    assert!(reason.contains("must be at most"), "{reason}");
+                }
+                other => panic!("{field}: {other:?}"),
+            }
         }
     }
 
