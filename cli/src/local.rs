@@ -25,6 +25,7 @@ use clap::{Args, ValueEnum};
 use pipewise_common::job::{Compute, JobPlan, JobSpec, example};
 use pipewise_common::model::DType;
 use pipewise_coordinator::Coordinator;
+use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
@@ -205,9 +206,18 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         .context("invalid local job")?;
     if let Some(path) = &args.data {
         // Refuse an unreadable file before anything starts (the workers read it again).
-        Corpus::from_file(path)
+        let corpus = Corpus::from_file(path)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("--data {}", path.display()))?;
+        let window = spec.model.seq_len as usize + 1;
+        if corpus.len() < window {
+            bail!(
+                "--data {}: {} bytes, shorter than one window of {window} (the sequence \
+                 length and the byte after it)",
+                path.display(),
+                corpus.len()
+            );
+        }
         let absolute =
             std::path::absolute(path).with_context(|| format!("--data {}", path.display()))?;
         spec.data.path = Some(absolute.display().to_string());
@@ -220,6 +230,24 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
     }
     if !(args.metrics_linger.is_finite() && args.metrics_linger >= 0.0) {
         bail!("--metrics-linger: must be a finite number of seconds ≥ 0");
+    }
+    // The coordinator keeps the traces of a job's last KEEP_STEPS steps.
+    let steps = u64::from(args.steps);
+    let first_kept = steps.saturating_sub(KEEP_STEPS as u64) + 1;
+    if let Some(&bad) = args
+        .trace_steps
+        .iter()
+        .find(|&&k| k < first_kept || k > steps)
+    {
+        bail!(
+            "--trace-steps: step {bad} is not one of steps {first_kept}..={steps} (the run's \
+             last {KEEP_STEPS} steps, whose traces the coordinator keeps)"
+        );
+    }
+    if let Some(dir) = &args.trace_dir {
+        // Refused before the run rather than after it.
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--trace-dir: cannot create {}", dir.display()))?;
     }
     let data_dir = match &args.output_dir {
         Some(dir) => {
@@ -265,9 +293,23 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
     let started = Instant::now();
     let outcome = match failure {
         Some(e) => Err(e),
-        None => run_job(args, spec, plan, &url)
-            .await
-            .and_then(|(status, steps)| finish(args, spec, plan, &status, &steps, started)),
+        None => match run_job(args, spec, plan, &url).await {
+            Ok((status, steps)) => {
+                let done = finish(args, spec, plan, &status, &steps, started);
+                // The traces after the summary and the outputs: a trace that cannot be
+                // fetched or written loses nothing else (and a failed job's traces still
+                // show where it stopped).
+                let traces = write_traces(args, &url, status.id).await;
+                match (done, traces) {
+                    (Err(e), Err(t)) => {
+                        eprintln!("warning: {t:#}");
+                        Err(e)
+                    }
+                    (done, traces) => done.and(traces),
+                }
+            }
+            Err(e) => Err(e),
+        },
     };
     if outcome.is_ok()
         && let Some(addr) = args.metrics_listen
@@ -322,8 +364,8 @@ fn finish(
     Ok(())
 }
 
-/// Submits the job, prints its progress, writes the traces asked for; returns the final
-/// status and every step's figures.
+/// Submits the job and prints its progress; returns the final status and every step's
+/// figures.
 async fn run_job(
     args: &LocalArgs,
     spec: &JobSpec,
@@ -398,20 +440,29 @@ async fn run_job(
         .await
         .context("cannot read the job's status")?
         .into_inner();
-    if let Some(dir) = &args.trace_dir {
-        let wanted = if args.trace_steps.is_empty() {
-            vec![0]
-        } else {
-            args.trace_steps.clone()
-        };
-        for step in wanted {
-            let path = write_trace(&mut client, status.id, step, dir).await?;
-            if !args.quiet {
-                println!("wrote {}", path.display());
-            }
+    Ok((final_status, steps))
+}
+
+/// Writes the traces `--trace-dir` and `--trace-steps` ask for.
+async fn write_traces(args: &LocalArgs, url: &str, job: u64) -> Result<()> {
+    let Some(dir) = &args.trace_dir else {
+        return Ok(());
+    };
+    let mut client = JobServiceClient::connect(url.to_string())
+        .await
+        .context("cannot reach the coordinator")?;
+    let wanted = if args.trace_steps.is_empty() {
+        vec![0]
+    } else {
+        args.trace_steps.clone()
+    };
+    for step in wanted {
+        let path = write_trace(&mut client, job, step, dir).await?;
+        if !args.quiet {
+            println!("wrote {}", path.display());
         }
     }
-    Ok((final_status, steps))
+    Ok(())
 }
 
 /// Fetches one step's trace (`0`: the latest) and writes `step-K.trace.json` and

@@ -153,6 +153,33 @@ fn bad_local_jobs_are_refused_with_the_field() {
         err.contains("model.dtype") && err.contains("loss scaling"),
         "{err}"
     );
+    // Trace steps the run will not keep: refused before it starts (they used to fail it
+    // after training, before the summary and the outputs were written).
+    let dir = tempfile_dir("bad-trace");
+    for steps in ["5", "0", "1,3"] {
+        let err = common::fails(&[
+            "local",
+            "--steps",
+            "2",
+            "--trace-steps",
+            steps,
+            "--trace-dir",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(
+            err.contains("--trace-steps") && err.contains("1..=2"),
+            "{steps}: {err}"
+        );
+    }
+    // A corpus shorter than one window: refused before the workers start.
+    std::fs::create_dir_all(&dir).unwrap();
+    let short = dir.join("short.txt");
+    std::fs::write(&short, b"abc").unwrap();
+    let err = common::fails(&["local", "--steps", "1", "--data", short.to_str().unwrap()]);
+    assert!(
+        err.contains("--data") && err.contains("3 bytes, shorter than one window"),
+        "{err}"
+    );
     // CUDA in a binary built without it: refused at start, with the way to get it.
     if !cfg!(feature = "cuda") {
         let err = common::fails(&["local", "--device", "cuda", "--steps", "1"]);
