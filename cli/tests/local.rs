@@ -93,7 +93,7 @@ fn same_result_for_any_worker_count_and_schedule() {
 }
 
 /// Mixed precision: a bf16 job trains (its loss falls), holds about half the activations
-/// of the f32 job (token ids and a few f32 statistics keep their size), writes bf16
+/// of the f32 job (token ids keep their size), writes bf16
 /// parameters, and gives the same losses and parameters on 1 worker and on 4.
 #[test]
 fn bf16_trains_alike_on_any_worker_count() {

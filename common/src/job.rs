@@ -149,7 +149,8 @@ impl Default for Optimizer {
 pub struct Parallelism {
     /// Workers (pipeline ranks).
     pub pipeline_parallel_degree: u32,
-    /// Schedule name (`pipewise plan` names) or `auto`.
+    /// Schedule name (`pipewise plan` names; `pipewise plan --auto` chooses one for a
+    /// model and a memory budget).
     pub pipeline_parallel_schedule: String,
     /// Sequences per microbatch.
     #[serde(default = "one")]

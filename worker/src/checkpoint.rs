@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::param::STATE_DTYPE;
+use crate::param::{Param, STATE_DTYPE};
 use crate::stage::Stage;
 
 fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
@@ -51,6 +51,8 @@ pub const FORMAT: i64 = 2;
 /// One checkpoint file: its meta and tensors.
 struct Shard {
     path: PathBuf,
+    /// `meta/format` (1 for files written before it).
+    format: i64,
     step: i64,
     range: Vec<i64>,
     spec: Vec<i64>,
@@ -76,6 +78,16 @@ pub fn tensor_bits(t: &Tensor) -> Result<Vec<u32>> {
         .collect())
 }
 
+/// The same values bit for bit, any NaN matching any NaN (devices round a NaN to their
+/// own pattern).
+fn same_values(a: &Tensor, b: &Tensor) -> Result<bool> {
+    let (a, b) = (tensor_bits(a)?, tensor_bits(b)?);
+    Ok(a.len() == b.len()
+        && a.iter()
+            .zip(&b)
+            .all(|(&x, &y)| x == y || (f32::from_bits(x).is_nan() && f32::from_bits(y).is_nan())))
+}
+
 /// Reads a stage file into host memory (its tensors move to the stage's device one
 /// parameter at a time as they are installed).
 fn read_shard(path: &Path) -> Result<Shard> {
@@ -93,12 +105,7 @@ fn read_shard(path: &Path) -> Result<Shard> {
             .ok_or_else(|| bad(path, format!("has no tensor {key}")))?;
         Ok(t.to_dtype(DType::I64)?.to_vec1::<i64>()?)
     };
-    let range = ints("meta/range")?;
-    let spec = ints("meta/spec")?;
-    let step = ints("meta/step")?
-        .first()
-        .copied()
-        .ok_or_else(|| bad(path, "empty meta/step".into()))?;
+    // The format first: a later one may lay out the rest differently.
     let format = if has_format {
         ints("meta/format")?.first().copied().unwrap_or(0)
     } else {
@@ -110,8 +117,15 @@ fn read_shard(path: &Path) -> Result<Shard> {
             format!("is of checkpoint format {format}; this pipewise reads formats 1 to {FORMAT}"),
         ));
     }
+    let range = ints("meta/range")?;
+    let spec = ints("meta/spec")?;
+    let step = ints("meta/step")?
+        .first()
+        .copied()
+        .ok_or_else(|| bad(path, "empty meta/step".into()))?;
     Ok(Shard {
         path: path.to_path_buf(),
+        format,
         step,
         range,
         spec,
@@ -304,18 +318,26 @@ impl Stage {
                     format!("holds {key}, which another file of the step holds too"),
                 ));
             }
-            // Parameters in the model dtype, master copies and moments in f32. Checkpoints
-            // written before moments and master copies were kept in f32 hold moments in the
-            // model dtype and no master copy: they are widened.
+            // Parameters in the model dtype, master copies and moments in f32. Format-1
+            // checkpoints (written before moments and master copies were kept in f32) hold
+            // moments in the model dtype and no master copy: they are widened. A later
+            // file must have both as it was written.
             let master_name = format!("master/{}", p.name);
             let master = shard.tensors.contains_key(&master_name);
+            let old_file = shard.format == 1;
+            if !old_file && !master && Param::needs_master(dtype) {
+                return Err(bad(
+                    &shard.path,
+                    format!("has no tensor {master_name} (format {})", shard.format),
+                ));
+            }
             let mut get = |prefix: &str, want: DType| -> Result<Tensor> {
                 let name = format!("{prefix}/{}", p.name);
                 let t = shard
                     .tensors
                     .remove(&name)
                     .ok_or_else(|| bad(&shard.path, format!("has no tensor {name}")))?;
-                let old_form = prefix != "master" && t.dtype() == dtype;
+                let old_form = old_file && prefix != "master" && t.dtype() == dtype;
                 if t.dims() != p.value.dims() || (t.dtype() != want && !old_form) {
                     return Err(bad(
                         &shard.path,
@@ -333,7 +355,7 @@ impl Stage {
             let value = get("param", dtype)?;
             let wide = if master {
                 let wide = get("master", STATE_DTYPE)?;
-                if tensor_bits(&wide.to_dtype(dtype)?)? != tensor_bits(&value)? {
+                if !same_values(&wide.to_dtype(dtype)?, &value)? {
                     return Err(bad(
                         &shard.path,
                         format!("{key} is not {master_name} rounded to {dtype:?}"),

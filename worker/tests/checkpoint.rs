@@ -207,7 +207,8 @@ test_device!(checkpoint_of_the_old_form_loads, old_form);
 
 /// A step directory mixing the new form (stage 0) and the old (stage 1) loads into one
 /// stage: stage 0's master copies as saved, stage 1's widened from its parameters. A master
-/// copy that its parameter is not the rounding of is refused, and so is a later format.
+/// copy that its parameter is not the rounding of is refused, and so are a later format and
+/// a format-2 file that lacks a master copy or holds bf16 moments; NaNs match any NaN.
 fn mixed_and_tampered(device: &Device) -> Result<()> {
     let spec = spec_in(SpecDType::BF16);
     let sampler = short_windows();
@@ -253,6 +254,79 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
         }
         other => panic!("{other:?}"),
     }
+
+    // The same file without its format: refused with the format, not a missing meta
+    // tensor (the format is read first).
+    let path = root.join("future-bare.safetensors");
+    tensors.retain(|k, _| k == "meta/format" || !k.starts_with("meta/"));
+    candle_core::safetensors::save(&tensors, &path)?;
+    match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
+        Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
+            assert!(reason.contains("checkpoint format 3"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A format-2 file must hold what format 2 writes: master copies, and f32 moments
+    // (format 1's bf16 moments and missing master copies are refused in it).
+    let first = trained
+        .stage()
+        .params()
+        .next()
+        .expect("a parameter")
+        .name
+        .clone();
+    type Damage = fn(&mut std::collections::HashMap<String, candle_core::Tensor>, &str);
+    let damages: [(Damage, &str); 2] = [
+        (
+            |t, name| {
+                t.remove(&format!("master/{name}"));
+            },
+            "has no tensor master/",
+        ),
+        (
+            |t, name| {
+                let key = format!("adam_m/{name}");
+                let narrow = t[&key].to_dtype(candle_core::DType::BF16).unwrap();
+                t.insert(key, narrow);
+            },
+            "expected F32",
+        ),
+    ];
+    for (damage, want) in damages {
+        let path = root.join("damaged.safetensors");
+        let mut tensors = saved.clone();
+        damage(&mut tensors, &first);
+        candle_core::safetensors::save(&tensors, &path)?;
+        match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
+            Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
+                assert!(reason.contains(want), "{want}: {reason}")
+            }
+            other => panic!("{want}: {other:?}"),
+        }
+    }
+
+    // A NaN parameter loads whatever NaN pattern its device rounded the master copy to
+    // (CUDA gives its canonical NaN; the host keeps the payload).
+    let path = root.join("nan.safetensors");
+    let mut tensors = saved.clone();
+    let (pk, mk) = (format!("param/{first}"), format!("master/{first}"));
+    let dims = tensors[&pk].dims().to_vec();
+    let count: usize = dims.iter().product();
+    let mut master = vec![1.0f32; count];
+    master[0] = f32::from_bits(0x7fc0_0001);
+    let mut param = vec![half::bf16::ONE; count];
+    param[0] = half::bf16::from_bits(0x7fff);
+    tensors.insert(
+        mk,
+        candle_core::Tensor::from_vec(master, dims.as_slice(), &Device::Cpu)?,
+    );
+    tensors.insert(
+        pk,
+        candle_core::Tensor::from_vec(param, dims.as_slice(), &Device::Cpu)?,
+    );
+    candle_core::safetensors::save(&tensors, &path)?;
+    Stage::whole(&spec, 1, device)?.load_checkpoint(&path)?;
 
     // Tampered: a master copy moved by far more than bf16's rounding.
     let path = root.join("tampered.safetensors");
