@@ -433,6 +433,15 @@ impl PlanArgs {
                  rows with --compare); the fixed schedules have a fixed memory class"
             );
         }
+        if matches!(self.memory_limit, Some(MemoryLimit::Bytes(_)))
+            && self.activation_bytes.is_none()
+        {
+            bail!(
+                "--memory-limit in bytes needs --activation-bytes (the bytes of one memory \
+                 unit); or give the limit in units (e.g. 6.5) or as a multiple of 1F1B's \
+                 peak (e.g. 0.5x)"
+            );
+        }
         if self.sweep_memory {
             if !matches!(&source, Source::Generate { kind, .. } if kind.is_adaptive()) {
                 bail!("--sweep-memory needs --schedule adaptive-v or --schedule adaptive-zb");
@@ -479,6 +488,20 @@ impl PlanArgs {
                     "--stage-times and --activation-bytes do not apply to --auto: it derives \
                      stage costs and activation bytes from the model spec (measured times go \
                      in --layer-times)"
+                );
+            }
+            let t = self.times;
+            if (t.f, t.b, t.w) != (1.0, 1.0, 1.0) {
+                bail!(
+                    "--auto derives pass times from the model spec (measured times go in \
+                     --layer-times); of --times it uses COMM alone, in ms: give --times \
+                     1,1,1,COMM"
+                );
+            }
+            if self.memory_limit.is_some() {
+                bail!(
+                    "--memory-limit does not apply to --auto: it plans every schedule to \
+                     --memory-per-worker"
                 );
             }
             if !matches!(self.format, Format::Table | Format::Json) {
@@ -640,8 +663,19 @@ const MAX_BYTES: f64 = 1_152_921_504_606_846_976.0;
 /// Parses `--activation-bytes`: a positive number with an optional unit.
 pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+    // An `e` or `E` followed by a digit or a sign is an exponent (3.5e8); otherwise it
+    // starts the unit (1EiB, Kubernetes' 1E).
+    let bytes = text.as_bytes();
+    let split = (0..bytes.len())
+        .find(|&i| {
+            let c = bytes[i];
+            let exponent = matches!(c, b'e' | b'E')
+                && i > 0
+                && bytes
+                    .get(i + 1)
+                    .is_some_and(|n| n.is_ascii_digit() || matches!(n, b'+' | b'-'));
+            c.is_ascii_alphabetic() && !exponent
+        })
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     if digits.trim().is_empty() {
@@ -668,11 +702,15 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
         "kib" | "ki" => 1024.0,
         "mib" | "mi" => 1024.0 * 1024.0,
         "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
-        "tib" | "ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "tib" | "ti" => 1024f64.powi(4),
+        "pb" | "p" => 1e15,
+        "eb" | "e" => 1e18,
+        "pib" | "pi" => 1024f64.powi(5),
+        "eib" | "ei" => 1024f64.powi(6),
         other => {
             return Err(format!(
-                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (or \
-                 Kubernetes' K, M, G, T, Ki, Mi, Gi, Ti)"
+                "unknown unit {other:?}; use B, KB, MB, GB, TB, PB, EB, KiB, MiB, GiB, TiB, \
+                 PiB or EiB (or Kubernetes' K, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei)"
             ));
         }
     };
@@ -761,6 +799,13 @@ mod tests {
         assert!(parse_bytes("1e308").is_err_and(|e| e.contains("too large")));
         assert!(parse_bytes("2EiB").is_err());
         assert_eq!(parse_bytes("1024TiB"), Ok(1024.0f64.powi(5)));
+        // E is an exponent before a digit or a sign, a unit otherwise.
+        assert_eq!(parse_bytes("1EiB"), Ok(1024.0f64.powi(6)));
+        assert_eq!(parse_bytes("1E"), Ok(1e18));
+        assert_eq!(parse_bytes("1e+3"), Ok(1e3));
+        assert_eq!(parse_bytes("1.5e3KiB"), Ok(1.5e3 * 1024.0));
+        assert_eq!(parse_bytes("2PB"), Ok(2e15));
+        assert_eq!(parse_bytes("3Pi"), Ok(3.0 * 1024.0f64.powi(5)));
         for text in ["nan", "inf"] {
             assert!(parse_bytes(text).is_err_and(|e| e.contains("not a number of bytes")));
         }

@@ -89,6 +89,8 @@ fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Resu
     let times = plan.times;
     let peak = || one_f_one_b_peak(plan, &kind.placement(d, chunks));
     let memory_limit = match plan.memory_limit {
+        // The fixed kinds have a fixed memory class (`--compare` gives them no limit).
+        Some(_) if !kind.is_adaptive() => None,
         Some(limit) => Some(limit.units(peak, plan.activation_bytes)?),
         // The adaptive kinds' default, 1x 1F1B's peak (the generators' own default, d
         // units, is the same unless --stage-times gives stage memory; kept when the stages
@@ -142,11 +144,19 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
     let mut limits: Vec<f64> = (0..=steps)
         .map(|i| smallest + (top - smallest) * f64::from(i) / f64::from(steps))
         .collect();
-    // Whole and half units too, so the class limits show up exactly.
-    let mut u = (smallest * 2.0).ceil() / 2.0;
-    while u <= top {
-        limits.push(u);
-        u += 0.5;
+    // Whole and half units too, so the class limits show up exactly: the finest of half,
+    // whole and ten units that adds at most MAX_UNIT_ROWS rows (memory given in bytes or
+    // other large units would otherwise ask for millions).
+    const MAX_UNIT_ROWS: f64 = 256.0;
+    if let Some(step) = [0.5, 1.0, 10.0]
+        .into_iter()
+        .find(|step| (top - smallest) / step <= MAX_UNIT_ROWS)
+    {
+        let mut u = (smallest / step).ceil() * step;
+        while u <= top {
+            limits.push(u);
+            u += step;
+        }
     }
     limits.sort_by(f64::total_cmp);
     limits.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
@@ -263,11 +273,15 @@ fn one_f_one_b_peak(plan: &Plan, placement: &Placement) -> Result<f64> {
     for (s, c) in costs.stages.iter().enumerate() {
         per_worker[placement.worker_of(s as u32) as usize] += c.mem;
     }
-    Ok(per_worker
+    let peak = per_worker
         .iter()
         .enumerate()
         .map(|(w, m)| (d - w) as f64 * m)
-        .fold(0.0, f64::max))
+        .fold(0.0, f64::max);
+    if !peak.is_finite() {
+        bail!("1F1B's peak memory overflows; give the stages' memory in a larger unit");
+    }
+    Ok(peak)
 }
 
 /// The cost model for `placement`: `--stage-times` if given, else `--times`.

@@ -181,6 +181,21 @@ fn auto_needs_the_model() {
     // Options of the unit-based planner are refused, not silently ignored.
     let err = fails(&auto_args("8GiB", &["--activation-bytes", "1GiB"]));
     assert!(err.contains("--activation-bytes"), "{err}");
+    let err = fails(&auto_args("8GiB", &["--times", "100,100,100"]));
+    assert!(
+        err.contains("--layer-times") && err.contains("1,1,1,COMM"),
+        "{err}"
+    );
+    let err = fails(&auto_args("8GiB", &["--memory-limit", "0.5x"]));
+    assert!(err.contains("--memory-per-worker"), "{err}");
+    // Sizes past the caps are refused (their byte counts used to overflow and panic).
+    let mut args = auto_args("8GiB", &[]);
+    for (flag, value) in [("--hidden", "2000000000"), ("--heads", "1")] {
+        let at = args.iter().position(|a| *a == flag).unwrap();
+        args[at + 1] = value;
+    }
+    let err = fails(&args);
+    assert!(err.contains("hidden: must be at most 262144"), "{err}");
 }
 
 #[test]

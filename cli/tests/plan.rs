@@ -320,6 +320,17 @@ fn memory_multiples_follow_the_stage_memory() {
     );
     let sweep = ok(&with(&["--sweep-memory"]));
     assert!(sweep.contains("1F1B's peak = 4)"), "{sweep}");
+    // Memory in large units: the sweep's rows stay few (one per half unit up to 2 × 4e12
+    // units used to exhaust the machine's memory), and a peak that overflows is refused.
+    std::fs::write(&path, "1,1,1,2e12\n1,1,1,1e12\n").unwrap();
+    let r = json(&with(&["--sweep-memory", "-f", "json"]));
+    let points = r["points"].as_array().unwrap().len();
+    assert!((5..=33 + 256).contains(&points), "{points} points");
+    std::fs::write(&path, "1,1,1,1e308\n1,1,1,1e308\n").unwrap();
+    let err = fails(&with(&["--sweep-memory"]));
+    assert!(err.contains("overflows"), "{err}");
+    let err = fails(&base);
+    assert!(err.contains("overflows"), "{err}");
     // Stages that hold no memory: the default limit still plans, a multiple of the zero
     // peak and a sweep are refused with the reason.
     std::fs::write(&path, "1,1,1,0\n1,1,1,0\n").unwrap();
@@ -395,6 +406,41 @@ fn compare_has_a_row_per_schedule_and_notes_skips() {
     assert!(err.contains("--compare"), "{err}");
     let err = fails(&["plan", "--compare", "-n", "4"]);
     assert!(err.contains("--workers"), "{err}");
+
+    // --memory-limit limits the adaptive rows alone; the fixed rows keep their class.
+    let base = ["plan", "--compare", "-d", "4", "-n", "8", "-f", "json"];
+    let limited = json(&[&base[..], &["--memory-limit", "0.5x"]].concat());
+    let row = |v: &Value, kind: &str| -> Value {
+        v["reports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["schedule"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} row: {v}"))
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k != "planning_ms")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let plain = json(&base);
+    assert_eq!(row(&limited, "1f1b"), row(&plain, "1f1b"));
+    let peak = |r: &Value| {
+        r["peak_memory"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_f64)
+            .fold(0.0, f64::max)
+    };
+    assert!(peak(&row(&limited, "adaptive-v")) <= 2.0 + 1e-9);
+    // A limit in bytes without the bytes of a unit: one error up front, not one per row.
+    let err = fails(&[&base[..], &["--memory-limit", "12GiB"]].concat());
+    assert!(
+        err.starts_with("error: --memory-limit in bytes needs --activation-bytes"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -553,6 +553,10 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
             .filter_map(|r| r.needed_bytes.map(|b| (b, r.label())))
             .min_by_key(|(b, _)| *b);
         let reason = match smallest {
+            Some((u64::MAX, _)) => format!(
+                "no plan fits {} bytes per worker; every plan needs more than 2^64 bytes",
+                req.memory_per_worker
+            ),
             Some((bytes, what)) => format!(
                 "no plan fits {} bytes per worker; the smallest plan needs {bytes} bytes ({what})",
                 req.memory_per_worker

@@ -175,7 +175,16 @@ pub fn simulate_validated(
                 .into(),
         });
     }
-    Ok(summarise(schedule, costs, timeline))
+    let sim = summarise(schedule, costs, timeline);
+    if sim.peak_memory.iter().any(|m| !m.is_finite()) {
+        return Err(Error::InvalidArgument {
+            field: "memory",
+            reason: "the simulated memory overflows (a peak is infinite); give the stages' \
+                     memory in a larger unit"
+                .into(),
+        });
+    }
+    Ok(sim)
 }
 
 fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) -> Simulation {

@@ -287,7 +287,7 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
         (
             |t, name| {
                 let key = format!("adam_m/{name}");
-                let narrow = t[&key].to_dtype(candle_core::DType::BF16).unwrap();
+                let narrow = t[&key].to_dtype(candle_core::DType::BF16).expect("narrows");
                 t.insert(key, narrow);
             },
             "expected F32",
