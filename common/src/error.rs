@@ -52,6 +52,9 @@ impl fmt::Display for Cell {
 /// Everything that can go wrong in the planning core.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
+    /// The caller raised the planning call's cancellation flag ([`crate::cancel`]).
+    #[error("planning was cancelled")]
+    Cancelled,
     // === Input errors ===
     /// An argument is out of range or inconsistent.
     #[error("invalid {field}: {reason}")]

@@ -1,6 +1,7 @@
 //! `pipewise-common`: the pure planning core of pipewise.
 //!
-//! Everything here is a function of its inputs: no I/O, no clock, no randomness.
+//! Everything here is a function of its inputs: no I/O, no clock, no randomness (a
+//! [`cancel`] flag can only cut a planning call short).
 //!
 //! # Layout
 //!
@@ -17,11 +18,13 @@
 //! - [`trace`]: executed step timelines (spans recorded by workers) and their measured costs.
 //! - [`render`]: text grid, SVG, Chrome trace and report renderings; planned vs executed.
 //! - [`error`]: the crate's one error type.
+//! - [`cancel`]: cooperative cancellation of long planning calls.
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
 //! - [`rebalance`]: a split of the model's pieces for measured worker speeds (moving layers
 //!   off a straggler).
 
 pub mod auto;
+pub mod cancel;
 pub mod cost;
 pub mod csv;
 pub mod error;

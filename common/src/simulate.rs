@@ -105,6 +105,8 @@ pub fn simulate_validated(
     index: &PassIndex,
     costs: &Costs,
 ) -> Result<Simulation> {
+    // The planning loops simulate every candidate: a cancelled call ends here.
+    crate::cancel::check()?;
     let placement = &schedule.placement;
     costs.check_for(placement)?;
     let n = schedule.microbatches as usize;

@@ -164,15 +164,25 @@ impl Actor for JobManager {
                 let planner = state.planner.clone();
                 let manager = myself.clone();
                 tokio::spawn(async move {
-                    let planned = ractor::call!(planner, PlannerMsg::Plan, spec.clone())
-                        .map_err(CoordinatorError::from)
-                        .and_then(|r| r);
+                    let asked = spec.clone();
+                    let call = async move { ractor::call!(planner, PlannerMsg::Plan, asked) };
+                    let planned = tokio::select! {
+                        called = call => called.map_err(CoordinatorError::from).and_then(|r| r),
+                        // The submitter went away: dropping the call cancels the plan.
+                        () = crate::planner::closed(&reply) => return,
+                    };
                     // The manager outlives the coordinator's requests; if it is gone, so
                     // is the caller.
                     let _ = manager.cast(JobMsg::Planned(spec, Box::new(planned), reply));
                 });
             }
             JobMsg::Planned(spec, planned, reply) => {
+                // A job whose submitter went away is not queued: it never learnt the job's
+                // id, and a retry would run it twice.
+                if reply.is_closed() {
+                    tracing::info!(job = %spec.job.name, "submitter went away; not queued");
+                    return Ok(());
+                }
                 let outcome = match *planned {
                     Ok(plan) => enqueue(state, *spec, plan),
                     Err(e) => Err(e),
@@ -405,6 +415,49 @@ mod tests {
         let record = submit.await.unwrap().unwrap().unwrap();
         assert_eq!(record.name, spec.job.name);
         assert_eq!(ractor::call!(manager, JobMsg::List).unwrap().len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A job whose submitter went away before its plan ended is not queued (it used to run
+    /// although the submitter never learnt its id).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_submission_is_not_queued() {
+        let (planner, release, waiting) = gated_planner(1).await;
+        let dir = std::env::temp_dir().join(format!("pipewise-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (manager, _) = Actor::spawn(
+            None,
+            JobManager,
+            JobManagerArgs {
+                store: JobStore::open(&dir).unwrap(),
+                planner,
+                runner: None,
+            },
+        )
+        .await
+        .unwrap();
+        let mut spec = example(2, "1f1b");
+        spec.job.name = "held".into();
+        let submit = {
+            let manager = manager.clone();
+            tokio::spawn(async move { ractor::call!(manager, JobMsg::Submit, Box::new(spec)) })
+        };
+        while *waiting.lock().unwrap() == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        submit.abort();
+        let _ = submit.await;
+        // Let the manager see the submitter gone, then let the plan end.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        release.send(()).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(ractor::call!(manager, JobMsg::List).unwrap().is_empty());
+        // The next submission is planned and queued as usual.
+        let record = ractor::call!(manager, JobMsg::Submit, Box::new(example(2, "1f1b")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ractor::call!(manager, JobMsg::List).unwrap().len(), 1);
+        assert_eq!(record.id, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,10 +3,13 @@
 //!
 //! Several submissions plan at once, up to [`PlannerArgs::concurrency`]: a small job
 //! submitted behind a slow adaptive plan is not held up by it. Further requests wait for a
-//! free slot.
+//! free slot. A plan whose caller goes away is dropped before it starts, or cancelled
+//! ([`pipewise_common::cancel`]) while it runs, so abandoned plans do not hold the slots.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use pipewise_common::cancel::cancellable;
 use pipewise_common::job::{JobPlan, JobSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::Semaphore;
@@ -76,20 +79,46 @@ impl Actor for Planner {
         let slots = state.slots.clone();
         // The handler returns at once; the plan's own task answers when it is done.
         tokio::spawn(async move {
-            let planned = match slots.acquire_owned().await {
-                Ok(slot) => tokio::task::spawn_blocking(move || {
-                    let _slot = slot;
-                    plan(*spec)
-                })
-                .await
-                .map_err(|e| CoordinatorError::Actor(format!("planning task: {e}")))
-                .and_then(|r| r),
-                Err(e) => Err(CoordinatorError::Actor(format!("planner closed: {e}"))),
+            let Ok(slot) = slots.acquire_owned().await else {
+                let _ = reply.send(Err(CoordinatorError::Actor("planner closed".into())));
+                return;
             };
-            // The caller may have gone away; nothing to do then.
+            // A caller that went away while the plan waited for a slot: nothing to plan.
+            if reply.is_closed() {
+                return;
+            }
+            let cancel = Arc::new(AtomicBool::new(false));
+            let flag = cancel.clone();
+            let mut task = tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                cancellable(flag, || plan(*spec))
+            });
+            let planned = tokio::select! {
+                joined = &mut task => joined
+                    .map_err(|e| CoordinatorError::Actor(format!("planning task: {e}")))
+                    .and_then(|r| r),
+                () = closed(&reply) => {
+                    // The caller went away mid-plan: the planning loops end soon after the
+                    // flag is raised, and the slot is free again once they have.
+                    cancel.store(true, Ordering::Relaxed);
+                    tracing::info!("a plan's caller went away; planning cancelled");
+                    return;
+                }
+            };
             let _ = reply.send(planned);
         });
         Ok(())
+    }
+}
+
+/// How often a waiting task looks whether its caller went away.
+const CLOSED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Ends when `port`'s caller has stopped waiting for the answer (ractor's reply ports say so
+/// only when asked).
+pub(crate) async fn closed<T>(port: &RpcReplyPort<T>) {
+    while !port.is_closed() {
+        tokio::time::sleep(CLOSED_POLL).await;
     }
 }
 
@@ -195,5 +224,65 @@ pub(crate) mod tests {
                 2
             );
         }
+    }
+
+    /// A plan whose caller goes away is cancelled mid-plan and frees its slot; one whose
+    /// caller went away while it waited for a slot never starts (abandoned plans used to
+    /// hold every slot until they ended, so a small job behind them waited minutes).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandoned_plans_free_their_slot() {
+        // Jobs named "endless" plan until cancelled, as a long adaptive search does.
+        let started = Arc::new(Mutex::new(0usize));
+        let plan: PlanFn = {
+            let started = started.clone();
+            Arc::new(move |spec: JobSpec| {
+                if spec.job.name == "endless" {
+                    *started.lock().unwrap() += 1;
+                    loop {
+                        pipewise_common::cancel::check()?;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                spec.validate().map_err(CoordinatorError::from)
+            })
+        };
+        let (planner, _) = Actor::spawn(
+            None,
+            Planner,
+            PlannerArgs {
+                plan,
+                concurrency: 1,
+            },
+        )
+        .await
+        .unwrap();
+        // Two callers give up: the first while its plan runs (after 600 ms), the second
+        // while it waits for the slot the first holds (after 200 ms).
+        let caller = |ms: u64| {
+            let planner = planner.clone();
+            tokio::spawn(tokio::time::timeout(
+                Duration::from_millis(ms),
+                async move { ractor::call!(planner, PlannerMsg::Plan, spec("endless", 2)) },
+            ))
+        };
+        let first = caller(600);
+        until_held(&started, 1).await;
+        let second = caller(200);
+        for caller in [first, second] {
+            assert!(caller.await.unwrap().is_err(), "an endless plan answered");
+        }
+        let fast = tokio::time::timeout(Duration::from_secs(30), async {
+            ractor::call!(planner, PlannerMsg::Plan, spec("fast", 3))
+        })
+        .await
+        .expect("the slot is free again")
+        .unwrap()
+        .unwrap();
+        assert_eq!(fast.schedule.num_workers(), 3);
+        assert_eq!(
+            *started.lock().unwrap(),
+            1,
+            "the second endless plan never started"
+        );
     }
 }

@@ -633,6 +633,7 @@ pub fn adaptive_v(
     let mut seen = Distinct::default();
     let mut fitting: Vec<(i64, f64, SplitOffsets)> = Vec::new();
     for o in all {
+        crate::cancel::check()?;
         let block = o.block(d);
         let peak = steady_peak(&block, costs);
         if peak <= limit + EPS && seen.insert(&block, fitting.len(), |i| fitting[i].2.block(d)) {
@@ -650,14 +651,12 @@ pub fn adaptive_v(
     fitting.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
     let per_proxy = 6 * u64::from(d) * u64::from(n);
     let proxies = (PROXY_BUDGET / per_proxy.max(1)).max(MIN_PROXIES) as usize;
-    let mut ranked: Vec<(f64, f64, BuildingBlock)> = fitting
-        .into_iter()
-        .take(proxies)
-        .map(|(_, peak, o)| {
-            let block = o.block(d);
-            (block_makespan(&block, n, costs), peak, block)
-        })
-        .collect();
+    let mut ranked: Vec<(f64, f64, BuildingBlock)> = Vec::new();
+    for (_, peak, o) in fitting.into_iter().take(proxies) {
+        crate::cancel::check()?;
+        let block = o.block(d);
+        ranked.push((block_makespan(&block, n, costs), peak, block));
+    }
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     let mut best: Option<(Schedule, Simulation)> = None;
     let mut evaluated = 0usize;

@@ -62,6 +62,7 @@ pub fn improve(schedule: Schedule, costs: &Costs, limit: f64, budget: u64) -> Re
         if spent + per_trial > budget {
             break;
         }
+        crate::cancel::check()?;
         let index = validate(&current)?;
         // Moves that may shorten the makespan, then moves that may end the worker with the
         // largest span bubble sooner.
