@@ -517,6 +517,27 @@ fn assignment_error(reason: String) -> Error {
     node_error("assignment", reason)
 }
 
+/// Whether `state` bytes of parameters, gradients and optimizer state fit the memory
+/// `/proc/meminfo` (its text, `meminfo`) says is available; an unknown figure (not Linux, no
+/// `MemAvailable` line) passes.
+fn fits_host_memory(state: u64, meminfo: &str) -> std::result::Result<(), String> {
+    let available = meminfo.lines().find_map(|line| {
+        let kib = line
+            .strip_prefix("MemAvailable:")?
+            .trim()
+            .strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok()?.checked_mul(1024)
+    });
+    match available {
+        Some(bytes) if state > bytes => Err(format!(
+            "this worker's stages hold {state} bytes of parameters, gradients and optimizer \
+             state, more than the {bytes} bytes of memory available on this machine; use \
+             more workers or a smaller model"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A step report carries the step's spans only up to this many (about 9 MB encoded; the
 /// coordinator accepts 64 MiB reports); longer steps are reported without a trace.
 const MAX_REPORTED_SPANS: usize = 200_000;
@@ -567,6 +588,20 @@ fn run_assignment(
     if spec.compute.is_emulated() {
         let parts = (&spec, &placement, program, &partition[..], root.as_str());
         return run_emulated_assignment(config, shared, a, reports, last_step, parts);
+    }
+    // Refused rather than aborted: an allocation the machine cannot make ends the process.
+    if matches!(config.device, Device::Cpu) {
+        let state: u64 = (0..placement.stages())
+            .filter(|&s| placement.worker_of(s) == a.worker_index)
+            .filter_map(|s| partition.get(s as usize))
+            .map(|r| {
+                spec.model
+                    .range_params(r.clone())
+                    .saturating_mul(spec.model.dtype.training_state_bytes())
+            })
+            .fold(0, u64::saturating_add);
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        fits_host_memory(state, &meminfo).map_err(assignment_error)?;
     }
     let mut rt = WorkerRuntime::from_program(
         a.worker_index,
@@ -824,4 +859,25 @@ fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
             w_ms: mean(w),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fits_host_memory;
+
+    #[test]
+    fn state_beyond_the_available_memory_is_refused() {
+        let meminfo = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\n\
+                       MemAvailable:    8000000 kB\n";
+        let available = 8_000_000 * 1024;
+        assert_eq!(fits_host_memory(available, meminfo), Ok(()));
+        let err = fits_host_memory(available + 1, meminfo).expect_err("too big");
+        assert!(
+            err.contains(&format!("more than the {available} bytes")),
+            "{err}"
+        );
+        // Unknown: passes.
+        assert_eq!(fits_host_memory(u64::MAX, ""), Ok(()));
+        assert_eq!(fits_host_memory(u64::MAX, "MemTotal: 1 kB\n"), Ok(()));
+    }
 }
