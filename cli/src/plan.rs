@@ -350,6 +350,10 @@ fn render(plan: &Plan, schedule: &Schedule, sim: &Simulation, ms: f64) -> Result
 }
 
 fn trim_number(x: f64) -> String {
+    if x != 0.0 && (x.abs() >= 1e12 || x.abs() < 1e-4) {
+        // Neither hundreds of digits nor a small time printed as 0.
+        return format!("{x:e}");
+    }
     let text = format!("{x:.4}");
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }

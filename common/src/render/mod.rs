@@ -15,10 +15,18 @@ pub mod grid;
 pub mod report;
 pub mod svg;
 
-/// Formats a number with at most `decimals` decimals, without trailing zeros (`33`, `0.5`).
+/// Formats a number with at most `decimals` decimals, without trailing zeros (`33`, `0.5`);
+/// from 10^12 up, with four significant digits and an exponent (`1.234e15`) rather than
+/// hundreds of digits.
 pub(crate) fn fmt_num(x: f64, decimals: usize) -> String {
     if !x.is_finite() {
         return x.to_string();
+    }
+    if x.abs() >= 1e12 {
+        let text = format!("{x:.3e}");
+        let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        return format!("{mantissa}e{exponent}");
     }
     let text = format!("{x:.decimals$}");
     let text = if text.contains('.') {
@@ -67,6 +75,9 @@ mod tests {
         assert_eq!(fmt_num(0.5, 3), "0.5");
         assert_eq!(fmt_num(1.0 / 3.0, 3), "0.333");
         assert_eq!(fmt_num(-0.0001, 2), "0");
+        assert_eq!(fmt_num(1.2345e15, 2), "1.234e15");
+        assert_eq!(fmt_num(-1e300, 2), "-1e300");
+        assert_eq!(fmt_num(999_999_999_999.0, 2), "999999999999");
         assert_eq!(fmt_percent(3.0 / 11.0), "27.27 %");
     }
 }
