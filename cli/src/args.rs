@@ -229,9 +229,9 @@ pub(crate) struct PlanArgs {
 
     /// Bytes of one microbatch's activation over 1/d of the model, to report memory in bytes.
     ///
-    /// A number, optionally with a unit: B, KB, MB, GB, TB (powers of
-    /// 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 3.5e8, 512MiB;
-    /// Kubernetes' K, M, G, T, Ki, Mi, Gi, Ti also.
+    /// A number, optionally with a unit: B, KB, MB, GB, TB, PB, EB (powers
+    /// of 1000) or KiB, MiB, GiB, TiB, PiB, EiB (powers of 1024), e.g. 3.5e8,
+    /// 512MiB; Kubernetes' K, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei also.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, verbatim_doc_comment)]
     pub(crate) activation_bytes: Option<f64>,
 
@@ -326,7 +326,7 @@ pub(crate) fn parse_memory_limit(text: &str) -> std::result::Result<MemoryLimit,
     let t = text.trim();
     Ok(if let Some(x) = t.strip_suffix(['x', 'X']) {
         MemoryLimit::Times1F1B(positive(x, "memory limit")?)
-    } else if t.ends_with(|c: char| c.is_ascii_alphabetic()) && !t.ends_with(['e', 'E']) {
+    } else if t.ends_with(|c: char| c.is_ascii_alphabetic()) && !t.ends_with('e') {
         // A unit (24GB, 24GiB, or Kubernetes' 24Gi): bytes.
         MemoryLimit::Bytes(parse_bytes(t)?)
     } else {
@@ -693,6 +693,14 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
              {digits}MB or {digits}Mi"
         ));
     }
+    // A lone lower-case `e` is an exponent cut short (1e), not Kubernetes' exa (1E).
+    if unit.trim() == "e" {
+        let digits = digits.trim();
+        return Err(format!(
+            "{text:?}: an exponent without digits; for exabytes write {digits}E, {digits}EB \
+             or {digits}Ei"
+        ));
+    }
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" | "k" => 1e3,
@@ -802,6 +810,9 @@ mod tests {
         // E is an exponent before a digit or a sign, a unit otherwise.
         assert_eq!(parse_bytes("1EiB"), Ok(1024.0f64.powi(6)));
         assert_eq!(parse_bytes("1E"), Ok(1e18));
+        assert!(parse_bytes("1e").is_err_and(|e| e.contains("exponent without digits")));
+        assert_eq!(parse_memory_limit("1E"), Ok(MemoryLimit::Bytes(1e18)));
+        assert!(parse_memory_limit("1e").is_err());
         assert_eq!(parse_bytes("1e+3"), Ok(1e3));
         assert_eq!(parse_bytes("1.5e3KiB"), Ok(1.5e3 * 1024.0));
         assert_eq!(parse_bytes("2PB"), Ok(2e15));

@@ -256,20 +256,22 @@ pub(crate) mod tests {
         )
         .await
         .unwrap();
-        // Two callers give up: the first while its plan runs (after 600 ms), the second
-        // while it waits for the slot the first holds (after 200 ms).
-        let caller = |ms: u64| {
+        // Two callers give up: the second while it waits for the slot the first holds, then
+        // the first while its plan runs.
+        let caller = || {
             let planner = planner.clone();
-            tokio::spawn(tokio::time::timeout(
-                Duration::from_millis(ms),
+            tokio::spawn(
                 async move { ractor::call!(planner, PlannerMsg::Plan, spec("endless", 2)) },
-            ))
+            )
         };
-        let first = caller(600);
+        let first = caller();
         until_held(&started, 1).await;
-        let second = caller(200);
-        for caller in [first, second] {
-            assert!(caller.await.unwrap().is_err(), "an endless plan answered");
+        let second = caller();
+        // Time for the second request to reach the planner and wait for the slot.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for gone in [second, first] {
+            gone.abort();
+            assert!(gone.await.unwrap_err().is_cancelled());
         }
         let fast = tokio::time::timeout(Duration::from_secs(30), async {
             ractor::call!(planner, PlannerMsg::Plan, spec("fast", 3))
