@@ -370,15 +370,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::planner::tests::gated_planner;
+    use crate::planner::tests::{gated_planner, until_held};
     use pipewise_common::job::example;
 
-    /// The manager answers while a submitted job is being planned (a slow plan used to
-    /// block `GetJob` and `ListJobs` until it ended), and queues the job once it is planned.
-    #[tokio::test]
-    async fn answers_while_a_job_is_planned() {
-        let (planner, release, waiting) = gated_planner(2).await;
-        let dir = std::env::temp_dir().join(format!("pipewise-held-{}", std::process::id()));
+    /// A manager with `planner`, no runner, and a fresh store in a directory named by `tag`.
+    async fn manager_with(
+        planner: ActorRef<PlannerMsg>,
+        tag: &str,
+    ) -> (ActorRef<JobMsg>, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("pipewise-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let (manager, _) = Actor::spawn(
             None,
@@ -391,6 +391,15 @@ mod tests {
         )
         .await
         .unwrap();
+        (manager, dir)
+    }
+
+    /// The manager answers while a submitted job is being planned (a slow plan used to
+    /// block `GetJob` and `ListJobs` until it ended), and queues the job once it is planned.
+    #[tokio::test]
+    async fn answers_while_a_job_is_planned() {
+        let (planner, release, waiting) = gated_planner(2).await;
+        let (manager, dir) = manager_with(planner, "held").await;
         let mut spec = example(2, "1f1b");
         spec.job.name = "held".into();
         let submit = {
@@ -398,9 +407,7 @@ mod tests {
             let spec = spec.clone();
             tokio::spawn(async move { ractor::call!(manager, JobMsg::Submit, Box::new(spec)) })
         };
-        while *waiting.lock().unwrap() == 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        until_held(&waiting, 1).await;
         // The plan is held: the manager still answers, and knows no job yet.
         let listed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
             ractor::call!(manager, JobMsg::List)
@@ -423,28 +430,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_abandoned_submission_is_not_queued() {
         let (planner, release, waiting) = gated_planner(1).await;
-        let dir = std::env::temp_dir().join(format!("pipewise-gone-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let (manager, _) = Actor::spawn(
-            None,
-            JobManager,
-            JobManagerArgs {
-                store: JobStore::open(&dir).unwrap(),
-                planner,
-                runner: None,
-            },
-        )
-        .await
-        .unwrap();
+        let (manager, dir) = manager_with(planner, "gone").await;
         let mut spec = example(2, "1f1b");
         spec.job.name = "held".into();
         let submit = {
             let manager = manager.clone();
             tokio::spawn(async move { ractor::call!(manager, JobMsg::Submit, Box::new(spec)) })
         };
-        while *waiting.lock().unwrap() == 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        until_held(&waiting, 1).await;
         submit.abort();
         let _ = submit.await;
         // Let the manager see the submitter gone, then let the plan end.

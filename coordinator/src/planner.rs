@@ -165,8 +165,9 @@ pub(crate) mod tests {
         Box::new(spec)
     }
 
-    /// Waits until `count` plans are held at the gate.
-    async fn until_held(waiting: &Mutex<usize>, count: usize) {
+    /// Waits until `count` plans are held at the gate (or, with another counter, `count`
+    /// of whatever it counts).
+    pub(crate) async fn until_held(waiting: &Mutex<usize>, count: usize) {
         while *waiting.lock().unwrap() < count {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

@@ -240,35 +240,19 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
     // Not vacuous: some saved master copies hold more than their bf16 parameters.
     assert!(kept_finer > 0);
 
-    // A file of a later format is refused with its number.
-    let path = root.join("future.safetensors");
-    let mut tensors = saved.clone();
-    tensors.insert(
-        "meta/format".into(),
-        candle_core::Tensor::new(&[3i64], &Device::Cpu)?,
-    );
-    candle_core::safetensors::save(&tensors, &path)?;
-    match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
-        Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
-            assert!(reason.contains("checkpoint format 3"), "{reason}")
+    // `tensors` saved as `file` do not load: the reason names `want`.
+    type Tensors = std::collections::HashMap<String, candle_core::Tensor>;
+    let refused = |tensors: &Tensors, file: &str, want: &str| -> Result<()> {
+        let path = root.join(file);
+        candle_core::safetensors::save(tensors, &path)?;
+        match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
+            Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
+                assert!(reason.contains(want), "{want}: {reason}")
+            }
+            other => panic!("{want}: {other:?}"),
         }
-        other => panic!("{other:?}"),
-    }
-
-    // The same file without its format: refused with the format, not a missing meta
-    // tensor (the format is read first).
-    let path = root.join("future-bare.safetensors");
-    tensors.retain(|k, _| k == "meta/format" || !k.starts_with("meta/"));
-    candle_core::safetensors::save(&tensors, &path)?;
-    match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
-        Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
-            assert!(reason.contains("checkpoint format 3"), "{reason}")
-        }
-        other => panic!("{other:?}"),
-    }
-
-    // A format-2 file must hold what format 2 writes: master copies, and f32 moments
-    // (format 1's bf16 moments and missing master copies are refused in it).
+        Ok(())
+    };
     let first = trained
         .stage()
         .params()
@@ -276,35 +260,40 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
         .expect("a parameter")
         .name
         .clone();
-    type Damage = fn(&mut std::collections::HashMap<String, candle_core::Tensor>, &str);
-    let damages: [(Damage, &str); 2] = [
-        (
-            |t, name| {
-                t.remove(&format!("master/{name}"));
-            },
-            "has no tensor master/",
-        ),
-        (
-            |t, name| {
-                let key = format!("adam_m/{name}");
-                let narrow = t[&key].to_dtype(candle_core::DType::BF16).expect("narrows");
-                t.insert(key, narrow);
-            },
-            "expected F32",
-        ),
-    ];
-    for (damage, want) in damages {
-        let path = root.join("damaged.safetensors");
-        let mut tensors = saved.clone();
-        damage(&mut tensors, &first);
-        candle_core::safetensors::save(&tensors, &path)?;
-        match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
-            Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
-                assert!(reason.contains(want), "{want}: {reason}")
-            }
-            other => panic!("{want}: {other:?}"),
-        }
-    }
+
+    // A file of a later format is refused with its number, even without the other meta
+    // tensors (the format is read first).
+    let mut tensors = saved.clone();
+    tensors.insert(
+        "meta/format".into(),
+        candle_core::Tensor::new(&[3i64], &Device::Cpu)?,
+    );
+    refused(&tensors, "future.safetensors", "checkpoint format 3")?;
+    tensors.retain(|k, _| k == "meta/format" || !k.starts_with("meta/"));
+    refused(&tensors, "future-bare.safetensors", "checkpoint format 3")?;
+
+    // A format-2 file must hold what format 2 writes: master copies, and f32 moments
+    // (format 1's bf16 moments and missing master copies are refused in it).
+    let mut tensors = saved.clone();
+    tensors.remove(&format!("master/{first}"));
+    refused(&tensors, "no-master.safetensors", "has no tensor master/")?;
+    let mut tensors = saved.clone();
+    let key = format!("adam_m/{first}");
+    tensors.insert(
+        key.clone(),
+        tensors[&key].to_dtype(candle_core::DType::BF16)?,
+    );
+    refused(&tensors, "narrow.safetensors", "expected F32")?;
+
+    // Tampered: a master copy moved by far more than bf16's rounding.
+    let mut tensors = saved.clone();
+    let key = format!("master/{first}");
+    tensors.insert(key.clone(), tensors[&key].affine(1.0, 1.0)?);
+    refused(
+        &tensors,
+        "tampered.safetensors",
+        &format!("is not {key} rounded"),
+    )?;
 
     // A NaN parameter loads whatever NaN pattern its device rounded the master copy to
     // (CUDA gives its canonical NaN; the host keeps the payload).
@@ -327,29 +316,6 @@ fn mixed_and_tampered(device: &Device) -> Result<()> {
     );
     candle_core::safetensors::save(&tensors, &path)?;
     Stage::whole(&spec, 1, device)?.load_checkpoint(&path)?;
-
-    // Tampered: a master copy moved by far more than bf16's rounding.
-    let path = root.join("tampered.safetensors");
-    let mut tensors = saved.clone();
-    let name = trained
-        .stage()
-        .params()
-        .next()
-        .expect("a parameter")
-        .name
-        .clone();
-    let key = format!("master/{name}");
-    tensors.insert(key.clone(), tensors[&key].affine(1.0, 1.0)?);
-    candle_core::safetensors::save(&tensors, &path)?;
-    match Stage::whole(&spec, 1, device)?.load_checkpoint(&path) {
-        Err(pipewise_worker::Error::Checkpoint { reason, .. }) => {
-            assert!(
-                reason.contains(&format!("is not {key} rounded")),
-                "{reason}"
-            )
-        }
-        other => panic!("{other:?}"),
-    }
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
 }
