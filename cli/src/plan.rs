@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, bail};
 use pipewise_common::csv::{from_csv, to_csv};
 use pipewise_common::generate::generate_with;
 use pipewise_common::render::curve::{Series, line_chart};
-use pipewise_common::render::report::{Report, compare_table};
+use pipewise_common::render::report::{Report, compare_table, fmt_bytes};
 use pipewise_common::render::{chrome, grid, svg};
 use pipewise_common::{
     Costs, Error, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, simulate,
@@ -32,9 +32,13 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
         } => {
             let start = Instant::now();
             let request = request(plan, *kind, *workers, *microbatches, *chunks)?;
-            let schedule = generate_planned(plan, &request).with_context(|| {
-                format!("cannot plan {kind} with --workers {workers} --microbatches {microbatches}")
-            })?;
+            let schedule = generate_planned(plan, &request)
+                .map_err(|e| in_bytes(e, plan.activation_bytes))
+                .with_context(|| {
+                    format!(
+                        "cannot plan {kind} with --workers {workers} --microbatches {microbatches}"
+                    )
+                })?;
             let sim = simulate_with(plan, &schedule)?;
             let ms = start.elapsed().as_secs_f64() * 1e3;
             render(plan, &schedule, &sim, ms)?
@@ -119,6 +123,25 @@ fn generate_planned(plan: &Plan, request: &Request) -> pipewise_common::Result<S
             reason: format!("{e:#}"),
         })
     })
+}
+
+/// A memory-limit error with the limits in bytes too, when a unit's bytes are known
+/// (`--activation-bytes`).
+fn in_bytes(e: Error, unit_bytes: Option<f64>) -> anyhow::Error {
+    match (&e, unit_bytes) {
+        (
+            Error::MemoryLimit {
+                limit, smallest, ..
+            },
+            Some(unit),
+        ) => {
+            let (limit, smallest) = (fmt_bytes(limit * unit), fmt_bytes(smallest * unit));
+            anyhow::Error::from(e).context(format!(
+                "{limit} is below the smallest memory limit that fits, {smallest}"
+            ))
+        }
+        _ => e.into(),
+    }
 }
 
 /// `--sweep-memory`: bubble against the memory limit, from the smallest limit that fits to

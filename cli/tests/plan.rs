@@ -518,6 +518,24 @@ fn memory_limit_forms_and_errors() {
         "0.1",
     ]);
     assert!(e.contains("smallest limit that fits"), "{e}");
+    // Given in bytes, the limits are told in bytes too.
+    let e = fails(&[
+        "plan",
+        "-s",
+        "adaptive-zb",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--memory-limit",
+        "3GiB",
+        "--activation-bytes",
+        "4GiB",
+    ]);
+    assert!(
+        e.contains("3.00 GiB is below the smallest memory limit that fits, 4.00 GiB"),
+        "{e}"
+    );
     let e = fails(&[
         "plan",
         "-s",
