@@ -348,8 +348,9 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
     let rejected = rt.block_on(async {
         let mut client = ActivationServiceClient::connect(target).await.unwrap();
         let mut rejected = Vec::new();
-        // Steps ahead of the status (which lags the workers a little).
-        for step in now + 10..now + 50 {
+        // From the status's step (which lags the workers a little) on: the worker takes
+        // frames of its own step and the two after, and refuses the others unread.
+        for step in now..now + 60 {
             let frame = pb::TensorFrame {
                 job,
                 step,
@@ -369,18 +370,21 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         }
         rejected
     });
-    // A frame for a step the workers already reached is refused as a duplicate (checked
-    // first); the rest are refused for their data.
+    // A frame of a step the worker already took is refused as a duplicate, one far from
+    // its step as such (both checked first); those near it are refused for their data.
     let mut malformed = 0;
     for e in &rejected {
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         if e.message().contains("TensorFrame.data") {
             malformed += 1;
         } else {
-            assert!(e.message().contains("duplicate"), "{e:?}");
+            assert!(
+                e.message().contains("duplicate") || e.message().contains("not near"),
+                "{e:?}"
+            );
         }
     }
-    assert!(malformed >= 30, "{malformed} of 40 refused for their data");
+    assert!(malformed >= 1, "none of 60 refused for their data");
     let line = ended(&cluster, job, Duration::from_secs(60));
     assert!(line.contains("failed"), "{line}");
     assert!(

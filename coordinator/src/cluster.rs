@@ -261,6 +261,16 @@ impl Move {
     }
 }
 
+/// How many steps past the oldest one not yet reported by every worker a report may be
+/// (workers meet at the end of every step, so they are at most a step apart).
+const OPEN_STEPS: u64 = 4;
+
+/// The (0-based) steps a report may be of when every step before `oldest` is complete and
+/// the run ends before `end`.
+fn open_steps(oldest: u64, end: u64) -> std::ops::Range<u64> {
+    oldest..end.min(oldest.saturating_add(OPEN_STEPS))
+}
+
 /// The reports of one step, by worker index.
 type Pending = BTreeMap<u64, Vec<Option<pb::StepReport>>>;
 
@@ -784,7 +794,7 @@ impl ClusterRunner {
                         let failure = format!(
                             "worker {i} ({}) failed at step {}: {}",
                             r.worker_id,
-                            r.step + 1,
+                            r.step.saturating_add(1),
                             r.error
                         );
                         // A vanished peer shows first as a failed send or receive: give
@@ -800,6 +810,22 @@ impl ClusterRunner {
                     }
                     if r.done {
                         done[i] = true;
+                        continue;
+                    }
+                    // Steps end in order: a report of a step every worker already reported,
+                    // of a step past the run, or far ahead of the oldest open step is a
+                    // sender's mistake (it would be counted twice or kept forever).
+                    let open = open_steps(first_step + completed, steps);
+                    if !open.contains(&r.step) {
+                        tracing::warn!(
+                            job,
+                            worker = %r.worker_id,
+                            step = r.step,
+                            "report of step {} ignored: the run expects steps {} to {}",
+                            r.step.saturating_add(1),
+                            open.start + 1,
+                            open.end
+                        );
                         continue;
                     }
                     let step = r.step;
@@ -822,7 +848,8 @@ impl ClusterRunner {
                         let overflow = reports.iter().any(|r| {
                             workers.get(r.worker_index as usize).is_some_and(|w| {
                                 w.memory_bytes > 0
-                                    && r.peak_activation_bytes + r.static_bytes > w.memory_bytes
+                                    && r.peak_activation_bytes.saturating_add(r.static_bytes)
+                                        > w.memory_bytes
                             })
                         });
                         if overflow
@@ -1042,7 +1069,7 @@ fn pressure(
     };
     let (over, need, held) = match measured {
         Some(reports) => reports.iter().find_map(|r| {
-            let need = r.peak_activation_bytes + r.static_bytes;
+            let need = r.peak_activation_bytes.saturating_add(r.static_bytes);
             let w = r.worker_index as usize;
             over_budget(w, need).then_some((w, need, "held"))
         })?,
@@ -1348,6 +1375,25 @@ mod tests {
 
     /// Memory pressure predicts with the job's layer split and may move to a schedule with
     /// another stage count even when blocks per stage pinned the first one.
+    #[test]
+    fn only_open_steps_are_reported() {
+        // Steps 0..3 complete of a 10-step run: 3..7 are open.
+        let open = open_steps(3, 10);
+        for (step, ok) in [
+            (2, false),
+            (3, true),
+            (6, true),
+            (7, false),
+            (u64::MAX, false),
+        ] {
+            assert_eq!(open.contains(&step), ok, "step {step}");
+        }
+        // Near the end, the run's end bounds them.
+        assert_eq!(open_steps(8, 10), 8..10);
+        assert!(open_steps(10, 10).is_empty());
+        assert_eq!(open_steps(u64::MAX - 1, u64::MAX), u64::MAX - 1..u64::MAX);
+    }
+
     #[test]
     fn pressure_follows_the_layer_split() {
         let mut spec = example(4, "gpipe");

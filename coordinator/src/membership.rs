@@ -16,6 +16,10 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 /// A worker silent for this many intervals is considered dead.
 pub const MISSED_HEARTBEATS: u32 = 4;
 
+/// A worker silent this long is forgotten (a lost one is noticed after
+/// [`MISSED_HEARTBEATS`] intervals; this only bounds the registry).
+pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+
 /// What the coordinator knows about a worker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerInfo {
@@ -98,6 +102,23 @@ pub enum MembershipMsg {
     Detach(u64),
     /// Publish liveness metrics (on an interval).
     Tick,
+}
+
+impl MembershipState {
+    /// Forgets the workers silent for [`FORGET_AFTER`] at `now` (they register again if
+    /// they come back), so registrations under ever new ids do not pile up.
+    fn forget_silent(&mut self, now: Instant) {
+        self.workers.retain(|id, w| {
+            let keep = now.duration_since(w.last_seen) < FORGET_AFTER;
+            if !keep {
+                tracing::info!(worker = %id, "worker forgotten after {} s of silence", FORGET_AFTER.as_secs());
+            }
+            keep
+        });
+        let workers = &self.workers;
+        self.assigned.retain(|id, _| workers.contains_key(id));
+        self.streams.retain(|id, _| workers.contains_key(id));
+    }
 }
 
 impl Actor for Membership {
@@ -217,6 +238,7 @@ impl Actor for Membership {
             MembershipMsg::Tick => {
                 let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
                 let now = Instant::now();
+                st.forget_silent(now);
                 let ages: Vec<(String, f64)> = st
                     .workers
                     .values()
@@ -245,4 +267,39 @@ pub struct HeartbeatAnswer {
     pub known: bool,
     /// The job the worker must abandon now, if any.
     pub abort: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(id: &str, last_seen: Instant) -> WorkerInfo {
+        WorkerInfo {
+            id: id.into(),
+            address: "127.0.0.1:1".into(),
+            device_kind: String::new(),
+            memory_bytes: 0,
+            last_seen,
+            current_activation_bytes: 0,
+            peak_activation_bytes: 0,
+            step: 0,
+            streaming: false,
+            job: 0,
+        }
+    }
+
+    #[test]
+    fn silent_workers_are_forgotten() {
+        let now = Instant::now() + FORGET_AFTER + Duration::from_secs(1);
+        let mut st = MembershipState::default();
+        let recent = now - Duration::from_secs(1);
+        let silent = now - FORGET_AFTER;
+        for (id, seen) in [("recent", recent), ("silent", silent)] {
+            st.workers.insert(id.into(), worker(id, seen));
+            st.assigned.insert(id.into(), (1, 0));
+        }
+        st.forget_silent(now);
+        assert_eq!(st.workers.keys().collect::<Vec<_>>(), ["recent"]);
+        assert_eq!(st.assigned.keys().collect::<Vec<_>>(), ["recent"]);
+    }
 }

@@ -52,6 +52,9 @@ fn status_of(r: &JobRecord) -> pb::JobStatus {
     }
 }
 
+/// The longest worker id and address a worker may register with (a DNS name's length).
+const MAX_WORKER_ID: usize = 253;
+
 /// Applies the request's overrides on top of the TOML spec.
 pub fn spec_of(req: &pb::JobSpec) -> Result<JobSpec, CoordinatorError> {
     let mut spec = JobSpec::from_toml(&req.toml)?;
@@ -202,8 +205,20 @@ impl ClusterService for Cluster {
         if r.worker_id.trim().is_empty() {
             return Err(Status::invalid_argument("worker_id: must not be empty"));
         }
+        // An id names metric series and log lines: a host or pod name's length, no control
+        // characters.
+        if r.worker_id.len() > MAX_WORKER_ID || r.worker_id.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(format!(
+                "worker_id: at most {MAX_WORKER_ID} bytes without control characters"
+            )));
+        }
         if r.address.trim().is_empty() {
             return Err(Status::invalid_argument("address: must not be empty"));
+        }
+        if r.address.len() > MAX_WORKER_ID {
+            return Err(Status::invalid_argument(format!(
+                "address: at most {MAX_WORKER_ID} bytes"
+            )));
         }
         let info = WorkerInfo {
             id: r.worker_id,

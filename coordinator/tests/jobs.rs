@@ -262,3 +262,38 @@ async fn a_restarted_coordinator_lists_its_jobs() {
     assert!(list.jobs[0].error.contains("restarted"));
     c.shutdown().await;
 }
+
+/// A worker registering with an id or address no host could have is refused with the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_with_bad_ids_are_invalid_argument() {
+    use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
+        .await
+        .unwrap();
+    let mut cluster = ClusterServiceClient::connect(format!("http://{}", c.addr))
+        .await
+        .unwrap();
+    let register = |id: &str, address: &str| pb::RegisterRequest {
+        worker_id: id.into(),
+        address: address.into(),
+        ..Default::default()
+    };
+    let long = "w".repeat(254);
+    for (request, field) in [
+        (register(&long, "127.0.0.1:1"), "worker_id"),
+        (register("a\nb", "127.0.0.1:1"), "worker_id"),
+        (register("ok", &long), "address"),
+    ] {
+        let err = cluster.register(request).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with(field), "{err:?}");
+    }
+    let reply = cluster
+        .register(register(&"w".repeat(253), "127.0.0.1:1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.accepted);
+    c.shutdown().await;
+}

@@ -25,6 +25,10 @@ use crate::runtime::StepSync;
 
 type RoundResult = std::result::Result<(f64, bool), String>;
 
+/// How many steps past an op's newest completed round a contribution may be (workers meet
+/// at every step's end, so the next one is the only one due).
+const ROUNDS_AHEAD: u64 = 2;
+
 #[derive(Debug)]
 struct Round {
     values: Vec<Option<Vec<f64>>>,
@@ -37,6 +41,9 @@ struct State {
     job: u64,
     workers: u32,
     rounds: HashMap<(u64, i32), Round>,
+    /// The newest step whose round of each op completed (a later contribution to it, or to
+    /// an older step, is a repeat; one far ahead of it is a stray).
+    completed: HashMap<i32, u64>,
     stop: bool,
     aborted: Option<String>,
 }
@@ -66,6 +73,7 @@ impl Collective {
         }
         st.job = job;
         st.workers = workers;
+        st.completed.clear();
         st.stop = false;
         st.aborted = None;
         *self
@@ -127,6 +135,24 @@ impl Collective {
                 req.values.len()
             )));
         }
+        // Not negative (a diverged run's NaN or infinite norm passes on, as PyTorch's
+        // clip_grad_norm_ returns it).
+        if op == ReduceOp::SqNorm && req.values.iter().any(|v| *v < 0.0) {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.values: a squared norm is not negative, got {:?}",
+                req.values
+            )));
+        }
+        if let Some(&last) = st.completed.get(&(op as i32))
+            && (req.step <= last || req.step - last > ROUNDS_AHEAD)
+        {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.step: {} {op:?} is not open (step {last} completed; steps up to \
+                 {} may be)",
+                req.step,
+                last.saturating_add(ROUNDS_AHEAD)
+            )));
+        }
         let workers = st.workers as usize;
         let stop = st.stop;
         let round = st
@@ -161,6 +187,8 @@ impl Collective {
             };
             let _ = round.done.send(Some(result));
             st.rounds.remove(&(req.step, op as i32));
+            let last = st.completed.entry(op as i32).or_insert(req.step);
+            *last = (*last).max(req.step);
         }
         Ok(rx)
     }
@@ -332,5 +360,46 @@ impl StepSync for NetSync {
             self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(reply.value as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(step: u64, worker: u32, value: f64) -> ReduceRequest {
+        ReduceRequest {
+            job: 1,
+            step,
+            op: ReduceOp::SqNorm as i32,
+            worker,
+            values: vec![value],
+        }
+    }
+
+    /// A contribution to a round already reduced, or far past the newest, is refused (a
+    /// repeat used to open a round that never completed and then aborted the job).
+    #[test]
+    fn only_open_rounds_take_contributions() {
+        let c = Collective::default();
+        c.configure(1, 2, Duration::from_secs(1));
+        let rx = c.contribute(&req(0, 0, 1.0)).expect("open");
+        c.contribute(&req(0, 1, 2.0)).expect("open");
+        assert_eq!(rx.borrow().clone(), Some(Ok((3.0, false))));
+        for (step, why) in [(0, "repeat"), (3, "too far ahead")] {
+            let err = c.contribute(&req(step, 0, 1.0)).expect_err(why);
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{why}");
+            assert!(err.message().contains("is not open"), "{why}: {err:?}");
+        }
+        c.contribute(&req(2, 0, 1.0)).expect("two ahead is open");
+        let err = c.contribute(&req(1, 0, -1.0)).expect_err("negative");
+        assert!(err.message().contains("not negative"), "{err:?}");
+        c.contribute(&req(1, 0, f64::NAN))
+            .expect("a NaN norm passes on");
+        // A new job starts afresh.
+        c.configure(2, 1, Duration::from_secs(1));
+        let mut first = req(0, 0, 1.0);
+        first.job = 2;
+        c.contribute(&first).expect("a new job's first step");
     }
 }

@@ -15,6 +15,12 @@ use crate::runtime::transport::{FrameKind, Payload};
 /// `(step, stage, mb, kind)`: the consumer of a frame.
 pub(crate) type Key = (u64, u32, u32, FrameKind);
 
+/// How many steps past the one `recv` last asked for a frame may be.
+const AHEAD: u64 = 2;
+
+/// The most rejections kept for `recv` (each names a key a frame was refused for).
+const MAX_REJECTED: usize = 4096;
+
 #[derive(Debug, Default)]
 struct State {
     job: u64,
@@ -25,7 +31,9 @@ struct State {
     rejected: HashMap<Key, String>,
     /// Keys already taken by `recv` (for duplicate detection), pruned to the last two steps.
     consumed: HashSet<Key>,
-    newest_step: u64,
+    /// The newest step `recv` was asked for (`None` before the first): frames of steps far
+    /// from it are refused.
+    current_step: Option<u64>,
     closed: Option<String>,
     accepted_frames: u64,
     accepted_bytes: u64,
@@ -136,7 +144,12 @@ impl Inbox {
         };
         let mut state = self.lock();
         state.rejected_frames += 1;
-        let kinds = if rejection.duplicate {
+        // Recorded for `recv` only when the frame was meant for this worker's job (a stray
+        // frame of another job must not fail this job's key), and only so many.
+        // A frame refused for its step is no frame the worker is waiting for either: a key
+        // it names is one the worker is far from, and must not fail when it gets there.
+        let ours = frame.job == state.job && rejection.field != "step";
+        let kinds = if rejection.duplicate || !ours || state.rejected.len() >= MAX_REJECTED {
             Vec::new()
         } else {
             kinds
@@ -225,11 +238,6 @@ impl Inbox {
         let mut state = self.lock();
         // The job or the key may have changed while the tensor arrived.
         Self::check_key(&state, frame, key)?;
-        if key.0 > state.newest_step {
-            state.newest_step = key.0;
-            let keep_from = key.0.saturating_sub(1);
-            state.consumed.retain(|k| k.0 >= keep_from);
-        }
         state.frames.insert(key, payload);
         state.accepted_frames += 1;
         state.accepted_bytes += bytes;
@@ -250,6 +258,21 @@ impl Inbox {
                 format!(
                     "{} is not held by this worker (it holds {:?})",
                     frame.stage, state.stages
+                ),
+            ));
+        }
+        // A worker is at most a step behind or ahead of its peers; a frame of a step it
+        // finished before the last, or well ahead of its own, is no frame it will take.
+        if let Some(now) = state.current_step
+            && (frame.step.saturating_add(1) < now || frame.step > now.saturating_add(AHEAD))
+        {
+            return Err(Rejection::new(
+                "step",
+                format!(
+                    "{} is not near this worker's step {now} ({} to {})",
+                    frame.step,
+                    now.saturating_sub(1),
+                    now.saturating_add(AHEAD)
                 ),
             ));
         }
@@ -279,6 +302,15 @@ impl Inbox {
         let deadline = Instant::now() + timeout;
         let key = (step, stage, mb, kind);
         let mut state = self.lock();
+        if job == state.job && state.current_step.is_none_or(|now| step > now) {
+            state.current_step = Some(step);
+            let keep_from = step.saturating_sub(1);
+            state.consumed.retain(|k| k.0 >= keep_from);
+            // Frames queued before the first `recv` that are far from it go too.
+            state
+                .frames
+                .retain(|k, _| k.0 >= keep_from && k.0 <= step.saturating_add(AHEAD));
+        }
         loop {
             if job != state.job {
                 return Err(net_error(format!(

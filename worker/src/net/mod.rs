@@ -4,11 +4,12 @@
 //! - Receiving: a tonic server (bound to `127.0.0.1:0` by default) takes client streams of
 //!   `TensorFrame`s (its `Send` method served below tonic's codec, see `server`), validates
 //!   each frame (known dtype and kind, `shape` product × dtype size = `data` length, the
-//!   worker's job, a stage the worker holds, no duplicate) and decodes it into a mailbox
-//!   keyed by `(step, stage, mb, kind)`, as a tensor or a byte buffer ([`Delivery`]). A bad
-//!   frame ends its stream with `InvalidArgument` naming the field (`TensorFrame.data: ...`)
-//!   and is recorded, so `recv` for its key fails at once instead of waiting for the
-//!   timeout.
+//!   worker's job, a stage the worker holds, a step from the one before the worker's to
+//!   two after it, no duplicate) and decodes it into a mailbox keyed by
+//!   `(step, stage, mb, kind)`, as a tensor or a byte buffer ([`Delivery`]). A bad frame
+//!   ends its stream with `InvalidArgument` naming the field (`TensorFrame.data: ...`) and,
+//!   when it is of the worker's job and near its step, is recorded, so `recv` for its key
+//!   fails at once instead of waiting for the timeout.
 //! - Sending: [`Transport::send`] queues the frame for the peer; one task per peer connects
 //!   lazily and makes a long-lived client-streaming `Send` call whose body takes the frames
 //!   straight from that queue (see `client`: the call is made below tonic's codec, as the

@@ -240,7 +240,7 @@ impl Messages {
         }
         TensorFrame::decode(self.take(len))
             .map(Some)
-            .map_err(|e| Status::internal(format!("TensorFrame: {e}")))
+            .map_err(|e| Status::invalid_argument(format!("TensorFrame: {e}")))
     }
 }
 
@@ -424,7 +424,7 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
         // Bytes that are not a TensorFrame.
         let err = read_all(&framed(0, &[0xff; 8]), &[], 1 << 20).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
         assert!(err.message().starts_with("TensorFrame"), "{err:?}");
     }
 
