@@ -261,14 +261,38 @@ impl Move {
     }
 }
 
-/// How many steps past the oldest one not yet reported by every worker a report may be
-/// (workers meet at the end of every step, so they are at most a step apart).
-const OPEN_STEPS: u64 = 4;
+/// The step each worker's next report may be of: reports come in step order from each
+/// worker (though one worker's may run steps behind another's on the way), so a report of a
+/// step before its worker's next one is a repeat, and one past the run a stray.
+#[derive(Debug)]
+struct ReportOrder {
+    next: Vec<u64>,
+    end: u64,
+}
 
-/// The (0-based) steps a report may be of when every step before `oldest` is complete and
-/// the run ends before `end`.
-fn open_steps(oldest: u64, end: u64) -> std::ops::Range<u64> {
-    oldest..end.min(oldest.saturating_add(OPEN_STEPS))
+impl ReportOrder {
+    fn new(workers: usize, first_step: u64, end: u64) -> Self {
+        ReportOrder {
+            next: vec![first_step; workers],
+            end,
+        }
+    }
+
+    /// Whether worker `w`'s report of `step` is in order (then it is expected next).
+    fn admit(&mut self, w: usize, step: u64) -> bool {
+        match self.next.get_mut(w) {
+            Some(next) if *next <= step && step < self.end => {
+                *next = step + 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The oldest step a report may still come for (older incomplete steps never will).
+    fn oldest(&self) -> u64 {
+        self.next.iter().copied().min().unwrap_or(self.end)
+    }
 }
 
 /// The reports of one step, by worker index.
@@ -754,6 +778,7 @@ impl ClusterRunner {
         } = *run;
         let d = workers.len();
         let mut pending: Pending = BTreeMap::new();
+        let mut order = ReportOrder::new(d, first_step, steps);
         let mut done = vec![false; d];
         let mut stop_asked: Option<Instant> = None;
         let mut last_check = Instant::now();
@@ -815,19 +840,21 @@ impl ClusterRunner {
                     // Steps end in order: a report of a step every worker already reported,
                     // of a step past the run, or far ahead of the oldest open step is a
                     // sender's mistake (it would be counted twice or kept forever).
-                    let open = open_steps(first_step + completed, steps);
-                    if !open.contains(&r.step) {
+                    if !order.admit(i, r.step) {
                         tracing::warn!(
                             job,
                             worker = %r.worker_id,
                             step = r.step,
-                            "report of step {} ignored: the run expects steps {} to {}",
+                            "report of step {} ignored: out of order or past the run's {} steps",
                             r.step.saturating_add(1),
-                            open.start + 1,
-                            open.end
+                            steps
                         );
                         continue;
                     }
+                    // A step some worker skipped (its report lost on the way) never
+                    // completes: its reports go once every worker is past it.
+                    let oldest = order.oldest();
+                    pending.retain(|&s, _| s >= oldest);
                     let step = r.step;
                     let slot = pending.entry(step).or_insert_with(|| vec![None; d]);
                     slot[i] = Some(r);
@@ -1373,27 +1400,30 @@ mod tests {
         assert_eq!(run_id(7, 0), 7);
     }
 
-    /// Memory pressure predicts with the job's layer split and may move to a schedule with
-    /// another stage count even when blocks per stage pinned the first one.
     #[test]
-    fn only_open_steps_are_reported() {
-        // Steps 0..3 complete of a 10-step run: 3..7 are open.
-        let open = open_steps(3, 10);
-        for (step, ok) in [
-            (2, false),
-            (3, true),
-            (6, true),
-            (7, false),
-            (u64::MAX, false),
-        ] {
-            assert_eq!(open.contains(&step), ok, "step {step}");
+    fn reports_are_taken_in_order_per_worker() {
+        // Steps 3..10 of a run on two workers.
+        let mut order = ReportOrder::new(2, 3, 10);
+        assert!(!order.admit(0, 2), "before the run's first step");
+        assert!(order.admit(0, 3));
+        assert!(!order.admit(0, 3), "a repeat");
+        // One worker may be many steps ahead of the other's reports.
+        for step in 4..9 {
+            assert!(order.admit(0, step));
         }
-        // Near the end, the run's end bounds them.
-        assert_eq!(open_steps(8, 10), 8..10);
-        assert!(open_steps(10, 10).is_empty());
-        assert_eq!(open_steps(u64::MAX - 1, u64::MAX), u64::MAX - 1..u64::MAX);
+        assert_eq!(order.oldest(), 3);
+        assert!(order.admit(1, 3));
+        // A lost report: worker 1 skips step 4; nothing of step 4 can come any more.
+        assert!(order.admit(1, 5));
+        assert_eq!(order.oldest(), 6);
+        assert!(!order.admit(1, 4));
+        assert!(!order.admit(1, 10), "past the run");
+        assert!(!order.admit(1, u64::MAX));
+        assert!(!order.admit(2, 6), "no such worker");
     }
 
+    /// Memory pressure predicts with the job's layer split and may move to a schedule with
+    /// another stage count even when blocks per stage pinned the first one.
     #[test]
     fn pressure_follows_the_layer_split() {
         let mut spec = example(4, "gpipe");

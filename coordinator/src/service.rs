@@ -52,8 +52,11 @@ fn status_of(r: &JobRecord) -> pb::JobStatus {
     }
 }
 
-/// The longest worker id and address a worker may register with (a DNS name's length).
+/// The longest worker id a worker may register with (a DNS name's length).
 const MAX_WORKER_ID: usize = 253;
+
+/// The longest address a worker may register with (a URL with such a name).
+const MAX_ADDRESS: usize = 1024;
 
 /// Applies the request's overrides on top of the TOML spec.
 pub fn spec_of(req: &pb::JobSpec) -> Result<JobSpec, CoordinatorError> {
@@ -215,9 +218,9 @@ impl ClusterService for Cluster {
         if r.address.trim().is_empty() {
             return Err(Status::invalid_argument("address: must not be empty"));
         }
-        if r.address.len() > MAX_WORKER_ID {
+        if r.address.len() > MAX_ADDRESS {
             return Err(Status::invalid_argument(format!(
-                "address: at most {MAX_WORKER_ID} bytes"
+                "address: at most {MAX_ADDRESS} bytes"
             )));
         }
         let info = WorkerInfo {
