@@ -277,14 +277,62 @@ async fn reporter(
 ) {
     while let Some(report) = reports.recv().await {
         let (job, step) = (report.job, report.step);
-        match client.report_step(report).await {
-            Ok(ack) if ack.get_ref().cancel => shared.transport.collective().request_stop(job),
-            Ok(_) => {}
-            Err(status) => {
-                tracing::warn!(job, step, "step report not delivered: {}", status.message());
+        // A report lost on the way leaves its step incomplete on the coordinator (it would
+        // count the job as stopped early): a failure the next try may not meet is retried,
+        // the later reports waiting behind it so they stay in order.
+        let mut delay = REPORT_RETRY_DELAY;
+        let mut tries = 1;
+        loop {
+            match client.report_step(report.clone()).await {
+                Ok(ack) => {
+                    if ack.get_ref().cancel {
+                        shared.transport.collective().request_stop(job);
+                    }
+                    break;
+                }
+                Err(status) if tries < REPORT_TRIES && transient(status.code()) => {
+                    tracing::debug!(
+                        job,
+                        step,
+                        tries,
+                        "step report to retry: {}",
+                        status.message()
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    tries += 1;
+                }
+                Err(status) => {
+                    tracing::warn!(
+                        job,
+                        step,
+                        tries,
+                        "step report not delivered: {}",
+                        status.message()
+                    );
+                    break;
+                }
             }
         }
     }
+}
+
+/// How many times a step report is sent before it is given up.
+const REPORT_TRIES: u32 = 5;
+
+/// The wait before a report's second try (doubling after each: 3.1 s in all).
+const REPORT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// Whether a call that failed with `code` may succeed if made again unchanged.
+fn transient(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Aborted
+            | tonic::Code::Unknown
+    )
 }
 
 /// The connection actor (see the [module docs](self)).
@@ -864,6 +912,17 @@ fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
 #[cfg(test)]
 mod tests {
     use super::fits_host_memory;
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        use tonic::Code;
+        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Unknown] {
+            assert!(super::transient(code), "{code:?}");
+        }
+        for code in [Code::InvalidArgument, Code::NotFound, Code::Internal] {
+            assert!(!super::transient(code), "{code:?}");
+        }
+    }
 
     #[test]
     fn state_beyond_the_available_memory_is_refused() {
