@@ -320,7 +320,7 @@ async fn reporter(
 /// How many times a step report is sent before it is given up.
 const REPORT_TRIES: u32 = 5;
 
-/// The wait before a report's second try (doubling after each: 3.1 s in all).
+/// The wait before a report's second try (doubling after each: 1.5 s of waiting in all).
 const REPORT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// Whether a call that failed with `code` may succeed if made again unchanged.
