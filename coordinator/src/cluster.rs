@@ -837,9 +837,9 @@ impl ClusterRunner {
                         done[i] = true;
                         continue;
                     }
-                    // Steps end in order: a report of a step every worker already reported,
-                    // of a step past the run, or far ahead of the oldest open step is a
-                    // sender's mistake (it would be counted twice or kept forever).
+                    // Each worker reports its steps in order: a repeat (e.g. a retry of a
+                    // report that did arrive) or a step past the run is ignored (it would be
+                    // counted twice or kept forever).
                     if !order.admit(i, r.step) {
                         tracing::warn!(
                             job,
