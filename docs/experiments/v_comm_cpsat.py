@@ -28,6 +28,12 @@ accounting of pipewise's simulator). Times are in hundredths, so the model is in
         period on every worker and Little's law on every worker's memory, both necessary.
         INFEASIBLE is a proof that none exists; UNKNOWN means the time ran out.
 
+    greedy P [P ...]
+        A one-microbatch template without a solver: each pass at the first free slot of its
+        worker's circle of length P after its release, in chain order (W right after its B
+        when it can be); prints its largest lifetime sum and what its waves cost per
+        microbatch in the steady state.
+
     wave P N OUT.csv
         A one-microbatch template whose passes do not collide modulo a period P (each
         worker's passes laid on a circle of length P), chosen to minimise the largest sum
@@ -62,6 +68,10 @@ best templates found in 25–100 s are the period-40 one shifted (the same order
 a worse one; their bounds, 833.9–851.7, leave those periods open. A two-microbatch template at period 80 (a variant of `template`,
 not kept) found nothing better than two period-40 ones in 120 s (1725.44, bound 1679.56).
 The pipewise local search gains nothing on the waves (2269.58, 3844.54, 6915.92).
+Without a solver (2026-11-26, `greedy 38 38.5 ... 55.5`, every half unit): the best greedy
+template is at period 51, lifetime sum 928.99, so its waves cost at least 51.61 per
+microbatch, above adaptive-v's own 49.45; no period below 49 gives under 55. The
+construction is therefore not in pipewise: it is the solver's template that makes it good.
 
 Periodic schedules (2026-11-25, `periodic`, 2 workers on 2 cores). The rates that matter:
 47.4 and 47.7 per microbatch (what a V schedule must average at n = 64 and 128 to beat 1F1B,
@@ -385,6 +395,65 @@ def periodic(k, per, seconds):
     print(f"k = {k}, {per / 100:.2f} per microbatch: {status} in {solver.WallTime():.1f} s", flush=True)
     return status
 
+def greedy_template(period):
+    """One microbatch's timing with every pass at the first start, from its release, whose
+    slot on its worker's circle of length `period` is free (W right after its B when it
+    can be); `None` when a pass finds no free slot within one lap."""
+    circle = [[] for _ in range(D)]
+    t = {}
+
+    def free(w, x, dur):
+        a = x % period
+        return all(
+            not (a < s + off + length and s + off < a + dur)
+            for s, length in circle[w]
+            for off in (-period, 0, period)
+        )
+
+    def place(p, ready):
+        w, dur, x = worker(p[1]), DUR[p[0]], ready
+        while not free(w, x, dur):
+            x += 1
+            if x - ready > period:
+                return False
+        circle[w].append((x % period, dur))
+        t[p] = x
+        return True
+
+    for s in range(STAGES):
+        if not place(("F", s), 0 if s == 0 else t[("F", s - 1)] + DUR["F"] + hop(s - 1, s)):
+            return None
+    for s in range(STAGES - 1, -1, -1):
+        ready = (
+            t[("F", s)] + DUR["F"]
+            if s == STAGES - 1
+            else t[("B", s + 1)] + DUR["B"] + hop(s + 1, s)
+        )
+        if not place(("B", s), ready) or not place(("W", s), t[("B", s)] + DUR["B"]):
+            return None
+    return t
+
+
+def greedy(periods):
+    """`greedy_template` at each period: its largest sum of a worker's two lifetimes and
+    the steady-state cost per microbatch of its waves (at least the period, and at least
+    that sum over CAP)."""
+    for period in periods:
+        tm = greedy_template(period)
+        if tm is None:
+            print(f"greedy template at period {period / 100}: none", flush=True)
+            continue
+        worst = max(
+            tm[("W", a)] - tm[("F", a)] + tm[("W", b)] - tm[("F", b)] + 2 * DUR["W"]
+            for a, b in ((w, STAGES - 1 - w) for w in range(D))
+        )
+        print(
+            f"greedy template at period {period / 100}: largest lifetime sum {worst / 100:.2f}, "
+            f"per microbatch at least {max(period, worst / CAP) / 100:.2f}",
+            flush=True,
+        )
+
+
 if __name__ == "__main__":
     match sys.argv[1:]:
         case ["templates", seconds, *periods] if periods:
@@ -395,6 +464,8 @@ if __name__ == "__main__":
         case ["periodic", k, seconds, *rates] if rates:
             for rate in rates:
                 periodic(int(k), int(round(float(rate) * 100)), float(seconds))
+        case ["greedy", *periods] if periods:
+            greedy([int(round(float(p) * 100)) for p in periods])
         case ["wave", period, n, out]:
             wave(int(round(float(period) * 100)), int(n), out)
         case _:
