@@ -261,42 +261,66 @@ impl Move {
     }
 }
 
-/// The step each worker's next report may be of: reports come in step order from each
-/// worker (though one worker's may run steps behind another's on the way), so a report of a
-/// step before its worker's next one is a repeat, and one past the run a stray.
+/// The step reports of a run, gathered per step. Each worker reports its steps in order
+/// (though one worker's reports may run steps behind another's on the way), so a report of
+/// a step before its worker's next one is a repeat (e.g. a retry of a report that did
+/// arrive), and one past the run a stray: both are ignored rather than counted twice or
+/// kept forever.
 #[derive(Debug)]
-struct ReportOrder {
+struct StepReports {
+    /// The step each worker's next report may be of.
     next: Vec<u64>,
     end: u64,
+    /// The reports of steps not yet reported by every worker, by worker index.
+    pending: BTreeMap<u64, Vec<Option<pb::StepReport>>>,
 }
 
-impl ReportOrder {
+/// What became of a report given to [`StepReports::take`].
+#[derive(Debug)]
+enum Taken {
+    /// Out of order, past the run, or from no worker of it.
+    Ignored,
+    /// Kept until every worker has reported its step.
+    Pending,
+    /// The last report of its step: every worker's, in worker order.
+    Complete(Vec<pb::StepReport>),
+}
+
+impl StepReports {
     fn new(workers: usize, first_step: u64, end: u64) -> Self {
-        ReportOrder {
+        StepReports {
             next: vec![first_step; workers],
             end,
+            pending: BTreeMap::new(),
         }
     }
 
-    /// Whether worker `w`'s report of `step` is in order (then it is expected next).
-    fn admit(&mut self, w: usize, step: u64) -> bool {
+    /// Takes worker `w`'s report `r`.
+    fn take(&mut self, w: usize, r: pb::StepReport) -> Taken {
+        let step = r.step;
         match self.next.get_mut(w) {
-            Some(next) if *next <= step && step < self.end => {
-                *next = step + 1;
-                true
-            }
-            _ => false,
+            Some(next) if *next <= step && step < self.end => *next = step + 1,
+            _ => return Taken::Ignored,
         }
-    }
-
-    /// The oldest step a report may still come for (older incomplete steps never will).
-    fn oldest(&self) -> u64 {
-        self.next.iter().copied().min().unwrap_or(self.end)
+        // A step some worker skipped (its report lost on the way) never completes: its
+        // reports go once every worker is past it (this report's step stays: this report
+        // may be the one that completes it).
+        let oldest = self.next.iter().copied().min().unwrap_or(self.end);
+        self.pending.retain(|&s, _| s >= oldest || s == step);
+        let workers = self.next.len();
+        let slot = self
+            .pending
+            .entry(step)
+            .or_insert_with(|| vec![None; workers]);
+        slot[w] = Some(r);
+        if slot.iter().all(Option::is_some) {
+            let reports = self.pending.remove(&step).unwrap_or_default();
+            Taken::Complete(reports.into_iter().flatten().collect())
+        } else {
+            Taken::Pending
+        }
     }
 }
-
-/// The reports of one step, by worker index.
-type Pending = BTreeMap<u64, Vec<Option<pb::StepReport>>>;
 
 impl JobRunner for ClusterRunner {
     fn run(
@@ -777,8 +801,7 @@ impl ClusterRunner {
             ..
         } = *run;
         let d = workers.len();
-        let mut pending: Pending = BTreeMap::new();
-        let mut order = ReportOrder::new(d, first_step, steps);
+        let mut steps_in = StepReports::new(d, first_step, steps);
         let mut done = vec![false; d];
         let mut stop_asked: Option<Instant> = None;
         let mut last_check = Instant::now();
@@ -840,31 +863,24 @@ impl ClusterRunner {
                     // Each worker reports its steps in order: a repeat (e.g. a retry of a
                     // report that did arrive) or a step past the run is ignored (it would be
                     // counted twice or kept forever).
-                    if !order.admit(i, r.step) {
-                        tracing::warn!(
-                            job,
-                            worker = %r.worker_id,
-                            step = r.step,
-                            "report of step {} ignored: out of order or past the run's {} steps",
-                            r.step.saturating_add(1),
-                            steps
-                        );
-                        continue;
-                    }
-                    // A step some worker skipped (its report lost on the way) never
-                    // completes: its reports go once every worker is past it.
-                    let oldest = order.oldest();
-                    pending.retain(|&s, _| s >= oldest);
-                    let step = r.step;
-                    let slot = pending.entry(step).or_insert_with(|| vec![None; d]);
-                    slot[i] = Some(r);
-                    if slot.iter().all(Option::is_some) {
-                        let reports: Vec<pb::StepReport> = pending
-                            .remove(&step)
-                            .unwrap_or_default()
-                            .into_iter()
-                            .flatten()
-                            .collect();
+                    let (worker_id, step) = (r.worker_id.clone(), r.step);
+                    let reports = match steps_in.take(i, r) {
+                        Taken::Ignored => {
+                            tracing::warn!(
+                                job,
+                                worker = %worker_id,
+                                step,
+                                "report of step {} ignored: out of order or past the run's {} \
+                                 steps",
+                                step.saturating_add(1),
+                                steps
+                            );
+                            continue;
+                        }
+                        Taken::Pending => None,
+                        Taken::Complete(reports) => Some(reports),
+                    };
+                    if let Some(reports) = reports {
                         let mut e = event(job, step, planned, &reports);
                         if let Some((reason, schedule)) = replanned.take() {
                             e.replan_reason = reason;
@@ -1402,24 +1418,43 @@ mod tests {
 
     #[test]
     fn reports_are_taken_in_order_per_worker() {
+        let r = |step: u64| pb::StepReport {
+            step,
+            ..Default::default()
+        };
+        let complete = |t: Taken| match t {
+            Taken::Complete(reports) => reports.iter().map(|r| r.step).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
         // Steps 3..10 of a run on two workers.
-        let mut order = ReportOrder::new(2, 3, 10);
-        assert!(!order.admit(0, 2), "before the run's first step");
-        assert!(order.admit(0, 3));
-        assert!(!order.admit(0, 3), "a repeat");
-        // One worker may be many steps ahead of the other's reports.
+        let mut steps = StepReports::new(2, 3, 10);
+        assert!(
+            matches!(steps.take(0, r(2)), Taken::Ignored),
+            "before the run"
+        );
+        assert!(matches!(steps.take(0, r(3)), Taken::Pending));
+        assert!(matches!(steps.take(0, r(3)), Taken::Ignored), "a repeat");
+        // One worker's reports may run many steps ahead of the other's.
         for step in 4..9 {
-            assert!(order.admit(0, step));
+            assert!(matches!(steps.take(0, r(step)), Taken::Pending));
         }
-        assert_eq!(order.oldest(), 3);
-        assert!(order.admit(1, 3));
-        // A lost report: worker 1 skips step 4; nothing of step 4 can come any more.
-        assert!(order.admit(1, 5));
-        assert_eq!(order.oldest(), 6);
-        assert!(!order.admit(1, 4));
-        assert!(!order.admit(1, 10), "past the run");
-        assert!(!order.admit(1, u64::MAX));
-        assert!(!order.admit(2, 6), "no such worker");
+        // The last report of a step completes it, though it moves its worker past every
+        // other one's next step (it used to drop the step's other reports then).
+        assert_eq!(complete(steps.take(1, r(3))), [3, 3]);
+        // A lost report: worker 1 skips step 4, which is dropped once both are past it.
+        assert_eq!(complete(steps.take(1, r(5))), [5, 5]);
+        assert!(!steps.pending.contains_key(&4));
+        assert!(matches!(steps.take(1, r(4)), Taken::Ignored));
+        assert_eq!(complete(steps.take(1, r(6))), [6, 6]);
+        assert!(
+            matches!(steps.take(1, r(10)), Taken::Ignored),
+            "past the run"
+        );
+        assert!(matches!(steps.take(1, r(u64::MAX)), Taken::Ignored));
+        assert!(
+            matches!(steps.take(2, r(7)), Taken::Ignored),
+            "no such worker"
+        );
     }
 
     /// Memory pressure predicts with the job's layer split and may move to a schedule with
