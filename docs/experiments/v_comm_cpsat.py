@@ -79,7 +79,8 @@ above), and 48.09 (1F1B's own steady state: a V schedule slower than that loses 
 for every large enough n). Proved INFEASIBLE: K = 1 at every rate up to 49.10 (47.4, 47.7,
 48.09, 48.5 and 49.0 in 0.1 s, 49.10 in 15 s; the first feasible rate in steps of 0.01 is
 49.12); K = 2 at 47.4, 47.7 and 48.09 (27 s, 72 s, 20 s); K = 3 at 47.4 (298 s) and 47.7
-(107 s). UNKNOWN: K = 3 at 48.09 after 900 s; K = 4 at all three after 120 s; K = 5, 6 and
+(107 s). UNKNOWN: K = 3 at 48.09 after 900 s; K = 4 at all three after 120 s, and at 47.4 after
+2400 s (2026-11-26); K = 5, 6 and
 8 at 47.7 after 300 s (an earlier model that capped how long a W may wait after its B proved K = 2 to 4
 infeasible quickly, but that cap is not implied by the memory limit, so those results
 are not kept). So no V schedule within 9 units that repeats every one or two microbatches
