@@ -516,17 +516,9 @@ impl JobPlan {
         ranges: &[std::ops::Range<usize>],
     ) -> Result<Vec<u64>> {
         self.check_ranges(ranges)?;
-        let placement = &self.schedule.placement;
-        let mut out = vec![0u64; placement.workers() as usize];
-        for (s, r) in ranges.iter().enumerate() {
-            let w = placement.worker_of(s as u32) as usize;
-            out[w] = out[w].saturating_add(
-                spec.model
-                    .range_params(r.clone())
-                    .saturating_mul(spec.model.dtype.training_state_bytes()),
-            );
-        }
-        Ok(out)
+        Ok(spec
+            .model
+            .state_bytes_by_worker(&self.schedule.placement, ranges))
     }
 
     /// `ranges` has one range per stage.

@@ -303,6 +303,25 @@ impl ModelSpec {
         self.range_params(0..self.pieces().len())
     }
 
+    /// The training state ([`DType::training_state_bytes`] per parameter) each of
+    /// `placement`'s workers holds when stage `s` has the pieces `ranges[s]` (stages beyond
+    /// `ranges` hold none), saturating.
+    pub fn state_bytes_by_worker(
+        &self,
+        placement: &crate::placement::Placement,
+        ranges: &[std::ops::Range<usize>],
+    ) -> Vec<u64> {
+        let mut out = vec![0u64; placement.workers() as usize];
+        for (s, r) in ranges.iter().enumerate() {
+            let w = placement.worker_of(s as u32) as usize;
+            out[w] = out[w].saturating_add(
+                self.range_params(r.clone())
+                    .saturating_mul(self.dtype.training_state_bytes()),
+            );
+        }
+        out
+    }
+
     /// Parameter count of a range of pieces (indices into [`ModelSpec::pieces`]).
     pub fn range_params(&self, range: std::ops::Range<usize>) -> u64 {
         self.pieces()[range]

@@ -278,8 +278,8 @@ struct StepReports {
 /// What became of a report given to [`StepReports::take`].
 #[derive(Debug)]
 enum Taken {
-    /// Out of order, past the run, or from no worker of it.
-    Ignored,
+    /// Out of order, past the run, or from no worker of it (the report, given back).
+    Ignored(Box<pb::StepReport>),
     /// Kept until every worker has reported its step.
     Pending,
     /// The last report of its step: every worker's, in worker order.
@@ -300,7 +300,7 @@ impl StepReports {
         let step = r.step;
         match self.next.get_mut(w) {
             Some(next) if *next <= step && step < self.end => *next = step + 1,
-            _ => return Taken::Ignored,
+            _ => return Taken::Ignored(Box::new(r)),
         }
         // A step some worker skipped (its report lost on the way) never completes: its
         // reports go once every worker is past it (this report's step stays: this report
@@ -863,12 +863,12 @@ impl ClusterRunner {
                     // Each worker reports its steps in order: a repeat (e.g. a retry of a
                     // report that did arrive) or a step past the run is ignored (it would be
                     // counted twice or kept forever).
-                    let (worker_id, step) = (r.worker_id.clone(), r.step);
+                    let step = r.step;
                     let reports = match steps_in.take(i, r) {
-                        Taken::Ignored => {
+                        Taken::Ignored(r) => {
                             tracing::warn!(
                                 job,
-                                worker = %worker_id,
+                                worker = %r.worker_id,
                                 step,
                                 "report of step {} ignored: out of order or past the run's {} \
                                  steps",
@@ -1429,11 +1429,11 @@ mod tests {
         // Steps 3..10 of a run on two workers.
         let mut steps = StepReports::new(2, 3, 10);
         assert!(
-            matches!(steps.take(0, r(2)), Taken::Ignored),
+            matches!(steps.take(0, r(2)), Taken::Ignored(_)),
             "before the run"
         );
         assert!(matches!(steps.take(0, r(3)), Taken::Pending));
-        assert!(matches!(steps.take(0, r(3)), Taken::Ignored), "a repeat");
+        assert!(matches!(steps.take(0, r(3)), Taken::Ignored(_)), "a repeat");
         // One worker's reports may run many steps ahead of the other's.
         for step in 4..9 {
             assert!(matches!(steps.take(0, r(step)), Taken::Pending));
@@ -1444,15 +1444,15 @@ mod tests {
         // A lost report: worker 1 skips step 4, which is dropped once both are past it.
         assert_eq!(complete(steps.take(1, r(5))), [5, 5]);
         assert!(!steps.pending.contains_key(&4));
-        assert!(matches!(steps.take(1, r(4)), Taken::Ignored));
+        assert!(matches!(steps.take(1, r(4)), Taken::Ignored(_)));
         assert_eq!(complete(steps.take(1, r(6))), [6, 6]);
         assert!(
-            matches!(steps.take(1, r(10)), Taken::Ignored),
+            matches!(steps.take(1, r(10)), Taken::Ignored(_)),
             "past the run"
         );
-        assert!(matches!(steps.take(1, r(u64::MAX)), Taken::Ignored));
+        assert!(matches!(steps.take(1, r(u64::MAX)), Taken::Ignored(_)));
         assert!(
-            matches!(steps.take(2, r(7)), Taken::Ignored),
+            matches!(steps.take(2, r(7)), Taken::Ignored(_)),
             "no such worker"
         );
     }

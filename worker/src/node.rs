@@ -639,15 +639,12 @@ fn run_assignment(
     }
     // Refused rather than aborted: an allocation the machine cannot make ends the process.
     if matches!(config.device, Device::Cpu) {
-        let state: u64 = (0..placement.stages())
-            .filter(|&s| placement.worker_of(s) == a.worker_index)
-            .filter_map(|s| partition.get(s as usize))
-            .map(|r| {
-                spec.model
-                    .range_params(r.clone())
-                    .saturating_mul(spec.model.dtype.training_state_bytes())
-            })
-            .fold(0, u64::saturating_add);
+        let state = spec
+            .model
+            .state_bytes_by_worker(&placement, &partition)
+            .get(a.worker_index as usize)
+            .copied()
+            .unwrap_or(0);
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         fits_host_memory(state, &meminfo).map_err(assignment_error)?;
     }
