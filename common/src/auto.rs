@@ -21,8 +21,10 @@
 //!    searched under one activation limit for every worker: the budget minus the smallest
 //!    static state if the schedule found then fits every worker, else the largest limit
 //!    found by bisection down to the budget minus the largest static state (which always
-//!    fits) whose schedule fits every worker; the budget they are reported to need is the
-//!    largest static state plus the smallest limit the search accepts;
+//!    fits) whose schedule fits every worker; when no limit fits in the room on the fullest
+//!    worker, the schedule at the smallest limit the search accepts is tried too (its peaks
+//!    may fall on emptier workers). The budget a rejected adaptive kind is reported to need
+//!    is what that least-memory schedule needs on its fullest worker, so that budget gets it;
 //! 5. keeps it if every worker's static bytes plus simulated activation peak fit.
 //!
 //! The fitting plans are ranked by predicted step time (throughput is `global_batch ·
@@ -448,8 +450,8 @@ pub struct Rejected {
     /// The reason in words.
     pub reason: String,
     /// Bytes the fullest worker needs, when known: the smallest budget it fits for the fixed
-    /// kinds; for the adaptive kinds a budget it surely fits (the largest static state plus
-    /// the smallest activation limit the search accepts).
+    /// kinds; for the adaptive kinds what the schedule found at the smallest activation
+    /// limit the search accepts needs (static state plus peak) on its fullest worker.
     pub needed_bytes: Option<u64>,
     /// Predicted step time, when simulated.
     pub step_ms: Option<f64>,
@@ -616,18 +618,18 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     })
 }
 
-/// Between `room` (whose schedule `at_room` fits every worker) and `optimistic` (whose
+/// Between `fitting` (whose schedule `at` fits every worker) and `optimistic` (whose
 /// schedule did not), bisects the activation limit for the largest one whose schedule still
 /// fits every worker; returns the fastest fitting schedule seen and its limit.
 fn widen_limit(
     search: &dyn Fn(f64) -> Result<crate::generate::Planned>,
     fits_all: &dyn Fn(&Simulation) -> bool,
-    at_room: crate::generate::Planned,
-    room: f64,
+    at: crate::generate::Planned,
+    fitting: f64,
     optimistic: f64,
 ) -> Result<(crate::generate::Planned, f64)> {
-    let (mut lo, mut hi) = (room, optimistic);
-    let mut best = (at_room, room);
+    let (mut lo, mut hi) = (fitting, optimistic);
+    let mut best = (at, fitting);
     for _ in 0..ADAPTIVE_ASCENT_STEPS {
         if hi - lo <= 0.01 * hi {
             break;
@@ -751,12 +753,25 @@ fn plan_one(
             ScheduleKind::AdaptiveV => adaptive_v(d, n, &costs, limit, LOCAL_SEARCH_BUDGET),
             _ => adaptive_zb(d, n, &costs, limit, LOCAL_SEARCH_BUDGET),
         };
+        // The bytes the fullest worker of a schedule needs: its static state plus peak.
+        let needs = |sim: &Simulation| {
+            sim.peak_memory
+                .iter()
+                .zip(&static_bytes)
+                .map(|(p, &st)| st.saturating_add(p.ceil() as u64))
+                .max()
+                .unwrap_or(0)
+        };
+        // What the least-memory schedule (the one found at the smallest limit the search
+        // accepts) needs: a budget this procedure accepts (it tries that limit).
+        let least_need = |smallest: f64| match search(smallest) {
+            Ok(p) => Some(needs(&p.simulation)),
+            Err(_) => None,
+        };
         if room < 1.0 {
             // Static state alone does not fit: ask for the smallest activation limit.
             let needed = match search(f64::MIN_POSITIVE) {
-                Err(Error::MemoryLimit { smallest, .. }) => {
-                    Some(max_static.saturating_add(smallest.ceil() as u64))
-                }
+                Err(Error::MemoryLimit { smallest, .. }) => least_need(smallest),
                 _ => None,
             };
             return Ok(skip(
@@ -765,18 +780,15 @@ fn plan_one(
                 needed,
             ));
         }
-        let fits_all = |sim: &Simulation| {
-            sim.peak_memory
-                .iter()
-                .zip(&static_bytes)
-                .all(|(p, &st)| st.saturating_add(p.ceil() as u64) <= budget)
-        };
+        let fits_all = |sim: &Simulation| needs(sim) <= budget;
         // One limit serves every worker: first the room on the emptiest worker (kept only
         // if every worker then fits), then the room on the fullest one (always fits).
         let min_static = static_bytes.iter().copied().min().unwrap_or(0);
         let optimistic = budget as f64 - min_static as f64;
         let mut found: Option<(crate::generate::Planned, f64)> = None;
         let mut failure: Option<Error> = None;
+        // The need of the least-memory schedule, when it was planned and did not fit.
+        let mut least: Option<u64> = None;
         match search(optimistic) {
             Ok(p) if fits_all(&p.simulation) => found = Some((p, optimistic)),
             Ok(_) => {}
@@ -785,6 +797,26 @@ fn plan_one(
         if found.is_none() && optimistic > room {
             match search(room) {
                 Ok(p) => found = Some(widen_limit(&search, &fits_all, p, room, optimistic)?),
+                // No schedule fits in the room on the fullest worker; the least-memory one
+                // may still fit every worker when its peaks fall on the emptier ones.
+                Err(Error::MemoryLimit {
+                    schedule,
+                    limit,
+                    smallest,
+                }) if smallest <= optimistic => match search(smallest) {
+                    Ok(p) if fits_all(&p.simulation) => {
+                        found = Some(widen_limit(&search, &fits_all, p, smallest, optimistic)?);
+                    }
+                    Ok(p) => {
+                        failure = Some(Error::MemoryLimit {
+                            schedule,
+                            limit,
+                            smallest,
+                        });
+                        least = Some(needs(&p.simulation));
+                    }
+                    Err(e) => failure = Some(e),
+                },
                 Err(e) => failure = Some(e),
             }
         }
@@ -823,16 +855,21 @@ fn plan_one(
                 )
             }
             (None, Some(Error::MemoryLimit { smallest, .. })) => {
+                let needed = least.or_else(|| least_need(smallest));
                 return Ok(skip(
                     Why::DoesNotFit,
                     format!(
                         "does not fit: the smallest {} schedule needs {} of activations per \
-                         worker, {} are left after the static state",
+                         worker, {} are left after the static state{}",
                         kind.name(),
                         fmt_bytes(smallest.ceil()),
-                        fmt_bytes(room)
+                        fmt_bytes(room),
+                        needed.map_or(String::new(), |b| format!(
+                            " (it needs {} on its fullest worker)",
+                            fmt_bytes(b as f64)
+                        ))
                     ),
-                    Some(max_static.saturating_add(smallest.ceil() as u64)),
+                    needed,
                 ));
             }
             (None, Some(e)) => return Ok(skip(Why::Skipped, format!("skipped: {e}"), None)),

@@ -147,6 +147,16 @@ fn three_budgets_get_three_plans() {
     let smallest: u64 = tail.split(' ').next().unwrap().parse().unwrap();
     let fastest = open.ranked[0].max_worker_bytes;
     assert!(smallest < fastest);
+    // It is the budget of a plan the planner finds, and one byte less fits none.
+    let at = auto_plan(&request(smallest, 5)).unwrap();
+    assert!(at.ranked.iter().any(|c| c.max_worker_bytes == smallest));
+    let below = auto_plan(&request(smallest - 1, 5))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        below.contains(&format!("needs {smallest} bytes")),
+        "{below}"
+    );
 
     // Tight: the smallest plan; loose: room for every plan of the open run; medium: half
     // way between the smallest and the fastest plan.
@@ -185,4 +195,55 @@ fn three_budgets_get_three_plans() {
             .contains(&format!("the smallest plan needs {smallest} bytes")),
         "{err}"
     );
+}
+
+/// When nothing fits, the budget the error names is what the least-memory plan needs on its
+/// fullest worker, exactly: that budget gets a plan needing just that, and one byte less
+/// gets none. Here the fullest static state (worker 0: the embedding) and the fullest
+/// activations (the middle workers) are on different workers, where the planner used to
+/// name the largest static state plus the smallest activation limit, 2.2 % more.
+#[test]
+fn nothing_fits_names_the_exact_smallest_budget() {
+    let request = |memory: u64| AutoRequest {
+        spec: ModelSpec {
+            vocab: 32000,
+            hidden: 256,
+            heads: 4,
+            layers: 8,
+            seq_len: 1024,
+            dtype: DType::BF16,
+        },
+        global_batch: 16,
+        workers: 4,
+        memory_per_worker: memory,
+        layer_times: None,
+        comm_ms: 0.0,
+        top: 3,
+    };
+    let needs = |memory: u64| {
+        let err = auto_plan(&request(memory)).unwrap_err().to_string();
+        let tail = err.split("the smallest plan needs ").nth(1).unwrap();
+        tail.split(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    let smallest = needs(1000);
+    let at = auto_plan(&request(smallest)).unwrap();
+    println!(
+        "smallest budget {smallest} bytes: {} needs {} (static {:?}, activations {:?})",
+        at.ranked[0].label(),
+        at.ranked[0].max_worker_bytes,
+        at.ranked[0].static_bytes,
+        at.ranked[0].activation_bytes
+    );
+    assert!(at.ranked.iter().any(|c| c.max_worker_bytes == smallest));
+    for c in &at.ranked {
+        check_fits(c, smallest);
+    }
+    assert_eq!(needs(smallest - 1), smallest);
+}
+
+fn check_fits(c: &Candidate, budget: u64) {
+    assert!(c.fits && c.max_worker_bytes <= budget, "{}", c.label());
+    for (s, a) in c.static_bytes.iter().zip(&c.activation_bytes) {
+        assert!(s + a <= budget, "{}", c.label());
+    }
 }
