@@ -97,7 +97,7 @@ pub(crate) enum Command {
     /// Submit a job file (TOML) to a coordinator.
     Submit(crate::cluster::SubmitArgs),
     /// Show one job, or list every job, of a coordinator.
-    Status(crate::cluster::JobArgs),
+    Status(crate::cluster::StatusArgs),
     /// Follow a job's steps until it ends.
     Watch(crate::cluster::JobArgs),
     /// Cancel a job (workers stop at the next step boundary).
@@ -162,7 +162,7 @@ fn schedule_help() -> String {
          0F0, 2I0, 2W0, 1B3; workers, microbatches and placement are read\n\
          from the file).\n\n\
          Known schedules:\n{known}\n\n\
-         Required unless --compare is given."
+         Required unless --compare or --auto is given."
     )
 }
 

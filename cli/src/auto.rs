@@ -72,9 +72,9 @@ pub(crate) struct AutoArgs {
 
     /// Memory of one worker, e.g. 80GB, 24GiB, 8e9 (--auto).
     ///
-    /// A number of bytes, optionally with a unit: B, KB, MB, GB, TB
-    /// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024);
-    /// Kubernetes' K, M, G, T, Ki, Mi, Gi, Ti also.
+    /// A number of bytes, optionally with a unit: B, KB, MB, GB, TB, PB, EB
+    /// (powers of 1000) or KiB, MiB, GiB, TiB, PiB, EiB (powers of 1024);
+    /// Kubernetes' K, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei also.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes,
           verbatim_doc_comment)]
     pub(crate) memory_per_worker: Option<f64>,

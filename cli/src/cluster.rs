@@ -150,11 +150,20 @@ pub(crate) struct SubmitArgs {
     pub(crate) wait: bool,
 }
 
-/// `pipewise status` / `watch` / `cancel` arguments.
+/// `pipewise status` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Job id (without one, every job is listed).
+    pub(crate) job: Option<u64>,
+    #[command(flatten)]
+    pub(crate) endpoint: Endpoint,
+}
+
+/// `pipewise watch` / `cancel` arguments.
 #[derive(Debug, Args)]
 pub(crate) struct JobArgs {
-    /// Job id (`status` without one lists every job).
-    pub(crate) job: Option<u64>,
+    /// Job id (as `submit` printed it; `status` lists every job).
+    pub(crate) job: u64,
     #[command(flatten)]
     pub(crate) endpoint: Endpoint,
 }
@@ -209,7 +218,7 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot start the coordinator")?;
-        println!(
+        outln!(
             "coordinator listening on {} (data in {})",
             coordinator.addr,
             data_dir.display()
@@ -262,9 +271,11 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot start the worker")?;
-        println!(
+        outln!(
             "worker {} serving activations on {}, coordinator {}",
-            node.id, node.address, args.coordinator
+            node.id,
+            node.address,
+            args.coordinator
         );
         std::io::stdout().flush().ok();
         std::future::pending::<()>().await;
@@ -304,7 +315,7 @@ fn print_status(s: &pb::JobStatus) {
     if !s.error.is_empty() {
         line.push_str(&format!("  error: {}", s.error));
     }
-    println!("{line}");
+    outln!("{line}");
 }
 
 fn status_error(s: tonic::Status) -> anyhow::Error {
@@ -321,14 +332,14 @@ async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobSt
     while let Some(e) = events.next().await {
         let e = e.map_err(status_error)?;
         if !e.replan_reason.is_empty() {
-            println!("re-planned: {}", e.replan_reason);
+            outln!("re-planned: {}", e.replan_reason);
         }
         let peaks: Vec<String> = e
             .peaks
             .iter()
             .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
             .collect();
-        println!(
+        outln!(
             "step {:>4}  loss {:.7}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
             e.step,
             e.loss,
@@ -393,7 +404,7 @@ pub(crate) fn submit(args: &SubmitArgs) -> Result<()> {
 }
 
 /// `pipewise status [JOB]`.
-pub(crate) fn status(args: &JobArgs) -> Result<()> {
+pub(crate) fn status(args: &StatusArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = client(&args.endpoint).await?;
         match args.job {
@@ -410,7 +421,7 @@ pub(crate) fn status(args: &JobArgs) -> Result<()> {
                     .map_err(status_error)?
                     .into_inner();
                 if list.jobs.is_empty() {
-                    println!("no jobs");
+                    outln!("no jobs");
                 }
                 for s in &list.jobs {
                     print_status(s);
@@ -423,24 +434,18 @@ pub(crate) fn status(args: &JobArgs) -> Result<()> {
 
 /// `pipewise watch JOB`.
 pub(crate) fn watch(args: &JobArgs) -> Result<()> {
-    let Some(job) = args.job else {
-        bail!("watch needs a job id");
-    };
     runtime()?.block_on(async {
         let mut c = client(&args.endpoint).await?;
-        succeeded(&follow(&mut c, job).await?)
+        succeeded(&follow(&mut c, args.job).await?)
     })
 }
 
 /// `pipewise cancel JOB`.
 pub(crate) fn cancel(args: &JobArgs) -> Result<()> {
-    let Some(job) = args.job else {
-        bail!("cancel needs a job id");
-    };
     runtime()?.block_on(async {
         let mut c = client(&args.endpoint).await?;
         let status = c
-            .cancel_job(pb::JobId { id: job })
+            .cancel_job(pb::JobId { id: args.job })
             .await
             .map_err(status_error)?
             .into_inner();
@@ -455,8 +460,8 @@ pub(crate) struct TraceArgs {
     /// The job id.
     pub(crate) job: u64,
     /// The step (1-based; default: the latest kept).
-    #[arg(long, default_value_t = 0)]
-    pub(crate) step: u64,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) step: Option<u64>,
     /// Where to write step-K.trace.json and step-K.svg.
     #[arg(long, default_value = ".")]
     pub(crate) out: PathBuf,
@@ -468,8 +473,9 @@ pub(crate) struct TraceArgs {
 pub(crate) fn trace(args: &TraceArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = client(&args.endpoint).await?;
-        let svg = crate::local::write_trace(&mut c, args.job, args.step, &args.out).await?;
-        println!(
+        let svg =
+            crate::local::write_trace(&mut c, args.job, args.step.unwrap_or(0), &args.out).await?;
+        outln!(
             "wrote {} and {}",
             svg.with_extension("trace.json").display(),
             svg.display()

@@ -49,7 +49,8 @@ pub(crate) enum ComputeArg {
 /// Model presets of `pipewise local`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ModelPreset {
-    /// vocab 256, hidden 64, 4 heads, 8 layers, sequence 32 (seconds per step on a CPU).
+    /// vocab 256, hidden 64, 4 heads, 8 layers, sequence 32 (well under a second per step
+    /// on a CPU).
     Tiny,
     /// vocab 256, hidden 128, 4 heads, 16 layers, sequence 64.
     Small,
@@ -62,7 +63,7 @@ pub(crate) struct LocalArgs {
     #[arg(long, short = 'd', default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) workers: u32,
-    /// Schedule name (any `pipewise plan` schedule).
+    /// Schedule name (any of `pipewise plan`'s generators; not `csv:PATH`).
     #[arg(long, short = 's', default_value = "v-half")]
     pub(crate) schedule: String,
     /// Optimizer steps.
@@ -127,8 +128,12 @@ pub(crate) struct LocalArgs {
     #[arg(long, value_enum, default_value_t = ComputeArg::Real)]
     pub(crate) compute: ComputeArg,
     /// Emulated pass times in milliseconds, F,B,W, of one stage holding 1/d of the model.
-    #[arg(long, value_name = "F,B,W", value_delimiter = ',',
-          default_values_t = [10.0, 10.0, 10.0])]
+    #[arg(
+        long,
+        value_name = "F,B,W",
+        value_delimiter = ',',
+        default_value = "10,10,10"
+    )]
     pub(crate) emulate_ms: Vec<f64>,
     /// Log format on standard error (logs are `warn` and up unless `RUST_LOG` says more).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -302,7 +307,7 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
                 let traces = write_traces(args, &url, status.id).await;
                 match (done, traces) {
                     (Err(e), Err(t)) => {
-                        eprintln!("warning: {t:#}");
+                        let _ = writeln!(std::io::stderr(), "warning: {t:#}");
                         Err(e)
                     }
                     (done, traces) => done.and(traces),
@@ -315,7 +320,7 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
         && let Some(addr) = args.metrics_listen
         && args.metrics_linger > 0.0
     {
-        println!(
+        outln!(
             "serving metrics on http://{addr}/metrics for {} s more",
             args.metrics_linger
         );
@@ -349,11 +354,11 @@ fn finish(
             .join("final");
         if spec.compute.is_emulated() {
             write_outputs(dir, spec, steps, None)?;
-            println!("wrote {}/summary.json", dir.display());
+            outln!("wrote {}/summary.json", dir.display());
         } else {
             let params = merge_params(&params_dir, spec.parallelism.pipeline_parallel_degree)?;
             write_outputs(dir, spec, steps, Some(&params))?;
-            println!(
+            outln!(
                 "wrote {}/summary.json and {}/params.safetensors",
                 dir.display(),
                 dir.display()
@@ -385,15 +390,18 @@ async fn run_job(
         .context("the coordinator refused the job")?
         .into_inner();
     if !args.quiet {
-        println!(
-            "job {} ({}): {} on {} workers, {} microbatches × {} sequences, {} steps, coordinator {}",
+        outln!(
+            "job {} ({}): {} on {}, {} × {}, {}, coordinator {}",
             status.id,
             status.name,
             plan.kind,
-            spec.parallelism.pipeline_parallel_degree,
-            plan.microbatches,
-            spec.parallelism.pipeline_parallel_microbatch_size,
-            spec.training.steps,
+            count(spec.parallelism.pipeline_parallel_degree.into(), "worker"),
+            count(plan.microbatches.into(), "microbatch"),
+            count(
+                spec.parallelism.pipeline_parallel_microbatch_size.into(),
+                "sequence"
+            ),
+            count(spec.training.steps.into(), "step"),
             url
         );
     }
@@ -409,7 +417,7 @@ async fn run_job(
         let e = event.context("watch stream")?;
         let summary = StepSummary::of(&e);
         if !e.replan_reason.is_empty() {
-            println!("re-planned: {}", e.replan_reason);
+            outln!("re-planned: {}", e.replan_reason);
         }
         if !args.quiet {
             let peaks: Vec<String> = summary
@@ -417,7 +425,7 @@ async fn run_job(
                 .iter()
                 .map(|p| format!("{:.0}", *p as f64 / 1024.0))
                 .collect();
-            println!(
+            outln!(
                 "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
                 e.step,
                 spec.training.steps,
@@ -459,7 +467,7 @@ async fn write_traces(args: &LocalArgs, url: &str, job: u64) -> Result<()> {
     for step in wanted {
         let path = write_trace(&mut client, job, step, dir).await?;
         if !args.quiet {
-            println!("wrote {}", path.display());
+            outln!("wrote {}", path.display());
         }
     }
     Ok(())
@@ -500,6 +508,15 @@ fn merge_params(dir: &Path, workers: u32) -> Result<HashMap<String, Tensor>> {
     Ok(all)
 }
 
+/// `1 step`, `2 steps`, `1 microbatch`, `8 microbatches`.
+fn count(n: u64, word: &str) -> String {
+    match (n, word.ends_with("ch")) {
+        (1, _) => format!("1 {word}"),
+        (_, true) => format!("{n} {word}es"),
+        (_, false) => format!("{n} {word}s"),
+    }
+}
+
 fn print_summary(
     args: &LocalArgs,
     plan: &JobPlan,
@@ -518,35 +535,35 @@ fn print_summary(
             .max()
             .unwrap_or(0)
     };
-    println!();
-    println!(
-        "summary: {} on {} workers, {} steps in {:.1} s",
+    outln!();
+    outln!(
+        "summary: {} on {}, {} in {:.1} s",
         plan.kind,
-        args.workers,
-        steps.len(),
+        count(args.workers.into(), "worker"),
+        count(steps.len() as u64, "step"),
         total.as_secs_f64()
     );
     if spec.compute.is_emulated() {
-        println!("  loss            n/a (emulated compute learns nothing)");
+        outln!("  loss            n/a (emulated compute learns nothing)");
     } else {
-        println!("  loss            {first:.4} → {last:.4}");
+        outln!("  loss            {first:.4} → {last:.4}");
     }
-    println!(
+    outln!(
         "  step time       {:.1} ms (mean)",
         mean(|s| s.step_time_ms)
     );
-    println!(
+    outln!(
         "  tokens/s        {:.0}",
         f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len)
             / (mean(|s| s.step_time_ms) / 1e3).max(1e-9)
     );
-    println!(
+    outln!(
         "  bubble          planned {:.1} % (simulated), measured {:.1} % (mean)",
         100.0 * mean(|s| s.planned_bubble),
         100.0 * mean(|s| s.measured_bubble)
     );
     for w in 0..args.workers as usize {
-        println!(
+        outln!(
             "  worker {w:<3}      peak activation {:.1} KiB",
             peak(w) as f64 / 1024.0
         );

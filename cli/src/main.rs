@@ -20,6 +20,15 @@
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
 
+/// `println!` that never panics: when standard output is closed (e.g. piped into `head`),
+/// the line is lost, not the run.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod args;
 mod auto;
 mod cluster;
@@ -54,8 +63,22 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Nothing useful is left to do if standard error is closed too.
-            let _ = writeln!(std::io::stderr(), "error: {err:#}");
+            let _ = writeln!(std::io::stderr(), "error: {}", chain(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: `-separated, without a cause the one before already ends
+/// with: some libraries' errors repeat their source's text (tonic's transport errors
+/// printed "tcp connect error" twice).
+fn chain(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !parts.last().is_some_and(|last| last.ends_with(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
 }

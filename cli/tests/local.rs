@@ -357,3 +357,37 @@ fn emulated_local_run_reports_bubbles_and_no_loss() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--emulate-ms"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A closed standard output (e.g. `pipewise local | head -1`) loses the lines, not the run:
+/// the job finishes, writes its outputs and exits 0 (printing used to panic with a broken
+/// pipe at the summary, before the outputs were written).
+#[test]
+fn a_closed_standard_output_does_not_stop_the_run() {
+    use std::io::BufRead as _;
+    let dir = tempfile_dir("closed-stdout");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .args(["local", "--workers", "2", "--steps", "3", "--output-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs pipewise");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("job "), "{first}");
+    // The reader is gone: every later line goes to a closed pipe.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["steps"].as_array().map(Vec::len),
+        Some(3),
+        "{summary}"
+    );
+    assert!(dir.join("params.safetensors").exists());
+}

@@ -675,7 +675,10 @@ fn plan_one(
     if kind == ScheduleKind::Interleaved1F1B && n % d != 0 {
         return Ok(skip(
             Why::Skipped,
-            format!("skipped: {n} microbatches are not a multiple of {d} workers"),
+            format!(
+                "skipped: {n} microbatch{} not a multiple of {d} workers",
+                if n == 1 { " is" } else { "es are" }
+            ),
             None,
         ));
     }

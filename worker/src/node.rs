@@ -252,6 +252,8 @@ async fn connect(url: &str, within: Duration) -> Result<Channel> {
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
     let deadline = tokio::time::Instant::now() + within;
+    // Said on the first failure and then every 10 s, so a wrong address is seen at once.
+    let mut next_warning = tokio::time::Instant::now();
     loop {
         match endpoint.connect().await {
             Ok(channel) => return Ok(channel),
@@ -259,14 +261,42 @@ async fn connect(url: &str, within: Duration) -> Result<Channel> {
                 return Err(node_error(
                     "coordinator",
                     format!(
-                        "cannot reach {url} within {:.0} s: {e}",
-                        within.as_secs_f64()
+                        "cannot reach {url} within {:.0} s: {}",
+                        within.as_secs_f64(),
+                        with_causes(&e)
                     ),
                 ));
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => {
+                let now = tokio::time::Instant::now();
+                if now >= next_warning {
+                    tracing::warn!(
+                        coordinator = url,
+                        error = %with_causes(&e),
+                        left_s = (deadline - now).as_secs(),
+                        "cannot reach the coordinator yet; retrying"
+                    );
+                    next_warning = now + Duration::from_secs(10);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     }
+}
+
+/// An error and its causes, `: `-separated, without a cause the text before already ends
+/// with (a transport error alone says only "transport error").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.ends_with(&next) {
+            text = format!("{text}: {next}");
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Sends step reports in order; a `cancel` answer asks the job's collectives to stop.
@@ -909,6 +939,25 @@ fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
 #[cfg(test)]
 mod tests {
     use super::fits_host_memory;
+
+    /// A coordinator that cannot be reached is named with the transport error's causes
+    /// (the error alone says only "transport error").
+    #[tokio::test]
+    async fn an_unreachable_coordinator_is_reported_with_the_cause() {
+        let err = super::connect("127.0.0.1:1", std::time::Duration::from_millis(300))
+            .await
+            .expect_err("nothing listens on port 1");
+        let text = err.to_string();
+        assert!(text.contains("cannot reach 127.0.0.1:1 within"), "{text}");
+        assert!(
+            text.contains("transport error: tcp connect error"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("tcp connect error: tcp connect error"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn only_transient_failures_are_retried() {
