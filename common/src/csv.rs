@@ -99,6 +99,9 @@ struct Origin {
     text: String,
 }
 
+/// How many blocked rows besides the first a deadlock error names.
+const SHOWN_STUCK: usize = 7;
+
 /// Reads a schedule from CSV text (see the [module docs](self) for the format); `name`
 /// becomes [`Schedule::name`].
 ///
@@ -106,16 +109,29 @@ struct Origin {
 /// rows, and every validation error (missing, duplicate or misordered passes, deadlocks).
 pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut rows: Vec<&str> = text.lines().collect();
-    while rows.last().is_some_and(|r| r.trim().is_empty()) {
-        rows.pop();
-    }
-    if rows.is_empty() {
+    // Rows up to the last non-blank one, counted before anything is sized by them.
+    let count = text
+        .lines()
+        .enumerate()
+        .filter(|(_, r)| !r.trim().is_empty())
+        .last()
+        .map_or(0, |(i, _)| i + 1);
+    if count == 0 {
         return Err(Error::InvalidArgument {
             field: "CSV schedule",
             reason: "it has no rows (expected one row per worker)".into(),
         });
     }
+    if count > MAX_WORKERS as usize {
+        return Err(Error::InvalidArgument {
+            field: "CSV schedule",
+            reason: format!(
+                "it has {count} rows (one per worker); at most {MAX_WORKERS} workers are \
+                 accepted"
+            ),
+        });
+    }
+    let rows: Vec<&str> = text.lines().take(count).collect();
 
     // Parse every cell; remember where each pass came from.
     let mut programs: Vec<Vec<Pass>> = Vec::with_capacity(rows.len());
@@ -124,7 +140,18 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
         let mut program = Vec::new();
         let mut origin = Vec::new();
         for (c, raw) in line.split(',').enumerate() {
-            let cell = raw.trim().trim_matches('"').trim();
+            let quoted = raw.trim();
+            if quoted.starts_with('"') != quoted.ends_with('"') || quoted == "\"" {
+                return Err(Error::Csv {
+                    row: r + 1,
+                    column: c + 1,
+                    cell: quoted.to_string(),
+                    reason: "an unmatched quote: a cell holds one action, and a quoted cell \
+                             cannot hold a comma"
+                        .into(),
+                });
+            }
+            let cell = quoted.trim_matches('"').trim();
             if cell.is_empty() {
                 continue;
             }
@@ -141,6 +168,16 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
                 row: r + 1,
                 column: c + 1,
                 text: cell.to_string(),
+            });
+        }
+        if program.is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "CSV schedule",
+                reason: format!(
+                    "row {} has no actions; every row is a worker, and every worker must run \
+                     a stage (remove the row)",
+                    r + 1
+                ),
             });
         }
         programs.push(program);
@@ -231,13 +268,8 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
 /// Parses one non-empty cell into a pass, or says why it cannot.
 /// Refuses a pass whose numbers are beyond what `pipewise plan` plans (before they size
 /// any table): microbatches below [`MAX_MICROBATCHES`], stages below
-/// [`MAX_CHUNKS`] per row.
+/// [`MAX_CHUNKS`] per row (the rows are at most [`MAX_WORKERS`]).
 fn within_limits(pass: Pass, rows: usize) -> std::result::Result<Pass, String> {
-    if rows > MAX_WORKERS as usize {
-        return Err(format!(
-            "the file has {rows} rows; at most {MAX_WORKERS} workers are accepted"
-        ));
-    }
     if pass.mb >= MAX_MICROBATCHES {
         return Err(format!(
             "microbatch {} is too large: at most {MAX_MICROBATCHES} microbatches are accepted",
@@ -457,7 +489,8 @@ fn locate(schedule: &Schedule, origins: &[Vec<Origin>], err: Error) -> Error {
                 "deadlock: this action waits for {}, which can never run",
                 describe(*waits)
             );
-            for (cell, waits) in &stuck[1..] {
+            // A few of the other blocked rows; a ring of thousands would be a huge line.
+            for (cell, waits) in stuck[1..].iter().take(SHOWN_STUCK) {
                 if let Some(o) = origin_of(cell) {
                     let _ = write!(
                         reason,
@@ -468,6 +501,13 @@ fn locate(schedule: &Schedule, origins: &[Vec<Origin>], err: Error) -> Error {
                         describe(*waits)
                     );
                 }
+            }
+            if stuck.len() > SHOWN_STUCK + 1 {
+                let _ = write!(
+                    reason,
+                    "; and {} more blocked rows",
+                    stuck.len() - SHOWN_STUCK - 1
+                );
             }
             at(first, reason)
         }
@@ -586,6 +626,56 @@ mod tests {
         assert_eq!((row, column, cell.as_str()), (1, 1, "3F0"), "{reason}");
         assert!(reason.contains("deadlock"), "{reason}");
         assert!(reason.contains("row 2 column 1 (\"1F0\")"), "{reason}");
+    }
+
+    /// The reason of an error that names no cell.
+    fn file_error(text: &str) -> String {
+        match from_csv(text, "test") {
+            Err(Error::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "CSV schedule");
+                reason
+            }
+            other => panic!("expected a whole-file error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn refuses_split_quotes_empty_rows_and_too_many_rows() {
+        // A quoted cell with a comma is one cell in CSV; it used to be read as two actions.
+        let (row, column, cell, reason) = csv_error("\"0F0,0B0\"");
+        assert_eq!((row, column, cell.as_str()), (1, 1, "\"0F0"), "{reason}");
+        assert!(reason.contains("unmatched quote"), "{reason}");
+        let quoted = from_csv("\"0F0\",\"0B0\"", "ok").map(|s| s.microbatches);
+        assert_eq!(quoted.ok(), Some(1));
+        // A row without actions is not an idle worker (a spreadsheet's trailing ",,,").
+        for text in ["0F0,0B0\n,,,\n", "0F0,0B0\n\n1F0,1B0\n"] {
+            let reason = file_error(text);
+            assert!(reason.contains("row 2 has no actions"), "{reason}");
+        }
+        // Rows are counted before anything is sized by them (50 MB of newlines took 3 GB).
+        let many = format!("{}0F0", "\n".repeat(5000));
+        let reason = file_error(&many);
+        assert!(reason.contains("it has 5001 rows"), "{reason}");
+        let reason = file_error("\n0F0,0B0\n");
+        assert!(reason.contains("row 1 has no actions"), "{reason}");
+    }
+
+    #[test]
+    fn a_deadlocked_ring_names_a_few_rows() {
+        // Row 0 runs 0F0 then waits for the backward of microbatch 0; every other row starts
+        // with microbatch 1, whose forward waits behind that backward on row 0.
+        let mut text = String::from("0F0,0B0,0F1,0B1\n");
+        for s in 1..20 {
+            text += &format!("{s}F1,{s}F0,{s}B0,{s}B1\n");
+        }
+        let (_, _, _, reason) = csv_error(&text);
+        assert!(reason.contains("deadlock"), "{reason}");
+        assert_eq!(
+            reason.matches("waits for").count(),
+            1 + SHOWN_STUCK,
+            "{reason}"
+        );
+        assert!(reason.ends_with("and 12 more blocked rows"), "{reason}");
     }
 
     #[test]

@@ -9,9 +9,9 @@ use serde::Serialize;
 
 use crate::cost::Costs;
 use crate::error::{Error, Result};
-use crate::pass::{Pass, PassKind};
+use crate::pass::Pass;
 use crate::schedule::Schedule;
-use crate::validate::{PassIndex, validate};
+use crate::validate::{PassIndex, run_in_order, validate};
 
 /// A pass with its simulated start and end.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -109,18 +109,7 @@ pub fn simulate_validated(
     crate::cancel::check()?;
     let placement = &schedule.placement;
     costs.check_for(placement)?;
-    let n = schedule.microbatches as usize;
-    let stages = placement.stages() as usize;
-    let slot = |p: Pass| -> usize {
-        let k = match p.kind {
-            PassKind::F => 0,
-            PassKind::B => 1,
-            PassKind::W => 2,
-            PassKind::BW => 3,
-        };
-        (k * stages + p.stage as usize) * n + p.mb as usize
-    };
-    let mut end = vec![NOT_DONE; 4 * stages * n];
+    let mut end = vec![NOT_DONE; index.slots()];
     let workers = schedule.workers.len();
     let mut timeline: Vec<Vec<TimedPass>> = schedule
         .workers
@@ -128,40 +117,36 @@ pub fn simulate_validated(
         .map(|ps| Vec::with_capacity(ps.len()))
         .collect();
     let mut free = vec![0.0f64; workers];
-    let mut head = vec![0usize; workers];
-    loop {
-        let mut progressed = false;
-        for w in 0..workers {
-            'worker: while let Some(&pass) = schedule.workers[w].get(head[w]) {
-                let mut ready = free[w];
-                for (dep, _) in index.deps(pass) {
-                    let t = end[slot(dep)];
-                    if t.is_nan() {
-                        break 'worker;
-                    }
-                    let hop = if placement.worker_of(dep.stage) as usize != w {
-                        costs.comm
-                    } else {
-                        0.0
-                    };
-                    ready = ready.max(t + hop);
+    // A pass starts when its worker is free and its inputs have arrived; the order the
+    // workers are stepped in changes no time.
+    run_in_order(
+        schedule,
+        |p| placement.worker_of(p.stage) as usize,
+        |w, pass| {
+            let mut ready = free[w];
+            for (dep, _) in index.deps(pass) {
+                let t = end[index.slot(dep)];
+                if t.is_nan() {
+                    return Some(dep);
                 }
-                let finish = ready + costs.duration(pass.kind, pass.stage);
-                end[slot(pass)] = finish;
-                free[w] = finish;
-                timeline[w].push(TimedPass {
-                    pass,
-                    start: ready,
-                    end: finish,
-                });
-                head[w] += 1;
-                progressed = true;
+                let hop = if placement.worker_of(dep.stage) as usize != w {
+                    costs.comm
+                } else {
+                    0.0
+                };
+                ready = ready.max(t + hop);
             }
-        }
-        if !progressed {
-            break;
-        }
-    }
+            let finish = ready + costs.duration(pass.kind, pass.stage);
+            end[index.slot(pass)] = finish;
+            free[w] = finish;
+            timeline[w].push(TimedPass {
+                pass,
+                start: ready,
+                end: finish,
+            });
+            None
+        },
+    );
     // Huge times (e.g. 1e306 per pass over a thousand passes) overflow to infinity, and the
     // bubble to NaN: refuse them rather than report them as figures. A worker's passes end
     // in order, so its last pass tells.

@@ -22,13 +22,22 @@ pub struct PassIndex {
 }
 
 impl PassIndex {
-    fn slot(&self, pass: Pass) -> usize {
-        let kind = PassKind::ALL
-            .iter()
-            .position(|k| *k == pass.kind)
-            .unwrap_or(0);
+    /// Index of `pass` among every pass the shape could hold (`0..self.slots()`).
+    pub(crate) fn slot(&self, pass: Pass) -> usize {
+        // The order of `PassKind::ALL`.
+        let kind = match pass.kind {
+            PassKind::F => 0,
+            PassKind::B => 1,
+            PassKind::W => 2,
+            PassKind::BW => 3,
+        };
         (kind * self.stages as usize + pass.stage as usize) * self.microbatches as usize
             + pass.mb as usize
+    }
+
+    /// How many slots [`PassIndex::slot`] numbers.
+    pub(crate) fn slots(&self) -> usize {
+        self.pos.len()
     }
 
     /// Position of `pass` in its worker's program, if present.
@@ -200,25 +209,18 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
     }
 
     // Progress: run every worker's order with any durations; all must finish.
-    let mut done = vec![false; index.pos.len()];
-    let mut head = vec![0usize; schedule.workers.len()];
-    loop {
-        let mut progressed = false;
-        for (w, passes) in schedule.workers.iter().enumerate() {
-            while let Some(&pass) = passes.get(head[w]) {
-                if index.deps(pass).all(|(dep, _)| done[index.slot(dep)]) {
-                    done[index.slot(pass)] = true;
-                    head[w] += 1;
-                    progressed = true;
-                } else {
-                    break;
-                }
+    let mut done = vec![false; index.slots()];
+    let head = run_in_order(
+        schedule,
+        |p| placement.worker_of(p.stage) as usize,
+        |_, pass| {
+            if let Some((dep, _)) = index.deps(pass).find(|(dep, _)| !done[index.slot(*dep)]) {
+                return Some(dep);
             }
-        }
-        if !progressed {
-            break;
-        }
-    }
+            done[index.slot(pass)] = true;
+            None
+        },
+    );
     let stuck: Vec<(Cell, Pass)> = schedule
         .workers
         .iter()
@@ -243,6 +245,53 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
         return Err(Error::Deadlock { stuck });
     }
     Ok(index)
+}
+
+/// Runs every worker's program in order, each pass after its dependencies:
+/// `step(worker, pass)` runs `pass` and returns `None`, or returns a dependency that has not
+/// run yet, and the worker then waits until the worker of that dependency runs a pass.
+/// Returns how many passes of each worker ran (fewer than its program's length when it
+/// deadlocked).
+///
+/// A waiting worker is stepped again only when the worker it waits on has moved, so the
+/// work grows with the passes and the wake-ups, not with the workers times the longest
+/// chain (sweeping every worker until none moved took `stages × workers` steps on a looped
+/// schedule of 4096 workers).
+pub(crate) fn run_in_order(
+    schedule: &Schedule,
+    placement_of: impl Fn(Pass) -> usize,
+    mut step: impl FnMut(usize, Pass) -> Option<Pass>,
+) -> Vec<usize> {
+    const NONE: u32 = u32::MAX;
+    let workers = schedule.workers.len();
+    let mut head = vec![0usize; workers];
+    // The workers waiting on each worker, as lists threaded through `next_waiter` (a worker
+    // waits on one worker at a time).
+    let mut first_waiter = vec![NONE; workers];
+    let mut next_waiter = vec![NONE; workers];
+    let mut ready: Vec<u32> = (0..workers as u32).rev().collect();
+    while let Some(w) = ready.pop() {
+        let w = w as usize;
+        let mut moved = false;
+        while let Some(&pass) = schedule.workers[w].get(head[w]) {
+            if let Some(dep) = step(w, pass) {
+                let v = placement_of(dep);
+                next_waiter[w] = first_waiter[v];
+                first_waiter[v] = w as u32;
+                break;
+            }
+            head[w] += 1;
+            moved = true;
+        }
+        if moved {
+            let mut v = std::mem::replace(&mut first_waiter[w], NONE);
+            while v != NONE {
+                ready.push(v);
+                v = std::mem::replace(&mut next_waiter[v as usize], NONE);
+            }
+        }
+    }
+    head
 }
 
 /// Renders the step-by-worker grid (columns are positions in each worker's program) with
