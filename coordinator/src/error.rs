@@ -20,6 +20,19 @@ pub enum CoordinatorError {
         /// Why.
         reason: String,
     },
+    /// A worker registers under the id of another worker that is alive.
+    #[error(
+        "worker_id: {id:?} is in use by the worker at {address} (last heartbeat {ago_s:.1} s \
+         ago, assignment stream open); give this worker another id"
+    )]
+    InUse {
+        /// The id.
+        id: String,
+        /// The address of the worker holding it.
+        address: String,
+        /// Seconds since that worker's last heartbeat.
+        ago_s: f64,
+    },
     /// An actor could not be reached or failed.
     #[error("coordinator actor: {0}")]
     Actor(String),
@@ -37,6 +50,7 @@ impl From<CoordinatorError> for tonic::Status {
             }
             CoordinatorError::Plan(other) => tonic::Status::invalid_argument(other.to_string()),
             CoordinatorError::NotFound(_) => tonic::Status::not_found(e.to_string()),
+            CoordinatorError::InUse { .. } => tonic::Status::already_exists(e.to_string()),
             CoordinatorError::Store(_) | CoordinatorError::Actor(_) => {
                 tonic::Status::internal(e.to_string())
             }

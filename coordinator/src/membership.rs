@@ -80,8 +80,9 @@ pub struct MembershipState {
 
 /// Messages of the membership actor.
 pub enum MembershipMsg {
-    /// A worker registers (again); replies with the heartbeat interval.
-    Register(WorkerInfo, RpcReplyPort<Duration>),
+    /// A worker registers (again); replies with the heartbeat interval, or refuses an id a
+    /// live worker at another address holds.
+    Register(WorkerInfo, RpcReplyPort<Result<Duration>>),
     /// A heartbeat; replies whether the worker is known (else it must register).
     Heartbeat(Heartbeat, RpcReplyPort<HeartbeatAnswer>),
     /// The workers alive now.
@@ -143,10 +144,34 @@ impl Actor for Membership {
     ) -> std::result::Result<(), ActorProcessingErr> {
         match msg {
             MembershipMsg::Register(mut info, reply) => {
+                let streaming = st.streams.get(&info.id).is_some_and(|tx| !tx.is_closed());
+                let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
+                let now = Instant::now();
+                // Another process under a live worker's id would take its place and its
+                // assignments (the coordinator's own restart, or the same worker coming back
+                // at its address or after its stream closed, registers again as usual).
+                if let Some(old) = st.workers.get(&info.id)
+                    && old.address != info.address
+                    && streaming
+                    && now.duration_since(old.last_seen) <= deadline
+                {
+                    tracing::warn!(
+                        worker = %info.id,
+                        address = %info.address,
+                        holder = %old.address,
+                        "registration refused: the id is in use"
+                    );
+                    let _ = reply.send(Err(CoordinatorError::InUse {
+                        id: info.id,
+                        address: old.address.clone(),
+                        ago_s: now.duration_since(old.last_seen).as_secs_f64(),
+                    }));
+                    return Ok(());
+                }
                 tracing::info!(worker = %info.id, address = %info.address, "worker registered");
-                info.streaming = st.streams.get(&info.id).is_some_and(|tx| !tx.is_closed());
+                info.streaming = streaming;
                 st.workers.insert(info.id.clone(), info);
-                let _ = reply.send(HEARTBEAT_INTERVAL);
+                let _ = reply.send(Ok(HEARTBEAT_INTERVAL));
             }
             MembershipMsg::Heartbeat(beat, reply) => {
                 let known = match st.workers.get_mut(&beat.id) {

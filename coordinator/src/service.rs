@@ -236,7 +236,7 @@ impl ClusterService for Cluster {
             job: 0,
         };
         let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
-            .map_err(CoordinatorError::from)?;
+            .map_err(CoordinatorError::from)??;
         Ok(Response::new(pb::RegisterReply {
             accepted: true,
             heartbeat_interval_ms: interval.as_millis() as u64,

@@ -265,7 +265,7 @@ async fn a_restarted_coordinator_lists_its_jobs() {
 
 /// A worker registering with an id or address no host could have is refused with the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registrations_with_bad_ids_are_invalid_argument() {
+async fn registrations_with_bad_or_taken_ids_are_refused() {
     use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
     let dir = tempfile::tempdir().unwrap();
     let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
@@ -295,5 +295,47 @@ async fn registrations_with_bad_ids_are_invalid_argument() {
         .unwrap()
         .into_inner();
     assert!(reply.accepted);
+
+    // An id a live worker holds (registered, heartbeating, stream open) is refused to a
+    // process at another address; it used to take over the id and the live worker's
+    // assignments went to it.
+    let id = |id: &str| pb::WorkerId { id: id.into() };
+    assert!(
+        cluster
+            .register(register("w1", "127.0.0.1:1"))
+            .await
+            .is_ok()
+    );
+    let stream = cluster.assignments(id("w1")).await.unwrap().into_inner();
+    let err = cluster
+        .register(register("w1", "127.0.0.1:2"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists, "{err:?}");
+    assert!(
+        err.message()
+            .contains("in use by the worker at 127.0.0.1:1"),
+        "{err:?}"
+    );
+    // The holder itself registers again (as after a coordinator restart).
+    assert!(
+        cluster
+            .register(register("w1", "127.0.0.1:1"))
+            .await
+            .is_ok()
+    );
+    // Once the holder's stream is gone (the process ended), the id is free.
+    drop(stream);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match cluster.register(register("w1", "127.0.0.1:2")).await {
+            Ok(_) => break,
+            Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                assert!(std::time::Instant::now() < deadline, "still refused: {e:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
     c.shutdown().await;
 }

@@ -46,6 +46,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// The coordinator cannot be reached or refused this worker.
+    #[error("coordinator: {0}")]
+    Coordinator(String),
+
     // === Checkpoint errors ===
     /// A checkpoint does not fit the stage it is loaded into.
     #[error("checkpoint {}: {reason}", path.display())]

@@ -208,7 +208,11 @@ impl WorkerNode {
             },
         )
         .await
-        .map_err(|e| node_error("coordinator", e.to_string()))?;
+        .map_err(|e| match e {
+            // Registration failed: the coordinator's reason, not the actor's wrapping.
+            ractor::SpawnErr::StartupFailed(why) => Error::Coordinator(why.to_string()),
+            other => Error::Coordinator(other.to_string()),
+        })?;
         Ok(WorkerNode {
             id: config.id,
             address,
@@ -258,14 +262,11 @@ async fn connect(url: &str, within: Duration) -> Result<Channel> {
         match endpoint.connect().await {
             Ok(channel) => return Ok(channel),
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(node_error(
-                    "coordinator",
-                    format!(
-                        "cannot reach {url} within {:.0} s: {}",
-                        within.as_secs_f64(),
-                        with_causes(&e)
-                    ),
-                ));
+                return Err(Error::Coordinator(format!(
+                    "cannot reach {url} within {:.0} s: {}",
+                    within.as_secs_f64(),
+                    with_causes(&e)
+                )));
             }
             Err(e) => {
                 let now = tokio::time::Instant::now();
@@ -402,7 +403,18 @@ impl Connection {
                 device_kind: args.device_kind.clone(),
                 memory_bytes: args.memory_bytes,
             })
-            .await?
+            .await
+            .map_err(|s| {
+                format!(
+                    "the coordinator refused worker {:?}: {}",
+                    args.id,
+                    if s.message().is_empty() {
+                        s.to_string()
+                    } else {
+                        s.message().to_string()
+                    }
+                )
+            })?
             .into_inner();
         if !reply.accepted {
             return Err(format!(
