@@ -729,12 +729,49 @@ pub(crate) fn parse_bytes(text: &str) -> std::result::Result<f64, String> {
     Ok(value)
 }
 
+/// Reads a text file of at most `limit` bytes: a larger one (or an endless one such as
+/// `/dev/zero`) is refused once `limit` bytes are read, and one not in UTF-8 is refused with
+/// where its first bad byte is.
+pub(crate) fn read_text(path: &Path, limit: u64) -> Result<String> {
+    use std::io::Read as _;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        bail!(
+            "{} is larger than {limit} bytes, more than such a file can sensibly hold",
+            path.display()
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let utf16 = matches!(e.as_bytes(), [0xff, 0xfe, ..] | [0xfe, 0xff, ..]);
+        anyhow::anyhow!(
+            "{} is not UTF-8 text (byte {at} is not valid UTF-8{})",
+            path.display(),
+            if utf16 {
+                "; the file starts with a UTF-16 byte-order mark: save it as UTF-8"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+/// The largest `--stage-times` file read (4096 workers × 64 chunks of lines, with room).
+const MAX_STAGE_TIMES_BYTES: u64 = 64 << 20;
+
 /// Reads and parses a `--stage-times` file.
 fn read_stage_times(path: &Path) -> Result<Vec<StageTimes>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--stage-times: cannot read {}", path.display()))?;
+    let text = read_text(path, MAX_STAGE_TIMES_BYTES).context("--stage-times")?;
     parse_stage_times(&text).map_err(|e| anyhow::anyhow!("--stage-times {}: {e}", path.display()))
 }
+
+/// The smallest positive `mem` of a `--stage-times` line, in memory units.
+const MIN_STAGE_MEMORY: f64 = 1e-6;
 
 /// Parses the text of a `--stage-times` file.
 pub(crate) fn parse_stage_times(text: &str) -> std::result::Result<Vec<StageTimes>, String> {
@@ -760,7 +797,18 @@ pub(crate) fn parse_stage_times(text: &str) -> std::result::Result<Vec<StageTime
             return Err(at("f + b + w must be greater than 0".into()));
         }
         let mem = match parts.get(3) {
-            Some(m) => Some(number(m, "mem").map_err(at)?),
+            Some(m) => {
+                let mem = number(m, "mem").map_err(at)?;
+                // The planners compare memory with an absolute tolerance of 1e-9 units.
+                if mem > 0.0 && mem < MIN_STAGE_MEMORY {
+                    return Err(at(format!(
+                        "mem {m} is below {MIN_STAGE_MEMORY:e}: it is in units of one \
+                         microbatch's activation over 1/d of the model (1/v for a stage of \
+                         a worker with v stages), not in bytes or GB; give 0 for none"
+                    )));
+                }
+                Some(mem)
+            }
             None => None,
         };
         stages.push(StageTimes { f, b, w, mem });
@@ -877,6 +925,9 @@ mod tests {
         assert!(parse_stage_times("1,2\n").is_err_and(|e| e.contains("line 1")));
         assert!(parse_stage_times("1,2,1\n1,x,1\n").is_err_and(|e| e.contains("line 2")));
         assert!(parse_stage_times("# nothing\n").is_err());
+        // Memory below the planners' tolerance is refused, zero is none.
+        assert!(parse_stage_times("1,1,1,1e-7\n").is_err_and(|e| e.contains("below 1e-6")));
+        assert!(parse_stage_times("1,1,1,0\n1,1,1,1e-6\n").is_ok());
         let bom = parse_stage_times("\u{feff}1,2,1\n").expect("a byte-order mark is skipped");
         assert_eq!(bom.len(), 1);
     }

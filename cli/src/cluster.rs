@@ -373,8 +373,8 @@ fn succeeded(status: &pb::JobStatus) -> Result<()> {
 
 /// `pipewise submit`.
 pub(crate) fn submit(args: &SubmitArgs) -> Result<()> {
-    let toml = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    // The coordinator takes job specs of up to its 4 MiB message limit.
+    let toml = crate::args::read_text(&args.file, 4 << 20)?;
     let request = pb::JobSpec {
         toml,
         schedule: args.schedule.clone(),

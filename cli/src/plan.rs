@@ -48,9 +48,8 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
             workers,
             microbatches,
         } => {
-            let text = std::fs::read_to_string(path).with_context(|| {
-                format!("--schedule csv:{}: cannot read the file", path.display())
-            })?;
+            let text = crate::args::read_text(path, MAX_CSV_BYTES)
+                .with_context(|| format!("--schedule csv:{}", path.display()))?;
             let start = Instant::now();
             let name = format!("csv:{}", path.display());
             let schedule = from_csv(&text, &name)
@@ -89,6 +88,10 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
 
 /// The generator request. Its times are only checked: every cost-aware step gets the plan's
 /// cost model (`--stage-times` or `--times`) through [`generate_planned`].
+/// The largest CSV schedule read: 2M stage-microbatches of three actions, at up to about 40
+/// bytes a cell, is well within it.
+const MAX_CSV_BYTES: u64 = 256 << 20;
+
 fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Result<Request> {
     let times = plan.times;
     let peak = || one_f_one_b_peak(plan, &kind.placement(d, chunks));
@@ -148,19 +151,22 @@ fn in_bytes(e: Error, unit_bytes: Option<f64>) -> anyhow::Error {
 /// twice 1F1B's peak.
 fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
     let base = request(plan, kind, d, n, 2)?;
+    let one_f_one_b = one_f_one_b_peak(plan, &kind.placement(d, 2))?;
+    if one_f_one_b <= 0.0 {
+        bail!("--sweep-memory: the stages hold no activation memory, so every limit fits");
+    }
+    // A limit far below any schedule's peak, on the scale of the stages' memory (a fixed
+    // 1e-6 was above the smallest fit when the stages' memory was given as 1e-7).
+    let probe = one_f_one_b * 1e-9;
     let tiny = Request {
-        memory_limit: Some(1e-6),
+        memory_limit: Some(probe),
         ..base
     };
     let smallest = match generate_planned(plan, &tiny) {
         Err(Error::MemoryLimit { smallest, .. }) => smallest,
         Err(e) => return Err(e).context(format!("cannot plan {kind}")),
-        Ok(_) => 1e-6,
+        Ok(_) => probe,
     };
-    let one_f_one_b = one_f_one_b_peak(plan, &kind.placement(d, 2))?;
-    if one_f_one_b <= 0.0 {
-        bail!("--sweep-memory: the stages hold no activation memory, so every limit fits");
-    }
     let top = 2.0 * one_f_one_b;
     let steps = 32;
     let mut points: Vec<(f64, Simulation)> = Vec::new();
@@ -182,7 +188,7 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
         }
     }
     limits.sort_by(f64::total_cmp);
-    limits.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    limits.dedup_by(|a, b| (*a - *b).abs() < 1e-9 * top);
     for limit in limits {
         let req = Request {
             memory_limit: Some(limit),

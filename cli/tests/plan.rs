@@ -619,3 +619,39 @@ fn sweep_memory_table_svg_json() {
     let e = fails(&[&args[..], &["--memory-limit", "3"]].concat());
     assert!(e.contains("--memory-limit"), "{e}");
 }
+
+/// Input files are read up to a size cap (an endless file such as /dev/zero used to be read
+/// until memory ran out) and must be UTF-8 (a UTF-16 file is named as such).
+#[test]
+fn oversized_and_non_utf8_files_are_refused() {
+    if std::path::Path::new("/dev/zero").exists() {
+        let err = common::fails(&["plan", "-s", "csv:/dev/zero"]);
+        assert!(err.contains("is larger than 268435456 bytes"), "{err}");
+        let err = common::fails(&[
+            "plan",
+            "-s",
+            "1f1b",
+            "-d",
+            "2",
+            "-n",
+            "2",
+            "--stage-times",
+            "/dev/zero",
+        ]);
+        assert!(
+            err.contains("--stage-times") && err.contains("is larger than"),
+            "{err}"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("pipewise-utf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("s.csv");
+    let mut bytes = vec![0xff, 0xfe];
+    for unit in "0F0,0B0\n".encode_utf16() {
+        bytes.extend_from_slice(&unit.to_le_bytes());
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let err = common::fails(&["plan", "-s", &format!("csv:{}", path.display())]);
+    assert!(err.contains("not UTF-8") && err.contains("UTF-16"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -88,6 +88,8 @@ pub(crate) fn escape(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&apos;"),
+            // XML 1.0 allows no other control characters, not even as references.
+            c if c.is_control() && !matches!(c, '\t' | '\n' | '\r') => out.push('\u{fffd}'),
             c => out.push(c),
         }
     }
@@ -390,6 +392,7 @@ mod tests {
     #[test]
     fn escapes_names_and_picks_nice_ticks() {
         assert_eq!(escape("csv:a&b<c>"), "csv:a&amp;b&lt;c&gt;");
+        assert_eq!(escape("a\u{1}b\tc"), "a\u{fffd}b\tc");
         assert_eq!(tick_step(100.0, 10.0), 10.0);
         assert_eq!(tick_step(33.0, 10.0), 5.0);
         assert_eq!(tick_step(7.0, 20.0), 0.5);
