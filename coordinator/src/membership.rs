@@ -76,6 +76,18 @@ pub struct MembershipState {
     stopping: HashSet<u64>,
     /// Jobs whose workers abandon them at once (answered in heartbeats).
     aborted: HashSet<u64>,
+    /// Every run this coordinator started (attached). A worker still running another one
+    /// runs it for a coordinator that has since restarted (which failed its job): it is
+    /// told to abandon it, and its outputs are not written for a failed job.
+    started: HashSet<u64>,
+}
+
+impl MembershipState {
+    /// Whether the workers of run `job` should abandon it now: it was aborted, or it is
+    /// not one this coordinator started (0 is no run).
+    fn abandon(&self, job: u64) -> bool {
+        job != 0 && (self.aborted.contains(&job) || !self.started.contains(&job))
+    }
 }
 
 /// Messages of the membership actor.
@@ -185,7 +197,7 @@ impl Actor for Membership {
                     }
                     None => false,
                 };
-                let abort = Some(beat.job).filter(|job| st.aborted.contains(job));
+                let abort = Some(beat.job).filter(|&job| st.abandon(job));
                 let _ = reply.send(HeartbeatAnswer { known, abort });
             }
             MembershipMsg::Live(reply) => {
@@ -238,11 +250,12 @@ impl Actor for Membership {
                 let _ = reply.send(outcome);
             }
             MembershipMsg::Attach(job, sink) => {
+                st.started.insert(job);
                 st.sinks.insert(job, sink);
             }
             MembershipMsg::Report(report, reply) => {
                 let job = report.job;
-                let stopping = st.stopping.contains(&job) || st.aborted.contains(&job);
+                let stopping = st.stopping.contains(&job) || st.abandon(job);
                 if let Some(sink) = st.sinks.get(&job) {
                     if sink.send(*report).is_err() {
                         st.sinks.remove(&job);

@@ -317,6 +317,24 @@ async fn registrations_with_bad_or_taken_ids_are_refused() {
             .contains("in use by the worker at 127.0.0.1:1"),
         "{err:?}"
     );
+    // A worker still running a run this coordinator never started (it started before a
+    // restart, which failed its job) is told to abandon it; an idle one (job 0) is not.
+    for (job, cancel) in [(0u64, false), (12_345, true)] {
+        let reply = cluster
+            .heartbeat(pb::HeartbeatRequest {
+                worker_id: "w1".into(),
+                job,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(reply.known);
+        assert_eq!(
+            (reply.cancel, reply.job),
+            (cancel, if cancel { job } else { 0 })
+        );
+    }
     // The holder itself registers again (as after a coordinator restart).
     assert!(
         cluster

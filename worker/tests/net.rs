@@ -436,3 +436,54 @@ fn buffers_cross_as_bytes() -> TestResult {
     assert_eq!(bits(&got)?, bits(&t)?);
     Ok(())
 }
+
+/// A peer that cannot be reached is retried only while the transport has it: once a new
+/// assignment's peers leave it out, its connection attempts end (a dead worker's address
+/// used to be retried every 2 s through every later job).
+#[test]
+fn a_dropped_peer_stops_being_retried() -> TestResult {
+    let a = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
+    // Nothing listens on port 1: every connection attempt fails.
+    a.set_peers([(1, "127.0.0.1:1")])?;
+    let t = Tensor::from_vec(values(4, 0), (1, 4), &Device::Cpu)?;
+    a.send(1, frame(0, 1, 0, FrameKind::Activation, t))?;
+    let deadline = Instant::now() + WAIT;
+    while a.take_errors().is_empty() {
+        assert!(Instant::now() < deadline, "no connection attempt failed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The next assignment has no peer 1: at most an attempt already under way fails.
+    a.set_peers(std::iter::empty())?;
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = a.take_errors();
+    std::thread::sleep(Duration::from_millis(4500));
+    let late = a.take_errors();
+    assert!(late.is_empty(), "still retried: {late:?}");
+    Ok(())
+}
+
+/// A worker waiting at the start barrier for a peer that never joins leaves it once its
+/// job is abandoned (the coordinator's cancel or a newer job), not at the barrier's timeout
+/// (a cancelled job used to stay "running" for the whole 120 s).
+#[test]
+fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
+    let (a, b) = pair()?;
+    let timeout = Duration::from_secs(60);
+    // Worker 0 (a) serves the collectives of a 2-worker job but never joins the barrier.
+    a.collective().configure(JOB, 2, timeout);
+    let sync = b.sync_to(&a.local_addr().to_string(), JOB, 1, timeout)?;
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            b.abort("job 7 was aborted by the coordinator");
+        });
+        let err = sync.barrier().expect_err("worker 0 never joins");
+        let text = err.to_string();
+        assert!(text.contains("start barrier: Aborted"), "{text}");
+        assert!(text.contains("aborted by the coordinator"), "{text}");
+    });
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(10), "left after {waited:?}");
+    Ok(())
+}

@@ -129,6 +129,12 @@ async fn frame_waiting(queue: &SharedQueue) -> bool {
     std::future::poll_fn(|cx| {
         let mut q = lock(queue);
         if q.next.is_some() {
+            // A frame kept after a failed attempt is retried only while the transport still
+            // has this peer: a peer of an earlier job (a dead worker) is given up.
+            if q.frames.is_closed() {
+                q.closed = true;
+                return Poll::Ready(false);
+            }
             return Poll::Ready(true);
         }
         match q.frames.poll_recv(cx) {

@@ -237,7 +237,6 @@ impl CollectiveService for CollectiveServer {
 }
 
 /// [`StepSync`] across processes: calls worker 0's `CollectiveService`.
-#[derive(Debug)]
 pub struct NetSync {
     runtime: tokio::runtime::Handle,
     client: CollectiveServiceClient<Channel>,
@@ -245,7 +244,24 @@ pub struct NetSync {
     worker: u32,
     timeout: Duration,
     stop: std::sync::atomic::AtomicBool,
+    /// Says why the job was abandoned, if it was: a call waiting on the root then ends.
+    aborted: Option<AbortCheck>,
 }
+
+impl std::fmt::Debug for NetSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetSync")
+            .field("job", &self.job)
+            .field("worker", &self.worker)
+            .field("timeout", &self.timeout)
+            .field("stop", &self.stop)
+            .field("aborted", &self.aborted.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether (and why) a job was abandoned.
+pub type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl NetSync {
     /// Worker `worker` of `job`, reducing through the root at `root` (`host:port`); calls
@@ -280,7 +296,15 @@ impl NetSync {
             worker,
             timeout,
             stop: std::sync::atomic::AtomicBool::new(false),
+            aborted: None,
         })
+    }
+
+    /// Ends a waiting call (the start barrier, a step's collectives) within 50 ms once
+    /// `aborted` says why the job was abandoned, rather than at the timeout.
+    pub fn with_abort(mut self, aborted: AbortCheck) -> Self {
+        self.aborted = Some(aborted);
+        self
     }
 
     /// Whether the root said, in the last loss round, to stop after that step.
@@ -303,10 +327,26 @@ impl NetSync {
             values,
         };
         let limit = self.timeout + Duration::from_secs(10);
-        self.runtime
-            .block_on(async move { tokio::time::timeout(limit, client.all_reduce(req)).await })
-            .map_err(|_| Status::deadline_exceeded("no answer from worker 0"))?
-            .map(tonic::Response::into_inner)
+        let aborted = self.aborted.clone();
+        self.runtime.block_on(async move {
+            let abandoned = async {
+                match aborted {
+                    Some(check) => loop {
+                        if let Some(why) = check() {
+                            return why;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    },
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                answer = tokio::time::timeout(limit, client.all_reduce(req)) => answer
+                    .map_err(|_| Status::deadline_exceeded("no answer from worker 0"))?
+                    .map(tonic::Response::into_inner),
+                why = abandoned => Err(Status::aborted(why)),
+            }
+        })
     }
 
     fn call(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {

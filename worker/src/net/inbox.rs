@@ -126,6 +126,11 @@ impl Inbox {
         }
     }
 
+    /// Why the inbox was closed (the job abandoned), if it was.
+    pub(crate) fn closed_reason(&self) -> Option<String> {
+        self.lock().closed.clone()
+    }
+
     /// Fails every pending and later `recv` with `reason`.
     pub(crate) fn close(&self, reason: &str) {
         let mut state = self.lock();

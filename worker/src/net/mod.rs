@@ -49,7 +49,7 @@ use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
 pub use codec::Delivery;
-pub use collective::{Collective, NetSync};
+pub use collective::{AbortCheck, Collective, NetSync};
 pub use inbox::InboxStats;
 
 use crate::error::{Error, Result};
@@ -246,11 +246,19 @@ impl GrpcTransport {
         Ok(())
     }
 
-    /// Sets every peer of `peers` (worker index → address), as an `Assignment` lists them.
+    /// Sets the peers to `peers` (worker index → address), as an `Assignment` lists them:
+    /// peers not listed are dropped, and their connections end (frames still queued for
+    /// them are dropped too).
     pub fn set_peers<'a>(&self, peers: impl IntoIterator<Item = (u32, &'a str)>) -> Result<()> {
+        let mut listed = std::collections::HashSet::new();
         for (worker, address) in peers {
             self.set_peer(worker, address)?;
+            listed.insert(worker);
         }
+        self.peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|worker, _| listed.contains(worker));
         Ok(())
     }
 
@@ -268,7 +276,11 @@ impl GrpcTransport {
     /// A [`NetSync`] for worker `worker` of `job` whose collectives go to the root
     /// (worker 0) at `root`, over this transport's runtime.
     pub fn sync_to(&self, root: &str, job: u64, worker: u32, timeout: Duration) -> Result<NetSync> {
-        NetSync::new(self.runtime.clone(), root, job, worker, timeout)
+        let inbox = Arc::clone(&self.inbox);
+        Ok(
+            NetSync::new(self.runtime.clone(), root, job, worker, timeout)?
+                .with_abort(Arc::new(move || inbox.closed_reason())),
+        )
     }
 
     /// Counts of accepted, rejected and queued frames on the receiving side.
