@@ -191,8 +191,11 @@ pub(crate) fn init_logs(format: LogFormat) {
 pub(crate) fn init_logs_at(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colours only on a terminal: a log file or collector gets plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     // A second initialisation (none happens in one process) would only be ignored.
     let _ = match format {
@@ -284,7 +287,9 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
 }
 
 async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
-    JobServiceClient::connect(endpoint.coordinator.clone())
+    let uri = pipewise_worker::net::http_uri(&endpoint.coordinator)
+        .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?;
+    JobServiceClient::connect(uri)
         .await
         .with_context(|| format!("cannot reach the coordinator at {}", endpoint.coordinator))
 }
@@ -330,7 +335,18 @@ async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobSt
         .map_err(status_error)?
         .into_inner();
     while let Some(e) = events.next().await {
-        let e = e.map_err(status_error)?;
+        // A stream cut by the coordinator going away says so, not "h2 protocol error".
+        let e = e.map_err(|s| match s.code() {
+            tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled => {
+                anyhow::anyhow!(
+                    "lost the coordinator while following job {job} ({:?}: {}); `pipewise \
+                     status {job}` shows where it is once the coordinator is back",
+                    s.code(),
+                    s.message()
+                )
+            }
+            _ => status_error(s),
+        })?;
         if !e.replan_reason.is_empty() {
             outln!("re-planned: {}", e.replan_reason);
         }
@@ -361,6 +377,8 @@ async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobSt
 fn succeeded(status: &pb::JobStatus) -> Result<()> {
     if status.state == pb::JobState::Succeeded as i32 {
         Ok(())
+    } else if status.error.is_empty() {
+        bail!("job {} {}", status.id, state_name(status.state))
     } else {
         bail!(
             "job {} {}: {}",
@@ -385,8 +403,15 @@ pub(crate) fn submit(args: &SubmitArgs) -> Result<()> {
     };
     // The file is read here as the coordinator will read it, so a malformed one is named
     // before any connection (the coordinator still validates and plans it).
-    pipewise_coordinator::service::spec_of(&request)
-        .with_context(|| format!("{} is not a valid job spec", args.file.display()))?;
+    pipewise_coordinator::service::spec_of(&request).map_err(|e| match e {
+        // An override that does not apply is the flag's fault, not the file's.
+        pipewise_coordinator::error::CoordinatorError::BadRequest {
+            field: field @ ("steps" | "microbatches"),
+            reason,
+        } => anyhow::anyhow!("--{field}: {reason}"),
+        other => anyhow::Error::new(other)
+            .context(format!("{} is not a valid job spec", args.file.display())),
+    })?;
     runtime()?.block_on(async {
         let mut c = client(&args.endpoint).await?;
         let status = c

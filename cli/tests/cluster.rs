@@ -682,9 +682,13 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
         .next()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or_else(|| panic!("no checkpoint step in {why}"));
+    // The status read after the kill can lag the workers, whose checkpoint of a step is
+    // written before the coordinator has that step's reports: by a checkpoint interval at
+    // most. (This assertion, then `resume <= killed_at`, failed once in a full run of the
+    // cluster tests and passed in the next runs; its figures were not kept.)
     assert!(
-        resume >= 3 && resume % 3 == 0 && resume <= killed_at,
-        "{why}"
+        resume >= 3 && resume % 3 == 0 && resume <= killed_at + 3,
+        "killed at step {killed_at} (status): {why}"
     );
     // The first step after the re-plan follows the checkpoint.
     let after: Option<u64> = stdout

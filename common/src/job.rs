@@ -413,6 +413,10 @@ impl Compute {
     }
 }
 
+/// The largest activation a job may pass between stages, in bytes: the workers'
+/// transport carries tensors of up to 256 MiB (its message limit).
+pub const MAX_FRAME_BYTES: u64 = 256 << 20;
+
 /// A training job as submitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -695,6 +699,24 @@ impl JobSpec {
             return Err(invalid(
                 "parallelism.pipeline_parallel_microbatch_size",
                 "must be at least 1",
+            ));
+        }
+        // What one activation (or its gradient) between stages takes: b × t × h elements.
+        let frame = u128::from(mbs)
+            * u128::from(self.model.seq_len)
+            * u128::from(self.model.hidden)
+            * u128::from(self.model.dtype.bytes());
+        if frame > u128::from(MAX_FRAME_BYTES) {
+            return Err(invalid(
+                "parallelism.pipeline_parallel_microbatch_size",
+                format!(
+                    "a microbatch's activation between stages ({mbs} × {} tokens × {} × {} \
+                     bytes) is {frame} bytes, over the {MAX_FRAME_BYTES} bytes the workers' \
+                     transport carries in one frame; use smaller microbatches or sequences",
+                    self.model.seq_len,
+                    self.model.hidden,
+                    self.model.dtype.bytes()
+                ),
             ));
         }
         if t.global_batch_size % mbs != 0 {
@@ -1023,6 +1045,11 @@ mod tests {
             }),
             ("parallelism.pipeline_parallel_microbatch_size", |s| {
                 s.parallelism.pipeline_parallel_microbatch_size = 0
+            }),
+            // 2^22 tokens × 64 × 4 bytes: a 1 GiB activation the transport cannot carry
+            // (it used to be queued and fail at its first frame).
+            ("parallelism.pipeline_parallel_microbatch_size", |s| {
+                s.model.seq_len = 1 << 22;
             }),
             ("parallelism.pipeline_parallel_schedule", |s| {
                 s.parallelism.pipeline_parallel_schedule = "2f2b".into()

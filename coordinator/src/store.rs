@@ -87,7 +87,30 @@ impl JobStore {
                 dir.display()
             ))
         })?;
-        let db = Database::create(dir.join("jobs.redb")).map_err(store_err)?;
+        let path = dir.join("jobs.redb");
+        let named = |e: String| CoordinatorError::Store(format!("{}: {e}", path.display()));
+        // redb asserts on some damaged files (one cut short by a crash or a full disk)
+        // rather than returning an error: that is an error naming the file here, not a panic
+        // of the coordinator.
+        let opened = std::panic::catch_unwind(|| Database::create(&path)).map_err(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                .unwrap_or_default();
+            named(format!(
+                "the job store is damaged (truncated?): {what}; move it away to start with \
+                 an empty one"
+            ))
+        })?;
+        let db = opened.map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => named(
+                "the job store is in use by another coordinator (give each its own \
+                 --data-dir)"
+                    .into(),
+            ),
+            other => named(other.to_string()),
+        })?;
         let txn = db.begin_write().map_err(store_err)?;
         txn.open_table(JOBS).map_err(store_err)?;
         txn.commit().map_err(store_err)?;
@@ -123,6 +146,31 @@ impl JobStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store in use or cut short is an error naming the file (a short one used to panic
+    /// the coordinator inside redb).
+    #[test]
+    fn a_store_in_use_or_cut_short_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = JobStore::open(dir.path()).expect("opens");
+        let err = JobStore::open(dir.path())
+            .err()
+            .expect("in use")
+            .to_string();
+        assert!(err.contains("jobs.redb") && err.contains("in use"), "{err}");
+        drop(store);
+        let path = dir.path().join("jobs.redb");
+        let bytes = std::fs::read(&path).expect("reads");
+        std::fs::write(&path, &bytes[..10_000]).expect("writes");
+        let err = JobStore::open(dir.path())
+            .err()
+            .expect("damaged")
+            .to_string();
+        assert!(
+            err.contains("jobs.redb") && err.contains("damaged"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn records_survive_reopening() {

@@ -246,11 +246,7 @@ fn device_kind(device: &Device) -> &'static str {
 
 /// Connects to the coordinator, retrying until `within` has passed.
 async fn connect(url: &str, within: Duration) -> Result<Channel> {
-    let uri = if url.contains("://") {
-        url.to_string()
-    } else {
-        format!("http://{url}")
-    };
+    let uri = crate::net::http_uri(url).map_err(Error::Coordinator)?;
     let endpoint = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|e| node_error("coordinator", format!("{url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(5))

@@ -83,11 +83,7 @@ pub(crate) fn spawn_peer(
     settings: &ClientSettings,
     errors: Arc<PeerErrors>,
 ) -> Result<Peer, String> {
-    let uri = if address.contains("://") {
-        address.clone()
-    } else {
-        format!("http://{address}")
-    };
+    let uri = super::http_uri(&address).map_err(|e| format!("peer {worker} address {e}"))?;
     let endpoint = Endpoint::from_shared(uri)
         .map_err(|e| format!("peer {worker} address {address:?}: {e}"))?
         .connect_timeout(settings.connect_timeout)

@@ -273,11 +273,10 @@ impl NetSync {
         worker: u32,
         timeout: Duration,
     ) -> Result<Self> {
-        let uri = if root.contains("://") {
-            root.to_string()
-        } else {
-            format!("http://{root}")
-        };
+        let uri = super::http_uri(root).map_err(|reason| Error::InvalidArgument {
+            field: "peers",
+            reason: format!("collective root address: {reason}"),
+        })?;
         let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::InvalidArgument {
             field: "peers",
             reason: format!("collective root address {root:?}: {e}"),

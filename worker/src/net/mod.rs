@@ -100,7 +100,7 @@ impl GrpcConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             job,
             stages: stages.into_iter().collect(),
-            max_message_bytes: 256 * MIB,
+            max_message_bytes: pipewise_common::job::MAX_FRAME_BYTES as usize,
             stream_window_bytes: 64 * MIB as u32,
             connection_window_bytes: 128 * MIB as u32,
             adaptive_window: false,
@@ -128,6 +128,37 @@ pub struct GrpcTransport {
     errors: Arc<PeerErrors>,
     collective: Arc<Collective>,
     shutdown: Option<oneshot::Sender<()>>,
+}
+
+/// The `http://` URI of a gRPC address given as `host:port` or `http://host:port`. Other
+/// schemes are refused: pipewise speaks gRPC without TLS (`https://` used to be accepted
+/// and then spoken to in plain text), and so is a port beyond 65535.
+pub fn http_uri(address: &str) -> std::result::Result<String, String> {
+    let uri = match address.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => address.to_string(),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "{address:?}: {scheme}:// is not supported; pipewise speaks gRPC without TLS \
+                 (http://host:port or host:port; put TLS in a proxy or service mesh)"
+            ));
+        }
+        None => format!("http://{address}"),
+    };
+    let parsed: http::Uri = uri
+        .parse()
+        .map_err(|e| format!("{address:?} is not a host:port address: {e}"))?;
+    let Some(authority) = parsed.authority() else {
+        return Err(format!("{address:?} names no host"));
+    };
+    // A port too large for 16 bits parses as no port at all.
+    let port_text = authority
+        .as_str()
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    if port_text && authority.port_u16().is_none() {
+        return Err(format!("{address:?}: the port must be at most 65535"));
+    }
+    Ok(uri)
 }
 
 fn net_error(field: &'static str, reason: String) -> Error {
@@ -346,6 +377,31 @@ impl Drop for GrpcTransport {
         }
         if let Some(runtime) = self.owned_runtime.take() {
             runtime.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http_uri;
+
+    #[test]
+    fn addresses_are_plain_http_with_a_16_bit_port() {
+        assert_eq!(
+            http_uri("127.0.0.1:50051").as_deref(),
+            Ok("http://127.0.0.1:50051")
+        );
+        assert_eq!(http_uri("HTTP://h:1").as_deref(), Ok("HTTP://h:1"));
+        assert_eq!(http_uri("[::1]:7").as_deref(), Ok("http://[::1]:7"));
+        for (bad, says) in [
+            ("https://h:1", "https:// is not supported"),
+            ("ftp://h:1", "ftp:// is not supported"),
+            ("h:99999", "at most 65535"),
+            ("http://", "not a host:port"),
+            ("http://[::1", "not a host:port"),
+        ] {
+            let err = http_uri(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
         }
     }
 }
