@@ -327,6 +327,16 @@ fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
+/// The error of a watch stream cut by the coordinator going away.
+fn lost(job: u64, s: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(
+        "lost the coordinator while following job {job} ({:?}: {}); `pipewise status {job}` \
+         shows where it is once the coordinator is back",
+        s.code(),
+        s.message()
+    )
+}
+
 /// Streams a job's steps until it ends; returns its final status.
 async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobStatus> {
     let mut events = c
@@ -337,14 +347,8 @@ async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobSt
     while let Some(e) = events.next().await {
         // A stream cut by the coordinator going away says so, not "h2 protocol error".
         let e = e.map_err(|s| match s.code() {
-            tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled => {
-                anyhow::anyhow!(
-                    "lost the coordinator while following job {job} ({:?}: {}); `pipewise \
-                     status {job}` shows where it is once the coordinator is back",
-                    s.code(),
-                    s.message()
-                )
-            }
+            tonic::Code::Unavailable | tonic::Code::Cancelled => lost(job, &s),
+            tonic::Code::Unknown if s.message().contains("h2 protocol error") => lost(job, &s),
             _ => status_error(s),
         })?;
         if !e.replan_reason.is_empty() {
@@ -391,8 +395,9 @@ fn succeeded(status: &pb::JobStatus) -> Result<()> {
 
 /// `pipewise submit`.
 pub(crate) fn submit(args: &SubmitArgs) -> Result<()> {
-    // The coordinator takes job specs of up to its 4 MiB message limit.
-    let toml = crate::args::read_text(&args.file, 4 << 20)?;
+    // The coordinator takes requests of up to 4 MiB (tonic's default), the file and the
+    // overrides together.
+    let toml = crate::args::read_text(&args.file, (4 << 20) - (64 << 10))?;
     let request = pb::JobSpec {
         toml,
         schedule: args.schedule.clone(),

@@ -86,11 +86,12 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
     write_output(plan, &text)
 }
 
-/// The generator request. Its times are only checked: every cost-aware step gets the plan's
-/// cost model (`--stage-times` or `--times`) through [`generate_planned`].
 /// The largest CSV schedule read: 2M stage-microbatches of three actions, at up to about 40
 /// bytes a cell, is well within it.
 const MAX_CSV_BYTES: u64 = 256 << 20;
+
+/// The generator request. Its times are only checked: every cost-aware step gets the plan's
+/// cost model (`--stage-times` or `--times`) through [`generate_planned`].
 
 fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Result<Request> {
     let times = plan.times;

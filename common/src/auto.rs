@@ -806,7 +806,7 @@ fn plan_one(
                     schedule,
                     limit,
                     smallest,
-                }) if smallest <= optimistic => match search(smallest) {
+                }) => match search(smallest) {
                     Ok(p) if fits_all(&p.simulation) => {
                         found = Some(widen_limit(&search, &fits_all, p, smallest, optimistic)?);
                     }

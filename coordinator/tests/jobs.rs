@@ -346,6 +346,14 @@ async fn registrations_with_bad_or_taken_ids_are_refused() {
     drop(stream);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
+        // The holder keeps heartbeating: only its closed stream frees the id.
+        cluster
+            .heartbeat(pb::HeartbeatRequest {
+                worker_id: "w1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
         match cluster.register(register("w1", "127.0.0.1:2")).await {
             Ok(_) => break,
             Err(e) if e.code() == tonic::Code::AlreadyExists => {

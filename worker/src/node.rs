@@ -173,6 +173,8 @@ impl WorkerNode {
             .advertise
             .clone()
             .unwrap_or_else(|| transport.local_addr().to_string());
+        // Peers dial this address: one they could not use would fail every job later.
+        crate::net::http_uri(&address).map_err(|e| node_error("advertise", e))?;
         let shared = Arc::new(Shared {
             transport,
             stats: Mutex::new(NodeStats::default()),
@@ -401,15 +403,17 @@ impl Connection {
             })
             .await
             .map_err(|s| {
-                format!(
-                    "the coordinator refused worker {:?}: {}",
-                    args.id,
-                    if s.message().is_empty() {
-                        s.to_string()
-                    } else {
-                        s.message().to_string()
+                let what = if s.message().is_empty() {
+                    s.to_string()
+                } else {
+                    s.message().to_string()
+                };
+                match s.code() {
+                    tonic::Code::AlreadyExists | tonic::Code::InvalidArgument => {
+                        format!("the coordinator refused worker {:?}: {what}", args.id)
                     }
-                )
+                    code => format!("registering worker {:?}: {code:?}: {what}", args.id),
+                }
             })?
             .into_inner();
         if !reply.accepted {
@@ -964,6 +968,22 @@ mod tests {
         assert!(
             !text.contains("tcp connect error: tcp connect error"),
             "{text}"
+        );
+    }
+
+    /// An advertised address peers could not dial is refused at start, not at every job.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unusable_advertised_address_is_refused_at_start() {
+        let mut config = super::NodeConfig::new("127.0.0.1:1", "w");
+        config.advertise = Some("https://10.0.0.1:5000".into());
+        let err = super::WorkerNode::start(config)
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("advertise") && err.contains("https://"),
+            "{err}"
         );
     }
 

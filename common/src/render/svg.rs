@@ -88,8 +88,13 @@ pub(crate) fn escape(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&apos;"),
-            // XML 1.0 allows no other control characters, not even as references.
-            c if c.is_control() && !matches!(c, '\t' | '\n' | '\r') => out.push('\u{fffd}'),
+            // XML 1.0 allows no other C0 controls, nor U+FFFE and U+FFFF, not even as
+            // references.
+            c if (c < ' ' && !matches!(c, '\t' | '\n' | '\r'))
+                || matches!(c, '\u{fffe}' | '\u{ffff}') =>
+            {
+                out.push('\u{fffd}');
+            }
             c => out.push(c),
         }
     }
