@@ -92,7 +92,6 @@ const MAX_CSV_BYTES: u64 = 256 << 20;
 
 /// The generator request. Its times are only checked: every cost-aware step gets the plan's
 /// cost model (`--stage-times` or `--times`) through [`generate_planned`].
-
 fn request(plan: &Plan, kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> Result<Request> {
     let times = plan.times;
     let peak = || one_f_one_b_peak(plan, &kind.placement(d, chunks));
