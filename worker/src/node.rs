@@ -93,6 +93,26 @@ impl NodeConfig {
     }
 }
 
+/// The job of a run id (`Assignment.job`: the job id plus `k·2^48` after `k` re-plans), as
+/// logs show it beside [`replans_of`].
+fn job_of(run: u64) -> u64 {
+    run & ((1 << 48) - 1)
+}
+
+/// The re-plans a run id counts.
+fn replans_of(run: u64) -> u64 {
+    run >> 48
+}
+
+#[cfg(test)]
+#[test]
+fn run_ids_split_into_job_and_replans() {
+    // The coordinator's `run_id(12, 3)`.
+    let run = 12 + (3 << 48);
+    assert_eq!((job_of(run), replans_of(run)), (12, 3));
+    assert_eq!((job_of(12), replans_of(12)), (12, 0));
+}
+
 fn node_error(field: &'static str, reason: String) -> Error {
     Error::InvalidArgument { field, reason }
 }
@@ -132,7 +152,11 @@ impl Shared {
     fn abort_if(&self, which: impl Fn(u64) -> bool, why: &str) {
         let current = self.current();
         if let Some(job) = current.job.filter(|j| which(*j)) {
-            tracing::warn!(job, "abandoning the job: {why}");
+            tracing::warn!(
+                job = job_of(job),
+                replan = replans_of(job),
+                "abandoning the job: {why}"
+            );
             self.transport.abort(&format!("job {job} was {why}"));
         }
     }
@@ -321,7 +345,8 @@ async fn reporter(
                 }
                 Err(status) if tries < REPORT_TRIES && transient(status.code()) => {
                     tracing::debug!(
-                        job,
+                        job = job_of(job),
+                        replan = replans_of(job),
                         step,
                         tries,
                         "step report to retry: {}",
@@ -333,7 +358,8 @@ async fn reporter(
                 }
                 Err(status) => {
                     tracing::warn!(
-                        job,
+                        job = job_of(job),
+                        replan = replans_of(job),
                         step,
                         tries,
                         "step report not delivered: {}",
@@ -388,6 +414,9 @@ pub enum ConnMsg {
 pub struct ConnState {
     args: ConnArgs,
     stream: tokio::task::JoinHandle<()>,
+    /// When a failed heartbeat was last logged as a warning (once per 10 s; the others at
+    /// debug level, as beats come several times a second).
+    warned: Option<tokio::time::Instant>,
 }
 
 impl Connection {
@@ -442,7 +471,13 @@ async fn follow_assignments(
                 loop {
                     match stream.message().await {
                         Ok(Some(a)) => {
-                            tracing::info!(worker = %id, job = a.job, index = a.worker_index, "assignment");
+                            tracing::info!(
+                                worker = %id,
+                                job = job_of(a.job),
+                                replan = replans_of(a.job),
+                                index = a.worker_index,
+                                "assignment"
+                            );
                             // The coordinator hands out work only once a worker's last job
                             // is over for it: a job still running here is abandoned.
                             shared.abort_if(
@@ -487,7 +522,11 @@ impl Actor for Connection {
             Arc::clone(&args.shared),
         ));
         myself.send_interval(interval, || ConnMsg::Beat);
-        Ok(ConnState { args, stream })
+        Ok(ConnState {
+            args,
+            stream,
+            warned: None,
+        })
     }
 
     async fn post_stop(
@@ -534,7 +573,20 @@ impl Actor for Connection {
                         }
                     }
                     Err(status) => {
-                        tracing::warn!(worker = %state.args.id, "heartbeat: {}", status.message());
+                        let now = tokio::time::Instant::now();
+                        if state
+                            .warned
+                            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
+                        {
+                            state.warned = Some(now);
+                            tracing::warn!(
+                                worker = %state.args.id,
+                                "heartbeat failed (said again at most every 10 s): {}",
+                                status.message()
+                            );
+                        } else {
+                            tracing::debug!(worker = %state.args.id, "heartbeat: {}", status.message());
+                        }
                     }
                 }
             }
@@ -553,7 +605,14 @@ fn executor_loop(
     while let Ok(a) = assignments.recv() {
         let (job, worker) = (a.job, a.worker_index);
         // Every log line of the job carries its id and the worker (and, below, the step).
-        let _job_span = tracing::info_span!("job", job, worker, id = %config.id).entered();
+        let _job_span = tracing::info_span!(
+            "job",
+            job = job_of(job),
+            replan = replans_of(job),
+            worker,
+            id = %config.id
+        )
+        .entered();
         shared.current().job = Some(job);
         let mut last_step = a.first_step;
         let outcome = run_assignment(config, shared, &a, reports, &mut last_step);
@@ -570,7 +629,13 @@ fn executor_loop(
                 report.params_path = path.display().to_string();
             }
             Err(e) => {
-                tracing::error!(job, worker, step = last_step, "assignment failed: {e}");
+                tracing::error!(
+                    job = job_of(job),
+                    replan = replans_of(job),
+                    worker,
+                    step = last_step,
+                    "assignment failed: {e}"
+                );
                 report.error = e.to_string();
                 shared
                     .transport
@@ -746,7 +811,8 @@ fn run_assignment(
         }
         if sync.stop_requested() {
             tracing::info!(
-                job = a.job,
+                job = job_of(a.job),
+                replan = replans_of(a.job),
                 step = done,
                 "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
             );
@@ -803,7 +869,8 @@ fn run_emulated_assignment(
         publish_step(config, shared, a, reports, step, &report, bytes);
         if sync.stop_requested() {
             tracing::info!(
-                job = a.job,
+                job = job_of(a.job),
+                replan = replans_of(a.job),
                 step = step + 1,
                 "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
             );

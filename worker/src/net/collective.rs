@@ -352,7 +352,13 @@ impl NetSync {
         self.call_raw(step, op, values)
             .map_err(|s| Error::InvalidArgument {
                 field: "sync",
-                reason: format!("step {step} {op:?}: {:?}: {}", s.code(), s.message()),
+                // Steps counted from 1, as every other message and log says them.
+                reason: format!(
+                    "step {} {op:?}: {:?}: {}",
+                    step.saturating_add(1),
+                    s.code(),
+                    s.message()
+                ),
             })
     }
 
