@@ -63,22 +63,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Nothing useful is left to do if standard error is closed too.
-            let _ = writeln!(std::io::stderr(), "error: {}", chain(&err));
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: {}",
+                pipewise_worker::error::with_causes(err.as_ref())
+            );
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes, `: `-separated, without a cause the one before already ends
-/// with: some libraries' errors repeat their source's text (tonic's transport errors
-/// printed "tcp connect error" twice).
-fn chain(err: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if !parts.last().is_some_and(|last| last.ends_with(&text)) {
-            parts.push(text);
-        }
-    }
-    parts.join(": ")
 }

@@ -756,12 +756,10 @@ fn plan_one(
             ScheduleKind::AdaptiveV => adaptive_v(d, n, &costs, limit, LOCAL_SEARCH_BUDGET),
             _ => adaptive_zb(d, n, &costs, limit, LOCAL_SEARCH_BUDGET),
         };
-        // The bytes the fullest worker of a schedule needs: its static state plus peak.
+        // The bytes the fullest worker of a schedule needs.
         let needs = |sim: &Simulation| {
-            sim.peak_memory
-                .iter()
-                .zip(&static_bytes)
-                .map(|(p, &st)| st.saturating_add(p.ceil() as u64))
+            worker_bytes(&static_bytes, &activation_bytes(sim))
+                .into_iter()
                 .max()
                 .unwrap_or(0)
         };
@@ -903,12 +901,8 @@ fn plan_one(
         let sim: Simulation = simulate(&schedule, &costs)?;
         (schedule, sim, String::new())
     };
-    let activation_bytes: Vec<u64> = sim.peak_memory.iter().map(|m| m.ceil() as u64).collect();
-    let worker_bytes: Vec<u64> = static_bytes
-        .iter()
-        .zip(&activation_bytes)
-        .map(|(s, a)| s.saturating_add(*a))
-        .collect();
+    let activation_bytes = activation_bytes(&sim);
+    let worker_bytes = worker_bytes(&static_bytes, &activation_bytes);
     let max_worker_bytes = worker_bytes.iter().copied().max().unwrap_or(0);
     if max_static > budget {
         return Ok(skip(
@@ -945,6 +939,20 @@ fn plan_one(
 }
 
 /// "parameters and optimizer state need X on worker w" for the fullest worker.
+/// Each worker's simulated activation peak, in whole bytes.
+fn activation_bytes(sim: &Simulation) -> Vec<u64> {
+    sim.peak_memory.iter().map(|m| m.ceil() as u64).collect()
+}
+
+/// What each worker holds: its static state plus its activation peak.
+fn worker_bytes(static_bytes: &[u64], activation_bytes: &[u64]) -> Vec<u64> {
+    static_bytes
+        .iter()
+        .zip(activation_bytes)
+        .map(|(s, a)| s.saturating_add(*a))
+        .collect()
+}
+
 fn static_reason(static_bytes: &[u64], budget: u64) -> String {
     let (w, bytes) = static_bytes
         .iter()

@@ -63,3 +63,19 @@ pub enum Error {
 
 /// Convenient alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error and its causes, `: `-separated, without a cause the text before already ends
+/// with: an error may say only "transport error", and some libraries' errors repeat their
+/// source's text (tonic's transport errors printed "tcp connect error" twice).
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.ends_with(&next) {
+            text = format!("{text}: {next}");
+        }
+        cause = c.source();
+    }
+    text
+}

@@ -40,11 +40,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, with_causes};
 use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
 use crate::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
 use crate::runtime::{EmulatedRuntime, StepReport, WorkerRuntime};
 use crate::{Device, Tensor};
+use tracing::Instrument as _;
 
 /// How a worker process starts.
 #[derive(Debug, Clone)]
@@ -111,6 +112,23 @@ fn run_ids_split_into_job_and_replans() {
     let run = 12 + (3 << 48);
     assert_eq!((job_of(run), replans_of(run)), (12, 3));
     assert_eq!((job_of(12), replans_of(12)), (12, 0));
+}
+
+/// Whether a repeated warning is due: the first time, then at most once every 10 s.
+#[derive(Debug, Default)]
+struct Throttle(Option<tokio::time::Instant>);
+
+impl Throttle {
+    fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let due = self
+            .0
+            .is_none_or(|last| now.duration_since(last) >= Duration::from_secs(10));
+        if due {
+            self.0 = Some(now);
+        }
+        due
+    }
 }
 
 fn node_error(field: &'static str, reason: String) -> Error {
@@ -279,7 +297,7 @@ async fn connect(url: &str, within: Duration) -> Result<Channel> {
         .tcp_nodelay(true);
     let deadline = tokio::time::Instant::now() + within;
     // Said on the first failure and then every 10 s, so a wrong address is seen at once.
-    let mut next_warning = tokio::time::Instant::now();
+    let mut warning = Throttle::default();
     loop {
         match endpoint.connect().await {
             Ok(channel) => return Ok(channel),
@@ -291,35 +309,19 @@ async fn connect(url: &str, within: Duration) -> Result<Channel> {
                 )));
             }
             Err(e) => {
-                let now = tokio::time::Instant::now();
-                if now >= next_warning {
+                if warning.due() {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     tracing::warn!(
                         coordinator = url,
                         error = %with_causes(&e),
-                        left_s = (deadline - now).as_secs(),
+                        left_s = left.as_secs(),
                         "cannot reach the coordinator yet; retrying"
                     );
-                    next_warning = now + Duration::from_secs(10);
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
-}
-
-/// An error and its causes, `: `-separated, without a cause the text before already ends
-/// with (a transport error alone says only "transport error").
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let next = c.to_string();
-        if !text.ends_with(&next) {
-            text = format!("{text}: {next}");
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// Sends step reports in order; a `cancel` answer asks the job's collectives to stop.
@@ -329,44 +331,44 @@ async fn reporter(
     shared: Arc<Shared>,
 ) {
     while let Some(report) = reports.recv().await {
-        let (job, step) = (report.job, report.step);
-        // A report lost on the way leaves its step incomplete on the coordinator (it would
-        // count the job as stopped early): a failure the next try may not meet is retried,
-        // the later reports waiting behind it so they stay in order.
-        let mut delay = REPORT_RETRY_DELAY;
-        let mut tries = 1;
-        loop {
-            match client.report_step(report.clone()).await {
-                Ok(ack) => {
-                    if ack.get_ref().cancel {
-                        shared.transport.collective().request_stop(job);
-                    }
-                    break;
+        // Its log lines carry the job, the re-plan and the step, as the executor's do.
+        let span = tracing::info_span!(
+            "report",
+            job = job_of(report.job),
+            replan = replans_of(report.job),
+            step = report.step
+        );
+        deliver(&mut client, report, &shared).instrument(span).await;
+    }
+}
+
+/// Sends one step report. A report lost on the way leaves its step incomplete on the
+/// coordinator (it would count the job as stopped early): a failure the next try may not
+/// meet is retried, the later reports waiting behind it so they stay in order.
+async fn deliver(
+    client: &mut ClusterServiceClient<Channel>,
+    report: pb::StepReport,
+    shared: &Shared,
+) {
+    let mut delay = REPORT_RETRY_DELAY;
+    let mut tries = 1;
+    loop {
+        match client.report_step(report.clone()).await {
+            Ok(ack) => {
+                if ack.get_ref().cancel {
+                    shared.transport.collective().request_stop(report.job);
                 }
-                Err(status) if tries < REPORT_TRIES && transient(status.code()) => {
-                    tracing::debug!(
-                        job = job_of(job),
-                        replan = replans_of(job),
-                        step,
-                        tries,
-                        "step report to retry: {}",
-                        status.message()
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    tries += 1;
-                }
-                Err(status) => {
-                    tracing::warn!(
-                        job = job_of(job),
-                        replan = replans_of(job),
-                        step,
-                        tries,
-                        "step report not delivered: {}",
-                        status.message()
-                    );
-                    break;
-                }
+                return;
+            }
+            Err(status) if tries < REPORT_TRIES && transient(status.code()) => {
+                tracing::debug!(tries, "step report to retry: {}", status.message());
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                tries += 1;
+            }
+            Err(status) => {
+                tracing::warn!(tries, "step report not delivered: {}", status.message());
+                return;
             }
         }
     }
@@ -414,9 +416,9 @@ pub enum ConnMsg {
 pub struct ConnState {
     args: ConnArgs,
     stream: tokio::task::JoinHandle<()>,
-    /// When a failed heartbeat was last logged as a warning (once per 10 s; the others at
-    /// debug level, as beats come several times a second).
-    warned: Option<tokio::time::Instant>,
+    /// Failed heartbeats are warned of once per 10 s (the others at debug level, as beats
+    /// come several times a second).
+    warned: Throttle,
 }
 
 impl Connection {
@@ -525,7 +527,7 @@ impl Actor for Connection {
         Ok(ConnState {
             args,
             stream,
-            warned: None,
+            warned: Throttle::default(),
         })
     }
 
@@ -573,12 +575,7 @@ impl Actor for Connection {
                         }
                     }
                     Err(status) => {
-                        let now = tokio::time::Instant::now();
-                        if state
-                            .warned
-                            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
-                        {
-                            state.warned = Some(now);
+                        if state.warned.due() {
                             tracing::warn!(
                                 worker = %state.args.id,
                                 "heartbeat failed (said again at most every 10 s): {}",
@@ -629,13 +626,8 @@ fn executor_loop(
                 report.params_path = path.display().to_string();
             }
             Err(e) => {
-                tracing::error!(
-                    job = job_of(job),
-                    replan = replans_of(job),
-                    worker,
-                    step = last_step,
-                    "assignment failed: {e}"
-                );
+                // The job span gives the job, the re-plan and the worker.
+                tracing::error!(step = last_step, "assignment failed: {e}");
                 report.error = e.to_string();
                 shared
                     .transport
@@ -811,8 +803,6 @@ fn run_assignment(
         }
         if sync.stop_requested() {
             tracing::info!(
-                job = job_of(a.job),
-                replan = replans_of(a.job),
                 step = done,
                 "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
             );
@@ -869,8 +859,6 @@ fn run_emulated_assignment(
         publish_step(config, shared, a, reports, step, &report, bytes);
         if sync.stop_requested() {
             tracing::info!(
-                job = job_of(a.job),
-                replan = replans_of(a.job),
                 step = step + 1,
                 "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
             );

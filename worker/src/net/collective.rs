@@ -261,7 +261,7 @@ impl std::fmt::Debug for NetSync {
 }
 
 /// Whether (and why) a job was abandoned.
-pub type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+pub(crate) type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl NetSync {
     /// Worker `worker` of `job`, reducing through the root at `root` (`host:port`); calls
@@ -301,7 +301,7 @@ impl NetSync {
 
     /// Ends a waiting call (the start barrier, a step's collectives) within 50 ms once
     /// `aborted` says why the job was abandoned, rather than at the timeout.
-    pub fn with_abort(mut self, aborted: AbortCheck) -> Self {
+    pub(crate) fn with_abort(mut self, aborted: AbortCheck) -> Self {
         self.aborted = Some(aborted);
         self
     }

@@ -49,7 +49,7 @@ use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
 pub use codec::Delivery;
-pub use collective::{AbortCheck, Collective, NetSync};
+pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
 
 use crate::error::{Error, Result};
