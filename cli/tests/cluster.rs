@@ -544,6 +544,67 @@ fn emulated_job_runs_on_worker_processes() {
     }
 }
 
+/// A job waiting for more workers than are registered says so in its status (not a bare
+/// "running step 0/N"), with the count as it changes, and stops saying so once it runs.
+#[test]
+fn a_job_waiting_for_workers_says_so() {
+    use pipewise_common::job::Compute;
+
+    let dir = tempdir("waiting");
+    let mut cluster = start(&dir, 1);
+    let mut spec = spec(3, "1f1b", 2);
+    spec.compute = Compute::emulate(1.0, 1.0, 1.0);
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    // The status line once it contains `needle`.
+    let until = |cluster: &Cluster, needle: &str| {
+        let started = Instant::now();
+        loop {
+            let line = status(cluster, job).2;
+            if line.contains(needle) {
+                return line;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{line}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let line = until(&cluster, "waiting for workers: 1 of 3 ready");
+    assert!(
+        line.contains("running") && line.contains("step 0/2"),
+        "{line}"
+    );
+    add_worker(&mut cluster, &dir, "w1", &[]);
+    until(&cluster, "waiting for workers: 2 of 3 ready");
+    add_worker(&mut cluster, &dir, "w2", &[]);
+    let line = ended(&cluster, job, Duration::from_secs(60));
+    assert!(
+        line.contains("succeeded") && !line.contains("waiting"),
+        "{line}"
+    );
+}
+
+/// A coordinator whose job store was cut short refuses to start with one error naming the
+/// file, and nothing of the storage library's assertion before it.
+#[test]
+fn a_damaged_job_store_is_one_clear_error() {
+    let dir = tempdir("cut-store");
+    drop(start(&dir, 0)); // kills the coordinator, which leaves an empty store
+    let store = dir.join("data").join("jobs.redb");
+    let bytes = std::fs::read(&store).unwrap();
+    std::fs::write(&store, &bytes[..10_000]).unwrap();
+    let out = pipewise()
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("jobs.redb: the job store is damaged"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// `pipewise watch JOB` once the job has ended: everything it printed.
 fn history(cluster: &Cluster, job: u64) -> String {
     let out = pipewise()

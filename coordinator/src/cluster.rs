@@ -80,7 +80,7 @@ use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::ActorRef;
 
-use crate::driver::{JobRunner, StepEventData};
+use crate::driver::{JobRunner, Report, StepEventData};
 use crate::membership::{HEARTBEAT_INTERVAL, MISSED_HEARTBEATS, MembershipMsg, WorkerInfo};
 
 /// How long a cancelled job's workers get to stop before they are told to abandon it.
@@ -131,25 +131,38 @@ impl ClusterRunner {
             .map_err(|e| format!("membership: {e}"))
     }
 
-    /// Waits for `d` live, streaming workers; `None` if cancelled first.
+    /// Waits for `d` live, streaming workers; `None` if cancelled first. While it waits, the
+    /// job's status says so (`report`), and the log every 10 s.
     fn wait_for_workers(
         &self,
         job: u64,
         d: u32,
+        report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<Option<Vec<WorkerInfo>>, String> {
         let started = Instant::now();
         let mut told = Duration::ZERO;
+        let mut shown: Option<usize> = None;
         loop {
             let mut ready: Vec<WorkerInfo> =
                 self.live()?.into_iter().filter(|w| w.streaming).collect();
             if ready.len() >= d as usize {
+                if shown.is_some() {
+                    report(Report::Waiting(String::new()));
+                }
                 ready.sort_by(|a, b| a.id.cmp(&b.id));
                 ready.truncate(d as usize);
                 return Ok(Some(ready));
             }
             if cancelled.load(Ordering::SeqCst) {
                 return Ok(None);
+            }
+            if shown != Some(ready.len()) {
+                shown = Some(ready.len());
+                report(Report::Waiting(format!(
+                    "workers: {} of {d} ready",
+                    ready.len()
+                )));
             }
             if started.elapsed() >= told {
                 tracing::info!(job, "waiting for workers: {} of {d} ready", ready.len());
@@ -328,7 +341,7 @@ impl JobRunner for ClusterRunner {
         job: u64,
         spec: &JobSpec,
         plan: &JobPlan,
-        report: &mut dyn FnMut(StepEventData),
+        report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
         let _span = tracing::info_span!("job", job).entered();
@@ -344,7 +357,7 @@ impl JobRunner for ClusterRunner {
         let mut replanned: Option<(String, std::sync::Arc<Schedule>)> = None;
         for replans in 0.. {
             let d = plan.schedule.num_workers();
-            let Some(workers) = self.wait_for_workers(job, d, cancelled)? else {
+            let Some(workers) = self.wait_for_workers(job, d, report, cancelled)? else {
                 return Ok(());
             };
             // A plan predicted not to fit a worker's registered memory is moved before it
@@ -781,7 +794,7 @@ impl ClusterRunner {
     fn follow(
         &self,
         run: &Assigned<'_>,
-        report: &mut dyn FnMut(StepEventData),
+        report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
         replanned: &mut Option<(String, std::sync::Arc<Schedule>)>,
     ) -> Result<(), Ended> {
@@ -886,7 +899,7 @@ impl ClusterRunner {
                             e.replan_reason = reason;
                             e.replanned = Some(schedule);
                         }
-                        report(e);
+                        report(Report::Step(Box::new(e)));
                         completed += 1;
                         let overflow = reports.iter().any(|r| {
                             workers.get(r.worker_index as usize).is_some_and(|w| {

@@ -39,17 +39,28 @@ pub struct StepEventData {
     pub trace: Option<std::sync::Arc<pipewise_common::trace::StepTrace>>,
 }
 
+/// What a runner tells the job manager while it runs a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// A finished step.
+    Step(Box<StepEventData>),
+    /// What the job waits for before its next step (e.g. "workers: 3 of 4 ready"); empty
+    /// once it waits no longer. `GetJob` and `ListJobs` show it.
+    Waiting(String),
+}
+
 /// Runs a job's steps. [`crate::cluster::ClusterRunner`] hands them to registered worker
 /// processes (or `pipewise local`'s in-process worker nodes); tests provide fakes.
 pub trait JobRunner: Send + Sync + 'static {
     /// Runs every step of `spec` under `plan` (blocking), calling `report` after each step
-    /// and stopping early when `cancelled` is set. An `Err` fails the job with that text.
+    /// (and when it starts or stops waiting, e.g. for workers) and stopping early when
+    /// `cancelled` is set. An `Err` fails the job with that text.
     fn run(
         &self,
         job: u64,
         spec: &JobSpec,
         plan: &JobPlan,
-        report: &mut dyn FnMut(StepEventData),
+        report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<(), String>;
 }
@@ -101,10 +112,15 @@ impl Actor for Driver {
             let progress = manager.clone();
             let flag = cancelled.clone();
             let outcome = tokio::task::spawn_blocking(move || {
-                let mut report = |event: StepEventData| {
-                    crate::metrics::record_step(&event, tokens_per_step, samples_per_step);
+                let mut report = |r: Report| {
                     // The manager outlives its drivers; a failed send only loses a report.
-                    let _ = progress.cast(JobMsg::Progress(Box::new(event)));
+                    let _ = match r {
+                        Report::Step(event) => {
+                            crate::metrics::record_step(&event, tokens_per_step, samples_per_step);
+                            progress.cast(JobMsg::Progress(event))
+                        }
+                        Report::Waiting(what) => progress.cast(JobMsg::Waiting(job, what)),
+                    };
                 };
                 runner.run(job, &spec, &plan, &mut report, &flag)
             })

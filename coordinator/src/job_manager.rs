@@ -54,6 +54,8 @@ pub enum JobMsg {
     Watch(u64, RpcReplyPort<Result<Watch>>),
     /// A driver's step report.
     Progress(Box<StepEventData>),
+    /// What a running job waits for (empty: nothing any more).
+    Waiting(u64, String),
     /// Render a kept step's executed timeline (`step` 0: the latest).
     Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
     /// A driver finished.
@@ -228,6 +230,7 @@ impl Actor for JobManager {
                 if let Ok(mut record) = state.record(event.job) {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
+                    record.waiting.clear();
                     state.save(record)?;
                 }
                 let kept = state.history.entry(event.job).or_default();
@@ -240,6 +243,15 @@ impl Actor for JobManager {
                 }
                 if let Some(tx) = state.watchers.get(&event.job) {
                     let _ = tx.send(*event);
+                }
+            }
+            JobMsg::Waiting(job, what) => {
+                if let Ok(mut record) = state.record(job)
+                    && !record.state.is_final()
+                    && record.waiting != what
+                {
+                    record.waiting = what;
+                    state.save(record)?;
                 }
             }
             JobMsg::Trace(job, step, reply) => {
@@ -258,6 +270,7 @@ impl Actor for JobManager {
                     Err(e) => tracing::warn!(job, "job failed: {e}"),
                 }
                 if let Ok(mut record) = state.record(job) {
+                    record.waiting.clear();
                     match outcome {
                         Ok(()) if cancelled && record.step < record.steps => {
                             record.state = JobState::Cancelled
@@ -293,6 +306,7 @@ fn enqueue(state: &mut JobManagerState, spec: JobSpec, plan: JobPlan) -> Result<
         last_loss: None,
         error: String::new(),
         last_checkpoint: String::new(),
+        waiting: String::new(),
     };
     let record = state.save(record)?;
     state.plans.insert(id, (spec, plan));

@@ -49,6 +49,7 @@ fn status_of(r: &JobRecord) -> pb::JobStatus {
         last_loss: r.last_loss.unwrap_or(f64::NAN),
         error: r.error.clone(),
         last_checkpoint: r.last_checkpoint.clone(),
+        waiting: r.waiting.clone(),
     }
 }
 

@@ -67,6 +67,9 @@ pub struct JobRecord {
     pub error: String,
     /// Path of the last checkpoint.
     pub last_checkpoint: String,
+    /// What a running job waits for (e.g. "workers: 3 of 4 ready"); empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub waiting: String,
 }
 
 /// The store (a redb database file `jobs.redb` in the data directory).
@@ -76,6 +79,30 @@ pub struct JobStore {
 
 fn store_err(e: impl std::fmt::Display) -> CoordinatorError {
     CoordinatorError::Store(e.to_string())
+}
+
+thread_local! {
+    /// Whether this thread's panics are caught by [`catch_quietly`] (not printed).
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`std::panic::catch_unwind`] without the panic hook's message for panics of `f` (the
+/// caller reports them). The first call wraps the process's panic hook, once, in one that
+/// stays silent on threads inside this function and calls the previous hook otherwise.
+fn catch_quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> std::thread::Result<T> {
+    static WRAP: std::sync::Once = std::sync::Once::new();
+    WRAP.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
+    let caught = std::panic::catch_unwind(f);
+    QUIET.with(|q| q.set(false));
+    caught
 }
 
 impl JobStore {
@@ -91,8 +118,8 @@ impl JobStore {
         let named = |e: String| CoordinatorError::Store(format!("{}: {e}", path.display()));
         // redb asserts on some damaged files (one cut short by a crash or a full disk)
         // rather than returning an error: that is an error naming the file here, not a panic
-        // of the coordinator.
-        let opened = std::panic::catch_unwind(|| Database::create(&path)).map_err(|panic| {
+        // of the coordinator (nor the assertion's text on stderr before the error).
+        let opened = catch_quietly(|| Database::create(&path)).map_err(|panic| {
             let what = panic
                 .downcast_ref::<String>()
                 .cloned()
@@ -185,6 +212,7 @@ mod tests {
             last_loss: None,
             error: String::new(),
             last_checkpoint: String::new(),
+            waiting: "workers: 1 of 2 ready".into(),
         };
         {
             let store = JobStore::open(dir.path()).expect("opens");

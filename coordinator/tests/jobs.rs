@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use pipewise_common::job::{JobPlan, JobSpec, example};
-use pipewise_coordinator::{Coordinator, JobRunner, StepEventData};
+use pipewise_coordinator::{Coordinator, JobRunner, Report, StepEventData};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use tokio_stream::StreamExt as _;
@@ -27,7 +27,7 @@ impl JobRunner for CountingRunner {
         job: u64,
         spec: &JobSpec,
         plan: &JobPlan,
-        report: &mut dyn FnMut(StepEventData),
+        report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
         if self.active.fetch_add(1, Ordering::SeqCst) > 0 {
@@ -38,7 +38,7 @@ impl JobRunner for CountingRunner {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
-            report(StepEventData {
+            report(Report::Step(Box::new(StepEventData {
                 job,
                 step,
                 loss: 5.0 / step as f64,
@@ -50,7 +50,7 @@ impl JobRunner for CountingRunner {
                 replan_reason: String::new(),
                 replanned: None,
                 trace: None,
-            });
+            })));
         }
         self.active.fetch_sub(1, Ordering::SeqCst);
         Ok(())
