@@ -415,6 +415,22 @@ fn the_chart_refuses_bad_values() {
         ("workers.gpu.image.tag=2", "workers.gpu.image.tag"),
         ("coordinator.port=70000", "coordinator.port"),
         ("storage.accessModes={Sometimes}", "storage.accessModes"),
+        // Misspelt fields are refused at every level, not ignored.
+        ("logformat=text", "logformat"),
+        ("workers.replica=2", "replica"),
+        ("coordinator.metricPort=9000", "metricPort"),
+        ("storage.existingclaim=x", "existingclaim"),
+        ("metrics.serviceMonitor.enable=true", "enable"),
+        ("grafana.dashbord.enabled=true", "dashbord"),
+        // One pod cannot listen twice on a port.
+        (
+            "workers.port=9091",
+            "workers.port and workers.metricsPort must differ",
+        ),
+        (
+            "coordinator.port=9090",
+            "coordinator.port and coordinator.metricsPort must differ",
+        ),
     ] {
         let out = Command::new(&helm)
             .args(["template", "rel"])
@@ -441,6 +457,19 @@ fn the_chart_refuses_bad_values() {
         let args = strings(&container(find(&docs, "StatefulSet", None))["args"]);
         assert_eq!(arg(&args, "--memory-bytes"), ok.split('=').nth(1));
     }
+    // Large numbers from a values file (floats to the template) are written in full, as
+    // the worker's integer flags read them.
+    let values = std::env::temp_dir().join(format!("pipewise-values-{}.yaml", std::process::id()));
+    std::fs::write(
+        &values,
+        "workers:\n  timeoutSeconds: 1200000\n  memoryBytes: 85899345920\n",
+    )
+    .unwrap();
+    let docs = render(&helm, &["-f", values.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&values);
+    let args = strings(&container(find(&docs, "StatefulSet", None))["args"]);
+    assert_eq!(arg(&args, "--timeout"), Some("1200000"));
+    assert_eq!(arg(&args, "--memory-bytes"), Some("85899345920"));
 }
 
 #[test]

@@ -278,13 +278,36 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
             // `rate()` needs two scrapes of a series inside its window: allow the
             // lingering run up to 30 s of scrapes.
             let asked = Instant::now();
-            while query(prom_port, expr).is_empty() {
+            let mut result = query(prom_port, expr);
+            while result.is_empty() {
                 assert!(
                     asked.elapsed() < Duration::from_secs(30),
                     "dashboard panel {:?}: `{expr}` returned no data",
                     panel["title"]
                 );
                 std::thread::sleep(Duration::from_millis(500));
+                result = query(prom_port, expr);
+            }
+            // Every label the legend names is in the result, and none of the exporter's
+            // labels was renamed by Prometheus for clashing with a target label (`job`,
+            // `instance`: `exported_job` would merge the series of every job).
+            let legend = target["legendFormat"].as_str().unwrap_or("");
+            for sample in &result {
+                let labels = sample["metric"].as_object().unwrap();
+                assert!(
+                    !labels.keys().any(|k| k.starts_with("exported_")),
+                    "`{expr}`: a label clashes with a target label: {sample}"
+                );
+                for name in legend
+                    .split("{{")
+                    .skip(1)
+                    .filter_map(|r| r.split("}}").next())
+                {
+                    assert!(
+                        labels.contains_key(name.trim()),
+                        "`{expr}`: legend {legend:?} names {name}, not in {sample}"
+                    );
+                }
             }
             count += 1;
         }

@@ -3,12 +3,12 @@
 //!
 //! | name | type | labels |
 //! |---|---|---|
-//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured, `job`, (`worker` for per-worker measured) |
-//! | `pipewise_step_duration_seconds` | histogram | `job` |
-//! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job` |
+//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured, `job_id`, (`worker` for per-worker measured) |
+//! | `pipewise_step_duration_seconds` | histogram | `job_id` |
+//! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job_id` |
 //! | `pipewise_activation_memory_bytes` | gauge | `kind` = current \| peak \| predicted_peak, `worker` |
-//! | `pipewise_steps_total` | counter | `job` |
-//! | `pipewise_loss` | gauge | `job` |
+//! | `pipewise_steps_total` | counter | `job_id` |
+//! | `pipewise_loss` | gauge | `job_id` |
 //! | `pipewise_workers_up` | gauge | |
 //! | `pipewise_heartbeat_age_seconds` | gauge | `worker` |
 //! | `pipewise_jobs` | gauge | `state` |
@@ -87,23 +87,23 @@ pub fn record_replan(reason: &'static str) {
 /// Records one finished step of a job: bubbles, step time, throughput, peaks.
 pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f64) {
     let job = e.job.to_string();
-    gauge!("pipewise_bubble_ratio", "source" => "planned", "job" => job.clone())
+    gauge!("pipewise_bubble_ratio", "source" => "planned", "job_id" => job.clone())
         .set(e.planned_bubble);
-    gauge!("pipewise_bubble_ratio", "source" => "measured", "job" => job.clone())
+    gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone())
         .set(e.measured_bubble);
     for (worker, bubble) in &e.worker_bubbles {
-        gauge!("pipewise_bubble_ratio", "source" => "measured", "job" => job.clone(), "worker" => worker.to_string())
+        gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone(), "worker" => worker.to_string())
             .set(*bubble);
     }
     let secs = e.step_time_ms / 1e3;
-    histogram!("pipewise_step_duration_seconds", "job" => job.clone()).record(secs);
+    histogram!("pipewise_step_duration_seconds", "job_id" => job.clone()).record(secs);
     if secs > 0.0 {
-        gauge!("pipewise_tokens_per_second", "job" => job.clone()).set(tokens_per_step / secs);
-        gauge!("pipewise_samples_per_second", "job" => job.clone()).set(samples_per_step / secs);
+        gauge!("pipewise_tokens_per_second", "job_id" => job.clone()).set(tokens_per_step / secs);
+        gauge!("pipewise_samples_per_second", "job_id" => job.clone()).set(samples_per_step / secs);
     }
-    counter!("pipewise_steps_total", "job" => job.clone()).increment(1);
+    counter!("pipewise_steps_total", "job_id" => job.clone()).increment(1);
     if e.loss.is_finite() {
-        gauge!("pipewise_loss", "job" => job).set(e.loss);
+        gauge!("pipewise_loss", "job_id" => job).set(e.loss);
     }
     for (worker, peak) in &e.peaks {
         gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "worker" => worker.to_string())
