@@ -24,6 +24,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use pipewise_common::job::{Compute, JobPlan, JobSpec, example};
 use pipewise_common::model::DType;
+use pipewise_common::render::report::fmt_bytes;
 use pipewise_coordinator::Coordinator;
 use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_proto::v1 as pb;
@@ -209,6 +210,9 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         .validate()
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("invalid local job")?;
+    if args.device == crate::cluster::DeviceArg::Cpu && !spec.compute.is_emulated() {
+        fits_this_machine(&spec, &plan, pipewise_worker::node::host_available_memory())?;
+    }
     if let Some(path) = &args.data {
         // Refuse an unreadable file before anything starts (the workers read it again).
         let corpus = Corpus::from_file(path)
@@ -267,6 +271,31 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&data_dir);
     }
     outcome
+}
+
+/// All the workers of `pipewise local` share this machine: what they are predicted to hold
+/// together (training state and peak activations, [`JobPlan::predicted_bytes`]) must fit
+/// the `available` memory (unknown: passes). Each worker checks only its own training
+/// state, and an allocation the machine cannot make ends the process instead of failing
+/// the job.
+fn fits_this_machine(spec: &JobSpec, plan: &JobPlan, available: Option<u64>) -> Result<()> {
+    let need = plan
+        .predicted_bytes(spec)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .iter()
+        .fold(0u64, |sum, &b| sum.saturating_add(b));
+    match available {
+        Some(bytes) if need > bytes => bail!(
+            "the {} workers are predicted to hold {} ({need} bytes: parameters, gradients, \
+             optimizer state and peak activations) together, more than the {} ({bytes} \
+             bytes) of memory available on this machine; use a smaller --model, \
+             --microbatch-size or --global-batch, or --compute emulate",
+            plan.schedule.num_workers(),
+            fmt_bytes(need as f64),
+            fmt_bytes(bytes as f64),
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Starts the coordinator and the workers, runs the job, reports, then stops them all.
@@ -591,4 +620,32 @@ fn write_outputs(
             .context("cannot write params.safetensors")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The workers' predicted bytes together are checked against the machine's available
+    /// memory: one byte less than they need is refused, with both figures; unknown passes.
+    #[test]
+    fn the_workers_together_must_fit_this_machine() {
+        let spec = example(4, "v-half");
+        let plan = spec.validate().unwrap();
+        let need: u64 = plan.predicted_bytes(&spec).unwrap().iter().sum();
+        assert!(need > 0);
+        fits_this_machine(&spec, &plan, Some(need)).unwrap();
+        fits_this_machine(&spec, &plan, None).unwrap();
+        let err = fits_this_machine(&spec, &plan, Some(need - 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("({need} bytes:"))
+                && err.contains(&format!("({} bytes)", need - 1)),
+            "{err}"
+        );
+        assert!(err.contains("the 4 workers"), "{err}");
+    }
 }

@@ -664,18 +664,27 @@ fn assignment_error(reason: String) -> Error {
     node_error("assignment", reason)
 }
 
-/// Whether `state` bytes of parameters, gradients and optimizer state fit the memory
-/// `/proc/meminfo` (its text, `meminfo`) says is available; an unknown figure (not Linux, no
-/// `MemAvailable` line) passes.
-fn fits_host_memory(state: u64, meminfo: &str) -> std::result::Result<(), String> {
-    let available = meminfo.lines().find_map(|line| {
+/// The bytes of memory `/proc/meminfo` (its text, `meminfo`) says are available
+/// (`MemAvailable`); `None` where that is unknown (not Linux, no such line).
+pub fn available_memory(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|line| {
         let kib = line
             .strip_prefix("MemAvailable:")?
             .trim()
             .strip_suffix("kB")?;
         kib.trim().parse::<u64>().ok()?.checked_mul(1024)
-    });
-    match available {
+    })
+}
+
+/// [`available_memory`] of this machine, read from `/proc/meminfo`.
+pub fn host_available_memory() -> Option<u64> {
+    available_memory(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+}
+
+/// Whether `state` bytes of parameters, gradients and optimizer state fit the memory
+/// `/proc/meminfo` (its text, `meminfo`) says is available; an unknown figure passes.
+fn fits_host_memory(state: u64, meminfo: &str) -> std::result::Result<(), String> {
+    match available_memory(meminfo) {
         Some(bytes) if state > bytes => Err(format!(
             "this worker's stages hold {state} bytes of parameters, gradients and optimizer \
              state, more than the {bytes} bytes of memory available on this machine; use \
