@@ -159,8 +159,9 @@ fn schedule_help() -> String {
         "The schedule to plan: a generator name (case-insensitive), or\n\
          csv:PATH to import a schedule from a CSV file in the torchtitan /\n\
          torch.distributed.pipelining form (one row per worker, cells like\n\
-         0F0, 2I0, 2W0, 1B3; workers, microbatches and placement are read\n\
-         from the file).\n\n\
+         0F0, 2I0, 2W0, 1B3, and DualPipeV's (0F7;7B3)OVERLAP_F_B; the\n\
+         communication actions of PyTorch's default dump are read past;\n\
+         workers, microbatches and placement are read from the file).\n\n\
          Known schedules:\n{known}\n\n\
          Required unless --compare or --auto is given."
     )

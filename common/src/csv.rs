@@ -16,7 +16,13 @@
 //! | `W` | backward for the weight gradient | `W` |
 //! | `B` | full backward (input and weight) | `BW` |
 //!
-//! The importer also accepts pipewise's own `BW` for a full backward.
+//! The importer also accepts pipewise's own `BW` for a full backward, and PyTorch's
+//! overlapped cells `(a;b;…)OVERLAP_F_B` (DualPipeV's forward of one microbatch beside the
+//! backward of another), read as their actions in the order written. Rows end with `\n`,
+//! `\r\n` or a lone `\r` (as Python's `csv` module reads them). PyTorch's default dump
+//! ("compute_comms") also holds communication actions (`SEND_F`, `RECV_F`, `SEND_B`,
+//! `RECV_B`, `UNSHARD`, `RESHARD`, `REDUCE_GRAD`): they are read past, as empty cells, since
+//! pipewise places the hops between workers itself (torchtitan refuses such files).
 //!
 //! # Export layout
 //!
@@ -110,8 +116,7 @@ const SHOWN_STUCK: usize = 7;
 pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     // Rows up to the last non-blank one, counted before anything is sized by them.
-    let count = text
-        .lines()
+    let count = lines(text)
         .enumerate()
         .filter(|(_, r)| !r.trim().is_empty())
         .last()
@@ -131,7 +136,7 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
             ),
         });
     }
-    let rows: Vec<&str> = text.lines().take(count).collect();
+    let rows: Vec<&str> = lines(text).take(count).collect();
 
     // Parse every cell; remember where each pass came from.
     let mut programs: Vec<Vec<Pass>> = Vec::with_capacity(rows.len());
@@ -155,20 +160,26 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
             if cell.is_empty() {
                 continue;
             }
-            let pass = parse_cell(cell)
-                .and_then(|p| within_limits(p, rows.len()))
+            let passes = parse_cell(cell)
+                .and_then(|ps| {
+                    ps.into_iter()
+                        .map(|p| within_limits(p, rows.len()))
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                })
                 .map_err(|reason| Error::Csv {
                     row: r + 1,
                     column: c + 1,
                     cell: cell.to_string(),
                     reason,
                 })?;
-            program.push(pass);
-            origin.push(Origin {
-                row: r + 1,
-                column: c + 1,
-                text: cell.to_string(),
-            });
+            for pass in passes {
+                program.push(pass);
+                origin.push(Origin {
+                    row: r + 1,
+                    column: c + 1,
+                    text: cell.to_string(),
+                });
+            }
         }
         if program.is_empty() {
             return Err(Error::InvalidArgument {
@@ -265,7 +276,6 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule> {
     }
 }
 
-/// Parses one non-empty cell into a pass, or says why it cannot.
 /// Refuses a pass whose numbers are beyond what `pipewise plan` plans (before they size
 /// any table): microbatches below [`MAX_MICROBATCHES`], stages below
 /// [`MAX_CHUNKS`] per row (the rows are at most [`MAX_WORKERS`]).
@@ -287,7 +297,45 @@ fn within_limits(pass: Pass, rows: usize) -> std::result::Result<Pass, String> {
     Ok(pass)
 }
 
-fn parse_cell(cell: &str) -> std::result::Result<Pass, String> {
+/// The rows of `text`: lines ended by `\n`, `\r\n` or a lone `\r`.
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    text.split('\n')
+        .flat_map(|line| line.strip_suffix('\r').unwrap_or(line).split('\r'))
+}
+
+/// Parses one non-empty cell into its passes (one; none for a communication action; or
+/// those of an overlapped cell `(a;b)OVERLAP_F_B`, in the order written), or says why it
+/// cannot.
+fn parse_cell(cell: &str) -> std::result::Result<Vec<Pass>, String> {
+    let Some(inner) = cell.strip_prefix('(') else {
+        return parse_action(cell).map(|p| p.into_iter().collect());
+    };
+    let Some((actions, kind)) = inner.split_once(')') else {
+        return Err(
+            "an overlapped cell without its closing parenthesis; expected \
+                    (<action>;<action>)OVERLAP_F_B, e.g. (0F7;7B3)OVERLAP_F_B"
+                .into(),
+        );
+    };
+    if actions.contains('(') {
+        return Err("overlapped cells do not nest".into());
+    }
+    if kind.trim() != "OVERLAP_F_B" {
+        return Err(format!(
+            "unknown overlapped action {kind:?}; expected (<action>;<action>)OVERLAP_F_B, \
+             e.g. (0F7;7B3)OVERLAP_F_B"
+        ));
+    }
+    let mut passes = Vec::new();
+    for a in actions.split(';').map(str::trim) {
+        passes.extend(parse_action(a).map_err(|e| format!("in {a:?}: {e}"))?);
+    }
+    Ok(passes)
+}
+
+/// Parses one action `<stage><kind><microbatch>` (`None`: a communication action), or
+/// says why it cannot.
+fn parse_action(cell: &str) -> std::result::Result<Option<Pass>, String> {
     let digits_end = cell
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(cell.len());
@@ -298,12 +346,29 @@ fn parse_cell(cell: &str) -> std::result::Result<Pass, String> {
     let (kind_text, mb_text) = rest.split_at(kind_end);
     const SHAPE: &str = "expected <stage><F|I|W|B><microbatch>, e.g. 0F0, 2I0, 2W0, 1B3 \
                          (I: input-gradient backward, B: full backward; BW is accepted too)";
-    let comm = ["SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD"];
+    let comm = [
+        "SEND_F",
+        "RECV_F",
+        "SEND_B",
+        "RECV_B",
+        "UNSHARD",
+        "RESHARD",
+        "REDUCE_GRAD",
+    ];
     if comm.contains(&kind_text) {
-        return Err(format!(
-            "{kind_text} is a communication action; only compute actions (F, I, W, B) can \
-             be imported: dump the schedule in PyTorch's compute-only format"
-        ));
+        // PyTorch's default dump ("compute_comms") interleaves these with the compute
+        // actions; pipewise models the hops itself, so only their shape is checked.
+        if stage_text.is_empty() || !mb_text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "expected <stage>{kind_text}[<microbatch>], e.g. 0{kind_text}{}",
+                if kind_text.starts_with("SEND") || kind_text.starts_with("RECV") {
+                    "0"
+                } else {
+                    ""
+                }
+            ));
+        }
+        return Ok(None);
     }
     let kind = match kind_text {
         "F" => PassKind::F,
@@ -328,11 +393,11 @@ fn parse_cell(cell: &str) -> std::result::Result<Pass, String> {
         text.parse::<u32>()
             .map_err(|_| format!("{what} {text} is too large"))
     };
-    Ok(Pass::new(
+    Ok(Some(Pass::new(
         kind,
         number(stage_text, "stage")?,
         number(mb_text, "microbatch")?,
-    ))
+    )))
 }
 
 /// The dependency rules in CSV (PyTorch) terms.
@@ -422,7 +487,8 @@ fn locate(schedule: &Schedule, origins: &[Vec<Origin>], err: Error) -> Error {
             &a,
             format!(
                 "stage {} microbatch {} has both a full backward B and split I/W actions; \
-                 use either B, or I and W",
+                 use either B, or I and W (files from older PyTorch releases write B for \
+                 the input gradient and BW for the full backward: there, write I for B)",
                 a.pass.stage, a.pass.mb
             ),
         ),
@@ -708,14 +774,98 @@ mod tests {
             ("F0", "no stage"),
             ("0F", "no microbatch"),
             ("0F0x", "trailing"),
-            ("0SEND_F0", "communication"),
-            ("1UNSHARD", "communication"),
+            (
+                "SEND_F0",
+                "expected <stage>SEND_F[<microbatch>], e.g. 0SEND_F0",
+            ),
+            (
+                "1UNSHARD0x",
+                "expected <stage>UNSHARD[<microbatch>], e.g. 0UNSHARD",
+            ),
             ("0F99999999999", "too large"),
+            ("(0F0;1I0", "closing parenthesis"),
+            ("(0F0;1I0)OVERLAP", "unknown overlapped action"),
+            ("(0F0;(1I0;1W0)OVERLAP_F_B)OVERLAP_F_B", "do not nest"),
+            ("(0F0;1X0)OVERLAP_F_B", "in \"1X0\": unknown action"),
         ] {
             let (row, column, cell, reason) = csv_error(&format!("0F0,{bad}\n"));
             assert_eq!((row, column, cell.as_str()), (1, 2, bad));
             assert!(reason.contains(says), "{bad}: {reason}");
         }
+    }
+
+    /// PyTorch's DualPipeV dumps hold overlapped cells `(a;b)OVERLAP_F_B`: read as their
+    /// actions in order, they give the schedule of the same actions one per cell.
+    #[test]
+    fn reads_overlapped_cells_as_their_actions_in_order() {
+        let schedule = generate(&Request::new(ScheduleKind::DualPipeV, 4, 10)).expect("generates");
+        let text = to_csv(&schedule).expect("exports");
+        let mut overlapped = 0;
+        let merged: Vec<String> = text
+            .lines()
+            .map(|line| {
+                let cells: Vec<&str> = line.split(',').filter(|c| !c.is_empty()).collect();
+                let mut out = Vec::new();
+                let mut i = 0;
+                while i < cells.len() {
+                    let pair = cells.get(i + 1).filter(|next| {
+                        cells[i].contains('F') && (next.contains('B') || next.contains('I'))
+                    });
+                    if let Some(next) = pair {
+                        out.push(format!("({};{next})OVERLAP_F_B", cells[i]));
+                        overlapped += 1;
+                        i += 2;
+                    } else {
+                        out.push(cells[i].to_string());
+                        i += 1;
+                    }
+                }
+                out.join(",")
+            })
+            .collect();
+        assert!(overlapped > 10, "{overlapped}");
+        let back = from_csv(&merged.join("\r\n"), &schedule.name).expect("imports");
+        assert_eq!(back, schedule, "{}", merged.join("\n"));
+    }
+
+    /// PyTorch's default dump interleaves communication actions with the compute ones:
+    /// they are read past.
+    #[test]
+    fn reads_past_communication_actions() {
+        let schedule =
+            generate(&Request::new(ScheduleKind::Interleaved1F1B, 2, 4)).expect("generates");
+        let text = to_csv(&schedule).expect("exports");
+        let with_comms: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(w, line)| {
+                let mut cells = vec![format!("{w}UNSHARD")];
+                for c in line.split(',') {
+                    cells.push(c.to_string());
+                    if c.contains('F') {
+                        cells.push(c.replace('F', "SEND_F"));
+                    } else if c.contains('I') || c.contains('B') {
+                        cells.push(c.replace(['I', 'B'], "RECV_B"));
+                    }
+                }
+                cells.push(format!("{w}REDUCE_GRAD"));
+                cells.join(",")
+            })
+            .collect();
+        let back = from_csv(&with_comms.join("\n"), &schedule.name).expect("imports");
+        assert_eq!(back, schedule, "{}", with_comms.join("\n"));
+        // A row of communication alone is a row without actions.
+        let err = from_csv(&format!("{text}0SEND_F0\n"), "x").expect_err("no actions");
+        assert!(err.to_string().contains("has no actions"), "{err}");
+    }
+
+    /// Rows may end with a lone carriage return (Python's `csv` reads those too).
+    #[test]
+    fn reads_rows_ended_by_a_lone_carriage_return() {
+        let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 4, 8)).expect("generates");
+        let text = to_csv(&schedule).expect("exports").replace('\n', "\r");
+        let back = from_csv(&text, &schedule.name).expect("imports");
+        assert_eq!(back, schedule);
     }
 
     #[test]
