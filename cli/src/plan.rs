@@ -138,9 +138,13 @@ fn in_bytes(e: Error, unit_bytes: Option<f64>) -> anyhow::Error {
             },
             Some(unit),
         ) => {
-            let (limit, smallest) = (fmt_bytes(limit * unit), fmt_bytes(smallest * unit));
+            // The smallest in whole bytes, rounded up: a rounded figure typed back could
+            // be below it.
+            let least = (smallest * unit).ceil();
+            let (limit, smallest) = (fmt_bytes(limit * unit), fmt_bytes(least));
             anyhow::Error::from(e).context(format!(
-                "{limit} is below the smallest memory limit that fits, {smallest}"
+                "{limit} is below the smallest memory limit that fits, {smallest} \
+                 ({least} bytes)"
             ))
         }
         _ => e.into(),

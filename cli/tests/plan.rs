@@ -533,9 +533,41 @@ fn memory_limit_forms_and_errors() {
         "4GiB",
     ]);
     assert!(
-        e.contains("3.00 GiB is below the smallest memory limit that fits, 4.00 GiB"),
+        e.contains(
+            "3.00 GiB is below the smallest memory limit that fits, 4.00 GiB (4294967296 bytes)"
+        ),
         "{e}"
     );
+    // The byte count it names plans (a figure rounded to 2.79 GiB was below it).
+    let planned = |limit: &str| -> Vec<String> {
+        format!("plan -s adaptive-zb -d 4 -n 8 --activation-bytes 3e9 --memory-limit {limit}")
+            .split(' ')
+            .map(String::from)
+            .collect()
+    };
+    let args = planned("1B");
+    let e = fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let least = e
+        .split(" bytes)")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .unwrap_or_else(|| panic!("no byte count in {e}"))
+        .to_string();
+    let args = planned(&format!("{least}B"));
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // A tiny limit is written with an exponent, not hundreds of digits.
+    let e = fails(&[
+        "plan",
+        "-s",
+        "adaptive-v",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--memory-limit",
+        "1e-300",
+    ]);
+    assert!(e.contains("memory limit 1e-300;") && e.len() < 300, "{e}");
     let e = fails(&[
         "plan",
         "-s",

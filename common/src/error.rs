@@ -176,7 +176,9 @@ pub enum Error {
     },
     /// No schedule of the family fits the per-worker activation-memory limit.
     #[error(
-        "no {schedule} schedule fits the memory limit {limit}; the smallest limit that fits is {smallest}"
+        "no {schedule} schedule fits the memory limit {}; the smallest limit that fits is {}",
+        exact(*limit),
+        exact(*smallest)
     )]
     MemoryLimit {
         /// Schedule family.
@@ -186,6 +188,16 @@ pub enum Error {
         /// The smallest limit at which the planner returns a schedule.
         smallest: f64,
     },
+}
+
+/// `x` in full precision (it reads back as the same number), with an exponent when it is
+/// very small or very large rather than hundreds of digits.
+fn exact(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && (x.abs() < 1e-4 || x.abs() >= 1e16) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
 }
 
 fn describe_stuck(stuck: &[(Cell, Pass)]) -> String {

@@ -159,10 +159,21 @@ fn grid_against_fixed_classes_and_bounds() {
 }
 
 /// Bubble never rises as the limit grows (a sweep in half units from the smallest feasible
-/// limit to 2d).
+/// limit to 2d), each limit planned on its own (`--sweep-memory` also carries the best
+/// schedule of the smaller limits; a single call does not). The unit-time shapes of d = 6,
+/// 8 and 10 rose before the blocks of lower peaks were always evaluated (d = 6, n = 6:
+/// 21.5 at 5 units, 22 at 5.5; d = 8, n = 8: 28.5 at 7, 29 at 7.5; d = 10, n = 21: 71.5,
+/// 72.5, 69.5 at 7, 7.5, 8).
 #[test]
 fn bubble_never_rises_with_the_limit() {
-    for (d, n, times) in [(4u32, 16u32, TABLE5), (8, 32, TABLE5), (8, 16, Times::UNIT)] {
+    for (d, n, times) in [
+        (4u32, 16u32, TABLE5),
+        (8, 32, TABLE5),
+        (8, 16, Times::UNIT),
+        (6, 6, Times::UNIT),
+        (8, 8, Times::UNIT),
+        (10, 21, Times::UNIT),
+    ] {
         let costs = v_costs(d, times);
         let smallest = match adaptive_v(d, n, &costs, 0.01, 0) {
             Err(Error::MemoryLimit { smallest, .. }) => smallest,
@@ -180,6 +191,41 @@ fn bubble_never_rises_with_the_limit() {
             previous = p.simulation.makespan;
             limit += 0.5;
         }
+    }
+}
+
+/// Adaptive zero bubble with uneven stages: more memory never gives a slower schedule. It
+/// did here (2722.57 at 15.5 units, 2759.25 at 16 and 17, both peaking at 13.085) when the
+/// local search started from the best schedule found alone: at 16 units a better start
+/// searched to a worse end.
+#[test]
+fn adaptive_zb_never_slows_with_more_memory() {
+    let rows = [
+        (58.788, 56.410, 4.584, 0.500),
+        (12.909, 13.188, 4.551, 0.500),
+        (4.125, 7.386, 9.711, 0.001),
+        (7.023, 8.435, 19.105, 0.500),
+        (17.377, 12.042, 17.477, 2.617),
+        (17.544, 5.407, 10.620, 2.000),
+        (4.487, 12.007, 6.846, 1.676),
+        (11.526, 16.012, 3.220, 0.000),
+        (3.175, 19.305, 8.784, 0.000),
+        (17.468, 10.397, 0.944, 0.000),
+        (8.584, 5.382, 18.734, 0.500),
+        (18.519, 49.416, 11.416, 0.005),
+    ];
+    let stages = rows
+        .iter()
+        .map(|&(f, b, w, mem)| StageCost { f, b, w, mem })
+        .collect();
+    let costs =
+        Costs::per_stage(&Placement::OnePerWorker { workers: 12 }, stages, 0.67).expect("costs");
+    let mut previous = f64::INFINITY;
+    for limit in [15.0, 15.5, 16.0, 17.0, 20.0] {
+        let p = adaptive_zb(12, 22, &costs, limit, LOCAL_SEARCH_BUDGET).expect("plans");
+        let m = p.simulation.makespan;
+        assert!(m <= previous + EPS, "{m} at {limit} after {previous}");
+        previous = m;
     }
 }
 

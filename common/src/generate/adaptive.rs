@@ -18,9 +18,12 @@
 //!    peak, so a tuple whose estimate fits the limit certainly fits.
 //! 3. **Proxy**: the distinct repeated orders are simulated with the true costs at two small
 //!    microbatch counts and the makespan at `n` is extrapolated linearly.
-//! 4. **Full evaluation** of the best few: repeat to `n`, squeeze, reorder the warm-up and
-//!    the cool-down (App. C), compact and fill W passes within the limit ([`super::finish`]),
-//!    then the local search of [`super::local`]. The fixed V-Min / V-Half / V-ZB blocks are
+//! 4. **Full evaluation** of the best few, and of every block that is among the best few of
+//!    the blocks of its own peak or less (as the budget allows: so that a larger limit
+//!    evaluates what a smaller one does): repeat to `n`, squeeze, reorder the warm-up and
+//!    the cool-down (App. C), compact and fill W passes within the limit and, as the budget
+//!    allows, within the block's own peak ([`super::finish`]), then the local search of
+//!    [`super::local`]. The fixed V-Min / V-Half / V-ZB blocks are
 //!    always evaluated too when they fit, and on small shapes (up to [`ALWAYS_FIXED`]
 //!    passes) so are the fixed schedules themselves as `pipewise plan` builds them
 //!    ([`super::fixed_v`]: their W filling and, for V-ZB, the greedy V scheduler), so the
@@ -34,14 +37,18 @@
 //!    an F, 9 units, n = 16: 1470.2 against the best block's 1542.3 and 1F1B's 1490.0; 10
 //!    units, n = 32: 2241.1 against 2267.7 and 2259.4). The best of 4 and 5 (least
 //!    makespan, then least span bubble) goes to the local search, which lowers the makespan,
-//!    then the span bubble.
+//!    then the span bubble; on small shapes (up to 4096 passes) the best three distinct
+//!    schedules each go to it, and the best result wins (where the search ends depends on
+//!    where it starts).
 //!
 //! # Adaptive zero bubble
 //!
 //! One stage per worker with the B/W split: worker `w` runs `warm(w)` forwards before its
 //! first backward, from `min(d − w − 1, c)` (below 1F1B's memory) through 1F1B (`d − w − 1`)
 //! to ZB-H2 (`2(d − w − 1)`); W passes then fill the bubbles within the limit
-//! ([`super::fill_weights`]) and the local search runs. The least makespan that fits wins.
+//! ([`super::fill_weights`]; also within the shape's own peak when the budget allows) and
+//! the local search runs (from the best three on small shapes). The least makespan that
+//! fits wins.
 //! On large shapes (above `ZB_FULL_BUDGET` passes in all) the warm-ups are ranked by a
 //! proxy (the order as repeated, or with lazy W filling) and only the best are finished.
 
@@ -69,6 +76,14 @@ const MAX_TURN: i64 = 6;
 /// Passes (candidates × 6dn) the full evaluation may spend: 8 candidates up to 6dn = 75k
 /// (d = 16, n = 780), fewer above, at least one.
 const FULL_BUDGET: u64 = 600_000;
+/// Passes (candidates × 6dn) the full evaluation may spend on the blocks of lower peaks
+/// that [`monotone_selection`] adds to the best few, and on filling blocks within their own
+/// peak: all of them up to 6dn ≈ 2k–4k (40–100 evaluations; e.g. d = 12, n = 37), fewer
+/// above, up to [`MONOTONE_UP_TO`].
+const MONOTONE_BUDGET: u64 = 200_000;
+/// Passes per schedule (6dn) above which only the best few blocks are evaluated (d = 16,
+/// n = 128 is above: planning it stays within its 1 s target).
+const MONOTONE_UP_TO: u64 = 8192;
 /// Most candidates fully evaluated.
 const MAX_FULL_EVALUATIONS: u64 = 8;
 /// Below this size (6dn passes) the fixed V-Min / V-Half / V-ZB blocks are always fully
@@ -525,27 +540,88 @@ fn keep_better(
     }
 }
 
-/// The end of both searches: the typed error if nothing fit, else the local search on the
-/// best schedule and its simulation.
+/// Passes per schedule up to which the local search starts from the [`STARTS`] best
+/// distinct schedules rather than from the best alone (where it ends is not monotone in
+/// where it starts: a larger limit whose best start is better could end worse).
+const SEVERAL_STARTS_UP_TO: usize = 4096;
+/// Starts of the local search on small shapes.
+const STARTS: usize = 3;
+
+/// The best few distinct schedules found (best first): the local search's starts.
+struct Starts {
+    kept: Vec<(Schedule, Simulation)>,
+    size: usize,
+}
+
+impl Starts {
+    /// Room for [`STARTS`] schedules of `passes` passes each if that is at most
+    /// [`SEVERAL_STARTS_UP_TO`], else one.
+    fn new(passes: usize) -> Starts {
+        let size = if passes <= SEVERAL_STARTS_UP_TO {
+            STARTS
+        } else {
+            1
+        };
+        Starts {
+            kept: Vec::with_capacity(size + 1),
+            size,
+        }
+    }
+
+    /// Keeps `candidate` if it is among the best few and not one already kept.
+    fn offer(&mut self, candidate: Option<(Schedule, Simulation)>) {
+        let Some((schedule, sim)) = candidate else {
+            return;
+        };
+        if self.kept.iter().any(|(s, _)| s.workers == schedule.workers) {
+            return;
+        }
+        let at = self.kept.partition_point(|(_, b)| !better(&sim, b));
+        if at < self.size {
+            self.kept.insert(at, (schedule, sim));
+            self.kept.truncate(self.size);
+        }
+    }
+
+    /// [`Starts::offer`] if the candidate fits `limit`.
+    fn offer_fitting(&mut self, candidate: (Schedule, Simulation), limit: f64) {
+        if candidate.1.max_peak_memory() <= limit + EPS {
+            self.offer(Some(candidate));
+        }
+    }
+}
+
+/// The end of both searches: the typed error if nothing fit, else the local search from
+/// each start, the best result and its simulation.
 fn conclude(
     name: &str,
-    best: Option<(Schedule, Simulation)>,
+    starts: Starts,
     costs: &Costs,
     limit: f64,
     smallest: f64,
     local_search_budget: u64,
     (considered, evaluated): (usize, usize),
 ) -> Result<Planned> {
-    let Some((schedule, sim)) = best else {
+    let Some(before) = starts.kept.first().map(|(_, sim)| sim.makespan) else {
         return Err(Error::MemoryLimit {
             schedule: name.into(),
             limit,
             smallest,
         });
     };
-    let before = sim.makespan;
-    let schedule = improve(schedule, costs, limit, local_search_budget)?;
-    let simulation = simulate(&schedule, costs)?;
+    let mut best: Option<(Schedule, Simulation)> = None;
+    for (schedule, _) in starts.kept {
+        let schedule = improve(schedule, costs, limit, local_search_budget)?;
+        let simulation = simulate(&schedule, costs)?;
+        keep_better(&mut best, Some((schedule, simulation)));
+    }
+    let Some((schedule, simulation)) = best else {
+        return Err(Error::MemoryLimit {
+            schedule: name.into(),
+            limit,
+            smallest,
+        });
+    };
     Ok(Planned {
         schedule,
         simulation,
@@ -579,6 +655,64 @@ fn consider_simulated(
     if best.as_ref().is_none_or(|(_, b)| better(&sim, b)) {
         *best = Some((candidate, sim));
     }
+}
+
+/// The blocks to evaluate in full out of `ranked` (proxy makespan, peak, block): every
+/// block that is among the `full` best by proxy of the blocks whose peak is at most its own,
+/// best first, and the proxy of the `full`-th best of all. The first rule does not depend on
+/// the limit, so a larger limit evaluates every block a smaller one does (the best few of
+/// all would drop blocks of a low peak once enough blocks of a higher peak with a better
+/// proxy fit, and a realised schedule can be worse than its proxy says: more memory could
+/// give a slower schedule). At most `full` blocks join per distinct peak, and at most
+/// `most` in all: the best `full` of all first, then the others by proxy (over that budget a
+/// larger limit may again drop a block a smaller one evaluates).
+fn monotone_selection(
+    mut ranked: Vec<(f64, f64, BuildingBlock)>,
+    full: usize,
+    most: usize,
+) -> (Vec<BuildingBlock>, f64) {
+    let by_proxy = |a: &(f64, f64, BuildingBlock), b: &(f64, f64, BuildingBlock)| {
+        a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1))
+    };
+    // By peak (then proxy), level by level: the best `full` so far after each level.
+    ranked.sort_by(|a, b| a.1.total_cmp(&b.1).then(by_proxy(a, b)));
+    let mut chosen = vec![false; ranked.len()];
+    // Indices of the best `full` of the levels so far, best first.
+    let mut top: Vec<usize> = Vec::with_capacity(full + 1);
+    let mut i = 0;
+    while i < ranked.len() {
+        let level = ranked[i].1;
+        while i < ranked.len() && ranked[i].1 <= level + EPS {
+            let at = top.partition_point(|&t| by_proxy(&ranked[t], &ranked[i]).is_le());
+            if at < full {
+                top.insert(at, i);
+                top.truncate(full);
+            }
+            i += 1;
+        }
+        for &t in &top {
+            chosen[t] = true;
+        }
+    }
+    let cutoff = top
+        .last()
+        .filter(|_| top.len() == full)
+        .map_or(f64::INFINITY, |&t| ranked[t].0);
+    // Over budget: the best `full` of all (the last level's top), then the others by proxy.
+    let mut first: Vec<BuildingBlock> = Vec::new();
+    for &t in &top {
+        first.push(ranked[t].2.clone());
+        chosen[t] = false;
+    }
+    let mut others: Vec<(f64, f64, BuildingBlock)> = ranked
+        .into_iter()
+        .zip(chosen)
+        .filter_map(|(r, c)| c.then_some(r))
+        .collect();
+    others.sort_by(by_proxy);
+    let room = most.saturating_sub(first.len());
+    first.extend(others.into_iter().take(room).map(|(_, _, b)| b));
+    (first, cutoff)
 }
 
 /// Repeat → warm-up reorder → cool-down reorder, compaction and W filling within `limit`:
@@ -657,14 +791,15 @@ pub fn adaptive_v(
         let block = o.block(d);
         ranked.push((block_makespan(&block, n, costs), peak, block));
     }
-    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    let mut best: Option<(Schedule, Simulation)> = None;
+    let mut best = Starts::new(6 * d as usize * n as usize);
     let mut evaluated = 0usize;
     let full = (FULL_BUDGET / per_proxy.max(1)).clamp(1, MAX_FULL_EVALUATIONS) as usize;
-    let cutoff = ranked
-        .get(full.saturating_sub(1))
-        .map_or(f64::INFINITY, |r| r.0);
-    let mut blocks: Vec<BuildingBlock> = ranked.into_iter().take(full).map(|(_, _, b)| b).collect();
+    let most = if per_proxy <= MONOTONE_UP_TO {
+        (MONOTONE_BUDGET / per_proxy.max(1)).max(full as u64) as usize
+    } else {
+        full
+    };
+    let (mut blocks, cutoff) = monotone_selection(ranked, full, most);
     // The fixed schedules of each memory class, so that the result is never worse than them
     // (on large shapes only when the proxy ranks them among the best anyway).
     for fixed in [VOffsets::v_min(d), VOffsets::v_half(d)]
@@ -684,9 +819,18 @@ pub fn adaptive_v(
         }
         blocks.push(block);
     }
+    // Also filled within a block's own peak, which does not depend on the limit (a larger
+    // limit then finds the block schedules a smaller one does), as the budget allows.
+    let mut own_fills = most.saturating_sub(blocks.len());
     for block in &blocks {
         evaluated += 1;
-        keep_better(&mut best, realise(block, NAME, n, costs, limit)?);
+        best.offer(realise(block, NAME, n, costs, limit)?);
+        let own = steady_peak(block, costs);
+        if own + EPS < limit && own_fills > 0 {
+            own_fills -= 1;
+            evaluated += 1;
+            best.offer(realise(block, NAME, n, costs, own)?);
+        }
     }
     // The fixed schedules themselves, as `pipewise plan` builds them (their W filling and,
     // for V-ZB, the greedy V scheduler), so that neither bubble is ever above them in their
@@ -699,7 +843,7 @@ pub fn adaptive_v(
                     name: NAME.into(),
                     ..schedule
                 };
-                consider_simulated(&mut best, (schedule, sim), limit);
+                best.offer_fitting((schedule, sim), limit);
             }
         }
     }
@@ -708,7 +852,7 @@ pub fn adaptive_v(
     let runs = (LIST_BUDGET / per_proxy.max(1)).max(1) as usize;
     let (listed, made) = list_v::search(d, n, costs, limit, NAME, runs)?;
     evaluated += made;
-    keep_better(&mut best, listed);
+    best.offer(listed);
     conclude(
         NAME,
         best,
@@ -746,7 +890,7 @@ pub fn adaptive_zb(
     let placement = Placement::OnePerWorker { workers: d };
     costs.check_for(&placement)?;
     const NAME: &str = "adaptive-zb";
-    let mut best: Option<(Schedule, Simulation)> = None;
+    let mut best = Starts::new(3 * d as usize * n as usize);
     let mut smallest = f64::INFINITY;
     let mut evaluated = 0usize;
     let mut seen: HashSet<Vec<usize>> = HashSet::new();
@@ -793,17 +937,28 @@ pub fn adaptive_zb(
         ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
         fitting = ranked.into_iter().take(full).map(|(_, _, w)| w).collect();
     }
+    // Each shape is also finished within its own peak, which does not depend on the limit
+    // (a larger limit then finds what a smaller one does), when the budget allows both.
+    let own_fills = 2 * fitting.len() <= full;
     for warm in fitting {
         evaluated += 1;
         let base = shape(&warm);
         let mut local = None;
         consider(&mut local, base.clone(), costs, limit)?;
+        let own = order_peak(&base, costs);
+        if own_fills && own + EPS < limit {
+            consider_simulated(
+                &mut local,
+                finish_simulated(base.clone(), costs, Some(own))?,
+                limit,
+            );
+        }
         consider_simulated(
             &mut local,
             finish_simulated(base, costs, Some(limit))?,
             limit,
         );
-        keep_better(&mut best, local);
+        best.offer(local);
     }
     conclude(
         NAME,
