@@ -317,7 +317,11 @@ fn print_status(s: &pb::JobStatus) {
     if !s.last_loss.is_nan() {
         line.push_str(&format!("  loss {:.4}", s.last_loss));
     }
-    if !s.waiting.is_empty() {
+    let running = matches!(
+        pb::JobState::try_from(s.state),
+        Ok(pb::JobState::Queued | pb::JobState::Running)
+    );
+    if running && !s.waiting.is_empty() {
         line.push_str(&format!("  waiting for {}", s.waiting));
     }
     if !s.error.is_empty() {

@@ -210,9 +210,6 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         .validate()
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("invalid local job")?;
-    if args.device == crate::cluster::DeviceArg::Cpu && !spec.compute.is_emulated() {
-        fits_this_machine(&spec, &plan, pipewise_worker::node::host_available_memory())?;
-    }
     if let Some(path) = &args.data {
         // Refuse an unreadable file before anything starts (the workers read it again).
         let corpus = Corpus::from_file(path)
@@ -236,6 +233,9 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
             "--emulate-ms: three times F,B,W in milliseconds, got {} values",
             args.emulate_ms.len()
         );
+    }
+    if args.device == crate::cluster::DeviceArg::Cpu && !spec.compute.is_emulated() {
+        fits_this_machine(&spec, &plan, pipewise_worker::node::host_available_memory())?;
     }
     if !(args.metrics_linger.is_finite() && args.metrics_linger >= 0.0) {
         bail!("--metrics-linger: must be a finite number of seconds ≥ 0");

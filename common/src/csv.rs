@@ -859,6 +859,16 @@ mod tests {
         assert!(err.to_string().contains("has no actions"), "{err}");
     }
 
+    /// A file in older PyTorch's letters (B for the input gradient) is refused with that
+    /// hint.
+    #[test]
+    fn older_pytorch_letters_get_a_hint() {
+        let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 4)).expect("generates");
+        let old = to_csv(&schedule).expect("exports").replace('I', "B");
+        let (_, _, _, reason) = csv_error(&old);
+        assert!(reason.contains("older PyTorch releases"), "{reason}");
+    }
+
     /// Rows may end with a lone carriage return (Python's `csv` reads those too).
     #[test]
     fn reads_rows_ended_by_a_lone_carriage_return() {

@@ -147,6 +147,7 @@ impl Actor for JobManager {
             if record.state == JobState::Running || record.state == JobState::Queued {
                 record.state = JobState::Failed;
                 record.error = "the coordinator restarted before the job finished".into();
+                record.waiting.clear();
                 state.store.put(&record)?;
             }
             state.records.insert(record.id, record);
@@ -251,7 +252,11 @@ impl Actor for JobManager {
                     && record.waiting != what
                 {
                     record.waiting = what;
-                    state.save(record)?;
+                    // Only a status note: a store that cannot take it does not stop the
+                    // manager (the next step's save reports a store that stays broken).
+                    if let Err(e) = state.save(record) {
+                        tracing::warn!(job, "cannot store what the job waits for: {e}");
+                    }
                 }
             }
             JobMsg::Trace(job, step, reply) => {
@@ -406,6 +411,49 @@ mod tests {
         .await
         .unwrap();
         (manager, dir)
+    }
+
+    /// A job the coordinator stopped under is failed on restart, and no longer says what
+    /// it waited for.
+    #[tokio::test]
+    async fn a_restart_fails_unfinished_jobs_and_clears_their_waiting() {
+        let dir = std::env::temp_dir().join(format!("pipewise-restart-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let store = JobStore::open(&dir).unwrap();
+            store
+                .put(&JobRecord {
+                    id: 1,
+                    name: "stopped".into(),
+                    spec_toml: String::new(),
+                    state: JobState::Running,
+                    step: 0,
+                    steps: 3,
+                    last_loss: None,
+                    error: String::new(),
+                    last_checkpoint: String::new(),
+                    waiting: "workers: 1 of 3 ready".into(),
+                })
+                .unwrap();
+        }
+        let (planner, _release, _waiting) = gated_planner(1).await;
+        let (manager, _) = Actor::spawn(
+            None,
+            JobManager,
+            JobManagerArgs {
+                store: JobStore::open(&dir).unwrap(),
+                planner,
+                runner: None,
+            },
+        )
+        .await
+        .unwrap();
+        let record = ractor::call!(manager, JobMsg::Get, 1).unwrap().unwrap();
+        assert_eq!(record.state, JobState::Failed);
+        assert!(record.error.contains("restarted"), "{}", record.error);
+        assert!(record.waiting.is_empty(), "{}", record.waiting);
+        manager.stop(None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The manager answers while a submitted job is being planned (a slow plan used to

@@ -76,10 +76,10 @@ const MAX_TURN: i64 = 6;
 /// Passes (candidates × 6dn) the full evaluation may spend: 8 candidates up to 6dn = 75k
 /// (d = 16, n = 780), fewer above, at least one.
 const FULL_BUDGET: u64 = 600_000;
-/// Passes (candidates × 6dn) the full evaluation may spend on the blocks of lower peaks
-/// that [`monotone_selection`] adds to the best few, and on filling blocks within their own
-/// peak: all of them up to 6dn ≈ 2k–4k (40–100 evaluations; e.g. d = 12, n = 37), fewer
-/// above, up to [`MONOTONE_UP_TO`].
+/// Passes (evaluations × 6dn) the full evaluation of blocks may spend in all, the best few
+/// included, when it adds the blocks of lower peaks that [`monotone_selection`] picks and
+/// fills blocks within their own peak too: 100 evaluations at 6dn = 2k, 50 at 4k (e.g.
+/// d = 12, n = 37: 2664), up to [`MONOTONE_UP_TO`].
 const MONOTONE_BUDGET: u64 = 200_000;
 /// Passes per schedule (6dn) above which only the best few blocks are evaluated (d = 16,
 /// n = 128 is above: planning it stays within its 1 s target).
@@ -497,7 +497,8 @@ pub struct Planned {
     /// Candidates evaluated at full size: realised blocks, and list-scheduling runs
     /// (counted even when a run deadlocks and so is never simulated).
     pub evaluated: usize,
-    /// Makespan before the local search.
+    /// Makespan of the best schedule found before the local search (the best of its
+    /// starts; the result is never longer).
     pub before_local_search: f64,
 }
 
@@ -820,8 +821,12 @@ pub fn adaptive_v(
         blocks.push(block);
     }
     // Also filled within a block's own peak, which does not depend on the limit (a larger
-    // limit then finds the block schedules a smaller one does), as the budget allows.
-    let mut own_fills = most.saturating_sub(blocks.len());
+    // limit then finds the own-peak fills a smaller one finds), as the budget allows.
+    let mut own_fills = if per_proxy <= MONOTONE_UP_TO {
+        most.saturating_sub(blocks.len())
+    } else {
+        0
+    };
     for block in &blocks {
         evaluated += 1;
         best.offer(realise(block, NAME, n, costs, limit)?);
@@ -938,7 +943,8 @@ pub fn adaptive_zb(
         fitting = ranked.into_iter().take(full).map(|(_, _, w)| w).collect();
     }
     // Each shape is also finished within its own peak, which does not depend on the limit
-    // (a larger limit then finds what a smaller one does), when the budget allows both.
+    // (a larger limit then finds the own-peak finishes a smaller one finds), when the
+    // budget allows both.
     let own_fills = 2 * fitting.len() <= full;
     for warm in fitting {
         evaluated += 1;
