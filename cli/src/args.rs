@@ -255,7 +255,7 @@ pub(crate) struct PlanArgs {
     /// the same layers per worker), e.g. 0.5x; or in bytes with a unit,
     /// e.g. 24GiB, which needs --activation-bytes. Default: 1x.
     #[arg(long, value_name = "L|Fx|BYTES", value_parser = parse_memory_limit,
-          verbatim_doc_comment)]
+          allow_hyphen_values = true, verbatim_doc_comment)]
     pub(crate) memory_limit: Option<MemoryLimit>,
 
     /// Plan adaptive-v or adaptive-zb at every limit from the smallest that
@@ -325,9 +325,15 @@ impl MemoryLimit {
 /// Parses `--memory-limit`: units, `0.5x`, or bytes with a unit.
 pub(crate) fn parse_memory_limit(text: &str) -> std::result::Result<MemoryLimit, String> {
     let t = text.trim();
+    // NaN and infinity are numbers of units (refused as such), not byte counts.
+    let special = ["nan", "inf", "infinity"].contains(
+        &t.trim_start_matches(['+', '-'])
+            .to_ascii_lowercase()
+            .as_str(),
+    );
     Ok(if let Some(x) = t.strip_suffix(['x', 'X']) {
         MemoryLimit::Times1F1B(positive(x, "memory limit")?)
-    } else if t.ends_with(|c: char| c.is_ascii_alphabetic()) && !t.ends_with('e') {
+    } else if t.ends_with(|c: char| c.is_ascii_alphabetic()) && !t.ends_with('e') && !special {
         // A unit (24GB, 24GiB, or Kubernetes' 24Gi): bytes.
         MemoryLimit::Bytes(parse_bytes(t)?)
     } else {

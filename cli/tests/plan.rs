@@ -606,6 +606,27 @@ fn memory_limit_forms_and_errors() {
         e.contains("memory-limit") || e.contains("memory limit"),
         "{e}"
     );
+    // Negative, NaN and infinite limits are refused as numbers, not as unknown options or
+    // byte counts.
+    for bad in ["-1", "nan", "-inf", "Infinity"] {
+        let e = fails(&[
+            "plan",
+            "-s",
+            "adaptive-v",
+            "-d",
+            "6",
+            "-n",
+            "12",
+            "--memory-limit",
+            bad,
+        ]);
+        assert!(
+            e.contains(&format!(
+                "memory limit: {bad} must be a finite number greater than 0"
+            )),
+            "{bad}: {e}"
+        );
+    }
 }
 
 /// `--sweep-memory` prints a monotone table, an SVG chart and JSON points.
