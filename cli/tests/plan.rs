@@ -459,6 +459,20 @@ fn help_texts() {
 /// are refused with the option named.
 #[test]
 fn memory_limit_forms_and_errors() {
+    // `pipewise plan -s adaptive-v -d 6 -n 12 --memory-limit LIMIT`, which must fail.
+    let v_limit = |limit: &str| {
+        fails(&[
+            "plan",
+            "-s",
+            "adaptive-v",
+            "-d",
+            "6",
+            "-n",
+            "12",
+            "--memory-limit",
+            limit,
+        ])
+    };
     let peak = |args: &[&str]| -> f64 {
         let v: Value = serde_json::from_str(&ok(args)).unwrap();
         v["peak_memory"]
@@ -506,17 +520,7 @@ fn memory_limit_forms_and_errors() {
     ]);
     assert!(zb <= 4.0 + 1e-9, "peak {zb}");
 
-    let e = fails(&[
-        "plan",
-        "-s",
-        "adaptive-v",
-        "-d",
-        "6",
-        "-n",
-        "12",
-        "--memory-limit",
-        "0.1",
-    ]);
+    let e = v_limit("0.1");
     assert!(e.contains("smallest limit that fits"), "{e}");
     // Given in bytes, the limits are told in bytes too.
     let e = fails(&[
@@ -580,17 +584,7 @@ fn memory_limit_forms_and_errors() {
         "3",
     ]);
     assert!(e.contains("--memory-limit"), "{e}");
-    let e = fails(&[
-        "plan",
-        "-s",
-        "adaptive-v",
-        "-d",
-        "6",
-        "-n",
-        "12",
-        "--memory-limit",
-        "2GiB",
-    ]);
+    let e = v_limit("2GiB");
     assert!(e.contains("--activation-bytes"), "{e}");
     let e = fails(&[
         "plan",
@@ -609,17 +603,7 @@ fn memory_limit_forms_and_errors() {
     // Negative, NaN and infinite limits are refused as numbers, not as unknown options or
     // byte counts.
     for bad in ["-1", "nan", "-inf", "Infinity"] {
-        let e = fails(&[
-            "plan",
-            "-s",
-            "adaptive-v",
-            "-d",
-            "6",
-            "-n",
-            "12",
-            "--memory-limit",
-            bad,
-        ]);
+        let e = v_limit(bad);
         assert!(
             e.contains(&format!(
                 "memory limit: {bad} must be a finite number greater than 0"

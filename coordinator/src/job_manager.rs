@@ -399,18 +399,23 @@ mod tests {
     ) -> (ActorRef<JobMsg>, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("pipewise-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        (manager_on(planner, &dir).await, dir)
+    }
+
+    /// A manager with `planner`, no runner, and the store in `dir` as it is.
+    async fn manager_on(planner: ActorRef<PlannerMsg>, dir: &std::path::Path) -> ActorRef<JobMsg> {
         let (manager, _) = Actor::spawn(
             None,
             JobManager,
             JobManagerArgs {
-                store: JobStore::open(&dir).unwrap(),
+                store: JobStore::open(dir).unwrap(),
                 planner,
                 runner: None,
             },
         )
         .await
         .unwrap();
-        (manager, dir)
+        manager
     }
 
     /// A job the coordinator stopped under is failed on restart, and no longer says what
@@ -437,17 +442,7 @@ mod tests {
                 .unwrap();
         }
         let (planner, _release, _waiting) = gated_planner(1).await;
-        let (manager, _) = Actor::spawn(
-            None,
-            JobManager,
-            JobManagerArgs {
-                store: JobStore::open(&dir).unwrap(),
-                planner,
-                runner: None,
-            },
-        )
-        .await
-        .unwrap();
+        let manager = manager_on(planner, &dir).await;
         let record = ractor::call!(manager, JobMsg::Get, 1).unwrap().unwrap();
         assert_eq!(record.state, JobState::Failed);
         assert!(record.error.contains("restarted"), "{}", record.error);
