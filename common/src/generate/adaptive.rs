@@ -603,20 +603,14 @@ fn conclude(
     local_search_budget: u64,
     (considered, evaluated): (usize, usize),
 ) -> Result<Planned> {
-    let Some(before) = starts.kept.first().map(|(_, sim)| sim.makespan) else {
-        return Err(Error::MemoryLimit {
-            schedule: name.into(),
-            limit,
-            smallest,
-        });
-    };
+    let before = starts.kept.first().map(|(_, sim)| sim.makespan);
     let mut best: Option<(Schedule, Simulation)> = None;
     for (schedule, _) in starts.kept {
         let schedule = improve(schedule, costs, limit, local_search_budget)?;
         let simulation = simulate(&schedule, costs)?;
         keep_better(&mut best, Some((schedule, simulation)));
     }
-    let Some((schedule, simulation)) = best else {
+    let (Some(before), Some((schedule, simulation))) = (before, best) else {
         return Err(Error::MemoryLimit {
             schedule: name.into(),
             limit,
@@ -700,9 +694,8 @@ fn monotone_selection(
         .filter(|_| top.len() == full)
         .map_or(f64::INFINITY, |&t| ranked[t].0);
     // Over budget: the best `full` of all (the last level's top), then the others by proxy.
-    let mut first: Vec<BuildingBlock> = Vec::new();
+    let mut first: Vec<BuildingBlock> = top.iter().map(|&t| ranked[t].2.clone()).collect();
     for &t in &top {
-        first.push(ranked[t].2.clone());
         chosen[t] = false;
     }
     let mut others: Vec<(f64, f64, BuildingBlock)> = ranked
@@ -795,7 +788,9 @@ pub fn adaptive_v(
     let mut best = Starts::new(6 * d as usize * n as usize);
     let mut evaluated = 0usize;
     let full = (FULL_BUDGET / per_proxy.max(1)).clamp(1, MAX_FULL_EVALUATIONS) as usize;
-    let most = if per_proxy <= MONOTONE_UP_TO {
+    // Up to MONOTONE_UP_TO, the budget for blocks of lower peaks and own-peak fills.
+    let monotone = per_proxy <= MONOTONE_UP_TO;
+    let most = if monotone {
         (MONOTONE_BUDGET / per_proxy.max(1)).max(full as u64) as usize
     } else {
         full
@@ -822,7 +817,7 @@ pub fn adaptive_v(
     }
     // Also filled within a block's own peak, which does not depend on the limit (a larger
     // limit then finds the own-peak fills a smaller one finds), as the budget allows.
-    let mut own_fills = if per_proxy <= MONOTONE_UP_TO {
+    let mut own_fills = if monotone {
         most.saturating_sub(blocks.len())
     } else {
         0
