@@ -28,6 +28,12 @@ pub(crate) struct CoordinatorArgs {
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Drop a gauge series from the metrics when it has not been set for this many seconds
+    /// (those of finished jobs and forgotten workers; live ones are set every step or
+    /// heartbeat).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::metrics::EXPIRY_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400 * 365))]
+    pub(crate) metrics_expiry: u64,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -72,6 +78,12 @@ pub(crate) struct WorkerArgs {
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Drop a gauge series from the metrics when it has not been set for this many seconds
+    /// (those of finished jobs and forgotten workers; live ones are set every step or
+    /// heartbeat).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::metrics::EXPIRY_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400 * 365))]
+    pub(crate) metrics_expiry: u64,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -215,7 +227,7 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
         .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics_listen {
-            crate::metrics::serve(addr)?;
+            crate::metrics::serve(addr, Some(Duration::from_secs(args.metrics_expiry)))?;
         }
         let coordinator = Coordinator::start_cluster(args.listen, &data_dir)
             .await
@@ -267,7 +279,7 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     config.device = args.device.open()?;
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics_listen {
-            crate::metrics::serve(addr)?;
+            crate::metrics::serve(addr, Some(Duration::from_secs(args.metrics_expiry)))?;
             pipewise_worker::metrics::describe();
         }
         let node = WorkerNode::start(config)

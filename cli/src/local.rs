@@ -301,7 +301,8 @@ fn fits_this_machine(spec: &JobSpec, plan: &JobPlan, available: Option<u64>) -> 
 /// Starts the coordinator and the workers, runs the job, reports, then stops them all.
 async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path) -> Result<()> {
     if let Some(addr) = args.metrics_listen {
-        crate::metrics::serve(addr)?;
+        // One job: its series stay while the run (and --metrics-linger) lasts.
+        crate::metrics::serve(addr, None)?;
         pipewise_worker::metrics::describe();
     }
     let coordinator =

@@ -23,6 +23,8 @@ use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
 
 const STEPS: u32 = 20;
 const TOLERANCE: f64 = 1e-5;
+/// `--metrics-expiry` of the coordinator and of worker `w0`, in seconds.
+const EXPIRY_SECS: u64 = 3;
 
 fn pipewise() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pipewise"))
@@ -75,7 +77,8 @@ fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster
     let mut cmd = pipewise();
     cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&data)
-        .args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[0])]);
+        .args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[0])])
+        .args(["--metrics-expiry", &EXPIRY_SECS.to_string()]);
     let (coord, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
     // "coordinator listening on ADDR (data in DIR)"
     let addr = line.split_whitespace().nth(3).unwrap().to_string();
@@ -93,8 +96,14 @@ fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster
             args.extend_from_slice(extra);
         }
         let metrics_listen = format!("127.0.0.1:{}", metrics[1]);
+        let expiry = EXPIRY_SECS.to_string();
         if w == 0 {
-            args.extend(["--metrics-listen", &metrics_listen]);
+            args.extend([
+                "--metrics-listen",
+                &metrics_listen,
+                "--metrics-expiry",
+                &expiry,
+            ]);
         }
         add_worker(&mut cluster, dir, &format!("w{w}"), &args);
     }
@@ -542,6 +551,59 @@ fn emulated_job_runs_on_worker_processes() {
         let m = percent_after(line, "measured");
         assert!((0.0..=100.0).contains(&m), "{line}");
     }
+
+    // The finished job's gauges leave the metrics once unset for --metrics-expiry; the
+    // cluster's own (refreshed every heartbeat tick) and the counters stay.
+    let scrape = |port: u16| common::http_get(port, "/metrics").unwrap().1;
+    let series = |text: &str, prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+    let job_gauges = [
+        "pipewise_tokens_per_second{",
+        "pipewise_bubble_ratio{",
+        "pipewise_activation_memory_bytes{",
+    ];
+    let kept = [
+        "pipewise_workers_up 4",
+        "pipewise_jobs{state=\"succeeded\"} 1",
+        "pipewise_heartbeat_age_seconds{worker=\"w0\"}",
+        "pipewise_steps_total{job_id=",
+    ];
+    // After a heartbeat tick (every second) at least.
+    std::thread::sleep(Duration::from_millis(1200));
+    let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
+    for prefix in job_gauges.iter().chain(&kept) {
+        assert!(
+            series(&coordinator, prefix) > 0,
+            "{prefix} missing:\n{coordinator}"
+        );
+    }
+    assert!(
+        series(&worker, "pipewise_worker_bubble_ratio{") > 0,
+        "{worker}"
+    );
+    std::thread::sleep(Duration::from_millis(EXPIRY_SECS * 1000 + 1500));
+    let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
+    for prefix in job_gauges {
+        assert_eq!(
+            series(&coordinator, prefix),
+            0,
+            "{prefix} stayed:\n{coordinator}"
+        );
+    }
+    for prefix in kept {
+        assert!(
+            series(&coordinator, prefix) > 0,
+            "{prefix} missing:\n{coordinator}"
+        );
+    }
+    assert_eq!(
+        series(&worker, "pipewise_worker_bubble_ratio{"),
+        0,
+        "{worker}"
+    );
+    assert!(
+        series(&worker, "pipewise_worker_steps_total{") > 0,
+        "{worker}"
+    );
 }
 
 /// A job waiting for more workers than are registered says so in its status (not a bare

@@ -197,6 +197,9 @@ struct Assigned<'a> {
     stage_pieces: &'a [u32],
     /// What straggler detection needs; `None`: the run is not watched for stragglers.
     watch: Option<&'a Straggle>,
+    /// Each worker's predicted peak activation bytes under this run's plan and split (empty
+    /// when they cannot be predicted).
+    predicted_peaks: &'a [u64],
     /// The job's spec and the run's plan (memory pressure re-plans from them).
     spec: &'a JobSpec,
     plan: &'a JobPlan,
@@ -376,12 +379,14 @@ impl JobRunner for ClusterRunner {
                 .cast(MembershipMsg::Attach(run, tx))
                 .map_err(|e| format!("membership: {e}"))?;
             let straggle = straggle_of(spec, &plan, &stage_pieces);
+            let predicted_peaks = predicted_peaks(&current, &plan, &stage_pieces);
             let assigned = Assigned {
                 job,
                 run,
                 first_step,
                 steps: u64::from(spec.training.steps),
                 planned: planned_bubble(&plan, spec),
+                predicted_peaks: &predicted_peaks,
                 workers: &workers,
                 reports: &rx,
                 stage_pieces: &stage_pieces,
@@ -804,6 +809,7 @@ impl ClusterRunner {
             first_step,
             steps,
             planned,
+            predicted_peaks,
             workers,
             reports: rx,
             watch,
@@ -894,7 +900,7 @@ impl ClusterRunner {
                         Taken::Complete(reports) => Some(reports),
                     };
                     if let Some(reports) = reports {
-                        let mut e = event(job, step, planned, &reports);
+                        let mut e = event(job, step, planned, predicted_peaks, &reports);
                         if let Some((reason, schedule)) = replanned.take() {
                             e.replan_reason = reason;
                             e.replanned = Some(schedule);
@@ -1099,6 +1105,32 @@ pub const FITTING_KINDS: [&str; 9] = [
 /// plan (simulated under the job's planning times) predicted to fit every worker
 /// that registered one, holding less on the overflowing worker than the plan in use;
 /// `None` if nothing overflowed or nothing fits.
+/// The job as planned for the run's worker count (after a loss it may be fewer than the
+/// degree, without a stage count pinned by blocks per stage), and its layer ranges on the
+/// split in use (`in_use`: pieces per stage, empty for the job's own split).
+fn in_use_ranges(
+    spec: &JobSpec,
+    plan: &JobPlan,
+    in_use: &[u32],
+) -> Option<(JobSpec, Vec<std::ops::Range<usize>>)> {
+    let spec = respec(spec, plan.schedule.num_workers());
+    let ranges = if in_use.is_empty() {
+        spec.stage_ranges(plan.schedule.placement.stages())
+    } else {
+        spec.model.split_by_counts(in_use)
+    };
+    let ranges = ranges.ok()?;
+    Some((spec, ranges))
+}
+
+/// Every worker's predicted peak activation bytes under `plan` on the split in use (empty
+/// when they cannot be predicted).
+fn predicted_peaks(spec: &JobSpec, plan: &JobPlan, in_use: &[u32]) -> Vec<u64> {
+    in_use_ranges(spec, plan, in_use)
+        .and_then(|(spec, ranges)| plan.predicted_peak_bytes_over(&spec, &ranges).ok())
+        .unwrap_or_default()
+}
+
 fn pressure(
     spec: &JobSpec,
     plan: &JobPlan,
@@ -1106,18 +1138,12 @@ fn pressure(
     measured: Option<&[pb::StepReport]>,
     workers: &[WorkerInfo],
 ) -> Option<(String, Fitting)> {
-    // The job as planned for the run's worker count (after a loss it may be fewer than
-    // the degree), without a stage count pinned by blocks per stage.
-    let spec = &respec(spec, plan.schedule.num_workers());
-    let predicted = |p: &JobPlan| p.predicted_bytes(spec).ok();
     // The plan in use on the split in use (a straggler move's), the candidates on the
     // job's split (a move goes back to it).
-    let now = if in_use.is_empty() {
-        predicted(plan)?
-    } else {
-        let ranges = spec.model.split_by_counts(in_use).ok()?;
-        plan.predicted_bytes_over(spec, &ranges).ok()?
-    };
+    let (spec, ranges) = in_use_ranges(spec, plan, in_use)?;
+    let spec = &spec;
+    let predicted = |p: &JobPlan| p.predicted_bytes(spec).ok();
+    let now = plan.predicted_bytes_over(spec, &ranges).ok()?;
     let over_budget = |w: usize, need: u64| {
         workers
             .get(w)
@@ -1262,7 +1288,13 @@ fn fit_limit(candidate: &JobSpec, assess: &dyn Fn(&JobSpec) -> Assessed) -> Opti
 const FIT_STEPS: usize = 6;
 
 /// One step's event from every worker's report.
-fn event(job: u64, step: u64, planned: f64, reports: &[pb::StepReport]) -> StepEventData {
+fn event(
+    job: u64,
+    step: u64,
+    planned: f64,
+    predicted_peaks: &[u64],
+    reports: &[pb::StepReport],
+) -> StepEventData {
     let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
     let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
     let loss = reports
@@ -1294,6 +1326,7 @@ fn event(job: u64, step: u64, planned: f64, reports: &[pb::StepReport]) -> StepE
                 )
             })
             .collect(),
+        predicted_peaks: predicted_peaks.to_vec(),
         replan_reason: String::new(),
         replanned: None,
         trace: step_trace(job, step, reports),
@@ -1595,6 +1628,26 @@ mod tests {
         // One range for two stages.
         let whole = spec.model.split_by_counts(&[10]).unwrap();
         assert!(plan.predicted_peak_bytes_over(&spec, &whole).is_err());
+    }
+
+    /// The peaks a run's steps report as predicted (and the metrics show) are those of its
+    /// plan on its split: a straggler move's split, or a re-plan's fewer workers.
+    #[test]
+    fn predicted_peaks_follow_the_run() {
+        let mut spec = example(2, "1f1b");
+        spec.training.global_batch_size = 16;
+        let plan = spec.validate().unwrap();
+        let even = predicted_peaks(&spec, &plan, &[]);
+        assert_eq!(even, plan.predicted_peak_bytes(&spec).unwrap());
+        let moved = predicted_peaks(&spec, &plan, &[8, 2]);
+        assert_eq!(moved.len(), 2);
+        assert!(moved[0] > even[0], "{moved:?} {even:?}");
+        let (on_one, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
+        let alone = predicted_peaks(&on_one, &one, &[]);
+        assert_eq!(alone.len(), 1);
+        assert!(alone[0] > even[0], "{alone:?} {even:?}");
+        // One range for two stages cannot be predicted.
+        assert!(predicted_peaks(&spec, &plan, &[10]).is_empty());
     }
 
     /// torchtitan's first / last stage less layers survive a re-plan onto other workers,

@@ -28,6 +28,9 @@ pub struct StepEventData {
     pub measured_bubble: f64,
     /// (worker, peak activation bytes) for every worker.
     pub peaks: Vec<(u32, u64)>,
+    /// Every worker's predicted peak activation bytes under the plan and split the step
+    /// ran (empty when the runner cannot predict them).
+    pub predicted_peaks: Vec<u64>,
     /// (worker, measured bubble: 1 − its time in passes / step wall time) for every worker.
     pub worker_bubbles: Vec<(u32, f64)>,
     /// Why the job was re-planned before this step, if it was.

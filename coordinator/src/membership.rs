@@ -287,8 +287,13 @@ impl Actor for Membership {
                     .filter(|(_, age)| *age <= deadline.as_secs_f64())
                     .count();
                 crate::metrics::record_liveness(&ages, up);
+                crate::metrics::refresh();
+                // Only the workers of a run still followed: a finished run's indices are
+                // left to the exporter's expiry.
                 for w in st.workers.values() {
-                    if let Some((_, index)) = st.assigned.get(&w.id) {
+                    if let Some((run, index)) = st.assigned.get(&w.id)
+                        && st.sinks.contains_key(run)
+                    {
                         crate::metrics::record_current_memory(*index, w.current_activation_bytes);
                     }
                 }

@@ -13,10 +13,18 @@
 //! | `pipewise_heartbeat_age_seconds` | gauge | `worker` |
 //! | `pipewise_jobs` | gauge | `state` |
 //! | `pipewise_replans_total` | counter | `reason` |
+//!
+//! The binary drops gauge series nobody has set for a while (`--metrics-expiry`): a
+//! finished job's, a forgotten worker's, a worker index past the running job's. So every
+//! gauge that stays true is set again at least every step or every heartbeat tick: the
+//! per-job ones and the peaks (predicted ones included) with each step, liveness and
+//! current memory every tick, and the jobs by state every tick too ([`refresh`]).
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
+
+use std::sync::Mutex;
 
 use crate::driver::StepEventData;
 
@@ -109,6 +117,7 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
         gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "worker" => worker.to_string())
             .set(*peak as f64);
     }
+    record_predicted_peaks(&e.predicted_peaks);
 }
 
 /// The plan's predicted peak activation bytes of each worker.
@@ -133,9 +142,27 @@ pub fn record_liveness(ages: &[(String, f64)], up: usize) {
     }
 }
 
+/// The last job counts by state, set again by [`refresh`].
+static JOB_COUNTS: Mutex<Vec<(&'static str, usize)>> = Mutex::new(Vec::new());
+
 /// Jobs by state.
 pub fn record_jobs(counts: &[(&'static str, usize)]) {
+    if let Ok(mut last) = JOB_COUNTS.lock() {
+        *last = counts.to_vec();
+    }
+    set_jobs(counts);
+}
+
+fn set_jobs(counts: &[(&'static str, usize)]) {
     for (state, n) in counts {
         gauge!("pipewise_jobs", "state" => *state).set(*n as f64);
+    }
+}
+
+/// Sets again the gauges that change only now and then (jobs by state), so that the
+/// exporter's expiry of idle series keeps them; called every heartbeat tick.
+pub fn refresh() {
+    if let Ok(last) = JOB_COUNTS.lock() {
+        set_jobs(&last);
     }
 }

@@ -47,6 +47,7 @@ impl JobRunner for CountingRunner {
                 measured_bubble: 0.12,
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
                 worker_bubbles: Vec::new(),
+                predicted_peaks: Vec::new(),
                 replan_reason: String::new(),
                 replanned: None,
                 trace: None,

@@ -796,6 +796,8 @@ fn run_assignment(
         let batches = sampler.step(&corpus, step, a.microbatches, &config.device)?;
         let report = rt.run_step(a.job, step, &batches, transport.as_ref(), &sync)?;
         crate::metrics::record_step(a.worker_index, &report);
+        // Again every step: the exporter drops gauges left unset for a while.
+        crate::metrics::record_parameters(&rt);
         let held = rt.stages().values().map(crate::Stage::stash_bytes).sum();
         publish_step(
             config,
