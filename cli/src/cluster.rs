@@ -5,7 +5,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -136,6 +136,11 @@ pub(crate) struct Endpoint {
     /// The coordinator's URL.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub(crate) coordinator: String,
+    /// Keep trying to reach the coordinator for up to this many seconds (e.g. while it
+    /// starts); only connecting is retried, never a request, so nothing is sent twice.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub(crate) wait_for_coordinator: u64,
 }
 
 /// `pipewise submit` arguments.
@@ -301,9 +306,31 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
 async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
     let uri = pipewise_worker::net::http_uri(&endpoint.coordinator)
         .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?;
-    JobServiceClient::connect(uri)
-        .await
-        .with_context(|| format!("cannot reach the coordinator at {}", endpoint.coordinator))
+    let deadline = Instant::now() + Duration::from_secs(endpoint.wait_for_coordinator);
+    let mut said = false;
+    loop {
+        match JobServiceClient::connect(uri.clone()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() < deadline => {
+                if !said {
+                    // Standard error may be closed; the wait goes on regardless.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "waiting up to {} s for the coordinator at {} ({e})",
+                        endpoint.wait_for_coordinator,
+                        endpoint.coordinator
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot reach the coordinator at {}", endpoint.coordinator)
+                });
+            }
+        }
+    }
 }
 
 fn state_name(state: i32) -> &'static str {

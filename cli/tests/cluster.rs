@@ -963,6 +963,62 @@ fn submit_names_a_malformed_job_file_before_connecting() {
     assert!(err.contains("cannot reach the coordinator"), "{err}");
 }
 
+/// `--wait-for-coordinator`: a submit made before the coordinator listens gets through
+/// once it does (as the Helm chart's hook does while the coordinator starts), and gives up
+/// with the connection error when the time runs out.
+#[test]
+fn submit_waits_for_a_starting_coordinator() {
+    let dir = tempdir("waitcoord");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = write_spec(&dir, &spec(2, "1f1b", 3));
+    let port = common::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    let err = common::fails(&[
+        "submit",
+        file.to_str().unwrap(),
+        "--coordinator",
+        &url,
+        "--wait-for-coordinator",
+        "1",
+    ]);
+    assert!(err.contains("cannot reach the coordinator"), "{err}");
+    assert!(err.contains("waiting up to 1 s"), "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "gave up at once"
+    );
+
+    let submit = pipewise()
+        .arg("submit")
+        .arg(&file)
+        .args(["--coordinator", &url, "--wait-for-coordinator", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut cmd = pipewise();
+    cmd.args([
+        "coordinator",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(dir.join("data"));
+    let (mut coordinator, _) = spawn_with_line(cmd, &dir.join("coordinator.log"));
+    let out = submit.wait_with_output().unwrap();
+    let _ = coordinator.kill();
+    let _ = coordinator.wait();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("job 1 "), "{stdout}");
+    assert!(stderr.contains("waiting up to 60 s"), "{stderr}");
+}
+
 /// A worker six times slower per pass: the coordinator sees it in the step reports,
 /// stops every worker after the same step, moves layers off it and resumes from that
 /// step's checkpoint; training stays exact.

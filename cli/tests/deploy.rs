@@ -258,6 +258,8 @@ fn the_chart_follows_its_values() {
         arg(&args, "--coordinator"),
         Some("http://rel-pipewise-coordinator:50051")
     );
+    // It waits for the coordinator to start instead of failing into Kubernetes' back-off.
+    assert_eq!(arg(&args, "--wait-for-coordinator"), Some("300"));
 }
 
 /// The CUDA build cannot start without the driver's libcuda.so.1, which only pods given a GPU
