@@ -25,15 +25,8 @@ pub(crate) struct CoordinatorArgs {
     /// Directory of the job store and (by default) of checkpoints and final parameters.
     #[arg(long, value_name = "DIR", default_value = "pipewise-data")]
     pub(crate) data_dir: PathBuf,
-    /// Serve Prometheus metrics on this address (`/metrics`).
-    #[arg(long, value_name = "ADDR")]
-    pub(crate) metrics_listen: Option<SocketAddr>,
-    /// Drop a gauge series from the metrics when it has not been set for this many seconds
-    /// (those of finished jobs and forgotten workers; live ones are set every step or
-    /// heartbeat).
-    #[arg(long, value_name = "SECONDS", default_value_t = crate::metrics::EXPIRY_SECS,
-          value_parser = clap::value_parser!(u64).range(1..=86_400 * 365))]
-    pub(crate) metrics_expiry: u64,
+    #[command(flatten)]
+    pub(crate) metrics: crate::metrics::MetricsArgs,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -75,15 +68,8 @@ pub(crate) struct WorkerArgs {
     /// with `--features cuda`, see docs/cuda.md).
     #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: DeviceArg,
-    /// Serve Prometheus metrics on this address (`/metrics`).
-    #[arg(long, value_name = "ADDR")]
-    pub(crate) metrics_listen: Option<SocketAddr>,
-    /// Drop a gauge series from the metrics when it has not been set for this many seconds
-    /// (those of finished jobs and forgotten workers; live ones are set every step or
-    /// heartbeat).
-    #[arg(long, value_name = "SECONDS", default_value_t = crate::metrics::EXPIRY_SECS,
-          value_parser = clap::value_parser!(u64).range(1..=86_400 * 365))]
-    pub(crate) metrics_expiry: u64,
+    #[command(flatten)]
+    pub(crate) metrics: crate::metrics::MetricsArgs,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -231,8 +217,8 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
     let data_dir = std::path::absolute(&args.data_dir)
         .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     runtime()?.block_on(async {
-        if let Some(addr) = args.metrics_listen {
-            crate::metrics::serve(addr, Some(Duration::from_secs(args.metrics_expiry)))?;
+        if let Some(addr) = args.metrics.metrics_listen {
+            crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
         }
         let coordinator = Coordinator::start_cluster(args.listen, &data_dir)
             .await
@@ -283,8 +269,8 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     config.unplanned_bytes = args.unplanned_bytes.unwrap_or(0);
     config.device = args.device.open()?;
     runtime()?.block_on(async {
-        if let Some(addr) = args.metrics_listen {
-            crate::metrics::serve(addr, Some(Duration::from_secs(args.metrics_expiry)))?;
+        if let Some(addr) = args.metrics.metrics_listen {
+            crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
             pipewise_worker::metrics::describe();
         }
         let node = WorkerNode::start(config)

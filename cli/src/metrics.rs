@@ -12,8 +12,26 @@ const STEP_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
-/// Default of `--metrics-expiry` (seconds).
-pub(crate) const EXPIRY_SECS: u64 = 600;
+/// The metrics options of `pipewise coordinator` and `pipewise worker`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MetricsArgs {
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Drop a gauge series from the metrics when it has not been set for this many seconds
+    /// (those of finished jobs and forgotten workers; live ones are set every step or
+    /// heartbeat).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86_400 * 365))]
+    pub(crate) metrics_expiry: u64,
+}
+
+impl MetricsArgs {
+    /// `--metrics-expiry`.
+    pub(crate) fn expiry(&self) -> Duration {
+        Duration::from_secs(self.metrics_expiry)
+    }
+}
 
 /// Serves every metric recorded in this process on `http://ADDR/metrics` (call inside a
 /// tokio runtime). Durations are histograms with fixed buckets (so Grafana can draw
