@@ -1099,12 +1099,6 @@ pub const FITTING_KINDS: [&str; 9] = [
     "adaptive-v",
 ];
 
-/// When a worker with a registered memory size held more than it (its step's peak
-/// activations plus its parameters, gradients and optimizer state, in `measured`; without
-/// reports: is predicted to hold more, before a run starts), the reason and the fastest
-/// plan (simulated under the job's planning times) predicted to fit every worker
-/// that registered one, holding less on the overflowing worker than the plan in use;
-/// `None` if nothing overflowed or nothing fits.
 /// The job as planned for the run's worker count (after a loss it may be fewer than the
 /// degree, without a stage count pinned by blocks per stage), and its layer ranges on the
 /// split in use (`in_use`: pieces per stage, empty for the job's own split).
@@ -1131,6 +1125,12 @@ fn predicted_peaks(spec: &JobSpec, plan: &JobPlan, in_use: &[u32]) -> Vec<u64> {
         .unwrap_or_default()
 }
 
+/// When a worker with a registered memory size held more than it (its step's peak
+/// activations plus its parameters, gradients and optimizer state, in `measured`; without
+/// reports: is predicted to hold more, before a run starts), the reason and the fastest
+/// plan (simulated under the job's planning times) predicted to fit every worker
+/// that registered one, holding less on the overflowing worker than the plan in use;
+/// `None` if nothing overflowed or nothing fits.
 fn pressure(
     spec: &JobSpec,
     plan: &JobPlan,

@@ -20,11 +20,11 @@
 //! per-job ones and the peaks (predicted ones included) with each step, liveness and
 //! current memory every tick, and the jobs by state every tick too ([`refresh`]).
 
+use std::sync::Mutex;
+
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
-
-use std::sync::Mutex;
 
 use crate::driver::StepEventData;
 
