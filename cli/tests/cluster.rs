@@ -831,6 +831,43 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
 }
 
+/// A worker process killed and started again at once under its id and address (a pod
+/// restarted in place) registers before its heartbeats are missed: the run holding the
+/// dead process sees a lost worker all the same and is re-planned (it hung until the peers'
+/// frame timeout, then failed), and training stays exact.
+#[test]
+fn a_worker_restarted_under_its_id_is_a_lost_one() {
+    const LONG: u32 = 60;
+    let (dir, mut cluster, _, reference, job) = running_checkpointed("restart", "1f1b", LONG, 3, 3);
+    let address = cluster.workers["w2"].clone();
+    let w2 = &mut cluster.children[3];
+    w2.kill().unwrap();
+    w2.wait().unwrap();
+    add_worker(&mut cluster, &dir, "w2", &["--listen", &address]);
+    let (_, restarted_at, _) = status(&cluster, job);
+    assert!(
+        restarted_at + 5 < u64::from(LONG),
+        "the job ran too fast to restart a worker mid-way ({restarted_at} steps)"
+    );
+    let line = ended(&cluster, job, Duration::from_secs(120));
+    assert!(line.contains("succeeded"), "{line}");
+    let stdout = history(&cluster, job);
+    let restarted = replans(&stdout, "restarted");
+    assert_eq!(restarted.len(), 1, "{stdout}");
+    assert!(
+        restarted[0].contains(&format!(
+            "worker 2 (w2) restarted (registered again from {address})"
+        )),
+        "{}",
+        restarted[0]
+    );
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    eprintln!(
+        "restart: w2 restarted at step {restarted_at}; max |Δloss| {loss_diff:.2e}, max \
+         |Δparam| {param_diff:.2e}"
+    );
+}
+
 /// A job re-planned onto the survivors grows back to its degree when a worker joins: the
 /// run stops after a step (saving it), the job is planned on the larger set again, and
 /// training still ends exactly where it would have without the loss.

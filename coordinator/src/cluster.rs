@@ -762,8 +762,18 @@ impl ClusterRunner {
     fn first_lost(&self, workers: &[WorkerInfo], done: &[bool]) -> Result<Option<String>, Ended> {
         let live = self.live().map_err(Ended::Failed)?;
         Ok(workers.iter().enumerate().find_map(|(i, w)| {
-            (!done[i] && !live.iter().any(|l| l.id == w.id))
-                .then(|| format!("worker {i} ({}) stopped heartbeating", w.id))
+            if done[i] {
+                return None;
+            }
+            match live.iter().find(|l| l.id == w.id) {
+                None => Some(format!("worker {i} ({}) stopped heartbeating", w.id)),
+                // A new process under its id (a restarted pod) holds none of the run.
+                Some(l) if l.incarnation != w.incarnation => Some(format!(
+                    "worker {i} ({}) restarted (registered again from {})",
+                    w.id, l.address
+                )),
+                Some(_) => None,
+            }
         }))
     }
 
@@ -1385,6 +1395,7 @@ mod tests {
                 step: 0,
                 streaming: true,
                 job: 0,
+                incarnation: i as u64 + 1,
             })
             .collect()
     }

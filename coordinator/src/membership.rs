@@ -43,6 +43,10 @@ pub struct WorkerInfo {
     pub streaming: bool,
     /// The job (run) it said it was running in its last heartbeat (0: none).
     pub job: u64,
+    /// Which registration this is, counted by the membership actor over every id: a process
+    /// that registers under a known id (a restarted pod under its old name) is a later one,
+    /// so a run holding the earlier one has lost that worker.
+    pub incarnation: u64,
 }
 
 /// A heartbeat's content.
@@ -76,6 +80,8 @@ pub struct MembershipState {
     stopping: HashSet<u64>,
     /// Jobs whose workers abandon them at once (answered in heartbeats).
     aborted: HashSet<u64>,
+    /// Registrations so far (the last one's [`WorkerInfo::incarnation`]).
+    registrations: u64,
     /// Every run this coordinator started (attached). A worker still running another one
     /// runs it for a coordinator that has since restarted (which failed its job): it is
     /// told to abandon it, and its outputs are not written for a failed job.
@@ -180,7 +186,20 @@ impl Actor for Membership {
                     }));
                     return Ok(());
                 }
-                tracing::info!(worker = %info.id, address = %info.address, "worker registered");
+                st.registrations += 1;
+                info.incarnation = st.registrations;
+                if let Some(old) = st.workers.get(&info.id) {
+                    // The earlier process under this id is gone (or never to be heard of
+                    // again): a run holding it sees a lost worker (`ClusterRunner`).
+                    tracing::info!(
+                        worker = %info.id,
+                        address = %info.address,
+                        was = %old.address,
+                        "worker registered again (a new process under a known id)"
+                    );
+                } else {
+                    tracing::info!(worker = %info.id, address = %info.address, "worker registered");
+                }
                 info.streaming = streaming;
                 st.workers.insert(info.id.clone(), info);
                 let _ = reply.send(Ok(HEARTBEAT_INTERVAL));
@@ -328,6 +347,7 @@ mod tests {
             step: 0,
             streaming: false,
             job: 0,
+            incarnation: 0,
         }
     }
 

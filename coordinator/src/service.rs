@@ -235,6 +235,8 @@ impl ClusterService for Cluster {
             step: 0,
             streaming: false,
             job: 0,
+            // The membership actor numbers it.
+            incarnation: 0,
         };
         let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
             .map_err(CoordinatorError::from)??;
