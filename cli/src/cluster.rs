@@ -289,14 +289,35 @@ pub(crate) fn worker(args: &WorkerArgs) -> Result<()> {
     })
 }
 
+/// How long one attempt to reach the coordinator may take: a frozen one (stopped, or behind
+/// a dead link) accepts the TCP connection and answers nothing.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings on the client's connection, idle or not: a coordinator that answers none
+/// for [`KEEPALIVE_TIMEOUT`] ends the call (a request or a watch would wait forever).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
 async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
     let uri = pipewise_worker::net::http_uri(&endpoint.coordinator)
         .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?;
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| anyhow::anyhow!("--coordinator {:?}: {e}", endpoint.coordinator))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     let deadline = Instant::now() + Duration::from_secs(endpoint.wait_for_coordinator);
     let mut said = false;
     loop {
-        match JobServiceClient::connect(uri.clone()).await {
-            Ok(c) => return Ok(c),
+        let attempt = match tokio::time::timeout(CONNECT_TIMEOUT, channel.connect()).await {
+            Ok(connected) => connected.map_err(anyhow::Error::new),
+            Err(_) => Err(anyhow::anyhow!(
+                "no answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            )),
+        };
+        match attempt {
+            Ok(c) => return Ok(JobServiceClient::new(c)),
             Err(e) if Instant::now() < deadline => {
                 if !said {
                     // Standard error may be closed; the wait goes on regardless.
@@ -311,9 +332,10 @@ async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("cannot reach the coordinator at {}", endpoint.coordinator)
-                });
+                return Err(e.context(format!(
+                    "cannot reach the coordinator at {}",
+                    endpoint.coordinator
+                )));
             }
         }
     }
@@ -356,7 +378,15 @@ fn print_status(s: &pb::JobStatus) {
 }
 
 fn status_error(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+    let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
+    if s.code() == tonic::Code::Unavailable {
+        e.context(format!(
+            "the coordinator went away or stopped answering (no reply to HTTP/2 pings for {} s)",
+            KEEPALIVE_TIMEOUT.as_secs()
+        ))
+    } else {
+        e
+    }
 }
 
 /// The error of a watch stream cut by the coordinator going away.

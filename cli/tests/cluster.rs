@@ -1056,6 +1056,24 @@ fn submit_waits_for_a_starting_coordinator() {
     assert!(stderr.contains("waiting up to 60 s"), "{stderr}");
 }
 
+/// A coordinator that takes the connection and never answers (a frozen process, a dead
+/// link) ends a client command within the connect and keep-alive timeouts instead of
+/// hanging, and a URL with a path is refused (its path would be dropped).
+#[test]
+fn clients_give_up_on_a_silent_coordinator() {
+    // The kernel completes the TCP handshakes; nothing ever reads or writes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let started = Instant::now();
+    let err = common::fails(&["status", "--coordinator", &url]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(60), "{took:?}: {err}");
+    assert!(err.contains("stopped answering"), "{err}");
+    let err = common::fails(&["status", "--coordinator", &format!("{url}/jobs")]);
+    assert!(err.contains("a path (/jobs) is not supported"), "{err}");
+    drop(silent);
+}
+
 /// A worker six times slower per pass: the coordinator sees it in the step reports,
 /// stops every worker after the same step, moves layers off it and resumes from that
 /// step's checkpoint; training stays exact.

@@ -158,6 +158,18 @@ pub fn http_uri(address: &str) -> std::result::Result<String, String> {
     if port_text && authority.port_u16().is_none() {
         return Err(format!("{address:?}: the port must be at most 65535"));
     }
+    // gRPC calls go to the root; a path would be dropped without a word (a path-routed
+    // ingress would then answer for another service).
+    if let Some(extra) = parsed
+        .path_and_query()
+        .map(|p| p.as_str())
+        .filter(|p| *p != "/" && !p.is_empty())
+    {
+        return Err(format!(
+            "{address:?}: a path ({extra}) is not supported; pipewise's gRPC services are \
+             served at the root (http://host:port)"
+        ));
+    }
     Ok(uri)
 }
 
@@ -393,12 +405,18 @@ mod tests {
         );
         assert_eq!(http_uri("HTTP://h:1").as_deref(), Ok("HTTP://h:1"));
         assert_eq!(http_uri("[::1]:7").as_deref(), Ok("http://[::1]:7"));
+        assert_eq!(http_uri("http://h:1/").as_deref(), Ok("http://h:1/"));
         for (bad, says) in [
             ("https://h:1", "https:// is not supported"),
             ("ftp://h:1", "ftp:// is not supported"),
             ("h:99999", "at most 65535"),
             ("http://", "not a host:port"),
             ("http://[::1", "not a host:port"),
+            (
+                "http://h:1/some/path",
+                "a path (/some/path) is not supported",
+            ),
+            ("h:1/x?y=1", "a path (/x?y=1) is not supported"),
         ] {
             let err = http_uri(bad).expect_err(bad);
             assert!(err.contains(says), "{bad}: {err}");
