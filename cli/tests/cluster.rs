@@ -701,13 +701,26 @@ fn assert_exact(
     cluster: &Cluster,
     job: u64,
     losses: &BTreeMap<u64, f64>,
+    reference: &Reference,
+) -> (f64, f64) {
+    assert_exact_from(cluster, job, 1, losses, reference)
+}
+
+/// [`assert_exact`] for the steps from `first` on (a watch after a coordinator restart sees
+/// only the steps run since).
+fn assert_exact_from(
+    cluster: &Cluster,
+    job: u64,
+    first: u64,
+    losses: &BTreeMap<u64, f64>,
     (ref_losses, ref_params): &Reference,
 ) -> (f64, f64) {
-    assert_eq!(losses.len(), ref_losses.len(), "{losses:?}");
+    let steps: Vec<u64> = losses.keys().copied().collect();
+    let expected: Vec<u64> = (first..=ref_losses.len() as u64).collect();
+    assert_eq!(steps, expected, "{losses:?}");
     let loss_diff = losses
-        .values()
-        .zip(ref_losses)
-        .map(|(a, b)| (a - b).abs())
+        .iter()
+        .map(|(step, a)| (a - ref_losses[*step as usize - 1]).abs())
         .fold(0.0, f64::max);
     let param_diff = common::max_param_diff(ref_params, &final_params(cluster, job));
     assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
@@ -717,7 +730,9 @@ fn assert_exact(
 
 /// Waits until the job is no longer running; its status line.
 fn ended(cluster: &Cluster, job: u64, limit: Duration) -> String {
-    wait_until(cluster, job, limit, |s, _| s != "running")
+    wait_until(cluster, job, limit, |s, _| {
+        matches!(s, "succeeded" | "failed" | "cancelled")
+    })
 }
 
 /// `pipewise_replans_total{reason=…}` on the coordinator's metrics.
@@ -866,6 +881,57 @@ fn a_worker_restarted_under_its_id_is_a_lost_one() {
         "restart: w2 restarted at step {restarted_at}; max |Δloss| {loss_diff:.2e}, max \
          |Δparam| {param_diff:.2e}"
     );
+}
+
+/// A coordinator killed mid-job and started again on its address and store: its workers
+/// register again and abandon the old run, the running job resumes from its last complete
+/// checkpoint (it was failed, checkpoints or not), the job queued behind it runs next (it
+/// was failed too), and training stays exact.
+#[test]
+fn a_restarted_coordinator_resumes_its_jobs() {
+    const LONG: u32 = 60;
+    let (dir, mut cluster, _, reference, job) =
+        running_checkpointed("coordinator-restart", "1f1b", LONG, 3, 8);
+    let mut behind = spec(3, "1f1b", 4);
+    behind.job.name = "behind".into();
+    let queued = submit(&cluster, &write_spec(&dir, &behind));
+    let (_, killed_at, _) = status(&cluster, job);
+    let coordinator = &mut cluster.children[0];
+    coordinator.kill().unwrap();
+    coordinator.wait().unwrap();
+    let mut cmd = pipewise();
+    cmd.args([
+        "coordinator",
+        "--listen",
+        cluster.url.trim_start_matches("http://"),
+    ])
+    .arg("--data-dir")
+    .arg(&cluster.data);
+    let (again, _) = spawn_with_line(cmd, &dir.join("coordinator-again.log"));
+    cluster.children[0] = again;
+    assert!(
+        killed_at + 10 < u64::from(LONG),
+        "the job ran too fast to restart the coordinator mid-way ({killed_at} steps)"
+    );
+    let line = ended(&cluster, job, Duration::from_secs(120));
+    assert!(line.contains("succeeded"), "{line}");
+    let stdout = history(&cluster, job);
+    let resumed = replans(&stdout, "the coordinator restarted");
+    assert_eq!(resumed.len(), 1, "{stdout}");
+    let from: u64 = resumed[0]
+        .rsplit("checkpoint of step ")
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint step in {}", resumed[0]));
+    assert!(from >= 3 && from % 3 == 0, "{}", resumed[0]);
+    let (loss_diff, param_diff) =
+        assert_exact_from(&cluster, job, from + 1, &last_losses(&stdout), &reference);
+    eprintln!(
+        "coordinator restart at step {killed_at}: resumed from {from}; max |Δloss| \
+         {loss_diff:.2e}, max |Δparam| {param_diff:.2e}"
+    );
+    let line = ended(&cluster, queued, Duration::from_secs(60));
+    assert!(line.contains("succeeded"), "{line}");
 }
 
 /// A job re-planned onto the survivors grows back to its degree when a worker joins: the

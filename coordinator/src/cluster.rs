@@ -80,7 +80,7 @@ use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::ActorRef;
 
-use crate::driver::{JobRunner, Report, StepEventData};
+use crate::driver::{JobRunner, Report, Start, StepEventData};
 use crate::membership::{HEARTBEAT_INTERVAL, MISSED_HEARTBEATS, MembershipMsg, WorkerInfo};
 
 /// How long a cancelled job's workers get to stop before they are told to abandon it.
@@ -103,6 +103,9 @@ pub const MAX_REPLANS: u64 = 8;
 pub fn run_id(job: u64, replans: u64) -> u64 {
     job.wrapping_add(replans << 48)
 }
+
+/// The job of a run id (its low 48 bits).
+const RUN_JOB_MASK: u64 = (1 << 48) - 1;
 
 /// The planned bubble of a job's plan (what `StepEvent.planned_bubble` reports): its
 /// schedule simulated under [`JobSpec::planning_times`], unit pass times for real compute
@@ -344,6 +347,7 @@ impl JobRunner for ClusterRunner {
         job: u64,
         spec: &JobSpec,
         plan: &JobPlan,
+        start: Start,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
@@ -355,7 +359,7 @@ impl JobRunner for ClusterRunner {
         // The spec the runs follow: the job's, with the schedule a memory-pressure move
         // chose (a later loss or growth re-plans that schedule, not the one that overflowed).
         let mut current = spec.clone();
-        let mut first_step = 0;
+        let mut first_step = start.step;
         let mut stage_pieces = spec_split(&current, &plan);
         let mut replanned: Option<(String, std::sync::Arc<Schedule>)> = None;
         for replans in 0.. {
@@ -363,6 +367,18 @@ impl JobRunner for ClusterRunner {
             let Some(workers) = self.wait_for_workers(job, d, report, cancelled)? else {
                 return Ok(());
             };
+            if replans == 0 && start.restarts > 0 {
+                // Workers may still run (and write checkpoints of) the earlier
+                // coordinator's run until its heartbeats tell them to abandon it.
+                self.wait_until_left(None, job, &workers);
+                remove_after(&output, first_step)?;
+                let reason = format!(
+                    "the coordinator restarted; resuming from {}",
+                    resumed_from(first_step)
+                );
+                tracing::warn!(job, "{reason}");
+                tell(&mut replanned, reason, &plan);
+            }
             // A plan predicted not to fit a worker's registered memory is moved before it
             // starts: a device would fail to allocate rather than report the overflow.
             if let Some((reason, fits)) = pressure(&current, &plan, &stage_pieces, None, &workers) {
@@ -373,7 +389,8 @@ impl JobRunner for ClusterRunner {
                 stage_pieces = spec_split(&current, &plan);
                 tell(&mut replanned, reason, &plan);
             }
-            let run = run_id(job, replans);
+            // Run ids past any an earlier coordinator gave this job.
+            let run = run_id(job, start.restarts * (MAX_REPLANS + 1) + replans);
             let (tx, rx) = std::sync::mpsc::channel::<pb::StepReport>();
             self.membership
                 .cast(MembershipMsg::Attach(run, tx))
@@ -419,7 +436,7 @@ impl JobRunner for ClusterRunner {
                     } else {
                         last_checkpoint(&output, spec, first_step, through, stages)
                     };
-                    self.wait_until_left(run, &workers);
+                    self.wait_until_left(Some(run), job, &workers);
                     remove_after(&output, resume)?;
                     let reason = format!("{reason}; resuming from {}", resumed_from(resume));
                     tracing::warn!(job, "{reason}");
@@ -449,7 +466,7 @@ impl JobRunner for ClusterRunner {
                     "{lost}; not re-planned: the job was re-planned {MAX_REPLANS} times already"
                 ));
             }
-            self.wait_until_left(run, &workers);
+            self.wait_until_left(Some(run), job, &workers);
             let stages = plan.schedule.placement.stages();
             let resume = last_checkpoint(&output, spec, first_step, through, stages);
             remove_after(&output, resume)?;
@@ -738,22 +755,28 @@ impl ClusterRunner {
         Ok(())
     }
 
-    /// Waits (up to [`LEAVE_GRACE`]) until no live worker of an abandoned run still says
-    /// in its heartbeat that it runs it.
-    fn wait_until_left(&self, run: u64, workers: &[WorkerInfo]) {
+    /// Waits (up to [`LEAVE_GRACE`]) until none of `workers` still says in its heartbeat
+    /// that it runs the abandoned `run` (`None`: any run of `job`, an earlier coordinator's).
+    fn wait_until_left(&self, run: Option<u64>, job: u64, workers: &[WorkerInfo]) {
         let started = Instant::now();
+        // `run`, or (None) any run of `job`.
+        let running = |l: &WorkerInfo| match run {
+            Some(run) => l.job == run,
+            None => l.job != 0 && l.job & RUN_JOB_MASK == job,
+        };
         while started.elapsed() < LEAVE_GRACE {
             let Ok(live) = self.live() else { return };
             let staying = live
                 .iter()
-                .any(|l| l.job == run && workers.iter().any(|w| w.id == l.id));
+                .any(|l| running(l) && workers.iter().any(|w| w.id == l.id));
             if !staying {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         tracing::warn!(
-            run,
+            job,
+            ?run,
             "survivors still run the abandoned run; handing out the next"
         );
     }

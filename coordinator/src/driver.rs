@@ -52,17 +52,29 @@ pub enum Report {
     Waiting(String),
 }
 
+/// Where a job's runs start: a new job at step 0; one the coordinator had queued or running
+/// when it stopped, at the last checkpoint known to be complete, with run ids that none of
+/// the earlier coordinator's runs had (its workers may still be running one of those).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Start {
+    /// The first step: 0, or the step of a complete checkpoint.
+    pub step: u64,
+    /// Coordinator restarts the job has been through.
+    pub restarts: u64,
+}
+
 /// Runs a job's steps. [`crate::cluster::ClusterRunner`] hands them to registered worker
 /// processes (or `pipewise local`'s in-process worker nodes); tests provide fakes.
 pub trait JobRunner: Send + Sync + 'static {
-    /// Runs every step of `spec` under `plan` (blocking), calling `report` after each step
-    /// (and when it starts or stops waiting, e.g. for workers) and stopping early when
-    /// `cancelled` is set. An `Err` fails the job with that text.
+    /// Runs the steps of `spec` from `start` under `plan` (blocking), calling `report` after
+    /// each step (and when it starts or stops waiting, e.g. for workers) and stopping early
+    /// when `cancelled` is set. An `Err` fails the job with that text.
     fn run(
         &self,
         job: u64,
         spec: &JobSpec,
         plan: &JobPlan,
+        start: Start,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<(), String>;
@@ -79,6 +91,8 @@ pub struct DriverArgs {
     pub spec: JobSpec,
     /// Its plan.
     pub plan: JobPlan,
+    /// Where its runs start.
+    pub start: Start,
     /// Who runs the steps.
     pub runner: Arc<dyn JobRunner>,
     /// Set to stop after the current step.
@@ -101,6 +115,7 @@ impl Actor for Driver {
             job,
             spec,
             plan,
+            start,
             runner,
             cancelled,
             manager,
@@ -125,7 +140,7 @@ impl Actor for Driver {
                         Report::Waiting(what) => progress.cast(JobMsg::Waiting(job, what)),
                     };
                 };
-                runner.run(job, &spec, &plan, &mut report, &flag)
+                runner.run(job, &spec, &plan, start, &mut report, &flag)
             })
             .await
             .unwrap_or_else(|e| Err(format!("runner task failed: {e}")));

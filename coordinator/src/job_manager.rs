@@ -3,7 +3,9 @@
 //! run one after another, in the order they were queued: a second job never mixes with a
 //! running one. A job gets its id and its place in the queue when its plan is ready, and
 //! plans run side by side ([`crate::planner`]), so a job with a quick plan can overtake one
-//! submitted before it with a slow plan.
+//! submitted before it with a slow plan. After a restart of the coordinator, the jobs it had
+//! queued or running are planned again from their stored specs and queued in id order; a
+//! running one resumes from its last complete checkpoint ([`Start`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use pipewise_common::job::{JobPlan, JobSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 
-use crate::driver::{Driver, DriverArgs, JobRunner, StepEventData};
+use crate::driver::{Driver, DriverArgs, JobRunner, Start, StepEventData};
 use crate::error::{CoordinatorError, Result};
 use crate::planner::PlannerMsg;
 use crate::store::{JobRecord, JobState, JobStore};
@@ -58,6 +60,11 @@ pub enum JobMsg {
     Waiting(u64, String),
     /// Render a kept step's executed timeline (`step` 0: the latest).
     Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
+    /// Plan again a job the coordinator had queued or running when it stopped (from its
+    /// stored spec); `Resumed` queues it.
+    Resume(u64),
+    /// A resumed job's plan (or why it has none).
+    Resumed(u64, Box<JobSpec>, Box<Result<JobPlan>>),
     /// A driver finished.
     Finished {
         /// Job id.
@@ -89,6 +96,13 @@ pub struct JobManagerState {
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
     history: BTreeMap<u64, VecDeque<StepEventData>>,
+    /// Where queued jobs resumed after a coordinator restart start.
+    starts: HashMap<u64, Start>,
+    /// Jobs resumed after a restart whose plans are not ready yet: no job after them in
+    /// id order starts before they are queued.
+    replanning: std::collections::BTreeSet<u64>,
+    /// The checkpoint interval of the running job, if it writes checkpoints.
+    checkpoint_every: Option<(u64, u64)>,
 }
 
 impl JobManagerState {
@@ -126,7 +140,7 @@ impl Actor for JobManager {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: JobManagerArgs,
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
         let mut state = JobManagerState {
@@ -140,14 +154,32 @@ impl Actor for JobManager {
             watchers: HashMap::new(),
             traces: TraceStore::default(),
             history: BTreeMap::new(),
+            starts: HashMap::new(),
+            replanning: std::collections::BTreeSet::new(),
+            checkpoint_every: None,
         };
         for mut record in state.store.list()? {
-            // A job that was running when the coordinator stopped cannot resume without its
-            // workers' state: it is marked failed (a new job resumes from its checkpoint).
+            // A job the coordinator had queued or running when it stopped is planned again
+            // from its stored spec and queued in its place; a running one resumes from its
+            // last complete checkpoint (or the start).
             if record.state == JobState::Running || record.state == JobState::Queued {
-                record.state = JobState::Failed;
-                record.error = "the coordinator restarted before the job finished".into();
-                record.waiting.clear();
+                match JobSpec::from_toml(&record.spec_toml) {
+                    Ok(_) => {
+                        record.state = JobState::Queued;
+                        record.restarts += 1;
+                        record.waiting = "its plan again (the coordinator restarted)".into();
+                        state.replanning.insert(record.id);
+                        myself.cast(JobMsg::Resume(record.id))?;
+                    }
+                    Err(e) => {
+                        record.state = JobState::Failed;
+                        record.error = format!(
+                            "the coordinator restarted before the job finished, and its stored \
+                             spec no longer reads: {e}"
+                        );
+                        record.waiting.clear();
+                    }
+                }
                 state.store.put(&record)?;
             }
             state.records.insert(record.id, record);
@@ -193,6 +225,60 @@ impl Actor for JobManager {
                 let _ = reply.send(outcome);
                 start_next(&myself, state).await;
             }
+            JobMsg::Resume(id) => {
+                let spec = match state.record(id).map(|r| JobSpec::from_toml(&r.spec_toml)) {
+                    Ok(Ok(spec)) => Box::new(spec),
+                    _ => return Ok(()), // read when the manager started
+                };
+                let planner = state.planner.clone();
+                let manager = myself.clone();
+                tokio::spawn(async move {
+                    let asked = spec.clone();
+                    let planned = ractor::call!(planner, PlannerMsg::Plan, asked)
+                        .map_err(CoordinatorError::from)
+                        .and_then(|r| r);
+                    let _ = manager.cast(JobMsg::Resumed(id, spec, Box::new(planned)));
+                });
+            }
+            JobMsg::Resumed(id, spec, planned) => {
+                state.replanning.remove(&id);
+                let Ok(mut record) = state.record(id) else {
+                    return Ok(());
+                };
+                if record.state.is_final() {
+                    // Cancelled while it was planned: the jobs after it may start.
+                    start_next(&myself, state).await;
+                    return Ok(());
+                }
+                record.waiting.clear();
+                match *planned {
+                    Ok(plan) => {
+                        let step = record
+                            .last_checkpoint
+                            .strip_prefix("step-")
+                            .and_then(|k| k.parse().ok())
+                            .unwrap_or(0);
+                        let restarts = record.restarts;
+                        state.save(record)?;
+                        state.starts.insert(id, Start { step, restarts });
+                        state.plans.insert(id, (*spec, plan));
+                        // In id order, before the jobs submitted since the restart.
+                        let at = state.queue.partition_point(|&q| q < id);
+                        state.queue.insert(at, id);
+                        tracing::info!(job = id, step, "job queued again after a restart");
+                        start_next(&myself, state).await;
+                    }
+                    Err(e) => {
+                        record.state = JobState::Failed;
+                        record.error = format!(
+                            "the coordinator restarted before the job finished, and planning \
+                             it again failed: {e}"
+                        );
+                        state.save(record)?;
+                        start_next(&myself, state).await;
+                    }
+                }
+            }
             JobMsg::Get(id, reply) => {
                 let _ = reply.send(state.record(id));
             }
@@ -231,6 +317,17 @@ impl Actor for JobManager {
                 if let Ok(mut record) = state.record(event.job) {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
+                    // Workers save a step's checkpoint after reporting the step, and every
+                    // worker's report of step s comes after its save of the step before:
+                    // the latest checkpoint at most s - 1 is complete.
+                    if let Some((job, every)) = state.checkpoint_every
+                        && job == event.job
+                    {
+                        let k = event.step.saturating_sub(1) / every * every;
+                        if k > 0 {
+                            record.last_checkpoint = format!("step-{k}");
+                        }
+                    }
                     record.waiting.clear();
                     state.save(record)?;
                 }
@@ -291,6 +388,7 @@ impl Actor for JobManager {
                 state.watchers.remove(&job);
                 state.plans.remove(&job);
                 state.running = None;
+                state.checkpoint_every = None;
                 start_next(&myself, state).await;
             }
         }
@@ -311,6 +409,7 @@ fn enqueue(state: &mut JobManagerState, spec: JobSpec, plan: JobPlan) -> Result<
         last_loss: None,
         error: String::new(),
         last_checkpoint: String::new(),
+        restarts: 0,
         waiting: String::new(),
     };
     let record = state.save(record)?;
@@ -333,6 +432,7 @@ fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
     }
     state.queue.retain(|q| *q != id);
     state.plans.remove(&id);
+    state.starts.remove(&id);
     state.watchers.remove(&id);
     record.state = JobState::Cancelled;
     state.save(record)
@@ -345,7 +445,12 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
     let Some(runner) = state.runner.clone() else {
         return;
     };
-    while let Some(id) = state.queue.pop_front() {
+    while let Some(&id) = state.queue.front() {
+        // Jobs resumed after a restart run in id order: wait for the earlier ones' plans.
+        if state.replanning.first().is_some_and(|&first| first < id) {
+            return;
+        }
+        state.queue.pop_front();
         let Some((spec, plan)) = state.plans.remove(&id) else {
             continue;
         };
@@ -358,6 +463,11 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         }
         let flag = Arc::new(AtomicBool::new(false));
         state.traces.start(id, plan.schedule.clone());
+        let start = state.starts.remove(&id).unwrap_or_default();
+        state.checkpoint_every = spec
+            .checkpoint
+            .enable_checkpoint
+            .then(|| (id, u64::from(spec.checkpoint.interval.max(1))));
         state
             .watchers
             .entry(id)
@@ -366,6 +476,7 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
             job: id,
             spec,
             plan,
+            start,
             runner,
             cancelled: flag.clone(),
             manager: myself.clone(),
@@ -418,8 +529,8 @@ mod tests {
         manager
     }
 
-    /// A job the coordinator stopped under is failed on restart, and no longer says what
-    /// it waited for.
+    /// A job the coordinator stopped under whose stored spec no longer reads is failed on
+    /// restart (it cannot be planned again), and no longer says what it waited for.
     #[tokio::test]
     async fn a_restart_fails_unfinished_jobs_and_clears_their_waiting() {
         let dir = std::env::temp_dir().join(format!("pipewise-restart-{}", std::process::id()));
@@ -437,6 +548,7 @@ mod tests {
                     last_loss: None,
                     error: String::new(),
                     last_checkpoint: String::new(),
+                    restarts: 0,
                     waiting: "workers: 1 of 3 ready".into(),
                 })
                 .unwrap();

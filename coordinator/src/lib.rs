@@ -45,7 +45,7 @@ use pipewise_proto::v1::job_service_server::JobServiceServer;
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 
-pub use driver::{JobRunner, Report, StepEventData};
+pub use driver::{JobRunner, Report, Start, StepEventData};
 pub use error::{CoordinatorError, Result};
 
 use job_manager::{JobManager, JobManagerArgs, JobMsg};

@@ -65,11 +65,19 @@ pub struct JobRecord {
     pub last_loss: Option<f64>,
     /// Why it failed.
     pub error: String,
-    /// Path of the last checkpoint.
+    /// The last checkpoint known to be complete (`step-K`; empty: none), where the job
+    /// resumes after a coordinator restart.
     pub last_checkpoint: String,
+    /// Coordinator restarts the job has been through (it resumes after each).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u64,
     /// What a running job waits for (e.g. "workers: 3 of 4 ready"); empty otherwise.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub waiting: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The store (a redb database file `jobs.redb` in the data directory).
@@ -212,6 +220,7 @@ mod tests {
             last_loss: None,
             error: String::new(),
             last_checkpoint: String::new(),
+            restarts: 0,
             waiting: "workers: 1 of 2 ready".into(),
         };
         {

@@ -4,11 +4,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pipewise_common::job::{JobPlan, JobSpec, example};
-use pipewise_coordinator::{Coordinator, JobRunner, Report, StepEventData};
+use pipewise_coordinator::{Coordinator, JobRunner, Report, Start, StepEventData};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use tokio_stream::StreamExt as _;
@@ -19,6 +19,19 @@ struct CountingRunner {
     active: AtomicU32,
     overlap: AtomicBool,
     delay_ms: u64,
+    /// (job, start) of every run, in order.
+    starts: Mutex<Vec<(u64, Start)>>,
+}
+
+impl CountingRunner {
+    fn new(delay_ms: u64) -> CountingRunner {
+        CountingRunner {
+            active: AtomicU32::new(0),
+            overlap: AtomicBool::new(false),
+            delay_ms,
+            starts: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl JobRunner for CountingRunner {
@@ -27,9 +40,11 @@ impl JobRunner for CountingRunner {
         job: u64,
         spec: &JobSpec,
         plan: &JobPlan,
+        start: Start,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
     ) -> Result<(), String> {
+        self.starts.lock().unwrap().push((job, start));
         if self.active.fetch_add(1, Ordering::SeqCst) > 0 {
             self.overlap.store(true, Ordering::SeqCst);
         }
@@ -159,11 +174,7 @@ async fn invalid_specs_are_invalid_argument_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_queue_in_order_and_watchers_see_every_step() {
     let dir = tempfile::tempdir().unwrap();
-    let runner = Arc::new(CountingRunner {
-        active: AtomicU32::new(0),
-        overlap: AtomicBool::new(false),
-        delay_ms: 20,
-    });
+    let runner = Arc::new(CountingRunner::new(20));
     let c = Coordinator::start(
         "127.0.0.1:0".parse().unwrap(),
         dir.path(),
@@ -227,8 +238,9 @@ async fn jobs_queue_in_order_and_watchers_see_every_step() {
     c.shutdown().await;
 }
 
+/// A restarted coordinator lists the jobs it had, and runs again the ones it had queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_coordinator_lists_its_jobs() {
+async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
     let dir = tempfile::tempdir().unwrap();
     let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
         .await
@@ -250,17 +262,32 @@ async fn a_restarted_coordinator_lists_its_jobs() {
     assert_eq!(cancelled.state, pb::JobState::Cancelled as i32);
     c.shutdown().await;
 
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
-        .await
-        .unwrap();
+    // Restarted with a runner: the jobs that had not finished are planned again and run,
+    // in id order, from the start (no checkpoints), under run ids of a restart.
+    let runner = Arc::new(CountingRunner::new(5));
+    let c = Coordinator::start(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.path(),
+        Some(runner.clone() as Arc<dyn JobRunner>),
+    )
+    .await
+    .unwrap();
     let mut jobs = client(&c).await;
     let list = jobs.list_jobs(pb::Empty {}).await.unwrap().into_inner();
     let listed: Vec<String> = list.jobs.iter().map(|j| j.name.clone()).collect();
     assert_eq!(listed, names);
     assert_eq!(list.jobs[1].state, pb::JobState::Cancelled as i32);
-    // Jobs that had not finished are marked failed with the reason.
-    assert_eq!(list.jobs[0].state, pb::JobState::Failed as i32);
-    assert!(list.jobs[0].error.contains("restarted"));
+    for id in [1, 3] {
+        let mut events = jobs.watch_job(pb::JobId { id }).await.unwrap().into_inner();
+        while events.next().await.is_some() {}
+        let status = jobs.get_job(pb::JobId { id }).await.unwrap().into_inner();
+        assert_eq!(status.state, pb::JobState::Succeeded as i32, "{status:?}");
+    }
+    let resumed = Start {
+        step: 0,
+        restarts: 1,
+    };
+    assert_eq!(*runner.starts.lock().unwrap(), [(1, resumed), (3, resumed)]);
     c.shutdown().await;
 }
 
