@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use pipewise_coordinator::Coordinator;
+use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
@@ -220,7 +220,7 @@ pub(crate) fn coordinator(args: &CoordinatorArgs) -> Result<()> {
         if let Some(addr) = args.metrics.metrics_listen {
             crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
         }
-        let coordinator = Coordinator::start_cluster(args.listen, &data_dir)
+        let coordinator = Coordinator::start_cluster(args.listen, &data_dir, Unfinished::Resume)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot start the coordinator")?;

@@ -25,8 +25,8 @@ use clap::{Args, ValueEnum};
 use pipewise_common::job::{Compute, JobPlan, JobSpec, example};
 use pipewise_common::model::DType;
 use pipewise_common::render::report::fmt_bytes;
-use pipewise_coordinator::Coordinator;
 use pipewise_coordinator::traces::KEEP_STEPS;
+use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
@@ -305,11 +305,16 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
         crate::metrics::serve(addr, None)?;
         pipewise_worker::metrics::describe();
     }
-    let coordinator =
-        Coordinator::start_cluster("127.0.0.1:0".parse().context("loopback address")?, data_dir)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .context("cannot start the coordinator")?;
+    let coordinator = Coordinator::start_cluster(
+        "127.0.0.1:0".parse().context("loopback address")?,
+        data_dir,
+        // One job: an earlier run's unfinished job in a reused --output-dir is not
+        // resumed before it.
+        Unfinished::Fail,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))
+    .context("cannot start the coordinator")?;
     let url = format!("http://{}", coordinator.addr);
     let device = args.device.open()?;
     let mut nodes = Vec::new();

@@ -32,6 +32,19 @@ pub struct JobManagerArgs {
     pub planner: ActorRef<PlannerMsg>,
     /// Who runs jobs; `None`: jobs wait in the queue (no embedded workers).
     pub runner: Option<Arc<dyn JobRunner>>,
+    /// What becomes of the jobs the store holds as queued or running (a coordinator that
+    /// stopped under them).
+    pub unfinished: Unfinished,
+}
+
+/// What a starting coordinator does with the jobs its store holds as queued or running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unfinished {
+    /// Plans them again and runs them, a running one from its last complete checkpoint.
+    #[default]
+    Resume,
+    /// Marks them failed (`pipewise local`, which runs the one job it was given).
+    Fail,
 }
 
 /// Messages of the job manager.
@@ -164,12 +177,17 @@ impl Actor for JobManager {
             // last complete checkpoint (or the start).
             if record.state == JobState::Running || record.state == JobState::Queued {
                 match JobSpec::from_toml(&record.spec_toml) {
-                    Ok(_) => {
+                    Ok(_) if args.unfinished == Unfinished::Resume => {
                         record.state = JobState::Queued;
                         record.restarts += 1;
                         record.waiting = "its plan again (the coordinator restarted)".into();
                         state.replanning.insert(record.id);
                         myself.cast(JobMsg::Resume(record.id))?;
+                    }
+                    Ok(_) => {
+                        record.state = JobState::Failed;
+                        record.error = "the coordinator restarted before the job finished".into();
+                        record.waiting.clear();
                     }
                     Err(e) => {
                         record.state = JobState::Failed;
@@ -510,11 +528,15 @@ mod tests {
     ) -> (ActorRef<JobMsg>, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("pipewise-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        (manager_on(planner, &dir).await, dir)
+        (manager_on(planner, &dir, Unfinished::Resume).await, dir)
     }
 
     /// A manager with `planner`, no runner, and the store in `dir` as it is.
-    async fn manager_on(planner: ActorRef<PlannerMsg>, dir: &std::path::Path) -> ActorRef<JobMsg> {
+    async fn manager_on(
+        planner: ActorRef<PlannerMsg>,
+        dir: &std::path::Path,
+        unfinished: Unfinished,
+    ) -> ActorRef<JobMsg> {
         let (manager, _) = Actor::spawn(
             None,
             JobManager,
@@ -522,6 +544,7 @@ mod tests {
                 store: JobStore::open(dir).unwrap(),
                 planner,
                 runner: None,
+                unfinished,
             },
         )
         .await
@@ -529,38 +552,68 @@ mod tests {
         manager
     }
 
-    /// A job the coordinator stopped under whose stored spec no longer reads is failed on
-    /// restart (it cannot be planned again), and no longer says what it waited for.
+    /// The jobs a coordinator stopped under: planned again and queued (`Resume`), or failed
+    /// (`Fail`, as `pipewise local` asks); one whose stored spec no longer reads is failed
+    /// either way. None still says what it waited for.
     #[tokio::test]
-    async fn a_restart_fails_unfinished_jobs_and_clears_their_waiting() {
-        let dir = std::env::temp_dir().join(format!("pipewise-restart-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        {
-            let store = JobStore::open(&dir).unwrap();
-            store
-                .put(&JobRecord {
-                    id: 1,
-                    name: "stopped".into(),
-                    spec_toml: String::new(),
-                    state: JobState::Running,
-                    step: 0,
-                    steps: 3,
-                    last_loss: None,
-                    error: String::new(),
-                    last_checkpoint: String::new(),
-                    restarts: 0,
-                    waiting: "workers: 1 of 3 ready".into(),
-                })
-                .unwrap();
+    async fn a_restart_resumes_or_fails_unfinished_jobs() {
+        let spec = example(2, "1f1b").to_toml().unwrap();
+        for unfinished in [Unfinished::Resume, Unfinished::Fail] {
+            let dir = std::env::temp_dir().join(format!(
+                "pipewise-restart-{unfinished:?}-{}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            {
+                let store = JobStore::open(&dir).unwrap();
+                for (id, spec_toml) in [(1, spec.clone()), (2, String::new())] {
+                    store
+                        .put(&JobRecord {
+                            id,
+                            name: "stopped".into(),
+                            spec_toml,
+                            state: JobState::Running,
+                            step: 4,
+                            steps: 8,
+                            last_loss: None,
+                            error: String::new(),
+                            last_checkpoint: "step-3".into(),
+                            restarts: 0,
+                            waiting: "workers: 1 of 3 ready".into(),
+                        })
+                        .unwrap();
+                }
+            }
+            // The plan of a resumed job is held: it stays queued, waiting for it.
+            let (planner, _release, _waiting) = gated_planner(1).await;
+            let manager = manager_on(planner, &dir, unfinished).await;
+            let first = ractor::call!(manager, JobMsg::Get, 1).unwrap().unwrap();
+            let unreadable = ractor::call!(manager, JobMsg::Get, 2).unwrap().unwrap();
+            assert_eq!(unreadable.state, JobState::Failed);
+            assert!(
+                unreadable.error.contains("spec no longer reads"),
+                "{}",
+                unreadable.error
+            );
+            assert!(unreadable.waiting.is_empty(), "{}", unreadable.waiting);
+            match unfinished {
+                Unfinished::Resume => {
+                    assert_eq!(first.state, JobState::Queued);
+                    assert_eq!(first.restarts, 1);
+                    assert_eq!(first.waiting, "its plan again (the coordinator restarted)");
+                }
+                Unfinished::Fail => {
+                    assert_eq!(first.state, JobState::Failed);
+                    assert_eq!(
+                        first.error,
+                        "the coordinator restarted before the job finished"
+                    );
+                    assert!(first.waiting.is_empty(), "{}", first.waiting);
+                }
+            }
+            manager.stop(None);
+            let _ = std::fs::remove_dir_all(&dir);
         }
-        let (planner, _release, _waiting) = gated_planner(1).await;
-        let manager = manager_on(planner, &dir).await;
-        let record = ractor::call!(manager, JobMsg::Get, 1).unwrap().unwrap();
-        assert_eq!(record.state, JobState::Failed);
-        assert!(record.error.contains("restarted"), "{}", record.error);
-        assert!(record.waiting.is_empty(), "{}", record.waiting);
-        manager.stop(None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The manager answers while a submitted job is being planned (a slow plan used to

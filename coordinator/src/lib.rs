@@ -48,6 +48,7 @@ use tokio::net::TcpListener;
 pub use driver::{JobRunner, Report, Start, StepEventData};
 pub use error::{CoordinatorError, Result};
 
+pub use job_manager::Unfinished;
 use job_manager::{JobManager, JobManagerArgs, JobMsg};
 use membership::{Membership, MembershipMsg};
 use planner::{Planner, PlannerArgs};
@@ -75,15 +76,20 @@ impl Coordinator {
         data_dir: &Path,
         runner: Option<Arc<dyn JobRunner>>,
     ) -> Result<Coordinator> {
-        Self::start_with(listen, data_dir, |_| runner).await
+        Self::start_with(listen, data_dir, Unfinished::Resume, |_| runner).await
     }
 
     /// Like [`Coordinator::start`], with jobs run on the worker processes that register
-    /// ([`cluster::ClusterRunner`]).
-    pub async fn start_cluster(listen: SocketAddr, data_dir: &Path) -> Result<Coordinator> {
+    /// ([`cluster::ClusterRunner`]); `unfinished` says what becomes of the jobs the store
+    /// holds as queued or running.
+    pub async fn start_cluster(
+        listen: SocketAddr,
+        data_dir: &Path,
+        unfinished: Unfinished,
+    ) -> Result<Coordinator> {
         let runtime = tokio::runtime::Handle::current();
         let dir = data_dir.to_path_buf();
-        Self::start_with(listen, data_dir, move |membership| {
+        Self::start_with(listen, data_dir, unfinished, move |membership| {
             Some(Arc::new(cluster::ClusterRunner {
                 membership: membership.clone(),
                 runtime,
@@ -96,6 +102,7 @@ impl Coordinator {
     async fn start_with(
         listen: SocketAddr,
         data_dir: &Path,
+        unfinished: Unfinished,
         runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Arc<dyn JobRunner>>,
     ) -> Result<Coordinator> {
         metrics::describe();
@@ -115,6 +122,7 @@ impl Coordinator {
                 store,
                 planner,
                 runner,
+                unfinished,
             },
         )
         .await
