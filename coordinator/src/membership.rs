@@ -188,6 +188,11 @@ impl Actor for Membership {
                 }
                 st.registrations += 1;
                 info.incarnation = st.registrations;
+                // A registration starts afresh: the process opens its own stream next. An
+                // earlier process's stream may not look closed yet, and an assignment sent
+                // down it would be lost (the run then waited for that worker until the
+                // peers' frame timeout).
+                st.streams.remove(&info.id);
                 if let Some(old) = st.workers.get(&info.id) {
                     // The earlier process under this id is gone (or never to be heard of
                     // again): a run holding it sees a lost worker (`ClusterRunner`).
@@ -200,7 +205,7 @@ impl Actor for Membership {
                 } else {
                     tracing::info!(worker = %info.id, address = %info.address, "worker registered");
                 }
-                info.streaming = streaming;
+                info.streaming = false;
                 st.workers.insert(info.id.clone(), info);
                 let _ = reply.send(Ok(HEARTBEAT_INTERVAL));
             }
@@ -333,6 +338,8 @@ pub struct HeartbeatAnswer {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn worker(id: &str, last_seen: Instant) -> WorkerInfo {
@@ -349,6 +356,52 @@ mod tests {
             job: 0,
             incarnation: 0,
         }
+    }
+
+    /// A worker registering again under its id (a process restarted in place) is not
+    /// streaming until it opens its own stream: nothing is assigned down the earlier
+    /// process's stream, which may not look closed yet.
+    #[tokio::test]
+    async fn a_registration_drops_the_earlier_stream() {
+        let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
+        let register = |m: &ActorRef<MembershipMsg>| {
+            let info = worker("w", Instant::now());
+            let m = m.clone();
+            async move {
+                ractor::call!(m, MembershipMsg::Register, info)
+                    .unwrap()
+                    .unwrap()
+            }
+        };
+        let assign = |m: &ActorRef<MembershipMsg>| {
+            let m = m.clone();
+            async move {
+                let a = Box::new(pb::Assignment::default());
+                ractor::call!(m, MembershipMsg::Assign, "w".to_string(), a).unwrap()
+            }
+        };
+        let live = |m: &ActorRef<MembershipMsg>| {
+            let m = m.clone();
+            async move { ractor::call!(m, MembershipMsg::Live).unwrap() }
+        };
+        register(&m).await;
+        let mut first = ractor::call!(m, MembershipMsg::OpenStream, "w".to_string())
+            .unwrap()
+            .unwrap();
+        assert!(live(&m).await[0].streaming);
+        register(&m).await;
+        let again = live(&m).await;
+        assert!(!again[0].streaming, "{again:?}");
+        assert!(again[0].incarnation > 0);
+        // Nothing goes down the earlier stream.
+        assert!(assign(&m).await.is_err());
+        assert!(first.try_recv().is_err());
+        let mut second = ractor::call!(m, MembershipMsg::OpenStream, "w".to_string())
+            .unwrap()
+            .unwrap();
+        assign(&m).await.unwrap();
+        assert!(second.try_recv().is_ok());
+        m.stop(None);
     }
 
     #[test]
