@@ -94,16 +94,7 @@ impl NodeConfig {
     }
 }
 
-/// The job of a run id (`Assignment.job`: the job id plus `k·2^48` after `k` re-plans), as
-/// logs show it beside [`replans_of`].
-fn job_of(run: u64) -> u64 {
-    run & ((1 << 48) - 1)
-}
-
-/// The re-plans a run id counts.
-fn replans_of(run: u64) -> u64 {
-    run >> 48
-}
+use crate::net::{job_of, replans_of};
 
 #[cfg(test)]
 #[test]

@@ -1,6 +1,7 @@
 //! The receiving side: validated frames in a mailbox keyed by `(step, stage, mb, kind)`,
 //! with a condition variable that wakes `recv`.
 
+use super::RunName;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -254,7 +255,11 @@ impl Inbox {
         if frame.job != state.job {
             return Err(Rejection::new(
                 "job",
-                format!("{} is not this worker's job {}", frame.job, state.job),
+                format!(
+                    "{} is not this worker's {}",
+                    RunName(frame.job),
+                    RunName(state.job)
+                ),
             ));
         }
         if !state.stages.contains(&frame.stage) {
@@ -319,9 +324,10 @@ impl Inbox {
         loop {
             if job != state.job {
                 return Err(net_error(format!(
-                    "waiting for the {kind} of job {job} step {step} stage {stage} microbatch \
-                     {mb}, but this worker is assigned job {}",
-                    state.job
+                    "waiting for the {kind} of {} step {step} stage {stage} microbatch {mb}, \
+                     but this worker is assigned {}",
+                    RunName(job),
+                    RunName(state.job)
                 )));
             }
             if let Some(reason) = state.rejected.remove(&key) {
@@ -349,9 +355,10 @@ impl Inbox {
                     .map(|k| k.0)
                     .collect();
                 return Err(net_error(format!(
-                    "timed out after {:.3} s waiting for the {kind} of job {job} step {step} \
-                     stage {stage} microbatch {mb} (queued for other steps: {other_steps:?})",
-                    timeout.as_secs_f64()
+                    "timed out after {:.3} s waiting for the {kind} of {} step {step} stage \
+                     {stage} microbatch {mb} (queued for other steps: {other_steps:?})",
+                    timeout.as_secs_f64(),
+                    RunName(job)
                 )));
             }
             state = self
