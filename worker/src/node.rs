@@ -43,6 +43,7 @@ use tonic::transport::Channel;
 use crate::error::{Error, Result, with_causes};
 use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
 use crate::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
+use crate::net::{job_of, replans_of};
 use crate::runtime::{EmulatedRuntime, StepReport, WorkerRuntime};
 use crate::{Device, Tensor};
 use tracing::Instrument as _;
@@ -93,8 +94,6 @@ impl NodeConfig {
         }
     }
 }
-
-use crate::net::{job_of, replans_of};
 
 #[cfg(test)]
 #[test]
