@@ -764,6 +764,8 @@ fn running_checkpointed(
     spec.job.name = name.into();
     spec.checkpoint.enable_checkpoint = true;
     spec.checkpoint.interval = interval;
+    // Resumes must work with older checkpoints removed as newer ones complete.
+    spec.checkpoint.keep_latest_k = 2;
     let reference = reference(&spec);
     let job = submit(&cluster, &write_spec(&dir, &spec));
     wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
@@ -932,6 +934,14 @@ fn a_restarted_coordinator_resumes_its_jobs() {
     );
     let line = ended(&cluster, queued, Duration::from_secs(60));
     assert!(line.contains("succeeded"), "{line}");
+    // keep_latest_k = 2: the two latest complete at the last report, and the last step's.
+    let output = cluster.data.join("checkpoints").join(format!("job-{job}"));
+    let kept: Vec<String> = std::fs::read_dir(&output)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!((2..=3).contains(&kept.len()), "{kept:?}");
 }
 
 /// A job re-planned onto the survivors grows back to its degree when a worker joins: the

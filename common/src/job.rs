@@ -278,12 +278,19 @@ pub struct Checkpoint {
     /// Steps between checkpoints.
     #[serde(default = "default_interval")]
     pub interval: u32,
+    /// Keep only the latest K complete checkpoints of a job, removing older ones as newer
+    /// ones complete (torchtitan's name and default); 0 keeps them all.
+    #[serde(default = "default_keep_latest_k")]
+    pub keep_latest_k: u32,
 }
 
 fn default_folder() -> String {
     "checkpoints".into()
 }
 fn default_interval() -> u32 {
+    10
+}
+fn default_keep_latest_k() -> u32 {
     10
 }
 
@@ -293,6 +300,7 @@ impl Default for Checkpoint {
             enable_checkpoint: false,
             folder: default_folder(),
             interval: default_interval(),
+            keep_latest_k: default_keep_latest_k(),
         }
     }
 }

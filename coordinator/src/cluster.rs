@@ -203,6 +203,8 @@ struct Assigned<'a> {
     /// Each worker's predicted peak activation bytes under this run's plan and split (empty
     /// when they cannot be predicted).
     predicted_peaks: &'a [u64],
+    /// Where the job's checkpoints and final parameters go.
+    output: &'a std::path::Path,
     /// The job's spec and the run's plan (memory pressure re-plans from them).
     spec: &'a JobSpec,
     plan: &'a JobPlan,
@@ -404,6 +406,7 @@ impl JobRunner for ClusterRunner {
                 steps: u64::from(spec.training.steps),
                 planned: planned_bubble(&plan, spec),
                 predicted_peaks: &predicted_peaks,
+                output: &output,
                 workers: &workers,
                 reports: &rx,
                 stage_pieces: &stage_pieces,
@@ -620,6 +623,41 @@ fn last_checkpoint(
         .filter(|k| k % interval == 0)
         .find(|&k| complete(output, k, stages))
         .unwrap_or(first_step)
+}
+
+/// The job's latest complete checkpoint (0: none) once every worker has reported step
+/// `reported` (1-based): a worker saves a step's checkpoint after reporting the step and
+/// before reporting the next, so those of steps before `reported` are complete. With
+/// `keep_latest_k` > 0, removes those older than the latest K (the latest, where a re-plan
+/// or a restart resumes, always stays). A failure to remove is logged, not fatal.
+fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, reported: u64) -> u64 {
+    if !spec.checkpoint.enable_checkpoint {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(output) else {
+        return 0;
+    };
+    let mut complete: Vec<(u64, std::path::PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let k = checkpoint_step(&e.file_name().to_string_lossy())?;
+            (k < reported).then(|| (k, e.path()))
+        })
+        .collect();
+    complete.sort_by_key(|c| std::cmp::Reverse(c.0));
+    let latest = complete.first().map_or(0, |(k, _)| *k);
+    let keep = spec.checkpoint.keep_latest_k as usize;
+    if keep > 0 {
+        for (k, path) in complete.into_iter().skip(keep) {
+            if let Err(e) = std::fs::remove_dir_all(&path) {
+                tracing::warn!(
+                    "cannot remove the checkpoint of step {k} ({}): {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+    latest
 }
 
 /// Whether `step-K/` holds all `stages` stage files.
@@ -843,6 +881,7 @@ impl ClusterRunner {
             steps,
             planned,
             predicted_peaks,
+            output,
             workers,
             reports: rx,
             watch,
@@ -938,6 +977,7 @@ impl ClusterRunner {
                             e.replan_reason = reason;
                             e.replanned = Some(schedule);
                         }
+                        e.checkpoint = settle_checkpoints(output, spec, e.step);
                         report(Report::Step(Box::new(e)));
                         completed += 1;
                         let overflow = reports.iter().any(|r| {
@@ -1360,6 +1400,7 @@ fn event(
             })
             .collect(),
         predicted_peaks: predicted_peaks.to_vec(),
+        checkpoint: 0,
         replan_reason: String::new(),
         replanned: None,
         trace: step_trace(job, step, reports),
@@ -1472,6 +1513,41 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["step-2", "step-4"]);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    /// Once step `reported` is reported, the checkpoints before it are complete: the latest
+    /// is named, and with `keep_latest_k` only the latest K of them stay (a newer one being
+    /// written is left alone); 0 keeps them all.
+    #[test]
+    fn settling_keeps_the_latest_k_complete_checkpoints() {
+        let out = std::env::temp_dir().join(format!("pipewise-keep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = 3;
+        let steps = |out: &std::path::Path| -> Vec<u64> {
+            let mut k: Vec<u64> = std::fs::read_dir(out)
+                .unwrap()
+                .filter_map(|e| checkpoint_step(&e.unwrap().file_name().to_string_lossy()))
+                .collect();
+            k.sort_unstable();
+            k
+        };
+        for k in [3, 6, 9, 12] {
+            touch(&out.join(format!("step-{k}/stage-0.safetensors")));
+        }
+        spec.checkpoint.keep_latest_k = 0;
+        assert_eq!(settle_checkpoints(&out, &spec, 10), 9);
+        assert_eq!(steps(&out), [3, 6, 9, 12]);
+        spec.checkpoint.keep_latest_k = 2;
+        // Step 12 may still be written when step 10 is reported.
+        assert_eq!(settle_checkpoints(&out, &spec, 10), 9);
+        assert_eq!(steps(&out), [6, 9, 12]);
+        assert_eq!(settle_checkpoints(&out, &spec, 13), 12);
+        assert_eq!(steps(&out), [9, 12]);
+        spec.checkpoint.enable_checkpoint = false;
+        assert_eq!(settle_checkpoints(&out, &spec, 13), 0);
         std::fs::remove_dir_all(&out).unwrap();
     }
 

@@ -31,6 +31,9 @@ pub struct StepEventData {
     /// Every worker's predicted peak activation bytes under the plan and split the step
     /// ran (empty when the runner cannot predict them).
     pub predicted_peaks: Vec<u64>,
+    /// The job's latest checkpoint known to be complete when the step was reported (its
+    /// step; 0: none), where the job resumes after a coordinator restart.
+    pub checkpoint: u64,
     /// (worker, measured bubble: 1 − its time in passes / step wall time) for every worker.
     pub worker_bubbles: Vec<(u32, f64)>,
     /// Why the job was re-planned before this step, if it was.

@@ -114,8 +114,6 @@ pub struct JobManagerState {
     /// Jobs resumed after a restart whose plans are not ready yet: no job after them in
     /// id order starts before they are queued.
     replanning: std::collections::BTreeSet<u64>,
-    /// The checkpoint interval of the running job, if it writes checkpoints.
-    checkpoint_every: Option<(u64, u64)>,
 }
 
 impl JobManagerState {
@@ -169,7 +167,6 @@ impl Actor for JobManager {
             history: BTreeMap::new(),
             starts: HashMap::new(),
             replanning: std::collections::BTreeSet::new(),
-            checkpoint_every: None,
         };
         for mut record in state.store.list()? {
             // A job the coordinator had queued or running when it stopped is planned again
@@ -335,16 +332,8 @@ impl Actor for JobManager {
                 if let Ok(mut record) = state.record(event.job) {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
-                    // Workers save a step's checkpoint after reporting the step, and every
-                    // worker's report of step s comes after its save of the step before:
-                    // the latest checkpoint at most s - 1 is complete.
-                    if let Some((job, every)) = state.checkpoint_every
-                        && job == event.job
-                    {
-                        let k = event.step.saturating_sub(1) / every * every;
-                        if k > 0 {
-                            record.last_checkpoint = format!("step-{k}");
-                        }
+                    if event.checkpoint > 0 {
+                        record.last_checkpoint = format!("step-{}", event.checkpoint);
                     }
                     record.waiting.clear();
                     state.save(record)?;
@@ -406,7 +395,6 @@ impl Actor for JobManager {
                 state.watchers.remove(&job);
                 state.plans.remove(&job);
                 state.running = None;
-                state.checkpoint_every = None;
                 start_next(&myself, state).await;
             }
         }
@@ -482,10 +470,6 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         let flag = Arc::new(AtomicBool::new(false));
         state.traces.start(id, plan.schedule.clone());
         let start = state.starts.remove(&id).unwrap_or_default();
-        state.checkpoint_every = spec
-            .checkpoint
-            .enable_checkpoint
-            .then(|| (id, u64::from(spec.checkpoint.interval.max(1))));
         state
             .watchers
             .entry(id)

@@ -63,6 +63,7 @@ impl JobRunner for CountingRunner {
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
                 worker_bubbles: Vec::new(),
                 predicted_peaks: Vec::new(),
+                checkpoint: 0,
                 replan_reason: String::new(),
                 replanned: None,
                 trace: None,
