@@ -542,6 +542,13 @@ pub(crate) fn cancel(args: &JobArgs) -> Result<()> {
             .map_err(status_error)?
             .into_inner();
         print_status(&status);
+        if status.state == pb::JobState::Running as i32 {
+            outln!(
+                "cancelling: its workers stop after the current step (`pipewise status {}` \
+                 says when it is cancelled)",
+                status.id
+            );
+        }
         Ok(())
     })
 }

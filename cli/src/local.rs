@@ -520,7 +520,10 @@ pub(crate) async fn write_trace(
         .get_step_trace(pb::StepTraceRequest { job, step })
         .await
         .map_err(|s| anyhow::anyhow!("{}", s.message()))
-        .with_context(|| format!("no trace of job {job} step {step}"))?
+        .with_context(|| match step {
+            0 => format!("no trace of job {job}'s latest step"),
+            _ => format!("no trace of job {job} step {step}"),
+        })?
         .into_inner();
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let json = dir.join(format!("step-{}.trace.json", t.step));

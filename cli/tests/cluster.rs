@@ -425,6 +425,12 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // It says the running job is being cancelled, not just that it runs.
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("cancelling: its workers stop after the current step"),
+        "{said}"
+    );
     let line = ended(&cluster, job, Duration::from_secs(60));
     assert!(line.contains("cancelled"), "{line}");
     eprintln!("cancel: {line}");
