@@ -380,10 +380,7 @@ fn print_status(s: &pb::JobStatus) {
 fn status_error(s: tonic::Status) -> anyhow::Error {
     let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
     if s.code() == tonic::Code::Unavailable {
-        e.context(format!(
-            "the coordinator went away or stopped answering (no reply to HTTP/2 pings for {} s)",
-            KEEPALIVE_TIMEOUT.as_secs()
-        ))
+        e.context("the coordinator went away or stopped answering")
     } else {
         e
     }

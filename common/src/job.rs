@@ -279,7 +279,8 @@ pub struct Checkpoint {
     #[serde(default = "default_interval")]
     pub interval: u32,
     /// Keep only the latest K complete checkpoints of a job, removing older ones as newer
-    /// ones complete (torchtitan's name and default); 0 keeps them all.
+    /// ones complete (torchtitan's name and default; not 1, as there); 0 keeps them all.
+    /// The last step's checkpoint, saved after its report, comes on top.
     #[serde(default = "default_keep_latest_k")]
     pub keep_latest_k: u32,
 }
@@ -473,6 +474,23 @@ pub struct JobPlan {
 /// (`step-K/`; workers write it, the coordinator resumes re-planned runs from it).
 pub fn checkpoint_dir(output: &std::path::Path, step: u64) -> std::path::PathBuf {
     output.join(format!("step-{step}"))
+}
+
+/// The id of a job's `run`-th run (0: the first; each re-plan and each coordinator restart
+/// starts another): the job id in the low 48 bits, the run's number above, so a worker can
+/// tell the runs of a job apart (`Assignment.job`, `TensorFrame.job`).
+pub fn run_id(job: u64, run: u64) -> u64 {
+    job.wrapping_add(run << 48)
+}
+
+/// The job of a run id.
+pub fn job_of(run_id: u64) -> u64 {
+    run_id & ((1 << 48) - 1)
+}
+
+/// A run id's number within its job.
+pub fn run_of(run_id: u64) -> u64 {
+    run_id >> 48
 }
 
 /// The checkpoint of stage `stage` after `step` steps (`step-K/stage-S.safetensors`).
@@ -831,6 +849,14 @@ impl JobSpec {
             if self.checkpoint.folder.trim().is_empty() {
                 return Err(invalid("checkpoint.folder", "must not be empty"));
             }
+            if self.checkpoint.keep_latest_k == 1 {
+                // As torchtitan: the latest may not be recorded as the one to resume from
+                // yet when the one before is removed.
+                return Err(invalid(
+                    "checkpoint.keep_latest_k",
+                    "must be 0 (keep all) or at least 2",
+                ));
+            }
         }
         if let Some(path) = &self.data.path
             && path.trim().is_empty()
@@ -900,6 +926,14 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_ids_split_into_job_and_run() {
+        let id = run_id(12, 3);
+        assert_eq!((job_of(id), run_of(id)), (12, 3));
+        assert_eq!((job_of(12), run_of(12)), (12, 0));
+        assert_eq!(run_id(12, 0), 12);
+    }
 
     /// torchtitan's first / last stage less layers and layers per stage.
     #[test]
@@ -1109,6 +1143,10 @@ mod tests {
             ("checkpoint.interval", |s| {
                 s.checkpoint.enable_checkpoint = true;
                 s.checkpoint.interval = 0;
+            }),
+            ("checkpoint.keep_latest_k", |s| {
+                s.checkpoint.enable_checkpoint = true;
+                s.checkpoint.keep_latest_k = 1;
             }),
             ("data.path", |s| s.data.path = Some(String::new())),
             ("compute.f_ms", |s| {

@@ -64,15 +64,17 @@
 //!
 //! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
 //! collectives, reports and aborts), is the job id for the first run and
-//! `job + k · 2^48` after `k` re-plans ([`run_id`]), so nothing of an abandoned run can
-//! reach the next one. Events and metrics carry the job id.
+//! `job + k · 2^48` for its `k`-th run ([`run_id`]): each re-plan starts another, and a
+//! coordinator restart jumps past every number the earlier coordinator could have given
+//! ([`MAX_REPLANS`] + 1 per restart), so nothing of an abandoned run can reach the next one.
+//! Events and metrics carry the job id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pipewise_common::job::{JobPlan, JobSpec, checkpoint_file, checkpoint_step};
+use pipewise_common::job::{JobPlan, JobSpec, checkpoint_file, checkpoint_step, job_of, run_id};
 use pipewise_common::rebalance::{largest_worker_time, split_for_speeds};
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_common::{Costs, Schedule, simulate};
@@ -98,14 +100,6 @@ const LEAVE_GRACE: Duration = Duration::from_secs(30);
 
 /// Re-plans per job at most; one more lost worker fails it.
 pub const MAX_REPLANS: u64 = 8;
-
-/// The id of a job's run after `replans` re-plans (see the [module docs](self)).
-pub fn run_id(job: u64, replans: u64) -> u64 {
-    job.wrapping_add(replans << 48)
-}
-
-/// The job of a run id (its low 48 bits).
-const RUN_JOB_MASK: u64 = (1 << 48) - 1;
 
 /// The planned bubble of a job's plan (what `StepEvent.planned_bubble` reports): its
 /// schedule simulated under [`JobSpec::planning_times`], unit pass times for real compute
@@ -371,8 +365,16 @@ impl JobRunner for ClusterRunner {
             };
             if replans == 0 && start.restarts > 0 {
                 // Workers may still run (and write checkpoints of) the earlier
-                // coordinator's run until its heartbeats tell them to abandon it.
+                // coordinator's run until it tells them to abandon it.
                 self.wait_until_left(None, job, &workers);
+                // The checkpoint the store names, if it is there; else (a store from
+                // before it was kept, or the folder changed by hand) the latest complete
+                // one on this plan's stages, at most the steps the store counts.
+                let named = checkpoint_file(&output, first_step, 0);
+                if first_step == 0 || !named.parent().is_some_and(std::path::Path::is_dir) {
+                    let stages = plan.schedule.placement.stages();
+                    first_step = last_checkpoint(&output, &current, 0, start.through, stages);
+                }
                 remove_after(&output, first_step)?;
                 let reason = format!(
                     "the coordinator restarted; resuming from {}",
@@ -628,8 +630,9 @@ fn last_checkpoint(
 /// The job's latest complete checkpoint (0: none) once every worker has reported step
 /// `reported` (1-based): a worker saves a step's checkpoint after reporting the step and
 /// before reporting the next, so those of steps before `reported` are complete. With
-/// `keep_latest_k` > 0, removes those older than the latest K (the latest, where a re-plan
-/// or a restart resumes, always stays). A failure to remove is logged, not fatal.
+/// `keep_latest_k` > 0 (at least 2: the store may still name the one before the latest),
+/// removes those older than the latest K, on another thread. A failure to remove is logged,
+/// not fatal.
 fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, reported: u64) -> u64 {
     if !spec.checkpoint.enable_checkpoint {
         return 0;
@@ -647,15 +650,22 @@ fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, reported: u64) -
     complete.sort_by_key(|c| std::cmp::Reverse(c.0));
     let latest = complete.first().map_or(0, |(k, _)| *k);
     let keep = spec.checkpoint.keep_latest_k as usize;
-    if keep > 0 {
-        for (k, path) in complete.into_iter().skip(keep) {
-            if let Err(e) = std::fs::remove_dir_all(&path) {
-                tracing::warn!(
-                    "cannot remove the checkpoint of step {k} ({}): {e}",
-                    path.display()
-                );
+    let old: Vec<(u64, std::path::PathBuf)> = match keep {
+        0 => Vec::new(),
+        _ => complete.into_iter().skip(keep).collect(),
+    };
+    if !old.is_empty() {
+        // Beside the run: a slow file system does not hold up its step reports.
+        std::thread::spawn(move || {
+            for (k, path) in old {
+                if let Err(e) = std::fs::remove_dir_all(&path) {
+                    tracing::warn!(
+                        "cannot remove the checkpoint of step {k} ({}): {e}",
+                        path.display()
+                    );
+                }
             }
-        }
+        });
     }
     latest
 }
@@ -775,7 +785,13 @@ impl ClusterRunner {
             });
             match sent {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(Ended::Failed(self.abort(run.run, e.to_string()))),
+                // E.g. it registered again (a new process) since it was picked: as lost.
+                Ok(Err(e)) => {
+                    return Err(Ended::Lost {
+                        reason: format!("worker {i} ({}) could not take its assignment: {e}", w.id),
+                        through: run.first_step,
+                    });
+                }
                 Err(e) => {
                     return Err(Ended::Failed(
                         self.abort(run.run, format!("membership: {e}")),
@@ -794,19 +810,21 @@ impl ClusterRunner {
     }
 
     /// Waits (up to [`LEAVE_GRACE`]) until none of `workers` still says in its heartbeat
-    /// that it runs the abandoned `run` (`None`: any run of `job`, an earlier coordinator's).
+    /// that it runs the abandoned `run` (`None`: no live worker runs any run of `job`, an
+    /// earlier coordinator's; a worker says which when it registers again).
     fn wait_until_left(&self, run: Option<u64>, job: u64, workers: &[WorkerInfo]) {
         let started = Instant::now();
         // `run`, or (None) any run of `job`.
         let running = |l: &WorkerInfo| match run {
             Some(run) => l.job == run,
-            None => l.job != 0 && l.job & RUN_JOB_MASK == job,
+            None => l.job != 0 && job_of(l.job) == job,
         };
         while started.elapsed() < LEAVE_GRACE {
             let Ok(live) = self.live() else { return };
+            // An earlier coordinator's run may hold workers this run does not.
             let staying = live
                 .iter()
-                .any(|l| running(l) && workers.iter().any(|w| w.id == l.id));
+                .any(|l| running(l) && (run.is_none() || workers.iter().any(|w| w.id == l.id)));
             if !staying {
                 return;
             }
@@ -1526,26 +1544,34 @@ mod tests {
         let mut spec = example(2, "1f1b");
         spec.checkpoint.enable_checkpoint = true;
         spec.checkpoint.interval = 3;
-        let steps = |out: &std::path::Path| -> Vec<u64> {
-            let mut k: Vec<u64> = std::fs::read_dir(out)
-                .unwrap()
-                .filter_map(|e| checkpoint_step(&e.unwrap().file_name().to_string_lossy()))
-                .collect();
-            k.sort_unstable();
-            k
+        // The steps left: `expected` once the removals (beside the caller) are done, or
+        // whatever is there after 5 s.
+        let steps = |out: &std::path::Path, expected: &[u64]| -> Vec<u64> {
+            let started = std::time::Instant::now();
+            loop {
+                let mut k: Vec<u64> = std::fs::read_dir(out)
+                    .unwrap()
+                    .filter_map(|e| checkpoint_step(&e.unwrap().file_name().to_string_lossy()))
+                    .collect();
+                k.sort_unstable();
+                if k == expected || started.elapsed() > Duration::from_secs(5) {
+                    return k;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         };
         for k in [3, 6, 9, 12] {
             touch(&out.join(format!("step-{k}/stage-0.safetensors")));
         }
         spec.checkpoint.keep_latest_k = 0;
         assert_eq!(settle_checkpoints(&out, &spec, 10), 9);
-        assert_eq!(steps(&out), [3, 6, 9, 12]);
+        assert_eq!(steps(&out, &[3, 6, 9, 12]), [3, 6, 9, 12]);
         spec.checkpoint.keep_latest_k = 2;
         // Step 12 may still be written when step 10 is reported.
         assert_eq!(settle_checkpoints(&out, &spec, 10), 9);
-        assert_eq!(steps(&out), [6, 9, 12]);
+        assert_eq!(steps(&out, &[6, 9, 12]), [6, 9, 12]);
         assert_eq!(settle_checkpoints(&out, &spec, 13), 12);
-        assert_eq!(steps(&out), [9, 12]);
+        assert_eq!(steps(&out, &[9, 12]), [9, 12]);
         spec.checkpoint.enable_checkpoint = false;
         assert_eq!(settle_checkpoints(&out, &spec, 13), 0);
         std::fs::remove_dir_all(&out).unwrap();
@@ -1568,8 +1594,6 @@ mod tests {
         assert_eq!(plan.schedule, on_two(1.5));
         // Not vacuous: the unscaled limit plans another schedule.
         assert_ne!(plan.schedule, on_two(3.0));
-        assert_ne!(run_id(7, 1), 7);
-        assert_eq!(run_id(7, 0), 7);
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub struct Start {
     pub step: u64,
     /// Coordinator restarts the job has been through.
     pub restarts: u64,
+    /// After a restart, the steps the store counted as done (no resume goes past them).
+    pub through: u64,
 }
 
 /// Runs a job's steps. [`crate::cluster::ClusterRunner`] hands them to registered worker

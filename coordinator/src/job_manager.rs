@@ -243,7 +243,13 @@ impl Actor for JobManager {
             JobMsg::Resume(id) => {
                 let spec = match state.record(id).map(|r| JobSpec::from_toml(&r.spec_toml)) {
                     Ok(Ok(spec)) => Box::new(spec),
-                    _ => return Ok(()), // read when the manager started
+                    // Read when the manager started, so not reached; were it, the jobs
+                    // behind it must not wait for it.
+                    _ => {
+                        state.replanning.remove(&id);
+                        start_next(&myself, state).await;
+                        return Ok(());
+                    }
                 };
                 let planner = state.planner.clone();
                 let manager = myself.clone();
@@ -273,9 +279,16 @@ impl Actor for JobManager {
                             .strip_prefix("step-")
                             .and_then(|k| k.parse().ok())
                             .unwrap_or(0);
-                        let restarts = record.restarts;
+                        let (restarts, through) = (record.restarts, record.step);
                         state.save(record)?;
-                        state.starts.insert(id, Start { step, restarts });
+                        state.starts.insert(
+                            id,
+                            Start {
+                                step,
+                                restarts,
+                                through,
+                            },
+                        );
                         state.plans.insert(id, (*spec, plan));
                         // In id order, before the jobs submitted since the restart.
                         let at = state.queue.partition_point(|&q| q < id);
@@ -598,6 +611,90 @@ mod tests {
             manager.stop(None);
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    /// A runner that records the jobs it runs, in order.
+    struct Recording(std::sync::Mutex<Vec<u64>>);
+
+    impl JobRunner for Recording {
+        fn run(
+            &self,
+            job: u64,
+            _: &JobSpec,
+            _: &JobPlan,
+            _: Start,
+            _: &mut dyn FnMut(crate::driver::Report),
+            _: &AtomicBool,
+        ) -> std::result::Result<(), String> {
+            self.0.lock().unwrap().push(job);
+            Ok(())
+        }
+    }
+
+    /// Jobs resumed after a restart start in id order: one whose plan is ready waits for an
+    /// earlier one still being planned.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resumed_jobs_start_in_id_order() {
+        let dir = std::env::temp_dir().join(format!("pipewise-order-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let store = JobStore::open(&dir).unwrap();
+            for (id, name, state) in [
+                (1, "held", JobState::Running),
+                (2, "quick", JobState::Queued),
+            ] {
+                let mut spec = example(2, "1f1b");
+                spec.job.name = name.into();
+                store
+                    .put(&JobRecord {
+                        id,
+                        name: name.into(),
+                        spec_toml: spec.to_toml().unwrap(),
+                        state,
+                        step: 0,
+                        steps: 3,
+                        last_loss: None,
+                        error: String::new(),
+                        last_checkpoint: String::new(),
+                        restarts: 0,
+                        waiting: String::new(),
+                    })
+                    .unwrap();
+            }
+        }
+        let (planner, release, waiting) = gated_planner(2).await;
+        let runner = Arc::new(Recording(std::sync::Mutex::new(Vec::new())));
+        let (manager, _) = Actor::spawn(
+            None,
+            JobManager,
+            JobManagerArgs {
+                store: JobStore::open(&dir).unwrap(),
+                planner,
+                runner: Some(runner.clone()),
+                unfinished: Unfinished::Resume,
+            },
+        )
+        .await
+        .unwrap();
+        until_held(&waiting, 1).await;
+        // Job 2's plan is in (its waiting note cleared), job 1's held: nothing starts.
+        loop {
+            let quick = ractor::call!(manager, JobMsg::Get, 2).unwrap().unwrap();
+            if quick.waiting.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(runner.0.lock().unwrap().is_empty());
+        release.send(()).unwrap();
+        let started = std::time::Instant::now();
+        while runner.0.lock().unwrap().len() < 2 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(30));
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(*runner.0.lock().unwrap(), [1, 2]);
+        manager.stop(None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The manager answers while a submitted job is being planned (a slow plan used to

@@ -83,8 +83,9 @@ pub struct MembershipState {
     /// Registrations so far (the last one's [`WorkerInfo::incarnation`]).
     registrations: u64,
     /// Every run this coordinator started (attached). A worker still running another one
-    /// runs it for a coordinator that has since restarted (which failed its job): it is
-    /// told to abandon it, and its outputs are not written for a failed job.
+    /// runs it for an earlier coordinator (this one restarted since, and runs that job again
+    /// under new run ids if it resumes it): heartbeats and step reports tell it to abandon
+    /// that run at once, so it writes nothing more for it.
     started: HashSet<u64>,
 }
 
@@ -111,8 +112,8 @@ pub enum MembershipMsg {
     Assign(String, Box<pb::Assignment>, RpcReplyPort<Result<()>>),
     /// Routes the step reports of a job to a runner.
     Attach(u64, std::sync::mpsc::Sender<pb::StepReport>),
-    /// A worker's step report; replies whether its job is stopping.
-    Report(Box<pb::StepReport>, RpcReplyPort<bool>),
+    /// A worker's step report; replies what its run must do.
+    Report(Box<pb::StepReport>, RpcReplyPort<ReportAnswer>),
     /// Ask the job's workers to stop at the next step boundary.
     Stop(u64),
     /// Tell the job's workers to abandon it now; its reports are no longer routed.
@@ -279,13 +280,16 @@ impl Actor for Membership {
             }
             MembershipMsg::Report(report, reply) => {
                 let job = report.job;
-                let stopping = st.stopping.contains(&job) || st.abandon(job);
+                // An abandoned run ends at once and writes nothing more (a graceful stop
+                // would save a checkpoint and final parameters for a run nobody follows).
+                let abort = st.abandon(job);
+                let stop = !abort && st.stopping.contains(&job);
                 if let Some(sink) = st.sinks.get(&job) {
                     if sink.send(*report).is_err() {
                         st.sinks.remove(&job);
                     }
                 }
-                let _ = reply.send(stopping);
+                let _ = reply.send(ReportAnswer { stop, abort });
             }
             MembershipMsg::Stop(job) => {
                 st.stopping.insert(job);
@@ -325,6 +329,15 @@ impl Actor for Membership {
         }
         Ok(())
     }
+}
+
+/// The membership's answer to a step report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportAnswer {
+    /// Stop at the next step boundary (a cancel, or a re-plan between steps).
+    pub stop: bool,
+    /// Abandon the run now: it was aborted, or this coordinator did not start it.
+    pub abort: bool,
 }
 
 /// The membership's answer to a heartbeat.
@@ -388,11 +401,12 @@ mod tests {
         let mut first = ractor::call!(m, MembershipMsg::OpenStream, "w".to_string())
             .unwrap()
             .unwrap();
-        assert!(live(&m).await[0].streaming);
+        let before = live(&m).await;
+        assert!(before[0].streaming);
         register(&m).await;
         let again = live(&m).await;
         assert!(!again[0].streaming, "{again:?}");
-        assert!(again[0].incarnation > 0);
+        assert!(again[0].incarnation > before[0].incarnation, "{again:?}");
         // Nothing goes down the earlier stream.
         assert!(assign(&m).await.is_err());
         assert!(first.try_recv().is_err());

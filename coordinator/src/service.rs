@@ -234,7 +234,8 @@ impl ClusterService for Cluster {
             peak_activation_bytes: 0,
             step: 0,
             streaming: false,
-            job: 0,
+            // Until its first heartbeat: the run it still runs, if any.
+            job: r.job,
             // The membership actor numbers it.
             incarnation: 0,
         };
@@ -291,8 +292,11 @@ impl ClusterService for Cluster {
                 "StepReport.worker_id: must not be empty",
             ));
         }
-        let cancel = ractor::call!(self.membership, MembershipMsg::Report, Box::new(report))
+        let answer = ractor::call!(self.membership, MembershipMsg::Report, Box::new(report))
             .map_err(CoordinatorError::from)?;
-        Ok(Response::new(pb::StepAck { cancel }))
+        Ok(Response::new(pb::StepAck {
+            cancel: answer.stop,
+            abort: answer.abort,
+        }))
     }
 }

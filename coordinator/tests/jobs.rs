@@ -287,6 +287,7 @@ async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
     let resumed = Start {
         step: 0,
         restarts: 1,
+        through: 0,
     };
     assert_eq!(*runner.starts.lock().unwrap(), [(1, resumed), (3, resumed)]);
     c.shutdown().await;

@@ -43,9 +43,9 @@ use tonic::transport::Channel;
 use crate::error::{Error, Result, with_causes};
 use crate::job::{corpus_of, optimizer_of, partition_of, sampler_of};
 use crate::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
-use crate::net::{job_of, replans_of};
 use crate::runtime::{EmulatedRuntime, StepReport, WorkerRuntime};
 use crate::{Device, Tensor};
+use pipewise_common::job::{job_of, run_of};
 use tracing::Instrument as _;
 
 /// How a worker process starts.
@@ -93,15 +93,6 @@ impl NodeConfig {
             unplanned_bytes: 0,
         }
     }
-}
-
-#[cfg(test)]
-#[test]
-fn run_ids_split_into_job_and_replans() {
-    // The coordinator's `run_id(12, 3)`.
-    let run = 12 + (3 << 48);
-    assert_eq!((job_of(run), replans_of(run)), (12, 3));
-    assert_eq!((job_of(12), replans_of(12)), (12, 0));
 }
 
 /// Whether a repeated warning is due: the first time, then at most once every 10 s.
@@ -162,7 +153,7 @@ impl Shared {
         if let Some(job) = current.job.filter(|j| which(*j)) {
             tracing::warn!(
                 job = job_of(job),
-                replan = replans_of(job),
+                run = run_of(job),
                 "abandoning the job: {why}"
             );
             self.transport.abort(&format!("job {job} was {why}"));
@@ -325,7 +316,7 @@ async fn reporter(
         let span = tracing::info_span!(
             "report",
             job = job_of(report.job),
-            replan = replans_of(report.job),
+            run = run_of(report.job),
             step = report.step
         );
         deliver(&mut client, report, &shared).instrument(span).await;
@@ -345,7 +336,11 @@ async fn deliver(
     loop {
         match client.report_step(report.clone()).await {
             Ok(ack) => {
-                if ack.get_ref().cancel {
+                let ack = ack.into_inner();
+                if ack.abort {
+                    let job = report.job;
+                    shared.abort_if(|j| j == job, "abandoned by the coordinator");
+                } else if ack.cancel {
                     shared.transport.collective().request_stop(report.job);
                 }
                 return;
@@ -413,6 +408,7 @@ pub struct ConnState {
 
 impl Connection {
     async fn register(args: &ConnArgs) -> std::result::Result<Duration, ActorProcessingErr> {
+        let job = args.shared.current().job.unwrap_or(0);
         let reply = args
             .client
             .clone()
@@ -421,6 +417,7 @@ impl Connection {
                 address: args.address.clone(),
                 device_kind: args.device_kind.clone(),
                 memory_bytes: args.memory_bytes,
+                job,
             })
             .await
             .map_err(|s| {
@@ -466,7 +463,7 @@ async fn follow_assignments(
                             tracing::info!(
                                 worker = %id,
                                 job = job_of(a.job),
-                                replan = replans_of(a.job),
+                                run = run_of(a.job),
                                 index = a.worker_index,
                                 "assignment"
                             );
@@ -595,7 +592,7 @@ fn executor_loop(
         let _job_span = tracing::info_span!(
             "job",
             job = job_of(job),
-            replan = replans_of(job),
+            run = run_of(job),
             worker,
             id = %config.id
         )

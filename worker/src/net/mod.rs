@@ -48,25 +48,14 @@ use candle_core::Device;
 use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
-/// A run id as people read it: `job 10`, or `job 10 (run 2)` for a re-planned or resumed
-/// run (the coordinator's run ids are the job plus the run's number times 2^48).
+/// A run id ([`pipewise_common::job::run_id`]) as people read it: `job 10`, or `job 10
+/// (run 2)` for a later run (after a re-plan or a coordinator restart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunName(pub u64);
 
-/// The job of a run id (`Assignment.job`: the job id plus `k·2^48` for its `k`-th run,
-/// after re-plans or coordinator restarts), as logs show it beside [`replans_of`].
-pub(crate) fn job_of(run: u64) -> u64 {
-    run & ((1 << 48) - 1)
-}
-
-/// The run's number within its job (0: the first).
-pub(crate) fn replans_of(run: u64) -> u64 {
-    run >> 48
-}
-
 impl std::fmt::Display for RunName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (job, run) = (job_of(self.0), replans_of(self.0));
+        let (job, run) = (job_of(self.0), run_of(self.0));
         if run == 0 {
             write!(f, "job {job}")
         } else {
@@ -74,6 +63,8 @@ impl std::fmt::Display for RunName {
         }
     }
 }
+
+use pipewise_common::job::{job_of, run_of};
 
 pub use codec::Delivery;
 pub use collective::{Collective, NetSync};
