@@ -367,14 +367,8 @@ impl JobRunner for ClusterRunner {
                 // Workers may still run (and write checkpoints of) the earlier
                 // coordinator's run until it tells them to abandon it.
                 self.wait_until_left(None, job, &workers);
-                // The checkpoint the store names, if it is there; else (a store from
-                // before it was kept, or the folder changed by hand) the latest complete
-                // one on this plan's stages, at most the steps the store counts.
-                let named = checkpoint_file(&output, first_step, 0);
-                if first_step == 0 || !named.parent().is_some_and(std::path::Path::is_dir) {
-                    let stages = plan.schedule.placement.stages();
-                    first_step = last_checkpoint(&output, &current, 0, start.through, stages);
-                }
+                let stages = plan.schedule.placement.stages();
+                first_step = restart_step(&output, &current, start, stages);
                 remove_after(&output, first_step)?;
                 let reason = format!(
                     "the coordinator restarted; resuming from {}",
@@ -668,6 +662,19 @@ fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, reported: u64) -
         });
     }
     latest
+}
+
+/// Where a job resumed after a coordinator restart starts: the checkpoint the store named
+/// (`start.step`) if its folder is there, else (a store from before it was kept, or a
+/// folder changed by hand) the latest complete one on `stages` stages at most the steps the
+/// store counted (`start.through`), else 0.
+fn restart_step(output: &std::path::Path, spec: &JobSpec, start: Start, stages: u32) -> u64 {
+    let named = checkpoint_file(output, start.step, 0);
+    if start.step > 0 && named.parent().is_some_and(std::path::Path::is_dir) {
+        start.step
+    } else {
+        last_checkpoint(output, spec, 0, start.through, stages)
+    }
 }
 
 /// Whether `step-K/` holds all `stages` stage files.
@@ -1531,6 +1538,35 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["step-2", "step-4"]);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    /// After a coordinator restart: the checkpoint the store names if it is there, else the
+    /// latest complete one up to the steps the store counted (a store from before names
+    /// none), else the start.
+    #[test]
+    fn a_restart_resumes_from_the_named_or_the_latest_complete_checkpoint() {
+        let out = std::env::temp_dir().join(format!("pipewise-restart-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = 3;
+        for k in [3, 6, 9] {
+            // Step 9 lost stage 1's file.
+            for s in 0..if k == 9 { 1 } else { 2 } {
+                touch(&out.join(format!("step-{k}/stage-{s}.safetensors")));
+            }
+        }
+        let at = |step, through| Start {
+            step,
+            restarts: 1,
+            through,
+        };
+        assert_eq!(restart_step(&out, &spec, at(3, 10), 2), 3);
+        assert_eq!(restart_step(&out, &spec, at(0, 10), 2), 6);
+        assert_eq!(restart_step(&out, &spec, at(12, 10), 2), 6);
+        assert_eq!(restart_step(&out, &spec, at(0, 5), 2), 3);
+        assert_eq!(restart_step(&out, &spec, at(0, 2), 2), 0);
         std::fs::remove_dir_all(&out).unwrap();
     }
 
