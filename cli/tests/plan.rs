@@ -459,20 +459,9 @@ fn help_texts() {
 /// are refused with the option named.
 #[test]
 fn memory_limit_forms_and_errors() {
+    let shape = ["plan", "-s", "adaptive-v", "-d", "6", "-n", "12"];
     // `pipewise plan -s adaptive-v -d 6 -n 12 --memory-limit LIMIT`, which must fail.
-    let v_limit = |limit: &str| {
-        fails(&[
-            "plan",
-            "-s",
-            "adaptive-v",
-            "-d",
-            "6",
-            "-n",
-            "12",
-            "--memory-limit",
-            limit,
-        ])
-    };
+    let v_limit = |limit: &str| fails(&[&shape[..], &["--memory-limit", limit]].concat());
     let peak = |args: &[&str]| -> f64 {
         let v: Value = serde_json::from_str(&ok(args)).unwrap();
         v["peak_memory"]
@@ -482,17 +471,7 @@ fn memory_limit_forms_and_errors() {
             .map(|x| x.as_f64().unwrap())
             .fold(0.0, f64::max)
     };
-    let base = [
-        "plan",
-        "-s",
-        "adaptive-v",
-        "-d",
-        "6",
-        "-n",
-        "12",
-        "-f",
-        "json",
-    ];
+    let base = [&shape[..], &["-f", "json"]].concat();
     let units = peak(&[&base[..], &["--memory-limit", "4"]].concat());
     assert!(units <= 4.0 + 1e-9, "peak {units}");
     let half = peak(&[&base[..], &["--memory-limit", "0.5x"]].concat());

@@ -473,7 +473,23 @@ pub struct JobPlan {
 /// The checkpoint directory after `step` steps under a job's output directory
 /// (`step-K/`; workers write it, the coordinator resumes re-planned runs from it).
 pub fn checkpoint_dir(output: &std::path::Path, step: u64) -> std::path::PathBuf {
-    output.join(format!("step-{step}"))
+    output.join(checkpoint_name(step))
+}
+
+/// The name of the checkpoint directory after `step` steps (`step-K`), the inverse of
+/// [`checkpoint_step`].
+pub fn checkpoint_name(step: u64) -> String {
+    format!("step-{step}")
+}
+
+/// The checkpoint of stage `stage` after `step` steps (`step-K/stage-S.safetensors`).
+pub fn checkpoint_file(output: &std::path::Path, step: u64, stage: u32) -> std::path::PathBuf {
+    checkpoint_dir(output, step).join(format!("stage-{stage}.safetensors"))
+}
+
+/// The step of a checkpoint directory's name (`step-K` → K).
+pub fn checkpoint_step(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
 }
 
 /// The id of a job's `run`-th run (0: the first; each re-plan and each coordinator restart
@@ -491,16 +507,6 @@ pub fn job_of(run_id: u64) -> u64 {
 /// A run id's number within its job.
 pub fn run_of(run_id: u64) -> u64 {
     run_id >> 48
-}
-
-/// The checkpoint of stage `stage` after `step` steps (`step-K/stage-S.safetensors`).
-pub fn checkpoint_file(output: &std::path::Path, step: u64, stage: u32) -> std::path::PathBuf {
-    checkpoint_dir(output, step).join(format!("stage-{stage}.safetensors"))
-}
-
-/// The step of a checkpoint directory's name (`step-K` → K).
-pub fn checkpoint_step(name: &str) -> Option<u64> {
-    name.strip_prefix("step-")?.parse().ok()
 }
 
 impl JobPlan {

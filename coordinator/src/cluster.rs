@@ -74,7 +74,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pipewise_common::job::{JobPlan, JobSpec, checkpoint_file, checkpoint_step, job_of, run_id};
+use pipewise_common::job::{
+    JobPlan, JobSpec, checkpoint_dir, checkpoint_file, checkpoint_step, job_of, run_id,
+};
 use pipewise_common::rebalance::{largest_worker_time, split_for_speeds};
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_common::{Costs, Schedule, simulate};
@@ -669,8 +671,7 @@ fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, reported: u64) -
 /// folder changed by hand) the latest complete one on `stages` stages at most the steps the
 /// store counted (`start.through`), else 0.
 fn restart_step(output: &std::path::Path, spec: &JobSpec, start: Start, stages: u32) -> u64 {
-    let named = checkpoint_file(output, start.step, 0);
-    if start.step > 0 && named.parent().is_some_and(std::path::Path::is_dir) {
+    if start.step > 0 && checkpoint_dir(output, start.step).is_dir() {
         start.step
     } else {
         last_checkpoint(output, spec, 0, start.through, stages)

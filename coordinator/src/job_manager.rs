@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 
@@ -274,11 +274,7 @@ impl Actor for JobManager {
                 record.waiting.clear();
                 match *planned {
                     Ok(plan) => {
-                        let step = record
-                            .last_checkpoint
-                            .strip_prefix("step-")
-                            .and_then(|k| k.parse().ok())
-                            .unwrap_or(0);
+                        let step = checkpoint_step(&record.last_checkpoint).unwrap_or(0);
                         let (restarts, through) = (record.restarts, record.step);
                         state.save(record)?;
                         state.starts.insert(
@@ -346,7 +342,7 @@ impl Actor for JobManager {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
                     if event.checkpoint > 0 {
-                        record.last_checkpoint = format!("step-{}", event.checkpoint);
+                        record.last_checkpoint = checkpoint_name(event.checkpoint);
                     }
                     record.waiting.clear();
                     state.save(record)?;
