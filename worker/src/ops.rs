@@ -8,6 +8,8 @@
 use candle_core::{D, DType, Device, Tensor};
 
 use crate::error::Result;
+use crate::kernels::{cpu, matmul};
+use crate::param::Param;
 
 /// LayerNorm epsilon (GPT-2's).
 pub(crate) const LN_EPS: f64 = 1e-5;
@@ -25,21 +27,59 @@ pub(crate) fn bytes(t: &Tensor) -> u64 {
 
 /// `x·W + b` for `x: [N, in]`, `w: [in, out]`, `b: [out]`.
 pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    linear_residual(x, w, b, None)
+}
+
+/// `x·W + b + r`: a linear layer and the residual it feeds (`r: [N, out]`), one GEMM on the
+/// CPU (the bias and residual are the product's starting value).
+pub(crate) fn linear_residual(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    r: Option<&Tensor>,
+) -> Result<Tensor> {
+    if cpu::applies(&[x, w])
+        && b.is_none_or(|b| cpu::applies(&[b]))
+        && r.is_none_or(|r| cpu::applies(&[r]))
+    {
+        let (x, b, r) = (
+            x.contiguous()?,
+            b.map(Tensor::contiguous).transpose()?,
+            r.map(Tensor::contiguous).transpose()?,
+        );
+        return matmul::linear(&x, w, b.as_ref(), r.as_ref());
+    }
     let y = x.matmul(w)?;
-    Ok(match b {
+    let y = match b {
         Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    Ok(match r {
+        Some(r) => (y + r)?,
         None => y,
     })
 }
 
 /// `B` of a linear layer: `dx = dy·Wᵀ`.
 pub(crate) fn linear_grad_input(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if cpu::applies(&[dy, w]) {
+        return matmul::linear_grad_input(&dy.contiguous()?, w);
+    }
     Ok(dy.matmul(&w.t()?)?)
 }
 
 /// `W` of a linear layer: `dW = xᵀ·dy`.
 pub(crate) fn linear_grad_weight(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     Ok(x.t()?.matmul(dy)?)
+}
+
+/// `W` of a linear layer added to the weight's gradient: on the CPU in f32, the GEMM
+/// accumulates into the gradient in place.
+pub(crate) fn accumulate_linear_grad_weight(p: &mut Param, x: &Tensor, dy: &Tensor) -> Result<()> {
+    if cpu::applies(&[x, dy, &p.grad]) && p.grad.is_contiguous() {
+        return matmul::accumulate_grad_weight(&p.grad, &x.contiguous()?, &dy.contiguous()?);
+    }
+    p.accumulate(&linear_grad_weight(x, dy)?)
 }
 
 /// `W` of a bias (or a LayerNorm shift): the sum of `dy` over tokens, in f32 (a bf16 sum

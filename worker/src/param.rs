@@ -62,15 +62,16 @@ impl Param {
             Init::Const(c) => vec![c as f32; n],
         };
         let value = Tensor::from_vec(host, shape, device)?.to_dtype(dtype)?;
-        let zeros = Tensor::zeros(shape, STATE_DTYPE, device)?;
+        // Three buffers, not clones of one: the gradient is accumulated in place.
+        let zeros = || Tensor::zeros(shape, STATE_DTYPE, device);
         Ok(Self {
             name,
-            grad: zeros.clone(),
+            grad: zeros()?,
             master: Self::needs_master(dtype)
                 .then(|| value.to_dtype(STATE_DTYPE))
                 .transpose()?,
-            m: zeros.clone(),
-            v: zeros,
+            m: zeros()?,
+            v: zeros()?,
             value,
             decay,
         })

@@ -125,8 +125,7 @@ impl Head {
     }
 
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
-        self.lm
-            .accumulate(&ops::linear_grad_weight(&w.z, &w.dlogits)?)?;
+        ops::accumulate_linear_grad_weight(&mut self.lm, &w.z, &w.dlogits)?;
         let (dg, db) = ops::layer_norm_grad_weight(&w.dz, &w.xhat)?;
         self.ln_w.accumulate(&dg)?;
         self.ln_b.accumulate(&db)

@@ -1,0 +1,361 @@
+//! Linear layers on the `gemm` crate directly, as candle custom ops (CPU, f32, contiguous):
+//! the forward with its bias and residual folded into the product's destination, the input
+//! gradient against the transposed weight, and the weight gradient accumulated in place into
+//! the parameter's gradient.
+//!
+//! candle's own matmul zeroes a fresh destination, and the bias, the residual and the
+//! gradient accumulation each cost another pass and another buffer; here each is one GEMM.
+//! `gemm` picks its micro-kernel at run time (AVX-512 with the `x86-v4` feature where the
+//! CPU has it, else AVX2 + FMA, else SSE); [`isa`] names the one it takes. Threads split the
+//! output, never the inner dimension, so the result does not depend on the thread count.
+
+#![allow(unsafe_code)]
+
+use candle_core::{CpuStorage, CustomOp2, InplaceOp3, Layout, Shape, Tensor};
+use gemm::Parallelism;
+
+use super::cpu::{f32_slice, storage_slice};
+use crate::error::Result;
+
+/// The instruction set `gemm`'s f32 micro-kernels use on this CPU.
+pub(crate) fn isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "AVX-512";
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return "AVX2+FMA";
+        }
+        "SSE"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        "portable"
+    }
+}
+
+/// `Parallelism::Rayon` over the current rayon pool (`RAYON_NUM_THREADS`, as candle reads
+/// it), or none on one thread.
+fn parallelism() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    }
+}
+
+/// A row-major matrix operand: where it starts and its strides in elements.
+#[derive(Clone, Copy)]
+struct Operand {
+    ptr: *const f32,
+    rs: isize,
+    cs: isize,
+}
+
+/// `dst = (read ? dst : 0) + lhs·rhs` for an `m × k` lhs and a `k × n` rhs.
+///
+/// # Safety
+/// `dst` must be valid for writes (and, with `read`, reads) of a row-major `m × n` matrix,
+/// and each operand valid for reads of its matrix under its strides; `dst` must not overlap
+/// either operand.
+unsafe fn product(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    read: bool,
+    lhs: Operand,
+    rhs: Operand,
+) {
+    // SAFETY: the caller's contract is gemm's.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            n as isize,
+            read,
+            lhs.ptr,
+            lhs.cs,
+            lhs.rs,
+            rhs.ptr,
+            rhs.cs,
+            rhs.rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(),
+        )
+    }
+}
+
+/// Rows and columns of a contiguous 2-D layout.
+fn dims2(l: &Layout, op: &'static str) -> candle_core::Result<(usize, usize)> {
+    match l.dims() {
+        &[r, c] => Ok((r, c)),
+        d => candle_core::bail!("{op}: expected a 2-D tensor, got shape {d:?}"),
+    }
+}
+
+/// `y = x·W (+ b) (+ r)` for `x: [N, in]`, `W: [in, out]`, `b: [out]`, `r: [N, out]`.
+struct Linear<'a> {
+    bias: Option<&'a Tensor>,
+    residual: Option<&'a Tensor>,
+}
+
+impl CustomOp2 for Linear<'_> {
+    fn name(&self) -> &'static str {
+        "pipewise-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w) = (f32_slice(xs, xl, "x")?, f32_slice(ws, wl, "w")?);
+        let ((rows, inner), (inner_w, cols)) = (dims2(xl, self.name())?, dims2(wl, self.name())?);
+        if inner != inner_w {
+            candle_core::bail!("pipewise-linear: x is [{rows}, {inner}], w is [{inner_w}, {cols}]");
+        }
+        let mut dst: Vec<f32> = Vec::with_capacity(rows * cols);
+        let bias_guard = self.bias.map(Tensor::storage_and_layout);
+        let res_guard = self.residual.map(Tensor::storage_and_layout);
+        let bias = match &bias_guard {
+            Some((s, l)) => Some(storage_slice(s, l, "bias", cols)?),
+            None => None,
+        };
+        let res = match &res_guard {
+            Some((s, l)) => Some(storage_slice(s, l, "residual", rows * cols)?),
+            None => None,
+        };
+        // The destination starts as the bias and residual (one write pass), or is written
+        // by the product alone.
+        let read = match (bias, res) {
+            (None, None) => false,
+            (Some(b), None) => {
+                for _ in 0..rows {
+                    dst.extend_from_slice(b);
+                }
+                true
+            }
+            (None, Some(r)) => {
+                dst.extend_from_slice(r);
+                true
+            }
+            (Some(b), Some(r)) => {
+                for row in r.chunks_exact(cols) {
+                    dst.extend(row.iter().zip(b).map(|(r, b)| r + b));
+                }
+                true
+            }
+        };
+        let lhs = Operand {
+            ptr: x.as_ptr(),
+            rs: inner as isize,
+            cs: 1,
+        };
+        let rhs = Operand {
+            ptr: w.as_ptr(),
+            rs: cols as isize,
+            cs: 1,
+        };
+        // SAFETY: `dst` has capacity for `rows × cols`, all of it initialised when `read`
+        // (the fills above wrote exactly that many); gemm writes every element, after which
+        // the length is set. `x` and `w` are `rows × inner` and `inner × cols` row-major
+        // slices (checked above), distinct from the fresh `dst`.
+        unsafe {
+            product((rows, cols, inner), dst.as_mut_ptr(), read, lhs, rhs);
+            dst.set_len(rows * cols);
+        }
+        Ok((CpuStorage::F32(dst), Shape::from((rows, cols))))
+    }
+}
+
+/// `dx = dy·Wᵀ` for `dy: [N, out]`, `W: [in, out]`.
+struct GradInput;
+
+impl CustomOp2 for GradInput {
+    fn name(&self) -> &'static str {
+        "pipewise-linear-grad-input"
+    }
+
+    fn cpu_fwd(
+        &self,
+        ds: &CpuStorage,
+        dl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (dy, w) = (f32_slice(ds, dl, "dy")?, f32_slice(ws, wl, "w")?);
+        let ((rows, out), (inner, out_w)) = (dims2(dl, self.name())?, dims2(wl, self.name())?);
+        if out != out_w {
+            candle_core::bail!(
+                "{}: dy is [{rows}, {out}], w is [{inner}, {out_w}]",
+                self.name()
+            );
+        }
+        let mut dst: Vec<f32> = Vec::with_capacity(rows * inner);
+        let lhs = Operand {
+            ptr: dy.as_ptr(),
+            rs: out as isize,
+            cs: 1,
+        };
+        // Wᵀ: element (j, i) is W[i][j].
+        let rhs = Operand {
+            ptr: w.as_ptr(),
+            rs: 1,
+            cs: out as isize,
+        };
+        // SAFETY: as in `Linear`: a fresh destination fully written by gemm (no read), and
+        // operands that are the checked row-major slices, read through valid strides.
+        unsafe {
+            product((rows, inner, out), dst.as_mut_ptr(), false, lhs, rhs);
+            dst.set_len(rows * inner);
+        }
+        Ok((CpuStorage::F32(dst), Shape::from((rows, inner))))
+    }
+}
+
+/// `grad += xᵀ·dy` in place, for `x: [N, in]`, `dy: [N, out]`, `grad: [in, out]`.
+struct AccumulateGradWeight;
+
+impl InplaceOp3 for AccumulateGradWeight {
+    fn name(&self) -> &'static str {
+        "pipewise-linear-accumulate-grad-weight"
+    }
+
+    fn cpu_fwd(
+        &self,
+        gs: &mut CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ds: &CpuStorage,
+        dl: &Layout,
+    ) -> candle_core::Result<()> {
+        let ((n, inner), (n_d, out)) = (dims2(xl, self.name())?, dims2(dl, self.name())?);
+        if dims2(gl, self.name())? != (inner, out) || n != n_d {
+            candle_core::bail!(
+                "{}: grad {:?}, x [{n}, {inner}], dy [{n_d}, {out}]",
+                self.name(),
+                gl.dims()
+            );
+        }
+        let (x, dy) = (f32_slice(xs, xl, "x")?, f32_slice(ds, dl, "dy")?);
+        let (start, end) = gl.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{}: grad not contiguous", self.name()))
+        })?;
+        let grad = match gs {
+            CpuStorage::F32(v) => &mut v[start..end],
+            _ => candle_core::bail!("{}: grad is not f32", self.name()),
+        };
+        // xᵀ: element (i, t) is x[t][i].
+        let lhs = Operand {
+            ptr: x.as_ptr(),
+            rs: 1,
+            cs: inner as isize,
+        };
+        let rhs = Operand {
+            ptr: dy.as_ptr(),
+            rs: out as isize,
+            cs: 1,
+        };
+        // SAFETY: `grad` is an initialised `inner × out` row-major slice, borrowed mutably
+        // (candle's in-place op holds its storage's write lock and refuses aliased sources),
+        // so it overlaps neither `x` nor `dy`, the checked row-major slices read here.
+        unsafe { product((inner, out, n), grad.as_mut_ptr(), true, lhs, rhs) };
+        Ok(())
+    }
+}
+
+/// `x·W (+ b) (+ r)` in one GEMM.
+pub(crate) fn linear(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    Ok(x.apply_op2_no_bwd(w, &Linear { bias, residual })?)
+}
+
+/// `dy·Wᵀ`.
+pub(crate) fn linear_grad_input(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(dy.apply_op2_no_bwd(w, &GradInput)?)
+}
+
+/// `grad += xᵀ·dy`, in place.
+pub(crate) fn accumulate_grad_weight(grad: &Tensor, x: &Tensor, dy: &Tensor) -> Result<()> {
+    Ok(grad.inplace_op3(x, dy, &AccumulateGradWeight)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    fn random(shape: (usize, usize), seed: u64) -> Result<Tensor> {
+        let mut rng = SplitMix64::new(seed);
+        let v: Vec<f32> = (0..shape.0 * shape.1)
+            .map(|_| rng.normal() as f32)
+            .collect();
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+    }
+
+    /// Odd shapes (not multiples of any register block): the folded bias and residual, the
+    /// transposed weight and the in-place accumulation all agree with candle's ops.
+    #[test]
+    fn linear_passes_match_candle() -> Result<()> {
+        for &(n, i, o) in &[(13, 67, 37), (1, 64, 192), (130, 64, 256)] {
+            let x = random((n, i), 1)?;
+            let w = random((i, o), 2)?;
+            let b = random((1, o), 3)?.flatten_all()?;
+            let r = random((n, o), 4)?;
+            let tol = 1e-4 * (i as f32).sqrt();
+            let want = x.matmul(&w)?;
+            assert!(max_diff(&linear(&x, &w, None, None)?, &want)? < tol);
+            let want_b = want.broadcast_add(&b)?;
+            assert!(max_diff(&linear(&x, &w, Some(&b), None)?, &want_b)? < tol);
+            assert!(max_diff(&linear(&x, &w, None, Some(&r))?, &(&want + &r)?)? < tol);
+            assert!(max_diff(&linear(&x, &w, Some(&b), Some(&r))?, &(&want_b + &r)?)? < tol);
+            let dy = random((n, o), 5)?;
+            let dx = linear_grad_input(&dy, &w)?;
+            assert!(max_diff(&dx, &dy.matmul(&w.t()?)?)? < tol);
+            let grad = random((i, o), 6)?;
+            let before = grad.copy()?;
+            accumulate_grad_weight(&grad, &x, &dy)?;
+            let want_g = (before + x.t()?.matmul(&dy)?)?;
+            assert!(max_diff(&grad, &want_g)? < 1e-4 * (n as f32).sqrt());
+        }
+        Ok(())
+    }
+
+    /// Two threads give the bits of one: gemm splits the output, not the inner dimension.
+    #[test]
+    fn threads_do_not_change_the_bits() -> Result<()> {
+        let x = random((300, 96), 7)?;
+        let w = random((96, 130), 8)?;
+        let pool = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))
+        };
+        let one = pool(1)?.install(|| linear(&x, &w, None, None))?;
+        let two = pool(2)?.install(|| linear(&x, &w, None, None))?;
+        assert_eq!(one.to_vec2::<f32>()?, two.to_vec2::<f32>()?);
+        assert_eq!(one.dtype(), DType::F32);
+        Ok(())
+    }
+}
