@@ -271,9 +271,14 @@ fn only_gpu_workers_run_the_cuda_image() {
     let Some(helm) = helm() else { return };
     let job = format!("job={}", root().join("deploy/job.toml").display());
 
-    // The build commands at the top of each Dockerfile and in the README.
+    // The build commands at the top of each Dockerfile, in the README and in docs/operations.md.
     let mut documented = Vec::new();
-    for file in ["deploy/Dockerfile", "deploy/Dockerfile.cuda", "README.md"] {
+    for file in [
+        "deploy/Dockerfile",
+        "deploy/Dockerfile.cuda",
+        "README.md",
+        "docs/operations.md",
+    ] {
         let text = std::fs::read_to_string(root().join(file)).unwrap();
         documented.extend(built_tags(&text));
     }

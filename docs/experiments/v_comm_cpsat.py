@@ -3,7 +3,7 @@
 
 An experiment, not part of the build: it asks Google OR-tools' CP-SAT solver
 (`pip install ortools`; 9.15 was used) for V-shape schedules of the case where adaptive-v
-is still slower than 1F1B (README, "Status and known gaps"): d = 16 workers, seed 000's
+is still slower than 1F1B (docs/status.md, "Known gaps"): d = 16 workers, seed 000's
 Table 5 times (F, B, W = 12.96, 13.22, 9.76 per stage of 1/d, so 6.48, 6.61, 4.88 per
 V chunk), a hop between workers of 0.5 F = 6.48, and 9 units of activation memory per
 worker (18 chunk activations, each held from its F's start to its W's end, the

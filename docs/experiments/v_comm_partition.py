@@ -2,7 +2,7 @@
 """Would another layer split help a V schedule at the V-Half limit with a per-hop cost?
 
 An experiment, not part of the build (`pip install scipy numpy`). The case is the known gap
-of the README ("Status and known gaps"): d = 16 workers, seed 000's Table 5 times per stage
+of docs/status.md ("Known gaps"): d = 16 workers, seed 000's Table 5 times per stage
 of 1/d of the model (F + B = 26.18, W = 9.76), a hop of 6.48 between workers, 9 units of
 activation memory per worker. 1F1B reaches 48.09 per microbatch there.
 
