@@ -301,17 +301,31 @@ def pipewise(args, workers, threads, cores, device, tmp):
                 [binary, "worker", "--coordinator", url, "--id", f"bench-{w}", "--device", device],
                 env=thread_env(threads), preexec_fn=pinned(core), stdout=log,
                 stderr=subprocess.STDOUT))
-        p = subprocess.run(
+        out = open(tmp / "submit.out", "w+")
+        logs.append(out)
+        submit = subprocess.Popen(
             [binary, "submit", str(HERE / "job.toml"), "--coordinator", url, "--wait",
              "--wait-for-coordinator", "60", "--workers", str(workers), "--steps",
              str(args.steps), "--schedule", "1f1b"],
-            capture_output=True, text=True, timeout=args.timeout)
-        if p.returncode != 0:
-            tails = "".join(f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(tmp.glob("*.log")))
-            raise RuntimeError(f"pipewise submit failed:\n{p.stdout}\n{p.stderr}\n{tails}")
-        steps = [(int(s), float(l), float(ms) / 1e3) for s, l, ms in STEP_LINE.findall(p.stdout)]
+            stdout=out, stderr=subprocess.STDOUT)
+        procs.append(submit)
+        # A worker or coordinator that dies would leave the job waiting: stop at once.
+        deadline = time.monotonic() + args.timeout
+        while submit.poll() is None:
+            dead = [p for p in procs[:-1] if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                submit.kill()
+                submit.wait()
+                break
+            time.sleep(0.2)
+        out.flush()
+        stdout = (tmp / "submit.out").read_text()
+        if submit.returncode != 0:
+            tails = "".join(f"--- {f.name}\n{f.read_text()[-2000:]}\n" for f in sorted(tmp.glob("*.log")))
+            raise RuntimeError(f"pipewise submit failed:\n{stdout}\n{tails}")
+        steps = [(int(s), float(l), float(ms) / 1e3) for s, l, ms in STEP_LINE.findall(stdout)]
         if len(steps) != args.steps:
-            raise RuntimeError(f"pipewise: {len(steps)} step lines, expected {args.steps}:\n{p.stdout}")
+            raise RuntimeError(f"pipewise: {len(steps)} step lines, expected {args.steps}:\n{stdout}")
         return {"step_s": [s for _, _, s in steps], "loss": [l for _, l, _ in steps],
                 "threads": threads}
     finally:

@@ -123,9 +123,15 @@ impl Case {
     }
 }
 
+/// The median (the mean of the middle two of an even count).
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
 }
 
 /// The device from `PIPEWISE_BENCH_DEVICE`: unset or `cpu`, `cuda` (GPU 0) or `cuda:N`.
