@@ -1,0 +1,391 @@
+//! Whole training steps of one worker (the single-device [`Trainer`]): step time, tokens/s,
+//! achieved GFLOP/s and CPU MFU, at 1 thread and at every thread, for the issue's model and
+//! a larger one.
+//!
+//! `cargo bench -p pipewise-worker --bench step`. Environment:
+//!
+//! - `PIPEWISE_BENCH_QUICK=1`: every part tiny (a smoke run);
+//! - `PIPEWISE_BENCH_MODELS=small|large|both` (default both);
+//! - `PIPEWISE_BENCH_THREADS=1,2,…` (default: 1 and every core this process may use);
+//! - `PIPEWISE_BENCH_DEVICE=cuda` (or `cuda:N`): the model on a GPU (needs
+//!   `--features cuda`); MFU is then left out, there being no CPU figure to hold it to.
+//!
+//! Models (f32, AdamW defaults: lr 6e-4, betas (0.9, 0.95), eps 1e-8, decay 0.1, clip 1.0),
+//! each step 8 microbatches of 4 sequences of the generated corpus:
+//!
+//! - `small`: vocab 256, hidden 256, 4 heads, 4 blocks, seq 128 (4096 tokens a step);
+//! - `large`: vocab 256, hidden 1024, 16 heads, 8 blocks, seq 256 (8192 tokens a step; about
+//!   a minute a step at 1 thread, so 1 warm-up step and 2 timed ones).
+//!
+//! FLOPs per step (the issue's count): `6 · P · tokens + 12 · blocks · seq · hidden · tokens`,
+//! `P` the parameters outside the embeddings (blocks, final LayerNorm, LM head). CPU MFU =
+//! achieved FLOP/s ÷ (GEMM rate × threads), the GEMM rate being the single-thread GFLOP/s of a
+//! square f32 GEMM (2048³, median of 5) of the `gemm` crate with `Parallelism::None`, measured
+//! at the start of the same run (its ISA is printed: the crate dispatches to AVX-512 where the
+//! CPU has it, as built with `x86-v4`).
+//!
+//! Thread counts: candle and gemm read `RAYON_NUM_THREADS`, and rayon's global pool is fixed
+//! at its first use, so each (model, threads) run is a child process of this binary,
+//! re-executed with `RAYON_NUM_THREADS` set and `PIPEWISE_BENCH_CHILD` naming the model; it
+//! prints one `RESULT` line the parent reads. Timings are medians over the timed steps; other
+//! work on the machine skews them (the load average is printed).
+
+// The GEMM-rate probe calls `gemm::gemm`, an unsafe fn on raw pointers.
+#![allow(unsafe_code)]
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use candle_core::Device;
+use pipewise_common::model::{DType, ModelSpec, Piece};
+use pipewise_worker::{AdamW, Corpus, Sampler, Trainer};
+
+/// Env var naming the model a child process trains.
+const CHILD_ENV: &str = "PIPEWISE_BENCH_CHILD";
+
+/// One benchmarked model and how long to run it.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    name: &'static str,
+    spec: ModelSpec,
+    microbatch_size: usize,
+    microbatches: u32,
+    warmup: usize,
+    timed: usize,
+}
+
+fn quick() -> bool {
+    std::env::var("PIPEWISE_BENCH_QUICK").is_ok_and(|v| v == "1")
+}
+
+fn spec(hidden: u32, heads: u32, layers: u32, seq_len: u32) -> ModelSpec {
+    ModelSpec {
+        vocab: 256,
+        hidden,
+        heads,
+        layers,
+        seq_len,
+        dtype: DType::F32,
+    }
+}
+
+/// The cases, in order; in quick mode both are tiny.
+fn cases() -> Vec<Case> {
+    let q = quick();
+    let small = Case {
+        name: "small",
+        spec: if q {
+            spec(64, 2, 2, 32)
+        } else {
+            spec(256, 4, 4, 128)
+        },
+        microbatch_size: if q { 2 } else { 4 },
+        microbatches: if q { 2 } else { 8 },
+        warmup: 1,
+        timed: if q { 2 } else { 5 },
+    };
+    let large = Case {
+        name: "large",
+        spec: if q {
+            spec(128, 4, 2, 64)
+        } else {
+            spec(1024, 16, 8, 256)
+        },
+        microbatch_size: if q { 2 } else { 4 },
+        microbatches: if q { 2 } else { 8 },
+        warmup: 1,
+        timed: 2,
+    };
+    let which = std::env::var("PIPEWISE_BENCH_MODELS").unwrap_or_else(|_| "both".into());
+    match which.as_str() {
+        "small" => vec![small],
+        "large" => vec![large],
+        "both" | "" => vec![small, large],
+        other => panic!("PIPEWISE_BENCH_MODELS={other}: expected small, large or both"),
+    }
+}
+
+impl Case {
+    fn tokens(&self) -> f64 {
+        (self.microbatch_size * self.spec.seq_len as usize * self.microbatches as usize) as f64
+    }
+
+    /// Training FLOPs of one step, the issue's count.
+    fn flops(&self) -> f64 {
+        let s = &self.spec;
+        let dense: u64 = (0..s.layers)
+            .map(|i| s.piece_params(Piece::Block(i)))
+            .sum::<u64>()
+            + s.piece_params(Piece::Head);
+        let tokens = self.tokens();
+        6.0 * dense as f64 * tokens
+            + 12.0 * f64::from(s.layers) * f64::from(s.seq_len) * f64::from(s.hidden) * tokens
+    }
+}
+
+/// The median (the mean of the middle two of an even count).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// The device from `PIPEWISE_BENCH_DEVICE`: unset or `cpu`, `cuda` (GPU 0) or `cuda:N`.
+fn bench_device() -> Device {
+    let name = std::env::var("PIPEWISE_BENCH_DEVICE").unwrap_or_default();
+    let ordinal = match name.as_str() {
+        "" | "cpu" => return Device::Cpu,
+        "cuda" => 0,
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => n,
+            _ => panic!("PIPEWISE_BENCH_DEVICE={other}: expected cpu, cuda or cuda:N"),
+        },
+    };
+    let hint = if cfg!(feature = "cuda") {
+        ""
+    } else {
+        " (build with --features cuda)"
+    };
+    Device::new_cuda(ordinal).unwrap_or_else(|e| panic!("PIPEWISE_BENCH_DEVICE={name}: {e}{hint}"))
+}
+
+/// The child: trains `name`'s model and prints
+/// `RESULT <median step s> <first loss> <last loss> <threads>`.
+fn child(name: &str) {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("{CHILD_ENV}={name}: no such model"));
+    let device = bench_device();
+    let mut trainer = Trainer::new(&case.spec, 42, &device, AdamW::default()).expect("model");
+    let corpus = Corpus::generated();
+    let sampler = Sampler {
+        seed: 42,
+        microbatch_size: case.microbatch_size,
+        seq_len: case.spec.seq_len as usize,
+    };
+    let mut times = Vec::new();
+    let mut losses = Vec::new();
+    for step in 0..(case.warmup + case.timed) {
+        // Sampling is left out of the time: it is the model's speed being measured.
+        let batches = sampler
+            .step(&corpus, step as u64, case.microbatches, &device)
+            .expect("batches");
+        let t0 = Instant::now();
+        let stats = trainer.train_step(&batches).expect("step");
+        device.synchronize().expect("sync");
+        let dt = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "  [{name}, {} threads] step {step}: {:.3} s, loss {:.4}{}",
+            candle_core::utils::get_num_threads(),
+            dt,
+            stats.loss,
+            if step < case.warmup { " (warm-up)" } else { "" }
+        );
+        losses.push(stats.loss);
+        if step >= case.warmup {
+            times.push(dt);
+        }
+    }
+    println!(
+        "RESULT {} {} {} {}",
+        median(times),
+        losses[0],
+        losses[losses.len() - 1],
+        candle_core::utils::get_num_threads()
+    );
+}
+
+/// Single-thread GFLOP/s of an `n³` f32 GEMM (`gemm` crate, `Parallelism::None`), median
+/// of `reps` after one warm-up.
+fn gemm_rate(n: usize, reps: usize) -> f64 {
+    let a: Vec<f32> = (0..n * n).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+    let mut c = vec![0f32; n * n];
+    let mut times = Vec::new();
+    for rep in 0..=reps {
+        let t0 = Instant::now();
+        // SAFETY: a, b and c are n × n row-major buffers (column stride 1, row stride n),
+        // all live and c exclusively borrowed for the call; read_dst = false, so c's prior
+        // contents are not read.
+        unsafe {
+            gemm::gemm(
+                n,
+                n,
+                n,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                n as isize,
+                b.as_ptr(),
+                1,
+                n as isize,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            times.push(dt);
+        }
+    }
+    std::hint::black_box(&c);
+    2.0 * (n as f64).powi(3) / median(times) / 1e9
+}
+
+/// The instruction set `gemm` dispatches f32 to on this CPU.
+fn gemm_isa() -> &'static str {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "AVX-512";
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return "AVX2+FMA";
+        }
+        "scalar/SSE"
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        "NEON"
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        "scalar"
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Thread counts to run: `PIPEWISE_BENCH_THREADS`, else 1 and every usable core.
+fn thread_counts() -> Vec<usize> {
+    if let Ok(list) = std::env::var("PIPEWISE_BENCH_THREADS") {
+        return list
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("PIPEWISE_BENCH_THREADS={list}: numbers, e.g. 1,4"))
+            })
+            .collect();
+    }
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if all > 1 { vec![1, all] } else { vec![1] }
+}
+
+/// Runs one child and parses its `RESULT` line: (median step s, first loss, last loss).
+fn run_child(case: &Case, threads: usize) -> Option<(f64, f64, f64)> {
+    let exe = std::env::current_exe().expect("own path");
+    let out = Command::new(exe)
+        .env(CHILD_ENV, case.name)
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("spawn the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix("RESULT "));
+    let parsed = line.and_then(|l| {
+        let v: Vec<f64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        (v.len() >= 3).then(|| (v[0], v[1], v[2]))
+    });
+    if parsed.is_none() {
+        eprintln!(
+            "{} at {threads} threads failed ({}): {}",
+            case.name,
+            out.status,
+            stdout.trim()
+        );
+    }
+    parsed
+}
+
+fn main() {
+    if let Ok(name) = std::env::var(CHILD_ENV) {
+        child(&name);
+        return;
+    }
+    let q = quick();
+    let device_name = std::env::var("PIPEWISE_BENCH_DEVICE").unwrap_or_default();
+    let on_cpu = matches!(device_name.as_str(), "" | "cpu");
+    println!("step: whole training steps of one worker (Trainer), f32, AdamW defaults");
+    println!("CPU: {}", cpu_model());
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        println!("load average before the run: {}", load.trim());
+    }
+    let (n, reps) = if q { (256, 3) } else { (2048, 5) };
+    let rate = gemm_rate(n, reps);
+    println!(
+        "GEMM rate: {rate:.1} GFLOP/s (f32 {n}³, 1 thread, gemm crate, Parallelism::None, \
+         median of {reps}), ISA {}",
+        gemm_isa()
+    );
+    if !on_cpu {
+        println!("device: {device_name} (MFU omitted: no CPU peak applies)");
+    }
+    println!(
+        "{:>6} {:>7} {:>10} {:>6} {:>9} {:>10} {:>9} {:>7}  loss first→last",
+        "model", "threads", "params", "steps", "step s", "tokens/s", "GFLOP/s", "MFU"
+    );
+    for case in cases() {
+        let s = &case.spec;
+        eprintln!(
+            "{}: vocab {} hidden {} heads {} blocks {} seq {}, {} × {} sequences a step, \
+             {} tokens, {:.2} GFLOP a step",
+            case.name,
+            s.vocab,
+            s.hidden,
+            s.heads,
+            s.layers,
+            s.seq_len,
+            case.microbatches,
+            case.microbatch_size,
+            case.tokens(),
+            case.flops() / 1e9
+        );
+        for &threads in &thread_counts() {
+            let Some((step_s, first, last)) = run_child(&case, threads) else {
+                continue;
+            };
+            let gflops = case.flops() / step_s / 1e9;
+            let mfu = if on_cpu {
+                format!("{:.1}%", 100.0 * gflops / (rate * threads as f64))
+            } else {
+                "-".into()
+            };
+            println!(
+                "{:>6} {threads:>7} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} {mfu:>7}  \
+                 {first:.4}→{last:.4}",
+                case.name,
+                s.params(),
+                format!("{}+{}", case.warmup, case.timed),
+                case.tokens() / step_s,
+            );
+        }
+    }
+}
