@@ -8,6 +8,7 @@
 //!   the optimizer step.
 //! - `piece` (private): the embedding, transformer block and head, each with its forward,
 //!   input-gradient and weight-gradient math and the stashes between them.
+//! - `kernels` (private): fused, vectorised CPU kernels behind `ops`' f32 fast path.
 //! - `ops` (private): hand-written forward and backward of linear, LayerNorm, tanh-GELU,
 //!   causal attention and cross-entropy on candle-core tensors (LayerNorm, softmax, loss
 //!   and token sums computed in f32 for a bf16 model).
@@ -43,6 +44,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod job;
+mod kernels;
 pub mod metrics;
 pub mod net;
 pub mod node;
