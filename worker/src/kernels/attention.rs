@@ -11,10 +11,10 @@
 //! candle `CustomOp`); `ops::attention` and `ops::attention_grad` reach the slices through
 //! `Tensor::storage_and_layout`.
 //!
-//! Tiles are `TILE` query rows by `TILE` keys; their products go to the `gemm` crate (one
-//! thread inside a tile) reading the strided buffers directly. The element-wise work (max,
-//! exponential, rescale) is generic code compiled once per instruction set and chosen at
-//! run time. Work is split over (sequence, head) pairs — in the forward also over query
+//! Tiles are `TILE` query rows by `TILE` keys; their products run on a register-blocked
+//! micro-kernel (`attention_tile`) reading the strided buffers directly. All of a tile's
+//! work (products, max, exponential, rescale) is generic code compiled once per
+//! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. Work is split over (sequence, head) pairs — in the forward also over query
 //! tiles — with rayon; each item is computed by one thread in a fixed order, so results do
 //! not depend on the thread count.
 #![allow(unsafe_code)]
@@ -22,6 +22,8 @@
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
+
+use super::attention_tile::{self as tile, Causal};
 
 /// Query rows and keys per tile: a `TILE × TILE` score tile and a `TILE × hd` output tile
 /// (16 KiB each at hd = 64) stay in L1/L2. Query and key tiles must be the same size and
@@ -110,26 +112,47 @@ pub(crate) fn level() -> Level {
     })
 }
 
-/// Multiply-add as the instruction set has it: fused where FMA is enabled (a libm call
-/// otherwise, hence the plain variant).
+/// What the generic kernel code needs of an instruction set: its multiply-add (fused where
+/// FMA is enabled; `mul_add` would be a libm call otherwise, hence the plain variant) and
+/// the vector type of the tile products' micro-kernel.
 pub(crate) trait Isa {
+    /// The micro-kernel's vector.
+    type V: tile::Simd;
     /// `a·b + c`.
     fn fma(a: f32, b: f32, c: f32) -> f32;
 }
 
-/// Separate multiply and add (no FMA).
+/// No SIMD assumed: separate multiply and add, an 8-lane array as the "vector".
 pub(crate) struct Plain;
-/// Fused multiply-add (AVX2 + FMA, AVX-512).
-pub(crate) struct Fused;
 
 impl Isa for Plain {
+    type V = tile::Lanes8;
     #[inline(always)]
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
     }
 }
 
-impl Isa for Fused {
+/// AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx2 {
+    type V = tile::M256;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// AVX-512F (with AVX2 + FMA).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx512 {
+    type V = tile::M512;
     #[inline(always)]
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
@@ -241,49 +264,6 @@ fn lane_sum(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
-/// `D = A·B` or `D += A·B`, times `beta`, with `A: m × k`, `B: k × n` and `D: m × n` given by
-/// element strides (row stride, column stride), one thread.
-///
-/// # Safety
-/// Every addressed element of `a`, `b` and `d` must be in bounds, and `d` must not overlap
-/// `a` or `b` nor be written by another thread meanwhile.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) unsafe fn mm(
-    (m, n, k): (usize, usize, usize),
-    d: *mut f32,
-    d_rs: usize,
-    accumulate: bool,
-    (a, a_rs, a_cs): (*const f32, usize, usize),
-    (b, b_rs, b_cs): (*const f32, usize, usize),
-    beta: f32,
-) {
-    // SAFETY: the caller's contract; gemm reads and writes exactly the described elements.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            d,
-            1,
-            d_rs as isize,
-            accumulate,
-            a,
-            a_cs as isize,
-            a_rs as isize,
-            b,
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
 /// A thread's buffers for forward tiles.
 struct FwdScratch {
     /// Scores, then probabilities: `TILE × TILE`.
@@ -293,6 +273,8 @@ struct FwdScratch {
     /// Running row maximum and row sum.
     m: Vec<f32>,
     l: Vec<f32>,
+    /// The key tile transposed: `hd × TILE`.
+    kt: Vec<f32>,
 }
 
 impl FwdScratch {
@@ -302,6 +284,7 @@ impl FwdScratch {
             o: vec![0.0; TILE * hd],
             m: vec![0.0; TILE],
             l: vec![0.0; TILE],
+            kt: vec![0.0; hd * TILE],
         }
     }
 }
@@ -327,28 +310,30 @@ unsafe fn forward_tile<I: Isa>(
     let rows = TILE.min(t - q0);
     // SAFETY: all offsets below stay inside the `[N, 3h]` buffer (caller's contract).
     let q = unsafe { qkv.add(sh.qkv_base(pair) + q0 * ld) };
-    let (m, l, o, s) = (&mut sc.m, &mut sc.l, &mut sc.o, &mut sc.s);
+    let (m, l, o, s, kt) = (&mut sc.m, &mut sc.l, &mut sc.o, &mut sc.s, &mut sc.kt);
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
     let kend = q0 + rows;
     for k0 in (0..kend).step_by(TILE) {
         let cols = TILE.min(kend - k0);
+        // The diagonal tile's products skip what the mask removes.
+        let diag = |c| if k0 == q0 { c } else { Causal::No };
         // SAFETY: key rows `[k0, k0 + cols)` of this sequence.
         let (k, v) = unsafe {
             let k = qkv.add(sh.qkv_base(pair) + h + k0 * ld);
             (k, k.add(h))
         };
-        // S = scale · Q Kᵀ (Kᵀ read through strides).
-        // SAFETY: `s` is `TILE × TILE`, Q and K tiles in bounds.
+        // S = scale · Q Kᵀ.
+        // SAFETY: `s` is `TILE × TILE`, `kt` `hd × TILE`, the Q and K tiles in bounds.
         unsafe {
-            mm(
+            tile::transpose((k, ld), (kt, TILE), cols, hd);
+            tile::mm::<I>(
                 (rows, cols, hd),
-                s.as_mut_ptr(),
-                TILE,
-                false,
                 (q, ld, 1),
-                (k, 1, ld),
-                scale,
+                (kt.as_ptr(), TILE),
+                (s.as_mut_ptr(), TILE),
+                (false, scale),
+                diag(Causal::Lower),
             );
         }
         for i in 0..rows {
@@ -371,14 +356,13 @@ unsafe fn forward_tile<I: Isa>(
         // O += P V.
         // SAFETY: `o` is `TILE × hd`, P and V tiles in bounds.
         unsafe {
-            mm(
+            tile::mm::<I>(
                 (rows, hd, cols),
-                o.as_mut_ptr(),
-                hd,
-                k0 > 0,
                 (s.as_ptr(), TILE, 1),
-                (v, ld, 1),
-                1.0,
+                (v, ld),
+                (o.as_mut_ptr(), hd),
+                (k0 > 0, 1.0),
+                diag(Causal::KUpTo),
             );
         }
     }
@@ -408,13 +392,13 @@ macro_rules! dispatch {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2($($arg: $ty,)* sc: &mut $scratch) {
                 // SAFETY: the caller's contract.
-                unsafe { $body::<Fused>($($arg,)* sc) }
+                unsafe { $body::<Avx2>($($arg,)* sc) }
             }
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx2,fma")]
             unsafe fn avx512($($arg: $ty,)* sc: &mut $scratch) {
                 // SAFETY: the caller's contract.
-                unsafe { $body::<Fused>($($arg,)* sc) }
+                unsafe { $body::<Avx512>($($arg,)* sc) }
             }
             // SAFETY: the features were detected by `level`; the rest is the caller's contract.
             unsafe {
@@ -441,6 +425,33 @@ dispatch!(
 /// Causal attention forward: `y` (`[N, h]`) and the per-row log-sum-exp `lse`
 /// (`[b, heads, t]`) from `qkv` (`[N, 3h]`). Splits over rayon's threads when `threads > 1`.
 pub(crate) fn forward(qkv: &[f32], y: &mut [f32], lse: &mut [f32], sh: Shape, threads: usize) {
+    forward_at(level(), qkv, (y, lse), sh, threads);
+}
+
+/// The levels this CPU runs, best last (the tests check each).
+#[cfg(test)]
+pub(crate) fn levels() -> Vec<Level> {
+    let mut out = vec![Level::Plain];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if matches!(level(), Level::Avx2 | Level::Avx512) {
+            out.push(Level::Avx2);
+        }
+        if level() == Level::Avx512 {
+            out.push(Level::Avx512);
+        }
+    }
+    out
+}
+
+/// [`forward`] with the element-wise code of `level` (which this CPU must have).
+pub(crate) fn forward_at(
+    level: Level,
+    qkv: &[f32],
+    (y, lse): (&mut [f32], &mut [f32]),
+    sh: Shape,
+    threads: usize,
+) {
     let (n, h) = (sh.n(), sh.h());
     assert_eq!(qkv.len(), n * 3 * h, "qkv is [N, 3h]");
     assert_eq!(y.len(), n * h, "y is [N, h]");
@@ -448,7 +459,6 @@ pub(crate) fn forward(qkv: &[f32], y: &mut [f32], lse: &mut [f32], sh: Shape, th
     let tiles = sh.t.div_ceil(TILE);
     let items = sh.b * sh.heads * tiles;
     let (yp, lp) = (SharedMut(y.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
-    let level = level();
     let run = |sc: &mut FwdScratch, item: usize| {
         let (pair, q0) = (item / tiles, (item % tiles) * TILE);
         // SAFETY: the buffers have the asserted sizes; item `(pair, q0)` writes only its

@@ -10,9 +10,10 @@
 
 use rayon::prelude::*;
 
-use super::attention::{
-    Fused, Isa, Level, Plain, Shape, SharedMut, TILE, dispatch, dot, exp_sub, level, mm,
-};
+#[cfg(target_arch = "x86_64")]
+use super::attention::{Avx2, Avx512};
+use super::attention::{Isa, Level, Plain, Shape, SharedMut, TILE, dispatch, dot, exp_sub, level};
+use super::attention_tile::{self as tile, Causal};
 
 /// A thread's buffers for one pair.
 struct BwdScratch {
@@ -22,14 +23,19 @@ struct BwdScratch {
     dp: Vec<f32>,
     /// `D` of every row of the pair: `t`.
     d: Vec<f32>,
+    /// The key tile and the value tile transposed: `hd × TILE` each.
+    kt: Vec<f32>,
+    vt: Vec<f32>,
 }
 
 impl BwdScratch {
-    fn new(t: usize) -> Self {
+    fn new(t: usize, hd: usize) -> Self {
         Self {
             p: vec![0.0; TILE * TILE],
             dp: vec![0.0; TILE * TILE],
             d: vec![0.0; t],
+            kt: vec![0.0; hd * TILE],
+            vt: vec![0.0; hd * TILE],
         }
     }
 }
@@ -79,31 +85,34 @@ unsafe fn backward_pair<I: Isa>(
         };
         *d = dot::<I>(yr, dyr);
     }
-    let (p, dp) = (&mut sc.p, &mut sc.dp);
+    let (p, dp, kt, vt) = (&mut sc.p, &mut sc.dp, &mut sc.kt, &mut sc.vt);
     for k0 in (0..t).step_by(TILE) {
         let cols = TILE.min(t - k0);
-        // SAFETY: key rows `[k0, k0 + cols)`.
-        let (k, v, dk, dv) = unsafe {
+        // SAFETY: key rows `[k0, k0 + cols)`; `kt` and `vt` are `hd × TILE`.
+        let (k, dk, dv) = unsafe {
             let k = q.add(h + k0 * ld);
             let dk = dq.add(h + k0 * ld);
-            (k, k.add(h), dk, dk.add(h))
+            tile::transpose((k, ld), (kt, TILE), cols, hd);
+            tile::transpose((k.add(h), ld), (vt, TILE), cols, hd);
+            (k, dk, dk.add(h))
         };
         // Query tiles before the key tile see none of its keys.
         for q0 in (k0..t).step_by(TILE) {
             let rows = TILE.min(t - q0);
+            // The diagonal tile's products skip what the mask removes.
+            let diag = |c| if k0 == q0 { c } else { Causal::No };
             // SAFETY: query rows `[q0, q0 + rows)`.
             let (qi, dqi, dyi) = unsafe { (q.add(q0 * ld), dq.add(q0 * ld), dy.add(q0 * h)) };
             // SAFETY (every `mm` below): `p` and `dp` are `TILE × TILE`, the tiles of Q, K,
             // V, dY and of this pair's dQ, dK, dV are in bounds, and nothing else writes them.
             unsafe {
-                mm(
+                tile::mm::<I>(
                     (rows, cols, hd),
-                    p.as_mut_ptr(),
-                    TILE,
-                    false,
                     (qi, ld, 1),
-                    (k, 1, ld),
-                    scale,
+                    (kt.as_ptr(), TILE),
+                    (p.as_mut_ptr(), TILE),
+                    (false, scale),
+                    diag(Causal::Lower),
                 );
             }
             for i in 0..rows {
@@ -116,34 +125,34 @@ unsafe fn backward_pair<I: Isa>(
             // dV += Pᵀ dY.
             // SAFETY: as above.
             unsafe {
-                mm(
+                tile::mm::<I>(
                     (cols, hd, rows),
-                    dv,
-                    ld,
-                    q0 > k0,
                     (p.as_ptr(), 1, TILE),
-                    (dyi, h, 1),
-                    1.0,
+                    (dyi, h),
+                    (dv, ld),
+                    (q0 > k0, 1.0),
+                    diag(Causal::KFrom),
                 );
             }
             // dP = dY Vᵀ.
             // SAFETY: as above.
             unsafe {
-                mm(
+                tile::mm::<I>(
                     (rows, cols, hd),
-                    dp.as_mut_ptr(),
-                    TILE,
-                    false,
                     (dyi, h, 1),
-                    (v, 1, ld),
-                    1.0,
+                    (vt.as_ptr(), TILE),
+                    (dp.as_mut_ptr(), TILE),
+                    (false, 1.0),
+                    diag(Causal::Lower),
                 );
             }
             for i in 0..rows {
                 let d = sc.d[q0 + i];
+                // Masked keys keep P = 0 (dP there was not computed).
+                let valid = cols.min(q0 + i + 1 - k0);
                 let (pr, dpr) = (
-                    &mut p[i * TILE..i * TILE + cols],
-                    &dp[i * TILE..i * TILE + cols],
+                    &mut p[i * TILE..i * TILE + valid],
+                    &dp[i * TILE..i * TILE + valid],
                 );
                 for (x, &g) in pr.iter_mut().zip(dpr) {
                     *x *= (g - d) * scale;
@@ -152,23 +161,21 @@ unsafe fn backward_pair<I: Isa>(
             // dQ += dS K; dK += dSᵀ Q.
             // SAFETY: as above.
             unsafe {
-                mm(
+                tile::mm::<I>(
                     (rows, hd, cols),
-                    dqi,
-                    ld,
-                    k0 > 0,
                     (p.as_ptr(), TILE, 1),
-                    (k, ld, 1),
-                    1.0,
+                    (k, ld),
+                    (dqi, ld),
+                    (k0 > 0, 1.0),
+                    diag(Causal::KUpTo),
                 );
-                mm(
+                tile::mm::<I>(
                     (cols, hd, rows),
-                    dk,
-                    ld,
-                    q0 > k0,
                     (p.as_ptr(), 1, TILE),
-                    (qi, ld, 1),
-                    1.0,
+                    (qi, ld),
+                    (dk, ld),
+                    (q0 > k0, 1.0),
+                    diag(Causal::KFrom),
                 );
             }
         }
@@ -186,6 +193,17 @@ dispatch!(
 /// written) from the forward's `qkv`, `y`, `lse` and the output gradient `dy` (`[N, h]`).
 /// Splits over rayon's threads when `threads > 1`.
 pub(crate) fn backward(
+    inputs: (&[f32], &[f32], &[f32], &[f32]),
+    dqkv: &mut [f32],
+    sh: Shape,
+    threads: usize,
+) {
+    backward_at(level(), inputs, dqkv, sh, threads);
+}
+
+/// [`backward`] with the element-wise code of `level` (which this CPU must have).
+pub(crate) fn backward_at(
+    level: Level,
     (qkv, y, lse, dy): (&[f32], &[f32], &[f32], &[f32]),
     dqkv: &mut [f32],
     sh: Shape,
@@ -198,7 +216,6 @@ pub(crate) fn backward(
     assert_eq!(dy.len(), n * h, "dy is [N, h]");
     assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
     let out = SharedMut(dqkv.as_mut_ptr());
-    let level = level();
     let run = |sc: &mut BwdScratch, pair: usize| {
         let inp = Inputs {
             qkv: qkv.as_ptr(),
@@ -214,9 +231,9 @@ pub(crate) fn backward(
     if threads > 1 {
         (0..pairs)
             .into_par_iter()
-            .for_each_init(|| BwdScratch::new(sh.t), run);
+            .for_each_init(|| BwdScratch::new(sh.t, sh.hd), run);
     } else {
-        let mut sc = BwdScratch::new(sh.t);
+        let mut sc = BwdScratch::new(sh.t, sh.hd);
         (0..pairs).for_each(|p| run(&mut sc, p));
     }
 }

@@ -3,6 +3,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod attention_backward;
+pub(crate) mod attention_tile;
 
 #[cfg(test)]
 mod attention_tests;
