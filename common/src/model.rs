@@ -337,13 +337,15 @@ impl ModelSpec {
     /// | piece | after `F` | after `B` (held for `W`) |
     /// |---|---|---|
     /// | Embedding | `4N` (ids) | `4N + N·h·e` (ids, output gradient) |
-    /// | Block | `N·(16h + 2)·e + b·a·t²·e` | `20·N·h·e` |
+    /// | Block | `N·(16h + 2)·e + 4·N·a` | `20·N·h·e` |
     /// | Head | `N·(2h + 1 + V)·e + 4N` | `N·(3h + V)·e` |
     ///
     /// Block after `F`, per token: LN1 normalised input and its `1/σ` (`h + 1`), LN1 output
     /// (`h`), Q, K, V (`3h`), attention output before its projection (`h`), LN2 normalised
     /// input and `1/σ` (`h + 1`), LN2 output (`h`), MLP pre-activation and GELU output
-    /// (`4h + 4h`); plus the causal attention probabilities (`a·t` per token).
+    /// (`4h + 4h`); plus attention's log-sum-exp per head (`a`, always f32: 4 bytes). The
+    /// `t × t` attention probabilities are not kept: `B` recomputes them from Q, K and the
+    /// log-sum-exp (flash attention's recomputation), so a block's stash is linear in `t`.
     /// Block after `B`, per token: for each weight, what `W` needs — LN1 (`x̂`, output
     /// gradient: `2h`), QKV (input, output gradient: `h + 3h`), attention projection
     /// (`h + h`), LN2 (`2h`), MLP up (`h + 4h`), MLP down (`4h + h`).
@@ -351,8 +353,8 @@ impl ModelSpec {
     /// probabilities (`V`) and the target ids; after `B`: `x̂`, the LN output gradient, the LN
     /// output (the LM head's input) and the logits gradient (`3h + V`).
     pub fn piece_activation_bytes(&self, p: Piece, microbatch_size: u32) -> Activation {
-        // In u128: the attention probabilities grow with `b·a·t²`, which a large enough
-        // microbatch takes past u64 even within the size caps; such a stash saturates.
+        // In u128: a large enough microbatch takes a stash past u64 even within the size
+        // caps; such a stash saturates.
         let (v, h, t) = (
             u128::from(self.vocab),
             u128::from(self.hidden),
@@ -367,7 +369,7 @@ impl ModelSpec {
         let n = b * t;
         let (after_forward, after_backward_input) = match p {
             Piece::Embedding => (ids * n, ids * n + n * h * e),
-            Piece::Block(_) => (n * (16 * h + 2) * e + b * a * t * t * e, 20 * n * h * e),
+            Piece::Block(_) => (n * (16 * h + 2) * e + 4 * n * a, 20 * n * h * e),
             Piece::Head => (n * (2 * h + 1 + v) * e + ids * n, n * (3 * h + v) * e),
         };
         let clamp = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
@@ -617,19 +619,22 @@ mod tests {
                 "{p}"
             );
         }
-        // Half precision halves everything but the token ids.
+        // Half precision halves everything but the token ids and attention's f32
+        // log-sum-exp (4 heads × 4 bytes per token, 2 × 32 tokens).
         let half = ModelSpec {
             dtype: DType::BF16,
             ..s
         };
         let b32 = s.piece_activation_bytes(Piece::Block(0), 2);
         let b16 = half.piece_activation_bytes(Piece::Block(0), 2);
-        assert_eq!(b32.after_forward, 2 * b16.after_forward);
-        // Block at b = 1: N = 32 tokens, (16·64 + 2)·4 bytes each plus 4·32·32·4 bytes of
-        // attention probabilities.
+        let lse = 2 * 32 * 4 * 4;
+        assert_eq!(b32.after_forward - lse, 2 * (b16.after_forward - lse));
+        assert_eq!(b32.after_backward_input, 2 * b16.after_backward_input);
+        // Block at b = 1: N = 32 tokens, (16·64 + 2)·4 bytes each plus 4 heads × 4 bytes of
+        // attention log-sum-exp each (no `t × t` probabilities).
         assert_eq!(
             s.piece_activation_bytes(Piece::Block(0), 1).after_forward,
-            32 * (16 * 64 + 2) * 4 + 4 * 32 * 32 * 4
+            32 * (16 * 64 + 2) * 4 + 32 * 4 * 4
         );
         let all = s.range_activation_bytes(0..5, 1);
         let sum: u64 = s

@@ -1,13 +1,16 @@
 //! The math of every layer: forward, input gradient (`B`) and weight gradient (`W`), written
 //! by hand with candle-core tensor ops.
 //!
-//! Activations are 2-D `[N, features]` with `N = b·t` tokens, except inside attention
-//! (`[b, heads, t, head_dim]`). Linear weights are stored `[in, out]` (`y = x·W + b`).
+//! Activations are 2-D `[N, features]` with `N = b·t` tokens (attention reads Q, K, V from
+//! the `[N, 3h]` QKV output; only its candle path splits heads into `[b, heads, t, hd]`).
+//! Linear weights are stored `[in, out]` (`y = x·W + b`).
 //! Every reduction is a candle reduction over a fixed axis, so results are deterministic.
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{CpuStorage, D, DType, Device, Storage, Tensor};
 
 use crate::error::Result;
+use crate::kernels;
+use crate::kernels::attention::Shape;
 use crate::kernels::{cpu, matmul};
 use crate::param::Param;
 
@@ -206,7 +209,9 @@ pub(crate) fn merge_heads(x: &Tensor) -> Result<Tensor> {
         .reshape((b * t, heads * hd))?)
 }
 
-/// Row softmax over the last axis, computed in f32, in `s`'s dtype.
+/// Row softmax over the last axis, computed in f32, in `s`'s dtype (the unfused
+/// attention the tests compare against).
+#[cfg(test)]
 pub(crate) fn softmax_last(s: &Tensor) -> Result<Tensor> {
     let w = wide(s)?;
     let max = w.max_keepdim(D::Minus1)?;
@@ -215,41 +220,138 @@ pub(crate) fn softmax_last(s: &Tensor) -> Result<Tensor> {
     Ok(e.broadcast_div(&sum)?.to_dtype(s.dtype())?)
 }
 
-/// Attention probabilities `softmax(q·kᵀ/√d + mask)` and output `p·v`.
-pub(crate) fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let hd = q.dim(D::Minus1)?;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let scores = q.matmul(&k.t()?)?.affine(scale, 0.0)?.broadcast_add(mask)?;
-    let p = softmax_last(&scores)?;
-    let y = p.matmul(v)?;
-    Ok((p, y))
+/// A contiguous f32 CPU tensor's elements, borrowed (`G` is candle's storage read guard).
+struct F32View<G> {
+    storage: G,
+    range: std::ops::Range<usize>,
 }
 
-/// `B` of attention: `(dq, dk, dv)` from the output gradient `dy: [b, heads, t, head_dim]`.
+/// `t`'s elements if it is f32, on the CPU and contiguous.
+fn f32_view(t: &Tensor) -> Option<F32View<impl std::ops::Deref<Target = Storage> + '_>> {
+    let (storage, layout) = t.storage_and_layout();
+    let (start, end) = layout.contiguous_offsets()?;
+    matches!(&*storage, Storage::Cpu(CpuStorage::F32(_))).then_some(F32View {
+        storage,
+        range: start..end,
+    })
+}
+
+impl<G: std::ops::Deref<Target = Storage>> F32View<G> {
+    fn slice(&self) -> &[f32] {
+        match &*self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.clone()],
+            _ => &[],
+        }
+    }
+}
+
+/// The kernel's sizes for `qkv: [N, 3h]` cut into `heads`.
+fn attention_shape(qkv: &Tensor, (b, t, heads): (usize, usize, usize)) -> Result<Shape> {
+    let (n, h3) = qkv.dims2()?;
+    let h = h3 / 3;
+    if n != b * t || h3 != 3 * h || heads == 0 || h % heads != 0 {
+        return Err(candle_core::Error::Msg(format!(
+            "attention: qkv [{n}, {h3}] is not [b·t, 3h] for b = {b}, t = {t}, {heads} heads"
+        ))
+        .into());
+    }
+    Ok(Shape {
+        b,
+        t,
+        heads,
+        hd: h / heads,
+    })
+}
+
+/// Causal self-attention from the QKV projection's output `qkv: [N, 3h]` (Q, K, V side by
+/// side, heads of `h/heads` columns each): the output `y: [N, h]` (heads side by side, in
+/// `qkv`'s dtype) and each query row's log-sum-exp of its scaled, masked scores,
+/// `lse: [b, heads, t]` in f32 — what `attention_grad` recomputes the probabilities from.
+/// f32 CPU tensors take the fused kernel (`kernels::attention`); other dtypes and devices
+/// candle ops (with the additive `mask`, `[t, t]`), softmax in f32.
+pub(crate) fn attention(
+    qkv: &Tensor,
+    dims: (usize, usize, usize),
+    mask: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let sh = attention_shape(qkv, dims)?;
+    if let Some(view) = f32_view(qkv) {
+        let mut y = vec![0f32; sh.n() * sh.h()];
+        let mut lse = vec![0f32; sh.b * sh.heads * sh.t];
+        let threads = candle_core::utils::get_num_threads();
+        kernels::attention::forward(view.slice(), &mut y, &mut lse, sh, threads);
+        return Ok((
+            Tensor::from_vec(y, (sh.n(), sh.h()), &Device::Cpu)?,
+            Tensor::from_vec(lse, (sh.b, sh.heads, sh.t), &Device::Cpu)?,
+        ));
+    }
+    let (q, k, v) = split_qkv(qkv, sh)?;
+    let scores = attention_scores(&q, &k, mask, sh)?;
+    let max = scores.max_keepdim(D::Minus1)?;
+    let e = scores.broadcast_sub(&max)?.exp()?;
+    let sum = e.sum_keepdim(D::Minus1)?;
+    let p = e.broadcast_div(&sum)?.to_dtype(qkv.dtype())?;
+    let lse = (max + sum.log()?)?.squeeze(D::Minus1)?;
+    Ok((merge_heads(&p.matmul(&v)?)?, lse))
+}
+
+/// Q, K, V of `qkv` as `[b, heads, t, hd]` each (the candle path).
+fn split_qkv(qkv: &Tensor, sh: Shape) -> Result<(Tensor, Tensor, Tensor)> {
+    let (h, dims) = (sh.h(), (sh.b, sh.t, sh.heads, sh.h()));
+    Ok((
+        split_heads(qkv, 0, dims)?,
+        split_heads(qkv, h, dims)?,
+        split_heads(qkv, 2 * h, dims)?,
+    ))
+}
+
+/// `q·kᵀ/√hd + mask` in f32 (the product in the model's dtype, as the forward computes it).
+fn attention_scores(q: &Tensor, k: &Tensor, mask: &Tensor, sh: Shape) -> Result<Tensor> {
+    let scale = 1.0 / (sh.hd as f64).sqrt();
+    wide(&q.matmul(&k.t()?)?.affine(scale, 0.0)?.broadcast_add(mask)?)
+}
+
+/// `B` of attention: `dqkv: [N, 3h]` (dQ, dK, dV side by side, the layout of `qkv`) from
+/// the forward's `qkv`, output `y` and `lse`, and the output gradient `dy: [N, h]`. The
+/// probabilities are recomputed from `qkv` and `lse`, on both paths.
 pub(crate) fn attention_grad(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    p: &Tensor,
+    (qkv, y, lse): (&Tensor, &Tensor, &Tensor),
     dy: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let hd = q.dim(D::Minus1)?;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let dv = p.t()?.matmul(dy)?;
+    dims: (usize, usize, usize),
+    mask: &Tensor,
+) -> Result<Tensor> {
+    let sh = attention_shape(qkv, dims)?;
+    if let (Some(qkv), Some(y), Some(lse), Some(dy)) =
+        (f32_view(qkv), f32_view(y), f32_view(lse), f32_view(dy))
+    {
+        let mut dqkv = vec![0f32; sh.n() * 3 * sh.h()];
+        let threads = candle_core::utils::get_num_threads();
+        kernels::attention_backward::backward(
+            (qkv.slice(), y.slice(), lse.slice(), dy.slice()),
+            &mut dqkv,
+            sh,
+            threads,
+        );
+        return Ok(Tensor::from_vec(dqkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?);
+    }
+    let dtype = qkv.dtype();
+    let (q, k, v) = split_qkv(qkv, sh)?;
+    let dyh = split_heads(dy, 0, (sh.b, sh.t, sh.heads, sh.h()))?;
+    let scores = attention_scores(&q, &k, mask, sh)?;
+    let p = scores.broadcast_sub(&lse.unsqueeze(D::Minus1)?)?.exp()?;
+    let dv = p.to_dtype(dtype)?.t()?.matmul(&dyh)?;
     // The softmax's backward in f32, as its forward.
-    let (dp, pw) = (wide(&dy.matmul(&v.t()?)?)?, wide(p)?);
-    let row = (&dp * &pw)?.sum_keepdim(D::Minus1)?;
-    let ds = (pw * dp.broadcast_sub(&row)?)?
-        .affine(scale, 0.0)?
-        .to_dtype(q.dtype())?;
-    let dq = ds.matmul(k)?;
-    let dk = ds.t()?.matmul(q)?;
-    Ok((dq, dk, dv))
+    let dp = wide(&dyh.matmul(&v.t()?)?)?;
+    let row = (&dp * &p)?.sum_keepdim(D::Minus1)?;
+    let ds = (p * dp.broadcast_sub(&row)?)?
+        .affine(1.0 / (sh.hd as f64).sqrt(), 0.0)?
+        .to_dtype(dtype)?;
+    let dq = ds.matmul(&k)?;
+    let dk = ds.t()?.matmul(&q)?;
+    Ok(Tensor::cat(
+        &[&merge_heads(&dq)?, &merge_heads(&dk)?, &merge_heads(&dv)?],
+        1,
+    )?)
 }
 
 // === Cross-entropy ===

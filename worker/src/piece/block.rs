@@ -36,16 +36,20 @@ pub(crate) struct ForwardStash {
     xhat1: Tensor,
     rstd1: Tensor,
     a: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    p: Tensor,
+    /// The QKV projection's output `[N, 3h]` (Q, K, V).
+    qkv: Tensor,
+    /// Attention's per-row log-sum-exp `[b, heads, t]`, f32 whatever the model's dtype.
+    lse: Tensor,
+    /// Attention's output `[N, h]` (the projection's input).
     y: Tensor,
     xhat2: Tensor,
     rstd2: Tensor,
     c: Tensor,
     u: Tensor,
     g: Tensor,
+    /// The stage's causal mask (shared, not counted): the candle path of attention's
+    /// backward recomputes the probabilities with it.
+    mask: Tensor,
 }
 
 /// Held from `B` to `W`: each weight's input and output gradient.
@@ -71,10 +75,8 @@ impl ForwardStash {
             &self.xhat1,
             &self.rstd1,
             &self.a,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.p,
+            &self.qkv,
+            &self.lse,
             &self.y,
             &self.xhat2,
             &self.rstd2,
@@ -199,38 +201,31 @@ impl Block {
         (b, t): (usize, usize),
         mask: &Tensor,
     ) -> Result<(Tensor, ForwardStash)> {
-        let h = x.dim(1)?;
-        let dims = (b, t, self.heads, h);
         let ln1 = ops::layer_norm(x, &self.ln1_w.value, &self.ln1_b.value)?;
         let a = ln1.y;
         let qkv = ops::linear(&a, &self.qkv_w.value, Some(&self.qkv_b.value))?;
-        let q = ops::split_heads(&qkv, 0, dims)?;
-        let k = ops::split_heads(&qkv, h, dims)?;
-        let v = ops::split_heads(&qkv, 2 * h, dims)?;
-        let (p, yh) = ops::attention(&q, &k, &v, mask)?;
-        let y = ops::merge_heads(&yh)?;
-        let x1 = (x + ops::linear(&y, &self.proj_w.value, Some(&self.proj_b.value))?)?;
+        let (y, lse) = ops::attention(&qkv, (b, t, self.heads), mask)?;
+        let x1 = ops::linear_residual(&y, &self.proj_w.value, Some(&self.proj_b.value), Some(x))?;
         let ln2 = ops::layer_norm(&x1, &self.ln2_w.value, &self.ln2_b.value)?;
         let c = ln2.y;
         let u = ops::linear(&c, &self.fc_w.value, Some(&self.fc_b.value))?;
         let g = ops::gelu(&u)?;
-        let out = (&x1 + ops::linear(&g, &self.out_w.value, Some(&self.out_b.value))?)?;
+        let out = ops::linear_residual(&g, &self.out_w.value, Some(&self.out_b.value), Some(&x1))?;
         let stash = ForwardStash {
             b,
             t,
             xhat1: ln1.xhat,
             rstd1: ln1.rstd,
             a,
-            q,
-            k,
-            v,
-            p,
+            qkv,
+            lse,
             y,
             xhat2: ln2.xhat,
             rstd2: ln2.rstd,
             c,
             u,
             g,
+            mask: mask.clone(),
         };
         Ok((out, stash))
     }
@@ -241,7 +236,6 @@ impl Block {
         f: ForwardStash,
         dout: Tensor,
     ) -> Result<(Tensor, WeightStash)> {
-        let h = dout.dim(1)?;
         // MLP: out = x1 + (gelu(c·Wfc + bfc)·Wout + bout).
         let dg = ops::linear_grad_input(&dout, &self.out_w.value)?;
         let du = ops::gelu_grad_input(&f.u, &dg)?;
@@ -250,16 +244,8 @@ impl Block {
             (&dout + ops::layer_norm_grad_input(&dc, &f.xhat2, &f.rstd2, &self.ln2_w.value)?)?;
         // Attention: x1 = x + (attn(a)·Wproj + bproj).
         let dy = ops::linear_grad_input(&dx1, &self.proj_w.value)?;
-        let dyh = ops::split_heads(&dy, 0, (f.b, f.t, self.heads, h))?;
-        let (dq, dk, dv) = ops::attention_grad(&f.q, &f.k, &f.v, &f.p, &dyh)?;
-        let dqkv = Tensor::cat(
-            &[
-                &ops::merge_heads(&dq)?,
-                &ops::merge_heads(&dk)?,
-                &ops::merge_heads(&dv)?,
-            ],
-            1,
-        )?;
+        let dqkv =
+            ops::attention_grad((&f.qkv, &f.y, &f.lse), &dy, (f.b, f.t, self.heads), &f.mask)?;
         let da = ops::linear_grad_input(&dqkv, &self.qkv_w.value)?;
         let dx = (&dx1 + ops::layer_norm_grad_input(&da, &f.xhat1, &f.rstd1, &self.ln1_w.value)?)?;
         let stash = WeightStash {
@@ -281,20 +267,16 @@ impl Block {
 
     /// Weight gradients from the stash, accumulated.
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
-        self.out_w
-            .accumulate(&ops::linear_grad_weight(&w.g, &w.dout)?)?;
+        ops::accumulate_linear_grad_weight(&mut self.out_w, &w.g, &w.dout)?;
         self.out_b.accumulate(&ops::sum_tokens(&w.dout)?)?;
-        self.fc_w
-            .accumulate(&ops::linear_grad_weight(&w.c, &w.du)?)?;
+        ops::accumulate_linear_grad_weight(&mut self.fc_w, &w.c, &w.du)?;
         self.fc_b.accumulate(&ops::sum_tokens(&w.du)?)?;
         let (dg2, db2) = ops::layer_norm_grad_weight(&w.dc, &w.xhat2)?;
         self.ln2_w.accumulate(&dg2)?;
         self.ln2_b.accumulate(&db2)?;
-        self.proj_w
-            .accumulate(&ops::linear_grad_weight(&w.y, &w.dproj)?)?;
+        ops::accumulate_linear_grad_weight(&mut self.proj_w, &w.y, &w.dproj)?;
         self.proj_b.accumulate(&ops::sum_tokens(&w.dproj)?)?;
-        self.qkv_w
-            .accumulate(&ops::linear_grad_weight(&w.a, &w.dqkv)?)?;
+        ops::accumulate_linear_grad_weight(&mut self.qkv_w, &w.a, &w.dqkv)?;
         self.qkv_b.accumulate(&ops::sum_tokens(&w.dqkv)?)?;
         let (dg1, db1) = ops::layer_norm_grad_weight(&w.da, &w.xhat1)?;
         self.ln1_w.accumulate(&dg1)?;

@@ -1,0 +1,476 @@
+//! Causal multi-head self-attention on f32 CPU buffers, flash-style: the `t × t`
+//! probabilities are never stored. The forward keeps, per query row, the log-sum-exp of its
+//! scaled scores; the backward (`attention_backward`) recomputes each probability tile from
+//! `q`, `k` and that log-sum-exp.
+//!
+//! Layout: Q, K and V are read in place from the QKV projection's output `[N, 3h]`
+//! (`N = b·t` tokens, token-major; head `j`'s Q columns are `[j·hd, (j+1)·hd)`, its K columns
+//! `h` further, its V columns `2h` further); the output is written token-major `[N, h]`, the
+//! layout the attention projection reads; the log-sum-exp is `[b, heads, t]`. No split or
+//! merge of heads is copied. These are plain functions on slices (with several outputs, not a
+//! candle `CustomOp`); `ops::attention` and `ops::attention_grad` reach the slices through
+//! `Tensor::storage_and_layout`.
+//!
+//! Tiles are `TILE` query rows by `TILE` keys; their products run on a register-blocked
+//! micro-kernel (`attention_tile`) reading the strided buffers directly. All of a tile's
+//! work (products, max, exponential, rescale) is generic code compiled once per
+//! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. Work is split over (sequence, head) pairs — in the forward also over query
+//! tiles — with rayon; each item is computed by one thread in a fixed order, so results do
+//! not depend on the thread count.
+#![allow(unsafe_code)]
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::attention_tile::{self as tile, Causal};
+
+/// Query rows and keys per tile: a `TILE × TILE` score tile and a `TILE × hd` output tile
+/// (16 KiB each at hd = 64) stay in L1/L2. Query and key tiles must be the same size and
+/// aligned (the causal diagonal then only crosses tiles with equal start).
+pub(crate) const TILE: usize = 64;
+
+/// The sizes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Sequences (`b`).
+    pub(crate) b: usize,
+    /// Tokens per sequence (`t`).
+    pub(crate) t: usize,
+    /// Heads.
+    pub(crate) heads: usize,
+    /// Head dimension (`h / heads`).
+    pub(crate) hd: usize,
+}
+
+impl Shape {
+    /// Hidden size `h = heads·hd`.
+    pub(crate) fn h(&self) -> usize {
+        self.heads * self.hd
+    }
+
+    /// Tokens `N = b·t`.
+    pub(crate) fn n(&self) -> usize {
+        self.b * self.t
+    }
+
+    /// `1/√hd`.
+    pub(crate) fn scale(&self) -> f32 {
+        1.0 / (self.hd as f32).sqrt()
+    }
+
+    /// Offset in the `[N, 3h]` buffer of the first Q element of (sequence, head) `pair`.
+    pub(crate) fn qkv_base(&self, pair: usize) -> usize {
+        let (bi, head) = (pair / self.heads, pair % self.heads);
+        bi * self.t * 3 * self.h() + head * self.hd
+    }
+
+    /// Offset in a `[N, h]` buffer of the first element of `pair`.
+    pub(crate) fn out_base(&self, pair: usize) -> usize {
+        let (bi, head) = (pair / self.heads, pair % self.heads);
+        bi * self.t * self.h() + head * self.hd
+    }
+}
+
+/// A pointer shared by the threads of one call; each thread writes a disjoint part.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut(pub(crate) *mut f32);
+// SAFETY: only used to hand disjoint regions of one buffer to rayon tasks (each task writes
+// the rows and columns of its own (sequence, head) pair or query tile), while the buffer's
+// `&mut` borrow is held by the caller for the whole call.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMut {}
+
+/// The instruction set the element-wise code is compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Level {
+    Plain,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// The best level this CPU has, detected once.
+pub(crate) fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
+                return Level::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Level::Avx2;
+            }
+        }
+        Level::Plain
+    })
+}
+
+/// What the generic kernel code needs of an instruction set: its multiply-add (fused where
+/// FMA is enabled; `mul_add` would be a libm call otherwise, hence the plain variant) and
+/// the vector type of the tile products' micro-kernel.
+pub(crate) trait Isa {
+    /// The micro-kernel's vector.
+    type V: tile::Simd;
+    /// `a·b + c`.
+    fn fma(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// No SIMD assumed: separate multiply and add, an 8-lane array as the "vector".
+pub(crate) struct Plain;
+
+impl Isa for Plain {
+    type V = tile::Lanes8;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx2 {
+    type V = tile::M256;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// AVX-512F (with AVX2 + FMA).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx512 {
+    type V = tile::M512;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// Lanes of the element-wise loops: LLVM turns a `[f32; LANES]` body into 1 (AVX-512) or 2
+/// (AVX2) vector operations.
+const LANES: usize = 16;
+
+// merge: replace with kernels::simd
+/// `e^x`, Cephes' `expf` scheme: `x = n·ln2 + r` with `|r| ≤ ln2/2` (Cody-Waite split
+/// constant), a degree-7 polynomial for `e^r`, `2^n` from the exponent bits. Relative error
+/// about 1 ulp; 0 below `e^-87.3` (the smallest normal), clamped at `x = 88`.
+#[inline(always)]
+fn exp1<I: Isa>(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const LO: f32 = -87.336_55;
+    // 1.5·2²³: adding and subtracting it rounds to the nearest integer (no `round` call).
+    const SHIFTER: f32 = 12_582_912.0;
+    let xc = x.clamp(LO, 88.0);
+    let n = I::fma(xc, LOG2E, SHIFTER) - SHIFTER;
+    let r = I::fma(n, -LN2_LO, I::fma(n, -LN2_HI, xc));
+    let mut p = 1.987_569_1e-4;
+    p = I::fma(p, r, 1.398_199_9e-3);
+    p = I::fma(p, r, 8.333_452e-3);
+    p = I::fma(p, r, 4.166_579_6e-2);
+    p = I::fma(p, r, 1.666_666_5e-1);
+    p = I::fma(p, r, 5.000_000_1e-1);
+    let e = I::fma(p, r * r, r) + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < LO { 0.0 } else { e * scale }
+}
+
+/// `row[i] = e^(row[i] − sub)`, vectorised.
+#[inline(always)]
+pub(crate) fn exp_sub<I: Isa>(row: &mut [f32], sub: f32) {
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        let c: &mut [f32; LANES] = c.try_into().expect("LANES elements");
+        for x in c.iter_mut() {
+            *x = exp1::<I>(*x - sub);
+        }
+    }
+    for x in chunks.into_remainder() {
+        *x = exp1::<I>(*x - sub);
+    }
+}
+
+/// The largest element (−∞ for an empty row), vectorised.
+#[inline(always)]
+pub(crate) fn max(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in acc.iter().chain(chunks.remainder()) {
+        m = if x > m { x } else { m };
+    }
+    m
+}
+
+/// `Σ a[i]·b[i]` (or `Σ a[i]` with `b` all ones) in `LANES` partial sums, a fixed order.
+#[inline(always)]
+pub(crate) fn dot<I: Isa>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s = I::fma(x, y, *s);
+        }
+    }
+    let mut tail = 0f32;
+    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail = I::fma(x, y, tail);
+    }
+    lane_sum(acc) + tail
+}
+
+/// `Σ a[i]` in `LANES` partial sums.
+#[inline(always)]
+pub(crate) fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = a.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (s, &x) in acc.iter_mut().zip(c) {
+            *s += x;
+        }
+    }
+    lane_sum(acc) + chunks.remainder().iter().sum::<f32>()
+}
+
+/// The partial sums added pairwise.
+#[inline(always)]
+fn lane_sum(mut acc: [f32; LANES]) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+/// A thread's buffers for forward tiles.
+struct FwdScratch {
+    /// Scores, then probabilities: `TILE × TILE`.
+    s: Vec<f32>,
+    /// Unnormalised output: `TILE × hd`.
+    o: Vec<f32>,
+    /// Running row maximum and row sum.
+    m: Vec<f32>,
+    l: Vec<f32>,
+    /// The key tile transposed: `hd × TILE`.
+    kt: Vec<f32>,
+}
+
+impl FwdScratch {
+    fn new(hd: usize) -> Self {
+        Self {
+            s: vec![0.0; TILE * TILE],
+            o: vec![0.0; TILE * hd],
+            m: vec![0.0; TILE],
+            l: vec![0.0; TILE],
+            kt: vec![0.0; hd * TILE],
+        }
+    }
+}
+
+/// The forward of query rows `[q0, q0 + TILE)` of `pair`: online softmax over the key
+/// tiles up to the diagonal.
+///
+/// # Safety
+/// `qkv` holds `[N, 3h]`, `y` `[N, h]`, `lse` `[b, heads, t]` for `sh`; no other thread
+/// writes this item's rows of `y` and `lse` meanwhile.
+#[inline(always)]
+unsafe fn forward_tile<I: Isa>(
+    qkv: *const f32,
+    y: SharedMut,
+    lse: SharedMut,
+    sh: Shape,
+    (pair, q0): (usize, usize),
+    sc: &mut FwdScratch,
+) {
+    let (t, hd, h) = (sh.t, sh.hd, sh.h());
+    let ld = 3 * h;
+    let scale = sh.scale();
+    let rows = TILE.min(t - q0);
+    // SAFETY: all offsets below stay inside the `[N, 3h]` buffer (caller's contract).
+    let q = unsafe { qkv.add(sh.qkv_base(pair) + q0 * ld) };
+    let (m, l, o, s, kt) = (&mut sc.m, &mut sc.l, &mut sc.o, &mut sc.s, &mut sc.kt);
+    m[..rows].fill(f32::NEG_INFINITY);
+    l[..rows].fill(0.0);
+    let kend = q0 + rows;
+    for k0 in (0..kend).step_by(TILE) {
+        let cols = TILE.min(kend - k0);
+        // The diagonal tile's products skip what the mask removes.
+        let diag = |c| if k0 == q0 { c } else { Causal::No };
+        // SAFETY: key rows `[k0, k0 + cols)` of this sequence.
+        let (k, v) = unsafe {
+            let k = qkv.add(sh.qkv_base(pair) + h + k0 * ld);
+            (k, k.add(h))
+        };
+        // S = scale · Q Kᵀ.
+        // SAFETY: `s` is `TILE × TILE`, `kt` `hd × TILE`, the Q and K tiles in bounds.
+        unsafe {
+            tile::transpose((k, ld), (kt, TILE), cols, hd);
+            tile::mm::<I>(
+                (rows, cols, hd),
+                (q, ld, 1),
+                (kt.as_ptr(), TILE),
+                (s.as_mut_ptr(), TILE),
+                (false, scale),
+                diag(Causal::Lower),
+            );
+        }
+        for i in 0..rows {
+            // Keys after the query are masked (only the diagonal tile has any).
+            let valid = cols.min(q0 + i + 1 - k0);
+            let row = &mut s[i * TILE..i * TILE + cols];
+            let m_new = m[i].max(max(&row[..valid]));
+            exp_sub::<I>(&mut row[..valid], m_new);
+            row[valid..].fill(0.0);
+            // One `exp` per row: the old terms' rescale (0 on the first tile).
+            let alpha = (m[i] - m_new).exp();
+            l[i] = l[i] * alpha + sum(&row[..valid]);
+            m[i] = m_new;
+            if k0 > 0 && alpha != 1.0 {
+                for x in &mut o[i * hd..(i + 1) * hd] {
+                    *x *= alpha;
+                }
+            }
+        }
+        // O += P V.
+        // SAFETY: `o` is `TILE × hd`, P and V tiles in bounds.
+        unsafe {
+            tile::mm::<I>(
+                (rows, hd, cols),
+                (s.as_ptr(), TILE, 1),
+                (v, ld),
+                (o.as_mut_ptr(), hd),
+                (k0 > 0, 1.0),
+                diag(Causal::KUpTo),
+            );
+        }
+    }
+    let (yb, lb) = (sh.out_base(pair) + q0 * h, pair * t + q0);
+    for i in 0..rows {
+        let inv = 1.0 / l[i];
+        // SAFETY: row `q0 + i` of this pair's `y` columns and `lse` entries: this item's own.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(y.0.add(yb + i * h), hd);
+            for (d, &x) in dst.iter_mut().zip(&o[i * hd..(i + 1) * hd]) {
+                *d = x * inv;
+            }
+            *lse.0.add(lb + i) = m[i] + l[i].ln();
+        }
+    }
+}
+
+/// Defines `$name`, which runs `$body::<I>` compiled for the best instruction set.
+macro_rules! dispatch {
+    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*), $scratch:ty) => {
+        /// Runs the tile body compiled for the CPU's best instruction set.
+        ///
+        /// # Safety
+        /// As the body's.
+        unsafe fn $name(level: Level, $($arg: $ty,)* sc: &mut $scratch) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty,)* sc: &mut $scratch) {
+                // SAFETY: the caller's contract.
+                unsafe { $body::<Avx2>($($arg,)* sc) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn avx512($($arg: $ty,)* sc: &mut $scratch) {
+                // SAFETY: the caller's contract.
+                unsafe { $body::<Avx512>($($arg,)* sc) }
+            }
+            // SAFETY: the features were detected by `level`; the rest is the caller's contract.
+            unsafe {
+                match level {
+                    Level::Plain => $body::<Plain>($($arg,)* sc),
+                    #[cfg(target_arch = "x86_64")]
+                    Level::Avx2 => avx2($($arg,)* sc),
+                    #[cfg(target_arch = "x86_64")]
+                    Level::Avx512 => avx512($($arg,)* sc),
+                }
+            }
+        }
+    };
+}
+pub(crate) use dispatch;
+
+dispatch!(
+    forward_dispatch,
+    forward_tile,
+    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, item: (usize, usize)),
+    FwdScratch
+);
+
+/// Causal attention forward: `y` (`[N, h]`) and the per-row log-sum-exp `lse`
+/// (`[b, heads, t]`) from `qkv` (`[N, 3h]`). Splits over rayon's threads when `threads > 1`.
+pub(crate) fn forward(qkv: &[f32], y: &mut [f32], lse: &mut [f32], sh: Shape, threads: usize) {
+    forward_at(level(), qkv, (y, lse), sh, threads);
+}
+
+/// The levels this CPU runs, best last (the tests check each).
+#[cfg(test)]
+pub(crate) fn levels() -> Vec<Level> {
+    let mut out = vec![Level::Plain];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if matches!(level(), Level::Avx2 | Level::Avx512) {
+            out.push(Level::Avx2);
+        }
+        if level() == Level::Avx512 {
+            out.push(Level::Avx512);
+        }
+    }
+    out
+}
+
+/// [`forward`] with the element-wise code of `level` (which this CPU must have).
+pub(crate) fn forward_at(
+    level: Level,
+    qkv: &[f32],
+    (y, lse): (&mut [f32], &mut [f32]),
+    sh: Shape,
+    threads: usize,
+) {
+    let (n, h) = (sh.n(), sh.h());
+    assert_eq!(qkv.len(), n * 3 * h, "qkv is [N, 3h]");
+    assert_eq!(y.len(), n * h, "y is [N, h]");
+    assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
+    let tiles = sh.t.div_ceil(TILE);
+    let items = sh.b * sh.heads * tiles;
+    let (yp, lp) = (SharedMut(y.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
+    let run = |sc: &mut FwdScratch, item: usize| {
+        let (pair, q0) = (item / tiles, (item % tiles) * TILE);
+        // SAFETY: the buffers have the asserted sizes; item `(pair, q0)` writes only its
+        // own rows of `y` and `lse`, and items are distinct.
+        unsafe { forward_dispatch(level, qkv.as_ptr(), yp, lp, sh, (pair, q0), sc) }
+    };
+    if threads > 1 {
+        (0..items)
+            .into_par_iter()
+            .for_each_init(|| FwdScratch::new(sh.hd), run);
+    } else {
+        let mut sc = FwdScratch::new(sh.hd);
+        (0..items).for_each(|i| run(&mut sc, i));
+    }
+}

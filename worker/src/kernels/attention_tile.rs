@@ -1,0 +1,309 @@
+//! The tile products of attention: `C (+)= α·A·B` for one tile (at most 64 × 64 × 64), a
+//! register-blocked micro-kernel on the instruction set's vectors ([`Simd`]: AVX-512,
+//! AVX2, or an array of 8 for CPUs with neither). At these sizes it beats calling `gemm`,
+//! whose packing and dispatch are paid per call; plain loops over `[f32; 16]` accumulators
+//! were not vectorised by LLVM here (loop-carried through the inner product), hence the
+//! intrinsics.
+//!
+//! `B`'s rows must be contiguous (a transposed operand is packed first, [`transpose`]);
+//! `A` is read element by element through any strides, so `Pᵀ` and `dSᵀ` need no copy.
+#![allow(unsafe_code)]
+
+use super::attention::Isa;
+
+/// A vector of `LANES` f32.
+pub(crate) trait Simd: Copy {
+    /// Lanes.
+    const LANES: usize;
+    /// All lanes `x`.
+    fn splat(x: f32) -> Self;
+    /// `self·b + c`, lane by lane.
+    fn mul_add(self, b: Self, c: Self) -> Self;
+    /// `LANES` elements from `p`.
+    ///
+    /// # Safety
+    /// `p..p + LANES` must be readable.
+    unsafe fn load(p: *const f32) -> Self;
+    /// Writes the lanes to `p..p + LANES`.
+    ///
+    /// # Safety
+    /// `p..p + LANES` must be writable.
+    unsafe fn store(self, p: *mut f32);
+}
+
+/// Eight lanes as an array: the fallback without AVX2.
+#[derive(Clone, Copy)]
+pub(crate) struct Lanes8([f32; 8]);
+
+impl Simd for Lanes8 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        Self([x; 8])
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        let mut out = c.0;
+        for ((o, &x), &y) in out.iter_mut().zip(&self.0).zip(&b.0) {
+            *o += x * y;
+        }
+        Self(out)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller's contract.
+        Self(unsafe { std::ptr::read_unaligned(p as *const [f32; 8]) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], self.0) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{
+    __m256, __m512, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps,
+    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps,
+};
+
+/// An AVX register of 8 lanes. Only used by code compiled with AVX2 + FMA enabled (the
+/// `Avx2` and `Avx512` instruction sets), after run-time detection.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct M256(__m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Simd for M256 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: AVX is enabled wherever this is used (see the type).
+        Self(unsafe { _mm256_set1_ps(x) })
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        // SAFETY: FMA is enabled wherever this is used (see the type).
+        Self(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller's contract; AVX as above.
+        Self(unsafe { _mm256_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller's contract; AVX as above.
+        unsafe { _mm256_storeu_ps(p, self.0) }
+    }
+}
+
+/// An AVX-512 register of 16 lanes. Only used by code compiled with AVX-512F enabled (the
+/// `Avx512` instruction set), after run-time detection.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct M512(__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Simd for M512 {
+    const LANES: usize = 16;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: AVX-512F is enabled wherever this is used (see the type).
+        Self(unsafe { _mm512_set1_ps(x) })
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        // SAFETY: as above.
+        Self(unsafe { _mm512_fmadd_ps(self.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller's contract; AVX-512F as above.
+        Self(unsafe { _mm512_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller's contract; AVX-512F as above.
+        unsafe { _mm512_storeu_ps(p, self.0) }
+    }
+}
+
+/// `C = α·A·B` (`accumulate`: `C += α·A·B`) for `A: m × k` (element `(r, i)` at
+/// `a[r·a_rs + i·a_cs]`), `B: k × n` (row `i` at `b[i·ldb..]`, contiguous), `C: m × n` (row
+/// `r` at `c[r·ldc..]`). Blocks of 6 rows by two vectors (12 accumulators: enough to hide
+/// the FMA latency on two FMA units, with registers left for `B` and the broadcast `A`),
+/// then one of 4 rows (64 = 6·10 + 4); the ragged edges (rows, or columns short of two
+/// vectors) in scalar code.
+///
+/// # Safety
+/// Every addressed element of `a`, `b` and `c` must be in bounds, `c` must not overlap `a`
+/// or `b`, and no other thread may access `c` meanwhile.
+#[inline(always)]
+pub(crate) unsafe fn mm<I: Isa>(
+    (m, n, k): (usize, usize, usize),
+    a: (*const f32, usize, usize),
+    b: (*const f32, usize),
+    c: (*mut f32, usize),
+    (accumulate, alpha): (bool, f32),
+    causal: Causal,
+) {
+    let nr = 2 * I::V::LANES;
+    let n_full = n - n % nr;
+    let m6 = m - m % 6;
+    let m_full = m6 + (m - m6) / 4 * 4;
+    // SAFETY: each block and edge addresses its own rows and columns, in bounds by the
+    // caller's contract.
+    unsafe {
+        for r0 in (0..m6).step_by(6) {
+            for c0 in (0..n_full).step_by(nr) {
+                if let Some(ks) = causal.span::<6>(r0, c0, k) {
+                    block::<I, 6>((r0, c0), ks, a, b, c, accumulate, alpha);
+                }
+            }
+        }
+        if m_full > m6 {
+            for c0 in (0..n_full).step_by(nr) {
+                if let Some(ks) = causal.span::<4>(m6, c0, k) {
+                    block::<I, 4>((m6, c0), ks, a, b, c, accumulate, alpha);
+                }
+            }
+        }
+        // Columns past the last full block on every row, rows past the last full block on
+        // the full columns.
+        edge::<I>((0, m), (n_full, n), k, a, b, c, accumulate, alpha);
+        edge::<I>((m_full, m), (0, n_full), k, a, b, c, accumulate, alpha);
+    }
+}
+
+/// Which part of a diagonal tile's product matters (query `i` sees key `j` when `j ≤ i`;
+/// the tile's rows and columns start at the same token). Blocks are skipped or their inner
+/// range cut accordingly; the scalar edges compute everything (the masked terms are 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Causal {
+    /// A full product.
+    No,
+    /// Only `C[r][j]` with `j ≤ r` is needed (scores, `dP`): blocks wholly above the
+    /// diagonal are skipped (their `C` is left as it was).
+    Lower,
+    /// `A[r][i] = 0` for `i > r` (`P V`, `dS K`): the inner sum stops at the block's last row.
+    KUpTo,
+    /// `A[r][i] = 0` for `i < r` (`Pᵀ dY`, `dSᵀ Q`): the inner sum starts at the block's
+    /// first row.
+    KFrom,
+}
+
+impl Causal {
+    /// The inner range of the block at `(r0, c0)` of `R` rows, or `None` to skip it.
+    #[inline(always)]
+    fn span<const R: usize>(self, r0: usize, c0: usize, k: usize) -> Option<(usize, usize)> {
+        match self {
+            Causal::No => Some((0, k)),
+            Causal::Lower => (c0 < r0 + R).then_some((0, k)),
+            Causal::KUpTo => Some((0, k.min(r0 + R))),
+            Causal::KFrom => Some((r0.min(k), k)),
+        }
+    }
+}
+
+/// `mm` on rows `r0..r0 + R` and columns `c0..c0 + 2·LANES`, in `2·R` vector accumulators.
+///
+/// # Safety
+/// As `mm`'s, for these rows and columns.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block<I: Isa, const R: usize>(
+    (r0, c0): (usize, usize),
+    (k0, k1): (usize, usize),
+    (a, a_rs, a_cs): (*const f32, usize, usize),
+    (b, ldb): (*const f32, usize),
+    (c, ldc): (*mut f32, usize),
+    accumulate: bool,
+    alpha: f32,
+) {
+    let w = I::V::LANES;
+    // SAFETY: rows `r0..r0 + R` of A and C, columns `c0..c0 + 2·LANES` of B and C.
+    unsafe {
+        let mut acc = [[I::V::splat(0.0); 2]; R];
+        let a0 = a.add(r0 * a_rs);
+        for i in k0..k1 {
+            let bp = b.add(i * ldb + c0);
+            let (b0, b1) = (I::V::load(bp), I::V::load(bp.add(w)));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let av = I::V::splat(*a0.add(r * a_rs + i * a_cs));
+                acc_r[0] = av.mul_add(b0, acc_r[0]);
+                acc_r[1] = av.mul_add(b1, acc_r[1]);
+            }
+        }
+        let al = I::V::splat(alpha);
+        for (r, acc_r) in acc.iter().enumerate() {
+            let cp = c.add((r0 + r) * ldc + c0);
+            for (j, &x) in acc_r.iter().enumerate() {
+                let cj = cp.add(j * w);
+                let base = if accumulate {
+                    I::V::load(cj)
+                } else {
+                    I::V::splat(0.0)
+                };
+                al.mul_add(x, base).store(cj);
+            }
+        }
+    }
+}
+
+/// `mm` on rows `rows.0..rows.1` and columns `cols.0..cols.1`, one element at a time.
+///
+/// # Safety
+/// As `mm`'s.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn edge<I: Isa>(
+    rows: (usize, usize),
+    cols: (usize, usize),
+    k: usize,
+    (a, a_rs, a_cs): (*const f32, usize, usize),
+    (b, ldb): (*const f32, usize),
+    (c, ldc): (*mut f32, usize),
+    accumulate: bool,
+    alpha: f32,
+) {
+    for r in rows.0..rows.1 {
+        for j in cols.0..cols.1 {
+            // SAFETY: element `(r, j)` of C, row `r` of A, column `j` of B.
+            unsafe {
+                let mut s = 0f32;
+                for i in 0..k {
+                    s = I::fma(*a.add(r * a_rs + i * a_cs), *b.add(i * ldb + j), s);
+                }
+                let cp = c.add(r * ldc + j);
+                *cp = if accumulate {
+                    I::fma(alpha, s, *cp)
+                } else {
+                    alpha * s
+                };
+            }
+        }
+    }
+}
+
+/// `dst[j·ld_dst + i] = src[i·ld_src + j]` for `i < rows`, `j < cols`: a tile of K or V
+/// transposed, so that it can be `mm`'s `B`.
+///
+/// # Safety
+/// `src` must hold `rows` rows of `cols` elements at stride `ld_src`; `dst` must hold
+/// `cols` rows of `rows` elements at stride `ld_dst`.
+#[inline(always)]
+pub(crate) unsafe fn transpose(
+    (src, ld_src): (*const f32, usize),
+    (dst, ld_dst): (&mut [f32], usize),
+    rows: usize,
+    cols: usize,
+) {
+    for i in 0..rows {
+        // SAFETY: row `i` of `src` (the caller's contract).
+        let row = unsafe { std::slice::from_raw_parts(src.add(i * ld_src), cols) };
+        for (j, &x) in row.iter().enumerate() {
+            dst[j * ld_dst + i] = x;
+        }
+    }
+}
