@@ -11,6 +11,9 @@
 //! - `ops` (private): hand-written forward and backward of linear, LayerNorm, tanh-GELU,
 //!   causal attention and cross-entropy on candle-core tensors (LayerNorm, softmax, loss
 //!   and token sums computed in f32 for a bf16 model).
+//! - `kernels` (private): fused, vectorised CPU kernels (f32) for LayerNorm, GELU,
+//!   cross-entropy, token sums and AdamW, with run-time ISA dispatch and rows split over
+//!   threads; `ops`, `optim` and `param` use them on the CPU and keep candle's ops elsewhere.
 //! - [`param`]: parameters with their f32 gradient, AdamW moments and (bf16) master copy,
 //!   seeded initialisation: Megatron-LM's mixed-precision layout.
 //! - [`optim`]: AdamW and global-norm clipping across stages.
@@ -43,6 +46,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod job;
+mod kernels;
 pub mod metrics;
 pub mod net;
 pub mod node;
