@@ -40,8 +40,10 @@ fn report(name: &str, before: f64, after: f64) {
 #[ignore = "prints timings; run by hand"]
 fn kernels_versus_candle_ops() -> Result<()> {
     let (n, h, v, reps) = (512, 256, 256, 51);
+    // As the worker process: freed buffers are reused, not faulted in afresh.
+    let heap = crate::alloc::retain_freed_memory();
     println!(
-        "threads {}, ISA {:?}; op: candle ops, fused kernel (median of {reps})",
+        "threads {}, ISA {:?}, heap: {heap}; op: candle ops, fused kernel (median of {reps})",
         super::cpu::threads(),
         super::simd::level()
     );
@@ -144,5 +146,48 @@ fn kernels_versus_candle_ops() -> Result<()> {
             optim::update(&mut p, &cfg, step, 0.5)
         })?,
     );
+    Ok(())
+}
+
+/// `exp` alone (the `min` keeps the input in range from one run to the next; timed apart).
+#[test]
+#[ignore = "prints timings; run by hand"]
+fn lane_functions() -> Result<()> {
+    let mut x: Vec<f32> = (0..512 * 1024)
+        .map(|i| (i % 1000) as f32 * 0.01 - 5.0)
+        .collect();
+    let t = median_us(21, || {
+        super::simd::exp_in_place(&mut x);
+        x.iter_mut().for_each(|v| *v = v.min(5.0));
+        Ok(())
+    })?;
+    println!("exp_in_place + min [512·1024]: {t:.1} µs");
+    let t = median_us(21, || {
+        x.iter_mut().for_each(|v| *v = v.min(5.0));
+        Ok(())
+    })?;
+    println!("min alone: {t:.1} µs");
+    Ok(())
+}
+
+/// What a zeroed output buffer costs (`vec![0; n]` memsets a reused block) against an
+/// uninitialised one: the kernels still pay the former.
+#[test]
+#[ignore = "prints timings; run by hand"]
+fn zeroed_buffers() -> Result<()> {
+    crate::alloc::retain_freed_memory();
+    for n in [512 * 256, 512 * 1024] {
+        let t = median_us(51, || {
+            let v = vec![0f32; n];
+            std::hint::black_box(&v);
+            Ok(())
+        })?;
+        let u = median_us(51, || {
+            let v: Vec<f32> = Vec::with_capacity(n);
+            std::hint::black_box(&v);
+            Ok(())
+        })?;
+        println!("vec![0; {n}]: {t:.1} µs, with_capacity: {u:.1} µs");
+    }
     Ok(())
 }
