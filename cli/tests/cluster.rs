@@ -833,7 +833,7 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     // most. (This assertion, then `resume <= killed_at`, failed once in a full run of the
     // cluster tests and passed in the next runs; its figures were not kept.)
     assert!(
-        resume >= 3 && resume % 3 == 0 && resume <= killed_at + 3,
+        resume >= 3 && resume.is_multiple_of(3) && resume <= killed_at + 3,
         "killed at step {killed_at} (status): {why}"
     );
     // The first step after the re-plan follows the checkpoint.
@@ -931,7 +931,7 @@ fn a_restarted_coordinator_resumes_its_jobs() {
         .next()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or_else(|| panic!("no checkpoint step in {}", resumed[0]));
-    assert!(from >= 3 && from % 3 == 0, "{}", resumed[0]);
+    assert!(from >= 3 && from.is_multiple_of(3), "{}", resumed[0]);
     let (loss_diff, param_diff) =
         assert_exact_from(&cluster, job, from + 1, &last_losses(&stdout), &reference);
     eprintln!(

@@ -501,7 +501,7 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     let per_param = req.spec.dtype.training_state_bytes();
     let mut planned: Vec<Candidate> = Vec::new();
     let mut rejected: Vec<Rejected> = Vec::new();
-    for mbs in (1..=req.global_batch).filter(|b| req.global_batch % b == 0) {
+    for mbs in (1..=req.global_batch).filter(|b| req.global_batch.is_multiple_of(*b)) {
         let n = req.global_batch / mbs;
         let pieces = piece_costs(req, mbs);
         // The kinds with the same stage count share the partition of these pieces.
@@ -672,7 +672,7 @@ fn plan_one(
             step_ms: None,
         })
     };
-    if kind == ScheduleKind::Interleaved1F1B && n % d != 0 {
+    if kind == ScheduleKind::Interleaved1F1B && !n.is_multiple_of(d) {
         return Ok(skip(
             Why::Skipped,
             format!(

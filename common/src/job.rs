@@ -751,7 +751,7 @@ impl JobSpec {
                 ),
             ));
         }
-        if t.global_batch_size % mbs != 0 {
+        if !t.global_batch_size.is_multiple_of(mbs) {
             return Err(invalid(
                 "training.global_batch_size",
                 format!(

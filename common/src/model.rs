@@ -251,7 +251,7 @@ impl ModelSpec {
                 });
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(Error::InvalidArgument {
                 field: "heads",
                 reason: format!(

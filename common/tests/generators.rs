@@ -62,7 +62,7 @@ fn supported(kind: ScheduleKind, d: u32, n: u32, chunks: u32) -> bool {
     if n < kind.min_microbatches(d) {
         return false;
     }
-    !(kind == ScheduleKind::Interleaved1F1B && chunks > 1 && n % d != 0)
+    !(kind == ScheduleKind::Interleaved1F1B && chunks > 1 && !n.is_multiple_of(d))
 }
 
 /// Checks one generated schedule against expectations derived from the shape alone.

@@ -284,10 +284,10 @@ impl Actor for Membership {
                 // would save a checkpoint and final parameters for a run nobody follows).
                 let abort = st.abandon(job);
                 let stop = !abort && st.stopping.contains(&job);
-                if let Some(sink) = st.sinks.get(&job) {
-                    if sink.send(*report).is_err() {
-                        st.sinks.remove(&job);
-                    }
+                if let Some(sink) = st.sinks.get(&job)
+                    && sink.send(*report).is_err()
+                {
+                    st.sinks.remove(&job);
                 }
                 let _ = reply.send(ReportAnswer { stop, abort });
             }

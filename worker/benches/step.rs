@@ -345,6 +345,10 @@ fn main() {
          median of {reps}), ISA {}",
         gemm_isa()
     );
+    println!(
+        "pipewise's CPU kernels: {}",
+        pipewise_worker::kernels_in_use()
+    );
     if !on_cpu {
         println!("device: {device_name} (MFU omitted: no CPU peak applies)");
     }

@@ -13,6 +13,9 @@
 //! - `ops` (private): hand-written forward and backward of linear, LayerNorm, tanh-GELU,
 //!   causal attention and cross-entropy on candle-core tensors (LayerNorm, softmax, loss
 //!   and token sums computed in f32 for a bf16 model).
+//! - `kernels` (private): fused, vectorised CPU kernels (f32) for LayerNorm, GELU,
+//!   cross-entropy, token sums and AdamW, with run-time ISA dispatch and rows split over
+//!   threads; `ops`, `optim` and `param` use them on the CPU and keep candle's ops elsewhere.
 //! - [`param`]: parameters with their f32 gradient, AdamW moments and (bf16) master copy,
 //!   seeded initialisation: Megatron-LM's mixed-precision layout.
 //! - [`optim`]: AdamW and global-norm clipping across stages.
@@ -63,6 +66,7 @@ pub mod trainer;
 pub use candle_core::{DType as CandleDType, Device, Tensor};
 pub use data::{Batch, Corpus, Sampler};
 pub use error::{Error, Result};
+pub use kernels::in_use as kernels_in_use;
 pub use optim::{AdamW, clip_scale};
 pub use stage::Stage;
 pub use trainer::{StepStats, Trainer};

@@ -4,14 +4,19 @@
 //! Activations are 2-D `[N, features]` with `N = b·t` tokens (attention reads Q, K, V from
 //! the `[N, 3h]` QKV output; only its candle path splits heads into `[b, heads, t, hd]`).
 //! Linear weights are stored `[in, out]` (`y = x·W + b`).
-//! Every reduction is a candle reduction over a fixed axis, so results are deterministic.
+//! Every reduction is over a fixed axis in a fixed order, so results are deterministic.
+//!
+//! Linear layers, attention, LayerNorm, GELU, cross-entropy and token sums of f32 CPU
+//! tensors run the kernels of [`crate::kernels`]; the `*_candle` functions and the candle-op
+//! branches serve every other dtype and device (CUDA included), and are the reference the
+//! kernels are tested against.
 
 use candle_core::{CpuStorage, D, DType, Device, Storage, Tensor};
 
 use crate::error::Result;
-use crate::kernels;
 use crate::kernels::attention::Shape;
-use crate::kernels::{cpu, matmul};
+use crate::kernels::cpu::all_f32_cpu;
+use crate::kernels::{self, matmul};
 use crate::param::Param;
 
 /// LayerNorm epsilon (GPT-2's).
@@ -41,16 +46,17 @@ pub(crate) fn linear_residual(
     b: Option<&Tensor>,
     r: Option<&Tensor>,
 ) -> Result<Tensor> {
-    if cpu::applies(&[x, w])
-        && b.is_none_or(|b| cpu::applies(&[b]))
-        && r.is_none_or(|r| cpu::applies(&[r]))
+    let (x, b, r) = (
+        x.contiguous()?,
+        b.map(Tensor::contiguous).transpose()?,
+        r.map(Tensor::contiguous).transpose()?,
+    );
+    let (b, r) = (b.as_ref(), r.as_ref());
+    if all_f32_cpu(&[&x, w])
+        && b.is_none_or(|b| all_f32_cpu(&[b]))
+        && r.is_none_or(|r| all_f32_cpu(&[r]))
     {
-        let (x, b, r) = (
-            x.contiguous()?,
-            b.map(Tensor::contiguous).transpose()?,
-            r.map(Tensor::contiguous).transpose()?,
-        );
-        return matmul::linear(&x, w, b.as_ref(), r.as_ref());
+        return matmul::linear(&x, w, b, r);
     }
     let y = x.matmul(w)?;
     let y = match b {
@@ -65,8 +71,9 @@ pub(crate) fn linear_residual(
 
 /// `B` of a linear layer: `dx = dy·Wᵀ`.
 pub(crate) fn linear_grad_input(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if cpu::applies(&[dy, w]) {
-        return matmul::linear_grad_input(&dy.contiguous()?, w);
+    let dy = dy.contiguous()?;
+    if all_f32_cpu(&[&dy, w]) {
+        return matmul::linear_grad_input(&dy, w);
     }
     Ok(dy.matmul(&w.t()?)?)
 }
@@ -79,15 +86,19 @@ pub(crate) fn linear_grad_weight(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
 /// `W` of a linear layer added to the weight's gradient: on the CPU in f32, the GEMM
 /// accumulates into the gradient in place.
 pub(crate) fn accumulate_linear_grad_weight(p: &mut Param, x: &Tensor, dy: &Tensor) -> Result<()> {
-    if cpu::applies(&[x, dy, &p.grad]) && p.grad.is_contiguous() {
-        return matmul::accumulate_grad_weight(&p.grad, &x.contiguous()?, &dy.contiguous()?);
+    let (x, dy) = (x.contiguous()?, dy.contiguous()?);
+    if all_f32_cpu(&[&x, &dy, &p.grad]) {
+        return matmul::accumulate_grad_weight(&p.grad, &x, &dy);
     }
-    p.accumulate(&linear_grad_weight(x, dy)?)
+    p.accumulate(&linear_grad_weight(&x, &dy)?)
 }
 
 /// `W` of a bias (or a LayerNorm shift): the sum of `dy` over tokens, in f32 (a bf16 sum
 /// over many tokens would round small terms away).
 pub(crate) fn sum_tokens(dy: &Tensor) -> Result<Tensor> {
+    if all_f32_cpu(&[dy]) && dy.rank() == 2 {
+        return kernels::reduce::sum_rows(dy);
+    }
     Ok(dy.to_dtype(DType::F32)?.sum(0)?)
 }
 
@@ -112,6 +123,15 @@ fn wide(t: &Tensor) -> Result<Tensor> {
 /// LayerNorm over the last axis of `x: [N, h]`, computed in f32; every output in `x`'s
 /// dtype.
 pub(crate) fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<LayerNormOut> {
+    if all_f32_cpu(&[x, gamma, beta]) && x.rank() == 2 && x.dim(1)? > 0 {
+        let (y, xhat, rstd) = kernels::layer_norm::forward(x, gamma, beta)?;
+        return Ok(LayerNormOut { y, xhat, rstd });
+    }
+    layer_norm_candle(x, gamma, beta)
+}
+
+/// [`layer_norm`] with candle's ops.
+pub(crate) fn layer_norm_candle(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<LayerNormOut> {
     let dtype = x.dtype();
     let x = wide(x)?;
     let mean = x.mean_keepdim(1)?;
@@ -136,6 +156,19 @@ pub(crate) fn layer_norm_grad_input(
     rstd: &Tensor,
     gamma: &Tensor,
 ) -> Result<Tensor> {
+    if all_f32_cpu(&[dy, xhat, rstd, gamma]) && dy.rank() == 2 && dy.dim(1)? > 0 {
+        return kernels::layer_norm::grad_input(dy, xhat, rstd, gamma);
+    }
+    layer_norm_grad_input_candle(dy, xhat, rstd, gamma)
+}
+
+/// [`layer_norm_grad_input`] with candle's ops.
+pub(crate) fn layer_norm_grad_input_candle(
+    dy: &Tensor,
+    xhat: &Tensor,
+    rstd: &Tensor,
+    gamma: &Tensor,
+) -> Result<Tensor> {
     let xhat = wide(xhat)?;
     let g = wide(dy)?.broadcast_mul(&wide(gamma)?)?;
     let mean_g = g.mean_keepdim(1)?;
@@ -148,6 +181,17 @@ pub(crate) fn layer_norm_grad_input(
 
 /// `W` of LayerNorm: `(dγ, dβ) = (Σ dy·x̂, Σ dy)` over tokens, in f32.
 pub(crate) fn layer_norm_grad_weight(dy: &Tensor, xhat: &Tensor) -> Result<(Tensor, Tensor)> {
+    if all_f32_cpu(&[dy, xhat]) && dy.rank() == 2 {
+        return kernels::layer_norm::grad_weight(dy, xhat);
+    }
+    layer_norm_grad_weight_candle(dy, xhat)
+}
+
+/// [`layer_norm_grad_weight`] with candle's ops.
+pub(crate) fn layer_norm_grad_weight_candle(
+    dy: &Tensor,
+    xhat: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let (dy, xhat) = (dy.to_dtype(DType::F32)?, xhat.to_dtype(DType::F32)?);
     Ok(((&dy * xhat)?.sum(0)?, dy.sum(0)?))
 }
@@ -156,6 +200,14 @@ pub(crate) fn layer_norm_grad_weight(dy: &Tensor, xhat: &Tensor) -> Result<(Tens
 
 /// `0.5·u·(1 + tanh(k·(u + c·u³)))`.
 pub(crate) fn gelu(u: &Tensor) -> Result<Tensor> {
+    if all_f32_cpu(&[u]) {
+        return kernels::gelu::forward(u);
+    }
+    gelu_candle(u)
+}
+
+/// [`gelu`] with candle's ops.
+pub(crate) fn gelu_candle(u: &Tensor) -> Result<Tensor> {
     let th = gelu_tanh(u)?;
     Ok((u * th.affine(0.5, 0.5)?)?)
 }
@@ -168,6 +220,14 @@ fn gelu_tanh(u: &Tensor) -> Result<Tensor> {
 
 /// `B` of GELU: `dy · (0.5·(1 + th) + 0.5·u·(1 − th²)·k·(1 + 3c·u²))`.
 pub(crate) fn gelu_grad_input(u: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    if all_f32_cpu(&[u, dy]) && u.dims() == dy.dims() {
+        return kernels::gelu::backward(u, dy);
+    }
+    gelu_grad_input_candle(u, dy)
+}
+
+/// [`gelu_grad_input`] with candle's ops.
+pub(crate) fn gelu_grad_input_candle(u: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let th = gelu_tanh(u)?;
     let left = th.affine(0.5, 0.5)?;
     let sech2 = th.sqr()?.affine(-1.0, 1.0)?;
@@ -360,6 +420,27 @@ pub(crate) fn attention_grad(
 /// log-likelihood of `targets: [N]` (u32), a rank-0 f32 tensor. Computed in f32 whatever
 /// the logits' dtype, as torchtitan and Megatron-LM upcast the logits for the loss.
 pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    if ce_fast(logits, targets)? {
+        return kernels::cross_entropy::forward(logits, targets);
+    }
+    cross_entropy_candle(logits, targets)
+}
+
+/// Whether the cross-entropy kernels take `x: [N, V]` (f32, CPU, contiguous) and
+/// `targets: [N]` (u32, CPU, contiguous).
+fn ce_fast(x: &Tensor, targets: &Tensor) -> Result<bool> {
+    Ok(all_f32_cpu(&[x])
+        && x.rank() == 2
+        && x.dim(1)? > 0
+        && targets.dtype() == DType::U32
+        && targets.device().is_cpu()
+        && targets.rank() == 1
+        && targets.dim(0)? == x.dim(0)?
+        && targets.is_contiguous())
+}
+
+/// [`cross_entropy`] with candle's ops.
+pub(crate) fn cross_entropy_candle(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
     let dtype = logits.dtype();
     let logits = logits.to_dtype(DType::F32)?;
     let max = logits.max_keepdim(1)?;
@@ -374,6 +455,18 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor
 /// `B` of the mean cross-entropy times `seed`: `(p − onehot(target))·seed/N`, computed in
 /// f32 and returned in the probabilities' dtype.
 pub(crate) fn cross_entropy_grad(probs: &Tensor, targets: &Tensor, seed: f64) -> Result<Tensor> {
+    if ce_fast(probs, targets)? {
+        return kernels::cross_entropy::grad(probs, targets, seed);
+    }
+    cross_entropy_grad_candle(probs, targets, seed)
+}
+
+/// [`cross_entropy_grad`] with candle's ops.
+pub(crate) fn cross_entropy_grad_candle(
+    probs: &Tensor,
+    targets: &Tensor,
+    seed: f64,
+) -> Result<Tensor> {
     let (n, vocab) = probs.dims2()?;
     let classes = Tensor::arange(0u32, vocab as u32, probs.device())?;
     let onehot = targets

@@ -55,8 +55,18 @@ pub fn clip_scale(total_sq_norm: f64, max_grad_norm: Option<f64>) -> f64 {
 
 /// One AdamW update of `p` at step `step` (1-based) with gradient `grad_scale · p.grad`.
 /// The update is computed in f32, on the master copy of a bf16 or f16 parameter, whose
-/// rounding becomes the parameter.
+/// rounding becomes the parameter; the gradient is zeroed. On the CPU it is one fused pass
+/// in place ([`crate::kernels::adamw::update`], the same f32 arithmetic); elsewhere
+/// [`update_candle`].
 pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<()> {
+    if crate::kernels::adamw::update(p, cfg, step, grad_scale)? {
+        return Ok(());
+    }
+    update_candle(p, cfg, step, grad_scale)
+}
+
+/// [`update`] with candle's ops (new tensors for the value, moments and gradient).
+pub(crate) fn update_candle(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<()> {
     let wide = p.m.dtype();
     let g = p.grad.to_dtype(wide)?;
     let g = if grad_scale == 1.0 {

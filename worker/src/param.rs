@@ -20,6 +20,10 @@ pub(crate) enum Init {
 }
 
 /// One parameter tensor of a piece.
+///
+/// On the CPU the optimizer step and gradient accumulation write the value (or master copy),
+/// moments and gradient in place: a clone of a `Param` (or of one of its tensors) shares
+/// those buffers and sees the updates.
 #[derive(Debug, Clone)]
 pub struct Param {
     /// Name inside the stage, `"{piece}.{local}"` (e.g. `block0.qkv.weight`).
@@ -62,7 +66,7 @@ impl Param {
             Init::Const(c) => vec![c as f32; n],
         };
         let value = Tensor::from_vec(host, shape, device)?.to_dtype(dtype)?;
-        // Three buffers, not clones of one: the gradient is accumulated in place.
+        // Each its own buffer: the optimizer updates them in place.
         let zeros = || Tensor::zeros(shape, STATE_DTYPE, device);
         Ok(Self {
             name,
@@ -97,15 +101,29 @@ impl Param {
         (self.grad.elem_count() * self.grad.dtype().size_in_bytes()) as u64
     }
 
-    /// Adds `g` (in the model dtype) to the accumulated gradient, in f32.
+    /// Adds `g` (in the model dtype) to the accumulated gradient, in f32: in place on the
+    /// CPU, a new tensor elsewhere.
     pub(crate) fn accumulate(&mut self, g: &Tensor) -> Result<()> {
-        self.grad = (&self.grad + g.to_dtype(STATE_DTYPE)?)?;
+        if !crate::kernels::adamw::accumulate(&self.grad, g)? {
+            self.grad = (&self.grad + g.to_dtype(STATE_DTYPE)?)?;
+        }
         Ok(())
     }
 
-    /// Sum of squared gradient elements, in f64.
+    /// Sum of squared gradient elements (accumulated in f64 on the CPU, in f32 elsewhere).
     pub(crate) fn grad_sq_sum(&self) -> Result<f64> {
+        if let Some(s) = crate::kernels::adamw::sq_sum(&self.grad) {
+            return Ok(s);
+        }
         let s = self.grad.to_dtype(DType::F32)?.sqr()?.sum_all()?;
         Ok(f64::from(s.to_scalar::<f32>()?))
+    }
+
+    /// Zeroes the accumulated gradient: in place on the CPU, a new tensor elsewhere.
+    pub(crate) fn zero_grad(&mut self) -> Result<()> {
+        if !crate::kernels::adamw::zero(&self.grad)? {
+            self.grad = self.grad.zeros_like()?;
+        }
+        Ok(())
     }
 }

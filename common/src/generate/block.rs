@@ -61,7 +61,7 @@ pub struct VOffsets {
 impl VOffsets {
     /// V-Min (App. F, Table 8): all offsets 1; δ(F_1¹, B_1¹) = 3 when `d ≡ 0 (mod 3)`.
     pub fn v_min(d: u32) -> VOffsets {
-        let turn_fb = if d % 3 == 0 { 3 } else { 1 };
+        let turn_fb = if d.is_multiple_of(3) { 3 } else { 1 };
         VOffsets {
             f_down: 1,
             f_up: 1,
@@ -77,7 +77,7 @@ impl VOffsets {
     /// V-Half (App. F, Table 9): δ⁰ = 2 down, δ¹ = 1 up; the turns are (2, 4, 1) for even
     /// `d` and (2, 1, 1) for odd `d`.
     pub fn v_half(d: u32) -> VOffsets {
-        let turn_fb = if d % 2 == 0 { 4 } else { 1 };
+        let turn_fb = if d.is_multiple_of(2) { 4 } else { 1 };
         VOffsets {
             f_down: 2,
             f_up: 1,

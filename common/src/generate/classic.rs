@@ -145,7 +145,7 @@ pub(crate) fn interleaved(d: u32, n: u32, v: u32) -> Result<Schedule> {
             reason: "must be at least 1".into(),
         });
     }
-    if v > 1 && n % d != 0 {
+    if v > 1 && !n.is_multiple_of(d) {
         return Err(Error::Unsupported {
             schedule: "interleaved-1f1b".into(),
             reason: format!(

@@ -19,11 +19,10 @@
 //! not depend on the thread count.
 #![allow(unsafe_code)]
 
-use std::sync::OnceLock;
-
 use rayon::prelude::*;
 
 use super::attention_tile::{self as tile, Causal};
+use super::simd;
 
 /// Query rows and keys per tile: a `TILE × TILE` score tile and a `TILE × hd` output tile
 /// (16 KiB each at hd = 64) stay in L1/L2. Query and key tiles must be the same size and
@@ -82,35 +81,7 @@ unsafe impl Send for SharedMut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedMut {}
 
-/// The instruction set the element-wise code is compiled for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Level {
-    Plain,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-/// The best level this CPU has, detected once.
-pub(crate) fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-            {
-                return Level::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Level::Avx2;
-            }
-        }
-        Level::Plain
-    })
-}
+pub(crate) use super::simd::{Level, level};
 
 /// What the generic kernel code needs of an instruction set: its multiply-add (fused where
 /// FMA is enabled; `mul_add` would be a libm call otherwise, hence the plain variant) and
@@ -163,32 +134,6 @@ impl Isa for Avx512 {
 /// (AVX2) vector operations.
 const LANES: usize = 16;
 
-// merge: replace with kernels::simd
-/// `e^x`, Cephes' `expf` scheme: `x = n·ln2 + r` with `|r| ≤ ln2/2` (Cody-Waite split
-/// constant), a degree-7 polynomial for `e^r`, `2^n` from the exponent bits. Relative error
-/// about 1 ulp; 0 below `e^-87.3` (the smallest normal), clamped at `x = 88`.
-#[inline(always)]
-fn exp1<I: Isa>(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const LO: f32 = -87.336_55;
-    // 1.5·2²³: adding and subtracting it rounds to the nearest integer (no `round` call).
-    const SHIFTER: f32 = 12_582_912.0;
-    let xc = x.clamp(LO, 88.0);
-    let n = I::fma(xc, LOG2E, SHIFTER) - SHIFTER;
-    let r = I::fma(n, -LN2_LO, I::fma(n, -LN2_HI, xc));
-    let mut p = 1.987_569_1e-4;
-    p = I::fma(p, r, 1.398_199_9e-3);
-    p = I::fma(p, r, 8.333_452e-3);
-    p = I::fma(p, r, 4.166_579_6e-2);
-    p = I::fma(p, r, 1.666_666_5e-1);
-    p = I::fma(p, r, 5.000_000_1e-1);
-    let e = I::fma(p, r * r, r) + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if x < LO { 0.0 } else { e * scale }
-}
-
 /// `row[i] = e^(row[i] − sub)`, vectorised.
 #[inline(always)]
 pub(crate) fn exp_sub<I: Isa>(row: &mut [f32], sub: f32) {
@@ -196,11 +141,11 @@ pub(crate) fn exp_sub<I: Isa>(row: &mut [f32], sub: f32) {
     for c in &mut chunks {
         let c: &mut [f32; LANES] = c.try_into().expect("LANES elements");
         for x in c.iter_mut() {
-            *x = exp1::<I>(*x - sub);
+            *x = simd::exp(*x - sub);
         }
     }
     for x in chunks.into_remainder() {
-        *x = exp1::<I>(*x - sub);
+        *x = simd::exp(*x - sub);
     }
 }
 
@@ -403,11 +348,11 @@ macro_rules! dispatch {
             // SAFETY: the features were detected by `level`; the rest is the caller's contract.
             unsafe {
                 match level {
-                    Level::Plain => $body::<Plain>($($arg,)* sc),
                     #[cfg(target_arch = "x86_64")]
                     Level::Avx2 => avx2($($arg,)* sc),
                     #[cfg(target_arch = "x86_64")]
                     Level::Avx512 => avx512($($arg,)* sc),
+                    _ => $body::<Plain>($($arg,)* sc),
                 }
             }
         }
@@ -431,7 +376,7 @@ pub(crate) fn forward(qkv: &[f32], y: &mut [f32], lse: &mut [f32], sh: Shape, th
 /// The levels this CPU runs, best last (the tests check each).
 #[cfg(test)]
 pub(crate) fn levels() -> Vec<Level> {
-    let mut out = vec![Level::Plain];
+    let mut out = vec![Level::Baseline];
     #[cfg(target_arch = "x86_64")]
     {
         if matches!(level(), Level::Avx2 | Level::Avx512) {

@@ -1,44 +1,164 @@
-//! Reading candle's CPU storage as plain f32 slices, and deciding when the kernels apply.
+//! Access to the f32 data of contiguous CPU tensors, and the split of rows over threads,
+//! shared by the stage kernels.
+//!
+//! Reading goes through [`Tensor::storage_and_layout`] (a read lock on the storage); writing
+//! in place through [`with_f32_mut`], a candle [`InplaceOp1`] whose `cpu_fwd` hands the
+//! slice to a closure, so no `unsafe` is needed. A tensor is on the fast path when it is on
+//! the CPU, f32 and contiguous; the callers keep candle's ops for everything else.
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
+use std::cell::RefCell;
 
-/// Whether every tensor is f32 on the CPU: the kernels' domain (everything else, bf16 and
-/// CUDA, runs the candle-op path of `ops`).
-pub(crate) fn applies(tensors: &[&Tensor]) -> bool {
-    tensors
-        .iter()
-        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu())
+use candle_core::{CpuStorage, DType, Layout, Shape, Storage, Tensor};
+
+use crate::error::Result;
+
+/// Whether every tensor is f32, on the CPU and contiguous (the kernels' fast path).
+pub(crate) fn all_f32_cpu(ts: &[&Tensor]) -> bool {
+    ts.iter().all(|t| {
+        t.dtype() == DType::F32 && t.device().is_cpu() && t.layout().contiguous_offsets().is_some()
+    })
 }
 
-/// The elements of a contiguous f32 CPU storage under `layout`.
-pub(crate) fn f32_slice<'a>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-    name: &str,
-) -> candle_core::Result<&'a [f32]> {
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg(format!("{name} is not contiguous")))?;
-    match storage {
-        CpuStorage::F32(v) => Ok(&v[start..end]),
-        other => candle_core::bail!("{name} is {:?}, not f32", other.dtype()),
+/// Runs `f` on the elements of `t`, a contiguous f32 CPU tensor (`None` otherwise), holding
+/// a read lock on its storage meanwhile.
+pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Some(f(&v[a..b])),
+        _ => None,
     }
 }
 
-/// [`f32_slice`] of a tensor's storage as `storage_and_layout` lends it, checking its length.
+/// As [`with_f32`], for a u32 tensor (token ids).
+pub(crate) fn with_u32<R>(t: &Tensor, f: impl FnOnce(&[u32]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::U32(v)), Some((a, b))) => Some(f(&v[a..b])),
+        _ => None,
+    }
+}
+
+/// The address of the buffer behind a contiguous f32 CPU tensor (its storage's, whatever
+/// the tensor's offset in it), to tell whether two tensors share a storage (and its lock)
+/// before locking both.
+pub(crate) fn f32_addr(t: &Tensor) -> Option<usize> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(v)), Some(_)) => Some(v.as_ptr() as usize),
+        _ => None,
+    }
+}
+
+/// Whether the tensors are all on the fast path and no two share a storage (so each may be
+/// locked while the others are).
+pub(crate) fn distinct_f32(ts: &[&Tensor]) -> bool {
+    let mut addrs = Vec::with_capacity(ts.len());
+    for t in ts {
+        match f32_addr(t) {
+            Some(a) if !addrs.contains(&a) => addrs.push(a),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// An [`InplaceOp1`] that lends the storage's f32 slice to a closure, once.
+struct Lend<F>(RefCell<Option<F>>);
+
+impl<F: FnOnce(&mut [f32])> candle_core::InplaceOp1 for Lend<F> {
+    fn name(&self) -> &'static str {
+        "pipewise-lend-f32"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let (CpuStorage::F32(v), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("pipewise-lend-f32: not a contiguous f32 tensor")
+        };
+        if let Some(f) = self.0.borrow_mut().take() {
+            f(&mut v[a..b]);
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f` on the elements of `t` (a contiguous f32 CPU tensor) with write access, under
+/// its storage's write lock: every tensor sharing `t`'s buffer sees the change. Returns
+/// `None` (without running `f`) where `t` is not on the fast path. Nesting calls on tensors
+/// that share a buffer would deadlock: callers compare [`f32_addr`]s first.
+pub(crate) fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<Option<R>> {
+    if !all_f32_cpu(&[t]) {
+        return Ok(None);
+    }
+    let mut out = None;
+    let lend = Lend(RefCell::new(Some(|s: &mut [f32]| out = Some(f(s)))));
+    t.inplace_op1(&lend)?;
+    drop(lend);
+    Ok(out)
+}
+
+/// A CPU f32 tensor of `shape` holding `v` (no copy).
+pub(crate) fn tensor(v: Vec<f32>, shape: impl Into<Shape>) -> Result<Tensor> {
+    Ok(Tensor::from_vec(v, shape, &candle_core::Device::Cpu)?)
+}
+
+/// Rows below which one thread does the work (a rayon task costs a few µs).
+pub(crate) const PAR_MIN_ROWS: usize = 64;
+
+/// The threads the kernels may use: the current rayon pool's inside one (so a test can
+/// `install` a pool of 1 or 2), else candle's count (`RAYON_NUM_THREADS`), without touching
+/// rayon's global pool when that is 1.
+pub(crate) fn threads() -> usize {
+    if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        candle_core::utils::get_num_threads()
+    }
+}
+
+/// Columns per rayon task for a reduction over `rows` of `cols` columns (each task sums
+/// whole columns, in row order, so the split never changes a result), or `None` to stay on
+/// this thread. Blocks are a multiple of 16 columns (a cache line).
+pub(crate) fn cols_per_task(rows: usize, cols: usize) -> Option<usize> {
+    let t = threads();
+    (t > 1 && rows >= PAR_MIN_ROWS && cols >= 128)
+        .then(|| cols.div_ceil(t).next_multiple_of(16).max(64))
+}
+
+/// Rows per rayon task for `rows` independent rows, or `None` to stay on this thread (one
+/// thread, or too few rows). Rows are computed the same way whoever computes them, so the
+/// split never changes a result.
+pub(crate) fn rows_per_task(rows: usize) -> Option<usize> {
+    let t = threads();
+    (t > 1 && rows >= PAR_MIN_ROWS).then(|| rows.div_ceil(4 * t).max(16))
+}
+
+/// The elements of `s` under a contiguous `l` inside a [`candle_core::CustomOp1`]-style
+/// `cpu_fwd`; an error naming `op` where it is not contiguous f32.
+pub(crate) fn storage_f32<'a>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    op: &str,
+) -> candle_core::Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
+        _ => candle_core::bail!("{op}: expects a contiguous f32 CPU tensor"),
+    }
+}
+
+/// [`storage_f32`] of a tensor's storage as [`Tensor::storage_and_layout`] lends it, checking
+/// its length; an error naming `name` otherwise.
 pub(crate) fn storage_slice<'a>(
-    storage: &'a Storage,
-    layout: &Layout,
+    s: &'a Storage,
+    l: &Layout,
     name: &str,
     len: usize,
 ) -> candle_core::Result<&'a [f32]> {
-    let s = match storage {
-        Storage::Cpu(s) => f32_slice(s, layout, name)?,
-        _ => candle_core::bail!("{name} is not on the CPU"),
+    let v = match s {
+        Storage::Cpu(s) => storage_f32(s, l, name)?,
+        _ => candle_core::bail!("{name}: expects a contiguous f32 CPU tensor"),
     };
-    if s.len() != len {
-        candle_core::bail!("{name} has {} elements, expected {len}", s.len());
+    if v.len() != len {
+        candle_core::bail!("{name} has {} elements, expected {len}", v.len());
     }
-    Ok(s)
+    Ok(v)
 }

@@ -14,7 +14,7 @@
 use candle_core::{CpuStorage, CustomOp2, InplaceOp3, Layout, Shape, Tensor};
 use gemm::Parallelism;
 
-use super::cpu::{f32_slice, storage_slice};
+use super::cpu::{storage_f32, storage_slice, threads};
 use crate::error::Result;
 
 /// The instruction set `gemm`'s f32 micro-kernels use on this CPU.
@@ -36,10 +36,9 @@ pub(crate) fn isa() -> &'static str {
     }
 }
 
-/// `Parallelism::Rayon` over the current rayon pool (`RAYON_NUM_THREADS`, as candle reads
-/// it), or none on one thread.
+/// `Parallelism::Rayon` over the kernels' thread count, or none on one thread.
 fn parallelism() -> Parallelism {
-    match rayon::current_num_threads() {
+    match threads() {
         0 | 1 => Parallelism::None,
         n => Parallelism::Rayon(n),
     }
@@ -118,7 +117,7 @@ impl CustomOp2 for Linear<'_> {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w) = (f32_slice(xs, xl, "x")?, f32_slice(ws, wl, "w")?);
+        let (x, w) = (storage_f32(xs, xl, "x")?, storage_f32(ws, wl, "w")?);
         let ((rows, inner), (inner_w, cols)) = (dims2(xl, self.name())?, dims2(wl, self.name())?);
         if inner != inner_w {
             candle_core::bail!("pipewise-linear: x is [{rows}, {inner}], w is [{inner_w}, {cols}]");
@@ -192,7 +191,7 @@ impl CustomOp2 for GradInput {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (dy, w) = (f32_slice(ds, dl, "dy")?, f32_slice(ws, wl, "w")?);
+        let (dy, w) = (storage_f32(ds, dl, "dy")?, storage_f32(ws, wl, "w")?);
         let ((rows, out), (inner, out_w)) = (dims2(dl, self.name())?, dims2(wl, self.name())?);
         if out != out_w {
             candle_core::bail!(
@@ -247,7 +246,7 @@ impl InplaceOp3 for AccumulateGradWeight {
                 gl.dims()
             );
         }
-        let (x, dy) = (f32_slice(xs, xl, "x")?, f32_slice(ds, dl, "dy")?);
+        let (x, dy) = (storage_f32(xs, xl, "x")?, storage_f32(ds, dl, "dy")?);
         let (start, end) = gl.contiguous_offsets().ok_or_else(|| {
             candle_core::Error::Msg(format!("{}: grad not contiguous", self.name()))
         })?;

@@ -1,18 +1,45 @@
-//! The stage kernels on the CPU (f32): fused, vectorised passes behind `ops`' fast path,
-//! one op per file, as candle custom ops where an op has one output. bf16 and CUDA keep the
-//! candle-op path of `ops`. Unsafe code is allowed here (each file says so); each unsafe
-//! block has its reason.
+//! The stage kernels: fused, vectorised CPU code for what is not a GEMM, on contiguous f32
+//! CPU tensors (the callers in `ops`, `optim` and `param` keep candle's ops, also the tests'
+//! reference, for other dtypes and devices).
 //!
-//! - `cpu`: reading candle's CPU storage as slices; when the kernels apply.
-//! - `matmul`: linear layers on `gemm` (bias and residual folded, weight gradients
-//!   accumulated in place).
-//! - `attention`, `attention_backward`, `attention_tile`: flash-style causal attention.
+//! - [`simd`]: run-time ISA dispatch ([`simd::multiversion`]), lane-wise `exp` / `tanh`,
+//!   fixed-order reductions.
+//! - [`cpu`]: f32 slices of CPU tensors (read, and write in place) and the split of rows or
+//!   columns over rayon threads (results never depend on the thread count).
+//! - [`gelu`], [`layer_norm`], [`cross_entropy`]: forward and input gradient (and
+//!   LayerNorm's weight gradient).
+//! - [`reduce`]: sums over tokens (bias gradients).
+//! - [`adamw`]: the fused AdamW update, gradient accumulation, norm and zeroing, in place.
+//! - [`matmul`]: linear layers on `gemm` (bias and residual folded into the product, weight
+//!   gradients accumulated in place), as candle custom ops.
+//! - [`attention`], [`attention_backward`], [`attention_tile`]: flash-style causal
+//!   attention (online softmax over key tiles, no `t × t` stash).
 
+pub(crate) mod adamw;
 pub(crate) mod attention;
 pub(crate) mod attention_backward;
-pub(crate) mod attention_tile;
-pub(crate) mod cpu;
-pub(crate) mod matmul;
-
 #[cfg(test)]
 mod attention_tests;
+pub(crate) mod attention_tile;
+pub(crate) mod cpu;
+pub(crate) mod cross_entropy;
+pub(crate) mod gelu;
+pub(crate) mod layer_norm;
+pub(crate) mod matmul;
+pub(crate) mod reduce;
+pub(crate) mod simd;
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod timing;
+
+/// The instruction sets the CPU kernels take on this machine, for benchmarks and logs (e.g.
+/// `GEMM AVX2+FMA, element-wise and attention AVX2`).
+pub fn in_use() -> String {
+    let level = match simd::level() {
+        simd::Level::Avx512 => "AVX-512",
+        simd::Level::Avx2 => "AVX2",
+        simd::Level::Baseline => "baseline (no AVX2)",
+    };
+    format!("GEMM {}, element-wise and attention {level}", matmul::isa())
+}

@@ -586,7 +586,7 @@ impl Assembly {
             ));
         }
         let element_bytes = self.dtype.size_in_bytes();
-        if data.len() % element_bytes != 0 {
+        if !data.len().is_multiple_of(element_bytes) {
             return Err(Rejection::new(
                 "data",
                 format!(

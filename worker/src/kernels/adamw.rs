@@ -1,0 +1,233 @@
+//! The optimizer-side kernels on a parameter's f32 state, all in place (no allocation):
+//! the fused AdamW update (one pass over value, gradient and moments), gradient
+//! accumulation, the gradient's squared norm and zeroing it.
+//!
+//! In place through [`with_f32_mut`] (a candle in-place op), which every tensor sharing the
+//! buffer sees: a [`Param`]'s tensors own their buffers (`Param::new` allocates each, and
+//! nothing keeps clones of them across a step). Each kernel first checks that the tensors it
+//! locks together are distinct storages ([`distinct_f32`]), and declines otherwise (the
+//! caller falls back to candle's ops).
+
+use candle_core::{DType, Tensor};
+
+use super::cpu::{all_f32_cpu, distinct_f32, with_f32, with_f32_mut};
+use super::simd::{self, multiversion};
+use crate::error::Result;
+use crate::optim::AdamW;
+use crate::param::Param;
+
+/// The f32 constants of one update, rounded from f64 exactly as candle's `affine` rounds its
+/// arguments, so the kernel repeats the reference's f32 arithmetic.
+#[derive(Debug, Clone, Copy)]
+struct Consts {
+    scale: f32,
+    beta1: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    inv_bc1: f32,
+    inv_bc2: f32,
+    eps: f32,
+    lr: f32,
+    /// `1 − lr·decay`, or `None` without decay.
+    shrink: Option<f32>,
+}
+
+impl Consts {
+    fn new(cfg: &AdamW, step: u64, grad_scale: f64, decay: bool) -> Self {
+        let exp = i32::try_from(step).unwrap_or(i32::MAX);
+        let bc1 = 1.0 - cfg.beta1.powi(exp);
+        let bc2 = 1.0 - cfg.beta2.powi(exp);
+        Self {
+            scale: grad_scale as f32,
+            beta1: cfg.beta1 as f32,
+            one_minus_beta1: (1.0 - cfg.beta1) as f32,
+            beta2: cfg.beta2 as f32,
+            one_minus_beta2: (1.0 - cfg.beta2) as f32,
+            inv_bc1: (1.0 / bc1) as f32,
+            inv_bc2: (1.0 / bc2) as f32,
+            eps: cfg.eps as f32,
+            lr: cfg.lr as f32,
+            shrink: (decay && cfg.weight_decay != 0.0)
+                .then_some((1.0 - cfg.lr * cfg.weight_decay) as f32),
+        }
+    }
+}
+
+multiversion! {
+    /// One AdamW step over `w` (value or master copy), `m`, `v` with gradient `g`.
+    fn step(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: Consts) {
+        let shrink = c.shrink.unwrap_or(1.0);
+        let decay = c.shrink.is_some();
+        for (((wv, &gv), mv), vv) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let g = gv * c.scale;
+            let m = *mv * c.beta1 + g * c.one_minus_beta1;
+            let v = *vv * c.beta2 + (g * g) * c.one_minus_beta2;
+            let denom = (v * c.inv_bc2).sqrt() + c.eps;
+            let adam = (m * c.inv_bc1) / denom;
+            let x = if decay { *wv * shrink } else { *wv };
+            *wv = x - adam * c.lr;
+            *mv = m;
+            *vv = v;
+        }
+    }
+}
+
+multiversion! {
+    fn add(acc: &mut [f32], g: &[f32]) {
+        for (a, &x) in acc.iter_mut().zip(g) {
+            *a += x;
+        }
+    }
+}
+
+multiversion! {
+    fn sum_sq(g: &[f32]) -> f64 {
+        simd::sum_sq_f64(g)
+    }
+}
+
+/// One AdamW update of `p` in place where its f32 state is on the CPU (the value of an f32
+/// parameter or the master copy of a narrower one, `grad`, `m`, `v`: contiguous, distinct
+/// storages); a narrower value is then its master copy rounded. Zeroes the gradient. Returns
+/// `false`, having changed nothing, where that does not hold.
+pub(crate) fn update(p: &mut Param, cfg: &AdamW, step_no: u64, grad_scale: f64) -> Result<bool> {
+    let target = p.master.as_ref().unwrap_or(&p.value);
+    let n = p.grad.elem_count();
+    if [target, &p.m, &p.v].iter().any(|t| t.elem_count() != n)
+        || !distinct_f32(&[target, &p.grad, &p.m, &p.v])
+    {
+        return Ok(false);
+    }
+    let c = Consts::new(cfg, step_no, grad_scale, p.decay);
+    let done = with_f32(&p.grad, |g| -> Result<bool> {
+        let m_done = with_f32_mut(&p.m, |m| -> Result<bool> {
+            let v_done = with_f32_mut(&p.v, |v| -> Result<bool> {
+                Ok(with_f32_mut(target, |w| step(w, g, m, v, c))?.is_some())
+            })?;
+            Ok(v_done.transpose()?.unwrap_or(false))
+        })?;
+        Ok(m_done.transpose()?.unwrap_or(false))
+    })
+    .transpose()?
+    .unwrap_or(false);
+    if !done {
+        return Ok(false);
+    }
+    if let Some(master) = &p.master {
+        p.value = master.to_dtype(p.value.dtype())?;
+    }
+    p.zero_grad()?;
+    Ok(true)
+}
+
+/// `acc += g` in place (`g` converted to f32 first if narrower) where `acc` is a contiguous
+/// f32 CPU tensor with its own storage; `false`, having changed nothing, otherwise.
+pub(crate) fn accumulate(acc: &Tensor, g: &Tensor) -> Result<bool> {
+    if acc.elem_count() != g.elem_count() || !g.device().is_cpu() {
+        return Ok(false);
+    }
+    let wide;
+    let g = if g.dtype() == DType::F32 {
+        g
+    } else {
+        wide = g.to_dtype(DType::F32)?;
+        &wide
+    };
+    let packed;
+    let g = if all_f32_cpu(&[g]) {
+        g
+    } else {
+        packed = g.contiguous()?;
+        &packed
+    };
+    if !distinct_f32(&[acc, g]) {
+        return Ok(false);
+    }
+    Ok(with_f32(g, |g| with_f32_mut(acc, |a| add(a, g)))
+        .transpose()?
+        .flatten()
+        .is_some())
+}
+
+/// `Σ g²` in f64 of a contiguous f32 CPU tensor (`None` otherwise).
+pub(crate) fn sq_sum(g: &Tensor) -> Option<f64> {
+    with_f32(g, sum_sq)
+}
+
+/// Sets a contiguous f32 CPU tensor to zeros in place; `false` otherwise.
+pub(crate) fn zero(t: &Tensor) -> Result<bool> {
+    Ok(with_f32_mut(t, |s| s.fill(0.0))?.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+    use crate::kernels::testing::{awkward, flat};
+    use crate::param::Init;
+
+    fn param(n: usize, dtype: DType, decay: bool) -> Result<Param> {
+        Param::new(
+            "w".into(),
+            &[n],
+            Init::Normal(0.5),
+            decay,
+            3,
+            dtype,
+            &Device::Cpu,
+        )
+    }
+
+    /// Three steps with awkward gradients, in place, against `optim::update_candle` on a
+    /// copy: the same f32 operations in the same order, so the same values (±0 aside).
+    #[test]
+    fn fused_update_repeats_the_reference_arithmetic() -> Result<()> {
+        let cfg = AdamW::default();
+        for (dtype, decay, n) in [
+            (DType::F32, true, 67),
+            (DType::F32, false, 1000),
+            (DType::BF16, true, 37),
+        ] {
+            let mut fused = param(n, dtype, decay)?;
+            let mut reference = param(n, dtype, decay)?;
+            for step_no in 1..=3 {
+                let g = awkward(1, n, 0.1, step_no)?.flatten_all()?;
+                for p in [&mut fused, &mut reference] {
+                    p.accumulate(&g)?;
+                }
+                assert!(update(&mut fused, &cfg, step_no, 0.7)?);
+                crate::optim::update_candle(&mut reference, &cfg, step_no, 0.7)?;
+                for (a, b) in [
+                    (&fused.value, &reference.value),
+                    (&fused.m, &reference.m),
+                    (&fused.v, &reference.v),
+                    (&fused.grad, &reference.grad),
+                ] {
+                    assert_eq!(flat(a)?, flat(b)?, "{dtype:?} step {step_no}");
+                }
+                if let (Some(a), Some(b)) = (&fused.master, &reference.master) {
+                    assert_eq!(flat(a)?, flat(b)?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tensors sharing a storage are declined rather than locked twice.
+    #[test]
+    fn shared_storages_are_declined() -> Result<()> {
+        let mut p = param(5, DType::F32, true)?;
+        p.v = p.m.clone();
+        assert!(!update(&mut p, &AdamW::default(), 1, 1.0)?);
+        let t = Tensor::ones(4, DType::F32, &Device::Cpu)?;
+        assert!(!accumulate(&t, &t)?);
+        assert!(accumulate(&t, &t.ones_like()?)?);
+        assert_eq!(flat(&t)?, vec![2.0; 4]);
+        assert_eq!(sq_sum(&t), Some(16.0));
+        assert!(zero(&t)?);
+        assert_eq!(flat(&t)?, vec![0.0; 4]);
+        Ok(())
+    }
+}
