@@ -452,10 +452,10 @@ impl Stage {
         Ok(())
     }
 
-    /// Drops the accumulated gradients.
+    /// Drops the accumulated gradients (in place on the CPU).
     pub fn zero_grad(&mut self) -> Result<()> {
         for p in self.params_mut() {
-            p.grad = p.grad.zeros_like()?;
+            p.zero_grad()?;
         }
         Ok(())
     }
