@@ -29,6 +29,9 @@ what a PyTorch user writes; pipewise's job is bench/job.toml.
 --device cuda runs row (a) on the GPU on both sides (pipewise built with --features cuda);
 rows (b) and (c) are CPU rows and are left out unless --rows names them.
 
+For the CPU rows it also prints PyTorch's single-thread f32 GEMM rate (2048^3) and each side's
+CPU MFU against it (achieved FLOP/s, the issue's count, over that rate times the threads).
+
 Other work on the machine skews every figure; the load average is printed.
 """
 
@@ -348,6 +351,29 @@ def tokens_per_s(result, warmup):
     return TOKENS_PER_STEP / statistics.median(timed), statistics.median(timed)
 
 
+def step_flops():
+    """Training FLOPs of a step, the issue's count: 6 * (parameters outside the embeddings)
+    * tokens + 12 * blocks * seq * hidden * tokens (attention scores and weighted sum)."""
+    params = BLOCKS * (12 * HIDDEN * HIDDEN + 13 * HIDDEN) + 2 * HIDDEN + HIDDEN * VOCAB
+    return 6 * params * TOKENS_PER_STEP + 12 * BLOCKS * SEQ * HIDDEN * TOKENS_PER_STEP
+
+
+def torch_gemm_rate():
+    """PyTorch's single-thread f32 GEMM rate at 2048^3 (GFLOP/s, median of 5), in this child
+    process pinned to core 0."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return {"gflops": 2 * 2048**3 / statistics.median(times) / 1e9}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pipewise", default="target/release/pipewise", help="the pipewise binary")
@@ -358,7 +384,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     ap.add_argument("--_eager", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_pp", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--_gemm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    if args._gemm:
+        print("RESULT " + json.dumps(torch_gemm_rate()), flush=True)
+        return
 
     if args._eager is not None:
         print("RESULT " + json.dumps(run_eager(args._eager, args.device, args.steps)), flush=True)
@@ -385,6 +416,13 @@ def main():
     print(f"CPU: {cpu}, {ncpu} cores; load average {open('/proc/loadavg').read().split()[:3]}")
     print(f"{args.steps} steps a run, the first {args.warmup} left out; tokens/s of the median step")
     table = []
+    gemm = None
+    if not cuda:
+        out = subprocess.run(self_cmd(args, "--_gemm"), env=thread_env(1), preexec_fn=pinned({0}),
+                             capture_output=True, text=True, timeout=args.timeout)
+        gemm = parse_result(out.stdout, "PyTorch GEMM")["gflops"]
+        print(f"PyTorch's 1-thread f32 GEMM (2048^3): {gemm:.1f} GFLOP/s; a step is "
+              f"{step_flops() / 1e9:.1f} GFLOP; MFU below = achieved / (that rate x threads)")
     with tempfile.TemporaryDirectory(prefix="pipewise-bench-") as tmp:
         for row in rows:
             if row == "a":
@@ -405,11 +443,17 @@ def main():
             print(f"{label}: PyTorch {t_med * 1e3:.0f} ms/step (threads {t['threads']}, loss "
                   f"{t['loss'][0]:.3f}->{t['loss'][-1]:.3f}), pipewise {p_med * 1e3:.0f} ms/step "
                   f"(loss {p['loss'][0]:.3f}->{p['loss'][-1]:.3f})", flush=True)
-            table.append((label, t_tps, p_tps))
+            threads = {"a": 1, "b": 2, "c": ncpu}[row]
+            table.append((label, t_tps, p_tps, threads))
     print()
-    print(f"{'row':<40} {'PyTorch tok/s':>14} {'pipewise tok/s':>15} {'pipewise/PyTorch':>17}")
-    for label, t_tps, p_tps in table:
-        print(f"{label:<40} {t_tps:>14.0f} {p_tps:>15.0f} {p_tps / t_tps:>17.2f}")
+    print(f"{'row':<40} {'PyTorch tok/s':>14} {'pipewise tok/s':>15} {'pipewise/PyTorch':>17}"
+          + ("   MFU PyTorch  MFU pipewise" if gemm else ""))
+    for label, t_tps, p_tps, threads in table:
+        mfu = ""
+        if gemm and not (cuda and label.startswith("(a)")):
+            per_token = step_flops() / TOKENS_PER_STEP / 1e9
+            mfu = f"   {t_tps * per_token / (gemm * threads):11.2f}  {p_tps * per_token / (gemm * threads):12.2f}"
+        print(f"{label:<40} {t_tps:>14.0f} {p_tps:>15.0f} {p_tps / t_tps:>17.2f}{mfu}")
 
 
 if __name__ == "__main__":
