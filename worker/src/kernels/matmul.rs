@@ -54,9 +54,9 @@ struct Operand {
 
 /// Output rows (or columns) per block, about: a product is cut along its longer side into
 /// blocks of this size, fixed by its shape alone, and the blocks are shared among threads.
-/// Each block is one single-threaded GEMM, so no element's sum depends on the thread count;
-/// and two threads on two blocks ran 1.1–1.5x faster here than `gemm`'s own threading
-/// (which splits finer and synchronises more) at the model's shapes.
+/// No element's sum depends on the thread count; two threads on two single-threaded blocks
+/// ran 1.1–1.5x faster here than `gemm`'s own threading (which splits finer and synchronises
+/// more) at the model's shapes. With more threads than blocks, each block is threaded too.
 const BLOCK: usize = 256;
 
 /// `dst = (read ? dst : 0) + lhs·rhs` for an `m × k` lhs and a `k × n` rhs.
@@ -91,7 +91,7 @@ unsafe fn product(
     let count = long.div_ceil(size);
     // Addresses as integers, so the closure is `Send`; the blocks are disjoint.
     let (dst_at, lhs_at, rhs_at) = (dst as usize, lhs.ptr as usize, rhs.ptr as usize);
-    let block = |i: usize| {
+    let block = |i: usize, par: Parallelism| {
         let start = i * size;
         let len = size.min(long - start);
         let dst = dst_at as *mut f32;
@@ -106,22 +106,29 @@ unsafe fn product(
                     ..lhs
                 };
                 let rhs = Operand { ptr: rhs_p, ..rhs };
-                one((len, n), dst.add(start * n), lhs, rhs, Parallelism::None);
+                one((len, n), dst.add(start * n), lhs, rhs, par);
             } else {
                 let lhs = Operand { ptr: lhs_p, ..lhs };
                 let rhs = Operand {
                     ptr: rhs_p.offset(start as isize * rhs.cs),
                     ..rhs
                 };
-                one((m, len), dst.add(start), lhs, rhs, Parallelism::None);
+                one((m, len), dst.add(start), lhs, rhs, par);
             }
         }
     };
-    if threads() > 1 {
-        use rayon::prelude::*;
-        (0..count).into_par_iter().for_each(block);
-    } else {
-        (0..count).for_each(block);
+    match threads() {
+        0 | 1 => (0..count).for_each(|i| block(i, Parallelism::None)),
+        t => {
+            use rayon::prelude::*;
+            // More threads than blocks (a many-core CPU): each block also uses gemm's own
+            // threads, which split its output too (the bits stay those of one thread).
+            let inner = match t / count {
+                0 | 1 => Parallelism::None,
+                n => Parallelism::Rayon(n),
+            };
+            (0..count).into_par_iter().for_each(|i| block(i, inner));
+        }
     }
 }
 
@@ -380,10 +387,11 @@ mod tests {
         Ok(())
     }
 
-    /// Two threads give the bits of one: gemm splits the output, not the inner dimension.
+    /// Any thread count gives the bits of one: the output is split, never the inner dimension.
     #[test]
     fn threads_do_not_change_the_bits() -> Result<()> {
-        // One block (gemm's own threads) and three blocks (one thread each).
+        // One block (gemm's own threads), and three blocks (one thread each, or threaded
+        // inside with 8 threads).
         for (rows, cols) in [(300, 130), (96, 800)] {
             let x = random((rows, 96), 7)?;
             let w = random((96, cols), 8)?;
@@ -394,8 +402,10 @@ mod tests {
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))
             };
             let one = pool(1)?.install(|| linear(&x, &w, None, None))?;
-            let two = pool(2)?.install(|| linear(&x, &w, None, None))?;
-            assert_eq!(one.to_vec2::<f32>()?, two.to_vec2::<f32>()?);
+            for n in [2, 3, 8] {
+                let many = pool(n)?.install(|| linear(&x, &w, None, None))?;
+                assert_eq!(one.to_vec2::<f32>()?, many.to_vec2::<f32>()?, "{n} threads");
+            }
             assert_eq!(one.dtype(), DType::F32);
         }
         Ok(())
