@@ -11,11 +11,11 @@
 //! branches serve every other dtype and device (CUDA included), and are the reference the
 //! kernels are tested against.
 
-use candle_core::{CpuStorage, D, DType, Device, Storage, Tensor};
+use candle_core::{D, DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::kernels::attention::Shape;
-use crate::kernels::cpu::all_f32_cpu;
+use crate::kernels::cpu::{self, all_f32_cpu};
 use crate::kernels::{self, matmul};
 use crate::param::Param;
 
@@ -280,31 +280,6 @@ pub(crate) fn softmax_last(s: &Tensor) -> Result<Tensor> {
     Ok(e.broadcast_div(&sum)?.to_dtype(s.dtype())?)
 }
 
-/// A contiguous f32 CPU tensor's elements, borrowed (`G` is candle's storage read guard).
-struct F32View<G> {
-    storage: G,
-    range: std::ops::Range<usize>,
-}
-
-/// `t`'s elements if it is f32, on the CPU and contiguous.
-fn f32_view(t: &Tensor) -> Option<F32View<impl std::ops::Deref<Target = Storage> + '_>> {
-    let (storage, layout) = t.storage_and_layout();
-    let (start, end) = layout.contiguous_offsets()?;
-    matches!(&*storage, Storage::Cpu(CpuStorage::F32(_))).then_some(F32View {
-        storage,
-        range: start..end,
-    })
-}
-
-impl<G: std::ops::Deref<Target = Storage>> F32View<G> {
-    fn slice(&self) -> &[f32] {
-        match &*self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.clone()],
-            _ => &[],
-        }
-    }
-}
-
 /// The kernel's sizes for `qkv: [N, 3h]` cut into `heads`.
 fn attention_shape(qkv: &Tensor, (b, t, heads): (usize, usize, usize)) -> Result<Shape> {
     let (n, h3) = qkv.dims2()?;
@@ -335,15 +310,17 @@ pub(crate) fn attention(
     mask: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let sh = attention_shape(qkv, dims)?;
-    if let Some(view) = f32_view(qkv) {
+    if all_f32_cpu(&[qkv]) {
         let mut y = vec![0f32; sh.n() * sh.h()];
         let mut lse = vec![0f32; sh.b * sh.heads * sh.t];
         let threads = candle_core::utils::get_num_threads();
-        kernels::attention::forward(view.slice(), &mut y, &mut lse, sh, threads);
-        return Ok((
-            Tensor::from_vec(y, (sh.n(), sh.h()), &Device::Cpu)?,
-            Tensor::from_vec(lse, (sh.b, sh.heads, sh.t), &Device::Cpu)?,
-        ));
+        let run = |[q]: [&[f32]; 1]| kernels::attention::forward(q, &mut y, &mut lse, sh, threads);
+        if cpu::with_f32s([qkv], run).is_some() {
+            return Ok((
+                Tensor::from_vec(y, (sh.n(), sh.h()), &Device::Cpu)?,
+                Tensor::from_vec(lse, (sh.b, sh.heads, sh.t), &Device::Cpu)?,
+            ));
+        }
     }
     let (q, k, v) = split_qkv(qkv, sh)?;
     let scores = attention_scores(&q, &k, mask, sh)?;
@@ -381,18 +358,15 @@ pub(crate) fn attention_grad(
     mask: &Tensor,
 ) -> Result<Tensor> {
     let sh = attention_shape(qkv, dims)?;
-    if let (Some(qkv), Some(y), Some(lse), Some(dy)) =
-        (f32_view(qkv), f32_view(y), f32_view(lse), f32_view(dy))
-    {
+    if all_f32_cpu(&[qkv, y, lse, dy]) {
         let mut dqkv = vec![0f32; sh.n() * 3 * sh.h()];
         let threads = candle_core::utils::get_num_threads();
-        kernels::attention_backward::backward(
-            (qkv.slice(), y.slice(), lse.slice(), dy.slice()),
-            &mut dqkv,
-            sh,
-            threads,
-        );
-        return Ok(Tensor::from_vec(dqkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?);
+        let run = |[q, y, l, d]: [&[f32]; 4]| {
+            kernels::attention_backward::backward((q, y, l, d), &mut dqkv, sh, threads)
+        };
+        if cpu::with_f32s([qkv, y, lse, dy], run).is_some() {
+            return Ok(Tensor::from_vec(dqkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?);
+        }
     }
     let dtype = qkv.dtype();
     let (q, k, v) = split_qkv(qkv, sh)?;

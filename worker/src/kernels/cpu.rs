@@ -29,6 +29,23 @@ pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> 
     }
 }
 
+/// Runs `f` on the elements of several contiguous f32 CPU tensors (`None`, without running
+/// it, if any is not one), holding a read lock on each storage meanwhile.
+pub(crate) fn with_f32s<const N: usize, R>(
+    ts: [&Tensor; N],
+    f: impl FnOnce([&[f32]; N]) -> R,
+) -> Option<R> {
+    let guards = ts.map(Tensor::storage_and_layout);
+    let mut slices: [&[f32]; N] = [&[]; N];
+    for (slice, (storage, layout)) in slices.iter_mut().zip(&guards) {
+        match (&**storage, layout.contiguous_offsets()) {
+            (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => *slice = &v[a..b],
+            _ => return None,
+        }
+    }
+    Some(f(slices))
+}
+
 /// As [`with_f32`], for a u32 tensor (token ids).
 pub(crate) fn with_u32<R>(t: &Tensor, f: impl FnOnce(&[u32]) -> R) -> Option<R> {
     let (storage, layout) = t.storage_and_layout();
