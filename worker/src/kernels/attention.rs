@@ -149,66 +149,6 @@ pub(crate) fn exp_sub<I: Isa>(row: &mut [f32], sub: f32) {
     }
 }
 
-/// The largest element (−∞ for an empty row), vectorised.
-#[inline(always)]
-pub(crate) fn max(row: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = if x > *a { x } else { *a };
-        }
-    }
-    let mut m = f32::NEG_INFINITY;
-    for &x in acc.iter().chain(chunks.remainder()) {
-        m = if x > m { x } else { m };
-    }
-    m
-}
-
-/// `Σ a[i]·b[i]` (or `Σ a[i]` with `b` all ones) in `LANES` partial sums, a fixed order.
-#[inline(always)]
-pub(crate) fn dot<I: Isa>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
-            *s = I::fma(x, y, *s);
-        }
-    }
-    let mut tail = 0f32;
-    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail = I::fma(x, y, tail);
-    }
-    lane_sum(acc) + tail
-}
-
-/// `Σ a[i]` in `LANES` partial sums.
-#[inline(always)]
-pub(crate) fn sum(a: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let mut chunks = a.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (s, &x) in acc.iter_mut().zip(c) {
-            *s += x;
-        }
-    }
-    lane_sum(acc) + chunks.remainder().iter().sum::<f32>()
-}
-
-/// The partial sums added pairwise.
-#[inline(always)]
-fn lane_sum(mut acc: [f32; LANES]) -> f32 {
-    let mut w = LANES / 2;
-    while w > 0 {
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-        w /= 2;
-    }
-    acc[0]
-}
-
 /// A thread's buffers for forward tiles.
 struct FwdScratch {
     /// Scores, then probabilities: `TILE × TILE`.
@@ -285,12 +225,12 @@ unsafe fn forward_tile<I: Isa>(
             // Keys after the query are masked (only the diagonal tile has any).
             let valid = cols.min(q0 + i + 1 - k0);
             let row = &mut s[i * TILE..i * TILE + cols];
-            let m_new = m[i].max(max(&row[..valid]));
+            let m_new = m[i].max(simd::max(&row[..valid]));
             exp_sub::<I>(&mut row[..valid], m_new);
             row[valid..].fill(0.0);
             // One `exp` per row: the old terms' rescale (0 on the first tile).
             let alpha = (m[i] - m_new).exp();
-            l[i] = l[i] * alpha + sum(&row[..valid]);
+            l[i] = l[i] * alpha + simd::sum(&row[..valid]);
             m[i] = m_new;
             if k0 > 0 && alpha != 1.0 {
                 for x in &mut o[i * hd..(i + 1) * hd] {

@@ -10,10 +10,11 @@
 
 use rayon::prelude::*;
 
-#[cfg(target_arch = "x86_64")]
 use super::attention::{Avx2, Avx512};
-use super::attention::{Isa, Level, Plain, Shape, SharedMut, TILE, dispatch, dot, exp_sub, level};
+use super::attention::{Isa, Level, Plain, Shape, SharedMut, TILE, dispatch, exp_sub, level};
 use super::attention_tile::{self as tile, Causal};
+#[cfg(target_arch = "x86_64")]
+use super::simd;
 
 /// A thread's buffers for one pair.
 struct BwdScratch {
@@ -83,7 +84,7 @@ unsafe fn backward_pair<I: Isa>(
                 std::slice::from_raw_parts(inp.dy.add(ob + i * h), hd),
             )
         };
-        *d = dot::<I>(yr, dyr);
+        *d = simd::dot(yr, dyr);
     }
     let (p, dp, kt, vt) = (&mut sc.p, &mut sc.dp, &mut sc.kt, &mut sc.vt);
     for k0 in (0..t).step_by(TILE) {

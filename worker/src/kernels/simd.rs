@@ -150,7 +150,10 @@ fn expm1(x: f32) -> f32 {
     pow2 * em1 + (pow2 - 1.0)
 }
 
-#[allow(dead_code, reason = "shared vector math for the attention kernels")]
+#[allow(
+    dead_code,
+    reason = "vector forms kept with their accuracy tests (GELU uses the sigmoid form)"
+)]
 /// `tanh x` as `sign(x)·m/(m + 2)` with `m = e^{2|x|} − 1` (relative error < 5e-7 near 0
 /// and absolute < 2e-7 elsewhere; exactly ±1 beyond |x| = 9).
 #[inline(always)]
@@ -171,7 +174,7 @@ pub(crate) fn sigmoid_and_exp(x: f32) -> (f32, f32) {
 }
 
 multiversion! {
-    #[allow(dead_code, reason = "shared vector math for the attention kernels")]
+    #[allow(dead_code, reason = "vector forms kept with their accuracy tests (GELU uses the sigmoid form)")]
     /// `x ← eˣ` element-wise.
     pub(crate) fn exp_in_place(x: &mut [f32]) {
         for v in x {
@@ -181,7 +184,7 @@ multiversion! {
 }
 
 multiversion! {
-    #[allow(dead_code, reason = "shared vector math for the attention kernels")]
+    #[allow(dead_code, reason = "vector forms kept with their accuracy tests (GELU uses the sigmoid form)")]
     /// `x ← tanh x` element-wise.
     pub(crate) fn tanh_in_place(x: &mut [f32]) {
         for v in x {
@@ -256,7 +259,6 @@ pub(crate) fn sum(a: &[f32]) -> f32 {
     sum_map(a, |x| x)
 }
 
-#[allow(dead_code, reason = "shared vector math for the attention kernels")]
 /// `Σ a[i]·b[i]`.
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
