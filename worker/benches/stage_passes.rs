@@ -6,6 +6,8 @@
 //! the `cuda` feature (`--features cuda`). Each figure is the median of several repetitions,
 //! all in one run.
 
+mod common;
+
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -25,28 +27,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// The device from `PIPEWISE_BENCH_DEVICE`: unset or `cpu`, `cuda` (GPU 0) or `cuda:N`.
-fn bench_device() -> Device {
-    let name = std::env::var("PIPEWISE_BENCH_DEVICE").unwrap_or_default();
-    let ordinal = match name.as_str() {
-        "" | "cpu" => return Device::Cpu,
-        "cuda" => 0,
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => n,
-            _ => panic!("PIPEWISE_BENCH_DEVICE={other}: expected cpu, cuda or cuda:N"),
-        },
-    };
-    let hint = if cfg!(feature = "cuda") {
-        ""
-    } else {
-        " (build with --features cuda)"
-    };
-    Device::new_cuda(ordinal).unwrap_or_else(|e| panic!("PIPEWISE_BENCH_DEVICE={name}: {e}{hint}"))
-}
-
 fn main() {
     let quick = std::env::var("PIPEWISE_BENCH_QUICK").is_ok_and(|v| v == "1");
-    let device = bench_device();
+    let device = common::bench_device();
     let (hiddens, seq_len, mb, reps): (&[u32], u32, usize, usize) = if quick {
         (&[64, 128], 32, 2, 3)
     } else {

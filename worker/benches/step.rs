@@ -33,10 +33,11 @@
 // The GEMM-rate probe calls `gemm::gemm`, an unsafe fn on raw pointers.
 #![allow(unsafe_code)]
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use candle_core::Device;
 use pipewise_common::model::{DType, ModelSpec, Piece};
 use pipewise_worker::{AdamW, Corpus, Sampler, Trainer};
 
@@ -134,25 +135,6 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-/// The device from `PIPEWISE_BENCH_DEVICE`: unset or `cpu`, `cuda` (GPU 0) or `cuda:N`.
-fn bench_device() -> Device {
-    let name = std::env::var("PIPEWISE_BENCH_DEVICE").unwrap_or_default();
-    let ordinal = match name.as_str() {
-        "" | "cpu" => return Device::Cpu,
-        "cuda" => 0,
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => n,
-            _ => panic!("PIPEWISE_BENCH_DEVICE={other}: expected cpu, cuda or cuda:N"),
-        },
-    };
-    let hint = if cfg!(feature = "cuda") {
-        ""
-    } else {
-        " (build with --features cuda)"
-    };
-    Device::new_cuda(ordinal).unwrap_or_else(|e| panic!("PIPEWISE_BENCH_DEVICE={name}: {e}{hint}"))
-}
-
 /// The child: trains `name`'s model and prints
 /// `RESULT <median step s> <first loss> <last loss> <threads>`.
 fn child(name: &str) {
@@ -160,7 +142,7 @@ fn child(name: &str) {
         .into_iter()
         .find(|c| c.name == name)
         .unwrap_or_else(|| panic!("{CHILD_ENV}={name}: no such model"));
-    let device = bench_device();
+    let device = common::bench_device();
     let mut trainer = Trainer::new(&case.spec, 42, &device, AdamW::default()).expect("model");
     let corpus = Corpus::generated();
     let sampler = Sampler {
