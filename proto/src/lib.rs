@@ -19,11 +19,8 @@
 
 pub mod convert;
 
-/// The generated messages, clients and servers of package `pipewise.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
-pub mod v1 {
-    tonic::include_proto!("pipewise.v1");
-}
+pub mod v1;
 
 pub use convert::ConvertError;
 

@@ -56,13 +56,36 @@ pub fn clip_scale(total_sq_norm: f64, max_grad_norm: Option<f64>) -> f64 {
 /// One AdamW update of `p` at step `step` (1-based) with gradient `grad_scale · p.grad`.
 /// The update is computed in f32, on the master copy of a bf16 or f16 parameter, whose
 /// rounding becomes the parameter; the gradient is zeroed. On the CPU it is one fused pass
-/// in place ([`crate::kernels::adamw::update`], the same f32 arithmetic); elsewhere
-/// [`update_candle`].
+/// in place ([`update_fused`], the same f32 arithmetic); elsewhere [`update_candle`].
 pub(crate) fn update(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<()> {
-    if crate::kernels::adamw::update(p, cfg, step, grad_scale)? {
+    if update_fused(p, cfg, step, grad_scale)? {
         return Ok(());
     }
     update_candle(p, cfg, step, grad_scale)
+}
+
+/// [`update`] through the fused CPU kernel; `false`, having changed nothing, where the
+/// parameter's state is not contiguous f32 on the CPU in distinct storages.
+pub(crate) fn update_fused(p: &mut Param, cfg: &AdamW, step: u64, grad_scale: f64) -> Result<bool> {
+    let hyper = crate::kernels::adamw::Hyper {
+        lr: cfg.lr,
+        beta1: cfg.beta1,
+        beta2: cfg.beta2,
+        eps: cfg.eps,
+        weight_decay: cfg.weight_decay,
+        decay: p.decay,
+        step,
+        grad_scale,
+    };
+    let target = p.master.as_ref().unwrap_or(&p.value);
+    if !crate::kernels::adamw::update(target, &p.grad, &p.m, &p.v, hyper)? {
+        return Ok(false);
+    }
+    if let Some(master) = &p.master {
+        p.value = master.to_dtype(p.value.dtype())?;
+    }
+    p.zero_grad()?;
+    Ok(true)
 }
 
 /// [`update`] with candle's ops (new tensors for the value, moments and gradient).

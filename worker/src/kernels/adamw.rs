@@ -13,8 +13,28 @@ use candle_core::{DType, Tensor};
 use super::cpu::{all_f32_cpu, distinct_f32, with_f32, with_f32_mut};
 use super::simd::{self, multiversion};
 use crate::error::Result;
-use crate::optim::AdamW;
-use crate::param::Param;
+
+/// AdamW's hyper-parameters for one update (the optimizer's configuration, the step and
+/// whether this parameter decays), in f64 as the optimizer holds them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hyper {
+    /// Learning rate.
+    pub(crate) lr: f64,
+    /// First-moment decay.
+    pub(crate) beta1: f64,
+    /// Second-moment decay.
+    pub(crate) beta2: f64,
+    /// Denominator epsilon.
+    pub(crate) eps: f64,
+    /// Decoupled weight decay, applied where `decay`.
+    pub(crate) weight_decay: f64,
+    /// Whether this parameter decays.
+    pub(crate) decay: bool,
+    /// The step (1-based): the bias corrections' exponent.
+    pub(crate) step: u64,
+    /// The gradient's factor (clipping).
+    pub(crate) grad_scale: f64,
+}
 
 /// The f32 constants of one update, rounded from f64 exactly as candle's `affine` rounds its
 /// arguments, so the kernel repeats the reference's f32 arithmetic.
@@ -34,12 +54,12 @@ struct Consts {
 }
 
 impl Consts {
-    fn new(cfg: &AdamW, step: u64, grad_scale: f64, decay: bool) -> Self {
-        let exp = i32::try_from(step).unwrap_or(i32::MAX);
+    fn new(cfg: Hyper) -> Self {
+        let exp = i32::try_from(cfg.step).unwrap_or(i32::MAX);
         let bc1 = 1.0 - cfg.beta1.powi(exp);
         let bc2 = 1.0 - cfg.beta2.powi(exp);
         Self {
-            scale: grad_scale as f32,
+            scale: cfg.grad_scale as f32,
             beta1: cfg.beta1 as f32,
             one_minus_beta1: (1.0 - cfg.beta1) as f32,
             beta2: cfg.beta2 as f32,
@@ -48,7 +68,7 @@ impl Consts {
             inv_bc2: (1.0 / bc2) as f32,
             eps: cfg.eps as f32,
             lr: cfg.lr as f32,
-            shrink: (decay && cfg.weight_decay != 0.0)
+            shrink: (cfg.decay && cfg.weight_decay != 0.0)
                 .then_some((1.0 - cfg.lr * cfg.weight_decay) as f32),
         }
     }
@@ -87,22 +107,25 @@ multiversion! {
     }
 }
 
-/// One AdamW update of `p` in place where its f32 state is on the CPU (the value of an f32
-/// parameter or the master copy of a narrower one, `grad`, `m`, `v`: contiguous, distinct
-/// storages); a narrower value is then its master copy rounded. Zeroes the gradient. Returns
-/// `false`, having changed nothing, where that does not hold.
-pub(crate) fn update(p: &mut Param, cfg: &AdamW, step_no: u64, grad_scale: f64) -> Result<bool> {
-    let target = p.master.as_ref().unwrap_or(&p.value);
-    let n = p.grad.elem_count();
-    if [target, &p.m, &p.v].iter().any(|t| t.elem_count() != n)
-        || !distinct_f32(&[target, &p.grad, &p.m, &p.v])
-    {
+/// One AdamW update in place where `target` (an f32 parameter's value or the master copy of
+/// a narrower one), `grad`, `m` and `v` are contiguous f32 CPU tensors with distinct
+/// storages. The caller then zeroes the gradient (and rounds a master copy into the value).
+/// Returns `false`, having changed nothing, where that does not hold.
+pub(crate) fn update(
+    target: &Tensor,
+    grad: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    h: Hyper,
+) -> Result<bool> {
+    let n = grad.elem_count();
+    if [target, m, v].iter().any(|t| t.elem_count() != n) || !distinct_f32(&[target, grad, m, v]) {
         return Ok(false);
     }
-    let c = Consts::new(cfg, step_no, grad_scale, p.decay);
-    let done = with_f32(&p.grad, |g| -> Result<bool> {
-        let m_done = with_f32_mut(&p.m, |m| -> Result<bool> {
-            let v_done = with_f32_mut(&p.v, |v| -> Result<bool> {
+    let c = Consts::new(h);
+    let done = with_f32(grad, |g| -> Result<bool> {
+        let m_done = with_f32_mut(m, |m| -> Result<bool> {
+            let v_done = with_f32_mut(v, |v| -> Result<bool> {
                 Ok(with_f32_mut(target, |w| step(w, g, m, v, c))?.is_some())
             })?;
             Ok(v_done.transpose()?.unwrap_or(false))
@@ -111,14 +134,7 @@ pub(crate) fn update(p: &mut Param, cfg: &AdamW, step_no: u64, grad_scale: f64) 
     })
     .transpose()?
     .unwrap_or(false);
-    if !done {
-        return Ok(false);
-    }
-    if let Some(master) = &p.master {
-        p.value = master.to_dtype(p.value.dtype())?;
-    }
-    p.zero_grad()?;
-    Ok(true)
+    Ok(done)
 }
 
 /// `acc += g` in place (`g` converted to f32 first if narrower) where `acc` is a contiguous
@@ -166,7 +182,8 @@ mod tests {
 
     use super::*;
     use crate::kernels::testing::{awkward, flat};
-    use crate::param::Init;
+    use crate::optim::AdamW;
+    use crate::param::{Init, Param};
 
     fn param(n: usize, dtype: DType, decay: bool) -> Result<Param> {
         Param::new(
@@ -197,7 +214,7 @@ mod tests {
                 for p in [&mut fused, &mut reference] {
                     p.accumulate(&g)?;
                 }
-                assert!(update(&mut fused, &cfg, step_no, 0.7)?);
+                assert!(crate::optim::update_fused(&mut fused, &cfg, step_no, 0.7)?);
                 crate::optim::update_candle(&mut reference, &cfg, step_no, 0.7)?;
                 for (a, b) in [
                     (&fused.value, &reference.value),
@@ -220,7 +237,12 @@ mod tests {
     fn shared_storages_are_declined() -> Result<()> {
         let mut p = param(5, DType::F32, true)?;
         p.v = p.m.clone();
-        assert!(!update(&mut p, &AdamW::default(), 1, 1.0)?);
+        assert!(!crate::optim::update_fused(
+            &mut p,
+            &AdamW::default(),
+            1,
+            1.0
+        )?);
         let t = Tensor::ones(4, DType::F32, &Device::Cpu)?;
         assert!(!accumulate(&t, &t)?);
         assert!(accumulate(&t, &t.ones_like()?)?);

@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::attention_tile::{self as tile, Causal};
+use super::attention_tile::{self as tile, Avx2, Avx512, Causal, Isa, Plain};
 use super::simd;
 
 /// Query rows and keys per tile: a `TILE × TILE` score tile and a `TILE × hd` output tile
@@ -82,53 +82,6 @@ unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 pub(crate) use super::simd::{Level, level};
-
-/// What the generic kernel code needs of an instruction set: its multiply-add (fused where
-/// FMA is enabled; `mul_add` would be a libm call otherwise, hence the plain variant) and
-/// the vector type of the tile products' micro-kernel.
-pub(crate) trait Isa {
-    /// The micro-kernel's vector.
-    type V: tile::Simd;
-    /// `a·b + c`.
-    fn fma(a: f32, b: f32, c: f32) -> f32;
-}
-
-/// No SIMD assumed: separate multiply and add, an 8-lane array as the "vector".
-pub(crate) struct Plain;
-
-impl Isa for Plain {
-    type V = tile::Lanes8;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a * b + c
-    }
-}
-
-/// AVX2 + FMA.
-#[cfg(target_arch = "x86_64")]
-pub(crate) struct Avx2;
-
-#[cfg(target_arch = "x86_64")]
-impl Isa for Avx2 {
-    type V = tile::M256;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-}
-
-/// AVX-512F (with AVX2 + FMA).
-#[cfg(target_arch = "x86_64")]
-pub(crate) struct Avx512;
-
-#[cfg(target_arch = "x86_64")]
-impl Isa for Avx512 {
-    type V = tile::M512;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-}
 
 /// Lanes of the element-wise loops: LLVM turns a `[f32; LANES]` body into 1 (AVX-512) or 2
 /// (AVX2) vector operations.

@@ -10,9 +10,9 @@
 
 use rayon::prelude::*;
 
-use super::attention::{Avx2, Avx512};
-use super::attention::{Isa, Level, Plain, Shape, SharedMut, TILE, dispatch, exp_sub, level};
+use super::attention::{Level, Shape, SharedMut, TILE, dispatch, exp_sub, level};
 use super::attention_tile::{self as tile, Causal};
+use super::attention_tile::{Avx2, Avx512, Isa, Plain};
 #[cfg(target_arch = "x86_64")]
 use super::simd;
 

@@ -9,7 +9,52 @@
 //! `A` is read element by element through any strides, so `Pᵀ` and `dSᵀ` need no copy.
 #![allow(unsafe_code)]
 
-use super::attention::Isa;
+/// What the generic kernel code needs of an instruction set: its multiply-add (fused where
+/// FMA is enabled; `mul_add` would be a libm call otherwise, hence the plain variant) and
+/// the vector type of the tile products' micro-kernel.
+pub(crate) trait Isa {
+    /// The micro-kernel's vector.
+    type V: Simd;
+    /// `a·b + c`.
+    fn fma(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// No SIMD assumed: separate multiply and add, an 8-lane array as the "vector".
+pub(crate) struct Plain;
+
+impl Isa for Plain {
+    type V = Lanes8;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// AVX2 + FMA.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx2 {
+    type V = M256;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// AVX-512F (with AVX2 + FMA).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx512 {
+    type V = M512;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
 
 /// A vector of `LANES` f32.
 pub(crate) trait Simd: Copy {

@@ -53,11 +53,29 @@ struct Operand {
 }
 
 /// Output rows (or columns) per block, about: a product is cut along its longer side into
-/// blocks of this size, fixed by its shape alone, and the blocks are shared among threads.
-/// No element's sum depends on the thread count; two threads on two single-threaded blocks
-/// ran 1.1–1.5x faster here than `gemm`'s own threading (which splits finer and synchronises
+/// blocks of this size, shared among threads. Two threads on two single-threaded blocks ran
+/// 1.1–1.5x faster here than `gemm`'s own threading (which splits finer and synchronises
 /// more) at the model's shapes. With more threads than blocks, each block is threaded too.
+/// No element's sum depends on the cut: `gemm` blocks the inner dimension by `k` and the
+/// cache sizes alone, and sums each element in the same order in any block.
 const BLOCK: usize = 256;
+
+/// The narrowest block a cut for balance may make (rows or columns).
+const MIN_BLOCK: usize = 64;
+
+/// How many blocks `long` output rows (or columns) are cut into on `threads` threads: about
+/// [`BLOCK`] each, made a multiple of the thread count where blocks stay at least
+/// [`MIN_BLOCK`] wide, so no thread idles while another runs a last block (3 blocks on 2
+/// threads took as long as 4).
+fn block_count(long: usize, threads: usize) -> usize {
+    let count = (long / BLOCK).max(1);
+    if threads <= 1 || count % threads == 0 {
+        return count;
+    }
+    let widest = (long / MIN_BLOCK).max(1);
+    let balanced = count.next_multiple_of(threads);
+    if balanced <= widest { balanced } else { count }
+}
 
 /// `dst = (read ? dst : 0) + lhs·rhs` for an `m × k` lhs and a `k × n` rhs.
 ///
@@ -73,7 +91,7 @@ unsafe fn product(
     rhs: Operand,
 ) {
     let long = m.max(n);
-    let blocks = (long / BLOCK).max(1);
+    let blocks = block_count(long, threads());
     let ld = n as isize;
     let one = |(m, n): (usize, usize), dst: *mut f32, lhs: Operand, rhs: Operand, par| {
         // SAFETY: the caller's contract is gemm's, for this block.
@@ -387,12 +405,24 @@ mod tests {
         Ok(())
     }
 
+    /// Blocks are about `BLOCK` wide, balanced over the threads where they can stay wide.
+    #[test]
+    fn blocks_balance_over_the_threads() {
+        assert_eq!(block_count(768, 1), 3);
+        assert_eq!(block_count(768, 2), 4);
+        assert_eq!(block_count(256, 2), 2);
+        assert_eq!(block_count(100, 2), 1);
+        assert_eq!(block_count(1024, 2), 4);
+        assert_eq!(block_count(768, 16), 3);
+        assert_eq!(block_count(1024, 16), 16);
+    }
+
     /// Any thread count gives the bits of one: the output is split, never the inner dimension.
     #[test]
     fn threads_do_not_change_the_bits() -> Result<()> {
-        // One block (gemm's own threads), and three blocks (one thread each, or threaded
-        // inside with 8 threads).
-        for (rows, cols) in [(300, 130), (96, 800)] {
+        // One block or two (gemm's own threads, or one block each), and three or four blocks
+        // (one thread each, or threaded inside with 8 threads).
+        for (rows, cols) in [(300, 130), (96, 800), (768, 256), (256, 256)] {
             let x = random((rows, 96), 7)?;
             let w = random((96, cols), 8)?;
             let pool = |n| {
