@@ -69,7 +69,7 @@ const MIN_BLOCK: usize = 64;
 /// threads took as long as 4).
 fn block_count(long: usize, threads: usize) -> usize {
     let count = (long / BLOCK).max(1);
-    if threads <= 1 || count % threads == 0 {
+    if threads <= 1 || count.is_multiple_of(threads) {
         return count;
     }
     let widest = (long / MIN_BLOCK).max(1);
