@@ -67,3 +67,71 @@ app.kubernetes.io/component: {{ .component }}
   emptyDir: {}
 {{- end }}
 {{- end -}}
+
+{{/* The pod securityContext of every pod. */}}
+{{- define "pipewise.podSecurityContext" -}}
+{{- with .Values.podSecurityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The securityContext of every container. */}}
+{{- define "pipewise.securityContext" -}}
+{{- with .Values.securityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The scratch volume (/tmp) of a pod: its root filesystem is read-only. */}}
+{{- define "pipewise.scratchVolume" -}}
+{{- $dir := dict }}
+{{- with .Values.scratch.medium }}{{ $_ := set $dir "medium" . }}{{ end }}
+{{- with .Values.scratch.sizeLimit }}{{ $_ := set $dir "sizeLimit" (toString .) }}{{ end }}
+- name: scratch
+  emptyDir: {{- toYaml $dir | nindent 4 }}
+{{- end -}}
+
+{{- define "pipewise.scratchMount" -}}
+- name: scratch
+  mountPath: /tmp
+{{- end -}}
+
+{{/*
+The startup, readiness and liveness probes of a container: grpc.health.v1 (the overall
+status, service "") on `port`, with the timings of `probes` (startup, readiness, liveness).
+*/}}
+{{- define "pipewise.grpcProbes" -}}
+{{- range $i, $probe := list "startup" "readiness" "liveness" }}
+{{- if $i }}{{ "\n" }}{{ end -}}
+{{ $probe }}Probe:
+  grpc:
+    port: {{ $.port }}
+  {{- toYaml (get $.probes $probe) | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The workers' Volcano PodGroup. */}}
+{{- define "pipewise.podGroup" -}}{{ include "pipewise.worker" . }}{{- end -}}
+
+{{/* The workers' scheduler: gang.schedulerName, else volcano with a PodGroup. */}}
+{{- define "pipewise.workerScheduler" -}}
+{{- .Values.gang.schedulerName | default (ternary "volcano" "" .Values.gang.volcano.enabled) -}}
+{{- end -}}
+
+{{/* An integer (a float to the template when it comes from a values file) or a percentage. */}}
+{{- define "pipewise.intOrPercent" -}}
+{{- ternary (quote .) (int64 .) (kindIs "string" .) -}}
+{{- end -}}
+
+{{/* The NetworkPolicy rule for scrapes of the "metrics" port (no `from`: any source). */}}
+{{- define "pipewise.metricsIngress" -}}
+- ports:
+    - port: metrics
+      protocol: TCP
+  {{- with .Values.networkPolicy.metricsFrom }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
