@@ -66,7 +66,7 @@ const MIN_BLOCK: usize = 64;
 /// How many blocks `long` output rows (or columns) are cut into on `threads` threads: about
 /// [`BLOCK`] each, made a multiple of the thread count where blocks stay at least
 /// [`MIN_BLOCK`] wide, so no thread idles while another runs a last block (3 blocks on 2
-/// threads took as long as 4).
+/// threads cost as much as 4).
 fn block_count(long: usize, threads: usize) -> usize {
     let count = (long / BLOCK).max(1);
     if threads <= 1 || count.is_multiple_of(threads) {
