@@ -33,10 +33,13 @@ use pipewise_worker::node::{NodeConfig, WorkerNode};
 use pipewise_worker::{Corpus, Tensor};
 use serde::Serialize;
 use tokio_stream::StreamExt as _;
-use tonic::transport::Channel;
 
-use crate::auto::parse_dtype;
-use crate::cluster::{LogFormat, init_logs_at};
+use crate::device::{DeviceArg, parse_device};
+use crate::logging::{LogFormat, init_logs_at};
+use crate::runtime::runtime;
+use crate::schedule_name::parse_schedule;
+use crate::trace::write_trace;
+use crate::values::parse_dtype;
 
 /// Stage compute of `pipewise local`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -142,8 +145,8 @@ pub(crate) struct LocalArgs {
     /// Where every worker's stages run: `cpu`, or `cuda` / `cuda:N` (all workers share
     /// that GPU; needs a pipewise built with `--features cuda`, see docs/cuda.md).
     #[arg(long, value_name = "DEVICE", default_value = "cpu",
-          value_parser = crate::cluster::parse_device)]
-    pub(crate) device: crate::cluster::DeviceArg,
+          value_parser = parse_device)]
+    pub(crate) device: DeviceArg,
 }
 
 /// One step of `summary.json`.
@@ -205,10 +208,11 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
 /// Runs `pipewise local`.
 pub(crate) fn run(args: &LocalArgs) -> Result<()> {
     init_logs_at(args.log_format, "warn");
+    parse_schedule("--schedule", &args.schedule, "")?;
     let mut spec = job_spec(args);
     let plan = spec
         .validate()
-        .map_err(|e| anyhow::anyhow!("{e}"))
+        .map_err(named_as_flag)
         .context("invalid local job")?;
     if let Some(path) = &args.data {
         // Refuse an unreadable file before anything starts (the workers read it again).
@@ -234,7 +238,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
             args.emulate_ms.len()
         );
     }
-    if args.device == crate::cluster::DeviceArg::Cpu && !spec.compute.is_emulated() {
+    if args.device == DeviceArg::Cpu && !spec.compute.is_emulated() {
         fits_this_machine(&spec, &plan, pipewise_worker::node::host_available_memory())?;
     }
     if !(args.metrics_linger.is_finite() && args.metrics_linger >= 0.0) {
@@ -265,12 +269,27 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("pipewise-local-{}", std::process::id())),
     };
     spec.checkpoint.folder = data_dir.join("checkpoints").display().to_string();
-    let runtime = crate::cluster::runtime()?;
+    let runtime = runtime()?;
     let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
     }
     outcome
+}
+
+/// The TOML path of the schedule in a job file, which `pipewise local` fills from `--schedule`.
+const SCHEDULE_FIELD: &str = "parallelism.pipeline_parallel_schedule";
+
+/// An error of validating the job `pipewise local` built from its flags: one about the
+/// schedule names `--schedule`, where the value came from, rather than the TOML path of a
+/// job file the user never wrote.
+fn named_as_flag(e: pipewise_common::Error) -> anyhow::Error {
+    match e {
+        pipewise_common::Error::InvalidArgument { field, reason } if field == SCHEDULE_FIELD => {
+            anyhow::anyhow!("--schedule: {reason}")
+        }
+        other => anyhow::anyhow!("{other}"),
+    }
 }
 
 /// All the workers of `pipewise local` share this machine: what they are predicted to hold
@@ -506,32 +525,6 @@ async fn write_traces(args: &LocalArgs, url: &str, job: u64) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Fetches one step's trace (`0`: the latest) and writes `step-K.trace.json` and
-/// `step-K.svg` into `dir`; returns the SVG's path.
-pub(crate) async fn write_trace(
-    client: &mut JobServiceClient<Channel>,
-    job: u64,
-    step: u64,
-    dir: &Path,
-) -> Result<PathBuf> {
-    let t = client
-        .get_step_trace(pb::StepTraceRequest { job, step })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))
-        .with_context(|| match step {
-            0 => format!("no trace of job {job}'s latest step"),
-            _ => format!("no trace of job {job} step {step}"),
-        })?
-        .into_inner();
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let json = dir.join(format!("step-{}.trace.json", t.step));
-    std::fs::write(&json, &t.chrome_trace_json)
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    let svg = dir.join(format!("step-{}.svg", t.step));
-    std::fs::write(&svg, &t.svg).with_context(|| format!("cannot write {}", svg.display()))?;
-    Ok(svg)
 }
 
 /// Every worker's final parameters, under their whole-model names.

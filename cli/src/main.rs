@@ -6,16 +6,23 @@
 //!
 //! # Layout
 //!
-//! - `main.rs`: parses the command line, runs it, prints errors and sets the exit status
-//!   (0 on success, 1 on a planning or input error, 2 on a command-line usage error).
-//! - [`args`]: the clap definitions (the arguments as typed) and their resolution into a
-//!   checked [`args::Plan`]; every input error is reported there, naming its option.
-//! - [`plan`]: the `plan` command: generate or import, simulate, time, render, write.
-//! - [`local`]: `pipewise local`: a coordinator and N embedded workers training on this machine.
-//! - [`auto`]: `plan --auto`: the model-spec flags and the auto-planner's report.
-//! - [`cluster`]: `coordinator` and `worker` (the two kinds of process) and `submit`,
-//!   `status`, `watch`, `cancel`, `trace` (clients of a running coordinator).
-//! - [`metrics`]: the Prometheus exporter (`--metrics-listen`).
+//! One module per command, each with its arguments (the clap definitions) next to the code
+//! that runs them, and the pieces several commands share in their own files:
+//!
+//! - `main.rs`: parses the command line, runs the command, prints errors and sets the exit
+//!   status (0 on success, 1 on a planning or input error, 2 on a command-line usage error).
+//! - [`cli`]: the top-level parser and the list of subcommands.
+//! - Commands: [`plan`] (its flags in `plan::args`, checked into a request in
+//!   `plan::request`; `--auto` in `plan::auto`), [`local`] (a coordinator and N workers in
+//!   one process), [`coordinator`] and [`worker`] (the two kinds of process of a cluster),
+//!   [`submit`], [`status`], [`watch`], [`cancel`] and [`trace`] (clients of a running
+//!   coordinator), [`completions`] (shell completion scripts).
+//! - Shared flags and value parsers: [`values`] (numbers, times, byte counts, dtypes),
+//!   [`schedule_name`] (schedule names, with "did you mean"), [`device`] (`--device`),
+//!   [`text_file`] (reading a file the user names).
+//! - Process setup: [`logging`], [`runtime`] (the async runtime), [`connection`] (reaching
+//!   a coordinator: `--coordinator`, `PIPEWISE_COORDINATOR`), [`progress`] (what the job
+//!   commands print), [`metrics`] (the Prometheus exporter, `--metrics-listen`).
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
@@ -29,19 +36,33 @@ macro_rules! outln {
     }};
 }
 
-mod args;
-mod auto;
-mod cluster;
+mod cancel;
+mod cli;
+mod completions;
+mod connection;
+mod coordinator;
+mod device;
 mod local;
+mod logging;
 mod metrics;
 mod plan;
+mod progress;
+mod runtime;
+mod schedule_name;
+mod status;
+mod submit;
+mod text_file;
+mod trace;
+mod values;
+mod watch;
+mod worker;
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 
-use crate::args::{Cli, Command};
+use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     // Before any thread starts (see `pipewise_worker::alloc`; `PIPEWISE_MALLOC=default`
@@ -49,15 +70,16 @@ fn main() -> ExitCode {
     pipewise_worker::alloc::policy_from_env();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Plan(args) => args.resolve().and_then(|plan| plan::run(&plan)),
+        Command::Plan(args) => plan::run(args),
         Command::Local(args) => local::run(&args),
-        Command::Coordinator(args) => cluster::coordinator(&args),
-        Command::Worker(args) => cluster::worker(&args),
-        Command::Submit(args) => cluster::submit(&args),
-        Command::Status(args) => cluster::status(&args),
-        Command::Watch(args) => cluster::watch(&args),
-        Command::Cancel(args) => cluster::cancel(&args),
-        Command::Trace(args) => cluster::trace(&args),
+        Command::Coordinator(args) => coordinator::run(&args),
+        Command::Worker(args) => worker::run(&args),
+        Command::Submit(args) => submit::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Watch(args) => watch::run(&args),
+        Command::Cancel(args) => cancel::run(&args),
+        Command::Trace(args) => trace::run(&args),
+        Command::Completions(args) => completions::run(&args, Cli::command()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -135,7 +135,25 @@ fn bad_local_jobs_are_refused_with_the_field() {
         "--steps",
         "1",
     ]);
-    assert!(err.contains("pipeline_parallel_schedule"), "{err}");
+    // The value came from the flag: the flag is named, not the job file's TOML path.
+    assert!(err.contains("--schedule"), "{err}");
+    // So is a shape the schedule does not support.
+    let err = common::fails(&[
+        "local",
+        "--workers",
+        "3",
+        "--schedule",
+        "dualpipe-v",
+        "--global-batch",
+        "2",
+        "--steps",
+        "1",
+    ]);
+    assert!(
+        err.contains("--schedule: dualpipe-v does not support 2 microbatches on 3 workers"),
+        "{err}"
+    );
+    assert!(!err.contains("pipeline_parallel_schedule"), "{err}");
     let err = common::fails(&[
         "local",
         "--workers",

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+pub(crate) mod processes;
+
 /// The largest absolute difference between same-named tensors of `a` and `b` (compared in
 /// f32; both must hold the same names and dtypes).
 pub(crate) fn max_param_diff(

@@ -14,7 +14,7 @@ use pipewise_common::auto::{
 };
 use pipewise_common::model::{DType, ModelSpec};
 
-use crate::args::parse_bytes;
+use crate::values::{parse_bytes, parse_dtype};
 
 /// Rejected configurations listed per reason before "… and N more".
 const LIST_PER_GROUP: usize = 6;
@@ -119,11 +119,6 @@ impl AutoArgs {
         .filter_map(|(flag, given)| given.then_some(flag))
         .collect()
     }
-}
-
-/// Parses `--dtype`.
-pub(crate) fn parse_dtype(text: &str) -> std::result::Result<DType, String> {
-    text.parse::<DType>().map_err(|e| e.to_string())
 }
 
 /// Parses `--layer-times F,B,W[@MBS]`.

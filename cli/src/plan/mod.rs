@@ -1,4 +1,13 @@
 //! `pipewise plan`: generate or import, simulate, then report or render.
+//!
+//! [`args`] defines the flags as typed, [`request`] checks them together into a [`Plan`],
+//! [`stage_times`] reads `--stage-times`, [`auto`] is `--auto` (the auto-planner's flags and
+//! report); this file runs the checked request.
+
+pub(crate) mod args;
+mod auto;
+mod request;
+mod stage_times;
 
 use std::io::Write as _;
 use std::time::Instant;
@@ -13,10 +22,17 @@ use pipewise_common::{
     Costs, Error, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, simulate,
 };
 
-use crate::args::{Format, Plan, Source};
+use self::args::{Format, PlanArgs};
+use self::request::{Plan, Source};
+use crate::text_file::read_text;
 
-/// Runs the plan and writes its output.
-pub(crate) fn run(plan: &Plan) -> Result<()> {
+/// Runs `pipewise plan`: checks the arguments, plans, and writes the output.
+pub(crate) fn run(args: PlanArgs) -> Result<()> {
+    run_plan(&args.resolve()?)
+}
+
+/// Runs the checked plan and writes its output.
+fn run_plan(plan: &Plan) -> Result<()> {
     let text = match &plan.source {
         Source::Generate {
             kind,
@@ -48,7 +64,7 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
             workers,
             microbatches,
         } => {
-            let text = crate::args::read_text(path, MAX_CSV_BYTES)
+            let text = read_text(path, MAX_CSV_BYTES)
                 .with_context(|| format!("--schedule csv:{}", path.display()))?;
             let start = Instant::now();
             let name = format!("csv:{}", path.display());
@@ -80,7 +96,7 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
             chunks,
         } => compare(plan, *workers, *microbatches, *chunks)?,
         Source::Auto { workers, args } => {
-            crate::auto::run_auto(args, *workers, plan.times.comm, plan.format == Format::Json)?
+            auto::run_auto(args, *workers, plan.times.comm, plan.format == Format::Json)?
         }
     };
     write_output(plan, &text)

@@ -1,0 +1,100 @@
+//! Reaching a running coordinator's `JobService`: the `--coordinator` flags of the client
+//! commands (`PIPEWISE_COORDINATOR` when not given), the connection with its timeouts and
+//! keepalives, and how a refused request reads.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Args;
+use pipewise_proto::v1::job_service_client::JobServiceClient;
+use tonic::transport::Channel;
+
+/// The environment variable every `--coordinator` flag falls back to.
+pub(crate) const COORDINATOR_ENV: &str = "PIPEWISE_COORDINATOR";
+/// The coordinator's URL when neither `--coordinator` nor [`COORDINATOR_ENV`] gives one.
+pub(crate) const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:50051";
+
+/// Where a client command finds the coordinator.
+#[derive(Debug, Args)]
+pub(crate) struct Endpoint {
+    /// The coordinator's URL.
+    #[arg(long, env = COORDINATOR_ENV, default_value = DEFAULT_COORDINATOR)]
+    pub(crate) coordinator: String,
+    /// Keep trying to reach the coordinator for up to this many seconds (e.g. while it
+    /// starts); only connecting is retried, never a request, so nothing is sent twice.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub(crate) wait_for_coordinator: u64,
+}
+
+/// One job of a coordinator: the arguments of `pipewise watch` and `pipewise cancel`.
+#[derive(Debug, Args)]
+pub(crate) struct JobArgs {
+    /// Job id (as `submit` printed it; `status` lists every job).
+    pub(crate) job: u64,
+    #[command(flatten)]
+    pub(crate) endpoint: Endpoint,
+}
+
+/// How long one attempt to reach the coordinator may take: a frozen one (stopped, or behind
+/// a dead link) accepts the TCP connection and answers nothing.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings on the client's connection, idle or not: a coordinator that answers none
+/// for [`KEEPALIVE_TIMEOUT`] ends the call (a request or a watch would wait forever).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
+    let uri = pipewise_worker::net::http_uri(&endpoint.coordinator)
+        .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?;
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| anyhow::anyhow!("--coordinator {:?}: {e}", endpoint.coordinator))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
+    let deadline = Instant::now() + Duration::from_secs(endpoint.wait_for_coordinator);
+    let mut said = false;
+    loop {
+        let attempt = match tokio::time::timeout(CONNECT_TIMEOUT, channel.connect()).await {
+            Ok(connected) => connected.map_err(anyhow::Error::new),
+            Err(_) => Err(anyhow::anyhow!(
+                "no answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            )),
+        };
+        match attempt {
+            Ok(c) => return Ok(JobServiceClient::new(c)),
+            Err(e) if Instant::now() < deadline => {
+                if !said {
+                    // Standard error may be closed; the wait goes on regardless.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "waiting up to {} s for the coordinator at {} ({e})",
+                        endpoint.wait_for_coordinator,
+                        endpoint.coordinator
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "cannot reach the coordinator at {}",
+                    endpoint.coordinator
+                )));
+            }
+        }
+    }
+}
+
+/// A refused request as an error; an unreachable coordinator says so.
+pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {
+    let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
+    if s.code() == tonic::Code::Unavailable {
+        e.context("the coordinator went away or stopped answering")
+    } else {
+        e
+    }
+}

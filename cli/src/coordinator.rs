@@ -1,0 +1,54 @@
+//! `pipewise coordinator`: the process that takes jobs (`JobService`) and the workers that
+//! run them (`ClusterService`).
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use pipewise_coordinator::{Coordinator, Unfinished};
+
+use crate::logging::{LogFormat, init_logs};
+use crate::metrics::MetricsArgs;
+use crate::runtime::runtime;
+
+/// `pipewise coordinator` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorArgs {
+    /// Address of the gRPC server (port 0 picks a free one; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub(crate) listen: SocketAddr,
+    /// Directory of the job store and (by default) of checkpoints and final parameters.
+    #[arg(long, value_name = "DIR", default_value = "pipewise-data")]
+    pub(crate) data_dir: PathBuf,
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
+    /// Log format on standard error.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+}
+
+/// Runs `pipewise coordinator` until the process is stopped.
+pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
+    init_logs(args.log_format);
+    let data_dir = std::path::absolute(&args.data_dir)
+        .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
+    runtime()?.block_on(async {
+        if let Some(addr) = args.metrics.metrics_listen {
+            crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
+        }
+        let coordinator = Coordinator::start_cluster(args.listen, &data_dir, Unfinished::Resume)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot start the coordinator")?;
+        outln!(
+            "coordinator listening on {} (data in {})",
+            coordinator.addr,
+            data_dir.display()
+        );
+        std::io::stdout().flush().ok();
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}

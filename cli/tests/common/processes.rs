@@ -1,0 +1,397 @@
+//! Coordinator and worker processes for the end-to-end tests: a `pipewise coordinator` and
+//! `pipewise worker` processes on loopback (killed on drop), jobs submitted with `pipewise
+//! submit`, what `status` and `watch` print, and the single-device reference trainer every
+//! run must equal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use pipewise_common::job::{JobSpec, example};
+use pipewise_worker::Trainer;
+use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
+
+pub(crate) const STEPS: u32 = 20;
+pub(crate) const TOLERANCE: f64 = 1e-5;
+/// `--metrics-expiry` of the coordinator and of worker `w0`, in seconds.
+pub(crate) const EXPIRY_SECS: u64 = 3;
+
+pub(crate) fn pipewise() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pipewise"))
+}
+
+/// A coordinator and its workers; killed on drop.
+pub(crate) struct Cluster {
+    pub(crate) children: Vec<Child>,
+    pub(crate) url: String,
+    pub(crate) data: PathBuf,
+    /// Worker id → activation address.
+    pub(crate) workers: HashMap<String, String>,
+    /// Metrics ports of the coordinator and of worker `w0`.
+    pub(crate) metrics: [u16; 2],
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `cmd` and returns it with the first line it prints.
+pub(crate) fn spawn_with_line(mut cmd: Command, log: &Path) -> (Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("starts pipewise");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(!line.is_empty(), "no start line; see {}", log.display());
+    (child, line)
+}
+
+pub(crate) fn start(dir: &Path, workers: usize) -> Cluster {
+    start_with(dir, workers, &[])
+}
+
+/// [`start`], with extra arguments for worker `w` for every `(w, args)`.
+pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster {
+    std::fs::create_dir_all(dir).unwrap();
+    let data = dir.join("data");
+    let metrics = [super::free_port(), super::free_port()];
+    let mut cmd = pipewise();
+    cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[0])])
+        .args(["--metrics-expiry", &EXPIRY_SECS.to_string()]);
+    let (coord, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
+    // "coordinator listening on ADDR (data in DIR)"
+    let addr = line.split_whitespace().nth(3).unwrap().to_string();
+    let url = format!("http://{addr}");
+    let mut cluster = Cluster {
+        children: vec![coord],
+        url: url.clone(),
+        data,
+        workers: HashMap::new(),
+        metrics,
+    };
+    for w in 0..workers {
+        let mut args: Vec<&str> = Vec::new();
+        if let Some((_, extra)) = extra.iter().find(|(i, _)| *i == w) {
+            args.extend_from_slice(extra);
+        }
+        let metrics_listen = format!("127.0.0.1:{}", metrics[1]);
+        let expiry = EXPIRY_SECS.to_string();
+        if w == 0 {
+            args.extend([
+                "--metrics-listen",
+                &metrics_listen,
+                "--metrics-expiry",
+                &expiry,
+            ]);
+        }
+        add_worker(&mut cluster, dir, &format!("w{w}"), &args);
+    }
+    cluster
+}
+
+/// Starts worker `id` (with `args`) against the cluster's coordinator.
+pub(crate) fn add_worker(cluster: &mut Cluster, dir: &Path, id: &str, args: &[&str]) {
+    let mut cmd = pipewise();
+    cmd.args([
+        "worker",
+        "--coordinator",
+        &cluster.url,
+        "--id",
+        id,
+        "--timeout",
+        "60",
+        "--log-format",
+        "json",
+    ]);
+    cmd.args(args);
+    let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
+    cluster.children.push(child);
+    // "worker ID serving activations on ADDR, coordinator URL"
+    let addr = line
+        .split_whitespace()
+        .nth(5)
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string();
+    cluster.workers.insert(id.to_string(), addr);
+}
+
+/// The test model: 14 layers (16 pieces, so 8 workers can hold a V shape), small sizes.
+pub(crate) fn spec(workers: u32, schedule: &str, steps: u32) -> JobSpec {
+    let mut spec = example(workers, schedule);
+    spec.job.name = format!("{schedule}-{workers}w");
+    spec.model.hidden = 32;
+    spec.model.heads = 2;
+    spec.model.layers = 14;
+    spec.model.seq_len = 16;
+    spec.training.steps = steps;
+    spec.optimizer.lr = 3e-3;
+    spec
+}
+
+pub(crate) fn write_spec(dir: &Path, spec: &JobSpec) -> PathBuf {
+    let path = dir.join(format!("{}.toml", spec.job.name));
+    std::fs::write(&path, spec.to_toml().unwrap()).unwrap();
+    path
+}
+
+/// `pipewise submit FILE --wait`: the job id and the losses it printed.
+pub(crate) fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
+    let out = pipewise()
+        .arg("submit")
+        .arg(file)
+        .args(["--coordinator", &cluster.url, "--wait"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}: {stdout}\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = stdout
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let losses = stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+        .collect();
+    (id, losses)
+}
+
+pub(crate) fn final_params(cluster: &Cluster, job: u64) -> HashMap<String, Tensor> {
+    let dir = cluster
+        .data
+        .join("checkpoints")
+        .join(format!("job-{job}"))
+        .join("final");
+    let mut all = HashMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let part = candle_core::safetensors::load(entry.unwrap().path(), &Device::Cpu).unwrap();
+        for (name, t) in part {
+            assert!(all.insert(name.clone(), t).is_none(), "{name} saved twice");
+        }
+    }
+    all
+}
+
+pub(crate) fn reference(spec: &JobSpec) -> Reference {
+    let device = Device::Cpu;
+    let corpus = corpus_of(spec).unwrap();
+    let sampler = sampler_of(spec);
+    let mut trainer =
+        Trainer::new(&spec.model, spec.training.seed, &device, optimizer_of(spec)).unwrap();
+    let n = spec.microbatches();
+    let mut losses = Vec::new();
+    for step in 0..u64::from(spec.training.steps) {
+        let batches = sampler.step(&corpus, step, n, &device).unwrap();
+        losses.push(trainer.train_step(&batches).unwrap().loss);
+    }
+    let params = trainer
+        .stage()
+        .params()
+        .map(|p| (p.name.clone(), p.value.clone()))
+        .collect();
+    (losses, params)
+}
+
+pub(crate) fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pipewise-cluster-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `pipewise submit FILE` (no wait): the job id.
+pub(crate) fn submit(cluster: &Cluster, file: &Path) -> u64 {
+    let out = pipewise()
+        .arg("submit")
+        .arg(file)
+        .args(["--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap()
+}
+
+/// `pipewise status JOB`: (state, step, the whole line).
+pub(crate) fn status(cluster: &Cluster, job: u64) -> (String, u64, String) {
+    let out = pipewise()
+        .args(["status", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let state = words[3].to_string();
+    let step = words[5].split('/').next().unwrap().parse().unwrap();
+    (state, step, line)
+}
+
+/// Polls the job's status until `done` holds (panics after `limit`).
+pub(crate) fn wait_until(
+    cluster: &Cluster,
+    job: u64,
+    limit: Duration,
+    done: impl Fn(&str, u64) -> bool,
+) -> String {
+    let started = Instant::now();
+    loop {
+        let (state, step, line) = status(cluster, job);
+        if done(&state, step) {
+            return line;
+        }
+        assert!(started.elapsed() < limit, "job {job} stuck: {line}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `pipewise watch JOB` once the job has ended: everything it printed.
+pub(crate) fn history(cluster: &Cluster, job: u64) -> String {
+    let out = pipewise()
+        .args(["watch", &job.to_string(), "--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The `re-planned:` lines of a watch output that contain `what`.
+pub(crate) fn replans<'a>(stdout: &'a str, what: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("re-planned:") && l.contains(what))
+        .collect()
+}
+
+/// step → the last loss a watch output reports for it (steps run again after a re-plan
+/// count once, the later run).
+pub(crate) fn last_losses(stdout: &str) -> BTreeMap<u64, f64> {
+    let mut losses = BTreeMap::new();
+    for l in stdout.lines().filter(|l| l.starts_with("step")) {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        losses.insert(words[1].parse().unwrap(), words[3].parse().unwrap());
+    }
+    losses
+}
+
+/// Asserts that every step's loss and the final parameters of `job` equal the reference
+/// (within [`TOLERANCE`]); returns the largest differences.
+pub(crate) fn assert_exact(
+    cluster: &Cluster,
+    job: u64,
+    losses: &BTreeMap<u64, f64>,
+    reference: &Reference,
+) -> (f64, f64) {
+    assert_exact_from(cluster, job, 1, losses, reference)
+}
+
+/// [`assert_exact`] for the steps from `first` on (a watch after a coordinator restart sees
+/// only the steps run since).
+pub(crate) fn assert_exact_from(
+    cluster: &Cluster,
+    job: u64,
+    first: u64,
+    losses: &BTreeMap<u64, f64>,
+    (ref_losses, ref_params): &Reference,
+) -> (f64, f64) {
+    let steps: Vec<u64> = losses.keys().copied().collect();
+    let expected: Vec<u64> = (first..=ref_losses.len() as u64).collect();
+    assert_eq!(steps, expected, "{losses:?}");
+    let loss_diff = losses
+        .iter()
+        .map(|(step, a)| (a - ref_losses[*step as usize - 1]).abs())
+        .fold(0.0, f64::max);
+    let param_diff = super::max_param_diff(ref_params, &final_params(cluster, job));
+    assert!(loss_diff <= TOLERANCE, "Δloss {loss_diff}");
+    assert!(param_diff <= TOLERANCE, "Δparam {param_diff}");
+    (loss_diff, param_diff)
+}
+
+/// Waits until the job is no longer running; its status line.
+pub(crate) fn ended(cluster: &Cluster, job: u64, limit: Duration) -> String {
+    wait_until(cluster, job, limit, |s, _| {
+        matches!(s, "succeeded" | "failed" | "cancelled")
+    })
+}
+
+/// `pipewise_replans_total{reason=…}` on the coordinator's metrics.
+pub(crate) fn replans_counted(cluster: &Cluster, reason: &str) -> f64 {
+    let (_, text) = super::http_get(cluster.metrics[0], "/metrics").unwrap();
+    let key = format!("pipewise_replans_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
+}
+
+/// The single-device reference of a spec: every step's loss and the final parameters.
+pub(crate) type Reference = (Vec<f64>, HashMap<String, Tensor>);
+
+/// Three worker processes running `schedule` for `steps` steps with checkpoints every
+/// `interval`, submitted and seen running past step `past`: the directory, cluster, spec,
+/// its reference and the job id.
+pub(crate) fn running_checkpointed(
+    name: &str,
+    schedule: &str,
+    steps: u32,
+    interval: u32,
+    past: u64,
+) -> (PathBuf, Cluster, JobSpec, Reference, u64) {
+    let dir = tempdir(name);
+    let cluster = start(&dir, 3);
+    let mut spec = spec(3, schedule, steps);
+    spec.job.name = name.into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = interval;
+    // Resumes must work with older checkpoints removed as newer ones complete.
+    spec.checkpoint.keep_latest_k = 2;
+    let reference = reference(&spec);
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= past
+    });
+    (dir, cluster, spec, reference, job)
+}
+
+/// Files in the job's `final/` directory (one per worker of the last run).
+pub(crate) fn finals(cluster: &Cluster, job: u64) -> usize {
+    std::fs::read_dir(
+        cluster
+            .data
+            .join("checkpoints")
+            .join(format!("job-{job}"))
+            .join("final"),
+    )
+    .unwrap()
+    .count()
+}

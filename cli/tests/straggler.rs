@@ -1,0 +1,64 @@
+//! A straggler: layers move off a worker much slower per pass; training stays exact.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::processes::*;
+
+/// A worker six times slower per pass: the coordinator sees it in the step reports,
+/// stops every worker after the same step, moves layers off it and resumes from that
+/// step's checkpoint; training stays exact.
+#[test]
+fn layers_move_off_a_straggler() {
+    const LONG: u32 = 24;
+    let dir = tempdir("straggler");
+    let cluster = start_with(&dir, 3, &[(2, &["--slowdown", "6"])]);
+    let mut spec = spec(3, "1f1b", LONG);
+    spec.job.name = "straggler".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 1000;
+    let reference = reference(&spec);
+    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
+    let stdout = history(&cluster, job);
+    let moves = replans(&stdout, "moved layers");
+    assert!(!moves.is_empty(), "{stdout}");
+    let first = moves[0];
+    assert!(first.contains("worker 2 (w2) took"), "{first}");
+    // "pieces per stage [a, b, c] → [x, y, z] (predicted …"
+    let lists: Vec<Vec<u32>> = first
+        .split("pieces per stage ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (predicted").next())
+        .unwrap()
+        .split(" → ")
+        .map(|list| {
+            list.trim_matches(|c| c == '[' || c == ']')
+                .split(", ")
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(lists.len(), 2, "{first}");
+    assert_eq!(lists[0].iter().sum::<u32>(), lists[1].iter().sum::<u32>());
+    assert!(
+        lists[1][2] < lists[0][2],
+        "the straggler keeps its layers: {first}"
+    );
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    // Step times of the reports' first and second halves (not asserted: a shared machine).
+    let ms: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .map(|l| l.split_whitespace().nth(4).unwrap().parse().unwrap())
+        .collect();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+    let cut = ms.len() / 2;
+    eprintln!(
+        "straggler: {first}\n  max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}; \
+         mean step {:.1} ms (first half of the reports) vs {:.1} ms (second half)",
+        mean(&ms[..cut]),
+        mean(&ms[cut..])
+    );
+    assert!(replans_counted(&cluster, "straggler") >= 1.0);
+}

@@ -1,0 +1,236 @@
+//! Worker processes: a `pipewise coordinator` and several `pipewise worker` processes on
+//! loopback, jobs submitted with `pipewise submit`. Training across processes must equal the
+//! single-device reference trainer, whatever the schedule, worker count or split; emulated
+//! compute reaches the workers through the job spec (and a finished job's gauges leave the
+//! metrics).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::processes::*;
+
+#[test]
+fn worker_processes_match_the_single_device_reference() {
+    let dir = tempdir("exact");
+    let cluster = start(&dir, 8);
+    let (ref_losses, ref_params) = reference(&spec(1, "1f1b", STEPS));
+    let mut runs: Vec<(u32, &str)> = [
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zb-h1",
+        "zb-h2",
+        "v-min",
+        "v-half",
+        "v-zb",
+        "adaptive-v",
+    ]
+    .iter()
+    .map(|s| (4, *s))
+    .collect();
+    runs.extend([
+        (1, "1f1b"),
+        (2, "1f1b"),
+        (8, "1f1b"),
+        (1, "v-half"),
+        (2, "v-half"),
+        (8, "v-half"),
+    ]);
+    for (workers, schedule) in runs {
+        let started = Instant::now();
+        let spec = spec(workers, schedule, STEPS);
+        let (job, losses) = submit_wait(&cluster, &write_spec(&dir, &spec));
+        assert_eq!(losses.len(), STEPS as usize, "{schedule} d={workers}");
+        let loss_diff = losses
+            .iter()
+            .zip(&ref_losses)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        let param_diff = common::max_param_diff(&ref_params, &final_params(&cluster, job));
+        eprintln!(
+            "{schedule:>16} d={workers}: max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}, \
+             loss {:.4} → {:.4}, {:.1} s",
+            losses[0],
+            losses[losses.len() - 1],
+            started.elapsed().as_secs_f64()
+        );
+        // The printed losses have 7 decimals.
+        assert!(
+            loss_diff <= TOLERANCE,
+            "{schedule} d={workers}: Δloss {loss_diff}"
+        );
+        assert!(
+            param_diff <= TOLERANCE,
+            "{schedule} d={workers}: Δparam {param_diff}"
+        );
+    }
+}
+
+/// `[compute] mode = "emulate"` reaches worker processes through the job spec: the job runs
+/// its steps with sleeping passes (no loss, no parameters) and the coordinator's planned
+/// bubble is the schedule simulated with the emulated times, not with unit times.
+#[test]
+fn emulated_job_runs_on_worker_processes() {
+    use pipewise_common::job::Compute;
+    use pipewise_common::{Costs, Times, simulate};
+
+    let dir = tempdir("emulate");
+    let cluster = start(&dir, 4);
+    let mut spec = spec(4, "zb-h1", 3);
+    spec.job.name = "emulated-zb-h1".into();
+    // B four times F and W a quarter of B: ZB-H1's bubble differs from the unit-time one.
+    spec.compute = Compute::emulate(2.0, 8.0, 1.0);
+    let plan = spec.validate().unwrap();
+    let bubble = |times: Times| {
+        simulate(
+            &plan.schedule,
+            &Costs::uniform(&plan.schedule.placement, times).unwrap(),
+        )
+        .unwrap()
+        .bubble
+    };
+    let planned = bubble(spec.compute.times_secs());
+    assert!((planned - bubble(Times::UNIT)).abs() > 0.01, "{planned}");
+
+    let file = write_spec(&dir, &spec);
+    let out = pipewise()
+        .arg("submit")
+        .arg(&file)
+        .args(["--coordinator", &cluster.url, "--wait"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "step    1  loss NaN  12.3 ms  bubble planned  12.3% measured  14.5%  peak KiB [...]"
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
+    assert_eq!(steps.len(), 3, "{stdout}");
+    let percent_after = |line: &str, key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap() + key.len()..];
+        rest.trim_start()
+            .split('%')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    for line in steps {
+        assert!(line.contains("loss NaN"), "nothing is learned: {line}");
+        let p = percent_after(line, "planned");
+        assert!(
+            (p - 100.0 * planned).abs() <= 0.051,
+            "{line}: planned {planned}"
+        );
+        let m = percent_after(line, "measured");
+        assert!((0.0..=100.0).contains(&m), "{line}");
+    }
+
+    // The finished job's gauges leave the metrics once unset for --metrics-expiry; the
+    // cluster's own (refreshed every heartbeat tick) and the counters stay.
+    let scrape = |port: u16| common::http_get(port, "/metrics").unwrap().1;
+    let series = |text: &str, prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+    let job_gauges = [
+        "pipewise_tokens_per_second{",
+        "pipewise_bubble_ratio{",
+        "pipewise_activation_memory_bytes{",
+    ];
+    let kept = [
+        "pipewise_workers_up 4",
+        "pipewise_jobs{state=\"succeeded\"} 1",
+        "pipewise_heartbeat_age_seconds{worker=\"w0\"}",
+        "pipewise_steps_total{job_id=",
+    ];
+    // After a heartbeat tick (every second) at least.
+    std::thread::sleep(Duration::from_millis(1200));
+    let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
+    for prefix in job_gauges.iter().chain(&kept) {
+        assert!(
+            series(&coordinator, prefix) > 0,
+            "{prefix} missing:\n{coordinator}"
+        );
+    }
+    assert!(
+        series(&worker, "pipewise_worker_bubble_ratio{") > 0,
+        "{worker}"
+    );
+    std::thread::sleep(Duration::from_millis(EXPIRY_SECS * 1000 + 1500));
+    let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
+    for prefix in job_gauges {
+        assert_eq!(
+            series(&coordinator, prefix),
+            0,
+            "{prefix} stayed:\n{coordinator}"
+        );
+    }
+    for prefix in kept {
+        assert!(
+            series(&coordinator, prefix) > 0,
+            "{prefix} missing:\n{coordinator}"
+        );
+    }
+    assert_eq!(
+        series(&worker, "pipewise_worker_bubble_ratio{"),
+        0,
+        "{worker}"
+    );
+    assert!(
+        series(&worker, "pipewise_worker_steps_total{") > 0,
+        "{worker}"
+    );
+}
+
+/// The peak activation KiB per worker of every step a watch output prints.
+fn peaks(stdout: &str) -> Vec<Vec<f64>> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .map(|l| {
+            let list = &l[l.find("peak KiB [").unwrap() + 10..l.rfind(']').unwrap()];
+            list.split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// torchtitan's `pipeline_parallel_first_stage_less_layers` moves blocks off the first
+/// stage: worker 0 holds fewer activations, worker 1 more, and training is still exact.
+#[test]
+fn first_stage_less_layers_moves_blocks_off_the_first_stage() {
+    let dir = tempdir("lesslayers");
+    let cluster = start(&dir, 2);
+    let even = spec(2, "1f1b", 3);
+    let mut less = even.clone();
+    less.job.name = "less".into();
+    // 14 blocks + 4 slots: 9 per stage, the first holding 5 blocks and the embedding.
+    less.parallelism.pipeline_parallel_first_stage_less_layers = 4;
+    let reference = reference(&even);
+    let (even_job, _) = submit_wait(&cluster, &write_spec(&dir, &even));
+    let (less_job, _) = submit_wait(&cluster, &write_spec(&dir, &less));
+    let (a, b) = (history(&cluster, even_job), history(&cluster, less_job));
+    let (pa, pb) = (&peaks(&a)[0], &peaks(&b)[0]);
+    eprintln!("peak KiB per worker: even split {pa:?}, first stage 4 layers less {pb:?}");
+    assert!(pb[0] < pa[0] && pb[1] > pa[1], "{pa:?} {pb:?}");
+    assert_exact(&cluster, less_job, &last_losses(&b), &reference);
+    // Refused before planning, with the field named.
+    less.parallelism.pipeline_parallel_first_stage_less_layers = 40;
+    let out = pipewise()
+        .arg("submit")
+        .arg(write_spec(&dir, &less))
+        .args(["--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("parallelism.pipeline_parallel_first_stage_less_layers"),
+        "{err}"
+    );
+}
