@@ -180,11 +180,31 @@ fn every_pod_is_confined_and_probed_over_grpc() {
     assert_eq!(resources["limits"]["memory"], "64Gi");
     assert_eq!(resources["limits"]["nvidia.com/gpu"], 1);
     assert!(resources["limits"]["cpu"].is_null());
+    // So do the coordinator (no CPU limit: heartbeats answered late would lose workers) and
+    // the submit Job.
+    let resources = &container(coordinator)["resources"];
+    assert_eq!(resources["requests"]["memory"], "1Gi");
+    assert_eq!(resources["limits"]["memory"], "4Gi");
+    assert!(resources["limits"]["cpu"].is_null());
+    assert_eq!(container(submit)["resources"]["limits"]["memory"], "256Mi");
     for workload in [coordinator, workers] {
         assert!(pod(workload)["priorityClassName"].is_null());
         assert!(pod(workload)["schedulerName"].is_null());
     }
     assert!(one(&docs, "StatefulSet")["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_null());
+}
+
+/// By default the workers have a PodDisruptionBudget (one eviction at a time) and every pod
+/// a NetworkPolicy.
+#[test]
+fn disruptions_and_network_are_bounded_by_default() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, &[]);
+    assert_eq!(
+        one(&docs, "PodDisruptionBudget")["spec"]["maxUnavailable"],
+        1
+    );
+    assert_eq!(all(&docs, "NetworkPolicy").len(), 2);
 }
 
 /// charts/pipewise/ci/options-on-values.yaml: every option on.

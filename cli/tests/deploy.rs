@@ -134,7 +134,9 @@ fn the_chart_renders_a_cluster() {
     let expected: BTreeSet<String> = [
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "PersistentVolumeClaim",
+        "PodDisruptionBudget",
         "Service",
         "StatefulSet",
     ]
@@ -306,10 +308,12 @@ fn only_gpu_workers_run_the_cuda_image() {
     assert_eq!(image(coordinator), (cpu.as_str(), "IfNotPresent"));
     assert_eq!(image(submit), (cpu.as_str(), "IfNotPresent"));
     assert_eq!(image(workers), (cuda.as_str(), "IfNotPresent"));
-    assert!(
-        container(coordinator)["resources"].is_null() && container(submit)["resources"].is_null(),
-        "a pod that runs the CPU image asks for no GPU"
-    );
+    for pod in [coordinator, submit] {
+        assert!(
+            container(pod)["resources"]["limits"]["nvidia.com/gpu"].is_null(),
+            "a pod that runs the CPU image asks for no GPU"
+        );
+    }
     assert_eq!(
         container(workers)["resources"]["limits"]["nvidia.com/gpu"],
         1
