@@ -23,7 +23,7 @@ pub const ADAPTIVE_ASCENT_STEPS: usize = 6;
 /// What the activation-limit search gave for an adaptive kind.
 pub(super) enum Searched {
     /// A schedule that fits every worker, its simulation, and how it was found.
-    Fits(Schedule, Simulation, String),
+    Fits(Box<(Schedule, Simulation)>, String),
     /// None fits: the class of reason, the reason, and the bytes the least-memory
     /// schedule needs on its fullest worker when known.
     Rejected(Why, String, Option<u64>),
@@ -135,8 +135,7 @@ pub(super) fn search_limit(
                 }
             }
             Searched::Fits(
-                planned.schedule,
-                planned.simulation,
+                Box::new((planned.schedule, planned.simulation)),
                 format!(
                     "searched under an activation limit of {} per worker, the lowest found \
                      that keeps its step time (the budget leaves {} for activations on the \

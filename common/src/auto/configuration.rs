@@ -123,7 +123,10 @@ pub(super) fn plan_one(
 
     let (schedule, sim, note) = if kind.is_adaptive() {
         match search_limit(kind, d, n, &costs, &static_bytes, budget)? {
-            Searched::Fits(schedule, sim, note) => (schedule, sim, note),
+            Searched::Fits(found, note) => {
+                let (schedule, sim) = *found;
+                (schedule, sim, note)
+            }
             Searched::Rejected(why, reason, needed) => return Ok(skip(why, reason, needed)),
         }
     } else {

@@ -80,13 +80,7 @@ pub fn search_v_block(
                 if !block.collision_free() {
                     continue;
                 }
-                let length = block
-                    .passes
-                    .iter()
-                    .map(|p| p.cell + p.len)
-                    .max()
-                    .unwrap_or(0);
-                let key = (block.peak_estimate(), length);
+                let key = (block.peak_estimate(), block.length());
                 if best.as_ref().is_none_or(|(k, _)| key < *k) {
                     best = Some((key, o));
                 }

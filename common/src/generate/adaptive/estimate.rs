@@ -54,13 +54,7 @@ pub fn block_makespan(block: &BuildingBlock, n: u32, costs: &Costs) -> f64 {
     let stages = block.placement.stages() as usize;
     let workers = block.placement.workers() as usize;
     let n_us = n as usize;
-    let length = block
-        .passes
-        .iter()
-        .map(|p| p.cell + p.len)
-        .max()
-        .unwrap_or(0)
-        .max(1);
+    let length = block.length().max(1);
     let mut by_cell: Vec<Vec<usize>> = vec![Vec::new(); length as usize];
     for (i, p) in block.passes.iter().enumerate() {
         by_cell[p.cell as usize].push(i);

@@ -4,6 +4,7 @@
 use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::generate::local::improve;
+use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::simulate::{Simulation, simulate};
 
@@ -31,7 +32,15 @@ pub(super) fn better(a: &Simulation, b: &Simulation) -> bool {
         || (a.makespan <= b.makespan + EPS && a.bubble_span + EPS < b.bubble_span)
 }
 
-pub(super) fn check_inputs(d: u32, n: u32, limit: f64) -> Result<()> {
+/// Checks the inputs of both searches: `d` and `n` at least 1, a finite positive `limit`,
+/// and costs for every stage of `placement`.
+pub(super) fn check_inputs(
+    d: u32,
+    n: u32,
+    limit: f64,
+    costs: &Costs,
+    placement: &Placement,
+) -> Result<()> {
     if d == 0 {
         return Err(Error::InvalidArgument {
             field: "workers",
@@ -50,7 +59,7 @@ pub(super) fn check_inputs(d: u32, n: u32, limit: f64) -> Result<()> {
             reason: format!("must be a finite number > 0, got {limit}"),
         });
     }
-    Ok(())
+    costs.check_for(placement)
 }
 
 /// Keeps `candidate` in `best` if it is better.

@@ -135,9 +135,8 @@ pub fn adaptive_v(
     limit: f64,
     local_search_budget: u64,
 ) -> Result<Planned> {
-    check_inputs(d, n, limit)?;
     let placement = Placement::V { workers: d };
-    costs.check_for(&placement)?;
+    check_inputs(d, n, limit, costs, &placement)?;
     const NAME: &str = "adaptive-v";
 
     let all = split_candidates(d);
@@ -157,13 +156,7 @@ pub fn adaptive_v(
         let block = o.block(d);
         let peak = steady_peak(&block, costs);
         if peak <= limit + EPS && seen.insert(&block, fitting.len(), |i| fitting[i].2.block(d)) {
-            let length = block
-                .passes
-                .iter()
-                .map(|p| p.cell + p.len)
-                .max()
-                .unwrap_or(0);
-            fitting.push((length, peak, o));
+            fitting.push((block.length(), peak, o));
         }
     }
     // Proxy: the squeezed makespan under the true costs, for as many blocks as the budget

@@ -44,9 +44,8 @@ pub fn adaptive_zb(
     limit: f64,
     local_search_budget: u64,
 ) -> Result<Planned> {
-    check_inputs(d, n, limit)?;
     let placement = Placement::OnePerWorker { workers: d };
-    costs.check_for(&placement)?;
+    check_inputs(d, n, limit, costs, &placement)?;
     const NAME: &str = "adaptive-zb";
     let mut best = Starts::new(3 * d as usize * n as usize);
     let mut smallest = f64::INFINITY;
