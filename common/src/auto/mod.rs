@@ -9,7 +9,7 @@
 //! 1. takes the kind's placement on `d` workers (`S` stages; interleaved 1F1B with
 //!    [`INTERLEAVED_CHUNKS`] chunks, only when `n` is a multiple of `d`);
 //! 2. splits the model's pieces ([`ModelSpec::pieces`]: embedding, blocks, head) into `S`
-//!    contiguous non-empty stages with [`balance`](crate::partition::balance): the largest stage time `F + B + W` first,
+//!    contiguous non-empty stages with [`balance`]: the largest stage time `F + B + W` first,
 //!    then the largest stage parameter count, then the spread of the stage times. The LM head
 //!    costs about `2V / (24h + 4t)` blocks of compute, so the last stage gets fewer blocks;
 //!    the embedding costs almost no compute but `V·h` parameters, so the parameter tie-break
@@ -46,6 +46,9 @@
 //!   allocated when F starts and freed when W (or BW) ends. This is conservative: it never
 //!   releases anything at B and charges the larger stash for the whole F → W span.
 //! - Communication: `comm_ms` on every hop between workers.
+//!
+//! [`ModelSpec::pieces`]: crate::model::ModelSpec::pieces
+//! [`ModelSpec::piece_activation_bytes`]: crate::model::ModelSpec::piece_activation_bytes
 //!
 //! # Files
 //!

@@ -11,6 +11,8 @@ impl JobPlan {
     /// ([`JobSpec::stage_ranges`]), each `F` adding the stage's stash after forward, `B`
     /// trading it for the stash after the input gradient, `W` (and `BW`) freeing it, the
     /// peak taken at pass boundaries with [`ModelSpec::piece_activation_bytes`]'s figures.
+    ///
+    /// [`ModelSpec::piece_activation_bytes`]: crate::model::ModelSpec::piece_activation_bytes
     pub fn predicted_peak_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
         let ranges = spec.stage_ranges(self.schedule.placement.stages())?;
         self.predicted_peak_bytes_over(spec, &ranges)
@@ -42,6 +44,8 @@ impl JobPlan {
     /// The parameters, gradients and two AdamW moments each worker holds, with the model's
     /// pieces cut into `ranges` (one per stage): [`DType::training_state_bytes`] per
     /// parameter of its stages, as a worker counts them in its step reports.
+    ///
+    /// [`DType::training_state_bytes`]: crate::model::DType::training_state_bytes
     pub fn predicted_state_bytes_over(
         &self,
         spec: &JobSpec,

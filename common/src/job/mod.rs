@@ -1,5 +1,6 @@
 //! A training job: what a user submits (TOML, field names in torchtitan's spirit), its
-//! validation and planning. Every rejected field comes back as [`Error::InvalidArgument`] naming the field
+//! validation and planning. Every rejected field comes back as
+//! [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) naming the field
 //! (`section.key`) and the reason; the gRPC edge turns that into `InvalidArgument`.
 //!
 //! ```toml

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 
 /// Pieces per stage (model order) for `piece_costs` split over the stages of `worker_of`
 /// (stage → worker), every stage non-empty, minimising the largest per-worker time for the
-/// workers' `slowness` (see the [module docs](self)).
+/// workers' `slowness`, by bisection on that time, each bound checked exactly.
 pub fn split_for_speeds(
     piece_costs: &[f64],
     worker_of: &[u32],
