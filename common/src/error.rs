@@ -209,6 +209,14 @@ fn describe_stuck(stuck: &[(Cell, Pass)]) -> String {
 }
 
 impl Error {
+    /// [`Error::InvalidArgument`] naming `field` and why it is rejected.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
     /// The cells this error points at (for marking a grid).
     pub fn cells(&self) -> Vec<Cell> {
         match self {

@@ -13,15 +13,16 @@
 //! - [`cost`]: per-stage F/B/W durations, communication latency, activation memory.
 //! - [`mod@simulate`]: start/end of every pass, makespan, bubble rates, peak memory, lower bounds.
 //! - [`mod@generate`]: every schedule generator, and the building-block framework they share.
-//! - [`job`]: a training job as submitted (TOML, torchtitan-style names) and its validation.
+//! - [`job`]: a training job as submitted (TOML, torchtitan-style names), its validation and
+//!   planning, its predicted memory, and its checkpoint layout and run ids.
 //! - [`csv`]: import/export in the CSV form torchtitan and PyTorch use.
 //! - [`trace`]: executed step timelines (spans recorded by workers) and their measured costs.
 //! - [`render`]: text grid, SVG, Chrome trace and report renderings; planned vs executed.
 //! - [`error`]: the crate's one error type.
 //! - [`cancel`]: cooperative cancellation of long planning calls.
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
-//! - [`rebalance`]: a split of the model's pieces for measured worker speeds (moving layers
-//!   off a straggler).
+//! - [`partition`]: every split of the model's pieces into stages (even, torchtitan's,
+//!   balanced for the auto-planner, for measured worker speeds).
 
 pub mod auto;
 pub mod cancel;
@@ -31,9 +32,13 @@ pub mod error;
 pub mod generate;
 pub mod job;
 pub mod model;
+pub mod partition;
 pub mod pass;
 pub mod placement;
-pub mod rebalance;
+/// The straggler split's old path; it lives in [`partition`].
+pub mod rebalance {
+    pub use crate::partition::{largest_worker_time, split_for_speeds};
+}
 pub mod render;
 pub mod schedule;
 pub mod simulate;

@@ -175,48 +175,16 @@ const TOKEN_BYTES: u64 = 4;
 impl ModelSpec {
     /// The model's pieces cut into `stages` contiguous ranges as evenly as possible
     /// (earlier stages get the extra pieces); the embedding goes with the first stage and
-    /// the head with the last.
+    /// the head with the last ([`partition::even`](crate::partition::even)).
     pub fn even_split(&self, stages: usize) -> Result<Vec<std::ops::Range<usize>>> {
-        let total = self.layers as usize + 2;
-        if stages == 0 || stages > total {
-            return Err(Error::InvalidArgument {
-                field: "stages",
-                reason: format!("{stages} stages for a model of {total} pieces"),
-            });
-        }
-        let mut ranges = Vec::with_capacity(stages);
-        let mut start = 0;
-        for s in 0..stages {
-            let len = total / stages + usize::from(s < total % stages);
-            ranges.push(start..start + len);
-            start += len;
-        }
-        Ok(ranges)
+        crate::partition::even(self.layers as usize + 2, stages)
     }
 
     /// The model's pieces cut into contiguous ranges of `counts[s]` pieces each (a stage
-    /// per count): every count positive, adding up to the model's pieces.
+    /// per count): every count positive, adding up to the model's pieces
+    /// ([`partition::by_counts`](crate::partition::by_counts)).
     pub fn split_by_counts(&self, counts: &[u32]) -> Result<Vec<std::ops::Range<usize>>> {
-        let total = self.layers as usize + 2;
-        let sum: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-        if counts.is_empty() || counts.contains(&0) || sum != total as u64 {
-            return Err(Error::InvalidArgument {
-                field: "stage_pieces",
-                reason: format!(
-                    "{counts:?}: need a positive count per stage adding up to the model's \
-                     {total} pieces"
-                ),
-            });
-        }
-        let mut start = 0;
-        Ok(counts
-            .iter()
-            .map(|&c| {
-                let r = start..start + c as usize;
-                start = r.end;
-                r
-            })
-            .collect())
+        crate::partition::by_counts(self.layers as usize + 2, counts)
     }
 
     /// Rejects zero sizes, sizes above [`MAX_LAYERS`], [`MAX_HIDDEN`], [`MAX_VOCAB`] and

@@ -198,6 +198,15 @@ impl BuildingBlock {
         self.passes.extend(extra);
     }
 
+    /// Cells from the block's first cell to the end of its last pass.
+    pub fn length(&self) -> i64 {
+        self.passes
+            .iter()
+            .map(|p| p.cell + p.len)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// True when repeating every `period` cells never puts two passes in one cell.
     pub fn collision_free(&self) -> bool {
         (0..self.placement.workers()).all(|w| {

@@ -19,12 +19,12 @@ mod adaptive;
 mod block;
 mod classic;
 mod compact;
+mod finish;
+mod fixed_v;
 mod greedy_v;
+mod kind;
 mod list_v;
 mod local;
-
-use std::fmt;
-use std::str::FromStr;
 
 pub use adaptive::{
     Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan, order_peak, split_candidates,
@@ -32,7 +32,9 @@ pub use adaptive::{
 };
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
 pub use compact::{compact, fill_weights};
+pub use fixed_v::{GREEDY_V_PASSES, search_v_block};
 pub use greedy_v::greedy_v;
+pub use kind::ScheduleKind;
 pub use local::{budget_for, improve};
 
 use crate::cost::{Costs, Times};
@@ -40,153 +42,8 @@ use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::placement::Placement;
 use crate::schedule::Schedule;
-use crate::simulate::{Simulation, simulate};
-
-/// The schedules pipewise can generate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ScheduleKind {
-    /// All forwards, then all backwards.
-    GPipe,
-    /// One forward, one backward (PipeDream-flush).
-    OneFOneB,
-    /// 1F1B with a doubled forward offset.
-    Eager1F1B,
-    /// Megatron's interleaved 1F1B.
-    Interleaved1F1B,
-    /// Breadth-first looped schedule.
-    LoopedBfs,
-    /// Zero bubble, 1F1B memory.
-    ZbH1,
-    /// Zero bubble, twice 1F1B memory.
-    ZbH2,
-    /// V-shape, ~1/3 of 1F1B memory.
-    VMin,
-    /// V-shape, ~1/2 of 1F1B memory.
-    VHalf,
-    /// V-shape, 1F1B memory, ~zero bubble.
-    VZb,
-    /// V-shape without the B/W split (~2/3 of 1F1B memory).
-    OneFOneBV,
-    /// DeepSeek's DualPipeV.
-    DualPipeV,
-    /// V placement searched under a memory limit (seed 000, App. A).
-    AdaptiveV,
-    /// One stage per worker, zero-bubble family searched under a memory limit.
-    AdaptiveZb,
-}
-
-impl ScheduleKind {
-    /// Every kind, in `--compare` order.
-    pub const ALL: [ScheduleKind; 14] = [
-        ScheduleKind::GPipe,
-        ScheduleKind::OneFOneB,
-        ScheduleKind::Eager1F1B,
-        ScheduleKind::Interleaved1F1B,
-        ScheduleKind::LoopedBfs,
-        ScheduleKind::ZbH1,
-        ScheduleKind::ZbH2,
-        ScheduleKind::VMin,
-        ScheduleKind::VHalf,
-        ScheduleKind::VZb,
-        ScheduleKind::OneFOneBV,
-        ScheduleKind::DualPipeV,
-        ScheduleKind::AdaptiveV,
-        ScheduleKind::AdaptiveZb,
-    ];
-
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScheduleKind::GPipe => "gpipe",
-            ScheduleKind::OneFOneB => "1f1b",
-            ScheduleKind::Eager1F1B => "eager-1f1b",
-            ScheduleKind::Interleaved1F1B => "interleaved-1f1b",
-            ScheduleKind::LoopedBfs => "looped-bfs",
-            ScheduleKind::ZbH1 => "zb-h1",
-            ScheduleKind::ZbH2 => "zb-h2",
-            ScheduleKind::VMin => "v-min",
-            ScheduleKind::VHalf => "v-half",
-            ScheduleKind::VZb => "v-zb",
-            ScheduleKind::OneFOneBV => "1f1b-v",
-            ScheduleKind::DualPipeV => "dualpipe-v",
-            ScheduleKind::AdaptiveV => "adaptive-v",
-            ScheduleKind::AdaptiveZb => "adaptive-zb",
-        }
-    }
-
-    /// True for the kinds whose stage count depends on `--chunks`.
-    pub fn uses_chunks(self) -> bool {
-        matches!(
-            self,
-            ScheduleKind::Interleaved1F1B | ScheduleKind::LoopedBfs
-        )
-    }
-
-    /// True for the kinds planned under a memory limit.
-    pub fn is_adaptive(self) -> bool {
-        matches!(self, ScheduleKind::AdaptiveV | ScheduleKind::AdaptiveZb)
-    }
-
-    /// The placement the kind uses on `d` workers with `chunks` chunks.
-    pub fn placement(self, d: u32, chunks: u32) -> Placement {
-        match self {
-            ScheduleKind::Interleaved1F1B | ScheduleKind::LoopedBfs => {
-                Placement::Loop { workers: d, chunks }
-            }
-            ScheduleKind::VMin
-            | ScheduleKind::VHalf
-            | ScheduleKind::VZb
-            | ScheduleKind::OneFOneBV
-            | ScheduleKind::DualPipeV
-            | ScheduleKind::AdaptiveV => Placement::V { workers: d },
-            _ => Placement::OnePerWorker { workers: d },
-        }
-    }
-
-    /// The smallest microbatch count the kind supports on `d` workers.
-    pub fn min_microbatches(self, d: u32) -> u32 {
-        match self {
-            ScheduleKind::DualPipeV => 2 * d,
-            _ => 1,
-        }
-    }
-}
-
-impl fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ScheduleKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
-        let alias = match wanted.as_str() {
-            "pipedream-flush" | "1f1b-flush" => "1f1b",
-            "interleaved" | "interleaved1f1b" => "interleaved-1f1b",
-            "loopedbfs" => "looped-bfs",
-            "zbh1" | "zb1p" => "zb-h1",
-            "zbh2" => "zb-h2",
-            "zbv" | "zbvzerobubble" => "v-zb",
-            "dualpipev" => "dualpipe-v",
-            "adaptivev" | "v-adaptive" => "adaptive-v",
-            "adaptivezb" | "zb-adaptive" | "zb-2p" | "zb2p" => "adaptive-zb",
-            other => other,
-        };
-        ScheduleKind::ALL
-            .into_iter()
-            .find(|k| k.name() == alias)
-            .ok_or_else(|| Error::InvalidArgument {
-                field: "schedule",
-                reason: format!(
-                    "unknown schedule {s:?}; known: {}",
-                    ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
-                ),
-            })
-    }
-}
+use finish::finish;
+use fixed_v::fixed_v;
 
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -232,10 +89,6 @@ pub const MAX_STAGE_MICROBATCHES: u64 = 2_000_000;
 
 /// Simulated passes the local search may spend inside [`generate`] (about 0.1–0.3 s).
 pub const LOCAL_SEARCH_BUDGET: u64 = 3_000_000;
-
-/// Largest V-ZB shape (passes, 6dn) on which [`greedy_v`] runs beside the building block
-/// (d = 16 up to n = 1024; d = 64 up to n = 256).
-pub const GREEDY_V_PASSES: u64 = 100_000;
 
 /// Generates the schedule `req` asks for, with every stage costed from `req.times`.
 pub fn generate(req: &Request) -> Result<Schedule> {
@@ -316,132 +169,6 @@ pub fn generate_with(
         }
         ScheduleKind::DualPipeV => Ok(dualpipe_v(d, n)),
     }
-}
-
-/// Building block → repeat → squeeze → reorder (warm-up, then [`finish`]).
-/// The fixed V-shape schedules (V-Min, V-Half, V-ZB) of seed 000 under `costs` (over the
-/// `2d` stages of the V placement), with their simulation: the block of the class repeated,
-/// App. C's reorders, then [`finish`]'s compaction or W filling within the class; for V-ZB
-/// the greedy V scheduler competes in the same memory class on shapes of up to
-/// [`GREEDY_V_PASSES`] passes, and the lower span bubble wins.
-pub(crate) fn fixed_v(
-    kind: ScheduleKind,
-    d: u32,
-    n: u32,
-    costs: &Costs,
-) -> Result<(Schedule, Simulation)> {
-    let (name, offsets) = match kind {
-        ScheduleKind::VMin => ("v-min", VOffsets::v_min(d)),
-        ScheduleKind::VHalf => ("v-half", VOffsets::v_half(d)),
-        ScheduleKind::VZb => ("v-zb", search_v_block(d, [4, 2, 4, 2], false)?),
-        other => {
-            return Err(Error::Unsupported {
-                schedule: other.name().into(),
-                reason: "not a fixed V-shape schedule".into(),
-            });
-        }
-    };
-    let warm = reorder_warmup(offsets.block(d).repeat(name, n)?)?;
-    let (block, block_sim) = finish_simulated(warm, costs, None)?;
-    // The greedy V scheduler competes in the block schedule's memory class; it wins when few
-    // microbatches keep the block schedule out of its steady state, and is skipped on large
-    // shapes, where it costs seconds and the block is near zero bubble.
-    if kind != ScheduleKind::VZb || 6 * u64::from(d) * u64::from(n) > GREEDY_V_PASSES {
-        return Ok((block, block_sim));
-    }
-    match greedy_v::greedy_v_simulated(d, n, costs, block_sim.max_peak_memory()) {
-        Ok((greedy, greedy_sim)) if greedy_v::span_first(&greedy_sim, &block_sim) => {
-            Ok((greedy, greedy_sim))
-        }
-        _ => Ok((block, block_sim)),
-    }
-}
-
-/// The cost-aware end of the split-backward pipelines: App. C cool-down reorder, then the
-/// best of compaction and zero-bubble W filling (both within the memory class: the largest
-/// per-worker peak of the reordered schedule).
-fn finish(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
-    finish_simulated(schedule, costs, None).map(|(schedule, _)| schedule)
-}
-
-/// [`finish`] with W filling allowed up to `cap` activation memory per worker instead of
-/// the reordered schedule's own peak (when larger), and the winner's simulation.
-pub(crate) fn finish_simulated(
-    schedule: Schedule,
-    costs: &Costs,
-    cap: Option<f64>,
-) -> Result<(Schedule, Simulation)> {
-    let cooled = reorder_cooldown(schedule, costs)?;
-    let class = simulate(&cooled, costs)?.max_peak_memory();
-    let cap = cap.map_or(class, |c| c.max(class));
-    let candidates = [
-        compact(cooled.clone(), costs)?,
-        fill_weights(&cooled, costs, cap, false)?,
-        fill_weights(&cooled, costs, cap, true)?,
-    ];
-    // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
-    const EPS: f64 = 1e-9;
-    let mut best: Option<(Schedule, Simulation)> = None;
-    for candidate in candidates {
-        let sim = simulate(&candidate, costs)?;
-        let better = best.as_ref().is_none_or(|(_, b)| {
-            sim.makespan + EPS < b.makespan
-                || (sim.makespan <= b.makespan + EPS && sim.bubble_span + EPS < b.bubble_span)
-        });
-        if better {
-            best = Some((candidate, sim));
-        }
-    }
-    best.ok_or(Error::InvalidArgument {
-        field: "schedule",
-        reason: "no candidate schedule".into(),
-    })
-}
-
-/// Finds the turn offsets (δ(F_d⁰,F_d¹), δ(F_1¹,B_1¹), δ(B_d¹,B_d⁰)) for V-shape offsets
-/// `[f_down, f_up, b_down, b_up]` that repeat without collision, preferring the lowest peak
-/// memory (Eq. 1), then the shortest block.
-pub fn search_v_block(
-    d: u32,
-    [f_down, f_up, b_down, b_up]: [i64; 4],
-    fused: bool,
-) -> Result<VOffsets> {
-    let min_b = if fused { 2 } else { 1 };
-    let mut best: Option<((i64, i64), VOffsets)> = None;
-    for turn_f in 1..=8 {
-        for turn_fb in 1..=8 {
-            for turn_b in min_b..=8 {
-                let o = VOffsets {
-                    f_down,
-                    f_up,
-                    b_down,
-                    b_up,
-                    turn_f,
-                    turn_fb,
-                    turn_b,
-                    fused,
-                };
-                let block = o.block(d);
-                if !block.collision_free() {
-                    continue;
-                }
-                let length = block
-                    .passes
-                    .iter()
-                    .map(|p| p.cell + p.len)
-                    .max()
-                    .unwrap_or(0);
-                let key = (block.peak_estimate(), length);
-                if best.as_ref().is_none_or(|(k, _)| key < *k) {
-                    best = Some((key, o));
-                }
-            }
-        }
-    }
-    best.map(|(_, o)| o).ok_or_else(|| Error::NoBuildingBlock {
-        schedule: "v-shape".into(),
-        workers: d,
-    })
 }
 
 /// DualPipeV (DeepSeek): the V placement run in DualPipe's eight phases on worker `r`:

@@ -9,13 +9,9 @@
 
 use crate::error::{Error, Result};
 
-fn invalid(field: &'static str, reason: String) -> Error {
-    Error::InvalidArgument { field, reason }
-}
-
 /// Pieces per stage (model order) for `piece_costs` split over the stages of `worker_of`
 /// (stage → worker), every stage non-empty, minimising the largest per-worker time for the
-/// workers' `slowness` (see the [module docs](self)).
+/// workers' `slowness`, by bisection on that time, each bound checked exactly.
 pub fn split_for_speeds(
     piece_costs: &[f64],
     worker_of: &[u32],
@@ -23,23 +19,23 @@ pub fn split_for_speeds(
 ) -> Result<Vec<u32>> {
     let stages = worker_of.len();
     if stages == 0 || stages > piece_costs.len() {
-        return Err(invalid(
+        return Err(Error::invalid(
             "stages",
             format!("{stages} stages for {} pieces", piece_costs.len()),
         ));
     }
     if piece_costs.iter().any(|c| !(c.is_finite() && *c >= 0.0)) {
-        return Err(invalid("piece_costs", "must be finite and ≥ 0".into()));
+        return Err(Error::invalid("piece_costs", "must be finite and ≥ 0"));
     }
     let mut held = vec![0u32; slowness.len()];
     for &w in worker_of {
         let slot = held
             .get_mut(w as usize)
-            .ok_or_else(|| invalid("worker_of", format!("worker {w} has no slowness")))?;
+            .ok_or_else(|| Error::invalid("worker_of", format!("worker {w} has no slowness")))?;
         *slot += 1;
     }
     if slowness.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
-        return Err(invalid("slowness", "must be finite and > 0".into()));
+        return Err(Error::invalid("slowness", "must be finite and > 0"));
     }
     // A stage on worker w may cost at most bound / (slowness × stages it holds). Which
     // prefixes of the pieces the first s stages can cover is found stage by stage (a
@@ -99,7 +95,7 @@ pub fn split_for_speeds(
     let max_held = held.iter().copied().max().unwrap_or(1);
     let total: f64 = piece_costs.iter().sum();
     let mut hi = (total * max_slow * f64::from(max_held)).max(f64::MIN_POSITIVE) * 1.000_001;
-    let mut best = fill(hi).ok_or_else(|| invalid("piece_costs", "no split fits".into()))?;
+    let mut best = fill(hi).ok_or_else(|| Error::invalid("piece_costs", "no split fits"))?;
     let mut lo = 0.0;
     for _ in 0..100 {
         let mid = 0.5 * (lo + hi);

@@ -4,11 +4,10 @@
 //! `5B0` (input-gradient backward), `5W0` (weight-gradient backward), `2BW1` (fused backward).
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+mod text;
 
 /// What a pass computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -89,39 +88,6 @@ impl fmt::Display for Pass {
     }
 }
 
-/// Splits `text` as `<digits><letters><digits>`.
-pub(crate) fn split_action(text: &str) -> Option<(u32, &str, u32)> {
-    let letters_at = text.find(|c: char| !c.is_ascii_digit())?;
-    let digits_at = letters_at + text[letters_at..].find(|c: char| c.is_ascii_digit())?;
-    let (stage, rest) = text.split_at(letters_at);
-    let (kind, mb) = rest.split_at(digits_at - letters_at);
-    if stage.is_empty() || mb.is_empty() || !mb.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((stage.parse().ok()?, kind, mb.parse().ok()?))
-}
-
-impl FromStr for Pass {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let text = s.trim();
-        let bad = || Error::BadPass {
-            text: text.to_string(),
-            expected: "<stage><F|B|W|BW><microbatch>, e.g. 0F3 or 2BW1",
-        };
-        let (stage, kind, mb) = split_action(text).ok_or_else(bad)?;
-        let kind = match kind {
-            "F" => PassKind::F,
-            "B" => PassKind::B,
-            "W" => PassKind::W,
-            "BW" => PassKind::BW,
-            _ => return Err(bad()),
-        };
-        Ok(Pass { kind, stage, mb })
-    }
-}
-
 /// A dense table with one value per pass of a step (`4 × stages × microbatches` slots),
 /// for the hot loops of the planner where hashing every lookup would dominate.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,45 +140,5 @@ impl PassMap<f64> {
     pub fn known(&self, pass: Pass) -> Option<f64> {
         let t = *self.get(pass);
         (!t.is_nan()).then_some(t)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn parses_examples() {
-        assert_eq!("0F3".parse::<Pass>().ok(), Some(Pass::f(0, 3)));
-        assert_eq!("5B0".parse::<Pass>().ok(), Some(Pass::b(5, 0)));
-        assert_eq!("5W0".parse::<Pass>().ok(), Some(Pass::w(5, 0)));
-        assert_eq!("2BW1".parse::<Pass>().ok(), Some(Pass::bw(2, 1)));
-        assert_eq!(Pass::bw(12, 40).to_string(), "12BW40");
-    }
-
-    #[test]
-    fn rejects_malformed() {
-        for bad in ["", "F3", "0F", "0X3", "0F3x", "-1F3", "0BWW1", "0 F 3"] {
-            let err = bad.parse::<Pass>().expect_err(bad);
-            assert!(err.to_string().contains("expected"), "{err}");
-        }
-    }
-
-    fn any_kind() -> impl Strategy<Value = PassKind> {
-        prop_oneof![
-            Just(PassKind::F),
-            Just(PassKind::B),
-            Just(PassKind::W),
-            Just(PassKind::BW)
-        ]
-    }
-
-    proptest! {
-        #[test]
-        fn text_round_trips(kind in any_kind(), stage in 0u32..100_000, mb in 0u32..1_000_000) {
-            let pass = Pass::new(kind, stage, mb);
-            prop_assert_eq!(pass.to_string().parse::<Pass>().ok(), Some(pass));
-        }
     }
 }

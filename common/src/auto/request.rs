@@ -1,0 +1,137 @@
+//! What the auto-planner is asked, and what each piece of the model costs at a microbatch
+//! size (its F, B, W times, activation bytes and parameters).
+
+use serde::Serialize;
+
+use crate::cost::Times;
+use crate::error::{Error, Result};
+use crate::model::{ModelSpec, Piece};
+
+/// Sustained FLOP rate assumed without measured times: `1e11` FLOPs per millisecond
+/// (100 TFLOP/s, a modest sustained rate for a current datacenter GPU in bf16).
+pub const DEFAULT_FLOPS_PER_MS: f64 = 1e11;
+
+/// Measured pass times (milliseconds) of one transformer block at one microbatch size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LayerTimes {
+    /// Forward.
+    pub f: f64,
+    /// Input-gradient backward.
+    pub b: f64,
+    /// Weight-gradient backward.
+    pub w: f64,
+    /// The microbatch size (sequences) they were measured at.
+    pub microbatch_size: u32,
+}
+
+/// What to plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AutoRequest {
+    /// The model.
+    pub spec: ModelSpec,
+    /// Sequences per training step.
+    pub global_batch: u32,
+    /// Pipeline workers `d`.
+    pub workers: u32,
+    /// Memory of one worker, in bytes.
+    pub memory_per_worker: u64,
+    /// Measured block times; `None` derives times from FLOPs at [`DEFAULT_FLOPS_PER_MS`].
+    pub layer_times: Option<LayerTimes>,
+    /// Latency of one hop between workers, in milliseconds.
+    pub comm_ms: f64,
+    /// How many fitting plans to rank; the other fitting ones are reported as slower.
+    pub top: usize,
+}
+
+impl AutoRequest {
+    /// Rejects an invalid spec, zero counts, a zero budget and bad times.
+    pub fn validate(&self) -> Result<()> {
+        self.spec.validate()?;
+        let counts: [(&'static str, u64); 4] = [
+            ("global batch", u64::from(self.global_batch)),
+            ("workers", u64::from(self.workers)),
+            ("memory per worker", self.memory_per_worker),
+            ("top", self.top as u64),
+        ];
+        for (field, value) in counts {
+            if value == 0 {
+                return Err(Error::InvalidArgument {
+                    field,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if !self.comm_ms.is_finite() || self.comm_ms < 0.0 {
+            return Err(Error::InvalidArgument {
+                field: "times",
+                reason: format!(
+                    "communication time must be finite and ≥ 0, got {}",
+                    self.comm_ms
+                ),
+            });
+        }
+        if let Some(t) = self.layer_times {
+            if t.microbatch_size == 0 {
+                return Err(Error::InvalidArgument {
+                    field: "layer times",
+                    reason: "the microbatch size must be at least 1".into(),
+                });
+            }
+            Times {
+                f: t.f,
+                b: t.b,
+                w: t.w,
+                comm: 0.0,
+            }
+            .check()
+            .map_err(|_| Error::InvalidArgument {
+                field: "layer times",
+                reason: format!(
+                    "F, B, W must be finite, ≥ 0 and not all zero, got {},{},{}",
+                    t.f, t.b, t.w
+                ),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Costs of one piece at one microbatch size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct PieceCost {
+    pub(super) f: f64,
+    pub(super) b: f64,
+    pub(super) w: f64,
+    /// Activation bytes held per microbatch (see the [module docs](super)).
+    pub(super) mem: u64,
+    pub(super) params: u64,
+}
+
+/// Per-piece costs at microbatch size `mbs`.
+pub(super) fn piece_costs(req: &AutoRequest, mbs: u32) -> Vec<PieceCost> {
+    let spec = &req.spec;
+    spec.pieces()
+        .into_iter()
+        .map(|p| {
+            let flops = spec.piece_flops(p, mbs);
+            let (f, b, w) = match req.layer_times {
+                None => {
+                    let t = flops / DEFAULT_FLOPS_PER_MS;
+                    (t, t, t)
+                }
+                Some(lt) => {
+                    let scale = flops / spec.piece_flops(Piece::Block(0), lt.microbatch_size);
+                    (lt.f * scale, lt.b * scale, lt.w * scale)
+                }
+            };
+            let act = spec.piece_activation_bytes(p, mbs);
+            PieceCost {
+                f,
+                b,
+                w,
+                mem: act.after_forward.max(act.after_backward_input),
+                params: spec.piece_params(p),
+            }
+        })
+        .collect()
+}

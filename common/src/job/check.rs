@@ -1,0 +1,380 @@
+//! Field validation of a job: every field checked, the first problem found returned as
+//! [`Error::InvalidArgument`] naming the field (`section.key`) and the reason.
+
+use super::spec::{JobSpec, MAX_FRAME_BYTES};
+use crate::error::{Error, Result};
+use crate::generate::{
+    MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, MAX_WORKERS, Request, ScheduleKind,
+};
+use crate::model::DType;
+
+impl JobSpec {
+    /// Checks every field the schedule depends on (all but `[checkpoint]` and `[data]`) and
+    /// returns the request that generates the schedule.
+    pub(crate) fn schedule_request(&self) -> Result<Request> {
+        if self.job.name.trim().is_empty() {
+            return Err(Error::invalid("job.name", "must not be empty"));
+        }
+        self.model.validate().map_err(|e| match e {
+            Error::InvalidArgument { field, reason } => Error::InvalidArgument {
+                field: model_field(field),
+                reason,
+            },
+            other => other,
+        })?;
+        if self.model.dtype == DType::F16 && !self.compute.is_emulated() {
+            // bf16 has f32's exponent range; f16's underflows without loss scaling (a
+            // 32k-vocabulary loss gradient over 8 × 4096 tokens is about 1e-9).
+            return Err(Error::invalid(
+                "model.dtype",
+                "f16 training needs loss scaling, which pipewise does not have; use bf16 \
+                 (f16 is accepted for planning and emulated compute)",
+            ));
+        }
+        let t = &self.training;
+        if t.steps == 0 {
+            return Err(Error::invalid("training.steps", "must be at least 1"));
+        }
+        if t.global_batch_size == 0 {
+            return Err(Error::invalid(
+                "training.global_batch_size",
+                "must be at least 1",
+            ));
+        }
+        if !(t.max_norm.is_finite() && t.max_norm >= 0.0) {
+            return Err(Error::invalid(
+                "training.max_norm",
+                format!(
+                    "must be finite and ≥ 0 (0 turns clipping off), got {}",
+                    t.max_norm
+                ),
+            ));
+        }
+        let o = &self.optimizer;
+        if !(o.lr.is_finite() && o.lr > 0.0) {
+            return Err(Error::invalid(
+                "optimizer.lr",
+                format!("must be finite and > 0, got {}", o.lr),
+            ));
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            return Err(Error::invalid(
+                "optimizer.weight_decay",
+                format!("must be finite and ≥ 0, got {}", o.weight_decay),
+            ));
+        }
+        for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(Error::invalid(
+                    field,
+                    format!("must be in [0, 1), got {beta}"),
+                ));
+            }
+        }
+        if !(o.eps.is_finite() && o.eps > 0.0) {
+            return Err(Error::invalid(
+                "optimizer.eps",
+                format!("must be finite and > 0, got {}", o.eps),
+            ));
+        }
+        let p = &self.parallelism;
+        let d = p.pipeline_parallel_degree;
+        if !(1..=MAX_WORKERS).contains(&d) {
+            return Err(Error::invalid(
+                "parallelism.pipeline_parallel_degree",
+                format!("must be 1 to {MAX_WORKERS} workers, got {d}"),
+            ));
+        }
+        let mbs = p.pipeline_parallel_microbatch_size;
+        if mbs == 0 {
+            return Err(Error::invalid(
+                "parallelism.pipeline_parallel_microbatch_size",
+                "must be at least 1",
+            ));
+        }
+        // What one activation (or its gradient) between stages takes: b × t × h elements.
+        let frame = u128::from(mbs)
+            * u128::from(self.model.seq_len)
+            * u128::from(self.model.hidden)
+            * u128::from(self.model.dtype.bytes());
+        if frame > u128::from(MAX_FRAME_BYTES) {
+            return Err(Error::invalid(
+                "parallelism.pipeline_parallel_microbatch_size",
+                format!(
+                    "a microbatch's activation between stages ({mbs} × {} tokens × {} × {} \
+                     bytes) is {frame} bytes, over the {MAX_FRAME_BYTES} bytes the workers' \
+                     transport carries in one frame; use smaller microbatches or sequences",
+                    self.model.seq_len,
+                    self.model.hidden,
+                    self.model.dtype.bytes()
+                ),
+            ));
+        }
+        if !t.global_batch_size.is_multiple_of(mbs) {
+            return Err(Error::invalid(
+                "training.global_batch_size",
+                format!(
+                    "{} sequences do not split into microbatches of {mbs} \
+                     (parallelism.pipeline_parallel_microbatch_size)",
+                    t.global_batch_size
+                ),
+            ));
+        }
+        if !(1..=MAX_CHUNKS).contains(&p.pipeline_parallel_chunks) {
+            return Err(Error::invalid(
+                "parallelism.pipeline_parallel_chunks",
+                format!(
+                    "must be 1 to {MAX_CHUNKS}, got {}",
+                    p.pipeline_parallel_chunks
+                ),
+            ));
+        }
+        let kind: ScheduleKind = p.pipeline_parallel_schedule.parse().map_err(|_| {
+            Error::invalid(
+                "parallelism.pipeline_parallel_schedule",
+                format!(
+                    "unknown schedule {:?}; known: {}",
+                    p.pipeline_parallel_schedule,
+                    ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
+                ),
+            )
+        })?;
+        if let Some(limit) = p.memory_limit {
+            if !kind.is_adaptive() {
+                return Err(Error::invalid(
+                    "parallelism.memory_limit",
+                    format!("applies to adaptive-v and adaptive-zb, not to {kind}"),
+                ));
+            }
+            if !(limit.is_finite() && limit > 0.0) {
+                return Err(Error::invalid(
+                    "parallelism.memory_limit",
+                    format!("must be finite and > 0, got {limit}"),
+                ));
+            }
+        }
+        let n = self.microbatches();
+        if n > MAX_MICROBATCHES {
+            return Err(Error::invalid(
+                "training.global_batch_size",
+                format!(
+                    "{} sequences in microbatches of {mbs} are {n} microbatches; at most \
+                     {MAX_MICROBATCHES} are planned (use larger microbatches)",
+                    t.global_batch_size
+                ),
+            ));
+        }
+        let stages = kind.placement(d, p.pipeline_parallel_chunks).stages();
+        let size = u64::from(stages) * u64::from(n);
+        if size > MAX_STAGE_MICROBATCHES {
+            return Err(Error::invalid(
+                "training.global_batch_size",
+                format!(
+                    "{kind} on {d} workers has {stages} stages; × {n} microbatches is {size}, \
+                     at most {MAX_STAGE_MICROBATCHES} are planned (use larger microbatches or \
+                     fewer workers)"
+                ),
+            ));
+        }
+        let pieces = self.model.layers + 2;
+        if stages > pieces {
+            return Err(Error::invalid(
+                "model.layers",
+                format!(
+                    "{kind} on {d} workers has {stages} stages but the model has only {pieces} \
+                     pieces (embedding, {} blocks, head); use at least {} layers",
+                    self.model.layers,
+                    stages - 2
+                ),
+            ));
+        }
+        p.stage_pieces(self.model.layers, stages)?;
+        self.compute.validate()?;
+        Ok(Request {
+            chunks: p.pipeline_parallel_chunks,
+            memory_limit: p.memory_limit,
+            times: self.planning_times(),
+            ..Request::new(kind, d, n)
+        })
+    }
+
+    /// Checks `[checkpoint]` and `[data]`.
+    pub(crate) fn check_outputs(&self) -> Result<()> {
+        if self.checkpoint.enable_checkpoint {
+            if self.checkpoint.interval == 0 {
+                return Err(Error::invalid(
+                    "checkpoint.interval",
+                    "must be at least 1 step",
+                ));
+            }
+            if self.checkpoint.folder.trim().is_empty() {
+                return Err(Error::invalid("checkpoint.folder", "must not be empty"));
+            }
+            if self.checkpoint.keep_latest_k == 1 {
+                // As torchtitan: the latest may not be recorded as the one to resume from
+                // yet when the one before is removed.
+                return Err(Error::invalid(
+                    "checkpoint.keep_latest_k",
+                    "must be 0 (keep all) or at least 2",
+                ));
+            }
+        }
+        if let Some(path) = &self.data.path
+            && path.trim().is_empty()
+        {
+            return Err(Error::invalid("data.path", "must not be empty when given"));
+        }
+        Ok(())
+    }
+}
+
+/// `model.<field>` for a field name the model spec reports.
+fn model_field(field: &'static str) -> &'static str {
+    match field {
+        "vocab" => "model.vocab",
+        "hidden" => "model.hidden",
+        "heads" => "model.heads",
+        "layers" => "model.layers",
+        "seq_len" => "model.seq_len",
+        "dtype" => "model.dtype",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Compute, example};
+
+    fn field_of(spec: &JobSpec) -> &'static str {
+        match spec.validate() {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn f16_is_refused_only_for_real_compute() {
+        let mut spec = example(2, "1f1b");
+        spec.model.dtype = DType::BF16;
+        assert!(spec.validate().is_ok());
+        spec.model.dtype = DType::F16;
+        assert!(spec.validate().is_err());
+        spec.compute = Compute::emulate(1.0, 1.0, 1.0);
+        assert!(spec.validate().is_ok());
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        type Edit = fn(&mut JobSpec);
+        let cases: Vec<(&str, Edit)> = vec![
+            ("job.name", |s| s.job.name = " ".into()),
+            ("model.hidden", |s| s.model.hidden = 0),
+            ("model.heads", |s| s.model.heads = 3),
+            ("model.dtype", |s| s.model.dtype = DType::F16),
+            ("training.steps", |s| s.training.steps = 0),
+            ("training.global_batch_size", |s| {
+                s.training.global_batch_size = 0
+            }),
+            ("training.global_batch_size", |s| {
+                s.parallelism.pipeline_parallel_microbatch_size = 3
+            }),
+            ("training.max_norm", |s| s.training.max_norm = -1.0),
+            ("optimizer.lr", |s| s.optimizer.lr = f64::NAN),
+            ("optimizer.weight_decay", |s| {
+                s.optimizer.weight_decay = -0.1
+            }),
+            ("optimizer.beta2", |s| s.optimizer.beta2 = 1.0),
+            ("optimizer.eps", |s| s.optimizer.eps = 0.0),
+            ("parallelism.pipeline_parallel_degree", |s| {
+                s.parallelism.pipeline_parallel_degree = 0
+            }),
+            ("parallelism.pipeline_parallel_microbatch_size", |s| {
+                s.parallelism.pipeline_parallel_microbatch_size = 0
+            }),
+            // 2^22 tokens × 64 × 4 bytes: a 1 GiB activation the transport cannot carry
+            // (it used to be queued and fail at its first frame).
+            ("parallelism.pipeline_parallel_microbatch_size", |s| {
+                s.model.seq_len = 1 << 22;
+            }),
+            ("parallelism.pipeline_parallel_schedule", |s| {
+                s.parallelism.pipeline_parallel_schedule = "2f2b".into()
+            }),
+            ("parallelism.pipeline_parallel_schedule", |s| {
+                // DualPipeV needs 2 × workers microbatches: 8 < 2 × 8.
+                s.parallelism.pipeline_parallel_schedule = "dualpipe-v".into();
+                s.parallelism.pipeline_parallel_degree = 8;
+                s.model.layers = 16;
+            }),
+            ("parallelism.pipeline_parallel_chunks", |s| {
+                s.parallelism.pipeline_parallel_chunks = 0
+            }),
+            ("parallelism.memory_limit", |s| {
+                s.parallelism.memory_limit = Some(2.0)
+            }),
+            ("parallelism.memory_limit", |s| {
+                s.parallelism.pipeline_parallel_schedule = "adaptive-v".into();
+                s.parallelism.memory_limit = Some(0.25);
+            }),
+            ("model.layers", |s| {
+                s.parallelism.pipeline_parallel_degree = 8
+            }),
+            // Too large to plan: refused before any allocation (a u32-sized batch used to
+            // exhaust the coordinator's memory inside the generator).
+            ("model.layers", |s| s.model.layers = u32::MAX),
+            // Sizes whose parameter and stash byte counts used to overflow u64.
+            ("model.hidden", |s| {
+                s.model.hidden = 4_000_000_000;
+                s.model.heads = 1;
+            }),
+            ("model.vocab", |s| s.model.vocab = u32::MAX),
+            ("model.seq_len", |s| s.model.seq_len = u32::MAX),
+            ("parallelism.pipeline_parallel_degree", |s| {
+                s.parallelism.pipeline_parallel_degree = u32::MAX
+            }),
+            ("parallelism.pipeline_parallel_chunks", |s| {
+                s.parallelism.pipeline_parallel_schedule = "interleaved-1f1b".into();
+                s.parallelism.pipeline_parallel_chunks = 1000;
+            }),
+            ("training.global_batch_size", |s| {
+                s.training.global_batch_size = u32::MAX
+            }),
+            ("training.global_batch_size", |s| {
+                // 1M microbatches × 4 stages: each count alone is within limits.
+                s.training.global_batch_size = 1_000_000;
+                s.parallelism.pipeline_parallel_degree = 4;
+            }),
+            ("checkpoint.interval", |s| {
+                s.checkpoint.enable_checkpoint = true;
+                s.checkpoint.interval = 0;
+            }),
+            ("checkpoint.keep_latest_k", |s| {
+                s.checkpoint.enable_checkpoint = true;
+                s.checkpoint.keep_latest_k = 1;
+            }),
+            ("data.path", |s| s.data.path = Some(String::new())),
+            ("compute.f_ms", |s| {
+                s.compute = Compute::emulate(f64::NAN, 1.0, 1.0)
+            }),
+            ("compute.b_ms", |s| {
+                s.compute = Compute::emulate(1.0, 0.0, 1.0)
+            }),
+            ("compute.w_ms", |s| {
+                s.compute = Compute::emulate(1.0, 1.0, -2.0)
+            }),
+            ("compute.f_ms", |s| {
+                s.compute = Compute::emulate(f64::INFINITY, 1.0, 1.0)
+            }),
+            ("compute.w_ms", |s| {
+                s.compute = Compute::emulate(1.0, 1.0, 1e9)
+            }),
+            // Checked in real mode too: a typo in an unused section is still a typo.
+            ("compute.b_ms", |s| s.compute.b_ms = -1.0),
+        ];
+        for (expected, edit) in cases {
+            let mut spec = example(4, "v-half");
+            edit(&mut spec);
+            assert_eq!(field_of(&spec), expected, "{spec:?}");
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! A training job: what a user submits (TOML, field names in torchtitan's spirit), its
+//! validation and planning. Every rejected field comes back as
+//! [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) naming the field
+//! (`section.key`) and the reason; the gRPC edge turns that into `InvalidArgument`.
+//!
+//! ```toml
+//! [job]
+//! name = "tiny"
+//!
+//! [model]
+//! vocab = 256
+//! hidden = 64
+//! heads = 4
+//! layers = 8
+//! seq_len = 32
+//! dtype = "f32"
+//!
+//! [training]
+//! global_batch_size = 8
+//! steps = 50
+//! seed = 42
+//! max_norm = 1.0
+//!
+//! [optimizer]
+//! lr = 3e-3
+//!
+//! [parallelism]
+//! pipeline_parallel_degree = 4
+//! pipeline_parallel_schedule = "v-half"     # any `pipewise plan` schedule
+//! pipeline_parallel_microbatch_size = 1     # microbatches = global_batch_size / this
+//! pipeline_parallel_first_stage_less_layers = 1   # optional, torchtitan's layer split
+//! pipeline_parallel_last_stage_less_layers = 1    # (default: the pieces split evenly)
+//!
+//! [checkpoint]
+//! enable_checkpoint = true
+//! folder = "checkpoints"
+//! interval = 10
+//!
+//! [compute]                 # optional; absent = real compute
+//! mode = "emulate"          # "real" (candle stage compute) or "emulate"
+//! f_ms = 10.0               # emulated pass times of one stage of 1/d of the model
+//! b_ms = 10.0
+//! w_ms = 10.0
+//! ```
+//!
+//! With `mode = "emulate"` a worker runs its program without candle: every pass sleeps for
+//! the cost model's duration of it (`Costs::uniform` over the job's placement with these
+//! times, so a V or interleaved chunk pass takes `1/v` of them) and the frames between
+//! workers are real buffers of the true activation size. The planned bubble (and the
+//! schedule's cost-aware reordering) then use these times.
+//!
+//! # Files
+//!
+//! - [`spec`]: the schema (sections, fields, defaults, TOML form);
+//! - `check`: field validation;
+//! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
+//! - `memory`: the memory a planned job is predicted to take on each worker;
+//! - [`layout`]: checkpoint folder names and run ids.
+
+mod check;
+pub mod layout;
+mod memory;
+pub mod plan;
+pub mod spec;
+
+pub use layout::{
+    FINAL_CHECKPOINT, checkpoint_dir, checkpoint_file, checkpoint_name, checkpoint_step, final_dir,
+    final_file, job_dir, job_of, run_id, run_of,
+};
+pub use plan::{JobPlan, plan_job};
+pub use spec::{
+    Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec, MAX_EMULATED_PASS_MS,
+    MAX_FRAME_BYTES, Optimizer, Parallelism, Training, example,
+};

@@ -1,0 +1,578 @@
+//! The job file's schema: its sections and fields (TOML, torchtitan's names), defaults,
+//! the TOML form, and a small example job. Field validation is in the
+//! `check` file beside this one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::Times;
+use crate::error::{Error, Result};
+use crate::model::{DType, ModelSpec};
+
+/// `[job]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// Job name (non-empty).
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// `[training]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Training {
+    /// Sequences per optimizer step.
+    pub global_batch_size: u32,
+    /// Optimizer steps.
+    pub steps: u32,
+    /// Seed of initialisation and data sampling.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Gradient clipping by global norm (0 turns it off).
+    #[serde(default = "default_max_norm")]
+    pub max_norm: f64,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+
+fn default_max_norm() -> f64 {
+    1.0
+}
+
+/// `[optimizer]` (AdamW).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Optimizer {
+    /// Learning rate.
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    /// Decoupled weight decay.
+    #[serde(default = "default_weight_decay")]
+    pub weight_decay: f64,
+    /// First-moment decay.
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// Second-moment decay.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// Denominator epsilon.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+}
+
+fn default_lr() -> f64 {
+    3e-3
+}
+fn default_weight_decay() -> f64 {
+    0.1
+}
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.95
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Optimizer {
+            lr: default_lr(),
+            weight_decay: default_weight_decay(),
+            beta1: default_beta1(),
+            beta2: default_beta2(),
+            eps: default_eps(),
+        }
+    }
+}
+
+/// `[parallelism]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parallelism {
+    /// Workers (pipeline ranks).
+    pub pipeline_parallel_degree: u32,
+    /// Schedule name (`pipewise plan` names; `pipewise plan --auto` chooses one for a
+    /// model and a memory budget).
+    pub pipeline_parallel_schedule: String,
+    /// Sequences per microbatch.
+    #[serde(default = "one")]
+    pub pipeline_parallel_microbatch_size: u32,
+    /// Chunks per worker of `interleaved-1f1b` / `looped-bfs`.
+    #[serde(default = "two")]
+    pub pipeline_parallel_chunks: u32,
+    /// Activation-memory limit of the adaptive schedules, in units of one microbatch's
+    /// activation over `1/d` of the model (default: `d`, 1F1B's peak).
+    #[serde(default)]
+    pub memory_limit: Option<f64>,
+    /// torchtitan's layer split: the first stage holds this many fewer transformer blocks
+    /// than the others (it also holds the embedding). With the next two fields unset the
+    /// pieces (embedding, blocks, head) are split evenly.
+    #[serde(default)]
+    pub pipeline_parallel_first_stage_less_layers: u32,
+    /// The last stage holds this many fewer blocks (it also holds the output head).
+    #[serde(default)]
+    pub pipeline_parallel_last_stage_less_layers: u32,
+    /// Blocks per stage, counting the first and last stages' fewer blocks as held: as in
+    /// torchtitan, `⌈(layers + first less + last less) / layers per stage⌉` must be the
+    /// schedule's stage count (the slots are then split as evenly as possible).
+    #[serde(default)]
+    pub pipeline_parallel_layers_per_stage: Option<u32>,
+    /// Not part of a job file: split the torchtitan way although none of the three fields
+    /// above is set. The coordinator sets it when it re-plans a job with blocks per stage
+    /// onto another stage count (blocks per stage no longer apply, the way of splitting
+    /// does).
+    #[serde(skip)]
+    pub torchtitan_split: bool,
+}
+
+impl Parallelism {
+    /// Pieces (embedding, blocks, head) per stage for `layers` blocks in `stages` stages,
+    /// the torchtitan way: `layers + first less + last less` block slots split as evenly
+    /// as possible (earlier stages take the remainder), the first stage's slots minus
+    /// `first less` plus the embedding, the last's minus `last less` plus the head
+    /// ([`partition::torchtitan_counts`](crate::partition::torchtitan_counts)). `None` when
+    /// none of the three fields (nor [`Parallelism::torchtitan_split`]) is set: the even
+    /// split of the pieces applies.
+    pub fn stage_pieces(&self, layers: u32, stages: u32) -> Result<Option<Vec<u32>>> {
+        let (first, last) = (
+            self.pipeline_parallel_first_stage_less_layers,
+            self.pipeline_parallel_last_stage_less_layers,
+        );
+        if first == 0
+            && last == 0
+            && self.pipeline_parallel_layers_per_stage.is_none()
+            && !self.torchtitan_split
+        {
+            return Ok(None);
+        }
+        crate::partition::torchtitan_counts(
+            layers,
+            stages,
+            first,
+            last,
+            self.pipeline_parallel_layers_per_stage,
+        )
+        .map(Some)
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+fn two() -> u32 {
+    2
+}
+
+/// `[checkpoint]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// Save checkpoints at all.
+    #[serde(default)]
+    pub enable_checkpoint: bool,
+    /// Folder (relative to the coordinator's data directory unless absolute).
+    #[serde(default = "default_folder")]
+    pub folder: String,
+    /// Steps between checkpoints.
+    #[serde(default = "default_interval")]
+    pub interval: u32,
+    /// Keep only the latest K complete checkpoints of a job, removing older ones as newer
+    /// ones complete (torchtitan's name and default; not 1, as there); 0 keeps them all.
+    /// The last step's checkpoint, saved after its report, comes on top.
+    #[serde(default = "default_keep_latest_k")]
+    pub keep_latest_k: u32,
+}
+
+fn default_folder() -> String {
+    "checkpoints".into()
+}
+fn default_interval() -> u32 {
+    10
+}
+fn default_keep_latest_k() -> u32 {
+    10
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            enable_checkpoint: false,
+            folder: default_folder(),
+            interval: default_interval(),
+            keep_latest_k: default_keep_latest_k(),
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Data {
+    /// A text file of training bytes; the generated default corpus when absent.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// How the workers compute a job's passes (`[compute] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeMode {
+    /// The stage compute library (candle).
+    #[default]
+    Real,
+    /// Each pass sleeps for its cost-model time; frames are zero buffers of the true size.
+    Emulate,
+}
+
+/// `[compute]`: real or emulated stage compute, and the emulated pass times.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compute {
+    /// `"real"` (default) or `"emulate"`.
+    #[serde(default)]
+    pub mode: ComputeMode,
+    /// Emulated forward milliseconds of one stage holding `1/d` of the model.
+    #[serde(default = "default_f_ms")]
+    pub f_ms: f64,
+    /// Emulated input-gradient (B) milliseconds, same convention.
+    #[serde(default = "default_b_ms")]
+    pub b_ms: f64,
+    /// Emulated weight-gradient (W) milliseconds, same convention.
+    #[serde(default = "default_w_ms")]
+    pub w_ms: f64,
+}
+
+/// The longest emulated pass time accepted: a pass of more than a minute is a units mistake
+/// (and would run into the workers' frame timeout).
+pub const MAX_EMULATED_PASS_MS: f64 = 60_000.0;
+
+fn default_f_ms() -> f64 {
+    10.0
+}
+fn default_b_ms() -> f64 {
+    10.0
+}
+fn default_w_ms() -> f64 {
+    10.0
+}
+
+impl Default for Compute {
+    fn default() -> Self {
+        Compute {
+            mode: ComputeMode::Real,
+            f_ms: default_f_ms(),
+            b_ms: default_b_ms(),
+            w_ms: default_w_ms(),
+        }
+    }
+}
+
+impl Compute {
+    /// Emulated compute with these F / B / W milliseconds.
+    pub fn emulate(f_ms: f64, b_ms: f64, w_ms: f64) -> Compute {
+        Compute {
+            mode: ComputeMode::Emulate,
+            f_ms,
+            b_ms,
+            w_ms,
+        }
+    }
+
+    /// Whether passes are emulated.
+    pub fn is_emulated(&self) -> bool {
+        self.mode == ComputeMode::Emulate
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Compute::default()
+    }
+
+    /// The emulated pass times in seconds (no communication cost), for
+    /// [`Costs::uniform`](crate::Costs::uniform) over the job's placement.
+    pub fn times_secs(&self) -> Times {
+        Times {
+            f: self.f_ms / 1e3,
+            b: self.b_ms / 1e3,
+            w: self.w_ms / 1e3,
+            comm: 0.0,
+        }
+    }
+
+    /// Checks the times (each finite, > 0 and at most [`MAX_EMULATED_PASS_MS`]), naming
+    /// the field (`compute.f_ms` …). Checked whatever the mode, so a typo is caught early.
+    pub fn validate(&self) -> Result<()> {
+        for (field, ms) in [
+            ("compute.f_ms", self.f_ms),
+            ("compute.b_ms", self.b_ms),
+            ("compute.w_ms", self.w_ms),
+        ] {
+            if !(ms.is_finite() && ms > 0.0 && ms <= MAX_EMULATED_PASS_MS) {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "must be a finite number of milliseconds in (0, {MAX_EMULATED_PASS_MS}], \
+                         got {ms}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The largest activation a job may pass between stages, in bytes: the workers'
+/// transport carries tensors of up to 256 MiB (its message limit).
+pub const MAX_FRAME_BYTES: u64 = 256 << 20;
+
+/// A training job as submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// `[job]`.
+    pub job: JobSection,
+    /// `[model]`.
+    pub model: ModelSpec,
+    /// `[training]`.
+    pub training: Training,
+    /// `[optimizer]`.
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    /// `[parallelism]`.
+    pub parallelism: Parallelism,
+    /// `[checkpoint]`.
+    #[serde(default)]
+    pub checkpoint: Checkpoint,
+    /// `[data]`.
+    #[serde(default)]
+    pub data: Data,
+    /// `[compute]` (absent: real compute).
+    #[serde(default, skip_serializing_if = "Compute::is_default")]
+    pub compute: Compute,
+}
+
+impl JobSpec {
+    /// The model's pieces (embedding, blocks, head) of each of `stages` stages: the job's
+    /// layer split ([`Parallelism::stage_pieces`]) or, without one, the even split
+    /// ([`ModelSpec::even_split`]).
+    pub fn stage_ranges(&self, stages: u32) -> Result<Vec<std::ops::Range<usize>>> {
+        match self.parallelism.stage_pieces(self.model.layers, stages)? {
+            Some(counts) => self.model.split_by_counts(&counts),
+            None => self.model.even_split(stages as usize),
+        }
+    }
+
+    /// Parses TOML; a syntax error or an unknown field is an `InvalidArgument` on `toml`
+    /// whose reason names the line and the key.
+    pub fn from_toml(text: &str) -> Result<JobSpec> {
+        toml::from_str(text).map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))
+    }
+
+    /// The job as TOML.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(self).map_err(|e| Error::invalid("toml", e.to_string()))
+    }
+
+    /// Microbatches per step.
+    pub fn microbatches(&self) -> u32 {
+        self.training
+            .global_batch_size
+            .checked_div(self.parallelism.pipeline_parallel_microbatch_size)
+            .unwrap_or(0)
+    }
+
+    /// The pass times the planner costs this job's schedule with: unit times for real
+    /// compute (the measured ratios are not known before it runs), the `[compute]` times
+    /// relative to F for emulated compute (the bubble does not depend on the scale).
+    pub fn planning_times(&self) -> Times {
+        if self.compute.is_emulated() && self.compute.f_ms > 0.0 {
+            let f = self.compute.f_ms;
+            Times {
+                f: 1.0,
+                b: self.compute.b_ms / f,
+                w: self.compute.w_ms / f,
+                comm: 0.0,
+            }
+        } else {
+            Times::UNIT
+        }
+    }
+}
+
+/// A small valid job (the `pipewise local` default model), for tests and examples.
+pub fn example(workers: u32, schedule: &str) -> JobSpec {
+    JobSpec {
+        job: JobSection {
+            name: "example".into(),
+            description: String::new(),
+        },
+        model: ModelSpec {
+            vocab: 256,
+            hidden: 64,
+            heads: 4,
+            layers: 8,
+            seq_len: 32,
+            dtype: DType::F32,
+        },
+        training: Training {
+            global_batch_size: 8,
+            steps: 20,
+            seed: 42,
+            max_norm: 1.0,
+        },
+        optimizer: Optimizer::default(),
+        parallelism: Parallelism {
+            pipeline_parallel_degree: workers,
+            pipeline_parallel_schedule: schedule.into(),
+            pipeline_parallel_microbatch_size: 1,
+            pipeline_parallel_chunks: 2,
+            memory_limit: None,
+            pipeline_parallel_first_stage_less_layers: 0,
+            pipeline_parallel_last_stage_less_layers: 0,
+            pipeline_parallel_layers_per_stage: None,
+            torchtitan_split: false,
+        },
+        checkpoint: Checkpoint::default(),
+        data: Data::default(),
+        compute: Compute::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// torchtitan's first / last stage less layers and layers per stage.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn stage_pieces_follow_torchtitan_options() {
+        let mut spec = example(2, "1f1b");
+        let p = &mut spec.parallelism;
+        assert_eq!(p.stage_pieces(8, 2).unwrap(), None);
+        // 8 blocks + 2 slots = 5 per stage; the first holds 2 fewer, plus the embedding.
+        p.pipeline_parallel_first_stage_less_layers = 2;
+        assert_eq!(p.stage_pieces(8, 2).unwrap(), Some(vec![4, 6]));
+        // 32 blocks, 4 stages, one fewer on each end: 34 slots as 9, 9, 8, 8.
+        p.pipeline_parallel_first_stage_less_layers = 1;
+        p.pipeline_parallel_last_stage_less_layers = 1;
+        assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 9, 8, 8]));
+        assert_eq!(
+            p.stage_pieces(32, 4).unwrap().unwrap().iter().sum::<u32>(),
+            32 + 2
+        );
+        // Layers per stage must give the stage count: ⌈34 / 8⌉ = 5 stages, not 4.
+        p.pipeline_parallel_layers_per_stage = Some(8);
+        let err = p.stage_pieces(32, 4).unwrap_err().to_string();
+        assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
+        assert!(err.contains("5 stages") && err.contains("has 4"), "{err}");
+        // torchtitan rounds up: 9 per stage gives ⌈34 / 9⌉ = 4 stages, split 9, 9, 8, 8.
+        p.pipeline_parallel_layers_per_stage = Some(9);
+        assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 9, 8, 8]));
+        p.pipeline_parallel_layers_per_stage = Some(0);
+        let err = p.stage_pieces(32, 4).unwrap_err().to_string();
+        assert!(err.contains("no stage"), "{err}");
+        p.pipeline_parallel_layers_per_stage = Some(8);
+        p.pipeline_parallel_first_stage_less_layers = 0;
+        p.pipeline_parallel_last_stage_less_layers = 0;
+        assert_eq!(p.stage_pieces(32, 4).unwrap(), Some(vec![9, 8, 8, 9]));
+        // More fewer layers than a stage has slots.
+        p.pipeline_parallel_layers_per_stage = None;
+        p.pipeline_parallel_first_stage_less_layers = 12;
+        let err = p.stage_pieces(8, 2).unwrap_err().to_string();
+        assert!(err.contains("first_stage_less_layers"), "{err}");
+        // A middle stage without a block.
+        p.pipeline_parallel_first_stage_less_layers = 1;
+        let err = p.stage_pieces(1, 4).unwrap_err().to_string();
+        assert!(err.contains("no layer") || err.contains("too few"), "{err}");
+        assert!(err.contains("model.layers"), "{err}");
+        // Checked when the job is validated, with the field named.
+        let mut spec = example(2, "1f1b");
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(3);
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
+    }
+
+    #[test]
+    fn example_validates_and_round_trips_through_toml() {
+        let spec = example(4, "v-half");
+        let plan = spec.validate().expect("valid");
+        assert_eq!(plan.microbatches, 8);
+        assert_eq!(plan.schedule.num_workers(), 4);
+        let text = spec.to_toml().expect("toml");
+        assert_eq!(JobSpec::from_toml(&text).expect("parses"), spec);
+    }
+
+    #[test]
+    fn toml_errors_name_the_key() {
+        let good = example(2, "1f1b").to_toml().expect("toml");
+        for (section, key) in [("[training]", "steps_typo"), ("[model]", "n_kv_heads")] {
+            let text = good.replace(section, &format!("{section}\n{key} = 3"));
+            assert_ne!(text, good, "{section} is in the example");
+            match JobSpec::from_toml(&text) {
+                Err(Error::InvalidArgument { field, reason }) => {
+                    assert_eq!(field, "toml");
+                    assert!(reason.contains(key), "{reason}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(JobSpec::from_toml("not toml [").is_err());
+    }
+
+    #[test]
+    fn compute_section_is_optional_and_round_trips() {
+        let real = example(4, "v-half");
+        assert_eq!(real.compute.mode, ComputeMode::Real);
+        let text = real.to_toml().expect("toml");
+        assert!(!text.contains("[compute]"), "{text}");
+        assert_eq!(real.planning_times(), Times::UNIT);
+
+        let mut emu = real.clone();
+        emu.compute = Compute::emulate(12.0, 24.0, 6.0);
+        let text = emu.to_toml().expect("toml");
+        assert!(
+            text.contains("[compute]") && text.contains("emulate"),
+            "{text}"
+        );
+        let back = JobSpec::from_toml(&text).expect("parses");
+        assert_eq!(back, emu);
+        assert!(back.compute.is_emulated());
+        let t = back.planning_times();
+        assert_eq!((t.f, t.b, t.w, t.comm), (1.0, 2.0, 0.5, 0.0));
+        let s = back.compute.times_secs();
+        assert!((s.f - 0.012).abs() < 1e-12 && (s.b - 0.024).abs() < 1e-12);
+        back.validate().expect("valid");
+
+        // Only the mode given: the default times.
+        let text = format!(
+            "{}\n[compute]\nmode = \"emulate\"\n",
+            real.to_toml().expect("toml")
+        );
+        let c = JobSpec::from_toml(&text).expect("parses").compute;
+        assert_eq!(c, Compute::emulate(10.0, 10.0, 10.0));
+    }
+
+    #[test]
+    fn malformed_compute_section_names_the_key() {
+        let base = example(2, "1f1b").to_toml().expect("toml");
+        for (section, key) in [
+            ("[compute]\nmode = \"emulated\"\n", "mode"),
+            ("[compute]\nmode = \"emulate\"\nf_ms = \"fast\"\n", "f_ms"),
+            ("[compute]\nmode = \"emulate\"\nx_ms = 3.0\n", "x_ms"),
+        ] {
+            match JobSpec::from_toml(&format!("{base}\n{section}")) {
+                Err(Error::InvalidArgument { field, reason }) => {
+                    assert_eq!(field, "toml");
+                    assert!(reason.contains(key), "{key}: {reason}");
+                }
+                other => panic!("{section}: {other:?}"),
+            }
+        }
+    }
+}
