@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
-use pipewise_common::job::{Compute, JobPlan, JobSpec, example};
+use pipewise_common::job::{Compute, JobPlan, JobSpec, example, layout};
 use pipewise_common::model::DType;
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_coordinator::traces::KEEP_STEPS;
@@ -403,14 +403,12 @@ fn finish(
     print_summary(args, plan, spec, steps, started.elapsed());
     if let Some(dir) = &args.output_dir {
         // Emulated workers learn nothing and write no parameters.
-        let params_dir = PathBuf::from(&spec.checkpoint.folder)
-            .join(format!("job-{}", status.id))
-            .join("final");
+        let output = layout::job_dir(Path::new(&spec.checkpoint.folder), status.id);
         if spec.compute.is_emulated() {
             write_outputs(dir, spec, steps, None)?;
             outln!("wrote {}/summary.json", dir.display());
         } else {
-            let params = merge_params(&params_dir, spec.parallelism.pipeline_parallel_degree)?;
+            let params = merge_params(&output, spec.parallelism.pipeline_parallel_degree)?;
             write_outputs(dir, spec, steps, Some(&params))?;
             outln!(
                 "wrote {}/summary.json and {}/params.safetensors",
@@ -527,11 +525,12 @@ async fn write_traces(args: &LocalArgs, url: &str, job: u64) -> Result<()> {
     Ok(())
 }
 
-/// Every worker's final parameters, under their whole-model names.
-fn merge_params(dir: &Path, workers: u32) -> Result<HashMap<String, Tensor>> {
+/// Every worker's final parameters in a job's output directory, under their whole-model
+/// names.
+fn merge_params(output: &Path, workers: u32) -> Result<HashMap<String, Tensor>> {
     let mut all = HashMap::new();
     for w in 0..workers {
-        let path = dir.join(format!("worker-{w}.safetensors"));
+        let path = layout::final_file(output, w);
         let tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu)
             .with_context(|| format!("cannot read {}", path.display()))?;
         all.extend(tensors);

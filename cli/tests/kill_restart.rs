@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::processes::*;
+use pipewise_common::job::layout;
 
 /// A worker process killed mid-job: the coordinator re-plans onto the survivors, which
 /// resume from the last complete checkpoint (written by another partition), and training
@@ -159,7 +160,7 @@ fn a_restarted_coordinator_resumes_its_jobs() {
     assert!(line.contains("succeeded"), "{line}");
     // keep_latest_k = 2: the two latest complete at the last report, and the last step's
     // (removals run beside the run: give them a moment).
-    let output = cluster.data.join("checkpoints").join(format!("job-{job}"));
+    let output = layout::job_dir(&cluster.data.join("checkpoints"), job);
     let kept = || -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&output)
             .unwrap()

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
-use pipewise_common::job::{JobSpec, example};
+use pipewise_common::job::{JobSpec, example, layout};
 use pipewise_worker::Trainer;
 use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
 
@@ -179,11 +179,7 @@ pub(crate) fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
 }
 
 pub(crate) fn final_params(cluster: &Cluster, job: u64) -> HashMap<String, Tensor> {
-    let dir = cluster
-        .data
-        .join("checkpoints")
-        .join(format!("job-{job}"))
-        .join("final");
+    let dir = layout::final_dir(&layout::job_dir(&cluster.data.join("checkpoints"), job));
     let mut all = HashMap::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let part = candle_core::safetensors::load(entry.unwrap().path(), &Device::Cpu).unwrap();
@@ -385,13 +381,10 @@ pub(crate) fn running_checkpointed(
 
 /// Files in the job's `final/` directory (one per worker of the last run).
 pub(crate) fn finals(cluster: &Cluster, job: u64) -> usize {
-    std::fs::read_dir(
-        cluster
-            .data
-            .join("checkpoints")
-            .join(format!("job-{job}"))
-            .join("final"),
-    )
+    std::fs::read_dir(layout::final_dir(&layout::job_dir(
+        &cluster.data.join("checkpoints"),
+        job,
+    )))
     .unwrap()
     .count()
 }
