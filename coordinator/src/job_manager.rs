@@ -15,8 +15,9 @@ use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 
-use crate::driver::{Driver, DriverArgs, JobRunner, Start, StepEventData};
+use crate::driver::{Driver, DriverArgs, JobRunner};
 use crate::error::{CoordinatorError, Result};
+use crate::events::{Start, StepEventData};
 use crate::planner::PlannerMsg;
 use crate::store::{JobRecord, JobState, JobStore};
 use crate::traces::{RenderedTrace, TraceStore};
@@ -619,7 +620,7 @@ mod tests {
             _: &JobSpec,
             _: &JobPlan,
             _: Start,
-            _: &mut dyn FnMut(crate::driver::Report),
+            _: &mut dyn FnMut(crate::events::Report),
             _: &AtomicBool,
         ) -> std::result::Result<(), String> {
             self.0.lock().unwrap().push(job);

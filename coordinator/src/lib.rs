@@ -28,6 +28,7 @@
 pub mod cluster;
 pub mod driver;
 pub mod error;
+pub mod events;
 pub mod job_manager;
 pub mod membership;
 pub mod metrics;
@@ -45,8 +46,9 @@ use pipewise_proto::v1::job_service_server::JobServiceServer;
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 
-pub use driver::{JobRunner, Report, Start, StepEventData};
+pub use driver::JobRunner;
 pub use error::{CoordinatorError, Result};
+pub use events::{Report, Start, StepEventData};
 
 pub use job_manager::Unfinished;
 use job_manager::{JobManager, JobManagerArgs, JobMsg};
