@@ -20,6 +20,8 @@
 //! - [`error`]: the crate's one error type.
 //! - [`cancel`]: cooperative cancellation of long planning calls.
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
+//! - [`run`]: the sans-I/O supervisor of a job's runs on worker processes and its policies
+//!   (lost workers, growing back, stragglers, memory pressure).
 //! - [`rebalance`]: a split of the model's pieces for measured worker speeds (moving layers
 //!   off a straggler).
 
@@ -35,6 +37,7 @@ pub mod pass;
 pub mod placement;
 pub mod rebalance;
 pub mod render;
+pub mod run;
 pub mod schedule;
 pub mod simulate;
 pub mod trace;

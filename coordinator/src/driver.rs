@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use pipewise_common::job::{JobPlan, JobSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::error::CoordinatorError;
 use crate::events::{Report, Start};
 use crate::job_manager::JobMsg;
 
@@ -17,7 +18,7 @@ use crate::job_manager::JobMsg;
 pub trait JobRunner: Send + Sync + 'static {
     /// Runs the steps of `spec` from `start` under `plan` (blocking), calling `report` after
     /// each step (and when it starts or stops waiting, e.g. for workers) and stopping early
-    /// when `cancelled` is set. An `Err` fails the job with that text.
+    /// when `cancelled` is set. An `Err` fails the job with its text.
     fn run(
         &self,
         job: u64,
@@ -26,7 +27,7 @@ pub trait JobRunner: Send + Sync + 'static {
         start: Start,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
-    ) -> Result<(), String>;
+    ) -> crate::Result<()>;
 }
 
 /// The driver of one job.
@@ -92,7 +93,7 @@ impl Actor for Driver {
                 runner.run(job, &spec, &plan, start, &mut report, &flag)
             })
             .await
-            .unwrap_or_else(|e| Err(format!("runner task failed: {e}")));
+            .unwrap_or_else(|e| Err(CoordinatorError::Actor(format!("runner task failed: {e}"))));
             let was_cancelled = cancelled.load(std::sync::atomic::Ordering::SeqCst);
             let _ = manager.cast(JobMsg::Finished {
                 job,

@@ -45,15 +45,4 @@ pub enum Report {
     Waiting(String),
 }
 
-/// Where a job's runs start: a new job at step 0; one the coordinator had queued or running
-/// when it stopped, at the last checkpoint known to be complete, with run ids that none of
-/// the earlier coordinator's runs had (its workers may still be running one of those).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Start {
-    /// The first step: 0, or the step of a complete checkpoint.
-    pub step: u64,
-    /// Coordinator restarts the job has been through.
-    pub restarts: u64,
-    /// After a restart, the steps the store counted as done (no resume goes past them).
-    pub through: u64,
-}
+pub use pipewise_common::run::Start;

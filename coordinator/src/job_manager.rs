@@ -83,8 +83,8 @@ pub enum JobMsg {
     Finished {
         /// Job id.
         job: u64,
-        /// `Err(reason)` if it failed.
-        outcome: std::result::Result<(), String>,
+        /// Why it failed, if it did.
+        outcome: Result<()>,
         /// Whether it stopped because of a cancel.
         cancelled: bool,
     },
@@ -397,7 +397,7 @@ impl Actor for JobManager {
                         Ok(()) => record.state = JobState::Succeeded,
                         Err(e) => {
                             record.state = JobState::Failed;
-                            record.error = e;
+                            record.error = e.to_string();
                         }
                     }
                     state.save(record)?;
@@ -498,7 +498,9 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
             Err(e) => {
                 let _ = myself.cast(JobMsg::Finished {
                     job: id,
-                    outcome: Err(format!("cannot start the driver: {e}")),
+                    outcome: Err(CoordinatorError::Actor(format!(
+                        "cannot start the driver: {e}"
+                    ))),
                     cancelled: false,
                 });
             }
@@ -622,7 +624,7 @@ mod tests {
             _: Start,
             _: &mut dyn FnMut(crate::events::Report),
             _: &AtomicBool,
-        ) -> std::result::Result<(), String> {
+        ) -> Result<()> {
             self.0.lock().unwrap().push(job);
             Ok(())
         }

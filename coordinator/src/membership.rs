@@ -49,6 +49,18 @@ pub struct WorkerInfo {
     pub incarnation: u64,
 }
 
+impl WorkerInfo {
+    /// The worker as a run sees it.
+    pub fn worker(&self) -> pipewise_common::run::Worker {
+        pipewise_common::run::Worker {
+            id: self.id.clone(),
+            address: self.address.clone(),
+            memory_bytes: self.memory_bytes,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
 /// A heartbeat's content.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Heartbeat {

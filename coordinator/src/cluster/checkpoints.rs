@@ -1,63 +1,76 @@
-//! A job's checkpoint folders on disk (`step-K/stage-S.safetensors`, `final/`): which one
-//! is complete, where a run resumes, and what an abandoned run leaves behind.
+//! A job's checkpoint folders on disk (`step-K/stage-S.safetensors`, `final/`): read into a
+//! listing the run policies decide from, settled as steps complete, and cleared of what an
+//! abandoned run left behind.
 
-use pipewise_common::job::{JobSpec, checkpoint_dir, checkpoint_file, checkpoint_step};
+use std::collections::BTreeSet;
+use std::path::Path;
 
-use crate::events::Start;
+use pipewise_common::job::{JobSpec, checkpoint_step};
+use pipewise_common::run::Checkpoints;
+use pipewise_common::run::checkpoints::settle;
 
-/// The step a run that started at `first_step` and completed every step before `through`
-/// resumes from: the last checkpoint step after `first_step` (every `checkpoint.interval`
-/// steps, when checkpoints are on) whose directory holds all `stages` stage files, else
-/// `first_step`.
-pub(super) fn last_checkpoint(
-    output: &std::path::Path,
-    spec: &JobSpec,
-    first_step: u64,
-    through: u64,
-    stages: u32,
-) -> u64 {
-    if !spec.checkpoint.enable_checkpoint {
-        return first_step;
+use crate::error::{CoordinatorError, Result};
+
+/// The checkpoint folders under `output` and the stage files each holds (none when
+/// `output` does not exist yet).
+pub(crate) fn read(output: &Path) -> Result<Checkpoints> {
+    let entries = match std::fs::read_dir(output) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoints::default()),
+        Err(source) => {
+            return Err(CoordinatorError::Checkpoints {
+                action: "read",
+                path: output.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut listing = Checkpoints::default();
+    for entry in entries.flatten() {
+        let Some(k) = checkpoint_step(&entry.file_name().to_string_lossy()) else {
+            continue;
+        };
+        let stages: BTreeSet<u32> = std::fs::read_dir(entry.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.path().is_file())
+            .filter_map(|f| stage_of(&f.file_name().to_string_lossy()))
+            .collect();
+        listing.steps.insert(k, stages);
     }
-    let interval = u64::from(spec.checkpoint.interval.max(1));
-    (first_step + 1..=through)
-        .rev()
-        .filter(|k| k % interval == 0)
-        .find(|&k| complete(output, k, stages))
-        .unwrap_or(first_step)
+    Ok(listing)
+}
+
+/// The stage of a checkpoint file's name (`stage-S.safetensors` → S).
+fn stage_of(name: &str) -> Option<u32> {
+    name.strip_prefix("stage-")?
+        .strip_suffix(".safetensors")?
+        .parse()
+        .ok()
 }
 
 /// The job's latest complete checkpoint (0: none) once every worker has reported step
-/// `reported` (1-based): a worker saves a step's checkpoint after reporting the step and
-/// before reporting the next, so those of steps before `reported` are complete. With
-/// `keep_latest_k` > 0 (at least 2: the store may still name the one before the latest),
-/// removes those older than the latest K, on another thread. A failure to remove is logged,
-/// not fatal.
-pub(super) fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, reported: u64) -> u64 {
+/// `reported` (1-based), removing those older than the latest `keep_latest_k` on another
+/// thread ([`settle`]). A failure to read or remove is logged, not fatal.
+pub(crate) fn settle_checkpoints(output: &Path, spec: &JobSpec, reported: u64) -> u64 {
     if !spec.checkpoint.enable_checkpoint {
         return 0;
     }
-    let Ok(entries) = std::fs::read_dir(output) else {
-        return 0;
+    let saved = match read(output) {
+        Ok(listing) => listing.steps.into_keys(),
+        Err(e) => {
+            tracing::warn!("{e}");
+            return 0;
+        }
     };
-    let mut complete: Vec<(u64, std::path::PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let k = checkpoint_step(&e.file_name().to_string_lossy())?;
-            (k < reported).then(|| (k, e.path()))
-        })
-        .collect();
-    complete.sort_by_key(|c| std::cmp::Reverse(c.0));
-    let latest = complete.first().map_or(0, |(k, _)| *k);
-    let keep = spec.checkpoint.keep_latest_k as usize;
-    let old: Vec<(u64, std::path::PathBuf)> = match keep {
-        0 => Vec::new(),
-        _ => complete.into_iter().skip(keep).collect(),
-    };
+    let (latest, old) = settle(saved, spec, reported);
     if !old.is_empty() {
+        let output = output.to_path_buf();
         // Beside the run: a slow file system does not hold up its step reports.
         std::thread::spawn(move || {
-            for (k, path) in old {
+            for k in old {
+                let path = pipewise_common::job::checkpoint_dir(&output, k);
                 if let Err(e) = std::fs::remove_dir_all(&path) {
                     tracing::warn!(
                         "cannot remove the checkpoint of step {k} ({}): {e}",
@@ -70,43 +83,28 @@ pub(super) fn settle_checkpoints(output: &std::path::Path, spec: &JobSpec, repor
     latest
 }
 
-/// Where a job resumed after a coordinator restart starts: the checkpoint the store named
-/// (`start.step`) if its folder is there, else (a store from before it was kept, or a
-/// folder changed by hand) the latest complete one on `stages` stages at most the steps the
-/// store counted (`start.through`), else 0.
-pub(super) fn restart_step(
-    output: &std::path::Path,
-    spec: &JobSpec,
-    start: Start,
-    stages: u32,
-) -> u64 {
-    if start.step > 0 && checkpoint_dir(output, start.step).is_dir() {
-        start.step
-    } else {
-        last_checkpoint(output, spec, 0, start.through, stages)
-    }
-}
-
-/// Whether `step-K/` holds all `stages` stage files.
-pub(super) fn complete(output: &std::path::Path, k: u64, stages: u32) -> bool {
-    (0..stages).all(|s| checkpoint_file(output, k, s).is_file())
-}
-
 /// Removes what an abandoned run wrote after step `resume`: later step directories and
 /// `final/`.
-pub(super) fn remove_after(output: &std::path::Path, resume: u64) -> Result<(), String> {
+pub(crate) fn remove_after(output: &Path, resume: u64) -> Result<()> {
+    let failed = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CoordinatorError::Checkpoints {
+            action,
+            path,
+            source,
+        }
+    };
     let entries = match std::fs::read_dir(output) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("cannot read {}: {e}", output.display())),
+        Err(e) => return Err(failed("read", output)(e)),
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         let stale = name == "final" || checkpoint_step(&name).is_some_and(|k| k > resume);
         if stale {
             let path = entry.path();
-            std::fs::remove_dir_all(&path)
-                .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+            std::fs::remove_dir_all(&path).map_err(failed("remove", &path))?;
         }
     }
     Ok(())
@@ -118,6 +116,7 @@ mod tests {
 
     use super::*;
     use pipewise_common::job::example;
+    use pipewise_common::run::Start;
     use std::time::Duration;
     fn touch(path: &std::path::Path) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -143,15 +142,15 @@ mod tests {
         }
         touch(&out.join("final/worker-0.safetensors"));
         // Steps before 7 completed: 6 is incomplete, so 4.
-        assert_eq!(last_checkpoint(&out, &spec, 0, 7, 4), 4);
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 7, 4), 4);
         // Only steps before 3 completed: 4 is not trusted even though its files exist.
-        assert_eq!(last_checkpoint(&out, &spec, 0, 3, 4), 2);
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 3, 4), 2);
         // Nothing after the run's own start: it starts there again.
-        assert_eq!(last_checkpoint(&out, &spec, 4, 5, 4), 4);
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 4, 5, 4), 4);
         // More stages than the files: none complete.
-        assert_eq!(last_checkpoint(&out, &spec, 0, 7, 5), 0);
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 7, 5), 0);
         spec.checkpoint.enable_checkpoint = false;
-        assert_eq!(last_checkpoint(&out, &spec, 0, 7, 4), 0);
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 7, 4), 0);
         remove_after(&out, 4).unwrap();
         let mut left: Vec<String> = std::fs::read_dir(&out)
             .unwrap()
@@ -183,11 +182,11 @@ mod tests {
             restarts: 1,
             through,
         };
-        assert_eq!(restart_step(&out, &spec, at(3, 10), 2), 3);
-        assert_eq!(restart_step(&out, &spec, at(0, 10), 2), 6);
-        assert_eq!(restart_step(&out, &spec, at(12, 10), 2), 6);
-        assert_eq!(restart_step(&out, &spec, at(0, 5), 2), 3);
-        assert_eq!(restart_step(&out, &spec, at(0, 2), 2), 0);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(3, 10), 2), 3);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(0, 10), 2), 6);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(12, 10), 2), 6);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(0, 5), 2), 3);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(0, 2), 2), 0);
         std::fs::remove_dir_all(&out).unwrap();
     }
 

@@ -11,18 +11,21 @@ use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 
 use super::checkpoints::settle_checkpoints;
-use super::pressure::{Fitting, pressure};
-use super::reports::{StepReports, Taken};
-use super::respec::replan;
-use super::step_event::event;
-use super::straggler::straggler;
+use pipewise_common::run::Failure;
+use pipewise_common::run::pressure::{Fitting, pressure};
+use pipewise_common::run::reports::{StepReports, Taken};
+use pipewise_common::run::respec::replan;
+use pipewise_common::run::straggler::straggler;
+
+use super::step_event::{event, report_of};
 use super::{Assigned, ClusterRunner, Ended, LEAVE_GRACE, LOST_GRACE, Move, STOP_GRACE};
+use crate::error::CoordinatorError;
 use crate::events::Report;
 use crate::membership::{MembershipMsg, WorkerInfo};
 
 impl ClusterRunner {
     /// Fails the job: its workers abandon it. Returns `reason` for the caller to return.
-    pub(super) fn abort(&self, job: u64, reason: String) -> String {
+    pub(super) fn abort<E>(&self, job: u64, reason: E) -> E {
         let _ = self.membership.cast(MembershipMsg::Abort(job));
         reason
     }
@@ -36,7 +39,9 @@ impl ClusterRunner {
         output: &std::path::Path,
     ) -> Result<(), Ended> {
         let schedule = &plan.schedule;
-        let toml = spec.to_toml().map_err(|e| Ended::Failed(e.to_string()))?;
+        let toml = spec
+            .to_toml()
+            .map_err(|e| Ended::Failed(CoordinatorError::from(e)))?;
         let peers: HashMap<u32, String> = run
             .workers
             .iter()
@@ -80,9 +85,7 @@ impl ClusterRunner {
                     });
                 }
                 Err(e) => {
-                    return Err(Ended::Failed(
-                        self.abort(run.run, format!("membership: {e}")),
-                    ));
+                    return Err(Ended::Failed(self.abort(run.run, e.into())));
                 }
             }
         }
@@ -125,7 +128,11 @@ impl ClusterRunner {
     }
 
     /// The first worker of the run (by index) that is no longer live, as a reason.
-    fn first_lost(&self, workers: &[WorkerInfo], done: &[bool]) -> Result<Option<String>, Ended> {
+    fn first_lost(
+        &self,
+        workers: &[WorkerInfo],
+        done: &[bool],
+    ) -> std::result::Result<Option<String>, Ended> {
         let live = self.live().map_err(Ended::Failed)?;
         Ok(workers.iter().enumerate().find_map(|(i, w)| {
             if done[i] {
@@ -194,6 +201,7 @@ impl ClusterRunner {
             plan,
             may_move,
             stage_pieces,
+            members,
             ..
         } = *run;
         let d = workers.len();
@@ -213,7 +221,8 @@ impl ClusterRunner {
         // candidates again every step would not change that.
         let mut pressure_tried = false;
         // Its search for a plan that fits (up to a few dozen plans), beside the reports.
-        let mut searching: Option<std::thread::JoinHandle<Option<(String, Fitting)>>> = None;
+        type Found = Option<(String, Fitting)>;
+        let mut searching: Option<std::thread::JoinHandle<Found>> = None;
         // The live worker count a growth was last tried for (a plan that fails is not
         // tried again until the count changes).
         let mut grow_tried = d;
@@ -229,18 +238,19 @@ impl ClusterRunner {
             }
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(r) => {
+                    let r = report_of(r);
                     let i = r.worker_index as usize;
                     if i >= d || workers[i].id != r.worker_id {
                         tracing::warn!(job, worker = %r.worker_id, "report from a worker not in the job");
                         continue;
                     }
                     if !r.error.is_empty() {
-                        let failure = format!(
-                            "worker {i} ({}) failed at step {}: {}",
-                            r.worker_id,
-                            r.step.saturating_add(1),
-                            r.error
-                        );
+                        let failure = Failure::Worker {
+                            index: i,
+                            id: r.worker_id,
+                            step: r.step.saturating_add(1),
+                            error: r.error,
+                        };
                         // A vanished peer shows first as a failed send or receive: give
                         // its missing heartbeats the time to tell.
                         let started = Instant::now();
@@ -250,7 +260,7 @@ impl ClusterRunner {
                             }
                             std::thread::sleep(Duration::from_millis(100));
                         }
-                        return Err(Ended::Failed(self.abort(run_id, failure)));
+                        return Err(Ended::Failed(self.abort(run_id, failure.into())));
                     }
                     if r.done {
                         done[i] = true;
@@ -301,7 +311,7 @@ impl ClusterRunner {
                         {
                             pressure_tried = true;
                             let (spec, plan) = (spec.clone(), plan.clone());
-                            let (pieces, workers) = (stage_pieces.to_vec(), workers.to_vec());
+                            let (pieces, workers) = (stage_pieces.to_vec(), members.to_vec());
                             let measured = reports.clone();
                             searching = Some(std::thread::spawn(move || {
                                 pressure(&spec, &plan, &pieces, Some(&measured), &workers)
@@ -318,7 +328,7 @@ impl ClusterRunner {
                                 &mut history,
                                 first_step + completed,
                                 steps,
-                                workers,
+                                members,
                             )
                         {
                             // Stop every worker after the same step (they save it), then
@@ -330,9 +340,10 @@ impl ClusterRunner {
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(Ended::Failed(
-                        self.abort(run_id, "the report channel closed".into()),
-                    ));
+                    return Err(Ended::Failed(self.abort(
+                        run_id,
+                        CoordinatorError::Actor("the report channel closed".into()),
+                    )));
                 }
             }
             if cancelled.load(Ordering::SeqCst) {
@@ -342,7 +353,7 @@ impl ClusterRunner {
                         stop_asked = Some(Instant::now());
                     }
                     Some(at) if at.elapsed() > STOP_GRACE => {
-                        let _ = self.abort(run_id, "cancelled".into());
+                        self.abort(run_id, ());
                         return Ok(());
                     }
                     Some(_) => {}
@@ -382,10 +393,13 @@ impl ClusterRunner {
         }
         let expected = steps.saturating_sub(first_step);
         if completed < expected && stop_asked.is_none() {
-            return Err(Ended::Failed(format!(
-                "the workers stopped after {} of {steps} steps without being asked to",
-                first_step + completed
-            )));
+            return Err(Ended::Failed(
+                Failure::StoppedEarly {
+                    through: first_step + completed,
+                    steps,
+                }
+                .into(),
+            ));
         }
         Ok(())
     }

@@ -71,11 +71,7 @@
 
 mod checkpoints;
 mod follow;
-mod pressure;
-mod reports;
-mod respec;
 mod step_event;
-mod straggler;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,16 +83,18 @@ use pipewise_proto::v1 as pb;
 use ractor::ActorRef;
 
 use crate::driver::JobRunner;
+use crate::error::{CoordinatorError, Result};
 use crate::events::{Report, Start};
 use crate::membership::{HEARTBEAT_INTERVAL, MISSED_HEARTBEATS, MembershipMsg, WorkerInfo};
-use checkpoints::{complete, last_checkpoint, remove_after, restart_step};
-use pressure::{Fitting, predicted_peaks, pressure};
-use respec::{replan_after_loss, spec_split};
-use straggler::{Straggle, straggle_of};
+use checkpoints::{read, remove_after};
+use pipewise_common::run::pressure::{Fitting, predicted_peaks, pressure};
+use pipewise_common::run::respec::{replan_after_loss, spec_split};
+use pipewise_common::run::straggler::{Straggle, straggle_of};
+use pipewise_common::run::{Failure, Worker};
 
-pub use pressure::FITTING_KINDS;
+pub use pipewise_common::run::pressure::FITTING_KINDS;
+pub use pipewise_common::run::straggler::{STRAGGLER_GAIN, STRAGGLER_RATIO, STRAGGLER_STEPS};
 pub use step_event::planned_bubble;
-pub use straggler::{STRAGGLER_GAIN, STRAGGLER_RATIO, STRAGGLER_STEPS};
 
 /// How long a cancelled job's workers get to stop before they are told to abandon it.
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -125,10 +123,10 @@ pub struct ClusterRunner {
 }
 
 impl ClusterRunner {
-    fn live(&self) -> Result<Vec<WorkerInfo>, String> {
+    fn live(&self) -> Result<Vec<WorkerInfo>> {
         self.runtime
             .block_on(async { ractor::call!(self.membership, MembershipMsg::Live) })
-            .map_err(|e| format!("membership: {e}"))
+            .map_err(CoordinatorError::from)
     }
 
     /// Waits for `d` live, streaming workers; `None` if cancelled first. While it waits, the
@@ -139,7 +137,7 @@ impl ClusterRunner {
         d: u32,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
-    ) -> Result<Option<Vec<WorkerInfo>>, String> {
+    ) -> Result<Option<Vec<WorkerInfo>>> {
         let started = Instant::now();
         let mut told = Duration::ZERO;
         let mut shown: Option<usize> = None;
@@ -192,6 +190,8 @@ struct Assigned<'a> {
     steps: u64,
     planned: f64,
     workers: &'a [WorkerInfo],
+    /// The same workers as the policies see them.
+    members: &'a [Worker],
     reports: &'a std::sync::mpsc::Receiver<pb::StepReport>,
     /// Pieces per stage of this run (empty: the even split).
     stage_pieces: &'a [u32],
@@ -212,8 +212,8 @@ struct Assigned<'a> {
 
 /// How a run ended other than by finishing the job.
 enum Ended {
-    /// The job fails with this reason.
-    Failed(String),
+    /// The job fails.
+    Failed(CoordinatorError),
     /// A worker of the run is gone (the reason); every step before `through` completed.
     Lost { reason: String, through: u64 },
     /// The run stopped after step `through` (the reason) to go on with `to`.
@@ -255,11 +255,14 @@ impl JobRunner for ClusterRunner {
         start: Start,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         let _span = tracing::info_span!("job", job).entered();
         let output = self.output_dir(job, spec);
-        std::fs::create_dir_all(&output)
-            .map_err(|e| format!("cannot create {}: {e}", output.display()))?;
+        std::fs::create_dir_all(&output).map_err(|source| CoordinatorError::Checkpoints {
+            action: "create",
+            path: output.clone(),
+            source,
+        })?;
         let mut plan = plan.clone();
         // The spec the runs follow: the job's, with the schedule a memory-pressure move
         // chose (a later loss or growth re-plans that schedule, not the one that overflowed).
@@ -277,7 +280,7 @@ impl JobRunner for ClusterRunner {
                 // coordinator's run until it tells them to abandon it.
                 self.wait_until_left(None, job, &workers);
                 let stages = plan.schedule.placement.stages();
-                first_step = restart_step(&output, &current, start, stages);
+                first_step = read(&output)?.restart_step(&current, start, stages);
                 remove_after(&output, first_step)?;
                 let reason = format!(
                     "the coordinator restarted; resuming from {}",
@@ -288,7 +291,8 @@ impl JobRunner for ClusterRunner {
             }
             // A plan predicted not to fit a worker's registered memory is moved before it
             // starts: a device would fail to allocate rather than report the overflow.
-            if let Some((reason, fits)) = pressure(&current, &plan, &stage_pieces, None, &workers) {
+            let members: Vec<Worker> = workers.iter().map(WorkerInfo::worker).collect();
+            if let Some((reason, fits)) = pressure(&current, &plan, &stage_pieces, None, &members) {
                 let reason = format!("{reason}; before step {}", first_step + 1);
                 tracing::warn!(job, "{reason}");
                 crate::metrics::record_replan("memory_pressure");
@@ -301,7 +305,7 @@ impl JobRunner for ClusterRunner {
             let (tx, rx) = std::sync::mpsc::channel::<pb::StepReport>();
             self.membership
                 .cast(MembershipMsg::Attach(run, tx))
-                .map_err(|e| format!("membership: {e}"))?;
+                .map_err(CoordinatorError::from)?;
             let straggle = straggle_of(spec, &plan, &stage_pieces);
             let predicted_peaks = predicted_peaks(&current, &plan, &stage_pieces);
             let assigned = Assigned {
@@ -313,6 +317,7 @@ impl JobRunner for ClusterRunner {
                 predicted_peaks: &predicted_peaks,
                 output: &output,
                 workers: &workers,
+                members: &members,
                 reports: &rx,
                 stage_pieces: &stage_pieces,
                 watch: straggle.as_ref(),
@@ -326,7 +331,7 @@ impl JobRunner for ClusterRunner {
             let _ = self.membership.cast(MembershipMsg::Detach(run));
             let (lost, through) = match outcome {
                 Ok(()) => return Ok(()),
-                Err(Ended::Failed(reason)) => return Err(reason),
+                Err(Ended::Failed(e)) => return Err(e),
                 Err(Ended::Lost { reason, through }) => (reason, through),
                 Err(Ended::Move {
                     reason,
@@ -339,10 +344,11 @@ impl JobRunner for ClusterRunner {
                         return Ok(());
                     }
                     let stages = plan.schedule.placement.stages();
-                    let resume = if complete(&output, through, stages) {
+                    let saved = read(&output)?;
+                    let resume = if saved.complete(through, stages) {
                         through
                     } else {
-                        last_checkpoint(&output, spec, first_step, through, stages)
+                        saved.last_complete(spec, first_step, through, stages)
                     };
                     self.wait_until_left(Some(run), job, &workers);
                     remove_after(&output, resume)?;
@@ -365,26 +371,37 @@ impl JobRunner for ClusterRunner {
                     continue;
                 }
             };
-            let _ = self.abort(run, String::new());
+            self.abort(run, ());
             if cancelled.load(Ordering::SeqCst) {
                 return Ok(());
             }
             if replans >= MAX_REPLANS {
-                return Err(format!(
-                    "{lost}; not re-planned: the job was re-planned {MAX_REPLANS} times already"
-                ));
+                return Err(Failure::Replans {
+                    lost,
+                    max: MAX_REPLANS,
+                }
+                .into());
             }
             self.wait_until_left(Some(run), job, &workers);
             let stages = plan.schedule.placement.stages();
-            let resume = last_checkpoint(&output, spec, first_step, through, stages);
+            let resume = read(&output)?.last_complete(spec, first_step, through, stages);
             remove_after(&output, resume)?;
             let survivors = self.live()?.iter().filter(|w| w.streaming).count() as u32;
             let d2 = survivors.min(spec.parallelism.pipeline_parallel_degree);
             if d2 == 0 {
-                return Err(format!("{lost}; no worker is left to re-plan onto"));
+                return Err(Failure::NoSurvivors { lost }.into());
             }
-            (current, plan) = replan_after_loss(current, spec, d2)
-                .map_err(|e| format!("{lost}; re-planning onto {d2} workers failed: {e}"))?;
+            (current, plan) = match replan_after_loss(current, spec, d2) {
+                Ok(planned) => planned,
+                Err(error) => {
+                    return Err(Failure::Replan {
+                        lost,
+                        workers: d2,
+                        error,
+                    }
+                    .into());
+                }
+            };
             let reason = format!(
                 "{lost}; re-planned onto {d2} workers ({}, {} stages), resuming from {}",
                 plan.kind.name(),
@@ -397,7 +414,7 @@ impl JobRunner for ClusterRunner {
             stage_pieces = spec_split(&current, &plan);
             first_step = resume;
         }
-        Err("re-plans exhausted".into())
+        unreachable!("every run ends the job or starts another")
     }
 }
 

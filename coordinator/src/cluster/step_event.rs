@@ -1,20 +1,11 @@
 //! One step's event (and its executed timeline) from every worker's report.
 
-use pipewise_common::job::{JobPlan, JobSpec};
-use pipewise_common::{Costs, simulate};
+use pipewise_common::run::StepReport;
 use pipewise_proto::v1 as pb;
 
 use crate::events::StepEventData;
 
-/// The planned bubble of a job's plan (what `StepEvent.planned_bubble` reports): its
-/// schedule simulated under [`JobSpec::planning_times`], unit pass times for real compute
-/// and the `[compute]` times for an emulated job.
-pub fn planned_bubble(plan: &JobPlan, spec: &JobSpec) -> f64 {
-    Costs::uniform(&plan.schedule.placement, spec.planning_times())
-        .and_then(|c| simulate(&plan.schedule, &c))
-        .map(|s| s.bubble)
-        .unwrap_or(f64::NAN)
-}
+pub use pipewise_common::run::supervisor::planned_bubble;
 
 /// One step's event from every worker's report.
 pub(super) fn event(
@@ -22,7 +13,7 @@ pub(super) fn event(
     step: u64,
     planned: f64,
     predicted_peaks: &[u64],
-    reports: &[pb::StepReport],
+    reports: &[StepReport],
 ) -> StepEventData {
     let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
     let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
@@ -63,12 +54,12 @@ pub(super) fn event(
     }
 }
 
-/// The step's executed timeline from every worker's spans (`None`, with a warning, when a
-/// report carries none or a malformed one).
+/// The step's executed timeline from every worker's spans (`None` when a report carries
+/// none: see [`report_of`]).
 fn step_trace(
     job: u64,
     step: u64,
-    reports: &[pb::StepReport],
+    reports: &[StepReport],
 ) -> Option<std::sync::Arc<pipewise_common::trace::StepTrace>> {
     let mut workers = vec![Vec::new(); reports.len()];
     for r in reports {
@@ -76,19 +67,43 @@ fn step_trace(
         if r.spans.is_empty() {
             return None;
         }
-        for span in &r.spans {
-            match pipewise_common::trace::Span::try_from(*span) {
-                Ok(s) => slot.push(s),
-                Err(e) => {
-                    tracing::warn!(job, step, worker = r.worker_index, "bad trace span: {e}");
-                    return None;
-                }
-            }
-        }
+        slot.extend_from_slice(&r.spans);
     }
     Some(std::sync::Arc::new(pipewise_common::trace::StepTrace {
         job,
         step: step + 1,
         workers,
     }))
+}
+
+/// A worker's step report as a run sees it. Its spans are dropped (with a warning) when one
+/// is malformed: the step then has no trace.
+pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
+    let spans: Result<Vec<_>, _> = r
+        .spans
+        .iter()
+        .map(|s| pipewise_common::trace::Span::try_from(*s))
+        .collect();
+    let spans = spans.unwrap_or_else(|e| {
+        tracing::warn!(
+            run = r.job,
+            step = r.step,
+            worker = r.worker_index,
+            "bad trace span: {e}"
+        );
+        Vec::new()
+    });
+    StepReport {
+        worker_index: r.worker_index,
+        worker_id: r.worker_id,
+        step: r.step,
+        loss: r.loss,
+        wall_secs: r.wall_secs,
+        busy_secs: r.busy_secs,
+        peak_activation_bytes: r.peak_activation_bytes,
+        static_bytes: r.static_bytes,
+        spans,
+        error: r.error,
+        done: r.done,
+    }
 }

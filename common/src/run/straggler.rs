@@ -1,15 +1,14 @@
 //! The straggler policy: which worker is slow per unit of modelled work, and the split of
 //! the pieces that moves layers off it.
 
-use pipewise_common::job::{JobPlan, JobSpec};
-use pipewise_common::rebalance::{largest_worker_time, split_for_speeds};
-use pipewise_proto::v1 as pb;
-
-use crate::membership::WorkerInfo;
+use super::worker::{StepReport, Worker};
+use crate::job::{JobPlan, JobSpec};
+use crate::rebalance::{largest_worker_time, split_for_speeds};
 
 /// What the runner watches a run's step times with: the cost of every piece (FLOPs, with
 /// a floor), the stage → worker table and the split in use.
-pub(super) struct Straggle {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Straggle {
     piece_costs: Vec<f64>,
     worker_of: Vec<u32>,
     counts: Vec<u32>,
@@ -43,11 +42,7 @@ pub const STRAGGLER_GAIN: f64 = 1.1;
 /// How a run of `plan` on the split `stage_pieces` (empty: even) is watched for
 /// stragglers: only real-compute jobs with checkpoints (layers move through one), and
 /// only with more stages than one.
-pub(super) fn straggle_of(
-    spec: &JobSpec,
-    plan: &JobPlan,
-    stage_pieces: &[u32],
-) -> Option<Straggle> {
+pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Option<Straggle> {
     if spec.compute.is_emulated() || !spec.checkpoint.enable_checkpoint {
         return None;
     }
@@ -58,7 +53,7 @@ pub(super) fn straggle_of(
     }
     let model = &spec.model;
     let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
-    let block = model.piece_flops(pipewise_common::model::Piece::Block(0), mbs);
+    let block = model.piece_flops(crate::model::Piece::Block(0), mbs);
     // The embedding's FLOPs are next to nothing but its pass is not free.
     let piece_costs: Vec<f64> = model
         .pieces()
@@ -87,13 +82,13 @@ pub(super) fn straggle_of(
 /// worker has been a straggler for [`STRAGGLER_STEPS`] steps in a row and moving layers
 /// off it is predicted to shorten the step by [`STRAGGLER_GAIN`] at least (and at least
 /// two steps are left after `done`).
-pub(super) fn straggler(
+pub fn straggler(
     watch: &Straggle,
-    reports: &[pb::StepReport],
+    reports: &[StepReport],
     history: &mut Vec<Vec<f64>>,
     done: u64,
     steps: u64,
-    workers: &[WorkerInfo],
+    workers: &[Worker],
 ) -> Option<(String, Vec<u32>)> {
     let d = workers.len();
     let work = watch.work(d);

@@ -1,12 +1,12 @@
 //! Rewriting a job's spec for a re-plan: onto another worker count, onto the schedule a
 //! memory-pressure move chose, keeping the job's layer split.
 
-use pipewise_common::job::{JobPlan, JobSpec};
+use crate::job::{JobPlan, JobSpec, Parallelism};
 
 /// The job's own layer split for `plan`'s stages (torchtitan's first / last stage less
 /// layers; empty: the even split of the pieces), as [`replan`] checked it for a plan on
 /// another worker count.
-pub(super) fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
+pub fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
     let d = plan.schedule.num_workers();
     let respecced;
     let spec = if d == spec.parallelism.pipeline_parallel_degree {
@@ -16,21 +16,19 @@ pub(super) fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
         &respecced
     };
     let p = &spec.parallelism;
-    match p.stage_pieces(spec.model.layers, plan.schedule.placement.stages()) {
-        Ok(split) => split.unwrap_or_default(),
-        Err(e) => {
-            // Every plan here came from a spec validated with the same split.
-            tracing::warn!("the job's layer split does not apply, split evenly: {e}");
-            Vec::new()
-        }
-    }
+    // Every plan here came from a spec validated with the same split: an error cannot
+    // happen, and the even split is the safe answer if it did.
+    p.stage_pieces(spec.model.layers, plan.schedule.placement.stages())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// Makes `current` (the spec the runs follow) plan `schedule` at `limit` from now on, as a
 /// memory-pressure move chose them on `d` workers: the limit, in units of `1/d` of the
 /// model, is kept in units of `1/degree` as the spec's are; no blocks per stage pin the
 /// stage count.
-pub(super) fn adopt(current: &mut JobSpec, schedule: String, limit: Option<f64>, d: u32) {
+pub fn adopt(current: &mut JobSpec, schedule: String, limit: Option<f64>, d: u32) {
     let p = &mut current.parallelism;
     p.memory_limit = limit.map(|l| l * f64::from(p.pipeline_parallel_degree) / f64::from(d.max(1)));
     p.pipeline_parallel_schedule = schedule;
@@ -41,11 +39,11 @@ pub(super) fn adopt(current: &mut JobSpec, schedule: String, limit: Option<f64>,
 /// it was planned from. When a memory-pressure move chose `current`'s schedule and limit
 /// and the limit cannot be met on `d` workers, that schedule at its default limit, else
 /// the job's own spec (the check before the run moves it again if it does not fit).
-pub(super) fn replan_after_loss(
+pub fn replan_after_loss(
     current: JobSpec,
     spec: &JobSpec,
     d: u32,
-) -> pipewise_common::Result<(JobSpec, JobPlan)> {
+) -> crate::Result<(JobSpec, JobPlan)> {
     let first = match replan(&current, d) {
         Ok(plan) => return Ok((current, plan)),
         Err(e) if current == *spec => return Err(e),
@@ -62,14 +60,14 @@ pub(super) fn replan_after_loss(
 }
 
 /// `spec` planned for `d` workers (see [`respec`]).
-pub(super) fn replan(spec: &JobSpec, d: u32) -> pipewise_common::Result<JobPlan> {
+pub fn replan(spec: &JobSpec, d: u32) -> crate::Result<JobPlan> {
     respec(spec, d).validate()
 }
 
 /// `spec` for `d` workers: its degree set to `d`, its memory limit (in units of
 /// `1/degree` of the model) scaled to the same bytes, and no blocks per stage (that pins
 /// the stage count, which changes with the workers).
-pub(super) fn respec(spec: &JobSpec, d: u32) -> JobSpec {
+pub fn respec(spec: &JobSpec, d: u32) -> JobSpec {
     let mut spec = spec.clone();
     let p = &mut spec.parallelism;
     p.memory_limit = p
@@ -81,7 +79,7 @@ pub(super) fn respec(spec: &JobSpec, d: u32) -> JobSpec {
 }
 
 /// Drops blocks per stage (it pins the stage count) but keeps splitting the torchtitan way.
-pub(super) fn unpin_stages(p: &mut pipewise_common::job::Parallelism) {
+pub fn unpin_stages(p: &mut Parallelism) {
     if p.pipeline_parallel_layers_per_stage.take().is_some() {
         p.torchtitan_split = true;
     }
@@ -92,7 +90,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use pipewise_common::job::example;
+    use crate::job::example;
     /// Re-planning keeps the memory limit's bytes: units of `1/d` of the model scale by
     /// `d' / d`.
     #[test]

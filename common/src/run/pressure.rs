@@ -1,13 +1,11 @@
 //! The memory-pressure policy: the fastest plan predicted to fit the workers' registered
 //! memory when one overflows (or is predicted to).
 
-use pipewise_common::job::{JobPlan, JobSpec};
-use pipewise_common::render::report::fmt_bytes;
-use pipewise_common::{Costs, simulate};
-use pipewise_proto::v1 as pb;
-
 use super::respec::{adopt, respec};
-use crate::membership::WorkerInfo;
+use super::worker::{StepReport, Worker};
+use crate::job::{JobPlan, JobSpec};
+use crate::render::report::fmt_bytes;
+use crate::{Costs, simulate};
 
 /// Schedules a job under memory pressure may move to (with the job's worker count).
 pub const FITTING_KINDS: [&str; 9] = [
@@ -42,7 +40,7 @@ fn in_use_ranges(
 
 /// Every worker's predicted peak activation bytes under `plan` on the split in use (empty
 /// when they cannot be predicted).
-pub(super) fn predicted_peaks(spec: &JobSpec, plan: &JobPlan, in_use: &[u32]) -> Vec<u64> {
+pub fn predicted_peaks(spec: &JobSpec, plan: &JobPlan, in_use: &[u32]) -> Vec<u64> {
     in_use_ranges(spec, plan, in_use)
         .and_then(|(spec, ranges)| plan.predicted_peak_bytes_over(&spec, &ranges).ok())
         .unwrap_or_default()
@@ -54,12 +52,12 @@ pub(super) fn predicted_peaks(spec: &JobSpec, plan: &JobPlan, in_use: &[u32]) ->
 /// plan (simulated under the job's planning times) predicted to fit every worker
 /// that registered one, holding less on the overflowing worker than the plan in use;
 /// `None` if nothing overflowed or nothing fits.
-pub(super) fn pressure(
+pub fn pressure(
     spec: &JobSpec,
     plan: &JobPlan,
     in_use: &[u32],
-    measured: Option<&[pb::StepReport]>,
-    workers: &[WorkerInfo],
+    measured: Option<&[StepReport]>,
+    workers: &[Worker],
 ) -> Option<(String, Fitting)> {
     // The plan in use on the split in use (a straggler move's), the candidates on the
     // job's split (a move goes back to it).
@@ -74,7 +72,7 @@ pub(super) fn pressure(
     };
     let (over, need, held) = match measured {
         Some(reports) => reports.iter().find_map(|r| {
-            let need = r.peak_activation_bytes.saturating_add(r.static_bytes);
+            let need = r.held_bytes();
             let w = r.worker_index as usize;
             over_budget(w, need).then_some((w, need, "held"))
         })?,
@@ -149,20 +147,22 @@ pub(super) fn pressure(
 }
 
 /// A plan memory pressure may move to.
-pub(super) struct Fitting {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fitting {
     /// Simulated under the job's planning times.
-    pub(super) makespan: f64,
+    pub makespan: f64,
     /// The spec it was planned from (its schedule and memory limit).
-    pub(super) spec: JobSpec,
-    pub(super) plan: JobPlan,
+    pub spec: JobSpec,
+    /// The plan.
+    pub plan: JobPlan,
     /// Predicted bytes per worker (activations and training state).
-    pub(super) bytes: Vec<u64>,
+    pub bytes: Vec<u64>,
 }
 
 impl Fitting {
     /// Makes `current` (the spec the runs follow) plan this schedule and memory limit from
     /// now on ([`adopt`]); the plan.
-    pub(super) fn adopt_into(self, current: &mut JobSpec) -> JobPlan {
+    pub fn adopt_into(self, current: &mut JobSpec) -> JobPlan {
         let p = self.spec.parallelism;
         let d = self.plan.schedule.num_workers();
         adopt(current, p.pipeline_parallel_schedule, p.memory_limit, d);
@@ -216,30 +216,23 @@ mod tests {
 
     use super::super::respec::replan_after_loss;
     use super::*;
-    use pipewise_common::job::example;
+    use crate::job::example;
     /// Live workers that registered these memory sizes.
-    fn registered(memory: impl Iterator<Item = u64>) -> Vec<WorkerInfo> {
+    fn registered(memory: impl Iterator<Item = u64>) -> Vec<Worker> {
         memory
             .enumerate()
-            .map(|(i, memory_bytes)| WorkerInfo {
+            .map(|(i, memory_bytes)| Worker {
                 id: format!("w{i}"),
                 address: String::new(),
-                device_kind: "cpu".into(),
                 memory_bytes,
-                last_seen: tokio::time::Instant::now(),
-                current_activation_bytes: 0,
-                peak_activation_bytes: 0,
-                step: 0,
-                streaming: true,
-                job: 0,
                 incarnation: i as u64 + 1,
             })
             .collect()
     }
 
     /// A step's reports in which worker 0 held `peak` bytes of activations.
-    fn overflow_on_worker_0(peak: u64) -> Vec<pb::StepReport> {
-        vec![pb::StepReport {
+    fn overflow_on_worker_0(peak: u64) -> Vec<StepReport> {
+        vec![StepReport {
             worker_index: 0,
             peak_activation_bytes: peak,
             ..Default::default()

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use pipewise_proto::v1 as pb;
+use super::worker::StepReport;
 
 /// The step reports of a run, gathered per step. Each worker reports its steps in order
 /// (though one worker's reports may run steps behind another's on the way), so a report of
@@ -10,27 +10,28 @@ use pipewise_proto::v1 as pb;
 /// arrive), and one past the run a stray: both are ignored rather than counted twice or
 /// kept forever.
 #[derive(Debug)]
-pub(super) struct StepReports {
+pub struct StepReports {
     /// The step each worker's next report may be of.
     next: Vec<u64>,
     end: u64,
     /// The reports of steps not yet reported by every worker, by worker index.
-    pending: BTreeMap<u64, Vec<Option<pb::StepReport>>>,
+    pending: BTreeMap<u64, Vec<Option<StepReport>>>,
 }
 
 /// What became of a report given to [`StepReports::take`].
 #[derive(Debug)]
-pub(super) enum Taken {
+pub enum Taken {
     /// Out of order, past the run, or from no worker of it (the report, given back).
-    Ignored(Box<pb::StepReport>),
+    Ignored(Box<StepReport>),
     /// Kept until every worker has reported its step.
     Pending,
     /// The last report of its step: every worker's, in worker order.
-    Complete(Vec<pb::StepReport>),
+    Complete(Vec<StepReport>),
 }
 
 impl StepReports {
-    pub(super) fn new(workers: usize, first_step: u64, end: u64) -> Self {
+    /// The reports of a run on `workers` workers of steps `first_step..end`.
+    pub fn new(workers: usize, first_step: u64, end: u64) -> Self {
         StepReports {
             next: vec![first_step; workers],
             end,
@@ -39,7 +40,7 @@ impl StepReports {
     }
 
     /// Takes worker `w`'s report `r`.
-    pub(super) fn take(&mut self, w: usize, r: pb::StepReport) -> Taken {
+    pub fn take(&mut self, w: usize, r: StepReport) -> Taken {
         let step = r.step;
         match self.next.get_mut(w) {
             Some(next) if *next <= step && step < self.end => *next = step + 1,
@@ -73,7 +74,7 @@ mod tests {
 
     #[test]
     fn reports_are_taken_in_order_per_worker() {
-        let r = |step: u64| pb::StepReport {
+        let r = |step: u64| StepReport {
             step,
             ..Default::default()
         };

@@ -1,0 +1,360 @@
+//! Following one run: its workers' reports, losses and the moves decided between steps.
+
+use super::super::reports::{StepReports, Taken};
+use super::super::respec::replan;
+use super::super::straggler::{Straggle, straggler};
+use super::{Action, Ended, Failure, Input, Move, Phase, Search, StepDone, Supervisor};
+use crate::job::{JobPlan, JobSpec};
+use crate::run::RunId;
+use crate::run::worker::{StepReport, Worker};
+
+/// A run that is out, and what the supervisor gathered of it.
+#[derive(Debug)]
+pub(super) struct Run {
+    id: RunId,
+    workers: Vec<Worker>,
+    first_step: u64,
+    steps: u64,
+    planned: f64,
+    predicted_peaks: Vec<u64>,
+    reports: StepReports,
+    done: Vec<bool>,
+    completed: u64,
+    /// When a cancel asked the workers to stop.
+    stop_asked: Option<u64>,
+    last_check: u64,
+    /// Relative slowness of every worker in the last steps.
+    history: Vec<Vec<f64>>,
+    /// A move decided, waiting for the workers to stop.
+    moving: Option<(String, Move)>,
+    /// Memory pressure is answered once per run: when nothing fits, planning the
+    /// candidates again every step would not change that.
+    pressure_tried: bool,
+    /// The live worker count a growth was last tried for (a plan that fails is not tried
+    /// again until the count changes).
+    grow_tried: usize,
+    /// A worker's error report, held until this time to see whether a worker went silent.
+    failing: Option<(Failure, u64)>,
+    /// `None`: the run is not watched for stragglers.
+    watch: Option<Straggle>,
+    /// Whether the run may stop to move layers or change the plan.
+    may_move: bool,
+}
+
+impl Run {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        id: RunId,
+        workers: Vec<Worker>,
+        first_step: u64,
+        steps: u64,
+        planned: f64,
+        predicted_peaks: Vec<u64>,
+        watch: Option<Straggle>,
+        may_move: bool,
+        now: u64,
+    ) -> Run {
+        let d = workers.len();
+        Run {
+            id,
+            first_step,
+            steps,
+            planned,
+            predicted_peaks,
+            reports: StepReports::new(d, first_step, steps),
+            done: vec![false; d],
+            completed: 0,
+            stop_asked: None,
+            last_check: now,
+            history: Vec::new(),
+            moving: None,
+            pressure_tried: false,
+            grow_tried: d,
+            failing: None,
+            watch,
+            may_move,
+            workers,
+        }
+    }
+
+    /// Whether a move may still be decided: none is pending, no cancel, steps left.
+    fn may_stop(&self) -> bool {
+        self.may_move
+            && self.moving.is_none()
+            && self.stop_asked.is_none()
+            && self.first_step + self.completed < self.steps
+    }
+}
+
+impl Supervisor {
+    /// Takes `input` while `run` is out.
+    pub(super) fn follow(&mut self, mut run: Run, input: Input) -> Phase {
+        if let Some((failure, until)) = &run.failing {
+            // A worker failed: only a loss (or the grace running out) ends the run now.
+            if let Some(gone) = self.first_lost(&run) {
+                let reason = format!("{gone} ({failure})");
+                return self.lost(run, reason);
+            }
+            if self.now >= *until {
+                let failure = failure.clone();
+                self.out.push(Action::Abort(run.id));
+                self.out.push(Action::Detach(run.id));
+                return self.finish(Err(failure));
+            }
+            return Phase::Running(Box::new(run));
+        }
+        match input {
+            Input::Report(r) => return self.take(run, *r),
+            Input::Refused { worker, reason } => {
+                let id = run.workers.get(worker).map(|w| w.id.clone());
+                let reason = format!(
+                    "worker {worker} ({}) could not take its assignment: {reason}",
+                    id.unwrap_or_default()
+                );
+                return self.lost(run, reason);
+            }
+            Input::Searched(Some(found))
+                if run.moving.is_none()
+                    && run.stop_asked.is_none()
+                    && run.first_step + run.completed < run.steps =>
+            {
+                let (reason, fits) = *found;
+                self.out.push(Action::Stop(run.id));
+                run.moving = Some((reason, Move::Plan(Box::new(fits))));
+            }
+            Input::Cancel if run.stop_asked.is_none() => {
+                self.out.push(Action::Stop(run.id));
+                run.stop_asked = Some(self.now);
+            }
+            Input::Registered(_) | Input::Lost(_) => {
+                if let Some(gone) = self.first_lost(&run) {
+                    return self.lost(run, gone);
+                }
+            }
+            _ => {}
+        }
+        if let Some(at) = run.stop_asked
+            && self.now.saturating_sub(at) > self.cfg.stop_grace_ms
+        {
+            self.out.push(Action::Abort(run.id));
+            self.out.push(Action::Detach(run.id));
+            return self.finish(Ok(()));
+        }
+        if self.now.saturating_sub(run.last_check) >= self.cfg.check_every_ms {
+            run.last_check = self.now;
+            if let Some(gone) = self.first_lost(&run) {
+                return self.lost(run, gone);
+            }
+            self.grow(&mut run);
+        }
+        Phase::Running(Box::new(run))
+    }
+
+    /// Takes a report of the run.
+    fn take(&mut self, mut run: Run, r: StepReport) -> Phase {
+        let i = r.worker_index as usize;
+        if run.workers.get(i).is_none_or(|w| w.id != r.worker_id) {
+            self.out.push(Action::Warn(format!(
+                "report from a worker not in the job: {}",
+                r.worker_id
+            )));
+            return Phase::Running(Box::new(run));
+        }
+        if !r.error.is_empty() {
+            let failure = Failure::Worker {
+                index: i,
+                id: r.worker_id,
+                step: r.step.saturating_add(1),
+                error: r.error,
+            };
+            // A vanished peer shows first as a failed send or receive: its missing
+            // heartbeats get the time to tell.
+            if let Some(gone) = self.first_lost(&run) {
+                return self.lost(run, format!("{gone} ({failure})"));
+            }
+            run.failing = Some((failure, self.now + self.cfg.lost_grace_ms));
+            return Phase::Running(Box::new(run));
+        }
+        if r.done {
+            run.done[i] = true;
+            if run.done.iter().all(|&d| d) {
+                return self.end(run);
+            }
+            return Phase::Running(Box::new(run));
+        }
+        let step = r.step;
+        match run.reports.take(i, r) {
+            Taken::Ignored(r) => {
+                self.out.push(Action::Warn(format!(
+                    "report of step {} from {} ignored: out of order or past the run's {} steps",
+                    step.saturating_add(1),
+                    r.worker_id,
+                    run.steps
+                )));
+            }
+            Taken::Pending => {}
+            Taken::Complete(reports) => self.complete(&mut run, step, reports),
+        }
+        Phase::Running(Box::new(run))
+    }
+
+    /// Every worker reported `step`: its event, then whether the run should move.
+    fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
+        self.out.push(Action::Step(Box::new(StepDone {
+            step,
+            reports: reports.clone(),
+            planned_bubble: run.planned,
+            predicted_peaks: run.predicted_peaks.clone(),
+            replanned: self.replanned.take(),
+        })));
+        run.completed += 1;
+        let overflow = reports.iter().any(|r| {
+            run.workers
+                .get(r.worker_index as usize)
+                .is_some_and(|w| w.memory_bytes > 0 && r.held_bytes() > w.memory_bytes)
+        });
+        if overflow && !run.pressure_tried && run.may_stop() {
+            run.pressure_tried = true;
+            self.out.push(Action::Search(Box::new(Search {
+                spec: self.current.clone(),
+                plan: self.plan.clone(),
+                pieces: self.stage_pieces.clone(),
+                measured: reports.clone(),
+                workers: run.workers.clone(),
+            })));
+        }
+        if run.may_move
+            && run.moving.is_none()
+            && run.stop_asked.is_none()
+            && run.completed > 1
+            && let Some(watch) = &run.watch
+            && let Some((reason, counts)) = straggler(
+                watch,
+                &reports,
+                &mut run.history,
+                run.first_step + run.completed,
+                run.steps,
+                &run.workers,
+            )
+        {
+            // Every worker stops after the same step (they save it); the next run starts
+            // there on the new split.
+            self.out.push(Action::Stop(run.id));
+            run.moving = Some((reason, Move::Split(counts)));
+        }
+    }
+
+    /// A job running on fewer workers than its degree (after a loss) grows back when
+    /// workers join: only with checkpoints (the stop saves the step the next run starts
+    /// from) and with steps left after the next one.
+    fn grow(&mut self, run: &mut Run) {
+        let d = run.workers.len();
+        if !(run.may_stop()
+            && self.current.checkpoint.enable_checkpoint
+            && run.completed > 0
+            && run.first_step + run.completed + 1 < run.steps
+            && (d as u32) < self.current.parallelism.pipeline_parallel_degree)
+        {
+            return;
+        }
+        let live = self.streaming().len();
+        if live <= d || live == run.grow_tried {
+            return;
+        }
+        run.grow_tried = live;
+        if let Some((reason, plan)) = self.grown(&self.current.clone(), d, live) {
+            self.out.push(Action::Stop(run.id));
+            run.moving = Some((reason, Move::Grow(Box::new(plan))));
+        }
+    }
+
+    /// The plan of `spec` on min(`live`, degree) workers and why, for a run on `d`.
+    fn grown(&mut self, spec: &JobSpec, d: usize, live: usize) -> Option<(String, JobPlan)> {
+        let d2 = (live as u32).min(spec.parallelism.pipeline_parallel_degree);
+        match replan(spec, d2) {
+            Ok(plan) => Some((
+                format!(
+                    "workers joined ({live} live); grew from {d} onto {d2} workers ({}, {} stages)",
+                    plan.kind.name(),
+                    plan.schedule.placement.stages()
+                ),
+                plan,
+            )),
+            Err(e) => {
+                self.out
+                    .push(Action::Warn(format!("not growing onto {d2} workers: {e}")));
+                None
+            }
+        }
+    }
+
+    /// The first worker of the run (by index) that is no longer live, as a reason.
+    fn first_lost(&self, run: &Run) -> Option<String> {
+        run.workers.iter().enumerate().find_map(|(i, w)| {
+            if run.done[i] {
+                return None;
+            }
+            match self.pool.get(&w.id) {
+                None => Some(format!("worker {i} ({}) stopped heartbeating", w.id)),
+                // A new process under its id (a restarted pod) holds none of the run.
+                Some(m) if m.worker.incarnation != w.incarnation => Some(format!(
+                    "worker {i} ({}) restarted (registered again from {})",
+                    w.id, m.worker.address
+                )),
+                Some(_) => None,
+            }
+        })
+    }
+
+    /// A worker of the run is gone: the run is abandoned, and the job re-planned once its
+    /// workers left it.
+    fn lost(&mut self, run: Run, reason: String) -> Phase {
+        self.out.push(Action::Detach(run.id));
+        self.out.push(Action::Abort(run.id));
+        if self.cancelled {
+            return self.finish(Ok(()));
+        }
+        if self.replans >= self.cfg.max_replans {
+            return self.finish(Err(Failure::Replans {
+                lost: reason,
+                max: self.cfg.max_replans,
+            }));
+        }
+        let through = run.first_step + run.completed;
+        let until = self.now + self.cfg.leave_grace_ms;
+        self.leave(run.id, run.workers, until, Ended::Lost { reason, through })
+    }
+
+    /// Every worker of the run is done.
+    fn end(&mut self, run: Run) -> Phase {
+        self.out.push(Action::Detach(run.id));
+        let through = run.first_step + run.completed;
+        if let Some((reason, to)) = run.moving
+            && run.stop_asked.is_none()
+            && through < run.steps
+        {
+            if self.cancelled {
+                return self.finish(Ok(()));
+            }
+            let until = self.now + self.cfg.leave_grace_ms;
+            return self.leave(
+                run.id,
+                run.workers,
+                until,
+                Ended::Move {
+                    reason,
+                    through,
+                    to,
+                },
+            );
+        }
+        let expected = run.steps.saturating_sub(run.first_step);
+        if run.completed < expected && run.stop_asked.is_none() {
+            return self.finish(Err(Failure::StoppedEarly {
+                through,
+                steps: run.steps,
+            }));
+        }
+        self.finish(Ok(()))
+    }
+}
