@@ -11,7 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::error::CoordinatorError;
 use crate::events::{Report, Start};
-use crate::job_manager::JobMsg;
+use crate::job_msg::JobMsg;
 
 /// Runs a job's steps. [`crate::cluster::ClusterRunner`] hands them to registered worker
 /// processes (or `pipewise local`'s in-process worker nodes); tests provide fakes.

@@ -12,15 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::broadcast;
 
 use crate::driver::{Driver, DriverArgs, JobRunner};
 use crate::error::{CoordinatorError, Result};
 use crate::events::{Start, StepEventData};
+pub use crate::job_msg::{JobMsg, Watch};
 use crate::planner::PlannerMsg;
 use crate::store::{JobRecord, JobState, JobStore};
-use crate::traces::{RenderedTrace, TraceStore};
+use crate::traces::TraceStore;
 
 /// The job manager.
 pub struct JobManager;
@@ -48,55 +49,10 @@ pub enum Unfinished {
     Fail,
 }
 
-/// Messages of the job manager.
-pub enum JobMsg {
-    /// Validate, plan, store and queue a job. Planning runs beside the manager (a large
-    /// adaptive plan takes seconds), which goes on answering; `Planned` finishes it.
-    Submit(Box<JobSpec>, RpcReplyPort<Result<JobRecord>>),
-    /// A submitted job's plan (or why it has none): store and queue it.
-    Planned(
-        Box<JobSpec>,
-        Box<Result<JobPlan>>,
-        RpcReplyPort<Result<JobRecord>>,
-    ),
-    /// One job.
-    Get(u64, RpcReplyPort<Result<JobRecord>>),
-    /// Every job.
-    List(RpcReplyPort<Vec<JobRecord>>),
-    /// Cancel a queued or running job.
-    Cancel(u64, RpcReplyPort<Result<JobRecord>>),
-    /// Subscribe to a job's step events: the ones already kept (see [`HISTORY_STEPS`]),
-    /// then a live receiver (which ends when the job does).
-    Watch(u64, RpcReplyPort<Result<Watch>>),
-    /// A driver's step report.
-    Progress(Box<StepEventData>),
-    /// What a running job waits for (empty: nothing any more).
-    Waiting(u64, String),
-    /// Render a kept step's executed timeline (`step` 0: the latest).
-    Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
-    /// Plan again a job the coordinator had queued or running when it stopped (from its
-    /// stored spec); `Resumed` queues it.
-    Resume(u64),
-    /// A resumed job's plan (or why it has none).
-    Resumed(u64, Box<JobSpec>, Box<Result<JobPlan>>),
-    /// A driver finished.
-    Finished {
-        /// Job id.
-        job: u64,
-        /// Why it failed, if it did.
-        outcome: Result<()>,
-        /// Whether it stopped because of a cancel.
-        cancelled: bool,
-    },
-}
-
 /// Step events kept per job for late watchers.
 pub const HISTORY_STEPS: usize = 100_000;
 /// Jobs whose step events are kept (the most recent ones).
 pub const HISTORY_JOBS: usize = 16;
-
-/// What a watcher gets: the steps so far, then the live ones.
-pub type Watch = (Vec<StepEventData>, broadcast::Receiver<StepEventData>);
 
 /// The job manager's state.
 pub struct JobManagerState {

@@ -6,6 +6,7 @@
 //! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
 //!   the order their plans were ready); persistence through [`store`]; starts a [`driver`]
 //!   per running job.
+//! - [`job_msg`]: the job manager's messages (the driver and the gRPC edge send them).
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`),
 //!   several submissions at once.
 //! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams
@@ -13,7 +14,10 @@
 //! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
 //!   time, throughput, liveness, jobs, re-plans).
 //! - [`cluster`]: [`cluster::ClusterRunner`], which runs jobs on registered worker processes
-//!   and re-plans them between steps (a lost worker, a straggler, memory pressure).
+//!   and re-plans them between steps (a lost worker, a straggler, memory pressure) with the
+//!   policies of `pipewise_common::run`; their checkpoint folders on disk; step events from
+//!   the workers' reports.
+//! - [`events`]: what a running job reports (step events, waiting notes, where it starts).
 //! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
 //!   reports each step.
 //! - [`store`]: the durable job store (redb) in the data directory.
@@ -30,6 +34,7 @@ pub mod driver;
 pub mod error;
 pub mod events;
 pub mod job_manager;
+pub mod job_msg;
 pub mod membership;
 pub mod metrics;
 pub mod planner;
@@ -51,7 +56,8 @@ pub use error::{CoordinatorError, Result};
 pub use events::{Report, Start, StepEventData};
 
 pub use job_manager::Unfinished;
-use job_manager::{JobManager, JobManagerArgs, JobMsg};
+use job_manager::{JobManager, JobManagerArgs};
+use job_msg::JobMsg;
 use membership::{Membership, MembershipMsg};
 use planner::{Planner, PlannerArgs};
 use store::JobStore;

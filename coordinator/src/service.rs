@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::CoordinatorError;
 use crate::events::StepEventData;
-use crate::job_manager::JobMsg;
+use crate::job_msg::JobMsg;
 use crate::membership::{Heartbeat, MembershipMsg, WorkerInfo};
 use crate::store::{JobRecord, JobState};
 

@@ -49,3 +49,20 @@ impl StepReport {
         self.peak_activation_bytes.saturating_add(self.static_bytes)
     }
 }
+
+/// Why worker `index` of a run, assigned as `assigned`, is no longer in it, given the worker
+/// live under its id now (`None`: none is, it stopped heartbeating); `None` while it is.
+pub fn gone(index: usize, assigned: &Worker, live: Option<&Worker>) -> Option<String> {
+    match live {
+        None => Some(format!(
+            "worker {index} ({}) stopped heartbeating",
+            assigned.id
+        )),
+        // A new process under its id (a restarted pod) holds none of the run.
+        Some(l) if l.incarnation != assigned.incarnation => Some(format!(
+            "worker {index} ({}) restarted (registered again from {})",
+            assigned.id, l.address
+        )),
+        Some(_) => None,
+    }
+}

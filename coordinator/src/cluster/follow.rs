@@ -16,6 +16,7 @@ use pipewise_common::run::pressure::{Fitting, pressure};
 use pipewise_common::run::reports::{StepReports, Taken};
 use pipewise_common::run::respec::replan;
 use pipewise_common::run::straggler::straggler;
+use pipewise_common::run::worker::gone;
 
 use super::step_event::{event, report_of};
 use super::{Assigned, ClusterRunner, Ended, LEAVE_GRACE, LOST_GRACE, Move, STOP_GRACE};
@@ -134,19 +135,10 @@ impl ClusterRunner {
         done: &[bool],
     ) -> std::result::Result<Option<String>, Ended> {
         let live = self.live().map_err(Ended::Failed)?;
-        Ok(workers.iter().enumerate().find_map(|(i, w)| {
-            if done[i] {
-                return None;
-            }
-            match live.iter().find(|l| l.id == w.id) {
-                None => Some(format!("worker {i} ({}) stopped heartbeating", w.id)),
-                // A new process under its id (a restarted pod) holds none of the run.
-                Some(l) if l.incarnation != w.incarnation => Some(format!(
-                    "worker {i} ({}) restarted (registered again from {})",
-                    w.id, l.address
-                )),
-                Some(_) => None,
-            }
+        let workers = workers.iter().enumerate();
+        Ok(workers.filter(|&(i, _)| !done[i]).find_map(|(i, w)| {
+            let now = live.iter().find(|l| l.id == w.id).map(WorkerInfo::worker);
+            gone(i, &w.worker(), now.as_ref())
         }))
     }
 

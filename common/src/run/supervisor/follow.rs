@@ -1,90 +1,13 @@
 //! Following one run: its workers' reports, losses and the moves decided between steps.
 
-use super::super::reports::{StepReports, Taken};
+use super::super::reports::Taken;
 use super::super::respec::replan;
-use super::super::straggler::{Straggle, straggler};
-use super::{Action, Ended, Failure, Input, Move, Phase, Search, StepDone, Supervisor};
+use super::super::straggler::straggler;
+use super::following::Run;
+use super::io::{Action, Ended, Failure, Input, Move, Search, StepDone};
+use super::{Phase, Supervisor};
 use crate::job::{JobPlan, JobSpec};
-use crate::run::RunId;
-use crate::run::worker::{StepReport, Worker};
-
-/// A run that is out, and what the supervisor gathered of it.
-#[derive(Debug)]
-pub(super) struct Run {
-    id: RunId,
-    workers: Vec<Worker>,
-    first_step: u64,
-    steps: u64,
-    planned: f64,
-    predicted_peaks: Vec<u64>,
-    reports: StepReports,
-    done: Vec<bool>,
-    completed: u64,
-    /// When a cancel asked the workers to stop.
-    stop_asked: Option<u64>,
-    last_check: u64,
-    /// Relative slowness of every worker in the last steps.
-    history: Vec<Vec<f64>>,
-    /// A move decided, waiting for the workers to stop.
-    moving: Option<(String, Move)>,
-    /// Memory pressure is answered once per run: when nothing fits, planning the
-    /// candidates again every step would not change that.
-    pressure_tried: bool,
-    /// The live worker count a growth was last tried for (a plan that fails is not tried
-    /// again until the count changes).
-    grow_tried: usize,
-    /// A worker's error report, held until this time to see whether a worker went silent.
-    failing: Option<(Failure, u64)>,
-    /// `None`: the run is not watched for stragglers.
-    watch: Option<Straggle>,
-    /// Whether the run may stop to move layers or change the plan.
-    may_move: bool,
-}
-
-impl Run {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        id: RunId,
-        workers: Vec<Worker>,
-        first_step: u64,
-        steps: u64,
-        planned: f64,
-        predicted_peaks: Vec<u64>,
-        watch: Option<Straggle>,
-        may_move: bool,
-        now: u64,
-    ) -> Run {
-        let d = workers.len();
-        Run {
-            id,
-            first_step,
-            steps,
-            planned,
-            predicted_peaks,
-            reports: StepReports::new(d, first_step, steps),
-            done: vec![false; d],
-            completed: 0,
-            stop_asked: None,
-            last_check: now,
-            history: Vec::new(),
-            moving: None,
-            pressure_tried: false,
-            grow_tried: d,
-            failing: None,
-            watch,
-            may_move,
-            workers,
-        }
-    }
-
-    /// Whether a move may still be decided: none is pending, no cancel, steps left.
-    fn may_stop(&self) -> bool {
-        self.may_move
-            && self.moving.is_none()
-            && self.stop_asked.is_none()
-            && self.first_step + self.completed < self.steps
-    }
-}
+use crate::run::worker::{StepReport, gone};
 
 impl Supervisor {
     /// Takes `input` while `run` is out.
@@ -97,8 +20,8 @@ impl Supervisor {
             }
             if self.now >= *until {
                 let failure = failure.clone();
-                self.out.push(Action::Abort(run.id));
-                self.out.push(Action::Detach(run.id));
+                self.out.push(Action::Abort(run.out.id));
+                self.out.push(Action::Detach(run.out.id));
                 return self.finish(Err(failure));
             }
             return Phase::Running(Box::new(run));
@@ -106,7 +29,7 @@ impl Supervisor {
         match input {
             Input::Report(r) => return self.take(run, *r),
             Input::Refused { worker, reason } => {
-                let id = run.workers.get(worker).map(|w| w.id.clone());
+                let id = run.out.workers.get(worker).map(|w| w.id.clone());
                 let reason = format!(
                     "worker {worker} ({}) could not take its assignment: {reason}",
                     id.unwrap_or_default()
@@ -116,14 +39,14 @@ impl Supervisor {
             Input::Searched(Some(found))
                 if run.moving.is_none()
                     && run.stop_asked.is_none()
-                    && run.first_step + run.completed < run.steps =>
+                    && run.out.first_step + run.completed < run.out.steps =>
             {
                 let (reason, fits) = *found;
-                self.out.push(Action::Stop(run.id));
+                self.out.push(Action::Stop(run.out.id));
                 run.moving = Some((reason, Move::Plan(Box::new(fits))));
             }
             Input::Cancel if run.stop_asked.is_none() => {
-                self.out.push(Action::Stop(run.id));
+                self.out.push(Action::Stop(run.out.id));
                 run.stop_asked = Some(self.now);
             }
             Input::Registered(_) | Input::Lost(_) => {
@@ -136,8 +59,8 @@ impl Supervisor {
         if let Some(at) = run.stop_asked
             && self.now.saturating_sub(at) > self.cfg.stop_grace_ms
         {
-            self.out.push(Action::Abort(run.id));
-            self.out.push(Action::Detach(run.id));
+            self.out.push(Action::Abort(run.out.id));
+            self.out.push(Action::Detach(run.out.id));
             return self.finish(Ok(()));
         }
         if self.now.saturating_sub(run.last_check) >= self.cfg.check_every_ms {
@@ -153,7 +76,7 @@ impl Supervisor {
     /// Takes a report of the run.
     fn take(&mut self, mut run: Run, r: StepReport) -> Phase {
         let i = r.worker_index as usize;
-        if run.workers.get(i).is_none_or(|w| w.id != r.worker_id) {
+        if run.out.workers.get(i).is_none_or(|w| w.id != r.worker_id) {
             self.out.push(Action::Warn(format!(
                 "report from a worker not in the job: {}",
                 r.worker_id
@@ -189,7 +112,7 @@ impl Supervisor {
                     "report of step {} from {} ignored: out of order or past the run's {} steps",
                     step.saturating_add(1),
                     r.worker_id,
-                    run.steps
+                    run.out.steps
                 )));
             }
             Taken::Pending => {}
@@ -203,13 +126,14 @@ impl Supervisor {
         self.out.push(Action::Step(Box::new(StepDone {
             step,
             reports: reports.clone(),
-            planned_bubble: run.planned,
-            predicted_peaks: run.predicted_peaks.clone(),
+            planned_bubble: run.out.planned,
+            predicted_peaks: run.out.predicted_peaks.clone(),
             replanned: self.replanned.take(),
         })));
         run.completed += 1;
         let overflow = reports.iter().any(|r| {
-            run.workers
+            run.out
+                .workers
                 .get(r.worker_index as usize)
                 .is_some_and(|w| w.memory_bytes > 0 && r.held_bytes() > w.memory_bytes)
         });
@@ -220,26 +144,26 @@ impl Supervisor {
                 plan: self.plan.clone(),
                 pieces: self.stage_pieces.clone(),
                 measured: reports.clone(),
-                workers: run.workers.clone(),
+                workers: run.out.workers.clone(),
             })));
         }
-        if run.may_move
+        if run.out.may_move
             && run.moving.is_none()
             && run.stop_asked.is_none()
             && run.completed > 1
-            && let Some(watch) = &run.watch
+            && let Some(watch) = &run.out.watch
             && let Some((reason, counts)) = straggler(
                 watch,
                 &reports,
                 &mut run.history,
-                run.first_step + run.completed,
-                run.steps,
-                &run.workers,
+                run.out.first_step + run.completed,
+                run.out.steps,
+                &run.out.workers,
             )
         {
             // Every worker stops after the same step (they save it); the next run starts
             // there on the new split.
-            self.out.push(Action::Stop(run.id));
+            self.out.push(Action::Stop(run.out.id));
             run.moving = Some((reason, Move::Split(counts)));
         }
     }
@@ -248,11 +172,11 @@ impl Supervisor {
     /// workers join: only with checkpoints (the stop saves the step the next run starts
     /// from) and with steps left after the next one.
     fn grow(&mut self, run: &mut Run) {
-        let d = run.workers.len();
+        let d = run.out.workers.len();
         if !(run.may_stop()
             && self.current.checkpoint.enable_checkpoint
             && run.completed > 0
-            && run.first_step + run.completed + 1 < run.steps
+            && run.out.first_step + run.completed + 1 < run.out.steps
             && (d as u32) < self.current.parallelism.pipeline_parallel_degree)
         {
             return;
@@ -263,7 +187,7 @@ impl Supervisor {
         }
         run.grow_tried = live;
         if let Some((reason, plan)) = self.grown(&self.current.clone(), d, live) {
-            self.out.push(Action::Stop(run.id));
+            self.out.push(Action::Stop(run.out.id));
             run.moving = Some((reason, Move::Grow(Box::new(plan))));
         }
     }
@@ -290,27 +214,17 @@ impl Supervisor {
 
     /// The first worker of the run (by index) that is no longer live, as a reason.
     fn first_lost(&self, run: &Run) -> Option<String> {
-        run.workers.iter().enumerate().find_map(|(i, w)| {
-            if run.done[i] {
-                return None;
-            }
-            match self.pool.get(&w.id) {
-                None => Some(format!("worker {i} ({}) stopped heartbeating", w.id)),
-                // A new process under its id (a restarted pod) holds none of the run.
-                Some(m) if m.worker.incarnation != w.incarnation => Some(format!(
-                    "worker {i} ({}) restarted (registered again from {})",
-                    w.id, m.worker.address
-                )),
-                Some(_) => None,
-            }
-        })
+        let workers = run.out.workers.iter().enumerate();
+        workers
+            .filter(|&(i, _)| !run.done[i])
+            .find_map(|(i, w)| gone(i, w, self.pool.get(&w.id).map(|m| &m.worker)))
     }
 
     /// A worker of the run is gone: the run is abandoned, and the job re-planned once its
     /// workers left it.
     fn lost(&mut self, run: Run, reason: String) -> Phase {
-        self.out.push(Action::Detach(run.id));
-        self.out.push(Action::Abort(run.id));
+        self.out.push(Action::Detach(run.out.id));
+        self.out.push(Action::Abort(run.out.id));
         if self.cancelled {
             return self.finish(Ok(()));
         }
@@ -320,26 +234,31 @@ impl Supervisor {
                 max: self.cfg.max_replans,
             }));
         }
-        let through = run.first_step + run.completed;
+        let through = run.out.first_step + run.completed;
         let until = self.now + self.cfg.leave_grace_ms;
-        self.leave(run.id, run.workers, until, Ended::Lost { reason, through })
+        self.leave(
+            run.out.id,
+            run.out.workers,
+            until,
+            Ended::Lost { reason, through },
+        )
     }
 
     /// Every worker of the run is done.
     fn end(&mut self, run: Run) -> Phase {
-        self.out.push(Action::Detach(run.id));
-        let through = run.first_step + run.completed;
+        self.out.push(Action::Detach(run.out.id));
+        let through = run.out.first_step + run.completed;
         if let Some((reason, to)) = run.moving
             && run.stop_asked.is_none()
-            && through < run.steps
+            && through < run.out.steps
         {
             if self.cancelled {
                 return self.finish(Ok(()));
             }
             let until = self.now + self.cfg.leave_grace_ms;
             return self.leave(
-                run.id,
-                run.workers,
+                run.out.id,
+                run.out.workers,
                 until,
                 Ended::Move {
                     reason,
@@ -348,11 +267,11 @@ impl Supervisor {
                 },
             );
         }
-        let expected = run.steps.saturating_sub(run.first_step);
+        let expected = run.out.steps.saturating_sub(run.out.first_step);
         if run.completed < expected && run.stop_asked.is_none() {
             return self.finish(Err(Failure::StoppedEarly {
                 through,
-                steps: run.steps,
+                steps: run.out.steps,
             }));
         }
         self.finish(Ok(()))

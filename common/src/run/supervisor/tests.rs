@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::*;
 use crate::job::example;
 use crate::run::pressure::predicted_peaks;
+use crate::run::worker::StepReport;
 use crate::run::respec::{replan, replan_after_loss, spec_split};
 use crate::run::straggler::{straggle_of, straggler};
 
@@ -399,7 +400,7 @@ fn a_memory_pressure_move() {
         peak_activation_bytes: need[0] + 1,
         ..report(&ws, 0, 0)
     };
-    let reports = vec![over.clone(), report(&ws, 1, 0)];
+    let reports = [over.clone(), report(&ws, 1, 0)];
     assert_eq!(s.handle(100, Input::Report(Box::new(over))), []);
     let acts = s.handle(100, Input::Report(Box::new(reports[1].clone())));
     let [Action::Step(_), Action::Search(search)] = &acts[..] else {
