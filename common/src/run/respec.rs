@@ -59,6 +59,24 @@ pub fn replan_after_loss(
         .map_err(|_| first)
 }
 
+/// Growing back: the plan of `spec` on min(`live`, degree) workers for a run on `d` that
+/// `live` streaming workers outnumber, and why; else that worker count and the planner's
+/// reason.
+pub fn grown(
+    spec: &JobSpec,
+    d: usize,
+    live: usize,
+) -> std::result::Result<(String, JobPlan), (u32, crate::Error)> {
+    let d2 = (live as u32).min(spec.parallelism.pipeline_parallel_degree);
+    let plan = replan(spec, d2).map_err(|e| (d2, e))?;
+    let reason = format!(
+        "workers joined ({live} live); grew from {d} onto {d2} workers ({}, {} stages)",
+        plan.kind.name(),
+        plan.schedule.placement.stages()
+    );
+    Ok((reason, plan))
+}
+
 /// `spec` planned for `d` workers (see [`respec`]).
 pub fn replan(spec: &JobSpec, d: u32) -> crate::Result<JobPlan> {
     respec(spec, d).validate()

@@ -14,7 +14,7 @@ use super::checkpoints::settle_checkpoints;
 use pipewise_common::run::Failure;
 use pipewise_common::run::pressure::{Fitting, pressure};
 use pipewise_common::run::reports::{StepReports, Taken};
-use pipewise_common::run::respec::replan;
+use pipewise_common::run::respec::grown;
 use pipewise_common::run::straggler::straggler;
 use pipewise_common::run::worker::gone;
 
@@ -151,21 +151,9 @@ impl ClusterRunner {
             return None;
         }
         *tried = live;
-        let d2 = (live as u32).min(spec.parallelism.pipeline_parallel_degree);
-        match replan(spec, d2) {
-            Ok(plan) => Some((
-                format!(
-                    "workers joined ({live} live); grew from {d} onto {d2} workers ({}, {} stages)",
-                    plan.kind.name(),
-                    plan.schedule.placement.stages()
-                ),
-                plan,
-            )),
-            Err(e) => {
-                tracing::warn!("not growing onto {d2} workers: {e}");
-                None
-            }
-        }
+        grown(spec, d, live)
+            .map_err(|(d2, e)| tracing::warn!("not growing onto {d2} workers: {e}"))
+            .ok()
     }
 
     /// Collects the workers' reports until all are done, one fails or dies, or a cancel
@@ -237,12 +225,7 @@ impl ClusterRunner {
                         continue;
                     }
                     if !r.error.is_empty() {
-                        let failure = Failure::Worker {
-                            index: i,
-                            id: r.worker_id,
-                            step: r.step.saturating_add(1),
-                            error: r.error,
-                        };
+                        let failure = Failure::of_report(i, r);
                         // A vanished peer shows first as a failed send or receive: give
                         // its missing heartbeats the time to tell.
                         let started = Instant::now();

@@ -1,12 +1,11 @@
 //! Following one run: its workers' reports, losses and the moves decided between steps.
 
 use super::super::reports::Taken;
-use super::super::respec::replan;
+use super::super::respec::grown;
 use super::super::straggler::straggler;
 use super::following::Run;
 use super::io::{Action, Ended, Failure, Input, Move, Search, StepDone};
 use super::{Phase, Supervisor};
-use crate::job::{JobPlan, JobSpec};
 use crate::run::worker::{StepReport, gone};
 
 impl Supervisor {
@@ -84,12 +83,7 @@ impl Supervisor {
             return Phase::Running(Box::new(run));
         }
         if !r.error.is_empty() {
-            let failure = Failure::Worker {
-                index: i,
-                id: r.worker_id,
-                step: r.step.saturating_add(1),
-                error: r.error,
-            };
+            let failure = Failure::of_report(i, r);
             // A vanished peer shows first as a failed send or receive: its missing
             // heartbeats get the time to tell.
             if let Some(gone) = self.first_lost(&run) {
@@ -186,28 +180,14 @@ impl Supervisor {
             return;
         }
         run.grow_tried = live;
-        if let Some((reason, plan)) = self.grown(&self.current.clone(), d, live) {
-            self.out.push(Action::Stop(run.out.id));
-            run.moving = Some((reason, Move::Grow(Box::new(plan))));
-        }
-    }
-
-    /// The plan of `spec` on min(`live`, degree) workers and why, for a run on `d`.
-    fn grown(&mut self, spec: &JobSpec, d: usize, live: usize) -> Option<(String, JobPlan)> {
-        let d2 = (live as u32).min(spec.parallelism.pipeline_parallel_degree);
-        match replan(spec, d2) {
-            Ok(plan) => Some((
-                format!(
-                    "workers joined ({live} live); grew from {d} onto {d2} workers ({}, {} stages)",
-                    plan.kind.name(),
-                    plan.schedule.placement.stages()
-                ),
-                plan,
-            )),
-            Err(e) => {
-                self.out
-                    .push(Action::Warn(format!("not growing onto {d2} workers: {e}")));
-                None
+        match grown(&self.current, d, live) {
+            Ok((reason, plan)) => {
+                self.out.push(Action::Stop(run.out.id));
+                run.moving = Some((reason, Move::Grow(Box::new(plan))));
+            }
+            Err((d2, e)) => {
+                let warning = format!("not growing onto {d2} workers: {e}");
+                self.out.push(Action::Warn(warning));
             }
         }
     }

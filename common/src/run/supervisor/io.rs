@@ -259,6 +259,18 @@ pub enum Failure {
     },
 }
 
+impl Failure {
+    /// Worker `index`'s error report as the job's failure.
+    pub fn of_report(index: usize, r: StepReport) -> Failure {
+        Failure::Worker {
+            index,
+            id: r.worker_id,
+            step: r.step.saturating_add(1),
+            error: r.error,
+        }
+    }
+}
+
 /// What a run that stopped between steps goes on with.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Move {

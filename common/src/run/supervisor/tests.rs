@@ -9,9 +9,9 @@ use std::sync::Arc;
 use super::*;
 use crate::job::example;
 use crate::run::pressure::predicted_peaks;
-use crate::run::worker::StepReport;
 use crate::run::respec::{replan, replan_after_loss, spec_split};
 use crate::run::straggler::{straggle_of, straggler};
+use crate::run::worker::StepReport;
 
 const JOB: u64 = 1;
 
