@@ -8,7 +8,7 @@ use crate::events::StepEventData;
 pub use pipewise_common::run::supervisor::planned_bubble;
 
 /// One step's event from every worker's report.
-pub(super) fn event(
+pub(crate) fn event(
     job: u64,
     step: u64,
     planned: f64,

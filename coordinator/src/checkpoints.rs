@@ -110,6 +110,22 @@ pub(crate) fn remove_after(output: &Path, resume: u64) -> Result<()> {
     Ok(())
 }
 
+/// Where job `job`'s checkpoints and final parameters go: `job-N` under its spec's
+/// checkpoint folder (relative to the data directory).
+pub(crate) fn output_dir(
+    data_dir: &std::path::Path,
+    job: u64,
+    spec: &JobSpec,
+) -> std::path::PathBuf {
+    let folder = std::path::PathBuf::from(&spec.checkpoint.folder);
+    let base = if folder.is_absolute() {
+        folder
+    } else {
+        data_dir.join(folder)
+    };
+    base.join(format!("job-{job}"))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
