@@ -23,6 +23,8 @@
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
 //! - [`partition`]: every split of the model's pieces into stages (even, torchtitan's,
 //!   balanced for the auto-planner, for measured worker speeds).
+//! - [`run`]: the sans-I/O supervisor of a job's runs on worker processes and its policies
+//!   (lost workers, growing back, stragglers, memory pressure).
 
 pub mod auto;
 pub mod cancel;
@@ -35,11 +37,8 @@ pub mod model;
 pub mod partition;
 pub mod pass;
 pub mod placement;
-/// The straggler split's old path; it lives in [`partition`].
-pub mod rebalance {
-    pub use crate::partition::{largest_worker_time, split_for_speeds};
-}
 pub mod render;
+pub mod run;
 pub mod schedule;
 pub mod simulate;
 pub mod trace;

@@ -33,6 +33,20 @@ pub enum CoordinatorError {
         /// Seconds since that worker's last heartbeat.
         ago_s: f64,
     },
+    /// A job's run failed (a worker's error, a loss that could not be re-planned, ...).
+    #[error(transparent)]
+    Run(#[from] pipewise_common::run::Failure),
+    /// A job's output folder (its checkpoints) could not be created, read or cleared.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Checkpoints {
+        /// What was tried: create, read, remove.
+        action: &'static str,
+        /// The folder.
+        path: std::path::PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
     /// An actor could not be reached or failed.
     #[error("coordinator actor: {0}")]
     Actor(String),
@@ -51,15 +65,22 @@ impl From<CoordinatorError> for tonic::Status {
             CoordinatorError::Plan(other) => tonic::Status::invalid_argument(other.to_string()),
             CoordinatorError::NotFound(_) => tonic::Status::not_found(e.to_string()),
             CoordinatorError::InUse { .. } => tonic::Status::already_exists(e.to_string()),
-            CoordinatorError::Store(_) | CoordinatorError::Actor(_) => {
-                tonic::Status::internal(e.to_string())
-            }
+            CoordinatorError::Store(_)
+            | CoordinatorError::Actor(_)
+            | CoordinatorError::Run(_)
+            | CoordinatorError::Checkpoints { .. } => tonic::Status::internal(e.to_string()),
         }
     }
 }
 
 impl<T> From<ractor::RactorErr<T>> for CoordinatorError {
     fn from(e: ractor::RactorErr<T>) -> CoordinatorError {
+        CoordinatorError::Actor(e.to_string())
+    }
+}
+
+impl<T> From<ractor::MessagingErr<T>> for CoordinatorError {
+    fn from(e: ractor::MessagingErr<T>) -> CoordinatorError {
         CoordinatorError::Actor(e.to_string())
     }
 }

@@ -12,14 +12,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use pipewise_common::run::supervisor::Input;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::driver::{Driver, DriverArgs, JobRunner, Start, StepEventData};
+use crate::checkpoints::output_dir;
+use crate::driver::{DriverArgs, JobRunner};
 use crate::error::{CoordinatorError, Result};
+use crate::events::{Start, StepEventData};
+pub use crate::job_msg::{JobMsg, Watch};
+use crate::membership::MembershipMsg;
 use crate::planner::PlannerMsg;
+use crate::run::{RunActor, RunArgs};
+use crate::run_msg::RunMsg;
 use crate::store::{JobRecord, JobState, JobStore};
-use crate::traces::{RenderedTrace, TraceStore};
+use crate::traces::TraceStore;
 
 /// The job manager.
 pub struct JobManager;
@@ -31,10 +38,32 @@ pub struct JobManagerArgs {
     /// The planner.
     pub planner: ActorRef<PlannerMsg>,
     /// Who runs jobs; `None`: jobs wait in the queue (no embedded workers).
-    pub runner: Option<Arc<dyn JobRunner>>,
+    pub runner: Option<Runner>,
     /// What becomes of the jobs the store holds as queued or running (a coordinator that
     /// stopped under them).
     pub unfinished: Unfinished,
+}
+
+/// Who runs a coordinator's jobs.
+#[derive(Clone)]
+pub enum Runner {
+    /// A [`JobRunner`] on a blocking thread (tests' fakes; see [`crate::driver`]).
+    Steps(Arc<dyn JobRunner>),
+    /// The registered worker processes, through one [`RunActor`] per job.
+    Cluster {
+        /// The membership actor.
+        membership: ActorRef<MembershipMsg>,
+        /// The data directory (relative checkpoint folders are under it).
+        data_dir: std::path::PathBuf,
+    },
+}
+
+/// How a running job is cancelled.
+enum Running {
+    /// Its driver's flag.
+    Flag(Arc<AtomicBool>),
+    /// Its run actor.
+    Run(ActorRef<RunMsg>),
 }
 
 /// What a starting coordinator does with the jobs its store holds as queued or running.
@@ -47,65 +76,20 @@ pub enum Unfinished {
     Fail,
 }
 
-/// Messages of the job manager.
-pub enum JobMsg {
-    /// Validate, plan, store and queue a job. Planning runs beside the manager (a large
-    /// adaptive plan takes seconds), which goes on answering; `Planned` finishes it.
-    Submit(Box<JobSpec>, RpcReplyPort<Result<JobRecord>>),
-    /// A submitted job's plan (or why it has none): store and queue it.
-    Planned(
-        Box<JobSpec>,
-        Box<Result<JobPlan>>,
-        RpcReplyPort<Result<JobRecord>>,
-    ),
-    /// One job.
-    Get(u64, RpcReplyPort<Result<JobRecord>>),
-    /// Every job.
-    List(RpcReplyPort<Vec<JobRecord>>),
-    /// Cancel a queued or running job.
-    Cancel(u64, RpcReplyPort<Result<JobRecord>>),
-    /// Subscribe to a job's step events: the ones already kept (see [`HISTORY_STEPS`]),
-    /// then a live receiver (which ends when the job does).
-    Watch(u64, RpcReplyPort<Result<Watch>>),
-    /// A driver's step report.
-    Progress(Box<StepEventData>),
-    /// What a running job waits for (empty: nothing any more).
-    Waiting(u64, String),
-    /// Render a kept step's executed timeline (`step` 0: the latest).
-    Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
-    /// Plan again a job the coordinator had queued or running when it stopped (from its
-    /// stored spec); `Resumed` queues it.
-    Resume(u64),
-    /// A resumed job's plan (or why it has none).
-    Resumed(u64, Box<JobSpec>, Box<Result<JobPlan>>),
-    /// A driver finished.
-    Finished {
-        /// Job id.
-        job: u64,
-        /// `Err(reason)` if it failed.
-        outcome: std::result::Result<(), String>,
-        /// Whether it stopped because of a cancel.
-        cancelled: bool,
-    },
-}
-
 /// Step events kept per job for late watchers.
 pub const HISTORY_STEPS: usize = 100_000;
 /// Jobs whose step events are kept (the most recent ones).
 pub const HISTORY_JOBS: usize = 16;
 
-/// What a watcher gets: the steps so far, then the live ones.
-pub type Watch = (Vec<StepEventData>, broadcast::Receiver<StepEventData>);
-
 /// The job manager's state.
 pub struct JobManagerState {
     store: JobStore,
     planner: ActorRef<PlannerMsg>,
-    runner: Option<Arc<dyn JobRunner>>,
+    runner: Option<Runner>,
     records: BTreeMap<u64, JobRecord>,
     plans: HashMap<u64, (JobSpec, JobPlan)>,
     queue: VecDeque<u64>,
-    running: Option<(u64, Arc<AtomicBool>)>,
+    running: Option<(u64, Running)>,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
     history: BTreeMap<u64, VecDeque<StepEventData>>,
@@ -201,6 +185,28 @@ impl Actor for JobManager {
         }
         state.publish_counts();
         Ok(state)
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        // A run actor that stops has told the manager how its job ended; one that fails
+        // has not.
+        if let SupervisionEvent::ActorFailed(_, e) = event
+            && let Some((job, _)) = &state.running
+        {
+            myself.cast(JobMsg::Finished {
+                job: *job,
+                outcome: Err(CoordinatorError::Actor(format!(
+                    "the job's run actor failed: {e}"
+                ))),
+                cancelled: false,
+            })?;
+        }
+        Ok(())
     }
 
     async fn handle(
@@ -396,7 +402,7 @@ impl Actor for JobManager {
                         Ok(()) => record.state = JobState::Succeeded,
                         Err(e) => {
                             record.state = JobState::Failed;
-                            record.error = e;
+                            record.error = e.to_string();
                         }
                     }
                     state.save(record)?;
@@ -439,10 +445,15 @@ fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
     if record.state.is_final() {
         return Ok(record);
     }
-    if let Some((running, flag)) = &state.running
+    if let Some((running, how)) = &state.running
         && *running == id
     {
-        flag.store(true, Ordering::SeqCst);
+        match how {
+            Running::Flag(flag) => flag.store(true, Ordering::SeqCst),
+            Running::Run(run) => {
+                let _ = run.cast(RunMsg::Input(Box::new(Input::Cancel)));
+            }
+        }
         return Ok(record);
     }
     state.queue.retain(|q| *q != id);
@@ -476,28 +487,54 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         if let Err(e) = state.save(record) {
             tracing::error!(job = id, "cannot store the job: {e}");
         }
-        let flag = Arc::new(AtomicBool::new(false));
         state.traces.start(id, plan.schedule.clone());
         let start = state.starts.remove(&id).unwrap_or_default();
         state
             .watchers
             .entry(id)
             .or_insert_with(|| broadcast::channel(1024).0);
-        let args = DriverArgs {
-            job: id,
-            spec,
-            plan,
-            start,
-            runner,
-            cancelled: flag.clone(),
-            manager: myself.clone(),
+        let started = match runner {
+            Runner::Steps(runner) => {
+                let flag = Arc::new(AtomicBool::new(false));
+                let args = DriverArgs {
+                    job: id,
+                    spec,
+                    plan,
+                    start,
+                    runner,
+                    cancelled: flag.clone(),
+                    manager: myself.clone(),
+                };
+                crate::driver::spawn(args);
+                Ok(Running::Flag(flag))
+            }
+            Runner::Cluster {
+                membership,
+                data_dir,
+            } => {
+                let args = RunArgs {
+                    job: id,
+                    output: output_dir(&data_dir, id, &spec),
+                    spec,
+                    plan,
+                    start,
+                    membership,
+                    manager: myself.clone(),
+                };
+                // Linked: a run actor that fails ends its job (`handle_supervisor_evt`).
+                Actor::spawn_linked(None, RunActor, args, myself.get_cell())
+                    .await
+                    .map(|(run, _)| Running::Run(run))
+            }
         };
-        match Actor::spawn(None, Driver, args).await {
-            Ok(_) => state.running = Some((id, flag)),
+        match started {
+            Ok(how) => state.running = Some((id, how)),
             Err(e) => {
                 let _ = myself.cast(JobMsg::Finished {
                     job: id,
-                    outcome: Err(format!("cannot start the driver: {e}")),
+                    outcome: Err(CoordinatorError::Actor(format!(
+                        "cannot start the job: {e}"
+                    ))),
                     cancelled: false,
                 });
             }
@@ -619,9 +656,9 @@ mod tests {
             _: &JobSpec,
             _: &JobPlan,
             _: Start,
-            _: &mut dyn FnMut(crate::driver::Report),
+            _: &mut dyn FnMut(crate::events::Report),
             _: &AtomicBool,
-        ) -> std::result::Result<(), String> {
+        ) -> Result<()> {
             self.0.lock().unwrap().push(job);
             Ok(())
         }
@@ -666,7 +703,7 @@ mod tests {
             JobManagerArgs {
                 store: JobStore::open(&dir).unwrap(),
                 planner,
-                runner: Some(runner.clone()),
+                runner: Some(Runner::Steps(runner.clone())),
                 unfinished: Unfinished::Resume,
             },
         )

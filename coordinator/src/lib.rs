@@ -1,21 +1,27 @@
 //! `pipewise-coordinator`: takes training jobs over gRPC, plans them with the pure core, and
-//! drives them. Everything is a ractor actor, one per file, behind a tonic edge.
+//! drives them. Every actor is a ractor actor in its own file, behind a tonic edge.
 //!
 //! # Layout
 //!
 //! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
 //!   the order their plans were ready); persistence through [`store`]; starts a [`driver`]
 //!   per running job.
+//! - [`job_msg`]: the job manager's messages (the driver and the gRPC edge send them).
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`),
 //!   several submissions at once.
 //! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams
 //!   and the routing of workers' step reports.
 //! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
 //!   time, throughput, liveness, jobs, re-plans).
-//! - [`cluster`]: [`cluster::ClusterRunner`], which runs jobs on registered worker processes
-//!   and re-plans them between steps (a lost worker, a straggler, memory pressure).
-//! - [`driver`]: one per running job; runs its steps through a [`driver::JobRunner`] and
-//!   reports each step.
+//! - [`run`]: one [`run::RunActor`] per job running on registered worker processes: it
+//!   feeds the job's `pipewise_common::run::Supervisor` (which re-plans between steps after
+//!   a lost worker, a straggler, memory pressure or workers joining) and performs what it
+//!   asks.
+//! - [`run_msg`]: what a run actor is told.
+//! - [`checkpoints`]: a job's checkpoint folders on disk.
+//! - [`step_event`]: a step's event from its workers' reports.
+//! - [`events`]: what a running job reports (step events, waiting notes, where it starts).
+//! - [`driver`]: jobs run by a [`driver::JobRunner`] (tests' fakes) on a blocking thread.
 //! - [`store`]: the durable job store (redb) in the data directory.
 //! - [`traces`]: the recent steps' executed timelines and their rendering next to the plan.
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
@@ -25,14 +31,19 @@
 //! [`Coordinator::start`] wires them together and serves gRPC (with health and reflection);
 //! [`Coordinator::start_cluster`] does the same with jobs run by worker processes.
 
-pub mod cluster;
+pub mod checkpoints;
 pub mod driver;
 pub mod error;
+pub mod events;
 pub mod job_manager;
+pub mod job_msg;
 pub mod membership;
 pub mod metrics;
 pub mod planner;
+pub mod run;
+pub mod run_msg;
 pub mod service;
+pub mod step_event;
 pub mod store;
 pub mod traces;
 
@@ -45,11 +56,13 @@ use pipewise_proto::v1::job_service_server::JobServiceServer;
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 
-pub use driver::{JobRunner, Report, Start, StepEventData};
+pub use driver::JobRunner;
 pub use error::{CoordinatorError, Result};
+pub use events::{Report, Start, StepEventData};
 
-pub use job_manager::Unfinished;
-use job_manager::{JobManager, JobManagerArgs, JobMsg};
+use job_manager::{JobManager, JobManagerArgs};
+pub use job_manager::{Runner, Unfinished};
+use job_msg::JobMsg;
 use membership::{Membership, MembershipMsg};
 use planner::{Planner, PlannerArgs};
 use store::JobStore;
@@ -76,25 +89,26 @@ impl Coordinator {
         data_dir: &Path,
         runner: Option<Arc<dyn JobRunner>>,
     ) -> Result<Coordinator> {
-        Self::start_with(listen, data_dir, Unfinished::Resume, |_| runner).await
+        Self::start_with(listen, data_dir, Unfinished::Resume, |_| {
+            runner.map(Runner::Steps)
+        })
+        .await
     }
 
     /// Like [`Coordinator::start`], with jobs run on the worker processes that register
-    /// ([`cluster::ClusterRunner`]); `unfinished` says what becomes of the jobs the store
+    /// (a [`run::RunActor`] per job); `unfinished` says what becomes of the jobs the store
     /// holds as queued or running.
     pub async fn start_cluster(
         listen: SocketAddr,
         data_dir: &Path,
         unfinished: Unfinished,
     ) -> Result<Coordinator> {
-        let runtime = tokio::runtime::Handle::current();
         let dir = data_dir.to_path_buf();
         Self::start_with(listen, data_dir, unfinished, move |membership| {
-            Some(Arc::new(cluster::ClusterRunner {
+            Some(Runner::Cluster {
                 membership: membership.clone(),
-                runtime,
                 data_dir: dir,
-            }) as Arc<dyn JobRunner>)
+            })
         })
         .await
     }
@@ -103,7 +117,7 @@ impl Coordinator {
         listen: SocketAddr,
         data_dir: &Path,
         unfinished: Unfinished,
-        runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Arc<dyn JobRunner>>,
+        runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Runner>,
     ) -> Result<Coordinator> {
         metrics::describe();
         let store = JobStore::open(data_dir)?;

@@ -1,5 +1,6 @@
 //! The membership actor: worker registrations and heartbeats, who is alive, the workers'
 //! assignment streams, and the routing of their step reports to the job that runs them.
+//! Run actors that follow it are told of every registration, stream, heartbeat and loss.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -9,7 +10,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use pipewise_common::run::supervisor::Input;
+
 use crate::error::{CoordinatorError, Result};
+use crate::run_msg::RunMsg;
 
 /// Heartbeat interval handed to workers.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
@@ -49,6 +53,18 @@ pub struct WorkerInfo {
     pub incarnation: u64,
 }
 
+impl WorkerInfo {
+    /// The worker as a run sees it.
+    pub fn worker(&self) -> pipewise_common::run::Worker {
+        pipewise_common::run::Worker {
+            id: self.id.clone(),
+            address: self.address.clone(),
+            memory_bytes: self.memory_bytes,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
 /// A heartbeat's content.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Heartbeat {
@@ -74,8 +90,14 @@ pub struct MembershipState {
     streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
     /// worker id → the job it was last assigned and its index there.
     assigned: HashMap<String, (u64, u32)>,
-    /// job → where its workers' step reports go.
-    sinks: HashMap<u64, std::sync::mpsc::Sender<pb::StepReport>>,
+    /// run → the run actor its workers' step reports go to.
+    sinks: HashMap<u64, ActorRef<RunMsg>>,
+    /// job → its run actor, told of every registration, stream, heartbeat and loss.
+    followers: HashMap<u64, ActorRef<RunMsg>>,
+    /// Workers a follower was told it lost (told again of them if they come back).
+    lost: HashSet<String>,
+    /// Workers whose assignment stream was open at the last tick.
+    open: HashSet<String>,
     /// Jobs whose workers stop at the next step boundary (answered in `StepAck`).
     stopping: HashSet<u64>,
     /// Jobs whose workers abandon them at once (answered in heartbeats).
@@ -90,6 +112,26 @@ pub struct MembershipState {
 }
 
 impl MembershipState {
+    /// Tells every run actor `input`.
+    fn push(&self, input: &Input) {
+        for follower in self.followers.values() {
+            let _ = follower.cast(RunMsg::Input(Box::new(input.clone())));
+        }
+    }
+
+    /// The workers alive at `now`.
+    fn live(&self, now: Instant) -> Vec<WorkerInfo> {
+        let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
+        self.workers
+            .values()
+            .filter(|w| now.duration_since(w.last_seen) <= deadline)
+            .map(|w| WorkerInfo {
+                streaming: self.streams.get(&w.id).is_some_and(|tx| !tx.is_closed()),
+                ..w.clone()
+            })
+            .collect()
+    }
+
     /// Whether the workers of run `job` should abandon it now: it was aborted, or it is
     /// not one this coordinator started (0 is no run).
     fn abandon(&self, job: u64) -> bool {
@@ -110,8 +152,12 @@ pub enum MembershipMsg {
     OpenStream(String, RpcReplyPort<Result<mpsc::Receiver<pb::Assignment>>>),
     /// Sends an assignment down a worker's stream.
     Assign(String, Box<pb::Assignment>, RpcReplyPort<Result<()>>),
-    /// Routes the step reports of a job to a runner.
-    Attach(u64, std::sync::mpsc::Sender<pb::StepReport>),
+    /// Routes the step reports of a run to its run actor.
+    Attach(u64, ActorRef<RunMsg>),
+    /// A job's run actor follows the workers from now on; replies the workers alive now.
+    Follow(u64, ActorRef<RunMsg>, RpcReplyPort<Vec<WorkerInfo>>),
+    /// The job's run actor is done.
+    Unfollow(u64),
     /// A worker's step report; replies what its run must do.
     Report(Box<pb::StepReport>, RpcReplyPort<ReportAnswer>),
     /// Ask the job's workers to stop at the next step boundary.
@@ -196,7 +242,7 @@ impl Actor for Membership {
                 st.streams.remove(&info.id);
                 if let Some(old) = st.workers.get(&info.id) {
                     // The earlier process under this id is gone (or never to be heard of
-                    // again): a run holding it sees a lost worker (`ClusterRunner`).
+                    // again): a run holding it sees a lost worker (its supervisor).
                     tracing::info!(
                         worker = %info.id,
                         address = %info.address,
@@ -207,6 +253,9 @@ impl Actor for Membership {
                     tracing::info!(worker = %info.id, address = %info.address, "worker registered");
                 }
                 info.streaming = false;
+                st.lost.remove(&info.id);
+                st.open.remove(&info.id);
+                st.push(&Input::Registered(info.worker()));
                 st.workers.insert(info.id.clone(), info);
                 let _ = reply.send(Ok(HEARTBEAT_INTERVAL));
             }
@@ -222,22 +271,33 @@ impl Actor for Membership {
                     }
                     None => false,
                 };
+                if known {
+                    if st.lost.remove(&beat.id)
+                        && let Some(w) = st.workers.get(&beat.id)
+                    {
+                        // Back after it was reported lost: a worker again.
+                        st.push(&Input::Registered(w.worker()));
+                        if st.open.contains(&beat.id) {
+                            st.push(&Input::StreamOpened(beat.id.clone()));
+                        }
+                    }
+                    st.push(&Input::Heartbeat {
+                        id: beat.id.clone(),
+                        run: beat.job,
+                    });
+                }
                 let abort = Some(beat.job).filter(|&job| st.abandon(job));
                 let _ = reply.send(HeartbeatAnswer { known, abort });
             }
             MembershipMsg::Live(reply) => {
-                let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
-                let now = Instant::now();
-                let live = st
-                    .workers
-                    .values()
-                    .filter(|w| now.duration_since(w.last_seen) <= deadline)
-                    .map(|w| WorkerInfo {
-                        streaming: st.streams.get(&w.id).is_some_and(|tx| !tx.is_closed()),
-                        ..w.clone()
-                    })
-                    .collect();
-                let _ = reply.send(live);
+                let _ = reply.send(st.live(Instant::now()));
+            }
+            MembershipMsg::Follow(job, follower, reply) => {
+                st.followers.insert(job, follower);
+                let _ = reply.send(st.live(Instant::now()));
+            }
+            MembershipMsg::Unfollow(job) => {
+                st.followers.remove(&job);
             }
             MembershipMsg::OpenStream(id, reply) => {
                 if st.workers.contains_key(&id) {
@@ -246,6 +306,8 @@ impl Actor for Membership {
                     if let Some(w) = st.workers.get_mut(&id) {
                         w.streaming = true;
                     }
+                    st.open.insert(id.clone());
+                    st.push(&Input::StreamOpened(id));
                     let _ = reply.send(Ok(rx));
                 } else {
                     let _ = reply.send(Err(CoordinatorError::BadRequest {
@@ -285,7 +347,7 @@ impl Actor for Membership {
                 let abort = st.abandon(job);
                 let stop = !abort && st.stopping.contains(&job);
                 if let Some(sink) = st.sinks.get(&job)
-                    && sink.send(*report).is_err()
+                    && sink.cast(RunMsg::Report(report)).is_err()
                 {
                     st.sinks.remove(&job);
                 }
@@ -305,6 +367,29 @@ impl Actor for Membership {
                 let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
                 let now = Instant::now();
                 st.forget_silent(now);
+                // Losses and closed streams, told once each.
+                let gone: Vec<String> = st
+                    .workers
+                    .values()
+                    .filter(|w| {
+                        now.duration_since(w.last_seen) > deadline && !st.lost.contains(&w.id)
+                    })
+                    .map(|w| w.id.clone())
+                    .collect();
+                for id in gone {
+                    st.push(&Input::Lost(id.clone()));
+                    st.lost.insert(id);
+                }
+                let closed: Vec<String> = st
+                    .open
+                    .iter()
+                    .filter(|id| st.streams.get(*id).is_none_or(|tx| tx.is_closed()))
+                    .cloned()
+                    .collect();
+                for id in closed {
+                    st.open.remove(&id);
+                    st.push(&Input::StreamClosed(id));
+                }
                 let ages: Vec<(String, f64)> = st
                     .workers
                     .values()

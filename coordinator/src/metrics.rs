@@ -26,7 +26,7 @@ use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 
-use crate::driver::StepEventData;
+use crate::events::StepEventData;
 
 /// Reasons a job is re-planned (the label values of `pipewise_replans_total`).
 pub const REPLAN_REASONS: [&str; 4] = [

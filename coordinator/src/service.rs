@@ -12,9 +12,9 @@ use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
-use crate::driver::StepEventData;
 use crate::error::CoordinatorError;
-use crate::job_manager::JobMsg;
+use crate::events::StepEventData;
+use crate::job_msg::JobMsg;
 use crate::membership::{Heartbeat, MembershipMsg, WorkerInfo};
 use crate::store::{JobRecord, JobState};
 

@@ -43,7 +43,7 @@ impl JobRunner for CountingRunner {
         start: Start,
         report: &mut dyn FnMut(Report),
         cancelled: &AtomicBool,
-    ) -> Result<(), String> {
+    ) -> pipewise_coordinator::Result<()> {
         self.starts.lock().unwrap().push((job, start));
         if self.active.fetch_add(1, Ordering::SeqCst) > 0 {
             self.overlap.store(true, Ordering::SeqCst);

@@ -1,0 +1,33 @@
+//! Running a job on worker processes, without I/O: the [`Supervisor`] of one job's runs
+//! (inputs in, [`Action`]s out, on logical time) and the policies it applies.
+//!
+//! A job runs as a sequence of *runs*: each hands every worker of a plan its assignment and
+//! follows their step reports. A lost worker, a straggler, memory pressure or workers
+//! joining end a run between steps, and the next one starts from a checkpoint on another
+//! plan or split. The coordinator's run actor feeds the supervisor what happens (worker
+//! registrations, losses, heartbeats and step reports, checkpoint listings, a cancel, the
+//! time) and performs what it asks (assignments, stops, aborts, clearing checkpoints, step
+//! events, re-plans).
+//!
+//! - [`id`]: a run's id.
+//! - [`supervisor`]: the state machine of a job's runs.
+//! - [`worker`]: workers and their step reports as a run sees them.
+//! - [`reports`]: gathering a run's reports per step.
+//! - [`checkpoints`]: where a run resumes, from a listing of the job's checkpoint folders.
+//! - [`respec`]: the job's spec rewritten for a re-plan (another worker count, a schedule).
+//! - [`straggler`]: which worker is slow, and the split that moves layers off it.
+//! - [`pressure`]: the fastest plan that fits the workers' memory.
+
+pub mod checkpoints;
+pub mod id;
+pub mod pressure;
+pub mod reports;
+pub mod respec;
+pub mod straggler;
+pub mod supervisor;
+pub mod worker;
+
+pub use checkpoints::{Checkpoints, Start};
+pub use id::RunId;
+pub use supervisor::{Action, Assignment, Config, Failure, Input, Member, Reason, Supervisor};
+pub use worker::{StepReport, Worker};

@@ -1,0 +1,259 @@
+//! Following one run: its workers' reports, losses and the moves decided between steps.
+
+use super::super::reports::Taken;
+use super::super::respec::grown;
+use super::super::straggler::straggler;
+use super::following::Run;
+use super::io::{Action, Ended, Failure, Input, Move, Search, StepDone};
+use super::{Phase, Supervisor};
+use crate::run::worker::{StepReport, gone};
+
+impl Supervisor {
+    /// Takes `input` while `run` is out.
+    pub(super) fn follow(&mut self, mut run: Run, input: Input) -> Phase {
+        if let Some((failure, until)) = &run.failing {
+            // A worker failed: only a loss (or the grace running out) ends the run now.
+            if let Some(gone) = self.first_lost(&run) {
+                let reason = format!("{gone} ({failure})");
+                return self.lost(run, reason);
+            }
+            if self.now >= *until {
+                let failure = failure.clone();
+                self.out.push(Action::Abort(run.out.id));
+                self.out.push(Action::Detach(run.out.id));
+                return self.finish(Err(failure));
+            }
+            return Phase::Running(Box::new(run));
+        }
+        match input {
+            Input::Report(r) => return self.take(run, *r),
+            Input::Refused { worker, reason } => {
+                let id = run.out.workers.get(worker).map(|w| w.id.clone());
+                let reason = format!(
+                    "worker {worker} ({}) could not take its assignment: {reason}",
+                    id.unwrap_or_default()
+                );
+                return self.lost(run, reason);
+            }
+            Input::Searched(Some(found))
+                if run.moving.is_none()
+                    && run.stop_asked.is_none()
+                    && run.out.first_step + run.completed < run.out.steps =>
+            {
+                let (reason, fits) = *found;
+                self.out.push(Action::Stop(run.out.id));
+                run.moving = Some((reason, Move::Plan(Box::new(fits))));
+            }
+            Input::Cancel if run.stop_asked.is_none() => {
+                self.out.push(Action::Stop(run.out.id));
+                run.stop_asked = Some(self.now);
+            }
+            Input::Registered(_) | Input::Lost(_) => {
+                if let Some(gone) = self.first_lost(&run) {
+                    return self.lost(run, gone);
+                }
+            }
+            _ => {}
+        }
+        if let Some(at) = run.stop_asked
+            && self.now.saturating_sub(at) > self.cfg.stop_grace_ms
+        {
+            self.out.push(Action::Abort(run.out.id));
+            self.out.push(Action::Detach(run.out.id));
+            return self.finish(Ok(()));
+        }
+        if self.now.saturating_sub(run.last_check) >= self.cfg.check_every_ms {
+            run.last_check = self.now;
+            if let Some(gone) = self.first_lost(&run) {
+                return self.lost(run, gone);
+            }
+            self.grow(&mut run);
+        }
+        Phase::Running(Box::new(run))
+    }
+
+    /// Takes a report of the run.
+    fn take(&mut self, mut run: Run, r: StepReport) -> Phase {
+        let i = r.worker_index as usize;
+        if run.out.workers.get(i).is_none_or(|w| w.id != r.worker_id) {
+            self.out.push(Action::Warn(format!(
+                "report from a worker not in the job: {}",
+                r.worker_id
+            )));
+            return Phase::Running(Box::new(run));
+        }
+        if !r.error.is_empty() {
+            let failure = Failure::of_report(i, r);
+            // A vanished peer shows first as a failed send or receive: its missing
+            // heartbeats get the time to tell.
+            if let Some(gone) = self.first_lost(&run) {
+                return self.lost(run, format!("{gone} ({failure})"));
+            }
+            run.failing = Some((failure, self.now + self.cfg.lost_grace_ms));
+            return Phase::Running(Box::new(run));
+        }
+        if r.done {
+            run.done[i] = true;
+            if run.done.iter().all(|&d| d) {
+                return self.end(run);
+            }
+            return Phase::Running(Box::new(run));
+        }
+        let step = r.step;
+        match run.reports.take(i, r) {
+            Taken::Ignored(r) => {
+                self.out.push(Action::Warn(format!(
+                    "report of step {} from {} ignored: out of order or past the run's {} steps",
+                    step.saturating_add(1),
+                    r.worker_id,
+                    run.out.steps
+                )));
+            }
+            Taken::Pending => {}
+            Taken::Complete(reports) => self.complete(&mut run, step, reports),
+        }
+        Phase::Running(Box::new(run))
+    }
+
+    /// Every worker reported `step`: its event, then whether the run should move.
+    fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
+        self.out.push(Action::Step(Box::new(StepDone {
+            step,
+            reports: reports.clone(),
+            planned_bubble: run.out.planned,
+            predicted_peaks: run.out.predicted_peaks.clone(),
+            replanned: self.replanned.take(),
+        })));
+        run.completed += 1;
+        let overflow = reports.iter().any(|r| {
+            run.out
+                .workers
+                .get(r.worker_index as usize)
+                .is_some_and(|w| w.memory_bytes > 0 && r.held_bytes() > w.memory_bytes)
+        });
+        if overflow && !run.pressure_tried && run.may_stop() {
+            run.pressure_tried = true;
+            self.out.push(Action::Search(Box::new(Search {
+                spec: self.current.clone(),
+                plan: self.plan.clone(),
+                pieces: self.stage_pieces.clone(),
+                measured: reports.clone(),
+                workers: run.out.workers.clone(),
+            })));
+        }
+        if run.out.may_move
+            && run.moving.is_none()
+            && run.stop_asked.is_none()
+            && run.completed > 1
+            && let Some(watch) = &run.out.watch
+            && let Some((reason, counts)) = straggler(
+                watch,
+                &reports,
+                &mut run.history,
+                run.out.first_step + run.completed,
+                run.out.steps,
+                &run.out.workers,
+            )
+        {
+            // Every worker stops after the same step (they save it); the next run starts
+            // there on the new split.
+            self.out.push(Action::Stop(run.out.id));
+            run.moving = Some((reason, Move::Split(counts)));
+        }
+    }
+
+    /// A job running on fewer workers than its degree (after a loss) grows back when
+    /// workers join: only with checkpoints (the stop saves the step the next run starts
+    /// from) and with steps left after the next one.
+    fn grow(&mut self, run: &mut Run) {
+        let d = run.out.workers.len();
+        if !(run.may_stop()
+            && self.current.checkpoint.enable_checkpoint
+            && run.completed > 0
+            && run.out.first_step + run.completed + 1 < run.out.steps
+            && (d as u32) < self.current.parallelism.pipeline_parallel_degree)
+        {
+            return;
+        }
+        let live = self.streaming().len();
+        if live <= d || live == run.grow_tried {
+            return;
+        }
+        run.grow_tried = live;
+        match grown(&self.current, d, live) {
+            Ok((reason, plan)) => {
+                self.out.push(Action::Stop(run.out.id));
+                run.moving = Some((reason, Move::Grow(Box::new(plan))));
+            }
+            Err((d2, e)) => {
+                let warning = format!("not growing onto {d2} workers: {e}");
+                self.out.push(Action::Warn(warning));
+            }
+        }
+    }
+
+    /// The first worker of the run (by index) that is no longer live, as a reason.
+    fn first_lost(&self, run: &Run) -> Option<String> {
+        let workers = run.out.workers.iter().enumerate();
+        workers
+            .filter(|&(i, _)| !run.done[i])
+            .find_map(|(i, w)| gone(i, w, self.pool.get(&w.id).map(|m| &m.worker)))
+    }
+
+    /// A worker of the run is gone: the run is abandoned, and the job re-planned once its
+    /// workers left it.
+    fn lost(&mut self, run: Run, reason: String) -> Phase {
+        self.out.push(Action::Detach(run.out.id));
+        self.out.push(Action::Abort(run.out.id));
+        if self.cancelled {
+            return self.finish(Ok(()));
+        }
+        if self.replans >= self.cfg.max_replans {
+            return self.finish(Err(Failure::Replans {
+                lost: reason,
+                max: self.cfg.max_replans,
+            }));
+        }
+        let through = run.out.first_step + run.completed;
+        let until = self.now + self.cfg.leave_grace_ms;
+        self.leave(
+            run.out.id,
+            run.out.workers,
+            until,
+            Ended::Lost { reason, through },
+        )
+    }
+
+    /// Every worker of the run is done.
+    fn end(&mut self, run: Run) -> Phase {
+        self.out.push(Action::Detach(run.out.id));
+        let through = run.out.first_step + run.completed;
+        if let Some((reason, to)) = run.moving
+            && run.stop_asked.is_none()
+            && through < run.out.steps
+        {
+            if self.cancelled {
+                return self.finish(Ok(()));
+            }
+            let until = self.now + self.cfg.leave_grace_ms;
+            return self.leave(
+                run.out.id,
+                run.out.workers,
+                until,
+                Ended::Move {
+                    reason,
+                    through,
+                    to,
+                },
+            );
+        }
+        let expected = run.out.steps.saturating_sub(run.out.first_step);
+        if run.completed < expected && run.stop_asked.is_none() {
+            return self.finish(Err(Failure::StoppedEarly {
+                through,
+                steps: run.out.steps,
+            }));
+        }
+        self.finish(Ok(()))
+    }
+}

@@ -1,0 +1,76 @@
+//! A run that is out, as the supervisor follows it.
+
+use super::super::id::RunId;
+use super::super::reports::StepReports;
+use super::super::straggler::Straggle;
+use super::super::worker::Worker;
+use super::io::{Failure, Move};
+
+/// A run as it was handed out.
+#[derive(Debug)]
+pub(super) struct Out {
+    pub(super) id: RunId,
+    pub(super) workers: Vec<Worker>,
+    pub(super) first_step: u64,
+    pub(super) steps: u64,
+    /// The plan's planned bubble, for every step event.
+    pub(super) planned: f64,
+    /// Every worker's predicted peak under the plan and split, for every step event.
+    pub(super) predicted_peaks: Vec<u64>,
+    /// `None`: the run is not watched for stragglers.
+    pub(super) watch: Option<Straggle>,
+    /// Whether the run may stop to move layers or change the plan.
+    pub(super) may_move: bool,
+}
+
+/// A run that is out, and what the supervisor gathered of it.
+#[derive(Debug)]
+pub(super) struct Run {
+    pub(super) out: Out,
+    pub(super) reports: StepReports,
+    pub(super) done: Vec<bool>,
+    pub(super) completed: u64,
+    /// When a cancel asked the workers to stop.
+    pub(super) stop_asked: Option<u64>,
+    pub(super) last_check: u64,
+    /// Relative slowness of every worker in the last steps.
+    pub(super) history: Vec<Vec<f64>>,
+    /// A move decided, waiting for the workers to stop.
+    pub(super) moving: Option<(String, Move)>,
+    /// Memory pressure is answered once per run: when nothing fits, planning the
+    /// candidates again every step would not change that.
+    pub(super) pressure_tried: bool,
+    /// The live worker count a growth was last tried for (a plan that fails is not tried
+    /// again until the count changes).
+    pub(super) grow_tried: usize,
+    /// A worker's error report, held until this time to see whether a worker went silent.
+    pub(super) failing: Option<(Failure, u64)>,
+}
+
+impl Run {
+    /// Follows `out` from `now`.
+    pub(super) fn new(out: Out, now: u64) -> Run {
+        let d = out.workers.len();
+        Run {
+            reports: StepReports::new(d, out.first_step, out.steps),
+            done: vec![false; d],
+            completed: 0,
+            stop_asked: None,
+            last_check: now,
+            history: Vec::new(),
+            moving: None,
+            pressure_tried: false,
+            grow_tried: d,
+            failing: None,
+            out,
+        }
+    }
+
+    /// Whether a move may still be decided: none is pending, no cancel, steps left.
+    pub(super) fn may_stop(&self) -> bool {
+        self.out.may_move
+            && self.moving.is_none()
+            && self.stop_asked.is_none()
+            && self.out.first_step + self.completed < self.out.steps
+    }
+}

@@ -1,0 +1,306 @@
+//! What goes into the supervisor and what comes out of it.
+
+use std::sync::Arc;
+
+use super::super::checkpoints::Checkpoints;
+use super::super::id::RunId;
+use super::super::pressure::{Fitting, pressure};
+use super::super::worker::{StepReport, Worker};
+use crate::Schedule;
+use crate::job::{JobPlan, JobSpec};
+
+/// The supervisor's timing and limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// How long a worker's error report is held to see whether one of the run's workers
+    /// went silent (then the run is re-planned instead of the job failing).
+    pub lost_grace_ms: u64,
+    /// How long the workers of an abandoned run get to leave it before the next run is
+    /// handed out anyway.
+    pub leave_grace_ms: u64,
+    /// How long a cancelled run's workers get to stop before it is aborted.
+    pub stop_grace_ms: u64,
+    /// How often a run on fewer workers than the job's degree checks for workers to grow
+    /// back onto.
+    pub check_every_ms: u64,
+    /// How often a job waiting for workers says so in the log.
+    pub remind_every_ms: u64,
+    /// Re-plans per job at most; one more lost worker fails it.
+    pub max_replans: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            lost_grace_ms: 3_000,
+            leave_grace_ms: 30_000,
+            stop_grace_ms: 30_000,
+            check_every_ms: 1_000,
+            remind_every_ms: 10_000,
+            max_replans: 8,
+        }
+    }
+}
+
+/// A live worker as the supervisor tracks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The worker.
+    pub worker: Worker,
+    /// Whether its assignment stream is open.
+    pub streaming: bool,
+    /// The run it said it runs in its last heartbeat (0: none).
+    pub running: u64,
+}
+
+/// What happens to a job's runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A worker registered (again: a new process under a known id is a new incarnation).
+    Registered(Worker),
+    /// A registered worker opened its assignment stream.
+    StreamOpened(String),
+    /// A worker's assignment stream closed.
+    StreamClosed(String),
+    /// A worker's heartbeat: the run it runs (0: none).
+    Heartbeat {
+        /// The worker id.
+        id: String,
+        /// The run it says it runs.
+        run: u64,
+    },
+    /// A worker stopped heartbeating.
+    Lost(String),
+    /// A worker of the current run reported a step, an error or its end.
+    Report(Box<StepReport>),
+    /// Worker `worker` of the current run did not take its assignment.
+    Refused {
+        /// Its index in the run.
+        worker: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The job's checkpoint folders, read after [`Action::ReadCheckpoints`].
+    Checkpoints(Checkpoints),
+    /// What an [`Action::Search`] found.
+    Searched(Option<Box<(String, Fitting)>>),
+    /// The job is cancelled.
+    Cancel,
+    /// Time passed.
+    Tick,
+}
+
+/// What the supervisor asks of the run actor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// The job waits for this before its next step (empty: no longer).
+    Waiting(String),
+    /// A line for the log.
+    Info(String),
+    /// A warning for the log.
+    Warn(String),
+    /// Route the run's step reports to the supervisor, and mark the run as this
+    /// coordinator's.
+    Attach(RunId),
+    /// Hand every worker of a run its assignment, in index order; a refusal comes back as
+    /// [`Input::Refused`].
+    Assign(Box<Assignment>),
+    /// Ask the run's workers to stop after the step in progress.
+    Stop(RunId),
+    /// Tell the run's workers to abandon it now.
+    Abort(RunId),
+    /// The run is over: stop routing its reports.
+    Detach(RunId),
+    /// Every worker reported a step.
+    Step(Box<StepDone>),
+    /// The job was re-planned (counted by reason).
+    Replanned(Reason),
+    /// Read the job's checkpoint folders and feed them back ([`Input::Checkpoints`]).
+    ReadCheckpoints,
+    /// Remove what runs wrote after this step: later checkpoint folders and the final
+    /// parameters.
+    ClearAfter(u64),
+    /// Search for a plan that fits the workers' memory beside the run (it plans a few dozen
+    /// schedules) and feed back what it finds ([`Input::Searched`]).
+    Search(Box<Search>),
+    /// The job is over: succeeded or cancelled (`Ok`), or failed.
+    Finish(Result<(), Failure>),
+}
+
+/// One run as handed to its workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// The run.
+    pub run: RunId,
+    /// The step it starts at (its workers load that checkpoint; 0: the seeded model).
+    pub first_step: u64,
+    /// The job's step count.
+    pub end_step: u64,
+    /// Its workers, by index.
+    pub workers: Vec<Worker>,
+    /// The plan.
+    pub plan: JobPlan,
+    /// Pieces per stage (empty: the job's even split).
+    pub stage_pieces: Vec<u32>,
+}
+
+/// A step every worker of the run reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepDone {
+    /// The step (0-based).
+    pub step: u64,
+    /// Every worker's report, by index.
+    pub reports: Vec<StepReport>,
+    /// The run's planned bubble.
+    pub planned_bubble: f64,
+    /// Every worker's predicted peak activation bytes under the run's plan and split
+    /// (empty when they cannot be predicted).
+    pub predicted_peaks: Vec<u64>,
+    /// Why the job was re-planned before this step and the schedule it runs now, on the
+    /// first step after a re-plan.
+    pub replanned: Option<(String, Arc<Schedule>)>,
+}
+
+/// A memory-pressure search to run beside the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Search {
+    pub(super) spec: JobSpec,
+    pub(super) plan: JobPlan,
+    pub(super) pieces: Vec<u32>,
+    pub(super) measured: Vec<StepReport>,
+    pub(super) workers: Vec<Worker>,
+}
+
+impl Search {
+    /// Runs the search (seconds for large models): the reason and the plan to move to.
+    pub fn run(&self) -> Option<Box<(String, Fitting)>> {
+        pressure(
+            &self.spec,
+            &self.plan,
+            &self.pieces,
+            Some(&self.measured),
+            &self.workers,
+        )
+        .map(Box::new)
+    }
+}
+
+/// Why a job was re-planned (the label of `pipewise_replans_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A worker of the run was lost.
+    WorkerLost,
+    /// Layers moved off a straggler.
+    Straggler,
+    /// A plan that fits the workers' memory.
+    MemoryPressure,
+    /// Workers joined a job running on fewer than its degree.
+    WorkerJoined,
+}
+
+impl Reason {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::WorkerLost => "worker_lost",
+            Reason::Straggler => "straggler",
+            Reason::MemoryPressure => "memory_pressure",
+            Reason::WorkerJoined => "worker_joined",
+        }
+    }
+}
+
+/// Why a job failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Failure {
+    /// A worker gave up on the run while all of the run's workers still heartbeat.
+    #[error("worker {index} ({id}) failed at step {step}: {error}")]
+    Worker {
+        /// Its index.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The step (1-based).
+        step: u64,
+        /// What it said.
+        error: String,
+    },
+    /// A worker was lost after the last re-plan allowed.
+    #[error("{lost}; not re-planned: the job was re-planned {max} times already")]
+    Replans {
+        /// Which worker was lost, and how.
+        lost: String,
+        /// Re-plans allowed.
+        max: u64,
+    },
+    /// A worker was lost and none is left.
+    #[error("{lost}; no worker is left to re-plan onto")]
+    NoSurvivors {
+        /// Which worker was lost, and how.
+        lost: String,
+    },
+    /// A worker was lost and the job does not plan on the survivors.
+    #[error("{lost}; re-planning onto {workers} workers failed: {error}")]
+    Replan {
+        /// Which worker was lost, and how.
+        lost: String,
+        /// The survivors.
+        workers: u32,
+        /// The planner's reason.
+        error: crate::Error,
+    },
+    /// Every worker ended the run before its last step, unasked.
+    #[error("the workers stopped after {through} of {steps} steps without being asked to")]
+    StoppedEarly {
+        /// Steps done.
+        through: u64,
+        /// The job's steps.
+        steps: u64,
+    },
+}
+
+impl Failure {
+    /// Worker `index`'s error report as the job's failure.
+    pub fn of_report(index: usize, r: StepReport) -> Failure {
+        Failure::Worker {
+            index,
+            id: r.worker_id,
+            step: r.step.saturating_add(1),
+            error: r.error,
+        }
+    }
+}
+
+/// What a run that stopped between steps goes on with.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Move {
+    /// A straggler's layers moved: the same plan on this split (pieces per stage).
+    Split(Vec<u32>),
+    /// Memory pressure: a plan predicted to fit, with the spec it was planned from.
+    Plan(Box<Fitting>),
+    /// Workers joined a job that runs on fewer than its degree: the plan on more of them.
+    Grow(Box<JobPlan>),
+}
+
+impl Move {
+    pub(super) fn reason(&self) -> Reason {
+        match self {
+            Move::Split(_) => Reason::Straggler,
+            Move::Plan(_) => Reason::MemoryPressure,
+            Move::Grow(_) => Reason::WorkerJoined,
+        }
+    }
+}
+
+/// How a run ended other than by ending the job.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Ended {
+    /// A worker of the run is gone (the reason); every step before `through` completed.
+    Lost { reason: String, through: u64 },
+    /// The run stopped after step `through` (the reason) to go on with `to`.
+    Move {
+        reason: String,
+        through: u64,
+        to: Move,
+    },
+}

@@ -1,0 +1,458 @@
+//! The [`Supervisor`] of one job's runs, in raft-rs's shape: [`Input`]s in, [`Action`]s
+//! out, time given as milliseconds (`now`) with every input. It holds no clock, thread,
+//! channel or file: the coordinator's run actor feeds it and performs what it asks.
+//!
+//! A job's life, run by run:
+//!
+//! 1. **Waiting** for `d` live workers with their assignment stream open (the first `d` by
+//!    id; worker index = rank in that order). The job's status says how many are ready.
+//! 2. After a coordinator restart (first run only): waiting until no live worker runs one
+//!    of the earlier coordinator's runs of the job, then resuming from the checkpoint the
+//!    store named (or the latest complete one).
+//! 3. Before a run starts, a plan predicted not to fit a worker's registered memory moves
+//!    to one that does ([`super::pressure`]).
+//! 4. **Running**: every worker gets its assignment; complete sets of step reports become
+//!    step events. The run ends when every worker is done (the job succeeds), one fails
+//!    (held for [`Config::lost_grace_ms`] to see whether a worker went silent), a worker is
+//!    lost, or a move between steps (a straggler, memory pressure, workers joining) stopped
+//!    every worker after the same step.
+//! 5. **Re-planning** after a loss or a move: once the run's workers left it, the job
+//!    resumes from the last complete checkpoint on the survivors' plan or the move's, in a
+//!    new run with its own [`RunId`]. At most [`Config::max_replans`] re-plans.
+//!
+//! A cancel stops a running run after the step in progress (aborting it after
+//! [`Config::stop_grace_ms`]); while the job waits or re-plans, it ends the job at once.
+
+mod follow;
+mod following;
+mod io;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::checkpoints::{Checkpoints, Start};
+use super::id::RunId;
+use super::pressure::{predicted_peaks, pressure};
+use super::respec::{replan_after_loss, spec_split};
+use super::straggler::{Straggle, straggle_of};
+use super::worker::Worker;
+use crate::job::{JobPlan, JobSpec};
+use crate::{Costs, Schedule, simulate};
+
+use following::{Out, Run};
+pub use io::{Action, Assignment, Config, Failure, Input, Member, Reason, Search, StepDone};
+use io::{Ended, Move};
+
+/// Where the job's runs are.
+#[derive(Debug)]
+enum Phase {
+    /// Waiting for enough streaming workers.
+    Waiting {
+        shown: Option<usize>,
+        next_note: u64,
+    },
+    /// After a coordinator restart: until no live worker runs an earlier run of the job.
+    Rejoining { workers: Vec<Worker>, until: u64 },
+    /// After a coordinator restart: for the checkpoint listing.
+    Resuming { workers: Vec<Worker> },
+    /// A run is out.
+    Running(Box<Run>),
+    /// Until the workers of an abandoned run have left it.
+    Leaving {
+        run: RunId,
+        workers: Vec<Worker>,
+        until: u64,
+        then: Ended,
+    },
+    /// For the checkpoint listing, to re-plan.
+    Reading { then: Ended },
+    /// The job is over.
+    Finished,
+}
+
+/// The supervisor of one job's runs (see the [module docs](self)).
+#[derive(Debug)]
+pub struct Supervisor {
+    job: u64,
+    /// The job's spec as submitted.
+    spec: JobSpec,
+    /// The spec the runs follow: the job's, with the schedule a memory-pressure move chose.
+    current: JobSpec,
+    plan: JobPlan,
+    start: Start,
+    cfg: Config,
+    pool: BTreeMap<String, Member>,
+    first_step: u64,
+    stage_pieces: Vec<u32>,
+    /// Runs started (each re-plan starts another).
+    replans: u64,
+    /// Why the job was last re-planned and onto what, until a step event carries it.
+    replanned: Option<(String, Arc<Schedule>)>,
+    cancelled: bool,
+    now: u64,
+    phase: Phase,
+    out: Vec<Action>,
+}
+
+impl Supervisor {
+    /// The supervisor of `job` planned as `plan`, starting at `start`, with the workers
+    /// live now.
+    pub fn new(
+        job: u64,
+        spec: JobSpec,
+        plan: JobPlan,
+        start: Start,
+        cfg: Config,
+        live: Vec<Member>,
+    ) -> Supervisor {
+        let stage_pieces = spec_split(&spec, &plan);
+        Supervisor {
+            job,
+            current: spec.clone(),
+            spec,
+            plan,
+            start,
+            cfg,
+            pool: live.into_iter().map(|m| (m.worker.id.clone(), m)).collect(),
+            first_step: start.step,
+            stage_pieces,
+            replans: 0,
+            replanned: None,
+            cancelled: false,
+            now: 0,
+            phase: Phase::Waiting {
+                shown: None,
+                next_note: 0,
+            },
+            out: Vec::new(),
+        }
+    }
+
+    /// Takes `input` at time `now` (milliseconds, never going back) and returns what to do,
+    /// in order.
+    pub fn handle(&mut self, now: u64, input: Input) -> Vec<Action> {
+        self.now = self.now.max(now);
+        if matches!(self.phase, Phase::Finished) {
+            return Vec::new();
+        }
+        self.track(&input);
+        if input == Input::Cancel {
+            self.cancelled = true;
+        }
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        self.phase = match phase {
+            Phase::Running(run) => self.follow(*run, input),
+            _ if self.cancelled => self.finish(Ok(())),
+            Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
+            Phase::Rejoining { workers, until } => self.rejoin(workers, until),
+            Phase::Resuming { workers } => match input {
+                Input::Checkpoints(listing) => self.resume(workers, &listing),
+                _ => Phase::Resuming { workers },
+            },
+            Phase::Leaving {
+                run,
+                workers,
+                until,
+                then,
+            } => self.leave(run, workers, until, then),
+            Phase::Reading { then } => match input {
+                Input::Checkpoints(listing) => self.replan(then, &listing),
+                _ => Phase::Reading { then },
+            },
+            Phase::Finished => Phase::Finished,
+        };
+        std::mem::take(&mut self.out)
+    }
+
+    /// Whether the job is over.
+    pub fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished)
+    }
+
+    /// Keeps the live workers up to date.
+    fn track(&mut self, input: &Input) {
+        match input {
+            Input::Registered(w) => {
+                self.pool.insert(
+                    w.id.clone(),
+                    Member {
+                        worker: w.clone(),
+                        streaming: false,
+                        running: 0,
+                    },
+                );
+            }
+            Input::StreamOpened(id) | Input::StreamClosed(id) => {
+                if let Some(m) = self.pool.get_mut(id) {
+                    m.streaming = matches!(input, Input::StreamOpened(_));
+                }
+            }
+            Input::Heartbeat { id, run } => {
+                if let Some(m) = self.pool.get_mut(id) {
+                    m.running = *run;
+                }
+            }
+            Input::Lost(id) => {
+                self.pool.remove(id);
+            }
+            _ => {}
+        }
+    }
+
+    fn streaming(&self) -> Vec<Worker> {
+        self.pool
+            .values()
+            .filter(|m| m.streaming)
+            .map(|m| m.worker.clone())
+            .collect()
+    }
+
+    fn finish(&mut self, outcome: Result<(), Failure>) -> Phase {
+        self.out.push(Action::Finish(outcome));
+        Phase::Finished
+    }
+
+    fn waiting(&mut self) -> Phase {
+        self.wait(None, self.now)
+    }
+
+    /// Waits for `d` streaming workers.
+    fn wait(&mut self, shown: Option<usize>, next_note: u64) -> Phase {
+        let d = self.plan.schedule.num_workers() as usize;
+        let mut ready = self.streaming();
+        if ready.len() >= d {
+            if shown.is_some() {
+                self.out.push(Action::Waiting(String::new()));
+            }
+            ready.truncate(d);
+            if self.replans == 0 && self.start.restarts > 0 {
+                // Workers may still run (and write checkpoints of) the earlier
+                // coordinator's run until it tells them to abandon it.
+                let until = self.now + self.cfg.leave_grace_ms;
+                return self.rejoin(ready, until);
+            }
+            return self.launch(ready);
+        }
+        let n = ready.len();
+        if shown != Some(n) {
+            self.out
+                .push(Action::Waiting(format!("workers: {n} of {d} ready")));
+        }
+        let mut next_note = next_note;
+        if self.now >= next_note {
+            self.out.push(Action::Info(format!(
+                "waiting for workers: {n} of {d} ready"
+            )));
+            next_note = self.now + self.cfg.remind_every_ms;
+        }
+        Phase::Waiting {
+            shown: Some(n),
+            next_note,
+        }
+    }
+
+    /// After a restart: until no live worker runs an earlier run of the job.
+    fn rejoin(&mut self, workers: Vec<Worker>, until: u64) -> Phase {
+        let job = self.job;
+        let staying = self
+            .pool
+            .values()
+            .any(|m| m.running != 0 && RunId::from_raw(m.running).job() == job);
+        if staying && self.now < until {
+            return Phase::Rejoining { workers, until };
+        }
+        if staying {
+            self.out.push(Action::Warn(
+                "workers still run the earlier coordinator's run; handing out the next".into(),
+            ));
+        }
+        self.out.push(Action::ReadCheckpoints);
+        Phase::Resuming { workers }
+    }
+
+    /// After a restart: resumes from the checkpoint the store named, or the latest
+    /// complete one.
+    fn resume(&mut self, workers: Vec<Worker>, listing: &Checkpoints) -> Phase {
+        let stages = self.plan.schedule.placement.stages();
+        self.first_step = listing.restart_step(&self.current, self.start, stages);
+        self.out.push(Action::ClearAfter(self.first_step));
+        let reason = format!(
+            "the coordinator restarted; resuming from {}",
+            resumed_from(self.first_step)
+        );
+        self.out.push(Action::Warn(reason.clone()));
+        self.tell(reason);
+        self.launch(workers)
+    }
+
+    /// Starts a run on `workers`.
+    fn launch(&mut self, workers: Vec<Worker>) -> Phase {
+        // A plan predicted not to fit a worker's registered memory is moved before it
+        // starts: a device would fail to allocate rather than report the overflow.
+        if let Some((reason, fits)) = pressure(
+            &self.current,
+            &self.plan,
+            &self.stage_pieces,
+            None,
+            &workers,
+        ) {
+            let reason = format!("{reason}; before step {}", self.first_step + 1);
+            self.out.push(Action::Warn(reason.clone()));
+            self.out.push(Action::Replanned(Reason::MemoryPressure));
+            self.plan = fits.adopt_into(&mut self.current);
+            self.stage_pieces = spec_split(&self.current, &self.plan);
+            self.tell(reason);
+        }
+        // Run ids past any an earlier coordinator gave this job.
+        let number = self.start.restarts * (self.cfg.max_replans + 1) + self.replans;
+        let id = RunId::new(self.job, number);
+        let steps = u64::from(self.spec.training.steps);
+        self.out.push(Action::Attach(id));
+        self.out.push(Action::Assign(Box::new(Assignment {
+            run: id,
+            first_step: self.first_step,
+            end_step: steps,
+            workers: workers.clone(),
+            plan: self.plan.clone(),
+            stage_pieces: self.stage_pieces.clone(),
+        })));
+        let watch: Option<Straggle> = straggle_of(&self.spec, &self.plan, &self.stage_pieces);
+        let run = Run::new(
+            Out {
+                id,
+                workers,
+                first_step: self.first_step,
+                steps,
+                planned: planned_bubble(&self.plan, &self.spec),
+                predicted_peaks: predicted_peaks(&self.current, &self.plan, &self.stage_pieces),
+                watch,
+                may_move: self.replans < self.cfg.max_replans,
+            },
+            self.now,
+        );
+        Phase::Running(Box::new(run))
+    }
+
+    /// After a run ended for a re-plan: until its workers left it.
+    fn leave(&mut self, run: RunId, workers: Vec<Worker>, until: u64, then: Ended) -> Phase {
+        let staying = self
+            .pool
+            .values()
+            .any(|m| m.running == run.raw() && workers.iter().any(|w| w.id == m.worker.id));
+        if staying && self.now < until {
+            return Phase::Leaving {
+                run,
+                workers,
+                until,
+                then,
+            };
+        }
+        if staying {
+            self.out.push(Action::Warn(
+                "survivors still run the abandoned run; handing out the next".into(),
+            ));
+        }
+        self.out.push(Action::ReadCheckpoints);
+        Phase::Reading { then }
+    }
+
+    /// Re-plans after a run ended (`then`), from the checkpoints on disk.
+    fn replan(&mut self, then: Ended, listing: &Checkpoints) -> Phase {
+        self.replans += 1;
+        let stages = self.plan.schedule.placement.stages();
+        match then {
+            Ended::Lost { reason, through } => {
+                let resume = listing.last_complete(&self.spec, self.first_step, through, stages);
+                self.out.push(Action::ClearAfter(resume));
+                let survivors = self.streaming().len() as u32;
+                let d = survivors.min(self.spec.parallelism.pipeline_parallel_degree);
+                if d == 0 {
+                    return self.finish(Err(Failure::NoSurvivors { lost: reason }));
+                }
+                match replan_after_loss(self.current.clone(), &self.spec, d) {
+                    Ok((current, plan)) => (self.current, self.plan) = (current, plan),
+                    Err(error) => {
+                        return self.finish(Err(Failure::Replan {
+                            lost: reason,
+                            workers: d,
+                            error,
+                        }));
+                    }
+                }
+                let reason = format!(
+                    "{reason}; re-planned onto {d} workers ({}, {} stages), resuming from {}",
+                    self.plan.kind.name(),
+                    self.plan.schedule.placement.stages(),
+                    resumed_from(resume)
+                );
+                self.out.push(Action::Warn(reason.clone()));
+                self.out.push(Action::Replanned(Reason::WorkerLost));
+                self.tell(reason);
+                self.stage_pieces = spec_split(&self.current, &self.plan);
+                self.first_step = resume;
+            }
+            Ended::Move {
+                reason,
+                through,
+                to,
+            } => {
+                // The workers stopped after `through` steps and saved it when checkpoints
+                // are on (always, when a move is possible).
+                let resume = if listing.complete(through, stages) {
+                    through
+                } else {
+                    listing.last_complete(&self.spec, self.first_step, through, stages)
+                };
+                self.out.push(Action::ClearAfter(resume));
+                let reason = format!("{reason}; resuming from {}", resumed_from(resume));
+                self.out.push(Action::Warn(reason.clone()));
+                self.out.push(Action::Replanned(to.reason()));
+                match to {
+                    Move::Split(counts) => self.stage_pieces = counts,
+                    Move::Plan(fits) => {
+                        self.plan = fits.adopt_into(&mut self.current);
+                        self.stage_pieces = spec_split(&self.current, &self.plan);
+                    }
+                    Move::Grow(plan) => {
+                        self.plan = *plan;
+                        self.stage_pieces = spec_split(&self.current, &self.plan);
+                    }
+                }
+                self.tell(reason);
+                self.first_step = resume;
+            }
+        }
+        self.waiting()
+    }
+
+    /// Records a re-plan for the next step event: after any earlier one no event has
+    /// carried yet (a run lost before its first step), so neither reason is lost.
+    fn tell(&mut self, reason: String) {
+        let reason = match self.replanned.take() {
+            Some((earlier, _)) => format!("{earlier}; then {reason}"),
+            None => reason,
+        };
+        self.replanned = Some((reason, Arc::new(self.plan.schedule.clone())));
+    }
+}
+
+/// The planned bubble of a job's plan (what a step event reports): its schedule simulated
+/// under [`JobSpec::planning_times`], unit pass times for real compute and the `[compute]`
+/// times for an emulated job.
+pub fn planned_bubble(plan: &JobPlan, spec: &JobSpec) -> f64 {
+    Costs::uniform(&plan.schedule.placement, spec.planning_times())
+        .and_then(|c| simulate(&plan.schedule, &c))
+        .map(|s| s.bubble)
+        .unwrap_or(f64::NAN)
+}
+
+/// Where a re-planned job resumes, in words.
+fn resumed_from(step: u64) -> String {
+    if step == 0 {
+        "the start (no checkpoint)".into()
+    } else {
+        format!("the checkpoint of step {step}")
+    }
+}

@@ -1,0 +1,530 @@
+//! The supervisor on logical time: every test feeds inputs at given milliseconds and
+//! asserts the exact actions that come out.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::*;
+use crate::job::example;
+use crate::run::pressure::predicted_peaks;
+use crate::run::respec::{replan, replan_after_loss, spec_split};
+use crate::run::straggler::{straggle_of, straggler};
+use crate::run::worker::StepReport;
+
+const JOB: u64 = 1;
+
+fn worker(i: usize) -> Worker {
+    Worker {
+        id: format!("w{i}"),
+        address: format!("10.0.0.{i}:7000"),
+        memory_bytes: 0,
+        incarnation: i as u64 + 1,
+    }
+}
+
+fn workers(d: usize) -> Vec<Worker> {
+    (0..d).map(worker).collect()
+}
+
+/// A job on `d` workers of `steps` steps that saves a checkpoint after every step.
+fn spec(d: u32, kind: &str, steps: u32) -> JobSpec {
+    let mut spec = example(d, kind);
+    spec.training.steps = steps;
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 1;
+    spec
+}
+
+/// A supervisor of job 1 with `live` workers streaming.
+fn supervisor(spec: &JobSpec, live: &[Worker], start: Start) -> Supervisor {
+    let plan = spec.validate().unwrap();
+    let live = live
+        .iter()
+        .map(|w| Member {
+            worker: w.clone(),
+            streaming: true,
+            running: 0,
+        })
+        .collect();
+    Supervisor::new(JOB, spec.clone(), plan, start, Config::default(), live)
+}
+
+fn report(workers: &[Worker], i: usize, step: u64) -> StepReport {
+    StepReport {
+        worker_index: i as u32,
+        worker_id: workers[i].id.clone(),
+        step,
+        loss: 2.0,
+        wall_secs: 1.0,
+        busy_secs: 0.5,
+        ..Default::default()
+    }
+}
+
+fn done(workers: &[Worker], i: usize) -> Input {
+    Input::Report(Box::new(StepReport {
+        done: true,
+        ..report(workers, i, 0)
+    }))
+}
+
+/// Every worker reports `step` at `now`; the actions of the last report.
+fn step(s: &mut Supervisor, now: u64, workers: &[Worker], step: u64) -> Vec<Action> {
+    let mut last = Vec::new();
+    for i in 0..workers.len() {
+        last = s.handle(now, Input::Report(Box::new(report(workers, i, step))));
+        if i + 1 < workers.len() {
+            assert_eq!(last, [], "worker {i} of step {step}");
+        }
+    }
+    last
+}
+
+fn assign(
+    run: RunId,
+    first_step: u64,
+    workers: &[Worker],
+    plan: &JobPlan,
+    pieces: &[u32],
+) -> Action {
+    Action::Assign(Box::new(Assignment {
+        run,
+        first_step,
+        end_step: 6,
+        workers: workers.to_vec(),
+        plan: plan.clone(),
+        stage_pieces: pieces.to_vec(),
+    }))
+}
+
+/// Checkpoint folders: (step, stages saved in it).
+fn saved(folders: &[(u64, u32)]) -> Input {
+    let steps: BTreeMap<u64, BTreeSet<u32>> = folders
+        .iter()
+        .map(|&(k, stages)| (k, (0..stages).collect()))
+        .collect();
+    Input::Checkpoints(Checkpoints { steps })
+}
+
+fn heartbeat(w: &Worker, run: RunId) -> Input {
+    Input::Heartbeat {
+        id: w.id.clone(),
+        run: run.raw(),
+    }
+}
+
+fn idle(w: &Worker) -> Input {
+    Input::Heartbeat {
+        id: w.id.clone(),
+        run: 0,
+    }
+}
+
+/// A worker lost in the middle of a step (one report of it in): the run is abandoned, and
+/// once the survivor left it the job is re-planned onto it from the start; the next step
+/// event says why.
+#[test]
+fn a_worker_lost_mid_step() {
+    let spec = spec(2, "1f1b", 6);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(
+        s.handle(0, Input::Tick),
+        [Action::Attach(r0), assign(r0, 0, &ws, &plan, &[])]
+    );
+    assert_eq!(s.handle(100, heartbeat(&ws[0], r0)), []);
+    let half = Input::Report(Box::new(report(&ws, 0, 0)));
+    assert_eq!(s.handle(200, half), []);
+    assert_eq!(
+        s.handle(300, Input::Lost("w1".into())),
+        [Action::Detach(r0), Action::Abort(r0)]
+    );
+    // The survivor still runs the abandoned run, then leaves it.
+    assert_eq!(s.handle(400, Input::Tick), []);
+    assert_eq!(s.handle(500, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
+    let reason = "worker 1 (w1) stopped heartbeating; re-planned onto 1 workers (1f1b, 1 \
+                  stages), resuming from the start (no checkpoint)";
+    let r1 = RunId::new(JOB, 1);
+    let pieces = spec_split(&current, &one);
+    assert_eq!(
+        s.handle(600, saved(&[])),
+        [
+            Action::ClearAfter(0),
+            Action::Warn(reason.into()),
+            Action::Replanned(Reason::WorkerLost),
+            Action::Attach(r1),
+            assign(r1, 0, &ws[..1], &one, &pieces),
+        ]
+    );
+    let alone = &ws[..1];
+    assert_eq!(
+        step(&mut s, 700, alone, 0),
+        [Action::Step(Box::new(StepDone {
+            step: 0,
+            reports: vec![report(alone, 0, 0)],
+            planned_bubble: planned_bubble(&one, &spec),
+            predicted_peaks: predicted_peaks(&current, &one, &pieces),
+            replanned: Some((reason.into(), Arc::new(one.schedule.clone()))),
+        }))]
+    );
+}
+
+/// Two workers lost in the same step: one re-plan onto the survivor, from the last
+/// checkpoint every stage finished (the last step's lacks a stage).
+#[test]
+fn two_lost_in_one_step() {
+    let spec = spec(3, "1f1b", 6);
+    let plan = spec.validate().unwrap();
+    let ws = workers(3);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(
+        s.handle(0, Input::Tick),
+        [Action::Attach(r0), assign(r0, 0, &ws, &plan, &[])]
+    );
+    for k in 0..2 {
+        let acts = step(&mut s, 100 + k * 100, &ws, k);
+        assert!(
+            matches!(&acts[..], [Action::Step(d)] if d.step == k),
+            "{acts:?}"
+        );
+    }
+    assert_eq!(s.handle(300, heartbeat(&ws[0], r0)), []);
+    assert_eq!(
+        s.handle(400, Input::Lost("w1".into())),
+        [Action::Detach(r0), Action::Abort(r0)]
+    );
+    assert_eq!(s.handle(400, Input::Lost("w2".into())), []);
+    assert_eq!(s.handle(500, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(
+        s.handle(600, saved(&[(1, 3), (2, 2)])),
+        [
+            Action::ClearAfter(1),
+            Action::Warn(
+                "worker 1 (w1) stopped heartbeating; re-planned onto 1 workers (1f1b, 1 \
+                 stages), resuming from the checkpoint of step 1"
+                    .into()
+            ),
+            Action::Replanned(Reason::WorkerLost),
+            Action::Attach(r1),
+            assign(r1, 1, &ws[..1], &one, &spec_split(&current, &one)),
+        ]
+    );
+}
+
+/// A worker joins a job re-planned onto fewer workers: every worker stops after the same
+/// step, and the job grows back from the last complete checkpoint (the one being written
+/// when the run stopped is not complete).
+#[test]
+fn a_worker_joining_while_a_checkpoint_is_written() {
+    let spec = spec(2, "1f1b", 6);
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.handle(0, Input::Tick);
+    s.handle(100, Input::Lost("w1".into()));
+    s.handle(200, saved(&[]));
+    let r1 = RunId::new(JOB, 1);
+    let alone = &ws[..1];
+    for k in 0..2 {
+        let acts = step(&mut s, 300 + k * 100, alone, k);
+        assert!(
+            matches!(&acts[..], [Action::Step(d)] if d.step == k),
+            "{acts:?}"
+        );
+    }
+    // The lost worker's pod comes back under its id.
+    let back = Worker {
+        incarnation: 3,
+        address: "10.0.0.9:7000".into(),
+        ..worker(1)
+    };
+    assert_eq!(s.handle(500, Input::Registered(back.clone())), []);
+    assert_eq!(s.handle(600, Input::StreamOpened("w1".into())), []);
+    assert_eq!(s.handle(1_600, Input::Tick), [Action::Stop(r1)]);
+    assert_eq!(s.handle(1_700, heartbeat(&ws[0], r1)), []);
+    assert_eq!(s.handle(1_800, done(alone, 0)), [Action::Detach(r1)]);
+    assert_eq!(s.handle(1_900, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let two = replan(&spec, 2).unwrap();
+    let r2 = RunId::new(JOB, 2);
+    let both = [ws[0].clone(), back];
+    // Step 2's checkpoint is still being written: its folder holds no stage yet.
+    assert_eq!(
+        s.handle(2_000, saved(&[(1, 1), (2, 0)])),
+        [
+            Action::ClearAfter(1),
+            Action::Warn(
+                "workers joined (2 live); grew from 1 onto 2 workers (1f1b, 2 stages); \
+                 resuming from the checkpoint of step 1"
+                    .into()
+            ),
+            Action::Replanned(Reason::WorkerJoined),
+            Action::Attach(r2),
+            assign(r2, 1, &both, &two, &spec_split(&spec, &two)),
+        ]
+    );
+}
+
+/// A restarted coordinator replays its store: the job waits until no worker runs the
+/// earlier coordinator's run, resumes from the checkpoint the store named, under a run id
+/// past any the earlier coordinator gave, and its first event says so.
+#[test]
+fn a_coordinator_restart_replays_the_store() {
+    let spec = spec(2, "1f1b", 6);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let start = Start {
+        step: 4,
+        restarts: 1,
+        through: 5,
+    };
+    let mut s = supervisor(&spec, &ws, start);
+    let earlier = RunId::new(JOB, 2);
+    assert_eq!(s.handle(0, heartbeat(&ws[0], earlier)), []);
+    assert_eq!(s.handle(500, heartbeat(&ws[0], earlier)), []);
+    assert_eq!(s.handle(1_000, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let reason = "the coordinator restarted; resuming from the checkpoint of step 4";
+    let run = RunId::new(JOB, 9);
+    assert_eq!(
+        s.handle(1_100, saved(&[(2, 2), (4, 2), (5, 1)])),
+        [
+            Action::ClearAfter(4),
+            Action::Warn(reason.into()),
+            Action::Attach(run),
+            assign(run, 4, &ws, &plan, &[]),
+        ]
+    );
+    assert_eq!(
+        step(&mut s, 1_200, &ws, 4),
+        [Action::Step(Box::new(StepDone {
+            step: 4,
+            reports: vec![report(&ws, 0, 4), report(&ws, 1, 4)],
+            planned_bubble: planned_bubble(&plan, &spec),
+            predicted_peaks: predicted_peaks(&spec, &plan, &[]),
+            replanned: Some((reason.into(), Arc::new(plan.schedule.clone()))),
+        }))]
+    );
+}
+
+/// A worker twice as slow per unit of work for three steps: every worker stops after the
+/// same step, and the next run moves layers off it.
+#[test]
+fn a_straggler_move() {
+    let spec = spec(2, "1f1b", 6);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    s.handle(0, Input::Tick);
+    let slow = |k: u64| -> Vec<StepReport> {
+        (0..2)
+            .map(|i| StepReport {
+                busy_secs: if i == 1 { 0.9 } else { 0.3 },
+                ..report(&ws, i, k)
+            })
+            .collect()
+    };
+    // The policy on its own, for the reason and the split it finds.
+    let watch = straggle_of(&spec, &plan, &[]).unwrap();
+    let mut history = Vec::new();
+    let mut moves: Vec<(String, Vec<u32>)> = (1..4)
+        .filter_map(|k| straggler(&watch, &slow(k), &mut history, k + 1, 6, &ws))
+        .collect();
+    let found = moves.pop().unwrap();
+    assert!(moves.is_empty(), "{moves:?}");
+    for k in 0..4 {
+        let [a, b] = <[StepReport; 2]>::try_from(slow(k)).unwrap();
+        assert_eq!(s.handle(100 * k, Input::Report(Box::new(a))), []);
+        let acts = s.handle(100 * k, Input::Report(Box::new(b)));
+        match k {
+            0..3 => assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}"),
+            _ => assert!(
+                matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r0),
+                "{acts:?}"
+            ),
+        }
+    }
+    assert_eq!(s.handle(500, done(&ws, 0)), []);
+    assert_eq!(
+        s.handle(500, done(&ws, 1)),
+        [Action::Detach(r0), Action::ReadCheckpoints]
+    );
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(
+        s.handle(600, saved(&[(3, 2), (4, 2)])),
+        [
+            Action::ClearAfter(4),
+            Action::Warn(format!(
+                "{}; resuming from the checkpoint of step 4",
+                found.0
+            )),
+            Action::Replanned(Reason::Straggler),
+            Action::Attach(r1),
+            assign(r1, 4, &ws, &plan, &found.1),
+        ]
+    );
+    // Layers moved off worker 1.
+    assert!(found.1[1] < found.1[0], "{:?}", found.1);
+}
+
+/// A step's report shows a worker holding more than the memory it registered: a search
+/// for a plan that fits runs beside the run, every worker stops after the same step, and
+/// the next run follows the plan found.
+#[test]
+fn a_memory_pressure_move() {
+    let mut spec = spec(2, "gpipe", 6);
+    spec.training.global_batch_size = 16;
+    let plan = spec.validate().unwrap();
+    let need = plan.predicted_bytes(&spec).unwrap();
+    // Every worker holds what GPipe is predicted to need: no move before the run.
+    let ws: Vec<Worker> = (0..2)
+        .map(|i| Worker {
+            memory_bytes: need[i],
+            ..worker(i)
+        })
+        .collect();
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(
+        s.handle(0, Input::Tick),
+        [Action::Attach(r0), assign(r0, 0, &ws, &plan, &[])]
+    );
+    // Worker 0 held more than that in step 0.
+    let over = StepReport {
+        peak_activation_bytes: need[0] + 1,
+        ..report(&ws, 0, 0)
+    };
+    let reports = [over.clone(), report(&ws, 1, 0)];
+    assert_eq!(s.handle(100, Input::Report(Box::new(over))), []);
+    let acts = s.handle(100, Input::Report(Box::new(reports[1].clone())));
+    let [Action::Step(_), Action::Search(search)] = &acts[..] else {
+        panic!("{acts:?}");
+    };
+    let found = search.run().expect("a plan that fits");
+    let (reason, fits) = (*found).clone();
+    assert!(reason.starts_with("worker 0 (w0) held"), "{reason}");
+    assert_eq!(
+        s.handle(2_000, Input::Searched(Some(found))),
+        [Action::Stop(r0)]
+    );
+    let acts = step(&mut s, 2_100, &ws, 1);
+    assert!(
+        matches!(&acts[..], [Action::Step(d)] if d.step == 1),
+        "{acts:?}"
+    );
+    assert_eq!(s.handle(2_200, done(&ws, 0)), []);
+    assert_eq!(
+        s.handle(2_200, done(&ws, 1)),
+        [Action::Detach(r0), Action::ReadCheckpoints]
+    );
+    let mut current = spec.clone();
+    let moved = fits.adopt_into(&mut current);
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(
+        s.handle(2_300, saved(&[(1, 2), (2, 2)])),
+        [
+            Action::ClearAfter(2),
+            Action::Warn(format!("{reason}; resuming from the checkpoint of step 2")),
+            Action::Replanned(Reason::MemoryPressure),
+            Action::Attach(r1),
+            assign(r1, 2, &ws, &moved, &spec_split(&current, &moved)),
+        ]
+    );
+    assert_ne!(moved.schedule, plan.schedule);
+}
+
+/// A cancel while the job re-plans after a loss ends it at once; nothing follows.
+#[test]
+fn a_cancel_during_a_replan() {
+    let spec = spec(2, "1f1b", 6);
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    s.handle(0, Input::Tick);
+    assert_eq!(s.handle(100, heartbeat(&ws[0], r0)), []);
+    assert_eq!(
+        s.handle(200, Input::Lost("w1".into())),
+        [Action::Detach(r0), Action::Abort(r0)]
+    );
+    assert_eq!(s.handle(300, Input::Cancel), [Action::Finish(Ok(()))]);
+    assert!(s.finished());
+    assert_eq!(s.handle(400, idle(&ws[0])), []);
+    assert_eq!(s.handle(500, saved(&[])), []);
+}
+
+/// A cancel while a run is out asks its workers to stop after the step; if they have not
+/// within the grace, the run is aborted.
+#[test]
+fn a_cancelled_run_that_does_not_stop_is_aborted() {
+    let spec = spec(2, "1f1b", 6);
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    s.handle(0, Input::Tick);
+    assert_eq!(s.handle(100, Input::Cancel), [Action::Stop(r0)]);
+    assert_eq!(s.handle(30_100, Input::Tick), []);
+    assert_eq!(
+        s.handle(30_101, Input::Tick),
+        [
+            Action::Abort(r0),
+            Action::Detach(r0),
+            Action::Finish(Ok(()))
+        ]
+    );
+}
+
+/// A worker's error fails the job once the grace passed with every worker heartbeating;
+/// a worker going silent within the grace makes it a loss instead.
+#[test]
+fn an_error_report_is_held_for_the_grace() {
+    let spec = spec(2, "1f1b", 6);
+    let ws = workers(2);
+    let r0 = RunId::new(JOB, 0);
+    let failed = Input::Report(Box::new(StepReport {
+        error: "peer 1 closed the connection".into(),
+        ..report(&ws, 0, 2)
+    }));
+    let failure = Failure::Worker {
+        index: 0,
+        id: "w0".into(),
+        step: 3,
+        error: "peer 1 closed the connection".into(),
+    };
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.handle(0, Input::Tick);
+    assert_eq!(s.handle(100, failed.clone()), []);
+    assert_eq!(s.handle(3_099, Input::Tick), []);
+    assert_eq!(
+        s.handle(3_100, Input::Tick),
+        [
+            Action::Abort(r0),
+            Action::Detach(r0),
+            Action::Finish(Err(failure.clone()))
+        ]
+    );
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.handle(0, Input::Tick);
+    assert_eq!(s.handle(100, failed), []);
+    assert_eq!(
+        s.handle(2_000, Input::Lost("w1".into())),
+        [
+            Action::Detach(r0),
+            Action::Abort(r0),
+            Action::ReadCheckpoints
+        ]
+    );
+    let acts = s.handle(2_200, saved(&[]));
+    let Action::Warn(reason) = &acts[1] else {
+        panic!("{acts:?}");
+    };
+    assert!(
+        reason.starts_with(&format!("worker 1 (w1) stopped heartbeating ({failure})")),
+        "{reason}"
+    );
+}

@@ -1,0 +1,68 @@
+//! What a run knows of its workers: who they are, and what each reports after a step.
+
+use crate::trace::Span;
+
+/// A registered worker process, as a run sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Worker {
+    /// Worker id (unique per live process).
+    pub id: String,
+    /// Address of its activation service (its peers connect there).
+    pub address: String,
+    /// The device memory it registered (0: not given).
+    pub memory_bytes: u64,
+    /// Which registration this is: a process that registers again under a known id is a
+    /// later one, so a run holding the earlier one has lost that worker.
+    pub incarnation: u64,
+}
+
+/// One worker's report of one step of a run, or of its end.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepReport {
+    /// The worker's index in the run.
+    pub worker_index: u32,
+    /// The worker's id.
+    pub worker_id: String,
+    /// The step (0-based).
+    pub step: u64,
+    /// The step's mean loss (NaN on workers without the head).
+    pub loss: f64,
+    /// Wall time of the step on this worker.
+    pub wall_secs: f64,
+    /// Time in passes.
+    pub busy_secs: f64,
+    /// Peak activation bytes in the step.
+    pub peak_activation_bytes: u64,
+    /// Parameters, gradients and optimizer state held.
+    pub static_bytes: u64,
+    /// What the worker did when (empty: not recorded, or not readable).
+    pub spans: Vec<Span>,
+    /// Why the worker gave up on the run (empty: it did not).
+    pub error: String,
+    /// The worker finished its part of the run (no step in this report).
+    pub done: bool,
+}
+
+impl StepReport {
+    /// The bytes the worker held at its peak: activations and training state.
+    pub fn held_bytes(&self) -> u64 {
+        self.peak_activation_bytes.saturating_add(self.static_bytes)
+    }
+}
+
+/// Why worker `index` of a run, assigned as `assigned`, is no longer in it, given the worker
+/// live under its id now (`None`: none is, it stopped heartbeating); `None` while it is.
+pub fn gone(index: usize, assigned: &Worker, live: Option<&Worker>) -> Option<String> {
+    match live {
+        None => Some(format!(
+            "worker {index} ({}) stopped heartbeating",
+            assigned.id
+        )),
+        // A new process under its id (a restarted pod) holds none of the run.
+        Some(l) if l.incarnation != assigned.incarnation => Some(format!(
+            "worker {index} ({}) restarted (registered again from {})",
+            assigned.id, l.address
+        )),
+        Some(_) => None,
+    }
+}

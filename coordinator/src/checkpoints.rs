@@ -1,0 +1,251 @@
+//! A job's checkpoint folders on disk (`step-K/stage-S.safetensors`, `final/`): read into a
+//! listing the run policies decide from, settled as steps complete, and cleared of what an
+//! abandoned run left behind.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use pipewise_common::job::{JobSpec, checkpoint_step};
+use pipewise_common::run::Checkpoints;
+use pipewise_common::run::checkpoints::settle;
+
+use crate::error::{CoordinatorError, Result};
+
+/// The checkpoint folders under `output` and the stage files each holds (none when
+/// `output` does not exist yet).
+pub(crate) fn read(output: &Path) -> Result<Checkpoints> {
+    let entries = match std::fs::read_dir(output) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoints::default()),
+        Err(source) => {
+            return Err(CoordinatorError::Checkpoints {
+                action: "read",
+                path: output.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut listing = Checkpoints::default();
+    for entry in entries.flatten() {
+        let Some(k) = checkpoint_step(&entry.file_name().to_string_lossy()) else {
+            continue;
+        };
+        let stages: BTreeSet<u32> = std::fs::read_dir(entry.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.path().is_file())
+            .filter_map(|f| stage_of(&f.file_name().to_string_lossy()))
+            .collect();
+        listing.steps.insert(k, stages);
+    }
+    Ok(listing)
+}
+
+/// The stage of a checkpoint file's name (`stage-S.safetensors` → S).
+fn stage_of(name: &str) -> Option<u32> {
+    name.strip_prefix("stage-")?
+        .strip_suffix(".safetensors")?
+        .parse()
+        .ok()
+}
+
+/// The job's latest complete checkpoint (0: none) once every worker has reported step
+/// `reported` (1-based), removing those older than the latest `keep_latest_k` on another
+/// thread ([`settle`]). A failure to read or remove is logged, not fatal.
+pub(crate) fn settle_checkpoints(output: &Path, spec: &JobSpec, reported: u64) -> u64 {
+    if !spec.checkpoint.enable_checkpoint {
+        return 0;
+    }
+    let saved = match read(output) {
+        Ok(listing) => listing.steps.into_keys(),
+        Err(e) => {
+            tracing::warn!("{e}");
+            return 0;
+        }
+    };
+    let (latest, old) = settle(saved, spec, reported);
+    if !old.is_empty() {
+        let output = output.to_path_buf();
+        // Beside the run: a slow file system does not hold up its step reports.
+        std::thread::spawn(move || {
+            for k in old {
+                let path = pipewise_common::job::checkpoint_dir(&output, k);
+                if let Err(e) = std::fs::remove_dir_all(&path) {
+                    tracing::warn!(
+                        "cannot remove the checkpoint of step {k} ({}): {e}",
+                        path.display()
+                    );
+                }
+            }
+        });
+    }
+    latest
+}
+
+/// Removes what an abandoned run wrote after step `resume`: later step directories and
+/// `final/`.
+pub(crate) fn remove_after(output: &Path, resume: u64) -> Result<()> {
+    let failed = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CoordinatorError::Checkpoints {
+            action,
+            path,
+            source,
+        }
+    };
+    let entries = match std::fs::read_dir(output) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(failed("read", output)(e)),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let stale = name == "final" || checkpoint_step(&name).is_some_and(|k| k > resume);
+        if stale {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(failed("remove", &path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Where job `job`'s checkpoints and final parameters go: `job-N` under its spec's
+/// checkpoint folder (relative to the data directory).
+pub(crate) fn output_dir(
+    data_dir: &std::path::Path,
+    job: u64,
+    spec: &JobSpec,
+) -> std::path::PathBuf {
+    let folder = std::path::PathBuf::from(&spec.checkpoint.folder);
+    let base = if folder.is_absolute() {
+        folder
+    } else {
+        data_dir.join(folder)
+    };
+    base.join(format!("job-{job}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use pipewise_common::job::example;
+    use pipewise_common::run::Start;
+    use std::time::Duration;
+    fn touch(path: &std::path::Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"x").unwrap();
+    }
+
+    /// The resume step is the last checkpoint with every stage's file; later directories
+    /// and `final/` go.
+    #[test]
+    fn resumes_from_the_last_complete_checkpoint() {
+        let out = std::env::temp_dir().join(format!("pipewise-resume-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = 2;
+        for k in [2, 4, 6] {
+            for s in 0..4 {
+                // Step 6 lost stage 3's file (the run died while writing it).
+                if (k, s) != (6, 3) {
+                    touch(&out.join(format!("step-{k}/stage-{s}.safetensors")));
+                }
+            }
+        }
+        touch(&out.join("final/worker-0.safetensors"));
+        // Steps before 7 completed: 6 is incomplete, so 4.
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 7, 4), 4);
+        // Only steps before 3 completed: 4 is not trusted even though its files exist.
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 3, 4), 2);
+        // Nothing after the run's own start: it starts there again.
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 4, 5, 4), 4);
+        // More stages than the files: none complete.
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 7, 5), 0);
+        spec.checkpoint.enable_checkpoint = false;
+        assert_eq!(read(&out).unwrap().last_complete(&spec, 0, 7, 4), 0);
+        remove_after(&out, 4).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["step-2", "step-4"]);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    /// After a coordinator restart: the checkpoint the store names if it is there, else the
+    /// latest complete one up to the steps the store counted (a store from before names
+    /// none), else the start.
+    #[test]
+    fn a_restart_resumes_from_the_named_or_the_latest_complete_checkpoint() {
+        let out = std::env::temp_dir().join(format!("pipewise-restart-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = 3;
+        for k in [3, 6, 9] {
+            // Step 9 lost stage 1's file.
+            for s in 0..if k == 9 { 1 } else { 2 } {
+                touch(&out.join(format!("step-{k}/stage-{s}.safetensors")));
+            }
+        }
+        let at = |step, through| Start {
+            step,
+            restarts: 1,
+            through,
+        };
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(3, 10), 2), 3);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(0, 10), 2), 6);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(12, 10), 2), 6);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(0, 5), 2), 3);
+        assert_eq!(read(&out).unwrap().restart_step(&spec, at(0, 2), 2), 0);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    /// Once step `reported` is reported, the checkpoints before it are complete: the latest
+    /// is named, and with `keep_latest_k` only the latest K of them stay (a newer one being
+    /// written is left alone); 0 keeps them all.
+    #[test]
+    fn settling_keeps_the_latest_k_complete_checkpoints() {
+        let out = std::env::temp_dir().join(format!("pipewise-keep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = 3;
+        // The steps left: `expected` once the removals (beside the caller) are done, or
+        // whatever is there after 5 s.
+        let steps = |out: &std::path::Path, expected: &[u64]| -> Vec<u64> {
+            let started = std::time::Instant::now();
+            loop {
+                let mut k: Vec<u64> = std::fs::read_dir(out)
+                    .unwrap()
+                    .filter_map(|e| checkpoint_step(&e.unwrap().file_name().to_string_lossy()))
+                    .collect();
+                k.sort_unstable();
+                if k == expected || started.elapsed() > Duration::from_secs(5) {
+                    return k;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        for k in [3, 6, 9, 12] {
+            touch(&out.join(format!("step-{k}/stage-0.safetensors")));
+        }
+        spec.checkpoint.keep_latest_k = 0;
+        assert_eq!(settle_checkpoints(&out, &spec, 10), 9);
+        assert_eq!(steps(&out, &[3, 6, 9, 12]), [3, 6, 9, 12]);
+        spec.checkpoint.keep_latest_k = 2;
+        // Step 12 may still be written when step 10 is reported.
+        assert_eq!(settle_checkpoints(&out, &spec, 10), 9);
+        assert_eq!(steps(&out, &[6, 9, 12]), [6, 9, 12]);
+        assert_eq!(settle_checkpoints(&out, &spec, 13), 12);
+        assert_eq!(steps(&out, &[9, 12]), [9, 12]);
+        spec.checkpoint.enable_checkpoint = false;
+        assert_eq!(settle_checkpoints(&out, &spec, 13), 0);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}

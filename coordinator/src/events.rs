@@ -1,0 +1,48 @@
+//! The data a run reports while it runs, shared by the driver, the job manager and the
+//! metrics: a step's event, a waiting note, and where a job's runs start.
+
+/// One step's report, as `WatchJob` streams it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepEventData {
+    /// Job id.
+    pub job: u64,
+    /// Step number (1-based).
+    pub step: u64,
+    /// Mean loss over the step's microbatches.
+    pub loss: f64,
+    /// Wall time of the step.
+    pub step_time_ms: f64,
+    /// The schedule's simulated bubble.
+    pub planned_bubble: f64,
+    /// Measured bubble: 1 − time in passes / (workers × step wall time).
+    pub measured_bubble: f64,
+    /// (worker, peak activation bytes) for every worker.
+    pub peaks: Vec<(u32, u64)>,
+    /// Every worker's predicted peak activation bytes under the plan and split the step
+    /// ran (empty when the runner cannot predict them).
+    pub predicted_peaks: Vec<u64>,
+    /// The job's latest checkpoint known to be complete when the step was reported (its
+    /// step; 0: none), where the job resumes after a coordinator restart.
+    pub checkpoint: u64,
+    /// (worker, measured bubble: 1 − its time in passes / step wall time) for every worker.
+    pub worker_bubbles: Vec<(u32, f64)>,
+    /// Why the job was re-planned before this step, if it was.
+    pub replan_reason: String,
+    /// The schedule the job runs from this step on, on the first step after a re-plan.
+    pub replanned: Option<std::sync::Arc<pipewise_common::Schedule>>,
+    /// What every worker did when during the step, if the runner recorded it (the job
+    /// manager keeps it for `GetStepTrace` and strips it from watchers' events).
+    pub trace: Option<std::sync::Arc<pipewise_common::trace::StepTrace>>,
+}
+
+/// What a runner tells the job manager while it runs a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// A finished step.
+    Step(Box<StepEventData>),
+    /// What the job waits for before its next step (e.g. "workers: 3 of 4 ready"); empty
+    /// once it waits no longer. `GetJob` and `ListJobs` show it.
+    Waiting(String),
+}
+
+pub use pipewise_common::run::Start;

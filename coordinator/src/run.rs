@@ -1,0 +1,343 @@
+//! The run actor: one per job running on worker processes. It feeds the job's
+//! [`Supervisor`] what the membership actor pushes (registrations, streams, heartbeats,
+//! losses, the run's step reports), a cancel, and the time (a 200 ms timer), and performs
+//! the actions it returns: assignments, stops and aborts through the membership actor,
+//! checkpoint folders on disk ([`crate::checkpoints`]), step events and the end of
+//! the job to the job manager.
+//!
+//! For a job on `d` workers it waits until `d` live workers have their assignment stream
+//! open, takes the first `d` by id (worker index = rank in that order), and sends each its
+//! assignment: the placement, its program, the peers' addresses, the job spec and the
+//! output directory. From then on the workers talk only to each other; each sends a
+//! `StepReport` after every step (without waiting for an answer), and the supervisor turns a
+//! complete set of reports into a step event.
+//!
+//! Ends: every worker reports `done` → success. A worker reports an error while all of the
+//! job's workers still heartbeat → the job fails and the others are told (in their
+//! heartbeat reply) to abandon it. A cancel → the workers are asked (in their step acks) to
+//! stop; worker 0 spreads that through the step's collective, so all stop after the same
+//! step.
+//!
+//! **Re-planning after a lost worker.** A worker of the job that stops heartbeating (or
+//! whose peers fail because it vanished: an error report is held for
+//! [`Config::lost_grace_ms`](pipewise_common::run::Config::lost_grace_ms) to see whether a worker goes silent) ends the *run*, not the job:
+//!
+//! 1. the run is abandoned and the supervisor waits until the survivors have left it;
+//! 2. the resume step `K` is the last checkpoint every stage of the run wrote completely
+//!    (`step-K/stage-S.safetensors` for every stage, written under a temporary name and
+//!    renamed), else the step the run started from (0: the seeded initial model, so a job
+//!    without checkpoints starts over); later step directories and `final/` are removed;
+//! 3. the spec is planned again for `d'` = min(live workers, the spec's degree) workers
+//!    (the memory limit, in units of `1/d` of the model, is scaled by `d' / d`); a spec
+//!    that does not plan on `d'` workers fails the job with the planner's reason;
+//! 4. a new run starts at step `K` on those workers; each loads its stages from `step-K`
+//!    by tensor name, whatever partition wrote it, so training continues exactly as it
+//!    would have. Its first step event carries the reason and the new schedule; the
+//!    counter `pipewise_replans_total{reason="worker_lost"}` counts it. At most
+//!    [`Config::max_replans`](pipewise_common::run::Config::max_replans) re-plans per job.
+//!
+//! **Moving layers off a straggler.** A run of a real-compute job with checkpoints is
+//! watched: after each step every worker's time in passes is divided by its modelled work
+//! (the FLOPs of the pieces it holds, the embedding counted as 5 % of a block). A worker at
+//! [`STRAGGLER_RATIO`](pipewise_common::run::straggler::STRAGGLER_RATIO) times the median or more for [`STRAGGLER_STEPS`](pipewise_common::run::straggler::STRAGGLER_STEPS) steps in a row is
+//! a straggler: if a split of the pieces weighted by the measured slowness
+//! ([`pipewise_common::partition::split_for_speeds`]) cuts the busiest worker's predicted
+//! time by [`STRAGGLER_GAIN`](pipewise_common::run::straggler::STRAGGLER_GAIN) or more, every worker is asked to stop after the same step
+//! (they save it), and the next run starts there with the new split (the assignment's
+//! `stage_pieces`; the schedule and the worker count stay). The event carries the reason,
+//! `pipewise_replans_total{reason="straggler"}` counts it. `pipewise worker --slowdown F`
+//! (hidden) makes a worker's passes F times longer, to try it.
+//!
+//! **Memory pressure.** A worker started with `--memory-bytes B` registers `B`. When a
+//! run's plan is predicted to make a worker hold more (checked before the run starts), or
+//! a step's report shows it holding more (its peak activations plus its training state:
+//! parameters, gradients, AdamW moments and master copies, `static_bytes`; every worker is then asked to stop after
+//! the same step), the job goes on with the fastest plan of [`FITTING_KINDS`](pipewise_common::run::pressure::FITTING_KINDS) (simulated
+//! under the job's planning times; the adaptive kinds, when their default limit does not
+//! fit, at a limit bisected to the bytes there are) whose predicted bytes fit every worker
+//! that registered a size and are lower on the overflowing one (`pipewise_replans_total{reason=
+//! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`](pipewise_common::job::JobPlan::predicted_peak_bytes) plus the
+//! training state of the job's layer split ([`JobPlan::predicted_state_bytes_over`](pipewise_common::job::JobPlan::predicted_state_bytes_over)); later losses and
+//! growths re-plan the schedule the move chose.
+//!
+//! **Growing back.** A run on fewer workers than the job's degree (after a loss) of a job
+//! with checkpoints is checked once a second: when more streaming workers are live than
+//! the run has, every worker is asked to stop after the same step (they save it) and the
+//! job goes on from there planned on min(live, degree) workers
+//! (`pipewise_replans_total{reason="worker_joined"}`). A plan that fails is logged and not
+//! tried again until the live count changes.
+//!
+//! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
+//! collectives, reports and aborts), is the job id for the first run and
+//! `job + k · 2^48` for its `k`-th run ([`RunId`](pipewise_common::run::RunId)): each re-plan starts another, and a
+//! coordinator restart jumps past every number the earlier coordinator could have given
+//! ([`Config::max_replans`](pipewise_common::run::Config::max_replans) + 1 per restart), so nothing of an abandoned run can reach the next one.
+//! Events and metrics carry the job id.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::run::Start;
+use pipewise_common::run::supervisor::{Action, Assignment, Config, Input, Member, Supervisor};
+use pipewise_proto::convert::program_to_proto;
+use pipewise_proto::v1 as pb;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::checkpoints::{read, remove_after, settle_checkpoints};
+use crate::error::{CoordinatorError, Result};
+use crate::job_msg::JobMsg;
+use crate::membership::{HEARTBEAT_INTERVAL, MISSED_HEARTBEATS, MembershipMsg};
+pub use crate::run_msg::RunMsg;
+use crate::step_event::{event, report_of};
+
+/// How often the supervisor is told the time.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The run actor of one job.
+pub struct RunActor;
+
+/// What a run actor starts with.
+pub struct RunArgs {
+    /// Job id.
+    pub job: u64,
+    /// The job's spec.
+    pub spec: JobSpec,
+    /// Its plan.
+    pub plan: JobPlan,
+    /// Where its runs start.
+    pub start: Start,
+    /// The job's output folder (checkpoints, final parameters).
+    pub output: PathBuf,
+    /// The membership actor.
+    pub membership: ActorRef<MembershipMsg>,
+    /// The job manager, told about every step and the end.
+    pub manager: ActorRef<JobMsg>,
+}
+
+/// A run actor's state.
+pub struct RunState {
+    sup: Supervisor,
+    job: u64,
+    spec: JobSpec,
+    output: PathBuf,
+    membership: ActorRef<MembershipMsg>,
+    manager: ActorRef<JobMsg>,
+    epoch: Instant,
+    cancelled: bool,
+    tokens_per_step: f64,
+    samples_per_step: f64,
+}
+
+/// The supervisor's timing, from the membership's.
+pub fn config() -> Config {
+    let lost_grace = HEARTBEAT_INTERVAL.as_millis() as u64 * (u64::from(MISSED_HEARTBEATS) + 2);
+    Config {
+        lost_grace_ms: lost_grace,
+        ..Config::default()
+    }
+}
+
+impl Actor for RunActor {
+    type Msg = RunMsg;
+    type State = RunState;
+    type Arguments = RunArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RunMsg>,
+        args: RunArgs,
+    ) -> std::result::Result<RunState, ActorProcessingErr> {
+        std::fs::create_dir_all(&args.output).map_err(|source| CoordinatorError::Checkpoints {
+            action: "create",
+            path: args.output.clone(),
+            source,
+        })?;
+        if let Ok(peaks) = args.plan.predicted_peak_bytes(&args.spec) {
+            crate::metrics::record_predicted_peaks(&peaks);
+        }
+        let live = ractor::call!(
+            args.membership,
+            MembershipMsg::Follow,
+            args.job,
+            myself.clone()
+        )?;
+        let live: Vec<Member> = live
+            .iter()
+            .map(|w| Member {
+                worker: w.worker(),
+                streaming: w.streaming,
+                running: w.job,
+            })
+            .collect();
+        let training = &args.spec.training;
+        let state = RunState {
+            tokens_per_step: f64::from(training.global_batch_size)
+                * f64::from(args.spec.model.seq_len),
+            samples_per_step: f64::from(training.global_batch_size),
+            sup: Supervisor::new(
+                args.job,
+                args.spec.clone(),
+                args.plan,
+                args.start,
+                config(),
+                live,
+            ),
+            job: args.job,
+            spec: args.spec,
+            output: args.output,
+            membership: args.membership,
+            manager: args.manager,
+            epoch: Instant::now(),
+            cancelled: false,
+        };
+        myself.send_interval(TICK, || RunMsg::Tick);
+        myself.cast(RunMsg::Tick)?;
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RunMsg>,
+        msg: RunMsg,
+        st: &mut RunState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        let input = match msg {
+            RunMsg::Input(input) => *input,
+            RunMsg::Report(r) => Input::Report(Box::new(report_of(*r))),
+            RunMsg::Tick => Input::Tick,
+        };
+        if input == Input::Cancel {
+            st.cancelled = true;
+        }
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let now = st.epoch.elapsed().as_millis() as u64;
+            for action in st.sup.handle(now, input) {
+                if let Err(e) = perform(&myself, st, action, &mut inputs).await {
+                    finish(&myself, st, Err(e));
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Performs one of the supervisor's actions; what it learns goes to `inputs`.
+async fn perform(
+    myself: &ActorRef<RunMsg>,
+    st: &mut RunState,
+    action: Action,
+    inputs: &mut VecDeque<Input>,
+) -> Result<()> {
+    let job = st.job;
+    match action {
+        Action::Waiting(what) => st.manager.cast(JobMsg::Waiting(job, what))?,
+        Action::Info(line) => tracing::info!(job, "{line}"),
+        Action::Warn(line) => tracing::warn!(job, "{line}"),
+        Action::Attach(run) => st
+            .membership
+            .cast(MembershipMsg::Attach(run.raw(), myself.clone()))?,
+        Action::Assign(a) => {
+            if let Some((worker, reason)) = assign(st, &a).await? {
+                inputs.push_back(Input::Refused { worker, reason });
+            }
+        }
+        Action::Stop(run) => st.membership.cast(MembershipMsg::Stop(run.raw()))?,
+        Action::Abort(run) => st.membership.cast(MembershipMsg::Abort(run.raw()))?,
+        Action::Detach(run) => st.membership.cast(MembershipMsg::Detach(run.raw()))?,
+        Action::Step(done) => {
+            let mut e = event(
+                job,
+                done.step,
+                done.planned_bubble,
+                &done.predicted_peaks,
+                &done.reports,
+            );
+            if let Some((reason, schedule)) = done.replanned {
+                e.replan_reason = reason;
+                e.replanned = Some(schedule);
+            }
+            e.checkpoint = settle_checkpoints(&st.output, &st.spec, e.step);
+            crate::metrics::record_step(&e, st.tokens_per_step, st.samples_per_step);
+            st.manager.cast(JobMsg::Progress(Box::new(e)))?;
+        }
+        Action::Replanned(reason) => crate::metrics::record_replan(reason.label()),
+        Action::ReadCheckpoints => inputs.push_back(Input::Checkpoints(read(&st.output)?)),
+        Action::ClearAfter(step) => remove_after(&st.output, step)?,
+        Action::Search(search) => {
+            // A few dozen plans: beside the actor, which goes on taking reports.
+            let me = myself.clone();
+            tokio::task::spawn_blocking(move || {
+                let found = search.run();
+                let _ = me.cast(RunMsg::Input(Box::new(Input::Searched(found))));
+            });
+        }
+        Action::Finish(outcome) => finish(myself, st, outcome.map_err(CoordinatorError::from)),
+    }
+    Ok(())
+}
+
+/// Hands every worker of the run its assignment, in index order: the first that does not
+/// take it (e.g. it registered again since it was picked), with why.
+async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>> {
+    let spec = &st.spec;
+    let schedule = &a.plan.schedule;
+    let toml = spec.to_toml()?;
+    let peers: HashMap<u32, String> = a
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (i as u32, w.address.clone()))
+        .collect();
+    for (i, w) in a.workers.iter().enumerate() {
+        let assignment = pb::Assignment {
+            job: a.run.raw(),
+            first_step: a.first_step,
+            end_step: a.end_step,
+            worker_index: i as u32,
+            stages: schedule.placement.stages_of(i as u32),
+            placement: Some((&schedule.placement).into()),
+            model: Some((&spec.model).into()),
+            program: program_to_proto(&schedule.workers[i]),
+            peers: peers.clone(),
+            microbatches: a.plan.microbatches,
+            seed: spec.training.seed,
+            microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size,
+            job_toml: toml.clone(),
+            output_dir: st.output.display().to_string(),
+            stage_count: schedule.placement.stages(),
+            stage_pieces: a.stage_pieces.clone(),
+        };
+        let sent = ractor::call!(
+            st.membership,
+            MembershipMsg::Assign,
+            w.id.clone(),
+            Box::new(assignment)
+        )?;
+        if let Err(e) = sent {
+            return Ok(Some((i, e.to_string())));
+        }
+    }
+    tracing::info!(
+        job = st.job,
+        run = %a.run,
+        first_step = a.first_step,
+        workers = ?a.workers.iter().map(|w| &w.id).collect::<Vec<_>>(),
+        "assigned"
+    );
+    Ok(None)
+}
+
+/// The job is over: the manager learns how, and the actor stops.
+fn finish(myself: &ActorRef<RunMsg>, st: &RunState, outcome: Result<()>) {
+    let _ = st.membership.cast(MembershipMsg::Unfollow(st.job));
+    let _ = st.manager.cast(JobMsg::Finished {
+        job: st.job,
+        outcome,
+        cancelled: st.cancelled,
+    });
+    myself.stop(None);
+}

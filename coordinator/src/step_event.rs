@@ -1,0 +1,109 @@
+//! One step's event (and its executed timeline) from every worker's report.
+
+use pipewise_common::run::StepReport;
+use pipewise_proto::v1 as pb;
+
+use crate::events::StepEventData;
+
+pub use pipewise_common::run::supervisor::planned_bubble;
+
+/// One step's event from every worker's report.
+pub(crate) fn event(
+    job: u64,
+    step: u64,
+    planned: f64,
+    predicted_peaks: &[u64],
+    reports: &[StepReport],
+) -> StepEventData {
+    let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
+    let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
+    let loss = reports
+        .iter()
+        .map(|r| r.loss)
+        .find(|l| !l.is_nan())
+        .unwrap_or(f64::NAN);
+    StepEventData {
+        job,
+        step: step + 1,
+        loss,
+        step_time_ms: wall * 1e3,
+        planned_bubble: planned,
+        measured_bubble: if wall > 0.0 {
+            1.0 - busy / (reports.len() as f64 * wall)
+        } else {
+            0.0
+        },
+        peaks: reports
+            .iter()
+            .map(|r| (r.worker_index, r.peak_activation_bytes))
+            .collect(),
+        worker_bubbles: reports
+            .iter()
+            .map(|r| {
+                (
+                    r.worker_index,
+                    1.0 - r.busy_secs / wall.max(f64::MIN_POSITIVE),
+                )
+            })
+            .collect(),
+        predicted_peaks: predicted_peaks.to_vec(),
+        checkpoint: 0,
+        replan_reason: String::new(),
+        replanned: None,
+        trace: step_trace(job, step, reports),
+    }
+}
+
+/// The step's executed timeline from every worker's spans (`None` when a report carries
+/// none: see [`report_of`]).
+fn step_trace(
+    job: u64,
+    step: u64,
+    reports: &[StepReport],
+) -> Option<std::sync::Arc<pipewise_common::trace::StepTrace>> {
+    let mut workers = vec![Vec::new(); reports.len()];
+    for r in reports {
+        let slot = workers.get_mut(r.worker_index as usize)?;
+        if r.spans.is_empty() {
+            return None;
+        }
+        slot.extend_from_slice(&r.spans);
+    }
+    Some(std::sync::Arc::new(pipewise_common::trace::StepTrace {
+        job,
+        step: step + 1,
+        workers,
+    }))
+}
+
+/// A worker's step report as a run sees it. Its spans are dropped (with a warning) when one
+/// is malformed: the step then has no trace.
+pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
+    let spans: Result<Vec<_>, _> = r
+        .spans
+        .iter()
+        .map(|s| pipewise_common::trace::Span::try_from(*s))
+        .collect();
+    let spans = spans.unwrap_or_else(|e| {
+        tracing::warn!(
+            run = r.job,
+            step = r.step,
+            worker = r.worker_index,
+            "bad trace span: {e}"
+        );
+        Vec::new()
+    });
+    StepReport {
+        worker_index: r.worker_index,
+        worker_id: r.worker_id,
+        step: r.step,
+        loss: r.loss,
+        wall_secs: r.wall_secs,
+        busy_secs: r.busy_secs,
+        peak_activation_bytes: r.peak_activation_bytes,
+        static_bytes: r.static_bytes,
+        spans,
+        error: r.error,
+        done: r.done,
+    }
+}
