@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use pipewise_common::job::{JobSpec, checkpoint_step};
+use pipewise_common::job::{FINAL_CHECKPOINT, JobSpec, checkpoint_step, job_dir};
 use pipewise_common::run::Checkpoints;
 use pipewise_common::run::checkpoints::settle;
 
@@ -101,7 +101,7 @@ pub(crate) fn remove_after(output: &Path, resume: u64) -> Result<()> {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let stale = name == "final" || checkpoint_step(&name).is_some_and(|k| k > resume);
+        let stale = name == FINAL_CHECKPOINT || checkpoint_step(&name).is_some_and(|k| k > resume);
         if stale {
             let path = entry.path();
             std::fs::remove_dir_all(&path).map_err(failed("remove", &path))?;
@@ -123,7 +123,7 @@ pub(crate) fn output_dir(
     } else {
         data_dir.join(folder)
     };
-    base.join(format!("job-{job}"))
+    job_dir(&base, job)
 }
 
 #[cfg(test)]
