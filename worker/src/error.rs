@@ -61,6 +61,16 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// An [`Error::InvalidArgument`] on `field`.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Convenient alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
