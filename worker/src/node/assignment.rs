@@ -42,42 +42,43 @@ pub(crate) struct Assignment {
     pub(crate) output: PathBuf,
 }
 
-fn assignment_error(reason: String) -> Error {
-    Error::invalid("assignment", reason)
-}
-
 impl Assignment {
     /// Decodes and checks `a`.
     pub(crate) fn decode(a: pb::Assignment) -> Result<Self> {
         let spec = JobSpec::from_toml(&a.job_toml)
-            .map_err(|e| assignment_error(format!("job_toml: {e}")))?;
+            .map_err(|e| Error::invalid("assignment", format!("job_toml: {e}")))?;
         let placement = Placement::try_from(a.placement.unwrap_or_default())
-            .map_err(|e| assignment_error(format!("placement: {e}")))?;
+            .map_err(|e| Error::invalid("assignment", format!("placement: {e}")))?;
         if placement.stages() != a.stage_count {
-            return Err(assignment_error(format!(
-                "stage_count {} but the placement has {} stages",
-                a.stage_count,
-                placement.stages()
-            )));
+            return Err(Error::invalid(
+                "assignment",
+                format!(
+                    "stage_count {} but the placement has {} stages",
+                    a.stage_count,
+                    placement.stages()
+                ),
+            ));
         }
-        let program =
-            program_from_proto(a.program).map_err(|e| assignment_error(format!("program: {e}")))?;
+        let program = program_from_proto(a.program)
+            .map_err(|e| Error::invalid("assignment", format!("program: {e}")))?;
         if a.first_step > a.end_step {
-            return Err(assignment_error(format!(
-                "steps [{}, {}) are empty",
-                a.first_step, a.end_step
-            )));
+            return Err(Error::invalid(
+                "assignment",
+                format!("steps [{}, {}) are empty", a.first_step, a.end_step),
+            ));
         }
         if !a.peers.contains_key(&0) {
-            return Err(assignment_error(
-                "peers: no address for worker 0 (the collectives' root)".into(),
+            return Err(Error::invalid(
+                "assignment",
+                "peers: no address for worker 0 (the collectives' root)",
             ));
         }
         for w in 0..placement.workers() {
             if !a.peers.contains_key(&w) {
-                return Err(assignment_error(format!(
-                    "peers: no address for worker {w}"
-                )));
+                return Err(Error::invalid(
+                    "assignment",
+                    format!("peers: no address for worker {w}"),
+                ));
             }
         }
         let partition = if a.stage_pieces.is_empty() {
@@ -88,10 +89,13 @@ impl Assignment {
         agrees_with_spec(&spec, a.model, a.seed, a.microbatch_size)?;
         let stages = placement.stages_of(a.worker_index);
         if a.stages != stages {
-            return Err(assignment_error(format!(
-                "stages {:?}, but the placement gives worker {} stages {stages:?}",
-                a.stages, a.worker_index
-            )));
+            return Err(Error::invalid(
+                "assignment",
+                format!(
+                    "stages {:?}, but the placement gives worker {} stages {stages:?}",
+                    a.stages, a.worker_index
+                ),
+            ));
         }
         Ok(Assignment {
             run: a.job,
@@ -121,24 +125,25 @@ fn agrees_with_spec(
     microbatch_size: u32,
 ) -> Result<()> {
     let model = ModelSpec::try_from(model.unwrap_or_default())
-        .map_err(|e| assignment_error(format!("model: {e}")))?;
+        .map_err(|e| Error::invalid("assignment", format!("model: {e}")))?;
     if model != spec.model {
-        return Err(assignment_error(format!(
-            "model {model:?} is not the job spec's {:?}",
-            spec.model
-        )));
+        return Err(Error::invalid(
+            "assignment",
+            format!("model {model:?} is not the job spec's {:?}", spec.model),
+        ));
     }
     if seed != spec.training.seed {
-        return Err(assignment_error(format!(
-            "seed {seed} is not the job spec's {}",
-            spec.training.seed
-        )));
+        return Err(Error::invalid(
+            "assignment",
+            format!("seed {seed} is not the job spec's {}", spec.training.seed),
+        ));
     }
     let size = spec.parallelism.pipeline_parallel_microbatch_size;
     if microbatch_size != size {
-        return Err(assignment_error(format!(
-            "microbatch_size {microbatch_size} is not the job spec's {size}"
-        )));
+        return Err(Error::invalid(
+            "assignment",
+            format!("microbatch_size {microbatch_size} is not the job spec's {size}"),
+        ));
     }
     Ok(())
 }
@@ -151,11 +156,12 @@ fn pieces_partition(
     stages: u32,
 ) -> Result<Vec<Range<usize>>> {
     if stage_pieces.len() != stages as usize {
-        return Err(assignment_error(format!(
-            "stage_pieces {stage_pieces:?}: need {stages} counts, one per stage"
-        )));
+        return Err(Error::invalid(
+            "assignment",
+            format!("stage_pieces {stage_pieces:?}: need {stages} counts, one per stage"),
+        ));
     }
     spec.model
         .split_by_counts(stage_pieces)
-        .map_err(|e| assignment_error(e.to_string()))
+        .map_err(|e| Error::invalid("assignment", e.to_string()))
 }

@@ -154,7 +154,7 @@ impl Compute for RealCompute {
 
     fn after_step(&mut self, done: u64, end: u64) -> Result<()> {
         match self.checkpoint_interval {
-            Some(interval) if done % interval == 0 && done < end => {
+            Some(interval) if done.is_multiple_of(interval) && done < end => {
                 save_checkpoints(&self.rt, &self.output, done)
             }
             _ => Ok(()),

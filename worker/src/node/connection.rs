@@ -34,7 +34,7 @@ impl Throttle {
 
 /// Connects to the coordinator, retrying until `within` has passed.
 pub(crate) async fn connect(url: &str, within: Duration) -> Result<Channel> {
-    let uri = crate::net::http_uri(url).map_err(Error::Coordinator)?;
+    let uri = crate::net::http_uri(url).map_err(|e| Error::Coordinator(e.to_string()))?;
     let endpoint = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|e| Error::invalid("coordinator", format!("{url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(5))

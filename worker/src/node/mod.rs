@@ -82,7 +82,7 @@ impl WorkerNode {
             .clone()
             .unwrap_or_else(|| transport.local_addr().to_string());
         // Peers dial this address: one they could not use would fail every job later.
-        crate::net::http_uri(&address).map_err(|e| Error::invalid("advertise", e))?;
+        crate::net::http_uri(&address).map_err(|e| Error::invalid("advertise", e.to_string()))?;
         let shared = Arc::new(Shared::new(transport));
         let channel = connection::connect(&config.coordinator, config.connect_for).await?;
         // An assignment carries the worker's whole program (up to millions of passes).
@@ -102,7 +102,10 @@ impl WorkerNode {
             std::thread::Builder::new()
                 .name(format!("pipewise-exec-{}", config.id))
                 .spawn(move || executor::executor_loop(&config, &shared, &assign_rx, &report_tx))
-                .map_err(|e| Error::invalid("executor", format!("cannot start its thread: {e}")))?
+                .map_err(|source| Error::Start {
+                    what: "the executor thread",
+                    source,
+                })?
         };
         let (connection, connection_handle) = Actor::spawn(
             None,

@@ -33,7 +33,8 @@ struct SyncState {
     arrived: usize,
     sq: Vec<f64>,
     losses: Vec<f32>,
-    result: std::result::Result<f64, String>,
+    /// The last round's result (`None`: no worker reported a loss).
+    result: Option<f64>,
     aborted: Option<String>,
 }
 
@@ -60,7 +61,7 @@ impl LocalSync {
                 arrived: 0,
                 sq: Vec::new(),
                 losses: Vec::new(),
-                result: Ok(0.0),
+                result: Some(0.0),
                 aborted: None,
             }),
             done: Condvar::new(),
@@ -87,12 +88,21 @@ impl LocalSync {
         op: Op,
         step: u64,
         contribute: impl FnOnce(&mut SyncState),
-        finish: impl FnOnce(&mut SyncState) -> std::result::Result<f64, String>,
+        finish: impl FnOnce(&mut SyncState) -> Option<f64>,
     ) -> Result<f64> {
-        let fail = |reason: String| Error::invalid("sync", format!("step {step} {op:?}: {reason}"));
+        let awaited = || format!("step {step} {op:?}");
+        let aborted = |reason: &str| Error::Closed {
+            awaited: awaited(),
+            reason: format!("aborted ({reason})"),
+        };
+        let outcome = |result: Option<f64>| {
+            result.ok_or_else(|| {
+                Error::invalid("sync", format!("{}: no worker reported a loss", awaited()))
+            })
+        };
         let mut st = self.lock();
         if let Some(reason) = &st.aborted {
-            return Err(fail(format!("aborted ({reason})")));
+            return Err(aborted(reason));
         }
         match st.round {
             None => st.round = Some((op, step)),
@@ -103,7 +113,7 @@ impl LocalSync {
                 );
                 st.aborted = Some(reason.clone());
                 self.done.notify_all();
-                return Err(fail(reason));
+                return Err(Error::invalid("sync", format!("{}: {reason}", awaited())));
             }
         }
         contribute(&mut st);
@@ -116,26 +126,26 @@ impl LocalSync {
             st.round = None;
             st.generation += 1;
             self.done.notify_all();
-            return st.result.clone().map_err(fail);
+            return outcome(st.result);
         }
         let generation = st.generation;
         let deadline = Instant::now() + self.timeout;
         loop {
             if st.generation != generation {
-                return st.result.clone().map_err(fail);
+                return outcome(st.result);
             }
             if let Some(reason) = &st.aborted {
-                return Err(fail(format!("aborted ({reason})")));
+                return Err(aborted(reason));
             }
             let now = Instant::now();
             if now >= deadline {
-                let reason = format!(
-                    "timed out after {:.3} s waiting for the other workers",
-                    self.timeout.as_secs_f64()
-                );
-                st.aborted = Some(reason.clone());
+                let timeout = Error::Timeout {
+                    awaited: format!("{}: waiting for the other workers", awaited()),
+                    after: self.timeout,
+                };
+                st.aborted = Some(timeout.to_string());
                 self.done.notify_all();
-                return Err(fail(reason));
+                return Err(timeout);
             }
             st = self
                 .done
@@ -155,7 +165,7 @@ impl StepSync for LocalSync {
             |st| {
                 // Summed in value order: the same global sum whatever the arrival order.
                 st.sq.sort_by(f64::total_cmp);
-                Ok(st.sq.iter().sum())
+                Some(st.sq.iter().sum())
             },
         )
     }
@@ -167,10 +177,10 @@ impl StepSync for LocalSync {
             |st| st.losses.extend_from_slice(local),
             |st| {
                 if st.losses.is_empty() {
-                    return Err("no worker reported a loss".into());
+                    return None;
                 }
                 let sum: f64 = st.losses.iter().map(|&l| f64::from(l)).sum();
-                Ok(sum / st.losses.len() as f64)
+                Some(sum / st.losses.len() as f64)
             },
         )?;
         Ok(mean as f32)

@@ -147,7 +147,10 @@ pub(crate) fn run_passes<P: Passes>(
             losses.push((mb, passes.loss(pass, output)?));
         } else if let Some((to, kind)) = to {
             let value = output.ok_or_else(|| {
-                Error::invalid("stage", format!("pass {pass} gave no {kind} for stage {to}"))
+                Error::invalid(
+                    "stage",
+                    format!("pass {pass} gave no {kind} for stage {to}"),
+                )
             })?;
             link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
         }
