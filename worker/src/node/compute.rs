@@ -18,6 +18,13 @@ use crate::job::{corpus_of, optimizer_of, sampler_of};
 use crate::net::Delivery;
 use crate::runtime::{EmulatedRuntime, StepReport, StepSync, Transport, WorkerRuntime};
 
+/// What a run's steps talk through: the run id, the transport and the collectives.
+pub(crate) struct RunNet<'a> {
+    pub(crate) run: u64,
+    pub(crate) transport: &'a dyn Transport,
+    pub(crate) sync: &'a dyn StepSync,
+}
+
 /// A worker's compute for one assignment (see the [module docs](self)).
 pub(crate) trait Compute {
     /// How the transport hands received frames to this compute.
@@ -25,14 +32,8 @@ pub(crate) trait Compute {
     /// Whether passes are emulated (said on each step's log span).
     const EMULATED: bool;
 
-    /// Runs step `step` of run `run`.
-    fn step(
-        &mut self,
-        run: u64,
-        step: u64,
-        transport: &dyn Transport,
-        sync: &dyn StepSync,
-    ) -> Result<StepReport>;
+    /// Runs step `step` of the run `net` connects.
+    fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport>;
 
     /// Bytes held after a step: activations still stashed, and what stays for the whole
     /// run (parameters, gradients, optimizer state and what the config adds).
@@ -126,17 +127,13 @@ impl Compute for RealCompute {
     const DELIVERY: Delivery = Delivery::Tensors;
     const EMULATED: bool = false;
 
-    fn step(
-        &mut self,
-        run: u64,
-        step: u64,
-        transport: &dyn Transport,
-        sync: &dyn StepSync,
-    ) -> Result<StepReport> {
+    fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport> {
         let batches = self
             .sampler
             .step(&self.corpus, step, self.microbatches, &self.device)?;
-        let report = self.rt.run_step(run, step, &batches, transport, sync)?;
+        let report = self
+            .rt
+            .run_step(net.run, step, &batches, net.transport, net.sync)?;
         // Again every step: the exporter drops gauges left unset for a while.
         crate::metrics::record_parameters(&self.rt);
         Ok(report)
@@ -202,14 +199,8 @@ impl Compute for EmulatedCompute {
     const DELIVERY: Delivery = Delivery::Buffers;
     const EMULATED: bool = true;
 
-    fn step(
-        &mut self,
-        run: u64,
-        step: u64,
-        transport: &dyn Transport,
-        sync: &dyn StepSync,
-    ) -> Result<StepReport> {
-        self.rt.run_step(run, step, transport, sync)
+    fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport> {
+        self.rt.run_step(net.run, step, net.transport, net.sync)
     }
 
     fn held_bytes(&self) -> (u64, u64) {

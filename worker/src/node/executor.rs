@@ -13,7 +13,7 @@ use pipewise_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use super::assignment::Assignment;
-use super::compute::{Compute, EmulatedCompute, RealCompute};
+use super::compute::{Compute, EmulatedCompute, RealCompute, RunNet};
 use super::config::NodeConfig;
 use super::shared::Shared;
 use crate::error::Result;
@@ -113,6 +113,11 @@ impl Node<'_> {
     ) -> Result<PathBuf> {
         let transport = &self.shared.transport;
         let sync = self.join(a, C::DELIVERY)?;
+        let net = RunNet {
+            run: a.run,
+            transport: transport.as_ref(),
+            sync: &sync,
+        };
         for step in a.steps.clone() {
             let step_span = tracing::debug_span!("step", step, emulated = tracing::field::Empty);
             if C::EMULATED {
@@ -120,7 +125,7 @@ impl Node<'_> {
             }
             let _step_span = step_span.entered();
             *last_step = step;
-            let report = compute.step(a.run, step, transport.as_ref(), &sync)?;
+            let report = compute.step(step, &net)?;
             crate::metrics::record_step(a.worker, &report);
             self.publish_step(a, step, &report, compute.held_bytes());
             let done = step + 1;

@@ -39,11 +39,10 @@ use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::{Costs, Times};
 
-use super::exchange::Link;
 use super::local::{LocalOptions, LocalSync};
-use super::program::{check_partition, check_program};
-use super::step::{DEFAULT_TIMEOUT, Passes, StepReport, StepSync, run_passes};
-use super::transport::{Buffer, FrameKind, MemoryTransport, Payload, Transport};
+use super::program::{WorkerProgram, check_partition, schedule_program};
+use super::step::{Passes, StepReport, StepSync, run_passes};
+use super::transport::{Buffer, MemoryTransport, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::{Stage, candle_dtype};
 
@@ -76,17 +75,13 @@ enum Progress {
 /// One worker of a pipeline with emulated compute (see the [module docs](self)).
 #[derive(Debug)]
 pub struct EmulatedRuntime {
-    worker: u32,
-    placement: Placement,
-    stage_count: u32,
-    program: Vec<Pass>,
+    program: WorkerProgram,
     costs: Costs,
     /// Stash of one microbatch, by stage (only this worker's stages are used).
     stash: Vec<Activation>,
     frame_dims: [usize; 3],
     dtype: DType,
     uniform_loss: f32,
-    timeout: Duration,
 }
 
 impl EmulatedRuntime {
@@ -100,22 +95,13 @@ impl EmulatedRuntime {
         microbatch_size: u32,
         times: Times,
     ) -> Result<Self> {
-        pipewise_common::validate(schedule)?;
-        if worker >= schedule.num_workers() {
-            return Err(Error::invalid(
-                "worker",
-                format!(
-                    "worker {worker} of a {}-worker schedule",
-                    schedule.num_workers()
-                ),
-            ));
-        }
+        let program = schedule_program(worker, schedule)?;
         let partition = Stage::even_split(spec, schedule.placement.stages() as usize)?;
         Self::from_program(
             worker,
             &schedule.placement,
             schedule.microbatches,
-            schedule.workers[worker as usize].clone(),
+            program,
             spec,
             microbatch_size,
             &partition,
@@ -137,31 +123,18 @@ impl EmulatedRuntime {
         partition: &[Range<usize>],
         times: Times,
     ) -> Result<Self> {
-        if worker >= placement.workers() {
-            return Err(Error::invalid(
-                "worker",
-                format!(
-                    "worker {worker} of a {}-worker placement",
-                    placement.workers()
-                ),
-            ));
-        }
+        let program = WorkerProgram::new(worker, placement, microbatches, program)?;
         if microbatch_size == 0 {
             return Err(Error::invalid("microbatch_size", "must be at least 1"));
         }
         spec.validate()?;
-        check_program(worker, placement, microbatches, &program)?;
-        let stage_count = placement.stages();
-        check_partition(spec, partition, stage_count)?;
-        let costs = Costs::uniform(placement, times)?;
+        check_partition(spec, partition, program.placement.stages())?;
+        let costs = Costs::uniform(&program.placement, times)?;
         let stash = partition
             .iter()
             .map(|r| spec.range_activation_bytes(r.clone(), microbatch_size))
             .collect();
         Ok(Self {
-            worker,
-            placement: placement.clone(),
-            stage_count,
             program,
             costs,
             stash,
@@ -172,23 +145,22 @@ impl EmulatedRuntime {
             ],
             dtype: candle_dtype(spec.dtype),
             uniform_loss: (spec.vocab.max(1) as f32).ln(),
-            timeout: DEFAULT_TIMEOUT,
         })
     }
 
     /// Sets how long to wait for a frame.
     pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+        self.program.timeout = timeout;
     }
 
     /// This worker's index.
     pub fn worker(&self) -> u32 {
-        self.worker
+        self.program.worker
     }
 
     /// The passes this worker runs each step, in order.
     pub fn program(&self) -> &[Pass] {
-        &self.program
+        &self.program.passes
     }
 
     /// The emulated duration of `pass`, in seconds.
@@ -211,20 +183,13 @@ impl EmulatedRuntime {
         sync: &dyn StepSync,
     ) -> Result<StepReport> {
         let started = Instant::now();
-        let link = Link {
-            worker: self.worker,
-            placement: &self.placement,
-            transport,
-            job,
-            step,
-            timeout: self.timeout,
-        };
         let mut passes = EmulatedPasses {
             rt: self,
             progress: HashMap::new(),
             stash: 0,
         };
-        run_passes(&mut passes, &self.program, &link, sync, started)
+        let step = (job, step);
+        run_passes(&mut passes, &self.program, step, transport, sync, started)
     }
 }
 
@@ -245,29 +210,19 @@ impl Passes for EmulatedPasses<'_> {
         self.rt.advance(&mut self.progress, pass)
     }
 
-    fn accept(
-        &self,
-        link: &Link<'_>,
-        pass: Pass,
-        kind: FrameKind,
-        payload: Payload,
-    ) -> Result<Payload> {
-        let rt = self.rt;
-        if payload.dims() != rt.frame_dims || payload.dtype() != rt.dtype {
-            return Err(link.bad_frame(pass, kind, &payload, (&rt.frame_dims, rt.dtype)));
-        }
+    fn expected(&self, _pass: Pass) -> Result<([usize; 3], DType)> {
+        Ok((self.rt.frame_dims, self.rt.dtype))
+    }
+
+    fn input_from(&self, _pass: Pass, payload: Payload) -> Result<Payload> {
         Ok(payload)
     }
 
-    fn run(
-        &mut self,
-        pass: Pass,
-        input: Option<Payload>,
-        started: Instant,
-    ) -> Result<Option<Payload>> {
+    fn run(&mut self, pass: Pass, input: Option<Payload>) -> Result<Option<Payload>> {
         drop(input);
+        let started = Instant::now();
         let rt = self.rt;
-        let (s, last) = (pass.stage, rt.stage_count - 1);
+        let (s, last) = (pass.stage, rt.program.placement.stages() - 1);
         let output = match pass.kind {
             PassKind::F => s < last,
             PassKind::B | PassKind::BW => s > 0,
@@ -335,7 +290,7 @@ impl EmulatedRuntime {
                     mb: pass.mb,
                     reason: format!(
                         "worker {}: out of order after {}",
-                        self.worker,
+                        self.program.worker,
                         match had {
                             None => "nothing",
                             Some(Progress::Forward) => "F",

@@ -6,16 +6,15 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 
-use super::exchange::Link;
-use super::program::{check_partition, check_program};
-use super::step::{DEFAULT_TIMEOUT, Passes, StepReport, StepSync, run_passes};
-use super::transport::{FrameKind, Payload, Transport};
+use super::program::{WorkerProgram, check_partition, schedule_program};
+use super::step::{Passes, StepReport, StepSync, run_passes};
+use super::transport::{Payload, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, clip_scale};
@@ -30,15 +29,10 @@ use crate::stage::Stage;
 /// dependencies that cross workers go through the [`Transport`].
 #[derive(Debug)]
 pub struct WorkerRuntime {
-    worker: u32,
-    placement: Placement,
-    stage_count: u32,
-    microbatches: u32,
+    program: WorkerProgram,
     stages: BTreeMap<u32, Stage>,
-    program: Vec<Pass>,
     optimizer: AdamW,
     hidden: usize,
-    timeout: Duration,
     /// Every pass takes this many times as long ([`WorkerRuntime::set_slowdown`]).
     slowdown: f64,
 }
@@ -60,21 +54,11 @@ impl WorkerRuntime {
         device: &Device,
         optimizer: AdamW,
     ) -> Result<Self> {
-        pipewise_common::validate(schedule)?;
-        if worker >= schedule.num_workers() {
-            return Err(Error::invalid(
-                "worker",
-                format!(
-                    "worker {worker} of a {}-worker schedule",
-                    schedule.num_workers()
-                ),
-            ));
-        }
         Self::from_program(
             worker,
             &schedule.placement,
             schedule.microbatches,
-            schedule.workers[worker as usize].clone(),
+            schedule_program(worker, schedule)?,
             spec,
             partition,
             seed,
@@ -102,42 +86,27 @@ impl WorkerRuntime {
         device: &Device,
         optimizer: AdamW,
     ) -> Result<Self> {
-        if worker >= placement.workers() {
-            return Err(Error::invalid(
-                "worker",
-                format!(
-                    "worker {worker} of a {}-worker placement",
-                    placement.workers()
-                ),
-            ));
-        }
-        check_program(worker, placement, microbatches, &program)?;
-        let stage_count = placement.stages();
-        check_partition(spec, partition, stage_count)?;
+        let program = WorkerProgram::new(worker, placement, microbatches, program)?;
+        check_partition(spec, partition, program.placement.stages())?;
         let mut stages = BTreeMap::new();
-        for s in placement.stages_of(worker) {
+        for s in program.placement.stages_of(program.worker) {
             let mut stage = Stage::new(spec, partition[s as usize].clone(), seed, device)?;
             stage.set_optimizer(optimizer);
-            stage.set_microbatches(microbatches);
+            stage.set_microbatches(program.microbatches);
             stages.insert(s, stage);
         }
         Ok(Self {
-            worker,
-            placement: placement.clone(),
-            stage_count,
-            microbatches,
-            stages,
             program,
+            stages,
             optimizer,
             hidden: spec.hidden as usize,
-            timeout: DEFAULT_TIMEOUT,
             slowdown: 1.0,
         })
     }
 
     /// Sets how long to wait for a frame (and, in [`run_local`], for the other workers).
     pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+        self.program.timeout = timeout;
     }
 
     /// Makes every pass take `factor` times as long (it sleeps for the extra time after
@@ -153,17 +122,17 @@ impl WorkerRuntime {
 
     /// How long a `recv` waits.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.program.timeout
     }
 
     /// This worker's index.
     pub fn worker(&self) -> u32 {
-        self.worker
+        self.program.worker
     }
 
     /// The passes this worker runs each step, in order.
     pub fn program(&self) -> &[Pass] {
-        &self.program
+        &self.program.passes
     }
 
     /// The stages held, by stage index.
@@ -224,13 +193,14 @@ impl WorkerRuntime {
         sync: &dyn StepSync,
     ) -> Result<StepReport> {
         let started = Instant::now();
-        if batches.len() != self.microbatches as usize {
+        let microbatches = self.program.microbatches;
+        if batches.len() != microbatches as usize {
             return Err(Error::invalid(
                 "batches",
                 format!(
                     "{} microbatches for a schedule of {}",
                     batches.len(),
-                    self.microbatches
+                    microbatches
                 ),
             ));
         }
@@ -241,25 +211,18 @@ impl WorkerRuntime {
         for stage in self.stages.values_mut() {
             stage.reset_peak();
         }
-        let link = Link {
-            worker: self.worker,
-            placement: &self.placement,
-            transport,
-            job,
-            step,
-            timeout: self.timeout,
-        };
         let mut passes = RealPasses {
-            worker: self.worker,
+            worker: self.program.worker,
             stages: &mut self.stages,
             batches,
             shapes: &shapes,
             hidden: self.hidden,
-            last: self.stage_count - 1,
+            last: self.program.placement.stages() - 1,
             slowdown: self.slowdown,
             max_grad_norm: self.optimizer.max_grad_norm,
         };
-        run_passes(&mut passes, &self.program, &link, sync, started)
+        let step = (job, step);
+        run_passes(&mut passes, &self.program, step, transport, sync, started)
     }
 }
 
@@ -306,29 +269,18 @@ impl Passes for RealPasses<'_> {
     type Value = Tensor;
     const LEARNS: bool = true;
 
-    fn accept(
-        &self,
-        link: &Link<'_>,
-        pass: Pass,
-        kind: FrameKind,
-        payload: Payload,
-    ) -> Result<Tensor> {
+    fn expected(&self, pass: Pass) -> Result<([usize; 3], DType)> {
         let (b, t) = self.shapes[pass.mb as usize];
-        let expected = [b, t, self.hidden];
-        let stage = self.stage(pass.stage)?;
-        if payload.dims() != expected || payload.dtype() != stage.dtype() {
-            return Err(link.bad_frame(pass, kind, &payload, (&expected, stage.dtype())));
-        }
-        let device = stage.device();
+        Ok(([b, t, self.hidden], self.stage(pass.stage)?.dtype()))
+    }
+
+    fn input_from(&self, pass: Pass, payload: Payload) -> Result<Tensor> {
+        let device = self.stage(pass.stage)?.device();
         Ok(payload.into_tensor(device)?.to_device(device)?)
     }
 
-    fn run(
-        &mut self,
-        pass: Pass,
-        input: Option<Tensor>,
-        started: Instant,
-    ) -> Result<Option<Tensor>> {
+    fn run(&mut self, pass: Pass, input: Option<Tensor>) -> Result<Option<Tensor>> {
+        let started = Instant::now();
         let (s, mb) = (pass.stage, pass.mb);
         let batches = self.batches;
         let batch = batches.get(mb as usize).ok_or_else(|| {

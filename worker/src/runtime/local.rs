@@ -12,7 +12,8 @@ use pipewise_common::model::ModelSpec;
 use pipewise_common::schedule::Schedule;
 
 use super::executor::WorkerRuntime;
-use super::step::{DEFAULT_TIMEOUT, StepReport, StepSync};
+use super::program::DEFAULT_TIMEOUT;
+use super::step::{StepReport, StepSync};
 use super::transport::{MemoryTransport, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};

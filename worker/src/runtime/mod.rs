@@ -28,5 +28,6 @@ pub mod transport;
 pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use executor::WorkerRuntime;
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local, run_local_with};
-pub use step::{DEFAULT_TIMEOUT, StepReport, StepSync};
+pub use program::DEFAULT_TIMEOUT;
+pub use step::{StepReport, StepSync};
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};

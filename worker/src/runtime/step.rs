@@ -5,19 +5,17 @@
 //! collectives. Also [`StepReport`], what it returns.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use candle_core::DType;
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::trace::{Activity, Span};
 
-use super::exchange::{Input, Link, Local};
+use super::exchange::{Input, Local};
+use super::program::WorkerProgram;
 use super::recorder::Recorder;
-use super::transport::{FrameKind, Payload};
+use super::transport::{FrameKind, Payload, Transport};
 use crate::error::{Error, Result};
-
-/// How long a worker waits for a frame or for the other workers at a step's end, unless
-/// [`WorkerRuntime::set_timeout`] says otherwise.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The collective operations at the end of a step, across all workers of a job.
 pub trait StepSync: Send + Sync {
@@ -68,25 +66,16 @@ pub(crate) trait Passes {
         Ok(())
     }
 
-    /// The `kind` input of `pass` received from a peer as `payload`, checked against what
-    /// the stage expects.
-    fn accept(
-        &self,
-        link: &Link<'_>,
-        pass: Pass,
-        kind: FrameKind,
-        payload: Payload,
-    ) -> Result<Self::Value>;
+    /// The shape and dtype of the frame `pass` takes as its input.
+    fn expected(&self, pass: Pass) -> Result<([usize; 3], DType)>;
 
-    /// Runs `pass`, which started at `started`, on `input` (`None` for the first stage's
-    /// forward and the last stage's backward); returns its output for another stage (the
-    /// last stage's forward: its loss, for [`Passes::loss`]).
-    fn run(
-        &mut self,
-        pass: Pass,
-        input: Option<Self::Value>,
-        started: Instant,
-    ) -> Result<Option<Self::Value>>;
+    /// A received `payload` of the expected shape and dtype as the input of `pass`.
+    fn input_from(&self, pass: Pass, payload: Payload) -> Result<Self::Value>;
+
+    /// Runs `pass` on `input` (`None` for the first stage's forward and the last stage's
+    /// backward); returns its output for another stage (the last stage's forward: its
+    /// loss, for [`Passes::loss`]).
+    fn run(&mut self, pass: Pass, input: Option<Self::Value>) -> Result<Option<Self::Value>>;
 
     /// The microbatch loss of the last stage's forward `pass`, from its `output`.
     fn loss(&self, pass: Pass, output: Option<Self::Value>) -> Result<f32>;
@@ -104,17 +93,21 @@ pub(crate) trait Passes {
     fn optimizer_step(&mut self, global_sq: f64) -> Result<()>;
 }
 
-/// Runs `program` over `link` with `passes` for a step that started at `started`, then the
-/// end-of-step collectives through `sync`.
+/// Runs `program` with `passes` for step `step` of run `job`, which started at `started`:
+/// frames for other workers go through `transport`, and the step ends with the
+/// collectives of `sync`.
 pub(crate) fn run_passes<P: Passes>(
     passes: &mut P,
-    program: &[Pass],
-    link: &Link<'_>,
+    program: &WorkerProgram,
+    (job, step): (u64, u64),
+    transport: &dyn Transport,
     sync: &dyn StepSync,
     started: Instant,
 ) -> Result<StepReport> {
-    let (worker, step) = (link.worker, link.step);
-    let last = link.placement.stages() - 1;
+    let link = program.link(transport, job, step);
+    let worker = program.worker;
+    let last = program.placement.stages() - 1;
+    let program = &program.passes;
     let mut local: Local<P::Value> = HashMap::new();
     let mut rec = Recorder::start(started, 2 * program.len() + 1);
     let mut losses: Vec<(u32, f32)> = Vec::new();
@@ -131,12 +124,18 @@ pub(crate) fn run_passes<P: Passes>(
         let input = match input_kind {
             Some(kind) => Some(match link.take(&mut local, &mut rec, pass, kind)? {
                 Input::Local(value) => value,
-                Input::Received(payload) => passes.accept(link, pass, kind, payload)?,
+                Input::Received(payload) => {
+                    let (dims, dtype) = passes.expected(pass)?;
+                    if payload.dims() != dims || payload.dtype() != dtype {
+                        return Err(link.bad_frame(pass, kind, &payload, (&dims, dtype)));
+                    }
+                    passes.input_from(pass, payload)?
+                }
             }),
             None => None,
         };
         let t0 = Instant::now();
-        let output = passes.run(pass, input, t0)?;
+        let output = passes.run(pass, input)?;
         pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
         let to = match pass.kind {
             PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
