@@ -1,8 +1,12 @@
-//! The one error type of `pipewise-worker`.
+//! The one error type of `pipewise-worker`, and how the gRPC edge reports it
+//! ([`Error::code`], `From<Error> for tonic::Status`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
-/// Everything that can go wrong in stage compute, data loading and checkpoints.
+/// Everything that can go wrong in stage compute, data loading, checkpoints, the transport
+/// and the coordinator connection.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // === Wrapped errors ===
@@ -22,12 +26,21 @@ pub enum Error {
     },
 
     // === Input errors ===
-    /// An argument is out of range or inconsistent.
+    /// An argument, a received frame or an assignment is out of range or inconsistent.
     #[error("invalid {field}: {reason}")]
     InvalidArgument {
         /// The offending field or argument.
         field: &'static str,
         /// Why it is rejected.
+        reason: String,
+    },
+    /// An address cannot be dialled: a scheme other than `http://`, no host, a port past
+    /// 65535 or a path.
+    #[error("{address:?}: {reason}")]
+    Address {
+        /// The address as given.
+        address: String,
+        /// What is wrong with it.
         reason: String,
     },
 
@@ -46,6 +59,55 @@ pub enum Error {
         reason: String,
     },
 
+    // === Transport and collective errors ===
+    /// What a worker waited for (a peer's frame, the other workers, worker 0's answer) did
+    /// not come in time.
+    #[error("{awaited}: timed out after {:.3} s", after.as_secs_f64())]
+    Timeout {
+        /// What was awaited, and by whom.
+        awaited: String,
+        /// How long it was waited for.
+        after: Duration,
+    },
+    /// What a worker waited for can no longer come: the transport, the in-process network
+    /// or the collectives were closed (the run abandoned, a worker stopped, the transport
+    /// dropped).
+    #[error("{awaited}: {reason}")]
+    Closed {
+        /// What was awaited or sent, and by whom.
+        awaited: String,
+        /// Why it was closed.
+        reason: String,
+    },
+    /// The activation service cannot listen at `address`.
+    #[error("cannot bind {address}: {source}")]
+    Bind {
+        /// The address asked for.
+        address: SocketAddr,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A gRPC call to a peer (worker 0's collectives) ended with status `code`.
+    #[error("{call}: {code:?}: {message}")]
+    Call {
+        /// The call (`start barrier`, `step 3 SqNorm`).
+        call: String,
+        /// The peer's address.
+        peer: String,
+        /// The status code.
+        code: tonic::Code,
+        /// The status message.
+        message: String,
+    },
+    /// A thread or async runtime the worker needs cannot be started.
+    #[error("cannot start {what}: {source}")]
+    Start {
+        /// What (`the executor thread`).
+        what: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
     /// The coordinator cannot be reached or refused this worker.
     #[error("coordinator: {0}")]
     Coordinator(String),
@@ -59,6 +121,42 @@ pub enum Error {
         /// What does not match.
         reason: String,
     },
+}
+
+impl Error {
+    /// An [`Error::InvalidArgument`] on `field`.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// The gRPC status code that says what went wrong: bad input is `InvalidArgument`, a
+    /// timeout `DeadlineExceeded`, a closed transport or an unreachable peer `Unavailable`,
+    /// a failed call its own code.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::Spec(_) | Error::InvalidArgument { .. } | Error::Address { .. } => {
+                Code::InvalidArgument
+            }
+            Error::PassOrder { .. } | Error::Checkpoint { .. } => Code::FailedPrecondition,
+            Error::Timeout { .. } => Code::DeadlineExceeded,
+            Error::Closed { .. } | Error::Bind { .. } | Error::Coordinator(_) => Code::Unavailable,
+            Error::Call { code, .. } => *code,
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Code::NotFound
+            }
+            Error::Candle(_) | Error::Io { .. } | Error::Start { .. } => Code::Internal,
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        tonic::Status::new(e.code(), e.to_string())
+    }
 }
 
 /// Convenient alias.
@@ -78,4 +176,57 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Error;
+
+    /// Each failure reaches a gRPC caller with the code that fits it, its text intact.
+    #[test]
+    fn the_grpc_edge_maps_each_failure_to_its_code() {
+        use tonic::Code;
+        let timeout = Error::Timeout {
+            awaited: "worker 1 waiting for the activation of stage 1 microbatch 0".into(),
+            after: Duration::from_millis(200),
+        };
+        let closed = Error::Closed {
+            awaited: "send to worker 2".into(),
+            reason: "the transport is closed (worker 2 failed)".into(),
+        };
+        let bind = Error::Bind {
+            address: ([127, 0, 0, 1], 1).into(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        let call = Error::Call {
+            call: "start barrier".into(),
+            peer: "127.0.0.1:5000".into(),
+            code: Code::Aborted,
+            message: "job 7 was aborted by the coordinator".into(),
+        };
+        for (e, code, says) in [
+            (timeout, Code::DeadlineExceeded, "timed out after 0.200 s"),
+            (
+                closed,
+                Code::Unavailable,
+                "send to worker 2: the transport is closed",
+            ),
+            (bind, Code::Unavailable, "cannot bind 127.0.0.1:1"),
+            (call, Code::Aborted, "start barrier: Aborted: job 7"),
+            (
+                Error::invalid(
+                    "frame",
+                    "the activation is [2, 8] F32, expected [2, 16] F32",
+                ),
+                Code::InvalidArgument,
+                "invalid frame: the activation",
+            ),
+        ] {
+            let status = tonic::Status::from(e);
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(status.message().contains(says), "{status:?}");
+        }
+    }
 }

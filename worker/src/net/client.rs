@@ -82,10 +82,12 @@ pub(crate) fn spawn_peer(
     address: String,
     settings: &ClientSettings,
     errors: Arc<PeerErrors>,
-) -> Result<Peer, String> {
-    let uri = super::http_uri(&address).map_err(|e| format!("peer {worker} address {e}"))?;
+) -> crate::error::Result<Peer> {
+    let bad = |reason: String| crate::error::Error::invalid("peers", reason);
+    let uri = super::address::http_uri(&address)
+        .map_err(|e| bad(format!("peer {worker} address {e}")))?;
     let endpoint = Endpoint::from_shared(uri)
-        .map_err(|e| format!("peer {worker} address {address:?}: {e}"))?
+        .map_err(|e| bad(format!("peer {worker} address {address:?}: {e}")))?
         .connect_timeout(settings.connect_timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(settings.stream_window)

@@ -48,6 +48,12 @@ impl std::fmt::Display for Rejection {
     }
 }
 
+impl From<Rejection> for Error {
+    fn from(rejection: Rejection) -> Self {
+        Error::invalid("frame", rejection.to_string())
+    }
+}
+
 /// The proto kind of a frame kind.
 pub(crate) fn kind_to_proto(kind: FrameKind) -> v1::FrameKind {
     match kind {

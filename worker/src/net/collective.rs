@@ -23,7 +23,8 @@ use tonic::{Request, Response, Status};
 use crate::error::{Error, Result};
 use crate::runtime::StepSync;
 
-type RoundResult = std::result::Result<(f64, bool), String>;
+/// A completed round: the value and whether to stop after this step, or why it failed.
+type RoundResult = std::result::Result<(f64, bool), Status>;
 
 /// How many steps past an op's newest completed round a contribution may be (workers meet
 /// at every step's end, so the next one is the only one due).
@@ -69,7 +70,7 @@ impl Collective {
         for (_, round) in st.rounds.drain() {
             let _ = round
                 .done
-                .send(Some(Err("the worker was reassigned".into())));
+                .send(Some(Err(Status::aborted("the worker was reassigned"))));
         }
         st.job = job;
         st.workers = workers;
@@ -96,7 +97,7 @@ impl Collective {
     pub fn abort(&self, reason: &str) {
         let mut st = self.lock();
         for (_, round) in st.rounds.drain() {
-            let _ = round.done.send(Some(Err(reason.to_string())));
+            let _ = round.done.send(Some(Err(Status::aborted(reason))));
         }
         st.aborted = Some(reason.to_string());
     }
@@ -182,7 +183,7 @@ impl Collective {
                     Ok((v.iter().sum(), false))
                 }
                 ReduceOp::Barrier => Ok((0.0, false)),
-                _ if values.is_empty() => Err("no worker reported a loss".to_string()),
+                _ if values.is_empty() => Err(Status::aborted("no worker reported a loss")),
                 _ => Ok((values.iter().sum::<f64>() / values.len() as f64, stop)),
             };
             let _ = round.done.send(Some(result));
@@ -217,20 +218,19 @@ impl CollectiveService for CollectiveServer {
         let waited = tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await;
         let result = match waited {
             Err(_) => {
-                let reason = format!(
-                    "step {}: timed out after {:.1} s waiting for the other workers",
-                    req.step,
-                    timeout.as_secs_f64()
-                );
-                self.collective.abort(&reason);
-                return Err(Status::deadline_exceeded(reason));
+                let timeout = Error::Timeout {
+                    awaited: format!("step {}: waiting for the other workers", req.step),
+                    after: timeout,
+                };
+                self.collective.abort(&timeout.to_string());
+                return Err(timeout.into());
             }
             Ok(Err(_)) => return Err(Status::aborted("the collective was dropped")),
             Ok(Ok(r)) => r.clone(),
         };
         match result {
             Some(Ok((value, stop))) => Ok(Response::new(ReduceReply { value, stop })),
-            Some(Err(reason)) => Err(Status::aborted(reason)),
+            Some(Err(status)) => Err(status),
             None => Err(Status::internal("round finished without a result")),
         }
     }
@@ -240,6 +240,8 @@ impl CollectiveService for CollectiveServer {
 pub struct NetSync {
     runtime: tokio::runtime::Handle,
     client: CollectiveServiceClient<Channel>,
+    /// Worker 0's address.
+    root: String,
     job: u64,
     worker: u32,
     timeout: Duration,
@@ -273,13 +275,10 @@ impl NetSync {
         worker: u32,
         timeout: Duration,
     ) -> Result<Self> {
-        let uri = super::http_uri(root).map_err(|reason| Error::InvalidArgument {
-            field: "peers",
-            reason: format!("collective root address: {reason}"),
-        })?;
-        let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::InvalidArgument {
-            field: "peers",
-            reason: format!("collective root address {root:?}: {e}"),
+        let uri = super::address::http_uri(root)
+            .map_err(|e| Error::invalid("peers", format!("collective root address: {e}")))?;
+        let endpoint = Endpoint::from_shared(uri).map_err(|e| {
+            Error::invalid("peers", format!("collective root address {root:?}: {e}"))
         })?;
         let channel = {
             let _guard = runtime.enter();
@@ -291,6 +290,7 @@ impl NetSync {
         Ok(Self {
             runtime,
             client: CollectiveServiceClient::new(channel),
+            root: root.to_string(),
             job,
             worker,
             timeout,
@@ -311,12 +311,9 @@ impl NetSync {
         self.stop.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn call_raw(
-        &self,
-        step: u64,
-        op: ReduceOp,
-        values: Vec<f64>,
-    ) -> std::result::Result<ReduceReply, Status> {
+    /// Sends this worker's `values` for `op` of step `step` (`what` names the call in
+    /// errors) and waits for the round's result.
+    fn call(&self, what: &str, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
         let mut client = self.client.clone();
         let req = ReduceRequest {
             job: self.job,
@@ -327,6 +324,12 @@ impl NetSync {
         };
         let limit = self.timeout + Duration::from_secs(10);
         let aborted = self.aborted.clone();
+        let failed = |code: tonic::Code, message: String| Error::Call {
+            call: what.to_string(),
+            peer: self.root.clone(),
+            code,
+            message,
+        };
         self.runtime.block_on(async move {
             let abandoned = async {
                 match aborted {
@@ -340,26 +343,26 @@ impl NetSync {
                 }
             };
             tokio::select! {
-                answer = tokio::time::timeout(limit, client.all_reduce(req)) => answer
-                    .map_err(|_| Status::deadline_exceeded("no answer from worker 0"))?
-                    .map(tonic::Response::into_inner),
-                why = abandoned => Err(Status::aborted(why)),
+                answer = tokio::time::timeout(limit, client.all_reduce(req)) => match answer {
+                    Err(_) => Err(Error::Timeout {
+                        awaited: format!("{what}: the answer of worker 0 ({})", self.root),
+                        after: limit,
+                    }),
+                    Ok(reply) => reply
+                        .map(tonic::Response::into_inner)
+                        .map_err(|s| failed(s.code(), s.message().to_string())),
+                },
+                // The run was abandoned here: the call ends as the root would end it.
+                why = abandoned => Err(failed(tonic::Code::Aborted, why)),
             }
         })
     }
 
-    fn call(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
-        self.call_raw(step, op, values)
-            .map_err(|s| Error::InvalidArgument {
-                field: "sync",
-                // Steps counted from 1, as every other message and log says them.
-                reason: format!(
-                    "step {} {op:?}: {:?}: {}",
-                    step.saturating_add(1),
-                    s.code(),
-                    s.message()
-                ),
-            })
+    /// A step's collective `op` (steps counted from 1 in errors, as every other message
+    /// and log says them).
+    fn step_call(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
+        let what = format!("step {} {op:?}", step.saturating_add(1));
+        self.call(&what, step, op, values)
     }
 
     /// Waits until every worker of the job has joined (call once the transport is assigned
@@ -368,23 +371,15 @@ impl NetSync {
     pub fn barrier(&self) -> Result<()> {
         let deadline = std::time::Instant::now() + self.timeout;
         loop {
-            match self.call_raw(u64::MAX, ReduceOp::Barrier, Vec::new()) {
+            match self.call("start barrier", u64::MAX, ReduceOp::Barrier, Vec::new()) {
                 Ok(_) => return Ok(()),
-                Err(s)
-                    if std::time::Instant::now() < deadline
-                        && matches!(
-                            s.code(),
-                            tonic::Code::FailedPrecondition | tonic::Code::Unavailable
-                        ) =>
-                {
+                Err(Error::Call {
+                    code: tonic::Code::FailedPrecondition | tonic::Code::Unavailable,
+                    ..
+                }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                Err(s) => {
-                    return Err(Error::InvalidArgument {
-                        field: "sync",
-                        reason: format!("start barrier: {:?}: {}", s.code(), s.message()),
-                    });
-                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -392,11 +387,11 @@ impl NetSync {
 
 impl StepSync for NetSync {
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
-        Ok(self.call(step, ReduceOp::SqNorm, vec![local])?.value)
+        Ok(self.step_call(step, ReduceOp::SqNorm, vec![local])?.value)
     }
 
     fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32> {
-        let reply = self.call(
+        let reply = self.step_call(
             step,
             ReduceOp::Loss,
             local.iter().map(|&l| f64::from(l)).collect(),
@@ -430,7 +425,8 @@ mod tests {
         c.configure(1, 2, Duration::from_secs(1));
         let rx = c.contribute(&req(0, 0, 1.0)).expect("open");
         c.contribute(&req(0, 1, 2.0)).expect("open");
-        assert_eq!(rx.borrow().clone(), Some(Ok((3.0, false))));
+        let reduced = rx.borrow().clone().map(|r| r.map_err(|s| s.code()));
+        assert_eq!(reduced, Some(Ok((3.0, false))));
         for (step, why) in [(0, "repeat"), (3, "too far ahead")] {
             let err = c.contribute(&req(step, 0, 1.0)).expect_err(why);
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{why}");

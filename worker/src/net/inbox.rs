@@ -63,13 +63,6 @@ pub(crate) struct Inbox {
     max_bytes: usize,
 }
 
-fn net_error(reason: String) -> Error {
-    Error::InvalidArgument {
-        field: "frame",
-        reason,
-    }
-}
-
 impl Inbox {
     pub(crate) fn new(
         job: u64,
@@ -323,28 +316,36 @@ impl Inbox {
         }
         loop {
             if job != state.job {
-                return Err(net_error(format!(
-                    "waiting for the {kind} of {} step {step} stage {stage} microbatch {mb}, \
+                return Err(Error::invalid(
+                    "frame",
+                    format!(
+                        "waiting for the {kind} of {} step {step} stage {stage} microbatch {mb}, \
                      but this worker is assigned {}",
-                    RunName(job),
-                    RunName(state.job)
-                )));
+                        RunName(job),
+                        RunName(state.job)
+                    ),
+                ));
             }
             if let Some(reason) = state.rejected.remove(&key) {
-                return Err(net_error(format!(
-                    "the {kind} of step {step} stage {stage} microbatch {mb} was rejected: \
+                return Err(Error::invalid(
+                    "frame",
+                    format!(
+                        "the {kind} of step {step} stage {stage} microbatch {mb} was rejected: \
                      {reason}"
-                )));
+                    ),
+                ));
             }
             if let Some(payload) = state.frames.remove(&key) {
                 state.consumed.insert(key);
                 return Ok(payload);
             }
             if let Some(reason) = &state.closed {
-                return Err(net_error(format!(
-                    "waiting for the {kind} of step {step} stage {stage} microbatch {mb}: the \
-                     transport is closed ({reason})"
-                )));
+                return Err(Error::Closed {
+                    awaited: format!(
+                        "waiting for the {kind} of step {step} stage {stage} microbatch {mb}"
+                    ),
+                    reason: format!("the transport is closed ({reason})"),
+                });
             }
             let now = Instant::now();
             if now >= deadline {
@@ -354,12 +355,14 @@ impl Inbox {
                     .filter(|k| (k.1, k.2, k.3) == (stage, mb, kind))
                     .map(|k| k.0)
                     .collect();
-                return Err(net_error(format!(
-                    "timed out after {:.3} s waiting for the {kind} of {} step {step} stage \
-                     {stage} microbatch {mb} (queued for other steps: {other_steps:?})",
-                    timeout.as_secs_f64(),
-                    RunName(job)
-                )));
+                return Err(Error::Timeout {
+                    awaited: format!(
+                        "waiting for the {kind} of {} step {step} stage {stage} microbatch {mb} \
+                         (queued for other steps: {other_steps:?})",
+                        RunName(job)
+                    ),
+                    after: timeout,
+                });
             }
             state = self
                 .arrived

@@ -33,10 +33,12 @@
 //!   stream and connection windows of 64 / 128 MiB and 2 MiB HTTP/2 frames, so 64 MiB
 //!   tensors stream without stalling on flow control.
 
+mod address;
 mod client;
 mod codec;
 mod collective;
 mod inbox;
+mod run_name;
 mod server;
 
 use std::collections::HashMap;
@@ -48,27 +50,11 @@ use candle_core::Device;
 use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
-/// A run id ([`pipewise_common::job::run_id`]) as people read it: `job 10`, or `job 10
-/// (run 2)` for a later run (after a re-plan or a coordinator restart).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunName(pub u64);
-
-impl std::fmt::Display for RunName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (job, run) = (job_of(self.0), run_of(self.0));
-        if run == 0 {
-            write!(f, "job {job}")
-        } else {
-            write!(f, "job {job} (run {run})")
-        }
-    }
-}
-
-use pipewise_common::job::{job_of, run_of};
-
+pub use address::http_uri;
 pub use codec::Delivery;
 pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
+pub use run_name::RunName;
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};
@@ -148,58 +134,14 @@ pub struct GrpcTransport {
     shutdown: Option<oneshot::Sender<()>>,
 }
 
-/// The `http://` URI of a gRPC address given as `host:port` or `http://host:port`. Other
-/// schemes are refused: pipewise speaks gRPC without TLS (`https://` used to be accepted
-/// and then spoken to in plain text), and so is a port beyond 65535.
-pub fn http_uri(address: &str) -> std::result::Result<String, String> {
-    let uri = match address.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => address.to_string(),
-        Some((scheme, _)) => {
-            return Err(format!(
-                "{address:?}: {scheme}:// is not supported; pipewise speaks gRPC without TLS \
-                 (http://host:port or host:port; put TLS in a proxy or service mesh)"
-            ));
-        }
-        None => format!("http://{address}"),
-    };
-    let parsed: http::Uri = uri
-        .parse()
-        .map_err(|e| format!("{address:?} is not a host:port address: {e}"))?;
-    let Some(authority) = parsed.authority() else {
-        return Err(format!("{address:?} names no host"));
-    };
-    // A port too large for 16 bits parses as no port at all.
-    let port_text = authority
-        .as_str()
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-    if port_text && authority.port_u16().is_none() {
-        return Err(format!("{address:?}: the port must be at most 65535"));
-    }
-    // gRPC calls go to the root; a path would be dropped without a word (a path-routed
-    // ingress would then answer for another service).
-    if let Some(extra) = parsed
-        .path_and_query()
-        .map(|p| p.as_str())
-        .filter(|p| *p != "/" && !p.is_empty())
-    {
-        return Err(format!(
-            "{address:?}: a path ({extra}) is not supported; pipewise's gRPC services are \
-             served at the root (http://host:port)"
-        ));
-    }
-    Ok(uri)
-}
-
-fn net_error(field: &'static str, reason: String) -> Error {
-    Error::InvalidArgument { field, reason }
-}
-
 impl GrpcTransport {
     /// Starts a transport on its own tokio runtime (two worker threads, see [`crate::sched`]).
     pub fn start(config: GrpcConfig) -> Result<Self> {
-        let runtime = crate::sched::async_runtime(2, "pipewise-net")
-            .map_err(|e| net_error("runtime", format!("cannot start tokio: {e}")))?;
+        let runtime =
+            crate::sched::async_runtime(2, "pipewise-net").map_err(|source| Error::Start {
+                what: "the transport's async runtime",
+                source,
+            })?;
         let mut transport = Self::start_on(runtime.handle().clone(), config)?;
         transport.owned_runtime = Some(runtime);
         Ok(transport)
@@ -208,14 +150,13 @@ impl GrpcTransport {
     /// Starts a transport whose server and peer tasks run on `runtime`. `send` and `recv`
     /// block, so call them from threads outside the runtime's workers.
     pub fn start_on(runtime: tokio::runtime::Handle, config: GrpcConfig) -> Result<Self> {
-        let listener = std::net::TcpListener::bind(config.listen)
-            .map_err(|e| net_error("listen", format!("cannot bind {}: {e}", config.listen)))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| net_error("listen", format!("{e}")))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| net_error("listen", format!("{e}")))?;
+        let bind_error = |source| Error::Bind {
+            address: config.listen,
+            source,
+        };
+        let listener = std::net::TcpListener::bind(config.listen).map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
         let inbox = Arc::new(Inbox::new(
             config.job,
             config.stages.iter().copied(),
@@ -235,8 +176,7 @@ impl GrpcTransport {
         let (shutdown, stop) = oneshot::channel::<()>();
         let incoming = {
             let _guard = runtime.enter();
-            let listener = tokio::net::TcpListener::from_std(listener)
-                .map_err(|e| net_error("listen", format!("{e}")))?;
+            let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
         };
         let router = tonic::transport::Server::builder()
@@ -301,8 +241,7 @@ impl GrpcTransport {
             address,
             &self.settings,
             Arc::clone(&self.errors),
-        )
-        .map_err(|reason| net_error("peers", reason))?;
+        )?;
         peers.insert(worker, peer);
         Ok(())
     }
@@ -369,17 +308,15 @@ impl Transport for GrpcTransport {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let peer = peers.get(&to_worker).ok_or_else(|| {
-            net_error(
+            Error::invalid(
                 "to_worker",
                 format!("worker {to_worker} has no known address"),
             )
         })?;
         let message = codec::encode(&frame)?;
-        peer.queue.send(message).map_err(|_| {
-            net_error(
-                "to_worker",
-                format!("the sender task of worker {to_worker} has stopped"),
-            )
+        peer.queue.send(message).map_err(|_| Error::Closed {
+            awaited: format!("send to worker {to_worker}"),
+            reason: "its sender task has stopped".into(),
         })
     }
 
@@ -407,43 +344,6 @@ impl Drop for GrpcTransport {
         }
         if let Some(runtime) = self.owned_runtime.take() {
             runtime.shutdown_background();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::http_uri;
-
-    #[test]
-    fn run_ids_read_as_job_and_run() {
-        assert_eq!(super::RunName(10).to_string(), "job 10");
-        assert_eq!(super::RunName(10 + (2 << 48)).to_string(), "job 10 (run 2)");
-    }
-
-    #[test]
-    fn addresses_are_plain_http_with_a_16_bit_port() {
-        assert_eq!(
-            http_uri("127.0.0.1:50051").as_deref(),
-            Ok("http://127.0.0.1:50051")
-        );
-        assert_eq!(http_uri("HTTP://h:1").as_deref(), Ok("HTTP://h:1"));
-        assert_eq!(http_uri("[::1]:7").as_deref(), Ok("http://[::1]:7"));
-        assert_eq!(http_uri("http://h:1/").as_deref(), Ok("http://h:1/"));
-        for (bad, says) in [
-            ("https://h:1", "https:// is not supported"),
-            ("ftp://h:1", "ftp:// is not supported"),
-            ("h:99999", "at most 65535"),
-            ("http://", "not a host:port"),
-            ("http://[::1", "not a host:port"),
-            (
-                "http://h:1/some/path",
-                "a path (/some/path) is not supported",
-            ),
-            ("h:1/x?y=1", "a path (/x?y=1) is not supported"),
-        ] {
-            let err = http_uri(bad).expect_err(bad);
-            assert!(err.contains(says), "{bad}: {err}");
         }
     }
 }

@@ -27,6 +27,7 @@ use tonic::server::NamedService;
 
 use super::codec::PREFIX;
 use super::inbox::Inbox;
+use crate::error::Error;
 
 /// The service's full name, as generated from the `.proto`.
 pub(crate) use pipewise_proto::v1::activation_service_server::SERVICE_NAME as SERVICE;
@@ -65,13 +66,13 @@ impl ActivationServer {
             let done = self
                 .inbox
                 .accept(&mut pending, frame)
-                .map_err(|rejection| Status::invalid_argument(rejection.to_string()))?;
+                .map_err(|rejection| Status::from(Error::from(rejection)))?;
             ack.frames += u64::from(done);
             ack.bytes += bytes;
         }
         if let Some(partial) = pending {
             let rejection = self.inbox.abandon(partial, "the stream ended");
-            return Err(Status::invalid_argument(rejection.to_string()));
+            return Err(Error::from(rejection).into());
         }
         Ok(ack)
     }

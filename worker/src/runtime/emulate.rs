@@ -39,14 +39,10 @@ use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::{Costs, Times};
 
-use pipewise_common::trace::Activity;
-
-use super::exchange::{Input, Link, Local, invalid};
-use super::executor::{
-    DEFAULT_TIMEOUT, LocalOptions, LocalSync, Recorder, StepReport, StepSync, check_partition,
-    check_program,
-};
-use super::transport::{Buffer, FrameKind, MemoryTransport, Payload, Transport};
+use super::local::{LocalOptions, LocalSync};
+use super::program::{WorkerProgram, check_partition, schedule_program};
+use super::step::{Passes, StepReport, StepSync, run_passes};
+use super::transport::{Buffer, MemoryTransport, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::{Stage, candle_dtype};
 
@@ -79,17 +75,13 @@ enum Progress {
 /// One worker of a pipeline with emulated compute (see the [module docs](self)).
 #[derive(Debug)]
 pub struct EmulatedRuntime {
-    worker: u32,
-    placement: Placement,
-    stage_count: u32,
-    program: Vec<Pass>,
+    program: WorkerProgram,
     costs: Costs,
     /// Stash of one microbatch, by stage (only this worker's stages are used).
     stash: Vec<Activation>,
     frame_dims: [usize; 3],
     dtype: DType,
     uniform_loss: f32,
-    timeout: Duration,
 }
 
 impl EmulatedRuntime {
@@ -103,22 +95,13 @@ impl EmulatedRuntime {
         microbatch_size: u32,
         times: Times,
     ) -> Result<Self> {
-        pipewise_common::validate(schedule)?;
-        if worker >= schedule.num_workers() {
-            return Err(invalid(
-                "worker",
-                format!(
-                    "worker {worker} of a {}-worker schedule",
-                    schedule.num_workers()
-                ),
-            ));
-        }
+        let program = schedule_program(worker, schedule)?;
         let partition = Stage::even_split(spec, schedule.placement.stages() as usize)?;
         Self::from_program(
             worker,
             &schedule.placement,
             schedule.microbatches,
-            schedule.workers[worker as usize].clone(),
+            program,
             spec,
             microbatch_size,
             &partition,
@@ -140,31 +123,18 @@ impl EmulatedRuntime {
         partition: &[Range<usize>],
         times: Times,
     ) -> Result<Self> {
-        if worker >= placement.workers() {
-            return Err(invalid(
-                "worker",
-                format!(
-                    "worker {worker} of a {}-worker placement",
-                    placement.workers()
-                ),
-            ));
-        }
+        let program = WorkerProgram::new(worker, placement, microbatches, program)?;
         if microbatch_size == 0 {
-            return Err(invalid("microbatch_size", "must be at least 1".into()));
+            return Err(Error::invalid("microbatch_size", "must be at least 1"));
         }
         spec.validate()?;
-        check_program(worker, placement, microbatches, &program)?;
-        let stage_count = placement.stages();
-        check_partition(spec, partition, stage_count)?;
-        let costs = Costs::uniform(placement, times)?;
+        check_partition(spec, partition, program.placement.stages())?;
+        let costs = Costs::uniform(&program.placement, times)?;
         let stash = partition
             .iter()
             .map(|r| spec.range_activation_bytes(r.clone(), microbatch_size))
             .collect();
         Ok(Self {
-            worker,
-            placement: placement.clone(),
-            stage_count,
             program,
             costs,
             stash,
@@ -175,23 +145,22 @@ impl EmulatedRuntime {
             ],
             dtype: candle_dtype(spec.dtype),
             uniform_loss: (spec.vocab.max(1) as f32).ln(),
-            timeout: DEFAULT_TIMEOUT,
         })
     }
 
     /// Sets how long to wait for a frame.
     pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+        self.program.timeout = timeout;
     }
 
     /// This worker's index.
     pub fn worker(&self) -> u32 {
-        self.worker
+        self.program.worker
     }
 
     /// The passes this worker runs each step, in order.
     pub fn program(&self) -> &[Pass] {
-        &self.program
+        &self.program.passes
     }
 
     /// The emulated duration of `pass`, in seconds.
@@ -214,94 +183,91 @@ impl EmulatedRuntime {
         sync: &dyn StepSync,
     ) -> Result<StepReport> {
         let started = Instant::now();
-        let last = self.stage_count - 1;
-        let link = Link {
-            worker: self.worker,
-            placement: &self.placement,
-            transport,
-            job,
-            step,
-            timeout: self.timeout,
+        let mut passes = EmulatedPasses {
+            rt: self,
+            progress: HashMap::new(),
+            stash: 0,
         };
-        let mut local: Local<Payload> = HashMap::new();
-        let mut progress: HashMap<(u32, u32), Progress> = HashMap::new();
-        let mut losses = Vec::new();
-        let mut pass_times = Vec::with_capacity(self.program.len());
-        let mut rec = Recorder::start(started, 2 * self.program.len() + 1);
-        let (mut now, mut peak) = (0i128, 0i128);
-        for i in 0..self.program.len() {
-            let pass = self.program[i];
-            let s = pass.stage;
-            self.advance(&mut progress, pass)?;
-            let input = match pass.kind {
-                PassKind::F if s > 0 => Some(FrameKind::Activation),
-                PassKind::B | PassKind::BW if s < last => Some(FrameKind::Gradient),
-                _ => None,
-            };
-            if let Some(kind) = input
-                && let Input::Received(payload) = link.take(&mut local, &mut rec, pass, kind)?
-                && (payload.dims() != self.frame_dims || payload.dtype() != self.dtype)
-            {
-                return Err(link.bad_frame(pass, kind, &payload, (&self.frame_dims, self.dtype)));
-            }
-            let output = match pass.kind {
-                PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
-                PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
-                _ => None,
-            };
-            // The output buffer is written within the pass's time, as a real pass writes
-            // its output while it computes.
-            let t0 = Instant::now();
-            let buffer =
-                output.map(|_| Payload::Buffer(Buffer::filled(self.dtype, &self.frame_dims, 1)));
-            sleep_until(t0 + Duration::from_secs_f64(self.pass_secs(pass)));
-            pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
-            if pass.kind == PassKind::F && s == last {
-                losses.push(self.uniform_loss);
-            }
-            if let (Some((to, kind)), Some(buffer)) = (output, buffer) {
-                link.deliver(&mut local, &mut rec, pass, to, kind, buffer, |p| p)?;
-            }
-            let a = self.stash[s as usize];
-            let (f, bw) = (
-                i128::from(a.after_forward),
-                i128::from(a.after_backward_input),
-            );
-            now += match pass.kind {
-                PassKind::F => f,
-                PassKind::B => bw - f,
-                PassKind::W => -bw,
-                PassKind::BW => -f,
-            };
-            peak = peak.max(now);
-        }
-        if let Some(&(s, mb, kind)) = local.keys().next() {
-            return Err(invalid(
-                "schedule",
-                format!(
-                    "worker {}: the {kind} for stage {s} microbatch {mb} was never consumed",
-                    self.worker
-                ),
-            ));
-        }
-        let sync_started = Instant::now();
-        let global_sq = sync.all_reduce_sq_norm(step, 0.0)?;
-        sync.mean_loss(step, &losses)?;
-        rec.span(Activity::Sync, sync_started);
-        let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
-        Ok(StepReport {
-            loss: None,
-            pass_times,
-            busy_secs,
-            wall_secs: started.elapsed().as_secs_f64(),
-            peak_stash_bytes: u64::try_from(peak).unwrap_or(0),
-            grad_norm: global_sq.sqrt(),
-            spans: rec.spans,
-            bytes_sent: rec.sent,
-            bytes_received: rec.received,
-        })
+        let step = (job, step);
+        run_passes(&mut passes, &self.program, step, transport, sync, started)
+    }
+}
+
+/// The passes of an [`EmulatedRuntime`] for one step, with what a real stage would hold.
+struct EmulatedPasses<'a> {
+    rt: &'a EmulatedRuntime,
+    /// Which passes each (stage, microbatch) has had.
+    progress: HashMap<(u32, u32), Progress>,
+    /// Bytes the real stages would stash now.
+    stash: i128,
+}
+
+impl Passes for EmulatedPasses<'_> {
+    type Value = Payload;
+    const LEARNS: bool = false;
+
+    fn check_order(&mut self, pass: Pass) -> Result<()> {
+        self.rt.advance(&mut self.progress, pass)
     }
 
+    fn expected(&self, _pass: Pass) -> Result<([usize; 3], DType)> {
+        Ok((self.rt.frame_dims, self.rt.dtype))
+    }
+
+    fn input_from(&self, _pass: Pass, payload: Payload) -> Result<Payload> {
+        Ok(payload)
+    }
+
+    fn run(&mut self, pass: Pass, input: Option<Payload>) -> Result<Option<Payload>> {
+        drop(input);
+        let started = Instant::now();
+        let rt = self.rt;
+        let (s, last) = (pass.stage, rt.program.placement.stages() - 1);
+        let output = match pass.kind {
+            PassKind::F => s < last,
+            PassKind::B | PassKind::BW => s > 0,
+            PassKind::W => false,
+        };
+        // The output buffer is written within the pass's time, as a real pass writes its
+        // output while it computes.
+        let buffer = output.then(|| Payload::Buffer(Buffer::filled(rt.dtype, &rt.frame_dims, 1)));
+        sleep_until(started + Duration::from_secs_f64(rt.pass_secs(pass)));
+        let a = rt.stash[s as usize];
+        let (f, bw) = (
+            i128::from(a.after_forward),
+            i128::from(a.after_backward_input),
+        );
+        self.stash += match pass.kind {
+            PassKind::F => f,
+            PassKind::B => bw - f,
+            PassKind::W => -bw,
+            PassKind::BW => -f,
+        };
+        Ok(buffer)
+    }
+
+    fn loss(&self, _pass: Pass, _output: Option<Payload>) -> Result<f32> {
+        Ok(self.rt.uniform_loss)
+    }
+
+    fn into_payload(value: Payload) -> Payload {
+        value
+    }
+
+    fn stash_bytes(&self) -> u64 {
+        u64::try_from(self.stash).unwrap_or(0)
+    }
+
+    fn grad_sq_norm(&self) -> Result<f64> {
+        Ok(0.0)
+    }
+
+    fn optimizer_step(&mut self, _global_sq: f64) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl EmulatedRuntime {
     /// Checks that `pass` comes in an order a real stage would accept (F, then B, then W;
     /// or F then BW) and records it.
     fn advance(&self, progress: &mut HashMap<(u32, u32), Progress>, pass: Pass) -> Result<()> {
@@ -324,7 +290,7 @@ impl EmulatedRuntime {
                     mb: pass.mb,
                     reason: format!(
                         "worker {}: out of order after {}",
-                        self.worker,
+                        self.program.worker,
                         match had {
                             None => "nothing",
                             Some(Progress::Forward) => "F",
@@ -378,7 +344,7 @@ pub fn run_emulated_local(
     }
     let handles = MemoryTransport::network(workers);
     let Some(network) = handles.first().cloned() else {
-        return Err(invalid("schedule", "no workers".into()));
+        return Err(Error::invalid("schedule", "no workers"));
     };
     let sync = LocalSync::new(workers, options.timeout);
     let first_failed = std::sync::Mutex::new(None::<Error>);
@@ -430,7 +396,7 @@ pub fn run_emulated_local(
     let mut reports: Vec<Vec<StepReport>> = (0..steps).map(|_| Vec::new()).collect();
     for (w, outcome) in outcomes.into_iter().enumerate() {
         let worker_reports =
-            outcome.ok_or_else(|| invalid("worker", format!("worker {w} panicked")))?;
+            outcome.ok_or_else(|| Error::invalid("worker", format!("worker {w} panicked")))?;
         for (step, r) in worker_reports.into_iter().enumerate() {
             reports[step].push(r);
         }

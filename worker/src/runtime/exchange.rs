@@ -1,5 +1,6 @@
 //! Moving a pass's input and output between stages, shared by the real
-//! ([`super::executor`]) and emulated ([`super::emulate`]) runtimes: a value stays in this
+//! ([`super::executor`]) and emulated ([`super::emulate`]) runtimes through
+//! [`super::step`]'s pass loop: a value stays in this
 //! worker's memory when both stages are here, else it goes through the [`Transport`], with
 //! the time and bytes recorded.
 
@@ -10,14 +11,9 @@ use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
 use pipewise_common::trace::Activity;
 
-use super::executor::Recorder;
+use super::recorder::Recorder;
 use super::transport::{Frame, FrameKind, Payload, Transport};
 use crate::error::{Error, Result};
-
-/// An invalid-argument error on `field`.
-pub(crate) fn invalid(field: &'static str, reason: String) -> Error {
-    Error::InvalidArgument { field, reason }
-}
 
 /// Values handed between stages of the same worker, by (receiving stage, microbatch, kind).
 pub(crate) type Local<T> = HashMap<(u32, u32, FrameKind), T>;
@@ -60,7 +56,7 @@ impl Link<'_> {
                 .remove(&(stage, mb, kind))
                 .map(Input::Local)
                 .ok_or_else(|| {
-                    invalid(
+                    Error::invalid(
                         "schedule",
                         format!(
                             "worker {}: stage {stage} microbatch {mb} needs the {kind} of stage \
@@ -87,7 +83,7 @@ impl Link<'_> {
         payload: &Payload,
         expected: (&[usize], candle_core::DType),
     ) -> Error {
-        invalid(
+        Error::invalid(
             "frame",
             format!(
                 "worker {}: the {kind} for stage {} microbatch {} of step {} is {:?} {:?}, \
@@ -121,7 +117,7 @@ impl Link<'_> {
         let to = self.placement.worker_of(stage);
         if to == self.worker {
             if local.insert((stage, mb, kind), value).is_some() {
-                return Err(invalid(
+                return Err(Error::invalid(
                     "schedule",
                     format!("the {kind} for stage {stage} microbatch {mb} was produced twice"),
                 ));

@@ -63,12 +63,15 @@ impl Buffer {
         if self.bytes.len() == expected {
             Ok(())
         } else {
-            Err(frame_error(format!(
-                "a {:?} {:?} buffer needs {expected} bytes, it has {}",
-                self.shape,
-                self.dtype,
-                self.bytes.len()
-            )))
+            Err(Error::invalid(
+                "frame",
+                format!(
+                    "a {:?} {:?} buffer needs {expected} bytes, it has {}",
+                    self.shape,
+                    self.dtype,
+                    self.bytes.len()
+                ),
+            ))
         }
     }
 }
@@ -111,7 +114,8 @@ impl Payload {
             Payload::Buffer(b) => {
                 b.check()?;
                 if cfg!(target_endian = "big") {
-                    return Err(frame_error(
+                    return Err(Error::invalid(
+                        "frame",
                         "buffers are little-endian; decoding them on a big-endian host is not \
                          supported"
                             .to_string(),
@@ -241,22 +245,15 @@ impl MemoryTransport {
     }
 
     fn mailbox(&self, worker: u32) -> Result<&Mailbox> {
-        self.boxes
-            .get(worker as usize)
-            .ok_or_else(|| Error::InvalidArgument {
-                field: "worker",
-                reason: format!(
+        self.boxes.get(worker as usize).ok_or_else(|| {
+            Error::invalid(
+                "worker",
+                format!(
                     "worker {worker} is not in this {}-worker network",
                     self.boxes.len()
                 ),
-            })
-    }
-}
-
-fn frame_error(reason: String) -> Error {
-    Error::InvalidArgument {
-        field: "frame",
-        reason,
+            )
+        })
     }
 }
 
@@ -265,9 +262,10 @@ impl Transport for MemoryTransport {
         let mailbox = self.mailbox(to_worker)?;
         let mut state = mailbox.lock();
         if let Some(reason) = &state.aborted {
-            return Err(frame_error(format!(
-                "send to worker {to_worker}: the network was aborted ({reason})"
-            )));
+            return Err(Error::Closed {
+                awaited: format!("send to worker {to_worker}"),
+                reason: format!("the network was aborted ({reason})"),
+            });
         }
         state
             .frames
@@ -293,11 +291,13 @@ impl Transport for MemoryTransport {
         let mut state = mailbox.lock();
         loop {
             if let Some(reason) = &state.aborted {
-                return Err(frame_error(format!(
-                    "worker {}: waiting for the {kind} of stage {stage} microbatch {mb}: the \
-                     network was aborted ({reason})",
-                    self.me
-                )));
+                return Err(Error::Closed {
+                    awaited: format!(
+                        "worker {}: waiting for the {kind} of stage {stage} microbatch {mb}",
+                        self.me
+                    ),
+                    reason: format!("the network was aborted ({reason})"),
+                });
             }
             let queue = state.frames.get_mut(&key);
             if let Some(frame) = queue.and_then(VecDeque::pop_front) {
@@ -305,22 +305,27 @@ impl Transport for MemoryTransport {
                     state.frames.remove(&key);
                 }
                 if frame.job != job || frame.step != step {
-                    return Err(frame_error(format!(
-                        "worker {}: the {kind} of stage {stage} microbatch {mb} belongs to job \
+                    return Err(Error::invalid(
+                        "frame",
+                        format!(
+                            "worker {}: the {kind} of stage {stage} microbatch {mb} belongs to job \
                          {} step {}, expected job {job} step {step}",
-                        self.me, frame.job, frame.step
-                    )));
+                            self.me, frame.job, frame.step
+                        ),
+                    ));
                 }
                 return Ok(frame.payload);
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(frame_error(format!(
-                    "worker {}: timed out after {:.3} s waiting for the {kind} of stage {stage} \
-                     microbatch {mb} (job {job} step {step})",
-                    self.me,
-                    timeout.as_secs_f64()
-                )));
+                return Err(Error::Timeout {
+                    awaited: format!(
+                        "worker {}: waiting for the {kind} of stage {stage} microbatch {mb} \
+                         (job {job} step {step})",
+                        self.me
+                    ),
+                    after: timeout,
+                });
             }
             state = mailbox
                 .arrived

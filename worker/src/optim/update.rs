@@ -1,57 +1,10 @@
-//! AdamW with decoupled weight decay, and gradient clipping by the whole model's norm.
-//!
-//! Clipping across stages works in two steps: every stage reports
-//! [`Stage::grad_sq_norm`](crate::Stage::grad_sq_norm); the driver adds them up and computes
-//! one scale with [`clip_scale`]; every stage then calls
-//! [`Stage::optimizer_step`](crate::Stage::optimizer_step) with that scale.
+//! One AdamW update of a parameter: the fused CPU kernel, or candle's ops elsewhere.
 
 use candle_core::Tensor;
 
+use super::adamw::AdamW;
 use crate::error::Result;
 use crate::param::Param;
-
-/// AdamW hyper-parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamW {
-    /// Learning rate.
-    pub lr: f64,
-    /// First-moment decay.
-    pub beta1: f64,
-    /// Second-moment decay.
-    pub beta2: f64,
-    /// Denominator epsilon.
-    pub eps: f64,
-    /// Decoupled weight decay (applied to matrices and embeddings only).
-    pub weight_decay: f64,
-    /// Clip gradients to this global L2 norm (`None`: no clipping).
-    pub max_grad_norm: Option<f64>,
-}
-
-impl Default for AdamW {
-    /// nanoGPT's defaults: lr 6e-4, betas (0.9, 0.95), eps 1e-8, decay 0.1, clip at 1.0.
-    fn default() -> Self {
-        Self {
-            lr: 6e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            max_grad_norm: Some(1.0),
-        }
-    }
-}
-
-/// The factor every stage multiplies its gradients by, given the sum over all stages of
-/// their squared gradient norms: `min(1, max_norm / (norm + 1e-6))`, or 1 without clipping.
-pub fn clip_scale(total_sq_norm: f64, max_grad_norm: Option<f64>) -> f64 {
-    match max_grad_norm {
-        Some(max) => {
-            let norm = total_sq_norm.sqrt();
-            if norm > max { max / (norm + 1e-6) } else { 1.0 }
-        }
-        None => 1.0,
-    }
-}
 
 /// One AdamW update of `p` at step `step` (1-based) with gradient `grad_scale · p.grad`.
 /// The update is computed in f32, on the master copy of a bf16 or f16 parameter, whose
@@ -198,13 +151,5 @@ mod tests {
         assert!(p.master.is_none());
         assert_eq!(p.state_bytes(), 6 * 16);
         Ok(())
-    }
-
-    #[test]
-    fn clip_scale_only_shrinks() {
-        assert_eq!(clip_scale(0.25, Some(1.0)), 1.0);
-        let s = clip_scale(16.0, Some(1.0));
-        assert!((s - 0.25).abs() < 1e-6, "{s}");
-        assert_eq!(clip_scale(1e12, None), 1.0);
     }
 }

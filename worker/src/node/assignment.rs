@@ -1,0 +1,167 @@
+//! An assignment as the executor runs it: the coordinator's `pb::Assignment` decoded once
+//! and checked, with the job spec (its TOML) as the one source of truth. The message's
+//! copies of what the spec says (`model`, `seed`, `microbatch_size`) and of what the
+//! placement says (`stages`, `stage_count`) must agree with it.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use pipewise_common::job::JobSpec;
+use pipewise_common::model::ModelSpec;
+use pipewise_common::pass::Pass;
+use pipewise_common::placement::Placement;
+use pipewise_proto::convert::program_from_proto;
+use pipewise_proto::v1 as pb;
+
+use crate::error::{Error, Result};
+use crate::job::partition_of;
+
+/// One worker's part of a run, decoded (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct Assignment {
+    /// The run id (the wire's `job`).
+    pub(crate) run: u64,
+    /// This worker's index in the placement.
+    pub(crate) worker: u32,
+    /// Steps to run, `[first_step, end_step)`.
+    pub(crate) steps: Range<u64>,
+    /// The validated job spec.
+    pub(crate) spec: JobSpec,
+    /// Which worker holds which stage.
+    pub(crate) placement: Placement,
+    /// This worker's passes of one step, in order.
+    pub(crate) program: Vec<Pass>,
+    /// Pieces per stage.
+    pub(crate) partition: Vec<Range<usize>>,
+    /// Microbatches per step.
+    pub(crate) microbatches: u32,
+    /// Every worker's activation-service address, worker 0 (the collectives' root) included.
+    pub(crate) peers: HashMap<u32, String>,
+    /// Where checkpoints and final parameters go.
+    pub(crate) output: PathBuf,
+}
+
+impl Assignment {
+    /// Decodes and checks `a`.
+    pub(crate) fn decode(a: pb::Assignment) -> Result<Self> {
+        let spec = JobSpec::from_toml(&a.job_toml)
+            .map_err(|e| Error::invalid("assignment", format!("job_toml: {e}")))?;
+        let placement = Placement::try_from(a.placement.unwrap_or_default())
+            .map_err(|e| Error::invalid("assignment", format!("placement: {e}")))?;
+        if placement.stages() != a.stage_count {
+            return Err(Error::invalid(
+                "assignment",
+                format!(
+                    "stage_count {} but the placement has {} stages",
+                    a.stage_count,
+                    placement.stages()
+                ),
+            ));
+        }
+        let program = program_from_proto(a.program)
+            .map_err(|e| Error::invalid("assignment", format!("program: {e}")))?;
+        if a.first_step > a.end_step {
+            return Err(Error::invalid(
+                "assignment",
+                format!("steps [{}, {}) are empty", a.first_step, a.end_step),
+            ));
+        }
+        if !a.peers.contains_key(&0) {
+            return Err(Error::invalid(
+                "assignment",
+                "peers: no address for worker 0 (the collectives' root)",
+            ));
+        }
+        for w in 0..placement.workers() {
+            if !a.peers.contains_key(&w) {
+                return Err(Error::invalid(
+                    "assignment",
+                    format!("peers: no address for worker {w}"),
+                ));
+            }
+        }
+        let partition = if a.stage_pieces.is_empty() {
+            partition_of(&spec, placement.stages())?
+        } else {
+            pieces_partition(&spec, &a.stage_pieces, placement.stages())?
+        };
+        agrees_with_spec(&spec, a.model, a.seed, a.microbatch_size)?;
+        let stages = placement.stages_of(a.worker_index);
+        if a.stages != stages {
+            return Err(Error::invalid(
+                "assignment",
+                format!(
+                    "stages {:?}, but the placement gives worker {} stages {stages:?}",
+                    a.stages, a.worker_index
+                ),
+            ));
+        }
+        Ok(Assignment {
+            run: a.job,
+            worker: a.worker_index,
+            steps: a.first_step..a.end_step,
+            spec,
+            placement,
+            program,
+            partition,
+            microbatches: a.microbatches,
+            peers: a.peers,
+            output: PathBuf::from(a.output_dir),
+        })
+    }
+
+    /// Worker 0's address: the root of the run's collectives.
+    pub(crate) fn root(&self) -> &str {
+        self.peers.get(&0).map_or("", String::as_str)
+    }
+}
+
+/// The message's copies of the spec's model, seed and microbatch size agree with the spec.
+fn agrees_with_spec(
+    spec: &JobSpec,
+    model: Option<pb::ModelSpec>,
+    seed: u64,
+    microbatch_size: u32,
+) -> Result<()> {
+    let model = ModelSpec::try_from(model.unwrap_or_default())
+        .map_err(|e| Error::invalid("assignment", format!("model: {e}")))?;
+    if model != spec.model {
+        return Err(Error::invalid(
+            "assignment",
+            format!("model {model:?} is not the job spec's {:?}", spec.model),
+        ));
+    }
+    if seed != spec.training.seed {
+        return Err(Error::invalid(
+            "assignment",
+            format!("seed {seed} is not the job spec's {}", spec.training.seed),
+        ));
+    }
+    let size = spec.parallelism.pipeline_parallel_microbatch_size;
+    if microbatch_size != size {
+        return Err(Error::invalid(
+            "assignment",
+            format!("microbatch_size {microbatch_size} is not the job spec's {size}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The partition `stage_pieces` (pieces per stage) describes: one positive count per
+/// stage, adding up to the model's pieces.
+fn pieces_partition(
+    spec: &JobSpec,
+    stage_pieces: &[u32],
+    stages: u32,
+) -> Result<Vec<Range<usize>>> {
+    if stage_pieces.len() != stages as usize {
+        return Err(Error::invalid(
+            "assignment",
+            format!("stage_pieces {stage_pieces:?}: need {stages} counts, one per stage"),
+        ));
+    }
+    spec.model
+        .split_by_counts(stage_pieces)
+        .map_err(|e| Error::invalid("assignment", e.to_string()))
+}

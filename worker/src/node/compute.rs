@@ -1,0 +1,217 @@
+//! What the executor's one step loop drives: [`Compute`], implemented by real compute
+//! ([`RealCompute`]: candle stages, data, checkpoints and final parameters) and emulated
+//! compute ([`EmulatedCompute`]: passes that sleep for their cost-model time, nothing
+//! written).
+
+use std::path::PathBuf;
+
+use pipewise_common::pass::Pass;
+
+use super::assignment::Assignment;
+use super::config::NodeConfig;
+use super::memory::{fits_host_memory, read_meminfo};
+use super::outputs::{save_checkpoints, save_final};
+use crate::Device;
+use crate::data::{Corpus, Sampler};
+use crate::error::Result;
+use crate::job::{corpus_of, optimizer_of, sampler_of};
+use crate::net::Delivery;
+use crate::runtime::{EmulatedRuntime, StepReport, StepSync, Transport, WorkerRuntime};
+
+/// What a run's steps talk through: the run id, the transport and the collectives.
+pub(crate) struct RunNet<'a> {
+    pub(crate) run: u64,
+    pub(crate) transport: &'a dyn Transport,
+    pub(crate) sync: &'a dyn StepSync,
+}
+
+/// A worker's compute for one assignment (see the [module docs](self)).
+pub(crate) trait Compute {
+    /// How the transport hands received frames to this compute.
+    const DELIVERY: Delivery;
+    /// Whether passes are emulated (said on each step's log span).
+    const EMULATED: bool;
+
+    /// Runs step `step` of the run `net` connects.
+    fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport>;
+
+    /// Bytes held after a step: activations still stashed, and what stays for the whole
+    /// run (parameters, gradients, optimizer state and what the config adds).
+    fn held_bytes(&self) -> (u64, u64);
+
+    /// Writes what is due once `done` of the assignment's steps ending at `end` are done
+    /// (a checkpoint at its interval).
+    fn after_step(&mut self, done: u64, end: u64) -> Result<()>;
+
+    /// Writes what the run leaves after its last step, `done` steps in all; returns where
+    /// the final parameters are (empty: nowhere).
+    fn finish(&mut self, done: u64) -> Result<PathBuf>;
+}
+
+/// Real compute: the worker's stages, its data and its outputs.
+pub(crate) struct RealCompute {
+    rt: WorkerRuntime,
+    worker: u32,
+    microbatches: u32,
+    device: Device,
+    corpus: Corpus,
+    sampler: Sampler,
+    /// Parameters, gradients, master copies and AdamW moments (and what the config adds).
+    static_bytes: u64,
+    output: PathBuf,
+    /// Checkpoint every this many steps (`None`: checkpoints off).
+    checkpoint_interval: Option<u64>,
+}
+
+impl RealCompute {
+    /// Builds the stages of `a` (from the checkpoint of its first step when that is past
+    /// 0), refused when the machine's memory cannot hold them.
+    pub(crate) fn new(config: &NodeConfig, a: &Assignment, program: Vec<Pass>) -> Result<Self> {
+        let spec = &a.spec;
+        // Refused rather than aborted: an allocation the machine cannot make ends the process.
+        if matches!(config.device, Device::Cpu) {
+            let state = spec
+                .model
+                .state_bytes_by_worker(&a.placement, &a.partition)
+                .get(a.worker as usize)
+                .copied()
+                .unwrap_or(0);
+            fits_host_memory(state, &read_meminfo())?;
+        }
+        let mut rt = WorkerRuntime::from_program(
+            a.worker,
+            &a.placement,
+            a.microbatches,
+            program,
+            &spec.model,
+            &a.partition,
+            spec.training.seed,
+            &config.device,
+            optimizer_of(spec),
+        )?;
+        rt.set_timeout(config.timeout);
+        rt.set_slowdown(config.slowdown);
+        let static_bytes: u64 = rt
+            .params()
+            .map(|p| p.state_bytes())
+            .sum::<u64>()
+            .saturating_add(config.unplanned_bytes);
+        crate::metrics::record_parameters(&rt);
+        if a.steps.start > 0 {
+            // The step's stage files may come from another partition (a job re-planned onto
+            // fewer workers): tensors are found by name.
+            let dir = pipewise_common::job::checkpoint_dir(&a.output, a.steps.start);
+            for stage in rt.stages_mut().values_mut() {
+                stage.load_checkpoint_dir(&dir)?;
+            }
+        }
+        let corpus = corpus_of(spec)?;
+        Ok(RealCompute {
+            rt,
+            worker: a.worker,
+            microbatches: a.microbatches,
+            device: config.device.clone(),
+            corpus,
+            sampler: sampler_of(spec),
+            static_bytes,
+            output: a.output.clone(),
+            checkpoint_interval: spec
+                .checkpoint
+                .enable_checkpoint
+                .then(|| u64::from(spec.checkpoint.interval.max(1))),
+        })
+    }
+}
+
+impl Compute for RealCompute {
+    const DELIVERY: Delivery = Delivery::Tensors;
+    const EMULATED: bool = false;
+
+    fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport> {
+        let batches = self
+            .sampler
+            .step(&self.corpus, step, self.microbatches, &self.device)?;
+        let report = self
+            .rt
+            .run_step(net.run, step, &batches, net.transport, net.sync)?;
+        // Again every step: the exporter drops gauges left unset for a while.
+        crate::metrics::record_parameters(&self.rt);
+        Ok(report)
+    }
+
+    fn held_bytes(&self) -> (u64, u64) {
+        let held = self
+            .rt
+            .stages()
+            .values()
+            .map(crate::Stage::stash_bytes)
+            .sum();
+        (held, self.static_bytes)
+    }
+
+    fn after_step(&mut self, done: u64, end: u64) -> Result<()> {
+        match self.checkpoint_interval {
+            Some(interval) if done.is_multiple_of(interval) && done < end => {
+                save_checkpoints(&self.rt, &self.output, done)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, done: u64) -> Result<PathBuf> {
+        if self.checkpoint_interval.is_some() {
+            save_checkpoints(&self.rt, &self.output, done)?;
+        }
+        save_final(&self.rt, &self.output, self.worker)
+    }
+}
+
+/// Emulated compute (`[compute] mode = "emulate"`): no parameters, data or outputs.
+pub(crate) struct EmulatedCompute {
+    rt: EmulatedRuntime,
+    /// What the config adds to the bytes held (emulated compute holds no parameters).
+    unplanned_bytes: u64,
+}
+
+impl EmulatedCompute {
+    /// The emulated runtime of `a`.
+    pub(crate) fn new(config: &NodeConfig, a: &Assignment, program: Vec<Pass>) -> Result<Self> {
+        let spec = &a.spec;
+        let mut rt = EmulatedRuntime::from_program(
+            a.worker,
+            &a.placement,
+            a.microbatches,
+            program,
+            &spec.model,
+            spec.parallelism.pipeline_parallel_microbatch_size,
+            &a.partition,
+            spec.compute.times_secs(),
+        )?;
+        rt.set_timeout(config.timeout);
+        Ok(EmulatedCompute {
+            rt,
+            unplanned_bytes: config.unplanned_bytes,
+        })
+    }
+}
+
+impl Compute for EmulatedCompute {
+    const DELIVERY: Delivery = Delivery::Buffers;
+    const EMULATED: bool = true;
+
+    fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport> {
+        self.rt.run_step(net.run, step, net.transport, net.sync)
+    }
+
+    fn held_bytes(&self) -> (u64, u64) {
+        (0, self.unplanned_bytes)
+    }
+
+    fn after_step(&mut self, _done: u64, _end: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self, _done: u64) -> Result<PathBuf> {
+        Ok(PathBuf::new())
+    }
+}

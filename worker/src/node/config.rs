@@ -1,0 +1,53 @@
+//! How a worker process starts: [`NodeConfig`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::Device;
+
+/// How a worker process starts.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The coordinator's URL (`http://host:port`).
+    pub coordinator: String,
+    /// Where this worker's activation service listens.
+    pub listen: SocketAddr,
+    /// The address peers and the coordinator reach it at (default: the bound address).
+    pub advertise: Option<String>,
+    /// The worker's stable name (unique in the cluster).
+    pub id: String,
+    /// Where stages run.
+    pub device: Device,
+    /// How long to wait for a peer's frame or for the other workers at a step's end.
+    pub timeout: Duration,
+    /// How long to keep trying to reach the coordinator at start.
+    pub connect_for: Duration,
+    /// Every real pass takes this many times as long (a stand-in for a slower device, to
+    /// exercise straggler handling; 1: none).
+    pub slowdown: f64,
+    /// Device memory this worker may use, registered with the coordinator, which moves a
+    /// job that overflows it to a schedule that fits (0: not said, not watched).
+    pub memory_bytes: u64,
+    /// Bytes the worker reports holding beyond what it computes: a stand-in for memory no
+    /// plan predicts (allocator slack, other processes), to exercise the coordinator's
+    /// after-a-step memory check (0: none).
+    pub unplanned_bytes: u64,
+}
+
+impl NodeConfig {
+    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the coordinator.
+    pub fn new(coordinator: impl Into<String>, id: impl Into<String>) -> Self {
+        NodeConfig {
+            coordinator: coordinator.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            id: id.into(),
+            device: Device::Cpu,
+            timeout: crate::runtime::DEFAULT_TIMEOUT,
+            connect_for: Duration::from_secs(60),
+            slowdown: 1.0,
+            memory_bytes: 0,
+            unplanned_bytes: 0,
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The coordinator connection: reaching the coordinator ([`connect`]) and the
+//! [`Connection`] actor, which registers (retrying until the coordinator answers),
+//! heartbeats on the interval the coordinator gives, keeps the `Assignments` stream open
+//! (reopening it after a failure) and hands each assignment to the executor thread.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipewise_common::job::{job_of, run_of};
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tonic::transport::Channel;
+
+use super::shared::Shared;
+use crate::error::{Error, Result, with_causes};
+
+/// Whether a repeated warning is due: the first time, then at most once every 10 s.
+#[derive(Debug, Default)]
+pub(crate) struct Throttle(Option<tokio::time::Instant>);
+
+impl Throttle {
+    pub(crate) fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let due = self
+            .0
+            .is_none_or(|last| now.duration_since(last) >= Duration::from_secs(10));
+        if due {
+            self.0 = Some(now);
+        }
+        due
+    }
+}
+
+/// Connects to the coordinator, retrying until `within` has passed.
+pub(crate) async fn connect(url: &str, within: Duration) -> Result<Channel> {
+    let uri = crate::net::http_uri(url).map_err(|e| Error::Coordinator(e.to_string()))?;
+    let endpoint = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| Error::invalid("coordinator", format!("{url:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let deadline = tokio::time::Instant::now() + within;
+    // Said on the first failure and then every 10 s, so a wrong address is seen at once.
+    let mut warning = Throttle::default();
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(Error::Coordinator(format!(
+                    "cannot reach {url} within {:.0} s: {}",
+                    within.as_secs_f64(),
+                    with_causes(&e)
+                )));
+            }
+            Err(e) => {
+                if warning.due() {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tracing::warn!(
+                        coordinator = url,
+                        error = %with_causes(&e),
+                        left_s = left.as_secs(),
+                        "cannot reach the coordinator yet; retrying"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// The connection actor (see the [module docs](self)).
+pub struct Connection;
+
+/// What the connection actor starts with.
+pub struct ConnArgs {
+    pub(crate) client: ClusterServiceClient<Channel>,
+    pub(crate) id: String,
+    pub(crate) address: String,
+    pub(crate) device_kind: String,
+    pub(crate) memory_bytes: u64,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) assignments: std::sync::mpsc::Sender<pb::Assignment>,
+}
+
+/// Messages of the connection actor.
+pub enum ConnMsg {
+    /// Time to send a heartbeat.
+    Beat,
+}
+
+/// The connection actor's state.
+pub struct ConnState {
+    args: ConnArgs,
+    stream: tokio::task::JoinHandle<()>,
+    /// Failed heartbeats are warned of once per 10 s (the others at debug level, as beats
+    /// come several times a second).
+    warned: Throttle,
+}
+
+impl Connection {
+    async fn register(args: &ConnArgs) -> std::result::Result<Duration, ActorProcessingErr> {
+        let job = args.shared.current().job.unwrap_or(0);
+        let reply = args
+            .client
+            .clone()
+            .register(pb::RegisterRequest {
+                worker_id: args.id.clone(),
+                address: args.address.clone(),
+                device_kind: args.device_kind.clone(),
+                memory_bytes: args.memory_bytes,
+                job,
+            })
+            .await
+            .map_err(|s| {
+                let what = if s.message().is_empty() {
+                    s.to_string()
+                } else {
+                    s.message().to_string()
+                };
+                match s.code() {
+                    tonic::Code::AlreadyExists | tonic::Code::InvalidArgument => {
+                        format!("the coordinator refused worker {:?}: {what}", args.id)
+                    }
+                    code => format!("registering worker {:?}: {code:?}: {what}", args.id),
+                }
+            })?
+            .into_inner();
+        if !reply.accepted {
+            return Err(format!(
+                "the coordinator refused worker {}: {}",
+                args.id, reply.reason
+            )
+            .into());
+        }
+        tracing::info!(worker = %args.id, address = %args.address, "registered");
+        Ok(Duration::from_millis(reply.heartbeat_interval_ms.max(50)))
+    }
+}
+
+/// Keeps the assignment stream open and forwards what it brings.
+async fn follow_assignments(
+    mut client: ClusterServiceClient<Channel>,
+    id: String,
+    out: std::sync::mpsc::Sender<pb::Assignment>,
+    shared: Arc<Shared>,
+) {
+    loop {
+        match client.assignments(pb::WorkerId { id: id.clone() }).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(a)) => {
+                            tracing::info!(
+                                worker = %id,
+                                job = job_of(a.job),
+                                run = run_of(a.job),
+                                index = a.worker_index,
+                                "assignment"
+                            );
+                            // The coordinator hands out work only once a worker's last job
+                            // is over for it: a job still running here is abandoned.
+                            shared.abort_if(
+                                |old| old != a.job,
+                                &format!("superseded by job {}", a.job),
+                            );
+                            if out.send(a).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::warn!(worker = %id, "assignment stream: {}", status.message());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                tracing::debug!(worker = %id, "cannot open the assignment stream: {}", status.message());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+impl Actor for Connection {
+    type Msg = ConnMsg;
+    type State = ConnState;
+    type Arguments = ConnArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ConnArgs,
+    ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        let interval = Self::register(&args).await?;
+        let stream = tokio::spawn(follow_assignments(
+            args.client.clone(),
+            args.id.clone(),
+            args.assignments.clone(),
+            Arc::clone(&args.shared),
+        ));
+        myself.send_interval(interval, || ConnMsg::Beat);
+        Ok(ConnState {
+            args,
+            stream,
+            warned: Throttle::default(),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        state.stream.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        match msg {
+            ConnMsg::Beat => {
+                let stats = state.args.shared.stats().clone();
+                let beat = pb::HeartbeatRequest {
+                    worker_id: state.args.id.clone(),
+                    current_activation_bytes: stats.current_activation_bytes,
+                    peak_activation_bytes: stats.peak_activation_bytes,
+                    stage_times: stats.stage_times,
+                    step: stats.step,
+                    job: state.args.shared.current().job.unwrap_or(0),
+                };
+                match state.args.client.clone().heartbeat(beat).await {
+                    Ok(reply) => {
+                        let reply = reply.into_inner();
+                        if !reply.known {
+                            // The coordinator restarted or forgot us: join again.
+                            if let Err(e) = Self::register(&state.args).await {
+                                tracing::warn!(worker = %state.args.id, "re-register: {e}");
+                            }
+                        }
+                        if reply.cancel {
+                            let job = reply.job;
+                            state
+                                .args
+                                .shared
+                                .abort_if(|j| j == job, "aborted by the coordinator");
+                        }
+                    }
+                    Err(status) => {
+                        if state.warned.due() {
+                            tracing::warn!(
+                                worker = %state.args.id,
+                                "heartbeat failed (said again at most every 10 s): {}",
+                                status.message()
+                            );
+                        } else {
+                            tracing::debug!(worker = %state.args.id, "heartbeat: {}", status.message());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

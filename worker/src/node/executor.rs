@@ -1,0 +1,243 @@
+//! The executor: one dedicated thread (candle compute stays off the async runtime) that
+//! runs assignments one after another. For each it decodes the assignment, builds its
+//! [`Compute`] (real or emulated), points the worker's transport at the run and its peers,
+//! joins the start barrier and runs the steps in one loop. After every step it queues a
+//! `StepReport` for the reporter, so the coordinator is never waited on within a step.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pipewise_common::job::{job_of, run_of};
+use pipewise_common::pass::PassKind;
+use pipewise_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use super::assignment::Assignment;
+use super::compute::{Compute, EmulatedCompute, RealCompute, RunNet};
+use super::config::NodeConfig;
+use super::shared::Shared;
+use crate::error::Result;
+use crate::net::NetSync;
+use crate::runtime::StepReport;
+
+/// A step report carries the step's spans only up to this many (about 9 MB encoded; the
+/// coordinator accepts 64 MiB reports); longer steps are reported without a trace.
+const MAX_REPORTED_SPANS: usize = 200_000;
+
+/// Runs assignments one after another until the channel closes.
+pub(crate) fn executor_loop(
+    config: &NodeConfig,
+    shared: &Shared,
+    assignments: &std::sync::mpsc::Receiver<pb::Assignment>,
+    reports: &mpsc::UnboundedSender<pb::StepReport>,
+) {
+    while let Ok(a) = assignments.recv() {
+        let (job, worker) = (a.job, a.worker_index);
+        // Every log line of the job carries its id and the worker (and, below, the step).
+        let _job_span = tracing::info_span!(
+            "job",
+            job = job_of(job),
+            run = run_of(job),
+            worker,
+            id = %config.id
+        )
+        .entered();
+        shared.current().job = Some(job);
+        let mut last_step = a.first_step;
+        let outcome = run_assignment(config, shared, a, reports, &mut last_step);
+        let mut report = pb::StepReport {
+            job,
+            worker_id: config.id.clone(),
+            worker_index: worker,
+            step: last_step,
+            ..Default::default()
+        };
+        match outcome {
+            Ok(path) => {
+                report.done = true;
+                report.params_path = path.display().to_string();
+            }
+            Err(e) => {
+                // The job span gives the job, the re-plan and the worker.
+                tracing::error!(step = last_step, "assignment failed: {e}");
+                report.error = e.to_string();
+                shared
+                    .transport
+                    .abort(&format!("worker {worker} failed: {e}"));
+            }
+        }
+        let _ = reports.send(report);
+        shared.current().job = None;
+    }
+}
+
+/// Runs one assignment; returns where the final parameters were written.
+fn run_assignment(
+    config: &NodeConfig,
+    shared: &Shared,
+    a: pb::Assignment,
+    reports: &mpsc::UnboundedSender<pb::StepReport>,
+    last_step: &mut u64,
+) -> Result<PathBuf> {
+    let mut a = Assignment::decode(a)?;
+    let program = std::mem::take(&mut a.program);
+    let node = Node {
+        config,
+        shared,
+        reports,
+    };
+    if a.spec.compute.is_emulated() {
+        let compute = EmulatedCompute::new(config, &a, program)?;
+        node.run(&a, compute, last_step)
+    } else {
+        let compute = RealCompute::new(config, &a, program)?;
+        node.run(&a, compute, last_step)
+    }
+}
+
+/// What the step loop reports to.
+struct Node<'a> {
+    config: &'a NodeConfig,
+    shared: &'a Shared,
+    reports: &'a mpsc::UnboundedSender<pb::StepReport>,
+}
+
+impl Node<'_> {
+    /// Joins the run and runs its steps with `compute` until the last one or until the
+    /// coordinator asks the run to stop; `last_step` follows the step being run.
+    fn run<C: Compute>(
+        &self,
+        a: &Assignment,
+        mut compute: C,
+        last_step: &mut u64,
+    ) -> Result<PathBuf> {
+        let transport = &self.shared.transport;
+        let sync = self.join(a, C::DELIVERY)?;
+        let net = RunNet {
+            run: a.run,
+            transport: transport.as_ref(),
+            sync: &sync,
+        };
+        for step in a.steps.clone() {
+            let step_span = tracing::debug_span!("step", step, emulated = tracing::field::Empty);
+            if C::EMULATED {
+                step_span.record("emulated", true);
+            }
+            let _step_span = step_span.entered();
+            *last_step = step;
+            let report = compute.step(step, &net)?;
+            crate::metrics::record_step(a.worker, &report);
+            self.publish_step(a, step, &report, compute.held_bytes());
+            let done = step + 1;
+            compute.after_step(done, a.steps.end)?;
+            if sync.stop_requested() {
+                tracing::info!(
+                    step = done,
+                    "stopping: asked by the coordinator (a cancel, or a re-plan between steps)"
+                );
+                break;
+            }
+        }
+        compute.finish(*last_step + 1)
+    }
+
+    /// Readies the transport for `a` (its stages, frames delivered as `delivery`, the
+    /// peers' addresses, worker 0's collectives), waits at the start barrier for the run's
+    /// other workers and resets the activation counters. Returns the end-of-step
+    /// collectives.
+    fn join(&self, a: &Assignment, delivery: crate::net::Delivery) -> Result<NetSync> {
+        let transport = &self.shared.transport;
+        let timeout = self.config.timeout;
+        transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
+        transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+        if a.worker == 0 {
+            transport
+                .collective()
+                .configure(a.run, a.placement.workers(), timeout);
+        }
+        let sync = transport.sync_to(a.root(), a.run, a.worker, timeout)?;
+        sync.barrier()?;
+        let mut stats = self.shared.stats();
+        stats.peak_activation_bytes = 0;
+        stats.current_activation_bytes = 0;
+        Ok(sync)
+    }
+
+    /// Records step `step`'s report in the heartbeat statistics (`held`: activation bytes
+    /// still stashed after it) and sends it to the coordinator.
+    fn publish_step(
+        &self,
+        a: &Assignment,
+        step: u64,
+        report: &StepReport,
+        (held, static_bytes): (u64, u64),
+    ) {
+        let stage_times = stage_times(report);
+        {
+            let mut stats = self.shared.stats();
+            stats.step = step + 1;
+            stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
+            stats.current_activation_bytes = held;
+            stats.stage_times = stage_times.clone();
+        }
+        let _ = self.reports.send(pb::StepReport {
+            static_bytes,
+            ..step_report(&self.config.id, a, step, report, stage_times)
+        });
+    }
+}
+
+/// The coordinator's view of one step of assignment `a` by worker `id` (the loss is NaN
+/// when the step has none, e.g. emulated compute).
+fn step_report(
+    id: &str,
+    a: &Assignment,
+    step: u64,
+    report: &StepReport,
+    stage_times: Vec<pb::StageTimes>,
+) -> pb::StepReport {
+    pb::StepReport {
+        job: a.run,
+        worker_id: id.to_string(),
+        worker_index: a.worker,
+        step,
+        loss: report.loss.map_or(f64::NAN, f64::from),
+        busy_secs: report.busy_secs,
+        wall_secs: report.wall_secs,
+        peak_activation_bytes: report.peak_stash_bytes,
+        grad_norm: report.grad_norm,
+        stage_times,
+        spans: if report.spans.len() <= MAX_REPORTED_SPANS {
+            report.spans.iter().map(pb::TraceSpan::from).collect()
+        } else {
+            Vec::new()
+        },
+        bytes_sent: report.bytes_sent.clone().into_iter().collect(),
+        bytes_received: report.bytes_received.clone().into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+/// Mean F / B / W milliseconds per stage (BW counted as B).
+fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
+    let mut sums: BTreeMap<u32, [(f64, u32); 3]> = BTreeMap::new();
+    for (pass, secs) in &report.pass_times {
+        let slot = match pass.kind {
+            PassKind::F => 0,
+            PassKind::B | PassKind::BW => 1,
+            PassKind::W => 2,
+        };
+        let e = &mut sums.entry(pass.stage).or_default()[slot];
+        e.0 += secs * 1e3;
+        e.1 += 1;
+    }
+    let mean = |(sum, n): (f64, u32)| if n == 0 { 0.0 } else { sum / f64::from(n) };
+    sums.into_iter()
+        .map(|(stage, [f, b, w])| pb::StageTimes {
+            stage,
+            f_ms: mean(f),
+            b_ms: mean(b),
+            w_ms: mean(w),
+        })
+        .collect()
+}

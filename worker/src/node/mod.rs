@@ -1,0 +1,199 @@
+//! The worker process (`pipewise worker`): joins a coordinator, takes assignments and runs
+//! them, talking to its peers directly.
+//!
+//! - [`config`]: [`NodeConfig`], how a worker starts.
+//! - `connection`: [`Connection`] (a ractor actor) registers with the coordinator's
+//!   `ClusterService` (retrying until it answers), heartbeats on the interval the
+//!   coordinator gives (current and peak activation bytes, measured pass times per stage,
+//!   the step), keeps the `Assignments` stream open (reopening it after a failure) and
+//!   hands each assignment to the executor. A heartbeat answered with `cancel` for the
+//!   running job aborts it at once.
+//! - `reporter`: sends the executor's step reports in order, so the coordinator is never
+//!   waited on within a step.
+//! - `executor`: one dedicated thread (candle compute stays off the async runtime) that
+//!   runs assignments one after another: each decoded once (`assignment`), run by one step
+//!   loop over real or emulated compute (`compute`).
+//! - `outputs`: checkpoints and final parameters; [`memory`]: the host's available memory.
+//! - The activation service: the [`GrpcTransport`] started with the node, whose address is
+//!   the one registered. Worker 0 of a job also serves the job's end-of-step collectives
+//!   ([`crate::net::Collective`]); a cancel reaches the workers through it, so all of them
+//!   stop at the same step.
+//!
+//! Checkpoints (`[checkpoint] enable_checkpoint`) and the final parameters are written to
+//! the assignment's `output_dir`, which every worker must be able to write (one machine, or
+//! a shared volume): `step-K/stage-S.safetensors` (parameters and optimizer state of stage
+//! `S` after `K` steps; an assignment starting at step `K` > 0 resumes from them, whatever
+//! partition wrote them) and
+//! `final/worker-W.safetensors` (the worker's parameters under their whole-model names).
+
+mod assignment;
+mod compute;
+pub mod config;
+mod connection;
+mod executor;
+pub mod memory;
+mod outputs;
+mod reporter;
+mod shared;
+
+use std::sync::Arc;
+
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
+use ractor::{Actor, ActorRef};
+use tokio::sync::mpsc;
+
+pub use config::NodeConfig;
+pub use connection::{ConnArgs, ConnMsg, ConnState, Connection};
+pub use memory::{available_memory, host_available_memory};
+
+use crate::Device;
+use crate::error::{Error, Result};
+use crate::net::{GrpcConfig, GrpcTransport};
+use shared::Shared;
+
+/// A running worker process (see the [module docs](self)).
+pub struct WorkerNode {
+    /// The worker's id.
+    pub id: String,
+    /// The address registered for its activation service.
+    pub address: String,
+    connection: ActorRef<ConnMsg>,
+    connection_handle: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
+    executor: Option<std::thread::JoinHandle<()>>,
+    assignments: Option<std::sync::mpsc::Sender<pb::Assignment>>,
+}
+
+impl WorkerNode {
+    /// Starts the activation service, registers with the coordinator and begins taking
+    /// assignments. Call from within a multi-threaded tokio runtime.
+    pub async fn start(config: NodeConfig) -> Result<WorkerNode> {
+        if config.id.trim().is_empty() {
+            return Err(Error::invalid("id", "must not be empty"));
+        }
+        let runtime = tokio::runtime::Handle::current();
+        let mut net = GrpcConfig::new(0, std::iter::empty());
+        net.listen = config.listen;
+        net.device = config.device.clone();
+        let transport = Arc::new(GrpcTransport::start_on(runtime.clone(), net)?);
+        let address = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| transport.local_addr().to_string());
+        // Peers dial this address: one they could not use would fail every job later.
+        crate::net::http_uri(&address).map_err(|e| Error::invalid("advertise", e.to_string()))?;
+        let shared = Arc::new(Shared::new(transport));
+        let channel = connection::connect(&config.coordinator, config.connect_for).await?;
+        // An assignment carries the worker's whole program (up to millions of passes).
+        let client = ClusterServiceClient::new(channel)
+            .max_decoding_message_size(ASSIGNMENT_LIMIT)
+            .max_encoding_message_size(ASSIGNMENT_LIMIT);
+        let (report_tx, report_rx) = mpsc::unbounded_channel::<pb::StepReport>();
+        tokio::spawn(reporter::reporter(
+            client.clone(),
+            report_rx,
+            Arc::clone(&shared),
+        ));
+        let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignment>();
+        let executor = {
+            let shared = Arc::clone(&shared);
+            let config = config.clone();
+            std::thread::Builder::new()
+                .name(format!("pipewise-exec-{}", config.id))
+                .spawn(move || executor::executor_loop(&config, &shared, &assign_rx, &report_tx))
+                .map_err(|source| Error::Start {
+                    what: "the executor thread",
+                    source,
+                })?
+        };
+        let (connection, connection_handle) = Actor::spawn(
+            None,
+            Connection,
+            ConnArgs {
+                client,
+                id: config.id.clone(),
+                address: address.clone(),
+                device_kind: device_kind(&config.device).into(),
+                memory_bytes: config.memory_bytes,
+                shared: Arc::clone(&shared),
+                assignments: assign_tx.clone(),
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            // Registration failed: the coordinator's reason, not the actor's wrapping.
+            ractor::SpawnErr::StartupFailed(why) => Error::Coordinator(why.to_string()),
+            other => Error::Coordinator(other.to_string()),
+        })?;
+        Ok(WorkerNode {
+            id: config.id,
+            address,
+            connection,
+            connection_handle,
+            shared,
+            executor: Some(executor),
+            assignments: Some(assign_tx),
+        })
+    }
+
+    /// Stops taking assignments, aborts the running one and waits for the executor.
+    pub async fn shutdown(mut self) {
+        self.connection.stop(None);
+        let _ = (&mut self.connection_handle).await;
+        self.shared.transport.abort("the worker is shutting down");
+        drop(self.assignments.take());
+        if let Some(executor) = self.executor.take() {
+            let _ = tokio::task::spawn_blocking(move || executor.join()).await;
+        }
+    }
+}
+
+fn device_kind(device: &Device) -> &'static str {
+    match device {
+        Device::Cpu => "cpu",
+        Device::Cuda(_) => "cuda",
+        Device::Metal(_) => "metal",
+    }
+}
+/// The largest message on the coordinator connection: an assignment of the largest plan
+/// `JobSpec::validate` accepts (2M stage-microbatches, 6M passes of 6–12 bytes) fits.
+const ASSIGNMENT_LIMIT: usize = 256 << 20;
+
+#[cfg(test)]
+mod tests {
+    /// A coordinator that cannot be reached is named with the transport error's causes
+    /// (the error alone says only "transport error").
+    #[tokio::test]
+    async fn an_unreachable_coordinator_is_reported_with_the_cause() {
+        let err = super::connection::connect("127.0.0.1:1", std::time::Duration::from_millis(300))
+            .await
+            .expect_err("nothing listens on port 1");
+        let text = err.to_string();
+        assert!(text.contains("cannot reach 127.0.0.1:1 within"), "{text}");
+        assert!(
+            text.contains("transport error: tcp connect error"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("tcp connect error: tcp connect error"),
+            "{text}"
+        );
+    }
+
+    /// An advertised address peers could not dial is refused at start, not at every job.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unusable_advertised_address_is_refused_at_start() {
+        let mut config = super::NodeConfig::new("127.0.0.1:1", "w");
+        config.advertise = Some("https://10.0.0.1:5000".into());
+        let err = super::WorkerNode::start(config)
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("advertise") && err.contains("https://"),
+            "{err}"
+        );
+    }
+}

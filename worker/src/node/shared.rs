@@ -1,0 +1,64 @@
+//! What the connection actor, the reporter and the executor thread share: the transport,
+//! the heartbeat's statistics and the run being executed.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use pipewise_common::job::{job_of, run_of};
+use pipewise_proto::v1 as pb;
+
+use crate::net::GrpcTransport;
+
+/// What the heartbeat reports.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct NodeStats {
+    pub(crate) step: u64,
+    pub(crate) current_activation_bytes: u64,
+    pub(crate) peak_activation_bytes: u64,
+    pub(crate) stage_times: Vec<pb::StageTimes>,
+}
+
+/// The run being executed, if any.
+#[derive(Debug, Default)]
+pub(crate) struct Current {
+    pub(crate) job: Option<u64>,
+}
+
+/// Shared between the connection actor, the reporter and the executor thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) transport: Arc<GrpcTransport>,
+    stats: Mutex<NodeStats>,
+    current: Mutex<Current>,
+}
+
+impl Shared {
+    pub(crate) fn new(transport: Arc<GrpcTransport>) -> Self {
+        Shared {
+            transport,
+            stats: Mutex::new(NodeStats::default()),
+            current: Mutex::new(Current::default()),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> MutexGuard<'_, NodeStats> {
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Aborts the running job if `which` picks it. The check and the abort happen under
+    /// the lock the executor takes to start a job, so a job started since is never hit.
+    pub(crate) fn abort_if(&self, which: impl Fn(u64) -> bool, why: &str) {
+        let current = self.current();
+        if let Some(job) = current.job.filter(|j| which(*j)) {
+            tracing::warn!(
+                job = job_of(job),
+                run = run_of(job),
+                "abandoning the job: {why}"
+            );
+            self.transport.abort(&format!("job {job} was {why}"));
+        }
+    }
+
+    pub(crate) fn current(&self) -> MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

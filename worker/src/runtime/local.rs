@@ -1,0 +1,409 @@
+//! Every worker of a schedule on threads of one process: [`run_local`] (real compute) over
+//! a [`MemoryTransport`] and a [`LocalSync`], the in-process [`StepSync`].
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use pipewise_common::model::ModelSpec;
+use pipewise_common::schedule::Schedule;
+
+use super::executor::WorkerRuntime;
+use super::program::DEFAULT_TIMEOUT;
+use super::step::{StepReport, StepSync};
+use super::transport::{MemoryTransport, Transport};
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::optim::AdamW;
+use crate::stage::Stage;
+
+/// The operation a [`LocalSync`] round is collecting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    SqNorm,
+    Loss,
+}
+
+#[derive(Debug)]
+struct SyncState {
+    generation: u64,
+    round: Option<(Op, u64)>,
+    arrived: usize,
+    sq: Vec<f64>,
+    losses: Vec<f32>,
+    /// The last round's result (`None`: no worker reported a loss).
+    result: Option<f64>,
+    aborted: Option<String>,
+}
+
+/// [`StepSync`] for `N` workers on threads of one process: a reusable barrier (mutex and
+/// condition variable) that sums the contributions; waits time out, and
+/// [`LocalSync::abort`] releases every waiter with an error.
+#[derive(Debug)]
+pub struct LocalSync {
+    workers: usize,
+    timeout: Duration,
+    state: Mutex<SyncState>,
+    done: Condvar,
+}
+
+impl LocalSync {
+    /// A sync point for `workers` workers; a worker waits at most `timeout` for the others.
+    pub fn new(workers: u32, timeout: Duration) -> Self {
+        Self {
+            workers: workers.max(1) as usize,
+            timeout,
+            state: Mutex::new(SyncState {
+                generation: 0,
+                round: None,
+                arrived: 0,
+                sq: Vec::new(),
+                losses: Vec::new(),
+                result: Some(0.0),
+                aborted: None,
+            }),
+            done: Condvar::new(),
+        }
+    }
+
+    /// Fails every current and later collective with `reason`.
+    pub fn abort(&self, reason: &str) {
+        let mut st = self.lock();
+        if st.aborted.is_none() {
+            st.aborted = Some(reason.to_string());
+        }
+        self.done.notify_all();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SyncState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn collective(
+        &self,
+        op: Op,
+        step: u64,
+        contribute: impl FnOnce(&mut SyncState),
+        finish: impl FnOnce(&mut SyncState) -> Option<f64>,
+    ) -> Result<f64> {
+        let awaited = || format!("step {step} {op:?}");
+        let aborted = |reason: &str| Error::Closed {
+            awaited: awaited(),
+            reason: format!("aborted ({reason})"),
+        };
+        let outcome = |result: Option<f64>| {
+            result.ok_or_else(|| {
+                Error::invalid("sync", format!("{}: no worker reported a loss", awaited()))
+            })
+        };
+        let mut st = self.lock();
+        if let Some(reason) = &st.aborted {
+            return Err(aborted(reason));
+        }
+        match st.round {
+            None => st.round = Some((op, step)),
+            Some(round) if round == (op, step) => {}
+            Some((other, other_step)) => {
+                let reason = format!(
+                    "another worker is at step {other_step} {other:?}; the workers diverged"
+                );
+                st.aborted = Some(reason.clone());
+                self.done.notify_all();
+                return Err(Error::invalid("sync", format!("{}: {reason}", awaited())));
+            }
+        }
+        contribute(&mut st);
+        st.arrived += 1;
+        if st.arrived == self.workers {
+            st.result = finish(&mut st);
+            st.sq.clear();
+            st.losses.clear();
+            st.arrived = 0;
+            st.round = None;
+            st.generation += 1;
+            self.done.notify_all();
+            return outcome(st.result);
+        }
+        let generation = st.generation;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if st.generation != generation {
+                return outcome(st.result);
+            }
+            if let Some(reason) = &st.aborted {
+                return Err(aborted(reason));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let timeout = Error::Timeout {
+                    awaited: format!("{}: waiting for the other workers", awaited()),
+                    after: self.timeout,
+                };
+                st.aborted = Some(timeout.to_string());
+                self.done.notify_all();
+                return Err(timeout);
+            }
+            st = self
+                .done
+                .wait_timeout(st, deadline - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+}
+
+impl StepSync for LocalSync {
+    fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
+        self.collective(
+            Op::SqNorm,
+            step,
+            |st| st.sq.push(local),
+            |st| {
+                // Summed in value order: the same global sum whatever the arrival order.
+                st.sq.sort_by(f64::total_cmp);
+                Some(st.sq.iter().sum())
+            },
+        )
+    }
+
+    fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32> {
+        let mean = self.collective(
+            Op::Loss,
+            step,
+            |st| st.losses.extend_from_slice(local),
+            |st| {
+                if st.losses.is_empty() {
+                    return None;
+                }
+                let sum: f64 = st.losses.iter().map(|&l| f64::from(l)).sum();
+                Some(sum / st.losses.len() as f64)
+            },
+        )?;
+        Ok(mean as f32)
+    }
+}
+
+/// Wraps worker `w`'s in-memory transport handle (e.g. to count or corrupt frames in tests).
+pub type WrapTransport = dyn Fn(u32, MemoryTransport) -> Box<dyn Transport> + Sync;
+
+/// Options of [`run_local_with`].
+#[derive(Clone, Copy)]
+pub struct LocalOptions<'a> {
+    /// Piece ranges per stage; `None`: [`Stage::even_split`] over the placement's stages.
+    pub partition: Option<&'a [Range<usize>]>,
+    /// How long a worker waits for a frame or for the others.
+    pub timeout: Duration,
+    /// The job id written into frames.
+    pub job: u64,
+    /// Wraps each worker's transport handle.
+    pub wrap: Option<&'a WrapTransport>,
+}
+
+impl Default for LocalOptions<'_> {
+    fn default() -> Self {
+        Self {
+            partition: None,
+            timeout: DEFAULT_TIMEOUT,
+            job: 0,
+            wrap: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for LocalOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalOptions")
+            .field("partition", &self.partition)
+            .field("timeout", &self.timeout)
+            .field("job", &self.job)
+            .field("wrap", &self.wrap.map(|_| "…"))
+            .finish()
+    }
+}
+
+/// What [`run_local`] returns.
+#[derive(Debug, Clone)]
+pub struct LocalRun {
+    /// The mean loss of every step.
+    pub losses: Vec<f32>,
+    /// Every parameter of the model after training, by name (`"{piece}.{local}"`).
+    pub params: BTreeMap<String, Tensor>,
+    /// `reports[step][worker]`.
+    pub reports: Vec<Vec<StepReport>>,
+}
+
+/// Trains `steps.len()` steps (`steps[i]` holds step `i`'s `n` microbatches) with every
+/// worker of `schedule` on its own thread, [`MemoryTransport`] between them and a
+/// [`LocalSync`]; the model is split by [`Stage::even_split`].
+pub fn run_local(
+    schedule: &Schedule,
+    spec: &ModelSpec,
+    seed: u64,
+    optimizer: AdamW,
+    device: &Device,
+    steps: &[Vec<Batch>],
+) -> Result<LocalRun> {
+    run_local_with(
+        schedule,
+        spec,
+        seed,
+        optimizer,
+        device,
+        steps,
+        LocalOptions::default(),
+    )
+}
+
+/// Aborts the network and the sync when a worker thread ends early (error or panic).
+struct AbortGuard<'a> {
+    worker: u32,
+    network: &'a MemoryTransport,
+    sync: &'a LocalSync,
+    armed: bool,
+}
+
+impl Drop for AbortGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let reason = format!("worker {} stopped", self.worker);
+            self.network.abort(&reason);
+            self.sync.abort(&reason);
+        }
+    }
+}
+
+type WorkerOutcome = (Vec<StepReport>, Vec<(String, Tensor)>);
+
+/// [`run_local`] with a partition, timeout, job id and transport wrapper. When a worker
+/// fails, the others are stopped and the first failure is returned.
+pub fn run_local_with(
+    schedule: &Schedule,
+    spec: &ModelSpec,
+    seed: u64,
+    optimizer: AdamW,
+    device: &Device,
+    steps: &[Vec<Batch>],
+    options: LocalOptions<'_>,
+) -> Result<LocalRun> {
+    let workers = schedule.num_workers();
+    let partition: Vec<Range<usize>> = match options.partition {
+        Some(p) => p.to_vec(),
+        None => Stage::even_split(spec, schedule.placement.stages() as usize)?,
+    };
+    let handles = MemoryTransport::network(workers);
+    let Some(network) = handles.first().cloned() else {
+        return Err(Error::invalid("schedule", "no workers"));
+    };
+    let sync = LocalSync::new(workers, options.timeout);
+    let first_failed = AtomicU32::new(u32::MAX);
+    let outcomes: Vec<Result<WorkerOutcome>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(w, handle)| {
+                let w = w as u32;
+                let (partition, network, sync, first_failed) =
+                    (&partition, &network, &sync, &first_failed);
+                scope.spawn(move || {
+                    let mut guard = AbortGuard {
+                        worker: w,
+                        network,
+                        sync,
+                        armed: true,
+                    };
+                    let run = || -> Result<WorkerOutcome> {
+                        let mut rt = WorkerRuntime::new(
+                            w, schedule, spec, partition, seed, device, optimizer,
+                        )?;
+                        rt.set_timeout(options.timeout);
+                        let transport: Box<dyn Transport> = match options.wrap {
+                            Some(wrap) => wrap(w, handle),
+                            None => Box::new(handle),
+                        };
+                        let mut reports = Vec::with_capacity(steps.len());
+                        for (step, batches) in steps.iter().enumerate() {
+                            reports.push(rt.run_step(
+                                options.job,
+                                step as u64,
+                                batches,
+                                transport.as_ref(),
+                                sync,
+                            )?);
+                        }
+                        let params = rt
+                            .params()
+                            .map(|p| (p.name.clone(), p.value.clone()))
+                            .collect();
+                        Ok((reports, params))
+                    };
+                    let result = run();
+                    if result.is_err() {
+                        let _ = first_failed.compare_exchange(
+                            u32::MAX,
+                            w,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
+                    } else {
+                        guard.armed = false;
+                    }
+                    drop(guard);
+                    result
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .enumerate()
+            .map(|(w, t)| {
+                t.join().unwrap_or_else(|_| {
+                    let _ = first_failed.compare_exchange(
+                        u32::MAX,
+                        w as u32,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    );
+                    Err(Error::invalid("worker", format!("worker {w} panicked")))
+                })
+            })
+            .collect()
+    });
+    let first = first_failed.load(Ordering::SeqCst);
+    let mut per_worker = Vec::with_capacity(outcomes.len());
+    let mut errors = Vec::new();
+    for (w, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Ok(o) => per_worker.push(o),
+            Err(e) => errors.push((w as u32, e)),
+        }
+    }
+    // The worker that failed first caused the others to stop: report its error.
+    if let Some(at) = errors.iter().position(|(w, _)| *w == first) {
+        return Err(errors.swap_remove(at).1);
+    }
+    if let Some((_, e)) = errors.into_iter().next() {
+        return Err(e);
+    }
+    let mut reports: Vec<Vec<StepReport>> = (0..steps.len()).map(|_| Vec::new()).collect();
+    let mut params = BTreeMap::new();
+    for (worker_reports, worker_params) in per_worker {
+        for (step, r) in worker_reports.into_iter().enumerate() {
+            reports[step].push(r);
+        }
+        params.extend(worker_params);
+    }
+    let losses = reports
+        .iter()
+        .map(|r| r.first().and_then(|r| r.loss).unwrap_or(f32::NAN))
+        .collect();
+    Ok(LocalRun {
+        losses,
+        params,
+        reports,
+    })
+}

@@ -1,0 +1,184 @@
+//! One step of a worker's program, whatever computes its passes: [`run_passes`] walks the
+//! program once, taking each pass's input (from this worker's memory or the transport),
+//! running the pass through [`Passes`] (real stages or emulated compute), handing its
+//! output on and tracking the stash, then ends the step with the two [`StepSync`]
+//! collectives. Also [`StepReport`], what it returns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use candle_core::DType;
+use pipewise_common::pass::{Pass, PassKind};
+use pipewise_common::trace::{Activity, Span};
+
+use super::exchange::{Input, Local};
+use super::program::WorkerProgram;
+use super::recorder::Recorder;
+use super::transport::{FrameKind, Payload, Transport};
+use crate::error::{Error, Result};
+
+/// The collective operations at the end of a step, across all workers of a job.
+pub trait StepSync: Send + Sync {
+    /// All-reduce: the sum over workers of their `local` squared gradient norms (for global
+    /// norm clipping); every worker gets the same global sum.
+    fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64>;
+
+    /// Gathers the microbatch losses of the last stage (each worker passes its own, empty
+    /// if it holds no last stage) and returns the step's mean loss to every worker.
+    fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32>;
+}
+
+/// What one worker reports about one step.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// The step's mean loss over its microbatches (the same on every worker after the sync).
+    pub loss: Option<f32>,
+    /// Compute seconds of every pass the worker ran, in program order (waiting for frames
+    /// not included).
+    pub pass_times: Vec<(Pass, f64)>,
+    /// The sum of [`StepReport::pass_times`].
+    pub busy_secs: f64,
+    /// Seconds from the start of the step to its end (optimizer step and syncs included).
+    pub wall_secs: f64,
+    /// The largest stash (bytes for pending `B` and `W` over all the worker's stages) seen
+    /// at a pass boundary during the step.
+    pub peak_stash_bytes: u64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// What the worker did when, in seconds of UNIX time: every pass, every wait for a
+    /// peer's frame, every hand-over to the transport and the end-of-step sync.
+    pub spans: Vec<Span>,
+    /// Activation and gradient bytes sent to each peer worker during the step.
+    pub bytes_sent: BTreeMap<u32, u64>,
+    /// Activation and gradient bytes received from each peer worker during the step.
+    pub bytes_received: BTreeMap<u32, u64>,
+}
+
+/// A worker's passes as [`run_passes`] drives them: real stages or emulated compute.
+pub(crate) trait Passes {
+    /// What a pass hands to another stage (a tensor, or emulated compute's byte buffer).
+    type Value;
+    /// Whether the step's mean loss is reported (emulated compute learns nothing).
+    const LEARNS: bool;
+
+    /// Checks, before its input is taken, that `pass` may run now.
+    fn check_order(&mut self, _pass: Pass) -> Result<()> {
+        Ok(())
+    }
+
+    /// The shape and dtype of the frame `pass` takes as its input.
+    fn expected(&self, pass: Pass) -> Result<([usize; 3], DType)>;
+
+    /// A received `payload` of the expected shape and dtype as the input of `pass`.
+    fn input_from(&self, pass: Pass, payload: Payload) -> Result<Self::Value>;
+
+    /// Runs `pass` on `input` (`None` for the first stage's forward and the last stage's
+    /// backward); returns its output for another stage (the last stage's forward: its
+    /// loss, for [`Passes::loss`]).
+    fn run(&mut self, pass: Pass, input: Option<Self::Value>) -> Result<Option<Self::Value>>;
+
+    /// The microbatch loss of the last stage's forward `pass`, from its `output`.
+    fn loss(&self, pass: Pass, output: Option<Self::Value>) -> Result<f32>;
+
+    /// `value` as a frame's payload.
+    fn into_payload(value: Self::Value) -> Payload;
+
+    /// Bytes stashed for pending `B` and `W` passes now.
+    fn stash_bytes(&self) -> u64;
+
+    /// The squared gradient norm of this worker's stages.
+    fn grad_sq_norm(&self) -> Result<f64>;
+
+    /// The optimizer step, given the squared gradient norm over every worker.
+    fn optimizer_step(&mut self, global_sq: f64) -> Result<()>;
+}
+
+/// Runs `program` with `passes` for step `step` of run `job`, which started at `started`:
+/// frames for other workers go through `transport`, and the step ends with the
+/// collectives of `sync`.
+pub(crate) fn run_passes<P: Passes>(
+    passes: &mut P,
+    program: &WorkerProgram,
+    (job, step): (u64, u64),
+    transport: &dyn Transport,
+    sync: &dyn StepSync,
+    started: Instant,
+) -> Result<StepReport> {
+    let link = program.link(transport, job, step);
+    let worker = program.worker;
+    let last = program.placement.stages() - 1;
+    let program = &program.passes;
+    let mut local: Local<P::Value> = HashMap::new();
+    let mut rec = Recorder::start(started, 2 * program.len() + 1);
+    let mut losses: Vec<(u32, f32)> = Vec::new();
+    let mut pass_times = Vec::with_capacity(program.len());
+    let mut peak = passes.stash_bytes();
+    for &pass in program {
+        let (s, mb) = (pass.stage, pass.mb);
+        passes.check_order(pass)?;
+        let input_kind = match pass.kind {
+            PassKind::F if s > 0 => Some(FrameKind::Activation),
+            PassKind::B | PassKind::BW if s < last => Some(FrameKind::Gradient),
+            _ => None,
+        };
+        let input = match input_kind {
+            Some(kind) => Some(match link.take(&mut local, &mut rec, pass, kind)? {
+                Input::Local(value) => value,
+                Input::Received(payload) => {
+                    let (dims, dtype) = passes.expected(pass)?;
+                    if payload.dims() != dims || payload.dtype() != dtype {
+                        return Err(link.bad_frame(pass, kind, &payload, (&dims, dtype)));
+                    }
+                    passes.input_from(pass, payload)?
+                }
+            }),
+            None => None,
+        };
+        let t0 = Instant::now();
+        let output = passes.run(pass, input)?;
+        pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
+        let to = match pass.kind {
+            PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
+            PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
+            _ => None,
+        };
+        if pass.kind == PassKind::F && s == last {
+            losses.push((mb, passes.loss(pass, output)?));
+        } else if let Some((to, kind)) = to {
+            let value = output.ok_or_else(|| {
+                Error::invalid(
+                    "stage",
+                    format!("pass {pass} gave no {kind} for stage {to}"),
+                )
+            })?;
+            link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
+        }
+        peak = peak.max(passes.stash_bytes());
+    }
+    if let Some(&(s, mb, kind)) = local.keys().next() {
+        return Err(Error::invalid(
+            "schedule",
+            format!("worker {worker}: the {kind} for stage {s} microbatch {mb} was never consumed"),
+        ));
+    }
+    // Global-norm clipping: every stage of every worker scales by the same factor.
+    let sync_started = Instant::now();
+    let global_sq = sync.all_reduce_sq_norm(step, passes.grad_sq_norm()?)?;
+    passes.optimizer_step(global_sq)?;
+    losses.sort_by_key(|&(mb, _)| mb);
+    let local_losses: Vec<f32> = losses.into_iter().map(|(_, l)| l).collect();
+    let loss = sync.mean_loss(step, &local_losses)?;
+    let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
+    rec.span(Activity::Sync, sync_started);
+    Ok(StepReport {
+        loss: P::LEARNS.then_some(loss),
+        pass_times,
+        busy_secs,
+        wall_secs: started.elapsed().as_secs_f64(),
+        peak_stash_bytes: peak,
+        grad_norm: global_sq.sqrt(),
+        spans: rec.spans,
+        bytes_sent: rec.sent,
+        bytes_received: rec.received,
+    })
+}
