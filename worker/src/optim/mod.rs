@@ -13,6 +13,6 @@ mod update;
 
 pub use adamw::{AdamW, clip_scale};
 pub(crate) use update::update;
-/// The candle reference the kernels' tests compare the fused update with.
+/// The fused update and the candle reference the kernels' tests compare it with.
 #[cfg(test)]
-pub(crate) use update::update_candle;
+pub(crate) use update::{update_candle, update_fused};
