@@ -34,7 +34,7 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
         // frames of its own step and the two after, and refuses the others unread.
         for step in now..now + 60 {
             let frame = pb::TensorFrame {
-                job,
+                run: job,
                 step,
                 stage: 1,
                 mb: 0,

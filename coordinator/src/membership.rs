@@ -317,7 +317,7 @@ impl Actor for Membership {
                 }
             }
             MembershipMsg::Assign(id, assignment, reply) => {
-                let (job, index) = (assignment.job, assignment.worker_index);
+                let (job, index) = (assignment.run, assignment.worker_index);
                 let outcome = match st.streams.get(&id) {
                     Some(tx) => tx.try_send(*assignment).map_err(|e| {
                         CoordinatorError::Actor(format!(
@@ -341,7 +341,7 @@ impl Actor for Membership {
                 st.sinks.insert(job, sink);
             }
             MembershipMsg::Report(report, reply) => {
-                let job = report.job;
+                let job = report.run;
                 // An abandoned run ends at once and writes nothing more (a graceful stop
                 // would save a checkpoint and final parameters for a run nobody follows).
                 let abort = st.abandon(job);

@@ -294,7 +294,7 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
         .collect();
     for (i, w) in a.workers.iter().enumerate() {
         let assignment = pb::Assignment {
-            job: a.run.raw(),
+            run: a.run.raw(),
             first_step: a.first_step,
             end_step: a.end_step,
             worker_index: i as u32,

@@ -235,7 +235,7 @@ impl ClusterService for Cluster {
             step: 0,
             streaming: false,
             // Until its first heartbeat: the run it still runs, if any.
-            job: r.job,
+            job: r.run,
             // The membership actor numbers it.
             incarnation: 0,
         };
@@ -258,14 +258,14 @@ impl ClusterService for Cluster {
             current_activation_bytes: r.current_activation_bytes,
             peak_activation_bytes: r.peak_activation_bytes,
             step: r.step,
-            job: r.job,
+            job: r.run,
         };
         let answer = ractor::call!(self.membership, MembershipMsg::Heartbeat, beat)
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(pb::HeartbeatReply {
             known: answer.known,
             cancel: answer.abort.is_some(),
-            job: answer.abort.unwrap_or(0),
+            run: answer.abort.unwrap_or(0),
         }))
     }
 

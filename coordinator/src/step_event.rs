@@ -86,7 +86,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
         .collect();
     let spans = spans.unwrap_or_else(|e| {
         tracing::warn!(
-            run = r.job,
+            run = r.run,
             step = r.step,
             worker = r.worker_index,
             "bad trace span: {e}"

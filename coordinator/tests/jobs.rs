@@ -353,7 +353,7 @@ async fn registrations_with_bad_or_taken_ids_are_refused() {
         let reply = cluster
             .heartbeat(pb::HeartbeatRequest {
                 worker_id: "w1".into(),
-                job,
+                run: job,
                 ..Default::default()
             })
             .await
@@ -361,7 +361,7 @@ async fn registrations_with_bad_or_taken_ids_are_refused() {
             .into_inner();
         assert!(reply.known);
         assert_eq!(
-            (reply.cancel, reply.job),
+            (reply.cancel, reply.run),
             (cancel, if cancel { job } else { 0 })
         );
     }

@@ -226,7 +226,7 @@ fn recv_times_out_with_a_clear_error() -> TestResult {
 
 fn good_frame(step: u64, stage: u32, mb: u32) -> TensorFrame {
     TensorFrame {
-        job: JOB,
+        run: JOB,
         step,
         stage,
         mb,
@@ -262,7 +262,7 @@ fn malformed_frames_are_rejected_and_recv_fails_fast() -> TestResult {
     let mut short = good_frame(0, 1, 0);
     short.data = vec![0u8; 12].into();
     let mut wrong_job = good_frame(0, 1, 1);
-    wrong_job.job = JOB + 1;
+    wrong_job.run = JOB + 1;
     let unknown_stage = good_frame(0, 5, 2);
     let mut no_dtype = good_frame(0, 1, 3);
     no_dtype.dtype = 0;
@@ -277,7 +277,7 @@ fn malformed_frames_are_rejected_and_recv_fails_fast() -> TestResult {
     ];
     for (bad, field, kind) in cases {
         let (step, stage, mb) = (bad.step, bad.stage, bad.mb);
-        let foreign = bad.job != JOB;
+        let foreign = bad.run != JOB;
         let (code, message) = raw_send(&rt, addr, vec![bad])?;
         assert_eq!(code, tonic::Code::InvalidArgument, "{field}: {message}");
         assert!(message.contains(field), "{field}: {message}");

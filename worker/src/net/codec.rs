@@ -244,7 +244,7 @@ pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
     };
     Ok(Outgoing {
         header: TensorFrame {
-            job: frame.job,
+            run: frame.job,
             step: frame.step,
             stage: frame.stage,
             mb: frame.mb,
@@ -532,7 +532,7 @@ impl Assembly {
     /// Whether `chunk` continues this tensor: the same fields and the next offset.
     pub(crate) fn check_continues(&self, chunk: &TensorFrame) -> Result<(), Rejection> {
         let h = &self.header;
-        let same = chunk.job == h.job
+        let same = chunk.run == h.run
             && chunk.step == h.step
             && chunk.stage == h.stage
             && chunk.mb == h.mb

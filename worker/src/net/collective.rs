@@ -114,11 +114,11 @@ impl Collective {
             })?;
         let mut st = self.lock();
         // A job the root has not taken yet (retryable), before any abort of the one it has.
-        if st.workers == 0 || req.job != st.job {
+        if st.workers == 0 || req.run != st.job {
             return Err(Status::failed_precondition(format!(
                 "ReduceRequest.job: this worker serves the collectives of job {} ({} workers), \
                  not of job {}",
-                st.job, st.workers, req.job
+                st.job, st.workers, req.run
             )));
         }
         if let Some(reason) = &st.aborted {
@@ -316,7 +316,7 @@ impl NetSync {
     fn call(&self, what: &str, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
         let mut client = self.client.clone();
         let req = ReduceRequest {
-            job: self.job,
+            run: self.job,
             step,
             op: op as i32,
             worker: self.worker,
@@ -409,7 +409,7 @@ mod tests {
 
     fn req(step: u64, worker: u32, value: f64) -> ReduceRequest {
         ReduceRequest {
-            job: 1,
+            run: 1,
             step,
             op: ReduceOp::SqNorm as i32,
             worker,
@@ -440,7 +440,7 @@ mod tests {
         // A new job starts afresh.
         c.configure(2, 1, Duration::from_secs(1));
         let mut first = req(0, 0, 1.0);
-        first.job = 2;
+        first.run = 2;
         c.contribute(&first).expect("a new job's first step");
     }
 }

@@ -147,7 +147,7 @@ impl Inbox {
         // frame of another job must not fail this job's key), and only so many.
         // A frame refused for its step is no frame the worker is waiting for either: a key
         // it names is one the worker is far from, and must not fail when it gets there.
-        let ours = frame.job == state.job && rejection.field != "step";
+        let ours = frame.run == state.job && rejection.field != "step";
         let kinds = if rejection.duplicate || !ours || state.rejected.len() >= MAX_REJECTED {
             Vec::new()
         } else {
@@ -157,11 +157,11 @@ impl Inbox {
             let key = (frame.step, frame.stage, frame.mb, kind);
             state
                 .rejected
-                .insert(key, format!("job {}: {rejection}", frame.job));
+                .insert(key, format!("job {}: {rejection}", frame.run));
         }
         self.arrived.notify_all();
         tracing::warn!(
-            job = frame.job,
+            job = frame.run,
             step = frame.step,
             stage = frame.stage,
             mb = frame.mb,
@@ -245,12 +245,12 @@ impl Inbox {
     }
 
     fn check_key(state: &State, frame: &TensorFrame, key: Key) -> Result<(), Rejection> {
-        if frame.job != state.job {
+        if frame.run != state.job {
             return Err(Rejection::new(
                 "job",
                 format!(
                     "{} is not this worker's {}",
-                    RunName(frame.job),
+                    RunName(frame.run),
                     RunName(state.job)
                 ),
             ));

@@ -315,7 +315,7 @@ mod tests {
 
     fn frame(mb: u32, data: &[u8]) -> TensorFrame {
         TensorFrame {
-            job: 7,
+            run: 7,
             step: 3,
             stage: 1,
             mb,

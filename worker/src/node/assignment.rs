@@ -98,7 +98,7 @@ impl Assignment {
             ));
         }
         Ok(Assignment {
-            run: a.job,
+            run: a.run,
             worker: a.worker_index,
             steps: a.first_step..a.end_step,
             spec,

@@ -108,7 +108,7 @@ impl Connection {
                 address: args.address.clone(),
                 device_kind: args.device_kind.clone(),
                 memory_bytes: args.memory_bytes,
-                job,
+                run: job,
             })
             .await
             .map_err(|s| {
@@ -153,16 +153,16 @@ async fn follow_assignments(
                         Ok(Some(a)) => {
                             tracing::info!(
                                 worker = %id,
-                                job = job_of(a.job),
-                                run = run_of(a.job),
+                                job = job_of(a.run),
+                                run = run_of(a.run),
                                 index = a.worker_index,
                                 "assignment"
                             );
                             // The coordinator hands out work only once a worker's last job
                             // is over for it: a job still running here is abandoned.
                             shared.abort_if(
-                                |old| old != a.job,
-                                &format!("superseded by job {}", a.job),
+                                |old| old != a.run,
+                                &format!("superseded by job {}", a.run),
                             );
                             if out.send(a).is_err() {
                                 return;
@@ -233,7 +233,7 @@ impl Actor for Connection {
                     peak_activation_bytes: stats.peak_activation_bytes,
                     stage_times: stats.stage_times,
                     step: stats.step,
-                    job: state.args.shared.current().job.unwrap_or(0),
+                    run: state.args.shared.current().job.unwrap_or(0),
                 };
                 match state.args.client.clone().heartbeat(beat).await {
                     Ok(reply) => {
@@ -245,7 +245,7 @@ impl Actor for Connection {
                             }
                         }
                         if reply.cancel {
-                            let job = reply.job;
+                            let job = reply.run;
                             state
                                 .args
                                 .shared

@@ -32,7 +32,7 @@ pub(crate) fn executor_loop(
     reports: &mpsc::UnboundedSender<pb::StepReport>,
 ) {
     while let Ok(a) = assignments.recv() {
-        let (job, worker) = (a.job, a.worker_index);
+        let (job, worker) = (a.run, a.worker_index);
         // Every log line of the job carries its id and the worker (and, below, the step).
         let _job_span = tracing::info_span!(
             "job",
@@ -46,7 +46,7 @@ pub(crate) fn executor_loop(
         let mut last_step = a.first_step;
         let outcome = run_assignment(config, shared, a, reports, &mut last_step);
         let mut report = pb::StepReport {
-            job,
+            run: job,
             worker_id: config.id.clone(),
             worker_index: worker,
             step: last_step,
@@ -197,7 +197,7 @@ fn step_report(
     stage_times: Vec<pb::StageTimes>,
 ) -> pb::StepReport {
     pb::StepReport {
-        job: a.run,
+        run: a.run,
         worker_id: id.to_string(),
         worker_index: a.worker,
         step,

@@ -23,8 +23,8 @@ pub(crate) async fn reporter(
         // Its log lines carry the job, the re-plan and the step, as the executor's do.
         let span = tracing::info_span!(
             "report",
-            job = job_of(report.job),
-            run = run_of(report.job),
+            job = job_of(report.run),
+            run = run_of(report.run),
             step = report.step
         );
         deliver(&mut client, report, &shared).instrument(span).await;
@@ -46,10 +46,10 @@ async fn deliver(
             Ok(ack) => {
                 let ack = ack.into_inner();
                 if ack.abort {
-                    let job = report.job;
+                    let job = report.run;
                     shared.abort_if(|j| j == job, "abandoned by the coordinator");
                 } else if ack.cancel {
-                    shared.transport.collective().request_stop(report.job);
+                    shared.transport.collective().request_stop(report.run);
                 }
                 return;
             }
