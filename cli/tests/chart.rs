@@ -9,33 +9,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde::Deserialize as _;
 use serde_norway::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn helm() -> Option<PathBuf> {
-    let found = std::env::var_os("PIPEWISE_HELM")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::split_paths(&std::env::var_os("PATH")?)
-                .map(|p| p.join("helm"))
-                .find(|p| p.is_file())
-        });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("PIPEWISE_REQUIRE_HELM").is_none(),
-            "PIPEWISE_REQUIRE_HELM is set but there is no `helm` (PIPEWISE_HELM or the PATH)"
-        );
-        eprintln!("skipped: no `helm` (set PIPEWISE_HELM or put helm on the PATH)");
-    }
-    found
-}
+use common::{helm, repo_root};
 
 fn helm_run(helm: &Path, verb: &str, args: &[&str]) -> Output {
     let mut command = Command::new(helm);
@@ -44,7 +26,7 @@ fn helm_run(helm: &Path, verb: &str, args: &[&str]) -> Output {
         command.arg("rel");
     }
     command
-        .arg(root().join("charts/pipewise"))
+        .arg(repo_root().join("charts/pipewise"))
         .args(args)
         .output()
         .unwrap()
@@ -103,7 +85,7 @@ fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
 }
 
 fn job_file() -> String {
-    format!("job={}", root().join("deploy/job.toml").display())
+    format!("job={}", repo_root().join("deploy/job.toml").display())
 }
 
 /// The coordinator, the workers and the submit hook Job.
@@ -211,7 +193,7 @@ fn disruptions_and_network_are_bounded_by_default() {
 #[test]
 fn the_options_render_what_they_say() {
     let Some(helm) = helm() else { return };
-    let values = root().join("charts/pipewise/ci/options-on-values.yaml");
+    let values = repo_root().join("charts/pipewise/ci/options-on-values.yaml");
     let args = ["-f", values.to_str().unwrap(), "--set-file", &job_file()];
     let out = helm_run(&helm, "lint", &args);
     assert!(

@@ -11,36 +11,20 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde::Deserialize as _;
 use serde_norway::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn helm() -> Option<PathBuf> {
-    let found = std::env::var_os("PIPEWISE_HELM")
-        .map(PathBuf::from)
-        .or_else(|| common::which("helm"));
-    if found.is_none() {
-        assert!(
-            std::env::var_os("PIPEWISE_REQUIRE_HELM").is_none(),
-            "PIPEWISE_REQUIRE_HELM is set but there is no `helm` (PIPEWISE_HELM or the PATH)"
-        );
-        eprintln!("skipped: no `helm` (set PIPEWISE_HELM or put helm on the PATH)");
-    }
-    found
-}
+use common::{helm, repo_root};
 
 /// `helm template rel charts/pipewise ARGS`, as YAML documents.
 fn render(helm: &Path, args: &[&str]) -> Vec<Value> {
     let text = common::succeeds(
         Command::new(helm)
             .args(["template", "rel"])
-            .arg(root().join("charts/pipewise"))
+            .arg(repo_root().join("charts/pipewise"))
             .args(args),
     );
     serde_norway::Deserializer::from_str(&text)
@@ -127,7 +111,7 @@ fn the_chart_renders_a_cluster() {
     common::succeeds(
         Command::new(&helm)
             .arg("lint")
-            .arg(root().join("charts/pipewise")),
+            .arg(repo_root().join("charts/pipewise")),
     );
 
     let docs = render(&helm, &[]);
@@ -187,7 +171,8 @@ fn the_chart_renders_a_cluster() {
     }
     // The dashboard ConfigMap carries deploy/grafana/pipewise.json.
     let dashboard = find(&docs, "ConfigMap", Some("rel-pipewise-dashboard"));
-    let shipped = std::fs::read_to_string(root().join("deploy/grafana/pipewise.json")).unwrap();
+    let shipped =
+        std::fs::read_to_string(repo_root().join("deploy/grafana/pipewise.json")).unwrap();
     let rendered = dashboard["data"]["pipewise.json"].as_str().unwrap();
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(rendered).unwrap(),
@@ -199,7 +184,7 @@ fn the_chart_renders_a_cluster() {
 #[test]
 fn the_chart_follows_its_values() {
     let Some(helm) = helm() else { return };
-    let job = root().join("deploy/job.toml");
+    let job = repo_root().join("deploy/job.toml");
     let docs = render(
         &helm,
         &[
@@ -271,7 +256,7 @@ fn the_chart_follows_its_values() {
 #[test]
 fn only_gpu_workers_run_the_cuda_image() {
     let Some(helm) = helm() else { return };
-    let job = format!("job={}", root().join("deploy/job.toml").display());
+    let job = format!("job={}", repo_root().join("deploy/job.toml").display());
 
     // The build commands at the top of each Dockerfile, in the README and in docs/operations.md.
     let mut documented = Vec::new();
@@ -281,7 +266,7 @@ fn only_gpu_workers_run_the_cuda_image() {
         "README.md",
         "docs/operations.md",
     ] {
-        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
         documented.extend(built_tags(&text));
     }
     let tag_of = |dockerfile: &str| -> String {
@@ -445,7 +430,7 @@ fn the_chart_refuses_bad_values() {
     ] {
         let out = Command::new(&helm)
             .args(["template", "rel"])
-            .arg(root().join("charts/pipewise"))
+            .arg(repo_root().join("charts/pipewise"))
             .args(["--set", set])
             .output()
             .unwrap();
@@ -485,8 +470,9 @@ fn the_chart_refuses_bad_values() {
 
 #[test]
 fn the_chart_carries_the_shipped_dashboard() {
-    let chart = std::fs::read(root().join("charts/pipewise/dashboards/pipewise.json")).unwrap();
-    let shipped = std::fs::read(root().join("deploy/grafana/pipewise.json")).unwrap();
+    let chart =
+        std::fs::read(repo_root().join("charts/pipewise/dashboards/pipewise.json")).unwrap();
+    let shipped = std::fs::read(repo_root().join("deploy/grafana/pipewise.json")).unwrap();
     assert!(
         chart == shipped,
         "charts/pipewise/dashboards/pipewise.json differs from deploy/grafana/pipewise.json"
@@ -495,11 +481,11 @@ fn the_chart_carries_the_shipped_dashboard() {
 
 #[test]
 fn the_compose_cluster_is_consistent() {
-    let text = std::fs::read_to_string(root().join("deploy/compose.yaml")).unwrap();
+    let text = std::fs::read_to_string(repo_root().join("deploy/compose.yaml")).unwrap();
     let compose: Value = serde_norway::from_str(&text).unwrap();
     let services = compose["services"].as_mapping().unwrap();
     let prometheus: Value = serde_norway::from_str(
-        &std::fs::read_to_string(root().join("deploy/prometheus/prometheus.yml")).unwrap(),
+        &std::fs::read_to_string(repo_root().join("deploy/prometheus/prometheus.yml")).unwrap(),
     )
     .unwrap();
     let targets: BTreeSet<String> = prometheus["scrape_configs"][0]["static_configs"]
@@ -547,7 +533,7 @@ fn the_compose_cluster_is_consistent() {
         common::succeeds(
             Command::new(promtool)
                 .args(["check", "config"])
-                .arg(root().join("deploy/prometheus/prometheus.yml")),
+                .arg(repo_root().join("deploy/prometheus/prometheus.yml")),
         );
     }
 }

@@ -24,14 +24,8 @@ pub struct PassIndex {
 impl PassIndex {
     /// Index of `pass` among every pass the shape could hold (`0..self.slots()`).
     pub(crate) fn slot(&self, pass: Pass) -> usize {
-        // The order of `PassKind::ALL`.
-        let kind = match pass.kind {
-            PassKind::F => 0,
-            PassKind::B => 1,
-            PassKind::W => 2,
-            PassKind::BW => 3,
-        };
-        (kind * self.stages as usize + pass.stage as usize) * self.microbatches as usize
+        (pass.kind.index() * self.stages as usize + pass.stage as usize)
+            * self.microbatches as usize
             + pass.mb as usize
     }
 

@@ -108,6 +108,27 @@ pub(crate) fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The repository's root.
+pub(crate) fn repo_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `helm`: from `PIPEWISE_HELM`, else on the PATH. Missing, it skips the caller's test
+/// (`None`), or fails it where `PIPEWISE_REQUIRE_HELM` is set (CI).
+pub(crate) fn helm() -> Option<PathBuf> {
+    let found = std::env::var_os("PIPEWISE_HELM")
+        .map(PathBuf::from)
+        .or_else(|| which("helm"));
+    if found.is_none() {
+        assert!(
+            std::env::var_os("PIPEWISE_REQUIRE_HELM").is_none(),
+            "PIPEWISE_REQUIRE_HELM is set but there is no `helm` (PIPEWISE_HELM or the PATH)"
+        );
+        eprintln!("skipped: no `helm` (set PIPEWISE_HELM or put helm on the PATH)");
+    }
+    found
+}
+
 /// A plain HTTP/1.0 GET on loopback: (status, body).
 pub(crate) fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;

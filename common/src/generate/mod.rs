@@ -19,6 +19,7 @@ mod adaptive;
 mod block;
 mod classic;
 mod compact;
+mod counts;
 mod finish;
 mod fixed_v;
 mod greedy_v;
@@ -102,18 +103,7 @@ pub fn generate_with(
     costs_for: &dyn Fn(&Placement) -> Result<Costs>,
 ) -> Result<Schedule> {
     let (d, n) = (req.workers, req.microbatches);
-    if d == 0 {
-        return Err(Error::InvalidArgument {
-            field: "workers",
-            reason: "must be at least 1".into(),
-        });
-    }
-    if n == 0 {
-        return Err(Error::InvalidArgument {
-            field: "microbatches",
-            reason: "must be at least 1".into(),
-        });
-    }
+    counts::check_counts(d, n)?;
     req.times.check()?;
     if let Some(limit) = req.memory_limit
         && (!limit.is_finite() || limit <= 0.0)

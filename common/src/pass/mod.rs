@@ -26,6 +26,16 @@ impl PassKind {
     /// All kinds, in a fixed order.
     pub const ALL: [PassKind; 4] = [PassKind::F, PassKind::B, PassKind::W, PassKind::BW];
 
+    /// Position in [`PassKind::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            PassKind::F => 0,
+            PassKind::B => 1,
+            PassKind::W => 2,
+            PassKind::BW => 3,
+        }
+    }
+
     /// The text used in the compact form.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -108,13 +118,8 @@ impl<T: Clone> PassMap<T> {
     }
 
     fn slot(&self, pass: Pass) -> usize {
-        let kind = match pass.kind {
-            PassKind::F => 0,
-            PassKind::B => 1,
-            PassKind::W => 2,
-            PassKind::BW => 3,
-        };
-        (kind * self.stages as usize + pass.stage as usize) * self.microbatches as usize
+        (pass.kind.index() * self.stages as usize + pass.stage as usize)
+            * self.microbatches as usize
             + pass.mb as usize
     }
 

@@ -41,18 +41,7 @@ pub(super) fn check_inputs(
     costs: &Costs,
     placement: &Placement,
 ) -> Result<()> {
-    if d == 0 {
-        return Err(Error::InvalidArgument {
-            field: "workers",
-            reason: "must be at least 1".into(),
-        });
-    }
-    if n == 0 {
-        return Err(Error::InvalidArgument {
-            field: "microbatches",
-            reason: "must be at least 1".into(),
-        });
-    }
+    crate::generate::counts::check_counts(d, n)?;
     if !limit.is_finite() || limit <= 0.0 {
         return Err(Error::InvalidArgument {
             field: "memory limit",
