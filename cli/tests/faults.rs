@@ -89,17 +89,13 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
     wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
         s == "running" && step >= 1
     });
-    let out = pipewise()
-        .args(["cancel", &job.to_string(), "--coordinator", &cluster.url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = common::succeeds(pipewise().args([
+        "cancel",
+        &job.to_string(),
+        "--coordinator",
+        &cluster.url,
+    ]));
     // It says the running job is being cancelled, not just that it runs.
-    let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         said.contains("cancelling: its workers stop after the current step"),
         "{said}"
@@ -117,23 +113,12 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
     // `pipewise trace` writes a kept step's timeline; a step that is not kept is refused
     // naming the field.
     let traces = dir.join("traces");
-    let out = pipewise()
-        .args([
-            "trace",
-            &job.to_string(),
-            "--step",
-            "2",
-            "--coordinator",
-            &cluster.url,
-        ])
-        .arg("--out")
-        .arg(&traces)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::succeeds(
+        pipewise()
+            .args(["trace", &job.to_string(), "--step", "2"])
+            .args(["--coordinator", &cluster.url])
+            .arg("--out")
+            .arg(&traces),
     );
     let chrome: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(traces.join("step-2.trace.json")).unwrap())

@@ -96,18 +96,11 @@ fn emulated_job_runs_on_worker_processes() {
     assert!((planned - bubble(Times::UNIT)).abs() > 0.01, "{planned}");
 
     let file = write_spec(&dir, &spec);
-    let out = pipewise()
-        .arg("submit")
-        .arg(&file)
-        .args(["--coordinator", &cluster.url, "--wait"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = common::succeeds(pipewise().arg("submit").arg(&file).args([
+        "--coordinator",
+        &cluster.url,
+        "--wait",
+    ]));
     // "step    1  loss NaN  12.3 ms  bubble planned  12.3% measured  14.5%  peak KiB [...]"
     let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
     assert_eq!(steps.len(), 3, "{stdout}");

@@ -151,19 +151,11 @@ pub(crate) fn write_spec(dir: &Path, spec: &JobSpec) -> PathBuf {
 
 /// `pipewise submit FILE --wait`: the job id and the losses it printed.
 pub(crate) fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
-    let out = pipewise()
-        .arg("submit")
-        .arg(file)
-        .args(["--coordinator", &cluster.url, "--wait"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{}: {stdout}\n{}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = super::succeeds(pipewise().arg("submit").arg(file).args([
+        "--coordinator",
+        &cluster.url,
+        "--wait",
+    ]));
     let id = stdout
         .lines()
         .next()
@@ -218,36 +210,28 @@ pub(crate) fn tempdir(name: &str) -> PathBuf {
 
 /// `pipewise submit FILE` (no wait): the job id.
 pub(crate) fn submit(cluster: &Cluster, file: &Path) -> u64 {
-    let out = pipewise()
-        .arg("submit")
-        .arg(file)
-        .args(["--coordinator", &cluster.url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap()
+    super::succeeds(
+        pipewise()
+            .arg("submit")
+            .arg(file)
+            .args(["--coordinator", &cluster.url]),
+    )
+    .split_whitespace()
+    .nth(1)
+    .and_then(|s| s.parse().ok())
+    .unwrap()
 }
 
 /// `pipewise status JOB`: (state, step, the whole line).
 pub(crate) fn status(cluster: &Cluster, job: u64) -> (String, u64, String) {
-    let out = pipewise()
-        .args(["status", &job.to_string(), "--coordinator", &cluster.url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let line = super::succeeds(pipewise().args([
+        "status",
+        &job.to_string(),
+        "--coordinator",
+        &cluster.url,
+    ]))
+    .trim()
+    .to_string();
     let words: Vec<&str> = line.split_whitespace().collect();
     let state = words[3].to_string();
     let step = words[5].split('/').next().unwrap().parse().unwrap();
