@@ -4,7 +4,7 @@
 //! # What it searches
 //!
 //! For every microbatch size `b` dividing the global batch (`n = global_batch / b`
-//! microbatches) and every kind in [`AUTO_KINDS`], the planner
+//! microbatches) and every kind in [`auto_kinds`], the planner
 //!
 //! 1. takes the kind's placement on `d` workers (`S` stages; interleaved 1F1B with
 //!    [`INTERLEAVED_CHUNKS`] chunks, only when `n` is a multiple of `d`);
@@ -74,7 +74,7 @@ pub use activation_limit::{ADAPTIVE_ASCENT_STEPS, ADAPTIVE_DESCENT_STEPS};
 pub use candidate::{AutoPlan, Candidate, Rejected, Why, partition_summary};
 pub use configuration::{INTERLEAVED_CHUNKS, MAX_ADAPTIVE_SHAPE, MAX_FIXED_SHAPE};
 pub use request::{AutoRequest, DEFAULT_FLOPS_PER_MS, LayerTimes};
-pub use search::{AUTO_KINDS, auto_plan};
+pub use search::{auto_kinds, auto_plan};
 
 #[cfg(test)]
 mod tests {

@@ -10,20 +10,16 @@ use crate::error::{Error, Result};
 use crate::generate::ScheduleKind;
 use crate::render::report::fmt_bytes;
 
-/// The schedules the auto-planner considers, in tie-break order.
-pub const AUTO_KINDS: [ScheduleKind; 11] = [
-    ScheduleKind::GPipe,
-    ScheduleKind::OneFOneB,
-    ScheduleKind::Interleaved1F1B,
-    ScheduleKind::ZbH1,
-    ScheduleKind::ZbH2,
-    ScheduleKind::VMin,
-    ScheduleKind::VHalf,
-    ScheduleKind::VZb,
-    ScheduleKind::OneFOneBV,
-    ScheduleKind::AdaptiveV,
-    ScheduleKind::AdaptiveZb,
-];
+/// The schedules the auto-planner considers, in tie-break order: `--compare` order less the
+/// kinds the module documentation says it leaves out.
+pub fn auto_kinds() -> impl Iterator<Item = ScheduleKind> {
+    ScheduleKind::ALL.into_iter().filter(|kind| {
+        !matches!(
+            kind,
+            ScheduleKind::Eager1F1B | ScheduleKind::LoopedBfs | ScheduleKind::DualPipeV
+        )
+    })
+}
 
 /// Plans every configuration of `req` and ranks the ones that fit.
 ///
@@ -41,7 +37,7 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
         let pieces = piece_costs(req, mbs);
         // The kinds with the same stage count share the partition of these pieces.
         let mut partitions = BTreeMap::new();
-        for kind in AUTO_KINDS {
+        for kind in auto_kinds() {
             match plan_one(req, kind, mbs, n, &pieces, per_param, &mut partitions)? {
                 Outcome::Planned(c) => planned.push(*c),
                 Outcome::Rejected(r) => rejected.push(r),

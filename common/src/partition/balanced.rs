@@ -18,8 +18,9 @@ const REL_EPS: f64 = 1e-9;
 /// `fold(a, c) >= c` for every objective `a >= 0` (max and sum of non-negative costs). So
 /// the scan over a stage's start `j`, from the shortest stage down, ends at the first
 /// stage that is not allowed or that alone costs more than the best so far; the search is
-/// about `len²` steps in all rather than `stages · len²`.
-fn partition_dp(
+/// about `len²` steps in all rather than `stages · len²`. `EARLY_STOP = false` scans every
+/// cut (the tests' reference for the stops).
+fn partition_dp<const EARLY_STOP: bool>(
     len: usize,
     stages: usize,
     cost: &dyn Fn(usize, usize) -> Option<f64>,
@@ -36,8 +37,13 @@ fn partition_dp(
         // Leave at least one piece for each of the stages still to come.
         for i in k..=len - (stages - k) {
             for j in ((k - 1)..i).rev() {
-                let Some(c) = cost(j, i) else { break };
-                if c > best[k][i] {
+                let Some(c) = cost(j, i) else {
+                    if EARLY_STOP {
+                        break;
+                    }
+                    continue;
+                };
+                if EARLY_STOP && c > best[k][i] {
                     break;
                 }
                 let prev = best[k - 1][j];
@@ -87,15 +93,15 @@ pub fn balance(times: &[f64], params: &[u64], stages: usize) -> Option<Vec<Range
     }
     let time = |j: usize, i: usize| tp[i] - tp[j];
     let par = |j: usize, i: usize| (pp[i] - pp[j]) as f64;
-    let (t_max, _) = partition_dp(len, stages, &|j, i| Some(time(j, i)), f64::max)?;
+    let (t_max, _) = partition_dp::<true>(len, stages, &|j, i| Some(time(j, i)), f64::max)?;
     let t_cap = t_max * (1.0 + REL_EPS) + f64::MIN_POSITIVE;
-    let (p_max, _) = partition_dp(
+    let (p_max, _) = partition_dp::<true>(
         len,
         stages,
         &|j, i| (time(j, i) <= t_cap).then(|| par(j, i)),
         f64::max,
     )?;
-    let (_, ranges) = partition_dp(
+    let (_, ranges) = partition_dp::<true>(
         len,
         stages,
         &|j, i| (time(j, i) <= t_cap && par(j, i) <= p_max).then(|| time(j, i) * time(j, i)),
@@ -140,47 +146,6 @@ mod tests {
         (max_t, max_p, t.iter().map(|x| x * x).sum())
     }
 
-    /// `partition_dp` without its early stops: every cut of every stage.
-    fn partition_full_scan(
-        len: usize,
-        stages: usize,
-        cost: &dyn Fn(usize, usize) -> Option<f64>,
-        fold: fn(f64, f64) -> f64,
-    ) -> Option<(f64, Vec<Range<usize>>)> {
-        if stages == 0 || stages > len {
-            return None;
-        }
-        let mut best = vec![vec![f64::INFINITY; len + 1]; stages + 1];
-        let mut from = vec![vec![0usize; len + 1]; stages + 1];
-        best[0][0] = 0.0;
-        for k in 1..=stages {
-            for i in k..=len - (stages - k) {
-                for j in (k - 1)..i {
-                    let prev = best[k - 1][j];
-                    let Some(c) = cost(j, i).filter(|_| prev.is_finite()) else {
-                        continue;
-                    };
-                    let value = if k == 1 { c } else { fold(prev, c) };
-                    if value < best[k][i] {
-                        best[k][i] = value;
-                        from[k][i] = j;
-                    }
-                }
-            }
-        }
-        let objective = best[stages][len];
-        if !objective.is_finite() {
-            return None;
-        }
-        let mut ranges = vec![0..0; stages];
-        let mut end = len;
-        for k in (1..=stages).rev() {
-            ranges[k - 1] = from[k][end]..end;
-            end = from[k][end];
-        }
-        Some((objective, ranges))
-    }
-
     /// The early stops change nothing: the same objective and the same cuts (ties
     /// included) as the full scan, for max and sum folds and for costs with caps.
     #[test]
@@ -209,8 +174,8 @@ mod tests {
             for cost in costs {
                 for fold in [f64::max, |a: f64, b: f64| a + b] {
                     assert_eq!(
-                        partition_dp(len, stages, cost, fold),
-                        partition_full_scan(len, stages, cost, fold),
+                        partition_dp::<true>(len, stages, cost, fold),
+                        partition_dp::<false>(len, stages, cost, fold),
                         "case {case}: {times:?} in {stages} stages, cap {cap}"
                     );
                 }
