@@ -537,3 +537,73 @@ fn the_compose_cluster_is_consistent() {
         );
     }
 }
+
+/// The value of `NAME=VALUE` (quotes dropped) on a line of `deploy/build-image` by itself.
+fn script_setting(script: &str, name: &str) -> String {
+    script
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("deploy/build-image sets no {name}"))
+        .trim_matches('"')
+        .to_string()
+}
+
+/// The image `deploy/build-image` assembles (not built in CI: it needs root and Debian's
+/// mirror) and the one `deploy/Dockerfile` describes run as the user the chart's security
+/// contexts name and expose the ports its values give; the script is valid shell.
+#[test]
+fn both_images_match_the_chart() {
+    let script = std::fs::read_to_string(repo_root().join("deploy/build-image")).unwrap();
+    let dockerfile = std::fs::read_to_string(repo_root().join("deploy/Dockerfile")).unwrap();
+    let values: Value = serde_norway::from_str(
+        &std::fs::read_to_string(repo_root().join("charts/pipewise/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let number = |v: &Value| v.as_u64().unwrap().to_string();
+
+    let uid = script_setting(&script, "user_id");
+    let gid = script_setting(&script, "group_id");
+    for context in ["podSecurityContext", "securityContext"] {
+        assert_eq!(number(&values[context]["runAsUser"]), uid, "{context}");
+        assert_eq!(number(&values[context]["runAsGroup"]), gid, "{context}");
+    }
+    assert_eq!(number(&values["podSecurityContext"]["fsGroup"]), gid);
+    assert_eq!(
+        values["image"]["repository"].as_str(),
+        Some(script_setting(&script, "repository").as_str())
+    );
+    let docker_words: Vec<&str> = dockerfile.split_whitespace().collect();
+    for (flag, id) in [
+        ("--uid", &uid),
+        ("--gid", &gid),
+        ("USER", &format!("{uid}:{gid}")),
+    ] {
+        let at = docker_words.iter().position(|w| *w == flag).unwrap();
+        assert_eq!(docker_words[at + 1], id.as_str(), "Dockerfile {flag}");
+    }
+
+    let chart_ports: BTreeSet<String> = ["coordinator", "workers"]
+        .iter()
+        .flat_map(|pod| [&values[pod]["port"], &values[pod]["metricsPort"]])
+        .map(|port| format!("{}/tcp", number(port)))
+        .collect();
+    let script_ports: BTreeSet<String> = script_setting(&script, "ports")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let exposed: BTreeSet<String> = dockerfile
+        .lines()
+        .find_map(|line| line.strip_prefix("EXPOSE "))
+        .unwrap()
+        .split_whitespace()
+        .map(|port| format!("{port}/tcp"))
+        .collect();
+    assert_eq!(script_ports, chart_ports);
+    assert_eq!(exposed, chart_ports);
+
+    common::succeeds(
+        Command::new("bash")
+            .arg("-n")
+            .arg(repo_root().join("deploy/build-image")),
+    );
+}
