@@ -174,6 +174,60 @@ fn a_worker_lost_mid_step() {
     );
 }
 
+/// A worker that leaves mid-step (drained by SIGTERM): the run is abandoned when it says
+/// so, with no wait for missed heartbeats, and once the survivor left the run the job is
+/// re-planned from the last complete checkpoint, counted as `worker_left`.
+#[test]
+fn a_worker_leaving_mid_step() {
+    let spec = spec(2, "1f1b", 6);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(
+        s.handle(0, Input::Tick),
+        [Action::Attach(r0), assign(r0, 0, &ws, &plan, &[])]
+    );
+    let acts = step(&mut s, 100, &ws, 0);
+    assert!(
+        matches!(&acts[..], [Action::Step(d)] if d.step == 0),
+        "{acts:?}"
+    );
+    assert_eq!(s.handle(150, heartbeat(&ws[0], r0)), []);
+    let half = Input::Report(Box::new(report(&ws, 0, 1)));
+    assert_eq!(s.handle(200, half), []);
+    // Both workers heartbeat the run still; the leave alone ends it, at its time.
+    assert_eq!(s.handle(201, heartbeat(&ws[1], r0)), []);
+    assert_eq!(
+        s.handle(210, Input::Left("w1".into())),
+        [Action::Detach(r0), Action::Abort(r0)]
+    );
+    assert_eq!(s.handle(230, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
+    let reason = "worker 1 (w1) left the cluster; re-planned onto 1 workers (1f1b, 1 stages), \
+                  resuming from the checkpoint of step 1";
+    let r1 = RunId::new(JOB, 1);
+    let pieces = spec_split(&current, &one);
+    assert_eq!(
+        s.handle(240, saved(&[(1, 2)])),
+        [
+            Action::ClearAfter(1),
+            Action::Warn(reason.into()),
+            Action::Replanned(Reason::WorkerLeft),
+            Action::Attach(r1),
+            assign(r1, 1, &ws[..1], &one, &pieces),
+        ]
+    );
+    assert_eq!(Reason::WorkerLeft.label(), "worker_left");
+    // The first step of the new run says why.
+    let alone = &ws[..1];
+    let acts = step(&mut s, 300, alone, 1);
+    assert!(
+        matches!(&acts[..], [Action::Step(d)] if d.replanned.as_ref().is_some_and(|(r, _)| r == reason)),
+        "{acts:?}"
+    );
+}
+
 /// Two workers lost in the same step: one re-plan onto the survivor, from the last
 /// checkpoint every stage finished (the last step's lacks a stage).
 #[test]
