@@ -125,33 +125,14 @@ fn a_restarted_coordinator_resumes_its_jobs() {
     let coordinator = &mut cluster.children[0];
     coordinator.kill().unwrap();
     coordinator.wait().unwrap();
-    let mut cmd = pipewise();
-    cmd.args([
-        "coordinator",
-        "--listen",
-        cluster.url.trim_start_matches("http://"),
-    ])
-    .arg("--data-dir")
-    .arg(&cluster.data);
-    let (again, _) = spawn_with_line(cmd, &dir.join("coordinator-again.log"));
-    cluster.children[0] = again;
+    restart_coordinator(&mut cluster, &dir.join("coordinator-again.log"));
     assert!(
         killed_at + 10 < u64::from(LONG),
         "the job ran too fast to restart the coordinator mid-way ({killed_at} steps)"
     );
     let line = ended(&cluster, job, Duration::from_secs(120));
     assert!(line.contains("succeeded"), "{line}");
-    let stdout = history(&cluster, job);
-    let resumed = replans(&stdout, "the coordinator restarted");
-    assert_eq!(resumed.len(), 1, "{stdout}");
-    let from: u64 = resumed[0]
-        .rsplit("checkpoint of step ")
-        .next()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no checkpoint step in {}", resumed[0]));
-    assert!(from >= 3 && from.is_multiple_of(3), "{}", resumed[0]);
-    let (loss_diff, param_diff) =
-        assert_exact_from(&cluster, job, from + 1, &last_losses(&stdout), &reference);
+    let (from, loss_diff, param_diff) = assert_resumed_exactly(&cluster, job, &reference);
     eprintln!(
         "coordinator restart at step {killed_at}: resumed from {from}; max |Δloss| \
          {loss_diff:.2e}, max |Δparam| {param_diff:.2e}"

@@ -299,4 +299,19 @@ impl ClusterService for Cluster {
             abort: answer.abort,
         }))
     }
+
+    async fn leave(
+        &self,
+        request: Request<pb::LeaveRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = request.into_inner();
+        if r.worker_id.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "LeaveRequest.worker_id: must not be empty",
+            ));
+        }
+        ractor::call!(self.membership, MembershipMsg::Leave, r.worker_id, r.run)
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(pb::Empty {}))
+    }
 }
