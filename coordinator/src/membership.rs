@@ -538,6 +538,36 @@ mod tests {
         m.stop(None);
     }
 
+    /// An aborted run is pushed down its workers' streams (they need not wait for a
+    /// heartbeat), and a worker that leaves is forgotten at once.
+    #[tokio::test]
+    async fn aborts_are_pushed_and_a_leaving_worker_is_forgotten() {
+        let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
+        let info = worker("w", Instant::now());
+        ractor::call!(m, MembershipMsg::Register, info)
+            .unwrap()
+            .unwrap();
+        let mut stream = ractor::call!(m, MembershipMsg::OpenStream, "w".to_string())
+            .unwrap()
+            .unwrap();
+        let a = Box::new(pb::Assignment {
+            run: 7,
+            ..Default::default()
+        });
+        ractor::call!(m, MembershipMsg::Assign, "w".to_string(), a)
+            .unwrap()
+            .unwrap();
+        assert!(!stream.recv().await.unwrap().abandon);
+        m.cast(MembershipMsg::Abort(7)).unwrap();
+        let pushed = stream.recv().await.unwrap();
+        assert!(pushed.abandon && pushed.run == 7, "{pushed:?}");
+        ractor::call!(m, MembershipMsg::Leave, "w".to_string(), 7).unwrap();
+        assert_eq!(ractor::call!(m, MembershipMsg::Live).unwrap(), []);
+        // Its stream is gone with it.
+        assert!(stream.recv().await.is_none());
+        m.stop(None);
+    }
+
     #[test]
     fn silent_workers_are_forgotten() {
         let now = Instant::now() + FORGET_AFTER + Duration::from_secs(1);

@@ -200,6 +200,7 @@ fn device_kind(device: &Device) -> &'static str {
         Device::Metal(_) => "metal",
     }
 }
+
 /// How long [`WorkerNode::drain`] waits for the executor to leave its run (a pass or a
 /// checkpoint write in progress finishes first); with [`LEAVE_TIMEOUT`], well within a
 /// pod's termination grace period.
