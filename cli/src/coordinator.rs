@@ -29,7 +29,8 @@ pub(crate) struct CoordinatorArgs {
     pub(crate) log_format: LogFormat,
 }
 
-/// Runs `pipewise coordinator` until the process is stopped.
+/// Runs `pipewise coordinator` until SIGTERM or SIGINT, then stops gracefully (see
+/// [`Coordinator::shutdown`]) and returns.
 pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
     init_logs(args.log_format);
     let data_dir = std::path::absolute(&args.data_dir)
@@ -38,6 +39,7 @@ pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
         if let Some(addr) = args.metrics.metrics_listen {
             crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
         }
+        let stop = crate::signal::stop_signal()?;
         let coordinator = Coordinator::start_cluster(args.listen, &data_dir, Unfinished::Resume)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -48,7 +50,10 @@ pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
             data_dir.display()
         );
         std::io::stdout().flush().ok();
-        std::future::pending::<()>().await;
+        let signal = stop.await;
+        tracing::info!("{signal}: shutting down (no new requests; jobs resume at the next start)");
+        coordinator.shutdown().await;
+        tracing::info!("coordinator stopped; the job store is closed");
         Ok(())
     })
 }

@@ -22,7 +22,8 @@
 //!   [`text_file`] (reading a file the user names).
 //! - Process setup: [`logging`], [`runtime`] (the async runtime), [`connection`] (reaching
 //!   a coordinator: `--coordinator`, `PIPEWISE_COORDINATOR`), [`progress`] (what the job
-//!   commands print), [`metrics`] (the Prometheus exporter, `--metrics-listen`).
+//!   commands print), [`metrics`] (the Prometheus exporter, `--metrics-listen`), [`signal`]
+//!   (SIGTERM / SIGINT stop the coordinator and workers gracefully).
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
@@ -49,6 +50,7 @@ mod plan;
 mod progress;
 mod runtime;
 mod schedule_name;
+mod signal;
 mod status;
 mod submit;
 mod text_file;

@@ -67,7 +67,8 @@ fn parse_slowdown(text: &str) -> std::result::Result<f64, String> {
     }
 }
 
-/// Runs `pipewise worker` until the process is stopped.
+/// Runs `pipewise worker` until SIGTERM or SIGINT, then leaves the cluster (see
+/// [`WorkerNode::drain`]) and returns.
 pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
     init_logs(args.log_format);
     let id = args
@@ -87,6 +88,7 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
             crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
             pipewise_worker::metrics::describe();
         }
+        let stop = crate::signal::stop_signal()?;
         let node = WorkerNode::start(config)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -98,7 +100,11 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
             args.coordinator
         );
         std::io::stdout().flush().ok();
-        std::future::pending::<()>().await;
+        let signal = stop.await;
+        let id = node.id.clone();
+        tracing::info!(worker = %id, "{signal}: leaving the cluster");
+        let run = node.drain().await;
+        tracing::info!(worker = %id, run, "left the cluster");
         Ok(())
     })
 }

@@ -26,16 +26,11 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
         killed_at + 5 < u64::from(LONG),
         "the job ran too fast to lose a worker mid-way ({killed_at} steps)"
     );
-    let line = ended(&cluster, job, Duration::from_secs(120));
-    assert!(line.contains("succeeded"), "{line}");
-
     // The job's whole history: the re-plan, then the steps again from the checkpoint. (A
     // straggler move, on a busy machine, would be a second re-plan; it keeps training
     // exact too.)
-    let stdout = history(&cluster, job);
-    let lost = replans(&stdout, "stopped heartbeating");
-    assert_eq!(lost.len(), 1, "{stdout}");
-    let why = lost[0];
+    let (stdout, why) = succeeded_replanned_once(&cluster, job, "stopped heartbeating");
+    let why = why.as_str();
     assert!(why.contains("worker 2 (w2) stopped heartbeating"), "{why}");
     assert!(
         why.contains("re-planned onto 2 workers (v-half, 4 stages)"),
@@ -90,17 +85,12 @@ fn a_worker_restarted_under_its_id_is_a_lost_one() {
         restarted_at + 5 < u64::from(LONG),
         "the job ran too fast to restart a worker mid-way ({restarted_at} steps)"
     );
-    let line = ended(&cluster, job, Duration::from_secs(120));
-    assert!(line.contains("succeeded"), "{line}");
-    let stdout = history(&cluster, job);
-    let restarted = replans(&stdout, "restarted");
-    assert_eq!(restarted.len(), 1, "{stdout}");
+    let (stdout, restarted) = succeeded_replanned_once(&cluster, job, "restarted");
     assert!(
-        restarted[0].contains(&format!(
+        restarted.contains(&format!(
             "worker 2 (w2) restarted (registered again from {address})"
         )),
-        "{}",
-        restarted[0]
+        "{restarted}"
     );
     let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
     eprintln!(
@@ -125,33 +115,12 @@ fn a_restarted_coordinator_resumes_its_jobs() {
     let coordinator = &mut cluster.children[0];
     coordinator.kill().unwrap();
     coordinator.wait().unwrap();
-    let mut cmd = pipewise();
-    cmd.args([
-        "coordinator",
-        "--listen",
-        cluster.url.trim_start_matches("http://"),
-    ])
-    .arg("--data-dir")
-    .arg(&cluster.data);
-    let (again, _) = spawn_with_line(cmd, &dir.join("coordinator-again.log"));
-    cluster.children[0] = again;
+    restart_coordinator(&mut cluster, &dir.join("coordinator-again.log"));
     assert!(
         killed_at + 10 < u64::from(LONG),
         "the job ran too fast to restart the coordinator mid-way ({killed_at} steps)"
     );
-    let line = ended(&cluster, job, Duration::from_secs(120));
-    assert!(line.contains("succeeded"), "{line}");
-    let stdout = history(&cluster, job);
-    let resumed = replans(&stdout, "the coordinator restarted");
-    assert_eq!(resumed.len(), 1, "{stdout}");
-    let from: u64 = resumed[0]
-        .rsplit("checkpoint of step ")
-        .next()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no checkpoint step in {}", resumed[0]));
-    assert!(from >= 3 && from.is_multiple_of(3), "{}", resumed[0]);
-    let (loss_diff, param_diff) =
-        assert_exact_from(&cluster, job, from + 1, &last_losses(&stdout), &reference);
+    let (from, loss_diff, param_diff) = assert_resumed_exactly(&cluster, job, &reference);
     eprintln!(
         "coordinator restart at step {killed_at}: resumed from {from}; max |Δloss| \
          {loss_diff:.2e}, max |Δparam| {param_diff:.2e}"

@@ -67,6 +67,10 @@ use membership::{Membership, MembershipMsg};
 use planner::{Planner, PlannerArgs};
 use store::JobStore;
 
+/// How long [`Coordinator::shutdown`] waits for calls in flight once the actors stopped
+/// (well within a pod's termination grace period).
+pub const SERVER_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A running coordinator: its address and actors. Dropping it does not stop the server;
 /// call [`Coordinator::shutdown`].
 pub struct Coordinator {
@@ -194,15 +198,27 @@ impl Coordinator {
         })
     }
 
-    /// Stops the server and the actors, and waits for them (the store is closed on return).
+    /// Stops taking requests, stops the actors and waits for them (the store is closed on
+    /// return: every record was durable when written), then for the server, at most
+    /// [`SERVER_DRAIN`]. Streams that never end by themselves (workers' assignments, jobs
+    /// watched) end with the actors that feed them.
     pub async fn shutdown(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        let _ = (&mut self.server).await;
         for (cell, handle) in self.actors.drain(..) {
             cell.stop(None);
             let _ = handle.await;
+        }
+        if tokio::time::timeout(SERVER_DRAIN, &mut self.server)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "calls still open {} s after the shutdown began; ending them",
+                SERVER_DRAIN.as_secs()
+            );
+            self.server.abort();
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The membership actor: worker registrations and heartbeats, who is alive, the workers'
 //! assignment streams, and the routing of their step reports to the job that runs them.
-//! Run actors that follow it are told of every registration, stream, heartbeat and loss.
+//! Run actors that follow it are told of every registration, stream, heartbeat, loss and
+//! leave. A run aborted is pushed down its workers' assignment streams too, so they abandon
+//! it without waiting for their next heartbeat.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -132,6 +134,22 @@ impl MembershipState {
             .collect()
     }
 
+    /// Tells the workers assigned run `job` down their assignment streams to abandon it
+    /// now (their heartbeat replies say so too, up to an interval later).
+    fn push_abandon(&self, job: u64) {
+        for (id, _) in self.assigned.iter().filter(|(_, (run, _))| *run == job) {
+            if let Some(tx) = self.streams.get(id) {
+                let abandon = pb::Assignment {
+                    run: job,
+                    abandon: true,
+                    ..Default::default()
+                };
+                // A full or closed stream leaves it to the heartbeat reply.
+                let _ = tx.try_send(abandon);
+            }
+        }
+    }
+
     /// Whether the workers of run `job` should abandon it now: it was aborted, or it is
     /// not one this coordinator started (0 is no run).
     fn abandon(&self, job: u64) -> bool {
@@ -160,6 +178,9 @@ pub enum MembershipMsg {
     Unfollow(u64),
     /// A worker's step report; replies what its run must do.
     Report(Box<pb::StepReport>, RpcReplyPort<ReportAnswer>),
+    /// A worker leaves (it was asked to stop), having abandoned run `u64` (0: none): it is
+    /// forgotten, and the run actors are told at once. Replies when they have been.
+    Leave(String, u64, RpcReplyPort<()>),
     /// Ask the job's workers to stop at the next step boundary.
     Stop(u64),
     /// Tell the job's workers to abandon it now; its reports are no longer routed.
@@ -359,6 +380,20 @@ impl Actor for Membership {
             MembershipMsg::Abort(job) => {
                 st.aborted.insert(job);
                 st.sinks.remove(&job);
+                st.push_abandon(job);
+            }
+            MembershipMsg::Leave(id, run, reply) => {
+                if st.workers.remove(&id).is_some() {
+                    tracing::info!(worker = %id, run, "worker left");
+                    st.streams.remove(&id);
+                    st.open.remove(&id);
+                    st.assigned.remove(&id);
+                    st.lost.remove(&id);
+                    st.push(&Input::Left(id));
+                } else {
+                    tracing::info!(worker = %id, "an unknown worker left");
+                }
+                let _ = reply.send(());
             }
             MembershipMsg::Detach(job) => {
                 st.sinks.remove(&job);
@@ -500,6 +535,36 @@ mod tests {
             .unwrap();
         assign(&m).await.unwrap();
         assert!(second.try_recv().is_ok());
+        m.stop(None);
+    }
+
+    /// An aborted run is pushed down its workers' streams (they need not wait for a
+    /// heartbeat), and a worker that leaves is forgotten at once.
+    #[tokio::test]
+    async fn aborts_are_pushed_and_a_leaving_worker_is_forgotten() {
+        let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
+        let info = worker("w", Instant::now());
+        ractor::call!(m, MembershipMsg::Register, info)
+            .unwrap()
+            .unwrap();
+        let mut stream = ractor::call!(m, MembershipMsg::OpenStream, "w".to_string())
+            .unwrap()
+            .unwrap();
+        let a = Box::new(pb::Assignment {
+            run: 7,
+            ..Default::default()
+        });
+        ractor::call!(m, MembershipMsg::Assign, "w".to_string(), a)
+            .unwrap()
+            .unwrap();
+        assert!(!stream.recv().await.unwrap().abandon);
+        m.cast(MembershipMsg::Abort(7)).unwrap();
+        let pushed = stream.recv().await.unwrap();
+        assert!(pushed.abandon && pushed.run == 7, "{pushed:?}");
+        ractor::call!(m, MembershipMsg::Leave, "w".to_string(), 7).unwrap();
+        assert_eq!(ractor::call!(m, MembershipMsg::Live).unwrap(), []);
+        // Its stream is gone with it.
+        assert!(stream.recv().await.is_none());
         m.stop(None);
     }
 

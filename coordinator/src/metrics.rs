@@ -29,8 +29,9 @@ use metrics::{
 use crate::events::StepEventData;
 
 /// Reasons a job is re-planned (the label values of `pipewise_replans_total`).
-pub const REPLAN_REASONS: [&str; 4] = [
+pub const REPLAN_REASONS: [&str; 5] = [
     "worker_lost",
+    "worker_left",
     "straggler",
     "memory_pressure",
     "worker_joined",

@@ -18,7 +18,8 @@
 //! stop; worker 0 spreads that through the step's collective, so all stop after the same
 //! step.
 //!
-//! **Re-planning after a lost worker.** A worker of the job that stops heartbeating (or
+//! **Re-planning after a lost worker.** A worker of the job that leaves (stopped with
+//! SIGTERM or SIGINT, it says so: `reason="worker_left"`, at once), stops heartbeating (or
 //! whose peers fail because it vanished: an error report is held for
 //! [`Config::lost_grace_ms`](pipewise_common::run::Config::lost_grace_ms) to see whether a worker goes silent) ends the *run*, not the job:
 //!
@@ -310,6 +311,7 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             output_dir: st.output.display().to_string(),
             stage_count: schedule.placement.stages(),
             stage_pieces: a.stage_pieces.clone(),
+            abandon: false,
         };
         let sent = ractor::call!(
             st.membership,

@@ -287,11 +287,7 @@ impl ClusterService for Cluster {
         request: Request<pb::StepReport>,
     ) -> Result<Response<pb::StepAck>, Status> {
         let report = request.into_inner();
-        if report.worker_id.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "StepReport.worker_id: must not be empty",
-            ));
-        }
+        named_worker(&report.worker_id, "StepReport.worker_id")?;
         let answer = ractor::call!(self.membership, MembershipMsg::Report, Box::new(report))
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(pb::StepAck {
@@ -299,4 +295,26 @@ impl ClusterService for Cluster {
             abort: answer.abort,
         }))
     }
+
+    async fn leave(
+        &self,
+        request: Request<pb::LeaveRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let pb::LeaveRequest { worker_id, run } = request.into_inner();
+        named_worker(&worker_id, "LeaveRequest.worker_id")?;
+        // Answered once the run actors were told: the worker may exit then.
+        let told = ractor::call!(self.membership, MembershipMsg::Leave, worker_id, run);
+        told.map_err(CoordinatorError::from)?;
+        Ok(Response::new(pb::Empty {}))
+    }
+}
+
+/// Refuses an empty worker id in `field`.
+fn named_worker(id: &str, field: &str) -> Result<(), Status> {
+    if id.trim().is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "{field}: must not be empty"
+        )));
+    }
+    Ok(())
 }

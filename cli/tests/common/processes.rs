@@ -363,6 +363,57 @@ pub(crate) fn running_checkpointed(
     (dir, cluster, spec, reference, job)
 }
 
+/// Starts the cluster's coordinator again on its address and data directory (the earlier
+/// process is gone), logging to `log`.
+pub(crate) fn restart_coordinator(cluster: &mut Cluster, log: &Path) {
+    let mut cmd = pipewise();
+    cmd.args([
+        "coordinator",
+        "--listen",
+        cluster.url.trim_start_matches("http://"),
+    ])
+    .arg("--data-dir")
+    .arg(&cluster.data);
+    let (again, _) = spawn_with_line(cmd, log);
+    cluster.children[0] = again;
+}
+
+/// After a coordinator restart, `job` succeeds: the one resume its watch output reports
+/// (from a checkpoint), and training exact from there on. Returns the step resumed from and the
+/// largest loss and parameter differences.
+pub(crate) fn assert_resumed_exactly(
+    cluster: &Cluster,
+    job: u64,
+    reference: &Reference,
+) -> (u64, f64, f64) {
+    let (stdout, resumed) = succeeded_replanned_once(cluster, job, "the coordinator restarted");
+    let from: u64 = resumed
+        .rsplit("checkpoint of step ")
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint step in {resumed}"));
+    assert!(from >= 3 && from.is_multiple_of(3), "{resumed}");
+    let (loss_diff, param_diff) =
+        assert_exact_from(cluster, job, from + 1, &last_losses(&stdout), reference);
+    (from, loss_diff, param_diff)
+}
+
+/// Waits for `job` to succeed (2 minutes at most); its whole watch output and the one
+/// `re-planned:` line in it that contains `what`.
+pub(crate) fn succeeded_replanned_once(
+    cluster: &Cluster,
+    job: u64,
+    what: &str,
+) -> (String, String) {
+    let line = ended(cluster, job, Duration::from_secs(120));
+    assert!(line.contains("succeeded"), "{line}");
+    let stdout = history(cluster, job);
+    let found = replans(&stdout, what);
+    assert_eq!(found.len(), 1, "{stdout}");
+    let why = found[0].to_string();
+    (stdout, why)
+}
+
 /// Files in the job's `final/` directory (one per worker of the last run).
 pub(crate) fn finals(cluster: &Cluster, job: u64) -> usize {
     std::fs::read_dir(layout::final_dir(&layout::job_dir(

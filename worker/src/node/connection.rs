@@ -92,6 +92,8 @@ pub enum ConnMsg {
 pub struct ConnState {
     args: ConnArgs,
     stream: tokio::task::JoinHandle<()>,
+    /// Heartbeats at once when the executor ends a run.
+    ended: tokio::task::JoinHandle<()>,
     /// Failed heartbeats are warned of once per 10 s (the others at debug level, as beats
     /// come several times a second).
     warned: Throttle,
@@ -150,6 +152,9 @@ async fn follow_assignments(
                 let mut stream = stream.into_inner();
                 loop {
                     match stream.message().await {
+                        Ok(Some(a)) if a.abandon => {
+                            shared.abort_if(|j| j == a.run, "aborted by the coordinator");
+                        }
                         Ok(Some(a)) => {
                             tracing::info!(
                                 worker = %id,
@@ -202,9 +207,21 @@ impl Actor for Connection {
             Arc::clone(&args.shared),
         ));
         myself.send_interval(interval, || ConnMsg::Beat);
+        let ended = {
+            let (shared, me) = (Arc::clone(&args.shared), myself.clone());
+            tokio::spawn(async move {
+                loop {
+                    shared.ended.notified().await;
+                    if me.cast(ConnMsg::Beat).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
         Ok(ConnState {
             args,
             stream,
+            ended,
             warned: Throttle::default(),
         })
     }
@@ -215,6 +232,7 @@ impl Actor for Connection {
         state: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
         state.stream.abort();
+        state.ended.abort();
         Ok(())
     }
 

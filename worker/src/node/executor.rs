@@ -57,6 +57,13 @@ pub(crate) fn executor_loop(
                 report.done = true;
                 report.params_path = path.display().to_string();
             }
+            // Abandoned to leave the cluster: the worker's `Leave` tells the coordinator.
+            Err(e) if shared.draining() => {
+                tracing::info!(step = last_step, "run abandoned to leave: {e}");
+                shared.current().job = None;
+                shared.ended.notify_one();
+                continue;
+            }
             Err(e) => {
                 // The job span gives the job, the re-plan and the worker.
                 tracing::error!(step = last_step, "assignment failed: {e}");
@@ -68,6 +75,7 @@ pub(crate) fn executor_loop(
         }
         let _ = reports.send(report);
         shared.current().job = None;
+        shared.ended.notify_one();
     }
 }
 

@@ -7,7 +7,11 @@
 //!   coordinator gives (current and peak activation bytes, measured pass times per stage,
 //!   the step), keeps the `Assignments` stream open (reopening it after a failure) and
 //!   hands each assignment to the executor. A heartbeat answered with `cancel` for the
-//!   running job aborts it at once.
+//!   running job aborts it at once, as does an `abandon` message down the stream; when the
+//!   executor ends a run, the next heartbeat goes at once.
+//! - [`WorkerNode::drain`] (SIGTERM / SIGINT): the worker abandons its run and leaves the
+//!   cluster (`ClusterService.Leave`), so the coordinator re-plans without waiting for
+//!   missed heartbeats.
 //! - `reporter`: sends the executor's step reports in order, so the coordinator is never
 //!   waited on within a step.
 //! - `executor`: one dedicated thread (candle compute stays off the async runtime) that
@@ -63,6 +67,7 @@ pub struct WorkerNode {
     shared: Arc<Shared>,
     executor: Option<std::thread::JoinHandle<()>>,
     assignments: Option<std::sync::mpsc::Sender<pb::Assignment>>,
+    client: ClusterServiceClient<tonic::transport::Channel>,
 }
 
 impl WorkerNode {
@@ -111,7 +116,7 @@ impl WorkerNode {
             None,
             Connection,
             ConnArgs {
-                client,
+                client: client.clone(),
                 id: config.id.clone(),
                 address: address.clone(),
                 device_kind: device_kind(&config.device).into(),
@@ -134,7 +139,46 @@ impl WorkerNode {
             shared,
             executor: Some(executor),
             assignments: Some(assign_tx),
+            client,
         })
+    }
+
+    /// Leaves the cluster (on SIGTERM / SIGINT): stops taking assignments, abandons the
+    /// running run (its current step ends at the next pass or transfer), waits up to
+    /// [`DRAIN_WAIT`] for the executor to be out of it, so nothing more is written for it,
+    /// and tells the coordinator, which re-plans the run's job at once. Returns the run
+    /// abandoned (0: none).
+    pub async fn drain(mut self) -> u64 {
+        self.shared.start_draining();
+        self.connection.stop(None);
+        let _ = (&mut self.connection_handle).await;
+        let run = self.shared.current().job.unwrap_or(0);
+        self.shared.transport.abort("the worker is leaving");
+        drop(self.assignments.take());
+        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        while self.executor.as_ref().is_some_and(|e| !e.is_finished()) {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    worker = %self.id,
+                    "the executor is still in run {run} after {} s; leaving anyway",
+                    DRAIN_WAIT.as_secs()
+                );
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let leave = pb::LeaveRequest {
+            worker_id: self.id.clone(),
+            run,
+        };
+        match tokio::time::timeout(LEAVE_TIMEOUT, self.client.leave(leave)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(status)) => {
+                tracing::warn!(worker = %self.id, "the coordinator did not take the leave: {}", status.message());
+            }
+            Err(_) => tracing::warn!(worker = %self.id, "the coordinator did not answer the leave"),
+        }
+        run
     }
 
     /// Stops taking assignments, aborts the running one and waits for the executor.
@@ -156,6 +200,15 @@ fn device_kind(device: &Device) -> &'static str {
         Device::Metal(_) => "metal",
     }
 }
+
+/// How long [`WorkerNode::drain`] waits for the executor to leave its run (a pass or a
+/// checkpoint write in progress finishes first); with [`LEAVE_TIMEOUT`], well within a
+/// pod's termination grace period.
+pub const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// How long [`WorkerNode::drain`] waits for the coordinator to take the leave.
+pub const LEAVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The largest message on the coordinator connection: an assignment of the largest plan
 /// `JobSpec::validate` accepts (2M stage-microbatches, 6M passes of 6–12 bytes) fits.
 const ASSIGNMENT_LIMIT: usize = 256 << 20;

@@ -1,6 +1,7 @@
 //! What the connection actor, the reporter and the executor thread share: the transport,
 //! the heartbeat's statistics and the run being executed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pipewise_common::job::{job_of, run_of};
@@ -29,6 +30,11 @@ pub(crate) struct Shared {
     pub(crate) transport: Arc<GrpcTransport>,
     stats: Mutex<NodeStats>,
     current: Mutex<Current>,
+    /// Set when the worker leaves: the run it abandons for that is no failure to report.
+    draining: AtomicBool,
+    /// Notified when the executor ends a run, so the next heartbeat says so at once (a
+    /// re-plan waits for the run's workers to have left it).
+    pub(crate) ended: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -37,7 +43,19 @@ impl Shared {
             transport,
             stats: Mutex::new(NodeStats::default()),
             current: Mutex::new(Current::default()),
+            draining: AtomicBool::new(false),
+            ended: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Marks the worker as leaving.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the worker is leaving.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     pub(crate) fn stats(&self) -> MutexGuard<'_, NodeStats> {

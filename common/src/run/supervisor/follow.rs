@@ -4,7 +4,7 @@ use super::super::reports::Taken;
 use super::super::respec::grown;
 use super::super::straggler::straggler;
 use super::following::Run;
-use super::io::{Action, Ended, Failure, Input, Move, Search, StepDone};
+use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
 use super::{Phase, Supervisor};
 use crate::run::worker::{StepReport, gone};
 
@@ -13,9 +13,9 @@ impl Supervisor {
     pub(super) fn follow(&mut self, mut run: Run, input: Input) -> Phase {
         if let Some((failure, until)) = &run.failing {
             // A worker failed: only a loss (or the grace running out) ends the run now.
-            if let Some(gone) = self.first_lost(&run) {
+            if let Some((gone, how)) = self.first_lost(&run) {
                 let reason = format!("{gone} ({failure})");
-                return self.lost(run, reason);
+                return self.lost(run, reason, how);
             }
             if self.now >= *until {
                 let failure = failure.clone();
@@ -33,7 +33,7 @@ impl Supervisor {
                     "worker {worker} ({}) could not take its assignment: {reason}",
                     id.unwrap_or_default()
                 );
-                return self.lost(run, reason);
+                return self.lost(run, reason, Reason::WorkerLost);
             }
             Input::Searched(Some(found))
                 if run.moving.is_none()
@@ -48,9 +48,9 @@ impl Supervisor {
                 self.out.push(Action::Stop(run.out.id));
                 run.stop_asked = Some(self.now);
             }
-            Input::Registered(_) | Input::Lost(_) => {
-                if let Some(gone) = self.first_lost(&run) {
-                    return self.lost(run, gone);
+            Input::Registered(_) | Input::Lost(_) | Input::Left(_) => {
+                if let Some((gone, how)) = self.first_lost(&run) {
+                    return self.lost(run, gone, how);
                 }
             }
             _ => {}
@@ -64,8 +64,8 @@ impl Supervisor {
         }
         if self.now.saturating_sub(run.last_check) >= self.cfg.check_every_ms {
             run.last_check = self.now;
-            if let Some(gone) = self.first_lost(&run) {
-                return self.lost(run, gone);
+            if let Some((gone, how)) = self.first_lost(&run) {
+                return self.lost(run, gone, how);
             }
             self.grow(&mut run);
         }
@@ -86,8 +86,8 @@ impl Supervisor {
             let failure = Failure::of_report(i, r);
             // A vanished peer shows first as a failed send or receive: its missing
             // heartbeats get the time to tell.
-            if let Some(gone) = self.first_lost(&run) {
-                return self.lost(run, format!("{gone} ({failure})"));
+            if let Some((gone, how)) = self.first_lost(&run) {
+                return self.lost(run, format!("{gone} ({failure})"), how);
             }
             run.failing = Some((failure, self.now + self.cfg.lost_grace_ms));
             return Phase::Running(Box::new(run));
@@ -192,17 +192,23 @@ impl Supervisor {
         }
     }
 
-    /// The first worker of the run (by index) that is no longer live, as a reason.
-    fn first_lost(&self, run: &Run) -> Option<String> {
+    /// The first worker of the run (by index) that is no longer live, as a reason, and
+    /// whether it left or was lost.
+    fn first_lost(&self, run: &Run) -> Option<(String, Reason)> {
         let workers = run.out.workers.iter().enumerate();
-        workers
-            .filter(|&(i, _)| !run.done[i])
-            .find_map(|(i, w)| gone(i, w, self.pool.get(&w.id).map(|m| &m.worker)))
+        workers.filter(|&(i, _)| !run.done[i]).find_map(|(i, w)| {
+            let live = self.pool.get(&w.id).map(|m| &m.worker);
+            if live.is_none() && self.left.contains(&w.id) {
+                let reason = format!("worker {i} ({}) left the cluster", w.id);
+                return Some((reason, Reason::WorkerLeft));
+            }
+            gone(i, w, live).map(|reason| (reason, Reason::WorkerLost))
+        })
     }
 
     /// A worker of the run is gone: the run is abandoned, and the job re-planned once its
     /// workers left it.
-    fn lost(&mut self, run: Run, reason: String) -> Phase {
+    fn lost(&mut self, run: Run, reason: String, how: Reason) -> Phase {
         self.out.push(Action::Detach(run.out.id));
         self.out.push(Action::Abort(run.out.id));
         if self.cancelled {
@@ -220,7 +226,11 @@ impl Supervisor {
             run.out.id,
             run.out.workers,
             until,
-            Ended::Lost { reason, through },
+            Ended::Lost {
+                reason,
+                through,
+                how,
+            },
         )
     }
 

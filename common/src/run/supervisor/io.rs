@@ -71,6 +71,9 @@ pub enum Input {
     },
     /// A worker stopped heartbeating.
     Lost(String),
+    /// A worker said it leaves (it was asked to stop); it holds no run any more, so a run
+    /// holding it has lost it at once.
+    Left(String),
     /// A worker of the current run reported a step, an error or its end.
     Report(Box<StepReport>),
     /// Worker `worker` of the current run did not take its assignment.
@@ -190,6 +193,8 @@ impl Search {
 pub enum Reason {
     /// A worker of the run was lost.
     WorkerLost,
+    /// A worker of the run left (drained: it was asked to stop and said so).
+    WorkerLeft,
     /// Layers moved off a straggler.
     Straggler,
     /// A plan that fits the workers' memory.
@@ -203,6 +208,7 @@ impl Reason {
     pub fn label(self) -> &'static str {
         match self {
             Reason::WorkerLost => "worker_lost",
+            Reason::WorkerLeft => "worker_left",
             Reason::Straggler => "straggler",
             Reason::MemoryPressure => "memory_pressure",
             Reason::WorkerJoined => "worker_joined",
@@ -295,8 +301,13 @@ impl Move {
 /// How a run ended other than by ending the job.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Ended {
-    /// A worker of the run is gone (the reason); every step before `through` completed.
-    Lost { reason: String, through: u64 },
+    /// A worker of the run is gone (the reason, and how: lost or left); every step before
+    /// `through` completed.
+    Lost {
+        reason: String,
+        through: u64,
+        how: Reason,
+    },
     /// The run stopped after step `through` (the reason) to go on with `to`.
     Move {
         reason: String,

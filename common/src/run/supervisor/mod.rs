@@ -29,7 +29,7 @@ mod io;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::checkpoints::{Checkpoints, Start};
@@ -84,6 +84,9 @@ pub struct Supervisor {
     start: Start,
     cfg: Config,
     pool: BTreeMap<String, Member>,
+    /// Workers that left (since they last registered): a run holding one lost it by a
+    /// drain, not a crash.
+    left: BTreeSet<String>,
     first_step: u64,
     stage_pieces: Vec<u32>,
     /// Runs started (each re-plan starts another).
@@ -116,6 +119,7 @@ impl Supervisor {
             start,
             cfg,
             pool: live.into_iter().map(|m| (m.worker.id.clone(), m)).collect(),
+            left: BTreeSet::new(),
             first_step: start.step,
             stage_pieces,
             replans: 0,
@@ -175,6 +179,7 @@ impl Supervisor {
     fn track(&mut self, input: &Input) {
         match input {
             Input::Registered(w) => {
+                self.left.remove(&w.id);
                 self.pool.insert(
                     w.id.clone(),
                     Member {
@@ -196,6 +201,10 @@ impl Supervisor {
             }
             Input::Lost(id) => {
                 self.pool.remove(id);
+            }
+            Input::Left(id) => {
+                self.pool.remove(id);
+                self.left.insert(id.clone());
             }
             _ => {}
         }
@@ -363,7 +372,11 @@ impl Supervisor {
         self.replans += 1;
         let stages = self.plan.schedule.placement.stages();
         match then {
-            Ended::Lost { reason, through } => {
+            Ended::Lost {
+                reason,
+                through,
+                how,
+            } => {
                 let resume = listing.last_complete(&self.spec, self.first_step, through, stages);
                 self.out.push(Action::ClearAfter(resume));
                 let survivors = self.streaming().len() as u32;
@@ -388,7 +401,7 @@ impl Supervisor {
                     resumed_from(resume)
                 );
                 self.out.push(Action::Warn(reason.clone()));
-                self.out.push(Action::Replanned(Reason::WorkerLost));
+                self.out.push(Action::Replanned(how));
                 self.tell(reason);
                 self.stage_pieces = spec_split(&self.current, &self.plan);
                 self.first_step = resume;

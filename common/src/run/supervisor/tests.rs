@@ -122,20 +122,54 @@ fn idle(w: &Worker) -> Input {
     }
 }
 
-/// A worker lost in the middle of a step (one report of it in): the run is abandoned, and
-/// once the survivor left it the job is re-planned onto it from the start; the next step
-/// event says why.
-#[test]
-fn a_worker_lost_mid_step() {
-    let spec = spec(2, "1f1b", 6);
+/// A supervisor of a 1F1B job of 6 steps on `d` workers that handed out its first run.
+fn started(d: usize) -> (JobSpec, Vec<Worker>, Supervisor, RunId) {
+    let spec = spec(d as u32, "1f1b", 6);
     let plan = spec.validate().unwrap();
-    let ws = workers(2);
+    let ws = workers(d);
     let mut s = supervisor(&spec, &ws, Start::default());
     let r0 = RunId::new(JOB, 0);
     assert_eq!(
         s.handle(0, Input::Tick),
         [Action::Attach(r0), assign(r0, 0, &ws, &plan, &[])]
     );
+    (spec, ws, s, r0)
+}
+
+/// Feeds `listing` at `now` to a supervisor that re-plans job 1 onto worker 0 alone after
+/// it lost the others (`how`): asserts the exact actions, with the warning `reason` and
+/// the resume at `resume`; returns the spec and plan of the new run and its split.
+fn replans_onto_one(
+    s: &mut Supervisor,
+    now: u64,
+    spec: &JobSpec,
+    listing: Input,
+    resume: u64,
+    reason: &str,
+    how: Reason,
+) -> (JobSpec, JobPlan, Vec<u32>) {
+    let (current, one) = replan_after_loss(spec.clone(), spec, 1).unwrap();
+    let r1 = RunId::new(JOB, 1);
+    let pieces = spec_split(&current, &one);
+    assert_eq!(
+        s.handle(now, listing),
+        [
+            Action::ClearAfter(resume),
+            Action::Warn(reason.into()),
+            Action::Replanned(how),
+            Action::Attach(r1),
+            assign(r1, resume, &[worker(0)], &one, &pieces),
+        ]
+    );
+    (current, one, pieces)
+}
+
+/// A worker lost in the middle of a step (one report of it in): the run is abandoned, and
+/// once the survivor left it the job is re-planned onto it from the start; the next step
+/// event says why.
+#[test]
+fn a_worker_lost_mid_step() {
+    let (spec, ws, mut s, r0) = started(2);
     assert_eq!(s.handle(100, heartbeat(&ws[0], r0)), []);
     let half = Input::Report(Box::new(report(&ws, 0, 0)));
     assert_eq!(s.handle(200, half), []);
@@ -146,20 +180,16 @@ fn a_worker_lost_mid_step() {
     // The survivor still runs the abandoned run, then leaves it.
     assert_eq!(s.handle(400, Input::Tick), []);
     assert_eq!(s.handle(500, idle(&ws[0])), [Action::ReadCheckpoints]);
-    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
     let reason = "worker 1 (w1) stopped heartbeating; re-planned onto 1 workers (1f1b, 1 \
                   stages), resuming from the start (no checkpoint)";
-    let r1 = RunId::new(JOB, 1);
-    let pieces = spec_split(&current, &one);
-    assert_eq!(
-        s.handle(600, saved(&[])),
-        [
-            Action::ClearAfter(0),
-            Action::Warn(reason.into()),
-            Action::Replanned(Reason::WorkerLost),
-            Action::Attach(r1),
-            assign(r1, 0, &ws[..1], &one, &pieces),
-        ]
+    let (current, one, pieces) = replans_onto_one(
+        &mut s,
+        600,
+        &spec,
+        saved(&[]),
+        0,
+        reason,
+        Reason::WorkerLost,
     );
     let alone = &ws[..1];
     assert_eq!(
@@ -174,19 +204,46 @@ fn a_worker_lost_mid_step() {
     );
 }
 
+/// A worker that leaves mid-step (drained by SIGTERM): the run is abandoned when it says
+/// so, with no wait for missed heartbeats, and once the survivor left the run the job is
+/// re-planned from the last complete checkpoint, counted as `worker_left`.
+#[test]
+fn a_worker_leaving_mid_step() {
+    let (spec, ws, mut s, r0) = started(2);
+    let acts = step(&mut s, 100, &ws, 0);
+    assert!(
+        matches!(&acts[..], [Action::Step(d)] if d.step == 0),
+        "{acts:?}"
+    );
+    assert_eq!(s.handle(150, heartbeat(&ws[0], r0)), []);
+    let half = Input::Report(Box::new(report(&ws, 0, 1)));
+    assert_eq!(s.handle(200, half), []);
+    // Both workers heartbeat the run still; the leave alone ends it, at its time.
+    assert_eq!(s.handle(201, heartbeat(&ws[1], r0)), []);
+    assert_eq!(
+        s.handle(210, Input::Left("w1".into())),
+        [Action::Detach(r0), Action::Abort(r0)]
+    );
+    assert_eq!(s.handle(230, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let reason = "worker 1 (w1) left the cluster; re-planned onto 1 workers (1f1b, 1 stages), \
+                  resuming from the checkpoint of step 1";
+    let listing = saved(&[(1, 2)]);
+    replans_onto_one(&mut s, 240, &spec, listing, 1, reason, Reason::WorkerLeft);
+    assert_eq!(Reason::WorkerLeft.label(), "worker_left");
+    // The first step of the new run says why.
+    let alone = &ws[..1];
+    let acts = step(&mut s, 300, alone, 1);
+    assert!(
+        matches!(&acts[..], [Action::Step(d)] if d.replanned.as_ref().is_some_and(|(r, _)| r == reason)),
+        "{acts:?}"
+    );
+}
+
 /// Two workers lost in the same step: one re-plan onto the survivor, from the last
 /// checkpoint every stage finished (the last step's lacks a stage).
 #[test]
 fn two_lost_in_one_step() {
-    let spec = spec(3, "1f1b", 6);
-    let plan = spec.validate().unwrap();
-    let ws = workers(3);
-    let mut s = supervisor(&spec, &ws, Start::default());
-    let r0 = RunId::new(JOB, 0);
-    assert_eq!(
-        s.handle(0, Input::Tick),
-        [Action::Attach(r0), assign(r0, 0, &ws, &plan, &[])]
-    );
+    let (spec, ws, mut s, r0) = started(3);
     for k in 0..2 {
         let acts = step(&mut s, 100 + k * 100, &ws, k);
         assert!(
@@ -201,22 +258,10 @@ fn two_lost_in_one_step() {
     );
     assert_eq!(s.handle(400, Input::Lost("w2".into())), []);
     assert_eq!(s.handle(500, idle(&ws[0])), [Action::ReadCheckpoints]);
-    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
-    let r1 = RunId::new(JOB, 1);
-    assert_eq!(
-        s.handle(600, saved(&[(1, 3), (2, 2)])),
-        [
-            Action::ClearAfter(1),
-            Action::Warn(
-                "worker 1 (w1) stopped heartbeating; re-planned onto 1 workers (1f1b, 1 \
-                 stages), resuming from the checkpoint of step 1"
-                    .into()
-            ),
-            Action::Replanned(Reason::WorkerLost),
-            Action::Attach(r1),
-            assign(r1, 1, &ws[..1], &one, &spec_split(&current, &one)),
-        ]
-    );
+    let reason = "worker 1 (w1) stopped heartbeating; re-planned onto 1 workers (1f1b, 1 \
+                  stages), resuming from the checkpoint of step 1";
+    let listing = saved(&[(1, 3), (2, 2)]);
+    replans_onto_one(&mut s, 600, &spec, listing, 1, reason, Reason::WorkerLost);
 }
 
 /// A worker joins a job re-planned onto fewer workers: every worker stops after the same
