@@ -144,18 +144,10 @@ pub fn mutant_spec(u: &mut Unstructured<'_>) -> Result<JobSpec> {
             }
             18 => p.pipeline_parallel_microbatch_size = size(u)?,
             19 => p.pipeline_parallel_chunks = size(u)?,
-            20 => {
-                p.memory_limit = u
-                    .arbitrary::<bool>()?
-                    .then(|| mutate::number_f64(u))
-                    .transpose()?
-            }
+            20 => p.memory_limit = mutate::maybe(u, mutate::number_f64)?,
             21 => p.pipeline_parallel_first_stage_less_layers = size(u)?,
             22 => p.pipeline_parallel_last_stage_less_layers = size(u)?,
-            23 => {
-                p.pipeline_parallel_layers_per_stage =
-                    u.arbitrary::<bool>()?.then(|| size(u)).transpose()?
-            }
+            23 => p.pipeline_parallel_layers_per_stage = mutate::maybe(u, size)?,
             24 => {
                 let c = &mut spec.checkpoint;
                 c.enable_checkpoint = u.arbitrary()?;
@@ -163,12 +155,7 @@ pub fn mutant_spec(u: &mut Unstructured<'_>) -> Result<JobSpec> {
                 c.keep_latest_k = size(u)?;
                 c.folder = mutate::token(u, &["checkpoints", "../escape", "/abs", "a/b"])?;
             }
-            25 => {
-                spec.data.path = u
-                    .arbitrary::<bool>()?
-                    .then(|| mutate::token(u, &["data.txt"]))
-                    .transpose()?
-            }
+            25 => spec.data.path = mutate::maybe(u, |u| mutate::token(u, &["data.txt"]))?,
             26 => spec.compute.mode = *u.choose(&[ComputeMode::Real, ComputeMode::Emulate])?,
             27 => spec.compute.f_ms = mutate::number_f64(u)?,
             _ => {

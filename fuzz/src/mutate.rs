@@ -24,6 +24,27 @@ pub fn number_u32(u: &mut Unstructured<'_>) -> Result<u32> {
     Ok(u32::try_from(n).unwrap_or(if u.arbitrary()? { u32::MAX } else { n as u32 }))
 }
 
+/// A number up to `max` half the time, else a [`number_u32`].
+pub fn small_u32(u: &mut Unstructured<'_>, max: u32) -> Result<u32> {
+    if u.arbitrary()? {
+        number_u32(u)
+    } else {
+        u.int_in_range(0..=max)
+    }
+}
+
+/// `Some` of what `make` draws half the time (an optional field set or not).
+pub fn maybe<T>(
+    u: &mut Unstructured<'_>,
+    make: impl FnOnce(&mut Unstructured<'_>) -> Result<T>,
+) -> Result<Option<T>> {
+    if u.arbitrary()? {
+        make(u).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 /// A number of an `i32` enum field: each defined value, the unset 0, just past the
 /// defined ones, negative, extremes.
 pub fn enum_value(u: &mut Unstructured<'_>, defined: i32) -> Result<i32> {

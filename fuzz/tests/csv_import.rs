@@ -53,14 +53,11 @@ const WORDS: [&str; 16] = [
 
 /// A cell's action with its numbers or letter changed.
 fn renumbered(u: &mut Unstructured<'_>, cell: &str) -> Result<String> {
-    let digits_end = cell
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(cell.len());
-    let (stage, rest) = cell.split_at(digits_end);
-    let kind_end = rest
-        .find(|c: char| c.is_ascii_digit())
-        .unwrap_or(rest.len());
-    let (kind, mb) = rest.split_at(kind_end);
+    // Leading digits (the stage), trailing digits (the microbatch), the letters between.
+    let stage_len = cell.len() - cell.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let mb_len = cell.len() - cell.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (stage, rest) = cell.split_at(stage_len);
+    let (kind, mb) = rest.split_at(rest.len() - mb_len.min(rest.len()));
     let bump = |u: &mut Unstructured<'_>, n: &str| -> Result<String> {
         let n: u64 = n.parse().unwrap_or(0);
         Ok(match u.int_in_range(0..=3)? {
@@ -109,15 +106,14 @@ fn edit(u: &mut Unstructured<'_>, rows: &mut Vec<Vec<String>>) -> Result<()> {
         }
         4 => rows[r][c] = renumbered(u, &rows[r][c].clone())?,
         5 => {
-            let comm = *u.choose(&[
-                "SEND_F",
-                "RECV_F",
-                "SEND_B",
-                "RECV_B",
-                "UNSHARD",
-                "RESHARD",
-                "REDUCE_GRAD",
-            ])?;
+            // PyTorch's communication actions: a send or receive of F or B, or a sharding one.
+            let comm = if u.arbitrary()? {
+                let way = *u.choose(&["SEND", "RECV"])?;
+                format!("{way}_{}", u.choose(&["F", "B"])?)
+            } else {
+                u.choose(&["UNSHARD", "RESHARD", "REDUCE_GRAD"])?
+                    .to_string()
+            };
             let stage = u.int_in_range(0..=9)?;
             let mb = if u.arbitrary()? {
                 u.int_in_range(0..=9)?.to_string()

@@ -92,11 +92,7 @@ fn model_message(u: &mut Unstructured<'_>) -> Result<v1::ModelSpec> {
     let (spec, _) = u.choose(plans())?;
     let mut m = v1::ModelSpec::from(&spec.model);
     for _ in 0..u.int_in_range(0..=3)? {
-        let n = if u.arbitrary()? {
-            mutate::number_u32(u)?
-        } else {
-            u.int_in_range(0..=64)?
-        };
+        let n = mutate::small_u32(u, 64)?;
         match u.int_in_range(0..=5)? {
             0 => m.vocab = n,
             1 => m.hidden = n,
@@ -258,36 +254,17 @@ fn check_assignment_case(a: v1::Assignment, mutated: bool) -> Verdict {
 
 /// A submitted job with overrides: the coordinator's `spec_of`, then the plan.
 fn submit(u: &mut Unstructured<'_>) -> Result<Verdict> {
-    let mut request = v1::JobSpec {
+    let request = v1::JobSpec {
         toml: job::mutant_text(u)?,
-        ..Default::default()
+        name: mutate::maybe(u, |u| mutate::token(u, &["tiny"]))?,
+        steps: mutate::maybe(u, mutate::number_u64)?,
+        microbatches: mutate::maybe(u, |u| mutate::small_u32(u, 16))?,
+        schedule: mutate::maybe(u, |u| {
+            mutate::token(u, &["1f1b", "v-half", "adaptive-v", "auto"])
+        })?,
+        workers: mutate::maybe(u, |u| mutate::small_u32(u, 8))?,
+        seed: mutate::maybe(u, mutate::number_u64)?,
     };
-    if u.arbitrary()? {
-        request.name = Some(mutate::token(u, &["tiny"])?);
-    }
-    if u.arbitrary()? {
-        request.steps = Some(mutate::number_u64(u)?);
-    }
-    if u.arbitrary()? {
-        request.microbatches = Some(if u.arbitrary()? {
-            mutate::number_u32(u)?
-        } else {
-            u.int_in_range(0..=16)?
-        });
-    }
-    if u.arbitrary()? {
-        request.schedule = Some(mutate::token(u, &["1f1b", "v-half", "adaptive-v", "auto"])?);
-    }
-    if u.arbitrary()? {
-        request.workers = Some(if u.arbitrary()? {
-            mutate::number_u32(u)?
-        } else {
-            u.int_in_range(0..=8)?
-        });
-    }
-    if u.arbitrary()? {
-        request.seed = Some(mutate::number_u64(u)?);
-    }
     Ok(match spec_of(&request) {
         Ok(spec) => job::check_spec(&spec).map(|o| format!("JobSpec: {o}")),
         Err(CoordinatorError::BadRequest { field, reason })
