@@ -271,6 +271,14 @@ fn replay(target: &str, seed: u64, case: u64) -> String {
     )
 }
 
+/// Prints a case's input when `PIPEWISE_FUZZ_VERBOSE` is set (for a replayed case).
+pub fn show(input: &dyn fmt::Debug) {
+    if std::env::var("PIPEWISE_FUZZ_VERBOSE").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0")
+    {
+        eprintln!("input: {input:#?}");
+    }
+}
+
 /// What a run did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {

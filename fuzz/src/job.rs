@@ -1,12 +1,17 @@
 //! Job files: the seeds (the repository's job files and a small job of every schedule),
 //! their mutants, and the properties of the TOML → plan path.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, OnceLock};
+use std::thread;
+use std::time::Duration;
 
 use arbitrary::{Result, Unstructured};
 use pipewise_common::Error;
+use pipewise_common::cancel::cancellable;
 use pipewise_common::generate::ScheduleKind;
-use pipewise_common::job::{ComputeMode, JobSpec, example, plan_job};
+use pipewise_common::job::{ComputeMode, JobPlan, JobSpec, example, plan_job};
 use pipewise_common::model::DType;
 use pipewise_common::validate::validate;
 
@@ -179,6 +184,27 @@ pub fn mutant_text(u: &mut Unstructured<'_>) -> Result<String> {
     }
 }
 
+/// How long a plan may take before the harness cancels it, as the coordinator's planner
+/// does when the client goes away: plans of shapes near the limits take minutes in a debug
+/// build. A planner that does not stop soon after is caught by the hang watch.
+pub const PLAN_DEADLINE: Duration = Duration::from_secs(5);
+
+/// `plan_job` on `spec`, cancelled (`Error::Cancelled`) after `deadline`.
+fn plan_within(spec: &JobSpec, deadline: Duration) -> pipewise_common::Result<JobPlan> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (done, wait) = mpsc::channel::<()>();
+    let raise = Arc::clone(&flag);
+    let timer = thread::spawn(move || {
+        if wait.recv_timeout(deadline) == Err(RecvTimeoutError::Timeout) {
+            raise.store(true, Ordering::Relaxed);
+        }
+    });
+    let plan = cancellable(flag, || plan_job(spec));
+    drop(done);
+    let _ = timer.join();
+    plan
+}
+
 /// Whether `field` is a job file's `section.key`.
 fn names_a_field(field: &str) -> bool {
     field
@@ -205,8 +231,13 @@ pub fn check_text(text: &str) -> Verdict {
 /// schedule of the job's workers and microbatches, whose stages split the model and whose
 /// spec round-trips through TOML.
 pub fn check_spec(spec: &JobSpec) -> Verdict {
-    let plan = match plan_job(spec) {
+    let plan = match plan_within(spec, PLAN_DEADLINE) {
         Ok(plan) => plan,
+        Err(Error::Cancelled) => {
+            return Ok(format!(
+                "planning cancelled after {PLAN_DEADLINE:?} (a large shape)"
+            ));
+        }
         Err(Error::InvalidArgument { field, reason }) => {
             return if names_a_field(field) && !reason.trim().is_empty() {
                 Ok(format!("refused {field}"))

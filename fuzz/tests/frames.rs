@@ -263,7 +263,7 @@ fn case(u: &mut Unstructured<'_>) -> Result<Case> {
                 }
                 39 => {
                     flag = u.arbitrary()?;
-                    mutated = flag != 0;
+                    mutated |= flag != 0;
                 }
                 38 => {
                     len = mutate::number_u32(u)?;

@@ -248,6 +248,12 @@ fn check_assignment_case(a: v1::Assignment, mutated: bool) -> Verdict {
                 None => Err(format!("an assignment refused naming no field: {reason:?}").into()),
             }
         }
+        // The core's check of the split (`stages`), as the worker passes it on.
+        Err(pipewise_worker::Error::Spec(Error::InvalidArgument { field, .. }))
+            if ASSIGNMENT_FIELDS.contains(&field) =>
+        {
+            Ok(format!("Assignment: refused {field}"))
+        }
         Err(e) => Err(format!("an assignment refused with an error naming no field: {e:?}").into()),
     }
 }
