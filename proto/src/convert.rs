@@ -3,6 +3,7 @@
 //! Core → proto never fails ([`From`]); proto → core checks every field
 //! ([`TryFrom`]) and names the offending one in [`ConvertError`].
 
+use pipewise_common::generate::{MAX_CHUNKS, MAX_WORKERS};
 use pipewise_common::model::{DType, ModelSpec};
 use pipewise_common::trace::{Activity, Span};
 use pipewise_common::{Pass, PassKind, Placement};
@@ -201,6 +202,33 @@ impl TryFrom<v1::Placement> for Placement {
 
     fn try_from(msg: v1::Placement) -> Result<Self, Self::Error> {
         let workers = msg.workers;
+        // Bounded before any stage count is computed or table built (found by fuzzing:
+        // `u32::MAX` workers overflowed the stage count, or built a 4-billion-entry table).
+        let too_large = |field, value: usize, max: u32| ConvertError::Invalid {
+            field,
+            reason: format!("{value} is over the {max} pipewise plans"),
+        };
+        if workers > MAX_WORKERS {
+            return Err(too_large(
+                "Placement.workers",
+                workers as usize,
+                MAX_WORKERS,
+            ));
+        }
+        if msg.chunks > MAX_CHUNKS {
+            return Err(too_large(
+                "Placement.chunks",
+                msg.chunks as usize,
+                MAX_CHUNKS,
+            ));
+        }
+        if msg.worker_of.len() > (MAX_WORKERS * MAX_CHUNKS) as usize {
+            return Err(too_large(
+                "Placement.worker_of",
+                msg.worker_of.len(),
+                MAX_WORKERS * MAX_CHUNKS,
+            ));
+        }
         let placement = match v1::PlacementKind::try_from(msg.kind) {
             Ok(v1::PlacementKind::OnePerWorker) => Placement::OnePerWorker { workers },
             Ok(v1::PlacementKind::Loop) => Placement::Loop {
@@ -448,6 +476,58 @@ mod tests {
             assert_eq!(msg.worker_of, placement.table());
             assert_eq!(Placement::try_from(msg), Ok(placement));
         }
+    }
+
+    #[test]
+    fn oversized_placements_are_refused_before_sizing_anything() {
+        // Found by fuzzing: these overflowed the stage count or built a huge table.
+        let cases = [
+            (
+                v1::PlacementKind::V,
+                u32::MAX,
+                0,
+                vec![],
+                "Placement.workers",
+            ),
+            (
+                v1::PlacementKind::OnePerWorker,
+                1 << 31,
+                0,
+                vec![0],
+                "Placement.workers",
+            ),
+            (
+                v1::PlacementKind::Loop,
+                4,
+                u32::MAX,
+                vec![],
+                "Placement.chunks",
+            ),
+            (
+                v1::PlacementKind::Explicit,
+                2,
+                0,
+                vec![0; 1 << 20],
+                "Placement.worker_of",
+            ),
+        ];
+        for (kind, workers, chunks, worker_of, field) in cases {
+            let msg = v1::Placement {
+                kind: kind as i32,
+                workers,
+                chunks,
+                worker_of,
+            };
+            match Placement::try_from(msg) {
+                Err(ConvertError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{kind:?} {workers} {chunks}: {other:?}"),
+            }
+        }
+        let most = v1::Placement::from(Placement::Loop {
+            workers: MAX_WORKERS,
+            chunks: MAX_CHUNKS,
+        });
+        assert!(Placement::try_from(most).is_ok());
     }
 
     #[test]

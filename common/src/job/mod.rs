@@ -70,5 +70,5 @@ pub use layout::{
 pub use plan::{JobPlan, plan_job};
 pub use spec::{
     Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec, MAX_EMULATED_PASS_MS,
-    MAX_FRAME_BYTES, Optimizer, Parallelism, Training, example,
+    MAX_FRAME_BYTES, MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, example,
 };

@@ -253,6 +253,11 @@ pub struct Compute {
 /// (and would run into the workers' frame timeout).
 pub const MAX_EMULATED_PASS_MS: f64 = 60_000.0;
 
+/// The shortest emulated pass time accepted, one microsecond: the planner costs a job with
+/// the times relative to `f_ms`, which overflow when `f_ms` is tiny (found by fuzzing:
+/// `f_ms = 5e-324` made `b_ms / f_ms` infinite, refused under no job field).
+pub const MIN_EMULATED_PASS_MS: f64 = 1e-3;
+
 fn default_f_ms() -> f64 {
     10.0
 }
@@ -305,20 +310,21 @@ impl Compute {
         }
     }
 
-    /// Checks the times (each finite, > 0 and at most [`MAX_EMULATED_PASS_MS`]), naming
-    /// the field (`compute.f_ms` …). Checked whatever the mode, so a typo is caught early.
+    /// Checks the times (each finite, from [`MIN_EMULATED_PASS_MS`] to
+    /// [`MAX_EMULATED_PASS_MS`]), naming the field (`compute.f_ms` …). Checked whatever the
+    /// mode, so a typo is caught early.
     pub fn validate(&self) -> Result<()> {
         for (field, ms) in [
             ("compute.f_ms", self.f_ms),
             ("compute.b_ms", self.b_ms),
             ("compute.w_ms", self.w_ms),
         ] {
-            if !(ms.is_finite() && ms > 0.0 && ms <= MAX_EMULATED_PASS_MS) {
+            if !(MIN_EMULATED_PASS_MS..=MAX_EMULATED_PASS_MS).contains(&ms) {
                 return Err(Error::invalid(
                     field,
                     format!(
-                        "must be a finite number of milliseconds in (0, {MAX_EMULATED_PASS_MS}], \
-                         got {ms}"
+                        "must be a number of milliseconds from {MIN_EMULATED_PASS_MS} to \
+                         {MAX_EMULATED_PASS_MS}, got {ms}"
                     ),
                 ));
             }
@@ -556,6 +562,22 @@ mod tests {
         );
         let c = JobSpec::from_toml(&text).expect("parses").compute;
         assert_eq!(c, Compute::emulate(10.0, 10.0, 10.0));
+    }
+
+    /// A tiny `f_ms` beside larger times is refused naming it, not passed to the planner
+    /// as infinite ratios.
+    #[test]
+    fn emulated_times_below_a_microsecond_are_refused() {
+        let mut spec = example(2, "1f1b");
+        for f_ms in [5e-324, 1e-300, 1e-4] {
+            spec.compute = Compute::emulate(f_ms, 10.0, 10.0);
+            match spec.validate() {
+                Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "compute.f_ms"),
+                other => panic!("{f_ms}: {other:?}"),
+            }
+        }
+        spec.compute = Compute::emulate(MIN_EMULATED_PASS_MS, MAX_EMULATED_PASS_MS, 1.0);
+        spec.validate().expect("the extremes are accepted");
     }
 
     #[test]

@@ -426,12 +426,17 @@ fn check_layout(
     let (dtype, size) = dtype_from_proto(frame.dtype)?;
     let mut shape = Vec::with_capacity(frame.shape.len());
     let mut elements: usize = 1;
+    // The product of the dimensions other than 0: a tensor's strides are products of its
+    // trailing dimensions, so they overflow when this does, even with no elements (found by
+    // fuzzing: shape [0, 2^33, 2^33] panicked in candle's stride computation).
+    let mut strides: usize = 1;
     for &d in &frame.shape {
         let d = usize::try_from(d)
             .map_err(|_| Rejection::new("shape", format!("dimension {d} does not fit usize")))?;
-        elements = elements.checked_mul(d).ok_or_else(|| {
-            Rejection::new("shape", format!("{:?} has too many elements", frame.shape))
-        })?;
+        let too_many =
+            || Rejection::new("shape", format!("{:?} has too many elements", frame.shape));
+        elements = elements.checked_mul(d).ok_or_else(too_many)?;
+        strides = strides.checked_mul(d.max(1)).ok_or_else(too_many)?;
         shape.push(d);
     }
     let total = elements
@@ -909,6 +914,28 @@ mod tests {
         let err = Assembly::start(&good[0], 255, Delivery::Tensors).expect_err("256 bytes > 255");
         assert_eq!(err.field, "shape");
         Ok(())
+    }
+
+    /// An empty tensor whose other dimensions multiply past `usize` is refused, not
+    /// handed to candle (whose stride computation overflowed on it).
+    #[test]
+    fn empty_shapes_with_overflowing_strides_are_refused() {
+        let first = TensorFrame {
+            kind: v1::FrameKind::Activation as i32,
+            dtype: v1::Dtype::F32 as i32,
+            shape: vec![0, 1 << 33, 1 << 33],
+            ..TensorFrame::default()
+        };
+        for delivery in [Delivery::Tensors, Delivery::Buffers] {
+            let err = Assembly::start(&first, usize::MAX, delivery).expect_err("overflows");
+            assert_eq!(err.field, "shape");
+        }
+        let fits = TensorFrame {
+            shape: vec![0, 1 << 16, 1 << 16],
+            ..first
+        };
+        let payload = assemble_as(&[fits], Delivery::Tensors).expect("an empty tensor");
+        assert_eq!(payload.dims(), &[0, 1 << 16, 1 << 16]);
     }
 
     #[test]

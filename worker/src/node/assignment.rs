@@ -117,6 +117,12 @@ impl Assignment {
     }
 }
 
+/// Decodes and checks an assignment as a worker does when one arrives, without running it
+/// (the fuzz harness in `fuzz/` drives this check from outside the crate).
+pub fn check_assignment(a: pb::Assignment) -> Result<()> {
+    Assignment::decode(a).map(|_| ())
+}
+
 /// The message's copies of the spec's model, seed and microbatch size agree with the spec.
 fn agrees_with_spec(
     spec: &JobSpec,

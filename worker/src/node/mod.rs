@@ -47,6 +47,7 @@ use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 
+pub use assignment::check_assignment;
 pub use config::NodeConfig;
 pub use connection::{ConnArgs, ConnMsg, ConnState, Connection};
 pub use memory::{available_memory, host_available_memory};
