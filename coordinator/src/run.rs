@@ -310,6 +310,8 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             output_dir: st.output.display().to_string(),
             stage_count: schedule.placement.stages(),
             stage_pieces: a.stage_pieces.clone(),
+            // The gRPC edge adds it when the coordinator takes tokens.
+            run_secret: Vec::new(),
         };
         let sent = ractor::call!(
             st.membership,

@@ -235,6 +235,7 @@ fn good_frame(step: u64, stage: u32, mb: u32) -> TensorFrame {
         shape: vec![2, 2],
         data: vec![0u8; 16].into(),
         offset: 0,
+        run_secret: Default::default(),
     }
 }
 
