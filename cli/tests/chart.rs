@@ -523,3 +523,152 @@ fn the_schema_refuses_bad_option_values() {
         render(&helm, &["--set", ok]);
     }
 }
+
+/// The container's arguments as strings.
+fn args_of(workload: &Value) -> Vec<String> {
+    container(workload)["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The value after `flag` in `args`.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+/// TLS and tokens: off by default (plain URLs, gRPC probes, no Secret mounted); on, every
+/// pod mounts the TLS Secret and only the token its role sends, the coordinator serves TLS
+/// and takes both tokens, workers present their certificate, URLs are https and the TLS
+/// ports are probed over TCP.
+#[test]
+fn tls_and_token_secrets_are_mounted_per_role() {
+    let Some(helm) = helm() else { return };
+    let job = job_file();
+    let off = render(&helm, &["--set-file", &job]);
+    for w in workloads(&off) {
+        let args = args_of(w);
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with("--tls") || a.contains("token")),
+            "{args:?}"
+        );
+        assert!(flag(&args, "--coordinator").is_none_or(|u| u.starts_with("http://")));
+        let volumes = format!("{:?}", pod(w)["volumes"]);
+        assert!(!volumes.contains("secret"), "{volumes}");
+    }
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "tls.enabled=true,tls.secretName=pw-tls,tokens.enabled=true,tokens.secretName=pw-tokens",
+            "--set-file",
+            &job,
+        ],
+    );
+    let [coordinator, workers, submit] = workloads(&docs);
+    let tls = "/var/run/pipewise/tls";
+    let tokens = "/var/run/pipewise/tokens";
+    let args = args_of(coordinator);
+    assert_eq!(flag(&args, "--tls-cert"), Some(&*format!("{tls}/tls.crt")));
+    assert_eq!(flag(&args, "--tls-key"), Some(&*format!("{tls}/tls.key")));
+    assert_eq!(
+        flag(&args, "--tls-client-ca"),
+        Some(&*format!("{tls}/ca.crt"))
+    );
+    assert_eq!(
+        flag(&args, "--submitter-token-file"),
+        Some(&*format!("{tokens}/submitter"))
+    );
+    assert_eq!(
+        flag(&args, "--worker-token-file"),
+        Some(&*format!("{tokens}/worker"))
+    );
+    let args = args_of(workers);
+    assert_eq!(flag(&args, "--tls-ca"), Some(&*format!("{tls}/ca.crt")));
+    assert_eq!(flag(&args, "--tls-cert"), Some(&*format!("{tls}/tls.crt")));
+    assert_eq!(
+        flag(&args, "--token-file"),
+        Some(&*format!("{tokens}/worker"))
+    );
+    assert!(
+        flag(&args, "--coordinator")
+            .unwrap()
+            .starts_with("https://")
+    );
+    let args = args_of(submit);
+    assert_eq!(flag(&args, "--tls-ca"), Some(&*format!("{tls}/ca.crt")));
+    assert_eq!(
+        flag(&args, "--token-file"),
+        Some(&*format!("{tokens}/submitter"))
+    );
+    assert!(flag(&args, "--tls-cert").is_none());
+    for (w, token) in [
+        (coordinator, None),
+        (workers, Some("worker")),
+        (submit, Some("submitter")),
+    ] {
+        let volumes = &pod(w)["volumes"];
+        assert_eq!(named(volumes, "tls")["secret"]["secretName"], "pw-tls");
+        let secret = &named(volumes, "tokens")["secret"];
+        assert_eq!(secret["secretName"], "pw-tokens");
+        match token {
+            // The coordinator reads both keys.
+            None => assert!(secret["items"].is_null()),
+            Some(key) => {
+                assert_eq!(secret["items"].as_sequence().unwrap().len(), 1);
+                assert_eq!(secret["items"][0]["key"], key);
+            }
+        }
+        let mounts = &container(w)["volumeMounts"];
+        for (name, path) in [("tls", tls), ("tokens", tokens)] {
+            assert_eq!(named(mounts, name)["mountPath"], path);
+            assert_eq!(named(mounts, name)["readOnly"], true);
+        }
+    }
+    for w in [coordinator, workers] {
+        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+            let p = &container(w)[probe];
+            assert!(
+                p["grpc"].is_null() && p["tcpSocket"]["port"].is_number(),
+                "{p:?}"
+            );
+        }
+    }
+    // Without required worker certificates the coordinator takes no client CA.
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "tls.enabled=true,tls.secretName=pw-tls,tls.requireWorkerCertificates=false",
+        ],
+    );
+    assert!(flag(&args_of(one(&docs, "Deployment")), "--tls-client-ca").is_none());
+}
+
+/// Bad values of the TLS and token fields are refused by the schema, naming the field.
+#[test]
+fn the_schema_refuses_bad_tls_and_token_values() {
+    let Some(helm) = helm() else { return };
+    for (set, field) in [
+        ("tls.enabled=yes", "tls.enabled"),
+        ("tls.enabled=true", "secretName"),
+        ("tls.enabled=true,tls.secretName=", "secretName"),
+        ("tls.secretName=Bad_Name", "tls.secretName"),
+        (
+            "tls.requireWorkerCertificates=no",
+            "tls.requireWorkerCertificates",
+        ),
+        ("tls.secret=x", "secret"),
+        ("tokens.enabled=1", "tokens.enabled"),
+        ("tokens.enabled=true", "secretName"),
+        ("tokens.secretName=a..b/c", "tokens.secretName"),
+        ("tokens.submitter=abc", "submitter"),
+    ] {
+        refused(&helm, &["--set", set], field);
+    }
+}

@@ -124,11 +124,16 @@ impl Connection {
             })
             .await
             .map_err(|s| {
-                let what = if s.message().is_empty() {
+                let mut what = if s.message().is_empty() {
                     s.to_string()
                 } else {
                     s.message().to_string()
                 };
+                // A transport failure (e.g. a refused TLS handshake) says why only in its
+                // causes.
+                if let Some(cause) = std::error::Error::source(&s) {
+                    what = format!("{what}: {}", with_causes(cause));
+                }
                 match s.code() {
                     tonic::Code::AlreadyExists
                     | tonic::Code::InvalidArgument
