@@ -526,18 +526,7 @@ fn the_schema_refuses_bad_option_values() {
 
 /// The container's arguments as strings.
 fn args_of(workload: &Value) -> Vec<String> {
-    container(workload)["args"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect()
-}
-
-/// The value after `flag` in `args`.
-fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    let at = args.iter().position(|a| a == flag)?;
-    args.get(at + 1).map(String::as_str)
+    common::strings(&container(workload)["args"])
 }
 
 /// TLS and tokens: off by default (plain URLs, gRPC probes, no Secret mounted); on, every
@@ -557,7 +546,7 @@ fn tls_and_token_secrets_are_mounted_per_role() {
                 .any(|a| a.starts_with("--tls") || a.contains("token")),
             "{args:?}"
         );
-        assert!(flag(&args, "--coordinator").is_none_or(|u| u.starts_with("http://")));
+        assert!(common::arg(&args, "--coordinator").is_none_or(|u| u.starts_with("http://")));
         let volumes = format!("{:?}", pod(w)["volumes"]);
         assert!(!volumes.contains("secret"), "{volumes}");
     }
@@ -573,40 +562,27 @@ fn tls_and_token_secrets_are_mounted_per_role() {
     let [coordinator, workers, submit] = workloads(&docs);
     let tls = "/var/run/pipewise/tls";
     let tokens = "/var/run/pipewise/tokens";
-    let args = args_of(coordinator);
-    assert_eq!(flag(&args, "--tls-cert"), Some(&*format!("{tls}/tls.crt")));
-    assert_eq!(flag(&args, "--tls-key"), Some(&*format!("{tls}/tls.key")));
-    assert_eq!(
-        flag(&args, "--tls-client-ca"),
-        Some(&*format!("{tls}/ca.crt"))
-    );
-    assert_eq!(
-        flag(&args, "--submitter-token-file"),
-        Some(&*format!("{tokens}/submitter"))
-    );
-    assert_eq!(
-        flag(&args, "--worker-token-file"),
-        Some(&*format!("{tokens}/worker"))
-    );
-    let args = args_of(workers);
-    assert_eq!(flag(&args, "--tls-ca"), Some(&*format!("{tls}/ca.crt")));
-    assert_eq!(flag(&args, "--tls-cert"), Some(&*format!("{tls}/tls.crt")));
-    assert_eq!(
-        flag(&args, "--token-file"),
-        Some(&*format!("{tokens}/worker"))
-    );
+    let [c, w, j] = [coordinator, workers, submit].map(args_of);
+    for (args, flag, value) in [
+        (&c, "--tls-cert", format!("{tls}/tls.crt")),
+        (&c, "--tls-key", format!("{tls}/tls.key")),
+        (&c, "--tls-client-ca", format!("{tls}/ca.crt")),
+        (&c, "--submitter-token-file", format!("{tokens}/submitter")),
+        (&c, "--worker-token-file", format!("{tokens}/worker")),
+        (&w, "--tls-ca", format!("{tls}/ca.crt")),
+        (&w, "--tls-cert", format!("{tls}/tls.crt")),
+        (&w, "--token-file", format!("{tokens}/worker")),
+        (&j, "--tls-ca", format!("{tls}/ca.crt")),
+        (&j, "--token-file", format!("{tokens}/submitter")),
+    ] {
+        assert_eq!(common::arg(args, flag), Some(value.as_str()), "{args:?}");
+    }
     assert!(
-        flag(&args, "--coordinator")
+        common::arg(&w, "--coordinator")
             .unwrap()
             .starts_with("https://")
     );
-    let args = args_of(submit);
-    assert_eq!(flag(&args, "--tls-ca"), Some(&*format!("{tls}/ca.crt")));
-    assert_eq!(
-        flag(&args, "--token-file"),
-        Some(&*format!("{tokens}/submitter"))
-    );
-    assert!(flag(&args, "--tls-cert").is_none());
+    assert!(common::arg(&j, "--tls-cert").is_none());
     for (w, token) in [
         (coordinator, None),
         (workers, Some("worker")),
@@ -647,7 +623,7 @@ fn tls_and_token_secrets_are_mounted_per_role() {
             "tls.enabled=true,tls.secretName=pw-tls,tls.requireWorkerCertificates=false",
         ],
     );
-    assert!(flag(&args_of(one(&docs, "Deployment")), "--tls-client-ca").is_none());
+    assert!(common::arg(&args_of(one(&docs, "Deployment")), "--tls-client-ca").is_none());
 }
 
 /// Bad values of the TLS and token fields are refused by the schema, naming the field.
