@@ -41,14 +41,16 @@ const FILES: [&str; 6] = [
 
 /// Runs `pipewise certs`.
 pub(crate) fn run(args: &CertsArgs) -> Result<()> {
-    if !args.force {
-        if let Some(there) = FILES.iter().map(|f| args.dir.join(f)).find(|p| p.exists()) {
-            bail!(
-                "{} exists; pass --force to overwrite the files in {}",
-                there.display(),
-                args.dir.display()
-            );
-        }
+    if let Some(there) = FILES
+        .iter()
+        .map(|f| args.dir.join(f))
+        .find(|p| !args.force && p.exists())
+    {
+        bail!(
+            "{} exists; pass --force to overwrite the files in {}",
+            there.display(),
+            args.dir.display()
+        );
     }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
