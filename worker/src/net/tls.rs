@@ -63,7 +63,11 @@ pub enum Dial {
 /// TLS when `dial` says it is spoken there; `what` names it in errors.
 pub fn endpoint(address: &str, settings: &TlsSettings, dial: Dial, what: &str) -> Result<Endpoint> {
     let tls = match dial {
-        Dial::Coordinator => names_tls(address).unwrap_or(settings.ca.is_some()),
+        // An explicit http:// with a CA given is a contradiction: refused by `grpc_uri`.
+        Dial::Coordinator => match names_tls(address) {
+            Some(named) => named || settings.ca.is_some(),
+            None => settings.ca.is_some(),
+        },
         Dial::Peer => settings.mutual(),
     };
     let uri = grpc_uri(address, tls)?;
