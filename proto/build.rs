@@ -19,7 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
-    config.bytes([".pipewise.v1.TensorFrame.data"]);
+    config.bytes([
+        ".pipewise.v1.TensorFrame.data",
+        ".pipewise.v1.TensorFrame.run_secret",
+    ]);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("pipewise_descriptor.bin"))
         .compile_with_config(config, &protos, &["proto"])?;

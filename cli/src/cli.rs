@@ -83,6 +83,13 @@ pub(crate) enum Command {
     /// sends orange, end-of-step sync grey).
     #[command(verbatim_doc_comment)]
     Trace(crate::trace::TraceArgs),
+    /// Write a CA and coordinator / worker certificates for TLS (tests, small clusters).
+    ///
+    /// Writes DIR/ca.pem, ca.key, coordinator.pem, coordinator.key,
+    /// worker.pem and worker.key; the certificates name localhost,
+    /// 127.0.0.1, ::1 and every --host. See docs/security.md.
+    #[command(verbatim_doc_comment)]
+    Certs(crate::certs::CertsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///
     /// For example, for bash:

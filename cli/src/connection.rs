@@ -7,8 +7,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
+use pipewise_proto::auth::BearerToken;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+use crate::security::ClientAuth;
+
+/// The job API of a coordinator, every call carrying the client's token.
+pub(crate) type JobClient = JobServiceClient<InterceptedService<Channel, BearerToken>>;
 
 /// The environment variable every `--coordinator` flag falls back to.
 pub(crate) const COORDINATOR_ENV: &str = "PIPEWISE_COORDINATOR";
@@ -26,6 +33,8 @@ pub(crate) struct Endpoint {
     #[arg(long, value_name = "SECONDS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub(crate) wait_for_coordinator: u64,
+    #[command(flatten)]
+    pub(crate) auth: ClientAuth,
 }
 
 /// One job of a coordinator: the arguments of `pipewise watch` and `pipewise cancel`.
@@ -45,15 +54,31 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
-pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Channel>> {
-    let uri = pipewise_worker::net::http_uri(&endpoint.coordinator)
-        .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?;
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|e| anyhow::anyhow!("--coordinator {:?}: {e}", endpoint.coordinator))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .keep_alive_while_idle(true);
+/// A client of the coordinator at `url` with no TLS and no token (the one `pipewise local`
+/// starts for itself).
+pub(crate) async fn local_client(url: &str) -> Result<JobClient> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+        .connect()
+        .await?;
+    Ok(JobServiceClient::with_interceptor(
+        channel,
+        BearerToken::none(),
+    ))
+}
+
+pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobClient> {
+    let token = endpoint.auth.token()?;
+    let channel = pipewise_worker::net::endpoint(
+        &endpoint.coordinator,
+        &endpoint.auth.tls()?,
+        pipewise_worker::net::Dial::Coordinator,
+        "the coordinator",
+    )
+    .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?
+    .connect_timeout(CONNECT_TIMEOUT)
+    .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+    .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+    .keep_alive_while_idle(true);
     let deadline = Instant::now() + Duration::from_secs(endpoint.wait_for_coordinator);
     let mut said = false;
     loop {
@@ -65,7 +90,7 @@ pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobServiceClient<Chann
             )),
         };
         match attempt {
-            Ok(c) => return Ok(JobServiceClient::new(c)),
+            Ok(c) => return Ok(JobServiceClient::with_interceptor(c, token)),
             Err(e) if Instant::now() < deadline => {
                 if !said {
                     // Standard error may be closed; the wait goes on regardless.

@@ -23,6 +23,8 @@ pub(crate) struct CoordinatorArgs {
     #[arg(long, value_name = "DIR", default_value = "pipewise-data")]
     pub(crate) data_dir: PathBuf,
     #[command(flatten)]
+    pub(crate) security: crate::security::CoordinatorSecurity,
+    #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -40,15 +42,18 @@ pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
             crate::metrics::serve(addr, Some(args.metrics.expiry()))?;
         }
         let stop = crate::signal::stop_signal()?;
-        let coordinator = Coordinator::start_cluster(args.listen, &data_dir, Unfinished::Resume)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .context("cannot start the coordinator")?;
+        let security = args.security.load()?;
+        let coordinator =
+            Coordinator::start_secured(args.listen, &data_dir, Unfinished::Resume, &security)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .context("cannot start the coordinator")?;
         outln!(
             "coordinator listening on {} (data in {})",
             coordinator.addr,
             data_dir.display()
         );
+        crate::security::log_start(&security);
         std::io::stdout().flush().ok();
         let signal = stop.await;
         tracing::info!("{signal}: shutting down (no new requests; jobs resume at the next start)");

@@ -28,7 +28,6 @@ use pipewise_common::render::report::fmt_bytes;
 use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
-use pipewise_proto::v1::job_service_client::JobServiceClient;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
 use pipewise_worker::{Corpus, Tensor};
 use serde::Serialize;
@@ -429,7 +428,7 @@ async fn run_job(
     plan: &JobPlan,
     url: &str,
 ) -> Result<(pb::JobStatus, Vec<StepSummary>)> {
-    let mut client = JobServiceClient::connect(url.to_string())
+    let mut client = crate::connection::local_client(url)
         .await
         .context("cannot reach the coordinator")?;
     let status = client
@@ -508,7 +507,7 @@ async fn write_traces(args: &LocalArgs, url: &str, job: u64) -> Result<()> {
     let Some(dir) = &args.trace_dir else {
         return Ok(());
     };
-    let mut client = JobServiceClient::connect(url.to_string())
+    let mut client = crate::connection::local_client(url)
         .await
         .context("cannot reach the coordinator")?;
     let wanted = if args.trace_steps.is_empty() {

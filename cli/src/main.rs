@@ -16,14 +16,16 @@
 //!   `plan::request`; `--auto` in `plan::auto`), [`local`] (a coordinator and N workers in
 //!   one process), [`coordinator`] and [`worker`] (the two kinds of process of a cluster),
 //!   [`submit`], [`status`], [`watch`], [`cancel`] and [`trace`] (clients of a running
-//!   coordinator), [`completions`] (shell completion scripts).
+//!   coordinator), [`certs`] (a CA and certificates for TLS), [`completions`] (shell
+//!   completion scripts).
 //! - Shared flags and value parsers: [`values`] (numbers, times, byte counts, dtypes),
 //!   [`schedule_name`] (schedule names, with "did you mean"), [`device`] (`--device`),
 //!   [`text_file`] (reading a file the user names).
 //! - Process setup: [`logging`], [`runtime`] (the async runtime), [`connection`] (reaching
-//!   a coordinator: `--coordinator`, `PIPEWISE_COORDINATOR`), [`progress`] (what the job
-//!   commands print), [`metrics`] (the Prometheus exporter, `--metrics-listen`), [`signal`]
-//!   (SIGTERM / SIGINT stop the coordinator and workers gracefully).
+//!   a coordinator: `--coordinator`, `PIPEWISE_COORDINATOR`), [`security`] (the TLS and
+//!   token flags and files), [`progress`] (what the job commands print), [`metrics`] (the
+//!   Prometheus exporter, `--metrics-listen`), [`signal`] (SIGTERM / SIGINT stop the
+//!   coordinator and workers gracefully).
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
@@ -38,6 +40,7 @@ macro_rules! outln {
 }
 
 mod cancel;
+mod certs;
 mod cli;
 mod completions;
 mod connection;
@@ -50,6 +53,7 @@ mod plan;
 mod progress;
 mod runtime;
 mod schedule_name;
+mod security;
 mod signal;
 mod status;
 mod submit;
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         Command::Watch(args) => watch::run(&args),
         Command::Cancel(args) => cancel::run(&args),
         Command::Trace(args) => trace::run(&args),
+        Command::Certs(args) => certs::run(&args),
         Command::Completions(args) => completions::run(&args, Cli::command()),
     };
     match outcome {

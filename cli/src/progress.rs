@@ -4,9 +4,7 @@
 
 use anyhow::{Result, bail};
 use pipewise_proto::v1 as pb;
-use pipewise_proto::v1::job_service_client::JobServiceClient;
 use tokio_stream::StreamExt as _;
-use tonic::transport::Channel;
 
 use crate::connection::status_error;
 
@@ -59,7 +57,10 @@ fn lost(job: u64, s: &tonic::Status) -> anyhow::Error {
 }
 
 /// Streams a job's steps until it ends; returns its final status.
-pub(crate) async fn follow(c: &mut JobServiceClient<Channel>, job: u64) -> Result<pb::JobStatus> {
+pub(crate) async fn follow(
+    c: &mut crate::connection::JobClient,
+    job: u64,
+) -> Result<pb::JobStatus> {
     let mut events = c
         .watch_job(pb::JobId { id: job })
         .await

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use clap::Args;
 use pipewise_proto::v1 as pb;
-use pipewise_proto::v1::job_service_client::JobServiceClient;
-use tonic::transport::Channel;
 
 use crate::connection::{Endpoint, client};
 use crate::runtime::runtime;
@@ -44,7 +42,7 @@ pub(crate) fn run(args: &TraceArgs) -> Result<()> {
 /// Fetches one step's trace (`0`: the latest) and writes `step-K.trace.json` and
 /// `step-K.svg` into `dir`; returns the SVG's path.
 pub(crate) async fn write_trace(
-    client: &mut JobServiceClient<Channel>,
+    client: &mut crate::connection::JobClient,
     job: u64,
     step: u64,
     dir: &Path,

@@ -53,6 +53,10 @@ pub(crate) struct WorkerArgs {
     #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: DeviceArg,
     #[command(flatten)]
+    pub(crate) auth: crate::security::ClientAuth,
+    #[command(flatten)]
+    pub(crate) tls: crate::security::WorkerTls,
+    #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -83,6 +87,8 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
     config.memory_bytes = args.memory_bytes.unwrap_or(0);
     config.unplanned_bytes = args.unplanned_bytes.unwrap_or(0);
     config.device = args.device.open()?;
+    config.tls = args.tls.settings(&args.auth)?;
+    config.token = args.auth.token()?;
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics.metrics_listen {
             crate::metrics::serve(addr, Some(args.metrics.expiry()))?;

@@ -523,3 +523,128 @@ fn the_schema_refuses_bad_option_values() {
         render(&helm, &["--set", ok]);
     }
 }
+
+/// The container's arguments as strings.
+fn args_of(workload: &Value) -> Vec<String> {
+    common::strings(&container(workload)["args"])
+}
+
+/// TLS and tokens: off by default (plain URLs, gRPC probes, no Secret mounted); on, every
+/// pod mounts the TLS Secret and only the token its role sends, the coordinator serves TLS
+/// and takes both tokens, workers present their certificate, URLs are https and the TLS
+/// ports are probed over TCP.
+#[test]
+fn tls_and_token_secrets_are_mounted_per_role() {
+    let Some(helm) = helm() else { return };
+    let job = job_file();
+    let off = render(&helm, &["--set-file", &job]);
+    for w in workloads(&off) {
+        let args = args_of(w);
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with("--tls") || a.contains("token")),
+            "{args:?}"
+        );
+        assert!(common::arg(&args, "--coordinator").is_none_or(|u| u.starts_with("http://")));
+        let volumes = format!("{:?}", pod(w)["volumes"]);
+        assert!(!volumes.contains("secret"), "{volumes}");
+    }
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "tls.enabled=true,tls.secretName=pw-tls,tokens.enabled=true,tokens.secretName=pw-tokens",
+            "--set-file",
+            &job,
+        ],
+    );
+    let [coordinator, workers, submit] = workloads(&docs);
+    let tls = "/var/run/pipewise/tls";
+    let tokens = "/var/run/pipewise/tokens";
+    let [c, w, j] = [coordinator, workers, submit].map(args_of);
+    for (args, flag, value) in [
+        (&c, "--tls-cert", format!("{tls}/tls.crt")),
+        (&c, "--tls-key", format!("{tls}/tls.key")),
+        (&c, "--tls-client-ca", format!("{tls}/ca.crt")),
+        (&c, "--submitter-token-file", format!("{tokens}/submitter")),
+        (&c, "--worker-token-file", format!("{tokens}/worker")),
+        (&w, "--tls-ca", format!("{tls}/ca.crt")),
+        (&w, "--tls-cert", format!("{tls}/tls.crt")),
+        (&w, "--token-file", format!("{tokens}/worker")),
+        (&j, "--tls-ca", format!("{tls}/ca.crt")),
+        (&j, "--token-file", format!("{tokens}/submitter")),
+    ] {
+        assert_eq!(common::arg(args, flag), Some(value.as_str()), "{args:?}");
+    }
+    assert!(
+        common::arg(&w, "--coordinator")
+            .unwrap()
+            .starts_with("https://")
+    );
+    assert!(common::arg(&j, "--tls-cert").is_none());
+    for (w, token) in [
+        (coordinator, None),
+        (workers, Some("worker")),
+        (submit, Some("submitter")),
+    ] {
+        let volumes = &pod(w)["volumes"];
+        assert_eq!(named(volumes, "tls")["secret"]["secretName"], "pw-tls");
+        let secret = &named(volumes, "tokens")["secret"];
+        assert_eq!(secret["secretName"], "pw-tokens");
+        match token {
+            // The coordinator reads both keys.
+            None => assert!(secret["items"].is_null()),
+            Some(key) => {
+                assert_eq!(secret["items"].as_sequence().unwrap().len(), 1);
+                assert_eq!(secret["items"][0]["key"], key);
+            }
+        }
+        let mounts = &container(w)["volumeMounts"];
+        for (name, path) in [("tls", tls), ("tokens", tokens)] {
+            assert_eq!(named(mounts, name)["mountPath"], path);
+            assert_eq!(named(mounts, name)["readOnly"], true);
+        }
+    }
+    for w in [coordinator, workers] {
+        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+            let p = &container(w)[probe];
+            assert!(
+                p["grpc"].is_null() && p["tcpSocket"]["port"].is_number(),
+                "{p:?}"
+            );
+        }
+    }
+    // Without required worker certificates the coordinator takes no client CA.
+    let docs = render(
+        &helm,
+        &[
+            "--set",
+            "tls.enabled=true,tls.secretName=pw-tls,tls.requireWorkerCertificates=false",
+        ],
+    );
+    assert!(common::arg(&args_of(one(&docs, "Deployment")), "--tls-client-ca").is_none());
+}
+
+/// Bad values of the TLS and token fields are refused by the schema, naming the field.
+#[test]
+fn the_schema_refuses_bad_tls_and_token_values() {
+    let Some(helm) = helm() else { return };
+    for (set, field) in [
+        ("tls.enabled=yes", "tls.enabled"),
+        ("tls.enabled=true", "secretName"),
+        ("tls.enabled=true,tls.secretName=", "secretName"),
+        ("tls.secretName=Bad_Name", "tls.secretName"),
+        (
+            "tls.requireWorkerCertificates=no",
+            "tls.requireWorkerCertificates",
+        ),
+        ("tls.secret=x", "secret"),
+        ("tokens.enabled=1", "tokens.enabled"),
+        ("tokens.enabled=true", "secretName"),
+        ("tokens.secretName=a..b/c", "tokens.secretName"),
+        ("tokens.submitter=abc", "submitter"),
+    ] {
+        refused(&helm, &["--set", set], field);
+    }
+}

@@ -17,7 +17,7 @@ use std::process::Command;
 use serde::Deserialize as _;
 use serde_norway::Value;
 
-use common::{helm, repo_root};
+use common::{arg, helm, repo_root, strings};
 
 /// `helm template rel charts/pipewise ARGS`, as YAML documents.
 fn render(helm: &Path, args: &[&str]) -> Vec<Value> {
@@ -47,21 +47,6 @@ fn kinds(docs: &[Value]) -> BTreeSet<String> {
     docs.iter()
         .map(|d| d["kind"].as_str().unwrap().to_string())
         .collect()
-}
-
-fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_string())
-        .collect()
-}
-
-/// The value after `flag` in a command line.
-fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    let at = args.iter().position(|a| a == flag)?;
-    args.get(at + 1).map(String::as_str)
 }
 
 /// Every `--flag` of `args` is an option of `pipewise SUBCOMMAND` (args[0]).

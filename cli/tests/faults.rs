@@ -43,6 +43,7 @@ fn malformed_frame_and_cancel_end_jobs_cleanly() {
                 shape: vec![1, 16, 32],
                 data: vec![0u8; 7].into(),
                 offset: 0,
+                run_secret: Default::default(),
             };
             let err = client
                 .send(tokio_stream::iter(vec![frame]))

@@ -47,6 +47,18 @@ pub enum CoordinatorError {
         #[source]
         source: std::io::Error,
     },
+    /// A call without a valid credential (no token, a wrong one, no client certificate).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A valid credential of a role this API does not take.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The TLS settings could not be used (a certificate or key the library refuses).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The system's random source gave no bytes (for the run secrets' key).
+    #[error("no random bytes from the system for the run secrets' key")]
+    NoRandomness,
     /// An actor could not be reached or failed.
     #[error("coordinator actor: {0}")]
     Actor(String),
@@ -65,8 +77,14 @@ impl From<CoordinatorError> for tonic::Status {
             CoordinatorError::Plan(other) => tonic::Status::invalid_argument(other.to_string()),
             CoordinatorError::NotFound(_) => tonic::Status::not_found(e.to_string()),
             CoordinatorError::InUse { .. } => tonic::Status::already_exists(e.to_string()),
+            CoordinatorError::Unauthenticated(_) => tonic::Status::unauthenticated(e.to_string()),
+            CoordinatorError::PermissionDenied(_) => {
+                tonic::Status::permission_denied(e.to_string())
+            }
             CoordinatorError::Store(_)
             | CoordinatorError::Actor(_)
+            | CoordinatorError::Tls(_)
+            | CoordinatorError::NoRandomness
             | CoordinatorError::Run(_)
             | CoordinatorError::Checkpoints { .. } => tonic::Status::internal(e.to_string()),
         }

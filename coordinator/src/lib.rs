@@ -24,6 +24,8 @@
 //! - [`driver`]: jobs run by a [`driver::JobRunner`] (tests' fakes) on a blocking thread.
 //! - [`store`]: the durable job store (redb) in the data directory.
 //! - [`traces`]: the recent steps' executed timelines and their rendering next to the plan.
+//! - [`security`]: TLS on the port, tokens with roles checked per service, and the
+//!   per-run secrets of activation frames.
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
 //!   `tonic::Status`.
 //! - [`error`]: the crate's one error type.
@@ -42,6 +44,7 @@ pub mod metrics;
 pub mod planner;
 pub mod run;
 pub mod run_msg;
+pub mod security;
 pub mod service;
 pub mod step_event;
 pub mod store;
@@ -55,6 +58,7 @@ use pipewise_proto::v1::cluster_service_server::ClusterServiceServer;
 use pipewise_proto::v1::job_service_server::JobServiceServer;
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 
 pub use driver::JobRunner;
 pub use error::{CoordinatorError, Result};
@@ -65,6 +69,8 @@ pub use job_manager::{Runner, Unfinished};
 use job_msg::JobMsg;
 use membership::{Membership, MembershipMsg};
 use planner::{Planner, PlannerArgs};
+pub use security::Security;
+use security::{Role, RunSecrets};
 use store::JobStore;
 
 /// How long [`Coordinator::shutdown`] waits for calls in flight once the actors stopped
@@ -93,9 +99,12 @@ impl Coordinator {
         data_dir: &Path,
         runner: Option<Arc<dyn JobRunner>>,
     ) -> Result<Coordinator> {
-        Self::start_with(listen, data_dir, Unfinished::Resume, |_| {
-            runner.map(Runner::Steps)
-        })
+        Self::start_with(
+            listen,
+            data_dir,
+            (Unfinished::Resume, &Security::default()),
+            |_| runner.map(Runner::Steps),
+        )
         .await
     }
 
@@ -107,20 +116,36 @@ impl Coordinator {
         data_dir: &Path,
         unfinished: Unfinished,
     ) -> Result<Coordinator> {
+        Self::start_secured(listen, data_dir, unfinished, &Security::default()).await
+    }
+
+    /// Like [`Coordinator::start_cluster`], with the port guarded as `security` says (TLS,
+    /// tokens with roles; see [`security`]).
+    pub async fn start_secured(
+        listen: SocketAddr,
+        data_dir: &Path,
+        unfinished: Unfinished,
+        security: &Security,
+    ) -> Result<Coordinator> {
         let dir = data_dir.to_path_buf();
-        Self::start_with(listen, data_dir, unfinished, move |membership| {
-            Some(Runner::Cluster {
-                membership: membership.clone(),
-                data_dir: dir,
-            })
-        })
+        Self::start_with(
+            listen,
+            data_dir,
+            (unfinished, security),
+            move |membership| {
+                Some(Runner::Cluster {
+                    membership: membership.clone(),
+                    data_dir: dir,
+                })
+            },
+        )
         .await
     }
 
     async fn start_with(
         listen: SocketAddr,
         data_dir: &Path,
-        unfinished: Unfinished,
+        (unfinished, security): (Unfinished, &Security),
         runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Runner>,
     ) -> Result<Coordinator> {
         metrics::describe();
@@ -161,19 +186,37 @@ impl Coordinator {
         let reflection = pipewise_proto::reflection_service()
             .map_err(|e| CoordinatorError::Actor(format!("reflection: {e}")))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let router = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &security.tls {
+            builder = builder
+                .tls_config(tls.config())
+                .map_err(|e| CoordinatorError::Tls(with_causes(&e)))?;
+        }
+        // With tokens, frames among a run's workers carry a secret of the run, so a process
+        // that reaches a worker's port but holds no assignment cannot inject any.
+        let run_secrets = match security.tokens.worker {
+            Some(_) => Some(Arc::new(RunSecrets::new()?)),
+            None => None,
+        };
+        let cluster = ClusterServiceServer::new(service::Cluster {
+            membership: membership.clone(),
+            run_secrets,
+        })
+        // Step reports carry every span of a worker's step (see `traces`).
+        .max_decoding_message_size(64 << 20);
+        let router = builder
             .add_service(health)
             .add_service(reflection)
-            .add_service(JobServiceServer::new(service::Jobs {
-                manager: jobs.clone(),
-            }))
-            .add_service(
-                ClusterServiceServer::new(service::Cluster {
-                    membership: membership.clone(),
-                })
-                // Step reports carry every span of a worker's step (see `traces`).
-                .max_decoding_message_size(64 << 20),
-            );
+            .add_service(InterceptedService::new(
+                JobServiceServer::new(service::Jobs {
+                    manager: jobs.clone(),
+                }),
+                security.guard(Role::Submitter),
+            ))
+            .add_service(InterceptedService::new(
+                cluster,
+                security.guard(Role::Worker),
+            ));
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let server = tokio::spawn(async move {
             let stop = async {
@@ -221,4 +264,15 @@ impl Coordinator {
             self.server.abort();
         }
     }
+}
+
+/// An error and its causes, `: `-separated (tonic's TLS errors say little on their own).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text = format!("{text}: {c}");
+        cause = c.source();
+    }
+    text
 }

@@ -312,6 +312,8 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             stage_count: schedule.placement.stages(),
             stage_pieces: a.stage_pieces.clone(),
             abandon: false,
+            // The gRPC edge adds it when the coordinator takes tokens.
+            run_secret: Vec::new(),
         };
         let sent = ractor::call!(
             st.membership,

@@ -30,6 +30,8 @@ pub struct Jobs {
 pub struct Cluster {
     /// The membership actor.
     pub membership: ActorRef<MembershipMsg>,
+    /// When set (the coordinator takes tokens), each assignment carries its run's secret.
+    pub run_secrets: Option<std::sync::Arc<crate::security::RunSecrets>>,
 }
 
 fn status_of(r: &JobRecord) -> pb::JobStatus {
@@ -278,7 +280,13 @@ impl ClusterService for Cluster {
         let id = request.into_inner().id;
         let rx = ractor::call!(self.membership, MembershipMsg::OpenStream, id)
             .map_err(CoordinatorError::from)??;
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok);
+        let secrets = self.run_secrets.clone();
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |mut a| {
+            if let Some(secrets) = &secrets {
+                a.run_secret = secrets.of(a.run);
+            }
+            Ok(a)
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -145,6 +145,7 @@ fn tensor(u: &mut Unstructured<'_>, base_step: u64) -> Result<Sent> {
         shape,
         data: Bytes::from(data),
         offset: 0,
+        run_secret: Bytes::new(),
     };
     let step = size as usize * u.int_in_range(1..=(total / size as usize).max(1))?;
     let mut chunks = Vec::new();

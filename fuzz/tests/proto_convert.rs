@@ -167,6 +167,8 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         output_dir: "out".into(),
         stage_count: placement.stages(),
         stage_pieces,
+        run_secret: Vec::new(),
+        abandon: false,
     })
 }
 

@@ -11,12 +11,14 @@
 //!   [`v1::activation_service_client`]): a client stream of [`v1::TensorFrame`]s, the data
 //!   plane between pipeline stages.
 //!
-//! Also: [`convert`] maps the planning core's [`Pass`](pipewise_common::Pass),
+//! Also: [`auth`] is the bearer token in a call's metadata and the fixed-time comparison
+//! of tokens and run secrets; [`convert`] maps the planning core's [`Pass`](pipewise_common::Pass),
 //! [`PassKind`](pipewise_common::PassKind), [`Placement`](pipewise_common::Placement) and
 //! [`ModelSpec`](pipewise_common::model::ModelSpec) to and from their messages;
 //! [`FILE_DESCRIPTOR_SET`] feeds `tonic-reflection`; [`health_service`] and
 //! [`reflection_service`] build the standard health and reflection services.
 
+pub mod auth;
 pub mod convert;
 
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -13,13 +13,15 @@
 //! - gRPC buffers (`grpc-buf`, `r-buf` = grpc-buf / tcp): the same with emulated compute's
 //!   byte buffers, which neither side copies in user space (the receiver is assigned
 //!   `Delivery::Buffers`): the transport's own cost, without the tensor copies.
+//! - gRPC over mutual TLS (`grpc-tls`, `r-tls` = grpc-tls / tcp): the tensor run between
+//!   two transports with certificates from `net::certs` (rustls, ring): TLS's cost.
 //! - raw TCP: one connection, the writer sends `k` buffers, the reader reads each into a
 //!   buffer (reused: the ideal; and fresh per frame, as a receiver that hands each frame
 //!   on must).
 
 use std::time::{Duration, Instant};
 
-use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport};
+use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport, TlsSettings};
 use pipewise_worker::runtime::{Buffer, Frame, FrameKind, Payload, Transport};
 use pipewise_worker::{Device, Tensor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -216,9 +218,19 @@ fn main() -> BenchResult<()> {
         config_a.chunk_bytes = kib.trim().parse::<usize>()? << 10;
     }
     let chunk_kib = config_a.chunk_bytes >> 10;
+    // The same pair over mutual TLS.
+    let issued = pipewise_worker::net::certs::issue(&[], 1)?;
+    let tls = TlsSettings {
+        ca: Some(tonic::transport::Certificate::from_pem(&issued.ca.cert)),
+        identity: Some(issued.worker.identity()),
+    };
+    let (mut tls_a, mut tls_b) = (config_a.clone(), config_b.clone());
+    (tls_a.tls, tls_b.tls) = (tls.clone(), tls);
     let a = GrpcTransport::start(config_a)?;
     let b = GrpcTransport::start(config_b)?;
     a.set_peer(1, b.local_addr().to_string())?;
+    let (ta, tb) = (GrpcTransport::start(tls_a)?, GrpcTransport::start(tls_b)?);
+    ta.set_peer(1, tb.local_addr().to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -229,7 +241,7 @@ fn main() -> BenchResult<()> {
          (adaptive window: {adaptive}; heap: {heap})"
     );
     println!(
-        "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8} {:>10} {:>8}",
+        "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8} {:>10} {:>8} {:>9} {:>6}",
         "frame",
         "frames",
         "grpc MiB/s",
@@ -238,7 +250,9 @@ fn main() -> BenchResult<()> {
         "ratio",
         "r-fresh",
         "grpc-buf",
-        "r-buf"
+        "r-buf",
+        "grpc-tls",
+        "r-tls"
     );
     let mut step = 0u64; // the last step used
     for bytes in sizes {
@@ -253,10 +267,11 @@ fn main() -> BenchResult<()> {
         // rejects a repeated (step, stage, mb, kind) as a duplicate.
         step += 1;
         grpc_run(&a, &b, &tensor, step, 1)?;
+        grpc_run(&ta, &tb, &tensor, step, 1)?;
         tcp_run(&rt, bytes, 1, false)?;
         // The transports take turns, so a burst of load on this shared machine hits all of
         // them; each keeps its best round.
-        let mut best = [Duration::MAX; 4];
+        let mut best = [Duration::MAX; 5];
         for _ in 0..reps {
             step += 1;
             best[0] = best[0].min(grpc_run(&a, &b, &tensor, step, frames)?);
@@ -264,18 +279,20 @@ fn main() -> BenchResult<()> {
             best[2] = best[2].min(tcp_run(&rt, bytes, frames, true)?);
             step += 1;
             best[3] = best[3].min(grpc_run(&a, &b, &buffer, step, frames)?);
+            best[4] = best[4].min(grpc_run(&ta, &tb, &tensor, step, frames)?);
         }
-        let [g, t, f, gb] = best.map(|time| mib_per_s(bytes, frames, time));
+        let [g, t, f, gb, gt] = best.map(|time| mib_per_s(bytes, frames, time));
         let label = if bytes >= MIB {
             format!("{} MiB", bytes / MIB)
         } else {
             format!("{} KiB", bytes >> 10)
         };
         println!(
-            "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2} {gb:>10.0} {:>8.2}",
+            "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2} {gb:>10.0} {:>8.2} {gt:>9.0} {:>6.2}",
             g / t,
             g / f,
-            gb / t
+            gb / t,
+            gt / t
         );
     }
     // Latency: what one pipeline hop costs, which a throughput figure hides.
@@ -302,7 +319,7 @@ fn main() -> BenchResult<()> {
             grpc.as_secs_f64() / tcp.as_secs_f64()
         );
     }
-    let errors = a.take_errors();
+    let errors = [a.take_errors(), ta.take_errors()].concat();
     if !errors.is_empty() {
         return Err(format!("sender errors: {errors:?}").into());
     }

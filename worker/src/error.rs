@@ -112,6 +112,23 @@ pub enum Error {
     #[error("coordinator: {0}")]
     Coordinator(String),
 
+    /// TLS settings (a certificate, key or CA) that the TLS library refuses.
+    #[error("TLS for {what}: {reason}")]
+    Tls {
+        /// Which connection or server (`the activation server`, `peer 2`).
+        what: String,
+        /// The library's reason, with its causes.
+        reason: String,
+    },
+
+    /// A frame or collective call without the run's secret (a process that has not been
+    /// given the run's assignment).
+    #[error("{field}: not the run's secret")]
+    RunSecret {
+        /// The field (`TensorFrame.run_secret`, `ReduceRequest.run_secret`).
+        field: &'static str,
+    },
+
     // === Checkpoint errors ===
     /// A checkpoint does not fit the stage it is loaded into.
     #[error("checkpoint {}: {reason}", path.display())]
@@ -148,7 +165,10 @@ impl Error {
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Code::NotFound
             }
-            Error::Candle(_) | Error::Io { .. } | Error::Start { .. } => Code::Internal,
+            Error::RunSecret { .. } => Code::PermissionDenied,
+            Error::Candle(_) | Error::Io { .. } | Error::Start { .. } | Error::Tls { .. } => {
+                Code::Internal
+            }
         }
     }
 }

@@ -235,6 +235,7 @@ fn good_frame(step: u64, stage: u32, mb: u32) -> TensorFrame {
         shape: vec![2, 2],
         data: vec![0u8; 16].into(),
         offset: 0,
+        run_secret: Default::default(),
     }
 }
 
@@ -486,5 +487,40 @@ fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
     });
     let waited = started.elapsed();
     assert!(waited < Duration::from_secs(10), "left after {waited:?}");
+    Ok(())
+}
+
+/// With a run secret (a coordinator that takes tokens, even without TLS), a frame carrying
+/// it is taken and one carrying another is refused with `PermissionDenied`, without
+/// failing the key it names: a stranger cannot inject frames, nor make the run fail.
+#[test]
+fn frames_without_the_run_secret_are_refused_and_harm_nothing() -> TestResult {
+    let (a, b) = pair()?;
+    let stranger = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
+    let secret = bytes::Bytes::from_static(b"0123456789abcdef0123456789abcdef");
+    a.set_run_secret(secret.clone());
+    b.set_run_secret(secret);
+    stranger.set_run_secret(bytes::Bytes::from_static(b"a guess"));
+    stranger.set_peer(1, b.local_addr().to_string())?;
+    let t = Tensor::new(values(8, 1), &Device::Cpu)?;
+    stranger.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;
+    let deadline = Instant::now() + WAIT;
+    let refused = loop {
+        let errors = stranger.take_errors();
+        if let Some(e) = errors.into_iter().find(|e| e.contains("PermissionDenied")) {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stranger's frame was not refused"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(refused.contains("TensorFrame.run_secret"), "{refused}");
+    // The same key from a worker with the secret arrives, bit for bit.
+    a.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;
+    let got = tensor_of(b.recv(JOB, 0, 1, 0, FrameKind::Activation, WAIT)?);
+    assert_eq!(bits(&got)?, bits(&t)?);
+    assert_eq!(b.stats().accepted_frames, 1);
     Ok(())
 }

@@ -13,7 +13,92 @@
 
 {{/* The coordinator's URL inside the cluster. */}}
 {{- define "pipewise.coordinatorUrl" -}}
-http://{{ include "pipewise.coordinator" . }}:{{ .Values.coordinator.port }}
+{{ ternary "https" "http" .Values.tls.enabled }}://{{ include "pipewise.coordinator" . }}:{{ .Values.coordinator.port }}
+{{- end -}}
+
+{{/* Where the TLS and token Secrets are mounted. */}}
+{{- define "pipewise.tlsDir" -}}/var/run/pipewise/tls{{- end -}}
+{{- define "pipewise.tokenDir" -}}/var/run/pipewise/tokens{{- end -}}
+
+{{/*
+The security flags of a container: `role` is coordinator, worker or submit. The
+coordinator serves TLS and takes both tokens; a worker presents its certificate and the
+worker token; the submit Job checks the coordinator with ca.crt and sends the submitter token.
+*/}}
+{{- define "pipewise.securityArgs" -}}
+{{- $v := .root.Values }}
+{{- $tls := include "pipewise.tlsDir" .root }}
+{{- $tokens := include "pipewise.tokenDir" .root }}
+{{- if $v.tls.enabled }}
+{{- if eq .role "coordinator" }}
+- --tls-cert
+- {{ $tls }}/tls.crt
+- --tls-key
+- {{ $tls }}/tls.key
+{{- if $v.tls.requireWorkerCertificates }}
+- --tls-client-ca
+- {{ $tls }}/ca.crt
+{{- end }}
+{{- else }}
+- --tls-ca
+- {{ $tls }}/ca.crt
+{{- end }}
+{{- if eq .role "worker" }}
+- --tls-cert
+- {{ $tls }}/tls.crt
+- --tls-key
+- {{ $tls }}/tls.key
+{{- end }}
+{{- end }}
+{{- if $v.tokens.enabled }}
+{{- if eq .role "coordinator" }}
+- --submitter-token-file
+- {{ $tokens }}/submitter
+- --worker-token-file
+- {{ $tokens }}/worker
+{{- else }}
+- --token-file
+- {{ $tokens }}/{{ ternary "worker" "submitter" (eq .role "worker") }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The TLS and token mounts of a container (read-only). */}}
+{{- define "pipewise.securityMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "pipewise.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if .Values.tokens.enabled }}
+- name: tokens
+  mountPath: {{ include "pipewise.tokenDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The TLS and token volumes of a pod: each role gets only the token it sends. */}}
+{{- define "pipewise.securityVolumes" -}}
+{{- $v := .root.Values }}
+{{- if $v.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ $v.tls.secretName | quote }}
+    # 0440: the owner and the pod's fsGroup read it (the containers run as a non-root user).
+    defaultMode: 288
+{{- end }}
+{{- if $v.tokens.enabled }}
+- name: tokens
+  secret:
+    secretName: {{ $v.tokens.secretName | quote }}
+    # 0440: the owner and the pod's fsGroup read it (the containers run as a non-root user).
+    defaultMode: 288
+    {{- if ne .role "coordinator" }}
+    items:
+      - key: {{ ternary "worker" "submitter" (eq .role "worker") }}
+        path: {{ ternary "worker" "submitter" (eq .role "worker") }}
+    {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The CPU image (deploy/Dockerfile): the coordinator, the submit hook Job, CPU workers. */}}
@@ -106,7 +191,8 @@ status, service "") on `port`, with the timings of `probes` (startup, readiness,
 {{- range $i, $probe := list "startup" "readiness" "liveness" }}
 {{- if $i }}{{ "\n" }}{{ end -}}
 {{ $probe }}Probe:
-  grpc:
+  {{- /* The kubelet's gRPC probe speaks no TLS: a TLS port is checked with TCP. */}}
+  {{ ternary "tcpSocket" "grpc" (default false $.tls) }}:
     port: {{ $.port }}
   {{- toYaml (get $.probes $probe) | nindent 2 }}
 {{- end }}

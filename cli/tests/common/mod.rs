@@ -129,6 +129,22 @@ pub(crate) fn helm() -> Option<PathBuf> {
     found
 }
 
+/// A YAML list of strings (a container's args, say).
+pub(crate) fn strings(value: &serde_norway::Value) -> Vec<String> {
+    value
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The value after `flag` in a command line.
+pub(crate) fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).map(String::as_str)
+}
+
 /// A plain HTTP/1.0 GET on loopback: (status, body).
 pub(crate) fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;

@@ -1,24 +1,56 @@
-//! The addresses pipewise dials: [`http_uri`].
+//! The addresses pipewise dials: [`grpc_uri`] (and [`http_uri`], its plain-text form).
 
 use crate::error::{Error, Result};
 
-/// The `http://` URI of a gRPC address given as `host:port` or `http://host:port`. Other
-/// schemes are refused: pipewise speaks gRPC without TLS (`https://` used to be accepted
-/// and then spoken to in plain text), and so is a port beyond 65535.
+/// The `http://` URI of a gRPC address given as `host:port` or `http://host:port`
+/// (`https://` is refused: this side speaks no TLS to it); see [`grpc_uri`].
 pub fn http_uri(address: &str) -> Result<String> {
+    grpc_uri(address, false)
+}
+
+/// Whether `address` names its scheme: `Some(true)` for `https://`, `Some(false)` for
+/// `http://` (either case), `None` for a bare `host:port`.
+pub fn names_tls(address: &str) -> Option<bool> {
+    let (scheme, _) = address.split_once("://")?;
+    if scheme.eq_ignore_ascii_case("https") {
+        Some(true)
+    } else if scheme.eq_ignore_ascii_case("http") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// The URI of a gRPC address given as `host:port`, `http://host:port` or
+/// `https://host:port`, spoken to with TLS when `tls` says so: a bare `host:port` gets that
+/// scheme, and a scheme that contradicts it is refused (plain text to a TLS port, or TLS
+/// to a plain one, would fail later with a less clear error). Other schemes are refused,
+/// and so is a port beyond 65535.
+pub fn grpc_uri(address: &str, tls: bool) -> Result<String> {
     let bad = |reason: String| Error::Address {
         address: address.to_string(),
         reason,
     };
-    let uri = match address.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => address.to_string(),
-        Some((scheme, _)) => {
+    let uri = match (address.split_once("://"), names_tls(address)) {
+        (None, _) if tls => format!("https://{address}"),
+        (None, _) => format!("http://{address}"),
+        (Some(_), Some(named)) if named == tls => address.to_string(),
+        (Some(_), Some(true)) => {
+            return Err(bad("https:// is not supported without TLS settings here \
+                            (a CA to check the server with: --tls-ca)"
+                .into()));
+        }
+        (Some(_), Some(false)) => {
+            return Err(bad(
+                "http:// (plain text) where TLS is on; use https:// or host:port".into(),
+            ));
+        }
+        (Some((scheme, _)), None) => {
             return Err(bad(format!(
-                "{scheme}:// is not supported; pipewise speaks gRPC without TLS \
-                 (http://host:port or host:port; put TLS in a proxy or service mesh)"
+                "{scheme}:// is not supported (http://host:port, https://host:port or \
+                 host:port)"
             )));
         }
-        None => format!("http://{address}"),
     };
     let parsed: http::Uri = uri
         .parse()
@@ -63,7 +95,7 @@ mod tests {
         assert_eq!(http_uri("[::1]:7").ok().as_deref(), Some("http://[::1]:7"));
         assert_eq!(http_uri("http://h:1/").ok().as_deref(), Some("http://h:1/"));
         for (bad, says) in [
-            ("https://h:1", "https:// is not supported"),
+            ("https://h:1", "https:// is not supported without TLS"),
             ("ftp://h:1", "ftp:// is not supported"),
             ("h:99999", "at most 65535"),
             ("http://", "not a host:port"),
@@ -77,5 +109,24 @@ mod tests {
             let err = http_uri(bad).expect_err(bad).to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn tls_addresses_are_https_and_a_contradicting_scheme_is_refused() {
+        use super::{grpc_uri, names_tls};
+        assert_eq!(grpc_uri("h:1", true).ok().as_deref(), Some("https://h:1"));
+        assert_eq!(
+            grpc_uri("HTTPS://h:1", true).ok().as_deref(),
+            Some("HTTPS://h:1")
+        );
+        let err = grpc_uri("http://h:1", true).expect_err("plain").to_string();
+        assert!(
+            err.contains("http:// (plain text) where TLS is on"),
+            "{err}"
+        );
+        assert_eq!(names_tls("https://h:1"), Some(true));
+        assert_eq!(names_tls("Http://h:1"), Some(false));
+        assert_eq!(names_tls("h:1"), None);
+        assert_eq!(names_tls("ftp://h:1"), None);
     }
 }

@@ -72,6 +72,8 @@ pub(crate) struct ClientSettings {
     pub(crate) max_frame_size: u32,
     pub(crate) chunk_bytes: usize,
     pub(crate) connect_timeout: Duration,
+    /// Mutual TLS with the peers when it has a certificate and a CA.
+    pub(crate) tls: super::TlsSettings,
 }
 
 /// Starts the task of the peer at `address` (no connection yet: it connects on the first
@@ -83,17 +85,24 @@ pub(crate) fn spawn_peer(
     settings: &ClientSettings,
     errors: Arc<PeerErrors>,
 ) -> crate::error::Result<Peer> {
-    let bad = |reason: String| crate::error::Error::invalid("peers", reason);
-    let uri = super::address::http_uri(&address)
-        .map_err(|e| bad(format!("peer {worker} address {e}")))?;
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|e| bad(format!("peer {worker} address {address:?}: {e}")))?
-        .connect_timeout(settings.connect_timeout)
-        .tcp_nodelay(true)
-        .initial_stream_window_size(settings.stream_window)
-        .initial_connection_window_size(settings.connection_window)
-        .http2_adaptive_window(settings.adaptive_window)
-        .max_frame_size(settings.max_frame_size);
+    let endpoint = super::tls::endpoint(
+        &address,
+        &settings.tls,
+        super::Dial::Peer,
+        &format!("peer {worker}"),
+    )
+    .map_err(|e| match e {
+        crate::error::Error::Address { .. } => {
+            crate::error::Error::invalid("peers", format!("peer {worker} address {e}"))
+        }
+        other => other,
+    })?
+    .connect_timeout(settings.connect_timeout)
+    .tcp_nodelay(true)
+    .initial_stream_window_size(settings.stream_window)
+    .initial_connection_window_size(settings.connection_window)
+    .http2_adaptive_window(settings.adaptive_window)
+    .max_frame_size(settings.max_frame_size);
     let (queue, frames) = mpsc::unbounded_channel();
     let max = settings.max_message_bytes;
     let label = format!("peer {worker} ({address})");

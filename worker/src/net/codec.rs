@@ -253,6 +253,7 @@ pub(crate) fn encode(frame: &Frame) -> Result<Outgoing> {
             shape: frame.payload.dims().iter().map(|&d| d as u64).collect(),
             data: Bytes::new(),
             offset: 0,
+            run_secret: Bytes::new(),
         },
         source,
         data_len: frame.payload.byte_len() as usize,
@@ -291,6 +292,12 @@ fn encode_error(reason: impl std::fmt::Display) -> Status {
 }
 
 impl Outgoing {
+    /// The frame with the run's secret, which every chunk carries.
+    pub(crate) fn with_run_secret(mut self, secret: Bytes) -> Self {
+        self.header.run_secret = secret;
+        self
+    }
+
     /// The chunks of this frame, each at most `chunk_bytes` long (rounded down to whole
     /// elements, one element at least); a frame of no elements is one empty chunk.
     pub(crate) fn chunks(
@@ -389,7 +396,9 @@ impl Chunk {
     /// bytes (a slice of them, not a copy: HTTP/2 writes it to the socket from where it is).
     /// A tensor's memory is copied into the first part instead (the one copy on this side).
     pub(crate) fn wire(&self, max_message_bytes: usize) -> Result<(Bytes, Option<Bytes>), Status> {
-        let mut head = BytesMut::with_capacity(PREFIX + 64 + 10 * self.frame.header.shape.len());
+        let mut head = BytesMut::with_capacity(
+            PREFIX + 64 + 10 * self.frame.header.shape.len() + self.frame.header.run_secret.len(),
+        );
         head.put_bytes(0, PREFIX);
         self.write_head(&mut head);
         let data = match &self.frame.source {

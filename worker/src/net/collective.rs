@@ -17,7 +17,7 @@ use pipewise_proto::v1::collective_service_client::CollectiveServiceClient;
 use pipewise_proto::v1::collective_service_server::CollectiveService;
 use pipewise_proto::v1::{ReduceOp, ReduceReply, ReduceRequest};
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
@@ -199,6 +199,8 @@ impl Collective {
 #[derive(Debug, Clone)]
 pub(crate) struct CollectiveServer {
     pub(crate) collective: Arc<Collective>,
+    /// The run's secret every contribution must carry.
+    pub(crate) secret: Arc<super::secret::RunSecret>,
 }
 
 #[tonic::async_trait]
@@ -208,6 +210,12 @@ impl CollectiveService for CollectiveServer {
         request: Request<ReduceRequest>,
     ) -> std::result::Result<Response<ReduceReply>, Status> {
         let req = request.into_inner();
+        if !self.secret.admits(&req.run_secret) {
+            return Err(Error::RunSecret {
+                field: "ReduceRequest.run_secret",
+            }
+            .into());
+        }
         let mut rx = self.collective.contribute(&req)?;
         let timeout = self
             .collective
@@ -245,6 +253,8 @@ pub struct NetSync {
     job: u64,
     worker: u32,
     timeout: Duration,
+    /// The run's secret, sent with every contribution.
+    run_secret: Vec<u8>,
     stop: std::sync::atomic::AtomicBool,
     /// Says why the job was abandoned, if it was: a call waiting on the root then ends.
     aborted: Option<AbortCheck>,
@@ -266,20 +276,23 @@ impl std::fmt::Debug for NetSync {
 pub(crate) type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl NetSync {
-    /// Worker `worker` of `job`, reducing through the root at `root` (`host:port`); calls
-    /// block (from a thread outside `runtime`'s workers) at most `timeout` plus a margin.
+    /// Worker `worker` of `job` (`member`), reducing through the root at `root`
+    /// (`host:port`, mutual TLS when `tls` has a certificate and a CA); calls block (from a
+    /// thread outside `runtime`'s workers) at most `timeout` plus a margin.
     pub fn new(
         runtime: tokio::runtime::Handle,
         root: &str,
-        job: u64,
-        worker: u32,
+        tls: &super::TlsSettings,
+        (job, worker): (u64, u32),
         timeout: Duration,
     ) -> Result<Self> {
-        let uri = super::address::http_uri(root)
-            .map_err(|e| Error::invalid("peers", format!("collective root address: {e}")))?;
-        let endpoint = Endpoint::from_shared(uri).map_err(|e| {
-            Error::invalid("peers", format!("collective root address {root:?}: {e}"))
-        })?;
+        let endpoint = super::tls::endpoint(root, tls, super::Dial::Peer, "the collective root")
+            .map_err(|e| match e {
+                Error::Address { .. } => {
+                    Error::invalid("peers", format!("collective root address: {e}"))
+                }
+                other => other,
+            })?;
         let channel = {
             let _guard = runtime.enter();
             endpoint
@@ -294,9 +307,16 @@ impl NetSync {
             job,
             worker,
             timeout,
+            run_secret: Vec::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
             aborted: None,
         })
+    }
+
+    /// Sends the run's `secret` with every contribution (empty: none).
+    pub(crate) fn with_run_secret(mut self, secret: bytes::Bytes) -> Self {
+        self.run_secret = secret.to_vec();
+        self
     }
 
     /// Ends a waiting call (the start barrier, a step's collectives) within 50 ms once
@@ -321,6 +341,7 @@ impl NetSync {
             op: op as i32,
             worker: self.worker,
             values,
+            run_secret: self.run_secret.clone(),
         };
         let limit = self.timeout + Duration::from_secs(10);
         let aborted = self.aborted.clone();
@@ -414,6 +435,7 @@ mod tests {
             op: ReduceOp::SqNorm as i32,
             worker,
             values: vec![value],
+            run_secret: Vec::new(),
         }
     }
 

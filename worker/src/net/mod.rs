@@ -34,12 +34,15 @@
 //!   tensors stream without stalling on flow control.
 
 mod address;
+pub mod certs;
 mod client;
 mod codec;
 mod collective;
 mod inbox;
 mod run_name;
+mod secret;
 mod server;
+mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -50,16 +53,18 @@ use candle_core::Device;
 use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
 use tokio::sync::oneshot;
 
-pub use address::http_uri;
+pub use address::{grpc_uri, http_uri, names_tls};
 pub use codec::Delivery;
 pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
 pub use run_name::RunName;
+pub use tls::{Dial, TlsSettings, endpoint};
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};
 use client::{ClientSettings, Peer, PeerErrors};
 use inbox::Inbox;
+use secret::RunSecret;
 use server::ActivationServer;
 
 const MIB: usize = 1 << 20;
@@ -95,6 +100,8 @@ pub struct GrpcConfig {
     /// What `recv` returns until the first [`GrpcTransport::assign`]: tensors (default) or,
     /// for emulated compute, byte buffers.
     pub delivery: Delivery,
+    /// TLS: with a certificate and a CA, mutual TLS with every peer (default none).
+    pub tls: TlsSettings,
 }
 
 impl GrpcConfig {
@@ -113,6 +120,7 @@ impl GrpcConfig {
             connect_timeout: Duration::from_secs(5),
             device: Device::Cpu,
             delivery: Delivery::Tensors,
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -131,6 +139,7 @@ pub struct GrpcTransport {
     settings: ClientSettings,
     errors: Arc<PeerErrors>,
     collective: Arc<Collective>,
+    secret: Arc<RunSecret>,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
@@ -164,13 +173,16 @@ impl GrpcTransport {
             config.device.clone(),
             config.max_message_bytes,
         ));
+        let secret = Arc::new(RunSecret::default());
         let service = ActivationServer {
             inbox: Arc::clone(&inbox),
             max_message_bytes: config.max_message_bytes,
+            secret: Arc::clone(&secret),
         };
         let collective = Arc::new(Collective::default());
         let collective_service = CollectiveServiceServer::new(collective::CollectiveServer {
             collective: Arc::clone(&collective),
+            secret: Arc::clone(&secret),
         });
         let (health_reporter, health) = pipewise_proto::health_service();
         let (shutdown, stop) = oneshot::channel::<()>();
@@ -179,7 +191,14 @@ impl GrpcTransport {
             let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
         };
-        let router = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = config.tls.server() {
+            builder = builder.tls_config(tls).map_err(|e| Error::Tls {
+                what: "the activation server".into(),
+                reason: crate::error::with_causes(&e),
+            })?;
+        }
+        let router = builder
             .initial_stream_window_size(config.stream_window_bytes)
             .initial_connection_window_size(config.connection_window_bytes)
             .http2_adaptive_window(Some(config.adaptive_window))
@@ -212,9 +231,11 @@ impl GrpcTransport {
                 max_frame_size: config.max_frame_bytes,
                 chunk_bytes: config.chunk_bytes,
                 connect_timeout: config.connect_timeout,
+                tls: config.tls,
             },
             errors: Arc::new(PeerErrors::default()),
             collective,
+            secret,
             shutdown: Some(shutdown),
         })
     }
@@ -262,6 +283,12 @@ impl GrpcTransport {
         Ok(())
     }
 
+    /// Sets the run's secret (the assignment's `run_secret`; empty: none): every frame and
+    /// collective call sent carries it, and only those that carry it are taken.
+    pub fn set_run_secret(&self, secret: bytes::Bytes) {
+        self.secret.set(secret);
+    }
+
     /// Switches to another job and set of held stages, whose received frames `recv` returns
     /// as `delivery` says; queued frames and records are dropped.
     pub fn assign(&self, job: u64, stages: impl IntoIterator<Item = u32>, delivery: Delivery) {
@@ -277,10 +304,15 @@ impl GrpcTransport {
     /// (worker 0) at `root`, over this transport's runtime.
     pub fn sync_to(&self, root: &str, job: u64, worker: u32, timeout: Duration) -> Result<NetSync> {
         let inbox = Arc::clone(&self.inbox);
-        Ok(
-            NetSync::new(self.runtime.clone(), root, job, worker, timeout)?
-                .with_abort(Arc::new(move || inbox.closed_reason())),
-        )
+        Ok(NetSync::new(
+            self.runtime.clone(),
+            root,
+            &self.settings.tls,
+            (job, worker),
+            timeout,
+        )?
+        .with_run_secret(self.secret.get())
+        .with_abort(Arc::new(move || inbox.closed_reason())))
     }
 
     /// Counts of accepted, rejected and queued frames on the receiving side.
@@ -313,7 +345,7 @@ impl Transport for GrpcTransport {
                 format!("worker {to_worker} has no known address"),
             )
         })?;
-        let message = codec::encode(&frame)?;
+        let message = codec::encode(&frame)?.with_run_secret(self.secret.get());
         peer.queue.send(message).map_err(|_| Error::Closed {
             awaited: format!("send to worker {to_worker}"),
             reason: "its sender task has stopped".into(),

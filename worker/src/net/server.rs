@@ -43,6 +43,8 @@ pub(crate) struct ActivationServer {
     pub(crate) inbox: Arc<Inbox>,
     /// Largest message accepted.
     pub(crate) max_message_bytes: usize,
+    /// The run's secret every frame must carry.
+    pub(crate) secret: Arc<super::secret::RunSecret>,
 }
 
 impl ActivationServer {
@@ -62,6 +64,18 @@ impl ActivationServer {
                     return Err(status);
                 }
             };
+            if !self.secret.admits(&frame.run_secret) {
+                // Not recorded for `recv`: a stranger must not fail the run's frames.
+                if let Some(partial) = pending.take() {
+                    self.inbox
+                        .abandon(partial, "a frame without the run's secret came");
+                }
+                tracing::warn!(run = frame.run, "refused a frame without the run's secret");
+                return Err(Error::RunSecret {
+                    field: "TensorFrame.run_secret",
+                }
+                .into());
+            }
             let bytes = frame.data.len() as u64;
             let done = self
                 .inbox

@@ -40,6 +40,8 @@ pub(crate) struct Assignment {
     pub(crate) peers: HashMap<u32, String>,
     /// Where checkpoints and final parameters go.
     pub(crate) output: PathBuf,
+    /// The run's secret for frames and collectives (empty: none).
+    pub(crate) run_secret: bytes::Bytes,
 }
 
 impl Assignment {
@@ -108,6 +110,7 @@ impl Assignment {
             microbatches: a.microbatches,
             peers: a.peers,
             output: PathBuf::from(a.output_dir),
+            run_secret: bytes::Bytes::from(a.run_secret),
         })
     }
 

@@ -3,7 +3,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use pipewise_proto::auth::BearerToken;
+
 use crate::Device;
+use crate::net::TlsSettings;
 
 /// How a worker process starts.
 #[derive(Debug, Clone)]
@@ -32,10 +35,16 @@ pub struct NodeConfig {
     /// plan predicts (allocator slack, other processes), to exercise the coordinator's
     /// after-a-step memory check (0: none).
     pub unplanned_bytes: u64,
+    /// TLS: the CA the coordinator (and peers) are checked against, and this worker's
+    /// certificate, presented to the coordinator and used for mutual TLS with the peers.
+    pub tls: TlsSettings,
+    /// The token sent on every call to the coordinator (the worker role).
+    pub token: BearerToken,
 }
 
 impl NodeConfig {
-    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the coordinator.
+    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the
+    /// coordinator, no TLS, no token.
     pub fn new(coordinator: impl Into<String>, id: impl Into<String>) -> Self {
         NodeConfig {
             coordinator: coordinator.into(),
@@ -48,6 +57,8 @@ impl NodeConfig {
             slowdown: 1.0,
             memory_bytes: 0,
             unplanned_bytes: 0,
+            tls: TlsSettings::default(),
+            token: BearerToken::none(),
         }
     }
 }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipewise_common::job::{job_of, run_of};
+use pipewise_proto::auth::BearerToken;
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::shared::Shared;
@@ -32,11 +34,21 @@ impl Throttle {
     }
 }
 
-/// Connects to the coordinator, retrying until `within` has passed.
-pub(crate) async fn connect(url: &str, within: Duration) -> Result<Channel> {
-    let uri = crate::net::http_uri(url).map_err(|e| Error::Coordinator(e.to_string()))?;
-    let endpoint = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|e| Error::invalid("coordinator", format!("{url:?}: {e}")))?
+/// The coordinator's cluster API, every call carrying the worker's token.
+pub(crate) type CoordinatorClient = ClusterServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Connects to the coordinator (with TLS when its URL or `tls` says so), retrying until
+/// `within` has passed.
+pub(crate) async fn connect(
+    url: &str,
+    tls: &crate::net::TlsSettings,
+    within: Duration,
+) -> Result<Channel> {
+    let endpoint = crate::net::endpoint(url, tls, crate::net::Dial::Coordinator, "the coordinator")
+        .map_err(|e| match e {
+            Error::Address { .. } => Error::Coordinator(e.to_string()),
+            other => other,
+        })?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
     let deadline = tokio::time::Instant::now() + within;
@@ -73,7 +85,7 @@ pub struct Connection;
 
 /// What the connection actor starts with.
 pub struct ConnArgs {
-    pub(crate) client: ClusterServiceClient<Channel>,
+    pub(crate) client: CoordinatorClient,
     pub(crate) id: String,
     pub(crate) address: String,
     pub(crate) device_kind: String,
@@ -114,13 +126,21 @@ impl Connection {
             })
             .await
             .map_err(|s| {
-                let what = if s.message().is_empty() {
+                let mut what = if s.message().is_empty() {
                     s.to_string()
                 } else {
                     s.message().to_string()
                 };
+                // A transport failure (e.g. a refused TLS handshake) says why only in its
+                // causes.
+                if let Some(cause) = std::error::Error::source(&s) {
+                    what = format!("{what}: {}", with_causes(cause));
+                }
                 match s.code() {
-                    tonic::Code::AlreadyExists | tonic::Code::InvalidArgument => {
+                    tonic::Code::AlreadyExists
+                    | tonic::Code::InvalidArgument
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied => {
                         format!("the coordinator refused worker {:?}: {what}", args.id)
                     }
                     code => format!("registering worker {:?}: {code:?}: {what}", args.id),
@@ -141,7 +161,7 @@ impl Connection {
 
 /// Keeps the assignment stream open and forwards what it brings.
 async fn follow_assignments(
-    mut client: ClusterServiceClient<Channel>,
+    mut client: CoordinatorClient,
     id: String,
     out: std::sync::mpsc::Sender<pb::Assignment>,
     shared: Arc<Shared>,

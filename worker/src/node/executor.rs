@@ -156,6 +156,7 @@ impl Node<'_> {
     fn join(&self, a: &Assignment, delivery: crate::net::Delivery) -> Result<NetSync> {
         let transport = &self.shared.transport;
         let timeout = self.config.timeout;
+        transport.set_run_secret(a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
         transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
         if a.worker == 0 {

@@ -68,7 +68,7 @@ pub struct WorkerNode {
     shared: Arc<Shared>,
     executor: Option<std::thread::JoinHandle<()>>,
     assignments: Option<std::sync::mpsc::Sender<pb::Assignment>>,
-    client: ClusterServiceClient<tonic::transport::Channel>,
+    client: connection::CoordinatorClient,
 }
 
 impl WorkerNode {
@@ -82,17 +82,20 @@ impl WorkerNode {
         let mut net = GrpcConfig::new(0, std::iter::empty());
         net.listen = config.listen;
         net.device = config.device.clone();
+        net.tls = config.tls.clone();
         let transport = Arc::new(GrpcTransport::start_on(runtime.clone(), net)?);
         let address = config
             .advertise
             .clone()
             .unwrap_or_else(|| transport.local_addr().to_string());
         // Peers dial this address: one they could not use would fail every job later.
-        crate::net::http_uri(&address).map_err(|e| Error::invalid("advertise", e.to_string()))?;
+        crate::net::grpc_uri(&address, config.tls.mutual())
+            .map_err(|e| Error::invalid("advertise", e.to_string()))?;
         let shared = Arc::new(Shared::new(transport));
-        let channel = connection::connect(&config.coordinator, config.connect_for).await?;
+        let channel =
+            connection::connect(&config.coordinator, &config.tls, config.connect_for).await?;
         // An assignment carries the worker's whole program (up to millions of passes).
-        let client = ClusterServiceClient::new(channel)
+        let client = ClusterServiceClient::with_interceptor(channel, config.token.clone())
             .max_decoding_message_size(ASSIGNMENT_LIMIT)
             .max_encoding_message_size(ASSIGNMENT_LIMIT);
         let (report_tx, report_rx) = mpsc::unbounded_channel::<pb::StepReport>();
@@ -216,11 +219,14 @@ const ASSIGNMENT_LIMIT: usize = 256 << 20;
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     /// A coordinator that cannot be reached is named with the transport error's causes
     /// (the error alone says only "transport error").
     #[tokio::test]
     async fn an_unreachable_coordinator_is_reported_with_the_cause() {
-        let err = super::connection::connect("127.0.0.1:1", std::time::Duration::from_millis(300))
+        let plain = crate::net::TlsSettings::default();
+        let err = super::connection::connect("127.0.0.1:1", &plain, Duration::from_millis(300))
             .await
             .expect_err("nothing listens on port 1");
         let text = err.to_string();

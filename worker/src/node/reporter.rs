@@ -6,16 +6,15 @@ use std::time::Duration;
 
 use pipewise_common::job::{job_of, run_of};
 use pipewise_proto::v1 as pb;
-use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 use tracing::Instrument as _;
 
+use super::connection::CoordinatorClient;
 use super::shared::Shared;
 
 /// Sends step reports in order; a `cancel` answer asks the job's collectives to stop.
 pub(crate) async fn reporter(
-    mut client: ClusterServiceClient<Channel>,
+    mut client: CoordinatorClient,
     mut reports: mpsc::UnboundedReceiver<pb::StepReport>,
     shared: Arc<Shared>,
 ) {
@@ -34,11 +33,7 @@ pub(crate) async fn reporter(
 /// Sends one step report. A report lost on the way leaves its step incomplete on the
 /// coordinator (it would count the job as stopped early): a failure the next try may not
 /// meet is retried, the later reports waiting behind it so they stay in order.
-async fn deliver(
-    client: &mut ClusterServiceClient<Channel>,
-    report: pb::StepReport,
-    shared: &Shared,
-) {
+async fn deliver(client: &mut CoordinatorClient, report: pb::StepReport, shared: &Shared) {
     let mut delay = REPORT_RETRY_DELAY;
     let mut tries = 1;
     loop {

@@ -1,0 +1,289 @@
+//! TLS, mutual TLS and tokens on a coordinator and three worker processes (loopback): the
+//! job trains exactly as without them (the single-device reference), and each door stays
+//! shut to whoever lacks the key: no token, the wrong role's token, plain text on the TLS
+//! port, a worker certificate from another CA, a peer without a valid certificate (or
+//! with one, but without the run's secret).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::processes::*;
+use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+/// Waits for `child` to exit (killed after `limit`); whether it exited by itself, and how.
+fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// One frame of `run` to the activation service at `address`, over TLS with `ca` and, if
+/// given, the client certificate `identity` (`(cert, key)` files).
+fn send_frame(
+    address: &str,
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    run: u64,
+) -> Result<pb::SendAck, String> {
+    let mut tls =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(cert).unwrap(),
+            std::fs::read(key).unwrap(),
+        ));
+    }
+    let frame = pb::TensorFrame {
+        run,
+        step: 0,
+        stage: 1,
+        mb: 0,
+        kind: pb::FrameKind::Activation as i32,
+        dtype: pb::Dtype::F32 as i32,
+        shape: vec![1],
+        data: vec![0u8; 4].into(),
+        offset: 0,
+        run_secret: Default::default(),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let endpoint = Endpoint::from_shared(format!("https://{address}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5));
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("connect: {e:?}"))?;
+        ActivationServiceClient::new(channel)
+            .send(tokio_stream::iter(vec![frame]))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+    })
+}
+
+#[test]
+fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
+    let dir = tempdir("security");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (certs, other) = (dir.join("certs"), dir.join("other-ca"));
+    for d in [&certs, &other] {
+        common::ok(&["certs", d.to_str().unwrap()]);
+    }
+    std::fs::write(dir.join("submitter.token"), "submit-8f3a1c\n").unwrap();
+    std::fs::write(dir.join("worker.token"), "  worker-51d0e7  \nsecond line\n").unwrap();
+    let (submitter_token, worker_token) =
+        (path(&dir, "submitter.token"), path(&dir, "worker.token"));
+    let ca = path(&certs, "ca.pem");
+
+    let mut cmd = pipewise();
+    cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--tls-cert", &path(&certs, "coordinator.pem")])
+        .args(["--tls-key", &path(&certs, "coordinator.key")])
+        .args(["--tls-client-ca", &ca])
+        .args(["--submitter-token-file", &submitter_token])
+        .args(["--worker-token-file", &worker_token]);
+    let (coordinator, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
+    let addr = line.split_whitespace().nth(3).unwrap().to_string();
+    let mut cluster = Cluster {
+        children: vec![coordinator],
+        url: format!("https://{addr}"),
+        data: dir.join("data"),
+        workers: Default::default(),
+        metrics: [0, 0],
+    };
+    let worker_tls = |certs: &Path| {
+        [
+            "--tls-ca".to_string(),
+            ca.clone(),
+            "--tls-cert".into(),
+            path(certs, "worker.pem"),
+            "--tls-key".into(),
+            path(certs, "worker.key"),
+            "--token-file".into(),
+            worker_token.clone(),
+        ]
+    };
+    let good = worker_tls(&certs);
+    let good: Vec<&str> = good.iter().map(String::as_str).collect();
+    for w in 0..3 {
+        add_worker(&mut cluster, &dir, &format!("w{w}"), &good);
+    }
+
+    // A worker whose certificate another CA signed: the coordinator refuses its handshake,
+    // so it never registers (it runs beside the job; its id sorts after the others').
+    let rogue_args = worker_tls(&other);
+    let mut rogue = pipewise()
+        .args(["worker", "--coordinator", &cluster.url, "--id", "zz-rogue"])
+        .args(&rogue_args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("rogue.log")).unwrap())
+        .spawn()
+        .unwrap();
+
+    // The job, over TLS with the submitter token: exactly the reference.
+    let spec = spec(3, "1f1b", STEPS);
+    let file = write_spec(&dir, &spec);
+    let stdout = common::succeeds(pipewise().arg("submit").arg(&file).args([
+        "--coordinator",
+        &cluster.url,
+        "--tls-ca",
+        &ca,
+        "--token-file",
+        &submitter_token,
+        "--wait",
+    ]));
+    let job: u64 = stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let (loss_diff, param_diff) = assert_exact(
+        &cluster,
+        job,
+        &last_losses(&stdout),
+        &reference(&spec_of_one()),
+    );
+    eprintln!(
+        "TLS + mTLS + tokens, 1F1B on 3 workers: max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}"
+    );
+
+    // No token: Unauthenticated (the TLS handshake itself succeeds).
+    let err = common::fails(&["status", "--coordinator", &cluster.url, "--tls-ca", &ca]);
+    assert!(
+        err.contains("Unauthenticated") && err.contains("needs a token"),
+        "{err}"
+    );
+    // A wrong token: Unauthenticated too.
+    std::fs::write(dir.join("guess.token"), "guess\n").unwrap();
+    let err = common::fails(&[
+        "status",
+        "--coordinator",
+        &cluster.url,
+        "--tls-ca",
+        &ca,
+        "--token-file",
+        &path(&dir, "guess.token"),
+    ]);
+    assert!(err.contains("Unauthenticated"), "{err}");
+    // The worker token on SubmitJob: PermissionDenied.
+    let err = common::fails(&[
+        "submit",
+        file.to_str().unwrap(),
+        "--coordinator",
+        &cluster.url,
+        "--tls-ca",
+        &ca,
+        "--token-file",
+        &worker_token,
+    ]);
+    assert!(
+        err.contains("PermissionDenied")
+            && err.contains("the worker token may not call the submitter API"),
+        "{err}"
+    );
+    // Plain text to the TLS port fails (with the right token).
+    let err = common::fails(&[
+        "status",
+        "--coordinator",
+        &format!("http://{addr}"),
+        "--token-file",
+        &submitter_token,
+    ]);
+    assert!(
+        !err.contains("Unauthenticated") && !err.contains("succeeded"),
+        "{err}"
+    );
+    // The right token over TLS: the job is listed.
+    let listed = common::ok(&[
+        "status",
+        "--coordinator",
+        &cluster.url,
+        "--tls-ca",
+        &ca,
+        "--token-file",
+        &submitter_token,
+    ]);
+    assert!(listed.contains("succeeded"), "{listed}");
+
+    // The rogue worker gave up without registering.
+    let exit = exit_within(&mut rogue, Duration::from_secs(120));
+    let rogue_log = std::fs::read_to_string(dir.join("rogue.log")).unwrap();
+    assert!(exit.is_some_and(|s| !s.success()), "{exit:?}: {rogue_log}");
+    assert!(!rogue_log.contains("registered"), "{rogue_log}");
+    let coordinator_log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
+    assert!(!coordinator_log.contains("zz-rogue"), "{coordinator_log}");
+
+    // Peers: a frame from a client without a certificate, or with one from another CA,
+    // does not get through the handshake; one with a valid certificate reaches the
+    // worker, which refuses it for lacking the run's secret.
+    let w1 = cluster.workers["w1"].clone();
+    let ca_path = certs.join("ca.pem");
+    let (good_cert, good_key) = (certs.join("worker.pem"), certs.join("worker.key"));
+    let (foreign_cert, foreign_key) = (other.join("worker.pem"), other.join("worker.key"));
+    for (identity, what) in [
+        (None, "no client certificate"),
+        (
+            Some((&*foreign_cert, &*foreign_key)),
+            "a certificate of another CA",
+        ),
+        (
+            Some((&*good_cert, &*good_key)),
+            "a valid certificate, no run secret",
+        ),
+    ] {
+        let err = send_frame(&w1, &ca_path, identity, job).expect_err(what);
+        // Only a peer through the handshake reaches the worker's frame checks.
+        let checked = err.starts_with("PermissionDenied") && err.contains("TensorFrame.run_secret");
+        assert_eq!(checked, what.starts_with("a valid"), "{what}: {err}");
+    }
+    // The coordinator's log never holds a token.
+    let coordinator_log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
+    assert!(
+        coordinator_log.contains("coordinator security: TLS"),
+        "{coordinator_log}"
+    );
+    for token in ["submit-8f3a1c", "worker-51d0e7"] {
+        assert!(!coordinator_log.contains(token), "{coordinator_log}");
+    }
+}
+
+/// The reference every run equals: the same model on one device.
+fn spec_of_one() -> pipewise_common::job::JobSpec {
+    spec(1, "1f1b", STEPS)
+}
+
+/// Without the flags the coordinator is open, as before, and says so at start.
+#[test]
+fn an_open_coordinator_says_so() {
+    let dir = tempdir("open");
+    let cluster = start(&dir, 0);
+    let listed = common::ok(&["status", "--coordinator", &cluster.url]);
+    assert_eq!(listed.trim(), "no jobs");
+    let log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
+    assert!(
+        log.contains("the coordinator is open: no TLS and no tokens"),
+        "{log}"
+    );
+}
