@@ -228,9 +228,6 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
                 corpus.len()
             );
         }
-        let absolute =
-            std::path::absolute(path).with_context(|| format!("--data {}", path.display()))?;
-        spec.data.path = Some(absolute.display().to_string());
     }
     if args.emulate_ms.len() != 3 {
         bail!(
@@ -268,13 +265,48 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         }
         None => std::env::temp_dir().join(format!("pipewise-local-{}", std::process::id())),
     };
-    spec.checkpoint.folder = data_dir.join("checkpoints").display().to_string();
+    // Jobs name paths under the data directory only (the coordinator's and the workers').
+    spec.checkpoint.folder = CHECKPOINTS.into();
+    let staged = match &args.data {
+        Some(path) => {
+            let staged = stage_data(path, &data_dir)?;
+            spec.data.path = Some(STAGED_DATA.into());
+            Some(staged)
+        }
+        None => None,
+    };
     let runtime = runtime()?;
     let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
+    } else if let Some(staged) = staged {
+        let _ = std::fs::remove_file(staged);
     }
     outcome
+}
+
+/// The checkpoint folder of `pipewise local`'s job, under its data directory.
+const CHECKPOINTS: &str = "checkpoints";
+/// Where `--data` is linked (or copied) under the data directory for the workers to read.
+const STAGED_DATA: &str = "corpus.txt";
+
+/// Links `--data` `path` into `data_dir` (a copy where a hard link cannot be made, e.g.
+/// across file systems): a job names only files under the workers' data directory.
+fn stage_data(path: &Path, data_dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let staged = data_dir.join(STAGED_DATA);
+    let _ = std::fs::remove_file(&staged);
+    if std::fs::hard_link(path, &staged).is_err() {
+        std::fs::copy(path, &staged).with_context(|| {
+            format!(
+                "--data {}: cannot copy it to {}",
+                path.display(),
+                staged.display()
+            )
+        })?;
+    }
+    Ok(staged)
 }
 
 /// The TOML path of the schedule in a job file, which `pipewise local` fills from `--schedule`.
@@ -341,6 +373,7 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
     for w in 0..spec.parallelism.pipeline_parallel_degree {
         let mut config = NodeConfig::new(url.clone(), format!("local-{w}"));
         config.device = device.clone();
+        config.data_dir = data_dir.to_path_buf();
         match WorkerNode::start(config).await {
             Ok(node) => nodes.push(node),
             Err(e) => {
@@ -403,7 +436,7 @@ fn finish(
     print_summary(args, plan, spec, steps, started.elapsed());
     if let Some(dir) = &args.output_dir {
         // Emulated workers learn nothing and write no parameters.
-        let output = layout::job_dir(Path::new(&spec.checkpoint.folder), status.id);
+        let output = layout::job_dir(&dir.join(CHECKPOINTS), status.id);
         if spec.compute.is_emulated() {
             write_outputs(dir, spec, steps, None)?;
             outln!("wrote {}/summary.json", dir.display());

@@ -1,6 +1,7 @@
 //! How a worker process starts: [`NodeConfig`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::Device;
@@ -32,10 +33,19 @@ pub struct NodeConfig {
     /// plan predicts (allocator slack, other processes), to exercise the coordinator's
     /// after-a-step memory check (0: none).
     pub unplanned_bytes: u64,
+    /// The worker's data directory: a job's `checkpoint.folder` and `data.path` resolve
+    /// under it, and one that leads outside is refused (absolute, so that absolute paths
+    /// under it are recognised).
+    pub data_dir: PathBuf,
 }
 
+/// The data directory of a worker and of a coordinator that are not told one (relative to
+/// where they start, so both started in one directory share it).
+pub const DEFAULT_DATA_DIR: &str = "pipewise-data";
+
 impl NodeConfig {
-    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the coordinator.
+    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the coordinator,
+    /// data in [`DEFAULT_DATA_DIR`].
     pub fn new(coordinator: impl Into<String>, id: impl Into<String>) -> Self {
         NodeConfig {
             coordinator: coordinator.into(),
@@ -48,6 +58,7 @@ impl NodeConfig {
             slowdown: 1.0,
             memory_bytes: 0,
             unplanned_bytes: 0,
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
         }
     }
 }
