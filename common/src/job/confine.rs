@@ -157,6 +157,8 @@ pub fn check_text(field: &'static str, text: &str, limit: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn field(r: Result<impl std::fmt::Debug>) -> (&'static str, String) {
