@@ -30,13 +30,15 @@ use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
 use pipewise_worker::{Corpus, Tensor};
-use serde::Serialize;
 use tokio_stream::StreamExt as _;
 
 use crate::device::{DeviceArg, parse_device};
 use crate::logging::{LogFormat, init_logs_at};
 use crate::runtime::runtime;
 use crate::schedule_name::parse_schedule;
+use summary::{StepSummary, Steps};
+
+mod summary;
 use crate::trace::write_trace;
 use crate::values::parse_dtype;
 
@@ -148,36 +150,6 @@ pub(crate) struct LocalArgs {
     pub(crate) device: DeviceArg,
 }
 
-/// One step of `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-struct StepSummary {
-    step: u64,
-    loss: f64,
-    step_time_ms: f64,
-    planned_bubble: f64,
-    measured_bubble: f64,
-    peak_activation_bytes: Vec<u64>,
-}
-
-impl StepSummary {
-    fn of(e: &pb::StepEvent) -> StepSummary {
-        let mut peaks: Vec<(u32, u64)> = e
-            .peaks
-            .iter()
-            .map(|p| (p.worker, p.peak_activation_bytes))
-            .collect();
-        peaks.sort_unstable();
-        StepSummary {
-            step: e.step,
-            loss: e.loss,
-            step_time_ms: e.step_time_ms,
-            planned_bubble: e.planned_bubble,
-            measured_bubble: e.measured_bubble,
-            peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
-        }
-    }
-}
-
 fn job_spec(args: &LocalArgs) -> JobSpec {
     let mut spec = example(args.workers, &args.schedule);
     spec.job.name = format!("local-{}-{}w", args.schedule, args.workers);
@@ -227,9 +199,6 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
                 corpus.len()
             );
         }
-        let absolute =
-            std::path::absolute(path).with_context(|| format!("--data {}", path.display()))?;
-        spec.data.path = Some(absolute.display().to_string());
     }
     if args.emulate_ms.len() != 3 {
         bail!(
@@ -267,13 +236,48 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         }
         None => std::env::temp_dir().join(format!("pipewise-local-{}", std::process::id())),
     };
-    spec.checkpoint.folder = data_dir.join("checkpoints").display().to_string();
+    // Jobs name paths under the data directory only (the coordinator's and the workers').
+    spec.checkpoint.folder = CHECKPOINTS.into();
+    let staged = match &args.data {
+        Some(path) => {
+            let staged = stage_data(path, &data_dir)?;
+            spec.data.path = Some(STAGED_DATA.into());
+            Some(staged)
+        }
+        None => None,
+    };
     let runtime = runtime()?;
     let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
+    } else if let Some(staged) = staged {
+        let _ = std::fs::remove_file(staged);
     }
     outcome
+}
+
+/// The checkpoint folder of `pipewise local`'s job, under its data directory.
+const CHECKPOINTS: &str = "checkpoints";
+/// Where `--data` is linked (or copied) under the data directory for the workers to read.
+const STAGED_DATA: &str = "corpus.txt";
+
+/// Links `--data` `path` into `data_dir` (a copy where a hard link cannot be made, e.g.
+/// across file systems): a job names only files under the workers' data directory.
+fn stage_data(path: &Path, data_dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let staged = data_dir.join(STAGED_DATA);
+    let _ = std::fs::remove_file(&staged);
+    if std::fs::hard_link(path, &staged).is_err() {
+        std::fs::copy(path, &staged).with_context(|| {
+            format!(
+                "--data {}: cannot copy it to {}",
+                path.display(),
+                staged.display()
+            )
+        })?;
+    }
+    Ok(staged)
 }
 
 /// The TOML path of the schedule in a job file, which `pipewise local` fills from `--schedule`.
@@ -340,6 +344,7 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
     for w in 0..spec.parallelism.pipeline_parallel_degree {
         let mut config = NodeConfig::new(url.clone(), format!("local-{w}"));
         config.device = device.clone();
+        config.data_dir = data_dir.to_path_buf();
         match WorkerNode::start(config).await {
             Ok(node) => nodes.push(node),
             Err(e) => {
@@ -352,8 +357,8 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
     let outcome = match failure {
         Some(e) => Err(e),
         None => match run_job(args, spec, plan, &url).await {
-            Ok((status, steps)) => {
-                let done = finish(args, spec, plan, &status, &steps, started);
+            Ok((status, mut steps)) => {
+                let done = finish(args, spec, plan, &status, &mut steps, started);
                 // The traces after the summary and the outputs: a trace that cannot be
                 // fetched or written loses nothing else (and a failed job's traces still
                 // show where it stopped).
@@ -393,7 +398,7 @@ fn finish(
     spec: &JobSpec,
     plan: &JobPlan,
     status: &pb::JobStatus,
-    steps: &[StepSummary],
+    steps: &mut Steps,
     started: Instant,
 ) -> Result<()> {
     if status.state != pb::JobState::Succeeded as i32 {
@@ -401,14 +406,15 @@ fn finish(
     }
     print_summary(args, plan, spec, steps, started.elapsed());
     if let Some(dir) = &args.output_dir {
+        steps.finish()?;
         // Emulated workers learn nothing and write no parameters.
-        let output = layout::job_dir(Path::new(&spec.checkpoint.folder), status.id);
         if spec.compute.is_emulated() {
-            write_outputs(dir, spec, steps, None)?;
             outln!("wrote {}/summary.json", dir.display());
         } else {
+            let output = layout::job_dir(&dir.join(CHECKPOINTS), status.id);
             let params = merge_params(&output, spec.parallelism.pipeline_parallel_degree)?;
-            write_outputs(dir, spec, steps, Some(&params))?;
+            candle_core::safetensors::save(&params, dir.join("params.safetensors"))
+                .context("cannot write params.safetensors")?;
             outln!(
                 "wrote {}/summary.json and {}/params.safetensors",
                 dir.display(),
@@ -420,14 +426,14 @@ fn finish(
     Ok(())
 }
 
-/// Submits the job and prints its progress; returns the final status and every step's
-/// figures.
+/// Submits the job and prints its progress; returns the final status and the steps'
+/// figures (streamed to `summary.json` with `--output-dir`).
 async fn run_job(
     args: &LocalArgs,
     spec: &JobSpec,
     plan: &JobPlan,
     url: &str,
-) -> Result<(pb::JobStatus, Vec<StepSummary>)> {
+) -> Result<(pb::JobStatus, Steps)> {
     let mut client = crate::connection::local_client(url)
         .await
         .context("cannot reach the coordinator")?;
@@ -463,7 +469,10 @@ async fn run_job(
         .into_inner();
     let tokens_per_step =
         f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len);
-    let mut steps = Vec::new();
+    // summary.json names the file given, not its staged link.
+    let mut shown = spec.clone();
+    shown.data.path = args.data.as_ref().map(|p| p.display().to_string());
+    let mut steps = Steps::new(args.output_dir.as_deref(), &shown)?;
     while let Some(event) = events.next().await {
         let e = event.context("watch stream")?;
         let summary = StepSummary::of(&e);
@@ -492,7 +501,7 @@ async fn run_job(
             );
             std::io::stdout().flush().ok();
         }
-        steps.push(summary);
+        steps.add(&summary)?;
     }
     let final_status = client
         .get_job(pb::JobId { id: status.id })
@@ -546,30 +555,15 @@ fn count(n: u64, word: &str) -> String {
     }
 }
 
-fn print_summary(
-    args: &LocalArgs,
-    plan: &JobPlan,
-    spec: &JobSpec,
-    steps: &[StepSummary],
-    total: Duration,
-) {
-    let first = steps.first().map_or(f64::NAN, |s| s.loss);
-    let last = steps.last().map_or(f64::NAN, |s| s.loss);
-    let mean =
-        |f: fn(&StepSummary) -> f64| steps.iter().map(f).sum::<f64>() / steps.len().max(1) as f64;
-    let peak = |w: usize| {
-        steps
-            .iter()
-            .filter_map(|s| s.peak_activation_bytes.get(w).copied())
-            .max()
-            .unwrap_or(0)
-    };
+fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps, total: Duration) {
+    let (first, last) = steps.losses();
+    let (step_time_ms, planned_bubble, measured_bubble) = steps.means();
     outln!();
     outln!(
         "summary: {} on {}, {} in {:.1} s",
         plan.kind,
         count(args.workers.into(), "worker"),
-        count(steps.len() as u64, "step"),
+        count(steps.count(), "step"),
         total.as_secs_f64()
     );
     if spec.compute.is_emulated() {
@@ -577,49 +571,23 @@ fn print_summary(
     } else {
         outln!("  loss            {first:.4} → {last:.4}");
     }
-    outln!(
-        "  step time       {:.1} ms (mean)",
-        mean(|s| s.step_time_ms)
-    );
+    outln!("  step time       {:.1} ms (mean)", step_time_ms);
     outln!(
         "  tokens/s        {:.0}",
         f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len)
-            / (mean(|s| s.step_time_ms) / 1e3).max(1e-9)
+            / (step_time_ms / 1e3).max(1e-9)
     );
     outln!(
         "  bubble          planned {:.1} % (simulated), measured {:.1} % (mean)",
-        100.0 * mean(|s| s.planned_bubble),
-        100.0 * mean(|s| s.measured_bubble)
+        100.0 * planned_bubble,
+        100.0 * measured_bubble
     );
     for w in 0..args.workers as usize {
         outln!(
             "  worker {w:<3}      peak activation {:.1} KiB",
-            peak(w) as f64 / 1024.0
+            steps.peak(w) as f64 / 1024.0
         );
     }
-}
-
-fn write_outputs(
-    dir: &Path,
-    spec: &JobSpec,
-    steps: &[StepSummary],
-    params: Option<&HashMap<String, Tensor>>,
-) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let summary = serde_json::json!({
-        "job": spec,
-        "steps": steps,
-    });
-    std::fs::write(
-        dir.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?,
-    )
-    .context("cannot write summary.json")?;
-    if let Some(params) = params {
-        candle_core::safetensors::save(params, dir.join("params.safetensors"))
-            .context("cannot write params.safetensors")?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -3,10 +3,12 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
+use pipewise_worker::node::config::DEFAULT_DATA_DIR;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
 
 use crate::connection::{COORDINATOR_ENV, DEFAULT_COORDINATOR};
@@ -52,6 +54,11 @@ pub(crate) struct WorkerArgs {
     /// with `--features cuda`, see docs/cuda.md).
     #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: DeviceArg,
+    /// Directory a job's `checkpoint.folder` and `data.path` resolve under (the same
+    /// files as the coordinator's `--data-dir`: one machine, or a shared volume); a path
+    /// leading outside it is refused.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    pub(crate) data_dir: PathBuf,
     #[command(flatten)]
     pub(crate) auth: crate::security::ClientAuth,
     #[command(flatten)]
@@ -89,6 +96,8 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
     config.device = args.device.open()?;
     config.tls = args.tls.settings(&args.auth)?;
     config.token = args.auth.token()?;
+    config.data_dir = std::path::absolute(&args.data_dir)
+        .with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     runtime()?.block_on(async {
         if let Some(addr) = args.metrics.metrics_listen {
             crate::metrics::serve(addr, Some(args.metrics.expiry()))?;

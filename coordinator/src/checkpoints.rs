@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use pipewise_common::job::{FINAL_CHECKPOINT, JobSpec, checkpoint_step, job_dir};
+use pipewise_common::job::{
+    FINAL_CHECKPOINT, Found, JobSpec, check_links, checkpoint_step, job_dir,
+};
 use pipewise_common::run::Checkpoints;
 use pipewise_common::run::checkpoints::settle;
 
@@ -111,19 +113,30 @@ pub(crate) fn remove_after(output: &Path, resume: u64) -> Result<()> {
 }
 
 /// Where job `job`'s checkpoints and final parameters go: `job-N` under its spec's
-/// checkpoint folder (relative to the data directory).
-pub(crate) fn output_dir(
-    data_dir: &std::path::Path,
-    job: u64,
-    spec: &JobSpec,
-) -> std::path::PathBuf {
-    let folder = std::path::PathBuf::from(&spec.checkpoint.folder);
-    let base = if folder.is_absolute() {
-        folder
-    } else {
-        data_dir.join(folder)
-    };
-    job_dir(&base, job)
+/// checkpoint folder, confined to the data directory ([`check_paths`]).
+pub(crate) fn output_dir(data_dir: &Path, job: u64, spec: &JobSpec) -> Result<std::path::PathBuf> {
+    let folder = spec.checkpoint_folder_in(data_dir)?;
+    check_links("checkpoint.folder", &folder, data_dir, found)?;
+    Ok(job_dir(&folder, job))
+}
+
+/// Checks, at submit, that the spec's `checkpoint.folder` and `data.path` lead under the
+/// data directory, symlinks followed (the workers check again under theirs).
+pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
+    output_dir(data_dir, 0, spec)?;
+    if let Some(path) = spec.data_path_in(data_dir)? {
+        check_links("data.path", &path, data_dir, found)?;
+    }
+    Ok(())
+}
+
+/// What is at `path`, symlinks followed.
+fn found(path: &Path) -> Found {
+    match std::fs::canonicalize(path) {
+        Ok(real) => Found::At(real),
+        Err(_) if path.symlink_metadata().is_ok() => Found::Dangling,
+        Err(_) => Found::Nothing,
+    }
 }
 
 #[cfg(test)]

@@ -76,10 +76,16 @@ pub enum Unfinished {
     Fail,
 }
 
-/// Step events kept per job for late watchers.
-pub const HISTORY_STEPS: usize = 100_000;
+/// Step events kept per job for late watchers: the latest ones (a ring), so a job's
+/// memory does not grow with its steps; a watcher that subscribes later than this many
+/// steps into a job starts at the oldest kept (`status` has the job's step and last loss).
+pub const HISTORY_STEPS: usize = 1_000;
 /// Jobs whose step events are kept (the most recent ones).
 pub const HISTORY_JOBS: usize = 16;
+/// How often a running job's step and last loss are stored (a checkpoint, and every
+/// change of state, at once): a restart resumes from the last checkpoint, so a step
+/// stored a second late loses nothing.
+const PROGRESS_SAVE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The job manager's state.
 pub struct JobManagerState {
@@ -98,6 +104,8 @@ pub struct JobManagerState {
     /// Jobs resumed after a restart whose plans are not ready yet: no job after them in
     /// id order starts before they are queued.
     replanning: std::collections::BTreeSet<u64>,
+    /// When a step's progress was last stored.
+    progress_saved: Option<std::time::Instant>,
 }
 
 impl JobManagerState {
@@ -149,6 +157,7 @@ impl Actor for JobManager {
             watchers: HashMap::new(),
             traces: TraceStore::default(),
             history: BTreeMap::new(),
+            progress_saved: None,
             starts: HashMap::new(),
             replanning: std::collections::BTreeSet::new(),
         };
@@ -217,6 +226,10 @@ impl Actor for JobManager {
     ) -> std::result::Result<(), ActorProcessingErr> {
         match msg {
             JobMsg::Submit(spec, reply) => {
+                if let Err(e) = crate::checkpoints::check_paths(state.store.dir(), &spec) {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
                 let planner = state.planner.clone();
                 let manager = myself.clone();
                 tokio::spawn(async move {
@@ -347,11 +360,24 @@ impl Actor for JobManager {
                 if let Ok(mut record) = state.record(event.job) {
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
+                    let checkpoint = record.last_checkpoint.clone();
                     if event.checkpoint > 0 {
                         record.last_checkpoint = checkpoint_name(event.checkpoint);
                     }
                     record.waiting.clear();
-                    state.save(record)?;
+                    // Stored at once when the checkpoint a restart resumes from changes, and
+                    // otherwise at most every PROGRESS_SAVE: a synced write per step would
+                    // hold the manager back on a slow disk while the steps (and their
+                    // traces) queue up in its mailbox.
+                    let due = state
+                        .progress_saved
+                        .is_none_or(|at| at.elapsed() >= PROGRESS_SAVE);
+                    if record.last_checkpoint != checkpoint || due {
+                        state.save(record)?;
+                        state.progress_saved = Some(std::time::Instant::now());
+                    } else {
+                        state.records.insert(record.id, record);
+                    }
                 }
                 let kept = state.history.entry(event.job).or_default();
                 kept.push_back((*event).clone());
@@ -512,19 +538,28 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
                 membership,
                 data_dir,
             } => {
-                let args = RunArgs {
-                    job: id,
-                    output: output_dir(&data_dir, id, &spec),
-                    spec,
-                    plan,
-                    start,
-                    membership,
-                    manager: myself.clone(),
-                };
-                // Linked: a run actor that fails ends its job (`handle_supervisor_evt`).
-                Actor::spawn_linked(None, RunActor, args, myself.get_cell())
-                    .await
-                    .map(|(run, _)| Running::Run(run))
+                // Checked at submit; a job stored before paths were confined is checked
+                // here.
+                match output_dir(&data_dir, id, &spec) {
+                    Ok(output) => {
+                        let args = RunArgs {
+                            job: id,
+                            output,
+                            spec,
+                            plan,
+                            start,
+                            membership,
+                            manager: myself.clone(),
+                        };
+                        // Linked: a run actor that fails ends its job
+                        // (`handle_supervisor_evt`).
+                        Actor::spawn_linked(None, RunActor, args, myself.get_cell())
+                            .await
+                            .map(|(run, _)| Running::Run(run))
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
             }
         };
         match started {
@@ -788,5 +823,90 @@ mod tests {
         assert_eq!(ractor::call!(manager, JobMsg::List).unwrap().len(), 1);
         assert_eq!(record.id, 1);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A manager with the real planner and a fresh store in a directory named by `tag`.
+    async fn planning_manager(tag: &str) -> (ActorRef<JobMsg>, std::path::PathBuf) {
+        let (planner, _) = Actor::spawn(None, crate::planner::Planner, Default::default())
+            .await
+            .unwrap();
+        manager_with(planner, tag).await
+    }
+
+    /// Step events are kept in a ring of the latest [`HISTORY_STEPS`]: a late watcher gets
+    /// those, and a long job's memory does not grow with its steps.
+    #[tokio::test]
+    async fn late_watchers_get_the_latest_steps() {
+        let (manager, dir) = planning_manager("ring").await;
+        let job = ractor::call!(manager, JobMsg::Submit, Box::new(example(2, "1f1b")))
+            .unwrap()
+            .unwrap()
+            .id;
+        let steps = HISTORY_STEPS as u64 + 10;
+        for step in 1..=steps {
+            let event = StepEventData {
+                job,
+                step,
+                ..Default::default()
+            };
+            manager.cast(JobMsg::Progress(Box::new(event))).unwrap();
+        }
+        let (past, _) = ractor::call!(manager, JobMsg::Watch, job).unwrap().unwrap();
+        let kept: Vec<u64> = past.iter().map(|e| e.step).collect();
+        assert_eq!(kept, (11..=steps).collect::<Vec<_>>());
+        let record = ractor::call!(manager, JobMsg::Get, job).unwrap().unwrap();
+        assert_eq!(record.step, steps);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A job whose `checkpoint.folder` or `data.path` leads out of the data directory is
+    /// refused at submit, naming the field, before it is planned or stored.
+    #[tokio::test]
+    async fn paths_outside_the_data_directory_are_refused() {
+        let (manager, dir) = planning_manager("confined").await;
+        let outside = dir.with_extension("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        type Edit = fn(&mut JobSpec, &std::path::Path);
+        let cases: [(&str, Edit); 5] = [
+            ("checkpoint.folder", |s, _| {
+                s.checkpoint.folder = "../../escape_ckpt".into()
+            }),
+            ("checkpoint.folder", |s, _| {
+                s.checkpoint.folder = "/tmp".into()
+            }),
+            ("checkpoint.folder", |s, _| {
+                s.checkpoint.folder = "link/ckpt".into()
+            }),
+            ("data.path", |s, _| {
+                s.data.path = Some("link/corpus.txt".into())
+            }),
+            ("data.path", |s, dir| {
+                s.data.path = Some(dir.join("../corpus.txt").display().to_string())
+            }),
+        ];
+        for (field, edit) in cases {
+            let mut spec = example(2, "1f1b");
+            edit(&mut spec, &dir);
+            match ractor::call!(manager, JobMsg::Submit, Box::new(spec)).unwrap() {
+                Err(CoordinatorError::Plan(pipewise_common::Error::InvalidArgument {
+                    field: named,
+                    ..
+                })) => assert_eq!(named, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        assert!(ractor::call!(manager, JobMsg::List).unwrap().is_empty());
+        // Inside, absolute or relative, the job is queued.
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.folder = dir.join("runs").display().to_string();
+        spec.data.path = Some("corpus/tiny.txt".into());
+        assert!(
+            ractor::call!(manager, JobMsg::Submit, Box::new(spec))
+                .unwrap()
+                .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&outside);
     }
 }

@@ -83,6 +83,7 @@ fn is_zero(n: &u64) -> bool {
 /// The store (a redb database file `jobs.redb` in the data directory).
 pub struct JobStore {
     db: Database,
+    dir: std::path::PathBuf,
 }
 
 fn store_err(e: impl std::fmt::Display) -> CoordinatorError {
@@ -149,7 +150,15 @@ impl JobStore {
         let txn = db.begin_write().map_err(store_err)?;
         txn.open_table(JOBS).map_err(store_err)?;
         txn.commit().map_err(store_err)?;
-        Ok(JobStore { db })
+        Ok(JobStore {
+            db,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The data directory the store is in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Inserts or replaces a record (durable on return).

@@ -233,7 +233,7 @@ const ASSIGNMENT_FIELDS: [&str; 12] = [
 ];
 
 fn check_assignment_case(a: v1::Assignment, mutated: bool) -> Verdict {
-    match check_assignment(a) {
+    match check_assignment(a, &std::env::temp_dir()) {
         Ok(()) if mutated => Ok("Assignment: accepted after edits".into()),
         Ok(()) => Ok("Assignment: accepted".into()),
         Err(_) if !mutated => {

@@ -117,6 +117,11 @@ pub(crate) fn add_worker(cluster: &mut Cluster, dir: &Path, id: &str, args: &[&s
         "--log-format",
         "json",
     ]);
+    // The coordinator's data directory unless given another: the tests read checkpoints
+    // and parameters there.
+    if !args.contains(&"--data-dir") {
+        cmd.arg("--data-dir").arg(&cluster.data);
+    }
     cmd.args(args);
     let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
     cluster.children.push(child);

@@ -1,7 +1,8 @@
 //! Field validation of a job: every field checked, the first problem found returned as
 //! [`Error::InvalidArgument`] naming the field (`section.key`) and the reason.
 
-use super::spec::{JobSpec, MAX_FRAME_BYTES};
+use super::confine::{MAX_PATH_BYTES, check_text};
+use super::spec::{JobSpec, MAX_DESCRIPTION_BYTES, MAX_FRAME_BYTES, MAX_NAME_BYTES};
 use crate::error::{Error, Result};
 use crate::generate::{
     MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, MAX_WORKERS, Request, ScheduleKind,
@@ -15,6 +16,13 @@ impl JobSpec {
         if self.job.name.trim().is_empty() {
             return Err(Error::invalid("job.name", "must not be empty"));
         }
+        check_text("job.name", &self.job.name, MAX_NAME_BYTES)?;
+        check_text(
+            "job.description",
+            // Line breaks are fine in a description (it is printed on its own).
+            &self.job.description.replace(['\n', '\r', '\t'], " "),
+            MAX_DESCRIPTION_BYTES,
+        )?;
         self.model.validate().map_err(|e| match e {
             Error::InvalidArgument { field, reason } => Error::InvalidArgument {
                 field: model_field(field),
@@ -129,6 +137,12 @@ impl JobSpec {
                 ),
             ));
         }
+        // Capped before the error below quotes it.
+        check_text(
+            "parallelism.pipeline_parallel_schedule",
+            &p.pipeline_parallel_schedule,
+            MAX_SCHEDULE_NAME_BYTES,
+        )?;
         let kind: ScheduleKind = p.pipeline_parallel_schedule.parse().map_err(|_| {
             Error::invalid(
                 "parallelism.pipeline_parallel_schedule",
@@ -219,14 +233,21 @@ impl JobSpec {
                 ));
             }
         }
-        if let Some(path) = &self.data.path
-            && path.trim().is_empty()
-        {
-            return Err(Error::invalid("data.path", "must not be empty when given"));
+        // Where the paths lead is checked against a data directory (`confine`); their
+        // length and characters are checked here, set or not.
+        check_text("checkpoint.folder", &self.checkpoint.folder, MAX_PATH_BYTES)?;
+        if let Some(path) = &self.data.path {
+            if path.trim().is_empty() {
+                return Err(Error::invalid("data.path", "must not be empty when given"));
+            }
+            check_text("data.path", path, MAX_PATH_BYTES)?;
         }
         Ok(())
     }
 }
+
+/// The longest schedule name accepted (the longest known one is under 20 bytes).
+const MAX_SCHEDULE_NAME_BYTES: usize = 64;
 
 /// `model.<field>` for a field name the model spec reports.
 fn model_field(field: &'static str) -> &'static str {
@@ -353,6 +374,18 @@ mod tests {
                 s.checkpoint.keep_latest_k = 1;
             }),
             ("data.path", |s| s.data.path = Some(String::new())),
+            ("data.path", |s| {
+                s.data.path = Some("x".repeat(MAX_PATH_BYTES + 1))
+            }),
+            ("checkpoint.folder", |s| s.checkpoint.folder = "a\0b".into()),
+            ("job.name", |s| s.job.name = "n".repeat(MAX_NAME_BYTES + 1)),
+            ("job.name", |s| s.job.name = "line\nbreak".into()),
+            ("job.description", |s| {
+                s.job.description = "d".repeat(MAX_DESCRIPTION_BYTES + 1)
+            }),
+            ("parallelism.pipeline_parallel_schedule", |s| {
+                s.parallelism.pipeline_parallel_schedule = "v".repeat(1 << 20)
+            }),
             ("compute.f_ms", |s| {
                 s.compute = Compute::emulate(f64::NAN, 1.0, 1.0)
             }),

@@ -53,22 +53,26 @@
 //!
 //! - [`spec`]: the schema (sections, fields, defaults, TOML form);
 //! - `check`: field validation;
+//! - [`confine`]: the job's paths confined to a data directory, and caps on free text;
 //! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
 //! - `memory`: the memory a planned job is predicted to take on each worker;
 //! - [`layout`]: checkpoint folder names and run ids.
 
 mod check;
+pub mod confine;
 pub mod layout;
 mod memory;
 pub mod plan;
 pub mod spec;
 
+pub use confine::{Found, MAX_PATH_BYTES, check_links, check_text, confine};
 pub use layout::{
     FINAL_CHECKPOINT, checkpoint_dir, checkpoint_file, checkpoint_name, checkpoint_step, final_dir,
     final_file, job_dir, job_of, run_id, run_of,
 };
 pub use plan::{JobPlan, plan_job};
 pub use spec::{
-    Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec, MAX_EMULATED_PASS_MS,
-    MAX_FRAME_BYTES, MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, example,
+    Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec, MAX_DESCRIPTION_BYTES,
+    MAX_EMULATED_PASS_MS, MAX_FRAME_BYTES, MAX_JOB_TOML_BYTES, MAX_NAME_BYTES,
+    MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, example,
 };

@@ -8,13 +8,21 @@ use crate::cost::Times;
 use crate::error::{Error, Result};
 use crate::model::{DType, ModelSpec};
 
+/// The longest `job.name`, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+/// The longest `job.description`, in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 4096;
+/// The largest job file, in bytes (a job file is a few hundred bytes; this leaves room for
+/// a long description, well under gRPC's 4 MiB message limit).
+pub const MAX_JOB_TOML_BYTES: usize = 1 << 20;
+
 /// `[job]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSection {
-    /// Job name (non-empty).
+    /// Job name (non-empty, at most [`MAX_NAME_BYTES`]).
     pub name: String,
-    /// Free text.
+    /// Free text (at most [`MAX_DESCRIPTION_BYTES`]).
     #[serde(default)]
     pub description: String,
 }
@@ -177,7 +185,8 @@ pub struct Checkpoint {
     /// Save checkpoints at all.
     #[serde(default)]
     pub enable_checkpoint: bool,
-    /// Folder (relative to the coordinator's data directory unless absolute).
+    /// Folder under the coordinator's and the workers' data directories (relative to them,
+    /// or absolute under them; see [`super::confine`]).
     #[serde(default = "default_folder")]
     pub folder: String,
     /// Steps between checkpoints.
@@ -215,7 +224,8 @@ impl Default for Checkpoint {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Data {
-    /// A text file of training bytes; the generated default corpus when absent.
+    /// A text file of training bytes under the workers' data directory (relative to it, or
+    /// absolute under it); the generated default corpus when absent.
     #[serde(default)]
     pub path: Option<String>,
 }
@@ -377,6 +387,15 @@ impl JobSpec {
     /// Parses TOML; a syntax error or an unknown field is an `InvalidArgument` on `toml`
     /// whose reason names the line and the key.
     pub fn from_toml(text: &str) -> Result<JobSpec> {
+        if text.len() > MAX_JOB_TOML_BYTES {
+            return Err(Error::invalid(
+                "toml",
+                format!(
+                    "the job file is {} bytes, more than the {MAX_JOB_TOML_BYTES} allowed",
+                    text.len()
+                ),
+            ));
+        }
         toml::from_str(text).map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))
     }
 
@@ -529,6 +548,16 @@ mod tests {
             }
         }
         assert!(JobSpec::from_toml("not toml [").is_err());
+        // A file past the cap is refused before it is parsed, whatever it holds.
+        let padded = format!("{good}\n#{}", " ".repeat(MAX_JOB_TOML_BYTES));
+        match JobSpec::from_toml(&padded) {
+            Err(Error::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "toml");
+                assert!(reason.contains("more than the"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(JobSpec::from_toml(&padded[..MAX_JOB_TOML_BYTES]).is_ok());
     }
 
     #[test]

@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use pipewise_common::job::JobSpec;
+use pipewise_common::job::{Found, JobSpec, check_links, job_dir, job_of};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
@@ -38,15 +38,19 @@ pub(crate) struct Assignment {
     pub(crate) microbatches: u32,
     /// Every worker's activation-service address, worker 0 (the collectives' root) included.
     pub(crate) peers: HashMap<u32, String>,
-    /// Where checkpoints and final parameters go.
+    /// Where checkpoints and final parameters go: `job-N` under `checkpoint.folder` in
+    /// this worker's data directory.
     pub(crate) output: PathBuf,
     /// The run's secret for frames and collectives (empty: none).
     pub(crate) run_secret: bytes::Bytes,
+    /// The training text, `data.path` in this worker's data directory (`None`: the
+    /// generated corpus).
+    pub(crate) data: Option<PathBuf>,
 }
 
 impl Assignment {
-    /// Decodes and checks `a`.
-    pub(crate) fn decode(a: pb::Assignment) -> Result<Self> {
+    /// Decodes and checks `a`, with the job's paths under data directory `data_dir`.
+    pub(crate) fn decode(a: pb::Assignment, data_dir: &Path) -> Result<Self> {
         let spec = JobSpec::from_toml(&a.job_toml)
             .map_err(|e| Error::invalid("assignment", format!("job_toml: {e}")))?;
         let placement = Placement::try_from(a.placement.unwrap_or_default())
@@ -99,6 +103,19 @@ impl Assignment {
                 ),
             ));
         }
+        // The coordinator checked the paths under its data directory; this worker's may be
+        // another, with other links in it.
+        let found = |p: &Path| match (p.canonicalize(), p.symlink_metadata()) {
+            (Ok(real), _) => Found::At(real),
+            (Err(_), Ok(_)) => Found::Dangling,
+            (Err(_), Err(_)) => Found::Nothing,
+        };
+        let folder = spec.checkpoint_folder_in(data_dir)?;
+        check_links("checkpoint.folder", &folder, data_dir, found)?;
+        let data = spec.data_path_in(data_dir)?;
+        if let Some(path) = &data {
+            check_links("data.path", path, data_dir, found)?;
+        }
         Ok(Assignment {
             run: a.run,
             worker: a.worker_index,
@@ -109,7 +126,8 @@ impl Assignment {
             partition,
             microbatches: a.microbatches,
             peers: a.peers,
-            output: PathBuf::from(a.output_dir),
+            output: job_dir(&folder, job_of(a.run)),
+            data,
             run_secret: bytes::Bytes::from(a.run_secret),
         })
     }
@@ -120,10 +138,11 @@ impl Assignment {
     }
 }
 
-/// Decodes and checks an assignment as a worker does when one arrives, without running it
-/// (the fuzz harness in `fuzz/` drives this check from outside the crate).
-pub fn check_assignment(a: pb::Assignment) -> Result<()> {
-    Assignment::decode(a).map(|_| ())
+/// Decodes and checks an assignment as a worker with data directory `data_dir` does when one
+/// arrives, without running it (the fuzz harness in `fuzz/` drives this check from outside
+/// the crate).
+pub fn check_assignment(a: pb::Assignment, data_dir: &Path) -> Result<()> {
+    Assignment::decode(a, data_dir).map(|_| ())
 }
 
 /// The message's copies of the spec's model, seed and microbatch size agree with the spec.

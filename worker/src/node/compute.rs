@@ -14,7 +14,7 @@ use super::outputs::{save_checkpoints, save_final};
 use crate::Device;
 use crate::data::{Corpus, Sampler};
 use crate::error::Result;
-use crate::job::{corpus_of, optimizer_of, sampler_of};
+use crate::job::{optimizer_of, sampler_of};
 use crate::net::Delivery;
 use crate::runtime::{EmulatedRuntime, StepReport, StepSync, Transport, WorkerRuntime};
 
@@ -105,7 +105,10 @@ impl RealCompute {
                 stage.load_checkpoint_dir(&dir)?;
             }
         }
-        let corpus = corpus_of(spec)?;
+        let corpus = match &a.data {
+            Some(path) => Corpus::from_file(path)?,
+            None => Corpus::generated(),
+        };
         Ok(RealCompute {
             rt,
             worker: a.worker,

@@ -1,6 +1,7 @@
 //! How a worker process starts: [`NodeConfig`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pipewise_proto::auth::BearerToken;
@@ -40,11 +41,19 @@ pub struct NodeConfig {
     pub tls: TlsSettings,
     /// The token sent on every call to the coordinator (the worker role).
     pub token: BearerToken,
+    /// The worker's data directory: a job's `checkpoint.folder` and `data.path` resolve
+    /// under it, and one that leads outside is refused (absolute, so that absolute paths
+    /// under it are recognised).
+    pub data_dir: PathBuf,
 }
 
+/// The data directory of a worker and of a coordinator that are not told one (relative to
+/// where they start, so both started in one directory share it).
+pub const DEFAULT_DATA_DIR: &str = "pipewise-data";
+
 impl NodeConfig {
-    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the
-    /// coordinator, no TLS, no token.
+    /// Defaults: listen on `127.0.0.1:0`, CPU, 120 s timeouts, 60 s to reach the coordinator,
+    /// no TLS, no token, data in [`DEFAULT_DATA_DIR`].
     pub fn new(coordinator: impl Into<String>, id: impl Into<String>) -> Self {
         NodeConfig {
             coordinator: coordinator.into(),
@@ -59,6 +68,7 @@ impl NodeConfig {
             unplanned_bytes: 0,
             tls: TlsSettings::default(),
             token: BearerToken::none(),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
         }
     }
 }

@@ -87,7 +87,7 @@ fn run_assignment(
     reports: &mpsc::UnboundedSender<pb::StepReport>,
     last_step: &mut u64,
 ) -> Result<PathBuf> {
-    let mut a = Assignment::decode(a)?;
+    let mut a = Assignment::decode(a, &config.data_dir)?;
     let program = std::mem::take(&mut a.program);
     let node = Node {
         config,

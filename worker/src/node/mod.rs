@@ -24,8 +24,11 @@
 //!   stop at the same step.
 //!
 //! Checkpoints (`[checkpoint] enable_checkpoint`) and the final parameters are written to
-//! the assignment's `output_dir`, which every worker must be able to write (one machine, or
-//! a shared volume): `step-K/stage-S.safetensors` (parameters and optimizer state of stage
+//! `job-N` under the job's `checkpoint.folder` in the worker's data directory
+//! ([`NodeConfig::data_dir`]; `data.path` is read there too, and a path or symlink that
+//! leads outside it fails the assignment, naming the field). The coordinator reads the
+//! same folder under its own data directory, so both must see the same files (one machine,
+//! or a shared volume): `step-K/stage-S.safetensors` (parameters and optimizer state of stage
 //! `S` after `K` steps; an assignment starting at step `K` > 0 resumes from them, whatever
 //! partition wrote them) and
 //! `final/worker-W.safetensors` (the worker's parameters under their whole-model names).

@@ -1,0 +1,233 @@
+//! `pipewise local`'s account of the steps: running totals for the printed summary and,
+//! with `--output-dir`, every step appended to `summary.json` as it comes, so a long run
+//! holds a few numbers per worker rather than one record per step.
+
+use std::fs::File;
+use std::io::{BufWriter, Write as _};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use pipewise_common::job::JobSpec;
+use pipewise_proto::v1 as pb;
+use serde::Serialize;
+
+/// One step of `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct StepSummary {
+    pub(super) step: u64,
+    pub(super) loss: f64,
+    pub(super) step_time_ms: f64,
+    pub(super) planned_bubble: f64,
+    pub(super) measured_bubble: f64,
+    pub(super) peak_activation_bytes: Vec<u64>,
+}
+
+impl StepSummary {
+    pub(super) fn of(e: &pb::StepEvent) -> StepSummary {
+        let mut peaks: Vec<(u32, u64)> = e
+            .peaks
+            .iter()
+            .map(|p| (p.worker, p.peak_activation_bytes))
+            .collect();
+        peaks.sort_unstable();
+        StepSummary {
+            step: e.step,
+            loss: e.loss,
+            step_time_ms: e.step_time_ms,
+            planned_bubble: e.planned_bubble,
+            measured_bubble: e.measured_bubble,
+            peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
+        }
+    }
+}
+
+/// `summary.json` being written: `{"job": …, "steps": [` first, a step at a time, and the
+/// closing `]}` at the end, under a temporary name until then.
+struct SummaryFile {
+    out: BufWriter<File>,
+    partial: PathBuf,
+    path: PathBuf,
+    steps: u64,
+}
+
+/// The steps seen so far (see the [module docs](self)).
+pub(super) struct Steps {
+    count: u64,
+    first_loss: f64,
+    last_loss: f64,
+    step_time_ms: f64,
+    planned_bubble: f64,
+    measured_bubble: f64,
+    /// Every worker's largest peak activation bytes.
+    peaks: Vec<u64>,
+    file: Option<SummaryFile>,
+}
+
+impl Steps {
+    /// No steps yet; with `dir`, `summary.json` of job `spec` is started there.
+    pub(super) fn new(dir: Option<&Path>, spec: &JobSpec) -> Result<Steps> {
+        let file = match dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                let path = dir.join("summary.json");
+                let partial = dir.join("summary.json.partial");
+                let created = File::create(&partial)
+                    .with_context(|| format!("cannot write {}", partial.display()))?;
+                let mut out = BufWriter::new(created);
+                write!(
+                    out,
+                    "{{\"job\": {},\n\"steps\": [",
+                    serde_json::to_string(spec)?
+                )?;
+                Some(SummaryFile {
+                    out,
+                    partial,
+                    path,
+                    steps: 0,
+                })
+            }
+            None => None,
+        };
+        Ok(Steps {
+            count: 0,
+            first_loss: f64::NAN,
+            last_loss: f64::NAN,
+            step_time_ms: 0.0,
+            planned_bubble: 0.0,
+            measured_bubble: 0.0,
+            peaks: Vec::new(),
+            file,
+        })
+    }
+
+    /// Counts step `s` (and appends it to `summary.json`).
+    pub(super) fn add(&mut self, s: &StepSummary) -> Result<()> {
+        if self.count == 0 {
+            self.first_loss = s.loss;
+        }
+        self.count += 1;
+        self.last_loss = s.loss;
+        self.step_time_ms += s.step_time_ms;
+        self.planned_bubble += s.planned_bubble;
+        self.measured_bubble += s.measured_bubble;
+        if self.peaks.len() < s.peak_activation_bytes.len() {
+            self.peaks.resize(s.peak_activation_bytes.len(), 0);
+        }
+        for (max, &p) in self.peaks.iter_mut().zip(&s.peak_activation_bytes) {
+            *max = (*max).max(p);
+        }
+        if let Some(f) = &mut self.file {
+            let sep = if f.steps == 0 { "\n" } else { ",\n" };
+            write!(f.out, "{sep}{}", serde_json::to_string(s)?)
+                .context("cannot write summary.json")?;
+            f.steps += 1;
+        }
+        Ok(())
+    }
+
+    /// Steps counted.
+    pub(super) fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The first and the last step's losses (NaN: none).
+    pub(super) fn losses(&self) -> (f64, f64) {
+        (self.first_loss, self.last_loss)
+    }
+
+    /// Means of (step time ms, planned bubble, measured bubble) over the steps.
+    pub(super) fn means(&self) -> (f64, f64, f64) {
+        let n = self.count.max(1) as f64;
+        (
+            self.step_time_ms / n,
+            self.planned_bubble / n,
+            self.measured_bubble / n,
+        )
+    }
+
+    /// Worker `w`'s largest peak activation bytes.
+    pub(super) fn peak(&self, w: usize) -> u64 {
+        self.peaks.get(w).copied().unwrap_or(0)
+    }
+
+    /// Closes `summary.json` and gives it its name; returns where it is (`None`: not
+    /// written).
+    pub(super) fn finish(&mut self) -> Result<Option<PathBuf>> {
+        let Some(mut f) = self.file.take() else {
+            return Ok(None);
+        };
+        f.out
+            .write_all(b"\n]}\n")
+            .and_then(|()| f.out.flush())
+            .context("cannot write summary.json")?;
+        std::fs::rename(&f.partial, &f.path).context("cannot write summary.json")?;
+        Ok(Some(f.path))
+    }
+}
+
+impl Drop for Steps {
+    /// A run that did not finish leaves no half-written summary.
+    fn drop(&mut self) {
+        if let Some(f) = self.file.take() {
+            drop(f.out);
+            let _ = std::fs::remove_file(&f.partial);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use pipewise_common::job::example;
+
+    fn step(step: u64, loss: f64, peaks: &[u64]) -> StepSummary {
+        StepSummary {
+            step,
+            loss,
+            step_time_ms: 10.0 * step as f64,
+            planned_bubble: 0.1,
+            measured_bubble: 0.2,
+            peak_activation_bytes: peaks.to_vec(),
+        }
+    }
+
+    /// The totals and the streamed file say what a list of every step would.
+    #[test]
+    fn totals_and_the_file_hold_every_step() {
+        let dir = std::env::temp_dir().join(format!("pipewise-summary-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let spec = example(2, "1f1b");
+        let mut steps = Steps::new(Some(&dir), &spec).unwrap();
+        let all = [
+            step(1, 5.0, &[3, 9]),
+            step(2, 4.0, &[7, 2]),
+            step(3, 3.5, &[1, 1]),
+        ];
+        for s in &all {
+            steps.add(s).unwrap();
+        }
+        assert_eq!(steps.count(), 3);
+        assert_eq!(steps.losses(), (5.0, 3.5));
+        let (time, planned, measured) = steps.means();
+        assert!((time - 20.0).abs() < 1e-12 && (planned - 0.1).abs() < 1e-12);
+        assert!((measured - 0.2).abs() < 1e-12);
+        assert_eq!((steps.peak(0), steps.peak(1), steps.peak(2)), (7, 9, 0));
+        let path = steps.finish().unwrap().unwrap();
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(written["job"], serde_json::to_value(&spec).unwrap());
+        assert_eq!(written["steps"], serde_json::to_value(&all).unwrap());
+        assert!(!dir.join("summary.json.partial").exists());
+
+        // Unfinished: no summary.json, and no partial one left behind.
+        std::fs::remove_file(&path).unwrap();
+        let mut steps = Steps::new(Some(&dir), &spec).unwrap();
+        steps.add(&all[0]).unwrap();
+        drop(steps);
+        assert!(!path.exists() && !dir.join("summary.json.partial").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
