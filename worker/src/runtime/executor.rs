@@ -13,10 +13,12 @@ use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 
 use super::program::{WorkerProgram, check_partition, schedule_program};
+use super::side_by_side::{holds_every_stage, run_side_by_side};
 use super::step::{Passes, StepReport, StepSync, run_passes};
 use super::transport::{Payload, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};
+use crate::lanes::lanes_for;
 use crate::optim::{AdamW, clip_scale};
 use crate::param::Param;
 use crate::stage::Stage;
@@ -211,6 +213,11 @@ impl WorkerRuntime {
         for stage in self.stages.values_mut() {
             stage.reset_peak();
         }
+        let lanes = self
+            .stages
+            .values()
+            .next()
+            .map_or(1, |s| lanes_for(s.device()));
         let mut passes = RealPasses {
             worker: self.program.worker,
             stages: &mut self.stages,
@@ -221,6 +228,9 @@ impl WorkerRuntime {
             slowdown: self.slowdown,
             max_grad_norm: self.optimizer.max_grad_norm,
         };
+        if lanes > 1 && self.program.microbatches > 1 && holds_every_stage(&self.program) {
+            return run_side_by_side(&mut passes, &self.program, step, sync, started, lanes);
+        }
         let step = (job, step);
         run_passes(&mut passes, &self.program, step, transport, sync, started)
     }
@@ -228,14 +238,14 @@ impl WorkerRuntime {
 
 /// The passes of a [`WorkerRuntime`] for one step: its candle stages on the step's
 /// microbatches.
-struct RealPasses<'a> {
+pub(super) struct RealPasses<'a> {
     worker: u32,
-    stages: &'a mut BTreeMap<u32, Stage>,
-    batches: &'a [Batch],
+    pub(super) stages: &'a mut BTreeMap<u32, Stage>,
+    pub(super) batches: &'a [Batch],
     /// `(b, t)` of each microbatch, to check incoming frames.
     shapes: &'a [(usize, usize)],
     hidden: usize,
-    last: u32,
+    pub(super) last: u32,
     slowdown: f64,
     max_grad_norm: Option<f64>,
 }
@@ -247,7 +257,7 @@ impl RealPasses<'_> {
             .ok_or_else(|| Error::invalid("schedule", format!("stage {s} is not held here")))
     }
 
-    fn stage_mut(&mut self, s: u32) -> Result<&mut Stage> {
+    pub(super) fn stage_mut(&mut self, s: u32) -> Result<&mut Stage> {
         let worker = self.worker;
         self.stages.get_mut(&s).ok_or_else(|| {
             Error::invalid(
@@ -258,7 +268,7 @@ impl RealPasses<'_> {
     }
 
     /// Sleeps for the slowdown's share of a pass that started at `t0`.
-    fn stretch(&self, t0: Instant) {
+    pub(super) fn stretch(&self, t0: Instant) {
         if self.slowdown > 1.0 {
             std::thread::sleep(t0.elapsed().mul_f64(self.slowdown - 1.0));
         }
