@@ -14,7 +14,9 @@ use crate::piece::{ForwardStash, PieceState, WeightStash};
 
 mod side_by_side;
 
-pub(crate) use side_by_side::ForwardItem;
+/// One microbatch's `F` among side-by-side passes: its index, input and (on the last
+/// stage) targets.
+pub(crate) type ForwardItem<'a> = (u32, &'a Tensor, Option<&'a Tensor>);
 
 /// The candle dtype of a spec dtype.
 pub fn candle_dtype(d: model::DType) -> DType {

@@ -18,8 +18,8 @@ use candle_core::Tensor;
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::trace::Activity;
 
-use super::executor::RealPasses;
 use super::program::WorkerProgram;
+use super::real_passes::RealPasses;
 use super::recorder::Recorder;
 use super::step::{Passes, PassesDone, StepReport, StepSync, end_step};
 use crate::error::Result;

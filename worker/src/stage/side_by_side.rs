@@ -6,13 +6,10 @@
 
 use candle_core::Tensor;
 
-use super::{Pending, Stage, piece_backward_weight};
+use super::{ForwardItem, Pending, Stage, piece_backward_weight};
 use crate::error::Result;
 use crate::lanes::{Ran, side_by_side, timed};
 use crate::piece::{PieceState, WeightStash};
-
-/// One microbatch's `F`: its index, input and (on the last stage) targets.
-pub(crate) type ForwardItem<'a> = (u32, &'a Tensor, Option<&'a Tensor>);
 
 /// A piece's weight stashes, by microbatch, in the order `W` adds them.
 type PieceStashes = Vec<(u32, WeightStash)>;
