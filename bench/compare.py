@@ -15,7 +15,9 @@ Three rows, tokens/s of the median timed step (4096 tokens a step), and pipewise
       torch.distributed.pipelining.Schedule1F1B over gloo against a coordinator and two
       `pipewise worker`s, the job submitted with `pipewise submit --wait`, schedule 1f1b;
   (c) one process, every core: PyTorch eager with torch.set_num_threads(os.cpu_count())
-      against one `pipewise worker` with RAYON_NUM_THREADS = os.cpu_count().
+      against one `pipewise worker` with RAYON_NUM_THREADS = os.cpu_count() (which runs
+      its microbatches side by side, one per thread; PIPEWISE_SIDE_BY_SIDE=0 in this
+      script's environment makes it cut every pass over the threads instead).
 
 The model on both sides: GPT with learned positions, pre-LN blocks (LayerNorm eps 1e-5,
 fused QKV linear with bias, causal attention, projection, MLP 4x with tanh GELU), final

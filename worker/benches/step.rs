@@ -7,6 +7,8 @@
 //! - `PIPEWISE_BENCH_QUICK=1`: every part tiny (a smoke run);
 //! - `PIPEWISE_BENCH_MODELS=small|large|both` (default both);
 //! - `PIPEWISE_BENCH_THREADS=1,2,…` (default: 1 and every core this process may use);
+//!   each count above 1 runs twice: `side` (microbatches side by side, one per thread, the
+//!   default) and `split` (every pass cut over the threads, `PIPEWISE_SIDE_BY_SIDE=0`);
 //! - `PIPEWISE_BENCH_DEVICE=cuda` (or `cuda:N`): the model on a GPU (needs
 //!   `--features cuda`); MFU is then left out, there being no CPU figure to hold it to.
 //!
@@ -277,11 +279,22 @@ fn thread_counts() -> Vec<usize> {
     if all > 1 { vec![1, all] } else { vec![1] }
 }
 
+/// How a run with several threads uses them: microbatches side by side (the default) or
+/// every pass cut over the threads (`PIPEWISE_SIDE_BY_SIDE=0`).
+fn modes(threads: usize) -> &'static [&'static str] {
+    match threads {
+        1 => &["-"],
+        _ => &["side", "split"],
+    }
+}
+
 /// Runs one child and parses its `RESULT` line: (median step s, first loss, last loss).
-fn run_child(case: &Case, threads: usize) -> Option<(f64, f64, f64)> {
+fn run_child(case: &Case, threads: usize, mode: &str) -> Option<(f64, f64, f64)> {
     let exe = std::env::current_exe().expect("own path");
+    let side = if mode == "split" { "0" } else { "1" };
     let out = Command::new(exe)
         .env(CHILD_ENV, case.name)
+        .env(pipewise_worker::lanes::SIDE_BY_SIDE_ENV, side)
         .env("RAYON_NUM_THREADS", threads.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -335,8 +348,8 @@ fn main() {
         println!("device: {device_name} (MFU omitted: no CPU peak applies)");
     }
     println!(
-        "{:>6} {:>7} {:>10} {:>6} {:>9} {:>10} {:>9} {:>7}  loss first→last",
-        "model", "threads", "params", "steps", "step s", "tokens/s", "GFLOP/s", "MFU"
+        "{:>6} {:>7} {:>5} {:>10} {:>6} {:>9} {:>10} {:>9} {:>7}  loss first→last",
+        "model", "threads", "mode", "params", "steps", "step s", "tokens/s", "GFLOP/s", "MFU"
     );
     for case in cases() {
         let s = &case.spec;
@@ -354,8 +367,11 @@ fn main() {
             case.tokens(),
             case.flops() / 1e9
         );
-        for &threads in &thread_counts() {
-            let Some((step_s, first, last)) = run_child(&case, threads) else {
+        for (threads, &mode) in thread_counts()
+            .into_iter()
+            .flat_map(|t| modes(t).iter().map(move |m| (t, m)))
+        {
+            let Some((step_s, first, last)) = run_child(&case, threads, mode) else {
                 continue;
             };
             let gflops = case.flops() / step_s / 1e9;
@@ -365,7 +381,7 @@ fn main() {
                 "-".into()
             };
             println!(
-                "{:>6} {threads:>7} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} {mfu:>7}  \
+                "{:>6} {threads:>7} {mode:>5} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} {mfu:>7}  \
                  {first:.4}→{last:.4}",
                 case.name,
                 s.params(),

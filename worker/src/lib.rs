@@ -34,6 +34,8 @@
 //!   and an executor thread running assignments with the transport above.
 //! - [`metrics`]: the worker's Prometheus metrics (pass durations, bubble, memory).
 //! - [`job`]: what a worker derives from a job spec (optimizer, sampler, corpus, partition).
+//! - [`lanes`]: independent work side by side, one item per CPU thread, each on one kernel
+//!   thread: a one-worker step's microbatches (`PIPEWISE_SIDE_BY_SIDE=0` turns it off).
 //! - [`rng`]: the deterministic host-side random source.
 //! - [`test_utils`]: [`test_device!`] and device helpers for tests.
 //! - [`error`]: the crate's one error type.
@@ -49,6 +51,7 @@ pub mod data;
 pub mod error;
 pub mod job;
 mod kernels;
+pub mod lanes;
 pub mod metrics;
 pub mod net;
 pub mod node;

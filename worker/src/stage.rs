@@ -12,6 +12,12 @@ use crate::optim::{self, AdamW};
 use crate::param::Param;
 use crate::piece::{ForwardStash, PieceState, WeightStash};
 
+mod side_by_side;
+
+/// One microbatch's `F` among side-by-side passes: its index, input and (on the last
+/// stage) targets.
+pub(crate) type ForwardItem<'a> = (u32, &'a Tensor, Option<&'a Tensor>);
+
 /// The candle dtype of a spec dtype.
 pub fn candle_dtype(d: model::DType) -> DType {
     match d {
@@ -253,8 +259,26 @@ impl Stage {
     /// elsewhere. Returns hidden states `[b, t, h]`, or on the last stage the microbatch's
     /// mean loss (rank-0 f32, not yet scaled by `1/n`).
     pub fn forward(&mut self, mb: u32, input: &Tensor, targets: Option<&Tensor>) -> Result<Tensor> {
+        let shape = self.check_forward(mb, input, targets)?;
+        let (stashes, out) = self.forward_compute(shape, input, targets)?;
+        self.pending
+            .insert(mb, Pending::Backward { shape, stashes });
+        self.account();
+        Ok(out)
+    }
+
+    /// Checks that `F` of `mb` may run on `input` (and `targets`); its `(b, t)`.
+    fn check_forward(
+        &self,
+        mb: u32,
+        input: &Tensor,
+        targets: Option<&Tensor>,
+    ) -> Result<(usize, usize)> {
         if self.pending.contains_key(&mb) {
             return Err(self.order_error("F", mb, "already has a forward pending"));
+        }
+        if self.is_last() && targets.is_none() {
+            return Err(self.order_error("F", mb, "the last stage needs targets"));
         }
         let h = self.spec.hidden as usize;
         let (b, t) = if self.is_first() {
@@ -278,6 +302,17 @@ impl Stage {
                 ),
             });
         }
+        Ok((b, t))
+    }
+
+    /// The arithmetic of `F` on a checked input of `(b, t)`: the stashes and the output.
+    fn forward_compute(
+        &self,
+        (b, t): (usize, usize),
+        input: &Tensor,
+        targets: Option<&Tensor>,
+    ) -> Result<(Vec<ForwardStash>, Tensor)> {
+        let h = self.spec.hidden as usize;
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
         let mut x = if self.is_first() {
             input.clone()
@@ -286,39 +321,35 @@ impl Stage {
         };
         let mut stashes = Vec::with_capacity(self.pieces.len());
         for piece in &self.pieces {
-            let (out, stash) = match piece {
-                PieceState::Embedding(e) => {
+            let (out, stash) = match (piece, targets) {
+                (PieceState::Embedding(e), _) => {
                     let (out, s) = e.forward(&x)?;
                     (out, ForwardStash::Embedding(s))
                 }
-                PieceState::Block(blk) => {
+                (PieceState::Block(blk), _) => {
                     let (out, s) = blk.forward(&x, (b, t), &mask)?;
                     (out, ForwardStash::Block(Box::new(s)))
                 }
-                PieceState::Head(hd) => {
-                    let Some(targets) = targets else {
-                        return Err(self.order_error("F", mb, "the last stage needs targets"));
-                    };
+                (PieceState::Head(hd), Some(targets)) => {
                     let (loss, s) = hd.forward(&x, targets)?;
                     (loss, ForwardStash::Head(s))
+                }
+                (PieceState::Head(_), None) => {
+                    return Err(Error::InvalidArgument {
+                        field: "targets",
+                        reason: "the last stage needs targets".into(),
+                    });
                 }
             };
             stashes.push(stash);
             x = out;
         }
-        self.pending.insert(
-            mb,
-            Pending::Backward {
-                shape: (b, t),
-                stashes,
-            },
-        );
-        self.account();
-        if self.is_last() {
-            Ok(x.to_dtype(DType::F32)?)
+        let out = if self.is_last() {
+            x.to_dtype(DType::F32)?
         } else {
-            Ok(x.reshape((b, t, h))?)
-        }
+            x.reshape((b, t, h))?
+        };
+        Ok((stashes, out))
     }
 
     /// `B`: the gradient with respect to the stage's input only; what `W` needs stays
@@ -330,30 +361,45 @@ impl Stage {
         mb: u32,
         grad_output: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
-        let h = self.spec.hidden as usize;
-        let (shape, fstashes) = match self.pending.remove(&mb) {
-            Some(Pending::Backward { shape, stashes }) => (shape, stashes),
-            Some(other) => {
-                self.pending.insert(mb, other);
+        self.check_backward_input(mb, grad_output)?;
+        let Some(Pending::Backward { shape, stashes }) = self.pending.remove(&mb) else {
+            return Err(self.order_error("B", mb, "no forward pending"));
+        };
+        let (wstashes, dx) = self.backward_input_compute(mb, shape, stashes, grad_output)?;
+        self.pending
+            .insert(mb, Pending::Weight { stashes: wstashes });
+        self.account();
+        Ok(dx)
+    }
+
+    /// Checks that `B` of `mb` may run, with `grad_output` if given.
+    fn check_backward_input(&self, mb: u32, grad_output: Option<&Tensor>) -> Result<()> {
+        match self.pending.get(&mb) {
+            Some(Pending::Backward { .. }) => {}
+            Some(Pending::Weight { .. }) => {
                 return Err(self.order_error("B", mb, "B already ran (waiting for W)"));
             }
             None => return Err(self.order_error("B", mb, "no forward pending")),
-        };
-        let (b, t) = shape;
-        let mut dy: Option<Tensor> = if self.is_last() {
-            None
-        } else {
-            let Some(g) = grad_output else {
-                self.pending.insert(
-                    mb,
-                    Pending::Backward {
-                        shape,
-                        stashes: fstashes,
-                    },
-                );
-                return Err(self.order_error("B", mb, "needs the output gradient"));
-            };
-            Some(g.reshape((b * t, h))?)
+        }
+        if !self.is_last() && grad_output.is_none() {
+            return Err(self.order_error("B", mb, "needs the output gradient"));
+        }
+        Ok(())
+    }
+
+    /// The arithmetic of `B` of `mb` from its forward stashes: the weight stashes and the
+    /// input gradient (`None` on the first stage).
+    fn backward_input_compute(
+        &self,
+        mb: u32,
+        (b, t): (usize, usize),
+        fstashes: Vec<ForwardStash>,
+        grad_output: Option<&Tensor>,
+    ) -> Result<(Vec<WeightStash>, Option<Tensor>)> {
+        let h = self.spec.hidden as usize;
+        let mut dy: Option<Tensor> = match grad_output {
+            Some(g) if !self.is_last() => Some(g.reshape((b * t, h))?),
+            _ => None,
         };
         let mut wstashes = Vec::with_capacity(fstashes.len());
         for (piece, stash) in self.pieces.iter().zip(fstashes).rev() {
@@ -382,41 +428,32 @@ impl Stage {
             wstashes.push(w);
         }
         wstashes.reverse();
-        self.pending
-            .insert(mb, Pending::Weight { stashes: wstashes });
-        self.account();
-        match dy {
-            Some(dx) => Ok(Some(dx.reshape((b, t, h))?)),
-            None => Ok(None),
-        }
+        let dx = dy.map(|dx| dx.reshape((b, t, h))).transpose()?;
+        Ok((wstashes, dx))
     }
 
     /// `W`: weight gradients of microbatch `mb` from its stash, added to the accumulated
     /// gradients; frees the stash.
     pub fn backward_weight(&mut self, mb: u32) -> Result<()> {
-        let wstashes = match self.pending.remove(&mb) {
-            Some(Pending::Weight { stashes }) => stashes,
-            Some(other) => {
-                self.pending.insert(mb, other);
-                return Err(self.order_error("W", mb, "B has not run yet"));
-            }
-            None => return Err(self.order_error("W", mb, "nothing pending")),
-        };
+        let wstashes = self.take_weight(mb)?;
         for (piece, stash) in self.pieces.iter_mut().zip(wstashes) {
-            match (piece, stash) {
-                (PieceState::Embedding(e), WeightStash::Embedding(s)) => e.backward_weight(s)?,
-                (PieceState::Block(blk), WeightStash::Block(s)) => blk.backward_weight(*s)?,
-                (PieceState::Head(hd), WeightStash::Head(s)) => hd.backward_weight(s)?,
-                _ => {
-                    return Err(Error::InvalidArgument {
-                        field: "stash",
-                        reason: format!("microbatch {mb}: stash does not match its piece"),
-                    });
-                }
-            }
+            piece_backward_weight(piece, stash, mb)?;
         }
         self.account();
         Ok(())
+    }
+
+    /// Takes microbatch `mb`'s weight stashes for `W` (erring, with nothing taken, where
+    /// `B` has not run).
+    fn take_weight(&mut self, mb: u32) -> Result<Vec<WeightStash>> {
+        match self.pending.remove(&mb) {
+            Some(Pending::Weight { stashes }) => Ok(stashes),
+            Some(other) => {
+                self.pending.insert(mb, other);
+                Err(self.order_error("W", mb, "B has not run yet"))
+            }
+            None => Err(self.order_error("W", mb, "nothing pending")),
+        }
     }
 
     /// Drops whatever microbatch `mb` has pending (e.g. after an evaluation-only forward).
@@ -488,5 +525,18 @@ impl Stage {
     /// The model dtype as candle's.
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+}
+
+/// `W` of one piece: its weight gradients of microbatch `mb` from `stash`, accumulated.
+fn piece_backward_weight(piece: &mut PieceState, stash: WeightStash, mb: u32) -> Result<()> {
+    match (piece, stash) {
+        (PieceState::Embedding(e), WeightStash::Embedding(s)) => e.backward_weight(s),
+        (PieceState::Block(blk), WeightStash::Block(s)) => blk.backward_weight(*s),
+        (PieceState::Head(hd), WeightStash::Head(s)) => hd.backward_weight(s),
+        _ => Err(Error::InvalidArgument {
+            field: "stash",
+            reason: format!("microbatch {mb}: stash does not match its piece"),
+        }),
     }
 }

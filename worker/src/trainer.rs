@@ -1,13 +1,14 @@
 //! The single-device reference trainer: the whole model as one stage, the oracle of the
 //! runtime's exactness tests.
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use pipewise_common::model::ModelSpec;
 
 use crate::data::Batch;
 use crate::error::{Error, Result};
+use crate::lanes::lanes_for;
 use crate::optim::{AdamW, clip_scale};
-use crate::stage::Stage;
+use crate::stage::{ForwardItem, Stage};
 
 /// What one training step reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,7 +22,8 @@ pub struct StepStats {
 }
 
 /// Trains the whole model on one device: per microbatch `F` then `BW`, then one clipped
-/// AdamW step.
+/// AdamW step. On a CPU with several threads, as many microbatches run side by side
+/// ([`Stage`]'s side-by-side passes): the same results, one stash per thread held at once.
 #[derive(Debug)]
 pub struct Trainer {
     stage: Stage,
@@ -59,13 +61,30 @@ impl Trainer {
             });
         }
         self.stage.set_microbatches(n);
+        let lanes = lanes_for(self.stage.device());
         let mut loss = 0.0;
-        for (mb, batch) in (0..n).zip(batches) {
-            let l = self
-                .stage
-                .forward(mb, &batch.tokens, Some(&batch.targets))?;
-            loss += f64::from(l.to_scalar::<f32>()?);
-            self.stage.backward(mb, None)?;
+        let numbered: Vec<(u32, &Batch)> = (0..n).zip(batches).collect();
+        for group in numbered.chunks(lanes) {
+            if let [(mb, batch)] = group {
+                let l = self
+                    .stage
+                    .forward(*mb, &batch.tokens, Some(&batch.targets))?;
+                loss += f64::from(l.to_scalar::<f32>()?);
+                self.stage.backward(*mb, None)?;
+                continue;
+            }
+            // Several microbatches side by side, one per thread: the same results.
+            let items: Vec<ForwardItem<'_>> = group
+                .iter()
+                .map(|(mb, b)| (*mb, &b.tokens, Some(&b.targets)))
+                .collect();
+            for l in self.stage.forward_side_by_side(&items)? {
+                loss += f64::from(l.value.to_scalar::<f32>()?);
+            }
+            let mbs: Vec<u32> = group.iter().map(|(mb, _)| *mb).collect();
+            let seeds: Vec<(u32, Option<&Tensor>)> = mbs.iter().map(|&mb| (mb, None)).collect();
+            self.stage.backward_input_side_by_side(&seeds)?;
+            self.stage.backward_weight_side_by_side(&mbs, lanes)?;
         }
         let sq = self.stage.grad_sq_norm()?;
         let scale = clip_scale(sq, self.stage.optimizer().max_grad_norm);

@@ -6,18 +6,21 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Device;
 use pipewise_common::model::ModelSpec;
-use pipewise_common::pass::{Pass, PassKind};
+use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 
 use super::program::{WorkerProgram, check_partition, schedule_program};
-use super::step::{Passes, StepReport, StepSync, run_passes};
-use super::transport::{Payload, Transport};
+use super::real_passes::RealPasses;
+use super::side_by_side::{holds_every_stage, run_side_by_side};
+use super::step::{StepReport, StepSync, run_passes};
+use super::transport::Transport;
 use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::optim::{AdamW, clip_scale};
+use crate::lanes::lanes_for;
+use crate::optim::AdamW;
 use crate::param::Param;
 use crate::stage::Stage;
 
@@ -211,6 +214,11 @@ impl WorkerRuntime {
         for stage in self.stages.values_mut() {
             stage.reset_peak();
         }
+        let lanes = self
+            .stages
+            .values()
+            .next()
+            .map_or(1, |s| lanes_for(s.device()));
         let mut passes = RealPasses {
             worker: self.program.worker,
             stages: &mut self.stages,
@@ -221,115 +229,10 @@ impl WorkerRuntime {
             slowdown: self.slowdown,
             max_grad_norm: self.optimizer.max_grad_norm,
         };
+        if lanes > 1 && self.program.microbatches > 1 && holds_every_stage(&self.program) {
+            return run_side_by_side(&mut passes, &self.program, step, sync, started, lanes);
+        }
         let step = (job, step);
         run_passes(&mut passes, &self.program, step, transport, sync, started)
-    }
-}
-
-/// The passes of a [`WorkerRuntime`] for one step: its candle stages on the step's
-/// microbatches.
-struct RealPasses<'a> {
-    worker: u32,
-    stages: &'a mut BTreeMap<u32, Stage>,
-    batches: &'a [Batch],
-    /// `(b, t)` of each microbatch, to check incoming frames.
-    shapes: &'a [(usize, usize)],
-    hidden: usize,
-    last: u32,
-    slowdown: f64,
-    max_grad_norm: Option<f64>,
-}
-
-impl RealPasses<'_> {
-    fn stage(&self, s: u32) -> Result<&Stage> {
-        self.stages
-            .get(&s)
-            .ok_or_else(|| Error::invalid("schedule", format!("stage {s} is not held here")))
-    }
-
-    fn stage_mut(&mut self, s: u32) -> Result<&mut Stage> {
-        let worker = self.worker;
-        self.stages.get_mut(&s).ok_or_else(|| {
-            Error::invalid(
-                "schedule",
-                format!("worker {worker} runs a pass of stage {s}, which it does not hold"),
-            )
-        })
-    }
-
-    /// Sleeps for the slowdown's share of a pass that started at `t0`.
-    fn stretch(&self, t0: Instant) {
-        if self.slowdown > 1.0 {
-            std::thread::sleep(t0.elapsed().mul_f64(self.slowdown - 1.0));
-        }
-    }
-}
-
-impl Passes for RealPasses<'_> {
-    type Value = Tensor;
-    const LEARNS: bool = true;
-
-    fn expected(&self, pass: Pass) -> Result<([usize; 3], DType)> {
-        let (b, t) = self.shapes[pass.mb as usize];
-        Ok(([b, t, self.hidden], self.stage(pass.stage)?.dtype()))
-    }
-
-    fn input_from(&self, pass: Pass, payload: Payload) -> Result<Tensor> {
-        let device = self.stage(pass.stage)?.device();
-        Ok(payload.into_tensor(device)?.to_device(device)?)
-    }
-
-    fn run(&mut self, pass: Pass, input: Option<Tensor>) -> Result<Option<Tensor>> {
-        let started = Instant::now();
-        let (s, mb) = (pass.stage, pass.mb);
-        let batches = self.batches;
-        let batch = batches.get(mb as usize).ok_or_else(|| {
-            Error::invalid("schedule", format!("pass {pass}: no microbatch {mb}"))
-        })?;
-        let output = match pass.kind {
-            PassKind::F => {
-                let input = input.unwrap_or_else(|| batch.tokens.clone());
-                let targets = (s == self.last).then_some(&batch.targets);
-                Some(self.stage_mut(s)?.forward(mb, &input, targets)?)
-            }
-            PassKind::B => self.stage_mut(s)?.backward_input(mb, input.as_ref())?,
-            PassKind::BW => self.stage_mut(s)?.backward(mb, input.as_ref())?,
-            PassKind::W => {
-                self.stage_mut(s)?.backward_weight(mb)?;
-                None
-            }
-        };
-        self.stretch(started);
-        Ok(output)
-    }
-
-    fn loss(&self, pass: Pass, output: Option<Tensor>) -> Result<f32> {
-        let loss =
-            output.ok_or_else(|| Error::invalid("stage", format!("pass {pass} gave no loss")))?;
-        Ok(loss.to_scalar::<f32>()?)
-    }
-
-    fn into_payload(value: Tensor) -> Payload {
-        Payload::Tensor(value)
-    }
-
-    fn stash_bytes(&self) -> u64 {
-        self.stages.values().map(Stage::stash_bytes).sum()
-    }
-
-    fn grad_sq_norm(&self) -> Result<f64> {
-        let mut local_sq = 0.0;
-        for stage in self.stages.values() {
-            local_sq += stage.grad_sq_norm()?;
-        }
-        Ok(local_sq)
-    }
-
-    fn optimizer_step(&mut self, global_sq: f64) -> Result<()> {
-        let scale = clip_scale(global_sq, self.max_grad_norm);
-        for stage in self.stages.values_mut() {
-            stage.optimizer_step(scale)?;
-        }
-        Ok(())
     }
 }

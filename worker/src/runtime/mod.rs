@@ -12,6 +12,9 @@
 //!   [`LocalSync`].
 //! - [`transport`]: [`Frame`], the [`Transport`] trait and the in-process
 //!   [`MemoryTransport`].
+//! - `real_passes`: the candle stages computing a step's passes.
+//! - `side_by_side`: the step of a worker holding every stage (a one-worker job) with
+//!   its microbatches side by side on the CPU's threads.
 //! - `exchange`: a pass's input and output between stages (kept in memory when both stages
 //!   are on the worker, else through the transport); `recorder`: what happened when;
 //!   `program`: the checks of a worker's program and partition.
@@ -21,7 +24,9 @@ mod exchange;
 pub mod executor;
 pub mod local;
 mod program;
+mod real_passes;
 mod recorder;
+mod side_by_side;
 pub mod step;
 pub mod transport;
 

@@ -35,13 +35,22 @@ impl Recorder {
 
     /// Records `activity` from `since` until now; returns its seconds.
     pub(crate) fn span(&mut self, activity: Activity, since: Instant) -> f64 {
-        let now = Instant::now();
+        self.span_between(activity, since, Instant::now())
+    }
+
+    /// Records `activity` from `since` until `until`; returns its seconds.
+    pub(crate) fn span_between(
+        &mut self,
+        activity: Activity,
+        since: Instant,
+        until: Instant,
+    ) -> f64 {
         let at = |i: Instant| self.epoch + i.saturating_duration_since(self.started).as_secs_f64();
         self.spans.push(Span {
             activity,
             start: at(since),
-            end: at(now),
+            end: at(until),
         });
-        now.saturating_duration_since(since).as_secs_f64()
+        until.saturating_duration_since(since).as_secs_f64()
     }
 }

@@ -36,7 +36,9 @@ pub struct StepReport {
     /// Compute seconds of every pass the worker ran, in program order (waiting for frames
     /// not included).
     pub pass_times: Vec<(Pass, f64)>,
-    /// The sum of [`StepReport::pass_times`].
+    /// Seconds the worker spent computing: the sum of [`StepReport::pass_times`], or less
+    /// where passes ran side by side (a one-worker job on several threads), each second
+    /// counted once.
     pub busy_secs: f64,
     /// Seconds from the start of the step to its end (optimizer step and syncs included).
     pub wall_secs: f64,
@@ -161,21 +163,52 @@ pub(crate) fn run_passes<P: Passes>(
             format!("worker {worker}: the {kind} for stage {s} microbatch {mb} was never consumed"),
         ));
     }
+    let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
+    let ran = PassesDone {
+        losses,
+        pass_times,
+        busy_secs,
+        peak,
+    };
+    end_step(passes, sync, step, ran, rec, started)
+}
+
+/// What a step's passes did, for [`end_step`].
+pub(crate) struct PassesDone {
+    /// The last stage's losses, by microbatch (in any order).
+    pub(crate) losses: Vec<(u32, f32)>,
+    /// Each pass's compute seconds, in program order.
+    pub(crate) pass_times: Vec<(Pass, f64)>,
+    /// Seconds the worker spent computing (passes side by side counted once).
+    pub(crate) busy_secs: f64,
+    /// The largest stash seen at a pass boundary.
+    pub(crate) peak: u64,
+}
+
+/// Ends step `step` after its passes: the global-norm clipped optimizer step and the mean
+/// loss through `sync`, and the report.
+pub(crate) fn end_step<P: Passes>(
+    passes: &mut P,
+    sync: &dyn StepSync,
+    step: u64,
+    mut ran: PassesDone,
+    mut rec: Recorder,
+    started: Instant,
+) -> Result<StepReport> {
     // Global-norm clipping: every stage of every worker scales by the same factor.
     let sync_started = Instant::now();
     let global_sq = sync.all_reduce_sq_norm(step, passes.grad_sq_norm()?)?;
     passes.optimizer_step(global_sq)?;
-    losses.sort_by_key(|&(mb, _)| mb);
-    let local_losses: Vec<f32> = losses.into_iter().map(|(_, l)| l).collect();
+    ran.losses.sort_by_key(|&(mb, _)| mb);
+    let local_losses: Vec<f32> = ran.losses.into_iter().map(|(_, l)| l).collect();
     let loss = sync.mean_loss(step, &local_losses)?;
-    let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
     rec.span(Activity::Sync, sync_started);
     Ok(StepReport {
         loss: P::LEARNS.then_some(loss),
-        pass_times,
-        busy_secs,
+        pass_times: ran.pass_times,
+        busy_secs: ran.busy_secs,
         wall_secs: started.elapsed().as_secs_f64(),
-        peak_stash_bytes: peak,
+        peak_stash_bytes: ran.peak,
         grad_norm: global_sq.sqrt(),
         spans: rec.spans,
         bytes_sent: rec.sent,

@@ -1,0 +1,123 @@
+//! [`RealPasses`]: a [`WorkerRuntime`](super::WorkerRuntime)'s candle stages computing
+//! the passes of one step, as the pass loop and the side-by-side step drive them.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use pipewise_common::pass::{Pass, PassKind};
+
+use super::step::Passes;
+use super::transport::Payload;
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::optim::clip_scale;
+use crate::stage::Stage;
+
+/// The passes of a [`WorkerRuntime`](super::WorkerRuntime) for one step: its candle stages on the step's
+/// microbatches.
+pub(super) struct RealPasses<'a> {
+    pub(super) worker: u32,
+    pub(super) stages: &'a mut BTreeMap<u32, Stage>,
+    pub(super) batches: &'a [Batch],
+    /// `(b, t)` of each microbatch, to check incoming frames.
+    pub(super) shapes: &'a [(usize, usize)],
+    pub(super) hidden: usize,
+    pub(super) last: u32,
+    pub(super) slowdown: f64,
+    pub(super) max_grad_norm: Option<f64>,
+}
+
+impl RealPasses<'_> {
+    fn stage(&self, s: u32) -> Result<&Stage> {
+        self.stages
+            .get(&s)
+            .ok_or_else(|| Error::invalid("schedule", format!("stage {s} is not held here")))
+    }
+
+    pub(super) fn stage_mut(&mut self, s: u32) -> Result<&mut Stage> {
+        let worker = self.worker;
+        self.stages.get_mut(&s).ok_or_else(|| {
+            Error::invalid(
+                "schedule",
+                format!("worker {worker} runs a pass of stage {s}, which it does not hold"),
+            )
+        })
+    }
+
+    /// Sleeps for the slowdown's share of a pass that started at `t0`.
+    pub(super) fn stretch(&self, t0: Instant) {
+        if self.slowdown > 1.0 {
+            std::thread::sleep(t0.elapsed().mul_f64(self.slowdown - 1.0));
+        }
+    }
+}
+
+impl Passes for RealPasses<'_> {
+    type Value = Tensor;
+    const LEARNS: bool = true;
+
+    fn expected(&self, pass: Pass) -> Result<([usize; 3], DType)> {
+        let (b, t) = self.shapes[pass.mb as usize];
+        Ok(([b, t, self.hidden], self.stage(pass.stage)?.dtype()))
+    }
+
+    fn input_from(&self, pass: Pass, payload: Payload) -> Result<Tensor> {
+        let device = self.stage(pass.stage)?.device();
+        Ok(payload.into_tensor(device)?.to_device(device)?)
+    }
+
+    fn run(&mut self, pass: Pass, input: Option<Tensor>) -> Result<Option<Tensor>> {
+        let started = Instant::now();
+        let (s, mb) = (pass.stage, pass.mb);
+        let batches = self.batches;
+        let batch = batches.get(mb as usize).ok_or_else(|| {
+            Error::invalid("schedule", format!("pass {pass}: no microbatch {mb}"))
+        })?;
+        let output = match pass.kind {
+            PassKind::F => {
+                let input = input.unwrap_or_else(|| batch.tokens.clone());
+                let targets = (s == self.last).then_some(&batch.targets);
+                Some(self.stage_mut(s)?.forward(mb, &input, targets)?)
+            }
+            PassKind::B => self.stage_mut(s)?.backward_input(mb, input.as_ref())?,
+            PassKind::BW => self.stage_mut(s)?.backward(mb, input.as_ref())?,
+            PassKind::W => {
+                self.stage_mut(s)?.backward_weight(mb)?;
+                None
+            }
+        };
+        self.stretch(started);
+        Ok(output)
+    }
+
+    fn loss(&self, pass: Pass, output: Option<Tensor>) -> Result<f32> {
+        let loss =
+            output.ok_or_else(|| Error::invalid("stage", format!("pass {pass} gave no loss")))?;
+        Ok(loss.to_scalar::<f32>()?)
+    }
+
+    fn into_payload(value: Tensor) -> Payload {
+        Payload::Tensor(value)
+    }
+
+    fn stash_bytes(&self) -> u64 {
+        self.stages.values().map(Stage::stash_bytes).sum()
+    }
+
+    fn grad_sq_norm(&self) -> Result<f64> {
+        let mut local_sq = 0.0;
+        for stage in self.stages.values() {
+            local_sq += stage.grad_sq_norm()?;
+        }
+        Ok(local_sq)
+    }
+
+    fn optimizer_step(&mut self, global_sq: f64) -> Result<()> {
+        let scale = clip_scale(global_sq, self.max_grad_norm);
+        for stage in self.stages.values_mut() {
+            stage.optimizer_step(scale)?;
+        }
+        Ok(())
+    }
+}
