@@ -145,15 +145,13 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
     // The job, over TLS with the submitter token: exactly the reference.
     let spec = spec(3, "1f1b", STEPS);
     let file = write_spec(&dir, &spec);
-    let stdout = common::succeeds(pipewise().arg("submit").arg(&file).args([
-        "--coordinator",
-        &cluster.url,
-        "--tls-ca",
-        &ca,
-        "--token-file",
-        &submitter_token,
-        "--wait",
-    ]));
+    let stdout = common::succeeds(
+        pipewise()
+            .arg("submit")
+            .arg(&file)
+            .args(secured(&cluster.url, &ca, &submitter_token))
+            .arg("--wait"),
+    );
     let job: u64 = stdout
         .split_whitespace()
         .nth(1)
@@ -177,27 +175,12 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
     );
     // A wrong token: Unauthenticated too.
     std::fs::write(dir.join("guess.token"), "guess\n").unwrap();
-    let err = common::fails(&[
-        "status",
-        "--coordinator",
-        &cluster.url,
-        "--tls-ca",
-        &ca,
-        "--token-file",
-        &path(&dir, "guess.token"),
-    ]);
+    let guess = path(&dir, "guess.token");
+    let err = common::fails(&[&["status"][..], &secured(&cluster.url, &ca, &guess)].concat());
     assert!(err.contains("Unauthenticated"), "{err}");
     // The worker token on SubmitJob: PermissionDenied.
-    let err = common::fails(&[
-        "submit",
-        file.to_str().unwrap(),
-        "--coordinator",
-        &cluster.url,
-        "--tls-ca",
-        &ca,
-        "--token-file",
-        &worker_token,
-    ]);
+    let submit = ["submit", file.to_str().unwrap()];
+    let err = common::fails(&[&submit[..], &secured(&cluster.url, &ca, &worker_token)].concat());
     assert!(
         err.contains("PermissionDenied")
             && err.contains("the worker token may not call the submitter API"),
@@ -216,15 +199,13 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
         "{err}"
     );
     // The right token over TLS: the job is listed.
-    let listed = common::ok(&[
-        "status",
-        "--coordinator",
-        &cluster.url,
-        "--tls-ca",
-        &ca,
-        "--token-file",
-        &submitter_token,
-    ]);
+    let listed = common::ok(
+        &[
+            &["status"][..],
+            &secured(&cluster.url, &ca, &submitter_token),
+        ]
+        .concat(),
+    );
     assert!(listed.contains("succeeded"), "{listed}");
 
     // The rogue worker gave up without registering.
@@ -286,4 +267,9 @@ fn an_open_coordinator_says_so() {
         log.contains("the coordinator is open: no TLS and no tokens"),
         "{log}"
     );
+}
+
+/// A client's flags for the TLS port with a token: coordinator URL, CA and token file.
+fn secured<'a>(url: &'a str, ca: &'a str, token: &'a str) -> [&'a str; 6] {
+    ["--coordinator", url, "--tls-ca", ca, "--token-file", token]
 }
