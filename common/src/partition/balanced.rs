@@ -146,17 +146,21 @@ mod tests {
         (max_t, max_p, t.iter().map(|x| x * x).sum())
     }
 
-    /// The early stops change nothing: the same objective and the same cuts (ties
-    /// included) as the full scan, for max and sum folds and for costs with caps.
-    #[test]
-    fn partition_dp_matches_the_full_scan() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |m: u64| {
+    /// A small deterministic pseudo-random generator (no external crates): a draw below `m`.
+    fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+        move |m| {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
             state % m
-        };
+        }
+    }
+
+    /// The early stops change nothing: the same objective and the same cuts (ties
+    /// included) as the full scan, for max and sum folds and for costs with caps.
+    #[test]
+    fn partition_dp_matches_the_full_scan() {
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for case in 0..300 {
             let len = 1 + next(40) as usize;
             let stages = 1 + next(len as u64) as usize;
@@ -185,14 +189,7 @@ mod tests {
 
     #[test]
     fn balance_matches_brute_force() {
-        // A small deterministic pseudo-random generator (no external crates).
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |m: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for case in 0..200 {
             let len = 1 + next(8) as usize;
             let stages = 1 + next(len as u64) as usize;
