@@ -308,7 +308,6 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             seed: spec.training.seed,
             microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size,
             job_toml: toml.clone(),
-            output_dir: st.output.display().to_string(),
             stage_count: schedule.placement.stages(),
             stage_pieces: a.stage_pieces.clone(),
             abandon: false,

@@ -164,7 +164,6 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         seed: spec.training.seed,
         microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size,
         job_toml: spec.to_toml().unwrap_or_default(),
-        output_dir: "out".into(),
         stage_count: placement.stages(),
         stage_pieces,
         run_secret: Vec::new(),
