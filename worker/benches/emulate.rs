@@ -323,6 +323,7 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
             let addrs: Vec<String> = nets.iter().map(|t| t.local_addr().to_string()).collect();
             for t in &nets {
                 t.set_peers(
+                    JOB,
                     addrs
                         .iter()
                         .enumerate()

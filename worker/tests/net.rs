@@ -366,6 +366,48 @@ fn sender_reconnects_to_a_late_peer() -> TestResult {
     Ok(())
 }
 
+/// A peer restarted at its address (a pod restarted in place) gets none of the frames queued
+/// for it in the abandoned run: the next run's peers start afresh. Those frames used to go
+/// first, were refused, and failed the call that carried the new run's frames too (CI saw a
+/// re-planned run wait 60 s for an activation that was sent).
+#[test]
+fn a_peer_restarted_at_its_address_gets_only_the_new_runs_frames() -> TestResult {
+    const NEXT: u64 = JOB + (1 << 48);
+    let a = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    a.set_peers(JOB, [(1, port.to_string().as_str())])?;
+    let t = Tensor::from_vec(values(64, 5), (8, 8), &Device::Cpu)?;
+    // Nothing listens there: the run's frames stay queued.
+    for mb in 0..4 {
+        a.send(1, frame(3, 1, mb, FrameKind::Activation, t.clone()))?;
+    }
+    let deadline = Instant::now() + WAIT;
+    while a.take_errors().is_empty() {
+        assert!(Instant::now() < deadline, "no connection attempt failed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut config = GrpcConfig::new(NEXT, [1]);
+    config.listen = port;
+    let b = GrpcTransport::start(config)?;
+    a.set_peers(NEXT, [(1, port.to_string().as_str())])?;
+    for mb in 0..4 {
+        let f = frame(3, 1, mb, FrameKind::Activation, (&t * f64::from(mb))?);
+        a.send(1, Frame { job: NEXT, ..f })?;
+    }
+    for mb in 0..4 {
+        let got = tensor_of(b.recv(NEXT, 3, 1, mb, FrameKind::Activation, WAIT)?);
+        assert_eq!(bits(&got)?, bits(&(&t * f64::from(mb))?)?);
+    }
+    // The old run's task gives up after its back-off (2 s at most) without sending.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        b.stats().rejected_frames,
+        0,
+        "the old run's frames reached it"
+    );
+    Ok(())
+}
+
 #[test]
 fn sixty_four_mib_frame_passes() -> TestResult {
     let (a, b) = pair()?;
@@ -445,7 +487,7 @@ fn buffers_cross_as_bytes() -> TestResult {
 fn a_dropped_peer_stops_being_retried() -> TestResult {
     let a = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
     // Nothing listens on port 1: every connection attempt fails.
-    a.set_peers([(1, "127.0.0.1:1")])?;
+    a.set_peers(JOB, [(1, "127.0.0.1:1")])?;
     let t = Tensor::from_vec(values(4, 0), (1, 4), &Device::Cpu)?;
     a.send(1, frame(0, 1, 0, FrameKind::Activation, t))?;
     let deadline = Instant::now() + WAIT;
@@ -455,7 +497,7 @@ fn a_dropped_peer_stops_being_retried() -> TestResult {
     }
     // The next assignment has no peer 1: at most the attempt already under way (after a
     // back-off of up to 2 s; a refused connection fails at once) still fails.
-    a.set_peers(std::iter::empty())?;
+    a.set_peers(JOB, std::iter::empty())?;
     std::thread::sleep(Duration::from_secs(4));
     let _ = a.take_errors();
     std::thread::sleep(Duration::from_secs(5));

@@ -59,6 +59,8 @@ impl PeerErrors {
 #[derive(Debug, Clone)]
 pub(crate) struct Peer {
     pub(crate) address: String,
+    /// The run whose frames it sends (`None`: set by hand, for any run).
+    pub(crate) run: Option<u64>,
     pub(crate) queue: mpsc::UnboundedSender<Outgoing>,
 }
 
@@ -108,7 +110,11 @@ pub(crate) fn spawn_peer(
     let label = format!("peer {worker} ({address})");
     let chunk_bytes = settings.chunk_bytes;
     runtime.spawn(drive(endpoint, max, chunk_bytes, frames, label, errors));
-    Ok(Peer { address, queue })
+    Ok(Peer {
+        address,
+        run: None,
+        queue,
+    })
 }
 
 /// A peer's queue, shared by the peer's task (between calls) and the body of its current
@@ -120,6 +126,19 @@ struct Queue {
     next: Option<Arc<Outgoing>>,
     /// `frames` has ended: the transport was dropped.
     closed: bool,
+}
+
+impl Queue {
+    /// Whether the transport dropped this peer; if so, drops every frame still held.
+    fn retire(&mut self) -> bool {
+        if self.frames.is_closed() {
+            self.next = None;
+            self.closed = true;
+            self.frames.close();
+            while self.frames.try_recv().is_ok() {}
+        }
+        self.closed
+    }
 }
 
 type SharedQueue = Arc<Mutex<Queue>>;
@@ -135,13 +154,13 @@ fn lock(queue: &SharedQueue) -> std::sync::MutexGuard<'_, Queue> {
 async fn frame_waiting(queue: &SharedQueue) -> bool {
     std::future::poll_fn(|cx| {
         let mut q = lock(queue);
+        // Frames are sent only while the transport still has this peer: a peer of an
+        // earlier run (a dead worker, or one restarted at its address) is given up, with
+        // what it still holds.
+        if q.retire() {
+            return Poll::Ready(false);
+        }
         if q.next.is_some() {
-            // A frame kept after a failed attempt is retried only while the transport still
-            // has this peer: a peer of an earlier job (a dead worker) is given up.
-            if q.frames.is_closed() {
-                q.closed = true;
-                return Poll::Ready(false);
-            }
             return Poll::Ready(true);
         }
         match q.frames.poll_recv(cx) {
@@ -183,6 +202,9 @@ async fn drive(
             // Back off 50 ms, 100 ms, ... up to 2 s between attempts on a failing peer.
             let ms = 50u64 << failures.min(6);
             tokio::time::sleep(Duration::from_millis(ms.min(2_000))).await;
+            if lock(&queue).retire() {
+                return;
+            }
         }
         let connected = match channel.take() {
             Some(connected) => connected,
@@ -262,6 +284,9 @@ impl http_body::Body for ChunkBody {
             }
             let frame = {
                 let mut q = lock(&self.queue);
+                if q.retire() {
+                    return Poll::Ready(None);
+                }
                 match q.next.take() {
                     Some(frame) => frame,
                     None => match q.frames.poll_recv(cx) {

@@ -248,38 +248,53 @@ impl GrpcTransport {
     /// Sets (or replaces) the address of worker `worker`'s `ActivationService`
     /// (`host:port` or `http://host:port`). Nothing connects until the first frame.
     pub fn set_peer(&self, worker: u32, address: impl Into<String>) -> Result<()> {
-        let address = address.into();
-        let mut peers = self
-            .peers
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if peers.get(&worker).is_some_and(|p| p.address == address) {
-            return Ok(());
-        }
-        let peer = client::spawn_peer(
-            &self.runtime,
-            worker,
-            address,
-            &self.settings,
-            Arc::clone(&self.errors),
-        )?;
-        peers.insert(worker, peer);
-        Ok(())
+        self.put_peer(worker, address.into(), None)
     }
 
-    /// Sets the peers to `peers` (worker index → address), as an `Assignment` lists them:
-    /// peers not listed are dropped, and their connections end (frames still queued for
-    /// them are dropped too).
-    pub fn set_peers<'a>(&self, peers: impl IntoIterator<Item = (u32, &'a str)>) -> Result<()> {
+    /// Sets the peers of run `run` to `peers` (worker index → address), as an `Assignment`
+    /// lists them: peers not listed are dropped, and their connections end (frames still
+    /// queued for them are dropped too). A peer of an earlier run is replaced even at the
+    /// same address: the frames it still holds (a restarted worker was unreachable) belong
+    /// to an abandoned run, and the new process would refuse them.
+    pub fn set_peers<'a>(
+        &self,
+        run: u64,
+        peers: impl IntoIterator<Item = (u32, &'a str)>,
+    ) -> Result<()> {
         let mut listed = std::collections::HashSet::new();
         for (worker, address) in peers {
-            self.set_peer(worker, address)?;
+            self.put_peer(worker, address.to_string(), Some(run))?;
             listed.insert(worker);
         }
         self.peers
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|worker, _| listed.contains(worker));
+        Ok(())
+    }
+
+    /// Keeps worker `worker`'s peer task if it sends to `address` for `run`; starts a new
+    /// one otherwise (the old one ends, dropping what it still holds).
+    fn put_peer(&self, worker: u32, address: String, run: Option<u64>) -> Result<()> {
+        let mut peers = self
+            .peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if peers
+            .get(&worker)
+            .is_some_and(|p| p.address == address && p.run == run)
+        {
+            return Ok(());
+        }
+        let mut peer = client::spawn_peer(
+            &self.runtime,
+            worker,
+            address,
+            &self.settings,
+            Arc::clone(&self.errors),
+        )?;
+        peer.run = run;
+        peers.insert(worker, peer);
         Ok(())
     }
 

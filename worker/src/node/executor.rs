@@ -158,7 +158,7 @@ impl Node<'_> {
         let timeout = self.config.timeout;
         transport.set_run_secret(a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
-        transport.set_peers(a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+        transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
         if a.worker == 0 {
             transport
                 .collective()
