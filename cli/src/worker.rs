@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use pipewise_worker::node::config::DEFAULT_DATA_DIR;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
+use pipewise_worker::runtime::Slowdown;
 
 use crate::connection::{COORDINATOR_ENV, DEFAULT_COORDINATOR};
 use crate::device::{DeviceArg, parse_device};
@@ -36,10 +37,11 @@ pub(crate) struct WorkerArgs {
     /// Seconds to wait for a peer's frame or for the other workers at a step's end.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) timeout: u64,
-    /// Make every pass take this many times as long (a stand-in for a slower device, to
-    /// try the coordinator's straggler handling).
-    #[arg(long, default_value_t = 1.0, value_parser = parse_slowdown, hide = true)]
-    pub(crate) slowdown: f64,
+    /// Make every pass take this many times as long, `FACTOR` or from a step on,
+    /// `FACTOR@STEP` (a stand-in for a slower device, to try the coordinator's straggler and
+    /// drift handling).
+    #[arg(long, value_name = "FACTOR[@STEP]", value_parser = parse_slowdown, hide = true)]
+    pub(crate) slowdown: Option<Slowdown>,
     /// Device memory this worker may use (bytes, e.g. 80GiB): a job whose plan is
     /// predicted to overflow it (activations, parameters, gradients, optimizer state) is
     /// moved to a schedule predicted to fit before it starts, and one whose measured peak
@@ -70,12 +72,9 @@ pub(crate) struct WorkerArgs {
     pub(crate) log_format: LogFormat,
 }
 
-/// Parses the hidden `--slowdown`: a factor from 1 to 1000.
-fn parse_slowdown(text: &str) -> std::result::Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(f) if f.is_finite() && (1.0..=1000.0).contains(&f) => Ok(f),
-        _ => Err(format!("{text:?} is not a factor from 1 to 1000")),
-    }
+/// Parses the hidden `--slowdown`: a factor from 1 to 1000, optionally `@STEP`.
+fn parse_slowdown(text: &str) -> std::result::Result<Slowdown, String> {
+    text.parse::<Slowdown>().map_err(|e| e.to_string())
 }
 
 /// Runs `pipewise worker` until SIGTERM or SIGINT, then leaves the cluster (see
@@ -90,7 +89,7 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
     config.listen = args.listen;
     config.advertise = args.advertise.clone();
     config.timeout = Duration::from_secs(args.timeout);
-    config.slowdown = args.slowdown;
+    config.slowdown = args.slowdown.unwrap_or_default();
     config.memory_bytes = args.memory_bytes.unwrap_or(0);
     config.unplanned_bytes = args.unplanned_bytes.unwrap_or(0);
     config.device = args.device.open()?;

@@ -16,9 +16,11 @@
 //! - [`checkpoints`]: where a run resumes, from a listing of the job's checkpoint folders.
 //! - [`respec`]: the job's spec rewritten for a re-plan (another worker count, a schedule).
 //! - [`straggler`]: which worker is slow, and the split that moves layers off it.
+//! - [`drift`]: when steps run over the plan's prediction long enough to re-plan.
 //! - [`pressure`]: the fastest plan that fits the workers' memory.
 
 pub mod checkpoints;
+pub mod drift;
 pub mod id;
 pub mod pressure;
 pub mod reports;

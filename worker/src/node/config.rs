@@ -26,9 +26,9 @@ pub struct NodeConfig {
     pub timeout: Duration,
     /// How long to keep trying to reach the coordinator at start.
     pub connect_for: Duration,
-    /// Every real pass takes this many times as long (a stand-in for a slower device, to
-    /// exercise straggler handling; 1: none).
-    pub slowdown: f64,
+    /// Real passes take longer from a step on (a stand-in for a slower device, to exercise
+    /// straggler and drift handling; default: none).
+    pub slowdown: crate::runtime::Slowdown,
     /// Device memory this worker may use, registered with the coordinator, which moves a
     /// job that overflows it to a schedule that fits (0: not said, not watched).
     pub memory_bytes: u64,
@@ -63,7 +63,7 @@ impl NodeConfig {
             device: Device::Cpu,
             timeout: crate::runtime::DEFAULT_TIMEOUT,
             connect_for: Duration::from_secs(60),
-            slowdown: 1.0,
+            slowdown: crate::runtime::Slowdown::default(),
             memory_bytes: 0,
             unplanned_bytes: 0,
             tls: TlsSettings::default(),

@@ -36,8 +36,64 @@ pub struct WorkerRuntime {
     stages: BTreeMap<u32, Stage>,
     optimizer: AdamW,
     hidden: usize,
-    /// Every pass takes this many times as long ([`WorkerRuntime::set_slowdown`]).
-    slowdown: f64,
+    /// Passes take longer from a step on ([`WorkerRuntime::set_slowdown`]).
+    slowdown: Slowdown,
+}
+
+/// A stand-in for a slower device, to exercise straggler and drift handling: every pass
+/// of step `from_step` (0-based, the job's count) and later takes `factor` times as long
+/// (the worker sleeps for the extra time after computing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slowdown {
+    /// How many times as long a pass takes (at least 1).
+    pub factor: f64,
+    /// The first step slowed.
+    pub from_step: u64,
+}
+
+impl Default for Slowdown {
+    fn default() -> Self {
+        Slowdown {
+            factor: 1.0,
+            from_step: 0,
+        }
+    }
+}
+
+impl Slowdown {
+    /// The factor for step `step` (1 before `from_step`).
+    pub fn at(&self, step: u64) -> f64 {
+        if step >= self.from_step {
+            self.factor
+        } else {
+            1.0
+        }
+    }
+}
+
+impl std::str::FromStr for Slowdown {
+    type Err = Error;
+
+    /// `FACTOR` (from the first step) or `FACTOR@STEP`; the factor from 1 to 1000.
+    fn from_str(text: &str) -> Result<Self> {
+        let (factor, from) = text.split_once('@').unwrap_or((text, "0"));
+        let factor = match factor.trim().parse::<f64>() {
+            Ok(f) if f.is_finite() && (1.0..=1000.0).contains(&f) => f,
+            _ => {
+                return Err(Error::invalid(
+                    "slowdown",
+                    format!("{text:?}: the factor must be a number from 1 to 1000"),
+                ));
+            }
+        };
+        let from_step = from.trim().parse::<u64>().map_err(|_| {
+            Error::invalid(
+                "slowdown",
+                format!("{text:?}: the step after '@' must be a whole number"),
+            )
+        })?;
+        Ok(Slowdown { factor, from_step })
+    }
 }
 
 impl WorkerRuntime {
@@ -103,7 +159,7 @@ impl WorkerRuntime {
             stages,
             optimizer,
             hidden: spec.hidden as usize,
-            slowdown: 1.0,
+            slowdown: Slowdown::default(),
         })
     }
 
@@ -112,15 +168,16 @@ impl WorkerRuntime {
         self.program.timeout = timeout;
     }
 
-    /// Makes every pass take `factor` times as long (it sleeps for the extra time after
-    /// computing): a stand-in for a slower device, to exercise straggler handling.
-    /// Factors below 1 count as 1.
-    pub fn set_slowdown(&mut self, factor: f64) {
-        self.slowdown = if factor.is_finite() {
-            factor.max(1.0)
+    /// Makes every pass from `slowdown.from_step` on take `slowdown.factor` times as long
+    /// (it sleeps for the extra time after computing): a stand-in for a slower device, to
+    /// exercise straggler and drift handling. Factors below 1 (or not finite) count as 1.
+    pub fn set_slowdown(&mut self, slowdown: Slowdown) {
+        let factor = if slowdown.factor.is_finite() {
+            slowdown.factor.max(1.0)
         } else {
             1.0
         };
+        self.slowdown = Slowdown { factor, ..slowdown };
     }
 
     /// How long a `recv` waits.
@@ -226,7 +283,7 @@ impl WorkerRuntime {
             shapes: &shapes,
             hidden: self.hidden,
             last: self.program.placement.stages() - 1,
-            slowdown: self.slowdown,
+            slowdown: self.slowdown.at(step),
             max_grad_norm: self.optimizer.max_grad_norm,
         };
         if lanes > 1 && self.program.microbatches > 1 && holds_every_stage(&self.program) {
@@ -234,5 +291,23 @@ impl WorkerRuntime {
         }
         let step = (job, step);
         run_passes(&mut passes, &self.program, step, transport, sync, started)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slowdown;
+
+    #[test]
+    fn slowdowns_read_a_factor_and_an_optional_first_step() {
+        let s: Slowdown = "3@10".parse().unwrap();
+        assert_eq!((s.factor, s.from_step), (3.0, 10));
+        assert_eq!((s.at(9), s.at(10), s.at(11)), (1.0, 3.0, 3.0));
+        let s: Slowdown = "6".parse().unwrap();
+        assert_eq!((s.factor, s.from_step, s.at(0)), (6.0, 0, 6.0));
+        for bad in ["0.5", "1001", "x", "3@", "3@-1", "3@x", "nan@2"] {
+            let e = bad.parse::<Slowdown>().unwrap_err().to_string();
+            assert!(e.contains("slowdown"), "{bad}: {e}");
+        }
     }
 }
