@@ -271,7 +271,7 @@ fn malformed_frames_are_rejected_and_recv_fails_fast() -> TestResult {
     bad_kind.kind = 9;
     let cases = [
         (short, "TensorFrame.data", FrameKind::Activation),
-        (wrong_job, "TensorFrame.job", FrameKind::Activation),
+        (wrong_job, "TensorFrame.run", FrameKind::Activation),
         (unknown_stage, "TensorFrame.stage", FrameKind::Activation),
         (no_dtype, "TensorFrame.dtype", FrameKind::Activation),
         (bad_kind, "TensorFrame.kind", FrameKind::Gradient),

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use super::RunName;
 use crate::error::{Error, Result};
 use crate::runtime::StepSync;
 
@@ -39,7 +40,8 @@ struct Round {
 
 #[derive(Debug, Default)]
 struct State {
-    job: u64,
+    /// The run served ([`RunName`]).
+    run: u64,
     workers: u32,
     rounds: HashMap<(u64, i32), Round>,
     /// The newest step whose round of each op completed (a later contribution to it, or to
@@ -63,16 +65,16 @@ impl Collective {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Serves `job` with `workers` contributors from now on; pending rounds of an earlier
-    /// job fail, and the stop signal is cleared.
-    pub fn configure(&self, job: u64, workers: u32, timeout: Duration) {
+    /// Serves run `run` with `workers` contributors from now on; pending rounds of an
+    /// earlier run fail, and the stop signal is cleared.
+    pub fn configure(&self, run: u64, workers: u32, timeout: Duration) {
         let mut st = self.lock();
         for (_, round) in st.rounds.drain() {
             let _ = round
                 .done
                 .send(Some(Err(Status::aborted("the worker was reassigned"))));
         }
-        st.job = job;
+        st.run = run;
         st.workers = workers;
         st.completed.clear();
         st.stop = false;
@@ -83,12 +85,12 @@ impl Collective {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(timeout);
     }
 
-    /// If this root serves `job`, every worker of it stops after the next step whose loss
-    /// round completes (a request for another job, e.g. a late answer about an old one, is
-    /// ignored).
-    pub fn request_stop(&self, job: u64) {
+    /// If this root serves run `run`, every worker of it stops after the next step whose
+    /// loss round completes (a request for another run, e.g. a late answer about an old
+    /// one, is ignored).
+    pub fn request_stop(&self, run: u64) {
         let mut st = self.lock();
-        if st.job == job && st.workers > 0 {
+        if st.run == run && st.workers > 0 {
             st.stop = true;
         }
     }
@@ -113,12 +115,14 @@ impl Collective {
                 Status::invalid_argument(format!("ReduceRequest.op: unknown op {}", req.op))
             })?;
         let mut st = self.lock();
-        // A job the root has not taken yet (retryable), before any abort of the one it has.
-        if st.workers == 0 || req.run != st.job {
+        // A run the root has not taken yet (retryable), before any abort of the one it has.
+        if st.workers == 0 || req.run != st.run {
             return Err(Status::failed_precondition(format!(
-                "ReduceRequest.job: this worker serves the collectives of job {} ({} workers), \
-                 not of job {}",
-                st.job, st.workers, req.run
+                "ReduceRequest.run: this worker serves the collectives of {} ({} workers), \
+                 not of {}",
+                RunName(st.run),
+                st.workers,
+                RunName(req.run)
             )));
         }
         if let Some(reason) = &st.aborted {
@@ -250,7 +254,8 @@ pub struct NetSync {
     client: CollectiveServiceClient<Channel>,
     /// Worker 0's address.
     root: String,
-    job: u64,
+    /// The run ([`RunName`]).
+    run: u64,
     worker: u32,
     timeout: Duration,
     /// The run's secret, sent with every contribution.
@@ -263,7 +268,7 @@ pub struct NetSync {
 impl std::fmt::Debug for NetSync {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetSync")
-            .field("job", &self.job)
+            .field("run", &self.run)
             .field("worker", &self.worker)
             .field("timeout", &self.timeout)
             .field("stop", &self.stop)
@@ -276,14 +281,14 @@ impl std::fmt::Debug for NetSync {
 pub(crate) type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl NetSync {
-    /// Worker `worker` of `job` (`member`), reducing through the root at `root`
+    /// Worker `worker` of run `run` (`member`), reducing through the root at `root`
     /// (`host:port`, mutual TLS when `tls` has a certificate and a CA); calls block (from a
     /// thread outside `runtime`'s workers) at most `timeout` plus a margin.
     pub fn new(
         runtime: tokio::runtime::Handle,
         root: &str,
         tls: &super::TlsSettings,
-        (job, worker): (u64, u32),
+        (run, worker): (u64, u32),
         timeout: Duration,
     ) -> Result<Self> {
         let endpoint = super::tls::endpoint(root, tls, super::Dial::Peer, "the collective root")
@@ -304,7 +309,7 @@ impl NetSync {
             runtime,
             client: CollectiveServiceClient::new(channel),
             root: root.to_string(),
-            job,
+            run,
             worker,
             timeout,
             run_secret: Vec::new(),
@@ -336,7 +341,7 @@ impl NetSync {
     fn call(&self, what: &str, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
         let mut client = self.client.clone();
         let req = ReduceRequest {
-            run: self.job,
+            run: self.run,
             step,
             op: op as i32,
             worker: self.worker,

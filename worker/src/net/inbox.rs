@@ -24,7 +24,8 @@ const MAX_REJECTED: usize = 4096;
 
 #[derive(Debug, Default)]
 struct State {
-    job: u64,
+    /// The run whose frames are taken ([`RunName`]).
+    run: u64,
     stages: BTreeSet<u32>,
     delivery: Delivery,
     frames: HashMap<Key, Payload>,
@@ -65,7 +66,7 @@ pub(crate) struct Inbox {
 
 impl Inbox {
     pub(crate) fn new(
-        job: u64,
+        run: u64,
         stages: impl IntoIterator<Item = u32>,
         delivery: Delivery,
         device: Device,
@@ -73,7 +74,7 @@ impl Inbox {
     ) -> Self {
         Inbox {
             state: Mutex::new(State {
-                job,
+                run,
                 stages: stages.into_iter().collect(),
                 delivery,
                 ..State::default()
@@ -91,18 +92,18 @@ impl Inbox {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Switches to a new job and set of stages, whose frames are delivered as `delivery`
+    /// Switches to a new run and set of stages, whose frames are delivered as `delivery`
     /// says, dropping every queued frame and record.
     pub(crate) fn assign(
         &self,
-        job: u64,
+        run: u64,
         stages: impl IntoIterator<Item = u32>,
         delivery: Delivery,
     ) {
         let mut state = self.lock();
         // A new assignment reopens a transport closed by an aborted job.
         *state = State {
-            job,
+            run,
             stages: stages.into_iter().collect(),
             delivery,
             ..State::default()
@@ -143,11 +144,11 @@ impl Inbox {
         };
         let mut state = self.lock();
         state.rejected_frames += 1;
-        // Recorded for `recv` only when the frame was meant for this worker's job (a stray
-        // frame of another job must not fail this job's key), and only so many.
+        // Recorded for `recv` only when the frame was meant for this worker's run (a stray
+        // frame of another run must not fail this run's key), and only so many.
         // A frame refused for its step is no frame the worker is waiting for either: a key
         // it names is one the worker is far from, and must not fail when it gets there.
-        let ours = frame.run == state.job && rejection.field != "step";
+        let ours = frame.run == state.run && rejection.field != "step";
         let kinds = if rejection.duplicate || !ours || state.rejected.len() >= MAX_REJECTED {
             Vec::new()
         } else {
@@ -157,11 +158,11 @@ impl Inbox {
             let key = (frame.step, frame.stage, frame.mb, kind);
             state
                 .rejected
-                .insert(key, format!("job {}: {rejection}", frame.run));
+                .insert(key, format!("{}: {rejection}", RunName(frame.run)));
         }
         self.arrived.notify_all();
         tracing::warn!(
-            job = frame.run,
+            run = frame.run,
             step = frame.step,
             stage = frame.stage,
             mb = frame.mb,
@@ -235,7 +236,7 @@ impl Inbox {
         let bytes = assembly.progress().1 as u64;
         let payload = assembly.finish(&self.device)?;
         let mut state = self.lock();
-        // The job or the key may have changed while the tensor arrived.
+        // The run or the key may have changed while the tensor arrived.
         Self::check_key(&state, frame, key)?;
         state.frames.insert(key, payload);
         state.accepted_frames += 1;
@@ -245,13 +246,13 @@ impl Inbox {
     }
 
     fn check_key(state: &State, frame: &TensorFrame, key: Key) -> Result<(), Rejection> {
-        if frame.run != state.job {
+        if frame.run != state.run {
             return Err(Rejection::new(
-                "job",
+                "run",
                 format!(
                     "{} is not this worker's {}",
                     RunName(frame.run),
-                    RunName(state.job)
+                    RunName(state.run)
                 ),
             ));
         }
@@ -305,7 +306,7 @@ impl Inbox {
         let deadline = Instant::now() + timeout;
         let key = (step, stage, mb, kind);
         let mut state = self.lock();
-        if job == state.job && state.current_step.is_none_or(|now| step > now) {
+        if job == state.run && state.current_step.is_none_or(|now| step > now) {
             state.current_step = Some(step);
             let keep_from = step.saturating_sub(1);
             state.consumed.retain(|k| k.0 >= keep_from);
@@ -315,14 +316,14 @@ impl Inbox {
                 .retain(|k, _| k.0 >= keep_from && k.0 <= step.saturating_add(AHEAD));
         }
         loop {
-            if job != state.job {
+            if job != state.run {
                 return Err(Error::invalid(
                     "frame",
                     format!(
                         "waiting for the {kind} of {} step {step} stage {stage} microbatch {mb}, \
                      but this worker is assigned {}",
                         RunName(job),
-                        RunName(state.job)
+                        RunName(state.run)
                     ),
                 ));
             }
