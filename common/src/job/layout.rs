@@ -48,7 +48,7 @@ pub fn checkpoint_step(name: &str) -> Option<u64> {
 
 /// The id of a job's `run`-th run (0: the first; each re-plan and each coordinator restart
 /// starts another): the job id in the low 48 bits, the run's number above, so a worker can
-/// tell the runs of a job apart (`Assignment.job`, `TensorFrame.job`).
+/// tell the runs of a job apart (`Assignment.run`, `TensorFrame.run`).
 pub fn run_id(job: u64, run: u64) -> u64 {
     job.wrapping_add(run << 48)
 }
