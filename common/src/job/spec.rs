@@ -633,4 +633,53 @@ mod tests {
             }
         }
     }
+
+    /// Without a layer split a job gets the balanced split (every V worker the same blocks
+    /// where the even split gave worker 1 five of 16 and worker 3 three); any of
+    /// torchtitan's fields switches to torchtitan's split, and a bad one is named.
+    #[test]
+    fn stage_ranges_balance_workers_unless_the_job_splits() {
+        let mut spec = example(4, "v-half");
+        spec.model.layers = 16;
+        let plan = spec.validate().expect("valid");
+        let placement = &plan.schedule.placement;
+        let ranges = spec.stage_ranges(placement).expect("splits");
+        assert_eq!(
+            ranges,
+            spec.model.balanced_split(placement).expect("splits")
+        );
+        let blocks = |ranges: &[std::ops::Range<usize>], w: u32| -> usize {
+            placement
+                .stages_of(w)
+                .iter()
+                .map(|&s| {
+                    ranges[s as usize]
+                        .clone()
+                        .filter(|i| (1..=16).contains(i))
+                        .count()
+                })
+                .sum()
+        };
+        for w in 0..4 {
+            assert_eq!(blocks(&ranges, w), 4, "worker {w}: {ranges:?}");
+        }
+        let even = spec.model.even_split(8).expect("splits");
+        assert_eq!(blocks(&even, 1), 5);
+        spec.parallelism.pipeline_parallel_last_stage_less_layers = 1;
+        let counts = spec
+            .parallelism
+            .stage_pieces(16, 8)
+            .expect("torchtitan splits")
+            .expect("a layer split");
+        let ranges = spec.stage_ranges(placement).expect("splits");
+        assert_eq!(ranges, spec.model.split_by_counts(&counts).expect("splits"));
+        assert_eq!(ranges.last().map(|r| r.len()), Some(2));
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(5);
+        match spec.stage_ranges(placement) {
+            Err(Error::InvalidArgument { field, .. }) => {
+                assert_eq!(field, "parallelism.pipeline_parallel_layers_per_stage")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
