@@ -14,16 +14,17 @@
 //!    in 1F1B, where stage `s` of `S` holds `S − s` microbatches);
 //! 4. the sum of squared stage costs.
 //!
-//! The search is exact: a depth-first branch and bound over the stages' end pieces, stage
-//! by stage, pruned by the best split found so far (a worker or stage over the bound, or
+//! The search is a depth-first branch and bound over the stages' end pieces, stage by
+//! stage, pruned by the best split found so far (a worker or stage over the bound, or
 //! remaining pieces that cannot fit under it). It starts from the split that balances the
-//! stages alone ([`balance`](super::balance)), so the bounds prune from the first node,
-//! and its first phase ends as soon as a worker cost reaches the lower bound (the total
-//! over the workers, or the largest piece); with one stage per worker the start is
-//! already optimal. Each of its two phases (the worker bound, then the rest under it) visits at most
-//! [`SEARCH_NODES`] nodes; past that it keeps the best split found, never worse than the
-//! start. The models this project plans (up to a few hundred pieces, 64 stages) stay well
-//! inside the cap because the bounds leave few cuts per stage.
+//! stages alone ([`balance`](super::balance)), so the bounds prune from the first node;
+//! the first phase (the worker cost) ends as soon as a worker cost reaches the lower bound
+//! (the total over the workers, or the largest piece), and with one stage per worker the
+//! start is already optimal. Each phase (the worker cost, then the rest under it) visits
+//! at most [`SEARCH_NODES`] nodes: within the cap the result is exact (the small models
+//! and every test case finish there); past it the best split found is kept, never worse
+//! than the start (with many interleaved stages of equal blocks, within one piece of the
+//! lower bound in the tests).
 
 use std::ops::Range;
 
