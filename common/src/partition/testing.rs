@@ -20,7 +20,8 @@ pub(crate) fn compositions(len: usize, stages: usize) -> Vec<Vec<Range<usize>>> 
     let mut out = Vec::new();
     for first in 1..=len - (stages - 1) {
         for rest in compositions(len - first, stages - 1) {
-            let mut p = vec![0..first];
+            let mut p = Vec::with_capacity(stages);
+            p.push(0..first);
             p.extend(rest.into_iter().map(|r| r.start + first..r.end + first));
             out.push(p);
         }
