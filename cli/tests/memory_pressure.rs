@@ -19,7 +19,7 @@ fn pressure_job(name: &str) -> (JobSpec, u64, u64, u64) {
     spec.checkpoint.interval = 1000;
     let plan = spec.validate().unwrap();
     let fixed = plan
-        .predicted_state_bytes_over(&spec, &spec.model.even_split(2).unwrap())
+        .predicted_state_bytes_over(&spec, &spec.stage_ranges(&plan.schedule.placement).unwrap())
         .unwrap()[0];
     let gpipe = plan.predicted_peak_bytes(&spec).unwrap()[0];
     let mut one = spec.clone();
@@ -59,9 +59,7 @@ fn memory_pressure_moves_the_job_to_a_schedule_that_fits() {
     let mut v_half = spec.clone();
     v_half.parallelism.pipeline_parallel_schedule = "v-half".into();
     let moved = v_half.validate().unwrap();
-    let ranges = v_half
-        .stage_ranges(moved.schedule.placement.stages())
-        .unwrap();
+    let ranges = v_half.stage_ranges(&moved.schedule.placement).unwrap();
     let fixed_after = moved.predicted_state_bytes_over(&v_half, &ranges).unwrap()[0];
     assert!(fixed_after > 0);
     // Every step ran once, on the new plan, within the budget on worker 0.

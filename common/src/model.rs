@@ -173,6 +173,38 @@ pub struct ModelSpec {
 const TOKEN_BYTES: u64 = 4;
 
 impl ModelSpec {
+    /// The default split: the model's pieces cut into `placement`'s stages so that every
+    /// worker's stages together cost the same ([`ModelSpec::piece_costs`]), then every
+    /// stage, then the activation memory ([`partition::balance_placed`], with each piece's
+    /// stash after `F`). The embedding goes with the first stage and the head with the
+    /// last. Costs and stashes scale alike with the microbatch size, so the split does not
+    /// depend on it.
+    ///
+    /// [`partition::balance_placed`]: crate::partition::balance_placed
+    pub fn balanced_split(
+        &self,
+        placement: &crate::placement::Placement,
+    ) -> Result<Vec<std::ops::Range<usize>>> {
+        let stash: Vec<f64> = self
+            .pieces()
+            .into_iter()
+            .map(|p| self.piece_activation_bytes(p, 1).after_forward as f64)
+            .collect();
+        crate::partition::balance_placed(&self.piece_costs(1), &stash, placement)
+    }
+
+    /// What each piece costs to train on one microbatch of `microbatch_size` sequences,
+    /// for splitting the model: its `F`, `B` and `W` FLOPs ([`ModelSpec::piece_flops`];
+    /// `B` and `W` each cost about `F`'s), at least 5 % of a block's (the embedding's
+    /// pass does next to no arithmetic but is not free).
+    pub fn piece_costs(&self, microbatch_size: u32) -> Vec<f64> {
+        let block = self.piece_flops(Piece::Block(0), microbatch_size);
+        self.pieces()
+            .into_iter()
+            .map(|p| 3.0 * self.piece_flops(p, microbatch_size).max(0.05 * block))
+            .collect()
+    }
+
     /// The model's pieces cut into `stages` contiguous ranges as evenly as possible
     /// (earlier stages get the extra pieces); the embedding goes with the first stage and
     /// the head with the last ([`partition::even`](crate::partition::even)).

@@ -268,7 +268,7 @@ pub fn check_spec(spec: &JobSpec) -> Verdict {
     }
     let stages = schedule.placement.stages();
     let ranges = spec
-        .stage_ranges(stages)
+        .stage_ranges(&schedule.placement)
         .map_err(|e| format!("a planned job's {stages} stages do not split the model: {e}"))?;
     let pieces = spec.model.layers as usize + 2;
     let contiguous = ranges

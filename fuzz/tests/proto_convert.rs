@@ -142,7 +142,7 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
     let w = u.choose_index(placement.workers() as usize)? as u32;
     let first_step = u64::from(u.int_in_range(0..=100u8)?);
     let stage_pieces = if u.arbitrary()? {
-        spec.stage_ranges(placement.stages())
+        spec.stage_ranges(placement)
             .map(|r| r.iter().map(|r| r.len() as u32).collect())
             .unwrap_or_default()
     } else {

@@ -6,11 +6,11 @@ use std::ops::Range;
 use std::path::Path;
 
 use pipewise_common::job::JobSpec;
+use pipewise_common::placement::Placement;
 
 use crate::data::{Corpus, Sampler};
 use crate::error::Result;
 use crate::optim::AdamW;
-use crate::stage::Stage;
 
 /// The spec's AdamW hyper-parameters (`max_norm` ≤ 0: no clipping).
 pub fn optimizer_of(spec: &JobSpec) -> AdamW {
@@ -42,7 +42,11 @@ pub fn corpus_of(spec: &JobSpec) -> Result<Corpus> {
     }
 }
 
-/// The model's pieces cut evenly into `stages` stages ([`Stage::even_split`]).
-pub fn partition_of(spec: &JobSpec, stages: u32) -> Result<Vec<Range<usize>>> {
-    Stage::even_split(&spec.model, stages as usize)
+/// The default split of the model's pieces into `placement`'s stages, what an assignment
+/// without `stage_pieces` runs ([`ModelSpec::balanced_split`]: the workers' compute
+/// balanced, as the coordinator plans it).
+///
+/// [`ModelSpec::balanced_split`]: pipewise_common::model::ModelSpec::balanced_split
+pub fn partition_of(spec: &JobSpec, placement: &Placement) -> Result<Vec<Range<usize>>> {
+    Ok(spec.model.balanced_split(placement)?)
 }

@@ -14,7 +14,7 @@ impl JobPlan {
     ///
     /// [`ModelSpec::piece_activation_bytes`]: crate::model::ModelSpec::piece_activation_bytes
     pub fn predicted_peak_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
-        let ranges = spec.stage_ranges(self.schedule.placement.stages())?;
+        let ranges = spec.stage_ranges(&self.schedule.placement)?;
         self.predicted_peak_bytes_over(spec, &ranges)
     }
 
@@ -22,7 +22,7 @@ impl JobPlan {
     /// peak activations ([`JobPlan::predicted_peak_bytes`]) plus its training state
     /// ([`JobPlan::predicted_state_bytes_over`]).
     pub fn predicted_bytes(&self, spec: &JobSpec) -> Result<Vec<u64>> {
-        let ranges = spec.stage_ranges(self.schedule.placement.stages())?;
+        let ranges = spec.stage_ranges(&self.schedule.placement)?;
         self.predicted_bytes_over(spec, &ranges)
     }
 
@@ -126,7 +126,8 @@ mod tests {
             .predicted_peak_bytes(&spec)
             .unwrap();
         spec.parallelism.pipeline_parallel_first_stage_less_layers = 2;
-        let ranges = spec.stage_ranges(2).unwrap();
+        let placement = crate::placement::Placement::OnePerWorker { workers: 2 };
+        let ranges = spec.stage_ranges(&placement).unwrap();
         assert_eq!(ranges, vec![0..4, 4..10]);
         let split = spec
             .validate()

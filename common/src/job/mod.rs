@@ -29,7 +29,7 @@
 //! pipeline_parallel_schedule = "v-half"     # any `pipewise plan` schedule
 //! pipeline_parallel_microbatch_size = 1     # microbatches = global_batch_size / this
 //! pipeline_parallel_first_stage_less_layers = 1   # optional, torchtitan's layer split
-//! pipeline_parallel_last_stage_less_layers = 1    # (default: the pieces split evenly)
+//! pipeline_parallel_last_stage_less_layers = 1    # (default: workers' compute balanced)
 //!
 //! [checkpoint]
 //! enable_checkpoint = true

@@ -67,8 +67,7 @@ mod tests {
             Some(2)
         );
         let plan = split.validate().unwrap();
-        let stages = plan.schedule.placement.stages();
-        let ranges = split.stage_ranges(stages).unwrap();
+        let ranges = split.stage_ranges(&plan.schedule.placement).unwrap();
         let held: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
         // 16 block slots in 8 stages of 2; one fewer block on each end, which also holds
         // the embedding or the head.

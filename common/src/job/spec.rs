@@ -121,7 +121,8 @@ pub struct Parallelism {
     pub memory_limit: Option<f64>,
     /// torchtitan's layer split: the first stage holds this many fewer transformer blocks
     /// than the others (it also holds the embedding). With the next two fields unset the
-    /// pieces (embedding, blocks, head) are split evenly.
+    /// pieces (embedding, blocks, head) are split to balance the workers' compute
+    /// ([`JobSpec::stage_ranges`]).
     #[serde(default)]
     pub pipeline_parallel_first_stage_less_layers: u32,
     /// The last stage holds this many fewer blocks (it also holds the output head).
@@ -146,8 +147,8 @@ impl Parallelism {
     /// as possible (earlier stages take the remainder), the first stage's slots minus
     /// `first less` plus the embedding, the last's minus `last less` plus the head
     /// ([`partition::torchtitan_counts`](crate::partition::torchtitan_counts)). `None` when
-    /// none of the three fields (nor [`Parallelism::torchtitan_split`]) is set: the even
-    /// split of the pieces applies.
+    /// none of the three fields (nor [`Parallelism::torchtitan_split`]) is set: the
+    /// balanced split applies ([`JobSpec::stage_ranges`]).
     pub fn stage_pieces(&self, layers: u32, stages: u32) -> Result<Option<Vec<u32>>> {
         let (first, last) = (
             self.pipeline_parallel_first_stage_less_layers,
@@ -374,13 +375,19 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
-    /// The model's pieces (embedding, blocks, head) of each of `stages` stages: the job's
-    /// layer split ([`Parallelism::stage_pieces`]) or, without one, the even split
-    /// ([`ModelSpec::even_split`]).
-    pub fn stage_ranges(&self, stages: u32) -> Result<Vec<std::ops::Range<usize>>> {
-        match self.parallelism.stage_pieces(self.model.layers, stages)? {
+    /// The model's pieces (embedding, blocks, head) of each of `placement`'s stages: the
+    /// job's layer split ([`Parallelism::stage_pieces`]) or, without one, the split that
+    /// balances the workers' compute ([`ModelSpec::balanced_split`]).
+    pub fn stage_ranges(
+        &self,
+        placement: &crate::placement::Placement,
+    ) -> Result<Vec<std::ops::Range<usize>>> {
+        match self
+            .parallelism
+            .stage_pieces(self.model.layers, placement.stages())?
+        {
             Some(counts) => self.model.split_by_counts(&counts),
-            None => self.model.even_split(stages as usize),
+            None => self.model.balanced_split(placement),
         }
     }
 
@@ -624,6 +631,55 @@ mod tests {
                 }
                 other => panic!("{section}: {other:?}"),
             }
+        }
+    }
+
+    /// Without a layer split a job gets the balanced split (every V worker the same blocks
+    /// where the even split gave worker 1 five of 16 and worker 3 three); any of
+    /// torchtitan's fields switches to torchtitan's split, and a bad one is named.
+    #[test]
+    fn stage_ranges_balance_workers_unless_the_job_splits() {
+        let mut spec = example(4, "v-half");
+        spec.model.layers = 16;
+        let plan = spec.validate().expect("valid");
+        let placement = &plan.schedule.placement;
+        let ranges = spec.stage_ranges(placement).expect("splits");
+        assert_eq!(
+            ranges,
+            spec.model.balanced_split(placement).expect("splits")
+        );
+        let blocks = |ranges: &[std::ops::Range<usize>], w: u32| -> usize {
+            placement
+                .stages_of(w)
+                .iter()
+                .map(|&s| {
+                    ranges[s as usize]
+                        .clone()
+                        .filter(|i| (1..=16).contains(i))
+                        .count()
+                })
+                .sum()
+        };
+        for w in 0..4 {
+            assert_eq!(blocks(&ranges, w), 4, "worker {w}: {ranges:?}");
+        }
+        let even = spec.model.even_split(8).expect("splits");
+        assert_eq!(blocks(&even, 1), 5);
+        spec.parallelism.pipeline_parallel_last_stage_less_layers = 1;
+        let counts = spec
+            .parallelism
+            .stage_pieces(16, 8)
+            .expect("torchtitan splits")
+            .expect("a layer split");
+        let ranges = spec.stage_ranges(placement).expect("splits");
+        assert_eq!(ranges, spec.model.split_by_counts(&counts).expect("splits"));
+        assert_eq!(ranges.last().map(|r| r.len()), Some(2));
+        spec.parallelism.pipeline_parallel_layers_per_stage = Some(5);
+        match spec.stage_ranges(placement) {
+            Err(Error::InvalidArgument { field, .. }) => {
+                assert_eq!(field, "parallelism.pipeline_parallel_layers_per_stage")
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

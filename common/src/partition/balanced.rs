@@ -115,25 +115,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    /// Every composition of `len` into `stages` positive parts, as ranges.
-    fn compositions(len: usize, stages: usize) -> Vec<Vec<Range<usize>>> {
-        if stages == 1 {
-            return vec![vec![0..len]];
-        }
-        let mut out = Vec::new();
-        for first in 1..=len - (stages - 1) {
-            for rest in compositions(len - first, stages - 1) {
-                let mut p = vec![Range {
-                    start: 0,
-                    end: first,
-                }];
-                p.extend(rest.into_iter().map(|r| r.start + first..r.end + first));
-                out.push(p);
-            }
-        }
-        out
-    }
+    use crate::partition::testing::{compositions, xorshift};
 
     fn key(times: &[f64], params: &[u64], p: &[Range<usize>]) -> (f64, u64, f64) {
         let t: Vec<f64> = p.iter().map(|r| times[r.clone()].iter().sum()).collect();
@@ -144,16 +126,6 @@ mod tests {
             .max()
             .unwrap();
         (max_t, max_p, t.iter().map(|x| x * x).sum())
-    }
-
-    /// A small deterministic pseudo-random generator (no external crates): a draw below `m`.
-    fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
-        move |m| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        }
     }
 
     /// The early stops change nothing: the same objective and the same cuts (ties

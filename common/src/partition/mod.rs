@@ -2,7 +2,9 @@
 //! (embedding, blocks, head; [`ModelSpec::pieces`](crate::model::ModelSpec::pieces)) cut
 //! into contiguous, non-empty ranges, one per stage, in model order.
 //!
-//! - [`even`]: as evenly as possible, earlier stages taking the extra pieces (the default);
+//! - [`balance_placed`]: the default split: every worker of a placement (the stages it
+//!   holds together) the same cost, then every stage, then the activation memory;
+//! - [`even`]: by piece count, earlier stages taking the extra pieces;
 //! - [`torchtitan_counts`]: torchtitan's first / last stage less layers and layers per stage;
 //! - [`balance`]: the auto-planner's split for piece compute times and parameter counts;
 //! - [`split_for_speeds`]: moving layers off a straggler, for measured worker speeds;
@@ -13,13 +15,17 @@
 //! and the planners can all call them.
 
 mod balanced;
+mod placed;
 mod speeds;
+#[cfg(test)]
+mod testing;
 mod text;
 mod torchtitan;
 
 use std::ops::Range;
 
 pub use balanced::balance;
+pub use placed::{SEARCH_NODES, balance_placed};
 pub use speeds::{largest_worker_time, split_for_speeds};
 pub use text::summary;
 pub use torchtitan::torchtitan_counts;

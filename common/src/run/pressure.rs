@@ -30,7 +30,7 @@ fn in_use_ranges(
 ) -> Option<(JobSpec, Vec<std::ops::Range<usize>>)> {
     let spec = respec(spec, plan.schedule.num_workers());
     let ranges = if in_use.is_empty() {
-        spec.stage_ranges(plan.schedule.placement.stages())
+        spec.stage_ranges(&plan.schedule.placement)
     } else {
         spec.model.split_by_counts(in_use)
     };
@@ -253,7 +253,7 @@ mod tests {
         even.parallelism.pipeline_parallel_layers_per_stage = None;
         // Worker 0 holds one block and the embedding, not three pieces.
         let state = |s: &JobSpec| {
-            plan.predicted_state_bytes_over(s, &s.stage_ranges(4).unwrap())
+            plan.predicted_state_bytes_over(s, &s.stage_ranges(&plan.schedule.placement).unwrap())
                 .unwrap()
         };
         let split = state(&spec);
@@ -353,7 +353,7 @@ mod tests {
             plan.predicted_bytes_over(&spec, ranges).unwrap()[0]
         };
         let moved = [8u32, 2];
-        let even = total(&spec.stage_ranges(2).unwrap());
+        let even = total(&spec.stage_ranges(&plan.schedule.placement).unwrap());
         let heavy = total(&spec.model.split_by_counts(&moved).unwrap());
         assert!(heavy > even, "{heavy} {even}");
         let workers = registered([(even + heavy) / 2, u64::MAX / 4].into_iter());

@@ -4,7 +4,7 @@
 use crate::job::{JobPlan, JobSpec, Parallelism};
 
 /// The job's own layer split for `plan`'s stages (torchtitan's first / last stage less
-/// layers; empty: the even split of the pieces), as [`replan`] checked it for a plan on
+/// layers; empty: the default split, [`JobSpec::stage_ranges`]), as [`replan`] checked it for a plan on
 /// another worker count.
 pub fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
     let d = plan.schedule.num_workers();
@@ -17,7 +17,7 @@ pub fn spec_split(spec: &JobSpec, plan: &JobPlan) -> Vec<u32> {
     };
     let p = &spec.parallelism;
     // Every plan here came from a spec validated with the same split: an error cannot
-    // happen, and the even split is the safe answer if it did.
+    // happen, and the default split is the safe answer if it did.
     p.stage_pieces(spec.model.layers, plan.schedule.placement.stages())
         .ok()
         .flatten()
@@ -159,7 +159,11 @@ mod tests {
         );
         let same = respec(&spec, 4);
         assert_eq!(same.parallelism.pipeline_parallel_layers_per_stage, None);
-        assert_eq!(same.stage_ranges(4).unwrap(), spec.stage_ranges(4).unwrap());
+        let placement = &plan.schedule.placement;
+        assert_eq!(
+            same.stage_ranges(placement).unwrap(),
+            spec.stage_ranges(placement).unwrap()
+        );
         assert_eq!(spec_split(&same, &plan), vec![3, 2, 2, 3]);
         let mut moved = spec.clone();
         adopt(&mut moved, "v-half".into(), None, 4);

@@ -5,8 +5,9 @@ use super::worker::{StepReport, Worker};
 use crate::job::{JobPlan, JobSpec};
 use crate::partition::{largest_worker_time, split_for_speeds};
 
-/// What the runner watches a run's step times with: the cost of every piece (FLOPs, with
-/// a floor), the stage → worker table and the split in use.
+/// What the runner watches a run's step times with: the cost of every piece
+/// ([`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs)), the stage → worker
+/// table and the split in use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Straggle {
     piece_costs: Vec<f64>,
@@ -39,7 +40,8 @@ pub const STRAGGLER_STEPS: usize = 3;
 /// factor at least.
 pub const STRAGGLER_GAIN: f64 = 1.1;
 
-/// How a run of `plan` on the split `stage_pieces` (empty: even) is watched for
+/// How a run of `plan` on the split `stage_pieces` (empty: the default,
+/// [`ModelSpec::balanced_split`](crate::model::ModelSpec::balanced_split)) is watched for
 /// stragglers: only real-compute jobs with checkpoints (layers move through one), and
 /// only with more stages than one.
 pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Option<Straggle> {
@@ -53,16 +55,10 @@ pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Opti
     }
     let model = &spec.model;
     let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
-    let block = model.piece_flops(crate::model::Piece::Block(0), mbs);
-    // The embedding's FLOPs are next to nothing but its pass is not free.
-    let piece_costs: Vec<f64> = model
-        .pieces()
-        .into_iter()
-        .map(|p| model.piece_flops(p, mbs).max(0.05 * block))
-        .collect();
+    let piece_costs = model.piece_costs(mbs);
     let counts = if stage_pieces.is_empty() {
         model
-            .even_split(stages as usize)
+            .balanced_split(placement)
             .ok()?
             .iter()
             .map(|r| r.len() as u32)

@@ -88,7 +88,7 @@ impl Assignment {
             }
         }
         let partition = if a.stage_pieces.is_empty() {
-            partition_of(&spec, placement.stages())?
+            partition_of(&spec, &placement)?
         } else {
             pieces_partition(&spec, &a.stage_pieces, placement.stages())?
         };

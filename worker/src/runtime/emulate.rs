@@ -44,7 +44,7 @@ use super::program::{WorkerProgram, check_partition, schedule_program};
 use super::step::{Passes, StepReport, StepSync, run_passes};
 use super::transport::{Buffer, MemoryTransport, Payload, Transport};
 use crate::error::{Error, Result};
-use crate::stage::{Stage, candle_dtype};
+use crate::stage::candle_dtype;
 
 /// How long before a pass's end the emulated pass stops sleeping and starts yielding.
 pub const SPIN_MARGIN: Duration = Duration::from_micros(200);
@@ -85,7 +85,8 @@ pub struct EmulatedRuntime {
 }
 
 impl EmulatedRuntime {
-    /// Worker `worker` of `schedule` over `spec` cut evenly ([`Stage::even_split`]), with
+    /// Worker `worker` of `schedule` over `spec` split by default
+    /// ([`ModelSpec::balanced_split`]), with
     /// microbatches of `microbatch_size` sequences and one-stage-of-`1/d` pass times
     /// `times` (seconds; `comm` is not emulated, the transport's own latency is what it is).
     pub fn new(
@@ -96,7 +97,7 @@ impl EmulatedRuntime {
         times: Times,
     ) -> Result<Self> {
         let program = schedule_program(worker, schedule)?;
-        let partition = Stage::even_split(spec, schedule.placement.stages() as usize)?;
+        let partition = spec.balanced_split(&schedule.placement)?;
         Self::from_program(
             worker,
             &schedule.placement,
@@ -310,7 +311,7 @@ impl EmulatedRuntime {
 
 /// Runs `steps` emulated steps of every worker of `schedule` on its own thread, with
 /// [`MemoryTransport`] (wrapped by `options.wrap` when given) and a [`LocalSync`] between
-/// them; `options.partition` (default [`Stage::even_split`]) sets the stash sizes. Returns
+/// them; `options.partition` (default [`ModelSpec::balanced_split`]) sets the stash sizes. Returns
 /// `reports[step][worker]`. When a worker fails, the others are stopped and the first
 /// failure is returned.
 pub fn run_emulated_local(
@@ -325,7 +326,7 @@ pub fn run_emulated_local(
     let workers = schedule.num_workers();
     let partition: Vec<Range<usize>> = match options.partition {
         Some(p) => p.to_vec(),
-        None => Stage::even_split(spec, schedule.placement.stages() as usize)?,
+        None => spec.balanced_split(&schedule.placement)?,
     };
     let mut runtimes = Vec::with_capacity(workers as usize);
     for w in 0..workers {

@@ -18,7 +18,6 @@ use super::transport::{MemoryTransport, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::optim::AdamW;
-use crate::stage::Stage;
 
 /// The operation a [`LocalSync`] round is collecting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +193,8 @@ pub type WrapTransport = dyn Fn(u32, MemoryTransport) -> Box<dyn Transport> + Sy
 /// Options of [`run_local_with`].
 #[derive(Clone, Copy)]
 pub struct LocalOptions<'a> {
-    /// Piece ranges per stage; `None`: [`Stage::even_split`] over the placement's stages.
+    /// Piece ranges per stage; `None`: the default split of the placement's stages
+    /// ([`ModelSpec::balanced_split`]).
     pub partition: Option<&'a [Range<usize>]>,
     /// How long a worker waits for a frame or for the others.
     pub timeout: Duration,
@@ -239,7 +239,7 @@ pub struct LocalRun {
 
 /// Trains `steps.len()` steps (`steps[i]` holds step `i`'s `n` microbatches) with every
 /// worker of `schedule` on its own thread, [`MemoryTransport`] between them and a
-/// [`LocalSync`]; the model is split by [`Stage::even_split`].
+/// [`LocalSync`]; the model is split by default ([`ModelSpec::balanced_split`]).
 pub fn run_local(
     schedule: &Schedule,
     spec: &ModelSpec,
@@ -293,7 +293,7 @@ pub fn run_local_with(
     let workers = schedule.num_workers();
     let partition: Vec<Range<usize>> = match options.partition {
         Some(p) => p.to_vec(),
-        None => Stage::even_split(spec, schedule.placement.stages() as usize)?,
+        None => spec.balanced_split(&schedule.placement)?,
     };
     let handles = MemoryTransport::network(workers);
     let Some(network) = handles.first().cloned() else {

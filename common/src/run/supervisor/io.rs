@@ -143,7 +143,7 @@ pub struct Assignment {
     pub workers: Vec<Worker>,
     /// The plan.
     pub plan: JobPlan,
-    /// Pieces per stage (empty: the job's even split).
+    /// Pieces per stage (empty: the default split, `ModelSpec::balanced_split`).
     pub stage_pieces: Vec<u32>,
 }
 
