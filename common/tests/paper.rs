@@ -235,6 +235,15 @@ fn table4_bubble_rate_and_memory_9_6b() {
     let cells = table4_cells();
     let table = format_table4(&cells);
     println!("{table}");
+    if let Some((n, kind, c)) = cells
+        .iter()
+        .max_by(|a, b| (a.2.ours - a.2.paper).total_cmp(&(b.2.ours - b.2.paper)))
+    {
+        println!(
+            "worst cell against the paper: {kind} n={n}, {:+.2} points",
+            c.ours - c.paper
+        );
+    }
     let failures: Vec<String> = cells
         .iter()
         .filter(|(_, _, c)| !c.memory_ok() || !c.bubble_ok())

@@ -8,8 +8,8 @@
 //! | `interleaved-1f1b` | loop, `v` chunks | BW | Megatron-LM |
 //! | `looped-bfs` | loop, `v` chunks | BW | torch.distributed.pipelining |
 //! | `zb-h1`, `zb-h2` | one stage per worker | B + W | zero-bubble paper |
-//! | `v-min`, `v-half` | V | B + W | 000 Sec. 3, App. F |
-//! | `v-zb` | V | B + W | 000 Sec. 3, App. F; the better by span bubble of that and [`greedy_v`] |
+//! | `v-min`, `v-half` | V | B + W | 000 Sec. 3, App. F; the better of that and `adaptive-v` at the class's limit ([`class_units`]) |
+//! | `v-zb` | V | B + W | 000 Sec. 3, App. F; the better by span bubble of that and [`greedy_v`], then as `v-min` |
 //! | `1f1b-v` | V | BW | 000 App. H |
 //! | `dualpipe-v` | V | mixed | DeepSeek DualPipeV |
 //! | `adaptive-v` | V | B + W | 000 App. A (searched under a memory limit), and list scheduling with the true costs |
@@ -26,6 +26,7 @@ mod greedy_v;
 mod kind;
 mod list_v;
 mod local;
+mod paper_v;
 
 pub use adaptive::{
     Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan, order_peak, split_candidates,
@@ -33,10 +34,11 @@ pub use adaptive::{
 };
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
 pub use compact::{compact, fill_weights};
-pub use fixed_v::{GREEDY_V_PASSES, search_v_block};
+pub use fixed_v::{NAMED_SEARCH_PASSES, class_units};
 pub use greedy_v::greedy_v;
 pub use kind::ScheduleKind;
 pub use local::{budget_for, improve};
+pub use paper_v::{GREEDY_V_PASSES, hand_built_v, search_v_block};
 
 use crate::cost::{Costs, Times};
 use crate::error::{Error, Result};
@@ -140,7 +142,7 @@ pub fn generate_with(
         }
         ScheduleKind::VMin | ScheduleKind::VHalf | ScheduleKind::VZb => {
             let costs = costs_for(&Placement::V { workers: d })?;
-            fixed_v(req.kind, d, n, &costs).map(|(schedule, _)| schedule)
+            fixed_v(req.kind, d, n, &costs, LOCAL_SEARCH_BUDGET).map(|(schedule, _)| schedule)
         }
         ScheduleKind::AdaptiveV => {
             let costs = costs_for(&Placement::V { workers: d })?;

@@ -291,8 +291,9 @@ mod tests {
     }
 
     /// Memory pressure plans the adaptive schedules to the bytes the workers have: with
-    /// worker 0 between V-Half's need and adaptive-v's at its default limit (1F1B's peak),
-    /// adaptive-v at a limit between the two is faster than V-Half.
+    /// worker 0 between V-Min's need and V-Half's (each named V schedule is the best of its
+    /// memory class, so adaptive-v gains between the classes), adaptive-v at a limit
+    /// between the two is faster than V-Min.
     #[test]
     fn pressure_plans_adaptive_schedules_to_the_bytes_left() {
         let mut spec = example(4, "gpipe");
@@ -311,32 +312,34 @@ mod tests {
             (p.predicted_bytes(&c).unwrap(), sim.makespan)
         };
         let (gpipe, _) = planned("gpipe");
-        let (v_half, v_half_makespan) = planned("v-half");
+        let (v_min, v_min_makespan) = planned("v-min");
+        let (v_half, _) = planned("v-half");
         let (one_f_one_b, _) = planned("1f1b");
         let (adaptive, _) = planned("adaptive-v");
-        // Worker 0 between V-Half's need and adaptive-v's at its default limit; the
-        // others hold any of them.
+        // Worker 0 between V-Min's need and V-Half's, nearer V-Half's; the others hold
+        // any of them.
         let workers = registered((0..4).map(|i| {
             if i == 0 {
-                (v_half[0] + adaptive[0]) / 2
+                (v_min[0] + 3 * v_half[0]) / 4
             } else {
-                v_half[i].max(adaptive[i]).max(one_f_one_b[i])
+                v_min[i].max(v_half[i]).max(adaptive[i]).max(one_f_one_b[i])
             }
         }));
-        // Neither 1F1B nor adaptive-v at its default limit fits worker 0.
+        // Neither 1F1B, V-Half nor adaptive-v at its default limit fits worker 0.
+        assert!(v_half[0] > workers[0].memory_bytes);
         assert!(adaptive[0] > workers[0].memory_bytes);
         assert!(one_f_one_b[0] > workers[0].memory_bytes);
         let reports = overflow_on_worker_0(gpipe[0]);
         let (reason, fits) = pressure(&spec, &plan, &[], Some(&reports), &workers).unwrap();
         println!(
-            "{reason}; makespan {} against v-half's {v_half_makespan}",
+            "{reason}; makespan {} against v-min's {v_min_makespan}",
             fits.makespan
         );
         assert_eq!(fits.plan.kind.name(), "adaptive-v", "{reason}");
         let limit = fits.spec.parallelism.memory_limit.unwrap();
         // Below the default of 4 units, which does not fit.
         assert!(limit < 4.0, "{reason}");
-        assert!(fits.makespan < v_half_makespan, "{reason}");
+        assert!(fits.makespan < v_min_makespan, "{reason}");
         for (b, w) in fits.bytes.iter().zip(&workers) {
             assert!(*b <= w.memory_bytes, "{reason}");
         }

@@ -25,10 +25,12 @@
 //!    allows, within the block's own peak ([`super::finish`]), then the local search of
 //!    [`super::local`]. The fixed V-Min / V-Half / V-ZB blocks are
 //!    always evaluated too when they fit, and on small shapes (up to `ALWAYS_FIXED`
-//!    passes) so are the fixed schedules themselves as `pipewise plan` builds them
-//!    ([`super::fixed_v`]: their W filling and, for V-ZB, the greedy V scheduler), so the
-//!    result is never worse than the fixed schedule of the same memory class under the same
-//!    costs: never a longer makespan, and on equal makespans never a higher span bubble.
+//!    passes) so are the fixed schedules themselves as the paper builds them
+//!    ([`super::paper_v`]: their W filling and, for V-ZB, the greedy V scheduler), so the
+//!    result is never worse than the paper's schedule of the same memory class under the
+//!    same costs: never a longer makespan, and on equal makespans never a higher span bubble
+//!    (the named V schedules, [`super::fixed_v`], are in turn the better of that and this
+//!    search at their class's limit).
 //! 5. **List scheduling** ([`super::list_v`]): passes placed one at a time in time order
 //!    with the true costs and hop latency, over a grid of start rates, bursts, W policies
 //!    and memory reserves refined by pattern search, as many runs as `LIST_BUDGET`

@@ -7,9 +7,9 @@ use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::block::{BuildingBlock, VOffsets, reorder_warmup};
 use crate::generate::finish::finish_simulated;
-use crate::generate::fixed_v::{fixed_v, search_v_block};
 use crate::generate::kind::ScheduleKind;
 use crate::generate::list_v;
+use crate::generate::paper_v::{hand_built_v, search_v_block};
 use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::simulate::Simulation;
@@ -217,12 +217,12 @@ pub fn adaptive_v(
             best.offer(realise(block, NAME, n, costs, own)?);
         }
     }
-    // The fixed schedules themselves, as `pipewise plan` builds them (their W filling and,
+    // The fixed schedules themselves, as the paper builds them (their W filling and,
     // for V-ZB, the greedy V scheduler), so that neither bubble is ever above them in their
     // memory class: on a tie in makespan the lower span bubble wins.
     if per_proxy <= ALWAYS_FIXED {
         for kind in [ScheduleKind::VMin, ScheduleKind::VHalf, ScheduleKind::VZb] {
-            if let Ok((schedule, sim)) = fixed_v(kind, d, n, costs) {
+            if let Ok((schedule, sim)) = hand_built_v(kind, d, n, costs) {
                 evaluated += 1;
                 let schedule = Schedule {
                     name: NAME.into(),
