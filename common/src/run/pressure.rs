@@ -226,6 +226,7 @@ mod tests {
                 address: String::new(),
                 memory_bytes,
                 incarnation: i as u64 + 1,
+                flops_per_second: 0,
             })
             .collect()
     }

@@ -21,6 +21,7 @@ fn worker(i: usize) -> Worker {
         address: format!("10.0.0.{i}:7000"),
         memory_bytes: 0,
         incarnation: i as u64 + 1,
+        flops_per_second: 0,
     }
 }
 
