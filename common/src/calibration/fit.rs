@@ -84,11 +84,7 @@ pub(super) fn fit(
 }
 
 /// Costs for fixed factors: the normal equations of the relative residuals plus the ridge.
-fn solve_costs(
-    rows: &[Row],
-    factors: &[f64],
-    prior: &[f64; UNKNOWNS],
-) -> Option<[f64; UNKNOWNS]> {
+fn solve_costs(rows: &[Row], factors: &[f64], prior: &[f64; UNKNOWNS]) -> Option<[f64; UNKNOWNS]> {
     let mut ata = [[0.0f64; UNKNOWNS]; UNKNOWNS];
     let mut atb = [0.0f64; UNKNOWNS];
     for r in rows {
@@ -138,10 +134,7 @@ fn solve_factors(rows: &[Row], costs: &[f64; UNKNOWNS], factors: &mut [f64]) {
 }
 
 /// Solves `a·x = b` by Gaussian elimination with partial pivoting (`None`: singular).
-fn gauss(
-    mut a: [[f64; UNKNOWNS]; UNKNOWNS],
-    mut b: [f64; UNKNOWNS],
-) -> Option<[f64; UNKNOWNS]> {
+fn gauss(mut a: [[f64; UNKNOWNS]; UNKNOWNS], mut b: [f64; UNKNOWNS]) -> Option<[f64; UNKNOWNS]> {
     for col in 0..UNKNOWNS {
         let pivot = (col..UNKNOWNS).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
         if a[pivot][col].abs() < 1e-300 {

@@ -4,9 +4,9 @@
 //! worker. Pure: the caller feeds what workers registered and reported.
 //!
 //! It starts from FLOPs ([`ModelSpec::piece_flops`]) over the speed each worker measured in
-//! its start-up profile (a small GEMM timed when the worker starts), slowed by
-//! `workers / cores` where the workers share fewer cores than there are workers (threads of
-//! one `pipewise local`). Every step's reports refine it: the mean pass time per stage and
+//! its start-up profile (a small GEMM timed when the worker starts), slowed where a worker
+//! may count on less than a core (the threads of a `pipewise local` with more workers than
+//! cores): such workers share the cores, so each computes at that share of its profile. Every step's reports refine it: the mean pass time per stage and
 //! kind each worker reports becomes a running mean per (worker, stage make-up, kind), and
 //! the per-piece costs and per-worker factors are fitted to all of them ([`fit`]). Every
 //! block has the same shape, so a block's cost is one unknown however many there are.
@@ -90,12 +90,12 @@ pub struct Prediction {
 pub struct CostModel {
     model: ModelSpec,
     microbatch_size: u32,
-    /// Cores the workers share (0: each worker has its own).
-    shared_cores: u32,
     /// Worker ids, by the index the samples use.
     workers: Vec<String>,
     /// Every worker's start-up profile (FLOP/s; 0: none).
     profiles: Vec<f64>,
+    /// Every worker's share of a core (1: a core or more, or not known).
+    shares: Vec<f64>,
     /// Running mean seconds per (worker, stage make-up, pass kind).
     samples: BTreeMap<(usize, [u32; 3], PassKind), Mean>,
     sync: Mean,
@@ -106,15 +106,14 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    /// The model of a job training `model` in microbatches of `microbatch_size`, its
-    /// workers sharing `shared_cores` cores (0: one or more each).
-    pub fn new(model: ModelSpec, microbatch_size: u32, shared_cores: u32) -> CostModel {
+    /// The model of a job training `model` in microbatches of `microbatch_size`.
+    pub fn new(model: ModelSpec, microbatch_size: u32) -> CostModel {
         CostModel {
             model,
             microbatch_size,
-            shared_cores,
             workers: Vec::new(),
             profiles: Vec::new(),
+            shares: Vec::new(),
             samples: BTreeMap::new(),
             sync: Mean::default(),
             secs_per_byte: Mean::default(),
@@ -132,16 +131,22 @@ impl CostModel {
     /// is updated when it registers one.
     fn index(&mut self, w: &Worker) -> usize {
         let flops = w.flops_per_second as f64;
+        let share = match w.millicores {
+            1..1000 => f64::from(w.millicores) / 1000.0,
+            _ => 1.0,
+        };
         match self.workers.iter().position(|id| *id == w.id) {
             Some(i) => {
                 if flops > 0.0 {
                     self.profiles[i] = flops;
                 }
+                self.shares[i] = share;
                 i
             }
             None => {
                 self.workers.push(w.id.clone());
                 self.profiles.push(flops);
+                self.shares.push(share);
                 if let Some((_, factors)) = &mut self.fitted {
                     factors.push(f64::NAN);
                 }
@@ -197,18 +202,14 @@ impl CostModel {
         (known.iter().map(|f| f.ln()).sum::<f64>() / known.len() as f64).exp()
     }
 
-    /// Every worker's factor before measurements: the mean speed over its own, times the
-    /// contention of `workers` sharing the cores.
-    fn prior_factors(&self, workers: usize) -> Vec<f64> {
+    /// Every worker's factor before measurements: the mean speed over its own, over its
+    /// share of a core.
+    fn prior_factors(&self) -> Vec<f64> {
         let mean = self.mean_speed();
-        let contention = if self.shared_cores > 0 {
-            (workers as f64 / f64::from(self.shared_cores)).max(1.0)
-        } else {
-            1.0
-        };
         self.profiles
             .iter()
-            .map(|&p| contention * if p > 0.0 { mean / p } else { 1.0 })
+            .zip(&self.shares)
+            .map(|(&p, share)| if p > 0.0 { mean / p } else { 1.0 } / share)
             .collect()
     }
 
@@ -227,7 +228,7 @@ impl CostModel {
         let i = self.workers.iter().position(|w| w == id)?;
         let factors = match &self.fitted {
             Some((_, f)) => f.clone(),
-            None => self.prior_factors(self.workers.len()),
+            None => self.prior_factors(),
         };
         factors.get(i).copied().filter(|f| f.is_finite())
     }
@@ -316,7 +317,7 @@ impl CostModel {
                 })
             })
             .collect();
-        let start = self.prior_factors(self.workers.len());
+        let start = self.prior_factors();
         self.fitted = Some(fit(&rows, self.prior(), &start));
     }
 
@@ -336,7 +337,7 @@ impl CostModel {
         }
         let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
         let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
-        let prior_factors = self.prior_factors(workers.len());
+        let prior_factors = self.prior_factors();
         let factor = |w: usize| {
             let fitted = self.fitted.as_ref().and_then(|f| f.1.get(w).copied());
             fitted

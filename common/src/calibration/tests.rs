@@ -83,7 +83,7 @@ fn report(
 fn the_model_recovers_per_piece_costs_within_two_percent_from_noisy_reports() {
     let layers = 6;
     let pieces = layers as usize + 2;
-    let mut model = CostModel::new(gpt(layers), 4, 0);
+    let mut model = CostModel::new(gpt(layers), 4);
     let split = generate(&Request::new(ScheduleKind::ZbH1, 3, 6)).expect("zb-h1");
     let fused = generate(&Request::new(ScheduleKind::OneFOneB, 3, 6)).expect("1f1b");
     let mut rng = Uniform(30);
@@ -114,7 +114,10 @@ fn the_model_recovers_per_piece_costs_within_two_percent_from_noisy_reports() {
     }
     for (w, truth) in TRUE_FACTORS.iter().enumerate() {
         let f = model.factor(&format!("w{w}")).expect("factor");
-        assert!((f - truth).abs() / truth < 0.02, "worker {w}: {f} against {truth}");
+        assert!(
+            (f - truth).abs() / truth < 0.02,
+            "worker {w}: {f} against {truth}"
+        );
     }
     assert_eq!(model.steps(), 60);
 }
@@ -123,7 +126,7 @@ fn the_model_recovers_per_piece_costs_within_two_percent_from_noisy_reports() {
 fn one_split_is_predicted_as_it_was_measured() {
     // A fixed split leaves some costs unseparated, but its own stage times are exact.
     let layers = 4;
-    let mut model = CostModel::new(gpt(layers), 4, 0);
+    let mut model = CostModel::new(gpt(layers), 4);
     let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 8)).expect("zb-h1");
     let ranges = vec![0..3, 3..6];
     let workers = vec![worker(0, 0), worker(1, 0)];
@@ -157,16 +160,26 @@ fn before_any_step_the_profile_sets_the_speed_and_shared_cores_slow_it() {
     let ranges = vec![0..3, 3..6];
     let fast = vec![worker(0, 20_000_000_000), worker(1, 20_000_000_000)];
     let slow = vec![worker(0, 10_000_000_000), worker(1, 10_000_000_000)];
-    let predict = |workers: &[Worker], cores| {
-        let mut m = CostModel::new(gpt(4), 4, cores);
+    let predict = |workers: &[Worker]| {
+        let mut m = CostModel::new(gpt(4), 4);
         m.predict(&schedule, &ranges, workers).expect("prediction")
     };
-    let (a, b) = (predict(&fast, 0), predict(&slow, 0));
-    assert!((b.step_secs / a.step_secs - 2.0).abs() < 0.01, "{a:?} {b:?}");
+    let (a, b) = (predict(&fast), predict(&slow));
+    assert!(
+        (b.step_secs / a.step_secs - 2.0).abs() < 0.01,
+        "{a:?} {b:?}"
+    );
     // The hop cost does not scale with the speed: the bubble stays about the same.
     assert!((a.bubble - b.bubble).abs() < 0.01, "{a:?} {b:?}");
     // Two workers on one core: each runs at half its profile.
-    let shared = predict(&fast, 1);
+    let halves: Vec<Worker> = fast
+        .iter()
+        .map(|w| Worker {
+            millicores: 500,
+            ..w.clone()
+        })
+        .collect();
+    let shared = predict(&halves);
     assert!((shared.step_secs / a.step_secs - 2.0).abs() < 0.01);
     assert!(a.bubble > 0.0 && a.bubble < 1.0);
 }

@@ -16,6 +16,10 @@ pub struct Worker {
     pub incarnation: u64,
     /// The speed its start-up profile measured (FLOP/s; 0: not given).
     pub flops_per_second: u64,
+    /// Thousandths of a core it may count on while every worker sharing its host computes
+    /// (0: not given; `pipewise local`'s threads on fewer cores than workers get less than
+    /// 1000).
+    pub millicores: u32,
 }
 
 /// One stage's mean measured pass times in a step (seconds; a fused `BW` counts as `b`).
