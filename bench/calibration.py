@@ -55,6 +55,19 @@ def start(cmd, log, core=None):
                             preexec_fn=on_core(core))
 
 
+def stop(procs):
+    """SIGTERM to every process; SIGKILL to those still running 10 s later."""
+    for p in procs:
+        p.terminate()
+    deadline = time.monotonic() + 10
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def run_schedule(binary, url, schedule, steps, timeout, folder):
     out = folder / f"submit-{schedule}.out"
     cmd = [binary, "submit", str(JOB), "--coordinator", url, "--wait", "--wait-for-coordinator",
@@ -116,13 +129,7 @@ def main():
             print(f"{schedule:<18} {planned:>7.1f}% {measured:>8.1f}% {abs(measured - planned):>6.1f} "
                   f"{predicted:>13.1f} {ms:>12.1f} {predicted / ms if ms else 0:>6.2f}", flush=True)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         for log in logs:
             log.close()
     if args.keep:

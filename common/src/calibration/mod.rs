@@ -26,7 +26,7 @@ use std::ops::Range;
 use crate::cost::{Costs, StageCost};
 use crate::model::ModelSpec;
 use crate::pass::PassKind;
-use crate::run::{StepReport, Worker};
+use crate::run::worker::{StepReport, Worker};
 use crate::schedule::Schedule;
 use crate::simulate::simulate;
 use crate::trace::Activity;

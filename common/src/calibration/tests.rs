@@ -1,7 +1,7 @@
 use super::*;
 use crate::generate::{Request, ScheduleKind, generate};
 use crate::model::DType;
-use crate::run::StageTimes;
+use crate::run::worker::StageTimes;
 
 fn gpt(layers: u32) -> ModelSpec {
     ModelSpec {
