@@ -144,8 +144,9 @@ fn gauss(mut a: [[f64; UNKNOWNS]; UNKNOWNS], mut b: [f64; UNKNOWNS]) -> Option<[
         b.swap(col, pivot);
         for row in col + 1..UNKNOWNS {
             let m = a[row][col] / a[col][col];
-            for k in col..UNKNOWNS {
-                a[row][k] -= m * a[col][k];
+            let pivot_row = a[col];
+            for (x, p) in a[row].iter_mut().zip(pivot_row).skip(col) {
+                *x -= m * p;
             }
             b[row] -= m * b[col];
         }
