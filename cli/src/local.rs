@@ -34,7 +34,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::device::{DeviceArg, parse_device};
 use crate::logging::{LogFormat, init_logs_at};
-use crate::runtime::runtime;
+use crate::runtime::{available_cores, runtime};
 use crate::schedule_name::parse_schedule;
 use summary::{StepSummary, Steps};
 
@@ -345,6 +345,8 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
         let mut config = NodeConfig::new(url.clone(), format!("local-{w}"));
         config.device = device.clone();
         config.data_dir = data_dir.to_path_buf();
+        // The workers are threads of this process: they share its cores.
+        config.cores = available_cores() / f64::from(spec.parallelism.pipeline_parallel_degree);
         match WorkerNode::start(config).await {
             Ok(node) => nodes.push(node),
             Err(e) => {
@@ -486,7 +488,7 @@ async fn run_job(
                 .map(|p| format!("{:.0}", *p as f64 / 1024.0))
                 .collect();
             outln!(
-                "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]",
+                "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms",
                 e.step,
                 spec.training.steps,
                 if e.loss.is_nan() {
@@ -497,7 +499,8 @@ async fn run_job(
                 tokens_per_step / (e.step_time_ms / 1e3).max(1e-9),
                 100.0 * e.planned_bubble,
                 100.0 * e.measured_bubble,
-                peaks.join(" ")
+                peaks.join(" "),
+                e.predicted_step_time_ms
             );
             std::io::stdout().flush().ok();
         }

@@ -91,6 +91,7 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
     config.timeout = Duration::from_secs(args.timeout);
     config.slowdown = args.slowdown.unwrap_or_default();
     config.memory_bytes = args.memory_bytes.unwrap_or(0);
+    config.cores = crate::runtime::available_cores();
     config.unplanned_bytes = args.unplanned_bytes.unwrap_or(0);
     config.device = args.device.open()?;
     config.tls = args.tls.settings(&args.auth)?;

@@ -27,6 +27,7 @@
 //!   (lost workers, growing back, stragglers, memory pressure).
 
 pub mod auto;
+pub mod calibration;
 pub mod cancel;
 pub mod cost;
 pub mod csv;

@@ -12,8 +12,10 @@ pub struct StepEventData {
     pub loss: f64,
     /// Wall time of the step.
     pub step_time_ms: f64,
-    /// The schedule's simulated bubble.
+    /// The schedule's simulated bubble, from the costs known before the step.
     pub planned_bubble: f64,
+    /// The step time predicted from the same costs (0: not predicted).
+    pub predicted_step_time_ms: f64,
     /// Measured bubble: 1 − time in passes / (workers × step wall time).
     pub measured_bubble: f64,
     /// (worker, peak activation bytes) for every worker.

@@ -37,6 +37,10 @@ pub struct WorkerInfo {
     pub device_kind: String,
     /// Device memory in bytes.
     pub memory_bytes: u64,
+    /// Its start-up profile's FLOP/s (0: not measured).
+    pub flops_per_second: f64,
+    /// Cores it may count on (0: not known).
+    pub cores: f64,
     /// Last sign of life.
     pub last_seen: Instant,
     /// Activation bytes held now (last heartbeat).
@@ -63,6 +67,9 @@ impl WorkerInfo {
             address: self.address.clone(),
             memory_bytes: self.memory_bytes,
             incarnation: self.incarnation,
+            // Both checked finite and ≥ 0 at registration; `as` saturates.
+            flops_per_second: self.flops_per_second as u64,
+            millicores: (self.cores * 1000.0) as u32,
         }
     }
 }
@@ -481,6 +488,8 @@ mod tests {
             address: "127.0.0.1:1".into(),
             device_kind: String::new(),
             memory_bytes: 0,
+            flops_per_second: 0.0,
+            cores: 0.0,
             last_seen,
             current_activation_bytes: 0,
             peak_activation_bytes: 0,

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured, `job_id`, (`worker` for per-worker measured) |
 //! | `pipewise_step_duration_seconds` | histogram | `job_id` |
+//! | `pipewise_step_time_seconds` | gauge | `source` = predicted \| measured, `job_id` |
 //! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job_id` |
 //! | `pipewise_activation_memory_bytes` | gauge | `kind` = current \| peak \| predicted_peak, `worker` |
 //! | `pipewise_steps_total` | counter | `job_id` |
@@ -46,7 +47,12 @@ pub fn describe() {
     describe_gauge!(
         "pipewise_bubble_ratio",
         Unit::Count,
-        "Idle fraction of the pipeline in a step: planned (simulated from the schedule) or measured (1 - time in passes / step wall time)"
+        "Idle fraction of the pipeline in a step: planned (the schedule simulated with the job's cost model before the step) or measured (1 - time in passes / step wall time)"
+    );
+    describe_gauge!(
+        "pipewise_step_time_seconds",
+        Unit::Seconds,
+        "Step time: predicted (the cost model before the step) or measured (slowest worker)"
     );
     describe_histogram!(
         "pipewise_step_duration_seconds",
@@ -104,7 +110,12 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
         gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone(), "worker" => worker.to_string())
             .set(*bubble);
     }
+    if e.predicted_step_time_ms > 0.0 {
+        gauge!("pipewise_step_time_seconds", "source" => "predicted", "job_id" => job.clone())
+            .set(e.predicted_step_time_ms / 1e3);
+    }
     let secs = e.step_time_ms / 1e3;
+    gauge!("pipewise_step_time_seconds", "source" => "measured", "job_id" => job.clone()).set(secs);
     histogram!("pipewise_step_duration_seconds", "job_id" => job.clone()).record(secs);
     if secs > 0.0 {
         gauge!("pipewise_tokens_per_second", "job_id" => job.clone()).set(tokens_per_step / secs);

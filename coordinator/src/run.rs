@@ -81,7 +81,9 @@ use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
 use pipewise_common::run::Start;
-use pipewise_common::run::supervisor::{Action, Assignment, Config, Input, Member, Supervisor};
+use pipewise_common::run::supervisor::{
+    Action, Assignment, Config, Input, Member, Shown, Supervisor,
+};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -250,10 +252,22 @@ async fn perform(
         Action::Abort(run) => st.membership.cast(MembershipMsg::Abort(run.raw()))?,
         Action::Detach(run) => st.membership.cast(MembershipMsg::Detach(run.raw()))?,
         Action::Step(done) => {
+            let next = done.next;
+            tracing::info!(
+                job,
+                "step {} planned: bubble {:.1}%, {:.1} ms (costs from the steps before it)",
+                done.step + 2,
+                100.0 * next.bubble,
+                next.step_ms
+            );
+            let planned = Shown {
+                bubble: done.planned_bubble,
+                step_ms: done.predicted_step_ms,
+            };
             let mut e = event(
                 job,
                 done.step,
-                done.planned_bubble,
+                planned,
                 &done.predicted_peaks,
                 &done.reports,
             );

@@ -108,6 +108,7 @@ fn event_of(e: StepEventData) -> pb::StepEvent {
         step_time_ms: e.step_time_ms,
         planned_bubble: e.planned_bubble,
         measured_bubble: e.measured_bubble,
+        predicted_step_time_ms: e.predicted_step_time_ms,
         peaks: e
             .peaks
             .into_iter()
@@ -226,11 +227,20 @@ impl ClusterService for Cluster {
                 "address: at most {MAX_ADDRESS} bytes"
             )));
         }
+        for (field, value) in [("flops_per_second", r.flops_per_second), ("cores", r.cores)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: must be finite and ≥ 0, got {value}"
+                )));
+            }
+        }
         let info = WorkerInfo {
             id: r.worker_id,
             address: r.address,
             device_kind: r.device_kind,
             memory_bytes: r.memory_bytes,
+            flops_per_second: r.flops_per_second,
+            cores: r.cores,
             last_seen: Instant::now(),
             current_activation_bytes: 0,
             peak_activation_bytes: 0,

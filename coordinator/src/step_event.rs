@@ -1,17 +1,17 @@
 //! One step's event (and its executed timeline) from every worker's report.
 
-use pipewise_common::run::StepReport;
+use pipewise_common::run::{StageTimes, StepReport};
 use pipewise_proto::v1 as pb;
 
 use crate::events::StepEventData;
 
-pub use pipewise_common::run::supervisor::planned_bubble;
+pub use pipewise_common::run::supervisor::{Shown, planned_bubble};
 
 /// One step's event from every worker's report.
 pub(crate) fn event(
     job: u64,
     step: u64,
-    planned: f64,
+    planned: Shown,
     predicted_peaks: &[u64],
     reports: &[StepReport],
 ) -> StepEventData {
@@ -27,7 +27,8 @@ pub(crate) fn event(
         step: step + 1,
         loss,
         step_time_ms: wall * 1e3,
-        planned_bubble: planned,
+        planned_bubble: planned.bubble,
+        predicted_step_time_ms: planned.step_ms,
         measured_bubble: if wall > 0.0 {
             1.0 - busy / (reports.len() as f64 * wall)
         } else {
@@ -102,6 +103,20 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
         busy_secs: r.busy_secs,
         peak_activation_bytes: r.peak_activation_bytes,
         static_bytes: r.static_bytes,
+        stage_times: r
+            .stage_times
+            .iter()
+            .map(|t| StageTimes {
+                stage: t.stage,
+                f: t.f_ms / 1e3,
+                b: t.b_ms / 1e3,
+                w: t.w_ms / 1e3,
+            })
+            .collect(),
+        bytes_sent: r
+            .bytes_sent
+            .values()
+            .fold(0u64, |a, b| a.saturating_add(*b)),
         spans,
         error: r.error,
         done: r.done,

@@ -60,6 +60,7 @@ impl JobRunner for CountingRunner {
                 step_time_ms: self.delay_ms as f64,
                 planned_bubble: 0.1,
                 measured_bubble: 0.12,
+                predicted_step_time_ms: self.delay_ms as f64,
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
                 worker_bubbles: Vec::new(),
                 predicted_peaks: Vec::new(),

@@ -20,6 +20,7 @@ pub(super) struct StepSummary {
     pub(super) planned_bubble: f64,
     pub(super) measured_bubble: f64,
     pub(super) peak_activation_bytes: Vec<u64>,
+    pub(super) predicted_step_time_ms: f64,
 }
 
 impl StepSummary {
@@ -37,6 +38,7 @@ impl StepSummary {
             planned_bubble: e.planned_bubble,
             measured_bubble: e.measured_bubble,
             peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
+            predicted_step_time_ms: e.predicted_step_time_ms,
         }
     }
 }
@@ -191,6 +193,7 @@ mod tests {
             planned_bubble: 0.1,
             measured_bubble: 0.2,
             peak_activation_bytes: peaks.to_vec(),
+            predicted_step_time_ms: 9.0 * step as f64,
         }
     }
 

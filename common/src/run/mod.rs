@@ -32,4 +32,4 @@ pub mod worker;
 pub use checkpoints::{Checkpoints, Start};
 pub use id::RunId;
 pub use supervisor::{Action, Assignment, Config, Failure, Input, Member, Reason, Supervisor};
-pub use worker::{StepReport, Worker};
+pub use worker::{StageTimes, StepReport, Worker};

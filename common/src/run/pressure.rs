@@ -23,7 +23,7 @@ pub const FITTING_KINDS: [&str; 9] = [
 /// The job as planned for the run's worker count (after a loss it may be fewer than the
 /// degree, without a stage count pinned by blocks per stage), and its layer ranges on the
 /// split in use (`in_use`: pieces per stage, empty for the job's own split).
-fn in_use_ranges(
+pub(crate) fn in_use_ranges(
     spec: &JobSpec,
     plan: &JobPlan,
     in_use: &[u32],
@@ -226,6 +226,7 @@ mod tests {
                 address: String::new(),
                 memory_bytes,
                 incarnation: i as u64 + 1,
+                ..Worker::default()
             })
             .collect()
     }

@@ -14,6 +14,25 @@ pub struct Worker {
     /// Which registration this is: a process that registers again under a known id is a
     /// later one, so a run holding the earlier one has lost that worker.
     pub incarnation: u64,
+    /// The speed its start-up profile measured (FLOP/s; 0: not given).
+    pub flops_per_second: u64,
+    /// Thousandths of a core it may count on while every worker sharing its host computes
+    /// (0: not given; `pipewise local`'s threads on fewer cores than workers get less than
+    /// 1000).
+    pub millicores: u32,
+}
+
+/// One stage's mean measured pass times in a step (seconds; a fused `BW` counts as `b`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StageTimes {
+    /// The stage.
+    pub stage: u32,
+    /// Mean forward.
+    pub f: f64,
+    /// Mean input-gradient (or fused) backward.
+    pub b: f64,
+    /// Mean weight-gradient backward.
+    pub w: f64,
 }
 
 /// One worker's report of one step of a run, or of its end.
@@ -35,6 +54,10 @@ pub struct StepReport {
     pub peak_activation_bytes: u64,
     /// Parameters, gradients and optimizer state held.
     pub static_bytes: u64,
+    /// Mean pass times per stage the worker ran.
+    pub stage_times: Vec<StageTimes>,
+    /// Activation and gradient bytes sent to peers.
+    pub bytes_sent: u64,
     /// What the worker did when (empty: not recorded, or not readable).
     pub spans: Vec<Span>,
     /// Why the worker gave up on the run (empty: it did not).

@@ -32,6 +32,10 @@ pub struct NodeConfig {
     /// Device memory this worker may use, registered with the coordinator, which moves a
     /// job that overflows it to a schedule that fits (0: not said, not watched).
     pub memory_bytes: u64,
+    /// Cores this worker may count on when every worker sharing its host computes at once
+    /// (`pipewise local`: the machine's cores over its workers); 0: not known. The
+    /// coordinator's cost model slows a worker with less than one core accordingly.
+    pub cores: f64,
     /// Bytes the worker reports holding beyond what it computes: a stand-in for memory no
     /// plan predicts (allocator slack, other processes), to exercise the coordinator's
     /// after-a-step memory check (0: none).
@@ -65,6 +69,7 @@ impl NodeConfig {
             connect_for: Duration::from_secs(60),
             slowdown: crate::runtime::Slowdown::default(),
             memory_bytes: 0,
+            cores: 0.0,
             unplanned_bytes: 0,
             tls: TlsSettings::default(),
             token: BearerToken::none(),

@@ -90,6 +90,10 @@ pub struct ConnArgs {
     pub(crate) address: String,
     pub(crate) device_kind: String,
     pub(crate) memory_bytes: u64,
+    /// The start-up profile's FLOP/s.
+    pub(crate) flops_per_second: f64,
+    /// Cores the worker may count on (0: not known).
+    pub(crate) cores: f64,
     pub(crate) shared: Arc<Shared>,
     pub(crate) assignments: std::sync::mpsc::Sender<pb::Assignment>,
 }
@@ -123,6 +127,8 @@ impl Connection {
                 device_kind: args.device_kind.clone(),
                 memory_bytes: args.memory_bytes,
                 run: job,
+                flops_per_second: args.flops_per_second,
+                cores: args.cores,
             })
             .await
             .map_err(|s| {

@@ -40,6 +40,7 @@ mod connection;
 mod executor;
 pub mod memory;
 mod outputs;
+mod profile;
 mod reporter;
 mod shared;
 
@@ -95,6 +96,10 @@ impl WorkerNode {
         crate::net::grpc_uri(&address, config.tls.mutual())
             .map_err(|e| Error::invalid("advertise", e.to_string()))?;
         let shared = Arc::new(Shared::new(transport));
+        // A few tens of milliseconds; a failed profile only leaves the planner's default.
+        // A worker slowed by `--slowdown` profiles that much slower.
+        let flops_per_second =
+            profile::linear_flops(&config.device).unwrap_or(0.0) / config.slowdown.max(1e-9);
         let channel =
             connection::connect(&config.coordinator, &config.tls, config.connect_for).await?;
         // An assignment carries the worker's whole program (up to millions of passes).
@@ -128,6 +133,8 @@ impl WorkerNode {
                 address: address.clone(),
                 device_kind: device_kind(&config.device).into(),
                 memory_bytes: config.memory_bytes,
+                flops_per_second,
+                cores: config.cores,
                 shared: Arc::clone(&shared),
                 assignments: assign_tx.clone(),
             },

@@ -5,7 +5,7 @@ use super::super::respec::grown;
 use super::super::straggler::straggler;
 use super::following::Run;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
-use super::{Phase, Supervisor};
+use super::{Phase, Supervisor, shown};
 use crate::run::worker::{StepReport, gone};
 
 impl Supervisor {
@@ -117,10 +117,24 @@ impl Supervisor {
 
     /// Every worker reported `step`: its event, then whether the run should move.
     fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
+        // Step `step` was planned before its reports came; they refine the next step's.
+        let planned = run.out.planned;
+        let schedule = &self.plan.schedule;
+        self.costs
+            .observe(schedule, &run.out.ranges, &run.out.workers, &reports);
+        run.out.planned = shown(
+            &self.current,
+            &self.plan,
+            &run.out.ranges,
+            &run.out.workers,
+            &mut self.costs,
+        );
         self.out.push(Action::Step(Box::new(StepDone {
             step,
             reports: reports.clone(),
-            planned_bubble: run.out.planned,
+            planned_bubble: planned.bubble,
+            predicted_step_ms: planned.step_ms,
+            next: run.out.planned,
             predicted_peaks: run.out.predicted_peaks.clone(),
             replanned: self.replanned.take(),
         })));

@@ -4,7 +4,7 @@ use super::super::id::RunId;
 use super::super::reports::StepReports;
 use super::super::straggler::Straggle;
 use super::super::worker::Worker;
-use super::io::{Failure, Move};
+use super::io::{Failure, Move, Shown};
 
 /// A run as it was handed out.
 #[derive(Debug)]
@@ -13,8 +13,10 @@ pub(super) struct Out {
     pub(super) workers: Vec<Worker>,
     pub(super) first_step: u64,
     pub(super) steps: u64,
-    /// The plan's planned bubble, for every step event.
-    pub(super) planned: f64,
+    /// The next step's plan as shown: from the costs known when it starts.
+    pub(super) planned: Shown,
+    /// Pieces per stage of the run.
+    pub(super) ranges: Vec<std::ops::Range<usize>>,
     /// Every worker's predicted peak under the plan and split, for every step event.
     pub(super) predicted_peaks: Vec<u64>,
     /// `None`: the run is not watched for stragglers.

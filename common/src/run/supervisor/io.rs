@@ -154,14 +154,27 @@ pub struct StepDone {
     pub step: u64,
     /// Every worker's report, by index.
     pub reports: Vec<StepReport>,
-    /// The run's planned bubble.
+    /// The step's planned bubble, from the costs known before it started.
     pub planned_bubble: f64,
+    /// The step's predicted time (ms), from the same costs.
+    pub predicted_step_ms: f64,
+    /// What the next step is planned at, from the costs known after this one.
+    pub next: Shown,
     /// Every worker's predicted peak activation bytes under the run's plan and split
     /// (empty when they cannot be predicted).
     pub predicted_peaks: Vec<u64>,
     /// Why the job was re-planned before this step and the schedule it runs now, on the
     /// first step after a re-plan.
     pub replanned: Option<(String, Arc<Schedule>)>,
+}
+
+/// The plan a step is shown with: its planned bubble and predicted step time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Shown {
+    /// Planned bubble (waits and the end-of-step sync count as idle for real compute).
+    pub bubble: f64,
+    /// Predicted step time (ms; 0 when it cannot be predicted).
+    pub step_ms: f64,
 }
 
 /// A memory-pressure search to run beside the run.

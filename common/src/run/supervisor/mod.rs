@@ -34,15 +34,16 @@ use std::sync::Arc;
 
 use super::checkpoints::{Checkpoints, Start};
 use super::id::RunId;
-use super::pressure::{predicted_peaks, pressure};
+use super::pressure::{in_use_ranges, predicted_peaks, pressure};
 use super::respec::{replan_after_loss, spec_split};
 use super::straggler::{Straggle, straggle_of};
 use super::worker::Worker;
+use crate::calibration::CostModel;
 use crate::job::{JobPlan, JobSpec};
 use crate::{Costs, Schedule, simulate};
 
 use following::{Out, Run};
-pub use io::{Action, Assignment, Config, Failure, Input, Member, Reason, Search, StepDone};
+pub use io::{Action, Assignment, Config, Failure, Input, Member, Reason, Search, Shown, StepDone};
 use io::{Ended, Move};
 
 /// Where the job's runs are.
@@ -94,6 +95,8 @@ pub struct Supervisor {
     /// Why the job was last re-planned and onto what, until a step event carries it.
     replanned: Option<(String, Arc<Schedule>)>,
     cancelled: bool,
+    /// The job's pieces' costs, refined by every complete step of every run.
+    costs: CostModel,
     now: u64,
     phase: Phase,
     out: Vec<Action>,
@@ -111,7 +114,12 @@ impl Supervisor {
         live: Vec<Member>,
     ) -> Supervisor {
         let stage_pieces = spec_split(&spec, &plan);
+        let costs = CostModel::new(
+            spec.model,
+            spec.parallelism.pipeline_parallel_microbatch_size,
+        );
         Supervisor {
+            costs,
             job,
             current: spec.clone(),
             spec,
@@ -328,13 +336,24 @@ impl Supervisor {
             stage_pieces: self.stage_pieces.clone(),
         })));
         let watch: Option<Straggle> = straggle_of(&self.spec, &self.plan, &self.stage_pieces);
+        let ranges = in_use_ranges(&self.current, &self.plan, &self.stage_pieces)
+            .map(|(_, ranges)| ranges)
+            .unwrap_or_default();
+        let planned = shown(
+            &self.current,
+            &self.plan,
+            &ranges,
+            &workers,
+            &mut self.costs,
+        );
         let run = Run::new(
             Out {
                 id,
                 workers,
                 first_step: self.first_step,
                 steps,
-                planned: planned_bubble(&self.plan, &self.spec),
+                planned,
+                ranges,
                 predicted_peaks: predicted_peaks(&self.current, &self.plan, &self.stage_pieces),
                 watch,
                 may_move: self.replans < self.cfg.max_replans,
@@ -459,6 +478,41 @@ pub fn planned_bubble(plan: &JobPlan, spec: &JobSpec) -> f64 {
         .and_then(|c| simulate(&plan.schedule, &c))
         .map(|s| s.bubble)
         .unwrap_or(f64::NAN)
+}
+
+/// The plan a step of `plan` on `ranges` (pieces per stage) by `workers` is shown with:
+/// for real compute, the schedule simulated with the job's cost model as it stands (costs
+/// of the steps observed so far); for emulated compute, [`planned_bubble`] and the makespan
+/// under the `[compute]` times.
+pub fn shown(
+    spec: &JobSpec,
+    plan: &JobPlan,
+    ranges: &[std::ops::Range<usize>],
+    workers: &[Worker],
+    costs: &mut CostModel,
+) -> Shown {
+    if !spec.compute.is_emulated()
+        && let Some(p) = costs.predict(&plan.schedule, ranges, workers)
+    {
+        return Shown {
+            bubble: p.bubble,
+            step_ms: p.step_secs * 1e3,
+        };
+    }
+    let times = spec.planning_times();
+    let sim =
+        Costs::uniform(&plan.schedule.placement, times).and_then(|c| simulate(&plan.schedule, &c));
+    match sim {
+        Ok(sim) if spec.compute.is_emulated() => Shown {
+            bubble: sim.bubble,
+            step_ms: sim.makespan * spec.compute.f_ms,
+        },
+        Ok(sim) => Shown {
+            bubble: sim.bubble,
+            step_ms: 0.0,
+        },
+        Err(_) => Shown::default(),
+    }
 }
 
 /// Where a re-planned job resumes, in words.

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::*;
+use crate::StageCost;
 use crate::job::example;
 use crate::run::pressure::predicted_peaks;
 use crate::run::respec::{replan, replan_after_loss, spec_split};
@@ -21,7 +22,22 @@ fn worker(i: usize) -> Worker {
         address: format!("10.0.0.{i}:7000"),
         memory_bytes: 0,
         incarnation: i as u64 + 1,
+        ..Worker::default()
     }
+}
+
+/// What a run's first step is shown with when no step was measured before: the cost
+/// model's prior.
+fn first_shown(spec: &JobSpec, plan: &JobPlan, pieces: &[u32], workers: &[Worker]) -> Shown {
+    let (_, ranges) = in_use_ranges(spec, plan, pieces).unwrap();
+    let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
+    let mut costs = CostModel::new(spec.model, mbs);
+    let first = shown(spec, plan, &ranges, workers, &mut costs);
+    assert!(
+        first.step_ms > 0.0 && (0.0..1.0).contains(&first.bubble),
+        "{first:?}"
+    );
+    first
 }
 
 fn workers(d: usize) -> Vec<Worker> {
@@ -192,12 +208,15 @@ fn a_worker_lost_mid_step() {
         Reason::WorkerLost,
     );
     let alone = &ws[..1];
+    let first = first_shown(&current, &one, &pieces, alone);
     assert_eq!(
         step(&mut s, 700, alone, 0),
         [Action::Step(Box::new(StepDone {
             step: 0,
             reports: vec![report(alone, 0, 0)],
-            planned_bubble: planned_bubble(&one, &spec),
+            planned_bubble: first.bubble,
+            predicted_step_ms: first.step_ms,
+            next: first,
             predicted_peaks: predicted_peaks(&current, &one, &pieces),
             replanned: Some((reason.into(), Arc::new(one.schedule.clone()))),
         }))]
@@ -345,12 +364,15 @@ fn a_coordinator_restart_replays_the_store() {
             assign(run, 4, &ws, &plan, &[]),
         ]
     );
+    let first = first_shown(&spec, &plan, &[], &ws);
     assert_eq!(
         step(&mut s, 1_200, &ws, 4),
         [Action::Step(Box::new(StepDone {
             step: 4,
             reports: vec![report(&ws, 0, 4), report(&ws, 1, 4)],
-            planned_bubble: planned_bubble(&plan, &spec),
+            planned_bubble: first.bubble,
+            predicted_step_ms: first.step_ms,
+            next: first,
             predicted_peaks: predicted_peaks(&spec, &plan, &[]),
             replanned: Some((reason.into(), Arc::new(plan.schedule.clone()))),
         }))]
@@ -572,4 +594,74 @@ fn an_error_report_is_held_for_the_grace() {
         reason.starts_with(&format!("worker 1 (w1) stopped heartbeating ({failure})")),
         "{reason}"
     );
+}
+
+/// A step is shown with the plan made from the steps before it: the first from the cost
+/// model's prior, the next from the first's measured pass times, never from its own.
+#[test]
+fn each_step_is_planned_from_the_steps_before_it() {
+    let (spec, ws, mut s, _) = started(2);
+    let plan = spec.validate().unwrap();
+    let first = first_shown(&spec, &plan, &[], &ws);
+    // Worker 1's stage takes three times worker 0's.
+    let timed = |step: u64, scale: f64| -> Vec<StepReport> {
+        (0..2)
+            .map(|i| {
+                let f = scale * 0.01 * (1.0 + 2.0 * i as f64);
+                StepReport {
+                    stage_times: vec![crate::run::StageTimes {
+                        stage: i as u32,
+                        f,
+                        b: 2.0 * f,
+                        w: 0.0,
+                    }],
+                    ..report(&ws, i, step)
+                }
+            })
+            .collect()
+    };
+    let feed = |s: &mut Supervisor, now: u64, reports: Vec<StepReport>| -> StepDone {
+        let mut acts = Vec::new();
+        for r in reports {
+            acts = s.handle(now, Input::Report(Box::new(r)));
+        }
+        match acts.as_slice() {
+            [Action::Step(done)] => (**done).clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let done = feed(&mut s, 100, timed(0, 1.0));
+    assert_eq!(
+        (done.planned_bubble, done.predicted_step_ms),
+        (first.bubble, first.step_ms)
+    );
+    // The next step's plan: step 0's stage times simulated.
+    let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    let measured: Vec<StageCost> = timed(0, 1.0)
+        .iter()
+        .map(|r| r.stage_times[0])
+        .map(|t| StageCost {
+            f: t.f,
+            b: t.b,
+            w: 0.0,
+            mem: 1.0,
+        })
+        .collect();
+    let costs = Costs::per_stage(&plan.schedule.placement, measured, 0.0).unwrap();
+    let sim = simulate(&plan.schedule, &costs).unwrap();
+    let next = done.next;
+    assert!(
+        (next.step_ms / (sim.makespan * 1e3) - 1.0).abs() < 0.02,
+        "{next:?} {sim:?}"
+    );
+    assert!((next.bubble - sim.bubble).abs() < 0.02, "{next:?} {sim:?}");
+    assert_ne!(next, first);
+    assert_eq!(ranges.len(), 2);
+    // Step 1 ran ten times slower: its event still shows the plan made before it.
+    let done = feed(&mut s, 200, timed(1, 10.0));
+    assert_eq!(
+        (done.planned_bubble, done.predicted_step_ms),
+        (next.bubble, next.step_ms)
+    );
+    assert!(done.next.step_ms > 2.0 * next.step_ms, "{:?}", done.next);
 }

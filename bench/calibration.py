@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Planned against measured: issue 30's item-1 table, for every schedule, in one run.
+
+A `pipewise coordinator` and two `pipewise worker` processes (RAYON_NUM_THREADS=1, pinned to
+cores 0 and 1 where the machine has them) take bench/job.toml (GPT: hidden 256, 4 blocks,
+seq 128; 8 microbatches of 4; checkpoints off) once per schedule, submitted one after
+another with `pipewise submit --wait --workers 2`. From the step lines it prints, per
+schedule, the median over steps 3-8 of the planned and the measured bubble, and of the
+predicted and the measured step time. Linux only; not part of CI.
+
+    cargo build --release -p pipewise-cli
+    python3 bench/calibration.py --pipewise target/release/pipewise
+    python3 bench/calibration.py --schedules 1f1b,v-half --steps 10
+
+Other work on the machine skews the measured figures (the load average is printed): the
+planned ones follow, since each step's plan comes from the steps before it.
+"""
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+JOB = Path(__file__).resolve().parent / "job.toml"
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "v-min", "v-half",
+             "v-zb", "adaptive-v"]
+LINE = re.compile(
+    r"^step\s+(?P<step>\d+)\s+loss\s+\S+\s+(?P<ms>[\d.]+) ms\s+bubble planned\s+(?P<planned>[-\d.]+)%"
+    r" measured\s+(?P<measured>[-\d.]+)%\s+peak KiB \[[^\]]*\]\s+predicted (?P<predicted>[-\d.]+) ms",
+    re.M)
+
+
+def loopback_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def on_core(core):
+    """Pins a child to one core (what `taskset -c core` does), if the machine has it."""
+    if core is None or core >= os.cpu_count():
+        return None
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+def start(cmd, log, core=None):
+    env = dict(os.environ, RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=on_core(core))
+
+
+def stop(procs):
+    """SIGTERM to every process; SIGKILL to those still running 10 s later."""
+    for p in procs:
+        p.terminate()
+    deadline = time.monotonic() + 10
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def run_schedule(binary, url, schedule, steps, timeout, folder):
+    out = folder / f"submit-{schedule}.out"
+    cmd = [binary, "submit", str(JOB), "--coordinator", url, "--wait", "--wait-for-coordinator",
+           "60", "--workers", "2", "--steps", str(steps), "--schedule", schedule]
+    with open(out, "w") as log:
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    text = out.read_text()
+    if done.returncode != 0:
+        raise RuntimeError(f"{schedule}: pipewise submit failed:\n{text[-3000:]}")
+    rows = [m.groupdict() for m in LINE.finditer(text)]
+    if len(rows) != steps:
+        raise RuntimeError(f"{schedule}: {len(rows)} step lines, expected {steps}:\n{text[-3000:]}")
+    return rows
+
+
+def medians(rows, first, last):
+    kept = [r for r in rows if first <= int(r["step"]) <= last]
+    med = lambda key: statistics.median(float(r[key]) for r in kept)
+    return med("planned"), med("measured"), med("predicted"), med("ms")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pipewise", default="target/release/pipewise", help="the pipewise binary")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated")
+    ap.add_argument("--steps", type=int, default=8, help="steps per job (at least 3)")
+    ap.add_argument("--first", type=int, default=3, help="first step in the medians")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds a job may take")
+    ap.add_argument("--keep", action="store_true", help="keep the logs (printed folder)")
+    args = ap.parse_args()
+    if args.steps < args.first:
+        ap.error("--steps must be at least --first")
+    binary = str(Path(args.pipewise).resolve())
+    if not Path(binary).exists():
+        ap.error(f"--pipewise {binary}: no such file (cargo build --release -p pipewise-cli)")
+    folder = Path(tempfile.mkdtemp(prefix="pipewise-calibration-"))
+    port = loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    logs = [open(folder / name, "w") for name in ("coordinator.log", "worker0.log", "worker1.log")]
+    procs = [start([binary, "coordinator", "--listen", f"127.0.0.1:{port}", "--data-dir",
+                    str(folder / "data")], logs[0])]
+    procs += [start([binary, "worker", "--coordinator", url, "--id", f"calib-{w}",
+                     "--data-dir", str(folder / "data")], logs[1 + w], core=w)
+              for w in range(2)]
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; "
+          f"{os.cpu_count()} cores; medians of steps {args.first}-{args.steps}")
+    print(f"{'schedule':<18} {'planned':>8} {'measured':>9} {'|diff|':>7} "
+          f"{'predicted ms':>13} {'measured ms':>12} {'ratio':>6}")
+    failed = False
+    try:
+        for schedule in args.schedules.split(","):
+            try:
+                rows = run_schedule(binary, url, schedule, args.steps, args.timeout, folder)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"{schedule:<18} failed: {e}", file=sys.stderr)
+                failed = True
+                continue
+            planned, measured, predicted, ms = medians(rows, args.first, args.steps)
+            print(f"{schedule:<18} {planned:>7.1f}% {measured:>8.1f}% {abs(measured - planned):>6.1f} "
+                  f"{predicted:>13.1f} {ms:>12.1f} {predicted / ms if ms else 0:>6.2f}", flush=True)
+    finally:
+        stop(procs)
+        for log in logs:
+            log.close()
+    if args.keep:
+        print(f"logs in {folder}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+//! A cost model of a job's own pieces: what a pass of each kind (F, B, W, the fused BW)
+//! costs over an embedding, a block and the head, what a byte on a hop costs, and the
+//! end-of-step sync (the all-reduces and the optimizer step), with a speed factor per
+//! worker. Pure: the caller feeds what workers registered and reported.
+//!
+//! It starts from FLOPs ([`ModelSpec::piece_flops`]) over the speed each worker measured in
+//! its start-up profile (a small GEMM timed when the worker starts), slowed where a worker
+//! may count on less than a core (the threads of a `pipewise local` with more workers than
+//! cores): such workers share the cores, so each computes at that share of its profile. Every step's reports refine it: the mean pass time per stage and
+//! kind each worker reports becomes a running mean per (worker, stage make-up, kind), and
+//! the per-piece costs and per-worker factors are fitted to all of them ([`fit`]). Every
+//! block has the same shape, so a block's cost is one unknown however many there are.
+//!
+//! [`CostModel::predict`] turns it into [`Costs`] for a plan on a split and simulates the
+//! schedule: the predicted step time (makespan plus sync) and bubble, counting the sync
+//! as idle as the measured bubble does. A prediction uses only the steps observed so far:
+//! the supervisor predicts step `k` when step `k − 1` completes.
+
+mod fit;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::cost::{Costs, StageCost};
+use crate::model::ModelSpec;
+use crate::pass::PassKind;
+use crate::run::worker::{StepReport, Worker};
+use crate::schedule::Schedule;
+use crate::simulate::simulate;
+use crate::trace::Activity;
+
+use fit::{Row, UNKNOWNS, fit};
+
+/// The speed assumed for a worker that registered no profile (FLOP/s).
+pub const DEFAULT_FLOPS: f64 = 1e10;
+
+/// Seconds per byte on a hop before any is measured (about 1 GB/s).
+const DEFAULT_SECS_PER_BYTE: f64 = 1e-9;
+
+/// A running mean over at most this many steps (older steps fade: exponential averaging
+/// once the window is full).
+const WINDOW: f64 = 16.0;
+
+/// Seconds of one pass of each kind over one piece, for a worker of the workers' mean speed.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct PieceCost {
+    /// Forward.
+    pub f: f64,
+    /// Input-gradient backward.
+    pub b: f64,
+    /// Weight-gradient backward.
+    pub w: f64,
+}
+
+/// A running mean with a window ([`WINDOW`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Mean {
+    value: f64,
+    n: f64,
+}
+
+impl Mean {
+    fn add(&mut self, x: f64) {
+        if x.is_finite() && x >= 0.0 {
+            self.n = (self.n + 1.0).min(WINDOW);
+            self.value += (x - self.value) / self.n;
+        }
+    }
+
+    fn get(&self) -> Option<f64> {
+        (self.n > 0.0).then_some(self.value)
+    }
+}
+
+/// What the model predicts for a plan on a split.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// Predicted step time: the simulated makespan plus the end-of-step sync (seconds).
+    pub step_secs: f64,
+    /// `1 − Σ busy / (workers × step time)`: waits and the sync count as idle.
+    pub bubble: f64,
+    /// The per-stage costs simulated.
+    pub costs: Costs,
+}
+
+/// The cost model of one job (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    model: ModelSpec,
+    microbatch_size: u32,
+    /// Worker ids, by the index the samples use.
+    workers: Vec<String>,
+    /// Every worker's start-up profile (FLOP/s; 0: none).
+    profiles: Vec<f64>,
+    /// Every worker's share of a core (1: a core or more, or not known).
+    shares: Vec<f64>,
+    /// Running mean seconds per (worker, stage make-up, pass kind).
+    samples: BTreeMap<(usize, [u32; 3], PassKind), Mean>,
+    sync: Mean,
+    secs_per_byte: Mean,
+    /// The fit to the samples: costs, factors (one per worker); `None` before any.
+    fitted: Option<([f64; UNKNOWNS], Vec<f64>)>,
+    steps: u64,
+}
+
+impl CostModel {
+    /// The model of a job training `model` in microbatches of `microbatch_size`.
+    pub fn new(model: ModelSpec, microbatch_size: u32) -> CostModel {
+        CostModel {
+            model,
+            microbatch_size,
+            workers: Vec::new(),
+            profiles: Vec::new(),
+            shares: Vec::new(),
+            samples: BTreeMap::new(),
+            sync: Mean::default(),
+            secs_per_byte: Mean::default(),
+            fitted: None,
+            steps: 0,
+        }
+    }
+
+    /// Steps observed so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The index of worker `id`, added (with its profile) if new; a known worker's profile
+    /// is updated when it registers one.
+    fn index(&mut self, w: &Worker) -> usize {
+        let flops = w.flops_per_second as f64;
+        let share = match w.millicores {
+            1..1000 => f64::from(w.millicores) / 1000.0,
+            _ => 1.0,
+        };
+        match self.workers.iter().position(|id| *id == w.id) {
+            Some(i) => {
+                if flops > 0.0 {
+                    self.profiles[i] = flops;
+                }
+                self.shares[i] = share;
+                i
+            }
+            None => {
+                self.workers.push(w.id.clone());
+                self.profiles.push(flops);
+                self.shares.push(share);
+                if let Some((_, factors)) = &mut self.fitted {
+                    factors.push(f64::NAN);
+                }
+                self.workers.len() - 1
+            }
+        }
+    }
+
+    /// Embeddings, blocks and heads in a range of pieces.
+    fn counts(&self, range: &Range<usize>) -> [u32; 3] {
+        let head = self.model.layers as usize + 1;
+        let blocks = range.end.min(head).saturating_sub(range.start.max(1));
+        [
+            u32::from(range.contains(&0)),
+            blocks as u32,
+            u32::from(range.contains(&head)),
+        ]
+    }
+
+    /// The prior: every piece's FLOPs over the workers' mean profiled speed. `B` of a block
+    /// also redoes the attention products; `W` has no attention term; the embedding's `B`
+    /// is nearly free (nothing before it needs a gradient).
+    fn prior(&self) -> [f64; UNKNOWNS] {
+        let speed = self.mean_speed();
+        let (h, t) = (f64::from(self.model.hidden), f64::from(self.model.seq_len));
+        let b = f64::from(self.microbatch_size);
+        let n = b * t;
+        let flops = |p| self.model.piece_flops(p, self.microbatch_size);
+        use crate::model::Piece;
+        let emb = flops(Piece::Embedding);
+        let block = flops(Piece::Block(0));
+        let attention = 4.0 * b * t * t * h;
+        let head = flops(Piece::Head);
+        [
+            [emb, 0.1 * emb, emb],
+            [block, block + attention, 24.0 * n * h * h],
+            [head, head, head],
+        ]
+        .as_flattened()
+        .iter()
+        .map(|f| f.max(1.0) / speed)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or([1e-3; UNKNOWNS])
+    }
+
+    /// Geometric mean of the registered profiles ([`DEFAULT_FLOPS`] without any).
+    fn mean_speed(&self) -> f64 {
+        let known: Vec<f64> = self.profiles.iter().copied().filter(|f| *f > 0.0).collect();
+        if known.is_empty() {
+            return DEFAULT_FLOPS;
+        }
+        (known.iter().map(|f| f.ln()).sum::<f64>() / known.len() as f64).exp()
+    }
+
+    /// Every worker's factor before measurements: the mean speed over its own, over its
+    /// share of a core.
+    fn prior_factors(&self) -> Vec<f64> {
+        let mean = self.mean_speed();
+        self.profiles
+            .iter()
+            .zip(&self.shares)
+            .map(|(&p, share)| if p > 0.0 { mean / p } else { 1.0 } / share)
+            .collect()
+    }
+
+    /// The current per-piece costs: embedding, block, head.
+    pub fn piece_costs(&self) -> [PieceCost; 3] {
+        let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
+        [0, 1, 2].map(|p| PieceCost {
+            f: c[3 * p],
+            b: c[3 * p + 1],
+            w: c[3 * p + 2],
+        })
+    }
+
+    /// Worker `id`'s speed factor (its pass times over a mean worker's), if known.
+    pub fn factor(&self, id: &str) -> Option<f64> {
+        let i = self.workers.iter().position(|w| w == id)?;
+        let factors = match &self.fitted {
+            Some((_, f)) => f.clone(),
+            None => self.prior_factors(),
+        };
+        factors.get(i).copied().filter(|f| f.is_finite())
+    }
+
+    /// Takes one complete step of a run of `schedule` on `ranges` (pieces per stage) by
+    /// `workers` (by index): every report's mean pass times per stage, its sync and its
+    /// sends, then fits the costs again.
+    pub fn observe(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+        reports: &[StepReport],
+    ) {
+        let stages = schedule.placement.stages() as usize;
+        if ranges.len() != stages {
+            return;
+        }
+        let fused: Vec<bool> = (0..stages as u32)
+            .map(|s| {
+                schedule
+                    .workers
+                    .iter()
+                    .flatten()
+                    .any(|p| p.stage == s && p.kind == PassKind::BW)
+            })
+            .collect();
+        let mut sync = f64::INFINITY;
+        let (mut send_secs, mut sent) = (0.0, 0u64);
+        for r in reports {
+            let Some(worker) = workers.get(r.worker_index as usize) else {
+                continue;
+            };
+            let w = self.index(worker);
+            for t in &r.stage_times {
+                let s = t.stage as usize;
+                let Some(range) = ranges.get(s) else { continue };
+                let counts = self.counts(range);
+                let backward = if fused[s] { PassKind::BW } else { PassKind::B };
+                for (kind, secs) in [(PassKind::F, t.f), (backward, t.b), (PassKind::W, t.w)] {
+                    if secs > 0.0 && !(fused[s] && kind == PassKind::W) {
+                        self.samples.entry((w, counts, kind)).or_default().add(secs);
+                    }
+                }
+            }
+            let synced: f64 = r
+                .spans
+                .iter()
+                .filter(|s| s.activity == Activity::Sync)
+                .map(|s| s.duration())
+                .sum();
+            if r.spans.iter().any(|s| s.activity == Activity::Sync) {
+                sync = sync.min(synced);
+            }
+            send_secs += r
+                .spans
+                .iter()
+                .filter(|s| matches!(s.activity, Activity::Send { .. }))
+                .map(|s| s.duration())
+                .sum::<f64>();
+            sent += r.bytes_sent;
+        }
+        // The worker that reached the sync last waited least in it: its sync is the cost.
+        if sync.is_finite() {
+            self.sync.add(sync);
+        }
+        if sent > 0 {
+            self.secs_per_byte.add(send_secs / sent as f64);
+        }
+        self.steps += 1;
+        self.refit();
+    }
+
+    /// Fits costs and factors to the samples.
+    fn refit(&mut self) {
+        let rows: Vec<Row> = self
+            .samples
+            .iter()
+            .filter_map(|(&(worker, counts, kind), m)| {
+                Some(Row {
+                    worker,
+                    counts,
+                    kind,
+                    secs: m.get()?,
+                    weight: m.n,
+                })
+            })
+            .collect();
+        let start = self.prior_factors();
+        self.fitted = Some(fit(&rows, self.prior(), &start));
+    }
+
+    /// The per-stage costs of `schedule` on `ranges` run by `workers` (by index), the hop
+    /// cost of one activation frame, and the sync; `None` when they do not match.
+    pub fn costs(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+    ) -> Option<(Costs, f64)> {
+        let placement = &schedule.placement;
+        if ranges.len() != placement.stages() as usize
+            || workers.len() != placement.workers() as usize
+        {
+            return None;
+        }
+        let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
+        let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
+        let prior_factors = self.prior_factors();
+        let factor = |w: usize| {
+            let fitted = self.fitted.as_ref().and_then(|f| f.1.get(w).copied());
+            fitted
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .unwrap_or(prior_factors[w])
+        };
+        let stages = ranges
+            .iter()
+            .enumerate()
+            .map(|(s, range)| {
+                let n = self.counts(range).map(f64::from);
+                let k = factor(index[placement.worker_of(s as u32) as usize]);
+                let sum = |pass: usize| k * (0..3).map(|p| n[p] * c[3 * p + pass]).sum::<f64>();
+                StageCost {
+                    f: sum(0),
+                    b: sum(1),
+                    w: sum(2),
+                    mem: 1.0,
+                }
+            })
+            .collect();
+        let m = &self.model;
+        let frame = u64::from(self.microbatch_size)
+            * u64::from(m.seq_len)
+            * u64::from(m.hidden)
+            * m.dtype.bytes();
+        let hop = frame as f64 * self.secs_per_byte.get().unwrap_or(DEFAULT_SECS_PER_BYTE);
+        let costs = Costs::per_stage(placement, stages, hop).ok()?;
+        Some((costs, self.sync.get().unwrap_or(0.0)))
+    }
+
+    /// The predicted step time and bubble of `schedule` on `ranges` run by `workers`.
+    pub fn predict(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+    ) -> Option<Prediction> {
+        let (costs, sync) = self.costs(schedule, ranges, workers)?;
+        let sim = simulate(schedule, &costs).ok()?;
+        let step_secs = sim.makespan + sync;
+        let d = sim.busy.len() as f64;
+        let bubble = if step_secs > 0.0 {
+            1.0 - sim.busy.iter().sum::<f64>() / (d * step_secs)
+        } else {
+            0.0
+        };
+        Some(Prediction {
+            step_secs,
+            bubble,
+            costs,
+        })
+    }
+}

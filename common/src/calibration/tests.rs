@@ -1,0 +1,185 @@
+use super::*;
+use crate::generate::{Request, ScheduleKind, generate};
+use crate::model::DType;
+use crate::run::worker::StageTimes;
+
+fn gpt(layers: u32) -> ModelSpec {
+    ModelSpec {
+        vocab: 256,
+        hidden: 256,
+        heads: 4,
+        layers,
+        seq_len: 128,
+        dtype: DType::F32,
+    }
+}
+
+fn worker(i: usize, flops: u64) -> Worker {
+    Worker {
+        id: format!("w{i}"),
+        flops_per_second: flops,
+        ..Worker::default()
+    }
+}
+
+/// splitmix64: a seeded stream of uniform numbers in [0, 1).
+struct Uniform(u64);
+
+impl Uniform {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as f64 / (u64::MAX as f64 + 1.0)
+    }
+}
+
+/// Seconds of embedding, block and head passes (F, B, W) the synthetic workers run.
+const TRUE_COSTS: [f64; 9] = [
+    0.002, 0.0006, 0.003, // embedding
+    0.020, 0.034, 0.017, // block
+    0.011, 0.012, 0.009, // head
+];
+
+/// The synthetic workers' speed factors (geometric mean 1, the model's gauge).
+const TRUE_FACTORS: [f64; 3] = [1.25, 0.8, 1.0];
+
+/// One worker's report of one stage made of `counts`, as the true costs and its factor give
+/// it, each time off by up to ±`noise` (relative).
+fn report(
+    index: u32,
+    counts: [u32; 3],
+    factor: f64,
+    fused: bool,
+    noise: f64,
+    rng: &mut Uniform,
+) -> StepReport {
+    let mut time = |pass: usize| {
+        let exact: f64 = (0..3)
+            .map(|p| f64::from(counts[p]) * TRUE_COSTS[3 * p + pass])
+            .sum();
+        factor * exact * (1.0 + noise * (2.0 * rng.next() - 1.0))
+    };
+    let (f, b, w) = if fused {
+        let f = time(0);
+        (f, time(1) + time(2), 0.0)
+    } else {
+        (time(0), time(1), time(2))
+    };
+    StepReport {
+        worker_index: index,
+        stage_times: vec![StageTimes {
+            stage: index,
+            f,
+            b,
+            w,
+        }],
+        ..StepReport::default()
+    }
+}
+
+#[test]
+fn the_model_recovers_per_piece_costs_within_two_percent_from_noisy_reports() {
+    let layers = 6;
+    let pieces = layers as usize + 2;
+    let mut model = CostModel::new(gpt(layers), 4);
+    let split = generate(&Request::new(ScheduleKind::ZbH1, 3, 6)).expect("zb-h1");
+    let fused = generate(&Request::new(ScheduleKind::OneFOneB, 3, 6)).expect("1f1b");
+    let mut rng = Uniform(30);
+    for step in 0..60 {
+        // A random split into 3 stages of at least one piece, the workers in turn.
+        let a = 1 + (rng.next() * (pieces - 2) as f64) as usize;
+        let b = a + 1 + (rng.next() * (pieces - a - 1) as f64) as usize;
+        let ranges = vec![0..a, a..b, b..pieces];
+        let order: Vec<usize> = (0..3).map(|i| (i + step) % 3).collect();
+        let workers: Vec<Worker> = order.iter().map(|&w| worker(w, 0)).collect();
+        let schedule = if step % 4 == 3 { &fused } else { &split };
+        let reports: Vec<StepReport> = (0..3)
+            .map(|s| {
+                let counts = model.counts(&ranges[s]);
+                let f = TRUE_FACTORS[order[s]];
+                report(s as u32, counts, f, step % 4 == 3, 0.03, &mut rng)
+            })
+            .collect();
+        model.observe(schedule, &ranges, &workers, &reports);
+    }
+    let got = model.piece_costs();
+    for (p, c) in got.iter().enumerate() {
+        for (k, value) in [c.f, c.b, c.w].into_iter().enumerate() {
+            let truth = TRUE_COSTS[3 * p + k];
+            let error = (value - truth).abs() / truth;
+            assert!(error < 0.02, "piece {p} pass {k}: {value} against {truth}");
+        }
+    }
+    for (w, truth) in TRUE_FACTORS.iter().enumerate() {
+        let f = model.factor(&format!("w{w}")).expect("factor");
+        assert!(
+            (f - truth).abs() / truth < 0.02,
+            "worker {w}: {f} against {truth}"
+        );
+    }
+    assert_eq!(model.steps(), 60);
+}
+
+#[test]
+fn one_split_is_predicted_as_it_was_measured() {
+    // A fixed split leaves some costs unseparated, but its own stage times are exact.
+    let layers = 4;
+    let mut model = CostModel::new(gpt(layers), 4);
+    let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 8)).expect("zb-h1");
+    let ranges = vec![0..3, 3..6];
+    let workers = vec![worker(0, 0), worker(1, 0)];
+    let mut rng = Uniform(7);
+    let reports: Vec<StepReport> = (0..2)
+        .map(|s| {
+            let counts = model.counts(&ranges[s]);
+            report(s as u32, counts, TRUE_FACTORS[s], false, 0.0, &mut rng)
+        })
+        .collect();
+    model.observe(&schedule, &ranges, &workers, &reports);
+    let (costs, _) = model.costs(&schedule, &ranges, &workers).expect("costs");
+    for (s, r) in reports.iter().enumerate() {
+        let t = r.stage_times[0];
+        for (predicted, measured) in [
+            (costs.stages[s].f, t.f),
+            (costs.stages[s].b, t.b),
+            (costs.stages[s].w, t.w),
+        ] {
+            assert!(
+                (predicted - measured).abs() / measured < 1e-3,
+                "stage {s}: {predicted} against {measured}"
+            );
+        }
+    }
+}
+
+#[test]
+fn before_any_step_the_profile_sets_the_speed_and_shared_cores_slow_it() {
+    let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 2, 8)).expect("1f1b");
+    let ranges = vec![0..3, 3..6];
+    let fast = vec![worker(0, 20_000_000_000), worker(1, 20_000_000_000)];
+    let slow = vec![worker(0, 10_000_000_000), worker(1, 10_000_000_000)];
+    let predict = |workers: &[Worker]| {
+        let mut m = CostModel::new(gpt(4), 4);
+        m.predict(&schedule, &ranges, workers).expect("prediction")
+    };
+    let (a, b) = (predict(&fast), predict(&slow));
+    assert!(
+        (b.step_secs / a.step_secs - 2.0).abs() < 0.01,
+        "{a:?} {b:?}"
+    );
+    // The hop cost does not scale with the speed: the bubble stays about the same.
+    assert!((a.bubble - b.bubble).abs() < 0.01, "{a:?} {b:?}");
+    // Two workers on one core: each runs at half its profile.
+    let halves: Vec<Worker> = fast
+        .iter()
+        .map(|w| Worker {
+            millicores: 500,
+            ..w.clone()
+        })
+        .collect();
+    let shared = predict(&halves);
+    assert!((shared.step_secs / a.step_secs - 2.0).abs() < 0.01);
+    assert!(a.bubble > 0.0 && a.bubble < 1.0);
+}
