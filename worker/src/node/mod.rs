@@ -97,9 +97,10 @@ impl WorkerNode {
             .map_err(|e| Error::invalid("advertise", e.to_string()))?;
         let shared = Arc::new(Shared::new(transport));
         // A few tens of milliseconds; a failed profile only leaves the planner's default.
-        // A worker slowed by `--slowdown` profiles that much slower.
+        // A worker slowed by `--slowdown` from its first step profiles that much slower (one
+        // slowed from a later step only shows it in its pass times).
         let flops_per_second =
-            profile::linear_flops(&config.device).unwrap_or(0.0) / config.slowdown.max(1e-9);
+            profile::linear_flops(&config.device).unwrap_or(0.0) / config.slowdown.at(0);
         let channel =
             connection::connect(&config.coordinator, &config.tls, config.connect_for).await?;
         // An assignment carries the worker's whole program (up to millions of passes).
