@@ -223,6 +223,21 @@ impl CostModel {
         })
     }
 
+    /// Whether any measured pass time went into the costs (before: FLOPs and profiles only).
+    pub fn calibrated(&self) -> bool {
+        !self.samples.is_empty()
+    }
+
+    /// Forgets every measurement, keeping the workers and their start-up profiles: the
+    /// steps observed next are all the costs stand on (after the costs drifted, the steps
+    /// before the drift would hold the fit back for a window's length).
+    pub fn forget(&mut self) {
+        self.samples.clear();
+        self.sync = Mean::default();
+        self.secs_per_byte = Mean::default();
+        self.fitted = None;
+    }
+
     /// Worker `id`'s speed factor (its pass times over a mean worker's), if known.
     pub fn factor(&self, id: &str) -> Option<f64> {
         let i = self.workers.iter().position(|w| w == id)?;

@@ -155,6 +155,13 @@ impl Supervisor {
                 workers: run.out.workers.clone(),
             })));
         }
+        // Measured over predicted first: a straggler shows there too, and the recalibrated
+        // costs move its layers by what they measured rather than by FLOPs.
+        let measured = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
+        let times = (planned.step_ms / 1e3, measured);
+        if self.drifted(run, step, times, &reports) {
+            return;
+        }
         if run.out.may_move
             && run.moving.is_none()
             && run.stop_asked.is_none()

@@ -1,8 +1,10 @@
 //! A run that is out, as the supervisor follows it.
 
+use super::super::drift::Drift;
 use super::super::id::RunId;
 use super::super::reports::StepReports;
 use super::super::straggler::Straggle;
+use super::super::worker::StepReport;
 use super::super::worker::Worker;
 use super::io::{Failure, Move, Shown};
 
@@ -37,6 +39,11 @@ pub(super) struct Run {
     pub(super) last_check: u64,
     /// Relative slowness of every worker in the last steps.
     pub(super) history: Vec<Vec<f64>>,
+    /// The latest steps that ran over their prediction.
+    pub(super) drift: Drift,
+    /// The reports of the latest steps (as many as the drift rule counts), to recalibrate
+    /// from when it fires.
+    pub(super) recent: Vec<Vec<StepReport>>,
     /// A move decided, waiting for the workers to stop.
     pub(super) moving: Option<(String, Move)>,
     /// Memory pressure is answered once per run: when nothing fits, planning the
@@ -60,6 +67,8 @@ impl Run {
             stop_asked: None,
             last_check: now,
             history: Vec::new(),
+            drift: Drift::default(),
+            recent: Vec::new(),
             moving: None,
             pressure_tried: false,
             grow_tried: d,

@@ -214,6 +214,8 @@ pub enum Reason {
     MemoryPressure,
     /// Workers joined a job running on fewer than its degree.
     WorkerJoined,
+    /// Steps ran over the plan's prediction: layers moved for the recalibrated costs.
+    Calibration,
 }
 
 impl Reason {
@@ -225,6 +227,7 @@ impl Reason {
             Reason::Straggler => "straggler",
             Reason::MemoryPressure => "memory_pressure",
             Reason::WorkerJoined => "worker_joined",
+            Reason::Calibration => "calibration",
         }
     }
 }
@@ -295,6 +298,9 @@ impl Failure {
 pub(super) enum Move {
     /// A straggler's layers moved: the same plan on this split (pieces per stage).
     Split(Vec<u32>),
+    /// Steps drifted from the prediction: the same plan on the split balanced for the
+    /// recalibrated costs.
+    Recalibrate(Vec<u32>),
     /// Memory pressure: a plan predicted to fit, with the spec it was planned from.
     Plan(Box<Fitting>),
     /// Workers joined a job that runs on fewer than its degree: the plan on more of them.
@@ -305,6 +311,7 @@ impl Move {
     pub(super) fn reason(&self) -> Reason {
         match self {
             Move::Split(_) => Reason::Straggler,
+            Move::Recalibrate(_) => Reason::Calibration,
             Move::Plan(_) => Reason::MemoryPressure,
             Move::Grow(_) => Reason::WorkerJoined,
         }

@@ -26,6 +26,7 @@
 mod follow;
 mod following;
 mod io;
+mod recalibrate;
 #[cfg(test)]
 mod tests;
 
@@ -442,7 +443,7 @@ impl Supervisor {
                 self.out.push(Action::Warn(reason.clone()));
                 self.out.push(Action::Replanned(to.reason()));
                 match to {
-                    Move::Split(counts) => self.stage_pieces = counts,
+                    Move::Split(counts) | Move::Recalibrate(counts) => self.stage_pieces = counts,
                     Move::Plan(fits) => {
                         self.plan = fits.adopt_into(&mut self.current);
                         self.stage_pieces = spec_split(&self.current, &self.plan);

@@ -665,3 +665,130 @@ fn each_step_is_planned_from_the_steps_before_it() {
     );
     assert!(done.next.step_ms > 2.0 * next.step_ms, "{:?}", done.next);
 }
+
+/// Reports of step `k` by two workers whose passes take `slow[i]` times a mean worker's
+/// (10 ms per piece and pass kind), each step `wall` seconds long.
+fn timed(
+    ws: &[Worker],
+    ranges: &[std::ops::Range<usize>],
+    k: u64,
+    slow: [f64; 2],
+    wall: f64,
+) -> Vec<StepReport> {
+    (0..2)
+        .map(|i| {
+            let t = 0.01 * slow[i] * ranges[i].len() as f64;
+            StepReport {
+                wall_secs: wall,
+                stage_times: vec![crate::run::StageTimes {
+                    stage: i as u32,
+                    f: t,
+                    b: t,
+                    w: t,
+                }],
+                ..report(ws, i, k)
+            }
+        })
+        .collect()
+}
+
+/// Runs steps of a 2-worker 1F1B job of 8 steps, worker 1 `slow_from(k)` times slower from
+/// step 3 on and every step `over` times its prediction from there; the actions of every
+/// step's last report until a stop, and the run's pieces per stage.
+fn drifting(slow: [f64; 2], over: f64) -> (Vec<Vec<Action>>, Vec<usize>, Supervisor) {
+    let spec = spec(2, "1f1b", 8);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.handle(0, Input::Tick);
+    let mut predicted = first_shown(&spec, &plan, &[], &ws).step_ms / 1e3;
+    let mut all = Vec::new();
+    for k in 0..6 {
+        let (factors, wall) = if k < 3 {
+            ([1.0, 1.0], predicted)
+        } else {
+            (slow, over * predicted)
+        };
+        let mut acts = Vec::new();
+        for r in timed(&ws, &ranges, k, factors, wall) {
+            acts = s.handle(100 * k, Input::Report(Box::new(r)));
+        }
+        if let Some(Action::Step(done)) = acts.first() {
+            predicted = done.next.step_ms / 1e3;
+        }
+        let stopped = acts.iter().any(|a| matches!(a, Action::Stop(_)));
+        all.push(acts);
+        if stopped {
+            break;
+        }
+    }
+    (all, ranges.iter().map(|r| r.len()).collect(), s)
+}
+
+/// Steps that run 10 % or more over their prediction for three steps in a row, on a run
+/// whose worker 1 became 3× slower: the costs are recalibrated from those steps, every
+/// worker stops after the third, and the next run moves layers off worker 1, counted as a
+/// calibration re-plan.
+#[test]
+fn a_drift_moves_layers_for_the_recalibrated_costs() {
+    let (steps, before, mut s) = drifting([1.0, 3.0], 1.5);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(steps.len(), 6, "{steps:?}");
+    for acts in &steps[..5] {
+        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    }
+    assert!(
+        matches!(&steps[5][..], [Action::Step(_), Action::Stop(r)] if *r == r0),
+        "{:?}",
+        steps[5]
+    );
+    let ws = workers(2);
+    assert_eq!(s.handle(700, done(&ws, 0)), []);
+    assert_eq!(
+        s.handle(700, done(&ws, 1)),
+        [Action::Detach(r0), Action::ReadCheckpoints]
+    );
+    let acts = s.handle(800, saved(&[(5, 2), (6, 2)]));
+    let [
+        Action::ClearAfter(6),
+        Action::Warn(why),
+        Action::Replanned(Reason::Calibration),
+        Action::Attach(_),
+        Action::Assign(a),
+    ] = &acts[..]
+    else {
+        panic!("{acts:?}");
+    };
+    assert!(
+        why.starts_with("steps 4 (50% over), 5 (50% over), 6 (50% over) took longer than planned"),
+        "{why}"
+    );
+    // Layers moved off worker 1 (stage 1).
+    assert!(
+        a.stage_pieces[1] < before[1] as u32,
+        "{before:?} → {:?}",
+        a.stage_pieces
+    );
+}
+
+/// Both workers slowed alike: the steps drift, but no split is predicted faster, so the
+/// run goes on (and its next predictions stand on the recalibrated costs).
+#[test]
+fn a_drift_without_a_faster_split_does_not_move() {
+    let (steps, _, _) = drifting([3.0, 3.0], 1.5);
+    assert_eq!(steps.len(), 6);
+    for acts in &steps {
+        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    }
+}
+
+/// Steps 9 % over their prediction are on time: no re-plan however slow worker 1 is.
+#[test]
+fn steps_under_ten_percent_over_do_not_drift() {
+    let (steps, _, _) = drifting([1.0, 3.0], 1.09);
+    assert_eq!(steps.len(), 6);
+    for acts in &steps {
+        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    }
+}
