@@ -122,13 +122,7 @@ impl Supervisor {
         let schedule = &self.plan.schedule;
         self.costs
             .observe(schedule, &run.out.ranges, &run.out.workers, &reports);
-        run.out.planned = shown(
-            &self.current,
-            &self.plan,
-            &run.out.ranges,
-            &run.out.workers,
-            &mut self.costs,
-        );
+        self.plan_next(run);
         self.out.push(Action::Step(Box::new(StepDone {
             step,
             reports: reports.clone(),
@@ -181,6 +175,17 @@ impl Supervisor {
             self.out.push(Action::Stop(run.out.id));
             run.moving = Some((reason, Move::Split(counts)));
         }
+    }
+
+    /// The run's next step as shown: its plan simulated on the costs as they stand.
+    pub(super) fn plan_next(&mut self, run: &mut Run) {
+        run.out.planned = shown(
+            &self.current,
+            &self.plan,
+            &run.out.ranges,
+            &run.out.workers,
+            &mut self.costs,
+        );
     }
 
     /// A job running on fewer workers than its degree (after a loss) grows back when

@@ -3,9 +3,9 @@
 //! that is predicted enough faster ([`crate::run::drift`]).
 
 use super::super::drift::{DRIFT_STEPS, worth_replanning};
+use super::Supervisor;
 use super::following::Run;
 use super::io::{Action, Move};
-use super::{Supervisor, shown};
 use crate::calibration::PieceCost;
 use crate::model::Piece;
 use crate::partition::split_for_speeds;
@@ -43,13 +43,7 @@ impl Supervisor {
             let (schedule, out) = (&self.plan.schedule, &run.out);
             self.costs.observe(schedule, &out.ranges, &out.workers, r);
         }
-        run.out.planned = shown(
-            &self.current,
-            &self.plan,
-            &run.out.ranges,
-            &run.out.workers,
-            &mut self.costs,
-        );
+        self.plan_next(run);
         let Some((current, counts, candidate)) = self.rebalanced(run) else {
             run.drift.reset();
             return false;

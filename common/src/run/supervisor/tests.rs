@@ -772,23 +772,24 @@ fn a_drift_moves_layers_for_the_recalibrated_costs() {
     );
 }
 
-/// Both workers slowed alike: the steps drift, but no split is predicted faster, so the
-/// run goes on (and its next predictions stand on the recalibrated costs).
-#[test]
-fn a_drift_without_a_faster_split_does_not_move() {
-    let (steps, _, _) = drifting([3.0, 3.0], 1.5);
+/// Every one of the six steps of [`drifting`] gave a step event and nothing else.
+fn no_move(slow: [f64; 2], over: f64) {
+    let (steps, _, _) = drifting(slow, over);
     assert_eq!(steps.len(), 6);
     for acts in &steps {
         assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
     }
 }
 
+/// Both workers slowed alike: the steps drift, but no split is predicted faster, so the
+/// run goes on (and its next predictions stand on the recalibrated costs).
+#[test]
+fn a_drift_without_a_faster_split_does_not_move() {
+    no_move([3.0, 3.0], 1.5);
+}
+
 /// Steps 9 % over their prediction are on time: no re-plan however slow worker 1 is.
 #[test]
 fn steps_under_ten_percent_over_do_not_drift() {
-    let (steps, _, _) = drifting([1.0, 3.0], 1.09);
-    assert_eq!(steps.len(), 6);
-    for acts in &steps {
-        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
-    }
+    no_move([1.0, 3.0], 1.09);
 }
