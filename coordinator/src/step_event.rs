@@ -5,7 +5,7 @@ use pipewise_proto::v1 as pb;
 
 use crate::events::StepEventData;
 
-pub use pipewise_common::run::supervisor::{Shown, planned_bubble};
+pub use pipewise_common::run::supervisor::Shown;
 
 /// One step's event from every worker's report.
 pub(crate) fn event(

@@ -471,20 +471,11 @@ impl Supervisor {
     }
 }
 
-/// The planned bubble of a job's plan (what a step event reports): its schedule simulated
-/// under [`JobSpec::planning_times`], unit pass times for real compute and the `[compute]`
-/// times for an emulated job.
-pub fn planned_bubble(plan: &JobPlan, spec: &JobSpec) -> f64 {
-    Costs::uniform(&plan.schedule.placement, spec.planning_times())
-        .and_then(|c| simulate(&plan.schedule, &c))
-        .map(|s| s.bubble)
-        .unwrap_or(f64::NAN)
-}
-
 /// The plan a step of `plan` on `ranges` (pieces per stage) by `workers` is shown with:
 /// for real compute, the schedule simulated with the job's cost model as it stands (costs
-/// of the steps observed so far); for emulated compute, [`planned_bubble`] and the makespan
-/// under the `[compute]` times.
+/// of the steps observed so far); for emulated compute (and before any prediction), the
+/// schedule simulated under [`JobSpec::planning_times`]: its bubble, and for emulated compute
+/// the makespan under the `[compute]` times.
 pub fn shown(
     spec: &JobSpec,
     plan: &JobPlan,
