@@ -8,7 +8,8 @@
 //! may count on less than a core (the threads of a `pipewise local` with more workers than
 //! cores): such workers share the cores, so each computes at that share of its profile. Every step's reports refine it: the mean pass time per stage and
 //! kind each worker reports becomes a running mean per (worker, stage make-up, kind), and
-//! the per-piece costs and per-worker factors are fitted to all of them ([`fit`]). Every
+//! the per-piece costs and per-worker factors are fitted to all of them ([`fit`]); a hop
+//! costs the latency that makes the step's simulated makespan its measured one ([`hop`]). Every
 //! block has the same shape, so a block's cost is one unknown however many there are.
 //!
 //! [`CostModel::predict`] turns it into [`Costs`] for a plan on a split and simulates the
@@ -17,6 +18,7 @@
 //! the supervisor predicts step `k` when step `k − 1` completes.
 
 mod fit;
+mod hop;
 #[cfg(test)]
 mod tests;
 
@@ -99,6 +101,7 @@ pub struct CostModel {
     /// Running mean seconds per (worker, stage make-up, pass kind).
     samples: BTreeMap<(usize, [u32; 3], PassKind), Mean>,
     sync: Mean,
+    /// Seconds per byte of a hop, fitted to every step's makespan ([`hop`]).
     secs_per_byte: Mean,
     /// The fit to the samples: costs, factors (one per worker); `None` before any.
     fitted: Option<([f64; UNKNOWNS], Vec<f64>)>,
@@ -272,7 +275,6 @@ impl CostModel {
             })
             .collect();
         let mut sync = f64::INFINITY;
-        let (mut send_secs, mut sent) = (0.0, 0u64);
         for r in reports {
             let Some(worker) = workers.get(r.worker_index as usize) else {
                 continue;
@@ -298,20 +300,14 @@ impl CostModel {
             if r.spans.iter().any(|s| s.activity == Activity::Sync) {
                 sync = sync.min(synced);
             }
-            send_secs += r
-                .spans
-                .iter()
-                .filter(|s| matches!(s.activity, Activity::Send { .. }))
-                .map(|s| s.duration())
-                .sum::<f64>();
-            sent += r.bytes_sent;
         }
         // The worker that reached the sync last waited least in it: its sync is the cost.
         if sync.is_finite() {
             self.sync.add(sync);
-        }
-        if sent > 0 {
-            self.secs_per_byte.add(send_secs / sent as f64);
+            let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
+            if let Some(hop) = hop::fitted_hop(schedule, reports, wall - sync) {
+                self.secs_per_byte.add(hop / self.frame_bytes() as f64);
+            }
         }
         self.steps += 1;
         self.refit();
@@ -374,14 +370,17 @@ impl CostModel {
                 }
             })
             .collect();
-        let m = &self.model;
-        let frame = u64::from(self.microbatch_size)
-            * u64::from(m.seq_len)
-            * u64::from(m.hidden)
-            * m.dtype.bytes();
-        let hop = frame as f64 * self.secs_per_byte.get().unwrap_or(DEFAULT_SECS_PER_BYTE);
+        let hop =
+            self.frame_bytes() as f64 * self.secs_per_byte.get().unwrap_or(DEFAULT_SECS_PER_BYTE);
         let costs = Costs::per_stage(placement, stages, hop).ok()?;
         Some((costs, self.sync.get().unwrap_or(0.0)))
+    }
+
+    /// Bytes of one activation frame (a microbatch's hidden states).
+    fn frame_bytes(&self) -> u64 {
+        let m = &self.model;
+        (u64::from(self.microbatch_size) * u64::from(m.seq_len) * u64::from(m.hidden)).max(1)
+            * m.dtype.bytes()
     }
 
     /// The predicted step time and bubble of `schedule` on `ranges` run by `workers`.
