@@ -77,9 +77,10 @@ pub(crate) enum Command {
     ///
     /// Asks the coordinator for step K of JOB (default: the latest it
     /// keeps; it keeps the last 64 steps of its last 8 jobs) and writes
-    /// OUT/step-K.trace.json (Chrome / Perfetto trace: process 0 planned,
-    /// process 1 executed, one thread per worker) and OUT/step-K.svg
-    /// (planned above executed on one time axis; waits for peers red,
+    /// OUT/step-K.trace.json (Chrome / Perfetto trace: process 0 planned
+    /// on the costs known before the step, process 2 re-simulated with the
+    /// step's own pass times, process 1 executed, one thread per worker)
+    /// and OUT/step-K.svg (the three on one time axis; waits for peers red,
     /// sends orange, end-of-step sync grey).
     #[command(verbatim_doc_comment)]
     Trace(crate::trace::TraceArgs),

@@ -129,6 +129,25 @@ impl Costs {
         })
     }
 
+    /// These costs with every time (passes and the hop) multiplied by `k` (a change of
+    /// unit); memory stays.
+    pub fn scaled(&self, k: f64) -> Costs {
+        Costs {
+            stages: self
+                .stages
+                .iter()
+                .map(|c| StageCost {
+                    f: c.f * k,
+                    b: c.b * k,
+                    w: c.w * k,
+                    mem: c.mem,
+                })
+                .collect(),
+            comm: self.comm * k,
+            release_at_b: self.release_at_b,
+        }
+    }
+
     /// Checks that these costs cover exactly the stages of `placement`.
     pub fn check_for(&self, placement: &Placement) -> Result<()> {
         if self.stages.len() != placement.stages() as usize {

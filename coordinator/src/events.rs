@@ -35,6 +35,8 @@ pub struct StepEventData {
     /// What every worker did when during the step, if the runner recorded it (the job
     /// manager keeps it for `GetStepTrace` and strips it from watchers' events).
     pub trace: Option<std::sync::Arc<pipewise_common::trace::StepTrace>>,
+    /// The per-stage costs the step was planned on, kept with its trace (stripped like it).
+    pub planned_costs: Option<std::sync::Arc<pipewise_common::cost::Costs>>,
 }
 
 /// What a runner tells the job manager while it runs a job.

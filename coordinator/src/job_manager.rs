@@ -354,8 +354,9 @@ impl Actor for JobManager {
                     // dropped: they no longer match it).
                     state.traces.start(event.job, (*schedule).clone());
                 }
+                let planned = event.planned_costs.take();
                 if let Some(trace) = event.trace.take() {
-                    state.traces.add(trace);
+                    state.traces.add(trace, planned);
                 }
                 if let Ok(mut record) = state.record(event.job) {
                     record.step = event.step;

@@ -263,6 +263,7 @@ async fn perform(
             let planned = Shown {
                 bubble: done.planned_bubble,
                 step_ms: done.predicted_step_ms,
+                costs: done.planned_costs,
             };
             let mut e = event(
                 job,

@@ -196,6 +196,7 @@ impl JobService for Jobs {
             chrome_trace_json: t.chrome_json,
             svg: t.svg,
             planned_bubble: t.planned_bubble,
+            resimulated_bubble: t.resimulated_bubble,
             executed_bubble: t.executed_bubble,
             kept_steps: t.kept,
         }))

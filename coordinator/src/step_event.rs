@@ -52,6 +52,7 @@ pub(crate) fn event(
         replan_reason: String::new(),
         replanned: None,
         trace: step_trace(job, step, reports),
+        planned_costs: planned.costs,
     }
 }
 

@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use pipewise_common::render::executed;
+use pipewise_common::cost::Costs;
+use pipewise_common::render::executed::{self, Simulated};
 use pipewise_common::schedule::Schedule;
 use pipewise_common::simulate;
 use pipewise_common::trace::{StepTrace, measured_costs};
@@ -30,21 +31,31 @@ pub struct RenderedTrace {
     pub step: u64,
     /// Chrome / Perfetto trace JSON (process 0 planned, process 1 executed).
     pub chrome_json: String,
-    /// SVG: planned above executed.
+    /// SVG: planned, re-simulated, executed.
     pub svg: String,
-    /// Bubble of the plan at the step's measured pass times.
+    /// Bubble of the step's plan (on the costs known before it; the re-simulation's when
+    /// the step had no plan kept).
     pub planned_bubble: f64,
+    /// Bubble of the schedule at the step's own mean pass times.
+    pub resimulated_bubble: f64,
     /// Bubble of the execution.
     pub executed_bubble: f64,
     /// Steps kept for this job.
     pub kept: Vec<u64>,
 }
 
+/// A step's trace and the costs it was planned on.
+#[derive(Debug)]
+struct Kept {
+    trace: Arc<StepTrace>,
+    planned: Option<Arc<Costs>>,
+}
+
 /// One job's schedule and recent step traces.
 #[derive(Debug)]
 struct JobTraces {
     schedule: Arc<Schedule>,
-    steps: VecDeque<Arc<StepTrace>>,
+    steps: VecDeque<Kept>,
 }
 
 /// The traces of recent jobs.
@@ -53,8 +64,8 @@ pub struct TraceStore {
     jobs: BTreeMap<u64, JobTraces>,
 }
 
-fn spans_of(t: &StepTrace) -> usize {
-    t.workers.iter().map(Vec::len).sum()
+fn spans_of(k: &Kept) -> usize {
+    k.trace.workers.iter().map(Vec::len).sum()
 }
 
 impl TraceStore {
@@ -72,9 +83,10 @@ impl TraceStore {
         }
     }
 
-    /// Keeps a step's trace (the oldest step goes past [`KEEP_STEPS`]). A trace that does
-    /// not match the job's schedule is dropped with a warning.
-    pub fn add(&mut self, trace: Arc<StepTrace>) {
+    /// Keeps a step's trace and the costs it was planned on (the oldest step goes past
+    /// [`KEEP_STEPS`]). A trace that does not match the job's schedule is dropped with a
+    /// warning.
+    pub fn add(&mut self, trace: Arc<StepTrace>, planned: Option<Arc<Costs>>) {
         let Some(entry) = self.jobs.get_mut(&trace.job) else {
             return;
         };
@@ -82,7 +94,7 @@ impl TraceStore {
             tracing::warn!(job = trace.job, step = trace.step, "trace dropped: {e}");
             return;
         }
-        entry.steps.push_back(trace);
+        entry.steps.push_back(Kept { trace, planned });
         while entry.steps.len() > KEEP_STEPS {
             entry.steps.pop_front();
         }
@@ -109,11 +121,11 @@ impl TraceStore {
             field: "job",
             reason: format!("no traces are kept for job {job} (only for the last {KEEP_JOBS} jobs run since the coordinator started)"),
         })?;
-        let kept: Vec<u64> = entry.steps.iter().map(|t| t.step).collect();
-        let trace = if step == 0 {
+        let kept: Vec<u64> = entry.steps.iter().map(|k| k.trace.step).collect();
+        let found = if step == 0 {
             entry.steps.back()
         } else {
-            entry.steps.iter().find(|t| t.step == step)
+            entry.steps.iter().find(|k| k.trace.step == step)
         }
         .ok_or_else(|| CoordinatorError::BadRequest {
             field: "step",
@@ -124,17 +136,26 @@ impl TraceStore {
                 _ => format!("job {job} has no traced step yet"),
             },
         })?;
-        let schedule = &entry.schedule;
-        let costs = measured_costs(schedule, trace)?;
-        let planned = simulate(schedule, &costs)?;
-        let chrome = executed::chrome_trace(schedule, &planned, trace);
+        let (schedule, trace) = (&entry.schedule, &found.trace);
+        let resimulated = simulate(schedule, &measured_costs(schedule, trace)?)?;
+        // Costs of another placement (kept across a re-plan) draw no plan.
+        let planned = found
+            .planned
+            .as_ref()
+            .and_then(|c| simulate(schedule, c).ok());
+        let sims = Simulated {
+            planned: planned.as_ref(),
+            resimulated: &resimulated,
+        };
+        let chrome = executed::chrome_trace(schedule, sims, trace);
         Ok(RenderedTrace {
             job,
             step: trace.step,
             chrome_json: serde_json::to_string(&chrome)
                 .map_err(|e| CoordinatorError::Actor(format!("cannot serialise the trace: {e}")))?,
-            svg: executed::svg(schedule, &planned, trace),
-            planned_bubble: planned.bubble,
+            svg: executed::svg(schedule, sims, trace),
+            planned_bubble: planned.as_ref().unwrap_or(&resimulated).bubble,
+            resimulated_bubble: resimulated.bubble,
             executed_bubble: trace.bubble(),
             kept,
         })
@@ -175,7 +196,7 @@ mod tests {
         let mut store = TraceStore::default();
         store.start(7, s.clone());
         for step in 1..=(KEEP_STEPS as u64 + 5) {
-            store.add(trace_of(&s, 7, step));
+            store.add(trace_of(&s, 7, step), None);
         }
         let latest = store.render(7, 0).expect("latest");
         assert_eq!(latest.step, KEEP_STEPS as u64 + 5);
@@ -194,7 +215,7 @@ mod tests {
         // A trace that does not match the schedule is dropped.
         let mut wrong = (*trace_of(&s, 7, 999)).clone();
         wrong.workers[0].pop();
-        store.add(Arc::new(wrong));
+        store.add(Arc::new(wrong), None);
         assert!(store.render(7, 999).is_err());
     }
 
@@ -204,7 +225,7 @@ mod tests {
         let mut store = TraceStore::default();
         for job in 1..=(KEEP_JOBS as u64 + 2) {
             store.start(job, s.clone());
-            store.add(trace_of(&s, job, 1));
+            store.add(trace_of(&s, job, 1), None);
         }
         assert!(store.render(1, 0).is_err());
         assert!(store.render(2, 0).is_err());

@@ -1,15 +1,18 @@
 //! A traced step drawn next to its plan: a Chrome / Perfetto trace and an SVG figure.
 //!
-//! Both show two timelines of the same workers on one time axis (milliseconds from the
-//! step's first recorded start): **planned** — the schedule simulated with the step's own
-//! mean pass times ([`crate::trace::measured_costs`]), so it is the ideal execution of
-//! exactly this step — and **executed** — what the workers recorded. In the executed
-//! timeline, passes are coloured like the planned ones; waits for a peer's frame are red,
-//! hand-overs to the transport orange, and the end-of-step collectives plus optimizer step
-//! grey. Where the executed row is longer than the planned one, those marks show why.
+//! Both show up to three timelines of the same workers on one time axis (milliseconds from
+//! each one's first start): **planned** — the schedule simulated on the job's costs as they
+//! stood before the step (what the step line's `bubble planned` and `predicted` show; absent
+//! where the job had none yet); **re-simulated** — the schedule simulated with the step's own
+//! mean pass times ([`crate::trace::measured_costs`], no communication cost), the ideal
+//! execution of exactly this step; and **executed** — what the workers recorded. In the
+//! executed timeline, passes are coloured like the simulated ones; waits for a peer's frame
+//! are red, hand-overs to the transport orange, and the end-of-step collectives plus
+//! optimizer step grey. Where the executed row is longer than the simulated ones, those
+//! marks show why.
 //!
-//! In the Chrome trace, process 0 is the plan and process 1 the execution; threads are
-//! workers; `ts` and `dur` are microseconds.
+//! In the Chrome trace, process 0 is the plan, process 1 the execution and process 2 the
+//! re-simulation; threads are workers; `ts` and `dur` are microseconds.
 
 use std::fmt::Write as _;
 
@@ -55,14 +58,40 @@ fn describe(activity: &Activity) -> (String, &'static str, Value) {
     }
 }
 
-/// The Chrome trace of `trace` (process 1) and its plan `planned` (process 0).
-pub fn chrome_trace(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Value {
+/// The simulated timelines a traced step is drawn with.
+#[derive(Debug, Clone, Copy)]
+pub struct Simulated<'a> {
+    /// The step's plan: the schedule simulated on the costs known before the step (`None`
+    /// where the job had none).
+    pub planned: Option<&'a Simulation>,
+    /// The schedule simulated with the step's own mean pass times.
+    pub resimulated: &'a Simulation,
+}
+
+impl<'a> Simulated<'a> {
+    /// (Chrome process id, name, timeline) of every simulated lane, top to bottom.
+    fn lanes(&self) -> Vec<(u32, &'static str, &'a Simulation)> {
+        let mut out = Vec::new();
+        if let Some(p) = self.planned {
+            out.push((0, "planned", p));
+        }
+        out.push((2, "re-simulated", self.resimulated));
+        out
+    }
+}
+
+/// The Chrome trace of `trace` (process 1), its plan (process 0) and its re-simulation
+/// (process 2).
+pub fn chrome_trace(schedule: &Schedule, sims: Simulated<'_>, trace: &StepTrace) -> Value {
     let mut events = Vec::new();
-    for (pid, name) in [(0, "planned"), (1, "executed")] {
+    let lanes = sims.lanes();
+    let mut processes: Vec<(u32, &str)> = lanes.iter().map(|&(pid, name, _)| (pid, name)).collect();
+    processes.push((1, "executed"));
+    for (order, (pid, name)) in processes.into_iter().enumerate() {
         events.push(json!({"name": "process_name", "ph": "M", "pid": pid,
             "args": {"name": format!("{name}: {} step {}", schedule.name, trace.step)}}));
         events.push(json!({"name": "process_sort_index", "ph": "M", "pid": pid,
-            "args": {"sort_index": pid}}));
+            "args": {"sort_index": order}}));
         for w in 0..schedule.num_workers() {
             events.push(
                 json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": w,
@@ -71,14 +100,16 @@ pub fn chrome_trace(schedule: &Schedule, planned: &Simulation, trace: &StepTrace
         }
     }
     let us = |t: f64| t * 1e6;
-    let p0 = super::first_start(planned);
-    for (w, line) in planned.timeline.iter().enumerate() {
-        for t in line {
-            let (name, cat, args) = describe(&Activity::Pass(t.pass));
-            events.push(
-                json!({"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": w,
-                "ts": us(t.start - p0), "dur": us(t.end - t.start), "args": args}),
-            );
+    for &(pid, _, sim) in &lanes {
+        let p0 = super::first_start(sim);
+        for (w, line) in sim.timeline.iter().enumerate() {
+            for t in line {
+                let (name, cat, args) = describe(&Activity::Pass(t.pass));
+                events.push(
+                    json!({"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": w,
+                    "ts": us(t.start - p0), "dur": us(t.end - t.start), "args": args}),
+                );
+            }
         }
     }
     let origin = trace.origin();
@@ -100,8 +131,10 @@ pub fn chrome_trace(schedule: &Schedule, planned: &Simulation, trace: &StepTrace
             "schedule": schedule.name,
             "workers": schedule.num_workers(),
             "microbatches": schedule.microbatches,
-            "planned_makespan_s": planned.makespan,
-            "planned_bubble": planned.bubble,
+            "planned_makespan_s": sims.planned.map(|p| p.makespan),
+            "planned_bubble": sims.planned.map(|p| p.bubble),
+            "resimulated_makespan_s": sims.resimulated.makespan,
+            "resimulated_bubble": sims.resimulated.bubble,
             "executed_makespan_s": trace.makespan(),
             "executed_bubble": trace.bubble(),
         },
@@ -122,16 +155,21 @@ fn chunk_of(schedule: &Schedule) -> Vec<usize> {
     out
 }
 
-/// The planned (top) and executed (bottom) timelines as one standalone SVG document.
-/// Every pass is one `<rect class="pass">` (planned and executed), every wait
+/// The simulated (top) and executed (bottom) timelines as one standalone SVG document.
+/// Every pass is one `<rect class="pass">` (simulated and executed), every wait
 /// `class="wait"`, hand-over `class="send"` and end-of-step span `class="sync"`.
-pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> String {
+pub fn svg(schedule: &Schedule, sims: Simulated<'_>, trace: &StepTrace) -> String {
     let workers = schedule.num_workers() as usize;
     let chunks = schedule.placement.chunks().max(1) as usize;
     let chunk = chunk_of(schedule);
-    let p0 = super::first_start(planned);
+    let lanes = sims.lanes();
     let origin = trace.origin();
-    let span_ms = (planned.makespan.max(trace.makespan()) * 1e3).max(1e-6);
+    let span_ms = (lanes
+        .iter()
+        .map(|l| l.2.makespan)
+        .fold(trace.makespan(), f64::max)
+        * 1e3)
+        .max(1e-6);
     // About 12 px per pass of the busiest worker, within readable limits.
     let most = schedule.workers.iter().map(Vec::len).max().unwrap_or(1);
     let plot = (most as f64 * 12.0).clamp(1000.0, 4000.0);
@@ -139,7 +177,8 @@ pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Stri
     let width = LEFT + plot + RIGHT;
     let panel = PANEL_HEAD + workers as f64 * (ROW + GAP);
     let top = 80.0;
-    let height = top + 2.0 * panel + 50.0;
+    let panels = lanes.len() + 1;
+    let height = top + panels as f64 * panel + 50.0;
     let x_of = |ms: f64| LEFT + ms * px;
     let mut out = String::new();
     let _ = writeln!(
@@ -152,15 +191,20 @@ pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Stri
         out,
         r##"<rect class="page" width="100%" height="100%" fill="#ffffff"/>"##
     );
-    let title = format!(
-        "{} — job {} step {}: planned {} ms, bubble {} · executed {} ms, bubble {}",
-        schedule.name,
-        trace.job,
-        trace.step,
-        fmt_num(planned.makespan * 1e3, 2),
-        fmt_percent(planned.bubble),
+    let mut title = format!("{} — job {} step {}:", schedule.name, trace.job, trace.step);
+    for (_, name, sim) in &lanes {
+        let _ = write!(
+            title,
+            " {name} {} ms, bubble {} ·",
+            fmt_num(sim.makespan * 1e3, 2),
+            fmt_percent(sim.bubble)
+        );
+    }
+    let _ = write!(
+        title,
+        " executed {} ms, bubble {}",
         fmt_num(trace.makespan() * 1e3, 2),
-        fmt_percent(trace.bubble()),
+        fmt_percent(trace.bubble())
     );
     let _ = writeln!(
         out,
@@ -183,7 +227,7 @@ pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Stri
     }
     let _ = writeln!(
         out,
-        r##"<text x="{LEFT}" y="66" font-size="12" fill="#555555">planned = this schedule simulated with this step's mean pass time per stage and kind, no communication cost · executed = what the workers recorded</text>"##
+        r##"<text x="{LEFT}" y="66" font-size="12" fill="#555555">planned = on the costs known before this step · re-simulated = with this step's mean pass time per stage and kind, no communication cost · executed = what the workers recorded</text>"##
     );
     let pass_rect = |out: &mut String, pass: Pass, y: f64, a: f64, b: f64, title: &str| {
         let c = chunk.get(pass.stage as usize).copied().unwrap_or(0);
@@ -199,7 +243,9 @@ pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Stri
             escape(title)
         );
     };
-    for (p, label) in [(0usize, "planned"), (1, "executed")] {
+    let mut labels: Vec<&str> = lanes.iter().map(|l| l.1).collect();
+    labels.push("executed");
+    for (p, label) in labels.into_iter().enumerate() {
         let y0 = top + p as f64 * panel;
         let _ = writeln!(
             out,
@@ -217,8 +263,9 @@ pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Stri
                 fmt_num(y, 2),
                 fmt_num(plot, 2)
             );
-            if p == 0 {
-                for t in planned.timeline.get(w).into_iter().flatten() {
+            if let Some(&(_, _, sim)) = lanes.get(p) {
+                let p0 = super::first_start(sim);
+                for t in sim.timeline.get(w).into_iter().flatten() {
                     let (a, b) = ((t.start - p0) * 1e3, (t.end - p0) * 1e3);
                     let title = format!("{}: {}–{} ms", t.pass, fmt_num(a, 3), fmt_num(b, 3));
                     pass_rect(&mut out, t.pass, y, a, b, &title);
@@ -237,7 +284,7 @@ pub fn svg(schedule: &Schedule, planned: &Simulation, trace: &StepTrace) -> Stri
         }
     }
     // Time axis in milliseconds.
-    let axis_y = top + 2.0 * panel + 4.0;
+    let axis_y = top + panels as f64 * panel + 4.0;
     let _ = writeln!(
         out,
         r##"<line x1="{LEFT}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="#555555" stroke-width="1"/>"##,
@@ -337,8 +384,23 @@ mod tests {
                 .collect(),
         };
         trace.check(&s).expect("valid");
-        let plan = simulate(&s, &measured_costs(&s, &trace).expect("costs")).expect("plan");
-        let v = chrome_trace(&s, &plan, &trace);
+        let resim = simulate(&s, &measured_costs(&s, &trace).expect("costs")).expect("resim");
+        // The plan: the same schedule on costs twice as slow as the execution's.
+        let slow = Costs::uniform(
+            &s.placement,
+            Times {
+                f: 2e-3,
+                b: 2e-3,
+                w: 2e-3,
+                comm: 0.0,
+            },
+        );
+        let plan = simulate(&s, &slow.expect("costs")).expect("plan");
+        let sims = Simulated {
+            planned: Some(&plan),
+            resimulated: &resim,
+        };
+        let v = chrome_trace(&s, sims, &trace);
         let events = v["traceEvents"].as_array().expect("events");
         let count = |pid: u64, cat: &str| {
             events
@@ -348,6 +410,9 @@ mod tests {
         };
         let f = count(0, "F");
         assert_eq!(f, count(1, "F"));
+        assert_eq!(f, count(2, "F"));
+        assert_eq!(v["otherData"]["planned_makespan_s"], plan.makespan);
+        assert_eq!(v["otherData"]["resimulated_makespan_s"], resim.makespan);
         assert_eq!(f, 2 * 2 * 4, "two stages per worker, four microbatches");
         assert_eq!(count(1, "recv"), s.workers[1].len());
         assert_eq!(count(1, "sync"), 2);
@@ -356,10 +421,22 @@ mod tests {
                 .iter()
                 .all(|e| e["ph"] != "X" || e["ts"].as_f64().is_some_and(|t| t >= 0.0))
         );
-        let text = svg(&s, &plan, &trace);
-        assert_eq!(text.matches("class=\"pass\"").count(), 2 * s.num_passes());
+        let text = svg(&s, sims, &trace);
+        assert_eq!(text.matches("class=\"pass\"").count(), 3 * s.num_passes());
         assert_eq!(text.matches("class=\"wait\"").count(), s.workers[1].len());
         assert_eq!(text.matches("class=\"sync\"").count(), 2);
         assert!(text.contains("job 3 step 7"));
+        assert!(text.contains(">re-simulated</text>") && text.contains(">planned</text>"));
+        // Without a plan: the re-simulation and the execution.
+        let text = svg(
+            &s,
+            Simulated {
+                planned: None,
+                resimulated: &resim,
+            },
+            &trace,
+        );
+        assert_eq!(text.matches("class=\"pass\"").count(), 2 * s.num_passes());
+        assert!(!text.contains(">planned</text>"));
     }
 }

@@ -118,7 +118,7 @@ impl Supervisor {
     /// Every worker reported `step`: its event, then whether the run should move.
     fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
         // Step `step` was planned before its reports came; they refine the next step's.
-        let planned = run.out.planned;
+        let planned = run.out.planned.clone();
         let schedule = &self.plan.schedule;
         self.costs
             .observe(schedule, &run.out.ranges, &run.out.workers, &reports);
@@ -128,7 +128,8 @@ impl Supervisor {
             reports: reports.clone(),
             planned_bubble: planned.bubble,
             predicted_step_ms: planned.step_ms,
-            next: run.out.planned,
+            planned_costs: planned.costs.clone(),
+            next: run.out.planned.clone(),
             predicted_peaks: run.out.predicted_peaks.clone(),
             replanned: self.replanned.take(),
         })));

@@ -7,6 +7,7 @@ use super::super::id::RunId;
 use super::super::pressure::{Fitting, pressure};
 use super::super::worker::{StepReport, Worker};
 use crate::Schedule;
+use crate::cost::Costs;
 use crate::job::{JobPlan, JobSpec};
 
 /// The supervisor's timing and limits.
@@ -158,6 +159,8 @@ pub struct StepDone {
     pub planned_bubble: f64,
     /// The step's predicted time (ms), from the same costs.
     pub predicted_step_ms: f64,
+    /// The costs the step was planned on (seconds per pass of each stage).
+    pub planned_costs: Option<Arc<Costs>>,
     /// What the next step is planned at, from the costs known after this one.
     pub next: Shown,
     /// Every worker's predicted peak activation bytes under the run's plan and split
@@ -169,12 +172,15 @@ pub struct StepDone {
 }
 
 /// The plan a step is shown with: its planned bubble and predicted step time.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Shown {
     /// Planned bubble (waits and the end-of-step sync count as idle for real compute).
     pub bubble: f64,
     /// Predicted step time (ms; 0 when it cannot be predicted).
     pub step_ms: f64,
+    /// The per-stage costs (seconds) the plan was simulated on, for the step's trace
+    /// (`None` when it was not).
+    pub costs: Option<Arc<Costs>>,
 }
 
 /// A memory-pressure search to run beside the run.

@@ -489,19 +489,22 @@ pub fn shown(
         return Shown {
             bubble: p.bubble,
             step_ms: p.step_secs * 1e3,
+            costs: Some(Arc::new(p.costs)),
         };
     }
     let times = spec.planning_times();
-    let sim =
-        Costs::uniform(&plan.schedule.placement, times).and_then(|c| simulate(&plan.schedule, &c));
-    match sim {
-        Ok(sim) if spec.compute.is_emulated() => Shown {
+    let costs = Costs::uniform(&plan.schedule.placement, times);
+    match costs.and_then(|c| Ok((simulate(&plan.schedule, &c)?, c))) {
+        // Emulated passes take their planning times in units of `f_ms`.
+        Ok((sim, c)) if spec.compute.is_emulated() => Shown {
             bubble: sim.bubble,
             step_ms: sim.makespan * spec.compute.f_ms,
+            costs: Some(Arc::new(c.scaled(spec.compute.f_ms * 1e-3))),
         },
-        Ok(sim) => Shown {
+        Ok((sim, _)) => Shown {
             bubble: sim.bubble,
             step_ms: 0.0,
+            costs: None,
         },
         Err(_) => Shown::default(),
     }
