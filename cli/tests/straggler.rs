@@ -25,24 +25,9 @@ fn layers_move_off_a_straggler() {
     assert!(!moves.is_empty(), "{stdout}");
     let first = moves[0];
     assert!(first.contains("worker 2 (w2) took"), "{first}");
-    // "pieces per stage [a, b, c] → [x, y, z] (predicted …"
-    let lists: Vec<Vec<u32>> = first
-        .split("pieces per stage ")
-        .nth(1)
-        .and_then(|rest| rest.split(" (predicted").next())
-        .unwrap()
-        .split(" → ")
-        .map(|list| {
-            list.trim_matches(|c| c == '[' || c == ']')
-                .split(", ")
-                .map(|x| x.parse().unwrap())
-                .collect()
-        })
-        .collect();
-    assert_eq!(lists.len(), 2, "{first}");
-    assert_eq!(lists[0].iter().sum::<u32>(), lists[1].iter().sum::<u32>());
+    let (before, after) = moved_pieces(first);
     assert!(
-        lists[1][2] < lists[0][2],
+        after[2] < before[2],
         "the straggler keeps its layers: {first}"
     );
     let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);

@@ -428,3 +428,21 @@ pub(crate) fn finals(cluster: &Cluster, job: u64) -> usize {
     .unwrap()
     .count()
 }
+
+/// The pieces per stage before and after a move, from its `re-planned:` line ("… pieces per
+/// stage [a, b, c] → [x, y, z] …").
+pub(crate) fn moved_pieces(line: &str) -> (Vec<u32>, Vec<u32>) {
+    let list = |text: &str| -> Vec<u32> {
+        let inside = text.split_once('[').unwrap().1.split_once(']').unwrap().0;
+        inside.split(", ").map(|x| x.parse().unwrap()).collect()
+    };
+    let moved = line.split_once("pieces per stage ").unwrap().1;
+    let (before, after) = moved.split_once(" → ").unwrap();
+    let (before, after) = (list(before), list(after));
+    assert_eq!(
+        before.iter().sum::<u32>(),
+        after.iter().sum::<u32>(),
+        "{line}"
+    );
+    (before, after)
+}

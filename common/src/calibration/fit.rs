@@ -56,16 +56,24 @@ impl Row {
 }
 
 /// Fits costs (`3·piece + pass`, seconds at the mean speed) and factors (one per worker)
-/// to `rows`, starting from (and pulled towards) `prior` and `prior_factors`.
+/// to `rows`, starting from (and pulled towards) `prior` and `prior_factors`. Where the
+/// rows do not separate a worker's speed from its pieces' costs (one split seen), the
+/// first solve decides: the costs for the prior factors, or with `factors_first` (the
+/// costs are known and the workers' speeds are not: after a drift) the factors for the
+/// prior costs.
 pub(super) fn fit(
     rows: &[Row],
     prior: [f64; UNKNOWNS],
     prior_factors: &[f64],
+    factors_first: bool,
 ) -> ([f64; UNKNOWNS], Vec<f64>) {
     let mut costs = prior;
     let mut factors = prior_factors.to_vec();
     if rows.is_empty() {
         return (costs, factors);
+    }
+    if factors_first {
+        solve_factors(rows, &costs, &mut factors);
     }
     for _ in 0..ROUNDS {
         costs = solve_costs(rows, &factors, &prior).unwrap_or(costs);

@@ -56,16 +56,25 @@ pub struct PieceCost {
     pub w: f64,
 }
 
-/// A running mean with a window ([`WINDOW`]).
+/// A running mean with a window ([`WINDOW`]); a provisional sample counts only until the
+/// next one comes, which replaces it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Mean {
     value: f64,
     n: f64,
+    /// The mean before a provisional sample.
+    before: Option<(f64, f64)>,
 }
 
 impl Mean {
-    fn add(&mut self, x: f64) {
+    fn add(&mut self, x: f64, provisional: bool) {
         if x.is_finite() && x >= 0.0 {
+            if let Some((value, n)) = self.before.take() {
+                (self.value, self.n) = (value, n);
+            }
+            if provisional {
+                self.before = Some((self.value, self.n));
+            }
             self.n = (self.n + 1.0).min(WINDOW);
             self.value += (x - self.value) / self.n;
         }
@@ -105,6 +114,11 @@ pub struct CostModel {
     secs_per_byte: Mean,
     /// The fit to the samples: costs, factors (one per worker); `None` before any.
     fitted: Option<([f64; UNKNOWNS], Vec<f64>)>,
+    /// After a [`CostModel::forget`], the latest fitted costs: every later fit starts from
+    /// (and is pulled towards) them, and finds the workers' factors first.
+    held: Option<[f64; UNKNOWNS]>,
+    /// Whether the next step observed is a run's first ([`CostModel::start_run`]).
+    warming: bool,
     steps: u64,
 }
 
@@ -121,6 +135,8 @@ impl CostModel {
             sync: Mean::default(),
             secs_per_byte: Mean::default(),
             fitted: None,
+            held: None,
+            warming: false,
             steps: 0,
         }
     }
@@ -233,12 +249,22 @@ impl CostModel {
 
     /// Forgets every measurement, keeping the workers and their start-up profiles: the
     /// steps observed next are all the costs stand on (after the costs drifted, the steps
-    /// before the drift would hold the fit back for a window's length).
+    /// before the drift would hold the fit back for a window's length). The per-piece
+    /// costs fitted so far are where the next fit starts, and it fits the workers' factors
+    /// to them first: a drift is a worker's speed changing (another load, a throttled
+    /// core), not its pieces' work, and steps on one split alone cannot tell the two apart.
     pub fn forget(&mut self) {
         self.samples.clear();
         self.sync = Mean::default();
         self.secs_per_byte = Mean::default();
-        self.fitted = None;
+        self.held = self.fitted.take().map(|(costs, _)| costs);
+    }
+
+    /// A run starts: its first step warms up (stages built, buffers allocated, connections
+    /// opened) and runs slower than the steps after it, so its times stand in for the costs
+    /// only until the run's second step replaces them.
+    pub fn start_run(&mut self) {
+        self.warming = true;
     }
 
     /// Worker `id`'s speed factor (its pass times over a mean worker's), if known.
@@ -274,6 +300,7 @@ impl CostModel {
                     .any(|p| p.stage == s && p.kind == PassKind::BW)
             })
             .collect();
+        let warming = std::mem::take(&mut self.warming);
         let mut sync = f64::INFINITY;
         for r in reports {
             let Some(worker) = workers.get(r.worker_index as usize) else {
@@ -287,7 +314,10 @@ impl CostModel {
                 let backward = if fused[s] { PassKind::BW } else { PassKind::B };
                 for (kind, secs) in [(PassKind::F, t.f), (backward, t.b), (PassKind::W, t.w)] {
                     if secs > 0.0 && !(fused[s] && kind == PassKind::W) {
-                        self.samples.entry((w, counts, kind)).or_default().add(secs);
+                        self.samples
+                            .entry((w, counts, kind))
+                            .or_default()
+                            .add(secs, warming);
                     }
                 }
             }
@@ -303,10 +333,11 @@ impl CostModel {
         }
         // The worker that reached the sync last waited least in it: its sync is the cost.
         if sync.is_finite() {
-            self.sync.add(sync);
+            self.sync.add(sync, warming);
             let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
             if let Some(hop) = hop::fitted_hop(schedule, reports, wall - sync) {
-                self.secs_per_byte.add(hop / self.frame_bytes() as f64);
+                self.secs_per_byte
+                    .add(hop / self.frame_bytes() as f64, warming);
             }
         }
         self.steps += 1;
@@ -328,8 +359,13 @@ impl CostModel {
                 })
             })
             .collect();
-        let start = self.prior_factors();
-        self.fitted = Some(fit(&rows, self.prior(), &start));
+        // After a drift the costs fitted before it are the prior: a worker's speed changed.
+        let prior = self.held.unwrap_or_else(|| self.prior());
+        let fitted = fit(&rows, prior, &self.prior_factors(), self.held.is_some());
+        // Later fits start from this one: from the prior, a fit would split a worker's time
+        // between its pieces and its speed the prior's way again.
+        self.held = self.held.map(|_| fitted.0);
+        self.fitted = Some(fitted);
     }
 
     /// The per-stage costs of `schedule` on `ranges` run by `workers` (by index), the hop

@@ -183,3 +183,85 @@ fn before_any_step_the_profile_sets_the_speed_and_shared_cores_slow_it() {
     assert!((shared.step_secs / a.step_secs - 2.0).abs() < 0.01);
     assert!(a.bubble > 0.0 && a.bubble < 1.0);
 }
+
+/// Steps on a few splits fit the costs; then worker 1 runs 3× slower. Recalibrated from
+/// three steps on one split alone, the model finds worker 1's speed changed rather than
+/// its pieces: its prediction of another split (where the layers would move) changes by
+/// the workers' slowdown, 1 on worker 0 and 3 on worker 1.
+#[test]
+fn a_drift_refits_the_workers_speeds_on_the_costs_measured_before_it() {
+    let layers = 4;
+    let mut model = CostModel::new(gpt(layers), 4);
+    let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 8)).expect("zb-h1");
+    let workers = vec![worker(0, 0), worker(1, 0)];
+    let mut rng = Uniform(11);
+    let mut step = |model: &mut CostModel, ranges: &[Range<usize>], factors: [f64; 2]| {
+        let reports: Vec<StepReport> = (0..2)
+            .map(|s| {
+                let counts = model.counts(&ranges[s]);
+                report(s as u32, counts, factors[s], false, 0.0, &mut rng)
+            })
+            .collect();
+        model.observe(&schedule, ranges, &workers, &reports);
+    };
+    let (old, new) = (vec![0..3, 3..6], vec![0..4, 4..6]);
+    for split in [vec![0..2, 2..6], vec![0..4, 4..6], old.clone()] {
+        step(&mut model, &split, [1.0, 1.0]);
+    }
+    let stages = |model: &mut CostModel| {
+        let (costs, _) = model.costs(&schedule, &new, &workers).expect("costs");
+        costs.stages
+    };
+    let before = stages(&mut model);
+    model.forget();
+    for _ in 0..3 {
+        step(&mut model, &old, [1.0, 3.0]);
+    }
+    let after = stages(&mut model);
+    for (s, slowdown) in [1.0, 3.0].into_iter().enumerate() {
+        let (a, b) = (after[s], before[s]);
+        for (pass, ratio) in [a.f / b.f, a.b / b.b, a.w / b.w].into_iter().enumerate() {
+            // The fit before the drift is not exact (the ridge pins near-free costs).
+            assert!(
+                (ratio / slowdown - 1.0).abs() < 0.02,
+                "stage {s} pass {pass}: {ratio} times the prediction before the drift"
+            );
+        }
+    }
+}
+
+/// A run's first step runs slow (it warms up): the next step's prediction stands on it,
+/// the one after on the second step alone rather than on the mean of both.
+#[test]
+fn a_runs_first_step_counts_until_its_second_replaces_it() {
+    let mut model = CostModel::new(gpt(4), 4);
+    let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 2, 8)).expect("1f1b");
+    let ranges = vec![0..3, 3..6];
+    let workers = vec![worker(0, 0), worker(1, 0)];
+    let mut rng = Uniform(3);
+    let mut step = |model: &mut CostModel, slow: f64| {
+        let reports: Vec<StepReport> = (0..2)
+            .map(|s| {
+                let counts = model.counts(&ranges[s]);
+                report(
+                    s as u32,
+                    counts,
+                    slow * TRUE_FACTORS[s],
+                    false,
+                    0.0,
+                    &mut rng,
+                )
+            })
+            .collect();
+        model.observe(&schedule, &ranges, &workers, &reports);
+        let (costs, _) = model.costs(&schedule, &ranges, &workers).expect("costs");
+        costs.stages[1].f
+    };
+    model.start_run();
+    let warm = step(&mut model, 1.5);
+    let steady = step(&mut model, 1.0);
+    assert!((warm / steady - 1.5).abs() < 1e-3, "{warm} {steady}");
+    // Later steps average as before.
+    let third = step(&mut model, 2.0);
+    assert!((third / steady - 1.5).abs() < 1e-3, "{third} {steady}");
+}

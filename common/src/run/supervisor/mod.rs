@@ -340,6 +340,7 @@ impl Supervisor {
         let ranges = in_use_ranges(&self.current, &self.plan, &self.stage_pieces)
             .map(|(_, ranges)| ranges)
             .unwrap_or_default();
+        self.costs.start_run();
         let planned = shown(
             &self.current,
             &self.plan,
