@@ -17,6 +17,7 @@
 //! the supervisor predicts step `k` when step `k − 1` completes.
 
 mod fit;
+mod measured;
 #[cfg(test)]
 mod tests;
 
