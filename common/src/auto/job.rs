@@ -185,6 +185,14 @@ mod tests {
     use crate::job::{AUTO_SCHEDULE, example};
     use crate::simulate::simulate;
 
+    /// The field and reason of an `InvalidArgument`; panics on anything else.
+    fn invalid<T: std::fmt::Debug>(r: Result<T>) -> (&'static str, String) {
+        match r {
+            Err(Error::InvalidArgument { field, reason }) => (field, reason),
+            other => panic!("expected an invalid argument, got {other:?}"),
+        }
+    }
+
     /// Measured costs: a block F = 1, B = 1, W = 1 ms; a head of `head` blocks; `factors`.
     fn measured(head: f64, factors: Vec<f64>) -> Measured {
         Measured {
@@ -335,13 +343,9 @@ mod tests {
         );
         assert_eq!(tight.memory_per_worker, need - 1);
         assert!(tight.text("x").contains("per worker"));
-        match req_plan(1000) {
-            Err(Error::InvalidArgument { field, reason }) => {
-                assert_eq!(field, "parallelism.pipeline_parallel_schedule");
-                assert!(reason.contains("memory per worker"), "{reason}");
-            }
-            other => panic!("{other:?}"),
-        }
+        let (field, reason) = invalid(req_plan(1000));
+        assert_eq!(field, "parallelism.pipeline_parallel_schedule");
+        assert!(reason.contains("memory per worker"), "{reason}");
     }
 
     /// The job's microbatch size and layer split are kept; without a size in the file the
@@ -373,33 +377,27 @@ mod tests {
     fn bad_auto_jobs_name_the_field() {
         let mut spec = job(2);
         spec.parallelism.memory_limit = Some(2.0);
-        match spec.validate() {
-            Err(Error::InvalidArgument { field, reason }) => {
-                assert_eq!(field, "parallelism.memory_limit");
-                assert!(reason.contains("auto"), "{reason}");
-            }
-            other => panic!("{other:?}"),
-        }
+        let (field, reason) = invalid(spec.validate());
+        assert_eq!(field, "parallelism.memory_limit");
+        assert!(reason.contains("auto"), "{reason}");
         let mut spec = job(2);
         spec.parallelism.pipeline_parallel_schedule = "autoo".into();
         let err = spec.validate().unwrap_err().to_string();
         assert!(err.contains("known: auto,"), "{err}");
-        match choose_for_job(&job(2), 2, u64::MAX, measured(1.0, vec![1.0]), 0.0) {
-            Err(Error::InvalidArgument { field, reason }) => {
-                assert_eq!(field, "parallelism.pipeline_parallel_schedule");
-                assert!(reason.contains("measured costs"), "{reason}");
-            }
-            other => panic!("{other:?}"),
-        }
+        let (field, reason) = invalid(choose_for_job(
+            &job(2),
+            2,
+            u64::MAX,
+            measured(1.0, vec![1.0]),
+            0.0,
+        ));
+        assert_eq!(field, "parallelism.pipeline_parallel_schedule");
+        assert!(reason.contains("measured costs"), "{reason}");
         // Blocks per stage that no stage count auto searches allows.
         let mut spec = job(2);
         spec.parallelism.pipeline_parallel_layers_per_stage = Some(1);
-        match spec.validate() {
-            Err(Error::InvalidArgument { field, .. }) => {
-                assert_eq!(field, "parallelism.pipeline_parallel_layers_per_stage")
-            }
-            other => panic!("{other:?}"),
-        }
+        let (field, _) = invalid(spec.validate());
+        assert_eq!(field, "parallelism.pipeline_parallel_layers_per_stage");
     }
 
     /// A job file without a microbatch size: auto searches it, and the TOML form keeps it
