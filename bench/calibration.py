@@ -6,7 +6,9 @@ cores 0 and 1 where the machine has them) take bench/job.toml (GPT: hidden 256, 
 seq 128; 8 microbatches of 4; checkpoints off) once per schedule, submitted one after
 another with `pipewise submit --wait --workers 2`. From the step lines it prints, per
 schedule, the median over steps 3-8 of the planned and the measured bubble, and of the
-predicted and the measured step time. Linux only; not part of CI.
+predicted and the measured step time. The `auto` row (issue 30 item 4) is the schedule the
+coordinator chose (its line is printed below the table) and its measured step time over the
+fastest fixed schedule's. Linux only; not part of CI.
 
     cargo build --release -p pipewise-cli
     python3 bench/calibration.py --pipewise target/release/pipewise
@@ -29,7 +31,7 @@ from pathlib import Path
 
 JOB = Path(__file__).resolve().parent / "job.toml"
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "v-min", "v-half",
-             "v-zb", "adaptive-v"]
+             "v-zb", "adaptive-v", "auto"]
 LINE = re.compile(
     r"^step\s+(?P<step>\d+)\s+loss\s+\S+\s+(?P<ms>[\d.]+) ms\s+bubble planned\s+(?P<planned>[-\d.]+)%"
     r" measured\s+(?P<measured>[-\d.]+)%\s+peak KiB \[[^\]]*\]\s+predicted (?P<predicted>[-\d.]+) ms",
@@ -117,6 +119,7 @@ def main():
     print(f"{'schedule':<18} {'planned':>8} {'measured':>9} {'|diff|':>7} "
           f"{'predicted ms':>13} {'measured ms':>12} {'ratio':>6}")
     failed = False
+    step_ms = {}
     try:
         for schedule in args.schedules.split(","):
             try:
@@ -126,12 +129,20 @@ def main():
                 failed = True
                 continue
             planned, measured, predicted, ms = medians(rows, args.first, args.steps)
+            step_ms[schedule] = ms
             print(f"{schedule:<18} {planned:>7.1f}% {measured:>8.1f}% {abs(measured - planned):>6.1f} "
                   f"{predicted:>13.1f} {ms:>12.1f} {predicted / ms if ms else 0:>6.2f}", flush=True)
     finally:
         stop(procs)
         for log in logs:
             log.close()
+    fixed = {s: ms for s, ms in step_ms.items() if s != "auto"}
+    if "auto" in step_ms and fixed:
+        fastest = min(fixed, key=fixed.get)
+        chose = re.search(r"^auto chose .*$", (folder / "submit-auto.out").read_text(), re.M)
+        print(chose.group(0) if chose else "auto: no choice line")
+        print(f"auto {step_ms['auto']:.1f} ms over the fastest fixed schedule ({fastest}, "
+              f"{fixed[fastest]:.1f} ms): {step_ms['auto'] / fixed[fastest]:.3f} (item 4: at most 1.03)")
     if args.keep:
         print(f"logs in {folder}")
     return 1 if failed else 0

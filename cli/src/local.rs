@@ -35,7 +35,7 @@ use tokio_stream::StreamExt as _;
 use crate::device::{DeviceArg, parse_device};
 use crate::logging::{LogFormat, init_logs_at};
 use crate::runtime::{available_cores, runtime};
-use crate::schedule_name::parse_schedule;
+use crate::schedule_name::check_job_schedule;
 use summary::{StepSummary, Steps};
 
 mod summary;
@@ -68,7 +68,8 @@ pub(crate) struct LocalArgs {
     #[arg(long, short = 'd', default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) workers: u32,
-    /// Schedule name (any of `pipewise plan`'s generators; not `csv:PATH`).
+    /// Schedule name (any of `pipewise plan`'s generators; not `csv:PATH`), or `auto`: the
+    /// coordinator chooses the schedule, chunks, microbatch size and split on the workers.
     #[arg(long, short = 's', default_value = "v-half")]
     pub(crate) schedule: String,
     /// Optimizer steps.
@@ -85,9 +86,10 @@ pub(crate) struct LocalArgs {
     /// Sequences per step.
     #[arg(long, default_value_t = 8)]
     pub(crate) global_batch: u32,
-    /// Sequences per microbatch (microbatches = global batch / this).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) microbatch_size: u32,
+    /// Sequences per microbatch (microbatches = global batch / this; default 1, or with
+    /// `--schedule auto` chosen on the workers).
+    #[arg(long)]
+    pub(crate) microbatch_size: Option<u32>,
     /// Learning rate.
     #[arg(long, default_value_t = 3e-3)]
     pub(crate) lr: f64,
@@ -163,7 +165,8 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
     spec.training.global_batch_size = args.global_batch;
     spec.training.seed = args.seed;
     spec.optimizer.lr = args.lr;
-    spec.parallelism.pipeline_parallel_microbatch_size = args.microbatch_size;
+    spec.parallelism.pipeline_parallel_microbatch_size = args.microbatch_size.unwrap_or(1);
+    spec.parallelism.search_microbatch_size = args.microbatch_size.is_none();
     spec.data.path = args.data.as_ref().map(|p| p.display().to_string());
     if args.compute == ComputeArg::Emulate
         && let [f, b, w] = args.emulate_ms[..]
@@ -179,7 +182,7 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
 /// Runs `pipewise local`.
 pub(crate) fn run(args: &LocalArgs) -> Result<()> {
     init_logs_at(args.log_format, "warn");
-    parse_schedule("--schedule", &args.schedule, "")?;
+    check_job_schedule("--schedule", &args.schedule)?;
     let mut spec = job_spec(args);
     let plan = spec
         .validate()
@@ -453,7 +456,7 @@ async fn run_job(
             "job {} ({}): {} on {}, {} × {}, {}, coordinator {}",
             status.id,
             status.name,
-            plan.kind,
+            kind_label(spec, plan),
             count(spec.parallelism.pipeline_parallel_degree.into(), "worker"),
             count(plan.microbatches.into(), "microbatch"),
             count(
@@ -480,6 +483,9 @@ async fn run_job(
         let summary = StepSummary::of(&e);
         if !e.replan_reason.is_empty() {
             outln!("re-planned: {}", e.replan_reason);
+        }
+        if !e.plan_choice.is_empty() {
+            outln!("{}", e.plan_choice);
         }
         if !args.quiet {
             let peaks: Vec<String> = summary
@@ -549,6 +555,16 @@ fn merge_params(output: &Path, workers: u32) -> Result<HashMap<String, Tensor>> 
     Ok(all)
 }
 
+/// The schedule a job runs, in words: its kind, or for `schedule = "auto"` that it is
+/// chosen on the workers (the plan is the placeholder until then).
+fn kind_label(spec: &JobSpec, plan: &JobPlan) -> String {
+    if spec.is_auto() {
+        "auto (chosen on the workers)".into()
+    } else {
+        plan.kind.to_string()
+    }
+}
+
 /// `1 step`, `2 steps`, `1 microbatch`, `8 microbatches`.
 fn count(n: u64, word: &str) -> String {
     match (n, word.ends_with("ch")) {
@@ -564,7 +580,7 @@ fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps
     outln!();
     outln!(
         "summary: {} on {}, {} in {:.1} s",
-        plan.kind,
+        kind_label(spec, plan),
         count(args.workers.into(), "worker"),
         count(steps.count(), "step"),
         total.as_secs_f64()

@@ -44,6 +44,9 @@ pub(crate) fn print_status(s: &pb::JobStatus) {
         line.push_str(&format!("  error: {}", s.error));
     }
     outln!("{line}");
+    if !s.plan_choice.is_empty() {
+        outln!("  {}", s.plan_choice);
+    }
 }
 
 /// The error of a watch stream cut by the coordinator going away.
@@ -75,6 +78,9 @@ pub(crate) async fn follow(
         })?;
         if !e.replan_reason.is_empty() {
             outln!("re-planned: {}", e.replan_reason);
+        }
+        if !e.plan_choice.is_empty() {
+            outln!("{}", e.plan_choice);
         }
         let peaks: Vec<String> = e
             .peaks

@@ -3,6 +3,7 @@
 
 use anyhow::{Result, anyhow};
 use pipewise_common::ScheduleKind;
+use pipewise_common::job::AUTO_SCHEDULE;
 
 /// How alike (normalised Damerau–Levenshtein, 1 = equal) a typed name and a known one must
 /// be for the known one to be suggested: one slip in five letters is, two in four are not.
@@ -22,6 +23,15 @@ pub(crate) fn parse_schedule(flag: &str, name: &str, also: &str) -> Result<Sched
             None => anyhow!("{flag}: unknown schedule {name:?}; known schedules: {known}{also}"),
         }
     })
+}
+
+/// Checks a job's schedule given to `flag`: [`AUTO_SCHEDULE`] (the coordinator chooses on
+/// the workers) or a name [`parse_schedule`] knows.
+pub(crate) fn check_job_schedule(flag: &str, name: &str) -> Result<()> {
+    if name == AUTO_SCHEDULE {
+        return Ok(());
+    }
+    parse_schedule(flag, name, &format!("; or {AUTO_SCHEDULE}")).map(|_| ())
 }
 
 /// The known schedule name closest to `typed`, if any is close enough. Case, `-`, `_` and

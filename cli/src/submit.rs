@@ -9,7 +9,7 @@ use pipewise_proto::v1 as pb;
 use crate::connection::{Endpoint, client, status_error};
 use crate::progress::{follow, print_status, succeeded};
 use crate::runtime::runtime;
-use crate::schedule_name::parse_schedule;
+use crate::schedule_name::check_job_schedule;
 use crate::text_file::read_text;
 
 /// `pipewise submit` arguments.
@@ -40,7 +40,7 @@ pub(crate) struct SubmitArgs {
 pub(crate) fn run(args: &SubmitArgs) -> Result<()> {
     if let Some(name) = &args.schedule {
         // A misspelt override is named (with the closest name) before the file is read.
-        parse_schedule("--schedule", name, "")?;
+        check_job_schedule("--schedule", name)?;
     }
     // The coordinator takes requests of up to 4 MiB (tonic's default), the file and the
     // overrides together.

@@ -92,6 +92,39 @@ fn same_result_for_any_worker_count_and_schedule() {
     let _ = std::fs::remove_dir_all(root);
 }
 
+/// `--schedule auto`: the coordinator chooses the plan on the workers, says what it chose
+/// on the first step (in `summary.json` too), and the result is the single-device one,
+/// with the microbatch size fixed and searched.
+#[test]
+fn auto_chooses_a_plan_with_the_single_device_result() {
+    let root = tempfile_dir("auto");
+    let reference = root.join("reference");
+    let summary = local(&reference, "1", "1f1b", "4");
+    let reference = (losses(&summary), params(&reference));
+    for (workers, extra) in [("2", &["--microbatch-size", "1"][..]), ("4", &[][..])] {
+        let dir = root.join(format!("auto-{workers}"));
+        let summary = local_with(&dir, workers, "auto", "4", extra);
+        let choice = summary["steps"][0]["plan_choice"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(choice.starts_with("auto chose "), "{summary}");
+        assert!(
+            choice.contains("predicted") && choice.contains("split"),
+            "{choice}"
+        );
+        if !extra.is_empty() {
+            assert!(choice.contains("8 microbatches × 1"), "{choice}");
+        }
+        let what = format!("auto on {workers}");
+        assert_same(
+            &what,
+            (&reference.0, &reference.1),
+            (&losses(&summary), &params(&dir)),
+        );
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
 /// Mixed precision: a bf16 job trains (its loss falls), holds about half the activations
 /// of the f32 job (token ids keep their size), writes bf16
 /// parameters, and gives the same losses and parameters on 1 worker and on 4.

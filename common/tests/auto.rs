@@ -5,7 +5,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use pipewise_common::auto::{AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, auto_plan};
+use pipewise_common::auto::{
+    AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, Fixed, auto_plan,
+};
 use pipewise_common::model::{DType, ModelSpec};
 use pipewise_common::{Costs, StageCost, simulate};
 
@@ -31,6 +33,8 @@ fn request(memory: u64, top: usize) -> AutoRequest {
         layer_times: None,
         comm_ms: 0.0,
         top,
+        measured: None,
+        fixed: Fixed::default(),
     }
 }
 
@@ -219,6 +223,8 @@ fn nothing_fits_names_the_exact_smallest_budget() {
         layer_times: None,
         comm_ms: 0.0,
         top: 3,
+        measured: None,
+        fixed: Fixed::default(),
     };
     let needs = |memory: u64| {
         let err = auto_plan(&request(memory)).unwrap_err().to_string();

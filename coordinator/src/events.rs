@@ -30,6 +30,8 @@ pub struct StepEventData {
     pub worker_bubbles: Vec<(u32, f64)>,
     /// Why the job was re-planned before this step, if it was.
     pub replan_reason: String,
+    /// What `schedule = "auto"` chose and why, on the first step of a run it chose.
+    pub plan_choice: String,
     /// The schedule the job runs from this step on, on the first step after a re-plan.
     pub replanned: Option<std::sync::Arc<pipewise_common::Schedule>>,
     /// What every worker did when during the step, if the runner recorded it (the job

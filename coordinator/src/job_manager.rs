@@ -366,6 +366,9 @@ impl Actor for JobManager {
                         record.last_checkpoint = checkpoint_name(event.checkpoint);
                     }
                     record.waiting.clear();
+                    if !event.plan_choice.is_empty() {
+                        record.plan_choice = event.plan_choice.clone();
+                    }
                     // Stored at once when the checkpoint a restart resumes from changes, and
                     // otherwise at most every PROGRESS_SAVE: a synced write per step would
                     // hold the manager back on a slow disk while the steps (and their
@@ -459,6 +462,7 @@ fn enqueue(state: &mut JobManagerState, spec: JobSpec, plan: JobPlan) -> Result<
         last_checkpoint: String::new(),
         restarts: 0,
         waiting: String::new(),
+        plan_choice: String::new(),
     };
     let record = state.save(record)?;
     state.plans.insert(id, (spec, plan));
@@ -646,6 +650,7 @@ mod tests {
                             last_checkpoint: "step-3".into(),
                             restarts: 0,
                             waiting: "workers: 1 of 3 ready".into(),
+                            plan_choice: String::new(),
                         })
                         .unwrap();
                 }
@@ -727,6 +732,7 @@ mod tests {
                         last_checkpoint: String::new(),
                         restarts: 0,
                         waiting: String::new(),
+                        plan_choice: String::new(),
                     })
                     .unwrap();
             }

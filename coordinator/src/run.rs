@@ -276,6 +276,7 @@ async fn perform(
                 e.replan_reason = reason;
                 e.replanned = Some(schedule);
             }
+            e.plan_choice = done.plan_choice.unwrap_or_default();
             e.checkpoint = settle_checkpoints(&st.output, &st.spec, e.step);
             crate::metrics::record_step(&e, st.tokens_per_step, st.samples_per_step);
             st.manager.cast(JobMsg::Progress(Box::new(e)))?;
@@ -296,10 +297,24 @@ async fn perform(
     Ok(())
 }
 
+/// The spec a run of `plan` follows: the job's, with the schedule and microbatch size
+/// `schedule = "auto"` chose for it (the plan's microbatches divide the global batch).
+fn run_spec(spec: &JobSpec, plan: &JobPlan) -> JobSpec {
+    let mut spec = spec.clone();
+    if spec.is_auto() {
+        let p = &mut spec.parallelism;
+        p.pipeline_parallel_schedule = plan.kind.name().to_string();
+        p.pipeline_parallel_microbatch_size =
+            spec.training.global_batch_size / plan.microbatches.max(1);
+        p.search_microbatch_size = false;
+    }
+    spec
+}
+
 /// Hands every worker of the run its assignment, in index order: the first that does not
 /// take it (e.g. it registered again since it was picked), with why.
 async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>> {
-    let spec = &st.spec;
+    let spec = &run_spec(&st.spec, &a.plan);
     let schedule = &a.plan.schedule;
     let toml = spec.to_toml()?;
     let peers: HashMap<u32, String> = a

@@ -52,6 +52,7 @@ fn status_of(r: &JobRecord) -> pb::JobStatus {
         error: r.error.clone(),
         last_checkpoint: r.last_checkpoint.clone(),
         waiting: r.waiting.clone(),
+        plan_choice: r.plan_choice.clone(),
     }
 }
 
@@ -84,6 +85,7 @@ pub fn spec_of(req: &pb::JobSpec) -> Result<JobSpec, CoordinatorError> {
             });
         }
         spec.parallelism.pipeline_parallel_microbatch_size = spec.training.global_batch_size / n;
+        spec.parallelism.search_microbatch_size = false;
     }
     if let Some(schedule) = &req.schedule {
         spec.parallelism.pipeline_parallel_schedule = schedule.clone();
@@ -118,6 +120,7 @@ fn event_of(e: StepEventData) -> pb::StepEvent {
             })
             .collect(),
         replan_reason: e.replan_reason,
+        plan_choice: e.plan_choice,
     }
 }
 

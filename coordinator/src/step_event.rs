@@ -50,6 +50,7 @@ pub(crate) fn event(
         predicted_peaks: predicted_peaks.to_vec(),
         checkpoint: 0,
         replan_reason: String::new(),
+        plan_choice: String::new(),
         replanned: None,
         trace: step_trace(job, step, reports),
         planned_costs: planned.costs,

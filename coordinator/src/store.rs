@@ -74,6 +74,9 @@ pub struct JobRecord {
     /// What a running job waits for (e.g. "workers: 3 of 4 ready"); empty otherwise.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub waiting: String,
+    /// What `schedule = "auto"` last chose and why; empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub plan_choice: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -231,6 +234,7 @@ mod tests {
             last_checkpoint: String::new(),
             restarts: 0,
             waiting: "workers: 1 of 2 ready".into(),
+            plan_choice: String::new(),
         };
         {
             let store = JobStore::open(dir.path()).expect("opens");

@@ -66,6 +66,7 @@ impl JobRunner for CountingRunner {
                 predicted_peaks: Vec::new(),
                 checkpoint: 0,
                 replan_reason: String::new(),
+                plan_choice: String::new(),
                 replanned: None,
                 trace: None,
             })));

@@ -21,6 +21,9 @@ pub(super) struct StepSummary {
     pub(super) measured_bubble: f64,
     pub(super) peak_activation_bytes: Vec<u64>,
     pub(super) predicted_step_time_ms: f64,
+    /// What `schedule = "auto"` chose and why, on the first step of a run it chose.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub(super) plan_choice: String,
 }
 
 impl StepSummary {
@@ -39,6 +42,7 @@ impl StepSummary {
             measured_bubble: e.measured_bubble,
             peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
             predicted_step_time_ms: e.predicted_step_time_ms,
+            plan_choice: e.plan_choice.clone(),
         }
     }
 }

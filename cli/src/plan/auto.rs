@@ -200,6 +200,8 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
         layer_times: args.layer_times,
         comm_ms,
         top: args.top.unwrap_or(DEFAULT_TOP) as usize,
+        measured: None,
+        fixed: Default::default(),
     })
 }
 

@@ -11,7 +11,7 @@ use super::worker_memory::{activation_bytes, static_reason, worker_bytes};
 use crate::cost::{Costs, StageCost, Times};
 use crate::error::Result;
 use crate::generate::{Request, ScheduleKind, generate_with};
-use crate::partition::balance;
+use crate::partition::{balance, by_counts, split_for_speeds, torchtitan_counts};
 use crate::simulate::{Simulation, simulate};
 
 /// Chunks per worker of the interleaved 1F1B candidates.
@@ -23,8 +23,35 @@ pub const MAX_ADAPTIVE_SHAPE: u64 = 8192;
 /// The fixed kinds are planned only when `stages × microbatches` is at most this.
 pub const MAX_FIXED_SHAPE: u64 = 1_000_000;
 
-/// Plans one (kind, microbatch size) configuration. `partitions` holds the balanced
-/// partitions of `pieces` by stage count, computed on first use.
+/// The partition of `pieces` into the stages of `stage_workers` (stage → worker): the
+/// job's fixed torchtitan split, else with measured worker speeds the split balancing the
+/// workers at those speeds ([`split_for_speeds`]), else [`balance`]d stages.
+fn split(
+    req: &AutoRequest,
+    pieces: &[PieceCost],
+    stage_workers: &[u32],
+) -> std::result::Result<Vec<Range<usize>>, String> {
+    let stages = stage_workers.len();
+    let times: Vec<f64> = pieces.iter().map(|p| p.f + p.b + p.w).collect();
+    let counts = match (req.fixed.split, &req.measured) {
+        (Some((first, last, per_stage)), _) => {
+            torchtitan_counts(req.spec.layers, stages as u32, first, last, per_stage)
+                .map_err(|e| e.to_string())?
+        }
+        (None, Some(m)) => {
+            split_for_speeds(&times, stage_workers, &m.worker_factors).map_err(|e| e.to_string())?
+        }
+        (None, None) => {
+            let params: Vec<u64> = pieces.iter().map(|p| p.params).collect();
+            return balance(&times, &params, stages)
+                .ok_or_else(|| "no partition of the pieces into the stages".into());
+        }
+    };
+    by_counts(pieces.len(), &counts).map_err(|e| e.to_string())
+}
+
+/// Plans one (kind, microbatch size) configuration. `partitions` holds the partitions of
+/// `pieces` by the stages' workers ([`split`]), computed on first use.
 pub(super) fn plan_one(
     req: &AutoRequest,
     kind: ScheduleKind,
@@ -32,7 +59,7 @@ pub(super) fn plan_one(
     n: u32,
     pieces: &[PieceCost],
     per_param: u64,
-    partitions: &mut BTreeMap<usize, Option<Vec<Range<usize>>>>,
+    partitions: &mut BTreeMap<Vec<u32>, std::result::Result<Vec<Range<usize>>, String>>,
 ) -> Result<Outcome> {
     let d = req.workers;
     let skip = |why: Why, reason: String, needed: Option<u64>| {
@@ -83,32 +110,39 @@ pub(super) fn plan_one(
             None,
         ));
     }
-    let partition = partitions.entry(stages).or_insert_with(|| {
-        let times: Vec<f64> = pieces.iter().map(|p| p.f + p.b + p.w).collect();
-        let params: Vec<u64> = pieces.iter().map(|p| p.params).collect();
-        balance(&times, &params, stages)
-    });
-    let Some(partition) = partition.clone() else {
-        return Ok(skip(
-            Why::Skipped,
-            "skipped: no partition of the pieces into the stages".into(),
-            None,
-        ));
+    let stage_workers: Vec<u32> = (0..stages as u32).map(|s| placement.worker_of(s)).collect();
+    let partition = partitions
+        .entry(stage_workers.clone())
+        .or_insert_with(|| split(req, pieces, &stage_workers));
+    let partition = match partition.clone() {
+        Ok(p) => p,
+        Err(reason) => return Ok(skip(Why::Skipped, format!("skipped: {reason}"), None)),
+    };
+    let factor = |w: u32| {
+        req.measured
+            .as_ref()
+            .and_then(|m| m.worker_factors.get(w as usize).copied())
+            .unwrap_or(1.0)
     };
     let stage_costs: Vec<StageCost> = partition
         .iter()
-        .map(|r| {
+        .zip(&stage_workers)
+        .map(|(r, &w)| {
             let ps = &pieces[r.clone()];
+            let k = factor(w);
             StageCost {
-                f: ps.iter().map(|p| p.f).sum(),
-                b: ps.iter().map(|p| p.b).sum(),
-                w: ps.iter().map(|p| p.w).sum(),
+                f: k * ps.iter().map(|p| p.f).sum::<f64>(),
+                b: k * ps.iter().map(|p| p.b).sum::<f64>(),
+                w: k * ps.iter().map(|p| p.w).sum::<f64>(),
                 mem: ps.iter().map(|p| p.mem).fold(0, u64::saturating_add) as f64,
             }
         })
         .collect();
-    let costs = Costs::per_stage(&placement, stage_costs.clone(), req.comm_ms)?;
-    let stage_workers: Vec<u32> = (0..stages as u32).map(|s| placement.worker_of(s)).collect();
+    let hop = req
+        .measured
+        .as_ref()
+        .map_or(0.0, |m| m.hop_ms_per_sequence * f64::from(mbs));
+    let costs = Costs::per_stage(&placement, stage_costs.clone(), req.comm_ms + hop)?;
     let mut static_bytes = vec![0u64; d as usize];
     for (s, r) in partition.iter().enumerate() {
         let p = pieces[r.clone()]

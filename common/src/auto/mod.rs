@@ -57,13 +57,16 @@
 //! - `configuration`: planning one configuration;
 //! - `activation_limit`: the activation limit an adaptive kind is searched under;
 //! - `worker_memory`: what each worker holds;
-//! - `candidate`: the answer's types.
+//! - `candidate`: the answer's types;
+//! - `job`: the search for a job that says `schedule = "auto"`, on its workers with its
+//!   cost model's costs ([`job::choose_for_job`]).
 //!
 //! The partition search itself is [`crate::partition::balance`].
 
 mod activation_limit;
 mod candidate;
 mod configuration;
+pub mod job;
 mod request;
 mod search;
 mod worker_memory;
@@ -73,7 +76,7 @@ pub use crate::partition::balance;
 pub use activation_limit::{ADAPTIVE_ASCENT_STEPS, ADAPTIVE_DESCENT_STEPS};
 pub use candidate::{AutoPlan, Candidate, Rejected, Why, partition_summary};
 pub use configuration::{INTERLEAVED_CHUNKS, MAX_ADAPTIVE_SHAPE, MAX_FIXED_SHAPE};
-pub use request::{AutoRequest, DEFAULT_FLOPS_PER_MS, LayerTimes};
+pub use request::{AutoRequest, DEFAULT_FLOPS_PER_MS, Fixed, LayerTimes, Measured};
 pub use search::{auto_kinds, auto_plan};
 
 #[cfg(test)]
@@ -111,6 +114,8 @@ mod tests {
             layer_times: None,
             comm_ms: 0.0,
             top: 3,
+            measured: None,
+            fixed: Fixed::default(),
         }
     }
 

@@ -41,6 +41,36 @@ pub struct AutoRequest {
     pub comm_ms: f64,
     /// How many fitting plans to rank; the other fitting ones are reported as slower.
     pub top: usize,
+    /// Costs a running job measured (`None`: FLOPs or [`AutoRequest::layer_times`]).
+    pub measured: Option<Measured>,
+    /// What the job fixes; the search covers the rest.
+    pub fixed: Fixed,
+}
+
+/// Costs from a job's cost model ([`crate::calibration::CostModel`]): what a pass over each
+/// piece takes, each worker's speed, the hop.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measured {
+    /// F, B, W milliseconds of the embedding, a block and the head, for a worker of the
+    /// workers' mean speed, at [`Measured::microbatch_size`] (scaled linearly to others).
+    pub pieces: [[f64; 3]; 3],
+    /// The microbatch size the piece times are for.
+    pub microbatch_size: u32,
+    /// Every worker's pass times over a mean worker's (1: as fast as the mean). Stages are
+    /// split to balance the workers at these speeds, and cost that much more on slow ones.
+    pub worker_factors: Vec<f64>,
+    /// Milliseconds of one hop per sequence in the microbatch (added to `comm_ms`).
+    pub hop_ms_per_sequence: f64,
+}
+
+/// What a job fixes of the plan (torchtitan's overrides); the search covers the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Fixed {
+    /// Sequences per microbatch (`None`: every size dividing the global batch).
+    pub microbatch_size: Option<u32>,
+    /// torchtitan's layer split: first and last stage less layers, layers per stage
+    /// (`None`: the balanced split).
+    pub split: Option<(u32, u32, Option<u32>)>,
 }
 
 impl AutoRequest {
@@ -92,6 +122,35 @@ impl AutoRequest {
                 ),
             })?;
         }
+        if let Some(mbs) = self.fixed.microbatch_size
+            && (mbs == 0 || !self.global_batch.is_multiple_of(mbs))
+        {
+            return Err(Error::InvalidArgument {
+                field: "microbatch size",
+                reason: format!(
+                    "{mbs} does not divide the global batch of {}",
+                    self.global_batch
+                ),
+            });
+        }
+        if let Some(m) = &self.measured {
+            let finite = |x: &f64| x.is_finite() && *x >= 0.0;
+            if m.microbatch_size == 0
+                || !m.pieces.as_flattened().iter().all(finite)
+                || !finite(&m.hop_ms_per_sequence)
+                || m.worker_factors.len() != self.workers as usize
+                || !m.worker_factors.iter().all(|f| f.is_finite() && *f > 0.0)
+            {
+                return Err(Error::InvalidArgument {
+                    field: "measured costs",
+                    reason: format!(
+                        "piece times and the hop must be finite and ≥ 0, the microbatch size \
+                         at least 1, and one factor > 0 per worker ({} workers), got {m:?}",
+                        self.workers
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -114,12 +173,22 @@ pub(super) fn piece_costs(req: &AutoRequest, mbs: u32) -> Vec<PieceCost> {
         .into_iter()
         .map(|p| {
             let flops = spec.piece_flops(p, mbs);
-            let (f, b, w) = match req.layer_times {
-                None => {
+            let (f, b, w) = match (&req.measured, req.layer_times) {
+                (Some(m), _) => {
+                    let i = match p {
+                        Piece::Embedding => 0,
+                        Piece::Block(_) => 1,
+                        Piece::Head => 2,
+                    };
+                    let scale = f64::from(mbs) / f64::from(m.microbatch_size);
+                    let [f, b, w] = m.pieces[i];
+                    (f * scale, b * scale, w * scale)
+                }
+                (None, None) => {
                     let t = flops / DEFAULT_FLOPS_PER_MS;
                     (t, t, t)
                 }
-                Some(lt) => {
+                (None, Some(lt)) => {
                     let scale = flops / spec.piece_flops(Piece::Block(0), lt.microbatch_size);
                     (lt.f * scale, lt.b * scale, lt.w * scale)
                 }

@@ -32,10 +32,13 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     let per_param = req.spec.dtype.training_state_bytes();
     let mut planned: Vec<Candidate> = Vec::new();
     let mut rejected: Vec<Rejected> = Vec::new();
-    for mbs in (1..=req.global_batch).filter(|b| req.global_batch.is_multiple_of(*b)) {
+    let sizes = (1..=req.global_batch).filter(|b| {
+        req.global_batch.is_multiple_of(*b) && req.fixed.microbatch_size.is_none_or(|f| f == *b)
+    });
+    for mbs in sizes {
         let n = req.global_batch / mbs;
         let pieces = piece_costs(req, mbs);
-        // The kinds with the same stage count share the partition of these pieces.
+        // The kinds with the same stages' workers share the partition of these pieces.
         let mut partitions = BTreeMap::new();
         for kind in auto_kinds() {
             match plan_one(req, kind, mbs, n, &pieces, per_param, &mut partitions)? {

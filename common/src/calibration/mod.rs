@@ -19,6 +19,7 @@
 
 mod fit;
 mod hop;
+mod measured;
 #[cfg(test)]
 mod tests;
 

@@ -2,7 +2,7 @@
 //! [`Error::InvalidArgument`] naming the field (`section.key`) and the reason.
 
 use super::confine::{MAX_PATH_BYTES, check_text};
-use super::spec::{JobSpec, MAX_DESCRIPTION_BYTES, MAX_FRAME_BYTES, MAX_NAME_BYTES};
+use super::spec::{AUTO_SCHEDULE, JobSpec, MAX_DESCRIPTION_BYTES, MAX_FRAME_BYTES, MAX_NAME_BYTES};
 use crate::error::{Error, Result};
 use crate::generate::{
     MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGE_MICROBATCHES, MAX_WORKERS, Request, ScheduleKind,
@@ -143,17 +143,33 @@ impl JobSpec {
             &p.pipeline_parallel_schedule,
             MAX_SCHEDULE_NAME_BYTES,
         )?;
-        let kind: ScheduleKind = p.pipeline_parallel_schedule.parse().map_err(|_| {
-            Error::invalid(
-                "parallelism.pipeline_parallel_schedule",
-                format!(
-                    "unknown schedule {:?}; known: {}",
-                    p.pipeline_parallel_schedule,
-                    ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
-                ),
-            )
-        })?;
+        // Auto's own plan is made on the workers; until then the job is checked and held
+        // as 1F1B (one stage per worker, which every plan's pieces must cover too).
+        let auto = self.is_auto();
+        let kind: ScheduleKind = if auto {
+            ScheduleKind::OneFOneB
+        } else {
+            p.pipeline_parallel_schedule.parse().map_err(|_| {
+                Error::invalid(
+                    "parallelism.pipeline_parallel_schedule",
+                    format!(
+                        "unknown schedule {:?}; known: {AUTO_SCHEDULE}, {}",
+                        p.pipeline_parallel_schedule,
+                        ScheduleKind::ALL.map(ScheduleKind::name).join(", ")
+                    ),
+                )
+            })?
+        };
         if let Some(limit) = p.memory_limit {
+            if auto {
+                return Err(Error::invalid(
+                    "parallelism.memory_limit",
+                    format!(
+                        "applies to a named adaptive schedule; {AUTO_SCHEDULE} fits the plan \
+                         to the workers' registered memory instead"
+                    ),
+                ));
+            }
             if !kind.is_adaptive() {
                 return Err(Error::invalid(
                     "parallelism.memory_limit",
@@ -202,7 +218,13 @@ impl JobSpec {
                 ),
             ));
         }
-        p.stage_pieces(self.model.layers, stages)?;
+        if !auto {
+            p.stage_pieces(self.model.layers, stages)?;
+        } else if p.stage_pieces(self.model.layers, stages).is_err() {
+            // Auto searches one stage per worker and two (V, interleaved): blocks per
+            // stage must allow one of them.
+            p.stage_pieces(self.model.layers, 2 * stages)?;
+        }
         self.compute.validate()?;
         Ok(Request {
             chunks: p.pipeline_parallel_chunks,

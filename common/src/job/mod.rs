@@ -72,7 +72,7 @@ pub use layout::{
 };
 pub use plan::{JobPlan, plan_job};
 pub use spec::{
-    Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec, MAX_DESCRIPTION_BYTES,
-    MAX_EMULATED_PASS_MS, MAX_FRAME_BYTES, MAX_JOB_TOML_BYTES, MAX_NAME_BYTES,
-    MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, example,
+    AUTO_SCHEDULE, Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec,
+    MAX_DESCRIPTION_BYTES, MAX_EMULATED_PASS_MS, MAX_FRAME_BYTES, MAX_JOB_TOML_BYTES,
+    MAX_NAME_BYTES, MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, example,
 };

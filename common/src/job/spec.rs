@@ -139,7 +139,16 @@ pub struct Parallelism {
     /// does).
     #[serde(skip)]
     pub torchtitan_split: bool,
+    /// Not part of a job file: the file gives no microbatch size (set when it is read;
+    /// the TOML form then leaves the size out). With [`AUTO_SCHEDULE`] the auto-planner
+    /// then searches it; a job that sets the size keeps it.
+    #[serde(skip)]
+    pub search_microbatch_size: bool,
 }
+
+/// The schedule name that asks the coordinator to choose the schedule, chunks, microbatch
+/// size and split for the workers it runs on ([`crate::auto::job`]).
+pub const AUTO_SCHEDULE: &str = "auto";
 
 impl Parallelism {
     /// Pieces (embedding, blocks, head) per stage for `layers` blocks in `stages` stages,
@@ -403,12 +412,33 @@ impl JobSpec {
                 ),
             ));
         }
-        toml::from_str(text).map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))
+        let mut spec: JobSpec = toml::from_str(text)
+            .map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))?;
+        let table: toml::Table = toml::from_str(text)
+            .map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))?;
+        spec.parallelism.search_microbatch_size = table
+            .get("parallelism")
+            .and_then(|p| p.get(MICROBATCH_SIZE_KEY))
+            .is_none();
+        Ok(spec)
     }
 
-    /// The job as TOML.
+    /// The job as TOML (without the microbatch size where the file gave none).
     pub fn to_toml(&self) -> Result<String> {
-        toml::to_string(self).map_err(|e| Error::invalid("toml", e.to_string()))
+        let error = |e: &dyn std::fmt::Display| Error::invalid("toml", e.to_string());
+        if !self.parallelism.search_microbatch_size {
+            return toml::to_string(self).map_err(|e| error(&e));
+        }
+        let mut value = toml::Value::try_from(self).map_err(|e| error(&e))?;
+        if let Some(toml::Value::Table(p)) = value.get_mut("parallelism") {
+            p.remove(MICROBATCH_SIZE_KEY);
+        }
+        toml::to_string(&value).map_err(|e| error(&e))
+    }
+
+    /// Whether the job asks the coordinator to choose its plan ([`AUTO_SCHEDULE`]).
+    pub fn is_auto(&self) -> bool {
+        self.parallelism.pipeline_parallel_schedule == AUTO_SCHEDULE
     }
 
     /// Microbatches per step.
@@ -436,6 +466,9 @@ impl JobSpec {
         }
     }
 }
+
+/// The microbatch size's key in `[parallelism]`.
+const MICROBATCH_SIZE_KEY: &str = "pipeline_parallel_microbatch_size";
 
 /// A small valid job (the `pipewise local` default model), for tests and examples.
 pub fn example(workers: u32, schedule: &str) -> JobSpec {
@@ -469,6 +502,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             pipeline_parallel_last_stage_less_layers: 0,
             pipeline_parallel_layers_per_stage: None,
             torchtitan_split: false,
+            search_microbatch_size: false,
         },
         checkpoint: Checkpoint::default(),
         data: Data::default(),

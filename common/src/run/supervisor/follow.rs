@@ -132,6 +132,7 @@ impl Supervisor {
             next: run.out.planned.clone(),
             predicted_peaks: run.out.predicted_peaks.clone(),
             replanned: self.replanned.take(),
+            plan_choice: self.chose.take(),
         })));
         run.completed += 1;
         let overflow = reports.iter().any(|r| {

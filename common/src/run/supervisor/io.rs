@@ -169,6 +169,8 @@ pub struct StepDone {
     /// Why the job was re-planned before this step and the schedule it runs now, on the
     /// first step after a re-plan.
     pub replanned: Option<(String, Arc<Schedule>)>,
+    /// What `schedule = "auto"` chose and why, on the first step of a run it chose.
+    pub plan_choice: Option<String>,
 }
 
 /// The plan a step is shown with: its planned bubble and predicted step time.
@@ -275,6 +277,14 @@ pub enum Failure {
         /// The survivors.
         workers: u32,
         /// The planner's reason.
+        error: crate::Error,
+    },
+    /// `schedule = "auto"` found no plan for the run's workers.
+    #[error("auto found no plan for {workers} workers: {error}")]
+    Auto {
+        /// The run's workers.
+        workers: u32,
+        /// The auto-planner's reason.
         error: crate::Error,
     },
     /// Every worker ended the run before its last step, unasked.

@@ -23,6 +23,7 @@
 //! A cancel stops a running run after the step in progress (aborting it after
 //! [`Config::stop_grace_ms`]); while the job waits or re-plans, it ends the job at once.
 
+mod auto;
 mod follow;
 mod following;
 mod io;
@@ -36,7 +37,7 @@ use std::sync::Arc;
 use super::checkpoints::{Checkpoints, Start};
 use super::id::RunId;
 use super::pressure::{in_use_ranges, predicted_peaks, pressure};
-use super::respec::{replan_after_loss, spec_split};
+use super::respec::{replan, replan_after_loss, respec, spec_split};
 use super::straggler::{Straggle, straggle_of};
 use super::worker::Worker;
 use crate::calibration::CostModel;
@@ -95,6 +96,8 @@ pub struct Supervisor {
     replans: u64,
     /// Why the job was last re-planned and onto what, until a step event carries it.
     replanned: Option<(String, Arc<Schedule>)>,
+    /// What `schedule = "auto"` last chose and why, until a step event carries it.
+    chose: Option<String>,
     cancelled: bool,
     /// The job's pieces' costs, refined by every complete step of every run.
     costs: CostModel,
@@ -133,6 +136,7 @@ impl Supervisor {
             stage_pieces,
             replans: 0,
             replanned: None,
+            chose: None,
             cancelled: false,
             now: 0,
             phase: Phase::Waiting {
@@ -307,6 +311,14 @@ impl Supervisor {
 
     /// Starts a run on `workers`.
     fn launch(&mut self, workers: Vec<Worker>) -> Phase {
+        if self.spec.is_auto()
+            && let Err(error) = self.choose(&workers)
+        {
+            return self.finish(Err(Failure::Auto {
+                workers: workers.len() as u32,
+                error,
+            }));
+        }
         // A plan predicted not to fit a worker's registered memory is moved before it
         // starts: a device would fail to allocate rather than report the overflow.
         if let Some((reason, fits)) = pressure(
@@ -336,7 +348,7 @@ impl Supervisor {
             plan: self.plan.clone(),
             stage_pieces: self.stage_pieces.clone(),
         })));
-        let watch: Option<Straggle> = straggle_of(&self.spec, &self.plan, &self.stage_pieces);
+        let watch: Option<Straggle> = straggle_of(&self.current, &self.plan, &self.stage_pieces);
         let ranges = in_use_ranges(&self.current, &self.plan, &self.stage_pieces)
             .map(|(_, ranges)| ranges)
             .unwrap_or_default();
@@ -405,7 +417,13 @@ impl Supervisor {
                 if d == 0 {
                     return self.finish(Err(Failure::NoSurvivors { lost: reason }));
                 }
-                match replan_after_loss(self.current.clone(), &self.spec, d) {
+                // Auto chooses again when the run starts; until then the job's own plan.
+                let replanned = if self.spec.is_auto() {
+                    replan(&self.spec, d).map(|plan| (respec(&self.spec, d), plan))
+                } else {
+                    replan_after_loss(self.current.clone(), &self.spec, d)
+                };
+                match replanned {
                     Ok((current, plan)) => (self.current, self.plan) = (current, plan),
                     Err(error) => {
                         return self.finish(Err(Failure::Replan {
@@ -465,8 +483,8 @@ impl Supervisor {
     /// carried yet (a run lost before its first step), so neither reason is lost.
     fn tell(&mut self, reason: String) {
         let reason = match self.replanned.take() {
-            Some((earlier, _)) => format!("{earlier}; then {reason}"),
-            None => reason,
+            Some((earlier, _)) if !earlier.is_empty() => format!("{earlier}; then {reason}"),
+            _ => reason,
         };
         self.replanned = Some((reason, Arc::new(self.plan.schedule.clone())));
     }

@@ -220,6 +220,7 @@ fn a_worker_lost_mid_step() {
             next: first,
             predicted_peaks: predicted_peaks(&current, &one, &pieces),
             replanned: Some((reason.into(), Arc::new(one.schedule.clone()))),
+            plan_choice: None,
         }))]
     );
 }
@@ -377,6 +378,7 @@ fn a_coordinator_restart_replays_the_store() {
             next: first,
             predicted_peaks: predicted_peaks(&spec, &plan, &[]),
             replanned: Some((reason.into(), Arc::new(plan.schedule.clone()))),
+            plan_choice: None,
         }))]
     );
 }
