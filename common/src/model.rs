@@ -337,8 +337,8 @@ impl ModelSpec {
     /// | piece | after `F` | after `B` (held for `W`) |
     /// |---|---|---|
     /// | Embedding | `4N` (ids) | `4N + N·h·e` (ids, output gradient) |
-    /// | Block | `N·(16h + 2)·e + 4·N·a` | `20·N·h·e` |
-    /// | Head | `N·(2h + 1 + V)·e + 4N` | `N·(3h + V)·e` |
+    /// | Block | `N·(16h + 2)·e + 4·N·a` | `16·N·h·e` |
+    /// | Head | `N·(2h + 1 + V)·e + 4N` | `N·(h + V)·e` |
     ///
     /// Block after `F`, per token: LN1 normalised input and its `1/σ` (`h + 1`), LN1 output
     /// (`h`), Q, K, V (`3h`), attention output before its projection (`h`), LN2 normalised
@@ -346,12 +346,18 @@ impl ModelSpec {
     /// (`4h + 4h`); plus attention's log-sum-exp per head (`a`, always f32: 4 bytes). The
     /// `t × t` attention probabilities are not kept: `B` recomputes them from Q, K and the
     /// log-sum-exp (flash attention's recomputation), so a block's stash is linear in `t`.
-    /// Block after `B`, per token: for each weight, what `W` needs — LN1 (`x̂`, output
-    /// gradient: `2h`), QKV (input, output gradient: `h + 3h`), attention projection
-    /// (`h + h`), LN2 (`2h`), MLP up (`h + 4h`), MLP down (`4h + h`).
+    /// Block after `B`, per token: each linear layer's input and output gradient, what `W`
+    /// needs — QKV (`h + 3h`), attention projection (`h + h`), MLP up (`h + 4h`), MLP down
+    /// (`4h + h`). The LayerNorms' weight gradients need only `x̂` and the output gradient,
+    /// both at hand in `B`, so `B` computes and adds them and nothing of theirs waits for
+    /// `W`: the stash after `B` is no larger than the one after `F`, so zero-bubble
+    /// schedules that hold many microbatches for `W` peak no higher than 1F1B's forward
+    /// stashes.
     /// Head after `F`: final-LN `x̂` and `1/σ` (`h + 1`), its output (`h`), the softmax
-    /// probabilities (`V`) and the target ids; after `B`: `x̂`, the LN output gradient, the LN
-    /// output (the LM head's input) and the logits gradient (`3h + V`).
+    /// probabilities (`V`) and the target ids; after `B`: the LM head's input (the LN
+    /// output) and the logits gradient (`h + V`), smaller than the probabilities it replaces
+    /// plus the rest. The LM head's weight gradient (`2·N·h·V` FLOPs, the head's largest
+    /// product) stays in `W`, off the critical path `B` is on.
     pub fn piece_activation_bytes(&self, p: Piece, microbatch_size: u32) -> Activation {
         // In u128: a large enough microbatch takes a stash past u64 even within the size
         // caps; such a stash saturates.
@@ -369,8 +375,8 @@ impl ModelSpec {
         let n = b * t;
         let (after_forward, after_backward_input) = match p {
             Piece::Embedding => (ids * n, ids * n + n * h * e),
-            Piece::Block(_) => (n * (16 * h + 2) * e + 4 * n * a, 20 * n * h * e),
-            Piece::Head => (n * (2 * h + 1 + v) * e + ids * n, n * (3 * h + v) * e),
+            Piece::Block(_) => (n * (16 * h + 2) * e + 4 * n * a, 16 * n * h * e),
+            Piece::Head => (n * (2 * h + 1 + v) * e + ids * n, n * (h + v) * e),
         };
         let clamp = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
         Activation {

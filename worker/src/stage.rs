@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::ops;
 use crate::optim::{self, AdamW};
 use crate::param::Param;
-use crate::piece::{ForwardStash, PieceState, WeightStash};
+use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 
 mod side_by_side;
 
@@ -365,11 +365,20 @@ impl Stage {
         let Some(Pending::Backward { shape, stashes }) = self.pending.remove(&mb) else {
             return Err(self.order_error("B", mb, "no forward pending"));
         };
-        let (wstashes, dx) = self.backward_input_compute(mb, shape, stashes, grad_output)?;
+        let (wstashes, norms, dx) = self.backward_input_compute(mb, shape, stashes, grad_output)?;
+        self.add_norm_grads(norms)?;
         self.pending
             .insert(mb, Pending::Weight { stashes: wstashes });
         self.account();
         Ok(dx)
+    }
+
+    /// Adds the LayerNorm gradients of one microbatch's `B` (one entry per piece).
+    fn add_norm_grads(&mut self, norms: Vec<NormGrads>) -> Result<()> {
+        for (piece, g) in self.pieces.iter_mut().zip(norms) {
+            piece.add_norm_grads(g)?;
+        }
+        Ok(())
     }
 
     /// Checks that `B` of `mb` may run, with `grad_output` if given.
@@ -387,7 +396,8 @@ impl Stage {
         Ok(())
     }
 
-    /// The arithmetic of `B` of `mb` from its forward stashes: the weight stashes and the
+    /// The arithmetic of `B` of `mb` from its forward stashes: the weight stashes, the
+    /// LayerNorm gradients (one entry per piece, for [`Stage::add_norm_grads`]) and the
     /// input gradient (`None` on the first stage).
     fn backward_input_compute(
         &self,
@@ -395,41 +405,47 @@ impl Stage {
         (b, t): (usize, usize),
         fstashes: Vec<ForwardStash>,
         grad_output: Option<&Tensor>,
-    ) -> Result<(Vec<WeightStash>, Option<Tensor>)> {
+    ) -> Result<(Vec<WeightStash>, Vec<NormGrads>, Option<Tensor>)> {
         let h = self.spec.hidden as usize;
         let mut dy: Option<Tensor> = match grad_output {
             Some(g) if !self.is_last() => Some(g.reshape((b * t, h))?),
             _ => None,
         };
         let mut wstashes = Vec::with_capacity(fstashes.len());
+        let mut norms = Vec::with_capacity(fstashes.len());
         for (piece, stash) in self.pieces.iter().zip(fstashes).rev() {
-            let w = match (piece, stash) {
+            let (w, norm) = match (piece, stash) {
                 (PieceState::Head(hd), ForwardStash::Head(s)) => {
-                    let (dx, w) = hd.backward_input(s, self.loss_seed)?;
+                    let (dx, w, norm) = hd.backward_input(s, self.loss_seed)?;
                     dy = Some(dx);
-                    WeightStash::Head(w)
+                    (WeightStash::Head(w), norm)
                 }
                 (PieceState::Block(blk), ForwardStash::Block(s)) => {
                     let g = dy
                         .take()
                         .ok_or_else(|| self.order_error("B", mb, "no gradient"))?;
-                    let (dx, w) = blk.backward_input(*s, g)?;
+                    let (dx, w, norm) = blk.backward_input(*s, g)?;
                     dy = Some(dx);
-                    WeightStash::Block(Box::new(w))
+                    (WeightStash::Block(Box::new(w)), norm)
                 }
                 (PieceState::Embedding(e), ForwardStash::Embedding(s)) => {
                     let g = dy
                         .take()
                         .ok_or_else(|| self.order_error("B", mb, "no gradient"))?;
-                    WeightStash::Embedding(e.backward_input(s, g))
+                    (
+                        WeightStash::Embedding(e.backward_input(s, g)),
+                        NormGrads(Vec::new()),
+                    )
                 }
                 _ => return Err(self.order_error("B", mb, "stash does not match its piece")),
             };
             wstashes.push(w);
+            norms.push(norm);
         }
         wstashes.reverse();
+        norms.reverse();
         let dx = dy.map(|dx| dx.reshape((b, t, h))).transpose()?;
-        Ok((wstashes, dx))
+        Ok((wstashes, norms, dx))
     }
 
     /// `W`: weight gradients of microbatch `mb` from its stash, added to the accumulated

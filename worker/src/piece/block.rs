@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::norm_grads::NormGrads;
 use crate::error::Result;
 use crate::ops;
 use crate::param::{Init, Param};
@@ -52,17 +53,14 @@ pub(crate) struct ForwardStash {
     mask: Tensor,
 }
 
-/// Held from `B` to `W`: each weight's input and output gradient.
+/// Held from `B` to `W`: each linear layer's input and output gradient (the LayerNorms'
+/// weight gradients are done in `B`, see [`NormGrads`]).
 #[derive(Debug)]
 pub(crate) struct WeightStash {
-    xhat1: Tensor,
-    da: Tensor,
     a: Tensor,
     dqkv: Tensor,
     y: Tensor,
     dproj: Tensor,
-    xhat2: Tensor,
-    dc: Tensor,
     c: Tensor,
     du: Tensor,
     g: Tensor,
@@ -93,14 +91,10 @@ impl ForwardStash {
 impl WeightStash {
     pub(crate) fn bytes(&self) -> u64 {
         [
-            &self.xhat1,
-            &self.da,
             &self.a,
             &self.dqkv,
             &self.y,
             &self.dproj,
-            &self.xhat2,
-            &self.dc,
             &self.c,
             &self.du,
             &self.g,
@@ -230,12 +224,14 @@ impl Block {
         Ok((out, stash))
     }
 
-    /// The input gradient only; every weight's input and output gradient go to the stash.
+    /// The input gradient, and the LayerNorms' weight gradients (`ln1`, then `ln2`), which
+    /// need only `x̂` and the output gradient at hand here; every linear layer's input and
+    /// output gradient go to the stash.
     pub(crate) fn backward_input(
         &self,
         f: ForwardStash,
         dout: Tensor,
-    ) -> Result<(Tensor, WeightStash)> {
+    ) -> Result<(Tensor, WeightStash, NormGrads)> {
         // MLP: out = x1 + (gelu(c·Wfc + bfc)·Wout + bout).
         let dg = ops::linear_grad_input(&dout, &self.out_w.value)?;
         let du = ops::gelu_grad_input(&f.u, &dg)?;
@@ -248,38 +244,40 @@ impl Block {
             ops::attention_grad((&f.qkv, &f.y, &f.lse), &dy, (f.b, f.t, self.heads), &f.mask)?;
         let da = ops::linear_grad_input(&dqkv, &self.qkv_w.value)?;
         let dx = (&dx1 + ops::layer_norm_grad_input(&da, &f.xhat1, &f.rstd1, &self.ln1_w.value)?)?;
+        let (dg1, db1) = ops::layer_norm_grad_weight(&da, &f.xhat1)?;
+        let (dg2, db2) = ops::layer_norm_grad_weight(&dc, &f.xhat2)?;
         let stash = WeightStash {
-            xhat1: f.xhat1,
-            da,
             a: f.a,
             dqkv,
             y: f.y,
             dproj: dx1,
-            xhat2: f.xhat2,
-            dc,
             c: f.c,
             du,
             g: f.g,
             dout,
         };
-        Ok((dx, stash))
+        Ok((dx, stash, NormGrads(vec![dg1, db1, dg2, db2])))
     }
 
-    /// Weight gradients from the stash, accumulated.
+    /// The LayerNorms' parameters, in the order of the [`NormGrads`] `B` returns.
+    pub(crate) fn norm_params_mut(&mut self) -> Vec<&mut Param> {
+        vec![
+            &mut self.ln1_w,
+            &mut self.ln1_b,
+            &mut self.ln2_w,
+            &mut self.ln2_b,
+        ]
+    }
+
+    /// The linear layers' weight gradients from the stash, accumulated.
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
         ops::accumulate_linear_grad_weight(&mut self.out_w, &w.g, &w.dout)?;
         self.out_b.accumulate(&ops::sum_tokens(&w.dout)?)?;
         ops::accumulate_linear_grad_weight(&mut self.fc_w, &w.c, &w.du)?;
         self.fc_b.accumulate(&ops::sum_tokens(&w.du)?)?;
-        let (dg2, db2) = ops::layer_norm_grad_weight(&w.dc, &w.xhat2)?;
-        self.ln2_w.accumulate(&dg2)?;
-        self.ln2_b.accumulate(&db2)?;
         ops::accumulate_linear_grad_weight(&mut self.proj_w, &w.y, &w.dproj)?;
         self.proj_b.accumulate(&ops::sum_tokens(&w.dproj)?)?;
         ops::accumulate_linear_grad_weight(&mut self.qkv_w, &w.a, &w.dqkv)?;
-        self.qkv_b.accumulate(&ops::sum_tokens(&w.dqkv)?)?;
-        let (dg1, db1) = ops::layer_norm_grad_weight(&w.da, &w.xhat1)?;
-        self.ln1_w.accumulate(&dg1)?;
-        self.ln1_b.accumulate(&db1)
+        self.qkv_b.accumulate(&ops::sum_tokens(&w.dqkv)?)
     }
 }

@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::norm_grads::NormGrads;
 use crate::error::Result;
 use crate::ops;
 use crate::param::{Init, Param};
@@ -25,11 +26,10 @@ pub(crate) struct ForwardStash {
     targets: Tensor,
 }
 
-/// Held from `B` to `W`.
+/// Held from `B` to `W`: the LM head's input and output gradient (the final LayerNorm's
+/// weight gradients are done in `B`, see [`NormGrads`]).
 #[derive(Debug)]
 pub(crate) struct WeightStash {
-    xhat: Tensor,
-    dz: Tensor,
     z: Tensor,
     dlogits: Tensor,
 }
@@ -45,10 +45,7 @@ impl ForwardStash {
 
 impl WeightStash {
     pub(crate) fn bytes(&self) -> u64 {
-        [&self.xhat, &self.dz, &self.z, &self.dlogits]
-            .into_iter()
-            .map(ops::bytes)
-            .sum()
+        ops::bytes(&self.z) + ops::bytes(&self.dlogits)
     }
 }
 
@@ -104,30 +101,28 @@ impl Head {
         ))
     }
 
-    /// `seed` is `∂(step loss)/∂(this microbatch's mean loss)`, `1/n` for `n` microbatches.
+    /// The input gradient and the final LayerNorm's weight gradients; the LM head's input
+    /// and the logits' gradient go to the stash. `seed` is `∂(step loss)/∂(this
+    /// microbatch's mean loss)`, `1/n` for `n` microbatches.
     pub(crate) fn backward_input(
         &self,
         f: ForwardStash,
         seed: f64,
-    ) -> Result<(Tensor, WeightStash)> {
+    ) -> Result<(Tensor, WeightStash, NormGrads)> {
         let dlogits = ops::cross_entropy_grad(&f.probs, &f.targets, seed)?;
         let dz = ops::linear_grad_input(&dlogits, &self.lm.value)?;
         let dx = ops::layer_norm_grad_input(&dz, &f.xhat, &f.rstd, &self.ln_w.value)?;
-        Ok((
-            dx,
-            WeightStash {
-                xhat: f.xhat,
-                dz,
-                z: f.z,
-                dlogits,
-            },
-        ))
+        let (dg, db) = ops::layer_norm_grad_weight(&dz, &f.xhat)?;
+        Ok((dx, WeightStash { z: f.z, dlogits }, NormGrads(vec![dg, db])))
     }
 
+    /// The final LayerNorm's parameters, in the order of the [`NormGrads`] `B` returns.
+    pub(crate) fn norm_params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.ln_w, &mut self.ln_b]
+    }
+
+    /// The LM head's weight gradient from the stash, accumulated.
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
-        ops::accumulate_linear_grad_weight(&mut self.lm, &w.z, &w.dlogits)?;
-        let (dg, db) = ops::layer_norm_grad_weight(&w.dz, &w.xhat)?;
-        self.ln_w.accumulate(&dg)?;
-        self.ln_b.accumulate(&db)
+        ops::accumulate_linear_grad_weight(&mut self.lm, &w.z, &w.dlogits)
     }
 }

@@ -3,12 +3,14 @@
 pub(crate) mod block;
 pub(crate) mod embedding;
 pub(crate) mod head;
+pub(crate) mod norm_grads;
 
 use candle_core::{DType, Device};
 use pipewise_common::model::{ModelSpec, Piece};
 
 use crate::error::Result;
 use crate::param::Param;
+pub(crate) use norm_grads::NormGrads;
 
 /// One piece with its parameters.
 #[derive(Debug, Clone)]
@@ -100,5 +102,18 @@ impl PieceState {
             PieceState::Block(p) => p.params_mut(),
             PieceState::Head(p) => p.params_mut(),
         }
+    }
+
+    /// Adds the LayerNorm gradients `B` computed for one microbatch.
+    pub(crate) fn add_norm_grads(&mut self, grads: NormGrads) -> Result<()> {
+        let params = match self {
+            PieceState::Embedding(_) => Vec::new(),
+            PieceState::Block(p) => p.norm_params_mut(),
+            PieceState::Head(p) => p.norm_params_mut(),
+        };
+        for (param, g) in params.into_iter().zip(&grads.0) {
+            param.accumulate(g)?;
+        }
+        Ok(())
     }
 }

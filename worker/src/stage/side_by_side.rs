@@ -1,7 +1,7 @@
 //! A stage's passes for several microbatches at once, side by side on the CPU's threads
-//! ([`crate::lanes`]): `F` and `B` one microbatch per lane (they only read the parameters),
-//! `W` one group of pieces per lane, each piece accumulating its microbatches in the order
-//! given. The results are those of running the passes one after the other in that order,
+//! ([`crate::lanes`]): `F` and `B` one microbatch per lane (they only read the parameters;
+//! the LayerNorm gradients `B` computes are added afterwards, in the order given), `W` one
+//! group of pieces per lane, each piece accumulating its microbatches in the order given. The results are those of running the passes one after the other in that order,
 //! bit for bit.
 
 use candle_core::Tensor;
@@ -67,8 +67,10 @@ impl Stage {
             this.backward_input_compute(mb, shape, stashes, g)
         })?;
         let mut outs = Vec::with_capacity(ran.len());
+        // The LayerNorm gradients are added here, in the items' order, as one thread would.
         for (r, &(mb, _)) in ran.into_iter().zip(items) {
-            let (stashes, dx) = r.value?;
+            let (stashes, norms, dx) = r.value?;
+            self.add_norm_grads(norms)?;
             self.pending.insert(mb, Pending::Weight { stashes });
             outs.push(Ran {
                 value: dx,
