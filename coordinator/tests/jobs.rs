@@ -69,6 +69,7 @@ impl JobRunner for CountingRunner {
                 plan_choice: String::new(),
                 replanned: None,
                 trace: None,
+                planned_costs: None,
             })));
         }
         self.active.fetch_sub(1, Ordering::SeqCst);

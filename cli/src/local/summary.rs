@@ -198,6 +198,7 @@ mod tests {
             measured_bubble: 0.2,
             peak_activation_bytes: peaks.to_vec(),
             predicted_step_time_ms: 9.0 * step as f64,
+            plan_choice: String::new(),
         }
     }
 
