@@ -104,7 +104,7 @@ impl TraceStore {
             .jobs
             .values()
             .flat_map(|j| j.steps.iter())
-            .map(|t| spans_of(t))
+            .map(spans_of)
             .sum();
         for entry in self.jobs.values_mut() {
             while total > KEEP_SPANS && entry.steps.len() > 1 {
