@@ -412,28 +412,41 @@ impl JobSpec {
                 ),
             ));
         }
-        let mut spec: JobSpec = toml::from_str(text)
-            .map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))?;
-        let table: toml::Table = toml::from_str(text)
-            .map_err(|e| Error::invalid("toml", e.to_string().trim().to_string()))?;
-        spec.parallelism.search_microbatch_size = table
-            .get("parallelism")
-            .and_then(|p| p.get(MICROBATCH_SIZE_KEY))
-            .is_none();
+        let invalid =
+            |e: &dyn std::fmt::Display| Error::invalid("toml", e.to_string().trim().to_string());
+        let mut spec: JobSpec = toml::from_str(text).map_err(|e| invalid(&e))?;
+        // The document as parsed, integers kept as written (a `toml::Table` refuses a seed
+        // above `i64::MAX`, which the job's `u64` takes).
+        let doc = toml::de::DeTable::parse(text).map_err(|e| invalid(&e))?;
+        let given = doc.get_ref().iter().any(|(key, value)| {
+            key.get_ref().as_ref() == "parallelism"
+                && matches!(value.get_ref(), toml::de::DeValue::Table(p)
+                    if p.iter().any(|(k, _)| k.get_ref().as_ref() == MICROBATCH_SIZE_KEY))
+        });
+        spec.parallelism.search_microbatch_size = !given;
         Ok(spec)
     }
 
     /// The job as TOML (without the microbatch size where the file gave none).
     pub fn to_toml(&self) -> Result<String> {
-        let error = |e: &dyn std::fmt::Display| Error::invalid("toml", e.to_string());
+        let text = toml::to_string(self).map_err(|e| Error::invalid("toml", e.to_string()))?;
         if !self.parallelism.search_microbatch_size {
-            return toml::to_string(self).map_err(|e| error(&e));
+            return Ok(text);
         }
-        let mut value = toml::Value::try_from(self).map_err(|e| error(&e))?;
-        if let Some(toml::Value::Table(p)) = value.get_mut("parallelism") {
-            p.remove(MICROBATCH_SIZE_KEY);
-        }
-        toml::to_string(&value).map_err(|e| error(&e))
+        // The serializer writes one `key = value` line per field under `[parallelism]`
+        // (not through `toml::Value`, which refuses a seed above `i64::MAX`).
+        let mut section = "";
+        Ok(text
+            .lines()
+            .filter(|line| {
+                if line.starts_with('[') {
+                    section = line.trim();
+                }
+                !(section == "[parallelism]"
+                    && line.split('=').next().map(str::trim) == Some(MICROBATCH_SIZE_KEY))
+            })
+            .map(|line| format!("{line}\n"))
+            .collect())
     }
 
     /// Whether the job asks the coordinator to choose its plan ([`AUTO_SCHEDULE`]).
@@ -572,6 +585,20 @@ mod tests {
         assert_eq!(plan.schedule.num_workers(), 4);
         let text = spec.to_toml().expect("toml");
         assert_eq!(JobSpec::from_toml(&text).expect("parses"), spec);
+    }
+
+    /// A seed above `i64::MAX` (the fuzzer's find) and a job file without a microbatch
+    /// size both survive the trip, each way.
+    #[test]
+    fn a_large_seed_and_a_searched_size_round_trip_through_toml() {
+        for search in [false, true] {
+            let mut spec = example(2, "auto");
+            spec.training.seed = u64::MAX;
+            spec.parallelism.search_microbatch_size = search;
+            let text = spec.to_toml().expect("toml");
+            assert_eq!(text.contains(MICROBATCH_SIZE_KEY), !search, "{text}");
+            assert_eq!(JobSpec::from_toml(&text).expect("parses"), spec, "{text}");
+        }
     }
 
     #[test]
