@@ -10,21 +10,9 @@ impl CostModel {
     /// milliseconds at the model's microbatch size, every worker's speed factor, the hop per
     /// sequence; and the end-of-step sync in milliseconds.
     pub fn measured(&mut self, workers: &[Worker]) -> (Measured, f64) {
-        let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
-        let prior = self.prior_factors();
-        let fitted = self.fitted.as_ref().map(|f| &f.1);
-        let worker_factors = index
-            .iter()
-            .map(|&i| {
-                fitted
-                    .and_then(|f| f.get(i).copied())
-                    .filter(|f| f.is_finite() && *f > 0.0)
-                    .unwrap_or(prior[i])
-            })
-            .collect();
+        let worker_factors = self.worker_factors(workers);
         let pieces = self.piece_costs().map(|c| [c.f, c.b, c.w].map(|s| s * 1e3));
-        let m = &self.model;
-        let sequence = u64::from(m.seq_len) * u64::from(m.hidden) * m.dtype.bytes();
+        let sequence = self.frame_bytes() / u64::from(self.microbatch_size.max(1));
         let per_byte = self.secs_per_byte.get().unwrap_or(DEFAULT_SECS_PER_BYTE);
         let measured = Measured {
             pieces,

@@ -369,6 +369,22 @@ impl CostModel {
         self.fitted = Some(fitted);
     }
 
+    /// Every one of `workers`' speed factor: fitted where the fit has one, else the prior.
+    fn worker_factors(&mut self, workers: &[Worker]) -> Vec<f64> {
+        let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
+        let prior = self.prior_factors();
+        let fitted = self.fitted.as_ref().map(|f| &f.1);
+        index
+            .iter()
+            .map(|&i| {
+                fitted
+                    .and_then(|f| f.get(i).copied())
+                    .filter(|f| f.is_finite() && *f > 0.0)
+                    .unwrap_or(prior[i])
+            })
+            .collect()
+    }
+
     /// The per-stage costs of `schedule` on `ranges` run by `workers` (by index), the hop
     /// cost of one activation frame, and the sync; `None` when they do not match.
     pub fn costs(
@@ -383,21 +399,14 @@ impl CostModel {
         {
             return None;
         }
-        let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
+        let factors = self.worker_factors(workers);
         let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
-        let prior_factors = self.prior_factors();
-        let factor = |w: usize| {
-            let fitted = self.fitted.as_ref().and_then(|f| f.1.get(w).copied());
-            fitted
-                .filter(|f| f.is_finite() && *f > 0.0)
-                .unwrap_or(prior_factors[w])
-        };
         let stages = ranges
             .iter()
             .enumerate()
             .map(|(s, range)| {
                 let n = self.counts(range).map(f64::from);
-                let k = factor(index[placement.worker_of(s as u32) as usize]);
+                let k = factors[placement.worker_of(s as u32) as usize];
                 let sum = |pass: usize| k * (0..3).map(|p| n[p] * c[3 * p + pass]).sum::<f64>();
                 StageCost {
                     f: sum(0),
