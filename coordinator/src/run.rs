@@ -81,9 +81,7 @@ use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
 use pipewise_common::run::Start;
-use pipewise_common::run::supervisor::{
-    Action, Assignment, Config, Input, Member, Shown, Supervisor,
-};
+use pipewise_common::run::supervisor::{Action, Assignment, Config, Input, Member, Supervisor};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -260,15 +258,10 @@ async fn perform(
                 100.0 * next.bubble,
                 next.step_ms
             );
-            let planned = Shown {
-                bubble: done.planned_bubble,
-                step_ms: done.predicted_step_ms,
-                costs: done.planned_costs,
-            };
             let mut e = event(
                 job,
                 done.step,
-                planned,
+                done.planned,
                 &done.predicted_peaks,
                 &done.reports,
             );

@@ -118,7 +118,8 @@ impl Supervisor {
     /// Every worker reported `step`: its event, then whether the run should move.
     fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
         // Step `step` was planned before its reports came; they refine the next step's.
-        let planned = run.out.planned.clone();
+        let planned = std::mem::take(&mut run.out.planned);
+        let planned_secs = planned.step_ms / 1e3;
         let schedule = &self.plan.schedule;
         self.costs
             .observe(schedule, &run.out.ranges, &run.out.workers, &reports);
@@ -126,9 +127,7 @@ impl Supervisor {
         self.out.push(Action::Step(Box::new(StepDone {
             step,
             reports: reports.clone(),
-            planned_bubble: planned.bubble,
-            predicted_step_ms: planned.step_ms,
-            planned_costs: planned.costs.clone(),
+            planned,
             next: run.out.planned.clone(),
             predicted_peaks: run.out.predicted_peaks.clone(),
             replanned: self.replanned.take(),
@@ -154,7 +153,7 @@ impl Supervisor {
         // Measured over predicted first: a straggler shows there too, and the recalibrated
         // costs move its layers by what they measured rather than by FLOPs.
         let measured = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
-        let times = (planned.step_ms / 1e3, measured);
+        let times = (planned_secs, measured);
         if self.drifted(run, step, times, &reports) {
             return;
         }

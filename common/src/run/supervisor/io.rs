@@ -155,12 +155,8 @@ pub struct StepDone {
     pub step: u64,
     /// Every worker's report, by index.
     pub reports: Vec<StepReport>,
-    /// The step's planned bubble, from the costs known before it started.
-    pub planned_bubble: f64,
-    /// The step's predicted time (ms), from the same costs.
-    pub predicted_step_ms: f64,
-    /// The costs the step was planned on (seconds per pass of each stage).
-    pub planned_costs: Option<Arc<Costs>>,
+    /// The step's plan as shown: from the costs known before it started.
+    pub planned: Shown,
     /// What the next step is planned at, from the costs known after this one.
     pub next: Shown,
     /// Every worker's predicted peak activation bytes under the run's plan and split

@@ -214,9 +214,7 @@ fn a_worker_lost_mid_step() {
         [Action::Step(Box::new(StepDone {
             step: 0,
             reports: vec![report(alone, 0, 0)],
-            planned_bubble: first.bubble,
-            predicted_step_ms: first.step_ms,
-            planned_costs: first.costs.clone(),
+            planned: first.clone(),
             next: first,
             predicted_peaks: predicted_peaks(&current, &one, &pieces),
             replanned: Some((reason.into(), Arc::new(one.schedule.clone()))),
@@ -372,9 +370,7 @@ fn a_coordinator_restart_replays_the_store() {
         [Action::Step(Box::new(StepDone {
             step: 4,
             reports: vec![report(&ws, 0, 4), report(&ws, 1, 4)],
-            planned_bubble: first.bubble,
-            predicted_step_ms: first.step_ms,
-            planned_costs: first.costs.clone(),
+            planned: first.clone(),
             next: first,
             predicted_peaks: predicted_peaks(&spec, &plan, &[]),
             replanned: Some((reason.into(), Arc::new(plan.schedule.clone()))),
@@ -636,7 +632,7 @@ fn each_step_is_planned_from_the_steps_before_it() {
     };
     let done = feed(&mut s, 100, timed(0, 1.0));
     assert_eq!(
-        (done.planned_bubble, done.predicted_step_ms),
+        (done.planned.bubble, done.planned.step_ms),
         (first.bubble, first.step_ms)
     );
     // The next step's plan: step 0's stage times simulated.
@@ -664,7 +660,7 @@ fn each_step_is_planned_from_the_steps_before_it() {
     // Step 1 ran ten times slower: its event still shows the plan made before it.
     let done = feed(&mut s, 200, timed(1, 10.0));
     assert_eq!(
-        (done.planned_bubble, done.predicted_step_ms),
+        (done.planned.bubble, done.planned.step_ms),
         (next.bubble, next.step_ms)
     );
     assert!(done.next.step_ms > 2.0 * next.step_ms, "{:?}", done.next);
