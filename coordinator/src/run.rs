@@ -285,6 +285,13 @@ async fn perform(
                 let _ = me.cast(RunMsg::Input(Box::new(Input::Searched(found))));
             });
         }
+        Action::Choose(choose) => {
+            let me = myself.clone();
+            tokio::task::spawn_blocking(move || {
+                let chosen = Box::new(choose.run());
+                let _ = me.cast(RunMsg::Input(Box::new(Input::Chosen(chosen))));
+            });
+        }
         Action::Finish(outcome) => finish(myself, st, outcome.map_err(CoordinatorError::from)),
     }
     Ok(())

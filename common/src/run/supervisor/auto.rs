@@ -1,42 +1,77 @@
 //! `schedule = "auto"` in a run: before every run (the first, and after a loss, a join, a
 //! drift or a memory-pressure move) the auto-planner chooses the schedule, chunks,
 //! microbatch size and split for the run's workers with the costs the job's cost model has
-//! then and the smallest registered memory as the budget ([`choose_for_job`]).
+//! then and the smallest registered memory as the budget ([`crate::auto::job::choose_for_job`]).
+//! The search runs beside the supervisor ([`Action::Choose`]); the run starts when its choice
+//! comes back.
 
 use std::sync::Arc;
 
-use super::Supervisor;
-use super::io::Action;
-use crate::auto::job::choose_for_job;
+use super::io::{Action, Choose, Failure};
+use super::{Phase, Supervisor};
+use crate::auto::job::JobChoice;
 use crate::run::respec::respec;
 use crate::run::worker::Worker;
 
 impl Supervisor {
-    /// Chooses the plan of an auto job for a run on `workers`: the spec, plan and split the
-    /// run follows, and the choice in words for the next step event and the log.
-    pub(super) fn choose(&mut self, workers: &[Worker]) -> crate::Result<()> {
+    /// Asks for the plan of an auto job's run on `workers`, and waits for it.
+    pub(super) fn ask_choice(&mut self, workers: Vec<Worker>) -> Phase {
         let d = workers.len() as u32;
-        let respecced;
         let spec = if d == self.spec.parallelism.pipeline_parallel_degree {
-            &self.spec
+            self.spec.clone()
         } else {
-            respecced = respec(&self.spec, d);
-            &respecced
+            respec(&self.spec, d)
         };
-        let memory = workers
+        let memory_per_worker = workers
             .iter()
             .map(|w| w.memory_bytes)
             .filter(|&b| b > 0)
             .min()
             .unwrap_or(u64::MAX);
-        let (measured, sync_ms) = self.costs.measured(workers);
-        let choice = choose_for_job(spec, d, memory, measured, sync_ms)?;
+        let (measured, sync_ms) = self.costs.measured(&workers);
         let source = if self.costs.calibrated() {
             format!("fitted to {} measured steps", self.costs.steps())
         } else {
             "from the start-up profile".to_string()
         };
-        let text = choice.text(&source);
+        self.out.push(Action::Choose(Box::new(Choose {
+            spec,
+            workers: d,
+            memory_per_worker,
+            measured,
+            sync_ms,
+        })));
+        Phase::Choosing { workers, source }
+    }
+
+    /// The search's answer for the run on `workers`: the run starts on the choice, or waits
+    /// for workers again when one of them stopped streaming meanwhile.
+    pub(super) fn chosen(
+        &mut self,
+        workers: Vec<Worker>,
+        source: &str,
+        choice: crate::Result<JobChoice>,
+    ) -> Phase {
+        let choice = match choice {
+            Ok(choice) => choice,
+            Err(error) => {
+                return self.finish(Err(Failure::Auto {
+                    workers: workers.len() as u32,
+                    error,
+                }));
+            }
+        };
+        let streaming = self.streaming();
+        if !workers.iter().all(|w| streaming.contains(w)) {
+            return self.waiting();
+        }
+        self.adopt(choice, source);
+        self.start_run(workers)
+    }
+
+    /// Makes `choice` the plan the next run follows.
+    fn adopt(&mut self, choice: JobChoice, source: &str) {
+        let text = choice.text(source);
         self.costs
             .rescale(choice.spec.parallelism.pipeline_parallel_microbatch_size);
         self.current = choice.spec;
@@ -50,6 +85,5 @@ impl Supervisor {
         });
         self.out.push(Action::Info(text.clone()));
         self.chose = Some(text);
-        Ok(())
     }
 }

@@ -7,6 +7,8 @@ use super::super::id::RunId;
 use super::super::pressure::{Fitting, pressure};
 use super::super::worker::{StepReport, Worker};
 use crate::Schedule;
+use crate::auto::Measured;
+use crate::auto::job::{JobChoice, choose_for_job};
 use crate::cost::Costs;
 use crate::job::{JobPlan, JobSpec};
 
@@ -88,6 +90,8 @@ pub enum Input {
     Checkpoints(Checkpoints),
     /// What an [`Action::Search`] found.
     Searched(Option<Box<(String, Fitting)>>),
+    /// What an [`Action::Choose`] chose.
+    Chosen(Box<crate::Result<JobChoice>>),
     /// The job is cancelled.
     Cancel,
     /// Time passed.
@@ -127,6 +131,9 @@ pub enum Action {
     /// Search for a plan that fits the workers' memory beside the run (it plans a few dozen
     /// schedules) and feed back what it finds ([`Input::Searched`]).
     Search(Box<Search>),
+    /// Run `schedule = "auto"`'s search for the next run beside the supervisor (seconds at
+    /// eight workers and more) and feed back its choice ([`Input::Chosen`]).
+    Choose(Box<Choose>),
     /// The job is over: succeeded or cancelled (`Ok`), or failed.
     Finish(Result<(), Failure>),
 }
@@ -202,6 +209,29 @@ impl Search {
             &self.workers,
         )
         .map(Box::new)
+    }
+}
+
+/// An auto job's search for the plan of its next run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choose {
+    pub(super) spec: JobSpec,
+    pub(super) workers: u32,
+    pub(super) memory_per_worker: u64,
+    pub(super) measured: Measured,
+    pub(super) sync_ms: f64,
+}
+
+impl Choose {
+    /// Runs the search.
+    pub fn run(&self) -> crate::Result<JobChoice> {
+        choose_for_job(
+            &self.spec,
+            self.workers,
+            self.memory_per_worker,
+            self.measured.clone(),
+            self.sync_ms,
+        )
     }
 }
 

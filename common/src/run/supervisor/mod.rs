@@ -9,7 +9,8 @@
 //! 2. After a coordinator restart (first run only): waiting until no live worker runs one
 //!    of the earlier coordinator's runs of the job, then resuming from the checkpoint the
 //!    store named (or the latest complete one).
-//! 3. Before a run starts, a plan predicted not to fit a worker's registered memory moves
+//! 3. Before a run starts, an auto job's search chooses its plan beside the supervisor
+//!    (**Choosing**, [`Action::Choose`]), and a plan predicted not to fit a worker's registered memory moves
 //!    to one that does ([`super::pressure`]).
 //! 4. **Running**: every worker gets its assignment; complete sets of step reports become
 //!    step events. The run ends when every worker is done (the job succeeds), one fails
@@ -45,7 +46,9 @@ use crate::job::{JobPlan, JobSpec};
 use crate::{Costs, Schedule, simulate};
 
 use following::{Out, Run};
-pub use io::{Action, Assignment, Config, Failure, Input, Member, Reason, Search, Shown, StepDone};
+pub use io::{
+    Action, Assignment, Choose, Config, Failure, Input, Member, Reason, Search, Shown, StepDone,
+};
 use io::{Ended, Move};
 
 /// Where the job's runs are.
@@ -60,6 +63,11 @@ enum Phase {
     Rejoining { workers: Vec<Worker>, until: u64 },
     /// After a coordinator restart: for the checkpoint listing.
     Resuming { workers: Vec<Worker> },
+    /// An auto job's search for the plan of a run on `workers` is out.
+    Choosing {
+        workers: Vec<Worker>,
+        source: String,
+    },
     /// A run is out.
     Running(Box<Run>),
     /// Until the workers of an abandoned run have left it.
@@ -164,6 +172,10 @@ impl Supervisor {
             _ if self.cancelled => self.finish(Ok(())),
             Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
             Phase::Rejoining { workers, until } => self.rejoin(workers, until),
+            Phase::Choosing { workers, source } => match input {
+                Input::Chosen(choice) => self.chosen(workers, &source, *choice),
+                _ => Phase::Choosing { workers, source },
+            },
             Phase::Resuming { workers } => match input {
                 Input::Checkpoints(listing) => self.resume(workers, &listing),
                 _ => Phase::Resuming { workers },
@@ -309,16 +321,16 @@ impl Supervisor {
         self.launch(workers)
     }
 
-    /// Starts a run on `workers`.
+    /// Starts a run on `workers`; an auto job's choice of plan first.
     fn launch(&mut self, workers: Vec<Worker>) -> Phase {
-        if self.spec.is_auto()
-            && let Err(error) = self.choose(&workers)
-        {
-            return self.finish(Err(Failure::Auto {
-                workers: workers.len() as u32,
-                error,
-            }));
+        if self.spec.is_auto() {
+            return self.ask_choice(workers);
         }
+        self.start_run(workers)
+    }
+
+    /// Starts a run on `workers` with the plan as it stands.
+    fn start_run(&mut self, workers: Vec<Worker>) -> Phase {
         // A plan predicted not to fit a worker's registered memory is moved before it
         // starts: a device would fail to allocate rather than report the overflow.
         if let Some((reason, fits)) = pressure(

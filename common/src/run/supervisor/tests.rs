@@ -793,3 +793,66 @@ fn a_drift_without_a_faster_split_does_not_move() {
 fn steps_under_ten_percent_over_do_not_drift() {
     no_move([1.0, 3.0], 1.09);
 }
+
+/// An auto job of 6 steps on 2 workers and its supervisor, which asked for its first run's
+/// plan: the search it asked for.
+fn choosing() -> (Vec<Worker>, Supervisor, Choose) {
+    let spec = spec(2, crate::job::AUTO_SCHEDULE, 6);
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.handle(0, Input::Tick);
+    let [Action::Choose(choose)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    (ws, s, (**choose).clone())
+}
+
+/// An auto job's search runs beside the supervisor: nothing is handed out until its choice
+/// comes back, then the run starts on exactly that plan and split.
+#[test]
+fn an_auto_run_starts_on_the_choice_that_comes_back() {
+    let (ws, mut s, choose) = choosing();
+    assert_eq!(s.handle(100, Input::Tick), []);
+    assert_eq!(s.handle(150, heartbeat(&ws[0], RunId::new(JOB, 0))), []);
+    let choice = choose.run().unwrap();
+    let acts = s.handle(200, Input::Chosen(Box::new(Ok(choice.clone()))));
+    let r0 = RunId::new(JOB, 0);
+    let [Action::Info(text), Action::Attach(id), Action::Assign(a)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(text.starts_with("auto chose "), "{text}");
+    assert_eq!(*id, r0);
+    assert_eq!(a.plan, choice.plan);
+    assert_eq!(a.stage_pieces, choice.stage_pieces);
+    assert_eq!(a.workers, ws);
+}
+
+/// A worker that stopped streaming while the search ran sends the job back to waiting; a
+/// cancel while it runs ends the job at once; a failed search fails the job.
+#[test]
+fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
+    let (ws, mut s, choose) = choosing();
+    assert_eq!(s.handle(50, Input::StreamClosed(ws[1].id.clone())), []);
+    let acts = s.handle(100, Input::Chosen(Box::new(choose.run())));
+    assert_eq!(
+        acts,
+        [
+            Action::Waiting("workers: 1 of 2 ready".into()),
+            Action::Info("waiting for workers: 1 of 2 ready".into())
+        ]
+    );
+    let acts = s.handle(200, Input::StreamOpened(ws[1].id.clone()));
+    assert!(matches!(&acts[..], [Action::Waiting(w), Action::Choose(_)] if w.is_empty()));
+
+    let (_, mut s, _) = choosing();
+    assert_eq!(s.handle(50, Input::Cancel), [Action::Finish(Ok(()))]);
+    assert!(s.finished());
+
+    let (_, mut s, _) = choosing();
+    let error = crate::Error::invalid("parallelism.pipeline_parallel_schedule", "none fits");
+    let acts = s.handle(50, Input::Chosen(Box::new(Err(error.clone()))));
+    assert_eq!(
+        acts,
+        [Action::Finish(Err(Failure::Auto { workers: 2, error }))]
+    );
+}
