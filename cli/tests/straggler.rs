@@ -8,7 +8,9 @@ use common::processes::*;
 
 /// A worker six times slower per pass: the coordinator sees it in the step reports,
 /// stops every worker after the same step, moves layers off it and resumes from that
-/// step's checkpoint; training stays exact.
+/// step's checkpoint; training stays exact. Either rule may move them first: the straggler
+/// rule, or the drift rule that generalises it (steps over their prediction once the costs
+/// are fitted) when the slow steps outrun the fit; both are counted by their reason.
 #[test]
 fn layers_move_off_a_straggler() {
     const LONG: u32 = 24;
@@ -21,10 +23,14 @@ fn layers_move_off_a_straggler() {
     let reference = reference(&spec);
     let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
     let stdout = history(&cluster, job);
-    let moves = replans(&stdout, "moved layers");
+    let moves = replans(&stdout, "pieces per stage");
     assert!(!moves.is_empty(), "{stdout}");
     let first = moves[0];
-    assert!(first.contains("worker 2 (w2) took"), "{first}");
+    let by_straggler = first.contains("worker 2 (w2) took");
+    assert!(
+        by_straggler || first.contains("took longer than planned; recalibrated"),
+        "{first}"
+    );
     let (before, after) = moved_pieces(first);
     assert!(
         after[2] < before[2],
@@ -45,5 +51,10 @@ fn layers_move_off_a_straggler() {
         mean(&ms[..cut]),
         mean(&ms[cut..])
     );
-    assert!(replans_counted(&cluster, "straggler") >= 1.0);
+    let reason = if by_straggler {
+        "straggler"
+    } else {
+        "calibration"
+    };
+    assert!(replans_counted(&cluster, reason) >= 1.0);
 }

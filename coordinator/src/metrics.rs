@@ -28,15 +28,7 @@ use metrics::{
 };
 
 use crate::events::StepEventData;
-
-/// Reasons a job is re-planned (the label values of `pipewise_replans_total`).
-pub const REPLAN_REASONS: [&str; 5] = [
-    "worker_lost",
-    "worker_left",
-    "straggler",
-    "memory_pressure",
-    "worker_joined",
-];
+use pipewise_common::run::Reason;
 
 /// Job states (the label values of `pipewise_jobs`).
 pub const JOB_STATES: [&str; 5] = ["queued", "running", "succeeded", "failed", "cancelled"];
@@ -88,13 +80,13 @@ pub fn describe() {
         "pipewise_replans_total",
         "Re-plans of running jobs, by reason"
     );
-    for reason in REPLAN_REASONS {
+    for reason in Reason::ALL.map(Reason::label) {
         counter!("pipewise_replans_total", "reason" => reason).absolute(0);
     }
     gauge!("pipewise_workers_up").set(0.0);
 }
 
-/// Counts one re-plan of a running job; `reason` is one of [`REPLAN_REASONS`].
+/// Counts one re-plan of a running job; `reason` is a [`Reason`]'s label.
 pub fn record_replan(reason: &'static str) {
     counter!("pipewise_replans_total", "reason" => reason).increment(1);
 }

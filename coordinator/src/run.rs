@@ -72,7 +72,7 @@
 //! collectives, reports and aborts), is the job id for the first run and
 //! `job + k · 2^48` for its `k`-th run ([`RunId`](pipewise_common::run::RunId)): each re-plan starts another, and a
 //! coordinator restart jumps past every number the earlier coordinator could have given
-//! ([`Config::max_replans`](pipewise_common::run::Config::max_replans) + 1 per restart), so nothing of an abandoned run can reach the next one.
+//! ([`Config::max_replans`](pipewise_common::run::Config::max_replans) + 1, plus an auto trial's moves, per restart), so nothing of an abandoned run can reach the next one.
 //! Events and metrics carry the job id.
 
 use std::collections::{HashMap, VecDeque};

@@ -41,7 +41,7 @@ impl Ranked {
     }
 
     /// `v-half (2 chunks), 8 microbatches × 4, split emb+1 | 1 | 1 | 1+head, predicted 812.3 ms`.
-    fn text(&self) -> String {
+    pub fn text(&self) -> String {
         format!(
             "{} ({} chunk{}), {} microbatches × {}, split {}, predicted {:.1} ms",
             self.schedule,
@@ -55,35 +55,46 @@ impl Ranked {
     }
 }
 
+/// One plan auto may run a job on: the spec, plan and split the job runs under it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PlanOption {
+    /// The spec the job runs: the schedule, chunks and microbatch size of this plan.
+    #[serde(skip)]
+    pub spec: JobSpec,
+    /// The plan.
+    #[serde(skip)]
+    pub plan: JobPlan,
+    /// Pieces per stage of its split.
+    pub stage_pieces: Vec<u32>,
+    /// The plan as shown.
+    pub shown: Ranked,
+}
+
 /// What auto chose for a job on its workers.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct JobChoice {
-    /// The spec the job runs: the chosen schedule, chunks and microbatch size.
-    #[serde(skip)]
-    pub spec: JobSpec,
-    /// The chosen plan.
-    #[serde(skip)]
-    pub plan: JobPlan,
-    /// Pieces per stage of the chosen split.
-    pub stage_pieces: Vec<u32>,
-    /// The chosen plan, as shown.
-    pub chosen: Ranked,
-    /// The next fastest plan that fits, if any.
-    pub runner_up: Option<Ranked>,
+    /// The fastest predicted plan that fits.
+    pub best: PlanOption,
+    /// The next fastest plans that fit, in predicted order (at most [`OPTIONS`] − 1).
+    pub others: Vec<PlanOption>,
     /// Plans that fit the memory.
     pub fitting: usize,
     /// The memory budget per worker (bytes).
     pub memory_per_worker: u64,
 }
 
+/// Plans a choice keeps: the best and the next ones a trial may measure.
+pub const OPTIONS: usize = 4;
+
 impl JobChoice {
     /// What was chosen and why, in one line (`costs`: where the costs came from).
     pub fn text(&self, costs: &str) -> String {
-        let runner_up = match &self.runner_up {
+        let best = &self.best.shown;
+        let runner_up = match self.others.first() {
             Some(r) => format!(
                 "; runner-up {} ({:+.1} %)",
-                r.text(),
-                100.0 * (r.predicted_ms / self.chosen.predicted_ms.max(f64::MIN_POSITIVE) - 1.0)
+                r.shown.text(),
+                100.0 * (r.shown.predicted_ms / best.predicted_ms.max(f64::MIN_POSITIVE) - 1.0)
             ),
             None => "; no other plan fits".into(),
         };
@@ -94,9 +105,18 @@ impl JobChoice {
         };
         format!(
             "auto chose {}{runner_up}; fastest predicted of {} plans fitting {budget}, costs {costs}",
-            self.chosen.text(),
+            best.text(),
             self.fitting,
         )
+    }
+
+    /// The plans predicted within `band` (0.05: 5 %) of the best, best first: those a
+    /// measurement may tell apart where the prediction cannot.
+    pub fn within(&self, band: f64) -> Vec<&PlanOption> {
+        let limit = self.best.shown.predicted_ms * (1.0 + band);
+        std::iter::once(&self.best)
+            .chain(self.others.iter().filter(|o| o.shown.predicted_ms <= limit))
+            .collect()
     }
 }
 
@@ -128,7 +148,7 @@ pub fn choose_for_job(
         memory_per_worker,
         layer_times: None,
         comm_ms: 0.0,
-        top: 2,
+        top: OPTIONS,
         measured: Some(measured),
         fixed: Fixed {
             microbatch_size: (!p.search_microbatch_size)
@@ -143,35 +163,37 @@ pub fn choose_for_job(
         ),
         other => other,
     })?;
-    let mut ranked = found.ranked.into_iter();
-    let best = ranked.next().ok_or_else(|| {
+    let mut options = found.ranked.into_iter().map(|c| {
+        let mut chosen = spec.clone();
+        let cp = &mut chosen.parallelism;
+        cp.pipeline_parallel_schedule = c.kind.name().to_string();
+        cp.pipeline_parallel_microbatch_size = c.microbatch_size;
+        cp.pipeline_parallel_chunks = INTERLEAVED_CHUNKS;
+        cp.pipeline_parallel_degree = workers;
+        cp.search_microbatch_size = false;
+        cp.memory_limit = None;
+        PlanOption {
+            shown: Ranked::of(&chosen, &c, sync_ms),
+            stage_pieces: c.partition.iter().map(|r| r.len() as u32).collect(),
+            plan: JobPlan {
+                kind: c.kind,
+                microbatches: c.microbatches,
+                schedule: c.schedule,
+            },
+            spec: chosen,
+        }
+    });
+    let best = options.next().ok_or_else(|| {
         Error::invalid(
             "parallelism.pipeline_parallel_schedule",
             "auto found no plan for the workers",
         )
     })?;
-    let mut chosen = spec.clone();
-    let cp = &mut chosen.parallelism;
-    cp.pipeline_parallel_schedule = best.kind.name().to_string();
-    cp.pipeline_parallel_microbatch_size = best.microbatch_size;
-    cp.pipeline_parallel_chunks = INTERLEAVED_CHUNKS;
-    cp.pipeline_parallel_degree = workers;
-    cp.search_microbatch_size = false;
-    cp.memory_limit = None;
-    let stage_pieces = best.partition.iter().map(|r| r.len() as u32).collect();
-    let runner_up = ranked.next().map(|c| Ranked::of(&chosen, &c, sync_ms));
     Ok(JobChoice {
-        chosen: Ranked::of(&chosen, &best, sync_ms),
-        runner_up,
+        best,
+        others: options.collect(),
         fitting: found.fitting,
         memory_per_worker,
-        plan: JobPlan {
-            kind: best.kind,
-            microbatches: best.microbatches,
-            schedule: best.schedule,
-        },
-        stage_pieces,
-        spec: chosen,
     })
 }
 
@@ -256,18 +278,18 @@ mod tests {
     fn picks_the_plan_with_the_best_predicted_time() {
         let m = measured(3.0, vec![1.0, 1.0]);
         let choice = choose_for_job(&job(2), 2, u64::MAX, m.clone(), 0.5).unwrap();
-        let best = &choice.chosen;
-        let runner_up = choice.runner_up.as_ref().unwrap();
+        let best = &choice.best.shown;
+        let runner_up = &choice.others[0].shown;
         assert!(best.predicted_ms <= runner_up.predicted_ms, "{choice:?}");
-        assert_eq!(choice.plan.kind.name(), best.schedule);
+        assert_eq!(choice.best.plan.kind.name(), best.schedule);
         assert_eq!(
-            choice.spec.parallelism.pipeline_parallel_schedule,
+            choice.best.spec.parallelism.pipeline_parallel_schedule,
             best.schedule
         );
-        let schedule = &choice.plan.schedule;
+        let schedule = &choice.best.plan.schedule;
         let own = simulate(
             schedule,
-            &costs(&schedule.placement, &choice.stage_pieces, &m),
+            &costs(&schedule.placement, &choice.best.stage_pieces, &m),
         )
         .unwrap()
         .makespan;
@@ -307,15 +329,15 @@ mod tests {
         let slow =
             choose_for_job(&job(2), 2, u64::MAX, measured(1.0, vec![1.0, 3.0]), 0.0).unwrap();
         let held = |c: &JobChoice, w: u32| -> u32 {
-            let placement = c.plan.schedule.placement.clone();
+            let placement = c.best.plan.schedule.placement.clone();
             placement
                 .stages_of(w)
                 .iter()
-                .map(|&s| c.stage_pieces[s as usize])
+                .map(|&s| c.best.stage_pieces[s as usize])
                 .sum()
         };
         assert!(held(&slow, 1) < held(&even, 1), "{slow:?}");
-        assert!(slow.chosen.predicted_ms > even.chosen.predicted_ms);
+        assert!(slow.best.shown.predicted_ms > even.best.shown.predicted_ms);
 
         // The chosen plan's own need, one byte less: something else, which fits.
         let req_plan =
@@ -338,8 +360,8 @@ mod tests {
         let need = plan.ranked[0].max_worker_bytes;
         let tight = req_plan(need - 1).unwrap();
         assert_ne!(
-            (tight.plan.kind, &tight.stage_pieces),
-            (even.plan.kind, &even.stage_pieces)
+            (tight.best.plan.kind, &tight.best.stage_pieces),
+            (even.best.plan.kind, &even.best.stage_pieces)
         );
         assert_eq!(tight.memory_per_worker, need - 1);
         assert!(tight.text("x").contains("per worker"));
@@ -355,19 +377,19 @@ mod tests {
         let mut spec = job(2);
         spec.parallelism.pipeline_parallel_microbatch_size = 2;
         let c = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
-        assert_eq!(c.spec.parallelism.pipeline_parallel_microbatch_size, 2);
-        assert_eq!(c.plan.microbatches, 4);
+        assert_eq!(c.best.spec.parallelism.pipeline_parallel_microbatch_size, 2);
+        assert_eq!(c.best.plan.microbatches, 4);
         spec.parallelism.pipeline_parallel_first_stage_less_layers = 2;
         let c = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
-        let stages = c.plan.schedule.placement.stages();
+        let stages = c.best.plan.schedule.placement.stages();
         let want = spec.parallelism.stage_pieces(8, stages).unwrap().unwrap();
-        assert_eq!(c.stage_pieces, want);
+        assert_eq!(c.best.stage_pieces, want);
         // Searched: the size the plan runs divides the batch, and several were tried.
         let mut spec = job(2);
         spec.parallelism.search_microbatch_size = true;
         let c = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
-        let size = c.spec.parallelism.pipeline_parallel_microbatch_size;
-        assert_eq!(size * c.plan.microbatches, 8);
+        let size = c.best.spec.parallelism.pipeline_parallel_microbatch_size;
+        assert_eq!(size * c.best.plan.microbatches, 8);
         assert!(c.fitting > 8, "{c:?}");
     }
 

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 
 use super::io::{Action, Choose, Failure};
+use super::trial::{TRIAL_BAND, TRIAL_STEPS, Trial};
 use super::{Phase, Supervisor};
-use crate::auto::job::JobChoice;
+use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::respec::respec;
 use crate::run::worker::Worker;
 
@@ -44,8 +45,9 @@ impl Supervisor {
         Phase::Choosing { workers, source }
     }
 
-    /// The search's answer for the run on `workers`: the run starts on the choice, or waits
-    /// for workers again when one of them stopped streaming meanwhile.
+    /// The search's answer for the run on `workers`: the run starts on the choice (the
+    /// first plan of a trial, [`super::trial`]), or waits for workers again when one of them
+    /// stopped streaming meanwhile.
     pub(super) fn chosen(
         &mut self,
         workers: Vec<Worker>,
@@ -65,25 +67,60 @@ impl Supervisor {
         if !workers.iter().all(|w| streaming.contains(w)) {
             return self.waiting();
         }
-        self.adopt(choice, source);
+        let mut text = choice.text(source);
+        let steps_left = u64::from(self.spec.training.steps).saturating_sub(self.first_step);
+        let mut plans = self
+            .trial_plans(choice, steps_left, workers.len())
+            .into_iter();
+        let Some(first) = plans.next() else {
+            return self.finish(Err(Failure::Auto {
+                workers: workers.len() as u32,
+                error: crate::Error::invalid(
+                    "parallelism.pipeline_parallel_schedule",
+                    "auto found no plan for the workers",
+                ),
+            }));
+        };
+        let pending: Vec<PlanOption> = plans.collect();
+        if pending.is_empty() {
+            if matches!(self.trial, Trial::NotYet) {
+                self.trial = Trial::Done;
+            }
+        } else {
+            let names: Vec<&str> = std::iter::once(&first)
+                .chain(&pending)
+                .map(|p| p.shown.schedule.as_str())
+                .collect();
+            text.push_str(&format!(
+                "; measuring the {} plans predicted within {:.0} % ({}), {TRIAL_STEPS} steps each",
+                names.len(),
+                100.0 * TRIAL_BAND,
+                names.join(", ")
+            ));
+            self.trial = Trial::Trying {
+                pending,
+                tried: Vec::new(),
+                current: Box::new(first.clone()),
+            };
+        }
+        self.adopt(first);
+        self.out.push(Action::Info(text.clone()));
+        self.chose = Some(text);
         self.start_run(workers)
     }
 
-    /// Makes `choice` the plan the next run follows.
-    fn adopt(&mut self, choice: JobChoice, source: &str) {
-        let text = choice.text(source);
+    /// Makes `option` the plan the next run follows.
+    pub(super) fn adopt(&mut self, option: PlanOption) {
         self.costs
-            .rescale(choice.spec.parallelism.pipeline_parallel_microbatch_size);
-        self.current = choice.spec;
-        self.plan = choice.plan;
-        self.stage_pieces = choice.stage_pieces;
+            .rescale(option.spec.parallelism.pipeline_parallel_microbatch_size);
+        self.current = option.spec;
+        self.plan = option.plan;
+        self.stage_pieces = option.stage_pieces;
         // The next step event carries the schedule the job runs now (traces follow it).
         let schedule = Arc::new(self.plan.schedule.clone());
         self.replanned = Some(match self.replanned.take() {
             Some((reason, _)) => (reason, schedule),
             None => (String::new(), schedule),
         });
-        self.out.push(Action::Info(text.clone()));
-        self.chose = Some(text);
     }
 }

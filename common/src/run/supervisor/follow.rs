@@ -153,6 +153,9 @@ impl Supervisor {
         // Measured over predicted first: a straggler shows there too, and the recalibrated
         // costs move its layers by what they measured rather than by FLOPs.
         let measured = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
+        if self.trial_step(run, measured) {
+            return;
+        }
         let times = (planned_secs, measured);
         if self.drifted(run, step, times, &reports) {
             return;
@@ -241,7 +244,7 @@ impl Supervisor {
         if self.cancelled {
             return self.finish(Ok(()));
         }
-        if self.replans >= self.cfg.max_replans {
+        if self.counted_replans() >= self.cfg.max_replans {
             return self.finish(Err(Failure::Replans {
                 lost: reason,
                 max: self.cfg.max_replans,

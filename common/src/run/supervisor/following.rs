@@ -54,6 +54,9 @@ pub(super) struct Run {
     pub(super) grow_tried: usize,
     /// A worker's error report, held until this time to see whether a worker went silent.
     pub(super) failing: Option<(Failure, u64)>,
+    /// Every step's measured seconds (the slowest worker's wall time), while an auto
+    /// trial measures the run's plan.
+    pub(super) step_secs: Vec<f64>,
 }
 
 impl Run {
@@ -73,6 +76,7 @@ impl Run {
             pressure_tried: false,
             grow_tried: d,
             failing: None,
+            step_secs: Vec::new(),
             out,
         }
     }

@@ -8,7 +8,7 @@ use super::super::pressure::{Fitting, pressure};
 use super::super::worker::{StepReport, Worker};
 use crate::Schedule;
 use crate::auto::Measured;
-use crate::auto::job::{JobChoice, choose_for_job};
+use crate::auto::job::{JobChoice, PlanOption, choose_for_job};
 use crate::cost::Costs;
 use crate::job::{JobPlan, JobSpec};
 
@@ -250,9 +250,22 @@ pub enum Reason {
     WorkerJoined,
     /// Steps ran over the plan's prediction: layers moved for the recalibrated costs.
     Calibration,
+    /// `schedule = "auto"` measuring the plans its prediction cannot tell apart.
+    AutoTrial,
 }
 
 impl Reason {
+    /// Every reason, in the order of the variants.
+    pub const ALL: [Reason; 7] = [
+        Reason::WorkerLost,
+        Reason::WorkerLeft,
+        Reason::Straggler,
+        Reason::MemoryPressure,
+        Reason::WorkerJoined,
+        Reason::Calibration,
+        Reason::AutoTrial,
+    ];
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
@@ -262,6 +275,7 @@ impl Reason {
             Reason::MemoryPressure => "memory_pressure",
             Reason::WorkerJoined => "worker_joined",
             Reason::Calibration => "calibration",
+            Reason::AutoTrial => "auto_trial",
         }
     }
 }
@@ -347,6 +361,8 @@ pub(super) enum Move {
     Plan(Box<Fitting>),
     /// Workers joined a job that runs on fewer than its degree: the plan on more of them.
     Grow(Box<JobPlan>),
+    /// An auto job's trial: the next plan to measure, or the fastest measured.
+    Trial(Box<PlanOption>),
 }
 
 impl Move {
@@ -356,6 +372,7 @@ impl Move {
             Move::Recalibrate(_) => Reason::Calibration,
             Move::Plan(_) => Reason::MemoryPressure,
             Move::Grow(_) => Reason::WorkerJoined,
+            Move::Trial(_) => Reason::AutoTrial,
         }
     }
 }

@@ -31,6 +31,7 @@ mod io;
 mod recalibrate;
 #[cfg(test)]
 mod tests;
+mod trial;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -50,6 +51,7 @@ pub use io::{
     Action, Assignment, Choose, Config, Failure, Input, Member, Reason, Search, Shown, StepDone,
 };
 use io::{Ended, Move};
+use trial::{TRIAL_PLANS, Trial};
 
 /// Where the job's runs are.
 #[derive(Debug)]
@@ -106,6 +108,12 @@ pub struct Supervisor {
     replanned: Option<(String, Arc<Schedule>)>,
     /// What `schedule = "auto"` last chose and why, until a step event carries it.
     chose: Option<String>,
+    /// An auto job's trial of the plans its prediction cannot tell apart.
+    trial: Trial,
+    /// The plan a trial moves the next run to (the search is not asked again for it).
+    next_plan: Option<crate::auto::job::PlanOption>,
+    /// Re-plans that were trial moves (they do not count against [`Config::max_replans`]).
+    trial_moves: u64,
     cancelled: bool,
     /// The job's pieces' costs, refined by every complete step of every run.
     costs: CostModel,
@@ -145,6 +153,9 @@ impl Supervisor {
             replans: 0,
             replanned: None,
             chose: None,
+            trial: Trial::NotYet,
+            next_plan: None,
+            trial_moves: 0,
             cancelled: false,
             now: 0,
             phase: Phase::Waiting {
@@ -323,6 +334,10 @@ impl Supervisor {
 
     /// Starts a run on `workers`; an auto job's choice of plan first.
     fn launch(&mut self, workers: Vec<Worker>) -> Phase {
+        if let Some(option) = self.next_plan.take() {
+            self.adopt(option);
+            return self.start_run(workers);
+        }
         if self.spec.is_auto() {
             return self.ask_choice(workers);
         }
@@ -348,7 +363,8 @@ impl Supervisor {
             self.tell(reason);
         }
         // Run ids past any an earlier coordinator gave this job.
-        let number = self.start.restarts * (self.cfg.max_replans + 1) + self.replans;
+        let per_restart = self.cfg.max_replans + 1 + TRIAL_PLANS as u64;
+        let number = self.start.restarts * per_restart + self.replans;
         let id = RunId::new(self.job, number);
         let steps = u64::from(self.spec.training.steps);
         self.out.push(Action::Attach(id));
@@ -382,7 +398,7 @@ impl Supervisor {
                 ranges,
                 predicted_peaks: predicted_peaks(&self.current, &self.plan, &self.stage_pieces),
                 watch,
-                may_move: self.replans < self.cfg.max_replans,
+                may_move: self.counted_replans() < self.cfg.max_replans,
             },
             self.now,
         );
@@ -422,6 +438,7 @@ impl Supervisor {
                 through,
                 how,
             } => {
+                self.end_trial();
                 let resume = listing.last_complete(&self.spec, self.first_step, through, stages);
                 self.out.push(Action::ClearAfter(resume));
                 let survivors = self.streaming().len() as u32;
@@ -473,7 +490,14 @@ impl Supervisor {
                 let reason = format!("{reason}; resuming from {}", resumed_from(resume));
                 self.out.push(Action::Warn(reason.clone()));
                 self.out.push(Action::Replanned(to.reason()));
+                if !matches!(to, Move::Trial(_)) {
+                    self.end_trial();
+                }
                 match to {
+                    Move::Trial(option) => {
+                        self.trial_moves += 1;
+                        self.next_plan = Some(*option);
+                    }
                     Move::Split(counts) | Move::Recalibrate(counts) => self.stage_pieces = counts,
                     Move::Plan(fits) => {
                         self.plan = fits.adopt_into(&mut self.current);
@@ -489,6 +513,19 @@ impl Supervisor {
             }
         }
         self.waiting()
+    }
+
+    /// Re-plans counted against [`Config::max_replans`]: all but an auto trial's moves.
+    fn counted_replans(&self) -> u64 {
+        self.replans - self.trial_moves
+    }
+
+    /// Another move or a loss ends an auto trial: later runs take the search's choice.
+    fn end_trial(&mut self) {
+        if matches!(self.trial, Trial::Trying { .. }) {
+            self.trial = Trial::Done;
+        }
+        self.next_plan = None;
     }
 
     /// Records a re-plan for the next step event: after any earlier one no event has
