@@ -951,10 +951,14 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
         matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r0),
         "{acts:?}"
     );
-    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), 3);
+    // The workers finish the step they were in when asked to stop: it does not end the
+    // trial.
+    let acts = step_took(&mut s, 3_500, &ws, 3, 1.0);
+    assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), 4);
     let r1 = RunId::new(JOB, 1);
     let [
-        Action::ClearAfter(3),
+        Action::ClearAfter(4),
         Action::Warn(why),
         Action::Replanned(Reason::AutoTrial),
         Action::Attach(id),
@@ -964,15 +968,15 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
         panic!("{acts:?}")
     };
     assert!(why.contains("measured 1000.0 ms a step; trying"), "{why}");
-    assert_eq!((*id, &second.plan, second.first_step), (r1, &b.plan, 3));
+    assert_eq!((*id, &second.plan, second.first_step), (r1, &b.plan, 4));
     assert_eq!(second.stage_pieces, b.stage_pieces);
     // Plan b is slower: back to a, which then runs to the end unmeasured.
-    let acts = steps_took(&mut s, &ws, 3, 3, 1.2);
+    let acts = steps_took(&mut s, &ws, 4, 3, 1.2);
     assert!(
         matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r1),
         "{acts:?}"
     );
-    let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 6);
+    let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 7);
     let r2 = RunId::new(JOB, 2);
     let [
         ..,
@@ -988,8 +992,8 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
         why.contains("going on with the fastest measured of"),
         "{why}"
     );
-    assert_eq!((*id, &third.plan, third.first_step), (r2, &a.plan, 6));
-    let acts = steps_took(&mut s, &ws, 6, 4, 0.5);
+    assert_eq!((*id, &third.plan, third.first_step), (r2, &a.plan, 7));
+    let acts = steps_took(&mut s, &ws, 7, 4, 0.5);
     assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
     // Trial moves leave the re-plans for losses untouched.
     assert_eq!(s.counted_replans(), 0);

@@ -67,6 +67,11 @@ impl Supervisor {
         let Trial::Trying { current, .. } = &self.trial else {
             return false;
         };
+        if run.moving.is_some() {
+            // Steps a run finishes after it was asked to stop for the trial's move: the
+            // trial already measures the next plan.
+            return false;
+        }
         let name = current.shown.text();
         run.step_secs.push(measured);
         if run.completed < TRIAL_STEPS {
