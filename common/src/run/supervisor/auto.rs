@@ -17,6 +17,14 @@ use crate::run::worker::Worker;
 impl Supervisor {
     /// Asks for the plan of an auto job's run on `workers`, and waits for it.
     pub(super) fn ask_choice(&mut self, workers: Vec<Worker>) -> Phase {
+        let (choose, source) = self.choose_request(&workers);
+        self.out.push(Action::Choose(Box::new(choose)));
+        Phase::Choosing { workers, source }
+    }
+
+    /// The search for a run on `workers` with the costs as they stand, and where those
+    /// costs come from, in words.
+    pub(super) fn choose_request(&mut self, workers: &[Worker]) -> (Choose, String) {
         let d = workers.len() as u32;
         let spec = if d == self.spec.parallelism.pipeline_parallel_degree {
             self.spec.clone()
@@ -29,20 +37,20 @@ impl Supervisor {
             .filter(|&b| b > 0)
             .min()
             .unwrap_or(u64::MAX);
-        let (measured, sync_ms) = self.costs.measured(&workers);
+        let (measured, sync_ms) = self.costs.measured(workers);
         let source = if self.costs.calibrated() {
             format!("fitted to {} measured steps", self.costs.steps())
         } else {
             "from the start-up profile".to_string()
         };
-        self.out.push(Action::Choose(Box::new(Choose {
+        let choose = Choose {
             spec,
             workers: d,
             memory_per_worker,
             measured,
             sync_ms,
-        })));
-        Phase::Choosing { workers, source }
+        };
+        (choose, source)
     }
 
     /// The search's answer for the run on `workers`: the run starts on the choice (the
@@ -69,39 +77,16 @@ impl Supervisor {
         }
         let mut text = choice.text(source);
         let steps_left = u64::from(self.spec.training.steps).saturating_sub(self.first_step);
-        let mut plans = self
-            .trial_plans(choice, steps_left, workers.len())
-            .into_iter();
-        let Some(first) = plans.next() else {
-            return self.finish(Err(Failure::Auto {
-                workers: workers.len() as u32,
-                error: crate::Error::invalid(
-                    "parallelism.pipeline_parallel_schedule",
-                    "auto found no plan for the workers",
-                ),
-            }));
-        };
-        let pending: Vec<PlanOption> = plans.collect();
-        if pending.is_empty() {
-            if matches!(self.trial, Trial::NotYet) {
-                self.trial = Trial::Done;
-            }
-        } else {
-            let names: Vec<&str> = std::iter::once(&first)
-                .chain(&pending)
-                .map(|p| p.shown.schedule.as_str())
-                .collect();
+        let first = choice.best;
+        if self.may_try(steps_left, workers.len()) {
             text.push_str(&format!(
-                "; measuring the {} plans predicted within {:.0} % ({}), {TRIAL_STEPS} steps each",
-                names.len(),
-                100.0 * TRIAL_BAND,
-                names.join(", ")
+                "; after {TRIAL_STEPS} steps, chosen again on costs fitted to them, and the plans \
+                 predicted within {:.0} % measured",
+                100.0 * TRIAL_BAND
             ));
-            self.trial = Trial::Trying {
-                pending,
-                tried: Vec::new(),
-                current: Box::new(first.clone()),
-            };
+            self.trial = Trial::Measuring(Box::new(first.clone()));
+        } else if matches!(self.trial, Trial::NotYet) {
+            self.trial = Trial::Done;
         }
         self.adopt(first);
         self.out.push(Action::Info(text.clone()));

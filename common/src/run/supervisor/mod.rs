@@ -25,6 +25,8 @@
 //! [`Config::stop_grace_ms`]); while the job waits or re-plans, it ends the job at once.
 
 mod auto;
+#[cfg(test)]
+mod auto_tests;
 mod follow;
 mod following;
 mod io;

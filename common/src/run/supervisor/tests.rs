@@ -8,16 +8,15 @@ use std::sync::Arc;
 
 use super::*;
 use crate::StageCost;
-use crate::auto::job::JobChoice;
 use crate::job::example;
 use crate::run::pressure::predicted_peaks;
 use crate::run::respec::{replan, replan_after_loss, spec_split};
 use crate::run::straggler::{straggle_of, straggler};
 use crate::run::worker::StepReport;
 
-const JOB: u64 = 1;
+pub(super) const JOB: u64 = 1;
 
-fn worker(i: usize) -> Worker {
+pub(super) fn worker(i: usize) -> Worker {
     Worker {
         id: format!("w{i}"),
         address: format!("10.0.0.{i}:7000"),
@@ -41,12 +40,12 @@ fn first_shown(spec: &JobSpec, plan: &JobPlan, pieces: &[u32], workers: &[Worker
     first
 }
 
-fn workers(d: usize) -> Vec<Worker> {
+pub(super) fn workers(d: usize) -> Vec<Worker> {
     (0..d).map(worker).collect()
 }
 
 /// A job on `d` workers of `steps` steps that saves a checkpoint after every step.
-fn spec(d: u32, kind: &str, steps: u32) -> JobSpec {
+pub(super) fn spec(d: u32, kind: &str, steps: u32) -> JobSpec {
     let mut spec = example(d, kind);
     spec.training.steps = steps;
     spec.checkpoint.enable_checkpoint = true;
@@ -55,7 +54,7 @@ fn spec(d: u32, kind: &str, steps: u32) -> JobSpec {
 }
 
 /// A supervisor of job 1 with `live` workers streaming.
-fn supervisor(spec: &JobSpec, live: &[Worker], start: Start) -> Supervisor {
+pub(super) fn supervisor(spec: &JobSpec, live: &[Worker], start: Start) -> Supervisor {
     let plan = spec.validate().unwrap();
     let live = live
         .iter()
@@ -68,7 +67,7 @@ fn supervisor(spec: &JobSpec, live: &[Worker], start: Start) -> Supervisor {
     Supervisor::new(JOB, spec.clone(), plan, start, Config::default(), live)
 }
 
-fn report(workers: &[Worker], i: usize, step: u64) -> StepReport {
+pub(super) fn report(workers: &[Worker], i: usize, step: u64) -> StepReport {
     StepReport {
         worker_index: i as u32,
         worker_id: workers[i].id.clone(),
@@ -80,7 +79,7 @@ fn report(workers: &[Worker], i: usize, step: u64) -> StepReport {
     }
 }
 
-fn done(workers: &[Worker], i: usize) -> Input {
+pub(super) fn done(workers: &[Worker], i: usize) -> Input {
     Input::Report(Box::new(StepReport {
         done: true,
         ..report(workers, i, 0)
@@ -117,7 +116,7 @@ fn assign(
 }
 
 /// Checkpoint folders: (step, stages saved in it).
-fn saved(folders: &[(u64, u32)]) -> Input {
+pub(super) fn saved(folders: &[(u64, u32)]) -> Input {
     let steps: BTreeMap<u64, BTreeSet<u32>> = folders
         .iter()
         .map(|&(k, stages)| (k, (0..stages).collect()))
@@ -125,14 +124,14 @@ fn saved(folders: &[(u64, u32)]) -> Input {
     Input::Checkpoints(Checkpoints { steps })
 }
 
-fn heartbeat(w: &Worker, run: RunId) -> Input {
+pub(super) fn heartbeat(w: &Worker, run: RunId) -> Input {
     Input::Heartbeat {
         id: w.id.clone(),
         run: run.raw(),
     }
 }
 
-fn idle(w: &Worker) -> Input {
+pub(super) fn idle(w: &Worker) -> Input {
     Input::Heartbeat {
         id: w.id.clone(),
         run: 0,
@@ -793,248 +792,4 @@ fn a_drift_without_a_faster_split_does_not_move() {
 #[test]
 fn steps_under_ten_percent_over_do_not_drift() {
     no_move([1.0, 3.0], 1.09);
-}
-
-/// An auto job of 6 steps on 2 workers and its supervisor, which asked for its first run's
-/// plan: the search it asked for.
-fn choosing() -> (Vec<Worker>, Supervisor, Choose) {
-    choosing_for(6)
-}
-
-/// [`choosing`] for a job of `steps` steps.
-fn choosing_for(steps: u32) -> (Vec<Worker>, Supervisor, Choose) {
-    let spec = spec(2, crate::job::AUTO_SCHEDULE, steps);
-    let ws = workers(2);
-    let mut s = supervisor(&spec, &ws, Start::default());
-    let acts = s.handle(0, Input::Tick);
-    let [Action::Choose(choose)] = &acts[..] else {
-        panic!("{acts:?}")
-    };
-    (ws, s, (**choose).clone())
-}
-
-/// An auto job's search runs beside the supervisor: nothing is handed out until its choice
-/// comes back, then the run starts on exactly that plan and split.
-#[test]
-fn an_auto_run_starts_on_the_choice_that_comes_back() {
-    let (ws, mut s, choose) = choosing();
-    assert_eq!(s.handle(100, Input::Tick), []);
-    assert_eq!(s.handle(150, heartbeat(&ws[0], RunId::new(JOB, 0))), []);
-    let choice = choose.run().unwrap();
-    let acts = s.handle(200, Input::Chosen(Box::new(Ok(choice.clone()))));
-    let r0 = RunId::new(JOB, 0);
-    let [Action::Info(text), Action::Attach(id), Action::Assign(a)] = &acts[..] else {
-        panic!("{acts:?}")
-    };
-    assert!(text.starts_with("auto chose "), "{text}");
-    assert_eq!(*id, r0);
-    assert_eq!(a.plan, choice.best.plan);
-    assert_eq!(a.stage_pieces, choice.best.stage_pieces);
-    assert_eq!(a.workers, ws);
-}
-
-/// A worker that stopped streaming while the search ran sends the job back to waiting; a
-/// cancel while it runs ends the job at once; a failed search fails the job.
-#[test]
-fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
-    let (ws, mut s, choose) = choosing();
-    assert_eq!(s.handle(50, Input::StreamClosed(ws[1].id.clone())), []);
-    let acts = s.handle(100, Input::Chosen(Box::new(choose.run())));
-    assert_eq!(
-        acts,
-        [
-            Action::Waiting("workers: 1 of 2 ready".into()),
-            Action::Info("waiting for workers: 1 of 2 ready".into())
-        ]
-    );
-    let acts = s.handle(200, Input::StreamOpened(ws[1].id.clone()));
-    assert!(matches!(&acts[..], [Action::Waiting(w), Action::Choose(_)] if w.is_empty()));
-
-    let (_, mut s, _) = choosing();
-    assert_eq!(s.handle(50, Input::Cancel), [Action::Finish(Ok(()))]);
-    assert!(s.finished());
-
-    let (_, mut s, _) = choosing();
-    let error = crate::Error::invalid("parallelism.pipeline_parallel_schedule", "none fits");
-    let acts = s.handle(50, Input::Chosen(Box::new(Err(error.clone()))));
-    assert_eq!(
-        acts,
-        [Action::Finish(Err(Failure::Auto { workers: 2, error }))]
-    );
-}
-
-/// Every worker reports `step` at `now`, each taking `secs`; the actions of the last report.
-fn step_took(s: &mut Supervisor, now: u64, ws: &[Worker], step: u64, secs: f64) -> Vec<Action> {
-    let mut last = Vec::new();
-    for i in 0..ws.len() {
-        let r = StepReport {
-            wall_secs: secs,
-            ..report(ws, i, step)
-        };
-        last = s.handle(now, Input::Report(Box::new(r)));
-    }
-    last
-}
-
-/// `steps` steps of `run` from `first`, each taking `secs`; the actions of the last.
-fn steps_took(s: &mut Supervisor, ws: &[Worker], first: u64, steps: u64, secs: f64) -> Vec<Action> {
-    let mut acts = Vec::new();
-    for k in first..first + steps {
-        acts = step_took(s, 1_000 * (k + 1), ws, k, secs);
-        if k + 1 < first + steps {
-            assert!(matches!(&acts[..], [Action::Step(_)]), "step {k}: {acts:?}");
-        }
-    }
-    acts
-}
-
-/// The workers of `run` end it after step `through` (which they saved: a checkpoint of
-/// `stages` stages), and the job moves: the actions from the checkpoint listing on.
-fn moved_after(
-    s: &mut Supervisor,
-    ws: &[Worker],
-    (run, stages): (RunId, u32),
-    through: u64,
-) -> Vec<Action> {
-    let now = 1_000 * (through + 1) + 500;
-    assert_eq!(s.handle(now, done(ws, 0)), []);
-    assert_eq!(
-        s.handle(now, done(ws, 1)),
-        [Action::Detach(run), Action::ReadCheckpoints]
-    );
-    s.handle(now + 100, saved(&[(through, stages)]))
-}
-
-/// The stages of `option`'s plan.
-fn stages(option: &crate::auto::job::PlanOption) -> u32 {
-    option.plan.schedule.placement.stages()
-}
-
-/// An auto choice of a 20-step job whose runner-up is predicted 1 % slower than the best
-/// (and every other plan twice as slow): the two plans a trial measures.
-fn close_choice() -> (Vec<Worker>, Supervisor, JobChoice) {
-    let (ws, s, choose) = choosing_for(20);
-    let mut choice = choose.run().unwrap();
-    let best = choice.best.shown.predicted_ms;
-    for (i, o) in choice.others.iter_mut().enumerate() {
-        o.shown.predicted_ms = best * if i == 0 { 1.01 } else { 2.0 };
-    }
-    assert_ne!(choice.others[0].plan, choice.best.plan);
-    (ws, s, choice)
-}
-
-/// An auto trial measures the plans predicted within the band, 3 steps each, and goes on
-/// with the fastest measured: here the first, so the job moves back to it. Trial moves
-/// resume from the step they stopped after and are counted as `auto_trial`.
-#[test]
-fn an_auto_trial_goes_on_with_the_fastest_measured() {
-    let (ws, mut s, choice) = close_choice();
-    let (a, b) = (choice.best.clone(), choice.others[0].clone());
-    let acts = s.handle(100, Input::Chosen(Box::new(Ok(choice))));
-    let r0 = RunId::new(JOB, 0);
-    let [
-        Action::Info(text),
-        Action::Attach(id),
-        Action::Assign(first),
-    ] = &acts[..]
-    else {
-        panic!("{acts:?}")
-    };
-    assert!(
-        text.contains("measuring the 2 plans predicted within 6 %"),
-        "{text}"
-    );
-    assert_eq!((*id, &first.plan), (r0, &a.plan));
-    // Plan a: its first step warms up; 1.0 s a step after.
-    let acts = steps_took(&mut s, &ws, 0, 3, 1.0);
-    assert!(
-        matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r0),
-        "{acts:?}"
-    );
-    // The workers finish the step they were in when asked to stop: it does not end the
-    // trial.
-    let acts = step_took(&mut s, 3_500, &ws, 3, 1.0);
-    assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
-    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), 4);
-    let r1 = RunId::new(JOB, 1);
-    let [
-        Action::ClearAfter(4),
-        Action::Warn(why),
-        Action::Replanned(Reason::AutoTrial),
-        Action::Attach(id),
-        Action::Assign(second),
-    ] = &acts[..]
-    else {
-        panic!("{acts:?}")
-    };
-    assert!(why.contains("measured 1000.0 ms a step; trying"), "{why}");
-    assert_eq!((*id, &second.plan, second.first_step), (r1, &b.plan, 4));
-    assert_eq!(second.stage_pieces, b.stage_pieces);
-    // Plan b is slower: back to a, which then runs to the end unmeasured.
-    let acts = steps_took(&mut s, &ws, 4, 3, 1.2);
-    assert!(
-        matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r1),
-        "{acts:?}"
-    );
-    let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 7);
-    let r2 = RunId::new(JOB, 2);
-    let [
-        ..,
-        Action::Warn(why),
-        Action::Replanned(Reason::AutoTrial),
-        Action::Attach(id),
-        Action::Assign(third),
-    ] = &acts[..]
-    else {
-        panic!("{acts:?}")
-    };
-    assert!(
-        why.contains("going on with the fastest measured of"),
-        "{why}"
-    );
-    assert_eq!((*id, &third.plan, third.first_step), (r2, &a.plan, 7));
-    let acts = steps_took(&mut s, &ws, 7, 4, 0.5);
-    assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
-    // Trial moves leave the re-plans for losses untouched.
-    assert_eq!(s.counted_replans(), 0);
-}
-
-/// The last plan measured stays when it is the fastest; a job without checkpoints (it
-/// cannot move between steps) measures nothing.
-#[test]
-fn an_auto_trial_keeps_the_last_plan_when_fastest_and_needs_checkpoints() {
-    let (ws, mut s, choice) = close_choice();
-    let first = stages(&choice.best);
-    s.handle(100, Input::Chosen(Box::new(Ok(choice))));
-    steps_took(&mut s, &ws, 0, 3, 1.0);
-    moved_after(&mut s, &ws, (RunId::new(JOB, 0), first), 3);
-    let acts = steps_took(&mut s, &ws, 3, 3, 0.8);
-    let [Action::Step(_), Action::Info(kept)] = &acts[..] else {
-        panic!("{acts:?}")
-    };
-    assert!(kept.contains("it stays"), "{kept}");
-    assert!(matches!(
-        &steps_took(&mut s, &ws, 6, 3, 0.8)[..],
-        [Action::Step(_)]
-    ));
-
-    let mut spec = spec(2, crate::job::AUTO_SCHEDULE, 20);
-    spec.checkpoint.enable_checkpoint = false;
-    let mut s = supervisor(&spec, &ws, Start::default());
-    let acts = s.handle(0, Input::Tick);
-    let [Action::Choose(choose)] = &acts[..] else {
-        panic!("{acts:?}")
-    };
-    let mut choice = choose.run().unwrap();
-    let best = choice.best.shown.predicted_ms;
-    choice.others[0].shown.predicted_ms = best;
-    let acts = s.handle(100, Input::Chosen(Box::new(Ok(choice))));
-    let [Action::Info(text), Action::Attach(_), Action::Assign(_)] = &acts[..] else {
-        panic!("{acts:?}")
-    };
-    assert!(!text.contains("measuring"), "{text}");
-    assert!(matches!(
-        &steps_took(&mut s, &ws, 0, 4, 1.0)[..],
-        [Action::Step(_)]
-    ));
 }

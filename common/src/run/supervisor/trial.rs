@@ -1,9 +1,12 @@
-//! `schedule = "auto"` measures where its prediction cannot tell plans apart: when the
-//! first choice has rivals predicted within [`TRIAL_BAND`] of it, and the job can move
-//! between steps (checkpoints on, real compute, two workers or more), each of them runs
-//! [`TRIAL_STEPS`] steps in turn, and the job goes on with the fastest measured. Every
-//! step of a trial is a training step like any other (each move resumes from the
-//! checkpoint of the step it stopped after), so only the moves cost time.
+//! `schedule = "auto"` measures where its prediction cannot tell plans apart. The first
+//! run takes the search's choice on the start-up profile. After [`TRIAL_STEPS`] steps the
+//! search runs again, beside the run, on the costs fitted to them; the plans it predicts
+//! within [`TRIAL_BAND`] of its best (at most [`TRIAL_PLANS`], the running one among them
+//! with its measured time) then run [`TRIAL_STEPS`] steps each in turn, and the job goes on
+//! with the fastest measured. Only a job that can move between steps does this
+//! (checkpoints on, real compute, two workers or more, steps to spare). Every step of a
+//! trial is a training step like any other (each move resumes from the checkpoint of the
+//! step it stopped after), so only the moves cost time.
 
 use super::Supervisor;
 use super::following::Run;
@@ -23,6 +26,10 @@ pub(super) enum Trial {
     /// The job has not chosen yet (or is not auto).
     #[default]
     NotYet,
+    /// The first run's plan, measured until the costs are fitted to its steps.
+    Measuring(Box<PlanOption>),
+    /// The search runs again on the fitted costs while the first run's plan goes on.
+    Rechoosing(Box<PlanOption>),
     /// Measuring `current`, then `pending`; `tried` with their measured seconds a step.
     Trying {
         pending: Vec<PlanOption>,
@@ -34,45 +41,25 @@ pub(super) enum Trial {
 }
 
 impl Supervisor {
-    /// The plans a trial measures for `choice` with `steps_left` steps to go (best first),
-    /// or just the best when nothing is to be measured: rivals within the band, as many as
-    /// leave at least half of the steps after the trial.
-    pub(super) fn trial_plans(
-        &self,
-        choice: JobChoice,
-        steps_left: u64,
-        d: usize,
-    ) -> Vec<PlanOption> {
-        let can_move = self.spec.checkpoint.enable_checkpoint
+    /// Whether an auto job's first run on `d` workers, `steps_left` steps from its end,
+    /// is measured: the job can move between steps, and a trial of two plans would take
+    /// at most half of the steps.
+    pub(super) fn may_try(&self, steps_left: u64, d: usize) -> bool {
+        self.spec.checkpoint.enable_checkpoint
             && !self.spec.compute.is_emulated()
             && d >= 2
-            && matches!(self.trial, Trial::NotYet);
-        let fit = (steps_left / (2 * TRIAL_STEPS)) as usize;
-        let take = if can_move { TRIAL_PLANS.min(fit) } else { 1 };
-        let mut plans: Vec<PlanOption> = choice
-            .within(TRIAL_BAND)
-            .into_iter()
-            .take(take.max(1))
-            .cloned()
-            .collect();
-        if plans.len() < 2 {
-            plans.truncate(1);
-        }
-        plans
+            && matches!(self.trial, Trial::NotYet)
+            && steps_left >= 4 * TRIAL_STEPS
     }
 
     /// After each step of `run` (its measured seconds): whether an auto trial stops the
     /// run to measure the next plan or to go on with the fastest measured.
     pub(super) fn trial_step(&mut self, run: &mut Run, measured: f64) -> bool {
-        let Trial::Trying { current, .. } = &self.trial else {
-            return false;
-        };
-        if run.moving.is_some() {
-            // Steps a run finishes after it was asked to stop for the trial's move: the
-            // trial already measures the next plan.
+        if run.moving.is_some() || matches!(self.trial, Trial::NotYet | Trial::Done) {
+            // Steps a run finishes after it was asked to stop for a move are not its plan's
+            // to measure: the trial already measures the next plan.
             return false;
         }
-        let name = current.shown.text();
         run.step_secs.push(measured);
         if run.completed < TRIAL_STEPS {
             return false;
@@ -83,35 +70,111 @@ impl Supervisor {
             self.trial = Trial::Done;
             return false;
         }
+        match std::mem::replace(&mut self.trial, Trial::Done) {
+            Trial::Measuring(first) => {
+                let (choose, _) = self.choose_request(&run.out.workers);
+                self.out.push(Action::Choose(Box::new(choose)));
+                self.trial = Trial::Rechoosing(first);
+                false
+            }
+            Trial::Trying {
+                pending,
+                mut tried,
+                current,
+            } => {
+                tried.push((*current, median(&run.step_secs[1..])));
+                self.next_trial(run, pending, tried)
+            }
+            other => {
+                self.trial = other;
+                false
+            }
+        }
+    }
+
+    /// The search's answer on the costs fitted to the first run's steps: the plans it
+    /// predicts within the band are measured after the running one.
+    pub(super) fn rechosen(&mut self, run: &mut Run, choice: crate::Result<JobChoice>) {
+        let Trial::Rechoosing(first) = std::mem::replace(&mut self.trial, Trial::Done) else {
+            return;
+        };
+        let choice = match choice {
+            Ok(choice) => choice,
+            Err(error) => {
+                self.out.push(Action::Warn(format!(
+                    "auto: the search on the fitted costs failed ({error}); the plan stays"
+                )));
+                return;
+            }
+        };
+        if run.moving.is_some() || !run.may_stop() {
+            return;
+        }
+        let same = |o: &PlanOption| o.plan == first.plan && o.stage_pieces == first.stage_pieces;
+        let pending: Vec<PlanOption> = choice
+            .within(TRIAL_BAND)
+            .into_iter()
+            .filter(|o| !same(o))
+            .take(TRIAL_PLANS - 1)
+            .cloned()
+            .collect();
+        let source = format!("fitted to {} measured steps", self.costs.steps());
         let secs = median(&run.step_secs[1..]);
-        let Trial::Trying {
-            mut pending,
-            mut tried,
-            current,
-        } = std::mem::replace(&mut self.trial, Trial::Done)
-        else {
+        let running = format!(
+            "{} measured {:.1} ms a step",
+            first.shown.text(),
+            1e3 * secs
+        );
+        if pending.is_empty() {
+            self.out.push(Action::Info(format!(
+                "auto re-checked: {}; the running plan stays ({running})",
+                choice.text(&source)
+            )));
+            return;
+        }
+        let names: Vec<&str> = pending.iter().map(|p| p.shown.schedule.as_str()).collect();
+        self.out.push(Action::Info(format!(
+            "auto re-checked: {}; measuring {} after the running plan ({running}), {TRIAL_STEPS} \
+             steps each",
+            choice.text(&source),
+            names.join(", ")
+        )));
+        self.next_trial(run, pending, vec![(*first, secs)]);
+    }
+
+    /// Moves `run` to the next plan to measure, or, when every plan was measured, to the
+    /// fastest measured unless it is the running one (the last of `tried`): whether the
+    /// run stops.
+    fn next_trial(
+        &mut self,
+        run: &mut Run,
+        mut pending: Vec<PlanOption>,
+        mut tried: Vec<(PlanOption, f64)>,
+    ) -> bool {
+        let Some((last, secs)) = tried.last() else {
             return false;
         };
-        tried.push((*current, secs));
-        let measured = format!("auto trial: {name} measured {:.1} ms a step", 1e3 * secs);
+        let measured = format!(
+            "auto trial: {} measured {:.1} ms a step",
+            last.shown.text(),
+            1e3 * secs
+        );
         let (next, reason) = if pending.is_empty() {
-            let (i, _) = tried
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.1.total_cmp(&b.1.1))
-                .unwrap_or((tried.len() - 1, &tried[tried.len() - 1]));
+            let fastest = (0..tried.len())
+                .min_by(|&a, &b| tried[a].1.total_cmp(&tried[b].1))
+                .unwrap_or(0);
             let summary: Vec<String> = tried
                 .iter()
                 .map(|(p, s)| format!("{} {:.1} ms", p.shown.schedule, 1e3 * s))
                 .collect();
-            if i + 1 == tried.len() {
+            if fastest + 1 == tried.len() {
                 self.out.push(Action::Info(format!(
-                    "{measured}; fastest measured of {}, it stays",
+                    "{measured}; the fastest measured of {}, it stays",
                     summary.join(", ")
                 )));
                 return false;
             }
-            let (fastest, _) = tried.swap_remove(i);
+            let (fastest, _) = tried.swap_remove(fastest);
             let reason = format!(
                 "{measured}; going on with the fastest measured of {}: {}",
                 summary.join(", "),

@@ -1,0 +1,272 @@
+//! `schedule = "auto"` in the supervisor on logical time: its search beside the run, and
+//! its trial of the plans the prediction cannot tell apart.
+
+#![allow(clippy::unwrap_used)]
+
+use super::tests::{JOB, done, heartbeat, report, saved, spec, supervisor, workers};
+use super::*;
+use crate::auto::job::{JobChoice, PlanOption};
+use crate::run::worker::StepReport;
+
+/// An auto job of `steps` steps on 2 workers and its supervisor, which asked for its first
+/// run's plan: the search it asked for.
+fn choosing(steps: u32) -> (Vec<Worker>, Supervisor, Choose) {
+    let spec = spec(2, crate::job::AUTO_SCHEDULE, steps);
+    let ws = workers(2);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.handle(0, Input::Tick);
+    let [Action::Choose(choose)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    (ws, s, (**choose).clone())
+}
+
+/// An auto job's search runs beside the supervisor: nothing is handed out until its choice
+/// comes back, then the run starts on exactly that plan and split.
+#[test]
+fn an_auto_run_starts_on_the_choice_that_comes_back() {
+    let (ws, mut s, choose) = choosing(6);
+    assert_eq!(s.handle(100, Input::Tick), []);
+    assert_eq!(s.handle(150, heartbeat(&ws[0], RunId::new(JOB, 0))), []);
+    let choice = choose.run().unwrap();
+    let acts = s.handle(200, Input::Chosen(Box::new(Ok(choice.clone()))));
+    let r0 = RunId::new(JOB, 0);
+    let [Action::Info(text), Action::Attach(id), Action::Assign(a)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(text.starts_with("auto chose "), "{text}");
+    // Six steps leave no room for a trial.
+    assert!(!text.contains("measured"), "{text}");
+    assert_eq!(*id, r0);
+    assert_eq!(a.plan, choice.best.plan);
+    assert_eq!(a.stage_pieces, choice.best.stage_pieces);
+    assert_eq!(a.workers, ws);
+}
+
+/// A worker that stopped streaming while the search ran sends the job back to waiting; a
+/// cancel while it runs ends the job at once; a failed search fails the job.
+#[test]
+fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
+    let (ws, mut s, choose) = choosing(6);
+    assert_eq!(s.handle(50, Input::StreamClosed(ws[1].id.clone())), []);
+    let acts = s.handle(100, Input::Chosen(Box::new(choose.run())));
+    assert_eq!(
+        acts,
+        [
+            Action::Waiting("workers: 1 of 2 ready".into()),
+            Action::Info("waiting for workers: 1 of 2 ready".into())
+        ]
+    );
+    let acts = s.handle(200, Input::StreamOpened(ws[1].id.clone()));
+    assert!(matches!(&acts[..], [Action::Waiting(w), Action::Choose(_)] if w.is_empty()));
+
+    let (_, mut s, _) = choosing(6);
+    assert_eq!(s.handle(50, Input::Cancel), [Action::Finish(Ok(()))]);
+    assert!(s.finished());
+
+    let (_, mut s, _) = choosing(6);
+    let error = crate::Error::invalid("parallelism.pipeline_parallel_schedule", "none fits");
+    let acts = s.handle(50, Input::Chosen(Box::new(Err(error.clone()))));
+    assert_eq!(
+        acts,
+        [Action::Finish(Err(Failure::Auto { workers: 2, error }))]
+    );
+}
+
+/// Every worker reports `step` at `now`, each taking `secs`; the actions of the last report.
+fn step_took(s: &mut Supervisor, now: u64, ws: &[Worker], step: u64, secs: f64) -> Vec<Action> {
+    let mut last = Vec::new();
+    for i in 0..ws.len() {
+        let r = StepReport {
+            wall_secs: secs,
+            ..report(ws, i, step)
+        };
+        last = s.handle(now, Input::Report(Box::new(r)));
+    }
+    last
+}
+
+/// `steps` steps from `first`, each taking `secs`; the actions of the last (every earlier
+/// one only a step event).
+fn steps_took(s: &mut Supervisor, ws: &[Worker], first: u64, steps: u64, secs: f64) -> Vec<Action> {
+    let mut acts = Vec::new();
+    for k in first..first + steps {
+        acts = step_took(s, 1_000 * (k + 1), ws, k, secs);
+        if k + 1 < first + steps {
+            assert!(matches!(&acts[..], [Action::Step(_)]), "step {k}: {acts:?}");
+        }
+    }
+    acts
+}
+
+/// The workers of `run` end it after step `through` (which they saved: a checkpoint of
+/// `stages` stages), and the job moves: the actions from the checkpoint listing on.
+fn moved_after(
+    s: &mut Supervisor,
+    ws: &[Worker],
+    (run, stages): (RunId, u32),
+    through: u64,
+) -> Vec<Action> {
+    let now = 1_000 * (through + 1) + 500;
+    assert_eq!(s.handle(now, done(ws, 0)), []);
+    assert_eq!(
+        s.handle(now, done(ws, 1)),
+        [Action::Detach(run), Action::ReadCheckpoints]
+    );
+    s.handle(now + 100, saved(&[(through, stages)]))
+}
+
+/// The stages of `option`'s plan.
+fn stages(option: &PlanOption) -> u32 {
+    option.plan.schedule.placement.stages()
+}
+
+/// A 20-step auto job whose first run started on the search's best plan, and a choice
+/// (for the search on fitted costs) whose runner-up is predicted 1 % slower than that plan
+/// and every other plan twice as slow.
+fn first_run() -> (Vec<Worker>, Supervisor, JobChoice) {
+    let (ws, mut s, choose) = choosing(20);
+    let mut choice = choose.run().unwrap();
+    let best = choice.best.shown.predicted_ms;
+    for (i, o) in choice.others.iter_mut().enumerate() {
+        o.shown.predicted_ms = best * if i == 0 { 1.01 } else { 2.0 };
+    }
+    assert_ne!(choice.others[0].plan, choice.best.plan);
+    let acts = s.handle(100, Input::Chosen(Box::new(Ok(choice.clone()))));
+    let [Action::Info(text), Action::Attach(_), Action::Assign(a)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(
+        text.contains("after 3 steps, chosen again on costs fitted to them"),
+        "{text}"
+    );
+    assert_eq!(a.plan, choice.best.plan);
+    (ws, s, choice)
+}
+
+/// The first run's third step sends the search out again (on the fitted costs), and the
+/// run goes on meanwhile; its answer starts the trial: the running plan is measured, the
+/// runner-up within the band is tried next.
+fn trial_started(ws: &[Worker], s: &mut Supervisor, choice: &JobChoice, secs: f64) -> Vec<Action> {
+    let acts = steps_took(s, ws, 0, 3, secs);
+    let [Action::Step(_), Action::Choose(_)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(matches!(
+        &step_took(s, 4_000, ws, 3, secs)[..],
+        [Action::Step(_)]
+    ));
+    s.handle(4_100, Input::Chosen(Box::new(Ok(choice.clone()))))
+}
+
+/// An auto trial measures the plans predicted within the band and goes on with the fastest
+/// measured: here the first, so the job moves back to it. Trial moves resume from the step
+/// they stopped after, are counted as `auto_trial`, and leave `max_replans` untouched.
+#[test]
+fn an_auto_trial_goes_on_with_the_fastest_measured() {
+    let (ws, mut s, choice) = first_run();
+    let (a, b) = (choice.best.clone(), choice.others[0].clone());
+    let r0 = RunId::new(JOB, 0);
+    let acts = trial_started(&ws, &mut s, &choice, 1.0);
+    let [Action::Info(text), Action::Stop(r)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(text.starts_with("auto re-checked: auto chose"), "{text}");
+    assert!(text.contains("measured 1000.0 ms a step"), "{text}");
+    assert_eq!(*r, r0);
+    // The step the workers were in when asked to stop is not the next plan's.
+    assert!(matches!(
+        &step_took(&mut s, 4_500, &ws, 4, 1.0)[..],
+        [Action::Step(_)]
+    ));
+    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), 5);
+    let r1 = RunId::new(JOB, 1);
+    let [
+        Action::ClearAfter(5),
+        Action::Warn(why),
+        Action::Replanned(Reason::AutoTrial),
+        Action::Attach(id),
+        Action::Assign(second),
+    ] = &acts[..]
+    else {
+        panic!("{acts:?}")
+    };
+    assert!(why.contains("measured 1000.0 ms a step; trying"), "{why}");
+    assert_eq!((*id, &second.plan, second.first_step), (r1, &b.plan, 5));
+    assert_eq!(second.stage_pieces, b.stage_pieces);
+    // Plan b is slower: back to a, which then runs to the end unmeasured.
+    let acts = steps_took(&mut s, &ws, 5, 3, 1.2);
+    assert!(
+        matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r1),
+        "{acts:?}"
+    );
+    let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 8);
+    let r2 = RunId::new(JOB, 2);
+    let [
+        ..,
+        Action::Warn(why),
+        Action::Replanned(Reason::AutoTrial),
+        Action::Attach(id),
+        Action::Assign(third),
+    ] = &acts[..]
+    else {
+        panic!("{acts:?}")
+    };
+    assert!(
+        why.contains("going on with the fastest measured of"),
+        "{why}"
+    );
+    assert_eq!((*id, &third.plan, third.first_step), (r2, &a.plan, 8));
+    let acts = steps_took(&mut s, &ws, 8, 4, 0.5);
+    assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    assert_eq!(s.counted_replans(), 0);
+}
+
+/// The last plan measured stays when it is the fastest; a re-check that finds no rival
+/// within the band keeps the running plan; a job without checkpoints (it cannot move
+/// between steps) measures nothing.
+#[test]
+fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
+    let (ws, mut s, choice) = first_run();
+    let a = choice.best.clone();
+    trial_started(&ws, &mut s, &choice, 1.0);
+    moved_after(&mut s, &ws, (RunId::new(JOB, 0), stages(&a)), 4);
+    let acts = steps_took(&mut s, &ws, 4, 3, 0.8);
+    let [Action::Step(_), Action::Info(kept)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(kept.contains("it stays"), "{kept}");
+    assert!(matches!(
+        &steps_took(&mut s, &ws, 7, 3, 0.8)[..],
+        [Action::Step(_)]
+    ));
+
+    let (ws, mut s, mut alone) = first_run();
+    alone.others.clear();
+    let acts = trial_started(&ws, &mut s, &alone, 1.0);
+    let [Action::Info(text)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(text.contains("the running plan stays"), "{text}");
+    assert!(matches!(
+        &steps_took(&mut s, &ws, 4, 6, 1.0)[..],
+        [Action::Step(_)]
+    ));
+
+    let mut spec = spec(2, crate::job::AUTO_SCHEDULE, 20);
+    spec.checkpoint.enable_checkpoint = false;
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.handle(0, Input::Tick);
+    let [Action::Choose(choose)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    let acts = s.handle(100, Input::Chosen(Box::new(choose.run())));
+    let [Action::Info(text), Action::Attach(_), Action::Assign(_)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(!text.contains("measured"), "{text}");
+    assert!(matches!(
+        &steps_took(&mut s, &ws, 0, 6, 1.0)[..],
+        [Action::Step(_)]
+    ));
+}
