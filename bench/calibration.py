@@ -8,7 +8,7 @@ another with `pipewise submit --wait --workers 2`. From the step lines it prints
 schedule, the median over steps 3-8 of the planned and the measured bubble, and of the
 predicted and the measured step time. The `auto` row (issue 30 item 4) runs the same job with
 checkpoints on (so auto can move between plans; saved only when it moves) for --auto-steps
-steps: auto measures, 3 steps each, the plans it predicts within 6 % of its best and goes on
+(30) steps: auto measures, 3 steps each, the plans it predicts within 6 % of its best and goes on
 with the fastest measured. Its row is the median over the steps after its last move (the
 first of them, a warm-up, left out); its choice, its trial and its measured step time over
 the fastest fixed schedule's are printed below the table. Linux only; not part of CI.
@@ -119,7 +119,7 @@ def main():
     ap.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated")
     ap.add_argument("--steps", type=int, default=8, help="steps per job (at least 3)")
     ap.add_argument("--first", type=int, default=3, help="first step in the medians")
-    ap.add_argument("--auto-steps", type=int, default=20, help="steps of the auto job")
+    ap.add_argument("--auto-steps", type=int, default=30, help="steps of the auto job")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a job may take")
     ap.add_argument("--keep", action="store_true", help="keep the logs (printed folder)")
     args = ap.parse_args()

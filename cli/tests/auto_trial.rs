@@ -1,0 +1,41 @@
+//! `schedule = "auto"` with checkpoints on: after its first steps it chooses again on the
+//! fitted costs and measures the plans it cannot tell apart, moving the job between them;
+//! training stays exact through every move.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::processes::*;
+
+/// Two worker processes run an auto job of 18 steps with checkpoints on: its trial moves
+/// the job to at least one other plan (resuming each time from the step every worker
+/// stopped after, counted as `auto_trial`), and the losses and final parameters equal the
+/// single-device reference.
+#[test]
+fn an_auto_trial_moves_between_plans_and_training_stays_exact() {
+    let dir = tempdir("auto-trial");
+    let cluster = start_with(&dir, 2, &[]);
+    let mut spec = spec(2, "auto", 18);
+    spec.job.name = "auto-trial".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 1000;
+    let reference = reference(&spec);
+    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
+    let stdout = history(&cluster, job);
+    assert!(
+        stdout.contains("after 3 steps, chosen again on costs fitted to them"),
+        "{stdout}"
+    );
+    let moves = replans(&stdout, "auto trial: ");
+    assert!(!moves.is_empty(), "no trial move:\n{stdout}");
+    for m in &moves {
+        assert!(m.contains("resuming from the checkpoint of step"), "{m}");
+    }
+    assert_eq!(replans_counted(&cluster, "auto_trial"), moves.len() as f64);
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    eprintln!(
+        "auto trial: {}\n  max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}",
+        moves.join("\n  ")
+    );
+}
