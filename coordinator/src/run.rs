@@ -288,8 +288,7 @@ async fn perform(
         Action::Choose(choose) => {
             let me = myself.clone();
             tokio::task::spawn_blocking(move || {
-                let chosen = Box::new(choose.run());
-                let _ = me.cast(RunMsg::Input(Box::new(Input::Chosen(chosen))));
+                let _ = me.cast(RunMsg::Input(Box::new(choose.answer())));
             });
         }
         Action::Finish(outcome) => finish(myself, st, outcome.map_err(CoordinatorError::from)),

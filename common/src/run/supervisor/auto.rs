@@ -18,8 +18,13 @@ impl Supervisor {
     /// Asks for the plan of an auto job's run on `workers`, and waits for it.
     pub(super) fn ask_choice(&mut self, workers: Vec<Worker>) -> Phase {
         let (choose, source) = self.choose_request(&workers);
+        let ask = choose.ask;
         self.out.push(Action::Choose(Box::new(choose)));
-        Phase::Choosing { workers, source }
+        Phase::Choosing {
+            ask,
+            workers,
+            source,
+        }
     }
 
     /// The search for a run on `workers` with the costs as they stand, and where those
@@ -43,7 +48,9 @@ impl Supervisor {
         } else {
             "from the start-up profile".to_string()
         };
+        self.asked += 1;
         let choose = Choose {
+            ask: self.asked,
             spec,
             workers: d,
             memory_per_worker,

@@ -29,7 +29,7 @@ fn an_auto_run_starts_on_the_choice_that_comes_back() {
     assert_eq!(s.handle(100, Input::Tick), []);
     assert_eq!(s.handle(150, heartbeat(&ws[0], RunId::new(JOB, 0))), []);
     let choice = choose.run().unwrap();
-    let acts = s.handle(200, Input::Chosen(Box::new(Ok(choice.clone()))));
+    let acts = s.handle(200, chosen(&choose, Ok(choice.clone())));
     let r0 = RunId::new(JOB, 0);
     let [Action::Info(text), Action::Attach(id), Action::Assign(a)] = &acts[..] else {
         panic!("{acts:?}")
@@ -49,7 +49,7 @@ fn an_auto_run_starts_on_the_choice_that_comes_back() {
 fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
     let (ws, mut s, choose) = choosing(6);
     assert_eq!(s.handle(50, Input::StreamClosed(ws[1].id.clone())), []);
-    let acts = s.handle(100, Input::Chosen(Box::new(choose.run())));
+    let acts = s.handle(100, choose.answer());
     assert_eq!(
         acts,
         [
@@ -64,13 +64,21 @@ fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
     assert_eq!(s.handle(50, Input::Cancel), [Action::Finish(Ok(()))]);
     assert!(s.finished());
 
-    let (_, mut s, _) = choosing(6);
+    let (_, mut s, choose) = choosing(6);
     let error = crate::Error::invalid("parallelism.pipeline_parallel_schedule", "none fits");
-    let acts = s.handle(50, Input::Chosen(Box::new(Err(error.clone()))));
+    let acts = s.handle(50, chosen(&choose, Err(error.clone())));
     assert_eq!(
         acts,
         [Action::Finish(Err(Failure::Auto { workers: 2, error }))]
     );
+}
+
+/// The answer `choice` to `choose`.
+fn chosen(choose: &Choose, choice: crate::Result<JobChoice>) -> Input {
+    Input::Chosen {
+        ask: choose.ask,
+        choice: Box::new(choice),
+    }
 }
 
 /// Every worker reports `step` at `now`, each taking `secs`; the actions of the last report.
@@ -132,7 +140,7 @@ fn first_run() -> (Vec<Worker>, Supervisor, JobChoice) {
         o.shown.predicted_ms = best * if i == 0 { 1.01 } else { 2.0 };
     }
     assert_ne!(choice.others[0].plan, choice.best.plan);
-    let acts = s.handle(100, Input::Chosen(Box::new(Ok(choice.clone()))));
+    let acts = s.handle(100, chosen(&choose, Ok(choice.clone())));
     let [Action::Info(text), Action::Attach(_), Action::Assign(a)] = &acts[..] else {
         panic!("{acts:?}")
     };
@@ -149,14 +157,20 @@ fn first_run() -> (Vec<Worker>, Supervisor, JobChoice) {
 /// runner-up within the band is tried next.
 fn trial_started(ws: &[Worker], s: &mut Supervisor, choice: &JobChoice, secs: f64) -> Vec<Action> {
     let acts = steps_took(s, ws, 0, 3, secs);
-    let [Action::Step(_), Action::Choose(_)] = &acts[..] else {
+    let [Action::Step(_), Action::Choose(again)] = &acts[..] else {
         panic!("{acts:?}")
     };
     assert!(matches!(
         &step_took(s, 4_000, ws, 3, secs)[..],
         [Action::Step(_)]
     ));
-    s.handle(4_100, Input::Chosen(Box::new(Ok(choice.clone()))))
+    // An answer to an earlier search is not this one's.
+    let earlier = Choose {
+        ask: again.ask - 1,
+        ..(**again).clone()
+    };
+    assert_eq!(s.handle(4_050, chosen(&earlier, Ok(choice.clone()))), []);
+    s.handle(4_100, chosen(again, Ok(choice.clone())))
 }
 
 /// An auto trial measures the plans predicted within the band and goes on with the fastest
@@ -260,7 +274,7 @@ fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
     let [Action::Choose(choose)] = &acts[..] else {
         panic!("{acts:?}")
     };
-    let acts = s.handle(100, Input::Chosen(Box::new(choose.run())));
+    let acts = s.handle(100, choose.answer());
     let [Action::Info(text), Action::Attach(_), Action::Assign(_)] = &acts[..] else {
         panic!("{acts:?}")
     };

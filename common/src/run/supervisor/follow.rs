@@ -44,7 +44,9 @@ impl Supervisor {
                 self.out.push(Action::Stop(run.out.id));
                 run.moving = Some((reason, Move::Plan(Box::new(fits))));
             }
-            Input::Chosen(choice) => self.rechosen(&mut run, *choice),
+            Input::Chosen { ask, choice } if ask == self.asked => {
+                self.rechosen(&mut run, *choice);
+            }
             Input::Cancel if run.stop_asked.is_none() => {
                 self.out.push(Action::Stop(run.out.id));
                 run.stop_asked = Some(self.now);

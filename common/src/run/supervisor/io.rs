@@ -90,8 +90,14 @@ pub enum Input {
     Checkpoints(Checkpoints),
     /// What an [`Action::Search`] found.
     Searched(Option<Box<(String, Fitting)>>),
-    /// What an [`Action::Choose`] chose.
-    Chosen(Box<crate::Result<JobChoice>>),
+    /// What an [`Action::Choose`] chose ([`Choose::answer`]); `ask` tells a stale answer
+    /// from the one awaited.
+    Chosen {
+        /// The search's number.
+        ask: u64,
+        /// Its choice.
+        choice: Box<crate::Result<JobChoice>>,
+    },
     /// The job is cancelled.
     Cancel,
     /// Time passed.
@@ -215,6 +221,8 @@ impl Search {
 /// An auto job's search for the plan of its next run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choose {
+    /// The supervisor's number for this search.
+    pub(super) ask: u64,
     pub(super) spec: JobSpec,
     pub(super) workers: u32,
     pub(super) memory_per_worker: u64,
@@ -232,6 +240,14 @@ impl Choose {
             self.measured.clone(),
             self.sync_ms,
         )
+    }
+
+    /// Runs the search: its answer for the supervisor.
+    pub fn answer(&self) -> Input {
+        Input::Chosen {
+            ask: self.ask,
+            choice: Box::new(self.run()),
+        }
     }
 }
 

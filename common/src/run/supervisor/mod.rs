@@ -67,8 +67,9 @@ enum Phase {
     Rejoining { workers: Vec<Worker>, until: u64 },
     /// After a coordinator restart: for the checkpoint listing.
     Resuming { workers: Vec<Worker> },
-    /// An auto job's search for the plan of a run on `workers` is out.
+    /// An auto job's search (number `ask`) for the plan of a run on `workers` is out.
     Choosing {
+        ask: u64,
         workers: Vec<Worker>,
         source: String,
     },
@@ -116,6 +117,8 @@ pub struct Supervisor {
     next_plan: Option<crate::auto::job::PlanOption>,
     /// Re-plans that were trial moves (they do not count against [`Config::max_replans`]).
     trial_moves: u64,
+    /// Auto searches asked for (the latest one's number).
+    asked: u64,
     cancelled: bool,
     /// The job's pieces' costs, refined by every complete step of every run.
     costs: CostModel,
@@ -158,6 +161,7 @@ impl Supervisor {
             trial: Trial::NotYet,
             next_plan: None,
             trial_moves: 0,
+            asked: 0,
             cancelled: false,
             now: 0,
             phase: Phase::Waiting {
@@ -185,9 +189,19 @@ impl Supervisor {
             _ if self.cancelled => self.finish(Ok(())),
             Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
             Phase::Rejoining { workers, until } => self.rejoin(workers, until),
-            Phase::Choosing { workers, source } => match input {
-                Input::Chosen(choice) => self.chosen(workers, &source, *choice),
-                _ => Phase::Choosing { workers, source },
+            Phase::Choosing {
+                ask,
+                workers,
+                source,
+            } => match input {
+                Input::Chosen { ask: a, choice } if a == ask => {
+                    self.chosen(workers, &source, *choice)
+                }
+                _ => Phase::Choosing {
+                    ask,
+                    workers,
+                    source,
+                },
             },
             Phase::Resuming { workers } => match input {
                 Input::Checkpoints(listing) => self.resume(workers, &listing),
