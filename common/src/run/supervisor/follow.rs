@@ -122,7 +122,13 @@ impl Supervisor {
     fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
         // Step `step` was planned before its reports came; they refine the next step's.
         let planned = std::mem::take(&mut run.out.planned);
-        let planned_secs = planned.step_ms / 1e3;
+        // Only a prediction from measured costs can drift: one from the start-up profile's
+        // FLOPs (the first step of a job) starts the drift rule's count again.
+        let planned_secs = if self.costs.calibrated() {
+            planned.step_ms / 1e3
+        } else {
+            0.0
+        };
         let schedule = &self.plan.schedule;
         self.costs
             .observe(schedule, &run.out.ranges, &run.out.workers, &reports);

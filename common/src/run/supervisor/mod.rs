@@ -536,11 +536,14 @@ impl Supervisor {
         self.replans - self.trial_moves
     }
 
-    /// Another move or a loss ends an auto trial: later runs take the search's choice.
+    /// Another move or a loss ends an auto trial under way: later runs take the search's
+    /// choice. One that had not started measuring rivals starts again with the next run.
     fn end_trial(&mut self) {
-        if matches!(self.trial, Trial::Trying { .. }) {
-            self.trial = Trial::Done;
-        }
+        self.trial = match self.trial {
+            Trial::Measuring(_) | Trial::Rechoosing(_) => Trial::NotYet,
+            Trial::Trying { .. } => Trial::Done,
+            ref other => other.clone(),
+        };
         self.next_plan = None;
     }
 

@@ -125,20 +125,25 @@ impl Supervisor {
             first.shown.text(),
             1e3 * secs
         );
+        // The next step event shows it too (`watch`, `summary.json`).
         if pending.is_empty() {
-            self.out.push(Action::Info(format!(
+            let text = format!(
                 "auto re-checked: {}; the running plan stays ({running})",
                 choice.text(&source)
-            )));
+            );
+            self.out.push(Action::Info(text.clone()));
+            self.chose = Some(text);
             return;
         }
         let names: Vec<&str> = pending.iter().map(|p| p.shown.schedule.as_str()).collect();
-        self.out.push(Action::Info(format!(
+        let text = format!(
             "auto re-checked: {}; measuring {} after the running plan ({running}), {TRIAL_STEPS} \
              steps each",
             choice.text(&source),
             names.join(", ")
-        )));
+        );
+        self.out.push(Action::Info(text.clone()));
+        self.chose = Some(text);
         self.next_trial(run, pending, vec![(*first, secs)]);
     }
 
