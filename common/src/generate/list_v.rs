@@ -225,6 +225,66 @@ impl State<'_> {
     }
 }
 
+/// Every worker's next choice, with the earliest of them kept at the root of a tournament
+/// tree: each node holds the earlier of its children's choices, the lower worker on equal
+/// times (the first of a scan in worker order), so a change costs O(log d) rather than a
+/// scan of every worker per placed pass.
+struct Earliest {
+    choice: Vec<Option<Choice>>,
+    /// `winner[i]` for nodes `1..2 * leaves`: the worker that node's subtree picks (leaves
+    /// at `leaves + w`; leaves past the last worker hold a worker without a choice).
+    winner: Vec<u32>,
+    leaves: usize,
+}
+
+impl Earliest {
+    fn new(mut choice: Vec<Option<Choice>>) -> Earliest {
+        let workers = choice.len();
+        let leaves = workers.next_power_of_two();
+        choice.resize(leaves, None);
+        let mut winner = vec![0; 2 * leaves];
+        for (w, slot) in winner[leaves..].iter_mut().enumerate() {
+            *slot = w as u32;
+        }
+        let mut tree = Earliest {
+            choice,
+            winner,
+            leaves,
+        };
+        for node in (1..leaves).rev() {
+            tree.replay(node);
+        }
+        tree
+    }
+
+    /// The earliest choice and its worker, if any worker has one.
+    fn first(&self) -> Option<(u32, Choice)> {
+        let w = self.winner[1];
+        self.choice[w as usize].map(|c| (w, c))
+    }
+
+    fn set(&mut self, w: u32, c: Option<Choice>) {
+        self.choice[w as usize] = c;
+        let mut node = (self.leaves + w as usize) / 2;
+        while node >= 1 {
+            self.replay(node);
+            node /= 2;
+        }
+    }
+
+    /// Recomputes `node` from its children: the left one wins unless the right one is
+    /// strictly earlier (or the left has no choice).
+    fn replay(&mut self, node: usize) {
+        let (l, r) = (self.winner[2 * node], self.winner[2 * node + 1]);
+        let right_first = match (self.choice[l as usize], self.choice[r as usize]) {
+            (Some(a), Some(b)) => b.at.total_cmp(&a.at).is_lt(),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        self.winner[node] = if right_first { r } else { l };
+    }
+}
+
 /// One list-scheduled V schedule for `d` workers and `n` microbatches under `limit`, or
 /// `None` if the run deadlocks (a limit too tight for `p.reserve`).
 pub(crate) fn list_v(
@@ -253,19 +313,15 @@ pub(crate) fn list_v(
         last_inject: 0.0,
         order: vec![Vec::with_capacity(6 * n as usize); d as usize],
     };
-    let mut choice: Vec<Option<Choice>> = (0..d).map(|w| st.decide(w)).collect();
+    let mut choice = Earliest::new((0..d).map(|w| st.decide(w)).collect());
     for _ in 0..3 * cells {
-        let (w, c) = choice
-            .iter()
-            .enumerate()
-            .filter_map(|(w, c)| c.map(|c| (w as u32, c)))
-            .min_by(|a, b| a.1.at.total_cmp(&b.1.at))?;
+        let (w, c) = choice.first()?;
         st.apply(w, c);
         // The pass's successors may have become ready on the neighbouring workers.
         let lo = w.saturating_sub(1);
         let hi = (w + 1).min(d - 1);
         for v in lo..=hi {
-            choice[v as usize] = st.decide(v);
+            choice.set(v, st.decide(v));
         }
     }
     let mut schedule = Schedule::empty(name, Placement::V { workers: d }, n);
