@@ -4,9 +4,10 @@
 use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::generate::block::reorder_cooldown;
-use crate::generate::compact::{compact, fill_weights};
+use crate::generate::compact::{compact_simulated, fill_weights_indexed};
 use crate::schedule::Schedule;
-use crate::simulate::{Simulation, simulate};
+use crate::simulate::{Simulation, simulate, simulate_validated};
+use crate::validate::validate;
 
 /// The cost-aware end of the split-backward pipelines: App. C cool-down reorder, then the
 /// best of compaction and zero-bubble W filling (both within the memory class: the largest
@@ -22,29 +23,47 @@ pub(crate) fn finish_simulated(
     costs: &Costs,
     cap: Option<f64>,
 ) -> Result<(Schedule, Simulation)> {
-    let cooled = reorder_cooldown(schedule, costs)?;
-    let class = simulate(&cooled, costs)?.max_peak_memory();
-    let cap = cap.map_or(class, |c| c.max(class));
-    let candidates = [
-        compact(cooled.clone(), costs)?,
-        fill_weights(&cooled, costs, cap, false)?,
-        fill_weights(&cooled, costs, cap, true)?,
-    ];
-    // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
-    const EPS: f64 = 1e-9;
-    let mut best: Option<(Schedule, Simulation)> = None;
-    for candidate in candidates {
-        let sim = simulate(&candidate, costs)?;
-        let better = best.as_ref().is_none_or(|(_, b)| {
-            sim.makespan + EPS < b.makespan
-                || (sim.makespan <= b.makespan + EPS && sim.bubble_span + EPS < b.bubble_span)
-        });
-        if better {
-            best = Some((candidate, sim));
-        }
-    }
-    best.ok_or(Error::InvalidArgument {
+    let mut finished = finish_for_caps(schedule, costs, &[cap])?;
+    finished.pop().ok_or(Error::InvalidArgument {
         field: "schedule",
         reason: "no candidate schedule".into(),
     })
+}
+
+/// [`finish_simulated`] for each of `caps`, in order: the cool-down reorder and the
+/// compaction, which no cap changes, run once for all of them.
+pub(crate) fn finish_for_caps(
+    schedule: Schedule,
+    costs: &Costs,
+    caps: &[Option<f64>],
+) -> Result<Vec<(Schedule, Simulation)>> {
+    let cooled = reorder_cooldown(schedule, costs)?;
+    let index = validate(&cooled)?;
+    let cooled_sim = simulate_validated(&cooled, &index, costs)?;
+    let class = cooled_sim.max_peak_memory();
+    let compacted = compact_simulated(cooled.clone(), &index, cooled_sim, costs)?;
+    let mut out = Vec::with_capacity(caps.len());
+    for cap in caps {
+        let cap = cap.map_or(class, |c| c.max(class));
+        let mut candidates = vec![compacted.clone()];
+        for eager in [false, true] {
+            let filled = fill_weights_indexed(&cooled, &index, costs, cap, eager)?;
+            let sim = simulate(&filled, costs)?;
+            candidates.push((filled, sim));
+        }
+        // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
+        const EPS: f64 = 1e-9;
+        let mut best: Option<(Schedule, Simulation)> = None;
+        for (candidate, sim) in candidates {
+            let better = best.as_ref().is_none_or(|(_, b)| {
+                sim.makespan + EPS < b.makespan
+                    || (sim.makespan <= b.makespan + EPS && sim.bubble_span + EPS < b.bubble_span)
+            });
+            if better {
+                best = Some((candidate, sim));
+            }
+        }
+        out.extend(best);
+    }
+    Ok(out)
 }
