@@ -8,6 +8,7 @@
 //! (or F, within memory) overtakes a W: W is never on the critical path. The new order is
 //! kept only when its simulated makespan is shorter, so this step can only help.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -332,6 +333,9 @@ struct Clock<'a> {
     index: &'a PassIndex,
     costs: &'a Costs,
     end: PassMap<f64>,
+    /// [`Clock::ready_at`] of the passes whose inputs are all known (NaN for the others):
+    /// it never changes after, and the scans ask it again at every event.
+    ready: PassMap<Cell<f64>>,
     /// Ends and arrivals (end + comm) of started passes, as f64 bits (non-negative values
     /// order like their bits).
     events: BinaryHeap<Reverse<u64>>,
@@ -345,6 +349,11 @@ impl<'a> Clock<'a> {
             index,
             costs,
             end: PassMap::times(schedule.placement.stages(), schedule.microbatches),
+            ready: PassMap::new(
+                schedule.placement.stages(),
+                schedule.microbatches,
+                Cell::new(f64::NAN),
+            ),
             events: BinaryHeap::new(),
             now: 0.0,
         }
@@ -352,6 +361,12 @@ impl<'a> Clock<'a> {
 
     /// When `pass` could start on worker `w`: None while an input is still being computed.
     fn ready_at(&self, pass: Pass, w: usize) -> Option<f64> {
+        // Only a pass's own worker is asked (and only its answer is kept).
+        let own = self.worker_of[pass.stage as usize] as usize == w;
+        let cached = self.ready.get(pass);
+        if own && !cached.get().is_nan() {
+            return Some(cached.get());
+        }
         let mut t = 0.0f64;
         for (dep, _) in self.index.deps(pass) {
             let e = self.end.known(dep)?;
@@ -361,6 +376,9 @@ impl<'a> Clock<'a> {
                 0.0
             };
             t = t.max(e + hop);
+        }
+        if own {
+            cached.set(t);
         }
         Some(t)
     }

@@ -317,10 +317,17 @@ pub(crate) fn list_v(
     for _ in 0..3 * cells {
         let (w, c) = choice.first()?;
         st.apply(w, c);
-        // The pass's successors may have become ready on the neighbouring workers.
-        let lo = w.saturating_sub(1);
-        let hi = (w + 1).min(d - 1);
-        for v in lo..=hi {
+        // Only two choices can change: the worker's own and, through the pass's successor,
+        // that of the worker of the next stage (after an F) or of the previous one (after a
+        // B); every other worker's choice reads nothing the pass changed.
+        choice.set(w, st.decide(w));
+        let s = c.pass.stage;
+        let successor = match c.pass.kind {
+            PassKind::F => (s + 1 < stages).then(|| st.worker(s + 1)),
+            PassKind::B | PassKind::BW => s.checked_sub(1).map(|p| st.worker(p)),
+            PassKind::W => None,
+        };
+        if let Some(v) = successor.filter(|&v| v != w) {
             choice.set(v, st.decide(v));
         }
     }

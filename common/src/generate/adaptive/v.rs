@@ -121,7 +121,10 @@ fn realise(
     // Finished only within the limits the warm-up order itself fits.
     let fitting: Vec<usize> = (0..limits.len()).filter(|&i| best[i].is_some()).collect();
     let caps: Vec<Option<f64>> = fitting.iter().map(|&i| Some(limits[i])).collect();
-    for (i, finished) in fitting.into_iter().zip(finish_for_caps(warm, costs, &caps)?) {
+    for (i, finished) in fitting
+        .into_iter()
+        .zip(finish_for_caps(warm, costs, &caps)?)
+    {
         consider_simulated(&mut best[i], finished, limits[i]);
     }
     Ok(best)
