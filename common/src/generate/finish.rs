@@ -51,19 +51,85 @@ pub(crate) fn finish_for_caps(
             let sim = simulate(&filled, costs)?;
             candidates.push((filled, sim));
         }
-        // The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
-        const EPS: f64 = 1e-9;
-        let mut best: Option<(Schedule, Simulation)> = None;
-        for (candidate, sim) in candidates {
-            let better = best.as_ref().is_none_or(|(_, b)| {
-                sim.makespan + EPS < b.makespan
-                    || (sim.makespan <= b.makespan + EPS && sim.bubble_span + EPS < b.bubble_span)
-            });
-            if better {
-                best = Some((candidate, sim));
-            }
-        }
-        out.extend(best);
+        out.extend(best_of(candidates));
     }
     Ok(out)
+}
+
+/// The shortest makespan, then the lowest span bubble; the earlier candidate on ties.
+fn best_of(
+    candidates: impl IntoIterator<Item = (Schedule, Simulation)>,
+) -> Option<(Schedule, Simulation)> {
+    const EPS: f64 = 1e-9;
+    let mut best: Option<(Schedule, Simulation)> = None;
+    for (candidate, sim) in candidates {
+        let better = best.as_ref().is_none_or(|(_, b)| {
+            sim.makespan + EPS < b.makespan
+                || (sim.makespan <= b.makespan + EPS && sim.bubble_span + EPS < b.bubble_span)
+        });
+        if better {
+            best = Some((candidate, sim));
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::Times;
+    use crate::generate::block::{VOffsets, reorder_warmup};
+    use crate::generate::compact::{compact, fill_weights};
+    use crate::generate::{Request, ScheduleKind, generate};
+
+    /// Finishing for several caps at once gives, for each cap, the best of the public
+    /// steps run one by one on the cool-down reorder: its compaction and both W fillings
+    /// within the cap (at least the reorder's own peak).
+    #[test]
+    fn finishing_for_several_caps_matches_the_steps_one_by_one() {
+        let hops = Times {
+            b: 1.4,
+            w: 0.7,
+            comm: 0.5,
+            ..Times::UNIT
+        };
+        for (d, n) in [(4u32, 8u32), (6, 13), (8, 16)] {
+            let v_half = VOffsets::v_half(d)
+                .block(d)
+                .repeat("t", n)
+                .expect("repeats");
+            let v_half = reorder_warmup(v_half).expect("reorders");
+            let zb = generate(&Request::new(ScheduleKind::ZbH1, d, n)).expect("generates");
+            for schedule in [v_half, zb] {
+                for t in [Times::UNIT, hops] {
+                    let costs = Costs::uniform(&schedule.placement, t).expect("costs");
+                    let caps = [
+                        None,
+                        Some(1.0),
+                        Some(f64::from(d) / 2.0),
+                        Some(f64::from(d)),
+                    ];
+                    let shared =
+                        finish_for_caps(schedule.clone(), &costs, &caps).expect("finishes");
+                    let cooled = reorder_cooldown(schedule.clone(), &costs).expect("reorders");
+                    let class = simulate(&cooled, &costs).expect("valid").max_peak_memory();
+                    assert_eq!(shared.len(), caps.len());
+                    for (cap, got) in caps.into_iter().zip(shared) {
+                        let cap = cap.map_or(class, |c| c.max(class));
+                        let one_by_one = [
+                            compact(cooled.clone(), &costs).expect("compacts"),
+                            fill_weights(&cooled, &costs, cap, false).expect("fills"),
+                            fill_weights(&cooled, &costs, cap, true).expect("fills"),
+                        ]
+                        .map(|s| {
+                            let sim = simulate(&s, &costs).expect("valid");
+                            (s, sim)
+                        });
+                        let want = best_of(one_by_one).expect("a candidate");
+                        assert_eq!(got, want, "d={d} n={n} {t:?} cap={cap}");
+                    }
+                }
+            }
+        }
+    }
 }
