@@ -95,9 +95,10 @@ const NOT_DONE: f64 = f64::NAN;
 
 /// Validates `schedule` and simulates it under `costs`.
 ///
-/// The same as [`validate`](crate::validate::validate) then [`simulate_validated`], with the validator's progress
-/// rule checked by the timed run itself (its own run only when that one stops short or
-/// does not start), since the planning loops simulate every candidate.
+/// The same as [`validate`](crate::validate::validate) then [`simulate_validated`], with
+/// the validator's progress rule checked by the timed run itself (the validator's own run
+/// only when that one stops short or does not start, so the errors are the validator's):
+/// the planning loops simulate every candidate.
 pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation> {
     let index = check_structure(schedule)?;
     if let Err(e) = ready_to_simulate(schedule, costs) {

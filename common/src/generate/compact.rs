@@ -361,7 +361,7 @@ impl<'a> Clock<'a> {
 
     /// When `pass` could start on worker `w`: None while an input is still being computed.
     fn ready_at(&self, pass: Pass, w: usize) -> Option<f64> {
-        // Only a pass's own worker is asked (and only its answer is kept).
+        // The scans ask about a pass on its own worker; only those answers are kept.
         let own = self.worker_of[pass.stage as usize] as usize == w;
         let cached = self.ready.get(pass);
         if own && !cached.get().is_nan() {
