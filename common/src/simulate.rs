@@ -11,7 +11,7 @@ use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::schedule::Schedule;
-use crate::validate::{PassIndex, run_in_order, validate};
+use crate::validate::{PassIndex, check_progress, check_structure, run_in_order};
 
 /// A pass with its simulated start and end.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -94,9 +94,26 @@ pub struct Bounds {
 const NOT_DONE: f64 = f64::NAN;
 
 /// Validates `schedule` and simulates it under `costs`.
+///
+/// The same as [`validate`](crate::validate::validate) then [`simulate_validated`], with
+/// the validator's progress rule checked by the timed run itself (the validator's own run
+/// only when that one stops short or does not start, so the errors are the validator's):
+/// the planning loops simulate every candidate.
 pub fn simulate(schedule: &Schedule, costs: &Costs) -> Result<Simulation> {
-    let index = validate(schedule)?;
-    simulate_validated(schedule, &index, costs)
+    let index = check_structure(schedule)?;
+    if let Err(e) = ready_to_simulate(schedule, costs) {
+        check_progress(schedule, &index)?;
+        return Err(e);
+    }
+    let timeline = timed_run(schedule, &index, costs);
+    if timeline
+        .iter()
+        .zip(&schedule.workers)
+        .any(|(t, ps)| t.len() < ps.len())
+    {
+        check_progress(schedule, &index)?;
+    }
+    conclude(schedule, costs, timeline)
 }
 
 /// Simulates a schedule already validated into `index`.
@@ -105,10 +122,21 @@ pub fn simulate_validated(
     index: &PassIndex,
     costs: &Costs,
 ) -> Result<Simulation> {
+    ready_to_simulate(schedule, costs)?;
+    let timeline = timed_run(schedule, index, costs);
+    conclude(schedule, costs, timeline)
+}
+
+fn ready_to_simulate(schedule: &Schedule, costs: &Costs) -> Result<()> {
     // The planning loops simulate every candidate: a cancelled call ends here.
     crate::cancel::check()?;
-    let placement = &schedule.placement;
-    costs.check_for(placement)?;
+    costs.check_for(&schedule.placement)
+}
+
+/// Every worker's passes with their times, as far as each worker gets (all of them for a
+/// schedule that validates and finite times).
+fn timed_run(schedule: &Schedule, index: &PassIndex, costs: &Costs) -> Vec<Vec<TimedPass>> {
+    let worker_of = schedule.placement.table();
     let mut end = vec![NOT_DONE; index.slots()];
     let workers = schedule.workers.len();
     let mut timeline: Vec<Vec<TimedPass>> = schedule
@@ -121,7 +149,7 @@ pub fn simulate_validated(
     // workers are stepped in changes no time.
     run_in_order(
         schedule,
-        |p| placement.worker_of(p.stage) as usize,
+        |p| worker_of[p.stage as usize] as usize,
         |w, pass| {
             let mut ready = free[w];
             for (dep, _) in index.deps(pass) {
@@ -129,7 +157,7 @@ pub fn simulate_validated(
                 if t.is_nan() {
                     return Some(dep);
                 }
-                let hop = if placement.worker_of(dep.stage) as usize != w {
+                let hop = if worker_of[dep.stage as usize] as usize != w {
                     costs.comm
                 } else {
                     0.0
@@ -147,6 +175,15 @@ pub fn simulate_validated(
             None
         },
     );
+    timeline
+}
+
+/// The figures of a timed run, or the error for times or memory that overflow.
+fn conclude(
+    schedule: &Schedule,
+    costs: &Costs,
+    timeline: Vec<Vec<TimedPass>>,
+) -> Result<Simulation> {
     // Huge times (e.g. 1e306 per pass over a thousand passes) overflow to infinity, and the
     // bubble to NaN: refuse them rather than report them as figures. A worker's passes end
     // in order, so its last pass tells.

@@ -74,6 +74,14 @@ impl PassIndex {
 
 /// Checks `schedule` and returns the index of its passes.
 pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
+    let index = check_structure(schedule)?;
+    check_progress(schedule, &index)?;
+    Ok(index)
+}
+
+/// Rules 1–3 of [`validate`] (shape, completeness, same-worker order): the index of a
+/// schedule that [`check_progress`] has yet to run.
+pub(crate) fn check_structure(schedule: &Schedule) -> Result<PassIndex> {
     let placement = &schedule.placement;
     placement.check()?;
     if schedule.num_workers() != placement.workers() {
@@ -96,6 +104,9 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
         pos: vec![ABSENT; 4 * stages as usize * n as usize],
     };
 
+    // Stage → worker as a table: this runs for every pass of every candidate a search
+    // simulates.
+    let worker_of = placement.table();
     // Membership: ranges, placement, duplicates.
     for (w, passes) in schedule.workers.iter().enumerate() {
         for (p, &pass) in passes.iter().enumerate() {
@@ -113,7 +124,7 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
                     microbatches: n,
                 });
             }
-            let expected = placement.worker_of(pass.stage);
+            let expected = worker_of[pass.stage as usize];
             if expected != at.worker {
                 return Err(Error::WrongWorker { at, expected });
             }
@@ -132,8 +143,8 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
 
     // Completeness: one F, and BW xor (B and W).
     for s in 0..stages {
+        let w = worker_of[s as usize];
         for mb in 0..n {
-            let w = placement.worker_of(s);
             let here = |pass: Pass| {
                 index.position(pass).map(|pos| Cell {
                     worker: w,
@@ -179,7 +190,7 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
     for (w, passes) in schedule.workers.iter().enumerate() {
         for (p, &pass) in passes.iter().enumerate() {
             for (dep, rule) in index.deps(pass) {
-                let dep_worker = placement.worker_of(dep.stage);
+                let dep_worker = worker_of[dep.stage as usize];
                 let Some(dep_pos) = index.position(dep) else {
                     continue;
                 };
@@ -202,11 +213,18 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
         }
     }
 
+    Ok(index)
+}
+
+/// Rule 4 of [`validate`] on a schedule that passed [`check_structure`] into `index`:
+/// every worker, following its order with any durations, finishes.
+pub(crate) fn check_progress(schedule: &Schedule, index: &PassIndex) -> Result<()> {
+    let worker_of = schedule.placement.table();
     // Progress: run every worker's order with any durations; all must finish.
     let mut done = vec![false; index.slots()];
     let head = run_in_order(
         schedule,
-        |p| placement.worker_of(p.stage) as usize,
+        |p| worker_of[p.stage as usize] as usize,
         |_, pass| {
             if let Some((dep, _)) = index.deps(pass).find(|(dep, _)| !done[index.slot(*dep)]) {
                 return Some(dep);
@@ -238,7 +256,7 @@ pub fn validate(schedule: &Schedule) -> Result<PassIndex> {
     if !stuck.is_empty() {
         return Err(Error::Deadlock { stuck });
     }
-    Ok(index)
+    Ok(())
 }
 
 /// Runs every worker's program in order, each pass after its dependencies:

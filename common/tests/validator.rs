@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use pipewise_common::error::{Cell, Rule};
+use pipewise_common::simulate::simulate_validated;
 use pipewise_common::validate::error_grid;
 use pipewise_common::{
     Costs, Error, Pass, PassKind, Placement, Request, Schedule, ScheduleKind, Times, generate,
@@ -539,6 +540,33 @@ proptest! {
             }
             Err(Error::Deadlock { stuck }) => prop_assert!(!stuck.is_empty()),
             Err(other) => prop_assert!(false, "unexpected {other:?}"),
+        }
+    }
+
+    /// `simulate` checks the progress rule with its own timed run: after any swap of two
+    /// passes of a worker it fails with exactly the validator's error, also when the costs
+    /// do not fit the placement, and otherwise simulates as validating first does.
+    #[test]
+    fn simulate_fails_as_the_validator_does(s in any_schedule(), worker in any::<prop::sample::Index>(), one in any::<prop::sample::Index>(), other in any::<prop::sample::Index>()) {
+        let mut s = s;
+        let w = worker.index(s.workers.len());
+        let program = &mut s.workers[w];
+        let len = program.len();
+        program.swap(one.index(len), other.index(len));
+        let costs = Costs::uniform(&s.placement, Times::UNIT).unwrap();
+        let mut unfit = costs.clone();
+        unfit.stages.push(unfit.stages[0]);
+        match validate(&s) {
+            Ok(index) => {
+                prop_assert_eq!(simulate(&s, &costs), simulate_validated(&s, &index, &costs));
+                let unfit_costs = simulate(&s, &unfit);
+                let named = matches!(&unfit_costs, Err(Error::InvalidArgument { field: "costs", .. }));
+                prop_assert!(named, "{:?}", unfit_costs);
+            }
+            Err(e) => {
+                prop_assert_eq!(simulate(&s, &costs).unwrap_err(), e.clone());
+                prop_assert_eq!(simulate(&s, &unfit).unwrap_err(), e);
+            }
         }
     }
 

@@ -8,15 +8,15 @@
 //! (or F, within memory) overtakes a W: W is never on the critical path. The new order is
 //! kept only when its simulated makespan is shorter, so this step can only help.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::pass::{Pass, PassKind, PassMap};
-use crate::placement::Placement;
 use crate::schedule::Schedule;
-use crate::simulate::simulate;
+use crate::simulate::{Simulation, simulate};
 use crate::validate::{PassIndex, validate};
 
 /// How far ahead in its program a waiting worker looks for a ready pass.
@@ -33,6 +33,27 @@ pub fn compact(schedule: Schedule, costs: &Costs) -> Result<Schedule> {
 fn compact_scanning(schedule: Schedule, costs: &Costs, scan_all: bool) -> Result<Schedule> {
     let before = simulate(&schedule, costs)?;
     let index = validate(&schedule)?;
+    compact_indexed(schedule, &index, before, costs, scan_all).map(|(s, _)| s)
+}
+
+/// [`compact`] of a schedule validated into `index` and simulated into `before` under
+/// `costs`; the winner comes with its simulation.
+pub(crate) fn compact_simulated(
+    schedule: Schedule,
+    index: &PassIndex,
+    before: Simulation,
+    costs: &Costs,
+) -> Result<(Schedule, Simulation)> {
+    compact_indexed(schedule, index, before, costs, false)
+}
+
+fn compact_indexed(
+    schedule: Schedule,
+    index: &PassIndex,
+    before: Simulation,
+    costs: &Costs,
+    scan_all: bool,
+) -> Result<(Schedule, Simulation)> {
     let workers = schedule.workers.len();
     let cap = before.peak_memory.clone();
 
@@ -49,7 +70,7 @@ fn compact_scanning(schedule: Schedule, costs: &Costs, scan_all: bool) -> Result
         .iter()
         .map(|ps| Vec::with_capacity(ps.len()))
         .collect();
-    let mut clock = Clock::new(&schedule, &index, costs);
+    let mut clock = Clock::new(&schedule, index, costs);
     // A waiting worker's choice changes only when an input of a pass in its window becomes
     // known (a pass starts on a neighbouring stage: `dirty`) or when the clock reaches an
     // arrival it saw coming (`wake`); until then its scan would find nothing again, so it
@@ -161,14 +182,14 @@ fn compact_scanning(schedule: Schedule, costs: &Costs, scan_all: bool) -> Result
             continue;
         }
         if !clock.advance(next_event) {
-            return Ok(schedule);
+            return Ok((schedule, before));
         }
     }
     let mut candidate = schedule.clone();
     candidate.workers = orders;
     match simulate(&candidate, costs) {
-        Ok(after) if after.makespan + EPS < before.makespan => Ok(candidate),
-        _ => Ok(schedule),
+        Ok(after) if after.makespan + EPS < before.makespan => Ok((candidate, after)),
+        _ => Ok((schedule, before)),
     }
 }
 
@@ -190,6 +211,17 @@ fn held_until(passes: &[Option<Pass>], now: f64, costs: &Costs) -> f64 {
 /// Left-over W passes run at the end. Schedules without W passes come back unchanged.
 pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -> Result<Schedule> {
     let index = validate(schedule)?;
+    fill_weights_indexed(schedule, &index, costs, cap, eager)
+}
+
+/// [`fill_weights`] of a schedule validated into `index`.
+pub(crate) fn fill_weights_indexed(
+    schedule: &Schedule,
+    index: &PassIndex,
+    costs: &Costs,
+    cap: f64,
+    eager: bool,
+) -> Result<Schedule> {
     let placement = &schedule.placement;
     let workers = schedule.workers.len();
     if schedule
@@ -219,7 +251,7 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
         .iter()
         .map(|ps| Vec::with_capacity(ps.len()))
         .collect();
-    let mut clock = Clock::new(schedule, &index, costs);
+    let mut clock = Clock::new(schedule, index, costs);
     let total = schedule.num_passes();
     let mut placed = 0usize;
     while placed < total {
@@ -296,10 +328,14 @@ pub fn fill_weights(schedule: &Schedule, costs: &Costs, cap: f64, eager: bool) -
 /// The event clock shared by the compaction and the W filling: end times of the passes
 /// started so far, and the moments at which something can change.
 struct Clock<'a> {
-    placement: &'a Placement,
+    /// Stage → worker.
+    worker_of: Vec<u32>,
     index: &'a PassIndex,
     costs: &'a Costs,
     end: PassMap<f64>,
+    /// [`Clock::ready_at`] of the passes whose inputs are all known (NaN for the others):
+    /// it never changes after, and the scans ask it again at every event.
+    ready: PassMap<Cell<f64>>,
     /// Ends and arrivals (end + comm) of started passes, as f64 bits (non-negative values
     /// order like their bits).
     events: BinaryHeap<Reverse<u64>>,
@@ -309,10 +345,15 @@ struct Clock<'a> {
 impl<'a> Clock<'a> {
     fn new(schedule: &'a Schedule, index: &'a PassIndex, costs: &'a Costs) -> Self {
         Clock {
-            placement: &schedule.placement,
+            worker_of: schedule.placement.table(),
             index,
             costs,
             end: PassMap::times(schedule.placement.stages(), schedule.microbatches),
+            ready: PassMap::new(
+                schedule.placement.stages(),
+                schedule.microbatches,
+                Cell::new(f64::NAN),
+            ),
             events: BinaryHeap::new(),
             now: 0.0,
         }
@@ -320,15 +361,24 @@ impl<'a> Clock<'a> {
 
     /// When `pass` could start on worker `w`: None while an input is still being computed.
     fn ready_at(&self, pass: Pass, w: usize) -> Option<f64> {
+        // The scans ask about a pass on its own worker; only those answers are kept.
+        let own = self.worker_of[pass.stage as usize] as usize == w;
+        let cached = self.ready.get(pass);
+        if own && !cached.get().is_nan() {
+            return Some(cached.get());
+        }
         let mut t = 0.0f64;
         for (dep, _) in self.index.deps(pass) {
             let e = self.end.known(dep)?;
-            let hop = if self.placement.worker_of(dep.stage) as usize != w {
+            let hop = if self.worker_of[dep.stage as usize] as usize != w {
                 self.costs.comm
             } else {
                 0.0
             };
             t = t.max(e + hop);
+        }
+        if own {
+            cached.set(t);
         }
         Some(t)
     }

@@ -14,7 +14,7 @@
 
 use crate::cost::Costs;
 use crate::error::{Error, Result};
-use crate::generate::adaptive::adaptive_v;
+use crate::generate::adaptive::adaptive_v_knowing;
 use crate::generate::kind::ScheduleKind;
 use crate::generate::paper_v::hand_built_v;
 use crate::schedule::Schedule;
@@ -71,14 +71,16 @@ pub(crate) fn fixed_v(
     if at_bound || 6 * u64::from(d) * u64::from(n) > NAMED_SEARCH_PASSES {
         return Ok((hand, hand_sim));
     }
-    let searched = match adaptive_v(d, n, costs, limit, local_search_budget) {
+    let hand_built = (hand, hand_sim);
+    let known = Some((kind, &hand_built));
+    let searched = match adaptive_v_knowing(d, n, costs, limit, local_search_budget, known) {
         Ok(p) => p,
         // Nothing of the search fits the class (a tiny shape, or costs whose memory floor
         // is above it): the hand-built schedule stands.
-        Err(Error::MemoryLimit { .. }) => return Ok((hand, hand_sim)),
+        Err(Error::MemoryLimit { .. }) => return Ok(hand_built),
         Err(e) => return Err(e),
     };
-    let (s, h) = (&searched.simulation, &hand_sim);
+    let (s, h) = (&searched.simulation, &hand_built.1);
     let shorter = s.makespan + EPS < h.makespan;
     let tighter = s.makespan <= h.makespan + EPS && s.bubble_span + EPS < h.bubble_span;
     // V-ZB is the zero-bubble class: a shorter makespan is not taken at more than
@@ -93,6 +95,6 @@ pub(crate) fn fixed_v(
         };
         Ok((schedule, searched.simulation))
     } else {
-        Ok((hand, hand_sim))
+        Ok(hand_built)
     }
 }

@@ -225,6 +225,66 @@ impl State<'_> {
     }
 }
 
+/// Every worker's next choice, with the earliest of them kept at the root of a tournament
+/// tree: each node holds the earlier of its children's choices, the lower worker on equal
+/// times (the first of a scan in worker order), so a change costs O(log d) rather than a
+/// scan of every worker per placed pass.
+struct Earliest {
+    choice: Vec<Option<Choice>>,
+    /// `winner[i]` for nodes `1..2 * leaves`: the worker that node's subtree picks (leaves
+    /// at `leaves + w`; leaves past the last worker hold a worker without a choice).
+    winner: Vec<u32>,
+    leaves: usize,
+}
+
+impl Earliest {
+    fn new(mut choice: Vec<Option<Choice>>) -> Earliest {
+        let workers = choice.len();
+        let leaves = workers.next_power_of_two();
+        choice.resize(leaves, None);
+        let mut winner = vec![0; 2 * leaves];
+        for (w, slot) in winner[leaves..].iter_mut().enumerate() {
+            *slot = w as u32;
+        }
+        let mut tree = Earliest {
+            choice,
+            winner,
+            leaves,
+        };
+        for node in (1..leaves).rev() {
+            tree.replay(node);
+        }
+        tree
+    }
+
+    /// The earliest choice and its worker, if any worker has one.
+    fn first(&self) -> Option<(u32, Choice)> {
+        let w = self.winner[1];
+        self.choice[w as usize].map(|c| (w, c))
+    }
+
+    fn set(&mut self, w: u32, c: Option<Choice>) {
+        self.choice[w as usize] = c;
+        let mut node = (self.leaves + w as usize) / 2;
+        while node >= 1 {
+            self.replay(node);
+            node /= 2;
+        }
+    }
+
+    /// Recomputes `node` from its children: the left one wins unless the right one is
+    /// strictly earlier (or the left has no choice).
+    fn replay(&mut self, node: usize) {
+        let (l, r) = (self.winner[2 * node], self.winner[2 * node + 1]);
+        let right_first = match (self.choice[l as usize], self.choice[r as usize]) {
+            (Some(a), Some(b)) => b.at.total_cmp(&a.at).is_lt(),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        self.winner[node] = if right_first { r } else { l };
+    }
+}
+
 /// One list-scheduled V schedule for `d` workers and `n` microbatches under `limit`, or
 /// `None` if the run deadlocks (a limit too tight for `p.reserve`).
 pub(crate) fn list_v(
@@ -235,42 +295,65 @@ pub(crate) fn list_v(
     name: &str,
     p: ListParams,
 ) -> Option<Schedule> {
-    let stages = 2 * d;
-    let cells = (stages * n) as usize;
-    let mut st = State {
-        d,
-        n,
-        costs,
-        limit,
-        p,
-        next_f: vec![0; stages as usize],
-        next_b: vec![0; stages as usize],
-        f_end: vec![f64::NAN; cells],
-        b_end: vec![f64::NAN; cells],
-        w_queue: vec![VecDeque::new(); stages as usize],
-        free: vec![0.0; d as usize],
-        mem: vec![0.0; d as usize],
-        last_inject: 0.0,
-        order: vec![Vec::with_capacity(6 * n as usize); d as usize],
-    };
-    let mut choice: Vec<Option<Choice>> = (0..d).map(|w| st.decide(w)).collect();
-    for _ in 0..3 * cells {
-        let (w, c) = choice
-            .iter()
-            .enumerate()
-            .filter_map(|(w, c)| c.map(|c| (w as u32, c)))
-            .min_by(|a, b| a.1.at.total_cmp(&b.1.at))?;
-        st.apply(w, c);
-        // The pass's successors may have become ready on the neighbouring workers.
-        let lo = w.saturating_sub(1);
-        let hi = (w + 1).min(d - 1);
-        for v in lo..=hi {
-            choice[v as usize] = st.decide(v);
+    let mut schedule = Schedule::empty(name, Placement::V { workers: d }, n);
+    schedule.workers = place_all(State::new(d, n, costs, limit, p), false)?;
+    Some(schedule)
+}
+
+impl<'a> State<'a> {
+    fn new(d: u32, n: u32, costs: &'a Costs, limit: f64, p: ListParams) -> State<'a> {
+        let stages = 2 * d;
+        let cells = (stages * n) as usize;
+        State {
+            d,
+            n,
+            costs,
+            limit,
+            p,
+            next_f: vec![0; stages as usize],
+            next_b: vec![0; stages as usize],
+            f_end: vec![f64::NAN; cells],
+            b_end: vec![f64::NAN; cells],
+            w_queue: vec![VecDeque::new(); stages as usize],
+            free: vec![0.0; d as usize],
+            mem: vec![0.0; d as usize],
+            last_inject: 0.0,
+            order: vec![Vec::with_capacity(6 * n as usize); d as usize],
         }
     }
-    let mut schedule = Schedule::empty(name, Placement::V { workers: d }, n);
-    schedule.workers = st.order;
-    Some(schedule)
+}
+
+/// Places every pass from `st` on; the workers' orders, or `None` on a deadlock.
+/// `neighbours` recomputes the choices of the placing worker's neighbours too after every
+/// pass, not only of the workers whose choice it can change (the tests check that both
+/// give the same schedule).
+fn place_all(mut st: State<'_>, neighbours: bool) -> Option<Vec<Vec<Pass>>> {
+    let (d, stages) = (st.d, 2 * st.d);
+    let cells = (stages * st.n) as usize;
+    let mut choice = Earliest::new((0..d).map(|w| st.decide(w)).collect());
+    for _ in 0..3 * cells {
+        let (w, c) = choice.first()?;
+        st.apply(w, c);
+        // Only two choices can change: the worker's own and, through the pass's successor,
+        // that of the worker of the next stage (after an F) or of the previous one (after a
+        // B); every other worker's choice reads nothing the pass changed.
+        choice.set(w, st.decide(w));
+        let s = c.pass.stage;
+        let successor = match c.pass.kind {
+            PassKind::F => (s + 1 < stages).then(|| st.worker(s + 1)),
+            PassKind::B | PassKind::BW => s.checked_sub(1).map(|p| st.worker(p)),
+            PassKind::W => None,
+        };
+        if let Some(v) = successor.filter(|&v| v != w) {
+            choice.set(v, st.decide(v));
+        }
+        if neighbours {
+            for v in w.saturating_sub(1)..=(w + 1).min(d - 1) {
+                choice.set(v, st.decide(v));
+            }
+        }
+    }
+    Some(st.order)
 }
 
 /// The parameter grid (108 points for d ≥ 4, fewer distinct ones below, since d/4 and d/2
@@ -518,6 +601,74 @@ mod tests {
             }
         }
         assert!(completed > 500, "only {completed} runs completed");
+    }
+
+    /// Recomputing only the choices a placed pass can change gives the schedule that
+    /// recomputing the placing worker's and both its neighbours' gives, over the grid,
+    /// limits, hops and uneven stages.
+    #[test]
+    fn recomputing_only_the_changed_choices_gives_the_same_schedule() {
+        use crate::cost::StageCost;
+        let mut completed = 0;
+        for d in [1u32, 2, 3, 5, 8] {
+            let uneven: Vec<StageCost> = (0..2 * d)
+                .map(|s| StageCost {
+                    f: 5.0 + f64::from(s % 4),
+                    b: 6.0 + f64::from(s % 3),
+                    w: 4.0,
+                    mem: 0.25 + 0.1 * f64::from(s % 3),
+                })
+                .collect();
+            let uneven =
+                Costs::per_stage(&Placement::V { workers: d }, uneven, 2.0).expect("costs");
+            for c in [costs(d, 0.0), costs(d, 6.48), uneven] {
+                for n in [1u32, d + 1, 3 * d] {
+                    for limit in [memory_floor(d, &c), f64::from(d + 2) / 2.0, f64::from(d)] {
+                        for p in grid(d, &c) {
+                            let run = |all| place_all(State::new(d, n, &c, limit, p), all);
+                            let (fast, full) = (run(false), run(true));
+                            assert_eq!(fast, full, "d={d} n={n} limit={limit} {p:?}");
+                            completed += usize::from(fast.is_some());
+                        }
+                    }
+                }
+            }
+        }
+        assert!(completed > 500, "only {completed} runs completed");
+    }
+
+    /// The tournament tree picks what a scan in worker order picks: the earliest choice,
+    /// the lowest worker on equal times, nothing when no worker has a choice.
+    #[test]
+    fn the_earliest_choice_is_the_first_of_a_scan() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for workers in [1usize, 2, 3, 5, 8, 13] {
+            let mut choices: Vec<Option<Choice>> = vec![None; workers];
+            let mut tree = Earliest::new(choices.clone());
+            for mb in 0..400u32 {
+                let w = next(workers as u64) as usize;
+                // Few distinct times, so that ties are common; a quarter without a choice.
+                let c = (next(4) != 0).then(|| Choice {
+                    at: next(5) as f64,
+                    pass: Pass::f(w as u32, mb),
+                });
+                choices[w] = c;
+                tree.set(w as u32, c);
+                let scan = choices
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(w, c)| c.map(|c| (w as u32, c)))
+                    .min_by(|a, b| a.1.at.total_cmp(&b.1.at));
+                let key = |(w, c): (u32, Choice)| (w, c.at, c.pass);
+                assert_eq!(tree.first().map(key), scan.map(key), "{workers} workers");
+            }
+        }
     }
 
     /// A limit below one microbatch's first and last chunk on worker 0 cannot be met: the run

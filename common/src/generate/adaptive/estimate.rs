@@ -53,25 +53,67 @@ pub fn steady_peak(block: &BuildingBlock, costs: &Costs) -> f64 {
 pub fn block_makespan(block: &BuildingBlock, n: u32, costs: &Costs) -> f64 {
     let stages = block.placement.stages() as usize;
     let workers = block.placement.workers() as usize;
-    let n_us = n as usize;
     let length = block.length().max(1);
-    let mut by_cell: Vec<Vec<usize>> = vec![Vec::new(); length as usize];
-    for (i, p) in block.passes.iter().enumerate() {
-        by_cell[p.cell as usize].push(i);
-    }
-    let slot = |kind: PassKind, s: usize, m: usize| -> usize {
+    let worker: Vec<usize> = (0..stages)
+        .map(|s| block.placement.worker_of(s as u32) as usize)
+        .collect();
+    // One row of end times per microbatch: F, B (or BW) and W of every stage, then a slot
+    // that stays 0 for a missing dependency.
+    let width = 3 * stages + 1;
+    let none = 3 * stages;
+    let row = |kind: PassKind, s: usize| -> usize {
         let k = match kind {
             PassKind::F => 0,
             PassKind::B | PassKind::BW => 1,
             PassKind::W => 2,
         };
-        (k * stages + s) * n_us + m
+        k * stages + s
     };
-    let mut end = vec![0.0f64; 3 * stages * n_us];
-    let mut free = vec![0.0f64; workers];
-    let worker: Vec<usize> = (0..stages)
-        .map(|s| block.placement.worker_of(s as u32) as usize)
+    // The block's passes in cell order (block order within a cell), each with what it
+    // waits for: its worker and up to two ends in its microbatch's row, plus their hops.
+    let mut steps: Vec<BlockStep> = block
+        .passes
+        .iter()
+        .map(|p| {
+            let s = p.pass.stage as usize;
+            let w = worker[s];
+            let hop = |dep_stage: usize| {
+                if worker[dep_stage] != w {
+                    costs.comm
+                } else {
+                    0.0
+                }
+            };
+            let deps = match p.pass.kind {
+                PassKind::F if s > 0 => [(row(PassKind::F, s - 1), hop(s - 1)), (none, 0.0)],
+                PassKind::F => [(none, 0.0), (none, 0.0)],
+                PassKind::B | PassKind::BW if s + 1 < stages => [
+                    (row(PassKind::F, s), 0.0),
+                    (row(PassKind::B, s + 1), hop(s + 1)),
+                ],
+                PassKind::B | PassKind::BW => [(row(PassKind::F, s), 0.0), (none, 0.0)],
+                PassKind::W => [(row(PassKind::B, s), 0.0), (none, 0.0)],
+            };
+            BlockStep {
+                cell: p.cell as usize,
+                worker: w,
+                own: row(p.pass.kind, s),
+                deps,
+                duration: costs.duration(p.pass.kind, p.pass.stage),
+            }
+        })
         .collect();
+    steps.sort_by_key(|st| st.cell);
+    // `first[c]..first[c + 1]`: the steps at cell `c`.
+    let mut first = vec![0usize; length as usize + 1];
+    for st in &steps {
+        first[st.cell + 1] += 1;
+    }
+    for c in 0..length as usize {
+        first[c + 1] += first[c];
+    }
+    let mut end = vec![0.0f64; width * n as usize];
+    let mut free = vec![0.0f64; workers];
     let mut makespan = 0.0f64;
     let last_cell = length - 1 + PERIOD * (i64::from(n) - 1);
     for g in 0..=last_cell {
@@ -79,40 +121,31 @@ pub fn block_makespan(block: &BuildingBlock, n: u32, costs: &Costs) -> f64 {
         let hi = (g / PERIOD).min(i64::from(n) - 1);
         for m in lo..=hi {
             let c = (g - PERIOD * m) as usize;
-            for &i in &by_cell[c] {
-                let p = block.passes[i].pass;
-                let (s, m) = (p.stage as usize, m as usize);
-                let w = worker[s];
-                let hop = |dep_stage: usize| {
-                    if worker[dep_stage] != w {
-                        costs.comm
-                    } else {
-                        0.0
-                    }
-                };
-                let mut ready = free[w];
-                match p.kind {
-                    PassKind::F => {
-                        if s > 0 {
-                            ready = ready.max(end[slot(PassKind::F, s - 1, m)] + hop(s - 1));
-                        }
-                    }
-                    PassKind::B | PassKind::BW => {
-                        ready = ready.max(end[slot(PassKind::F, s, m)]);
-                        if s + 1 < stages {
-                            ready = ready.max(end[slot(PassKind::B, s + 1, m)] + hop(s + 1));
-                        }
-                    }
-                    PassKind::W => ready = ready.max(end[slot(PassKind::B, s, m)]),
+            let row = &mut end[m as usize * width..(m as usize + 1) * width];
+            for st in &steps[first[c]..first[c + 1]] {
+                let mut ready = free[st.worker];
+                for (dep, hop) in st.deps {
+                    ready = ready.max(row[dep] + hop);
                 }
-                let finish = ready + costs.duration(p.kind, p.stage);
-                end[slot(p.kind, s, m)] = finish;
-                free[w] = finish;
+                let finish = ready + st.duration;
+                row[st.own] = finish;
+                free[st.worker] = finish;
                 makespan = makespan.max(finish);
             }
         }
     }
     makespan
+}
+
+/// One pass of a block as [`block_makespan`] replays it for every microbatch.
+struct BlockStep {
+    cell: usize,
+    worker: usize,
+    /// Its end's slot in its microbatch's row.
+    own: usize,
+    /// The slots of the ends it waits for, with the hop added to each.
+    deps: [(usize, f64); 2],
+    duration: f64,
 }
 
 /// Two blocks with the same signature repeat into the same per-worker orders: each worker's

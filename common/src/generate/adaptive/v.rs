@@ -2,17 +2,17 @@
 
 use super::estimate::{Distinct, block_makespan, steady_peak};
 use super::offsets::{SplitOffsets, split_candidates};
-use super::search::{EPS, Planned, Starts, check_inputs, conclude, consider, consider_simulated};
+use super::search::{EPS, Planned, Starts, check_inputs, conclude, consider_simulated};
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::block::{BuildingBlock, VOffsets, reorder_warmup};
-use crate::generate::finish::finish_simulated;
+use crate::generate::finish::finish_for_caps;
 use crate::generate::kind::ScheduleKind;
 use crate::generate::list_v;
 use crate::generate::paper_v::{hand_built_v, search_v_block};
 use crate::placement::Placement;
 use crate::schedule::Schedule;
-use crate::simulate::Simulation;
+use crate::simulate::{Simulation, simulate};
 
 /// Passes (candidates × 6dn) the full evaluation may spend: 8 candidates up to 6dn = 75k
 /// (d = 16, n = 780), fewer above, at least one.
@@ -101,25 +101,31 @@ fn monotone_selection(
     (first, cutoff)
 }
 
-/// Repeat → warm-up reorder → cool-down reorder, compaction and W filling within `limit`:
-/// the fitting variants of one block, best first.
+/// Repeat → warm-up reorder → cool-down reorder, compaction and W filling within each of
+/// `limits`: the best fitting variant of one block for each limit, in order (the steps no
+/// limit changes run once).
 fn realise(
     block: &BuildingBlock,
     name: &str,
     n: u32,
     costs: &Costs,
-    limit: f64,
-) -> Result<Option<(Schedule, Simulation)>> {
+    limits: &[f64],
+) -> Result<Vec<Option<(Schedule, Simulation)>>> {
     let repeated = block.repeat(name, n)?;
     let warm = reorder_warmup(repeated)?;
-    let mut best = None;
-    consider(&mut best, warm.clone(), costs, limit)?;
-    if best.is_some() {
-        consider_simulated(
-            &mut best,
-            finish_simulated(warm, costs, Some(limit))?,
-            limit,
-        );
+    let warm_sim = simulate(&warm, costs)?;
+    let mut best: Vec<Option<(Schedule, Simulation)>> = vec![None; limits.len()];
+    for (b, &limit) in best.iter_mut().zip(limits) {
+        consider_simulated(b, (warm.clone(), warm_sim.clone()), limit);
+    }
+    // Finished only within the limits the warm-up order itself fits.
+    let fitting: Vec<usize> = (0..limits.len()).filter(|&i| best[i].is_some()).collect();
+    let caps: Vec<Option<f64>> = fitting.iter().map(|&i| Some(limits[i])).collect();
+    for (i, finished) in fitting
+        .into_iter()
+        .zip(finish_for_caps(warm, costs, &caps)?)
+    {
+        consider_simulated(&mut best[i], finished, limits[i]);
     }
     Ok(best)
 }
@@ -134,6 +140,20 @@ pub fn adaptive_v(
     costs: &Costs,
     limit: f64,
     local_search_budget: u64,
+) -> Result<Planned> {
+    adaptive_v_knowing(d, n, costs, limit, local_search_budget, None)
+}
+
+/// [`adaptive_v`] given one fixed schedule as [`hand_built_v`] builds it under the same
+/// costs (kind, schedule, simulation), so that a caller that has built it already does not
+/// pay for it twice.
+pub(crate) fn adaptive_v_knowing(
+    d: u32,
+    n: u32,
+    costs: &Costs,
+    limit: f64,
+    local_search_budget: u64,
+    hand_built: Option<(ScheduleKind, &(Schedule, Simulation))>,
 ) -> Result<Planned> {
     let placement = Placement::V { workers: d };
     check_inputs(d, n, limit, costs, &placement)?;
@@ -209,12 +229,15 @@ pub fn adaptive_v(
     };
     for block in &blocks {
         evaluated += 1;
-        best.offer(realise(block, NAME, n, costs, limit)?);
+        let mut limits = vec![limit];
         let own = steady_peak(block, costs);
         if own + EPS < limit && own_fills > 0 {
             own_fills -= 1;
             evaluated += 1;
-            best.offer(realise(block, NAME, n, costs, own)?);
+            limits.push(own);
+        }
+        for realised in realise(block, NAME, n, costs, &limits)? {
+            best.offer(realised);
         }
     }
     // The fixed schedules themselves, as the paper builds them (their W filling and,
@@ -222,7 +245,11 @@ pub fn adaptive_v(
     // memory class: on a tie in makespan the lower span bubble wins.
     if per_proxy <= ALWAYS_FIXED {
         for kind in [ScheduleKind::VMin, ScheduleKind::VHalf, ScheduleKind::VZb] {
-            if let Ok((schedule, sim)) = hand_built_v(kind, d, n, costs) {
+            let built = match hand_built {
+                Some((known, built)) if known == kind => Ok(built.clone()),
+                _ => hand_built_v(kind, d, n, costs),
+            };
+            if let Ok((schedule, sim)) = built {
                 evaluated += 1;
                 let schedule = Schedule {
                     name: NAME.into(),

@@ -11,7 +11,7 @@ use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::classic::{Backward, one_f_one_b};
 use crate::generate::compact::fill_weights;
-use crate::generate::finish::finish_simulated;
+use crate::generate::finish::finish_for_caps;
 use crate::placement::Placement;
 use crate::simulate::simulate;
 
@@ -104,18 +104,14 @@ pub fn adaptive_zb(
         let mut local = None;
         consider(&mut local, base.clone(), costs, limit)?;
         let own = order_peak(&base, costs);
-        if own_fills && own + EPS < limit {
-            consider_simulated(
-                &mut local,
-                finish_simulated(base.clone(), costs, Some(own))?,
-                limit,
-            );
+        let caps = if own_fills && own + EPS < limit {
+            vec![Some(own), Some(limit)]
+        } else {
+            vec![Some(limit)]
+        };
+        for finished in finish_for_caps(base, costs, &caps)? {
+            consider_simulated(&mut local, finished, limit);
         }
-        consider_simulated(
-            &mut local,
-            finish_simulated(base, costs, Some(limit))?,
-            limit,
-        );
         best.offer(local);
     }
     conclude(
