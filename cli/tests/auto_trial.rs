@@ -8,7 +8,7 @@ mod common;
 
 use common::processes::*;
 
-/// Two worker processes run an auto job of 18 steps with checkpoints on: its trial moves
+/// Two worker processes run an auto job of 24 steps with checkpoints on: its trial moves
 /// the job to at least one other plan (resuming each time from the step every worker
 /// stopped after, counted as `auto_trial`), and the losses and final parameters equal the
 /// single-device reference.
@@ -16,7 +16,7 @@ use common::processes::*;
 fn an_auto_trial_moves_between_plans_and_training_stays_exact() {
     let dir = tempdir("auto-trial");
     let cluster = start_with(&dir, 2, &[]);
-    let mut spec = spec(2, "auto", 18);
+    let mut spec = spec(2, "auto", 24);
     spec.job.name = "auto-trial".into();
     spec.checkpoint.enable_checkpoint = true;
     spec.checkpoint.interval = 1000;
