@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::io::{Action, Choose, Failure};
-use super::trial::{TRIAL_BAND, TRIAL_STEPS, Trial};
+use super::trying::{TRIAL_BAND, TRIAL_STEPS, Trial};
 use super::{Phase, Supervisor};
 use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::respec::respec;

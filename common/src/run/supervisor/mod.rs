@@ -34,6 +34,7 @@ mod recalibrate;
 #[cfg(test)]
 mod tests;
 mod trial;
+mod trying;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -53,7 +54,7 @@ pub use io::{
     Action, Assignment, Choose, Config, Failure, Input, Member, Reason, Search, Shown, StepDone,
 };
 use io::{Ended, Move};
-use trial::{TRIAL_PLANS, Trial};
+use trying::{TRIAL_PLANS, Trial};
 
 /// Where the job's runs are.
 #[derive(Debug)]
