@@ -16,13 +16,7 @@ use common::processes::*;
 fn an_auto_trial_moves_between_plans_and_training_stays_exact() {
     let dir = tempdir("auto-trial");
     let cluster = start_with(&dir, 2, &[]);
-    let mut spec = spec(2, "auto", 24);
-    spec.job.name = "auto-trial".into();
-    spec.checkpoint.enable_checkpoint = true;
-    spec.checkpoint.interval = 1000;
-    let reference = reference(&spec);
-    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
-    let stdout = history(&cluster, job);
+    let (reference, job, stdout) = run_movable(&cluster, &dir, spec(2, "auto", 24), "auto-trial");
     assert!(
         stdout.contains("after 3 steps, chosen again on costs fitted to them"),
         "{stdout}"

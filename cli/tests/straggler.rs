@@ -16,13 +16,7 @@ fn layers_move_off_a_straggler() {
     const LONG: u32 = 24;
     let dir = tempdir("straggler");
     let cluster = start_with(&dir, 3, &[(2, &["--slowdown", "6"])]);
-    let mut spec = spec(3, "1f1b", LONG);
-    spec.job.name = "straggler".into();
-    spec.checkpoint.enable_checkpoint = true;
-    spec.checkpoint.interval = 1000;
-    let reference = reference(&spec);
-    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
-    let stdout = history(&cluster, job);
+    let (reference, job, stdout) = run_movable(&cluster, &dir, spec(3, "1f1b", LONG), "straggler");
     let moves = replans(&stdout, "pieces per stage");
     assert!(!moves.is_empty(), "{stdout}");
     let first = moves[0];

@@ -261,6 +261,23 @@ pub(crate) fn wait_until(
     }
 }
 
+/// `spec` named `name` with checkpoints saved only when a move stops its workers, run on
+/// `cluster` from the file in `dir`: its single-device reference, the job id and the
+/// job's history.
+pub(crate) fn run_movable(
+    cluster: &Cluster,
+    dir: &Path,
+    mut spec: JobSpec,
+    name: &str,
+) -> (Reference, u64, String) {
+    spec.job.name = name.into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 1000;
+    let reference = reference(&spec);
+    let (job, _) = submit_wait(cluster, &write_spec(dir, &spec));
+    (reference, job, history(cluster, job))
+}
+
 /// `pipewise watch JOB` once the job has ended: everything it printed.
 pub(crate) fn history(cluster: &Cluster, job: u64) -> String {
     let out = pipewise()

@@ -124,6 +124,20 @@ fn moved_after(
     s.handle(now + 100, saved(&[(through, stages)]))
 }
 
+/// A trial move's last actions: why (the warning), the new run and its assignment.
+fn trial_move(acts: &[Action]) -> (&str, RunId, &Assignment) {
+    match acts {
+        [
+            ..,
+            Action::Warn(why),
+            Action::Replanned(Reason::AutoTrial),
+            Action::Attach(id),
+            Action::Assign(a),
+        ] => (why, *id, a),
+        _ => panic!("not a trial move: {acts:?}"),
+    }
+}
+
 /// The stages of `option`'s plan.
 fn stages(option: &PlanOption) -> u32 {
     option.plan.schedule.placement.stages()
@@ -195,18 +209,10 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
     ));
     let acts = moved_after(&mut s, &ws, (r0, stages(&a)), 5);
     let r1 = RunId::new(JOB, 1);
-    let [
-        Action::ClearAfter(5),
-        Action::Warn(why),
-        Action::Replanned(Reason::AutoTrial),
-        Action::Attach(id),
-        Action::Assign(second),
-    ] = &acts[..]
-    else {
-        panic!("{acts:?}")
-    };
+    assert_eq!(acts[0], Action::ClearAfter(5));
+    let (why, id, second) = trial_move(&acts);
     assert!(why.contains("measured 1000.0 ms a step; trying"), "{why}");
-    assert_eq!((*id, &second.plan, second.first_step), (r1, &b.plan, 5));
+    assert_eq!((id, &second.plan, second.first_step), (r1, &b.plan, 5));
     assert_eq!(second.stage_pieces, b.stage_pieces);
     // Plan b is slower: back to a, which then runs to the end unmeasured.
     let acts = steps_took(&mut s, &ws, 5, 3, 1.2);
@@ -216,21 +222,12 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
     );
     let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 8);
     let r2 = RunId::new(JOB, 2);
-    let [
-        ..,
-        Action::Warn(why),
-        Action::Replanned(Reason::AutoTrial),
-        Action::Attach(id),
-        Action::Assign(third),
-    ] = &acts[..]
-    else {
-        panic!("{acts:?}")
-    };
+    let (why, id, third) = trial_move(&acts);
     assert!(
         why.contains("going on with the fastest measured of"),
         "{why}"
     );
-    assert_eq!((*id, &third.plan, third.first_step), (r2, &a.plan, 8));
+    assert_eq!((id, &third.plan, third.first_step), (r2, &a.plan, 8));
     let acts = steps_took(&mut s, &ws, 8, 4, 0.5);
     assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
     assert_eq!(s.counted_replans(), 0);
