@@ -2,9 +2,10 @@
 //!
 //! A named V schedule is the best of its memory class: the paper's building block (App. F)
 //! repeated, reordered and filled ([`hand_built_v`]), and, on shapes of up to
-//! [`NAMED_SEARCH_PASSES`] passes, the adaptive V search ([`adaptive_v`]) at the class's
-//! limit ([`class_units`]); the shorter makespan wins, the lower span bubble on equal
-//! makespans, the hand-built schedule on a tie; V-ZB, the zero-bubble class, takes a
+//! [`NAMED_SEARCH_PASSES`] passes, the adaptive V search
+//! ([`crate::generate::adaptive::adaptive_v`]) at the class's limit ([`class_units`]); the
+//! shorter makespan wins, the lower span bubble on equal makespans, the hand-built schedule
+//! on a tie; V-ZB, the zero-bubble class, takes a
 //! shorter makespan only at no more than [`VZB_SPAN_SLACK`] of extra span bubble (the
 //! paper's metric). The search's candidates include the hand-built schedules, so on those
 //! shapes the named schedule is never slower than `adaptive-v` at its class's limit (V-ZB:
