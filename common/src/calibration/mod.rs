@@ -8,8 +8,8 @@
 //! may count on less than a core (the threads of a `pipewise local` with more workers than
 //! cores): such workers share the cores, so each computes at that share of its profile. Every step's reports refine it: the mean pass time per stage and
 //! kind each worker reports becomes a running mean per (worker, stage make-up, kind), and
-//! the per-piece costs and per-worker factors are fitted to all of them ([`fit`]); a hop
-//! costs the latency that makes the step's simulated makespan its measured one ([`hop`]). Every
+//! the per-piece costs and per-worker factors are fitted to all of them (`fit.rs`); a hop
+//! costs the latency that makes the step's simulated makespan its measured one (`hop.rs`). Every
 //! block has the same shape, so a block's cost is one unknown however many there are.
 //!
 //! [`CostModel::predict`] turns it into [`Costs`] for a plan on a split and simulates the

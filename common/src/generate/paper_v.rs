@@ -16,12 +16,10 @@ use crate::simulate::Simulation;
 pub const GREEDY_V_PASSES: u64 = 100_000;
 
 /// V-Min, V-Half or V-ZB as seed 000 builds them, under `costs`, with their simulation:
-/// building block → repeat → squeeze → reorder (App. C's warm-up reorder, then [`finish`]'s
-/// compaction or W filling within the class); for V-ZB the greedy V
+/// building block → repeat → squeeze → reorder (App. C's warm-up reorder, then
+/// `generate::finish`'s compaction or W filling within the class); for V-ZB the greedy V
 /// scheduler competes in the same memory class on shapes of up to [`GREEDY_V_PASSES`]
 /// passes, and the lower span bubble wins.
-///
-/// [`finish`]: crate::generate::finish::finish
 pub fn hand_built_v(
     kind: ScheduleKind,
     d: u32,

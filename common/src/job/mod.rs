@@ -53,7 +53,7 @@
 //!
 //! - [`spec`]: the schema (sections, fields, defaults, TOML form);
 //! - `check`: field validation;
-//! - [`confine`]: the job's paths confined to a data directory, and caps on free text;
+//! - [`confine()`]: the job's paths confined to a data directory, and caps on free text;
 //! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
 //! - `memory`: the memory a planned job is predicted to take on each worker;
 //! - [`layout`]: checkpoint folder names and run ids.

@@ -196,7 +196,7 @@ pub struct Checkpoint {
     #[serde(default)]
     pub enable_checkpoint: bool,
     /// Folder under the coordinator's and the workers' data directories (relative to them,
-    /// or absolute under them; see [`super::confine`]).
+    /// or absolute under them; see [`super::confine()`]).
     #[serde(default = "default_folder")]
     pub folder: String,
     /// Steps between checkpoints.

@@ -213,7 +213,7 @@ impl Search<'_, '_> {
 /// Splits pieces with compute costs `costs` (any unit: FLOPs or measured seconds, one
 /// microbatch's F + B + W) and stash sizes `activation` (bytes one microbatch keeps after
 /// `F`) into `placement`'s stages, contiguous and non-empty, in model order, balancing
-/// the cost per worker first (see the [module docs](self) for the order of the
+/// the cost per worker first (see `partition::placed`'s module docs for the order of the
 /// objectives and the search).
 ///
 /// Errors name the argument: `stages` when the placement has no stage or more stages than
