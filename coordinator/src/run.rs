@@ -277,23 +277,20 @@ async fn perform(
         Action::Replanned(reason) => crate::metrics::record_replan(reason.label()),
         Action::ReadCheckpoints => inputs.push_back(Input::Checkpoints(read(&st.output)?)),
         Action::ClearAfter(step) => remove_after(&st.output, step)?,
-        Action::Search(search) => {
-            // A few dozen plans: beside the actor, which goes on taking reports.
-            let me = myself.clone();
-            tokio::task::spawn_blocking(move || {
-                let found = search.run();
-                let _ = me.cast(RunMsg::Input(Box::new(Input::Searched(found))));
-            });
-        }
-        Action::Choose(choose) => {
-            let me = myself.clone();
-            tokio::task::spawn_blocking(move || {
-                let _ = me.cast(RunMsg::Input(Box::new(choose.answer())));
-            });
-        }
+        Action::Search(search) => beside(myself, move || Input::Searched(search.run())),
+        Action::Choose(choose) => beside(myself, move || choose.answer()),
         Action::Finish(outcome) => finish(myself, st, outcome.map_err(CoordinatorError::from)),
     }
     Ok(())
+}
+
+/// Runs `search` (a few dozen plans: seconds for large models) beside the actor, which goes
+/// on taking reports, and feeds its answer back.
+fn beside(myself: &ActorRef<RunMsg>, search: impl FnOnce() -> Input + Send + 'static) {
+    let me = myself.clone();
+    tokio::task::spawn_blocking(move || {
+        let _ = me.cast(RunMsg::Input(Box::new(search())));
+    });
 }
 
 /// The spec a run of `plan` follows: the job's, with the schedule and microbatch size

@@ -43,11 +43,7 @@ impl Supervisor {
             .min()
             .unwrap_or(u64::MAX);
         let (measured, sync_ms) = self.costs.measured(workers);
-        let source = if self.costs.calibrated() {
-            format!("fitted to {} measured steps", self.costs.steps())
-        } else {
-            "from the start-up profile".to_string()
-        };
+        let source = self.costs_source();
         self.asked += 1;
         let choose = Choose {
             ask: self.asked,
@@ -85,7 +81,7 @@ impl Supervisor {
         let mut text = choice.text(source);
         let steps_left = u64::from(self.spec.training.steps).saturating_sub(self.first_step);
         let first = choice.best;
-        if self.may_try(steps_left, workers.len()) {
+        if self.may_try(&first, steps_left) {
             text.push_str(&format!(
                 "; after {TRIAL_STEPS} steps, chosen again on costs fitted to them, and the plans \
                  predicted within {:.0} % measured",
@@ -99,6 +95,15 @@ impl Supervisor {
         self.out.push(Action::Info(text.clone()));
         self.chose = Some(text);
         self.start_run(workers)
+    }
+
+    /// Where the cost model's costs come from, in words (for a choice's line).
+    pub(super) fn costs_source(&self) -> String {
+        if self.costs.calibrated() {
+            format!("fitted to {} measured steps", self.costs.steps())
+        } else {
+            "from the start-up profile".to_string()
+        }
     }
 
     /// Makes `option` the plan the next run follows.

@@ -8,6 +8,7 @@
 //! trial is a training step like any other (each move resumes from the checkpoint of the
 //! step it stopped after), so only the moves cost time.
 
+use super::super::straggler::straggle_of;
 use super::Supervisor;
 use super::following::Run;
 use super::io::{Action, Move};
@@ -15,15 +16,14 @@ use super::trying::{TRIAL_BAND, TRIAL_PLANS, TRIAL_STEPS, Trial, median};
 use crate::auto::job::{JobChoice, PlanOption};
 
 impl Supervisor {
-    /// Whether an auto job's first run on `d` workers, `steps_left` steps from its end,
-    /// is measured: the job can move between steps, and a trial of two plans would take
-    /// at most half of the steps.
-    pub(super) fn may_try(&self, steps_left: u64, d: usize) -> bool {
-        self.spec.checkpoint.enable_checkpoint
-            && !self.spec.compute.is_emulated()
-            && d >= 2
-            && matches!(self.trial, Trial::NotYet)
+    /// Whether an auto job's first run, on `first`, `steps_left` steps from its end, is
+    /// measured: a run of it may move between steps (the straggler rule watches it: real
+    /// compute, checkpoints, two workers or more), and a trial of two plans would take at
+    /// most half of the steps.
+    pub(super) fn may_try(&self, first: &PlanOption, steps_left: u64) -> bool {
+        matches!(self.trial, Trial::NotYet)
             && steps_left >= 4 * TRIAL_STEPS
+            && straggle_of(&first.spec, &first.plan, &first.stage_pieces).is_some()
     }
 
     /// After each step of `run` (its measured seconds): whether an auto trial stops the
@@ -92,7 +92,7 @@ impl Supervisor {
             .take(TRIAL_PLANS - 1)
             .cloned()
             .collect();
-        let source = format!("fitted to {} measured steps", self.costs.steps());
+        let source = self.costs_source();
         let secs = median(&run.step_secs[1..]);
         let running = format!(
             "{} measured {:.1} ms a step",
