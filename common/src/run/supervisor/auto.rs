@@ -18,13 +18,8 @@ impl Supervisor {
     /// Asks for the plan of an auto job's run on `workers`, and waits for it.
     pub(super) fn ask_choice(&mut self, workers: Vec<Worker>) -> Phase {
         let (choose, source) = self.choose_request(&workers);
-        let ask = choose.ask;
         self.out.push(Action::Choose(Box::new(choose)));
-        Phase::Choosing {
-            ask,
-            workers,
-            source,
-        }
+        Phase::Choosing { workers, source }
     }
 
     /// The search for a run on `workers` with the costs as they stand, and where those

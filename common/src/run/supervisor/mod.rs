@@ -68,9 +68,8 @@ enum Phase {
     Rejoining { workers: Vec<Worker>, until: u64 },
     /// After a coordinator restart: for the checkpoint listing.
     Resuming { workers: Vec<Worker> },
-    /// An auto job's search (number `ask`) for the plan of a run on `workers` is out.
+    /// An auto job's search (the latest asked) for the plan of a run on `workers` is out.
     Choosing {
-        ask: u64,
         workers: Vec<Worker>,
         source: String,
     },
@@ -190,19 +189,11 @@ impl Supervisor {
             _ if self.cancelled => self.finish(Ok(())),
             Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
             Phase::Rejoining { workers, until } => self.rejoin(workers, until),
-            Phase::Choosing {
-                ask,
-                workers,
-                source,
-            } => match input {
-                Input::Chosen { ask: a, choice } if a == ask => {
+            Phase::Choosing { workers, source } => match input {
+                Input::Chosen { ask, choice } if ask == self.asked => {
                     self.chosen(workers, &source, *choice)
                 }
-                _ => Phase::Choosing {
-                    ask,
-                    workers,
-                    source,
-                },
+                _ => Phase::Choosing { workers, source },
             },
             Phase::Resuming { workers } => match input {
                 Input::Checkpoints(listing) => self.resume(workers, &listing),
