@@ -56,7 +56,7 @@ impl Supervisor {
                 mut tried,
                 current,
             } => {
-                tried.push((*current, median(&run.step_secs[1..])));
+                tried.push((*current, median(run.step_secs.get(1..).unwrap_or_default())));
                 self.next_trial(run, pending, tried)
             }
             other => {
@@ -93,7 +93,7 @@ impl Supervisor {
             .cloned()
             .collect();
         let source = self.costs_source();
-        let secs = median(&run.step_secs[1..]);
+        let secs = median(run.step_secs.get(1..).unwrap_or_default());
         let running = format!(
             "{} measured {:.1} ms a step",
             first.shown.text(),
