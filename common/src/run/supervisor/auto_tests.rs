@@ -264,6 +264,27 @@ fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
         [Action::Step(_)]
     ));
 
+    // Rivals on another placement are not measured (a move between placements is not yet
+    // exact), however close their prediction.
+    let (ws, mut s, mut elsewhere) = first_run();
+    let looped = spec(2, "interleaved-1f1b", 20);
+    let plan = looped.validate().unwrap();
+    assert_ne!(
+        plan.schedule.placement,
+        elsewhere.best.plan.schedule.placement
+    );
+    elsewhere.others = vec![PlanOption {
+        shown: elsewhere.best.shown.clone(),
+        stage_pieces: Vec::new(),
+        spec: looped,
+        plan,
+    }];
+    let acts = trial_started(&ws, &mut s, &elsewhere, 1.0);
+    let [Action::Info(text)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(text.contains("the running plan stays"), "{text}");
+
     let mut spec = spec(2, crate::job::AUTO_SCHEDULE, 20);
     spec.checkpoint.enable_checkpoint = false;
     let mut s = supervisor(&spec, &ws, Start::default());
