@@ -26,6 +26,7 @@ mod greedy_v;
 mod kind;
 mod list_v;
 mod local;
+mod order;
 mod paper_v;
 
 pub use adaptive::{
@@ -38,6 +39,7 @@ pub use fixed_v::{NAMED_SEARCH_PASSES, class_units};
 pub use greedy_v::greedy_v;
 pub use kind::ScheduleKind;
 pub use local::{budget_for, improve};
+pub use order::{accumulates_in_microbatch_order, in_microbatch_order};
 pub use paper_v::{GREEDY_V_PASSES, hand_built_v, search_v_block};
 
 use crate::cost::{Costs, Times};
@@ -125,6 +127,16 @@ pub fn generate_with(
         });
     }
     let limit = req.memory_limit.unwrap_or(f64::from(d));
+    generate_kind(req, costs_for, limit).map(in_microbatch_order)
+}
+
+/// [`generate_with`] past its checks, before the `W` passes are put in microbatch order.
+fn generate_kind(
+    req: &Request,
+    costs_for: &dyn Fn(&Placement) -> Result<Costs>,
+    limit: f64,
+) -> Result<Schedule> {
+    let (d, n) = (req.workers, req.microbatches);
     match req.kind {
         ScheduleKind::GPipe => Ok(classic::gpipe(d, n)),
         ScheduleKind::OneFOneB => Ok(classic::one_f1b(d, n)),

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -202,6 +203,13 @@ pub struct LocalOptions<'a> {
     pub job: u64,
     /// Wraps each worker's transport handle.
     pub wrap: Option<&'a WrapTransport>,
+    /// A step's directory of stage files to start from (any partition of the model: pieces
+    /// load by name), as a re-planned job resumes.
+    pub resume: Option<&'a Path>,
+    /// The step number of `steps[0]`.
+    pub first_step: u64,
+    /// Save every stage here after the last step (`stage-{s}.safetensors`).
+    pub save: Option<&'a Path>,
 }
 
 impl Default for LocalOptions<'_> {
@@ -211,6 +219,9 @@ impl Default for LocalOptions<'_> {
             timeout: DEFAULT_TIMEOUT,
             job: 0,
             wrap: None,
+            resume: None,
+            first_step: 0,
+            save: None,
         }
     }
 }
@@ -222,6 +233,9 @@ impl std::fmt::Debug for LocalOptions<'_> {
             .field("timeout", &self.timeout)
             .field("job", &self.job)
             .field("wrap", &self.wrap.map(|_| "…"))
+            .field("resume", &self.resume)
+            .field("first_step", &self.first_step)
+            .field("save", &self.save)
             .finish()
     }
 }
@@ -321,6 +335,11 @@ pub fn run_local_with(
                             w, schedule, spec, partition, seed, device, optimizer,
                         )?;
                         rt.set_timeout(options.timeout);
+                        if let Some(dir) = options.resume {
+                            for stage in rt.stages_mut().values_mut() {
+                                stage.load_checkpoint_dir(dir)?;
+                            }
+                        }
                         let transport: Box<dyn Transport> = match options.wrap {
                             Some(wrap) => wrap(w, handle),
                             None => Box::new(handle),
@@ -329,11 +348,17 @@ pub fn run_local_with(
                         for (step, batches) in steps.iter().enumerate() {
                             reports.push(rt.run_step(
                                 options.job,
-                                step as u64,
+                                options.first_step + step as u64,
                                 batches,
                                 transport.as_ref(),
                                 sync,
                             )?);
+                        }
+                        if let Some(dir) = options.save {
+                            for (s, stage) in rt.stages() {
+                                stage
+                                    .save_checkpoint(&dir.join(format!("stage-{s}.safetensors")))?;
+                            }
                         }
                         let params = rt
                             .params()

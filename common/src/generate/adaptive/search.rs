@@ -4,6 +4,7 @@
 use crate::cost::Costs;
 use crate::error::{Error, Result};
 use crate::generate::local::improve;
+use crate::generate::order::in_microbatch_order;
 use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::simulate::{Simulation, simulate};
@@ -129,7 +130,8 @@ pub(super) fn conclude(
     let before = starts.kept.first().map(|(_, sim)| sim.makespan);
     let mut best: Option<(Schedule, Simulation)> = None;
     for (schedule, _) in starts.kept {
-        let schedule = improve(schedule, costs, limit, local_search_budget)?;
+        // W slots in microbatch order (same timeline and peaks): see `generate::order`.
+        let schedule = in_microbatch_order(improve(schedule, costs, limit, local_search_budget)?);
         let simulation = simulate(&schedule, costs)?;
         keep_better(&mut best, Some((schedule, simulation)));
     }

@@ -85,15 +85,10 @@ impl Supervisor {
             return;
         }
         let same = |o: &PlanOption| o.plan == first.plan && o.stage_pieces == first.stage_pieces;
-        // Only plans on the running plan's placement: a move from a V placement to one stage
-        // per worker (or back) was seen to leave the final parameters up to 7e-5 off the
-        // single-device ones (`cli/tests/auto_trial.rs`, 2 of 3 runs) while a fixed
-        // adaptive-v run is exact. Until that move is mended, a trial does not make it.
-        let placement = &first.plan.schedule.placement;
         let pending: Vec<PlanOption> = choice
             .within(TRIAL_BAND)
             .into_iter()
-            .filter(|o| !same(o) && o.plan.schedule.placement == *placement)
+            .filter(|o| !same(o))
             .take(TRIAL_PLANS - 1)
             .cloned()
             .collect();
