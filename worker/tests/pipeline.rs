@@ -2,6 +2,8 @@
 //! schedule family, rejects malformed frames without hanging, and hands tensors between
 //! stages of one worker in memory.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +18,7 @@ use pipewise_worker::runtime::{
     run_local, run_local_with,
 };
 use pipewise_worker::test_utils::max_abs_diff;
-use pipewise_worker::{AdamW, Batch, Corpus, Result, Sampler, Stage, Trainer};
+use pipewise_worker::{AdamW, Batch, Result, Stage, Trainer};
 
 const SEED: u64 = 7;
 const MICROBATCHES: u32 = 8;
@@ -44,18 +46,6 @@ fn adamw() -> AdamW {
         max_grad_norm: Some(CLIP),
         ..AdamW::default()
     }
-}
-
-fn batches(spec: &ModelSpec, steps: u64, n: u32) -> Result<Vec<Vec<Batch>>> {
-    let corpus = Corpus::generated();
-    let sampler = Sampler {
-        seed: 3,
-        microbatch_size: 2,
-        seq_len: spec.seq_len as usize,
-    };
-    (0..steps)
-        .map(|step| sampler.step(&corpus, step, n, &Device::Cpu))
-        .collect()
 }
 
 struct Reference {
@@ -104,7 +94,7 @@ fn matches_reference(
     steps: u64,
 ) -> Result<()> {
     let spec = spec(layers);
-    let data = batches(&spec, steps, MICROBATCHES)?;
+    let data = common::step_batches(&spec, steps, MICROBATCHES)?;
     let reference = reference(&spec, &data)?;
     let schedule = schedule(kind, workers, chunks);
     let started = Instant::now();
@@ -264,7 +254,7 @@ fn cross_worker_frames(schedule: &Schedule) -> usize {
 
 fn count_sends(schedule: &Schedule, layers: u32, steps: u64) -> Result<(usize, usize)> {
     let spec = spec(layers);
-    let data = batches(&spec, steps, schedule.microbatches)?;
+    let data = common::step_batches(&spec, steps, schedule.microbatches)?;
     let reference = reference(&spec, &data)?;
     let sends = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&sends);
@@ -352,7 +342,7 @@ fn receive_one(frame: Option<Frame>, timeout: Duration) -> Result<()> {
     if let Some(frame) = frame {
         net[0].send(1, frame)?;
     }
-    let data = batches(&spec, 1, 2)?;
+    let data = common::step_batches(&spec, 1, 2)?;
     let sync = LocalSync::new(1, timeout);
     let started = Instant::now();
     let result = rt.run_step(0, 0, &data[0], &net[1], &sync);
@@ -442,7 +432,7 @@ fn later_step(frame: Frame) -> Frame {
 #[test]
 fn corrupted_frame_stops_every_worker() -> Result<()> {
     let spec = spec(8);
-    let data = batches(&spec, 2, MICROBATCHES)?;
+    let data = common::step_batches(&spec, 2, MICROBATCHES)?;
     for (what, corrupt) in [
         ("shape", shrink as fn(Frame) -> Frame),
         ("step", later_step as fn(Frame) -> Frame),

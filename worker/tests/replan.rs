@@ -2,6 +2,8 @@
 //! saved, and resumed under another (a V placement and one stage per worker, either way),
 //! it ends with the single-device reference's losses and parameters.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -11,7 +13,7 @@ use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_common::schedule::Schedule;
 use pipewise_worker::runtime::{LocalOptions, LocalRun, run_local_with};
 use pipewise_worker::test_utils::max_abs_diff;
-use pipewise_worker::{AdamW, Batch, Corpus, Result, Sampler, Trainer};
+use pipewise_worker::{AdamW, Batch, Result, Trainer};
 
 const SEED: u64 = 7;
 const MICROBATCHES: u32 = 8;
@@ -35,18 +37,6 @@ fn adamw() -> AdamW {
         max_grad_norm: Some(1.0),
         ..AdamW::default()
     }
-}
-
-fn batches(spec: &ModelSpec, steps: u64) -> Result<Vec<Vec<Batch>>> {
-    let corpus = Corpus::generated();
-    let sampler = Sampler {
-        seed: 3,
-        microbatch_size: 2,
-        seq_len: spec.seq_len as usize,
-    };
-    (0..steps)
-        .map(|step| sampler.step(&corpus, step, MICROBATCHES, &Device::Cpu))
-        .collect()
 }
 
 fn reference(
@@ -110,7 +100,7 @@ fn moved(
     total: u64,
 ) -> Result<()> {
     let spec = spec();
-    let data = batches(&spec, total)?;
+    let data = common::step_batches(&spec, total, MICROBATCHES)?;
     let (ref_losses, ref_params) = reference(&spec, &data)?;
     let saved = dir(&format!("{before}-{after}"));
     let first = run(

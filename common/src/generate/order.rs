@@ -22,7 +22,13 @@ use crate::schedule::Schedule;
 /// `B` ran before it on its worker and whose `W` has not: a valid schedule stays valid
 /// (the microbatch a slot served had its `B` done, so some such microbatch exists) with the
 /// same pass kinds and stages in the same places.
-pub fn in_microbatch_order(mut schedule: Schedule) -> Schedule {
+pub fn in_microbatch_order(schedule: Schedule) -> Schedule {
+    serve_w_slots(schedule, BTreeSet::pop_first)
+}
+
+/// Gives every `W` slot the microbatch `pick` takes from those of its stage whose `B` ran
+/// before it on its worker and whose `W` has not.
+fn serve_w_slots(mut schedule: Schedule, pick: fn(&mut BTreeSet<u32>) -> Option<u32>) -> Schedule {
     for program in &mut schedule.workers {
         let mut ready: HashMap<u32, BTreeSet<u32>> = HashMap::new();
         for pass in program.iter_mut() {
@@ -31,7 +37,7 @@ pub fn in_microbatch_order(mut schedule: Schedule) -> Schedule {
                     ready.entry(pass.stage).or_default().insert(pass.mb);
                 }
                 PassKind::W => {
-                    if let Some(mb) = ready.get_mut(&pass.stage).and_then(BTreeSet::pop_first) {
+                    if let Some(mb) = ready.get_mut(&pass.stage).and_then(pick) {
                         *pass = Pass::w(pass.stage, mb);
                     }
                 }
@@ -112,22 +118,7 @@ mod tests {
 
     /// `s` with every `W` slot serving the highest ready microbatch instead.
     fn highest_first(s: &Schedule) -> Schedule {
-        let mut s = s.clone();
-        for program in &mut s.workers {
-            let mut ready: HashMap<u32, BTreeSet<u32>> = HashMap::new();
-            for pass in program.iter_mut() {
-                match pass.kind {
-                    PassKind::B => {
-                        ready.entry(pass.stage).or_default().insert(pass.mb);
-                    }
-                    PassKind::W => {
-                        let mb = ready.get_mut(&pass.stage).and_then(BTreeSet::pop_last);
-                        *pass = Pass::w(pass.stage, mb.expect("a ready microbatch"));
-                    }
-                    PassKind::F | PassKind::BW => {}
-                }
-            }
-        }
+        let s = serve_w_slots(s.clone(), BTreeSet::pop_last);
         validate(&s).expect("still valid");
         s
     }

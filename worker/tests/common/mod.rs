@@ -21,6 +21,24 @@ pub fn small_spec(layers: u32) -> ModelSpec {
     }
 }
 
+/// `steps` steps of `n` microbatches of 2 sequences from the generated corpus (sampler
+/// seed 3), as the pipeline tests train on.
+pub fn step_batches(
+    spec: &ModelSpec,
+    steps: u64,
+    n: u32,
+) -> Result<Vec<Vec<pipewise_worker::Batch>>> {
+    let corpus = pipewise_worker::Corpus::generated();
+    let sampler = pipewise_worker::Sampler {
+        seed: 3,
+        microbatch_size: 2,
+        seq_len: spec.seq_len as usize,
+    };
+    (0..steps)
+        .map(|step| sampler.step(&corpus, step, n, &Device::Cpu))
+        .collect()
+}
+
 /// Seeded token windows `[b, t]` (inputs and targets) for microbatch `mb`.
 pub fn tokens(spec: &ModelSpec, b: usize, mb: u32, device: &Device) -> Result<(Tensor, Tensor)> {
     let t = spec.seq_len as usize;
