@@ -1,6 +1,7 @@
 //! The pipeline executor trains exactly like the single-device reference trainer under every
-//! schedule family, rejects malformed frames without hanging, and hands tensors between
-//! stages of one worker in memory.
+//! schedule family and when re-planned between steps onto another placement, rejects
+//! malformed frames without hanging, and hands tensors between stages of one worker in
+//! memory.
 
 mod common;
 
@@ -84,6 +85,30 @@ fn schedule(kind: ScheduleKind, workers: u32, chunks: u32) -> Schedule {
     }
 }
 
+/// The largest differences of `losses` (every step's) and `params` (after the last) from
+/// the reference's.
+fn differences(
+    losses: &[f32],
+    params: &BTreeMap<String, Tensor>,
+    reference: &Reference,
+) -> Result<(f64, f64)> {
+    assert_eq!(losses.len(), reference.losses.len(), "step count");
+    let loss_diff = losses
+        .iter()
+        .zip(&reference.losses)
+        .map(|(&a, &b)| (f64::from(a) - b).abs())
+        .fold(0.0, f64::max);
+    assert_eq!(params.len(), reference.params.len(), "parameter count");
+    let mut param_diff: f64 = 0.0;
+    for (name, want) in &reference.params {
+        let Some(got) = params.get(name) else {
+            panic!("no parameter {name} after the pipeline run");
+        };
+        param_diff = param_diff.max(max_abs_diff(got, want)?);
+    }
+    Ok((loss_diff, param_diff))
+}
+
 /// Trains `steps` steps of `kind` on `workers` workers and compares losses and final
 /// parameters with the reference trainer; returns the largest differences.
 fn matches_reference(
@@ -100,21 +125,7 @@ fn matches_reference(
     let started = Instant::now();
     let run = run_local(&schedule, &spec, SEED, adamw(), &Device::Cpu, &data)?;
     let secs = started.elapsed().as_secs_f64();
-    assert_eq!(run.losses.len(), data.len());
-    let loss_diff = run
-        .losses
-        .iter()
-        .zip(&reference.losses)
-        .map(|(&a, &b)| (f64::from(a) - b).abs())
-        .fold(0.0, f64::max);
-    assert_eq!(run.params.len(), reference.params.len(), "parameter count");
-    let mut param_diff: f64 = 0.0;
-    for (name, want) in &reference.params {
-        let Some(got) = run.params.get(name) else {
-            panic!("{kind}: no parameter {name} after the pipeline run");
-        };
-        param_diff = param_diff.max(max_abs_diff(got, want)?);
-    }
+    let (loss_diff, param_diff) = differences(&run.losses, &run.params, &reference)?;
     let mut moved: f64 = 0.0;
     let init = Stage::whole(&spec, SEED, &Device::Cpu)?;
     for p in init.params() {
@@ -211,6 +222,69 @@ exact!(one_f1b_8_workers, ScheduleKind::OneFOneB, 8, 1, 14, 5);
 exact!(v_half_1_worker, ScheduleKind::VHalf, 1, 1, 8, 5);
 exact!(v_half_2_workers, ScheduleKind::VHalf, 2, 1, 8, 5);
 exact!(v_half_8_workers, ScheduleKind::VHalf, 8, 1, 14, 5);
+
+/// A job re-planned between steps resumes exactly: `before` trains `cut` of `total` steps
+/// and saves its checkpoint, `after` (another placement: its stage files split the model
+/// otherwise) resumes from it for the rest; losses and final parameters are the reference's.
+fn resumes_exactly(
+    before: ScheduleKind,
+    after: ScheduleKind,
+    cut: usize,
+    total: u64,
+) -> Result<()> {
+    let spec = spec(8);
+    let data = common::step_batches(&spec, total, MICROBATCHES)?;
+    let reference = reference(&spec, &data)?;
+    let folder = std::env::temp_dir().join(format!(
+        "pipewise-replan-{before}-{after}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&folder);
+    let run = |kind, steps: &[Vec<Batch>], first_step| {
+        let options = LocalOptions {
+            first_step,
+            checkpoints: Some(&folder),
+            ..LocalOptions::default()
+        };
+        let schedule = schedule(kind, 2, 1);
+        run_local_with(
+            &schedule,
+            &spec,
+            SEED,
+            adamw(),
+            &Device::Cpu,
+            steps,
+            options,
+        )
+    };
+    let first = run(before, &data[..cut], 0)?;
+    let second = run(after, &data[cut..], cut as u64)?;
+    let _ = std::fs::remove_dir_all(&folder);
+    let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+    let (loss_diff, param_diff) = differences(&losses, &second.params, &reference)?;
+    eprintln!(
+        "{before} → {after} after {cut} of {total} steps: max |Δloss| {loss_diff:.2e}, \
+         max |Δparam| {param_diff:.2e}"
+    );
+    assert!(loss_diff <= TOLERANCE, "losses differ by {loss_diff}");
+    assert!(param_diff <= TOLERANCE, "parameters differ by {param_diff}");
+    Ok(())
+}
+
+#[test]
+fn v_half_resumes_as_1f1b() -> Result<()> {
+    resumes_exactly(ScheduleKind::VHalf, ScheduleKind::OneFOneB, 2, 6)
+}
+
+#[test]
+fn one_f1b_resumes_as_v_half() -> Result<()> {
+    resumes_exactly(ScheduleKind::OneFOneB, ScheduleKind::VHalf, 2, 6)
+}
+
+#[test]
+fn zb_h1_resumes_as_v_zb() -> Result<()> {
+    resumes_exactly(ScheduleKind::ZbH1, ScheduleKind::VZb, 2, 6)
+}
 
 /// A transport that counts sends (and can corrupt one frame) before passing it on.
 struct Wrapped {

@@ -10,7 +10,7 @@ use pipewise_common::pass::Pass;
 use super::assignment::Assignment;
 use super::config::NodeConfig;
 use super::memory::{fits_host_memory, read_meminfo};
-use super::outputs::{save_checkpoints, save_final};
+use super::outputs::save_final;
 use crate::Device;
 use crate::data::{Corpus, Sampler};
 use crate::error::Result;
@@ -98,12 +98,7 @@ impl RealCompute {
             .saturating_add(config.unplanned_bytes);
         crate::metrics::record_parameters(&rt);
         if a.steps.start > 0 {
-            // The step's stage files may come from another partition (a job re-planned onto
-            // fewer workers): tensors are found by name.
-            let dir = pipewise_common::job::checkpoint_dir(&a.output, a.steps.start);
-            for stage in rt.stages_mut().values_mut() {
-                stage.load_checkpoint_dir(&dir)?;
-            }
+            rt.resume(&a.output, a.steps.start)?;
         }
         let corpus = match &a.data {
             Some(path) => Corpus::from_file(path)?,
@@ -155,7 +150,7 @@ impl Compute for RealCompute {
     fn after_step(&mut self, done: u64, end: u64) -> Result<()> {
         match self.checkpoint_interval {
             Some(interval) if done.is_multiple_of(interval) && done < end => {
-                save_checkpoints(&self.rt, &self.output, done)
+                self.rt.save_checkpoints(&self.output, done)
             }
             _ => Ok(()),
         }
@@ -163,7 +158,7 @@ impl Compute for RealCompute {
 
     fn finish(&mut self, done: u64) -> Result<PathBuf> {
         if self.checkpoint_interval.is_some() {
-            save_checkpoints(&self.rt, &self.output, done)?;
+            self.rt.save_checkpoints(&self.output, done)?;
         }
         save_final(&self.rt, &self.output, self.worker)
     }

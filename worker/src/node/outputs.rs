@@ -4,8 +4,6 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use pipewise_common::job::{checkpoint_dir, checkpoint_file};
-
 use crate::error::{Error, Result};
 use crate::runtime::WorkerRuntime;
 use crate::{Device, Tensor};
@@ -15,15 +13,6 @@ fn create_dir(dir: &Path) -> Result<()> {
         path: dir.to_path_buf(),
         source,
     })
-}
-
-/// Writes the checkpoint of every stage of `rt` after `step` steps.
-pub(crate) fn save_checkpoints(rt: &WorkerRuntime, output: &Path, step: u64) -> Result<()> {
-    create_dir(&checkpoint_dir(output, step))?;
-    for (s, stage) in rt.stages() {
-        stage.save_checkpoint(&checkpoint_file(output, step, *s))?;
-    }
-    Ok(())
 }
 
 /// Writes the worker's parameters under their whole-model names; returns the file.

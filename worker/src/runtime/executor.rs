@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
+use pipewise_common::job::{checkpoint_dir, checkpoint_file};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
@@ -203,6 +205,27 @@ impl WorkerRuntime {
     /// The stages held, mutably (to save or load checkpoints).
     pub fn stages_mut(&mut self) -> &mut BTreeMap<u32, Stage> {
         &mut self.stages
+    }
+
+    /// Writes every stage's checkpoint after `step` steps under `output`
+    /// (`step-K/stage-S.safetensors`).
+    pub fn save_checkpoints(&self, output: &Path, step: u64) -> Result<()> {
+        let dir = checkpoint_dir(output, step);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir, source })?;
+        for (s, stage) in &self.stages {
+            stage.save_checkpoint(&checkpoint_file(output, step, *s))?;
+        }
+        Ok(())
+    }
+
+    /// Loads every stage from the checkpoint after `step` steps under `output`. Its stage
+    /// files may come from another partition (a re-planned job): tensors are found by name.
+    pub fn resume(&mut self, output: &Path, step: u64) -> Result<()> {
+        let dir = checkpoint_dir(output, step);
+        for stage in self.stages.values_mut() {
+            stage.load_checkpoint_dir(&dir)?;
+        }
+        Ok(())
     }
 
     /// Every parameter of the worker's stages, in stage then model order.

@@ -203,13 +203,11 @@ pub struct LocalOptions<'a> {
     pub job: u64,
     /// Wraps each worker's transport handle.
     pub wrap: Option<&'a WrapTransport>,
-    /// A step's directory of stage files to start from (any partition of the model: pieces
-    /// load by name), as a re-planned job resumes.
-    pub resume: Option<&'a Path>,
     /// The step number of `steps[0]`.
     pub first_step: u64,
-    /// Save every stage here after the last step (`stage-{s}.safetensors`).
-    pub save: Option<&'a Path>,
+    /// A job's checkpoint folder, as a worker's: a run from a step past 0 resumes from that
+    /// step's checkpoint (stage files of any partition), and the last step's is saved.
+    pub checkpoints: Option<&'a Path>,
 }
 
 impl Default for LocalOptions<'_> {
@@ -219,9 +217,8 @@ impl Default for LocalOptions<'_> {
             timeout: DEFAULT_TIMEOUT,
             job: 0,
             wrap: None,
-            resume: None,
             first_step: 0,
-            save: None,
+            checkpoints: None,
         }
     }
 }
@@ -233,9 +230,8 @@ impl std::fmt::Debug for LocalOptions<'_> {
             .field("timeout", &self.timeout)
             .field("job", &self.job)
             .field("wrap", &self.wrap.map(|_| "…"))
-            .field("resume", &self.resume)
             .field("first_step", &self.first_step)
-            .field("save", &self.save)
+            .field("checkpoints", &self.checkpoints)
             .finish()
     }
 }
@@ -335,10 +331,10 @@ pub fn run_local_with(
                             w, schedule, spec, partition, seed, device, optimizer,
                         )?;
                         rt.set_timeout(options.timeout);
-                        if let Some(dir) = options.resume {
-                            for stage in rt.stages_mut().values_mut() {
-                                stage.load_checkpoint_dir(dir)?;
-                            }
+                        if let Some(output) = options.checkpoints
+                            && options.first_step > 0
+                        {
+                            rt.resume(output, options.first_step)?;
                         }
                         let transport: Box<dyn Transport> = match options.wrap {
                             Some(wrap) => wrap(w, handle),
@@ -354,11 +350,8 @@ pub fn run_local_with(
                                 sync,
                             )?);
                         }
-                        if let Some(dir) = options.save {
-                            for (s, stage) in rt.stages() {
-                                stage
-                                    .save_checkpoint(&dir.join(format!("stage-{s}.safetensors")))?;
-                            }
+                        if let Some(output) = options.checkpoints {
+                            rt.save_checkpoints(output, options.first_step + steps.len() as u64)?;
                         }
                         let params = rt
                             .params()
