@@ -39,7 +39,7 @@ pub use fixed_v::{NAMED_SEARCH_PASSES, class_units};
 pub use greedy_v::greedy_v;
 pub use kind::ScheduleKind;
 pub use local::{budget_for, improve};
-pub use order::{accumulates_in_microbatch_order, in_microbatch_order};
+pub use order::in_microbatch_order;
 pub use paper_v::{GREEDY_V_PASSES, hand_built_v, search_v_block};
 
 use crate::cost::{Costs, Times};

@@ -48,21 +48,6 @@ fn serve_w_slots(mut schedule: Schedule, pick: fn(&mut BTreeSet<u32>) -> Option<
     schedule
 }
 
-/// Whether every stage adds its microbatches' weight gradients (`W` or `BW` passes) in
-/// microbatch order.
-pub fn accumulates_in_microbatch_order(schedule: &Schedule) -> bool {
-    schedule.workers.iter().all(|program| {
-        let mut last: HashMap<u32, u32> = HashMap::new();
-        program
-            .iter()
-            .filter(|p| matches!(p.kind, PassKind::W | PassKind::BW))
-            .all(|p| {
-                last.insert(p.stage, p.mb)
-                    .is_none_or(|before| before < p.mb)
-            })
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +57,21 @@ mod tests {
     use crate::placement::Placement;
     use crate::simulate::simulate;
     use crate::validate::validate;
+
+    /// Whether every stage adds its microbatches' weight gradients (`W` or `BW` passes) in
+    /// microbatch order.
+    fn accumulates_in_microbatch_order(schedule: &Schedule) -> bool {
+        schedule.workers.iter().all(|program| {
+            let mut last: HashMap<u32, u32> = HashMap::new();
+            program
+                .iter()
+                .filter(|p| matches!(p.kind, PassKind::W | PassKind::BW))
+                .all(|p| {
+                    last.insert(p.stage, p.mb)
+                        .is_none_or(|before| before < p.mb)
+                })
+        })
+    }
 
     /// One worker, one stage: `B0 B1 B2 W1 W2 W0` becomes `W0 W1 W2` in the same slots.
     #[test]
