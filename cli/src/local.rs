@@ -576,7 +576,8 @@ fn count(n: u64, word: &str) -> String {
 
 fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps, total: Duration) {
     let (first, last) = steps.losses();
-    let (step_time_ms, planned_bubble, measured_bubble) = steps.means();
+    let means = steps.means();
+    let step_time_ms = means.step_time_ms;
     outln!();
     outln!(
         "summary: {} on {}, {} in {:.1} s",
@@ -598,8 +599,17 @@ fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps
     );
     outln!(
         "  bubble          planned {:.1} % (simulated), measured {:.1} % (mean)",
-        100.0 * planned_bubble,
-        100.0 * measured_bubble
+        100.0 * means.planned_bubble,
+        100.0 * means.measured_bubble
+    );
+    outln!(
+        "    of which      {:.1} points waiting for a core, {:.1} for peers and the step's end",
+        100.0 * means.core_wait_bubble,
+        100.0 * (means.measured_bubble - means.core_wait_bubble).max(0.0)
+    );
+    outln!(
+        "  passes          {:.1} % of their time waiting for a core (workers sharing cores)",
+        100.0 * means.pass_core_wait
     );
     for w in 0..args.workers as usize {
         outln!(

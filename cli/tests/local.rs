@@ -399,6 +399,11 @@ fn emulated_local_run_reports_bubbles_and_no_loss() {
         assert!((step["planned_bubble"].as_f64().unwrap() - planned).abs() < 1e-9);
         let measured = step["measured_bubble"].as_f64().unwrap();
         assert!((0.0..1.0).contains(&measured), "{measured}");
+        // The part of it waiting for a core is a part of it.
+        let core = step["core_wait_bubble"].as_f64().unwrap();
+        assert!((0.0..=measured).contains(&core), "{core} of {measured}");
+        let in_passes = step["pass_core_wait"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&in_passes), "{in_passes}");
     }
     let bad = Command::new(env!("CARGO_BIN_EXE_pipewise"))
         .args(["local", "--compute", "emulate", "--emulate-ms", "2,3"])

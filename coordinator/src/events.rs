@@ -18,6 +18,12 @@ pub struct StepEventData {
     pub predicted_step_time_ms: f64,
     /// Measured bubble: 1 − time in passes / (workers × step wall time).
     pub measured_bubble: f64,
+    /// The part of the measured bubble spent waiting for a core rather than for a peer:
+    /// the workers' run-queue delay during their waits / (workers × step wall time).
+    pub core_wait_bubble: f64,
+    /// The part of the workers' time in passes spent waiting for a core (passes stretched
+    /// by workers sharing cores).
+    pub pass_core_wait: f64,
     /// (worker, peak activation bytes) for every worker.
     pub peaks: Vec<(u32, u64)>,
     /// Every worker's predicted peak activation bytes under the plan and split the step

@@ -98,6 +98,9 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
         .set(e.planned_bubble);
     gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone())
         .set(e.measured_bubble);
+    // The part of the measured bubble that was waiting for a core, not for a peer.
+    gauge!("pipewise_bubble_ratio", "source" => "core_wait", "job_id" => job.clone())
+        .set(e.core_wait_bubble);
     for (worker, bubble) in &e.worker_bubbles {
         gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone(), "worker" => worker.to_string())
             .set(*bubble);

@@ -110,6 +110,8 @@ fn event_of(e: StepEventData) -> pb::StepEvent {
         step_time_ms: e.step_time_ms,
         planned_bubble: e.planned_bubble,
         measured_bubble: e.measured_bubble,
+        core_wait_bubble: e.core_wait_bubble,
+        pass_core_wait: e.pass_core_wait,
         predicted_step_time_ms: e.predicted_step_time_ms,
         peaks: e
             .peaks

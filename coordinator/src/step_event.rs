@@ -17,6 +17,8 @@ pub(crate) fn event(
 ) -> StepEventData {
     let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
     let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
+    let core_wait: f64 = reports.iter().map(|r| r.core_wait_secs).sum();
+    let pass_core_wait: f64 = reports.iter().map(|r| r.pass_core_wait_secs).sum();
     let loss = reports
         .iter()
         .map(|r| r.loss)
@@ -31,6 +33,16 @@ pub(crate) fn event(
         predicted_step_time_ms: planned.step_ms,
         measured_bubble: if wall > 0.0 {
             1.0 - busy / (reports.len() as f64 * wall)
+        } else {
+            0.0
+        },
+        core_wait_bubble: if wall > 0.0 {
+            core_wait / (reports.len() as f64 * wall)
+        } else {
+            0.0
+        },
+        pass_core_wait: if busy > 0.0 {
+            pass_core_wait / busy
         } else {
             0.0
         },
@@ -103,6 +115,8 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
         loss: r.loss,
         wall_secs: r.wall_secs,
         busy_secs: r.busy_secs,
+        core_wait_secs: r.core_wait_secs,
+        pass_core_wait_secs: r.pass_core_wait_secs,
         peak_activation_bytes: r.peak_activation_bytes,
         static_bytes: r.static_bytes,
         stage_times: r
@@ -122,5 +136,49 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
         spans,
         error: r.error,
         done: r.done,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(worker_index: u32, busy: f64, waits: (f64, f64)) -> StepReport {
+        StepReport {
+            worker_index,
+            wall_secs: 1.0,
+            busy_secs: busy,
+            core_wait_secs: waits.0,
+            pass_core_wait_secs: waits.1,
+            ..Default::default()
+        }
+    }
+
+    /// The measured bubble, its part waiting for a core (over workers × wall time) and the
+    /// passes' part waiting for a core (over the time in passes).
+    #[test]
+    fn splits_the_bubble_by_what_it_waited_for() {
+        let reports = [report(0, 0.5, (0.1, 0.05)), report(1, 0.7, (0.3, 0.25))];
+        let e = event(1, 0, Shown::default(), &[], &reports);
+        assert!(
+            (e.measured_bubble - 0.4).abs() < 1e-12,
+            "{}",
+            e.measured_bubble
+        );
+        assert!(
+            (e.core_wait_bubble - 0.2).abs() < 1e-12,
+            "{}",
+            e.core_wait_bubble
+        );
+        assert!(
+            (e.pass_core_wait - 0.25).abs() < 1e-12,
+            "{}",
+            e.pass_core_wait
+        );
+        let bubbles: Vec<(u32, f64)> = vec![(0, 0.5), (1, 0.3)];
+        assert_eq!(e.worker_bubbles.len(), 2);
+        for (got, want) in e.worker_bubbles.iter().zip(&bubbles) {
+            assert!(got.0 == want.0 && (got.1 - want.1).abs() < 1e-12, "{got:?}");
+        }
     }
 }

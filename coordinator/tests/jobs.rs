@@ -60,6 +60,8 @@ impl JobRunner for CountingRunner {
                 step_time_ms: self.delay_ms as f64,
                 planned_bubble: 0.1,
                 measured_bubble: 0.12,
+                core_wait_bubble: 0.02,
+                pass_core_wait: 0.0,
                 predicted_step_time_ms: self.delay_ms as f64,
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
                 worker_bubbles: Vec::new(),

@@ -19,6 +19,10 @@ pub(super) struct StepSummary {
     pub(super) step_time_ms: f64,
     pub(super) planned_bubble: f64,
     pub(super) measured_bubble: f64,
+    /// The part of `measured_bubble` spent waiting for a core rather than for a peer.
+    pub(super) core_wait_bubble: f64,
+    /// The part of the workers' time in passes spent waiting for a core.
+    pub(super) pass_core_wait: f64,
     pub(super) peak_activation_bytes: Vec<u64>,
     pub(super) predicted_step_time_ms: f64,
     /// What `schedule = "auto"` chose and why, on the first step of a run it chose.
@@ -40,11 +44,25 @@ impl StepSummary {
             step_time_ms: e.step_time_ms,
             planned_bubble: e.planned_bubble,
             measured_bubble: e.measured_bubble,
+            core_wait_bubble: e.core_wait_bubble,
+            pass_core_wait: e.pass_core_wait,
             peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
             predicted_step_time_ms: e.predicted_step_time_ms,
             plan_choice: e.plan_choice.clone(),
         }
     }
+}
+
+/// Means over the steps seen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Means {
+    pub(super) step_time_ms: f64,
+    pub(super) planned_bubble: f64,
+    pub(super) measured_bubble: f64,
+    /// The part of `measured_bubble` spent waiting for a core.
+    pub(super) core_wait_bubble: f64,
+    /// The part of the time in passes spent waiting for a core.
+    pub(super) pass_core_wait: f64,
 }
 
 /// `summary.json` being written: `{"job": …, "steps": [` first, a step at a time, and the
@@ -64,6 +82,8 @@ pub(super) struct Steps {
     step_time_ms: f64,
     planned_bubble: f64,
     measured_bubble: f64,
+    core_wait_bubble: f64,
+    pass_core_wait: f64,
     /// Every worker's largest peak activation bytes.
     peaks: Vec<u64>,
     file: Option<SummaryFile>,
@@ -102,6 +122,8 @@ impl Steps {
             step_time_ms: 0.0,
             planned_bubble: 0.0,
             measured_bubble: 0.0,
+            core_wait_bubble: 0.0,
+            pass_core_wait: 0.0,
             peaks: Vec::new(),
             file,
         })
@@ -117,6 +139,8 @@ impl Steps {
         self.step_time_ms += s.step_time_ms;
         self.planned_bubble += s.planned_bubble;
         self.measured_bubble += s.measured_bubble;
+        self.core_wait_bubble += s.core_wait_bubble;
+        self.pass_core_wait += s.pass_core_wait;
         if self.peaks.len() < s.peak_activation_bytes.len() {
             self.peaks.resize(s.peak_activation_bytes.len(), 0);
         }
@@ -142,14 +166,16 @@ impl Steps {
         (self.first_loss, self.last_loss)
     }
 
-    /// Means of (step time ms, planned bubble, measured bubble) over the steps.
-    pub(super) fn means(&self) -> (f64, f64, f64) {
+    /// Means over the steps.
+    pub(super) fn means(&self) -> Means {
         let n = self.count.max(1) as f64;
-        (
-            self.step_time_ms / n,
-            self.planned_bubble / n,
-            self.measured_bubble / n,
-        )
+        Means {
+            step_time_ms: self.step_time_ms / n,
+            planned_bubble: self.planned_bubble / n,
+            measured_bubble: self.measured_bubble / n,
+            core_wait_bubble: self.core_wait_bubble / n,
+            pass_core_wait: self.pass_core_wait / n,
+        }
     }
 
     /// Worker `w`'s largest peak activation bytes.
@@ -196,6 +222,8 @@ mod tests {
             step_time_ms: 10.0 * step as f64,
             planned_bubble: 0.1,
             measured_bubble: 0.2,
+            core_wait_bubble: 0.05 * step as f64,
+            pass_core_wait: 0.25,
             peak_activation_bytes: peaks.to_vec(),
             predicted_step_time_ms: 9.0 * step as f64,
             plan_choice: String::new(),
@@ -219,9 +247,12 @@ mod tests {
         }
         assert_eq!(steps.count(), 3);
         assert_eq!(steps.losses(), (5.0, 3.5));
-        let (time, planned, measured) = steps.means();
-        assert!((time - 20.0).abs() < 1e-12 && (planned - 0.1).abs() < 1e-12);
-        assert!((measured - 0.2).abs() < 1e-12);
+        let means = steps.means();
+        assert!((means.step_time_ms - 20.0).abs() < 1e-12);
+        assert!((means.planned_bubble - 0.1).abs() < 1e-12);
+        assert!((means.measured_bubble - 0.2).abs() < 1e-12);
+        assert!((means.core_wait_bubble - 0.1).abs() < 1e-12);
+        assert!((means.pass_core_wait - 0.25).abs() < 1e-12);
         assert_eq!((steps.peak(0), steps.peak(1), steps.peak(2)), (7, 9, 0));
         let path = steps.finish().unwrap().unwrap();
         let written: serde_json::Value =

@@ -50,6 +50,10 @@ pub struct StepReport {
     pub wall_secs: f64,
     /// Time in passes.
     pub busy_secs: f64,
+    /// Time the worker's waits for peers spent waiting for a core once the data was there.
+    pub core_wait_secs: f64,
+    /// Time in passes spent waiting for a core (part of `busy_secs`).
+    pub pass_core_wait_secs: f64,
     /// Peak activation bytes in the step.
     pub peak_activation_bytes: u64,
     /// Parameters, gradients and optimizer state held.

@@ -223,6 +223,8 @@ fn step_report(
         },
         bytes_sent: report.bytes_sent.clone().into_iter().collect(),
         bytes_received: report.bytes_received.clone().into_iter().collect(),
+        core_wait_secs: report.core_wait_secs,
+        pass_core_wait_secs: report.pass_core_wait_secs,
         ..Default::default()
     }
 }

@@ -67,9 +67,11 @@ impl Link<'_> {
                 });
         }
         let t0 = Instant::now();
+        let mark = rec.core_wait.mark();
         let payload = self
             .transport
             .recv(self.job, self.step, stage, mb, kind, self.timeout)?;
+        rec.core_wait.add_since(mark);
         rec.span(Activity::Recv { pass, peer }, t0);
         *rec.received.entry(peer).or_default() += payload.byte_len();
         Ok(Input::Received(payload))

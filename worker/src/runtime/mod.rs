@@ -17,8 +17,10 @@
 //!   its microbatches side by side on the CPU's threads.
 //! - `exchange`: a pass's input and output between stages (kept in memory when both stages
 //!   are on the worker, else through the transport); `recorder`: what happened when;
-//!   `program`: the checks of a worker's program and partition.
+//!   `core_wait`: how much of the waiting was for a core; `program`: the checks of a
+//!   worker's program and partition.
 
+mod core_wait;
 pub mod emulate;
 mod exchange;
 pub mod executor;

@@ -5,9 +5,12 @@ use std::time::{Instant, SystemTime};
 
 use pipewise_common::trace::{Activity, Span};
 
+use super::core_wait::CoreWait;
+
 /// Records what a worker does during a step: [`StepReport::spans`] (in seconds of UNIX
 /// time, from one reading of the system clock at the step's start plus monotonic offsets)
-/// and bytes sent to / received from each peer.
+/// bytes sent to / received from each peer, and the time its waits spent waiting for a
+/// core. Made on the thread that runs the step's passes.
 #[derive(Debug)]
 pub(crate) struct Recorder {
     started: Instant,
@@ -15,6 +18,7 @@ pub(crate) struct Recorder {
     pub(crate) spans: Vec<Span>,
     pub(crate) sent: BTreeMap<u32, u64>,
     pub(crate) received: BTreeMap<u32, u64>,
+    pub(crate) core_wait: CoreWait,
 }
 
 impl Recorder {
@@ -30,6 +34,7 @@ impl Recorder {
             spans: Vec::with_capacity(capacity),
             sent: BTreeMap::new(),
             received: BTreeMap::new(),
+            core_wait: CoreWait::start(),
         }
     }
 

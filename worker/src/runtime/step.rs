@@ -54,6 +54,13 @@ pub struct StepReport {
     pub bytes_sent: BTreeMap<u32, u64>,
     /// Activation and gradient bytes received from each peer worker during the step.
     pub bytes_received: BTreeMap<u32, u64>,
+    /// Seconds of the worker's waits for peers' frames and for the end-of-step collectives
+    /// that it spent waiting for a core once the data was there (0 where the OS does not
+    /// say; see `core_wait`).
+    pub core_wait_secs: f64,
+    /// Seconds of the passes this thread ran spent waiting for a core (in
+    /// [`StepReport::busy_secs`]; passes on other threads not counted).
+    pub pass_core_wait_secs: f64,
 }
 
 /// A worker's passes as [`run_passes`] drives them: real stages or emulated compute.
@@ -137,7 +144,9 @@ pub(crate) fn run_passes<P: Passes>(
             None => None,
         };
         let t0 = Instant::now();
+        let mark = rec.core_wait.mark();
         let output = passes.run(pass, input)?;
+        rec.core_wait.add_pass_since(mark);
         pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
         let to = match pass.kind {
             PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
@@ -197,11 +206,16 @@ pub(crate) fn end_step<P: Passes>(
 ) -> Result<StepReport> {
     // Global-norm clipping: every stage of every worker scales by the same factor.
     let sync_started = Instant::now();
-    let global_sq = sync.all_reduce_sq_norm(step, passes.grad_sq_norm()?)?;
+    let local_sq = passes.grad_sq_norm()?;
+    let mark = rec.core_wait.mark();
+    let global_sq = sync.all_reduce_sq_norm(step, local_sq)?;
+    rec.core_wait.add_since(mark);
     passes.optimizer_step(global_sq)?;
     ran.losses.sort_by_key(|&(mb, _)| mb);
     let local_losses: Vec<f32> = ran.losses.into_iter().map(|(_, l)| l).collect();
+    let mark = rec.core_wait.mark();
     let loss = sync.mean_loss(step, &local_losses)?;
+    rec.core_wait.add_since(mark);
     rec.span(Activity::Sync, sync_started);
     Ok(StepReport {
         loss: P::LEARNS.then_some(loss),
@@ -213,5 +227,7 @@ pub(crate) fn end_step<P: Passes>(
         spans: rec.spans,
         bytes_sent: rec.sent,
         bytes_received: rec.received,
+        core_wait_secs: rec.core_wait.waited().as_secs_f64(),
+        pass_core_wait_secs: rec.core_wait.in_passes().as_secs_f64(),
     })
 }
