@@ -7,6 +7,7 @@ use super::tests::{JOB, done, heartbeat, report, saved, spec, supervisor, worker
 use super::*;
 use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::worker::StepReport;
+use trying::TRIAL_STEPS as T;
 
 /// An auto job of `steps` steps on 2 workers and its supervisor, which asked for its first
 /// run's plan: the search it asked for.
@@ -159,23 +160,25 @@ fn first_run() -> (Vec<Worker>, Supervisor, JobChoice) {
         panic!("{acts:?}")
     };
     assert!(
-        text.contains("after 3 steps, chosen again on costs fitted to them"),
+        text.contains(&format!(
+            "after {T} steps, chosen again on costs fitted to them"
+        )),
         "{text}"
     );
     assert_eq!(a.plan, choice.best.plan);
     (ws, s, choice)
 }
 
-/// The first run's third step sends the search out again (on the fitted costs), and the
+/// The first run's `T`th step sends the search out again (on the fitted costs), and the
 /// run goes on meanwhile; its answer starts the trial: the running plan is measured, the
 /// runner-up within the band is tried next.
 fn trial_started(ws: &[Worker], s: &mut Supervisor, choice: &JobChoice, secs: f64) -> Vec<Action> {
-    let acts = steps_took(s, ws, 0, 3, secs);
+    let acts = steps_took(s, ws, 0, T, secs);
     let [Action::Step(_), Action::Choose(again)] = &acts[..] else {
         panic!("{acts:?}")
     };
     assert!(matches!(
-        &step_took(s, 4_000, ws, 3, secs)[..],
+        &step_took(s, 1_000 * (T + 1), ws, T, secs)[..],
         [Action::Step(_)]
     ));
     // An answer to an earlier search is not this one's.
@@ -183,8 +186,9 @@ fn trial_started(ws: &[Worker], s: &mut Supervisor, choice: &JobChoice, secs: f6
         ask: again.ask - 1,
         ..(**again).clone()
     };
-    assert_eq!(s.handle(4_050, chosen(&earlier, Ok(choice.clone()))), []);
-    s.handle(4_100, chosen(again, Ok(choice.clone())))
+    let now = 1_000 * (T + 1);
+    assert_eq!(s.handle(now + 50, chosen(&earlier, Ok(choice.clone()))), []);
+    s.handle(now + 100, chosen(again, Ok(choice.clone())))
 }
 
 /// An auto trial measures the plans predicted within the band and goes on with the fastest
@@ -204,31 +208,34 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
     assert_eq!(*r, r0);
     // The step the workers were in when asked to stop is not the next plan's.
     assert!(matches!(
-        &step_took(&mut s, 4_500, &ws, 4, 1.0)[..],
+        &step_took(&mut s, 1_000 * (T + 1) + 500, &ws, T + 1, 1.0)[..],
         [Action::Step(_)]
     ));
-    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), 5);
+    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), T + 2);
     let r1 = RunId::new(JOB, 1);
-    assert_eq!(acts[0], Action::ClearAfter(5));
+    assert_eq!(acts[0], Action::ClearAfter(T + 2));
     let (why, id, second) = trial_move(&acts);
     assert!(why.contains("measured 1000.0 ms a step; trying"), "{why}");
-    assert_eq!((id, &second.plan, second.first_step), (r1, &b.plan, 5));
+    assert_eq!((id, &second.plan, second.first_step), (r1, &b.plan, T + 2));
     assert_eq!(second.stage_pieces, b.stage_pieces);
     // Plan b is slower: back to a, which then runs to the end unmeasured.
-    let acts = steps_took(&mut s, &ws, 5, 3, 1.2);
+    let acts = steps_took(&mut s, &ws, T + 2, T, 1.2);
     assert!(
         matches!(&acts[..], [Action::Step(_), Action::Stop(r)] if *r == r1),
         "{acts:?}"
     );
-    let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 8);
+    let acts = moved_after(&mut s, &ws, (r1, stages(&b)), 2 * T + 2);
     let r2 = RunId::new(JOB, 2);
     let (why, id, third) = trial_move(&acts);
     assert!(
         why.contains("going on with the fastest measured of"),
         "{why}"
     );
-    assert_eq!((id, &third.plan, third.first_step), (r2, &a.plan, 8));
-    let acts = steps_took(&mut s, &ws, 8, 4, 0.5);
+    assert_eq!(
+        (id, &third.plan, third.first_step),
+        (r2, &a.plan, 2 * T + 2)
+    );
+    let acts = steps_took(&mut s, &ws, 2 * T + 2, 4, 0.5);
     assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
     assert_eq!(s.counted_replans(), 0);
 }
@@ -241,14 +248,14 @@ fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
     let (ws, mut s, choice) = first_run();
     let a = choice.best.clone();
     trial_started(&ws, &mut s, &choice, 1.0);
-    moved_after(&mut s, &ws, (RunId::new(JOB, 0), stages(&a)), 4);
-    let acts = steps_took(&mut s, &ws, 4, 3, 0.8);
+    moved_after(&mut s, &ws, (RunId::new(JOB, 0), stages(&a)), T + 1);
+    let acts = steps_took(&mut s, &ws, T + 1, T, 0.8);
     let [Action::Step(_), Action::Info(kept)] = &acts[..] else {
         panic!("{acts:?}")
     };
     assert!(kept.contains("it stays"), "{kept}");
     assert!(matches!(
-        &steps_took(&mut s, &ws, 7, 3, 0.8)[..],
+        &steps_took(&mut s, &ws, 2 * T + 1, 3, 0.8)[..],
         [Action::Step(_)]
     ));
 
@@ -260,7 +267,7 @@ fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
     };
     assert!(text.contains("the running plan stays"), "{text}");
     assert!(matches!(
-        &steps_took(&mut s, &ws, 4, 6, 1.0)[..],
+        &steps_took(&mut s, &ws, T + 1, 6, 1.0)[..],
         [Action::Step(_)]
     ));
 

@@ -3,7 +3,7 @@
 //! search runs again, beside the run, on the costs fitted to them; the plans it predicts
 //! within [`TRIAL_BAND`] of its best (at most [`TRIAL_PLANS`], the running one among them
 //! with its measured time) then run [`TRIAL_STEPS`] steps each in turn, and the job goes on
-//! with the fastest measured. Only a job that can move between steps does this
+//! with the fastest measured (each plan's fastest step after its warm-up: [`plan_secs`]). Only a job that can move between steps does this
 //! (checkpoints on, real compute, two workers or more, steps to spare). Every step of a
 //! trial is a training step like any other (each move resumes from the checkpoint of the
 //! step it stopped after), so only the moves cost time.
@@ -12,7 +12,7 @@ use super::super::straggler::straggle_of;
 use super::Supervisor;
 use super::following::Run;
 use super::io::{Action, Move};
-use super::trying::{TRIAL_BAND, TRIAL_PLANS, TRIAL_STEPS, Trial, median};
+use super::trying::{TRIAL_BAND, TRIAL_PLANS, TRIAL_STEPS, Trial, plan_secs};
 use crate::auto::job::{JobChoice, PlanOption};
 
 impl Supervisor {
@@ -56,7 +56,7 @@ impl Supervisor {
                 mut tried,
                 current,
             } => {
-                tried.push((*current, median(run.step_secs.get(1..).unwrap_or_default())));
+                tried.push((*current, plan_secs(&run.step_secs)));
                 self.next_trial(run, pending, tried)
             }
             other => {
@@ -93,7 +93,7 @@ impl Supervisor {
             .cloned()
             .collect();
         let source = self.costs_source();
-        let secs = median(run.step_secs.get(1..).unwrap_or_default());
+        let secs = plan_secs(&run.step_secs);
         let running = format!(
             "{} measured {:.1} ms a step",
             first.shown.text(),

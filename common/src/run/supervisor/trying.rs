@@ -7,7 +7,7 @@ pub(super) const TRIAL_BAND: f64 = 0.06;
 /// At most this many plans are measured.
 pub(super) const TRIAL_PLANS: usize = 3;
 /// Steps each plan runs in a trial; the first of every run warms up and is left out.
-pub(super) const TRIAL_STEPS: u64 = 3;
+pub(super) const TRIAL_STEPS: u64 = 4;
 
 /// Where an auto job's trial is.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -29,13 +29,34 @@ pub(super) enum Trial {
     Done,
 }
 
-/// The median of `xs` (the mean of the middle two for an even count); 0 when empty.
-pub(super) fn median(xs: &[f64]) -> f64 {
-    let mut xs = xs.to_vec();
-    xs.sort_by(f64::total_cmp);
-    match xs.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => xs[n / 2],
-        n => 0.5 * (xs[n / 2 - 1] + xs[n / 2]),
+/// A plan's measured seconds a step from a run's `step_secs`: the fastest of its last
+/// `TRIAL_STEPS − 1` steps (0 when none). The same count for every plan, and the fastest
+/// rather than a mean: what a shared machine adds to a step is never negative, so the
+/// fastest step is the least disturbed, and one disturbed step does not decide.
+pub(super) fn plan_secs(step_secs: &[f64]) -> f64 {
+    let kept = (TRIAL_STEPS - 1) as usize;
+    let from = step_secs
+        .len()
+        .saturating_sub(kept)
+        .max(1.min(step_secs.len()));
+    step_secs[from..]
+        .iter()
+        .copied()
+        .min_by(f64::total_cmp)
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_measures_its_fastest_recent_step_after_the_warm_up() {
+        assert_eq!(plan_secs(&[]), 0.0);
+        // The warm-up alone: nothing else to go on.
+        assert_eq!(plan_secs(&[9.0]), 0.0);
+        assert_eq!(plan_secs(&[9.0, 1.2, 1.0, 1.4]), 1.0);
+        // Only the last TRIAL_STEPS − 1 count (a first run measured for longer).
+        assert_eq!(plan_secs(&[9.0, 0.5, 1.2, 1.3, 1.1, 1.4]), 1.1);
     }
 }
