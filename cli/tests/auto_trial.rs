@@ -18,7 +18,7 @@ fn an_auto_trial_moves_between_plans_and_training_stays_exact() {
     let cluster = start_with(&dir, 2, &[]);
     let (reference, job, stdout) = run_movable(&cluster, &dir, spec(2, "auto", 24), "auto-trial");
     assert!(
-        stdout.contains("after 3 steps, chosen again on costs fitted to them"),
+        stdout.contains("after 4 steps, chosen again on costs fitted to them"),
         "{stdout}"
     );
     let moves = replans(&stdout, "auto trial: ");
