@@ -313,7 +313,7 @@ pub(crate) fn attention(
     if all_f32_cpu(&[qkv]) {
         let mut y = vec![0f32; sh.n() * sh.h()];
         let mut lse = vec![0f32; sh.b * sh.heads * sh.t];
-        let threads = candle_core::utils::get_num_threads();
+        let threads = cpu::candle_threads();
         let run = |[q]: [&[f32]; 1]| kernels::attention::forward(q, &mut y, &mut lse, sh, threads);
         if cpu::with_f32s([qkv], run).is_some() {
             return Ok((
@@ -360,7 +360,7 @@ pub(crate) fn attention_grad(
     let sh = attention_shape(qkv, dims)?;
     if all_f32_cpu(&[qkv, y, lse, dy]) {
         let mut dqkv = vec![0f32; sh.n() * 3 * sh.h()];
-        let threads = candle_core::utils::get_num_threads();
+        let threads = cpu::candle_threads();
         let run = |[q, y, l, d]: [&[f32]; 4]| {
             kernels::attention_backward::backward((q, y, l, d), &mut dqkv, sh, threads)
         };

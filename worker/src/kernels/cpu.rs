@@ -128,8 +128,18 @@ pub(crate) fn threads() -> usize {
     if rayon::current_thread_index().is_some() {
         rayon::current_num_threads()
     } else {
-        candle_core::utils::get_num_threads()
+        candle_threads()
     }
+}
+
+/// candle's thread count (`candle_core::utils::get_num_threads`), read once per process:
+/// without `RAYON_NUM_THREADS` candle counts physical cores by parsing `/proc/cpuinfo` on
+/// every call, and kernels ask on every pass (2,500 reads a step, more system time than
+/// compute, in the README's `pipewise local`). Like rayon's global pool, it does not follow
+/// later changes of the environment.
+pub(crate) fn candle_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(candle_core::utils::get_num_threads)
 }
 
 /// Columns per rayon task for a reduction over `rows` of `cols` columns (each task sums
