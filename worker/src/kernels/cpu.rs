@@ -142,6 +142,24 @@ pub(crate) fn candle_threads() -> usize {
     *THREADS.get_or_init(candle_core::utils::get_num_threads)
 }
 
+/// What the `pipewise` binary calls first, before any thread starts: where
+/// `RAYON_NUM_THREADS` is unset, sets it to candle's count (physical cores, or
+/// `CANDLE_CPU_MASK`'s), so candle's own CPU ops (bf16 matmuls and the like, which ask on
+/// every call) read the variable instead of parsing `/proc/cpuinfo`, and rayon's global pool
+/// has the size candle plans for. Returns the count.
+pub fn settle_thread_count() -> usize {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = candle_core::utils::get_num_threads();
+        // SAFETY: called first thing in `main`, before any other thread exists, so nothing
+        // reads or writes the environment at the same time.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        }
+    }
+    candle_threads()
+}
+
 /// Columns per rayon task for a reduction over `rows` of `cols` columns (each task sums
 /// whole columns, in row order, so the split never changes a result), or `None` to stay on
 /// this thread. Blocks are a multiple of 16 columns (a cache line).
