@@ -12,7 +12,7 @@ use pipewise_proto::v1 as pb;
 use serde::Serialize;
 
 /// One step of `summary.json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub(super) struct StepSummary {
     pub(super) step: u64,
     pub(super) loss: f64,
@@ -53,16 +53,29 @@ impl StepSummary {
     }
 }
 
-/// Means over the steps seen.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Means {
-    pub(super) step_time_ms: f64,
-    pub(super) planned_bubble: f64,
-    pub(super) measured_bubble: f64,
-    /// The part of `measured_bubble` spent waiting for a core.
-    pub(super) core_wait_bubble: f64,
-    /// The part of the time in passes spent waiting for a core.
-    pub(super) pass_core_wait: f64,
+impl StepSummary {
+    /// Adds `s`'s times and bubbles to these (a running sum; the rest stays).
+    fn add_times(&mut self, s: &StepSummary) {
+        self.step_time_ms += s.step_time_ms;
+        self.planned_bubble += s.planned_bubble;
+        self.measured_bubble += s.measured_bubble;
+        self.core_wait_bubble += s.core_wait_bubble;
+        self.pass_core_wait += s.pass_core_wait;
+        self.predicted_step_time_ms += s.predicted_step_time_ms;
+    }
+
+    /// These times and bubbles over `n` (the mean of a running sum).
+    fn times_over(&self, n: f64) -> StepSummary {
+        StepSummary {
+            step_time_ms: self.step_time_ms / n,
+            planned_bubble: self.planned_bubble / n,
+            measured_bubble: self.measured_bubble / n,
+            core_wait_bubble: self.core_wait_bubble / n,
+            pass_core_wait: self.pass_core_wait / n,
+            predicted_step_time_ms: self.predicted_step_time_ms / n,
+            ..StepSummary::default()
+        }
+    }
 }
 
 /// `summary.json` being written: `{"job": …, "steps": [` first, a step at a time, and the
@@ -79,11 +92,8 @@ pub(super) struct Steps {
     count: u64,
     first_loss: f64,
     last_loss: f64,
-    step_time_ms: f64,
-    planned_bubble: f64,
-    measured_bubble: f64,
-    core_wait_bubble: f64,
-    pass_core_wait: f64,
+    /// The steps' times and bubbles summed.
+    sums: StepSummary,
     /// Every worker's largest peak activation bytes.
     peaks: Vec<u64>,
     file: Option<SummaryFile>,
@@ -119,11 +129,7 @@ impl Steps {
             count: 0,
             first_loss: f64::NAN,
             last_loss: f64::NAN,
-            step_time_ms: 0.0,
-            planned_bubble: 0.0,
-            measured_bubble: 0.0,
-            core_wait_bubble: 0.0,
-            pass_core_wait: 0.0,
+            sums: StepSummary::default(),
             peaks: Vec::new(),
             file,
         })
@@ -136,11 +142,7 @@ impl Steps {
         }
         self.count += 1;
         self.last_loss = s.loss;
-        self.step_time_ms += s.step_time_ms;
-        self.planned_bubble += s.planned_bubble;
-        self.measured_bubble += s.measured_bubble;
-        self.core_wait_bubble += s.core_wait_bubble;
-        self.pass_core_wait += s.pass_core_wait;
+        self.sums.add_times(s);
         if self.peaks.len() < s.peak_activation_bytes.len() {
             self.peaks.resize(s.peak_activation_bytes.len(), 0);
         }
@@ -166,16 +168,9 @@ impl Steps {
         (self.first_loss, self.last_loss)
     }
 
-    /// Means over the steps.
-    pub(super) fn means(&self) -> Means {
-        let n = self.count.max(1) as f64;
-        Means {
-            step_time_ms: self.step_time_ms / n,
-            planned_bubble: self.planned_bubble / n,
-            measured_bubble: self.measured_bubble / n,
-            core_wait_bubble: self.core_wait_bubble / n,
-            pass_core_wait: self.pass_core_wait / n,
-        }
+    /// The steps' mean times and bubbles (the other fields empty).
+    pub(super) fn means(&self) -> StepSummary {
+        self.sums.times_over(self.count.max(1) as f64)
     }
 
     /// Worker `w`'s largest peak activation bytes.
