@@ -74,7 +74,11 @@ fn main() -> ExitCode {
     // Before any thread starts (see `pipewise_worker::alloc`; `PIPEWISE_MALLOC=default`
     // keeps the allocator's defaults; and `settle_thread_count`).
     pipewise_worker::alloc::policy_from_env();
-    pipewise_worker::settle_thread_count();
+    // SAFETY: no thread has started yet (the allocator policy above starts none).
+    #[allow(unsafe_code)]
+    unsafe {
+        pipewise_worker::settle_thread_count();
+    }
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Plan(args) => plan::run(args),

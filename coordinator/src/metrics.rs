@@ -3,7 +3,7 @@
 //!
 //! | name | type | labels |
 //! |---|---|---|
-//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured, `job_id`, (`worker` for per-worker measured) |
+//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured \| core_wait, `job_id`, (`worker` for per-worker measured) |
 //! | `pipewise_step_duration_seconds` | histogram | `job_id` |
 //! | `pipewise_step_time_seconds` | gauge | `source` = predicted \| measured, `job_id` |
 //! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job_id` |
@@ -39,7 +39,7 @@ pub fn describe() {
     describe_gauge!(
         "pipewise_bubble_ratio",
         Unit::Count,
-        "Idle fraction of the pipeline in a step: planned (the schedule simulated with the job's cost model before the step) or measured (1 - time in passes / step wall time)"
+        "Idle fraction of the pipeline in a step: planned (the schedule simulated with the job's cost model before the step) or measured (1 - time in passes / step wall time), and core_wait: the part of measured spent waiting for a core rather than for a peer"
     );
     describe_gauge!(
         "pipewise_step_time_seconds",

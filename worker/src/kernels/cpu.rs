@@ -142,16 +142,27 @@ pub(crate) fn candle_threads() -> usize {
     *THREADS.get_or_init(candle_core::utils::get_num_threads)
 }
 
-/// What the `pipewise` binary calls first, before any thread starts: where
-/// `RAYON_NUM_THREADS` is unset, sets it to candle's count (physical cores, or
-/// `CANDLE_CPU_MASK`'s), so candle's own CPU ops (bf16 matmuls and the like, which ask on
-/// every call) read the variable instead of parsing `/proc/cpuinfo`, and rayon's global pool
-/// has the size candle plans for. Returns the count.
-pub fn settle_thread_count() -> usize {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = candle_core::utils::get_num_threads();
-        // SAFETY: called first thing in `main`, before any other thread exists, so nothing
-        // reads or writes the environment at the same time.
+/// What the `pipewise` binary calls first: where `RAYON_NUM_THREADS` is not a positive
+/// number, sets it to candle's count (physical cores, or `CANDLE_CPU_MASK`'s), at most the
+/// cores this process may use (affinity, cgroup quota), so candle's own CPU ops (bf16
+/// matmuls and the like, which ask on every call) read the variable instead of parsing
+/// `/proc/cpuinfo`, and rayon's global pool has the size candle plans for. Returns the
+/// count the kernels use.
+///
+/// # Safety
+///
+/// No other thread may exist yet (it writes the environment).
+#[allow(unsafe_code)]
+pub unsafe fn settle_thread_count() -> usize {
+    let set = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .is_some_and(|n| n > 0);
+    if !set {
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = candle_core::utils::get_num_threads().min(usable).max(1);
+        // SAFETY: the caller guarantees that no other thread exists, so nothing reads or
+        // writes the environment at the same time.
         #[allow(unsafe_code)]
         unsafe {
             std::env::set_var("RAYON_NUM_THREADS", n.to_string());

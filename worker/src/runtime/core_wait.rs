@@ -6,9 +6,12 @@
 //! local` with more workers than cores), part of the measured bubble is that second wait.
 //! Linux counts it per thread as run-queue delay (`/proc/thread-self/schedstat`, second
 //! field, nanoseconds a runnable thread was not running); the delay accrued during a wait is
-//! the share of that wait spent waiting for a core rather than for a peer. The delay accrued
-//! during a pass is counted apart: it stretches the pass (busy time), not the bubble.
-//! Elsewhere, or where the file cannot be read, nothing is counted.
+//! the share of that wait spent waiting for a core rather than for a peer. It is an upper
+//! bound: a wait woken early (by another frame for this worker, or by the collectives'
+//! periodic check) also counts the core it waited for then. The delay accrued during a pass
+//! is counted apart: it stretches the pass (busy time), not the bubble; it is the compute
+//! thread's own, a lower bound where kernels also run on a pool's threads. Elsewhere, or
+//! where the file cannot be read, nothing is counted.
 
 use std::fs::File;
 use std::time::Duration;
@@ -151,11 +154,14 @@ mod tests {
         spin(Duration::from_millis(300));
         wait.add_pass_since(mark3);
         other.join().unwrap();
-        assert!(untimed < Duration::from_millis(5), "{untimed:?}");
+        if wait.mark() == Some(0) {
+            return; // schedstat accounting is off in this kernel: it counts nothing
+        }
+        assert!(untimed < Duration::from_millis(20), "{untimed:?}");
         assert_eq!(wait.waited(), untimed, "a pass's delay is not a wait's");
         let timed = wait.in_passes();
-        // 300 ms of spinning against another spinner on the same core: about 300 ms of
-        // waiting (the spin loop measures wall time); well clear of 0 and of 2×.
+        // 300 ms (wall time) of spinning against another spinner on the same core: about
+        // half of it waiting (150 ms); well clear of 0 and of the whole 300 ms twice.
         assert!(
             timed > Duration::from_millis(50) && timed < Duration::from_millis(600),
             "{timed:?}"

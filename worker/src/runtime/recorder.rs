@@ -10,7 +10,7 @@ use super::core_wait::CoreWait;
 /// Records what a worker does during a step: [`StepReport::spans`] (in seconds of UNIX
 /// time, from one reading of the system clock at the step's start plus monotonic offsets)
 /// bytes sent to / received from each peer, and the time its waits spent waiting for a
-/// core. Made on the thread that runs the step's passes.
+/// core. Made on the thread that runs the step (whose waits it times).
 #[derive(Debug)]
 pub(crate) struct Recorder {
     started: Instant,

@@ -3,8 +3,9 @@
 //! search runs again, beside the run, on the costs fitted to them; the plans it predicts
 //! within [`TRIAL_BAND`] of its best (at most [`TRIAL_PLANS`], the running one among them
 //! with its measured time) then run [`TRIAL_STEPS`] steps each in turn, and the job goes on
-//! with the fastest measured (each plan's fastest step after its warm-up: [`plan_secs`]). Only a job that can move between steps does this
-//! (checkpoints on, real compute, two workers or more, steps to spare). Every step of a
+//! with the fastest measured (each plan's fastest step after its warm-up: [`plan_secs`]).
+//! Only a job that can move between steps does this (checkpoints on, real compute, two
+//! workers or more, steps to spare). Every step of a
 //! trial is a training step like any other (each move resumes from the checkpoint of the
 //! step it stopped after), so only the moves cost time.
 
