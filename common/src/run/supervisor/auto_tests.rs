@@ -240,6 +240,33 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
     assert_eq!(s.counted_replans(), 0);
 }
 
+/// A plan is measured by its fastest step after its warm-up, so one disturbed step does
+/// not decide: the rival's steps (after a 2 s warm-up) take 0.9, 1.5 and 1.5 s against the
+/// running plan's steady 1.0 s, and the rival stays (a median would have moved back).
+#[test]
+fn an_auto_trial_measures_each_plan_by_its_fastest_step() {
+    let (ws, mut s, choice) = first_run();
+    let (a, b) = (choice.best.clone(), choice.others[0].clone());
+    let r0 = RunId::new(JOB, 0);
+    trial_started(&ws, &mut s, &choice, 1.0);
+    step_took(&mut s, 1_000 * (T + 1) + 500, &ws, T + 1, 1.0);
+    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), T + 2);
+    let (_, _, second) = trial_move(&acts);
+    assert_eq!(second.plan, b.plan);
+    let first = T + 2;
+    let times = [2.0, 0.9, 1.5, 1.5];
+    assert_eq!(times.len() as u64, T);
+    let mut acts = Vec::new();
+    for (k, secs) in (first..).zip(times) {
+        acts = step_took(&mut s, 1_000 * (k + 1), &ws, k, secs);
+    }
+    let [Action::Step(_), Action::Info(kept)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(kept.contains("measured 900.0 ms a step"), "{kept}");
+    assert!(kept.contains("it stays"), "{kept}");
+}
+
 /// The last plan measured stays when it is the fastest; a re-check that finds no rival
 /// within the band keeps the running plan; a job without checkpoints (it cannot move
 /// between steps) measures nothing.
