@@ -485,6 +485,36 @@ impl Stage {
         Ok(dx)
     }
 
+    /// The accumulated gradients, every parameter flattened in [`Stage::params`] order (for
+    /// an all-reduce over replicas).
+    pub fn flat_grads(&self) -> Result<Vec<f32>> {
+        let mut flat = Vec::new();
+        for p in self.params() {
+            flat.extend(p.grad.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(flat)
+    }
+
+    /// Replaces the accumulated gradients with `flat` (as [`Stage::flat_grads`] lays them
+    /// out).
+    pub fn set_flat_grads(&mut self, flat: &[f32]) -> Result<()> {
+        let want: usize = self.params().map(|p| p.grad.elem_count()).sum();
+        if flat.len() != want {
+            return Err(Error::invalid(
+                "replicas",
+                format!("{} gradient values for a stage of {want}", flat.len()),
+            ));
+        }
+        let mut at = 0;
+        for p in self.params_mut() {
+            let n = p.grad.elem_count();
+            let grad = Tensor::from_slice(&flat[at..at + n], p.grad.shape(), p.grad.device())?;
+            p.grad = grad;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// This stage's squared L2 norm of the accumulated gradients (for global clipping).
     pub fn grad_sq_norm(&self) -> Result<f64> {
         self.params().map(Param::grad_sq_sum).sum()

@@ -582,3 +582,95 @@ fn summation_order_stays_within_rounding() -> Result<()> {
     assert!(worst.0 <= 2e-6, "{worst:?}");
     Ok(())
 }
+
+/// Two data-parallel replicas of a pipeline, each on its own workers with half of every
+/// step's microbatches, their stage gradients summed (in replica order) before the
+/// optimizer step: the losses, the gradient norms every worker sees and the final
+/// parameters equal the single-device reference at the same global batch, and both
+/// replicas end with the same parameters bit for bit.
+#[test]
+fn replicas_match_the_reference() -> Result<()> {
+    const REPLICAS: u32 = 2;
+    let spec = spec(4);
+    let steps = 6;
+    let data = common::step_batches(&spec, steps, MICROBATCHES)?;
+    let reference = reference(&spec, &data)?;
+    for (kind, workers, chunks) in [
+        (ScheduleKind::OneFOneB, 2, 1),
+        (ScheduleKind::ZbH1, 2, 1),
+        (ScheduleKind::VHalf, 2, 2),
+        (ScheduleKind::Interleaved1F1B, 2, 2),
+        (ScheduleKind::OneFOneB, 4, 1),
+    ] {
+        let mut req = Request::new(kind, workers, MICROBATCHES / REPLICAS);
+        req.chunks = chunks;
+        let schedule = generate(&req).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let options = LocalOptions {
+            replicas: REPLICAS,
+            ..LocalOptions::default()
+        };
+        let run = run_local_with(
+            &schedule,
+            &spec,
+            SEED,
+            adamw(),
+            &Device::Cpu,
+            &data,
+            options,
+        )?;
+        let (loss_diff, param_diff) = differences(&run.losses, &run.params, &reference)?;
+        let norm_diff = run
+            .reports
+            .iter()
+            .zip(&reference.grad_norms)
+            .flat_map(|(all, &want)| all.iter().map(move |r| (r.grad_norm - want).abs()))
+            .fold(0.0, f64::max);
+        eprintln!(
+            "{kind:>16} R={REPLICAS} d={workers} n={}: max |Δloss| {loss_diff:.2e}, max \
+             |Δparam| {param_diff:.2e}, max |Δgrad norm| {norm_diff:.2e}",
+            MICROBATCHES / REPLICAS
+        );
+        assert!(
+            loss_diff <= TOLERANCE,
+            "{kind}: losses differ by {loss_diff}"
+        );
+        assert!(
+            param_diff <= TOLERANCE,
+            "{kind}: parameters differ by {param_diff}"
+        );
+        assert!(
+            norm_diff <= 1e-4,
+            "{kind}: gradient norms differ by {norm_diff}"
+        );
+        assert_eq!(run.reports[0].len(), (REPLICAS * workers) as usize);
+        assert_eq!(run.replica_params.len(), REPLICAS as usize - 1);
+        for other in &run.replica_params {
+            for (name, value) in &run.params {
+                assert_eq!(max_abs_diff(&other[name], value)?, 0.0, "{kind}: {name}");
+            }
+        }
+    }
+    // A step whose microbatches the replicas cannot share is refused, naming the field.
+    let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 2, 3))?;
+    let options = LocalOptions {
+        replicas: REPLICAS,
+        ..LocalOptions::default()
+    };
+    let err = run_local_with(
+        &schedule,
+        &spec,
+        SEED,
+        adamw(),
+        &Device::Cpu,
+        &data,
+        options,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(
+        err.contains("batches") && err.contains("2 replica(s)"),
+        "{err}"
+    );
+    Ok(())
+}

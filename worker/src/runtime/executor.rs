@@ -40,6 +40,25 @@ pub struct WorkerRuntime {
     hidden: usize,
     /// Passes take longer from a step on ([`WorkerRuntime::set_slowdown`]).
     slowdown: Slowdown,
+    /// Which data-parallel replica of the pipeline this worker belongs to.
+    replica: Replica,
+}
+
+/// A worker's data-parallel replica: `index` of `count` copies of the pipeline, each
+/// training on its share of every step's microbatches, their gradients summed before the
+/// optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replica {
+    /// This worker's replica (0-based).
+    pub index: u32,
+    /// How many replicas the job has.
+    pub count: u32,
+}
+
+impl Default for Replica {
+    fn default() -> Self {
+        Self { index: 0, count: 1 }
+    }
 }
 
 /// A stand-in for a slower device, to exercise straggler and drift handling: every pass
@@ -162,7 +181,30 @@ impl WorkerRuntime {
             optimizer,
             hidden: spec.hidden as usize,
             slowdown: Slowdown::default(),
+            replica: Replica::default(),
         })
+    }
+
+    /// Makes this worker part of replica `replica.index` of `replica.count`: each step's
+    /// loss is the mean over every replica's microbatches (each stage seeds its backward
+    /// with `1 / (microbatches × count)`), and gradients are summed over the replicas
+    /// before the optimizer step (through the step's [`StepSync`]).
+    pub fn set_replica(&mut self, replica: Replica) -> Result<()> {
+        if replica.count == 0 || replica.index >= replica.count {
+            return Err(Error::invalid(
+                "replicas",
+                format!(
+                    "replica {} of {}: the index must be below the count",
+                    replica.index, replica.count
+                ),
+            ));
+        }
+        let microbatches = self.program.microbatches.saturating_mul(replica.count);
+        for stage in self.stages.values_mut() {
+            stage.set_microbatches(microbatches);
+        }
+        self.replica = replica;
+        Ok(())
     }
 
     /// Sets how long to wait for a frame (and, in [`run_local`], for the other workers).
@@ -308,6 +350,7 @@ impl WorkerRuntime {
             last: self.program.placement.stages() - 1,
             slowdown: self.slowdown.at(step),
             max_grad_norm: self.optimizer.max_grad_norm,
+            replica: self.replica,
         };
         if lanes > 1 && self.program.microbatches > 1 && holds_every_stage(&self.program) {
             return run_side_by_side(&mut passes, &self.program, step, sync, started, lanes);

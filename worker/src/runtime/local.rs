@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::schedule::Schedule;
 
-use super::executor::WorkerRuntime;
+use super::executor::{Replica, WorkerRuntime};
 use super::program::DEFAULT_TIMEOUT;
 use super::step::{StepReport, StepSync};
 use super::transport::{MemoryTransport, Transport};
@@ -39,21 +39,43 @@ struct SyncState {
     aborted: Option<String>,
 }
 
+/// One stage's gradient sum over the replicas in a step: each replica's part, then the sum.
+#[derive(Debug, Default)]
+struct ReplicaRound {
+    parts: Vec<Option<Vec<f32>>>,
+    sum: Option<std::sync::Arc<Vec<f32>>>,
+    taken: usize,
+}
+
 /// [`StepSync`] for `N` workers on threads of one process: a reusable barrier (mutex and
 /// condition variable) that sums the contributions; waits time out, and
-/// [`LocalSync::abort`] releases every waiter with an error.
+/// [`LocalSync::abort`] releases every waiter with an error. With data-parallel replicas,
+/// each stage's gradients are summed over them per step ([`LocalSync::with_replicas`]).
 #[derive(Debug)]
 pub struct LocalSync {
     workers: usize,
     timeout: Duration,
     state: Mutex<SyncState>,
     done: Condvar,
+    replicas: usize,
+    /// Gradient sums in progress, by (step, stage).
+    rounds: Mutex<BTreeMap<(u64, u32), ReplicaRound>>,
+    summed: Condvar,
 }
 
 impl LocalSync {
     /// A sync point for `workers` workers; a worker waits at most `timeout` for the others.
     pub fn new(workers: u32, timeout: Duration) -> Self {
+        Self::with_replicas(workers, 1, timeout)
+    }
+
+    /// A sync point for `workers` workers in all, forming `replicas` data-parallel replicas
+    /// of one pipeline.
+    pub fn with_replicas(workers: u32, replicas: u32, timeout: Duration) -> Self {
         Self {
+            replicas: replicas.max(1) as usize,
+            rounds: Mutex::new(BTreeMap::new()),
+            summed: Condvar::new(),
             workers: workers.max(1) as usize,
             timeout,
             state: Mutex::new(SyncState {
@@ -76,6 +98,15 @@ impl LocalSync {
             st.aborted = Some(reason.to_string());
         }
         self.done.notify_all();
+        drop(st);
+        // Taken (and released) so a replica waiting for a sum sees the abort.
+        drop(self.rounds.lock());
+        self.summed.notify_all();
+    }
+
+    /// Why the collectives were aborted, if they were.
+    fn aborted(&self) -> Option<String> {
+        self.lock().aborted.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, SyncState> {
@@ -158,6 +189,106 @@ impl LocalSync {
 }
 
 impl StepSync for LocalSync {
+    fn all_reduce_replicas(
+        &self,
+        step: u64,
+        stage: u32,
+        replica: u32,
+        grads: &mut [f32],
+    ) -> Result<()> {
+        let awaited = || format!("step {step} stage {stage} gradients of every replica");
+        let r = replica as usize;
+        if r >= self.replicas {
+            return Err(Error::invalid(
+                "replicas",
+                format!("replica {replica} of a sync for {}", self.replicas),
+            ));
+        }
+        let key = (step, stage);
+        let mut rounds = self
+            .rounds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let round = rounds.entry(key).or_default();
+        round.parts.resize(self.replicas, None);
+        round.parts[r] = Some(grads.to_vec());
+        if round.parts.iter().all(Option::is_some) {
+            // Replica order, whatever the arrival order: the same bits on every run.
+            let mut parts = round.parts.iter().flatten();
+            let mut sum = parts.next().cloned().unwrap_or_default();
+            for part in parts {
+                if part.len() != sum.len() {
+                    return Err(Error::invalid(
+                        "replicas",
+                        format!(
+                            "{}: parts of {} and {} values",
+                            awaited(),
+                            sum.len(),
+                            part.len()
+                        ),
+                    ));
+                }
+                for (s, p) in sum.iter_mut().zip(part) {
+                    *s += p;
+                }
+            }
+            round.parts.clear();
+            round.sum = Some(std::sync::Arc::new(sum));
+            self.summed.notify_all();
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(round) = rounds.get_mut(&key)
+                && let Some(sum) = round.sum.clone()
+            {
+                round.taken += 1;
+                if round.taken == self.replicas {
+                    rounds.remove(&key);
+                }
+                drop(rounds);
+                if sum.len() != grads.len() {
+                    return Err(Error::invalid(
+                        "replicas",
+                        format!(
+                            "{}: a sum of {} values for {}",
+                            awaited(),
+                            sum.len(),
+                            grads.len()
+                        ),
+                    ));
+                }
+                grads.copy_from_slice(&sum);
+                return Ok(());
+            }
+            drop(rounds);
+            if let Some(reason) = self.aborted() {
+                return Err(Error::Closed {
+                    awaited: awaited(),
+                    reason: format!("aborted ({reason})"),
+                });
+            }
+            rounds = self
+                .rounds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = Instant::now();
+            if now >= deadline {
+                let timeout = Error::Timeout {
+                    awaited: awaited(),
+                    after: self.timeout,
+                };
+                drop(rounds);
+                self.abort(&timeout.to_string());
+                return Err(timeout);
+            }
+            rounds = self
+                .summed
+                .wait_timeout(rounds, (deadline - now).min(Duration::from_millis(100)))
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
         self.collective(
             Op::SqNorm,
@@ -208,6 +339,10 @@ pub struct LocalOptions<'a> {
     /// A job's checkpoint folder, as a worker's: a run from a step past 0 resumes from that
     /// step's checkpoint (stage files of any partition), and the last step's is saved.
     pub checkpoints: Option<&'a Path>,
+    /// Data-parallel replicas of the pipeline (at least 1): replica `r` trains on
+    /// microbatches `r·n .. (r+1)·n` of each step (`n`: the schedule's), each on its own
+    /// workers and transport, and every stage's gradients are summed over the replicas.
+    pub replicas: u32,
 }
 
 impl Default for LocalOptions<'_> {
@@ -219,6 +354,7 @@ impl Default for LocalOptions<'_> {
             wrap: None,
             first_step: 0,
             checkpoints: None,
+            replicas: 1,
         }
     }
 }
@@ -232,6 +368,7 @@ impl std::fmt::Debug for LocalOptions<'_> {
             .field("wrap", &self.wrap.map(|_| "…"))
             .field("first_step", &self.first_step)
             .field("checkpoints", &self.checkpoints)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -241,10 +378,13 @@ impl std::fmt::Debug for LocalOptions<'_> {
 pub struct LocalRun {
     /// The mean loss of every step.
     pub losses: Vec<f32>,
-    /// Every parameter of the model after training, by name (`"{piece}.{local}"`).
+    /// Every parameter of the model after training, by name (`"{piece}.{local}"`): the
+    /// first replica's.
     pub params: BTreeMap<String, Tensor>,
-    /// `reports[step][worker]`.
+    /// `reports[step][worker]` (replica `r`'s worker `w` at `r · workers + w`).
     pub reports: Vec<Vec<StepReport>>,
+    /// The other replicas' parameters (`replica_params[r - 1]`), to check they agree.
+    pub replica_params: Vec<BTreeMap<String, Tensor>>,
 }
 
 /// Trains `steps.len()` steps (`steps[i]` holds step `i`'s `n` microbatches) with every
@@ -269,10 +409,10 @@ pub fn run_local(
     )
 }
 
-/// Aborts the network and the sync when a worker thread ends early (error or panic).
+/// Aborts the networks and the sync when a worker thread ends early (error or panic).
 struct AbortGuard<'a> {
     worker: u32,
-    network: &'a MemoryTransport,
+    networks: &'a [MemoryTransport],
     sync: &'a LocalSync,
     armed: bool,
 }
@@ -281,7 +421,9 @@ impl Drop for AbortGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             let reason = format!("worker {} stopped", self.worker);
-            self.network.abort(&reason);
+            for network in self.networks {
+                network.abort(&reason);
+            }
             self.sync.abort(&reason);
         }
     }
@@ -301,28 +443,55 @@ pub fn run_local_with(
     options: LocalOptions<'_>,
 ) -> Result<LocalRun> {
     let workers = schedule.num_workers();
+    let replicas = options.replicas.max(1);
+    let per_replica = schedule.microbatches as usize;
+    if let Some((step, b)) = steps
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.len() != per_replica * replicas as usize)
+    {
+        return Err(Error::invalid(
+            "batches",
+            format!(
+                "step {step} has {} microbatches; {replicas} replica(s) of a schedule of                  {per_replica} take {}",
+                b.len(),
+                per_replica * replicas as usize
+            ),
+        ));
+    }
     let partition: Vec<Range<usize>> = match options.partition {
         Some(p) => p.to_vec(),
         None => spec.balanced_split(&schedule.placement)?,
     };
-    let handles = MemoryTransport::network(workers);
-    let Some(network) = handles.first().cloned() else {
-        return Err(Error::invalid("schedule", "no workers"));
-    };
-    let sync = LocalSync::new(workers, options.timeout);
+    // One network per replica: frames never cross replicas, only gradient sums do.
+    let mut networks = Vec::new();
+    let mut handles = Vec::new();
+    for r in 0..replicas {
+        let replica = MemoryTransport::network(workers);
+        let Some(network) = replica.first().cloned() else {
+            return Err(Error::invalid("schedule", "no workers"));
+        };
+        networks.push(network);
+        handles.extend(
+            replica
+                .into_iter()
+                .enumerate()
+                .map(|(w, h)| (r, w as u32, h)),
+        );
+    }
+    let sync = LocalSync::with_replicas(workers * replicas, replicas, options.timeout);
     let first_failed = AtomicU32::new(u32::MAX);
     let outcomes: Vec<Result<WorkerOutcome>> = std::thread::scope(|scope| {
         let threads: Vec<_> = handles
             .into_iter()
-            .enumerate()
-            .map(|(w, handle)| {
-                let w = w as u32;
-                let (partition, network, sync, first_failed) =
-                    (&partition, &network, &sync, &first_failed);
+            .map(|(r, w, handle)| {
+                let index = r * workers + w;
+                let (partition, networks, sync, first_failed) =
+                    (&partition, &networks, &sync, &first_failed);
                 scope.spawn(move || {
                     let mut guard = AbortGuard {
-                        worker: w,
-                        network,
+                        worker: index,
+                        networks,
                         sync,
                         armed: true,
                     };
@@ -330,6 +499,12 @@ pub fn run_local_with(
                         let mut rt = WorkerRuntime::new(
                             w, schedule, spec, partition, seed, device, optimizer,
                         )?;
+                        if replicas > 1 {
+                            rt.set_replica(Replica {
+                                index: r,
+                                count: replicas,
+                            })?;
+                        }
                         rt.set_timeout(options.timeout);
                         if let Some(output) = options.checkpoints
                             && options.first_step > 0
@@ -341,16 +516,18 @@ pub fn run_local_with(
                             None => Box::new(handle),
                         };
                         let mut reports = Vec::with_capacity(steps.len());
+                        let share = r as usize * per_replica..(r as usize + 1) * per_replica;
                         for (step, batches) in steps.iter().enumerate() {
                             reports.push(rt.run_step(
                                 options.job,
                                 options.first_step + step as u64,
-                                batches,
+                                &batches[share.clone()],
                                 transport.as_ref(),
                                 sync,
                             )?);
                         }
-                        if let Some(output) = options.checkpoints {
+                        // Every replica holds the same parameters: the first saves them.
+                        if let Some(output) = options.checkpoints.filter(|_| r == 0) {
                             rt.save_checkpoints(output, options.first_step + steps.len() as u64)?;
                         }
                         let params = rt
@@ -363,7 +540,7 @@ pub fn run_local_with(
                     if result.is_err() {
                         let _ = first_failed.compare_exchange(
                             u32::MAX,
-                            w,
+                            index,
                             Ordering::SeqCst,
                             Ordering::SeqCst,
                         );
@@ -408,13 +585,14 @@ pub fn run_local_with(
         return Err(e);
     }
     let mut reports: Vec<Vec<StepReport>> = (0..steps.len()).map(|_| Vec::new()).collect();
-    let mut params = BTreeMap::new();
-    for (worker_reports, worker_params) in per_worker {
+    let mut all_params = vec![BTreeMap::new(); replicas as usize];
+    for (index, (worker_reports, worker_params)) in per_worker.into_iter().enumerate() {
         for (step, r) in worker_reports.into_iter().enumerate() {
             reports[step].push(r);
         }
-        params.extend(worker_params);
+        all_params[index / workers as usize].extend(worker_params);
     }
+    let params = all_params.remove(0);
     let losses = reports
         .iter()
         .map(|r| r.first().and_then(|r| r.loss).unwrap_or(f32::NAN))
@@ -423,5 +601,6 @@ pub fn run_local_with(
         losses,
         params,
         reports,
+        replica_params: all_params,
     })
 }

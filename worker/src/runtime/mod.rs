@@ -33,7 +33,7 @@ pub mod step;
 pub mod transport;
 
 pub use emulate::{EmulatedRuntime, run_emulated_local};
-pub use executor::{Slowdown, WorkerRuntime};
+pub use executor::{Replica, Slowdown, WorkerRuntime};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local, run_local_with};
 pub use program::DEFAULT_TIMEOUT;
 pub use step::{StepReport, StepSync};

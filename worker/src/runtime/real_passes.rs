@@ -7,7 +7,8 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use pipewise_common::pass::{Pass, PassKind};
 
-use super::step::Passes;
+use super::executor::Replica;
+use super::step::{Passes, StepSync};
 use super::transport::Payload;
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -26,6 +27,8 @@ pub(super) struct RealPasses<'a> {
     pub(super) last: u32,
     pub(super) slowdown: f64,
     pub(super) max_grad_norm: Option<f64>,
+    /// This worker's data-parallel replica and the replica count.
+    pub(super) replica: Replica,
 }
 
 impl RealPasses<'_> {
@@ -105,7 +108,22 @@ impl Passes for RealPasses<'_> {
         self.stages.values().map(Stage::stash_bytes).sum()
     }
 
+    fn reduce_replicas(&mut self, sync: &dyn StepSync, step: u64) -> Result<()> {
+        if self.replica.count <= 1 {
+            return Ok(());
+        }
+        for (&s, stage) in self.stages.iter_mut() {
+            let mut grads = stage.flat_grads()?;
+            sync.all_reduce_replicas(step, s, self.replica.index, &mut grads)?;
+            stage.set_flat_grads(&grads)?;
+        }
+        Ok(())
+    }
+
     fn grad_sq_norm(&self) -> Result<f64> {
+        if self.replica.index > 0 {
+            return Ok(0.0);
+        }
         let mut local_sq = 0.0;
         for stage in self.stages.values() {
             local_sq += stage.grad_sq_norm()?;

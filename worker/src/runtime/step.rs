@@ -26,6 +26,24 @@ pub trait StepSync: Send + Sync {
     /// Gathers the microbatch losses of the last stage (each worker passes its own, empty
     /// if it holds no last stage) and returns the step's mean loss to every worker.
     fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32>;
+
+    /// Data-parallel replicas: sums stage `stage`'s gradients (`grads`, every parameter
+    /// flattened in order) of step `step` over the job's replicas, in replica order whatever
+    /// the arrival order, and leaves the sum in `grads` on every replica (`replica`: this
+    /// worker's). A sync without replicas refuses.
+    fn all_reduce_replicas(
+        &self,
+        step: u64,
+        stage: u32,
+        replica: u32,
+        grads: &mut [f32],
+    ) -> Result<()> {
+        let _ = (step, grads);
+        Err(Error::invalid(
+            "replicas",
+            format!("stage {stage} replica {replica}: this transport has no replica all-reduce"),
+        ))
+    }
 }
 
 /// What one worker reports about one step.
@@ -95,7 +113,14 @@ pub(crate) trait Passes {
     /// Bytes stashed for pending `B` and `W` passes now.
     fn stash_bytes(&self) -> u64;
 
-    /// The squared gradient norm of this worker's stages.
+    /// Sums this worker's gradients over the job's data-parallel replicas through `sync`
+    /// (none: nothing to do).
+    fn reduce_replicas(&mut self, _sync: &dyn StepSync, _step: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// The squared gradient norm of this worker's stages (0 on a replica other than the
+    /// first, whose gradients, once reduced, are the first's: counted once).
     fn grad_sq_norm(&self) -> Result<f64>;
 
     /// The optimizer step, given the squared gradient norm over every worker.
@@ -206,6 +231,7 @@ pub(crate) fn end_step<P: Passes>(
 ) -> Result<StepReport> {
     // Global-norm clipping: every stage of every worker scales by the same factor.
     let sync_started = Instant::now();
+    passes.reduce_replicas(sync, step)?;
     let local_sq = passes.grad_sq_norm()?;
     let mark = rec.core_wait.mark();
     let global_sq = sync.all_reduce_sq_norm(step, local_sq)?;
