@@ -15,8 +15,8 @@ use pipewise_common::generate::{Request, ScheduleKind, generate};
 use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_common::schedule::Schedule;
 use pipewise_worker::runtime::{
-    Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, Payload, Transport, WorkerRuntime,
-    run_local, run_local_with,
+    Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, Payload, StepReport, Transport,
+    WorkerRuntime, run_local, run_local_with,
 };
 use pipewise_worker::test_utils::max_abs_diff;
 use pipewise_worker::{AdamW, Batch, Result, Stage, Trainer};
@@ -109,6 +109,27 @@ fn differences(
     Ok((loss_diff, param_diff))
 }
 
+/// The largest difference of any worker's reported gradient norm from the reference's.
+fn norm_difference(reports: &[Vec<StepReport>], reference: &Reference) -> f64 {
+    reports
+        .iter()
+        .zip(&reference.grad_norms)
+        .flat_map(|(all, &want)| all.iter().map(move |r| (r.grad_norm - want).abs()))
+        .fold(0.0, f64::max)
+}
+
+/// Losses and parameters within [`TOLERANCE`] of the reference's.
+fn assert_within_tolerance(kind: ScheduleKind, loss_diff: f64, param_diff: f64) {
+    assert!(
+        loss_diff <= TOLERANCE,
+        "{kind}: losses differ by {loss_diff}"
+    );
+    assert!(
+        param_diff <= TOLERANCE,
+        "{kind}: parameters differ by {param_diff}"
+    );
+}
+
 /// Trains `steps` steps of `kind` on `workers` workers and compares losses and final
 /// parameters with the reference trainer; returns the largest differences.
 fn matches_reference(
@@ -133,12 +154,7 @@ fn matches_reference(
             moved = moved.max(max_abs_diff(&p.value, want)?);
         }
     }
-    let norm_diff = run
-        .reports
-        .iter()
-        .zip(&reference.grad_norms)
-        .flat_map(|(workers, &want)| workers.iter().map(move |r| (r.grad_norm - want).abs()))
-        .fold(0.0, f64::max);
+    let norm_diff = norm_difference(&run.reports, &reference);
     let clipped = reference.grad_norms.iter().filter(|&&g| g > CLIP).count();
     eprintln!(
         "{kind:>16} d={workers} stages={} n={MICROBATCHES} steps={steps}: max |Δloss| {loss_diff:.2e}, \
@@ -149,14 +165,7 @@ fn matches_reference(
         reference.losses[0],
         reference.losses[reference.losses.len() - 1],
     );
-    assert!(
-        loss_diff <= TOLERANCE,
-        "{kind}: losses differ by {loss_diff}"
-    );
-    assert!(
-        param_diff <= TOLERANCE,
-        "{kind}: parameters differ by {param_diff}"
-    );
+    assert_within_tolerance(kind, loss_diff, param_diff);
     assert!(moved > 1e-3, "training must move the parameters ({moved})");
     assert!(
         clipped > 0 && clipped < reference.grad_norms.len(),
@@ -595,6 +604,13 @@ fn replicas_match_the_reference() -> Result<()> {
     let steps = 6;
     let data = common::step_batches(&spec, steps, MICROBATCHES)?;
     let reference = reference(&spec, &data)?;
+    let replicated = |schedule: &Schedule| {
+        let options = LocalOptions {
+            replicas: REPLICAS,
+            ..LocalOptions::default()
+        };
+        run_local_with(schedule, &spec, SEED, adamw(), &Device::Cpu, &data, options)
+    };
     for (kind, workers, chunks) in [
         (ScheduleKind::OneFOneB, 2, 1),
         (ScheduleKind::ZbH1, 2, 1),
@@ -605,39 +621,15 @@ fn replicas_match_the_reference() -> Result<()> {
         let mut req = Request::new(kind, workers, MICROBATCHES / REPLICAS);
         req.chunks = chunks;
         let schedule = generate(&req).unwrap_or_else(|e| panic!("{kind}: {e}"));
-        let options = LocalOptions {
-            replicas: REPLICAS,
-            ..LocalOptions::default()
-        };
-        let run = run_local_with(
-            &schedule,
-            &spec,
-            SEED,
-            adamw(),
-            &Device::Cpu,
-            &data,
-            options,
-        )?;
+        let run = replicated(&schedule)?;
         let (loss_diff, param_diff) = differences(&run.losses, &run.params, &reference)?;
-        let norm_diff = run
-            .reports
-            .iter()
-            .zip(&reference.grad_norms)
-            .flat_map(|(all, &want)| all.iter().map(move |r| (r.grad_norm - want).abs()))
-            .fold(0.0, f64::max);
+        let norm_diff = norm_difference(&run.reports, &reference);
         eprintln!(
             "{kind:>16} R={REPLICAS} d={workers} n={}: max |Δloss| {loss_diff:.2e}, max \
              |Δparam| {param_diff:.2e}, max |Δgrad norm| {norm_diff:.2e}",
             MICROBATCHES / REPLICAS
         );
-        assert!(
-            loss_diff <= TOLERANCE,
-            "{kind}: losses differ by {loss_diff}"
-        );
-        assert!(
-            param_diff <= TOLERANCE,
-            "{kind}: parameters differ by {param_diff}"
-        );
+        assert_within_tolerance(kind, loss_diff, param_diff);
         assert!(
             norm_diff <= 1e-4,
             "{kind}: gradient norms differ by {norm_diff}"
@@ -652,22 +644,10 @@ fn replicas_match_the_reference() -> Result<()> {
     }
     // A step whose microbatches the replicas cannot share is refused, naming the field.
     let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 2, 3))?;
-    let options = LocalOptions {
-        replicas: REPLICAS,
-        ..LocalOptions::default()
-    };
-    let err = run_local_with(
-        &schedule,
-        &spec,
-        SEED,
-        adamw(),
-        &Device::Cpu,
-        &data,
-        options,
-    )
-    .err()
-    .map(|e| e.to_string())
-    .unwrap_or_default();
+    let err = replicated(&schedule)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(
         err.contains("batches") && err.contains("2 replica(s)"),
         "{err}"

@@ -14,7 +14,7 @@ use pipewise_common::schedule::Schedule;
 
 use super::executor::{Replica, WorkerRuntime};
 use super::program::DEFAULT_TIMEOUT;
-use super::step::{StepReport, StepSync};
+use super::step::{ReplicaPart, StepReport, StepSync};
 use super::transport::{MemoryTransport, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -189,22 +189,22 @@ impl LocalSync {
 }
 
 impl StepSync for LocalSync {
-    fn all_reduce_replicas(
-        &self,
-        step: u64,
-        stage: u32,
-        replica: u32,
-        grads: &mut [f32],
-    ) -> Result<()> {
-        let awaited = || format!("step {step} stage {stage} gradients of every replica");
-        let r = replica as usize;
+    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f32]) -> Result<()> {
+        let awaited = || format!("{part}: the gradients of every replica");
+        let mismatch = |what: &str, a: usize, b: usize| {
+            Error::invalid(
+                "replicas",
+                format!("{}: {what} {a} and {b} values", awaited()),
+            )
+        };
+        let r = part.replica as usize;
         if r >= self.replicas {
             return Err(Error::invalid(
                 "replicas",
-                format!("replica {replica} of a sync for {}", self.replicas),
+                format!("{part}: a sync for {} replicas", self.replicas),
             ));
         }
-        let key = (step, stage);
+        let key = (part.step, part.stage);
         let mut rounds = self
             .rounds
             .lock()
@@ -218,15 +218,7 @@ impl StepSync for LocalSync {
             let mut sum = parts.next().cloned().unwrap_or_default();
             for part in parts {
                 if part.len() != sum.len() {
-                    return Err(Error::invalid(
-                        "replicas",
-                        format!(
-                            "{}: parts of {} and {} values",
-                            awaited(),
-                            sum.len(),
-                            part.len()
-                        ),
-                    ));
+                    return Err(mismatch("parts of", sum.len(), part.len()));
                 }
                 for (s, p) in sum.iter_mut().zip(part) {
                     *s += p;
@@ -247,15 +239,7 @@ impl StepSync for LocalSync {
                 }
                 drop(rounds);
                 if sum.len() != grads.len() {
-                    return Err(Error::invalid(
-                        "replicas",
-                        format!(
-                            "{}: a sum of {} values for {}",
-                            awaited(),
-                            sum.len(),
-                            grads.len()
-                        ),
-                    ));
+                    return Err(mismatch("a sum and gradients of", sum.len(), grads.len()));
                 }
                 grads.copy_from_slice(&sum);
                 return Ok(());

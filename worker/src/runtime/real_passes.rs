@@ -8,7 +8,7 @@ use candle_core::{DType, Tensor};
 use pipewise_common::pass::{Pass, PassKind};
 
 use super::executor::Replica;
-use super::step::{Passes, StepSync};
+use super::step::{Passes, ReplicaPart, StepSync};
 use super::transport::Payload;
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -114,7 +114,12 @@ impl Passes for RealPasses<'_> {
         }
         for (&s, stage) in self.stages.iter_mut() {
             let mut grads = stage.flat_grads()?;
-            sync.all_reduce_replicas(step, s, self.replica.index, &mut grads)?;
+            let part = ReplicaPart {
+                step,
+                stage: s,
+                replica: self.replica.index,
+            };
+            sync.all_reduce_replicas(part, &mut grads)?;
             stage.set_flat_grads(&grads)?;
         }
         Ok(())

@@ -27,22 +27,36 @@ pub trait StepSync: Send + Sync {
     /// if it holds no last stage) and returns the step's mean loss to every worker.
     fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32>;
 
-    /// Data-parallel replicas: sums stage `stage`'s gradients (`grads`, every parameter
-    /// flattened in order) of step `step` over the job's replicas, in replica order whatever
-    /// the arrival order, and leaves the sum in `grads` on every replica (`replica`: this
-    /// worker's). A sync without replicas refuses.
-    fn all_reduce_replicas(
-        &self,
-        step: u64,
-        stage: u32,
-        replica: u32,
-        grads: &mut [f32],
-    ) -> Result<()> {
-        let _ = (step, grads);
+    /// Data-parallel replicas: sums the gradients of `part`'s stage and step (`grads`, every
+    /// parameter flattened in order) over the job's replicas, in replica order whatever the
+    /// arrival order, and leaves the sum in `grads` on every replica. A sync without
+    /// replicas refuses.
+    fn all_reduce_replicas(&self, part: ReplicaPart, _grads: &mut [f32]) -> Result<()> {
         Err(Error::invalid(
             "replicas",
-            format!("stage {stage} replica {replica}: this transport has no replica all-reduce"),
+            format!("{part}: this transport has no replica all-reduce"),
         ))
+    }
+}
+
+/// Whose gradients a replica all-reduce gets: a stage's, in a step, from a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaPart {
+    /// The step (0-based).
+    pub step: u64,
+    /// The stage whose gradients these are.
+    pub stage: u32,
+    /// The contributing worker's replica.
+    pub replica: u32,
+}
+
+impl std::fmt::Display for ReplicaPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {} stage {} (replica {})",
+            self.step, self.stage, self.replica
+        )
     }
 }
 
