@@ -17,7 +17,7 @@ use pipewise_common::schedule::Schedule;
 use super::program::{WorkerProgram, check_partition, schedule_program};
 use super::real_passes::RealPasses;
 use super::side_by_side::{holds_every_stage, run_side_by_side};
-use super::step::{StepReport, StepSync, run_passes};
+use super::step::{Replica, StepReport, StepSync, run_passes};
 use super::transport::Transport;
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -42,23 +42,6 @@ pub struct WorkerRuntime {
     slowdown: Slowdown,
     /// Which data-parallel replica of the pipeline this worker belongs to.
     replica: Replica,
-}
-
-/// A worker's data-parallel replica: `index` of `count` copies of the pipeline, each
-/// training on its share of every step's microbatches, their gradients summed before the
-/// optimizer step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Replica {
-    /// This worker's replica (0-based).
-    pub index: u32,
-    /// How many replicas the job has.
-    pub count: u32,
-}
-
-impl Default for Replica {
-    fn default() -> Self {
-        Self { index: 0, count: 1 }
-    }
 }
 
 /// A stand-in for a slower device, to exercise straggler and drift handling: every pass

@@ -12,9 +12,9 @@ use candle_core::{Device, Tensor};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::schedule::Schedule;
 
-use super::executor::{Replica, WorkerRuntime};
+use super::executor::WorkerRuntime;
 use super::program::DEFAULT_TIMEOUT;
-use super::step::{ReplicaPart, StepReport, StepSync};
+use super::step::{Replica, ReplicaPart, StepReport, StepSync};
 use super::transport::{MemoryTransport, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};

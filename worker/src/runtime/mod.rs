@@ -33,8 +33,8 @@ pub mod step;
 pub mod transport;
 
 pub use emulate::{EmulatedRuntime, run_emulated_local};
-pub use executor::{Replica, Slowdown, WorkerRuntime};
+pub use executor::{Slowdown, WorkerRuntime};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local, run_local_with};
 pub use program::DEFAULT_TIMEOUT;
-pub use step::{StepReport, StepSync};
+pub use step::{Replica, ReplicaPart, StepReport, StepSync};
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};

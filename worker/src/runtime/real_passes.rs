@@ -7,8 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use pipewise_common::pass::{Pass, PassKind};
 
-use super::executor::Replica;
-use super::step::{Passes, ReplicaPart, StepSync};
+use super::step::{Passes, Replica, ReplicaPart, StepSync};
 use super::transport::Payload;
 use crate::data::Batch;
 use crate::error::{Error, Result};

@@ -39,6 +39,23 @@ pub trait StepSync: Send + Sync {
     }
 }
 
+/// A worker's data-parallel replica: `index` of `count` copies of the pipeline, each
+/// training on its share of every step's microbatches, their gradients summed before the
+/// optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replica {
+    /// This worker's replica (0-based).
+    pub index: u32,
+    /// How many replicas the job has.
+    pub count: u32,
+}
+
+impl Default for Replica {
+    fn default() -> Self {
+        Self { index: 0, count: 1 }
+    }
+}
+
 /// Whose gradients a replica all-reduce gets: a stage's, in a step, from a replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaPart {
