@@ -148,7 +148,12 @@ fn stages(option: &PlanOption) -> u32 {
 /// (for the search on fitted costs) whose runner-up is predicted 1 % slower than that plan
 /// and every other plan twice as slow.
 fn first_run() -> (Vec<Worker>, Supervisor, JobChoice) {
-    let (ws, mut s, choose) = choosing(20);
+    first_run_of(20)
+}
+
+/// [`first_run`] of a job of `steps` steps.
+fn first_run_of(steps: u32) -> (Vec<Worker>, Supervisor, JobChoice) {
+    let (ws, mut s, choose) = choosing(steps);
     let mut choice = choose.run().unwrap();
     let best = choice.best.shown.predicted_ms;
     for (i, o) in choice.others.iter_mut().enumerate() {
@@ -265,6 +270,60 @@ fn an_auto_trial_measures_each_plan_by_its_fastest_step() {
     };
     assert!(kept.contains("measured 900.0 ms a step"), "{kept}");
     assert!(kept.contains("it stays"), "{kept}");
+}
+
+/// A move decided while the re-check's search runs (here worker 1 straggling) ends the
+/// run before any rival was measured: the search's late answer is dropped, and the next
+/// run starts the trial again (it used to end the trial for good).
+#[test]
+fn a_move_during_the_re_check_restarts_the_trial() {
+    let (ws, mut s, choice) = first_run_of(40);
+    let acts = steps_took(&mut s, &ws, 0, T, 1.0);
+    let [Action::Step(_), Action::Choose(again)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut k = T;
+    let through = loop {
+        assert!(k < T + 8, "no straggler move");
+        let mut acts = Vec::new();
+        for i in 0..ws.len() {
+            let r = StepReport {
+                busy_secs: if i == 1 { 0.9 } else { 0.2 },
+                ..report(&ws, i, k)
+            };
+            acts = s.handle(1_000 * (k + 1), Input::Report(Box::new(r)));
+        }
+        if acts.iter().any(|a| matches!(a, Action::Stop(_))) {
+            break k + 1;
+        }
+        k += 1;
+    };
+    assert_eq!(
+        s.handle(1_000 * (k + 1) + 50, chosen(again, Ok(choice.clone()))),
+        []
+    );
+    let acts = moved_after(
+        &mut s,
+        &ws,
+        (RunId::new(JOB, 0), stages(&choice.best)),
+        through,
+    );
+    let Some(Action::Choose(next)) = acts.last() else {
+        panic!("{acts:?}")
+    };
+    let acts = s.handle(1_000 * (through + 2), chosen(next, Ok(choice.clone())));
+    let [Action::Info(text), Action::Attach(_), Action::Assign(_)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(
+        text.contains("chosen again on costs fitted to them"),
+        "{text}"
+    );
+    let acts = steps_took(&mut s, &ws, through, T, 1.0);
+    assert!(
+        matches!(&acts[..], [Action::Step(_), Action::Choose(_)]),
+        "the next run re-checks after {T} steps: {acts:?}"
+    );
 }
 
 /// The last plan measured stays when it is the fastest; a re-check that finds no rival

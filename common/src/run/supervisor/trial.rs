@@ -70,6 +70,9 @@ impl Supervisor {
     /// The search's answer on the costs fitted to the first run's steps: the plans it
     /// predicts within the band are measured after the running one.
     pub(super) fn rechosen(&mut self, run: &mut Run, choice: crate::Result<JobChoice>) {
+        if !matches!(self.trial, Trial::Rechoosing(_)) {
+            return; // an answer the trial no longer waits for
+        }
         let Trial::Rechoosing(first) = std::mem::replace(&mut self.trial, Trial::Done) else {
             return;
         };
@@ -82,7 +85,13 @@ impl Supervisor {
                 return;
             }
         };
-        if run.moving.is_some() || !run.may_stop() {
+        if run.moving.is_some() {
+            // A move decided while the search ran (a drift, a straggler) ends this run before
+            // any rival was measured: the next run starts the trial again.
+            self.trial = Trial::NotYet;
+            return;
+        }
+        if !run.may_stop() {
             return;
         }
         let same = |o: &PlanOption| o.plan == first.plan && o.stage_pieces == first.stage_pieces;
