@@ -649,7 +649,7 @@ fn replicas_match_the_reference() -> Result<()> {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(
-        err.contains("batches") && err.contains("2 replica(s)"),
+        err.contains("batches") && err.contains("2 replica(s) of a schedule of 3 take 6"),
         "{err}"
     );
     Ok(())

@@ -437,7 +437,8 @@ pub fn run_local_with(
         return Err(Error::invalid(
             "batches",
             format!(
-                "step {step} has {} microbatches; {replicas} replica(s) of a schedule of                  {per_replica} take {}",
+                "step {step} has {} microbatches; {replicas} replica(s) of a schedule of \
+                 {per_replica} take {}",
                 b.len(),
                 per_replica * replicas as usize
             ),
