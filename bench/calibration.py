@@ -186,8 +186,7 @@ def main():
             step_ms[schedule] = got[0][3]
             if schedule == "auto":
                 auto_text = got[1]
-        fixed = {s: ms for s, ms in step_ms.items() if s != "auto"}
-        rivals = sorted(fixed, key=fixed.get)[:3]
+        rivals = sorted((s for s in step_ms if s != "auto"), key=step_ms.get)[:3]
         if "auto" in step_ms and rivals and args.rounds > 0:
             print(f"item 4 re-measured: {', '.join(rivals)} and auto, {args.rounds} rounds in turn",
                   flush=True)

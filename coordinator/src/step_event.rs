@@ -19,6 +19,7 @@ pub(crate) fn event(
     let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
     let core_wait: f64 = reports.iter().map(|r| r.core_wait_secs).sum();
     let pass_core_wait: f64 = reports.iter().map(|r| r.pass_core_wait_secs).sum();
+    let worker_secs = reports.len() as f64 * wall;
     let loss = reports
         .iter()
         .map(|r| r.loss)
@@ -32,20 +33,12 @@ pub(crate) fn event(
         planned_bubble: planned.bubble,
         predicted_step_time_ms: planned.step_ms,
         measured_bubble: if wall > 0.0 {
-            1.0 - busy / (reports.len() as f64 * wall)
+            1.0 - share(busy, worker_secs)
         } else {
             0.0
         },
-        core_wait_bubble: if wall > 0.0 {
-            core_wait / (reports.len() as f64 * wall)
-        } else {
-            0.0
-        },
-        pass_core_wait: if busy > 0.0 {
-            pass_core_wait / busy
-        } else {
-            0.0
-        },
+        core_wait_bubble: share(core_wait, worker_secs),
+        pass_core_wait: share(pass_core_wait, busy),
         peaks: reports
             .iter()
             .map(|r| (r.worker_index, r.peak_activation_bytes))
@@ -67,6 +60,11 @@ pub(crate) fn event(
         trace: step_trace(job, step, reports),
         planned_costs: planned.costs,
     }
+}
+
+/// `part / whole`, 0 when there is no whole.
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 { part / whole } else { 0.0 }
 }
 
 /// The step's executed timeline from every worker's spans (`None` when a report carries

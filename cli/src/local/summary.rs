@@ -51,9 +51,7 @@ impl StepSummary {
             plan_choice: e.plan_choice.clone(),
         }
     }
-}
 
-impl StepSummary {
     /// Adds `s`'s times and bubbles to these (a running sum; the rest stays).
     fn add_times(&mut self, s: &StepSummary) {
         self.step_time_ms += s.step_time_ms;
@@ -61,7 +59,6 @@ impl StepSummary {
         self.measured_bubble += s.measured_bubble;
         self.core_wait_bubble += s.core_wait_bubble;
         self.pass_core_wait += s.pass_core_wait;
-        self.predicted_step_time_ms += s.predicted_step_time_ms;
     }
 
     /// These times and bubbles over `n` (the mean of a running sum).
@@ -72,7 +69,6 @@ impl StepSummary {
             measured_bubble: self.measured_bubble / n,
             core_wait_bubble: self.core_wait_bubble / n,
             pass_core_wait: self.pass_core_wait / n,
-            predicted_step_time_ms: self.predicted_step_time_ms / n,
             ..StepSummary::default()
         }
     }

@@ -191,12 +191,6 @@ impl LocalSync {
 impl StepSync for LocalSync {
     fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f32]) -> Result<()> {
         let awaited = || format!("{part}: the gradients of every replica");
-        let mismatch = |what: &str, a: usize, b: usize| {
-            Error::invalid(
-                "replicas",
-                format!("{}: {what} {a} and {b} values", awaited()),
-            )
-        };
         let r = part.replica as usize;
         if r >= self.replicas {
             return Err(Error::invalid(
@@ -218,7 +212,15 @@ impl StepSync for LocalSync {
             let mut sum = parts.next().cloned().unwrap_or_default();
             for part in parts {
                 if part.len() != sum.len() {
-                    return Err(mismatch("parts of", sum.len(), part.len()));
+                    return Err(Error::invalid(
+                        "replicas",
+                        format!(
+                            "{}: parts of {} and {} values",
+                            awaited(),
+                            sum.len(),
+                            part.len()
+                        ),
+                    ));
                 }
                 for (s, p) in sum.iter_mut().zip(part) {
                     *s += p;
@@ -238,23 +240,17 @@ impl StepSync for LocalSync {
                     rounds.remove(&key);
                 }
                 drop(rounds);
-                if sum.len() != grads.len() {
-                    return Err(mismatch("a sum and gradients of", sum.len(), grads.len()));
-                }
+                // Every part, this one among them, had the sum's length.
                 grads.copy_from_slice(&sum);
                 return Ok(());
             }
-            drop(rounds);
+            // `abort` takes `rounds` before it notifies, so this check cannot miss it.
             if let Some(reason) = self.aborted() {
                 return Err(Error::Closed {
                     awaited: awaited(),
                     reason: format!("aborted ({reason})"),
                 });
             }
-            rounds = self
-                .rounds
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let now = Instant::now();
             if now >= deadline {
                 let timeout = Error::Timeout {
@@ -267,7 +263,7 @@ impl StepSync for LocalSync {
             }
             rounds = self
                 .summed
-                .wait_timeout(rounds, (deadline - now).min(Duration::from_millis(100)))
+                .wait_timeout(rounds, deadline - now)
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|poisoned| poisoned.into_inner().0);
         }
@@ -588,4 +584,50 @@ pub fn run_local_with(
         reports,
         replica_params: all_params,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn part(replica: u32) -> ReplicaPart {
+        ReplicaPart {
+            step: 3,
+            stage: 1,
+            replica,
+        }
+    }
+
+    /// Two replicas' parts of one stage: both get the sum, whichever arrives first; an
+    /// abort releases a replica waiting for a part that never comes.
+    #[test]
+    fn replicas_get_the_sum_or_the_abort() {
+        let sync = LocalSync::with_replicas(4, 2, Duration::from_secs(10));
+        let (a, b) = std::thread::scope(|s| {
+            let late = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                let mut g = vec![3.0f32, 4.0];
+                sync.all_reduce_replicas(part(1), &mut g).map(|()| g)
+            });
+            let mut g = vec![1.0f32, 2.0];
+            let first = sync.all_reduce_replicas(part(0), &mut g).map(|()| g);
+            (first, late.join().unwrap())
+        });
+        assert_eq!((a.unwrap(), b.unwrap()), (vec![4.0, 6.0], vec![4.0, 6.0]));
+
+        let started = Instant::now();
+        let err = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                sync.abort("worker 2 stopped");
+            });
+            sync.all_reduce_replicas(part(0), &mut [1.0]).unwrap_err()
+        });
+        assert!(err.to_string().contains("worker 2 stopped"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let bad = sync.all_reduce_replicas(part(2), &mut [1.0]).unwrap_err();
+        assert!(bad.to_string().contains("replicas"), "{bad}");
+    }
 }

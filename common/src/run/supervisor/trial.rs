@@ -70,11 +70,13 @@ impl Supervisor {
     /// The search's answer on the costs fitted to the first run's steps: the plans it
     /// predicts within the band are measured after the running one.
     pub(super) fn rechosen(&mut self, run: &mut Run, choice: crate::Result<JobChoice>) {
-        if !matches!(self.trial, Trial::Rechoosing(_)) {
-            return; // an answer the trial no longer waits for
-        }
-        let Trial::Rechoosing(first) = std::mem::replace(&mut self.trial, Trial::Done) else {
-            return;
+        let first = match std::mem::replace(&mut self.trial, Trial::Done) {
+            Trial::Rechoosing(first) => first,
+            // An answer the trial no longer waits for.
+            other => {
+                self.trial = other;
+                return;
+            }
         };
         let choice = match choice {
             Ok(choice) => choice,

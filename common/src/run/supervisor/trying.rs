@@ -35,10 +35,12 @@ pub(super) enum Trial {
 /// fastest step is the least disturbed, and one disturbed step does not decide.
 pub(super) fn plan_secs(step_secs: &[f64]) -> f64 {
     let kept = (TRIAL_STEPS - 1) as usize;
+    // The warm-up (the first step) never counts.
     let from = step_secs
         .len()
         .saturating_sub(kept)
-        .max(1.min(step_secs.len()));
+        .max(1)
+        .min(step_secs.len());
     step_secs[from..]
         .iter()
         .copied()
