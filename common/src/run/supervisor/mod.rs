@@ -6,6 +6,8 @@
 //!
 //! 1. **Waiting** for `d` live workers with their assignment stream open (the first `d` by
 //!    id; worker index = rank in that order). The job's status says how many are ready.
+//!    A re-planned job that loses a worker it counted on while it waits re-plans onto the
+//!    survivors.
 //! 2. After a coordinator restart (first run only): waiting until no live worker runs one
 //!    of the earlier coordinator's runs of the job, then resuming from the checkpoint the
 //!    store named (or the latest complete one).
@@ -35,6 +37,8 @@ mod recalibrate;
 mod tests;
 mod trial;
 mod trying;
+#[cfg(test)]
+mod waiting_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -103,6 +107,8 @@ pub struct Supervisor {
     /// Workers that left (since they last registered): a run holding one lost it by a
     /// drain, not a crash.
     left: BTreeSet<String>,
+    /// The latest worker to leave or be lost, and how, in words.
+    gone: Option<(String, Reason)>,
     first_step: u64,
     stage_pieces: Vec<u32>,
     /// Runs started (each re-plan starts another).
@@ -153,6 +159,7 @@ impl Supervisor {
             cfg,
             pool: live.into_iter().map(|m| (m.worker.id.clone(), m)).collect(),
             left: BTreeSet::new(),
+            gone: None,
             first_step: start.step,
             stage_pieces,
             replans: 0,
@@ -243,12 +250,17 @@ impl Supervisor {
                     m.running = *run;
                 }
             }
-            Input::Lost(id) => {
-                self.pool.remove(id);
-            }
-            Input::Left(id) => {
-                self.pool.remove(id);
-                self.left.insert(id.clone());
+            Input::Lost(id) | Input::Left(id) => {
+                let (what, how) = match input {
+                    Input::Left(_) => {
+                        self.left.insert(id.clone());
+                        ("left the cluster", Reason::WorkerLeft)
+                    }
+                    _ => ("stopped heartbeating", Reason::WorkerLost),
+                };
+                if self.pool.remove(id).is_some() {
+                    self.gone = Some((format!("worker {id} {what}"), how));
+                }
             }
             _ => {}
         }
@@ -287,6 +299,19 @@ impl Supervisor {
                 return self.rejoin(ready, until);
             }
             return self.launch(ready);
+        }
+        // A re-planned job's plan counted workers that have gone since (a leave during a
+        // move's hand-over, say): no one is coming back for it, so it shrinks again.
+        if self.replans > 0
+            && self.pool.len() < d
+            && let Some((gone, how)) = self.gone.clone()
+        {
+            self.end_trial();
+            let reason = format!("{gone} while the job waited");
+            return match self.onto_survivors(reason, how, self.first_step) {
+                Ok(()) => self.wait(shown, next_note),
+                Err(end) => end,
+            };
         }
         let n = ready.len();
         if shown != Some(n) {
@@ -449,38 +474,9 @@ impl Supervisor {
                 self.end_trial();
                 let resume = listing.last_complete(&self.spec, self.first_step, through, stages);
                 self.out.push(Action::ClearAfter(resume));
-                let survivors = self.streaming().len() as u32;
-                let d = survivors.min(self.spec.parallelism.pipeline_parallel_degree);
-                if d == 0 {
-                    return self.finish(Err(Failure::NoSurvivors { lost: reason }));
+                if let Err(end) = self.onto_survivors(reason, how, resume) {
+                    return end;
                 }
-                // Auto chooses again when the run starts; until then the job's own plan.
-                let replanned = if self.spec.is_auto() {
-                    replan(&self.spec, d).map(|plan| (respec(&self.spec, d), plan))
-                } else {
-                    replan_after_loss(self.current.clone(), &self.spec, d)
-                };
-                match replanned {
-                    Ok((current, plan)) => (self.current, self.plan) = (current, plan),
-                    Err(error) => {
-                        return self.finish(Err(Failure::Replan {
-                            lost: reason,
-                            workers: d,
-                            error,
-                        }));
-                    }
-                }
-                let reason = format!(
-                    "{reason}; re-planned onto {d} workers ({}, {} stages), resuming from {}",
-                    self.plan.kind.name(),
-                    self.plan.schedule.placement.stages(),
-                    resumed_from(resume)
-                );
-                self.out.push(Action::Warn(reason.clone()));
-                self.out.push(Action::Replanned(how));
-                self.tell(reason);
-                self.stage_pieces = spec_split(&self.current, &self.plan);
-                self.first_step = resume;
             }
             Ended::Move {
                 reason,
@@ -521,6 +517,44 @@ impl Supervisor {
             }
         }
         self.waiting()
+    }
+
+    /// Re-plans onto the streaming workers (at most the job's degree), resuming from
+    /// `resume`, after `reason` (`how`); the job's end when none is left or no plan fits.
+    fn onto_survivors(&mut self, reason: String, how: Reason, resume: u64) -> Result<(), Phase> {
+        let survivors = self.streaming().len() as u32;
+        let d = survivors.min(self.spec.parallelism.pipeline_parallel_degree);
+        if d == 0 {
+            return Err(self.finish(Err(Failure::NoSurvivors { lost: reason })));
+        }
+        // Auto chooses again when the run starts; until then the job's own plan.
+        let replanned = if self.spec.is_auto() {
+            replan(&self.spec, d).map(|plan| (respec(&self.spec, d), plan))
+        } else {
+            replan_after_loss(self.current.clone(), &self.spec, d)
+        };
+        match replanned {
+            Ok((current, plan)) => (self.current, self.plan) = (current, plan),
+            Err(error) => {
+                return Err(self.finish(Err(Failure::Replan {
+                    lost: reason,
+                    workers: d,
+                    error,
+                })));
+            }
+        }
+        let reason = format!(
+            "{reason}; re-planned onto {d} workers ({}, {} stages), resuming from {}",
+            self.plan.kind.name(),
+            self.plan.schedule.placement.stages(),
+            resumed_from(resume)
+        );
+        self.out.push(Action::Warn(reason.clone()));
+        self.out.push(Action::Replanned(how));
+        self.tell(reason);
+        self.stage_pieces = spec_split(&self.current, &self.plan);
+        self.first_step = resume;
+        Ok(())
     }
 
     /// Re-plans counted against [`Config::max_replans`]: all but an auto trial's moves.

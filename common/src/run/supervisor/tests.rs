@@ -87,7 +87,7 @@ pub(super) fn done(workers: &[Worker], i: usize) -> Input {
 }
 
 /// Every worker reports `step` at `now`; the actions of the last report.
-fn step(s: &mut Supervisor, now: u64, workers: &[Worker], step: u64) -> Vec<Action> {
+pub(super) fn step(s: &mut Supervisor, now: u64, workers: &[Worker], step: u64) -> Vec<Action> {
     let mut last = Vec::new();
     for i in 0..workers.len() {
         last = s.handle(now, Input::Report(Box::new(report(workers, i, step))));
@@ -98,7 +98,7 @@ fn step(s: &mut Supervisor, now: u64, workers: &[Worker], step: u64) -> Vec<Acti
     last
 }
 
-fn assign(
+pub(super) fn assign(
     run: RunId,
     first_step: u64,
     workers: &[Worker],
