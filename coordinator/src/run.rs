@@ -313,13 +313,28 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
     let spec = &run_spec(&st.spec, &a.plan);
     let schedule = &a.plan.schedule;
     let toml = spec.to_toml()?;
-    let peers: HashMap<u32, String> = a
+    // Replica r's rank w is worker r · d + w; each replica's frames stay among its own
+    // workers, and replica 0's worker 0 serves every collective.
+    let d = schedule.num_workers().max(1) as usize;
+    let replicas = (a.workers.len() / d) as u32;
+    let peers: Vec<HashMap<u32, String>> = a
         .workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (i as u32, w.address.clone()))
+        .chunks(d)
+        .map(|replica| {
+            replica
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (i as u32, w.address.clone()))
+                .collect()
+        })
         .collect();
-    for (i, w) in a.workers.iter().enumerate() {
+    let root = a
+        .workers
+        .first()
+        .map(|w| w.address.clone())
+        .unwrap_or_default();
+    for (g, w) in a.workers.iter().enumerate() {
+        let (replica, i) = (g / d, g % d);
         let assignment = pb::Assignment {
             run: a.run.raw(),
             first_step: a.first_step,
@@ -329,7 +344,7 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             placement: Some((&schedule.placement).into()),
             model: Some((&spec.model).into()),
             program: program_to_proto(&schedule.workers[i]),
-            peers: peers.clone(),
+            peers: peers[replica].clone(),
             microbatches: a.plan.microbatches,
             seed: spec.training.seed,
             microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size,
@@ -339,6 +354,9 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             abandon: false,
             // The gRPC edge adds it when the coordinator takes tokens.
             run_secret: Vec::new(),
+            replica: replica as u32,
+            replicas,
+            collective_root: root.clone(),
         };
         let sent = ractor::call!(
             st.membership,
@@ -347,7 +365,7 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             Box::new(assignment)
         )?;
         if let Err(e) = sent {
-            return Ok(Some((i, e.to_string())));
+            return Ok(Some((g, e.to_string())));
         }
     }
     tracing::info!(

@@ -108,6 +108,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
     });
     StepReport {
         worker_index: r.worker_index,
+        replica: r.replica,
         worker_id: r.worker_id,
         step: r.step,
         loss: r.loss,

@@ -254,7 +254,7 @@ pub fn check_spec(spec: &JobSpec) -> Verdict {
         return Err(format!("the planned schedule is invalid: {e}").into());
     }
     if schedule.num_workers() != spec.parallelism.pipeline_parallel_degree
-        || plan.microbatches != spec.microbatches()
+        || plan.microbatches != spec.pipeline_microbatches()
         || schedule.microbatches != plan.microbatches
     {
         return Err(format!(
@@ -262,7 +262,7 @@ pub fn check_spec(spec: &JobSpec) -> Verdict {
             schedule.num_workers(),
             plan.microbatches,
             spec.parallelism.pipeline_parallel_degree,
-            spec.microbatches()
+            spec.pipeline_microbatches()
         )
         .into());
     }

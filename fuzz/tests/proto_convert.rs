@@ -168,12 +168,15 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         stage_pieces,
         run_secret: Vec::new(),
         abandon: false,
+        replica: 0,
+        replicas: 1,
+        collective_root: String::new(),
     })
 }
 
 /// One edit of an assignment's fields.
 fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result<()> {
-    match u.int_in_range(0..=14)? {
+    match u.int_in_range(0..=16)? {
         0 => a.job_toml = mutate::text(u, &a.job_toml, &[], 2)?,
         1 => {
             a.placement = if u.arbitrary()? {
@@ -206,6 +209,8 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
         11 => a.stages.push(u.int_in_range(0..=8)?),
         12 => a.stage_count = mutate::number_u32(u)?,
         13 => a.worker_index = mutate::number_u32(u)?,
+        14 => a.replica = mutate::number_u32(u)?,
+        15 => a.replicas = mutate::number_u32(u)?,
         _ => {
             a.stage_pieces = (0..u.int_in_range(0..=8)?)
                 .map(|_| u.int_in_range(0..=12))

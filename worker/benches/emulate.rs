@@ -330,7 +330,7 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
                         .map(|(w, a)| (w as u32, a.as_str())),
                 )?;
             }
-            nets[0].collective().configure(JOB, d, TIMEOUT);
+            nets[0].collective().configure(JOB, d, 1, TIMEOUT);
             let syncs = nets
                 .iter()
                 .enumerate()

@@ -191,9 +191,18 @@ impl Sampler {
 
     /// All `n` microbatches of step `step`.
     pub fn step(&self, corpus: &Corpus, step: u64, n: u32, device: &Device) -> Result<Vec<Batch>> {
-        (0..n)
-            .map(|mb| self.batch(corpus, step, mb, device))
-            .collect()
+        self.share(corpus, step, 0..n, device)
+    }
+
+    /// Microbatches `mbs` of step `step` (a data-parallel replica's share of the step).
+    pub fn share(
+        &self,
+        corpus: &Corpus,
+        step: u64,
+        mbs: std::ops::Range<u32>,
+        device: &Device,
+    ) -> Result<Vec<Batch>> {
+        mbs.map(|mb| self.batch(corpus, step, mb, device)).collect()
     }
 }
 

@@ -514,7 +514,7 @@ fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
     let (a, b) = pair()?;
     let timeout = Duration::from_secs(60);
     // Worker 0 (a) serves the collectives of a 2-worker job but never joins the barrier.
-    a.collective().configure(JOB, 2, timeout);
+    a.collective().configure(JOB, 2, 1, timeout);
     let sync = b.sync_to(&a.local_addr().to_string(), JOB, 1, timeout)?;
     let started = Instant::now();
     std::thread::scope(|s| {

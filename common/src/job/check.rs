@@ -128,6 +128,32 @@ impl JobSpec {
                 ),
             ));
         }
+        let r = p.data_parallel_replicate_degree;
+        if r == 0 || u64::from(d) * u64::from(r) > u64::from(MAX_WORKERS) {
+            return Err(Error::invalid(
+                "parallelism.data_parallel_replicate_degree",
+                format!(
+                    "must be at least 1, with degree × replicas at most {MAX_WORKERS} workers; \
+                     got {r} replicas of {d} workers"
+                ),
+            ));
+        }
+        if !u64::from(t.global_batch_size).is_multiple_of(u64::from(mbs) * u64::from(r)) {
+            return Err(Error::invalid(
+                "training.global_batch_size",
+                format!(
+                    "{} sequences do not split into {r} replicas \
+                     (parallelism.data_parallel_replicate_degree) of microbatches of {mbs}",
+                    t.global_batch_size
+                ),
+            ));
+        }
+        if r > 1 && self.is_auto() {
+            return Err(Error::invalid(
+                "parallelism.data_parallel_replicate_degree",
+                format!("{AUTO_SCHEDULE} plans one pipeline; name a schedule for {r} replicas"),
+            ));
+        }
         if !(1..=MAX_CHUNKS).contains(&p.pipeline_parallel_chunks) {
             return Err(Error::invalid(
                 "parallelism.pipeline_parallel_chunks",
@@ -183,7 +209,7 @@ impl JobSpec {
                 ));
             }
         }
-        let n = self.microbatches();
+        let n = self.pipeline_microbatches();
         if n > MAX_MICROBATCHES {
             return Err(Error::invalid(
                 "training.global_batch_size",
@@ -351,6 +377,20 @@ mod tests {
             }),
             ("parallelism.pipeline_parallel_chunks", |s| {
                 s.parallelism.pipeline_parallel_chunks = 0
+            }),
+            ("parallelism.data_parallel_replicate_degree", |s| {
+                s.parallelism.data_parallel_replicate_degree = 0
+            }),
+            ("parallelism.data_parallel_replicate_degree", |s| {
+                s.parallelism.data_parallel_replicate_degree = u32::MAX
+            }),
+            ("parallelism.data_parallel_replicate_degree", |s| {
+                s.parallelism.pipeline_parallel_schedule = AUTO_SCHEDULE.into();
+                s.parallelism.data_parallel_replicate_degree = 2;
+            }),
+            // 8 sequences in microbatches of 1 do not split into 3 replicas.
+            ("training.global_batch_size", |s| {
+                s.parallelism.data_parallel_replicate_degree = 3
             }),
             ("parallelism.memory_limit", |s| {
                 s.parallelism.memory_limit = Some(2.0)

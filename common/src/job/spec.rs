@@ -133,6 +133,12 @@ pub struct Parallelism {
     /// schedule's stage count (the slots are then split as evenly as possible).
     #[serde(default)]
     pub pipeline_parallel_layers_per_stage: Option<u32>,
+    /// Data-parallel replicas of the pipeline (torchtitan's name): `R` copies, each on its
+    /// own `pipeline_parallel_degree` workers and each taking `1/R` of every step's
+    /// microbatches; every stage's gradients are summed over the replicas before the
+    /// optimizer step.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub data_parallel_replicate_degree: u32,
     /// Not part of a job file: split the torchtitan way although none of the three fields
     /// above is set. The coordinator sets it when it re-plans a job with blocks per stage
     /// onto another stage count (blocks per stage no longer apply, the way of splitting
@@ -183,6 +189,9 @@ impl Parallelism {
 
 fn one() -> u32 {
     1
+}
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 fn two() -> u32 {
     2
@@ -454,7 +463,24 @@ impl JobSpec {
         self.parallelism.pipeline_parallel_schedule == AUTO_SCHEDULE
     }
 
-    /// Microbatches per step.
+    /// Data-parallel replicas (at least 1).
+    pub fn replicas(&self) -> u32 {
+        self.parallelism.data_parallel_replicate_degree.max(1)
+    }
+
+    /// Workers the job runs on: the pipeline's degree times its replicas.
+    pub fn workers_needed(&self) -> u32 {
+        self.parallelism
+            .pipeline_parallel_degree
+            .saturating_mul(self.replicas())
+    }
+
+    /// Microbatches of each replica's pipeline per step.
+    pub fn pipeline_microbatches(&self) -> u32 {
+        self.microbatches() / self.replicas()
+    }
+
+    /// Microbatches per step (over all replicas).
     pub fn microbatches(&self) -> u32 {
         self.training
             .global_batch_size
@@ -514,6 +540,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             pipeline_parallel_first_stage_less_layers: 0,
             pipeline_parallel_last_stage_less_layers: 0,
             pipeline_parallel_layers_per_stage: None,
+            data_parallel_replicate_degree: 1,
             torchtitan_split: false,
             search_microbatch_size: false,
         },

@@ -38,8 +38,10 @@ pub struct StageTimes {
 /// One worker's report of one step of a run, or of its end.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepReport {
-    /// The worker's index in the run.
+    /// The worker's index in its replica's pipeline.
     pub worker_index: u32,
+    /// The worker's data-parallel replica (0 with one).
+    pub replica: u32,
     /// The worker's id.
     pub worker_id: String,
     /// The step (0-based).

@@ -21,8 +21,9 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::RunName;
+use super::grad_sum::{GRAD_CHUNK, GradSums, SumResult, from_bytes, to_bytes};
 use crate::error::{Error, Result};
-use crate::runtime::StepSync;
+use crate::runtime::{ReplicaPart, StepSync};
 
 /// A completed round: the value and whether to stop after this step, or why it failed.
 type RoundResult = std::result::Result<(f64, bool), Status>;
@@ -49,6 +50,8 @@ struct State {
     completed: HashMap<i32, u64>,
     stop: bool,
     aborted: Option<String>,
+    /// Data-parallel replicas' gradient sums.
+    sums: GradSums,
 }
 
 /// The root's side of the collectives of one job (see the module docs of `net::collective`).
@@ -65,10 +68,11 @@ impl Collective {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Serves run `run` with `workers` contributors from now on; pending rounds of an
-    /// earlier run fail, and the stop signal is cleared.
-    pub fn configure(&self, run: u64, workers: u32, timeout: Duration) {
+    /// Serves run `run` with `workers` contributors (over all its `replicas`) from now on;
+    /// pending rounds of an earlier run fail, and the stop signal is cleared.
+    pub fn configure(&self, run: u64, workers: u32, replicas: u32, timeout: Duration) {
         let mut st = self.lock();
+        st.sums.reset(replicas, "the worker was reassigned");
         for (_, round) in st.rounds.drain() {
             let _ = round
                 .done
@@ -101,20 +105,13 @@ impl Collective {
         for (_, round) in st.rounds.drain() {
             let _ = round.done.send(Some(Err(Status::aborted(reason))));
         }
+        st.sums.fail(reason);
         st.aborted = Some(reason.to_string());
     }
 
-    fn contribute(
-        &self,
-        req: &ReduceRequest,
-    ) -> std::result::Result<watch::Receiver<Option<RoundResult>>, Status> {
-        let op = ReduceOp::try_from(req.op)
-            .ok()
-            .filter(|op| *op != ReduceOp::Unspecified)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!("ReduceRequest.op: unknown op {}", req.op))
-            })?;
-        let mut st = self.lock();
+    /// The state, once `req` is known to be for the run served and not aborted.
+    fn open(&self, req: &ReduceRequest) -> std::result::Result<MutexGuard<'_, State>, Status> {
+        let st = self.lock();
         // A run the root has not taken yet (retryable), before any abort of the one it has.
         if st.workers == 0 || req.run != st.run {
             return Err(Status::failed_precondition(format!(
@@ -128,6 +125,28 @@ impl Collective {
         if let Some(reason) = &st.aborted {
             return Err(Status::aborted(format!("the job was aborted: {reason}")));
         }
+        Ok(st)
+    }
+
+    /// Takes a replica's chunk of a stage's gradients: the receiver gets the sum.
+    fn contribute_grads(
+        &self,
+        req: &ReduceRequest,
+    ) -> std::result::Result<watch::Receiver<Option<SumResult>>, Status> {
+        self.open(req)?.sums.contribute(req)
+    }
+
+    fn contribute(
+        &self,
+        req: &ReduceRequest,
+    ) -> std::result::Result<watch::Receiver<Option<RoundResult>>, Status> {
+        let op = ReduceOp::try_from(req.op)
+            .ok()
+            .filter(|op| !matches!(op, ReduceOp::Unspecified | ReduceOp::Grads))
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("ReduceRequest.op: unknown op {}", req.op))
+            })?;
+        let mut st = self.open(req)?;
         if req.worker >= st.workers {
             return Err(Status::invalid_argument(format!(
                 "ReduceRequest.worker: {} of a {}-worker job",
@@ -220,30 +239,51 @@ impl CollectiveService for CollectiveServer {
             }
             .into());
         }
-        let mut rx = self.collective.contribute(&req)?;
+        if req.op == ReduceOp::Grads as i32 {
+            let rx = self.collective.contribute_grads(&req)?;
+            let sum = self.answer(req.step, rx).await?;
+            return Ok(Response::new(ReduceReply {
+                grads: to_bytes(&sum),
+                ..ReduceReply::default()
+            }));
+        }
+        let rx = self.collective.contribute(&req)?;
+        let (value, stop) = self.answer(req.step, rx).await?;
+        Ok(Response::new(ReduceReply {
+            value,
+            stop,
+            ..ReduceReply::default()
+        }))
+    }
+}
+
+impl CollectiveServer {
+    /// The result of the round `rx` follows; a round still open after the timeout aborts
+    /// the job's collectives.
+    async fn answer<T: Clone>(
+        &self,
+        step: u64,
+        mut rx: watch::Receiver<Option<std::result::Result<T, Status>>>,
+    ) -> std::result::Result<T, Status> {
         let timeout = self
             .collective
             .timeout
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .unwrap_or(crate::runtime::DEFAULT_TIMEOUT);
-        let waited = tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await;
-        let result = match waited {
+        match tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await {
             Err(_) => {
                 let timeout = Error::Timeout {
-                    awaited: format!("step {}: waiting for the other workers", req.step),
+                    awaited: format!("step {step}: waiting for the other workers"),
                     after: timeout,
                 };
                 self.collective.abort(&timeout.to_string());
-                return Err(timeout.into());
+                Err(timeout.into())
             }
-            Ok(Err(_)) => return Err(Status::aborted("the collective was dropped")),
-            Ok(Ok(r)) => r.clone(),
-        };
-        match result {
-            Some(Ok((value, stop))) => Ok(Response::new(ReduceReply { value, stop })),
-            Some(Err(status)) => Err(status),
-            None => Err(Status::internal("round finished without a result")),
+            Ok(Err(_)) => Err(Status::aborted("the collective was dropped")),
+            Ok(Ok(r)) => r
+                .clone()
+                .unwrap_or_else(|| Err(Status::internal("round finished without a result"))),
         }
     }
 }
@@ -339,7 +379,6 @@ impl NetSync {
     /// Sends this worker's `values` for `op` of step `step` (`what` names the call in
     /// errors) and waits for the round's result.
     fn call(&self, what: &str, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
-        let mut client = self.client.clone();
         let req = ReduceRequest {
             run: self.run,
             step,
@@ -347,7 +386,14 @@ impl NetSync {
             worker: self.worker,
             values,
             run_secret: self.run_secret.clone(),
+            ..ReduceRequest::default()
         };
+        self.send(what, req)
+    }
+
+    /// Sends `req` (`what` names it in errors) and waits for the round's result.
+    fn send(&self, what: &str, req: ReduceRequest) -> Result<ReduceReply> {
+        let mut client = self.client.clone();
         let limit = self.timeout + Duration::from_secs(10);
         let aborted = self.aborted.clone();
         let failed = |code: tonic::Code, message: String| Error::Call {
@@ -412,6 +458,37 @@ impl NetSync {
 }
 
 impl StepSync for NetSync {
+    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f32]) -> Result<()> {
+        let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
+        for (chunk, values) in grads.chunks_mut(GRAD_CHUNK).enumerate() {
+            let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
+            let req = ReduceRequest {
+                run: self.run,
+                step: part.step,
+                op: ReduceOp::Grads as i32,
+                worker: self.worker,
+                stage: part.stage,
+                chunk: chunk as u32,
+                chunks,
+                replica: part.replica,
+                grads: to_bytes(values),
+                run_secret: self.run_secret.clone(),
+                ..ReduceRequest::default()
+            };
+            let reply = self.send(&what, req)?;
+            let sum = from_bytes(&reply.grads, "ReduceReply.grads")
+                .map_err(|s| Error::invalid("replicas", format!("{what}: {}", s.message())))?;
+            if sum.len() != values.len() {
+                return Err(Error::invalid(
+                    "replicas",
+                    format!("{what}: a sum of {} values for {}", sum.len(), values.len()),
+                ));
+            }
+            values.copy_from_slice(&sum);
+        }
+        Ok(())
+    }
+
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
         Ok(self.step_call(step, ReduceOp::SqNorm, vec![local])?.value)
     }
@@ -441,6 +518,7 @@ mod tests {
             worker,
             values: vec![value],
             run_secret: Vec::new(),
+            ..ReduceRequest::default()
         }
     }
 
@@ -449,7 +527,7 @@ mod tests {
     #[test]
     fn only_open_rounds_take_contributions() {
         let c = Collective::default();
-        c.configure(1, 2, Duration::from_secs(1));
+        c.configure(1, 2, 1, Duration::from_secs(1));
         let rx = c.contribute(&req(0, 0, 1.0)).expect("open");
         c.contribute(&req(0, 1, 2.0)).expect("open");
         let reduced = rx.borrow().clone().map(|r| r.map_err(|s| s.code()));
@@ -465,7 +543,7 @@ mod tests {
         c.contribute(&req(1, 0, f64::NAN))
             .expect("a NaN norm passes on");
         // A new job starts afresh.
-        c.configure(2, 1, Duration::from_secs(1));
+        c.configure(2, 1, 1, Duration::from_secs(1));
         let mut first = req(0, 0, 1.0);
         first.run = 2;
         c.contribute(&first).expect("a new job's first step");

@@ -38,6 +38,7 @@ pub mod certs;
 mod client;
 mod codec;
 mod collective;
+mod grad_sum;
 mod inbox;
 mod run_name;
 mod secret;

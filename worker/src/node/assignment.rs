@@ -16,6 +16,7 @@ use pipewise_proto::v1 as pb;
 
 use crate::error::{Error, Result};
 use crate::job::partition_of;
+use crate::runtime::Replica;
 
 /// One worker's part of a run, decoded (see the [module docs](self)).
 #[derive(Debug)]
@@ -36,8 +37,12 @@ pub(crate) struct Assignment {
     pub(crate) partition: Vec<Range<usize>>,
     /// Microbatches per step.
     pub(crate) microbatches: u32,
-    /// Every worker's activation-service address, worker 0 (the collectives' root) included.
+    /// Every worker's activation-service address in this worker's replica.
     pub(crate) peers: HashMap<u32, String>,
+    /// This worker's data-parallel replica.
+    pub(crate) replica: Replica,
+    /// The collectives' root: replica 0's worker 0.
+    pub(crate) root: String,
     /// Where checkpoints and final parameters go: `job-N` under `checkpoint.folder` in
     /// this worker's data directory.
     pub(crate) output: PathBuf,
@@ -73,12 +78,26 @@ impl Assignment {
                 format!("steps [{}, {}) are empty", a.first_step, a.end_step),
             ));
         }
-        if !a.peers.contains_key(&0) {
+        let replica = Replica {
+            index: a.replica,
+            count: a.replicas.max(1),
+        };
+        if replica.index >= replica.count {
             return Err(Error::invalid(
                 "assignment",
-                "peers: no address for worker 0 (the collectives' root)",
+                format!("replica {} of {}", replica.index, replica.count),
             ));
         }
+        let root = match (a.collective_root.is_empty(), a.peers.get(&0)) {
+            (false, _) => a.collective_root.clone(),
+            (true, Some(first)) => first.clone(),
+            (true, None) => {
+                return Err(Error::invalid(
+                    "assignment",
+                    "peers: no address for worker 0 (the collectives' root)",
+                ));
+            }
+        };
         for w in 0..placement.workers() {
             if !a.peers.contains_key(&w) {
                 return Err(Error::invalid(
@@ -126,15 +145,22 @@ impl Assignment {
             partition,
             microbatches: a.microbatches,
             peers: a.peers,
+            replica,
+            root,
             output: job_dir(&folder, job_of(a.run)),
             data,
             run_secret: bytes::Bytes::from(a.run_secret),
         })
     }
 
-    /// Worker 0's address: the root of the run's collectives.
+    /// The address of the run's collectives' root.
     pub(crate) fn root(&self) -> &str {
-        self.peers.get(&0).map_or("", String::as_str)
+        &self.root
+    }
+
+    /// This worker's contributor index in the run's collectives: `replica · d + rank`.
+    pub(crate) fn contributor(&self) -> u32 {
+        self.replica.index * self.placement.workers() + self.worker
     }
 }
 

@@ -16,7 +16,7 @@ use crate::data::{Corpus, Sampler};
 use crate::error::Result;
 use crate::job::{optimizer_of, sampler_of};
 use crate::net::Delivery;
-use crate::runtime::{EmulatedRuntime, StepReport, StepSync, Transport, WorkerRuntime};
+use crate::runtime::{EmulatedRuntime, Replica, StepReport, StepSync, Transport, WorkerRuntime};
 
 /// What a run's steps talk through: the run id, the transport and the collectives.
 pub(crate) struct RunNet<'a> {
@@ -52,6 +52,9 @@ pub(crate) trait Compute {
 pub(crate) struct RealCompute {
     rt: WorkerRuntime,
     worker: u32,
+    /// This worker's replica: it trains on microbatches `index·n .. (index+1)·n` of each
+    /// step's `count·n`, and replica 0 alone writes checkpoints and final parameters.
+    replica: Replica,
     microbatches: u32,
     device: Device,
     corpus: Corpus,
@@ -91,6 +94,9 @@ impl RealCompute {
         )?;
         rt.set_timeout(config.timeout);
         rt.set_slowdown(config.slowdown);
+        if a.replica.count > 1 {
+            rt.set_replica(a.replica)?;
+        }
         let static_bytes: u64 = rt
             .params()
             .map(|p| p.state_bytes())
@@ -107,6 +113,7 @@ impl RealCompute {
         Ok(RealCompute {
             rt,
             worker: a.worker,
+            replica: a.replica,
             microbatches: a.microbatches,
             device: config.device.clone(),
             corpus,
@@ -126,9 +133,12 @@ impl Compute for RealCompute {
     const EMULATED: bool = false;
 
     fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport> {
+        // The whole step's microbatches, as one pipeline would take them: this replica's
+        // share of them.
+        let (n, r) = (self.microbatches, self.replica.index);
         let batches = self
             .sampler
-            .step(&self.corpus, step, self.microbatches, &self.device)?;
+            .share(&self.corpus, step, r * n..(r + 1) * n, &self.device)?;
         let report = self
             .rt
             .run_step(net.run, step, &batches, net.transport, net.sync)?;
@@ -149,7 +159,9 @@ impl Compute for RealCompute {
 
     fn after_step(&mut self, done: u64, end: u64) -> Result<()> {
         match self.checkpoint_interval {
-            Some(interval) if done.is_multiple_of(interval) && done < end => {
+            Some(interval)
+                if done.is_multiple_of(interval) && done < end && self.replica.index == 0 =>
+            {
                 self.rt.save_checkpoints(&self.output, done)
             }
             _ => Ok(()),
@@ -157,6 +169,10 @@ impl Compute for RealCompute {
     }
 
     fn finish(&mut self, done: u64) -> Result<PathBuf> {
+        // Every replica holds the same parameters: the first writes them.
+        if self.replica.index > 0 {
+            return Ok(PathBuf::new());
+        }
         if self.checkpoint_interval.is_some() {
             self.rt.save_checkpoints(&self.output, done)?;
         }

@@ -32,7 +32,7 @@ pub(crate) fn executor_loop(
     reports: &mpsc::UnboundedSender<pb::StepReport>,
 ) {
     while let Ok(a) = assignments.recv() {
-        let (job, worker) = (a.run, a.worker_index);
+        let (job, worker, replica) = (a.run, a.worker_index, a.replica);
         // Every log line of the job carries its id and the worker (and, below, the step).
         let _job_span = tracing::info_span!(
             "job",
@@ -49,6 +49,7 @@ pub(crate) fn executor_loop(
             run: job,
             worker_id: config.id.clone(),
             worker_index: worker,
+            replica,
             step: last_step,
             ..Default::default()
         };
@@ -159,12 +160,13 @@ impl Node<'_> {
         transport.set_run_secret(a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
         transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
-        if a.worker == 0 {
+        if a.contributor() == 0 {
+            let workers = a.placement.workers() * a.replica.count;
             transport
                 .collective()
-                .configure(a.run, a.placement.workers(), timeout);
+                .configure(a.run, workers, a.replica.count, timeout);
         }
-        let sync = transport.sync_to(a.root(), a.run, a.worker, timeout)?;
+        let sync = transport.sync_to(a.root(), a.run, a.contributor(), timeout)?;
         sync.barrier()?;
         let mut stats = self.shared.stats();
         stats.peak_activation_bytes = 0;
@@ -209,6 +211,7 @@ fn step_report(
         run: a.run,
         worker_id: id.to_string(),
         worker_index: a.worker,
+        replica: a.replica.index,
         step,
         loss: report.loss.map_or(f64::NAN, f64::from),
         busy_secs: report.busy_secs,

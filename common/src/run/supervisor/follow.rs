@@ -28,7 +28,7 @@ impl Supervisor {
         match input {
             Input::Report(r) => return self.take(run, *r),
             Input::Refused { worker, reason } => {
-                let id = run.out.workers.get(worker).map(|w| w.id.clone());
+                let id = run.out.all().nth(worker).map(|w| w.id.clone());
                 let reason = format!(
                     "worker {worker} ({}) could not take its assignment: {reason}",
                     id.unwrap_or_default()
@@ -77,8 +77,11 @@ impl Supervisor {
 
     /// Takes a report of the run.
     fn take(&mut self, mut run: Run, r: StepReport) -> Phase {
-        let i = r.worker_index as usize;
-        if run.out.workers.get(i).is_none_or(|w| w.id != r.worker_id) {
+        // Replica r's rank w is the run's worker r · d + w.
+        let i = (r.replica as usize)
+            .saturating_mul(run.out.workers.len())
+            .saturating_add(r.worker_index as usize);
+        if run.out.all().nth(i).is_none_or(|w| w.id != r.worker_id) {
             self.out.push(Action::Warn(format!(
                 "report from a worker not in the job: {}",
                 r.worker_id
@@ -100,6 +103,11 @@ impl Supervisor {
             if run.done.iter().all(|&d| d) {
                 return self.end(run);
             }
+            return Phase::Running(Box::new(run));
+        }
+        // Every replica's step is the same step (their collectives meet): replica 0's
+        // reports make its event.
+        if r.replica > 0 {
             return Phase::Running(Box::new(run));
         }
         let step = r.step;
@@ -207,6 +215,7 @@ impl Supervisor {
     fn grow(&mut self, run: &mut Run) {
         let d = run.out.workers.len();
         if !(run.may_stop()
+            && run.out.others.is_empty()
             && self.current.checkpoint.enable_checkpoint
             && run.completed > 0
             && run.out.first_step + run.completed + 1 < run.out.steps
@@ -234,7 +243,7 @@ impl Supervisor {
     /// The first worker of the run (by index) that is no longer live, as a reason, and
     /// whether it left or was lost.
     fn first_lost(&self, run: &Run) -> Option<(String, Reason)> {
-        let workers = run.out.workers.iter().enumerate();
+        let workers = run.out.all().enumerate();
         workers.filter(|&(i, _)| !run.done[i]).find_map(|(i, w)| {
             let live = self.pool.get(&w.id).map(|m| &m.worker);
             if live.is_none() && self.left.contains(&w.id) {
@@ -263,7 +272,7 @@ impl Supervisor {
         let until = self.now + self.cfg.leave_grace_ms;
         self.leave(
             run.out.id,
-            run.out.workers,
+            run.out.all_workers(),
             until,
             Ended::Lost {
                 reason,
@@ -287,7 +296,7 @@ impl Supervisor {
             let until = self.now + self.cfg.leave_grace_ms;
             return self.leave(
                 run.out.id,
-                run.out.workers,
+                run.out.all_workers(),
                 until,
                 Ended::Move {
                     reason,

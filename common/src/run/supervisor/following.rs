@@ -12,7 +12,10 @@ use super::io::{Failure, Move, Shown};
 #[derive(Debug)]
 pub(super) struct Out {
     pub(super) id: RunId,
+    /// The pipeline's workers (replica 0's), by index: what the plan and its policies see.
     pub(super) workers: Vec<Worker>,
+    /// The other data-parallel replicas' workers, replica by replica (empty: one replica).
+    pub(super) others: Vec<Worker>,
     pub(super) first_step: u64,
     pub(super) steps: u64,
     /// The next step's plan as shown: from the costs known when it starts.
@@ -59,13 +62,25 @@ pub(super) struct Run {
     pub(super) step_secs: Vec<f64>,
 }
 
+impl Out {
+    /// Every worker of the run, replica 0's first: its index is `replica · d + rank`.
+    pub(super) fn all(&self) -> impl Iterator<Item = &Worker> {
+        self.workers.iter().chain(&self.others)
+    }
+
+    /// Every worker of the run, by index.
+    pub(super) fn all_workers(&self) -> Vec<Worker> {
+        self.all().cloned().collect()
+    }
+}
+
 impl Run {
     /// Follows `out` from `now`.
     pub(super) fn new(out: Out, now: u64) -> Run {
         let d = out.workers.len();
         Run {
             reports: StepReports::new(d, out.first_step, out.steps),
-            done: vec![false; d],
+            done: vec![false; d + out.others.len()],
             completed: 0,
             stop_asked: None,
             last_check: now,

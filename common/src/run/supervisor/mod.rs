@@ -285,7 +285,7 @@ impl Supervisor {
 
     /// Waits for `d` streaming workers.
     fn wait(&mut self, shown: Option<usize>, next_note: u64) -> Phase {
-        let d = self.plan.schedule.num_workers() as usize;
+        let d = self.plan.schedule.num_workers() as usize * self.current.replicas() as usize;
         let mut ready = self.streaming();
         if ready.len() >= d {
             if shown.is_some() {
@@ -378,7 +378,10 @@ impl Supervisor {
     }
 
     /// Starts a run on `workers` with the plan as it stands.
-    fn start_run(&mut self, workers: Vec<Worker>) -> Phase {
+    fn start_run(&mut self, mut workers: Vec<Worker>) -> Phase {
+        // Replica 0's pipeline is what the plan and its policies see.
+        let d = self.plan.schedule.num_workers() as usize;
+        let others = workers.split_off(d.min(workers.len()));
         // A plan predicted not to fit a worker's registered memory is moved before it
         // starts: a device would fail to allocate rather than report the overflow.
         if let Some((reason, fits)) = pressure(
@@ -405,7 +408,7 @@ impl Supervisor {
             run: id,
             first_step: self.first_step,
             end_step: steps,
-            workers: workers.clone(),
+            workers: workers.iter().chain(&others).cloned().collect(),
             plan: self.plan.clone(),
             stage_pieces: self.stage_pieces.clone(),
         })));
@@ -425,6 +428,7 @@ impl Supervisor {
             Out {
                 id,
                 workers,
+                others,
                 first_step: self.first_step,
                 steps,
                 planned,
@@ -523,15 +527,21 @@ impl Supervisor {
     /// `resume`, after `reason` (`how`); the job's end when none is left or no plan fits.
     fn onto_survivors(&mut self, reason: String, how: Reason, resume: u64) -> Result<(), Phase> {
         let survivors = self.streaming().len() as u32;
-        let d = survivors.min(self.spec.parallelism.pipeline_parallel_degree);
+        let (d, r) = survivor_shape(&self.spec, survivors);
         if d == 0 {
             return Err(self.finish(Err(Failure::NoSurvivors { lost: reason })));
         }
+        let with_replicas = |spec: &JobSpec| {
+            let mut spec = spec.clone();
+            spec.parallelism.data_parallel_replicate_degree = r;
+            spec
+        };
+        let spec = with_replicas(&self.spec);
         // Auto chooses again when the run starts; until then the job's own plan.
-        let replanned = if self.spec.is_auto() {
-            replan(&self.spec, d).map(|plan| (respec(&self.spec, d), plan))
+        let replanned = if spec.is_auto() {
+            replan(&spec, d).map(|plan| (respec(&spec, d), plan))
         } else {
-            replan_after_loss(self.current.clone(), &self.spec, d)
+            replan_after_loss(with_replicas(&self.current), &spec, d)
         };
         match replanned {
             Ok((current, plan)) => (self.current, self.plan) = (current, plan),
@@ -543,8 +553,12 @@ impl Supervisor {
                 })));
             }
         }
+        let onto = match r {
+            1 => format!("{d} workers"),
+            r => format!("{r} replicas of {d} workers"),
+        };
         let reason = format!(
-            "{reason}; re-planned onto {d} workers ({}, {} stages), resuming from {}",
+            "{reason}; re-planned onto {onto} ({}, {} stages), resuming from {}",
             self.plan.kind.name(),
             self.plan.schedule.placement.stages(),
             resumed_from(resume)
@@ -621,6 +635,22 @@ pub fn shown(
         },
         Err(_) => Shown::default(),
     }
+}
+
+/// The pipeline degree and replicas a job re-planned onto `survivors` workers runs on:
+/// its own degree, with as many of its replicas as the survivors hold and the global batch
+/// splits into; fewer survivors than the degree make one pipeline of them all.
+fn survivor_shape(spec: &JobSpec, survivors: u32) -> (u32, u32) {
+    let degree = spec.parallelism.pipeline_parallel_degree.max(1);
+    if survivors < degree {
+        return (survivors, 1);
+    }
+    let mbs = spec.parallelism.pipeline_parallel_microbatch_size.max(1);
+    let r = (1..=spec.replicas().min(survivors / degree))
+        .rev()
+        .find(|r| spec.training.global_batch_size.is_multiple_of(mbs * r))
+        .unwrap_or(1);
+    (degree, r)
 }
 
 /// Where a re-planned job resumes, in words.
