@@ -285,8 +285,12 @@ def torch_pipeline(args):
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+loss\s+(\S+)\s+([\d.]+) ms", re.M)
 
 
-def pipewise(args, workers, threads, cores, device, tmp):
-    """A coordinator and `workers` worker processes; the job submitted and followed."""
+def pipewise(args, workers, threads, cores, device, tmp, job=None, overrides=None):
+    """A coordinator and `workers` worker processes; the job (`job`, default bench/job.toml,
+    with `overrides`, default `--workers N --schedule 1f1b`) submitted and followed."""
+    job = job or HERE / "job.toml"
+    if overrides is None:
+        overrides = ["--workers", str(workers), "--schedule", "1f1b"]
     binary = str(Path(args.pipewise).resolve())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -309,9 +313,8 @@ def pipewise(args, workers, threads, cores, device, tmp):
         out = open(tmp / "submit.out", "w+")
         logs.append(out)
         submit = subprocess.Popen(
-            [binary, "submit", str(HERE / "job.toml"), "--coordinator", url, "--wait",
-             "--wait-for-coordinator", "60", "--workers", str(workers), "--steps",
-             str(args.steps), "--schedule", "1f1b"],
+            [binary, "submit", str(job), "--coordinator", url, "--wait",
+             "--wait-for-coordinator", "60", "--steps", str(args.steps), *overrides],
             stdout=out, stderr=subprocess.STDOUT)
         procs.append(submit)
         # A worker or coordinator that dies would leave the job waiting: stop at once.

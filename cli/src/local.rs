@@ -68,6 +68,11 @@ pub(crate) struct LocalArgs {
     #[arg(long, short = 'd', default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) workers: u32,
+    /// Data-parallel replicas of the pipeline, each on its own `--workers` workers and
+    /// `1/R` of every step's microbatches (`[parallelism] data_parallel_replicate_degree`).
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) replicas: u32,
     /// Schedule name (any of `pipewise plan`'s generators; not `csv:PATH`), or `auto`: the
     /// coordinator chooses the schedule, chunks, microbatch size and split on the workers.
     #[arg(long, short = 's', default_value = "v-half")]
@@ -165,6 +170,7 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
     spec.training.global_batch_size = args.global_batch;
     spec.training.seed = args.seed;
     spec.optimizer.lr = args.lr;
+    spec.parallelism.data_parallel_replicate_degree = args.replicas;
     spec.parallelism.pipeline_parallel_microbatch_size = args.microbatch_size.unwrap_or(1);
     spec.parallelism.search_microbatch_size = args.microbatch_size.is_none();
     spec.data.path = args.data.as_ref().map(|p| p.display().to_string());
@@ -308,14 +314,15 @@ fn fits_this_machine(spec: &JobSpec, plan: &JobPlan, available: Option<u64>) -> 
         .predicted_bytes(spec)
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .iter()
-        .fold(0u64, |sum, &b| sum.saturating_add(b));
+        .fold(0u64, |sum, &b| sum.saturating_add(b))
+        .saturating_mul(u64::from(spec.replicas()));
     match available {
         Some(bytes) if need > bytes => bail!(
             "the {} workers are predicted to hold {} ({need} bytes: parameters, gradients, \
              optimizer state and peak activations) together, more than the {} ({bytes} \
              bytes) of memory available on this machine; use a smaller --model, \
              --microbatch-size or --global-batch, or --compute emulate",
-            plan.schedule.num_workers(),
+            spec.workers_needed(),
             fmt_bytes(need as f64),
             fmt_bytes(bytes as f64),
         ),
@@ -344,12 +351,12 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
     let device = args.device.open()?;
     let mut nodes = Vec::new();
     let mut failure = None;
-    for w in 0..spec.parallelism.pipeline_parallel_degree {
+    for w in 0..spec.workers_needed() {
         let mut config = NodeConfig::new(url.clone(), format!("local-{w}"));
         config.device = device.clone();
         config.data_dir = data_dir.to_path_buf();
         // The workers are threads of this process: they share its cores.
-        config.cores = available_cores() / f64::from(spec.parallelism.pipeline_parallel_degree);
+        config.cores = available_cores() / f64::from(spec.workers_needed());
         match WorkerNode::start(config).await {
             Ok(node) => nodes.push(node),
             Err(e) => {
@@ -457,7 +464,7 @@ async fn run_job(
             status.id,
             status.name,
             kind_label(spec, plan),
-            count(spec.parallelism.pipeline_parallel_degree.into(), "worker"),
+            workers_label(spec),
             count(plan.microbatches.into(), "microbatch"),
             count(
                 spec.parallelism.pipeline_parallel_microbatch_size.into(),
@@ -565,6 +572,15 @@ fn kind_label(spec: &JobSpec, plan: &JobPlan) -> String {
     }
 }
 
+/// `4 workers`, or with replicas `2 replicas × 4 workers`.
+fn workers_label(spec: &JobSpec) -> String {
+    let workers = count(spec.parallelism.pipeline_parallel_degree.into(), "worker");
+    match spec.replicas() {
+        1 => workers,
+        r => format!("{r} replicas × {workers}"),
+    }
+}
+
 /// `1 step`, `2 steps`, `1 microbatch`, `8 microbatches`.
 fn count(n: u64, word: &str) -> String {
     match (n, word.ends_with("ch")) {
@@ -582,7 +598,7 @@ fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps
     outln!(
         "summary: {} on {}, {} in {:.1} s",
         kind_label(spec, plan),
-        count(args.workers.into(), "worker"),
+        workers_label(spec),
         count(steps.count(), "step"),
         total.as_secs_f64()
     );

@@ -70,16 +70,18 @@ fn assert_same(what: &str, (rl, rp): (&[f64], &Params), (l, p): (&[f64], &Params
 #[test]
 fn same_result_for_any_worker_count_and_schedule() {
     let root = tempfile_dir("same");
-    let runs = [
-        ("1", "1f1b"),
-        ("4", "v-half"),
-        ("4", "zb-h1"),
-        ("2", "interleaved-1f1b"),
+    let runs: [(&str, &str, &[&str]); 5] = [
+        ("1", "1f1b", &[]),
+        ("4", "v-half", &[]),
+        ("4", "zb-h1", &[]),
+        ("2", "interleaved-1f1b", &[]),
+        // Two data-parallel replicas of a 2-worker V-Half pipeline.
+        ("2", "v-half", &["--replicas", "2"]),
     ];
     let mut reference: Option<(Vec<f64>, Params)> = None;
-    for (workers, schedule) in runs {
-        let dir = root.join(format!("{workers}-{schedule}"));
-        let summary = local(&dir, workers, schedule, "6");
+    for (workers, schedule, extra) in runs {
+        let dir = root.join(format!("{workers}-{schedule}-{}", extra.len()));
+        let summary = local_with(&dir, workers, schedule, "6", extra);
         let l = losses(&summary);
         assert_eq!(l.len(), 6);
         assert!(l[5] < l[0], "{schedule}: loss did not fall: {l:?}");
@@ -170,6 +172,13 @@ fn bad_local_jobs_are_refused_with_the_field() {
     ]);
     // The value came from the flag: the flag is named, not the job file's TOML path.
     assert!(err.contains("--schedule"), "{err}");
+    // 8 sequences do not split into 3 replicas.
+    let err = common::fails(&["local", "--replicas", "3", "--steps", "1"]);
+    assert!(
+        err.contains("training.global_batch_size")
+            && err.contains("parallelism.data_parallel_replicate_degree"),
+        "{err}"
+    );
     // So is a shape the schedule does not support.
     let err = common::fails(&[
         "local",

@@ -34,6 +34,8 @@ mod following;
 mod io;
 mod recalibrate;
 #[cfg(test)]
+mod replica_tests;
+#[cfg(test)]
 mod tests;
 mod trial;
 mod trying;
@@ -314,14 +316,18 @@ impl Supervisor {
             };
         }
         let n = ready.len();
+        let of = match self.current.replicas() {
+            1 => String::new(),
+            r => format!(" ({r} replicas × {})", d / r as usize),
+        };
         if shown != Some(n) {
             self.out
-                .push(Action::Waiting(format!("workers: {n} of {d} ready")));
+                .push(Action::Waiting(format!("workers: {n} of {d} ready{of}")));
         }
         let mut next_note = next_note;
         if self.now >= next_note {
             self.out.push(Action::Info(format!(
-                "waiting for workers: {n} of {d} ready"
+                "waiting for workers: {n} of {d} ready{of}"
             )));
             next_note = self.now + self.cfg.remind_every_ms;
         }

@@ -1,0 +1,159 @@
+//! The supervisor on logical time with data-parallel replicas: it waits for every
+//! replica's workers, hands them out replica by replica, makes each step's event from
+//! replica 0's reports, and re-plans a loss onto the replicas the survivors hold.
+
+#![allow(clippy::unwrap_used)]
+
+use super::tests::{JOB, assign, done, heartbeat, idle, report, saved, spec, supervisor, workers};
+use super::*;
+use crate::run::respec::{replan_after_loss, spec_split};
+use crate::run::worker::StepReport;
+
+/// A 1F1B job of 2 replicas × 2 workers, 6 steps.
+fn replicated() -> JobSpec {
+    let mut spec = spec(2, "1f1b", 6);
+    spec.parallelism.data_parallel_replicate_degree = 2;
+    spec
+}
+
+/// Replica `r`'s rank `w` reports `step`.
+fn replica_report(ws: &[Worker], r: usize, w: usize, step: u64) -> Input {
+    Input::Report(Box::new(StepReport {
+        worker_index: w as u32,
+        replica: r as u32,
+        worker_id: ws[2 * r + w].id.clone(),
+        ..report(ws, 2 * r + w, step)
+    }))
+}
+
+/// The job waits for 2 × 2 workers and says so; the fourth one starts the run on all four,
+/// replica by replica in id order.
+#[test]
+fn waits_for_every_replica_and_hands_them_out() {
+    let spec = replicated();
+    let plan = spec.validate().unwrap();
+    assert_eq!(plan.schedule.num_workers(), 2);
+    assert_eq!(plan.microbatches, 4);
+    let ws = workers(4);
+    let mut s = supervisor(&spec, &ws[..3], Start::default());
+    assert_eq!(
+        s.handle(0, Input::Tick),
+        [
+            Action::Waiting("workers: 3 of 4 ready (2 replicas × 2)".into()),
+            Action::Info("waiting for workers: 3 of 4 ready (2 replicas × 2)".into()),
+        ]
+    );
+    assert_eq!(s.handle(100, Input::Registered(ws[3].clone())), []);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(
+        s.handle(200, Input::StreamOpened("w3".into())),
+        [
+            Action::Waiting(String::new()),
+            Action::Attach(r0),
+            assign(r0, 0, &ws, &plan, &[]),
+        ]
+    );
+}
+
+/// Replica 1's step reports make no event; replica 0's complete one does, with its two
+/// reports. Every worker's `done` ends the run.
+#[test]
+fn replica_zero_reports_make_the_step() {
+    let spec = replicated();
+    let ws = workers(4);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.handle(0, Input::Tick);
+    assert_eq!(s.handle(100, replica_report(&ws, 1, 0, 0)), []);
+    assert_eq!(s.handle(100, replica_report(&ws, 1, 1, 0)), []);
+    assert_eq!(s.handle(110, replica_report(&ws, 0, 0, 0)), []);
+    let acts = s.handle(120, replica_report(&ws, 0, 1, 0));
+    let [Action::Step(step)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((step.step, step.reports.len()), (0, 2));
+    // A report under another worker's slot is not taken.
+    let stray = Input::Report(Box::new(StepReport {
+        replica: 1,
+        ..report(&ws, 0, 1)
+    }));
+    assert!(matches!(&s.handle(130, stray)[..], [Action::Warn(w)] if w.contains("not in the job")));
+    for i in 0..3 {
+        let r = (i / 2) as u32;
+        let input = match done(&ws, i) {
+            Input::Report(d) => Input::Report(Box::new(StepReport {
+                worker_index: (i % 2) as u32,
+                replica: r,
+                ..*d
+            })),
+            other => other,
+        };
+        assert_eq!(s.handle(200, input), [], "worker {i}");
+    }
+    let last = Input::Report(Box::new(StepReport {
+        worker_index: 1,
+        replica: 1,
+        done: true,
+        ..report(&ws, 3, 0)
+    }));
+    assert_eq!(
+        s.handle(210, last),
+        [
+            Action::Detach(RunId::new(JOB, 0)),
+            Action::Finish(Err(Failure::StoppedEarly {
+                through: 1,
+                steps: 6
+            }))
+        ]
+    );
+}
+
+/// A worker of replica 1 is lost: once the others left the run, the job re-plans onto the
+/// one replica the three survivors hold, from the last complete checkpoint.
+#[test]
+fn a_loss_replans_onto_the_replicas_left() {
+    let spec = replicated();
+    let ws = workers(4);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.handle(0, Input::Tick);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(s.handle(50, heartbeat(&ws[0], r0)), []);
+    assert_eq!(
+        s.handle(100, Input::Lost("w3".into())),
+        [Action::Detach(r0), Action::Abort(r0)]
+    );
+    assert_eq!(s.handle(200, idle(&ws[0])), [Action::ReadCheckpoints]);
+    let mut one = spec.clone();
+    one.parallelism.data_parallel_replicate_degree = 1;
+    let (current, plan) = replan_after_loss(one.clone(), &one, 2).unwrap();
+    assert_eq!(plan.microbatches, 8);
+    let r1 = RunId::new(JOB, 1);
+    let reason = "worker 3 (w3) stopped heartbeating; re-planned onto 2 workers (1f1b, 2 \
+                  stages), resuming from the start (no checkpoint)";
+    assert_eq!(
+        s.handle(300, saved(&[])),
+        [
+            Action::ClearAfter(0),
+            Action::Warn(reason.into()),
+            Action::Replanned(Reason::WorkerLost),
+            Action::Attach(r1),
+            assign(r1, 0, &ws[..2], &plan, &spec_split(&current, &plan)),
+        ]
+    );
+}
+
+/// The shape a loss re-plans onto: whole replicas the survivors hold and the global batch
+/// splits into, else one pipeline of them all.
+#[test]
+fn survivors_make_whole_replicas() {
+    let mut spec = spec(2, "1f1b", 6);
+    spec.parallelism.data_parallel_replicate_degree = 4;
+    // 8 sequences in microbatches of 1: 4, 2 or 1 replicas split them.
+    assert_eq!(survivor_shape(&spec, 8), (2, 4));
+    assert_eq!(survivor_shape(&spec, 7), (2, 2));
+    assert_eq!(survivor_shape(&spec, 3), (2, 1));
+    assert_eq!(survivor_shape(&spec, 1), (1, 1));
+    assert_eq!(survivor_shape(&spec, 0), (0, 1));
+    // 6 sequences split into 3 replicas, not into 4.
+    spec.training.global_batch_size = 6;
+    assert_eq!(survivor_shape(&spec, 8), (2, 3));
+}
