@@ -40,6 +40,9 @@ pub(crate) fn print_status(s: &pb::JobStatus) {
     if running && !s.waiting.is_empty() {
         line.push_str(&format!("  waiting for {}", s.waiting));
     }
+    if running && !s.workers.is_empty() {
+        line.push_str(&format!("  workers {}", s.workers.join(",")));
+    }
     if !s.error.is_empty() {
         line.push_str(&format!("  error: {}", s.error));
     }

@@ -136,6 +136,7 @@ fn emulated_job_runs_on_worker_processes() {
     ];
     let kept = [
         "pipewise_workers_up 4",
+        "pipewise_workers{state=\"idle\"} 4",
         "pipewise_jobs{state=\"succeeded\"} 1",
         "pipewise_heartbeat_age_seconds{worker=\"w0\"}",
         "pipewise_steps_total{job_id=",

@@ -1,7 +1,9 @@
 //! The job manager actor: accepts, queues, lists and cancels jobs, keeps every job in the
-//! durable store, starts one driver at a time, and fans step events out to watchers. Jobs
-//! run one after another, in the order they were queued: a second job never mixes with a
-//! running one. A job gets its id and its place in the queue when its plan is ready, and
+//! durable store, starts them, and fans step events out to watchers. On a cluster, jobs run
+//! side by side on disjoint workers (each claims its own, [`crate::membership`]), started
+//! in queue order, all of a job's workers or none ([`start_next`] has the rule, backfill
+//! included); an in-process runner runs one job at a time. A job gets its id and its place
+//! in the queue when its plan is ready, and
 //! plans run side by side ([`crate::planner`]), so a job with a quick plan can overtake one
 //! submitted before it with a slow plan. After a restart of the coordinator, the jobs it had
 //! queued or running are planned again from their stored specs and queued in id order; a
@@ -95,7 +97,10 @@ pub struct JobManagerState {
     records: BTreeMap<u64, JobRecord>,
     plans: HashMap<u64, (JobSpec, JobPlan)>,
     queue: VecDeque<u64>,
-    running: Option<(u64, Running)>,
+    /// Started jobs: how each is cancelled, and the workers it needs.
+    running: BTreeMap<u64, (Running, usize)>,
+    /// Started jobs that hold their workers (their run's claim came through).
+    holding: std::collections::BTreeSet<u64>,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
     history: BTreeMap<u64, VecDeque<StepEventData>>,
@@ -153,7 +158,8 @@ impl Actor for JobManager {
             records: BTreeMap::new(),
             plans: HashMap::new(),
             queue: VecDeque::new(),
-            running: None,
+            running: BTreeMap::new(),
+            holding: std::collections::BTreeSet::new(),
             watchers: HashMap::new(),
             traces: TraceStore::default(),
             history: BTreeMap::new(),
@@ -193,6 +199,8 @@ impl Actor for JobManager {
             state.records.insert(record.id, record);
         }
         state.publish_counts();
+        // Workers come and go: the queue is looked at again every second.
+        myself.send_interval(std::time::Duration::from_secs(1), || JobMsg::Tick);
         Ok(state)
     }
 
@@ -204,8 +212,11 @@ impl Actor for JobManager {
     ) -> std::result::Result<(), ActorProcessingErr> {
         // A run actor that stops has told the manager how its job ended; one that fails
         // has not.
-        if let SupervisionEvent::ActorFailed(_, e) = event
-            && let Some((job, _)) = &state.running
+        if let SupervisionEvent::ActorFailed(cell, e) = event
+            && let Some(job) = state.running.iter().find_map(|(job, (how, _))| match how {
+                Running::Run(run) if run.get_id() == cell.get_id() => Some(job),
+                _ => None,
+            })
         {
             myself.cast(JobMsg::Finished {
                 job: *job,
@@ -408,6 +419,21 @@ impl Actor for JobManager {
                     }
                 }
             }
+            JobMsg::Workers(job, workers) => {
+                if state.running.contains_key(&job) {
+                    state.holding.insert(job);
+                }
+                if let Ok(mut record) = state.record(job)
+                    && !record.state.is_final()
+                {
+                    record.workers = workers;
+                    if let Err(e) = state.save(record) {
+                        tracing::warn!(job, "cannot store the job's workers: {e}");
+                    }
+                }
+                start_next(&myself, state).await;
+            }
+            JobMsg::Tick => start_next(&myself, state).await,
             JobMsg::Trace(job, step, reply) => {
                 let outcome = state
                     .record(job)
@@ -425,6 +451,7 @@ impl Actor for JobManager {
                 }
                 if let Ok(mut record) = state.record(job) {
                     record.waiting.clear();
+                    record.workers.clear();
                     match outcome {
                         Ok(()) if cancelled && record.step < record.steps => {
                             record.state = JobState::Cancelled
@@ -439,7 +466,8 @@ impl Actor for JobManager {
                 }
                 state.watchers.remove(&job);
                 state.plans.remove(&job);
-                state.running = None;
+                state.running.remove(&job);
+                state.holding.remove(&job);
                 start_next(&myself, state).await;
             }
         }
@@ -463,6 +491,7 @@ fn enqueue(state: &mut JobManagerState, spec: JobSpec, plan: JobPlan) -> Result<
         restarts: 0,
         waiting: String::new(),
         plan_choice: String::new(),
+        workers: Vec::new(),
     };
     let record = state.save(record)?;
     state.plans.insert(id, (spec, plan));
@@ -476,9 +505,7 @@ fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
     if record.state.is_final() {
         return Ok(record);
     }
-    if let Some((running, how)) = &state.running
-        && *running == id
-    {
+    if let Some((how, _)) = state.running.get(&id) {
         match how {
             Running::Flag(flag) => flag.store(true, Ordering::SeqCst),
             Running::Run(run) => {
@@ -495,91 +522,150 @@ fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
     state.save(record)
 }
 
+/// Starts the queued jobs the workers allow, in queue order (a job resumed after a
+/// restart waits for the plans of the ones before it in id order). On a cluster, a job
+/// starts when enough workers are idle for all of it (its `d × R`), after the workers the
+/// started jobs that do not hold theirs yet will claim; with nothing running, the head of
+/// the queue starts and waits for its workers inside. **Backfill**: a job that cannot
+/// start blocks every job behind it, unless it needs more workers than the cluster has
+/// streaming (it waits for workers to join, not for jobs to end): then a later job that
+/// fits in the idle workers starts. An in-process runner runs one job at a time.
 async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
-    if state.running.is_some() {
-        return;
-    }
     let Some(runner) = state.runner.clone() else {
         return;
     };
-    while let Some(&id) = state.queue.front() {
+    let (mut idle, streaming) = match &runner {
+        Runner::Steps(_) if !state.running.is_empty() => return,
+        Runner::Steps(_) => (usize::MAX, usize::MAX),
+        Runner::Cluster { membership, .. } => {
+            let Ok(live) = ractor::call!(membership, MembershipMsg::Live) else {
+                return;
+            };
+            let streaming = live.iter().filter(|w| w.streaming).count();
+            let idle = live
+                .iter()
+                .filter(|w| w.streaming && w.claimed == 0)
+                .count();
+            let reserved: usize = state
+                .running
+                .iter()
+                .filter(|(job, (_, need))| !state.holding.contains(job) && *need <= streaming)
+                .map(|(_, (_, need))| need)
+                .sum();
+            (idle.saturating_sub(reserved), streaming)
+        }
+    };
+    let mut i = 0;
+    while let Some(&id) = state.queue.get(i) {
         // Jobs resumed after a restart run in id order: wait for the earlier ones' plans.
         if state.replanning.first().is_some_and(|&first| first < id) {
             return;
         }
-        state.queue.pop_front();
-        let Some((spec, plan)) = state.plans.remove(&id) else {
+        let Some(need) = state
+            .plans
+            .get(&id)
+            .map(|(spec, _)| spec.workers_needed() as usize)
+        else {
+            state.queue.remove(i);
             continue;
         };
-        let Ok(mut record) = state.record(id) else {
+        if need <= idle || (state.running.is_empty() && i == 0) {
+            state.queue.remove(i);
+            idle = idle.saturating_sub(need);
+            start(myself, state, &runner, id, need).await;
+            if matches!(runner, Runner::Steps(_)) {
+                return;
+            }
             continue;
-        };
-        record.state = JobState::Running;
-        if let Err(e) = state.save(record) {
-            tracing::error!(job = id, "cannot store the job: {e}");
         }
-        state.traces.start(id, plan.schedule.clone());
-        let start = state.starts.remove(&id).unwrap_or_default();
-        state
-            .watchers
-            .entry(id)
-            .or_insert_with(|| broadcast::channel(1024).0);
-        let started = match runner {
-            Runner::Steps(runner) => {
-                let flag = Arc::new(AtomicBool::new(false));
-                let args = DriverArgs {
-                    job: id,
-                    spec,
-                    plan,
-                    start,
-                    runner,
-                    cancelled: flag.clone(),
-                    manager: myself.clone(),
-                };
-                crate::driver::spawn(args);
-                Ok(Running::Flag(flag))
-            }
-            Runner::Cluster {
-                membership,
-                data_dir,
-            } => {
-                // Checked at submit; a job stored before paths were confined is checked
-                // here.
-                match output_dir(&data_dir, id, &spec) {
-                    Ok(output) => {
-                        let args = RunArgs {
-                            job: id,
-                            output,
-                            spec,
-                            plan,
-                            start,
-                            membership,
-                            manager: myself.clone(),
-                        };
-                        // Linked: a run actor that fails ends its job
-                        // (`handle_supervisor_evt`).
-                        Actor::spawn_linked(None, RunActor, args, myself.get_cell())
-                            .await
-                            .map(|(run, _)| Running::Run(run))
-                            .map_err(|e| e.to_string())
-                    }
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        };
-        match started {
-            Ok(how) => state.running = Some((id, how)),
-            Err(e) => {
-                let _ = myself.cast(JobMsg::Finished {
-                    job: id,
-                    outcome: Err(CoordinatorError::Actor(format!(
-                        "cannot start the job: {e}"
-                    ))),
-                    cancelled: false,
-                });
-            }
+        if need > streaming {
+            i += 1;
+            continue;
         }
         return;
+    }
+}
+
+/// Starts queued job `id` (it needs `need` workers) on `runner`.
+async fn start(
+    myself: &ActorRef<JobMsg>,
+    state: &mut JobManagerState,
+    runner: &Runner,
+    id: u64,
+    need: usize,
+) {
+    let Some((spec, plan)) = state.plans.remove(&id) else {
+        return;
+    };
+    let Ok(mut record) = state.record(id) else {
+        return;
+    };
+    record.state = JobState::Running;
+    if let Err(e) = state.save(record) {
+        tracing::error!(job = id, "cannot store the job: {e}");
+    }
+    state.traces.start(id, plan.schedule.clone());
+    let start = state.starts.remove(&id).unwrap_or_default();
+    state
+        .watchers
+        .entry(id)
+        .or_insert_with(|| broadcast::channel(1024).0);
+    let started = match runner {
+        Runner::Steps(runner) => {
+            let flag = Arc::new(AtomicBool::new(false));
+            let args = DriverArgs {
+                job: id,
+                spec,
+                plan,
+                start,
+                runner: runner.clone(),
+                cancelled: flag.clone(),
+                manager: myself.clone(),
+            };
+            crate::driver::spawn(args);
+            Ok(Running::Flag(flag))
+        }
+        Runner::Cluster {
+            membership,
+            data_dir,
+        } => {
+            // Checked at submit; a job stored before paths were confined is checked
+            // here.
+            match output_dir(data_dir, id, &spec) {
+                Ok(output) => {
+                    let args = RunArgs {
+                        job: id,
+                        output,
+                        spec,
+                        plan,
+                        start,
+                        membership: membership.clone(),
+                        manager: myself.clone(),
+                    };
+                    // Linked: a run actor that fails ends its job
+                    // (`handle_supervisor_evt`).
+                    Actor::spawn_linked(None, RunActor, args, myself.get_cell())
+                        .await
+                        .map(|(run, _)| Running::Run(run))
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    match started {
+        Ok(how) => {
+            state.running.insert(id, (how, need));
+        }
+        Err(e) => {
+            let _ = myself.cast(JobMsg::Finished {
+                job: id,
+                outcome: Err(CoordinatorError::Actor(format!(
+                    "cannot start the job: {e}"
+                ))),
+                cancelled: false,
+            });
+        }
     }
 }
 
@@ -651,6 +737,7 @@ mod tests {
                             restarts: 0,
                             waiting: "workers: 1 of 3 ready".into(),
                             plan_choice: String::new(),
+                            workers: Vec::new(),
                         })
                         .unwrap();
                 }
@@ -733,6 +820,7 @@ mod tests {
                         restarts: 0,
                         waiting: String::new(),
                         plan_choice: String::new(),
+                        workers: Vec::new(),
                     })
                     .unwrap();
             }

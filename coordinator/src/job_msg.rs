@@ -34,6 +34,10 @@ pub enum JobMsg {
     Progress(Box<StepEventData>),
     /// What a running job waits for (empty: nothing any more).
     Waiting(u64, String),
+    /// The workers a job holds now (its claim).
+    Workers(u64, Vec<String>),
+    /// Start what the queue allows (on an interval: workers come and go).
+    Tick,
     /// Render a kept step's executed timeline (`step` 0: the latest).
     Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
     /// Plan again a job the coordinator had queued or running when it stopped (from its

@@ -3,14 +3,16 @@
 //!
 //! # Layout
 //!
-//! - [`job_manager`]: submit / get / list / cancel / watch; queue (one job at a time, in
-//!   the order their plans were ready); persistence through [`store`]; starts a [`driver`]
-//!   per running job.
+//! - [`job_manager`]: submit / get / list / cancel / watch; queue (in the order their
+//!   plans were ready; on a cluster, jobs side by side on disjoint workers, all of a job's
+//!   workers or none, with backfill); persistence through [`store`]; starts a [`driver`]
+//!   or a run actor per running job.
 //! - [`job_msg`]: the job manager's messages (the driver and the gRPC edge send them).
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`),
 //!   several submissions at once.
-//! - [`membership`]: worker registrations and heartbeats; who is alive; assignment streams
-//!   and the routing of workers' step reports.
+//! - [`membership`]: worker registrations and heartbeats; who is alive; which job holds
+//!   which worker (a job claims its workers before each run); assignment streams and the
+//!   routing of workers' step reports.
 //! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
 //!   time, throughput, liveness, jobs, re-plans).
 //! - [`run`]: one [`run::RunActor`] per job running on registered worker processes: it

@@ -57,6 +57,8 @@ pub struct WorkerInfo {
     /// that registers under a known id (a restarted pod under its old name) is a later one,
     /// so a run holding the earlier one has lost that worker.
     pub incarnation: u64,
+    /// The job whose workers it is (0: idle): jobs run on disjoint workers.
+    pub claimed: u64,
 }
 
 impl WorkerInfo {
@@ -99,6 +101,8 @@ pub struct MembershipState {
     streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
     /// worker id → the job it was last assigned and its index there.
     assigned: HashMap<String, (u64, u32)>,
+    /// worker id → the job holding it (from the job's claim until it ends).
+    claims: HashMap<String, u64>,
     /// run → the run actor its workers' step reports go to.
     sinks: HashMap<u64, ActorRef<RunMsg>>,
     /// job → its run actor, told of every registration, stream, heartbeat and loss.
@@ -136,9 +140,49 @@ impl MembershipState {
             .filter(|w| now.duration_since(w.last_seen) <= deadline)
             .map(|w| WorkerInfo {
                 streaming: self.streams.get(&w.id).is_some_and(|tx| !tx.is_closed()),
+                claimed: self.claims.get(&w.id).copied().unwrap_or(0),
                 ..w.clone()
             })
             .collect()
+    }
+
+    /// Makes `ids` job `job`'s workers, and only those (its earlier ones go back), unless
+    /// another job holds one of them; every run actor hears of each change.
+    fn claim(&mut self, job: u64, ids: &[String]) -> std::result::Result<(), String> {
+        let taken: Vec<String> = ids
+            .iter()
+            .filter_map(|id| match self.claims.get(id) {
+                Some(&other) if other != job => Some(format!("worker {id} is job {other}'s")),
+                _ => None,
+            })
+            .collect();
+        if !taken.is_empty() {
+            return Err(taken.join(", "));
+        }
+        self.release(job, ids);
+        for id in ids {
+            if self.claims.insert(id.clone(), job) != Some(job) {
+                self.push(&Input::Claimed {
+                    id: id.clone(),
+                    job,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Job `job`'s workers other than `keep` go back (are idle again).
+    fn release(&mut self, job: u64, keep: &[String]) {
+        let gone: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(id, j)| **j == job && !keep.contains(id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            self.claims.remove(&id);
+            self.push(&Input::Claimed { id, job: 0 });
+        }
     }
 
     /// Tells the workers assigned run `job` down their assignment streams to abandon it
@@ -181,8 +225,15 @@ pub enum MembershipMsg {
     Attach(u64, ActorRef<RunMsg>),
     /// A job's run actor follows the workers from now on; replies the workers alive now.
     Follow(u64, ActorRef<RunMsg>, RpcReplyPort<Vec<WorkerInfo>>),
-    /// The job's run actor is done.
+    /// The job's run actor is done: its workers go back.
     Unfollow(u64),
+    /// Makes these workers the job's (and only these), unless another job holds one;
+    /// replies why not.
+    Claim(
+        u64,
+        Vec<String>,
+        RpcReplyPort<std::result::Result<(), String>>,
+    ),
     /// A worker's step report; replies what its run must do.
     Report(Box<pb::StepReport>, RpcReplyPort<ReportAnswer>),
     /// A worker leaves (it was asked to stop), having abandoned run `u64` (0: none): it is
@@ -211,6 +262,7 @@ impl MembershipState {
         });
         let workers = &self.workers;
         self.assigned.retain(|id, _| workers.contains_key(id));
+        self.claims.retain(|id, _| workers.contains_key(id));
         self.streams.retain(|id, _| workers.contains_key(id));
     }
 }
@@ -326,6 +378,10 @@ impl Actor for Membership {
             }
             MembershipMsg::Unfollow(job) => {
                 st.followers.remove(&job);
+                st.release(job, &[]);
+            }
+            MembershipMsg::Claim(job, ids, reply) => {
+                let _ = reply.send(st.claim(job, &ids));
             }
             MembershipMsg::OpenStream(id, reply) => {
                 if st.workers.contains_key(&id) {
@@ -395,6 +451,7 @@ impl Actor for Membership {
                     st.streams.remove(&id);
                     st.open.remove(&id);
                     st.assigned.remove(&id);
+                    st.claims.remove(&id);
                     st.lost.remove(&id);
                     st.push(&Input::Left(id));
                 } else {
@@ -442,6 +499,9 @@ impl Actor for Membership {
                     .filter(|(_, age)| *age <= deadline.as_secs_f64())
                     .count();
                 crate::metrics::record_liveness(&ages, up);
+                let live = st.live(now);
+                let busy = live.iter().filter(|w| w.claimed != 0).count();
+                crate::metrics::record_workers(live.len() - busy, busy);
                 crate::metrics::refresh();
                 // Only the workers of a run still followed: a finished run's indices are
                 // left to the exporter's expiry.
@@ -497,6 +557,7 @@ mod tests {
             streaming: false,
             job: 0,
             incarnation: 0,
+            claimed: 0,
         }
     }
 

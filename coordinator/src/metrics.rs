@@ -11,6 +11,7 @@
 //! | `pipewise_steps_total` | counter | `job_id` |
 //! | `pipewise_loss` | gauge | `job_id` |
 //! | `pipewise_workers_up` | gauge | |
+//! | `pipewise_workers` | gauge | `state` = idle \| busy (a job's, from its claim until it ends) |
 //! | `pipewise_heartbeat_age_seconds` | gauge | `worker` |
 //! | `pipewise_jobs` | gauge | `state` |
 //! | `pipewise_replans_total` | counter | `reason` |
@@ -71,6 +72,10 @@ pub fn describe() {
         "Workers whose heartbeats are current"
     );
     describe_gauge!(
+        "pipewise_workers",
+        "Live workers by state: idle, or busy (held by a job)"
+    );
+    describe_gauge!(
         "pipewise_heartbeat_age_seconds",
         Unit::Seconds,
         "Seconds since a worker's last heartbeat"
@@ -84,6 +89,7 @@ pub fn describe() {
         counter!("pipewise_replans_total", "reason" => reason).absolute(0);
     }
     gauge!("pipewise_workers_up").set(0.0);
+    record_workers(0, 0);
 }
 
 /// Counts one re-plan of a running job; `reason` is a [`Reason`]'s label.
@@ -147,6 +153,13 @@ pub fn record_liveness(ages: &[(String, f64)], up: usize) {
     for (worker, age) in ages {
         gauge!("pipewise_heartbeat_age_seconds", "worker" => worker.clone()).set(*age);
     }
+}
+
+/// Live workers by state: `idle` (no job's) and `busy` (a job's, from its claim until it
+/// ends).
+pub fn record_workers(idle: usize, busy: usize) {
+    gauge!("pipewise_workers", "state" => "idle").set(idle as f64);
+    gauge!("pipewise_workers", "state" => "busy").set(busy as f64);
 }
 
 /// The last job counts by state, set again by [`refresh`].

@@ -170,6 +170,7 @@ impl Actor for RunActor {
                 worker: w.worker(),
                 streaming: w.streaming,
                 running: w.job,
+                claimed: w.claimed,
             })
             .collect();
         let training = &args.spec.training;
@@ -238,6 +239,13 @@ async fn perform(
         Action::Waiting(what) => st.manager.cast(JobMsg::Waiting(job, what))?,
         Action::Info(line) => tracing::info!(job, "{line}"),
         Action::Warn(line) => tracing::warn!(job, "{line}"),
+        Action::Claim(ids) => {
+            let answer = ractor::call!(st.membership, MembershipMsg::Claim, job, ids.clone())?;
+            if answer.is_ok() {
+                st.manager.cast(JobMsg::Workers(job, ids))?;
+            }
+            inputs.push_back(Input::ClaimAnswer(answer));
+        }
         Action::Attach(run) => st
             .membership
             .cast(MembershipMsg::Attach(run.raw(), myself.clone()))?,

@@ -53,6 +53,7 @@ fn status_of(r: &JobRecord) -> pb::JobStatus {
         last_checkpoint: r.last_checkpoint.clone(),
         waiting: r.waiting.clone(),
         plan_choice: r.plan_choice.clone(),
+        workers: r.workers.clone(),
     }
 }
 
@@ -256,6 +257,7 @@ impl ClusterService for Cluster {
             job: r.run,
             // The membership actor numbers it.
             incarnation: 0,
+            claimed: 0,
         };
         let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
             .map_err(CoordinatorError::from)??;

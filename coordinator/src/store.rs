@@ -77,6 +77,9 @@ pub struct JobRecord {
     /// What `schedule = "auto"` last chose and why; empty otherwise.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub plan_choice: String,
+    /// The workers a running job holds; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -235,6 +238,7 @@ mod tests {
             restarts: 0,
             waiting: "workers: 1 of 2 ready".into(),
             plan_choice: String::new(),
+            workers: Vec::new(),
         };
         {
             let store = JobStore::open(dir.path()).expect("opens");

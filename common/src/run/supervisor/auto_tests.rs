@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use super::tests::{JOB, done, heartbeat, report, saved, spec, supervisor, workers};
+use super::tests::{Feed, JOB, done, heartbeat, report, saved, spec, supervisor, workers};
 use super::*;
 use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::worker::StepReport;
@@ -15,7 +15,7 @@ fn choosing(steps: u32) -> (Vec<Worker>, Supervisor, Choose) {
     let spec = spec(2, crate::job::AUTO_SCHEDULE, steps);
     let ws = workers(2);
     let mut s = supervisor(&spec, &ws, Start::default());
-    let acts = s.handle(0, Input::Tick);
+    let acts = s.feed(0, Input::Tick);
     let [Action::Choose(choose)] = &acts[..] else {
         panic!("{acts:?}")
     };
@@ -27,10 +27,10 @@ fn choosing(steps: u32) -> (Vec<Worker>, Supervisor, Choose) {
 #[test]
 fn an_auto_run_starts_on_the_choice_that_comes_back() {
     let (ws, mut s, choose) = choosing(6);
-    assert_eq!(s.handle(100, Input::Tick), []);
-    assert_eq!(s.handle(150, heartbeat(&ws[0], RunId::new(JOB, 0))), []);
+    assert_eq!(s.feed(100, Input::Tick), []);
+    assert_eq!(s.feed(150, heartbeat(&ws[0], RunId::new(JOB, 0))), []);
     let choice = choose.run().unwrap();
-    let acts = s.handle(200, chosen(&choose, Ok(choice.clone())));
+    let acts = s.feed(200, chosen(&choose, Ok(choice.clone())));
     let r0 = RunId::new(JOB, 0);
     let [Action::Info(text), Action::Attach(id), Action::Assign(a)] = &acts[..] else {
         panic!("{acts:?}")
@@ -49,8 +49,8 @@ fn an_auto_run_starts_on_the_choice_that_comes_back() {
 #[test]
 fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
     let (ws, mut s, choose) = choosing(6);
-    assert_eq!(s.handle(50, Input::StreamClosed(ws[1].id.clone())), []);
-    let acts = s.handle(100, choose.answer());
+    assert_eq!(s.feed(50, Input::StreamClosed(ws[1].id.clone())), []);
+    let acts = s.feed(100, choose.answer());
     assert_eq!(
         acts,
         [
@@ -58,16 +58,16 @@ fn an_auto_choice_waits_for_its_workers_and_yields_to_a_cancel() {
             Action::Info("waiting for workers: 1 of 2 ready".into())
         ]
     );
-    let acts = s.handle(200, Input::StreamOpened(ws[1].id.clone()));
+    let acts = s.feed(200, Input::StreamOpened(ws[1].id.clone()));
     assert!(matches!(&acts[..], [Action::Waiting(w), Action::Choose(_)] if w.is_empty()));
 
     let (_, mut s, _) = choosing(6);
-    assert_eq!(s.handle(50, Input::Cancel), [Action::Finish(Ok(()))]);
+    assert_eq!(s.feed(50, Input::Cancel), [Action::Finish(Ok(()))]);
     assert!(s.finished());
 
     let (_, mut s, choose) = choosing(6);
     let error = crate::Error::invalid("parallelism.pipeline_parallel_schedule", "none fits");
-    let acts = s.handle(50, chosen(&choose, Err(error.clone())));
+    let acts = s.feed(50, chosen(&choose, Err(error.clone())));
     assert_eq!(
         acts,
         [Action::Finish(Err(Failure::Auto { workers: 2, error }))]
@@ -90,7 +90,7 @@ fn step_took(s: &mut Supervisor, now: u64, ws: &[Worker], step: u64, secs: f64) 
             wall_secs: secs,
             ..report(ws, i, step)
         };
-        last = s.handle(now, Input::Report(Box::new(r)));
+        last = s.feed(now, Input::Report(Box::new(r)));
     }
     last
 }
@@ -117,12 +117,12 @@ fn moved_after(
     through: u64,
 ) -> Vec<Action> {
     let now = 1_000 * (through + 1) + 500;
-    assert_eq!(s.handle(now, done(ws, 0)), []);
+    assert_eq!(s.feed(now, done(ws, 0)), []);
     assert_eq!(
-        s.handle(now, done(ws, 1)),
+        s.feed(now, done(ws, 1)),
         [Action::Detach(run), Action::ReadCheckpoints]
     );
-    s.handle(now + 100, saved(&[(through, stages)]))
+    s.feed(now + 100, saved(&[(through, stages)]))
 }
 
 /// A trial move's last actions: why (the warning), the new run and its assignment.
@@ -160,7 +160,7 @@ fn first_run_of(steps: u32) -> (Vec<Worker>, Supervisor, JobChoice) {
         o.shown.predicted_ms = best * if i == 0 { 1.01 } else { 2.0 };
     }
     assert_ne!(choice.others[0].plan, choice.best.plan);
-    let acts = s.handle(100, chosen(&choose, Ok(choice.clone())));
+    let acts = s.feed(100, chosen(&choose, Ok(choice.clone())));
     let [Action::Info(text), Action::Attach(_), Action::Assign(a)] = &acts[..] else {
         panic!("{acts:?}")
     };
@@ -192,8 +192,8 @@ fn trial_started(ws: &[Worker], s: &mut Supervisor, choice: &JobChoice, secs: f6
         ..(**again).clone()
     };
     let now = 1_000 * (T + 1);
-    assert_eq!(s.handle(now + 50, chosen(&earlier, Ok(choice.clone()))), []);
-    s.handle(now + 100, chosen(again, Ok(choice.clone())))
+    assert_eq!(s.feed(now + 50, chosen(&earlier, Ok(choice.clone()))), []);
+    s.feed(now + 100, chosen(again, Ok(choice.clone())))
 }
 
 /// An auto trial measures the plans predicted within the band and goes on with the fastest
@@ -291,7 +291,7 @@ fn a_move_during_the_re_check_restarts_the_trial() {
                 busy_secs: if i == 1 { 0.9 } else { 0.2 },
                 ..report(&ws, i, k)
             };
-            acts = s.handle(1_000 * (k + 1), Input::Report(Box::new(r)));
+            acts = s.feed(1_000 * (k + 1), Input::Report(Box::new(r)));
         }
         if acts.iter().any(|a| matches!(a, Action::Stop(_))) {
             break k + 1;
@@ -299,7 +299,7 @@ fn a_move_during_the_re_check_restarts_the_trial() {
         k += 1;
     };
     assert_eq!(
-        s.handle(1_000 * (k + 1) + 50, chosen(again, Ok(choice.clone()))),
+        s.feed(1_000 * (k + 1) + 50, chosen(again, Ok(choice.clone()))),
         []
     );
     let acts = moved_after(
@@ -311,7 +311,7 @@ fn a_move_during_the_re_check_restarts_the_trial() {
     let Some(Action::Choose(next)) = acts.last() else {
         panic!("{acts:?}")
     };
-    let acts = s.handle(1_000 * (through + 2), chosen(next, Ok(choice.clone())));
+    let acts = s.feed(1_000 * (through + 2), chosen(next, Ok(choice.clone())));
     let [Action::Info(text), Action::Attach(_), Action::Assign(_)] = &acts[..] else {
         panic!("{acts:?}")
     };
@@ -383,11 +383,11 @@ fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
     let mut spec = spec(2, crate::job::AUTO_SCHEDULE, 20);
     spec.checkpoint.enable_checkpoint = false;
     let mut s = supervisor(&spec, &ws, Start::default());
-    let acts = s.handle(0, Input::Tick);
+    let acts = s.feed(0, Input::Tick);
     let [Action::Choose(choose)] = &acts[..] else {
         panic!("{acts:?}")
     };
-    let acts = s.handle(100, choose.answer());
+    let acts = s.feed(100, choose.answer());
     let [Action::Info(text), Action::Attach(_), Action::Assign(_)] = &acts[..] else {
         panic!("{acts:?}")
     };

@@ -54,6 +54,8 @@ pub struct Member {
     pub streaming: bool,
     /// The run it said it runs in its last heartbeat (0: none).
     pub running: u64,
+    /// The job whose workers it is (0: none): a job runs on workers no other job holds.
+    pub claimed: u64,
 }
 
 /// What happens to a job's runs.
@@ -98,6 +100,16 @@ pub enum Input {
         /// Its choice.
         choice: Box<crate::Result<JobChoice>>,
     },
+    /// A worker became job `job`'s (0: no job's).
+    Claimed {
+        /// The worker id.
+        id: String,
+        /// The job holding it now (0: none).
+        job: u64,
+    },
+    /// The answer to [`Action::Claim`]: the workers are the job's, or why not (another job
+    /// took one first).
+    ClaimAnswer(Result<(), String>),
     /// The job is cancelled.
     Cancel,
     /// Time passed.
@@ -113,6 +125,9 @@ pub enum Action {
     Info(String),
     /// A warning for the log.
     Warn(String),
+    /// Make these workers the job's (and only these): no other job's run may be handed
+    /// them until the job ends. The answer comes back as [`Input::ClaimAnswer`].
+    Claim(Vec<String>),
     /// Route the run's step reports to the supervisor, and mark the run as this
     /// coordinator's.
     Attach(RunId),

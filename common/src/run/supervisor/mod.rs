@@ -29,6 +29,8 @@
 mod auto;
 #[cfg(test)]
 mod auto_tests;
+#[cfg(test)]
+mod claim_tests;
 mod follow;
 mod following;
 mod io;
@@ -70,6 +72,8 @@ enum Phase {
         shown: Option<usize>,
         next_note: u64,
     },
+    /// For the claim of `workers` (no other job may hold them).
+    Claiming { workers: Vec<Worker> },
     /// After a coordinator restart: until no live worker runs an earlier run of the job.
     Rejoining { workers: Vec<Worker>, until: u64 },
     /// After a coordinator restart: for the checkpoint listing.
@@ -197,6 +201,15 @@ impl Supervisor {
             Phase::Running(run) => self.follow(*run, input),
             _ if self.cancelled => self.finish(Ok(())),
             Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
+            Phase::Claiming { workers } => match input {
+                Input::ClaimAnswer(Ok(())) => self.claimed(workers),
+                Input::ClaimAnswer(Err(why)) => {
+                    self.out
+                        .push(Action::Info(format!("workers taken: {why}; waiting")));
+                    self.waiting()
+                }
+                _ => Phase::Claiming { workers },
+            },
             Phase::Rejoining { workers, until } => self.rejoin(workers, until),
             Phase::Choosing { workers, source } => match input {
                 Input::Chosen { ask, choice } if ask == self.asked => {
@@ -239,6 +252,7 @@ impl Supervisor {
                         worker: w.clone(),
                         streaming: false,
                         running: 0,
+                        claimed: self.pool.get(&w.id).map_or(0, |m| m.claimed),
                     },
                 );
             }
@@ -250,6 +264,11 @@ impl Supervisor {
             Input::Heartbeat { id, run } => {
                 if let Some(m) = self.pool.get_mut(id) {
                     m.running = *run;
+                }
+            }
+            Input::Claimed { id, job } => {
+                if let Some(m) = self.pool.get_mut(id) {
+                    m.claimed = *job;
                 }
             }
             Input::Lost(id) | Input::Left(id) => {
@@ -268,10 +287,11 @@ impl Supervisor {
         }
     }
 
+    /// The workers this job may run on: streaming, and no other job's.
     fn streaming(&self) -> Vec<Worker> {
         self.pool
             .values()
-            .filter(|m| m.streaming)
+            .filter(|m| m.streaming && (m.claimed == 0 || m.claimed == self.job))
             .map(|m| m.worker.clone())
             .collect()
     }
@@ -294,13 +314,9 @@ impl Supervisor {
                 self.out.push(Action::Waiting(String::new()));
             }
             ready.truncate(d);
-            if self.replans == 0 && self.start.restarts > 0 {
-                // Workers may still run (and write checkpoints of) the earlier
-                // coordinator's run until it tells them to abandon it.
-                let until = self.now + self.cfg.leave_grace_ms;
-                return self.rejoin(ready, until);
-            }
-            return self.launch(ready);
+            self.out
+                .push(Action::Claim(ready.iter().map(|w| w.id.clone()).collect()));
+            return Phase::Claiming { workers: ready };
         }
         // A re-planned job's plan counted workers that have gone since (a leave during a
         // move's hand-over, say): no one is coming back for it, so it shrinks again.
@@ -335,6 +351,17 @@ impl Supervisor {
             shown: Some(n),
             next_note,
         }
+    }
+
+    /// The job holds `workers` now: its run starts on them.
+    fn claimed(&mut self, workers: Vec<Worker>) -> Phase {
+        if self.replans == 0 && self.start.restarts > 0 {
+            // Workers may still run (and write checkpoints of) the earlier coordinator's
+            // run until it tells them to abandon it.
+            let until = self.now + self.cfg.leave_grace_ms;
+            return self.rejoin(workers, until);
+        }
+        self.launch(workers)
     }
 
     /// After a restart: until no live worker runs an earlier run of the job.

@@ -4,7 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use super::tests::{JOB, assign, done, heartbeat, idle, report, saved, spec, supervisor, workers};
+use super::tests::{
+    Feed, JOB, assign, done, heartbeat, idle, report, saved, spec, supervisor, workers,
+};
 use super::*;
 use crate::run::respec::{replan_after_loss, spec_split};
 use crate::run::worker::StepReport;
@@ -37,16 +39,16 @@ fn waits_for_every_replica_and_hands_them_out() {
     let ws = workers(4);
     let mut s = supervisor(&spec, &ws[..3], Start::default());
     assert_eq!(
-        s.handle(0, Input::Tick),
+        s.feed(0, Input::Tick),
         [
             Action::Waiting("workers: 3 of 4 ready (2 replicas × 2)".into()),
             Action::Info("waiting for workers: 3 of 4 ready (2 replicas × 2)".into()),
         ]
     );
-    assert_eq!(s.handle(100, Input::Registered(ws[3].clone())), []);
+    assert_eq!(s.feed(100, Input::Registered(ws[3].clone())), []);
     let r0 = RunId::new(JOB, 0);
     assert_eq!(
-        s.handle(200, Input::StreamOpened("w3".into())),
+        s.feed(200, Input::StreamOpened("w3".into())),
         [
             Action::Waiting(String::new()),
             Action::Attach(r0),
@@ -62,11 +64,11 @@ fn replica_zero_reports_make_the_step() {
     let spec = replicated();
     let ws = workers(4);
     let mut s = supervisor(&spec, &ws, Start::default());
-    s.handle(0, Input::Tick);
-    assert_eq!(s.handle(100, replica_report(&ws, 1, 0, 0)), []);
-    assert_eq!(s.handle(100, replica_report(&ws, 1, 1, 0)), []);
-    assert_eq!(s.handle(110, replica_report(&ws, 0, 0, 0)), []);
-    let acts = s.handle(120, replica_report(&ws, 0, 1, 0));
+    s.feed(0, Input::Tick);
+    assert_eq!(s.feed(100, replica_report(&ws, 1, 0, 0)), []);
+    assert_eq!(s.feed(100, replica_report(&ws, 1, 1, 0)), []);
+    assert_eq!(s.feed(110, replica_report(&ws, 0, 0, 0)), []);
+    let acts = s.feed(120, replica_report(&ws, 0, 1, 0));
     let [Action::Step(step)] = &acts[..] else {
         panic!("{acts:?}")
     };
@@ -76,7 +78,7 @@ fn replica_zero_reports_make_the_step() {
         replica: 1,
         ..report(&ws, 0, 1)
     }));
-    assert!(matches!(&s.handle(130, stray)[..], [Action::Warn(w)] if w.contains("not in the job")));
+    assert!(matches!(&s.feed(130, stray)[..], [Action::Warn(w)] if w.contains("not in the job")));
     for i in 0..3 {
         let r = (i / 2) as u32;
         let input = match done(&ws, i) {
@@ -87,7 +89,7 @@ fn replica_zero_reports_make_the_step() {
             })),
             other => other,
         };
-        assert_eq!(s.handle(200, input), [], "worker {i}");
+        assert_eq!(s.feed(200, input), [], "worker {i}");
     }
     let last = Input::Report(Box::new(StepReport {
         worker_index: 1,
@@ -96,7 +98,7 @@ fn replica_zero_reports_make_the_step() {
         ..report(&ws, 3, 0)
     }));
     assert_eq!(
-        s.handle(210, last),
+        s.feed(210, last),
         [
             Action::Detach(RunId::new(JOB, 0)),
             Action::Finish(Err(Failure::StoppedEarly {
@@ -114,14 +116,14 @@ fn a_loss_replans_onto_the_replicas_left() {
     let spec = replicated();
     let ws = workers(4);
     let mut s = supervisor(&spec, &ws, Start::default());
-    s.handle(0, Input::Tick);
+    s.feed(0, Input::Tick);
     let r0 = RunId::new(JOB, 0);
-    assert_eq!(s.handle(50, heartbeat(&ws[0], r0)), []);
+    assert_eq!(s.feed(50, heartbeat(&ws[0], r0)), []);
     assert_eq!(
-        s.handle(100, Input::Lost("w3".into())),
+        s.feed(100, Input::Lost("w3".into())),
         [Action::Detach(r0), Action::Abort(r0)]
     );
-    assert_eq!(s.handle(200, idle(&ws[0])), [Action::ReadCheckpoints]);
+    assert_eq!(s.feed(200, idle(&ws[0])), [Action::ReadCheckpoints]);
     let mut one = spec.clone();
     one.parallelism.data_parallel_replicate_degree = 1;
     let (current, plan) = replan_after_loss(one.clone(), &one, 2).unwrap();
@@ -130,7 +132,7 @@ fn a_loss_replans_onto_the_replicas_left() {
     let reason = "worker 3 (w3) stopped heartbeating; re-planned onto 2 workers (1f1b, 2 \
                   stages), resuming from the start (no checkpoint)";
     assert_eq!(
-        s.handle(300, saved(&[])),
+        s.feed(300, saved(&[])),
         [
             Action::ClearAfter(0),
             Action::Warn(reason.into()),

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::tests::{
-    JOB, assign, done, heartbeat, idle, saved, spec, step, supervisor, worker, workers,
+    Feed, JOB, assign, done, heartbeat, idle, saved, spec, step, supervisor, worker, workers,
 };
 use super::*;
 use crate::run::respec::{replan_after_loss, spec_split};
@@ -15,20 +15,20 @@ fn growing_back() -> (JobSpec, Vec<Worker>, Supervisor) {
     let spec = spec(2, "1f1b", 6);
     let ws = workers(2);
     let mut s = supervisor(&spec, &ws, Start::default());
-    s.handle(0, Input::Tick);
-    s.handle(100, Input::Lost("w1".into()));
-    s.handle(200, saved(&[]));
+    s.feed(0, Input::Tick);
+    s.feed(100, Input::Lost("w1".into()));
+    s.feed(200, saved(&[]));
     let r1 = RunId::new(JOB, 1);
     let alone = &ws[..1];
     for k in 0..2 {
         step(&mut s, 300 + k * 100, alone, k);
     }
-    s.handle(500, Input::Registered(worker(1)));
-    s.handle(600, Input::StreamOpened("w1".into()));
-    assert_eq!(s.handle(1_600, Input::Tick), [Action::Stop(r1)]);
-    s.handle(1_700, heartbeat(&ws[0], r1));
-    s.handle(1_800, done(alone, 0));
-    assert_eq!(s.handle(1_900, idle(&ws[0])), [Action::ReadCheckpoints]);
+    s.feed(500, Input::Registered(worker(1)));
+    s.feed(600, Input::StreamOpened("w1".into()));
+    assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
+    s.feed(1_700, heartbeat(&ws[0], r1));
+    s.feed(1_800, done(alone, 0));
+    assert_eq!(s.feed(1_900, idle(&ws[0])), [Action::ReadCheckpoints]);
     (spec, ws, s)
 }
 
@@ -50,7 +50,7 @@ fn grew() -> [Action; 3] {
 #[test]
 fn a_worker_leaving_during_a_moves_hand_over() {
     let (spec, ws, mut s) = growing_back();
-    assert_eq!(s.handle(2_000, Input::Left("w1".into())), []);
+    assert_eq!(s.feed(2_000, Input::Left("w1".into())), []);
     let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
     let r2 = RunId::new(JOB, 2);
     let reason = "worker w1 left the cluster while the job waited; re-planned onto 1 workers \
@@ -62,7 +62,7 @@ fn a_worker_leaving_during_a_moves_hand_over() {
         Action::Attach(r2),
         assign(r2, 2, &ws[..1], &one, &spec_split(&current, &one)),
     ]);
-    assert_eq!(s.handle(2_100, saved(&[(1, 1), (2, 1)])), want);
+    assert_eq!(s.feed(2_100, saved(&[(1, 1), (2, 1)])), want);
 }
 
 /// The worker a move grew onto closes its stream before the run starts, and the job waits
@@ -71,20 +71,20 @@ fn a_worker_leaving_during_a_moves_hand_over() {
 #[test]
 fn a_worker_lost_while_a_regrown_job_waits() {
     let (spec, ws, mut s) = growing_back();
-    assert_eq!(s.handle(2_000, Input::StreamClosed("w1".into())), []);
+    assert_eq!(s.feed(2_000, Input::StreamClosed("w1".into())), []);
     let mut want = grew().to_vec();
     want.extend([
         Action::Waiting("workers: 1 of 2 ready".into()),
         Action::Info("waiting for workers: 1 of 2 ready".into()),
     ]);
-    assert_eq!(s.handle(2_100, saved(&[(1, 1), (2, 1)])), want);
-    assert_eq!(s.handle(5_000, Input::Tick), []);
+    assert_eq!(s.feed(2_100, saved(&[(1, 1), (2, 1)])), want);
+    assert_eq!(s.feed(5_000, Input::Tick), []);
     let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
     let r2 = RunId::new(JOB, 2);
     let reason = "worker w1 stopped heartbeating while the job waited; re-planned onto 1 \
                   workers (1f1b, 1 stages), resuming from the checkpoint of step 2";
     assert_eq!(
-        s.handle(6_000, Input::Lost("w1".into())),
+        s.feed(6_000, Input::Lost("w1".into())),
         [
             Action::Warn(reason.into()),
             Action::Replanned(Reason::WorkerLost),
