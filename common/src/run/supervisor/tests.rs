@@ -10,7 +10,7 @@ use super::*;
 use crate::StageCost;
 use crate::job::example;
 use crate::run::pressure::predicted_peaks;
-use crate::run::respec::{replan, replan_after_loss, spec_split};
+use crate::run::respec::{replan_after_loss, spec_split};
 use crate::run::straggler::{straggle_of, straggler};
 use crate::run::worker::StepReport;
 
@@ -300,58 +300,6 @@ fn two_lost_in_one_step() {
                   stages), resuming from the checkpoint of step 1";
     let listing = saved(&[(1, 3), (2, 2)]);
     replans_onto_one(&mut s, 600, &spec, listing, 1, reason, Reason::WorkerLost);
-}
-
-/// A worker joins a job re-planned onto fewer workers: every worker stops after the same
-/// step, and the job grows back from the last complete checkpoint (the one being written
-/// when the run stopped is not complete).
-#[test]
-fn a_worker_joining_while_a_checkpoint_is_written() {
-    let spec = spec(2, "1f1b", 6);
-    let ws = workers(2);
-    let mut s = supervisor(&spec, &ws, Start::default());
-    s.feed(0, Input::Tick);
-    s.feed(100, Input::Lost("w1".into()));
-    s.feed(200, saved(&[]));
-    let r1 = RunId::new(JOB, 1);
-    let alone = &ws[..1];
-    for k in 0..2 {
-        let acts = step(&mut s, 300 + k * 100, alone, k);
-        assert!(
-            matches!(&acts[..], [Action::Step(d)] if d.step == k),
-            "{acts:?}"
-        );
-    }
-    // The lost worker's pod comes back under its id.
-    let back = Worker {
-        incarnation: 3,
-        address: "10.0.0.9:7000".into(),
-        ..worker(1)
-    };
-    assert_eq!(s.feed(500, Input::Registered(back.clone())), []);
-    assert_eq!(s.feed(600, Input::StreamOpened("w1".into())), []);
-    assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
-    assert_eq!(s.feed(1_700, heartbeat(&ws[0], r1)), []);
-    assert_eq!(s.feed(1_800, done(alone, 0)), [Action::Detach(r1)]);
-    assert_eq!(s.feed(1_900, idle(&ws[0])), [Action::ReadCheckpoints]);
-    let two = replan(&spec, 2).unwrap();
-    let r2 = RunId::new(JOB, 2);
-    let both = [ws[0].clone(), back];
-    // Step 2's checkpoint is still being written: its folder holds no stage yet.
-    assert_eq!(
-        s.feed(2_000, saved(&[(1, 1), (2, 0)])),
-        [
-            Action::ClearAfter(1),
-            Action::Warn(
-                "workers joined (2 live); grew from 1 onto 2 workers (1f1b, 2 stages); \
-                 resuming from the checkpoint of step 1"
-                    .into()
-            ),
-            Action::Replanned(Reason::WorkerJoined),
-            Action::Attach(r2),
-            assign(r2, 1, &both, &two, &spec_split(&spec, &two)),
-        ]
-    );
 }
 
 /// A restarted coordinator replays its store: the job waits until no worker runs the
