@@ -218,6 +218,10 @@ impl Actor for JobManager {
                 _ => None,
             })
         {
+            // Its workers go back: the actor did not get to say so.
+            if let Some(Runner::Cluster { membership, .. }) = &state.runner {
+                let _ = membership.cast(MembershipMsg::Unfollow(*job));
+            }
             myself.cast(JobMsg::Finished {
                 job: *job,
                 outcome: Err(CoordinatorError::Actor(format!(

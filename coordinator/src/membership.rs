@@ -171,6 +171,17 @@ impl MembershipState {
         Ok(())
     }
 
+    /// Tells every run actor which job holds worker `id`, if one does (a worker that comes
+    /// back is a new member of their pools, held as before).
+    fn push_claim(&self, id: &str) {
+        if let Some(&job) = self.claims.get(id) {
+            self.push(&Input::Claimed {
+                id: id.to_string(),
+                job,
+            });
+        }
+    }
+
     /// Job `job`'s workers other than `keep` go back (are idle again).
     fn release(&mut self, job: u64, keep: &[String]) {
         let gone: Vec<String> = self
@@ -336,6 +347,7 @@ impl Actor for Membership {
                 st.lost.remove(&info.id);
                 st.open.remove(&info.id);
                 st.push(&Input::Registered(info.worker()));
+                st.push_claim(&info.id);
                 st.workers.insert(info.id.clone(), info);
                 let _ = reply.send(Ok(HEARTBEAT_INTERVAL));
             }
@@ -357,6 +369,7 @@ impl Actor for Membership {
                     {
                         // Back after it was reported lost: a worker again.
                         st.push(&Input::Registered(w.worker()));
+                        st.push_claim(&beat.id);
                         if st.open.contains(&beat.id) {
                             st.push(&Input::StreamOpened(beat.id.clone()));
                         }

@@ -244,7 +244,10 @@ async fn perform(
             if answer.is_ok() {
                 st.manager.cast(JobMsg::Workers(job, ids))?;
             }
-            inputs.push_back(Input::ClaimAnswer(answer));
+            // Through the mailbox: the claim changes the membership actor told every run
+            // actor before it answered are taken first, so a refused claim is not asked
+            // again for the same workers.
+            myself.cast(RunMsg::Input(Box::new(Input::ClaimAnswer(answer))))?;
         }
         Action::Attach(run) => st
             .membership

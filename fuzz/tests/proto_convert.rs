@@ -221,7 +221,7 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
 }
 
 /// The assignment fields a worker's refusal names first.
-const ASSIGNMENT_FIELDS: [&str; 12] = [
+const ASSIGNMENT_FIELDS: [&str; 14] = [
     "job_toml",
     "placement",
     "stage_count",
@@ -234,6 +234,8 @@ const ASSIGNMENT_FIELDS: [&str; 12] = [
     "microbatch_size",
     "stages",
     "worker_index",
+    "replica",
+    "collective_root",
 ];
 
 fn check_assignment_case(a: v1::Assignment, mutated: bool) -> Verdict {

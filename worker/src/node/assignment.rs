@@ -43,6 +43,8 @@ pub(crate) struct Assignment {
     pub(crate) replica: Replica,
     /// The collectives' root: replica 0's worker 0.
     pub(crate) root: String,
+    /// This worker's contributor index in the run's collectives: `replica · d + rank`.
+    pub(crate) contributor: u32,
     /// Where checkpoints and final parameters go: `job-N` under `checkpoint.folder` in
     /// this worker's data directory.
     pub(crate) output: PathBuf,
@@ -85,11 +87,18 @@ impl Assignment {
         if replica.index >= replica.count {
             return Err(Error::invalid(
                 "assignment",
-                format!("replica {} of {}", replica.index, replica.count),
+                format!("replica: {} of {} replicas", replica.index, replica.count),
             ));
         }
         let root = match (a.collective_root.is_empty(), a.peers.get(&0)) {
             (false, _) => a.collective_root.clone(),
+            // Another replica's rank 0 is not the root.
+            (true, _) if replica.index > 0 => {
+                return Err(Error::invalid(
+                    "assignment",
+                    "collective_root: none for a replica past the first",
+                ));
+            }
             (true, Some(first)) => first.clone(),
             (true, None) => {
                 return Err(Error::invalid(
@@ -106,6 +115,21 @@ impl Assignment {
                 ));
             }
         }
+        let contributor = replica
+            .index
+            .checked_mul(placement.workers())
+            .and_then(|c| c.checked_add(a.worker_index))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "assignment",
+                    format!(
+                        "replica: {} × {} workers + {} overflows",
+                        replica.index,
+                        placement.workers(),
+                        a.worker_index
+                    ),
+                )
+            })?;
         let partition = if a.stage_pieces.is_empty() {
             partition_of(&spec, &placement)?
         } else {
@@ -147,6 +171,7 @@ impl Assignment {
             peers: a.peers,
             replica,
             root,
+            contributor,
             output: job_dir(&folder, job_of(a.run)),
             data,
             run_secret: bytes::Bytes::from(a.run_secret),
@@ -156,11 +181,6 @@ impl Assignment {
     /// The address of the run's collectives' root.
     pub(crate) fn root(&self) -> &str {
         &self.root
-    }
-
-    /// This worker's contributor index in the run's collectives: `replica · d + rank`.
-    pub(crate) fn contributor(&self) -> u32 {
-        self.replica.index * self.placement.workers() + self.worker
     }
 }
 

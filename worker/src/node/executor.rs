@@ -160,13 +160,13 @@ impl Node<'_> {
         transport.set_run_secret(a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
         transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
-        if a.contributor() == 0 {
+        if a.contributor == 0 {
             let workers = a.placement.workers() * a.replica.count;
             transport
                 .collective()
                 .configure(a.run, workers, a.replica.count, timeout);
         }
-        let sync = transport.sync_to(a.root(), a.run, a.contributor(), timeout)?;
+        let sync = transport.sync_to(a.root(), a.run, a.contributor, timeout)?;
         sync.barrier()?;
         let mut stats = self.shared.stats();
         stats.peak_activation_bytes = 0;

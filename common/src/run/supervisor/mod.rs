@@ -113,7 +113,7 @@ pub struct Supervisor {
     /// Workers that left (since they last registered): a run holding one lost it by a
     /// drain, not a crash.
     left: BTreeSet<String>,
-    /// The latest worker to leave or be lost, and how, in words.
+    /// The latest worker to leave or be lost since the last run started, and how, in words.
     gone: Option<(String, Reason)>,
     first_step: u64,
     stage_pieces: Vec<u32>,
@@ -318,13 +318,21 @@ impl Supervisor {
                 .push(Action::Claim(ready.iter().map(|w| w.id.clone()).collect()));
             return Phase::Claiming { workers: ready };
         }
-        // A re-planned job's plan counted workers that have gone since (a leave during a
-        // move's hand-over, say): no one is coming back for it, so it shrinks again.
-        if self.replans > 0
-            && self.pool.len() < d
-            && let Some((gone, how)) = self.gone.clone()
-        {
+        // A re-planned job's plan counted workers it can no longer have (one left during a
+        // move's hand-over, another job took one): no one is coming back for it, so it
+        // shrinks again onto what it can have (a survivor reopening its stream is waited
+        // for).
+        let usable = self
+            .pool
+            .values()
+            .filter(|m| m.claimed == 0 || m.claimed == self.job)
+            .count();
+        if self.replans > 0 && usable < d && !ready.is_empty() {
             self.end_trial();
+            let (gone, how) = self
+                .gone
+                .clone()
+                .unwrap_or_else(|| ("workers went to other jobs".into(), Reason::WorkerLost));
             let reason = format!("{gone} while the job waited");
             return match self.onto_survivors(reason, how, self.first_step) {
                 Ok(()) => self.wait(shown, next_note),
@@ -412,6 +420,8 @@ impl Supervisor {
 
     /// Starts a run on `workers` with the plan as it stands.
     fn start_run(&mut self, mut workers: Vec<Worker>) -> Phase {
+        // Departures before this run are not the reason a later wait falls short.
+        self.gone = None;
         // Replica 0's pipeline is what the plan and its policies see.
         let d = self.plan.schedule.num_workers() as usize;
         let others = workers.split_off(d.min(workers.len()));

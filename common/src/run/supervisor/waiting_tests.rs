@@ -146,3 +146,28 @@ fn a_worker_joining_while_a_checkpoint_is_written() {
         ]
     );
 }
+
+/// Another job takes the worker a move grew onto before the run starts: the job shrinks
+/// back onto the worker it holds rather than waiting for the other job to end (two jobs
+/// each waiting for the other's workers would wait for ever).
+#[test]
+fn a_worker_taken_by_another_job_during_a_moves_hand_over() {
+    let (spec, ws, mut s) = growing_back();
+    let taken = Input::Claimed {
+        id: "w1".into(),
+        job: 7,
+    };
+    assert_eq!(s.feed(2_000, taken), []);
+    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
+    let r2 = RunId::new(JOB, 2);
+    let reason = "workers went to other jobs while the job waited; re-planned onto 1 workers \
+                  (1f1b, 1 stages), resuming from the checkpoint of step 2";
+    let mut want = grew().to_vec();
+    want.extend([
+        Action::Warn(reason.into()),
+        Action::Replanned(Reason::WorkerLost),
+        Action::Attach(r2),
+        assign(r2, 2, &ws[..1], &one, &spec_split(&current, &one)),
+    ]);
+    assert_eq!(s.feed(2_100, saved(&[(1, 1), (2, 1)])), want);
+}
