@@ -661,8 +661,49 @@ mod tests {
             st.workers.insert(id.into(), worker(id, seen));
             st.assigned.insert(id.into(), (1, 0));
         }
+        st.claims.insert("silent".into(), 1);
         st.forget_silent(now);
         assert_eq!(st.workers.keys().collect::<Vec<_>>(), ["recent"]);
         assert_eq!(st.assigned.keys().collect::<Vec<_>>(), ["recent"]);
+        assert!(st.claims.is_empty(), "{:?}", st.claims);
+    }
+
+    /// A worker is one job's at a time: a claim naming another job's worker is refused
+    /// whole, a job's new claim replaces its old one, and a job's end gives its workers
+    /// back; `live` says whose each worker is.
+    #[test]
+    fn a_worker_is_one_jobs_at_a_time() {
+        let now = Instant::now();
+        let mut st = MembershipState::default();
+        for id in ["a", "b", "c"] {
+            st.workers.insert(id.into(), worker(id, now));
+        }
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let holders = |st: &MembershipState| {
+            st.live(now)
+                .iter()
+                .map(|w| (w.id.clone(), w.claimed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(st.claim(1, &ids(&["a", "b"])), Ok(()));
+        assert_eq!(
+            st.claim(2, &ids(&["b", "c"])),
+            Err("worker b is job 1's".to_string())
+        );
+        assert_eq!(
+            holders(&st),
+            [("a".into(), 1), ("b".into(), 1), ("c".into(), 0)]
+        );
+        assert_eq!(st.claim(1, &ids(&["a"])), Ok(()));
+        assert_eq!(st.claim(2, &ids(&["b", "c"])), Ok(()));
+        assert_eq!(
+            holders(&st),
+            [("a".into(), 1), ("b".into(), 2), ("c".into(), 2)]
+        );
+        st.release(2, &[]);
+        assert_eq!(
+            holders(&st),
+            [("a".into(), 1), ("b".into(), 0), ("c".into(), 0)]
+        );
     }
 }
