@@ -60,7 +60,7 @@ pub fn spawn(args: DriverArgs) {
         manager,
     } = args;
     if let Ok(peaks) = plan.predicted_peak_bytes(&spec) {
-        crate::metrics::record_predicted_peaks(&peaks);
+        crate::metrics::record_predicted_peaks(job, &peaks);
     }
     let tokens_per_step =
         f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len);

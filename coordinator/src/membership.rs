@@ -99,8 +99,8 @@ pub struct Membership;
 pub struct MembershipState {
     workers: BTreeMap<String, WorkerInfo>,
     streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
-    /// worker id → the job it was last assigned and its index there.
-    assigned: HashMap<String, (u64, u32)>,
+    /// worker id → the run it was last assigned, its replica and its index there.
+    assigned: HashMap<String, (u64, u32, u32)>,
     /// worker id → the job holding it (from the job's claim until it ends).
     claims: HashMap<String, u64>,
     /// run → the run actor its workers' step reports go to.
@@ -199,7 +199,7 @@ impl MembershipState {
     /// Tells the workers assigned run `job` down their assignment streams to abandon it
     /// now (their heartbeat replies say so too, up to an interval later).
     fn push_abandon(&self, job: u64) {
-        for (id, _) in self.assigned.iter().filter(|(_, (run, _))| *run == job) {
+        for (id, _) in self.assigned.iter().filter(|(_, (run, ..))| *run == job) {
             if let Some(tx) = self.streams.get(id) {
                 let abandon = pb::Assignment {
                     run: job,
@@ -414,7 +414,8 @@ impl Actor for Membership {
                 }
             }
             MembershipMsg::Assign(id, assignment, reply) => {
-                let (job, index) = (assignment.run, assignment.worker_index);
+                let (job, replica, index) =
+                    (assignment.run, assignment.replica, assignment.worker_index);
                 let outcome = match st.streams.get(&id) {
                     Some(tx) => tx.try_send(*assignment).map_err(|e| {
                         CoordinatorError::Actor(format!(
@@ -426,10 +427,10 @@ impl Actor for Membership {
                     ))),
                 };
                 if outcome.is_ok() {
-                    st.assigned.insert(id, (job, index));
+                    st.assigned.insert(id, (job, replica, index));
                     // A worker starts its assignment holding no activations; heartbeats
                     // (sampled every tick) update it from there.
-                    crate::metrics::record_current_memory(index, 0);
+                    crate::metrics::record_current_memory(job, replica, index, 0);
                 }
                 let _ = reply.send(outcome);
             }
@@ -519,10 +520,11 @@ impl Actor for Membership {
                 // Only the workers of a run still followed: a finished run's indices are
                 // left to the exporter's expiry.
                 for w in st.workers.values() {
-                    if let Some((run, index)) = st.assigned.get(&w.id)
-                        && st.sinks.contains_key(run)
+                    if let Some(&(run, replica, index)) = st.assigned.get(&w.id)
+                        && st.sinks.contains_key(&run)
                     {
-                        crate::metrics::record_current_memory(*index, w.current_activation_bytes);
+                        let bytes = w.current_activation_bytes;
+                        crate::metrics::record_current_memory(run, replica, index, bytes);
                     }
                 }
             }
@@ -659,7 +661,7 @@ mod tests {
         let silent = now - FORGET_AFTER;
         for (id, seen) in [("recent", recent), ("silent", silent)] {
             st.workers.insert(id.into(), worker(id, seen));
-            st.assigned.insert(id.into(), (1, 0));
+            st.assigned.insert(id.into(), (1, 0, 0));
         }
         st.claims.insert("silent".into(), 1);
         st.forget_silent(now);

@@ -7,7 +7,7 @@
 //! | `pipewise_step_duration_seconds` | histogram | `job_id` |
 //! | `pipewise_step_time_seconds` | gauge | `source` = predicted \| measured, `job_id` |
 //! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job_id` |
-//! | `pipewise_activation_memory_bytes` | gauge | `kind` = current \| peak \| predicted_peak, `worker` |
+//! | `pipewise_activation_memory_bytes` | gauge | `kind` = current \| peak \| predicted_peak, `job_id`, `worker` (its rank in the pipeline), (`replica` for current) |
 //! | `pipewise_steps_total` | counter | `job_id` |
 //! | `pipewise_loss` | gauge | `job_id` |
 //! | `pipewise_workers_up` | gauge | |
@@ -127,23 +127,25 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
         gauge!("pipewise_loss", "job_id" => job).set(e.loss);
     }
     for (worker, peak) in &e.peaks {
-        gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "worker" => worker.to_string())
+        gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "job_id" => e.job.to_string(), "worker" => worker.to_string())
             .set(*peak as f64);
     }
-    record_predicted_peaks(&e.predicted_peaks);
+    record_predicted_peaks(e.job, &e.predicted_peaks);
 }
 
-/// The plan's predicted peak activation bytes of each worker.
-pub fn record_predicted_peaks(peaks: &[u64]) {
+/// The plan's predicted peak activation bytes of each worker of job `job`.
+pub fn record_predicted_peaks(job: u64, peaks: &[u64]) {
     for (worker, peak) in peaks.iter().enumerate() {
-        gauge!("pipewise_activation_memory_bytes", "kind" => "predicted_peak", "worker" => worker.to_string())
+        gauge!("pipewise_activation_memory_bytes", "kind" => "predicted_peak", "job_id" => job.to_string(), "worker" => worker.to_string())
             .set(*peak as f64);
     }
 }
 
-/// Current activation bytes of worker `worker` (its index in the running job).
-pub fn record_current_memory(worker: u32, bytes: u64) {
-    gauge!("pipewise_activation_memory_bytes", "kind" => "current", "worker" => worker.to_string())
+/// Current activation bytes of rank `worker` of replica `replica` in run `run` (jobs run
+/// side by side, each with its own ranks).
+pub fn record_current_memory(run: u64, replica: u32, worker: u32, bytes: u64) {
+    let job = pipewise_common::job::job_of(run).to_string();
+    gauge!("pipewise_activation_memory_bytes", "kind" => "current", "job_id" => job, "replica" => replica.to_string(), "worker" => worker.to_string())
         .set(bytes as f64);
 }
 

@@ -156,7 +156,7 @@ impl Actor for RunActor {
             source,
         })?;
         if let Ok(peaks) = args.plan.predicted_peak_bytes(&args.spec) {
-            crate::metrics::record_predicted_peaks(&peaks);
+            crate::metrics::record_predicted_peaks(args.job, &peaks);
         }
         let live = ractor::call!(
             args.membership,
