@@ -337,15 +337,21 @@ def pipewise(args, workers, threads, cores, device, tmp, job=None, overrides=Non
         return {"step_s": [s for _, _, s in steps], "loss": [l for _, l, _ in steps],
                 "threads": threads}
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
+        stop_all(procs, logs)
+
+
+def stop_all(procs, logs):
+    """Terminates `procs` (the last started first), kills any still up after 10 s, and
+    closes `logs`."""
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for log in logs:
+        log.close()
 
 
 # ----------------------------------------------------------------------------- report

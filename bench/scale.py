@@ -10,7 +10,8 @@ holding 1/d of the model), V-Half, R replicas of d workers (R × d worker proces
 microbatches per replica, `--steps` steps. After `--warmup` steps it samples the
 coordinator process's utime + stime (/proc/PID/stat) over the next `--window` seconds and
 prints it as a share of the wall time, with the median planned and measured bubble of the
-steps in that window. Linux only; standard library only; not part of CI.
+steps in that window. Linux only; standard library only (it reuses compare.py's process
+handling); not part of CI.
 """
 
 import argparse
@@ -22,6 +23,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+import compare
 
 LINE = re.compile(
     r"^step\s+(?P<step>\d+)\s+loss\s+\S+\s+(?P<ms>[\d.]+) ms\s+bubble planned\s+(?P<planned>[-\d.]+)%"
@@ -133,15 +136,7 @@ def main():
             print(f"coordinator CPU: {cpu:.2f} s of {wall:.1f} s wall = {100 * cpu / wall:.1f} %")
             print(f"load average: {os.getloadavg()}")
         finally:
-            for p in reversed(procs):
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            for log in logs:
-                log.close()
+            compare.stop_all(procs, logs)
 
 
 if __name__ == "__main__":

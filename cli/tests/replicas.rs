@@ -20,8 +20,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use common::processes::*;
 use pipewise_common::job::JobSpec;
-use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
-use pipewise_worker::{Trainer, clip_scale};
+use pipewise_worker::clip_scale;
 
 /// Sequences per step: 8 microbatches of 1 for each of the 2 replicas.
 const GLOBAL_BATCH: u32 = 16;
@@ -32,10 +31,7 @@ const REPLICAS: usize = 2;
 /// order, then the shares in order): the losses and final parameters.
 fn summed_by_shares(spec: &JobSpec, shares: usize) -> (Vec<f64>, HashMap<String, Tensor>) {
     let device = Device::Cpu;
-    let corpus = corpus_of(spec).unwrap();
-    let sampler = sampler_of(spec);
-    let mut trainer =
-        Trainer::new(&spec.model, spec.training.seed, &device, optimizer_of(spec)).unwrap();
+    let (mut trainer, corpus, sampler) = single_device(spec);
     let n = spec.microbatches();
     let max_norm = trainer.stage().optimizer().max_grad_norm;
     let stage = trainer.stage_mut();
@@ -145,10 +141,7 @@ fn replicas_on_worker_processes_match_the_single_device_reference() {
 /// with their halves swapped (the same math, summed in another order).
 fn reordered_floor(spec: &JobSpec) -> f64 {
     let device = Device::Cpu;
-    let corpus = corpus_of(spec).unwrap();
-    let sampler = sampler_of(spec);
-    let mut trainer =
-        Trainer::new(&spec.model, spec.training.seed, &device, optimizer_of(spec)).unwrap();
+    let (mut trainer, corpus, sampler) = single_device(spec);
     let n = spec.microbatches();
     for step in 0..u64::from(spec.training.steps) {
         let mut batches = sampler.step(&corpus, step, n, &device).unwrap();

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use pipewise_common::job::{JobSpec, example, layout};
-use pipewise_worker::Trainer;
 use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
+use pipewise_worker::{Corpus, Sampler, Trainer};
 
 pub(crate) const STEPS: u32 = 20;
 pub(crate) const TOLERANCE: f64 = 1e-5;
@@ -187,12 +187,21 @@ pub(crate) fn final_params(cluster: &Cluster, job: u64) -> HashMap<String, Tenso
     all
 }
 
+/// The single-device trainer of `spec` on the CPU, with the job's data.
+pub(crate) fn single_device(spec: &JobSpec) -> (Trainer, Corpus, Sampler) {
+    let trainer = Trainer::new(
+        &spec.model,
+        spec.training.seed,
+        &Device::Cpu,
+        optimizer_of(spec),
+    )
+    .unwrap();
+    (trainer, corpus_of(spec).unwrap(), sampler_of(spec))
+}
+
 pub(crate) fn reference(spec: &JobSpec) -> Reference {
     let device = Device::Cpu;
-    let corpus = corpus_of(spec).unwrap();
-    let sampler = sampler_of(spec);
-    let mut trainer =
-        Trainer::new(&spec.model, spec.training.seed, &device, optimizer_of(spec)).unwrap();
+    let (mut trainer, corpus, sampler) = single_device(spec);
     let n = spec.microbatches();
     let mut losses = Vec::new();
     for step in 0..u64::from(spec.training.steps) {

@@ -9,20 +9,31 @@ use super::tests::{
 use super::*;
 use crate::run::respec::{replan_after_loss, spec_split};
 
-/// A job of degree 2 re-planned onto worker 0 alone, which stopped its run to grow back onto
-/// the returning worker 1: the supervisor, waiting for the checkpoint listing.
-fn growing_back() -> (JobSpec, Vec<Worker>, Supervisor) {
+/// A job of degree 2 that lost worker 1 before its first step and ran steps 0 and 1 on
+/// worker 0 alone (run 1), each step an event.
+fn alone_after_a_loss() -> (JobSpec, Vec<Worker>, Supervisor) {
     let spec = spec(2, "1f1b", 6);
     let ws = workers(2);
     let mut s = supervisor(&spec, &ws, Start::default());
     s.feed(0, Input::Tick);
     s.feed(100, Input::Lost("w1".into()));
     s.feed(200, saved(&[]));
+    for k in 0..2 {
+        let acts = step(&mut s, 300 + k * 100, &ws[..1], k);
+        assert!(
+            matches!(&acts[..], [Action::Step(d)] if d.step == k),
+            "{acts:?}"
+        );
+    }
+    (spec, ws, s)
+}
+
+/// The job of [`alone_after_a_loss`], which stopped its run to grow back onto the returning
+/// worker 1: the supervisor, waiting for the checkpoint listing.
+fn growing_back() -> (JobSpec, Vec<Worker>, Supervisor) {
+    let (spec, ws, mut s) = alone_after_a_loss();
     let r1 = RunId::new(JOB, 1);
     let alone = &ws[..1];
-    for k in 0..2 {
-        step(&mut s, 300 + k * 100, alone, k);
-    }
     s.feed(500, Input::Registered(worker(1)));
     s.feed(600, Input::StreamOpened("w1".into()));
     assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
@@ -45,23 +56,33 @@ fn grew() -> [Action; 3] {
     ]
 }
 
+/// The grow's actions on the listing, then a shrink back onto worker 0 because `why`
+/// (`how`), resuming from step 2 in run 2.
+fn grew_then_shrank(spec: &JobSpec, ws: &[Worker], why: &str, how: Reason) -> Vec<Action> {
+    let (current, one) = replan_after_loss(spec.clone(), spec, 1).unwrap();
+    let r2 = RunId::new(JOB, 2);
+    let reason = format!(
+        "{why} while the job waited; re-planned onto 1 workers (1f1b, 1 stages), resuming \
+         from the checkpoint of step 2"
+    );
+    let mut want = grew().to_vec();
+    want.extend([
+        Action::Warn(reason),
+        Action::Replanned(how),
+        Action::Attach(r2),
+        assign(r2, 2, &ws[..1], &one, &spec_split(&current, &one)),
+    ]);
+    want
+}
+
 /// The worker a move grew onto leaves during the hand-over, before the listing comes: the
 /// job re-plans onto the survivor at once rather than waiting for a worker who is gone.
 #[test]
 fn a_worker_leaving_during_a_moves_hand_over() {
     let (spec, ws, mut s) = growing_back();
     assert_eq!(s.feed(2_000, Input::Left("w1".into())), []);
-    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
-    let r2 = RunId::new(JOB, 2);
-    let reason = "worker w1 left the cluster while the job waited; re-planned onto 1 workers \
-                  (1f1b, 1 stages), resuming from the checkpoint of step 2";
-    let mut want = grew().to_vec();
-    want.extend([
-        Action::Warn(reason.into()),
-        Action::Replanned(Reason::WorkerLeft),
-        Action::Attach(r2),
-        assign(r2, 2, &ws[..1], &one, &spec_split(&current, &one)),
-    ]);
+    let why = "worker w1 left the cluster";
+    let want = grew_then_shrank(&spec, &ws, why, Reason::WorkerLeft);
     assert_eq!(s.feed(2_100, saved(&[(1, 1), (2, 1)])), want);
 }
 
@@ -100,21 +121,9 @@ fn a_worker_lost_while_a_regrown_job_waits() {
 /// when the run stopped is not complete).
 #[test]
 fn a_worker_joining_while_a_checkpoint_is_written() {
-    let spec = spec(2, "1f1b", 6);
-    let ws = workers(2);
-    let mut s = supervisor(&spec, &ws, Start::default());
-    s.feed(0, Input::Tick);
-    s.feed(100, Input::Lost("w1".into()));
-    s.feed(200, saved(&[]));
+    let (spec, ws, mut s) = alone_after_a_loss();
     let r1 = RunId::new(JOB, 1);
     let alone = &ws[..1];
-    for k in 0..2 {
-        let acts = step(&mut s, 300 + k * 100, alone, k);
-        assert!(
-            matches!(&acts[..], [Action::Step(d)] if d.step == k),
-            "{acts:?}"
-        );
-    }
     // The lost worker's pod comes back under its id.
     let back = Worker {
         incarnation: 3,
@@ -158,16 +167,7 @@ fn a_worker_taken_by_another_job_during_a_moves_hand_over() {
         job: 7,
     };
     assert_eq!(s.feed(2_000, taken), []);
-    let (current, one) = replan_after_loss(spec.clone(), &spec, 1).unwrap();
-    let r2 = RunId::new(JOB, 2);
-    let reason = "workers went to other jobs while the job waited; re-planned onto 1 workers \
-                  (1f1b, 1 stages), resuming from the checkpoint of step 2";
-    let mut want = grew().to_vec();
-    want.extend([
-        Action::Warn(reason.into()),
-        Action::Replanned(Reason::WorkerLost),
-        Action::Attach(r2),
-        assign(r2, 2, &ws[..1], &one, &spec_split(&current, &one)),
-    ]);
+    let why = "workers went to other jobs";
+    let want = grew_then_shrank(&spec, &ws, why, Reason::WorkerLost);
     assert_eq!(s.feed(2_100, saved(&[(1, 1), (2, 1)])), want);
 }
