@@ -432,7 +432,7 @@ impl Supervisor {
             &self.plan,
             &self.stage_pieces,
             None,
-            &workers,
+            &tightest(&workers, &others),
         ) {
             let reason = format!("{reason}; before step {}", self.first_step + 1);
             self.out.push(Action::Warn(reason.clone()));
@@ -694,6 +694,26 @@ fn survivor_shape(spec: &JobSpec, survivors: u32) -> (u32, u32) {
         .find(|r| spec.training.global_batch_size.is_multiple_of(mbs * r))
         .unwrap_or(1);
     (degree, r)
+}
+
+/// Rank by rank, the worker with the least registered memory over the replicas (replica 0's
+/// `workers`, then the `others` replica by replica; 0 bytes: not registered, no limit):
+/// what a plan must fit on every replica.
+fn tightest(workers: &[Worker], others: &[Worker]) -> Vec<Worker> {
+    let d = workers.len().max(1);
+    let limit = |w: &&Worker| match w.memory_bytes {
+        0 => u64::MAX,
+        bytes => bytes,
+    };
+    workers
+        .iter()
+        .enumerate()
+        .map(|(rank, first)| {
+            let same_rank = others.iter().skip(rank).step_by(d);
+            let tightest = same_rank.chain([first]).min_by_key(limit);
+            tightest.unwrap_or(first).clone()
+        })
+        .collect()
 }
 
 /// Where a re-planned job resumes, in words.

@@ -159,3 +159,41 @@ fn survivors_make_whole_replicas() {
     spec.training.global_batch_size = 6;
     assert_eq!(survivor_shape(&spec, 8), (2, 3));
 }
+
+/// A worker of replica 1 registered less memory than the plan needs on its rank: the plan
+/// moves before the run starts, as it would for replica 0's (every replica runs the same
+/// stages).
+#[test]
+fn every_replicas_memory_is_checked_before_the_run() {
+    let mut spec = replicated();
+    spec.parallelism.pipeline_parallel_schedule = "gpipe".into();
+    spec.training.global_batch_size = 32;
+    let plan = spec.validate().unwrap();
+    let need = plan.predicted_bytes(&spec).unwrap();
+    let mut ws: Vec<Worker> = (0..4)
+        .map(|i| Worker {
+            memory_bytes: need[i % 2],
+            ..workers(4)[i].clone()
+        })
+        .collect();
+    // Replica 0's workers hold what GPipe needs: no move.
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.feed(0, Input::Tick);
+    assert!(matches!(&acts[..], [Action::Attach(_), Action::Assign(a)] if a.plan == plan));
+    // Replica 1's rank 0 holds a byte less.
+    ws[2].memory_bytes = need[0] - 1;
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.feed(0, Input::Tick);
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Warn(_),
+                Action::Replanned(Reason::MemoryPressure),
+                Action::Attach(_),
+                Action::Assign(a),
+            ] if a.plan != plan && a.workers == ws
+        ),
+        "{acts:?}"
+    );
+}
