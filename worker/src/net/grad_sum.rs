@@ -13,6 +13,8 @@ use pipewise_proto::v1::ReduceRequest;
 use tokio::sync::watch;
 use tonic::Status;
 
+use crate::runtime::sum_in_replica_order;
+
 /// Gradient values per contribution: 2 MiB of f32.
 pub(crate) const GRAD_CHUNK: usize = 1 << 19;
 
@@ -111,31 +113,18 @@ impl GradSums {
         *slot = Some(values);
         let rx = round.done.subscribe();
         if round.parts.iter().all(Option::is_some) {
-            let result = sum_in_order(&round.parts);
+            let result = sum_in_replica_order(&round.parts)
+                .map(Arc::new)
+                .map_err(|(a, b)| {
+                    Status::invalid_argument(format!(
+                        "ReduceRequest.grads: replicas sent chunks of {a} and {b} values"
+                    ))
+                });
             let _ = round.done.send(Some(result));
             self.rounds.remove(&key);
         }
         Ok(rx)
     }
-}
-
-/// The parts summed in replica order; parts of different lengths are an error.
-fn sum_in_order(parts: &[Option<Vec<f32>>]) -> SumResult {
-    let mut parts = parts.iter().flatten();
-    let mut sum = parts.next().cloned().unwrap_or_default();
-    for part in parts {
-        if part.len() != sum.len() {
-            return Err(Status::invalid_argument(format!(
-                "ReduceRequest.grads: replicas sent chunks of {} and {} values",
-                sum.len(),
-                part.len()
-            )));
-        }
-        for (s, p) in sum.iter_mut().zip(part) {
-            *s += p;
-        }
-    }
-    Ok(Arc::new(sum))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use pipewise_common::schedule::Schedule;
 
 use super::executor::WorkerRuntime;
 use super::program::DEFAULT_TIMEOUT;
-use super::step::{Replica, ReplicaPart, StepReport, StepSync};
+use super::step::{Replica, ReplicaPart, StepReport, StepSync, sum_in_replica_order};
 use super::transport::{MemoryTransport, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -179,13 +179,16 @@ impl LocalSync {
                 self.done.notify_all();
                 return Err(timeout);
             }
-            st = self
-                .done
-                .wait_timeout(st, deadline - now)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            st = wait(&self.done, st, deadline - now);
         }
     }
+}
+
+/// Waits on `cv` at most `left`, through a poisoned lock too.
+fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, left: Duration) -> MutexGuard<'a, T> {
+    cv.wait_timeout(guard, left)
+        .map(|(guard, _)| guard)
+        .unwrap_or_else(|poisoned| poisoned.into_inner().0)
 }
 
 impl StepSync for LocalSync {
@@ -207,25 +210,12 @@ impl StepSync for LocalSync {
         round.parts.resize(self.replicas, None);
         round.parts[r] = Some(grads.to_vec());
         if round.parts.iter().all(Option::is_some) {
-            // Replica order, whatever the arrival order: the same bits on every run.
-            let mut parts = round.parts.iter().flatten();
-            let mut sum = parts.next().cloned().unwrap_or_default();
-            for part in parts {
-                if part.len() != sum.len() {
-                    return Err(Error::invalid(
-                        "replicas",
-                        format!(
-                            "{}: parts of {} and {} values",
-                            awaited(),
-                            sum.len(),
-                            part.len()
-                        ),
-                    ));
-                }
-                for (s, p) in sum.iter_mut().zip(part) {
-                    *s += p;
-                }
-            }
+            let sum = sum_in_replica_order(&round.parts).map_err(|(a, b)| {
+                Error::invalid(
+                    "replicas",
+                    format!("{}: parts of {a} and {b} values", awaited()),
+                )
+            })?;
             round.parts.clear();
             round.sum = Some(std::sync::Arc::new(sum));
             self.summed.notify_all();
@@ -261,11 +251,7 @@ impl StepSync for LocalSync {
                 self.abort(&timeout.to_string());
                 return Err(timeout);
             }
-            rounds = self
-                .summed
-                .wait_timeout(rounds, deadline - now)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            rounds = wait(&self.summed, rounds, deadline - now);
         }
     }
 

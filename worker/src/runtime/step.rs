@@ -77,6 +77,25 @@ impl std::fmt::Display for ReplicaPart {
     }
 }
 
+/// The replicas' gradient parts (`parts[r]`: replica `r`'s) summed in replica order,
+/// whatever order they arrived in, so every run gives the same bits; parts of different
+/// lengths give the two lengths.
+pub(crate) fn sum_in_replica_order(
+    parts: &[Option<Vec<f32>>],
+) -> std::result::Result<Vec<f32>, (usize, usize)> {
+    let mut parts = parts.iter().flatten();
+    let mut sum = parts.next().cloned().unwrap_or_default();
+    for part in parts {
+        if part.len() != sum.len() {
+            return Err((sum.len(), part.len()));
+        }
+        for (s, p) in sum.iter_mut().zip(part) {
+            *s += p;
+        }
+    }
+    Ok(sum)
+}
+
 /// What one worker reports about one step.
 #[derive(Debug, Clone)]
 pub struct StepReport {
