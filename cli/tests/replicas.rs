@@ -14,61 +14,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
 use common::processes::*;
-use pipewise_common::job::JobSpec;
-use pipewise_worker::clip_scale;
 
 /// Sequences per step: 8 microbatches of 1 for each of the 2 replicas.
 const GLOBAL_BATCH: u32 = 16;
 const REPLICAS: usize = 2;
-
-/// The single-device model trained on `spec`'s data with each step's microbatch gradients
-/// summed share by share (`shares` equal shares, each summed from zero in microbatch
-/// order, then the shares in order): the losses and final parameters.
-fn summed_by_shares(spec: &JobSpec, shares: usize) -> (Vec<f64>, HashMap<String, Tensor>) {
-    let device = Device::Cpu;
-    let (mut trainer, corpus, sampler) = single_device(spec);
-    let n = spec.microbatches();
-    let max_norm = trainer.stage().optimizer().max_grad_norm;
-    let stage = trainer.stage_mut();
-    let mut losses = Vec::new();
-    for step in 0..u64::from(spec.training.steps) {
-        let batches = sampler.step(&corpus, step, n, &device).unwrap();
-        stage.set_microbatches(n);
-        let mut loss = 0.0;
-        let mut sum: Option<Vec<f32>> = None;
-        for (r, share) in batches.chunks(n as usize / shares).enumerate() {
-            for (k, b) in share.iter().enumerate() {
-                let mb = (r * share.len() + k) as u32;
-                let l = stage.forward(mb, &b.tokens, Some(&b.targets)).unwrap();
-                loss += f64::from(l.to_scalar::<f32>().unwrap());
-                stage.backward(mb, None).unwrap();
-            }
-            let g = stage.flat_grads().unwrap();
-            stage.set_flat_grads(&vec![0.0; g.len()]).unwrap();
-            sum = Some(match sum {
-                None => g,
-                Some(mut s) => {
-                    s.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
-                    s
-                }
-            });
-        }
-        stage.set_flat_grads(&sum.unwrap()).unwrap();
-        let scale = clip_scale(stage.grad_sq_norm().unwrap(), max_norm);
-        stage.optimizer_step(scale).unwrap();
-        losses.push(loss / f64::from(n));
-    }
-    let params = stage
-        .params()
-        .map(|p| (p.name.clone(), p.value.clone()))
-        .collect();
-    (losses, params)
-}
 
 /// The largest difference of two loss lists.
 fn loss_diff(a: &[f64], b: &[f64]) -> f64 {
@@ -91,14 +43,14 @@ fn replicas_on_worker_processes_match_the_single_device_reference() {
     let mut one = spec(1, "1f1b", STEPS);
     one.training.global_batch_size = GLOBAL_BATCH;
     let (ref_losses, ref_params) = reference(&one);
-    let (share_losses, share_params) = summed_by_shares(&one, REPLICAS);
+    let (share_losses, share_params) = summed_by_shares(&one, |_| REPLICAS);
     // One share is the sequential sum: the helper is the trainer's step.
     assert_eq!(
-        common::max_param_diff(&summed_by_shares(&one, 1).1, &ref_params),
+        common::max_param_diff(&summed_by_shares(&one, |_| 1).1, &ref_params),
         0.0
     );
     // The sequential reference's own rounding floor: its microbatches' halves swapped.
-    let floor = reordered_floor(&one);
+    let (_, floor) = reordered_floor(&one);
     let shares_vs_ref = common::max_param_diff(&share_params, &ref_params);
     eprintln!(
         "single device: summed by replica shares vs sequential {shares_vs_ref:.2e}; halves \
@@ -135,23 +87,4 @@ fn replicas_on_worker_processes_match_the_single_device_reference() {
             );
         }
     }
-}
-
-/// How far the single-device trainer moves from itself when each step's microbatches come
-/// with their halves swapped (the same math, summed in another order).
-fn reordered_floor(spec: &JobSpec) -> f64 {
-    let device = Device::Cpu;
-    let (mut trainer, corpus, sampler) = single_device(spec);
-    let n = spec.microbatches();
-    for step in 0..u64::from(spec.training.steps) {
-        let mut batches = sampler.step(&corpus, step, n, &device).unwrap();
-        batches.rotate_left(n as usize / 2);
-        trainer.train_step(&batches).unwrap();
-    }
-    let params: HashMap<String, Tensor> = trainer
-        .stage()
-        .params()
-        .map(|p| (p.name.clone(), p.value.clone()))
-        .collect();
-    common::max_param_diff(&params, &reference(spec).1)
 }

@@ -252,7 +252,8 @@ pub enum MembershipMsg {
     Leave(String, u64, RpcReplyPort<()>),
     /// Ask the job's workers to stop at the next step boundary.
     Stop(u64),
-    /// Tell the job's workers to abandon it now; its reports are no longer routed.
+    /// Tell the job's workers to abandon it now (their reports of leaving it are still
+    /// routed, until [`MembershipMsg::Detach`]: a job shedding a replica reads them).
     Abort(u64),
     /// The job is over; its reports are no longer routed.
     Detach(u64),
@@ -294,7 +295,7 @@ impl Actor for Membership {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
@@ -399,6 +400,13 @@ impl Actor for Membership {
             MembershipMsg::OpenStream(id, reply) => {
                 if st.workers.contains_key(&id) {
                     let (tx, rx) = mpsc::channel(16);
+                    // A closed stream (a killed worker's connection) is told at once, not
+                    // at the next tick: a job with replicas sheds the worker's replica.
+                    let (closed, me) = (tx.clone(), myself.clone());
+                    tokio::spawn(async move {
+                        closed.closed().await;
+                        let _ = me.cast(MembershipMsg::Tick);
+                    });
                     st.streams.insert(id.clone(), tx);
                     if let Some(w) = st.workers.get_mut(&id) {
                         w.streaming = true;
@@ -456,7 +464,6 @@ impl Actor for Membership {
             }
             MembershipMsg::Abort(job) => {
                 st.aborted.insert(job);
-                st.sinks.remove(&job);
                 st.push_abandon(job);
             }
             MembershipMsg::Leave(id, run, reply) => {

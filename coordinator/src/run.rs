@@ -368,6 +368,7 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             replica: replica as u32,
             replicas,
             collective_root: root.clone(),
+            resume_in_memory: a.resume_in_memory,
         };
         let sent = ractor::call!(
             st.membership,

@@ -171,6 +171,7 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         replica: 0,
         replicas: 1,
         collective_root: String::new(),
+        resume_in_memory: false,
     })
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use pipewise_common::job::{JobSpec, example, layout};
 use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
-use pipewise_worker::{Corpus, Sampler, Trainer};
+use pipewise_worker::{Corpus, Sampler, Trainer, clip_scale};
 
 pub(crate) const STEPS: u32 = 20;
 pub(crate) const TOLERANCE: f64 = 1e-5;
@@ -367,6 +367,78 @@ pub(crate) fn replans_counted(cluster: &Cluster, reason: &str) -> f64 {
 
 /// The single-device reference of a spec: every step's loss and the final parameters.
 pub(crate) type Reference = (Vec<f64>, HashMap<String, Tensor>);
+
+/// How far the single-device trainer moves from itself when each step's microbatches come
+/// with their halves swapped (the same math, summed in another order): the largest loss
+/// and parameter differences.
+pub(crate) fn reordered_floor(spec: &JobSpec) -> (f64, f64) {
+    let device = Device::Cpu;
+    let (mut trainer, corpus, sampler) = single_device(spec);
+    let n = spec.microbatches();
+    let mut losses = Vec::new();
+    for step in 0..u64::from(spec.training.steps) {
+        let mut batches = sampler.step(&corpus, step, n, &device).unwrap();
+        batches.rotate_left(n as usize / 2);
+        losses.push(trainer.train_step(&batches).unwrap().loss);
+    }
+    let params: HashMap<String, Tensor> = trainer
+        .stage()
+        .params()
+        .map(|p| (p.name.clone(), p.value.clone()))
+        .collect();
+    let (ref_losses, ref_params) = reference(spec);
+    let loss = losses
+        .iter()
+        .zip(&ref_losses)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    (loss, super::max_param_diff(&params, &ref_params))
+}
+
+/// The single-device model trained on `spec`'s data with each step's microbatch gradients
+/// summed share by share, as data-parallel replicas sum them (`shares(step)` equal shares,
+/// each summed from zero in microbatch order, then the shares in order): the losses and
+/// final parameters.
+pub(crate) fn summed_by_shares(spec: &JobSpec, shares: impl Fn(u64) -> usize) -> Reference {
+    let device = Device::Cpu;
+    let (mut trainer, corpus, sampler) = single_device(spec);
+    let n = spec.microbatches();
+    let max_norm = trainer.stage().optimizer().max_grad_norm;
+    let stage = trainer.stage_mut();
+    let mut losses = Vec::new();
+    for step in 0..u64::from(spec.training.steps) {
+        let batches = sampler.step(&corpus, step, n, &device).unwrap();
+        stage.set_microbatches(n);
+        let mut loss = 0.0;
+        let mut sum: Option<Vec<f32>> = None;
+        for (r, share) in batches.chunks(n as usize / shares(step)).enumerate() {
+            for (k, b) in share.iter().enumerate() {
+                let mb = (r * share.len() + k) as u32;
+                let l = stage.forward(mb, &b.tokens, Some(&b.targets)).unwrap();
+                loss += f64::from(l.to_scalar::<f32>().unwrap());
+                stage.backward(mb, None).unwrap();
+            }
+            let g = stage.flat_grads().unwrap();
+            stage.set_flat_grads(&vec![0.0; g.len()]).unwrap();
+            sum = Some(match sum {
+                None => g,
+                Some(mut s) => {
+                    s.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+                    s
+                }
+            });
+        }
+        stage.set_flat_grads(&sum.unwrap()).unwrap();
+        let scale = clip_scale(stage.grad_sq_norm().unwrap(), max_norm);
+        stage.optimizer_step(scale).unwrap();
+        losses.push(loss / f64::from(n));
+    }
+    let params = stage
+        .params()
+        .map(|p| (p.name.clone(), p.value.clone()))
+        .collect();
+    (losses, params)
+}
 
 /// Three worker processes running `schedule` for `steps` steps with checkpoints every
 /// `interval`, submitted and seen running past step `past`: the directory, cluster, spec,

@@ -53,6 +53,8 @@ pub(crate) struct Assignment {
     /// The training text, `data.path` in this worker's data directory (`None`: the
     /// generated corpus).
     pub(crate) data: Option<PathBuf>,
+    /// Go on from the stages held in memory after `steps.start` steps, not a checkpoint.
+    pub(crate) resume_in_memory: bool,
 }
 
 impl Assignment {
@@ -175,6 +177,7 @@ impl Assignment {
             output: job_dir(&folder, job_of(a.run)),
             data,
             run_secret: bytes::Bytes::from(a.run_secret),
+            resume_in_memory: a.resume_in_memory,
         })
     }
 

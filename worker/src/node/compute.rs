@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use pipewise_common::job::job_of;
 use pipewise_common::pass::Pass;
 
 use super::assignment::Assignment;
@@ -13,7 +14,7 @@ use super::memory::{fits_host_memory, read_meminfo};
 use super::outputs::save_final;
 use crate::Device;
 use crate::data::{Corpus, Sampler};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::job::{optimizer_of, sampler_of};
 use crate::net::Delivery;
 use crate::runtime::{EmulatedRuntime, Replica, StepReport, StepSync, Transport, WorkerRuntime};
@@ -64,12 +65,92 @@ pub(crate) struct RealCompute {
     output: PathBuf,
     /// Checkpoint every this many steps (`None`: checkpoints off).
     checkpoint_interval: Option<u64>,
+    /// The job, and the steps the stages' parameters and optimizer state reflect.
+    job: u64,
+    state_step: u64,
+    end_step: u64,
+}
+
+/// A run's stages kept in memory after it ended short of the job's last step, so that the
+/// next run of the same job can go on from them ([`Assignment::resume_in_memory`]): a job
+/// that lost a data-parallel replica goes on with the others without a checkpoint.
+pub(crate) struct Kept {
+    job: u64,
+    /// Steps done: the parameters and optimizer state are those after this many.
+    step: u64,
+    rt: WorkerRuntime,
 }
 
 impl RealCompute {
     /// Builds the stages of `a` (from the checkpoint of its first step when that is past
-    /// 0), refused when the machine's memory cannot hold them.
-    pub(crate) fn new(config: &NodeConfig, a: &Assignment, program: Vec<Pass>) -> Result<Self> {
+    /// 0), refused when the machine's memory cannot hold them; or, when `a` goes on from
+    /// memory, takes them from `kept`, refused unless they are this job's after the run's
+    /// first step, on this worker's stages and pieces.
+    pub(crate) fn new(
+        config: &NodeConfig,
+        a: &Assignment,
+        program: Vec<Pass>,
+        kept: &mut Option<Kept>,
+    ) -> Result<Self> {
+        let spec = &a.spec;
+        let job = job_of(a.run);
+        let held = kept.take();
+        let mut rt = if a.resume_in_memory {
+            let mut rt = warm(held, job, a.steps.start)?;
+            rt.rebind(
+                a.worker,
+                &a.placement,
+                a.microbatches,
+                program,
+                &a.partition,
+            )?;
+            tracing::info!(
+                step = a.steps.start,
+                "going on from the stages held in memory (no checkpoint loaded)"
+            );
+            rt
+        } else {
+            drop(held);
+            Self::fresh(config, a, program)?
+        };
+        rt.set_timeout(config.timeout);
+        rt.set_slowdown(config.slowdown);
+        if a.replica.count > 1 {
+            rt.set_replica(a.replica)?;
+        }
+        let static_bytes: u64 = rt
+            .params()
+            .map(|p| p.state_bytes())
+            .sum::<u64>()
+            .saturating_add(config.unplanned_bytes);
+        crate::metrics::record_parameters(&rt);
+        let corpus = match &a.data {
+            Some(path) => Corpus::from_file(path)?,
+            None => Corpus::generated(),
+        };
+        Ok(RealCompute {
+            rt,
+            worker: a.worker,
+            replica: a.replica,
+            microbatches: a.microbatches,
+            device: config.device.clone(),
+            corpus,
+            sampler: sampler_of(spec),
+            static_bytes,
+            output: a.output.clone(),
+            checkpoint_interval: spec
+                .checkpoint
+                .enable_checkpoint
+                .then(|| u64::from(spec.checkpoint.interval.max(1))),
+            job,
+            state_step: a.steps.start,
+            end_step: a.steps.end,
+        })
+    }
+
+    /// The stages of `a` built from the seed, or loaded from the checkpoint of its first
+    /// step when that is past 0.
+    fn fresh(config: &NodeConfig, a: &Assignment, program: Vec<Pass>) -> Result<WorkerRuntime> {
         let spec = &a.spec;
         // Refused rather than aborted: an allocation the machine cannot make ends the process.
         if matches!(config.device, Device::Cpu) {
@@ -92,39 +173,40 @@ impl RealCompute {
             &config.device,
             optimizer_of(spec),
         )?;
-        rt.set_timeout(config.timeout);
-        rt.set_slowdown(config.slowdown);
-        if a.replica.count > 1 {
-            rt.set_replica(a.replica)?;
-        }
-        let static_bytes: u64 = rt
-            .params()
-            .map(|p| p.state_bytes())
-            .sum::<u64>()
-            .saturating_add(config.unplanned_bytes);
-        crate::metrics::record_parameters(&rt);
         if a.steps.start > 0 {
             rt.resume(&a.output, a.steps.start)?;
         }
-        let corpus = match &a.data {
-            Some(path) => Corpus::from_file(path)?,
-            None => Corpus::generated(),
-        };
-        Ok(RealCompute {
-            rt,
-            worker: a.worker,
-            replica: a.replica,
-            microbatches: a.microbatches,
-            device: config.device.clone(),
-            corpus,
-            sampler: sampler_of(spec),
-            static_bytes,
-            output: a.output.clone(),
-            checkpoint_interval: spec
-                .checkpoint
-                .enable_checkpoint
-                .then(|| u64::from(spec.checkpoint.interval.max(1))),
+        Ok(rt)
+    }
+
+    /// The stages to keep for a next run of the job that goes on from memory: none once
+    /// the job's last step is done.
+    pub(crate) fn keep(self) -> Option<Kept> {
+        (self.state_step < self.end_step).then_some(Kept {
+            job: self.job,
+            step: self.state_step,
+            rt: self.rt,
         })
+    }
+}
+
+/// The runtime `kept` holds, when it is job `job`'s after `step` steps.
+fn warm(kept: Option<Kept>, job: u64, step: u64) -> Result<WorkerRuntime> {
+    match kept {
+        Some(k) if k.job == job && k.step == step => Ok(k.rt),
+        Some(k) => Err(Error::invalid(
+            "resume_in_memory",
+            format!(
+                "asked to go on from job {job} after {step} steps, this worker holds job {} after {} steps",
+                k.job, k.step
+            ),
+        )),
+        None => Err(Error::invalid(
+            "resume_in_memory",
+            format!(
+                "asked to go on from job {job} after {step} steps, this worker holds no stages"
+            ),
+        )),
     }
 }
 
@@ -142,6 +224,7 @@ impl Compute for RealCompute {
         let report = self
             .rt
             .run_step(net.run, step, &batches, net.transport, net.sync)?;
+        self.state_step = step + 1;
         // Again every step: the exporter drops gauges left unset for a while.
         crate::metrics::record_parameters(&self.rt);
         Ok(report)

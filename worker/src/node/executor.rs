@@ -13,7 +13,7 @@ use pipewise_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use super::assignment::Assignment;
-use super::compute::{Compute, EmulatedCompute, RealCompute, RunNet};
+use super::compute::{Compute, EmulatedCompute, Kept, RealCompute, RunNet};
 use super::config::NodeConfig;
 use super::shared::Shared;
 use crate::error::Result;
@@ -31,6 +31,8 @@ pub(crate) fn executor_loop(
     assignments: &std::sync::mpsc::Receiver<pb::Assignment>,
     reports: &mpsc::UnboundedSender<pb::StepReport>,
 ) {
+    // The last real run's stages, while the job may go on from them.
+    let mut kept = None;
     while let Ok(a) = assignments.recv() {
         let (job, worker, replica) = (a.run, a.worker_index, a.replica);
         // Every log line of the job carries its id and the worker (and, below, the step).
@@ -44,7 +46,7 @@ pub(crate) fn executor_loop(
         .entered();
         shared.current().job = Some(job);
         let mut last_step = a.first_step;
-        let outcome = run_assignment(config, shared, a, reports, &mut last_step);
+        let outcome = run_assignment(config, shared, a, reports, &mut last_step, &mut kept);
         let mut report = pb::StepReport {
             run: job,
             worker_id: config.id.clone(),
@@ -87,6 +89,7 @@ fn run_assignment(
     a: pb::Assignment,
     reports: &mpsc::UnboundedSender<pb::StepReport>,
     last_step: &mut u64,
+    kept: &mut Option<Kept>,
 ) -> Result<PathBuf> {
     let mut a = Assignment::decode(a, &config.data_dir)?;
     let program = std::mem::take(&mut a.program);
@@ -96,11 +99,14 @@ fn run_assignment(
         reports,
     };
     if a.spec.compute.is_emulated() {
-        let compute = EmulatedCompute::new(config, &a, program)?;
-        node.run(&a, compute, last_step)
+        let mut compute = EmulatedCompute::new(config, &a, program)?;
+        node.run(&a, &mut compute, last_step)
     } else {
-        let compute = RealCompute::new(config, &a, program)?;
-        node.run(&a, compute, last_step)
+        let mut compute = RealCompute::new(config, &a, program, kept)?;
+        let outcome = node.run(&a, &mut compute, last_step);
+        // Ended or failed, the stages stay for a next run that goes on from them.
+        *kept = compute.keep();
+        outcome
     }
 }
 
@@ -117,7 +123,7 @@ impl Node<'_> {
     fn run<C: Compute>(
         &self,
         a: &Assignment,
-        mut compute: C,
+        compute: &mut C,
         last_step: &mut u64,
     ) -> Result<PathBuf> {
         let transport = &self.shared.transport;

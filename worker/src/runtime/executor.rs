@@ -168,6 +168,55 @@ impl WorkerRuntime {
         })
     }
 
+    /// Points the stages this runtime holds (their parameters and optimizer state as the
+    /// last step left them) at another run's program: worker `worker` of `placement` with
+    /// `microbatches` microbatches, one replica. Refused, changing nothing, unless the
+    /// placement gives the worker exactly the stages held, each on its piece range of
+    /// `partition`.
+    pub fn rebind(
+        &mut self,
+        worker: u32,
+        placement: &Placement,
+        microbatches: u32,
+        program: Vec<Pass>,
+        partition: &[Range<usize>],
+    ) -> Result<()> {
+        let program = WorkerProgram::new(worker, placement, microbatches, program)?;
+        let wanted: Vec<(u32, Option<&Range<usize>>)> = placement
+            .stages_of(worker)
+            .into_iter()
+            .map(|s| (s, partition.get(s as usize)))
+            .collect();
+        let held: Vec<(u32, Range<usize>)> =
+            self.stages.iter().map(|(s, st)| (*s, st.range())).collect();
+        let same = wanted.len() == held.len()
+            && wanted
+                .iter()
+                .zip(&held)
+                .all(|((s, r), (h, hr))| s == h && *r == Some(hr));
+        if !same {
+            return Err(Error::invalid(
+                "resume_in_memory",
+                format!(
+                    "this worker holds stages {held:?} (stage, pieces); the run gives it {:?}",
+                    wanted
+                        .iter()
+                        .map(|(s, r)| (*s, r.cloned().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                ),
+            ));
+        }
+        for stage in self.stages.values_mut() {
+            stage.set_microbatches(program.microbatches);
+        }
+        self.program = WorkerProgram {
+            timeout: self.program.timeout,
+            ..program
+        };
+        self.replica = Replica::default();
+        Ok(())
+    }
+
     /// Makes this worker part of replica `replica.index` of `replica.count`: each step's
     /// loss is the mean over every replica's microbatches (each stage seeds its backward
     /// with `1 / (microbatches × count)`), and gradients are summed over the replicas

@@ -286,12 +286,14 @@ pub(crate) fn end_step<P: Passes>(
     let mark = rec.core_wait.mark();
     let global_sq = sync.all_reduce_sq_norm(step, local_sq)?;
     rec.core_wait.add_since(mark);
-    passes.optimizer_step(global_sq)?;
     ran.losses.sort_by_key(|&(mb, _)| mb);
     let local_losses: Vec<f32> = ran.losses.into_iter().map(|(_, l)| l).collect();
     let mark = rec.core_wait.mark();
     let loss = sync.mean_loss(step, &local_losses)?;
     rec.core_wait.add_since(mark);
+    // Last, after every collective: a step that fails leaves the parameters as they were
+    // before it, so its workers can go on from memory (a replica lost mid-step).
+    passes.optimizer_step(global_sq)?;
     rec.span(Activity::Sync, sync_started);
     Ok(StepReport {
         loss: P::LEARNS.then_some(loss),

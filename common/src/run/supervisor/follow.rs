@@ -6,7 +6,7 @@ use super::super::straggler::straggler;
 use super::following::Run;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
 use super::{Phase, Supervisor, shown};
-use crate::run::worker::{StepReport, gone};
+use crate::run::worker::StepReport;
 
 impl Supervisor {
     /// Takes `input` while `run` is out.
@@ -51,7 +51,7 @@ impl Supervisor {
                 self.out.push(Action::Stop(run.out.id));
                 run.stop_asked = Some(self.now);
             }
-            Input::Registered(_) | Input::Lost(_) | Input::Left(_) => {
+            Input::Registered(_) | Input::Lost(_) | Input::Left(_) | Input::StreamClosed(_) => {
                 if let Some((gone, how)) = self.first_lost(&run) {
                     return self.lost(run, gone, how);
                 }
@@ -89,6 +89,7 @@ impl Supervisor {
             return Phase::Running(Box::new(run));
         }
         if !r.error.is_empty() {
+            run.ended.insert(i, r.step);
             let failure = Failure::of_report(i, r);
             // A vanished peer shows first as a failed send or receive: its missing
             // heartbeats get the time to tell.
@@ -100,19 +101,25 @@ impl Supervisor {
         }
         if r.done {
             run.done[i] = true;
+            run.ended.insert(i, r.step.saturating_add(1));
             if run.done.iter().all(|&d| d) {
                 return self.end(run);
             }
             return Phase::Running(Box::new(run));
         }
-        // Every replica's step is the same step (their collectives meet): replica 0's
-        // reports make its event.
-        if r.replica > 0 {
-            return Phase::Running(Box::new(run));
-        }
-        let step = r.step;
-        match run.reports.take(i, r) {
-            Taken::Ignored(r) => {
+        self.gather(&mut run, r);
+        Phase::Running(Box::new(run))
+    }
+
+    /// Gathers a step report: every replica's step is the same step (their collectives
+    /// meet), and the events replica's reports make its event.
+    pub(super) fn gather(&mut self, run: &mut Run, r: StepReport) {
+        let (replica, rank, step) = (r.replica as usize, r.worker_index as usize, r.step);
+        let Some(gathered) = run.reports.get_mut(replica) else {
+            return;
+        };
+        match gathered.take(rank, r) {
+            Taken::Ignored(r) if replica == run.events_from => {
                 self.out.push(Action::Warn(format!(
                     "report of step {} from {} ignored: out of order or past the run's {} steps",
                     step.saturating_add(1),
@@ -120,14 +127,21 @@ impl Supervisor {
                     run.out.steps
                 )));
             }
-            Taken::Pending => {}
-            Taken::Complete(reports) => self.complete(&mut run, step, reports),
+            Taken::Ignored(_) | Taken::Pending => {}
+            Taken::Complete(reports) if replica == run.events_from => {
+                self.complete(run, step, reports);
+            }
+            Taken::Complete(reports) => {
+                if step >= run.out.first_step + run.completed {
+                    run.spare.entry(step).or_insert(reports);
+                }
+            }
         }
-        Phase::Running(Box::new(run))
     }
 
     /// Every worker reported `step`: its event, then whether the run should move.
-    fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
+    pub(super) fn complete(&mut self, run: &mut Run, step: u64, reports: Vec<StepReport>) {
+        run.spare.retain(|&s, _| s > step);
         // Step `step` was planned before its reports came; they refine the next step's.
         let planned = std::mem::take(&mut run.out.planned);
         // Only a prediction from measured costs can drift: one from the start-up profile's
@@ -244,19 +258,26 @@ impl Supervisor {
     /// whether it left or was lost.
     fn first_lost(&self, run: &Run) -> Option<(String, Reason)> {
         let workers = run.out.all().enumerate();
-        workers.filter(|&(i, _)| !run.done[i]).find_map(|(i, w)| {
-            let live = self.pool.get(&w.id).map(|m| &m.worker);
-            if live.is_none() && self.left.contains(&w.id) {
-                let reason = format!("worker {i} ({}) left the cluster", w.id);
-                return Some((reason, Reason::WorkerLeft));
-            }
-            gone(i, w, live).map(|reason| (reason, Reason::WorkerLost))
-        })
+        workers
+            .filter(|&(i, _)| !run.done[i])
+            .find_map(|(i, w)| self.worker_gone(run, i, w))
     }
 
-    /// A worker of the run is gone: the run is abandoned, and the job re-planned once its
-    /// workers left it.
+    /// A worker of the run is gone: its replica is shed when others can go on from
+    /// memory; else the run is abandoned, and the job re-planned once its workers left it.
     fn lost(&mut self, run: Run, reason: String, how: Reason) -> Phase {
+        if self.cancelled || self.counted_replans() >= self.cfg.max_replans {
+            return self.restart(run, reason, how);
+        }
+        match self.keep(&run) {
+            Some(keep) => self.shed(run, keep, reason, how),
+            None => self.restart(run, reason, how),
+        }
+    }
+
+    /// The run is abandoned, and the job re-planned from its checkpoints once the run's
+    /// workers left it.
+    pub(super) fn restart(&mut self, run: Run, reason: String, how: Reason) -> Phase {
         self.out.push(Action::Detach(run.out.id));
         self.out.push(Action::Abort(run.out.id));
         if self.cancelled {

@@ -1,5 +1,7 @@
 //! A run that is out, as the supervisor follows it.
 
+use std::collections::BTreeMap;
+
 use super::super::drift::Drift;
 use super::super::id::RunId;
 use super::super::reports::StepReports;
@@ -34,8 +36,17 @@ pub(super) struct Out {
 #[derive(Debug)]
 pub(super) struct Run {
     pub(super) out: Out,
-    pub(super) reports: StepReports,
+    /// Each replica's step reports, gathered per step.
+    pub(super) reports: Vec<StepReports>,
+    /// The replica whose complete steps make the step events (0 until it is lost).
+    pub(super) events_from: usize,
+    /// Steps another replica completed that the events replica has not: the events, should
+    /// that replica be lost before it makes them.
+    pub(super) spare: BTreeMap<u64, Vec<StepReport>>,
     pub(super) done: Vec<bool>,
+    /// Steps each worker (by run index) had done when it ended the run: failed (its report
+    /// names the step it was in) or done.
+    pub(super) ended: BTreeMap<usize, u64>,
     pub(super) completed: u64,
     /// When a cancel asked the workers to stop.
     pub(super) stop_asked: Option<u64>,
@@ -72,15 +83,32 @@ impl Out {
     pub(super) fn all_workers(&self) -> Vec<Worker> {
         self.all().cloned().collect()
     }
+
+    /// The data-parallel replicas.
+    pub(super) fn replicas(&self) -> usize {
+        1 + self.others.len() / self.workers.len().max(1)
+    }
+
+    /// Replica `r`'s workers.
+    pub(super) fn replica(&self, r: usize) -> impl Iterator<Item = (usize, &Worker)> {
+        let d = self.workers.len();
+        self.all().enumerate().skip(r * d).take(d)
+    }
 }
 
 impl Run {
     /// Follows `out` from `now`.
     pub(super) fn new(out: Out, now: u64) -> Run {
         let d = out.workers.len();
+        let replicas = 1 + out.others.len() / d.max(1);
         Run {
-            reports: StepReports::new(d, out.first_step, out.steps),
+            reports: (0..replicas)
+                .map(|_| StepReports::new(d, out.first_step, out.steps))
+                .collect(),
+            events_from: 0,
+            spare: BTreeMap::new(),
             done: vec![false; d + out.others.len()],
+            ended: BTreeMap::new(),
             completed: 0,
             stop_asked: None,
             last_check: now,

@@ -174,6 +174,9 @@ pub struct Assignment {
     pub plan: JobPlan,
     /// Pieces per stage (empty: the default split, `ModelSpec::balanced_split`).
     pub stage_pieces: Vec<u32>,
+    /// Its workers go on from the stages they hold in memory after `first_step` steps (the
+    /// replicas that survived a lost one), not from a checkpoint.
+    pub resume_in_memory: bool,
 }
 
 /// A step every worker of the run reported.

@@ -23,6 +23,9 @@
 //!    resumes from the last complete checkpoint on the survivors' plan or the move's, in a
 //!    new run with its own [`RunId`]. At most [`Config::max_replans`] re-plans.
 //!
+//! A job of several data-parallel replicas that loses a worker sheds its replica instead
+//! when whole replicas are left: they go on from memory (**Shedding**, [`shed`]).
+//!
 //! A cancel stops a running run after the step in progress (aborting it after
 //! [`Config::stop_grace_ms`]); while the job waits or re-plans, it ends the job at once.
 
@@ -37,6 +40,9 @@ mod io;
 mod recalibrate;
 #[cfg(test)]
 mod replica_tests;
+mod shed;
+#[cfg(test)]
+mod shed_tests;
 #[cfg(test)]
 mod tests;
 mod trial;
@@ -85,6 +91,8 @@ enum Phase {
     },
     /// A run is out.
     Running(Box<Run>),
+    /// A run lost a replica: until the replicas kept leave it, to go on from memory.
+    Shedding(Box<shed::Shed>),
     /// Until the workers of an abandoned run have left it.
     Leaving {
         run: RunId,
@@ -132,6 +140,8 @@ pub struct Supervisor {
     /// Auto searches asked for (the latest one's number).
     asked: u64,
     cancelled: bool,
+    /// The next run goes on from the stages its workers hold in memory.
+    in_memory: bool,
     /// The job's pieces' costs, refined by every complete step of every run.
     costs: CostModel,
     now: u64,
@@ -176,6 +186,7 @@ impl Supervisor {
             trial_moves: 0,
             asked: 0,
             cancelled: false,
+            in_memory: false,
             now: 0,
             phase: Phase::Waiting {
                 shown: None,
@@ -199,6 +210,7 @@ impl Supervisor {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         self.phase = match phase {
             Phase::Running(run) => self.follow(*run, input),
+            Phase::Shedding(shed) => self.shedding(*shed, input),
             _ if self.cancelled => self.finish(Ok(())),
             Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
             Phase::Claiming { workers } => match input {
@@ -425,15 +437,19 @@ impl Supervisor {
         // Replica 0's pipeline is what the plan and its policies see.
         let d = self.plan.schedule.num_workers() as usize;
         let others = workers.split_off(d.min(workers.len()));
+        // Workers going on from memory keep their stages: the plan stays.
+        let resume_in_memory = std::mem::take(&mut self.in_memory);
         // A plan predicted not to fit a worker's registered memory is moved before it
         // starts: a device would fail to allocate rather than report the overflow.
-        if let Some((reason, fits)) = pressure(
-            &self.current,
-            &self.plan,
-            &self.stage_pieces,
-            None,
-            &tightest(&workers, &others),
-        ) {
+        if !resume_in_memory
+            && let Some((reason, fits)) = pressure(
+                &self.current,
+                &self.plan,
+                &self.stage_pieces,
+                None,
+                &tightest(&workers, &others),
+            )
+        {
             let reason = format!("{reason}; before step {}", self.first_step + 1);
             self.out.push(Action::Warn(reason.clone()));
             self.out.push(Action::Replanned(Reason::MemoryPressure));
@@ -454,6 +470,7 @@ impl Supervisor {
             workers: workers.iter().chain(&others).cloned().collect(),
             plan: self.plan.clone(),
             stage_pieces: self.stage_pieces.clone(),
+            resume_in_memory,
         })));
         let watch: Option<Straggle> = straggle_of(&self.current, &self.plan, &self.stage_pieces);
         let ranges = in_use_ranges(&self.current, &self.plan, &self.stage_pieces)

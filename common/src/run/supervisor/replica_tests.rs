@@ -1,25 +1,22 @@
 //! The supervisor on logical time with data-parallel replicas: it waits for every
 //! replica's workers, hands them out replica by replica, makes each step's event from
-//! replica 0's reports, and re-plans a loss onto the replicas the survivors hold.
+//! replica 0's reports (`shed_tests.rs` follows a loss).
 
 #![allow(clippy::unwrap_used)]
 
-use super::tests::{
-    Feed, JOB, assign, done, heartbeat, idle, report, saved, spec, supervisor, workers,
-};
+use super::tests::{Feed, JOB, assign, done, report, spec, supervisor, workers};
 use super::*;
-use crate::run::respec::{replan_after_loss, spec_split};
 use crate::run::worker::StepReport;
 
 /// A 1F1B job of 2 replicas × 2 workers, 6 steps.
-fn replicated() -> JobSpec {
+pub(super) fn replicated() -> JobSpec {
     let mut spec = spec(2, "1f1b", 6);
     spec.parallelism.data_parallel_replicate_degree = 2;
     spec
 }
 
 /// Replica `r`'s rank `w` reports `step`.
-fn replica_report(ws: &[Worker], r: usize, w: usize, step: u64) -> Input {
+pub(super) fn replica_report(ws: &[Worker], r: usize, w: usize, step: u64) -> Input {
     Input::Report(Box::new(StepReport {
         worker_index: w as u32,
         replica: r as u32,
@@ -105,40 +102,6 @@ fn replica_zero_reports_make_the_step() {
                 through: 1,
                 steps: 6
             }))
-        ]
-    );
-}
-
-/// A worker of replica 1 is lost: once the others left the run, the job re-plans onto the
-/// one replica the three survivors hold, from the last complete checkpoint.
-#[test]
-fn a_loss_replans_onto_the_replicas_left() {
-    let spec = replicated();
-    let ws = workers(4);
-    let mut s = supervisor(&spec, &ws, Start::default());
-    s.feed(0, Input::Tick);
-    let r0 = RunId::new(JOB, 0);
-    assert_eq!(s.feed(50, heartbeat(&ws[0], r0)), []);
-    assert_eq!(
-        s.feed(100, Input::Lost("w3".into())),
-        [Action::Detach(r0), Action::Abort(r0)]
-    );
-    assert_eq!(s.feed(200, idle(&ws[0])), [Action::ReadCheckpoints]);
-    let mut one = spec.clone();
-    one.parallelism.data_parallel_replicate_degree = 1;
-    let (current, plan) = replan_after_loss(one.clone(), &one, 2).unwrap();
-    assert_eq!(plan.microbatches, 8);
-    let r1 = RunId::new(JOB, 1);
-    let reason = "worker 3 (w3) stopped heartbeating; re-planned onto 2 workers (1f1b, 2 \
-                  stages), resuming from the start (no checkpoint)";
-    assert_eq!(
-        s.feed(300, saved(&[])),
-        [
-            Action::ClearAfter(0),
-            Action::Warn(reason.into()),
-            Action::Replanned(Reason::WorkerLost),
-            Action::Attach(r1),
-            assign(r1, 0, &ws[..2], &plan, &spec_split(&current, &plan)),
         ]
     );
 }

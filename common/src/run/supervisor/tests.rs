@@ -131,6 +131,7 @@ pub(super) fn assign(
         workers: workers.to_vec(),
         plan: plan.clone(),
         stage_pieces: pieces.to_vec(),
+        resume_in_memory: false,
     }))
 }
 

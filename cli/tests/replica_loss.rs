@@ -1,0 +1,108 @@
+//! Losing a data-parallel replica is not a restart: a worker of an R = 2, d = 2 job killed
+//! mid-run takes its replica out of the job, and the other replica goes on from the
+//! parameters and optimizer state it holds in memory, with the whole global batch, from the
+//! step where it stopped. No checkpoint exists to load (checkpoints are off).
+//!
+//! Against what: bit for bit, the single-device model summing each step's microbatch
+//! gradients as the run did (two shares until the loss, one after); the sequential
+//! reference sums in another f32 order, so it is held to what reordering its own
+//! microbatches moves it (see `replicas.rs`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::processes::*;
+
+const GLOBAL_BATCH: u32 = 16;
+
+#[test]
+fn a_killed_worker_takes_its_replica_out_and_the_other_goes_on_from_memory() {
+    const LONG: u32 = 60;
+    let dir = tempdir("replica-loss");
+    let mut cluster = start(&dir, 4);
+    let mut spec = spec(2, "1f1b", LONG);
+    spec.job.name = "replica-loss".into();
+    spec.training.global_batch_size = GLOBAL_BATCH;
+    spec.parallelism.data_parallel_replicate_degree = 2;
+    spec.checkpoint.enable_checkpoint = false;
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= 5
+    });
+    // w3 (replica 1's rank 1; the fifth process after the coordinator) dies without a word.
+    cluster.children[4].kill().unwrap();
+    let killed = Instant::now();
+    // The survivors log when they take up their stages again for the next step.
+    let log = dir.join("w0.log");
+    let went_on = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("going on from the stages held in memory") {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "w0 never went on from memory; see {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (stdout, why) = succeeded_replanned_once(&cluster, job, "from memory");
+    assert!(
+        why.contains("worker 3 (w3) ") && why.contains("replica 1 left the job"),
+        "{why}"
+    );
+    assert!(why.contains("(no checkpoint loaded)"), "{why}");
+    let after: u64 = why
+        .split("after step ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {why}"));
+    // One line per step, every step once.
+    let steps: Vec<u64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=u64::from(LONG)).collect::<Vec<_>>(), "{stdout}");
+    // Two shares a step until the loss, the whole batch in one after it: bit for bit.
+    let (model_losses, model) = summed_by_shares(&spec, |step| if step < after { 2 } else { 1 });
+    let params = final_params(&cluster, job);
+    let exact = common::max_param_diff(&model, &params);
+    let losses = last_losses(&stdout);
+    let loss_model = losses
+        .iter()
+        .map(|(step, l)| (l - model_losses[*step as usize - 1]).abs())
+        .fold(0.0, f64::max);
+    let (ref_losses, ref_params) = reference(&spec);
+    let loss_diff = losses
+        .iter()
+        .map(|(step, l)| (l - ref_losses[*step as usize - 1]).abs())
+        .fold(0.0, f64::max);
+    let param_diff = common::max_param_diff(&ref_params, &params);
+    let (loss_floor, param_floor) = reordered_floor(&spec);
+    eprintln!(
+        "replica loss: killed after step {after}, the next step's stages taken up {:.2} s \
+         after the kill; vs the replica-then-single device model |Δparam| {exact:.2e}, \
+         |Δloss| {loss_model:.2e}; vs the sequential reference |Δparam| {param_diff:.2e}, \
+         |Δloss| {loss_diff:.2e} (its own microbatches reordered: {param_floor:.2e}, \
+         {loss_floor:.2e})",
+        went_on.as_secs_f64()
+    );
+    // The printed losses have 7 decimals.
+    assert!(loss_model <= 1e-6, "{loss_model}");
+    // The sequential sum is another f32 order: as far as reordering it moves it.
+    assert!(param_diff <= param_floor.max(TOLERANCE), "{param_diff}");
+    assert!(loss_diff <= loss_floor.max(TOLERANCE), "{loss_diff}");
+    assert_eq!(
+        exact, 0.0,
+        "not bit-identical to the model summing as the run did"
+    );
+    assert!(went_on < Duration::from_secs(2), "{went_on:?}");
+    assert!(after >= 5 && after < u64::from(LONG), "{why}");
+    assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
+    assert_eq!(finals(&cluster, job), 2);
+}

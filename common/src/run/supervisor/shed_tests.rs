@@ -1,0 +1,191 @@
+//! The supervisor on logical time losing a worker of a job with replicas: the replica
+//! leaves and the others go on from memory, or, when they cannot, the job re-plans from its
+//! checkpoints.
+
+#![allow(clippy::unwrap_used)]
+
+use super::replica_tests::{replica_report, replicated};
+use super::tests::{Feed, JOB, assign, saved, supervisor, workers};
+use super::*;
+use crate::run::respec::{replan_after_loss, spec_split};
+use crate::run::worker::StepReport;
+
+/// Run index `i` (replica `i / 2`, rank `i % 2`) left the run in `step`: aborted.
+fn aborted(ws: &[Worker], i: usize, step: u64) -> Input {
+    let Input::Report(r) = replica_report(ws, i / 2, i % 2, step) else {
+        unreachable!()
+    };
+    Input::Report(Box::new(StepReport {
+        error: "the run was aborted".into(),
+        ..*r
+    }))
+}
+
+/// The job on 2 replicas × 2 workers (`w0`..`w3`), every replica through step `through`.
+fn running(through: u64) -> (JobSpec, Vec<Worker>, Supervisor) {
+    let spec = replicated();
+    let ws = workers(4);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.feed(0, Input::Tick);
+    for step in 0..through {
+        for i in 0..4 {
+            s.feed(10 * step + 1, replica_report(&ws, i / 2, i % 2, step));
+        }
+    }
+    (spec, ws, s)
+}
+
+/// The run on one replica that goes on from memory after `step` steps on `workers`.
+fn in_memory(spec: &JobSpec, run: RunId, step: u64, ws: &[Worker]) -> Action {
+    let mut one = spec.clone();
+    one.parallelism.data_parallel_replicate_degree = 1;
+    let plan = one.validate().unwrap();
+    assert_eq!(plan.microbatches, 8);
+    let Action::Assign(mut a) = assign(run, step, ws, &plan, &spec_split(spec, &plan)) else {
+        unreachable!()
+    };
+    a.resume_in_memory = true;
+    Action::Assign(a)
+}
+
+/// Replica 1's `w3` is lost in step 3: the run is aborted, and once replica 0's workers
+/// left it after 2 steps, they go on from memory with the whole global batch, no
+/// checkpoint read.
+#[test]
+fn a_lost_replica_leaves_and_the_other_goes_on_from_memory() {
+    let (spec, ws, mut s) = running(2);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(s.feed(100, Input::Lost("w3".into())), [Action::Abort(r0)]);
+    // The lost replica's survivor leaving counts for nothing.
+    assert_eq!(s.feed(110, aborted(&ws, 2, 2)), []);
+    assert_eq!(s.feed(120, aborted(&ws, 0, 2)), []);
+    let r1 = RunId::new(JOB, 1);
+    let reason = "worker 3 (w3) stopped heartbeating; replica 1 left the job: 1 replica of 2 \
+                  workers goes on after step 2 from memory (no checkpoint loaded)";
+    assert_eq!(
+        s.feed(130, aborted(&ws, 1, 2)),
+        [
+            Action::Detach(r0),
+            Action::ClearAfter(2),
+            Action::Warn(reason.into()),
+            Action::Replanned(Reason::WorkerLost),
+            Action::Attach(r1),
+            in_memory(&spec, r1, 2, &ws[..2]),
+        ]
+    );
+    // Its first step event says why.
+    s.feed(200, replica_report(&ws, 0, 0, 2));
+    let acts = s.feed(200, replica_report(&ws, 0, 1, 2));
+    let [Action::Step(step)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(
+        step.replanned.as_ref().map(|(r, _)| r.as_str()),
+        Some(reason)
+    );
+}
+
+/// Replica 0's `w1` closes its connection after replica 1 completed step 2 and replica 0
+/// had not: replica 1's reports make step 2's event, and it goes on after step 3 where its
+/// workers stopped, as the first replica of the next run.
+#[test]
+fn losing_replica_zero_hands_the_events_to_the_next() {
+    let (spec, ws, mut s) = running(2);
+    let r0 = RunId::new(JOB, 0);
+    s.feed(50, replica_report(&ws, 0, 0, 2));
+    s.feed(50, replica_report(&ws, 1, 0, 2));
+    s.feed(50, replica_report(&ws, 1, 1, 2));
+    let acts = s.feed(100, Input::StreamClosed("w1".into()));
+    let [Action::Abort(r), Action::Step(step)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((*r, step.step), (r0, 2));
+    assert_eq!(step.reports[1].worker_id, "w3");
+    assert_eq!(s.feed(110, aborted(&ws, 2, 3)), []);
+    let acts = s.feed(120, aborted(&ws, 3, 3));
+    let r1 = RunId::new(JOB, 1);
+    assert!(matches!(&acts[2], Action::Warn(w) if w.starts_with(
+        "worker 1 (w1) closed its connection; replica 0 left the job")));
+    assert_eq!(acts.last(), Some(&in_memory(&spec, r1, 3, &ws[2..])));
+}
+
+/// Survivors that stopped at different steps (the collectives' root lost between two
+/// answers) cannot go on from memory: the job re-plans from its last checkpoint.
+#[test]
+fn survivors_at_different_steps_restart_from_a_checkpoint() {
+    let (spec, ws, mut s) = running(2);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(s.feed(100, Input::Lost("w3".into())), [Action::Abort(r0)]);
+    assert_eq!(s.feed(110, aborted(&ws, 0, 2)), []);
+    assert_eq!(
+        s.feed(120, aborted(&ws, 1, 3)),
+        [
+            Action::Detach(r0),
+            Action::Abort(r0),
+            Action::ReadCheckpoints
+        ]
+    );
+    let mut one = spec.clone();
+    one.parallelism.data_parallel_replicate_degree = 1;
+    let (current, plan) = replan_after_loss(one.clone(), &one, 2).unwrap();
+    let r1 = RunId::new(JOB, 1);
+    let reason = "worker 3 (w3) stopped heartbeating; the replicas left stopped at different \
+                  steps ([2, 3]); re-planned onto 2 workers (1f1b, 2 stages), resuming from \
+                  the checkpoint of step 2";
+    assert_eq!(
+        s.feed(300, saved(&[(1, 2), (2, 2)])),
+        [
+            Action::ClearAfter(2),
+            Action::Warn(reason.into()),
+            Action::Replanned(Reason::WorkerLost),
+            Action::Attach(r1),
+            assign(r1, 2, &ws[..2], &plan, &spec_split(&current, &plan)),
+        ]
+    );
+}
+
+/// Kept workers that do not leave the run within the grace, or a kept worker lost too,
+/// send the job to its checkpoints; replicas the global batch does not split into are
+/// shed too.
+#[test]
+fn survivors_that_cannot_go_on_restart_from_a_checkpoint() {
+    let (_, _, mut s) = running(2);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(s.feed(100, Input::Lost("w3".into())), [Action::Abort(r0)]);
+    assert_eq!(s.feed(20_000, Input::Tick), []);
+    assert_eq!(
+        s.feed(30_100, Input::Tick),
+        [
+            Action::Detach(r0),
+            Action::Abort(r0),
+            Action::ReadCheckpoints
+        ]
+    );
+
+    let (_, _, mut s) = running(2);
+    assert_eq!(s.feed(100, Input::Lost("w3".into())), [Action::Abort(r0)]);
+    assert_eq!(
+        s.feed(110, Input::Lost("w0".into())),
+        [
+            Action::Detach(r0),
+            Action::Abort(r0),
+            Action::ReadCheckpoints
+        ]
+    );
+
+    // 3 replicas of a batch of 9: 2 cannot split it, 1 can.
+    let mut spec = replicated();
+    spec.parallelism.data_parallel_replicate_degree = 3;
+    spec.training.global_batch_size = 9;
+    let ws = workers(6);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.feed(0, Input::Tick);
+    assert_eq!(s.feed(100, Input::Lost("w5".into())), [Action::Abort(r0)]);
+    assert_eq!(s.feed(110, aborted(&ws, 0, 0)), []);
+    let acts = s.feed(120, aborted(&ws, 1, 0));
+    let Some(Action::Assign(a)) = acts.last() else {
+        panic!("{acts:?}")
+    };
+    assert!(a.resume_in_memory);
+    assert_eq!((a.workers.len(), a.plan.microbatches), (2, 9));
+}
