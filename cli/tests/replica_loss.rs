@@ -1,7 +1,9 @@
 //! Losing a data-parallel replica is not a restart: a worker of an R = 2, d = 2 job killed
 //! mid-run takes its replica out of the job, and the other replica goes on from the
 //! parameters and optimizer state it holds in memory, with the whole global batch, from the
-//! step where it stopped. No checkpoint exists to load (checkpoints are off).
+//! step where it stopped. No checkpoint exists to load (checkpoints are off). The worker
+//! started again rebuilds the replica: it and its replica's survivor copy their stages'
+//! state from replica 0's workers, peer to peer, and the last steps run on both replicas.
 //!
 //! Against what: bit for bit, the single-device model summing each step's microbatch
 //! gradients as the run did (two shares until the loss, one after); the sequential
@@ -19,7 +21,7 @@ use common::processes::*;
 const GLOBAL_BATCH: u32 = 16;
 
 #[test]
-fn a_killed_worker_takes_its_replica_out_and_the_other_goes_on_from_memory() {
+fn a_killed_worker_takes_its_replica_out_and_a_restarted_one_rebuilds_it() {
     const LONG: u32 = 60;
     let dir = tempdir("replica-loss");
     let mut cluster = start(&dir, 4);
@@ -49,7 +51,28 @@ fn a_killed_worker_takes_its_replica_out_and_the_other_goes_on_from_memory() {
         );
         std::thread::sleep(Duration::from_millis(10));
     };
+    // w3 starts again: the job rebuilds replica 1 on w2 and it, copying replica 0's state.
+    add_worker(&mut cluster, &dir, "w3", &[]);
     let (stdout, why) = succeeded_replanned_once(&cluster, job, "from memory");
+    let rebuilt = replans(&stdout, "rebuilding from 1 to 2 replicas");
+    assert_eq!(rebuilt.len(), 1, "{stdout}");
+    let back: u64 = rebuilt[0]
+        .split("going on after step ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {}", rebuilt[0]));
+    assert!(
+        rebuilt[0].contains("(no checkpoint loaded)"),
+        "{}",
+        rebuilt[0]
+    );
+    let copied = ["w2", "w3"].map(|w| {
+        std::fs::read_to_string(dir.join(format!("{w}.log")))
+            .unwrap_or_default()
+            .contains("copied the stages' state from a live replica")
+    });
+    assert_eq!(copied, [true, true]);
     assert!(
         why.contains("worker 3 (w3) ") && why.contains("replica 1 left the job"),
         "{why}"
@@ -68,8 +91,11 @@ fn a_killed_worker_takes_its_replica_out_and_the_other_goes_on_from_memory() {
         .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
         .collect();
     assert_eq!(steps, (1..=u64::from(LONG)).collect::<Vec<_>>(), "{stdout}");
-    // Two shares a step until the loss, the whole batch in one after it: bit for bit.
-    let (model_losses, model) = summed_by_shares(&spec, |step| if step < after { 2 } else { 1 });
+    // Two shares a step until the loss, the whole batch in one after it, two again once
+    // rebuilt: bit for bit.
+    assert!(after < back && back < u64::from(LONG), "{after} {back}");
+    let shares = |step| if step < after || step >= back { 2 } else { 1 };
+    let (model_losses, model) = summed_by_shares(&spec, shares);
     let params = final_params(&cluster, job);
     let exact = common::max_param_diff(&model, &params);
     let losses = last_losses(&stdout);
@@ -86,7 +112,7 @@ fn a_killed_worker_takes_its_replica_out_and_the_other_goes_on_from_memory() {
     let (loss_floor, param_floor) = reordered_floor(&spec);
     eprintln!(
         "replica loss: killed after step {after}, the next step's stages taken up {:.2} s \
-         after the kill; vs the replica-then-single device model |Δparam| {exact:.2e}, \
+         after the kill, rebuilt after step {back}; vs the replica-then-single device model |Δparam| {exact:.2e}, \
          |Δloss| {loss_model:.2e}; vs the sequential reference |Δparam| {param_diff:.2e}, \
          |Δloss| {loss_diff:.2e} (its own microbatches reordered: {param_floor:.2e}, \
          {loss_floor:.2e})",
@@ -104,5 +130,6 @@ fn a_killed_worker_takes_its_replica_out_and_the_other_goes_on_from_memory() {
     assert!(went_on < Duration::from_secs(2), "{went_on:?}");
     assert!(after >= 5 && after < u64::from(LONG), "{why}");
     assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
+    assert_eq!(replans_counted(&cluster, "worker_joined"), 1.0);
     assert_eq!(finals(&cluster, job), 2);
 }

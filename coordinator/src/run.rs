@@ -344,8 +344,11 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
         .first()
         .map(|w| w.address.clone())
         .unwrap_or_default();
+    // Rebuilt replicas copy their stages from replica 0's worker of their rank.
+    let rebuilt_from = replicas.saturating_sub(a.rebuilt_replicas);
     for (g, w) in a.workers.iter().enumerate() {
         let (replica, i) = (g / d, g % d);
+        let rebuilt = replica as u32 >= rebuilt_from;
         let assignment = pb::Assignment {
             run: a.run.raw(),
             first_step: a.first_step,
@@ -368,7 +371,13 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             replica: replica as u32,
             replicas,
             collective_root: root.clone(),
-            resume_in_memory: a.resume_in_memory,
+            resume_in_memory: a.resume_in_memory && !rebuilt,
+            copy_from: if rebuilt {
+                a.workers[i].address.clone()
+            } else {
+                String::new()
+            },
+            offer_copies: replica == 0 && a.rebuilt_replicas > 0,
         };
         let sent = ractor::call!(
             st.membership,

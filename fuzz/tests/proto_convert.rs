@@ -172,6 +172,8 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         replicas: 1,
         collective_root: String::new(),
         resume_in_memory: false,
+        copy_from: String::new(),
+        offer_copies: false,
     })
 }
 

@@ -59,7 +59,12 @@ struct State {
 pub struct Collective {
     state: Mutex<State>,
     timeout: Mutex<Option<Duration>>,
+    /// Stages' state offered to a replica being rebuilt, by (run, stage).
+    offers: Mutex<HashMap<(u64, u32), bytes::Bytes>>,
 }
+
+/// Bytes of a stage's state per `REDUCE_OP_STATE` reply (under tonic's 4 MiB limit).
+const STATE_CHUNK: usize = 2 << 20;
 
 impl Collective {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -97,6 +102,48 @@ impl Collective {
         if st.run == run && st.workers > 0 {
             st.stop = true;
         }
+    }
+
+    /// Offers stage `stage`'s state (`bytes`, a checkpoint shard) to the workers of run
+    /// `run` that rebuild a replica; earlier runs' offers are dropped.
+    pub fn offer(&self, run: u64, stage: u32, bytes: bytes::Bytes) {
+        let mut offers = self.offers();
+        offers.retain(|(r, _), _| *r == run);
+        offers.insert((run, stage), bytes);
+    }
+
+    /// Withdraws every offer (the run's workers all passed its start barrier).
+    pub fn withdraw(&self) {
+        self.offers().clear();
+    }
+
+    fn offers(&self) -> MutexGuard<'_, HashMap<(u64, u32), bytes::Bytes>> {
+        self.offers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Chunk `req.chunk` of the offered stage `req.stage` of run `req.run`, and the chunk
+    /// count.
+    fn offered(&self, req: &ReduceRequest) -> std::result::Result<(bytes::Bytes, u32), Status> {
+        let offers = self.offers();
+        let Some(bytes) = offers.get(&(req.run, req.stage)) else {
+            return Err(Status::unavailable(format!(
+                "stage {} of {} is not offered (yet)",
+                req.stage,
+                RunName(req.run)
+            )));
+        };
+        let chunks = bytes.len().div_ceil(STATE_CHUNK).max(1);
+        let start = req.chunk as usize * STATE_CHUNK;
+        if req.chunk as usize >= chunks {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.chunk: {} of {chunks} chunks",
+                req.chunk
+            )));
+        }
+        let end = (start + STATE_CHUNK).min(bytes.len());
+        Ok((bytes.slice(start..end), chunks as u32))
     }
 
     /// Fails every pending and later round with `reason` (until the next `configure`).
@@ -238,6 +285,14 @@ impl CollectiveService for CollectiveServer {
                 field: "ReduceRequest.run_secret",
             }
             .into());
+        }
+        if req.op == ReduceOp::State as i32 {
+            let (chunk, chunks) = self.collective.offered(&req)?;
+            return Ok(Response::new(ReduceReply {
+                grads: chunk.to_vec(),
+                value: f64::from(chunks),
+                ..ReduceReply::default()
+            }));
         }
         if req.op == ReduceOp::Grads as i32 {
             let rx = self.collective.contribute_grads(&req)?;
@@ -435,6 +490,41 @@ impl NetSync {
     fn step_call(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
         let what = format!("step {} {op:?}", step.saturating_add(1));
         self.call(&what, step, op, values)
+    }
+
+    /// Stage `stage`'s state as the worker this calls offers it (a checkpoint shard),
+    /// chunk by chunk; waits (up to the timeout) until it is offered.
+    pub fn fetch_stage(&self, stage: u32) -> Result<Vec<u8>> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut bytes = Vec::new();
+        let mut chunk = 0;
+        loop {
+            let req = ReduceRequest {
+                run: self.run,
+                op: ReduceOp::State as i32,
+                worker: self.worker,
+                run_secret: self.run_secret.clone(),
+                stage,
+                chunk,
+                ..ReduceRequest::default()
+            };
+            match self.send(&format!("stage {stage}'s state"), req) {
+                Ok(reply) => {
+                    bytes.extend_from_slice(&reply.grads);
+                    chunk += 1;
+                    if f64::from(chunk) >= reply.value {
+                        return Ok(bytes);
+                    }
+                }
+                Err(Error::Call {
+                    code: tonic::Code::Unavailable,
+                    ..
+                }) if chunk == 0 && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Waits until every worker of the job has joined (call once the transport is assigned

@@ -55,6 +55,11 @@ pub(crate) struct Assignment {
     pub(crate) data: Option<PathBuf>,
     /// Go on from the stages held in memory after `steps.start` steps, not a checkpoint.
     pub(crate) resume_in_memory: bool,
+    /// Take the stages' state after `steps.start` steps from the worker at this address (a
+    /// replica rebuilt); empty: no.
+    pub(crate) copy_from: String,
+    /// Offer the stages' state to the workers that copy from this one.
+    pub(crate) offer_copies: bool,
 }
 
 impl Assignment {
@@ -132,6 +137,12 @@ impl Assignment {
                     ),
                 )
             })?;
+        if a.resume_in_memory && !a.copy_from.is_empty() {
+            return Err(Error::invalid(
+                "assignment",
+                "copy_from: a worker going on from memory copies no stages",
+            ));
+        }
         let partition = if a.stage_pieces.is_empty() {
             partition_of(&spec, &placement)?
         } else {
@@ -178,6 +189,8 @@ impl Assignment {
             data,
             run_secret: bytes::Bytes::from(a.run_secret),
             resume_in_memory: a.resume_in_memory,
+            copy_from: a.copy_from,
+            offer_copies: a.offer_copies,
         })
     }
 

@@ -47,6 +47,18 @@ pub(crate) trait Compute {
     /// Writes what the run leaves after its last step, `done` steps in all; returns where
     /// the final parameters are (empty: nowhere).
     fn finish(&mut self, done: u64) -> Result<PathBuf>;
+
+    /// Every held stage's state (parameters and optimizer state, as a checkpoint shard),
+    /// for a replica being rebuilt (none: nothing to copy).
+    fn stage_states(&self) -> Result<Vec<(u32, Vec<u8>)>> {
+        Ok(Vec::new())
+    }
+
+    /// Takes stage `stage`'s state from another replica's worker (`bytes`, as
+    /// [`Compute::stage_states`] gives it).
+    fn load_stage_state(&mut self, _stage: u32, _bytes: &[u8]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Real compute: the worker's stages, its data and its outputs.
@@ -173,7 +185,8 @@ impl RealCompute {
             &config.device,
             optimizer_of(spec),
         )?;
-        if a.steps.start > 0 {
+        // A rebuilt replica copies its state from a live one once the run is joined.
+        if a.steps.start > 0 && a.copy_from.is_empty() {
             rt.resume(&a.output, a.steps.start)?;
         }
         Ok(rt)
@@ -188,6 +201,15 @@ impl RealCompute {
             rt: self.rt,
         })
     }
+}
+
+/// A scratch file for one stage's state on its way to or from another replica's worker
+/// (the checkpoint format, so a copy is what a resume would load).
+fn transfer_file(job: u64, worker: u32) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "pipewise-{}-job{job}-w{worker}-stage.safetensors",
+        std::process::id()
+    ))
 }
 
 /// The runtime `kept` holds, when it is job `job`'s after `step` steps.
@@ -249,6 +271,39 @@ impl Compute for RealCompute {
             }
             _ => Ok(()),
         }
+    }
+
+    fn stage_states(&self) -> Result<Vec<(u32, Vec<u8>)>> {
+        let path = transfer_file(self.job, self.worker);
+        let mut states = Vec::new();
+        for (s, stage) in self.rt.stages() {
+            stage.save_checkpoint(&path)?;
+            let read = std::fs::read(&path);
+            let _ = std::fs::remove_file(&path);
+            let bytes = read.map_err(|source| Error::Io {
+                path: path.clone(),
+                source,
+            })?;
+            states.push((*s, bytes));
+        }
+        Ok(states)
+    }
+
+    fn load_stage_state(&mut self, stage: u32, bytes: &[u8]) -> Result<()> {
+        let Some(held) = self.rt.stages_mut().get_mut(&stage) else {
+            return Err(Error::invalid(
+                "copy_from",
+                format!("stage {stage} is not this worker's"),
+            ));
+        };
+        let path = transfer_file(self.job, self.worker);
+        std::fs::write(&path, bytes).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let loaded = held.load_checkpoint(&path);
+        let _ = std::fs::remove_file(&path);
+        loaded
     }
 
     fn finish(&mut self, done: u64) -> Result<PathBuf> {

@@ -127,7 +127,7 @@ impl Node<'_> {
         last_step: &mut u64,
     ) -> Result<PathBuf> {
         let transport = &self.shared.transport;
-        let sync = self.join(a, C::DELIVERY)?;
+        let sync = self.join(a, C::DELIVERY, compute)?;
         let net = RunNet {
             run: a.run,
             transport: transport.as_ref(),
@@ -160,7 +160,12 @@ impl Node<'_> {
     /// peers' addresses, worker 0's collectives), waits at the start barrier for the run's
     /// other workers and resets the activation counters. Returns the end-of-step
     /// collectives.
-    fn join(&self, a: &Assignment, delivery: crate::net::Delivery) -> Result<NetSync> {
+    fn join<C: Compute>(
+        &self,
+        a: &Assignment,
+        delivery: crate::net::Delivery,
+        compute: &mut C,
+    ) -> Result<NetSync> {
         let transport = &self.shared.transport;
         let timeout = self.config.timeout;
         transport.set_run_secret(a.run_secret.clone());
@@ -173,7 +178,27 @@ impl Node<'_> {
                 .configure(a.run, workers, a.replica.count, timeout);
         }
         let sync = transport.sync_to(a.root(), a.run, a.contributor, timeout)?;
+        // A replica rebuilt copies its stages from a live replica's worker of its rank, which
+        // offers them until every worker passed the barrier (the copies are taken first).
+        if a.offer_copies {
+            for (stage, bytes) in compute.stage_states()? {
+                transport.collective().offer(a.run, stage, bytes.into());
+            }
+        }
+        if !a.copy_from.is_empty() {
+            let from = transport.sync_to(&a.copy_from, a.run, a.contributor, timeout)?;
+            for stage in a.placement.stages_of(a.worker) {
+                let bytes = from.fetch_stage(stage)?;
+                compute.load_stage_state(stage, &bytes)?;
+            }
+            tracing::info!(
+                step = a.steps.start,
+                from = %a.copy_from,
+                "copied the stages' state from a live replica (no checkpoint loaded)"
+            );
+        }
         sync.barrier()?;
+        transport.collective().withdraw();
         let mut stats = self.shared.stats();
         stats.peak_activation_bytes = 0;
         stats.current_activation_bytes = 0;

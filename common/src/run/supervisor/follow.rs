@@ -71,6 +71,7 @@ impl Supervisor {
                 return self.lost(run, gone, how);
             }
             self.grow(&mut run);
+            self.regrow(&mut run);
         }
         Phase::Running(Box::new(run))
     }
@@ -307,6 +308,19 @@ impl Supervisor {
     fn end(&mut self, run: Run) -> Phase {
         self.out.push(Action::Detach(run.out.id));
         let through = run.out.first_step + run.completed;
+        if let Some((reason, Move::Rebuild(replicas))) = &run.moving
+            && run.stop_asked.is_none()
+            && through < run.out.steps
+            && !self.cancelled
+            && run
+                .out
+                .all()
+                .enumerate()
+                .all(|(i, _)| run.ended.get(&i) == Some(&through))
+        {
+            let (reason, replicas) = (reason.clone(), *replicas);
+            return self.rebuild(run, replicas, reason, through);
+        }
         if let Some((reason, to)) = run.moving
             && run.stop_asked.is_none()
             && through < run.out.steps

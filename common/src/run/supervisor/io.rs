@@ -177,6 +177,9 @@ pub struct Assignment {
     /// Its workers go on from the stages they hold in memory after `first_step` steps (the
     /// replicas that survived a lost one), not from a checkpoint.
     pub resume_in_memory: bool,
+    /// The last this many replicas are rebuilt: their workers copy their stages' state
+    /// from replica 0's worker of the same rank, peer to peer.
+    pub rebuilt_replicas: u32,
 }
 
 /// A step every worker of the run reported.
@@ -397,6 +400,9 @@ pub(super) enum Move {
     Grow(Box<JobPlan>),
     /// An auto job's trial: the next plan to measure, or the fastest measured.
     Trial(Box<PlanOption>),
+    /// Workers joined a job that shed replicas: this many replicas again, the new ones
+    /// copying their state from a live one.
+    Rebuild(u32),
 }
 
 impl Move {
@@ -407,6 +413,7 @@ impl Move {
             Move::Plan(_) => Reason::MemoryPressure,
             Move::Grow(_) => Reason::WorkerJoined,
             Move::Trial(_) => Reason::AutoTrial,
+            Move::Rebuild(_) => Reason::WorkerJoined,
         }
     }
 }

@@ -142,6 +142,8 @@ pub struct Supervisor {
     cancelled: bool,
     /// The next run goes on from the stages its workers hold in memory.
     in_memory: bool,
+    /// The next run's last this many replicas copy their state from replica 0.
+    rebuilt: u32,
     /// The job's pieces' costs, refined by every complete step of every run.
     costs: CostModel,
     now: u64,
@@ -187,6 +189,7 @@ impl Supervisor {
             asked: 0,
             cancelled: false,
             in_memory: false,
+            rebuilt: 0,
             now: 0,
             phase: Phase::Waiting {
                 shown: None,
@@ -471,6 +474,7 @@ impl Supervisor {
             plan: self.plan.clone(),
             stage_pieces: self.stage_pieces.clone(),
             resume_in_memory,
+            rebuilt_replicas: std::mem::take(&mut self.rebuilt),
         })));
         let watch: Option<Straggle> = straggle_of(&self.current, &self.plan, &self.stage_pieces);
         let ranges = in_use_ranges(&self.current, &self.plan, &self.stage_pieces)
@@ -575,6 +579,7 @@ impl Supervisor {
                         self.plan = *plan;
                         self.stage_pieces = spec_split(&self.current, &self.plan);
                     }
+                    Move::Rebuild(replicas) => self.with_replicas(replicas),
                 }
                 self.tell(reason);
                 self.first_step = resume;

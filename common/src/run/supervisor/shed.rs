@@ -12,7 +12,7 @@
 use super::super::respec::replan;
 use super::super::worker::{StepReport, Worker, gone};
 use super::following::Run;
-use super::io::{Action, Input, Reason};
+use super::io::{Action, Input, Move, Reason};
 use super::{Phase, Supervisor};
 use crate::job::{JobPlan, JobSpec};
 
@@ -213,5 +213,108 @@ impl Supervisor {
         self.tell(reason);
         self.in_memory = true;
         self.start_run(workers)
+    }
+
+    /// The spec the runs follow with `replicas` data-parallel replicas, and its plan on the
+    /// run's worker count (kept when that does not plan).
+    pub(super) fn with_replicas(&mut self, replicas: u32) {
+        let mut current = self.current.clone();
+        current.parallelism.data_parallel_replicate_degree = replicas;
+        if let Ok(plan) = replan(&current, self.plan.schedule.num_workers()) {
+            (self.current, self.plan) = (current, plan);
+        }
+    }
+
+    /// A run that shed replicas grows them back when enough workers joined: it stops after
+    /// the step in progress, and the next run's new replicas copy their state from a live
+    /// one ([`Supervisor::rebuild`]). Only with steps left after the next one, and on the
+    /// run's own placement.
+    pub(super) fn regrow(&mut self, run: &mut Run) {
+        let (had, want) = (run.out.replicas() as u32, self.spec.replicas());
+        let d = run.out.workers.len() as u32;
+        if !(run.may_stop()
+            && had < want
+            && !self.spec.is_auto()
+            && run.completed > 0
+            && run.out.first_step + run.completed + 1 < run.out.steps)
+        {
+            return;
+        }
+        let live = self.streaming().len() as u32;
+        if live <= had * d || live as usize == run.grow_tried {
+            return;
+        }
+        run.grow_tried = live as usize;
+        let mbs = self
+            .current
+            .parallelism
+            .pipeline_parallel_microbatch_size
+            .max(1);
+        let global = self.current.training.global_batch_size;
+        let Some(replicas) = (had + 1..=want.min(live / d))
+            .rev()
+            .find(|&r| global.is_multiple_of(mbs * r))
+        else {
+            return;
+        };
+        let mut spec = self.current.clone();
+        spec.parallelism.data_parallel_replicate_degree = replicas;
+        if replan(&spec, d).map(|p| p.schedule.placement)
+            != Ok(self.plan.schedule.placement.clone())
+        {
+            return;
+        }
+        let reason = format!(
+            "workers joined ({live} live); rebuilding from {had} to {replicas} replicas of {d} \
+             workers, the new ones copying their state from replica 0"
+        );
+        self.out.push(Action::Stop(run.out.id));
+        run.moving = Some((reason, Move::Rebuild(replicas)));
+    }
+
+    /// Every worker of `run` stopped after `through` steps to rebuild replicas: the next run
+    /// keeps them on their stages in memory and adds new replicas on the idle workers,
+    /// claimed first, which copy their state from replica 0.
+    pub(super) fn rebuild(
+        &mut self,
+        run: Run,
+        replicas: u32,
+        reason: String,
+        through: u64,
+    ) -> Phase {
+        let had = run.out.replicas() as u32;
+        let d = run.out.workers.len();
+        let mut workers = run.out.all_workers();
+        let joining: Vec<Worker> = self
+            .streaming()
+            .into_iter()
+            .filter(|w| !workers.iter().any(|k| k.id == w.id))
+            .take((replicas - had) as usize * d)
+            .collect();
+        if joining.len() < (replicas - had) as usize * d {
+            let until = self.now + self.cfg.leave_grace_ms;
+            let then = super::io::Ended::Move {
+                reason,
+                through,
+                to: Move::Rebuild(replicas),
+            };
+            return self.leave(run.out.id, run.out.all_workers(), until, then);
+        }
+        workers.extend(joining);
+        self.replans += 1;
+        self.end_trial();
+        self.with_replicas(replicas);
+        self.first_step = through;
+        self.out.push(Action::ClearAfter(through));
+        let reason = format!("{reason}; going on after step {through} (no checkpoint loaded)");
+        self.out.push(Action::Warn(reason.clone()));
+        self.out.push(Action::Replanned(Reason::WorkerJoined));
+        self.tell(reason);
+        self.in_memory = true;
+        self.rebuilt = replicas - had;
+        self.out.push(Action::Claim(
+            workers.iter().map(|w| w.id.clone()).collect(),
+        ));
+        Phase::Claiming { workers }
     }
 }

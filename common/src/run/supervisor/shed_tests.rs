@@ -189,3 +189,53 @@ fn survivors_that_cannot_go_on_restart_from_a_checkpoint() {
     assert!(a.resume_in_memory);
     assert_eq!((a.workers.len(), a.plan.microbatches), (2, 9));
 }
+
+/// After the shed, `w3` comes back: at the next check the run stops after the step in
+/// progress, and the next run keeps replica 0 on its stages in memory and rebuilds replica 1
+/// on `w2` and `w3`, which copy their state from replica 0 (claimed first).
+#[test]
+fn a_worker_back_rebuilds_the_replica() {
+    let (spec, ws, mut s) = running(2);
+    s.feed(100, Input::Lost("w3".into()));
+    s.feed(110, aborted(&ws, 0, 2));
+    s.feed(120, aborted(&ws, 1, 2));
+    s.feed(200, replica_report(&ws, 0, 0, 2));
+    s.feed(200, replica_report(&ws, 0, 1, 2));
+    assert_eq!(s.feed(300, Input::Registered(ws[3].clone())), []);
+    assert_eq!(s.feed(310, Input::StreamOpened("w3".into())), []);
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
+    s.feed(1_300, replica_report(&ws, 0, 0, 3));
+    s.feed(1_300, replica_report(&ws, 0, 1, 3));
+    let finished = |i: usize| {
+        let Input::Report(r) = replica_report(&ws, 0, i, 3) else {
+            unreachable!()
+        };
+        Input::Report(Box::new(StepReport { done: true, ..*r }))
+    };
+    assert_eq!(s.feed(1_400, finished(0)), []);
+    let acts = s.handle(1_410, finished(1));
+    let reason = "workers joined (4 live); rebuilding from 1 to 2 replicas of 2 workers, the new \
+                  ones copying their state from replica 0; going on after step 4 (no \
+                  checkpoint loaded)";
+    assert_eq!(
+        acts,
+        [
+            Action::Detach(r1),
+            Action::ClearAfter(4),
+            Action::Warn(reason.into()),
+            Action::Replanned(Reason::WorkerJoined),
+            Action::Claim(ws.iter().map(|w| w.id.clone()).collect()),
+        ]
+    );
+    let r2 = RunId::new(JOB, 2);
+    let plan = spec.validate().unwrap();
+    let Action::Assign(mut a) = assign(r2, 4, &ws, &plan, &spec_split(&spec, &plan)) else {
+        unreachable!()
+    };
+    (a.resume_in_memory, a.rebuilt_replicas) = (true, 1);
+    assert_eq!(
+        s.handle(1_420, Input::ClaimAnswer(Ok(()))),
+        [Action::Attach(r2), Action::Assign(a)]
+    );
+}

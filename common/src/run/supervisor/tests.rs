@@ -132,6 +132,7 @@ pub(super) fn assign(
         plan: plan.clone(),
         stage_pieces: pieces.to_vec(),
         resume_in_memory: false,
+        rebuilt_replicas: 0,
     }))
 }
 
