@@ -92,11 +92,12 @@ fn check_candidate(c: &Candidate, budget: u64) {
         c.label()
     );
 
-    // Static state: the parameter in bf16; an f32 gradient, master copy and two moments.
+    // Static state: the parameter in bf16; an f64 gradient; an f32 master copy and two
+    // moments.
     let mut worker_bytes = vec![0u64; 8];
     for (stage, r) in c.partition.iter().enumerate() {
         let params: u64 = pieces[r.clone()].iter().map(|&p| s.piece_params(p)).sum();
-        worker_bytes[placement.worker_of(stage as u32) as usize] += params * (2 + 4 + 4 + 4 + 4);
+        worker_bytes[placement.worker_of(stage as u32) as usize] += params * (2 + 8 + 4 + 4 + 4);
     }
     for (w, bytes) in worker_bytes.iter_mut().enumerate() {
         *bytes += sim.peak_memory[w].ceil() as u64;

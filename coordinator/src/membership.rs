@@ -295,7 +295,7 @@ impl Actor for Membership {
 
     async fn handle(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
@@ -400,13 +400,6 @@ impl Actor for Membership {
             MembershipMsg::OpenStream(id, reply) => {
                 if st.workers.contains_key(&id) {
                     let (tx, rx) = mpsc::channel(16);
-                    // A closed stream (a killed worker's connection) is told at once, not
-                    // at the next tick: a job with replicas sheds the worker's replica.
-                    let (closed, me) = (tx.clone(), myself.clone());
-                    tokio::spawn(async move {
-                        closed.closed().await;
-                        let _ = me.cast(MembershipMsg::Tick);
-                    });
                     st.streams.insert(id.clone(), tx);
                     if let Some(w) = st.workers.get_mut(&id) {
                         w.streaming = true;

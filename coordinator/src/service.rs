@@ -299,7 +299,12 @@ impl ClusterService for Cluster {
         let rx = ractor::call!(self.membership, MembershipMsg::OpenStream, id)
             .map_err(CoordinatorError::from)??;
         let secrets = self.run_secrets.clone();
+        // The stream is dropped when the worker's connection closes (a killed process): the
+        // membership looks at once rather than at its next tick, so a job with replicas
+        // sheds the worker's replica without waiting.
+        let closing = TickOnDrop(self.membership.clone());
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |mut a| {
+            let _ = &closing;
             if let Some(secrets) = &secrets {
                 a.run_secret = secrets.of(a.run);
             }
@@ -343,4 +348,13 @@ fn named_worker(id: &str, field: &str) -> Result<(), Status> {
         )));
     }
     Ok(())
+}
+
+/// Asks the membership actor to look at its workers' streams when dropped.
+struct TickOnDrop(ActorRef<MembershipMsg>);
+
+impl Drop for TickOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.cast(MembershipMsg::Tick);
+    }
 }

@@ -83,11 +83,14 @@ pub(crate) fn linear_grad_weight(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
     Ok(x.t()?.matmul(dy)?)
 }
 
-/// `W` of a linear layer added to the weight's gradient: on the CPU in f32, the GEMM
-/// accumulates into the gradient in place.
+/// `W` of a linear layer added to the weight's gradient: on the CPU in f32, the GEMM's
+/// product is added into the (f64) gradient in place.
 pub(crate) fn accumulate_linear_grad_weight(p: &mut Param, x: &Tensor, dy: &Tensor) -> Result<()> {
     let (x, dy) = (x.contiguous()?, dy.contiguous()?);
-    if all_f32_cpu(&[&x, &dy, &p.grad]) {
+    let wide = p.grad.dtype() == candle_core::DType::F64
+        && p.grad.device().is_cpu()
+        && p.grad.layout().contiguous_offsets().is_some();
+    if wide && all_f32_cpu(&[&x, &dy]) {
         return matmul::accumulate_grad_weight(&p.grad, &x, &dy);
     }
     p.accumulate(&linear_grad_weight(&x, &dy)?)

@@ -487,17 +487,17 @@ impl Stage {
 
     /// The accumulated gradients, every parameter flattened in [`Stage::params`] order (for
     /// an all-reduce over replicas).
-    pub fn flat_grads(&self) -> Result<Vec<f32>> {
+    pub fn flat_grads(&self) -> Result<Vec<f64>> {
         let mut flat = Vec::new();
         for p in self.params() {
-            flat.extend(p.grad.flatten_all()?.to_vec1::<f32>()?);
+            flat.extend(p.grad.flatten_all()?.to_vec1::<f64>()?);
         }
         Ok(flat)
     }
 
     /// Replaces the accumulated gradients with `flat` (as [`Stage::flat_grads`] lays them
     /// out).
-    pub fn set_flat_grads(&mut self, flat: &[f32]) -> Result<()> {
+    pub fn set_flat_grads(&mut self, flat: &[f64]) -> Result<()> {
         let want: usize = self.params().map(|p| p.grad.elem_count()).sum();
         if flat.len() != want {
             return Err(Error::invalid(
@@ -557,7 +557,7 @@ impl Stage {
         for (p, (wide, m, v)) in self.params_mut().zip(loaded) {
             let wide = wide.to_device(&device)?;
             p.value = wide.to_dtype(p.value.dtype())?;
-            p.grad = wide.zeros_like()?;
+            p.grad = Tensor::zeros(wide.shape(), crate::param::GRAD_DTYPE, &device)?;
             p.master = Param::needs_master(p.value.dtype()).then_some(wide);
             p.m = m.to_device(&device)?;
             p.v = v.to_device(&device)?;

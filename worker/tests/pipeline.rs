@@ -594,9 +594,9 @@ fn summation_order_stays_within_rounding() -> Result<()> {
 
 /// Two data-parallel replicas of a pipeline, each on its own workers with half of every
 /// step's microbatches, their stage gradients summed (in replica order) before the
-/// optimizer step: the losses, the gradient norms every worker sees and the final
-/// parameters equal the single-device reference at the same global batch, and both
-/// replicas end with the same parameters bit for bit.
+/// optimizer step: the losses and the gradient norms every worker sees equal the
+/// single-device reference at the same global batch, the final parameters bit for bit, and
+/// both replicas end with the same parameters bit for bit.
 #[test]
 fn replicas_match_the_reference() -> Result<()> {
     const REPLICAS: u32 = 2;
@@ -630,6 +630,9 @@ fn replicas_match_the_reference() -> Result<()> {
             MICROBATCHES / REPLICAS
         );
         assert_within_tolerance(kind, loss_diff, param_diff);
+        // Gradients accumulate in f64: the replicas' shares add up to the single device's
+        // sum, bit for bit.
+        assert_eq!(param_diff, 0.0, "{kind}: not bit-identical");
         assert!(
             norm_diff <= 1e-4,
             "{kind}: gradient norms differ by {norm_diff}"

@@ -410,7 +410,7 @@ pub(crate) fn summed_by_shares(spec: &JobSpec, shares: impl Fn(u64) -> usize) ->
         let batches = sampler.step(&corpus, step, n, &device).unwrap();
         stage.set_microbatches(n);
         let mut loss = 0.0;
-        let mut sum: Option<Vec<f32>> = None;
+        let mut sum: Option<Vec<f64>> = None;
         for (r, share) in batches.chunks(n as usize / shares(step)).enumerate() {
             for (k, b) in share.iter().enumerate() {
                 let mb = (r * share.len() + k) as u32;

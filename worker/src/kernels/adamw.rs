@@ -10,7 +10,9 @@
 
 use candle_core::{DType, Tensor};
 
-use super::cpu::{all_f32_cpu, distinct_f32, with_f32, with_f32_mut};
+use std::cell::RefCell;
+
+use super::cpu::{all_f32_cpu, distinct_f32, with_f32, with_f32_mut, with_f64, with_f64_mut};
 use super::simd::{self, multiversion};
 use crate::error::Result;
 
@@ -94,23 +96,29 @@ multiversion! {
 }
 
 multiversion! {
-    fn add(acc: &mut [f32], g: &[f32]) {
+    fn add_wide(acc: &mut [f64], g: &[f32]) {
         for (a, &x) in acc.iter_mut().zip(g) {
-            *a += x;
+            *a += f64::from(x);
         }
     }
 }
 
 multiversion! {
-    fn sum_sq(g: &[f32]) -> f64 {
+    fn sum_sq_wide(g: &[f64]) -> f64 {
         simd::sum_sq_f64(g)
     }
 }
 
+thread_local! {
+    /// The accumulated gradient rounded to f32 for one update (reused, never shrunk).
+    static ROUNDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 /// One AdamW update in place where `target` (an f32 parameter's value or the master copy of
-/// a narrower one), `grad`, `m` and `v` are contiguous f32 CPU tensors with distinct
-/// storages. The caller then zeroes the gradient (and rounds a master copy into the value).
-/// Returns `false`, having changed nothing, where that does not hold.
+/// a narrower one), `m` and `v` are contiguous f32 CPU tensors with distinct storages and
+/// `grad` a contiguous f64 CPU tensor (the accumulated gradient, rounded to f32 here as
+/// candle's cast rounds it). The caller then zeroes the gradient (and rounds a master copy
+/// into the value). Returns `false`, having changed nothing, where that does not hold.
 pub(crate) fn update(
     target: &Tensor,
     grad: &Tensor,
@@ -119,11 +127,19 @@ pub(crate) fn update(
     h: Hyper,
 ) -> Result<bool> {
     let n = grad.elem_count();
-    if [target, m, v].iter().any(|t| t.elem_count() != n) || !distinct_f32(&[target, grad, m, v]) {
+    if [target, m, v].iter().any(|t| t.elem_count() != n) || !distinct_f32(&[target, m, v]) {
         return Ok(false);
     }
     let c = Consts::new(h);
-    let done = with_f32(grad, |g| -> Result<bool> {
+    ROUNDED.with_borrow_mut(|g| -> Result<bool> {
+        let rounded = with_f64(grad, |wide| {
+            g.clear();
+            g.extend(wide.iter().map(|&x| x as f32));
+        });
+        if rounded.is_none() {
+            return Ok(false);
+        }
+        let g = &g[..];
         let m_done = with_f32_mut(m, |m| -> Result<bool> {
             let v_done = with_f32_mut(v, |v| -> Result<bool> {
                 Ok(with_f32_mut(target, |w| step(w, g, m, v, c))?.is_some())
@@ -132,13 +148,11 @@ pub(crate) fn update(
         })?;
         Ok(m_done.transpose()?.unwrap_or(false))
     })
-    .transpose()?
-    .unwrap_or(false);
-    Ok(done)
 }
 
-/// `acc += g` in place (`g` converted to f32 first if narrower) where `acc` is a contiguous
-/// f32 CPU tensor with its own storage; `false`, having changed nothing, otherwise.
+/// `acc += g` in place (`g` converted to f32 first if narrower, each value then added in
+/// f64) where `acc` is a contiguous f64 CPU tensor; `false`, having changed nothing,
+/// otherwise.
 pub(crate) fn accumulate(acc: &Tensor, g: &Tensor) -> Result<bool> {
     if acc.elem_count() != g.elem_count() || !g.device().is_cpu() {
         return Ok(false);
@@ -157,23 +171,20 @@ pub(crate) fn accumulate(acc: &Tensor, g: &Tensor) -> Result<bool> {
         packed = g.contiguous()?;
         &packed
     };
-    if !distinct_f32(&[acc, g]) {
-        return Ok(false);
-    }
-    Ok(with_f32(g, |g| with_f32_mut(acc, |a| add(a, g)))
+    Ok(with_f32(g, |g| with_f64_mut(acc, |a| add_wide(a, g)))
         .transpose()?
         .flatten()
         .is_some())
 }
 
-/// `Σ g²` in f64 of a contiguous f32 CPU tensor (`None` otherwise).
+/// `Σ g²` of a contiguous f64 CPU tensor (`None` otherwise).
 pub(crate) fn sq_sum(g: &Tensor) -> Option<f64> {
-    with_f32(g, sum_sq)
+    with_f64(g, sum_sq_wide)
 }
 
-/// Sets a contiguous f32 CPU tensor to zeros in place; `false` otherwise.
+/// Sets a contiguous f64 CPU tensor to zeros in place; `false` otherwise.
 pub(crate) fn zero(t: &Tensor) -> Result<bool> {
-    Ok(with_f32_mut(t, |s| s.fill(0.0))?.is_some())
+    Ok(with_f64_mut(t, |s| s.fill(0.0))?.is_some())
 }
 
 #[cfg(test)]
@@ -243,13 +254,17 @@ mod tests {
             1,
             1.0
         )?);
+        // Only an f64 gradient is accumulated into, squared and zeroed here.
         let t = Tensor::ones(4, DType::F32, &Device::Cpu)?;
         assert!(!accumulate(&t, &t)?);
-        assert!(accumulate(&t, &t.ones_like()?)?);
-        assert_eq!(flat(&t)?, vec![2.0; 4]);
-        assert_eq!(sq_sum(&t), Some(16.0));
-        assert!(zero(&t)?);
-        assert_eq!(flat(&t)?, vec![0.0; 4]);
+        let wide = Tensor::ones(4, DType::F64, &Device::Cpu)?;
+        assert!(accumulate(&wide, &t)?);
+        assert_eq!(wide.to_vec1::<f64>()?, vec![2.0; 4]);
+        assert_eq!(sq_sum(&wide), Some(16.0));
+        assert_eq!(sq_sum(&t), None);
+        assert!(zero(&wide)?);
+        assert!(!zero(&t)?);
+        assert_eq!(wide.to_vec1::<f64>()?, vec![0.0; 4]);
         Ok(())
     }
 }

@@ -113,6 +113,49 @@ pub(crate) fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Re
     Ok(out)
 }
 
+/// Runs `f` on the elements of `t`, a contiguous f64 CPU tensor (accumulated gradients;
+/// `None` otherwise), holding a read lock on its storage meanwhile.
+pub(crate) fn with_f64<R>(t: &Tensor, f: impl FnOnce(&[f64]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F64(v)), Some((a, b))) => Some(f(&v[a..b])),
+        _ => None,
+    }
+}
+
+/// An [`InplaceOp1`] that lends the storage's f64 slice to a closure, once.
+struct Lend64<F>(RefCell<Option<F>>);
+
+impl<F: FnOnce(&mut [f64])> candle_core::InplaceOp1 for Lend64<F> {
+    fn name(&self) -> &'static str {
+        "pipewise-lend-f64"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let (CpuStorage::F64(v), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("pipewise-lend-f64: not a contiguous f64 tensor")
+        };
+        if let Some(f) = self.0.borrow_mut().take() {
+            f(&mut v[a..b]);
+        }
+        Ok(())
+    }
+}
+
+/// As [`with_f32_mut`], for a contiguous f64 CPU tensor (accumulated gradients).
+pub(crate) fn with_f64_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f64]) -> R) -> Result<Option<R>> {
+    let on_path =
+        t.dtype() == DType::F64 && t.device().is_cpu() && t.layout().contiguous_offsets().is_some();
+    if !on_path {
+        return Ok(None);
+    }
+    let mut out = None;
+    let lend = Lend64(RefCell::new(Some(|s: &mut [f64]| out = Some(f(s)))));
+    t.inplace_op1(&lend)?;
+    drop(lend);
+    Ok(out)
+}
+
 /// A CPU f32 tensor of `shape` holding `v` (no copy).
 pub(crate) fn tensor(v: Vec<f32>, shape: impl Into<Shape>) -> Result<Tensor> {
     Ok(Tensor::from_vec(v, shape, &candle_core::Device::Cpu)?)

@@ -280,8 +280,13 @@ impl CustomOp2 for GradInput {
     }
 }
 
-/// `grad += xᵀ·dy` in place, for `x: [N, in]`, `dy: [N, out]`, `grad: [in, out]`.
+/// `grad += xᵀ·dy` in place, for `x: [N, in]`, `dy: [N, out]`, `grad: [in, out]` (f64).
 struct AccumulateGradWeight;
+
+thread_local! {
+    /// One weight gradient's product before it is added in f64 (reused, never shrunk).
+    static PRODUCT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 impl InplaceOp3 for AccumulateGradWeight {
     fn name(&self) -> &'static str {
@@ -310,8 +315,8 @@ impl InplaceOp3 for AccumulateGradWeight {
             candle_core::Error::Msg(format!("{}: grad not contiguous", self.name()))
         })?;
         let grad = match gs {
-            CpuStorage::F32(v) => &mut v[start..end],
-            _ => candle_core::bail!("{}: grad is not f32", self.name()),
+            CpuStorage::F64(v) => &mut v[start..end],
+            _ => candle_core::bail!("{}: grad is not f64", self.name()),
         };
         // xᵀ: element (i, t) is x[t][i].
         let lhs = Operand {
@@ -324,10 +329,19 @@ impl InplaceOp3 for AccumulateGradWeight {
             rs: out as isize,
             cs: 1,
         };
-        // SAFETY: `grad` is an initialised `inner × out` row-major slice, borrowed mutably
-        // (candle's in-place op holds its storage's write lock and refuses aliased sources),
-        // so it overlaps neither `x` nor `dy`, the checked row-major slices read here.
-        unsafe { product((inner, out, n), grad.as_mut_ptr(), true, lhs, rhs) };
+        // The product in f32 (one microbatch's gradient, the same bits wherever it is
+        // computed), then added in f64.
+        PRODUCT.with_borrow_mut(|scratch| {
+            scratch.clear();
+            scratch.resize(inner * out, 0.0);
+            // SAFETY: `scratch` is an initialised `inner × out` row-major buffer of this
+            // thread's, so it overlaps neither `x` nor `dy`, the checked row-major slices
+            // read here.
+            unsafe { product((inner, out, n), scratch.as_mut_ptr(), false, lhs, rhs) };
+            for (g, &p) in grad.iter_mut().zip(scratch.iter()) {
+                *g += f64::from(p);
+            }
+        });
         Ok(())
     }
 }
@@ -396,11 +410,14 @@ mod tests {
             let dy = random((n, o), 5)?;
             let dx = linear_grad_input(&dy, &w)?;
             assert!(max_diff(&dx, &dy.matmul(&w.t()?)?)? < tol);
-            let grad = random((i, o), 6)?;
+            // Added in f64 to the gradient: exactly what adding the f32 product gives.
+            let grad = random((i, o), 6)?.to_dtype(DType::F64)?;
             let before = grad.copy()?;
             accumulate_grad_weight(&grad, &x, &dy)?;
-            let want_g = (before + x.t()?.matmul(&dy)?)?;
-            assert!(max_diff(&grad, &want_g)? < 1e-4 * (n as f32).sqrt());
+            let product = x.t()?.matmul(&dy)?.to_dtype(DType::F64)?;
+            let want_g = (before + product)?.to_dtype(DType::F32)?;
+            let got = grad.to_dtype(DType::F32)?;
+            assert!(max_diff(&got, &want_g)? < 1e-4 * (n as f32).sqrt());
         }
         Ok(())
     }

@@ -120,7 +120,7 @@ fn kernels_versus_candle_ops() -> Result<()> {
     report(
         "accumulate [256, 1024]",
         t(&mut || {
-            p.grad = (&p.grad + gw.to_dtype(DType::F32)?)?;
+            p.grad = (&p.grad + gw.to_dtype(DType::F64)?)?;
             Ok(())
         })?,
         t(&mut || p.accumulate(&gw))?,
@@ -128,8 +128,8 @@ fn kernels_versus_candle_ops() -> Result<()> {
     report(
         "grad_sq_sum [256, 1024]",
         t(&mut || {
-            let s = p.grad.to_dtype(DType::F32)?.sqr()?.sum_all()?;
-            s.to_scalar::<f32>()?;
+            let s = p.grad.sqr()?.sum_all()?;
+            s.to_scalar::<f64>()?;
             Ok(())
         })?,
         t(&mut || p.grad_sq_sum().map(drop))?,

@@ -548,7 +548,7 @@ impl NetSync {
 }
 
 impl StepSync for NetSync {
-    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f32]) -> Result<()> {
+    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
         let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
         for (chunk, values) in grads.chunks_mut(GRAD_CHUNK).enumerate() {
             let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);

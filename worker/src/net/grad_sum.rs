@@ -15,15 +15,15 @@ use tonic::Status;
 
 use crate::runtime::sum_in_replica_order;
 
-/// Gradient values per contribution: 2 MiB of f32.
-pub(crate) const GRAD_CHUNK: usize = 1 << 19;
+/// Gradient values per contribution: 2 MiB of f64.
+pub(crate) const GRAD_CHUNK: usize = 1 << 18;
 
 /// A chunk's sum, or why it failed.
-pub(crate) type SumResult = Result<Arc<Vec<f32>>, Status>;
+pub(crate) type SumResult = Result<Arc<Vec<f64>>, Status>;
 
 #[derive(Debug)]
 struct SumRound {
-    parts: Vec<Option<Vec<f32>>>,
+    parts: Vec<Option<Vec<f64>>>,
     done: watch::Sender<Option<SumResult>>,
 }
 
@@ -34,22 +34,22 @@ pub(crate) struct GradSums {
     rounds: HashMap<(u64, u32, u32), SumRound>,
 }
 
-/// f32 values, little-endian.
-pub(crate) fn to_bytes(values: &[f32]) -> Vec<u8> {
+/// f64 values, little-endian.
+pub(crate) fn to_bytes(values: &[f64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// The f32 values of little-endian `bytes` (`field` names them in the error).
-pub(crate) fn from_bytes(bytes: &[u8], field: &str) -> Result<Vec<f32>, Status> {
-    if !bytes.len().is_multiple_of(4) {
+/// The f64 values of little-endian `bytes` (`field` names them in the error).
+pub(crate) fn from_bytes(bytes: &[u8], field: &str) -> Result<Vec<f64>, Status> {
+    if !bytes.len().is_multiple_of(8) {
         return Err(Status::invalid_argument(format!(
-            "{field}: {} bytes are not f32 values",
+            "{field}: {} bytes are not f64 values",
             bytes.len()
         )));
     }
     Ok(bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
         .collect())
 }
 
@@ -133,7 +133,7 @@ mod tests {
     use super::*;
     use pipewise_proto::v1::ReduceOp;
 
-    fn chunk(replica: u32, values: &[f32]) -> ReduceRequest {
+    fn chunk(replica: u32, values: &[f64]) -> ReduceRequest {
         ReduceRequest {
             run: 1,
             step: 3,
@@ -147,11 +147,11 @@ mod tests {
         }
     }
 
-    /// The sum comes in replica order whatever the arrival order (f32 addition is not
-    /// associative: 1e8 + 1 - 1e8 differs by order), and only once every replica is in.
+    /// The sum comes in replica order whatever the arrival order (f64 addition is not
+    /// associative: 1e17 + 1 - 1e17 differs by order), and only once every replica is in.
     #[test]
     fn sums_in_replica_order_once_all_are_in() {
-        let parts = [1e8_f32, 1.0, -1e8];
+        let parts = [1e17_f64, 1.0, -1e17];
         let mut want = parts[0];
         want += parts[1];
         want += parts[2];

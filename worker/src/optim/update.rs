@@ -127,11 +127,11 @@ mod tests {
         Ok(())
     }
 
-    /// Microbatch gradients of a bf16 parameter are summed in f32: a hundred of 2⁻⁸ added
-    /// to 1.0 reach 1.390625, where a bf16 sum would stay at 1.0 (half of bf16's spacing
-    /// there rounds to even).
+    /// Microbatch gradients of a bf16 parameter are summed wide (f64): a hundred of 2⁻⁸
+    /// added to 1.0 reach 1.390625, where a bf16 sum would stay at 1.0 (half of bf16's
+    /// spacing there rounds to even).
     #[test]
-    fn bf16_gradients_are_summed_in_f32() -> Result<()> {
+    fn bf16_gradients_are_summed_wide() -> Result<()> {
         let cpu = Device::Cpu;
         let mut p = param(&[3], Init::Const(0.5), DType::BF16)?;
         p.accumulate(&Tensor::ones(3, DType::BF16, &cpu)?)?;
@@ -139,9 +139,9 @@ mod tests {
         for _ in 0..100 {
             p.accumulate(&small)?;
         }
-        assert_eq!(p.grad.dtype(), DType::F32);
-        assert_eq!(p.grad.to_vec1::<f32>()?, vec![1.390625; 3]);
-        assert_eq!(p.state_bytes(), 3 * (2 + 4 + 4 + 4 + 4));
+        assert_eq!(p.grad.dtype(), DType::F64);
+        assert_eq!(p.grad.to_vec1::<f64>()?, vec![1.390625; 3]);
+        assert_eq!(p.state_bytes(), 3 * (2 + 8 + 4 + 4 + 4));
         Ok(())
     }
 
@@ -149,7 +149,7 @@ mod tests {
     fn f32_parameters_have_no_master_copy() -> Result<()> {
         let p = param(&[2, 3], Init::Normal(0.02), DType::F32)?;
         assert!(p.master.is_none());
-        assert_eq!(p.state_bytes(), 6 * 16);
+        assert_eq!(p.state_bytes(), 6 * 20);
         Ok(())
     }
 }

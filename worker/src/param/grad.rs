@@ -3,26 +3,27 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{Param, STATE_DTYPE};
+use super::{GRAD_DTYPE, Param};
 use crate::error::Result;
 
 impl Param {
-    /// Adds `g` (in the model dtype) to the accumulated gradient, in f32: in place on the
+    /// Adds `g` (in the model dtype) to the accumulated gradient, in f64: in place on the
     /// CPU, a new tensor elsewhere.
     pub(crate) fn accumulate(&mut self, g: &Tensor) -> Result<()> {
         if !crate::kernels::adamw::accumulate(&self.grad, g)? {
-            self.grad = (&self.grad + g.to_dtype(STATE_DTYPE)?)?;
+            let g = g.to_dtype(DType::F32)?.to_dtype(GRAD_DTYPE)?;
+            self.grad = (&self.grad + g)?;
         }
         Ok(())
     }
 
-    /// Sum of squared gradient elements (accumulated in f64 on the CPU, in f32 elsewhere).
+    /// Sum of squared gradient elements, in f64.
     pub(crate) fn grad_sq_sum(&self) -> Result<f64> {
         if let Some(s) = crate::kernels::adamw::sq_sum(&self.grad) {
             return Ok(s);
         }
-        let s = self.grad.to_dtype(DType::F32)?.sqr()?.sum_all()?;
-        Ok(f64::from(s.to_scalar::<f32>()?))
+        let s = self.grad.to_dtype(DType::F64)?.sqr()?.sum_all()?;
+        Ok(s.to_scalar::<f64>()?)
     }
 
     /// Zeroes the accumulated gradient: in place on the CPU, a new tensor elsewhere.

@@ -12,6 +12,11 @@ use crate::rng::SplitMix64;
 /// `pipewise-common` counts them (Megatron-LM's mixed-precision layout).
 pub(crate) const STATE_DTYPE: DType = DType::F32;
 
+/// The dtype of accumulated gradients: f64, so that summing a step's microbatch gradients
+/// (f32 each) is exact in practice whatever the order, and data-parallel replicas that sum
+/// their shares first give the single device's bits. Rounded to f32 for the update.
+pub(crate) const GRAD_DTYPE: DType = DType::F64;
+
 /// How a parameter starts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Init {
@@ -32,8 +37,8 @@ pub struct Param {
     pub name: String,
     /// The value.
     pub value: Tensor,
-    /// The gradient accumulated by `W` passes since the last optimizer step, in
-    /// f32 (`STATE_DTYPE`) (a bf16 model's microbatch gradients are summed in f32).
+    /// The gradient accumulated by `W` passes since the last optimizer step, in f64
+    /// (`GRAD_DTYPE`): each microbatch's gradient (f32) is added exactly in practice.
     pub grad: Tensor,
     /// The f32 master copy of a bf16 or f16 parameter, which the optimizer updates (`value`
     /// is it rounded), so updates smaller than the narrow dtype's spacing are not lost;
@@ -72,7 +77,7 @@ impl Param {
         let zeros = || Tensor::zeros(shape, STATE_DTYPE, device);
         Ok(Self {
             name,
-            grad: zeros()?,
+            grad: Tensor::zeros(shape, GRAD_DTYPE, device)?,
             master: Self::needs_master(dtype)
                 .then(|| value.to_dtype(STATE_DTYPE))
                 .transpose()?,

@@ -42,8 +42,8 @@ struct SyncState {
 /// One stage's gradient sum over the replicas in a step: each replica's part, then the sum.
 #[derive(Debug, Default)]
 struct ReplicaRound {
-    parts: Vec<Option<Vec<f32>>>,
-    sum: Option<std::sync::Arc<Vec<f32>>>,
+    parts: Vec<Option<Vec<f64>>>,
+    sum: Option<std::sync::Arc<Vec<f64>>>,
     taken: usize,
 }
 
@@ -192,7 +192,7 @@ fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, left: Duration) -> MutexG
 }
 
 impl StepSync for LocalSync {
-    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f32]) -> Result<()> {
+    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
         let awaited = || format!("{part}: the gradients of every replica");
         let r = part.replica as usize;
         if r >= self.replicas {
@@ -594,10 +594,10 @@ mod tests {
         let (a, b) = std::thread::scope(|s| {
             let late = s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(20));
-                let mut g = vec![3.0f32, 4.0];
+                let mut g = vec![3.0f64, 4.0];
                 sync.all_reduce_replicas(part(1), &mut g).map(|()| g)
             });
-            let mut g = vec![1.0f32, 2.0];
+            let mut g = vec![1.0f64, 2.0];
             let first = sync.all_reduce_replicas(part(0), &mut g).map(|()| g);
             (first, late.join().unwrap())
         });

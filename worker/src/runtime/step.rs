@@ -31,7 +31,7 @@ pub trait StepSync: Send + Sync {
     /// parameter flattened in order) over the job's replicas, in replica order whatever the
     /// arrival order, and leaves the sum in `grads` on every replica. A sync without
     /// replicas refuses.
-    fn all_reduce_replicas(&self, part: ReplicaPart, _grads: &mut [f32]) -> Result<()> {
+    fn all_reduce_replicas(&self, part: ReplicaPart, _grads: &mut [f64]) -> Result<()> {
         Err(Error::invalid(
             "replicas",
             format!("{part}: this transport has no replica all-reduce"),
@@ -77,12 +77,12 @@ impl std::fmt::Display for ReplicaPart {
     }
 }
 
-/// The replicas' gradient parts (`parts[r]`: replica `r`'s) summed in replica order,
-/// whatever order they arrived in, so every run gives the same bits; parts of different
-/// lengths give the two lengths.
+/// The replicas' gradient parts (`parts[r]`: replica `r`'s, f64 sums of f32 microbatch
+/// gradients) summed in replica order, whatever order they arrived in, so every run gives
+/// the same bits; parts of different lengths give the two lengths.
 pub(crate) fn sum_in_replica_order(
-    parts: &[Option<Vec<f32>>],
-) -> std::result::Result<Vec<f32>, (usize, usize)> {
+    parts: &[Option<Vec<f64>>],
+) -> std::result::Result<Vec<f64>, (usize, usize)> {
     let mut parts = parts.iter().flatten();
     let mut sum = parts.next().cloned().unwrap_or_default();
     for part in parts {
