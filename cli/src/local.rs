@@ -73,6 +73,11 @@ pub(crate) struct LocalArgs {
     #[arg(long, default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) replicas: u32,
+    /// Device memory each worker may use (bytes, e.g. 8GiB), as `pipewise worker
+    /// --memory-bytes`: plans predicted to overflow it move before they start, and the
+    /// dashboard draws it. Default: not watched.
+    #[arg(long, value_name = "BYTES", value_parser = crate::values::parse_memory_bytes)]
+    pub(crate) memory_bytes: Option<u64>,
     /// Schedule name (any of `pipewise plan`'s generators; not `csv:PATH`), or `auto`: the
     /// coordinator chooses the schedule, chunks, microbatch size and split on the workers.
     #[arg(long, short = 's', default_value = "v-half")]
@@ -355,6 +360,7 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
         let mut config = NodeConfig::new(url.clone(), format!("local-{w}"));
         config.device = device.clone();
         config.data_dir = data_dir.to_path_buf();
+        config.memory_bytes = args.memory_bytes.unwrap_or(0);
         // The workers are threads of this process: they share its cores.
         config.cores = available_cores() / f64::from(spec.workers_needed());
         match WorkerNode::start(config).await {

@@ -7,7 +7,8 @@
 //! - the measured bubble is in [0, 1], the step time is plausible, and each worker's peak
 //!   activation bytes in Prometheus equal what `WatchJob` reported (local's summary.json
 //!   holds the `WatchJob` events);
-//! - every PromQL expression of the Grafana dashboard (`deploy/grafana/pipewise.json`)
+//! - every PromQL expression of the Grafana dashboard (`deploy/grafana/pipewise.json`),
+//!   its `job_id` / `replica` / `worker` variables at "All", and each variable's values
 //!   returns data;
 //! - the measured V-Half / 1F1B peak ratio per worker equals the plan's predicted ratio.
 //!
@@ -116,6 +117,9 @@ fn start_local(dir: &Path, schedule: &str, port: u16) -> (Child, Vec<u64>) {
             schedule,
             "--steps",
             "30",
+            // Far above what the plan needs: only the dashboard's limit line reads it.
+            "--memory-bytes",
+            "64GiB",
         ])
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
         .args(["--metrics-linger", "60", "--quiet", "--output-dir"])
@@ -271,10 +275,36 @@ fn prometheus_scrapes_bubble_memory_and_step_time() {
         .unwrap(),
     )
     .unwrap();
+    // Its variables (`label_values(METRIC, LABEL)`) have values to offer.
+    let mut variables = Vec::new();
+    for v in dashboard["templating"]["list"].as_array().unwrap() {
+        let Some(definition) = v["definition"].as_str() else {
+            continue;
+        };
+        let inner = definition
+            .strip_prefix("label_values(")
+            .and_then(|d| d.strip_suffix(')'))
+            .unwrap();
+        let (metric, label) = inner.split_once(", ").unwrap();
+        let values = query(prom_port, &format!("count by ({label}) ({metric})"));
+        assert!(
+            !values.is_empty(),
+            "variable {}: no {label} values",
+            v["name"]
+        );
+        assert_eq!(v["allValue"], ".*", "{}", v["name"]);
+        variables.push(format!("${}", v["name"].as_str().unwrap()));
+    }
+    assert_eq!(variables, ["$job_id", "$replica", "$worker"]);
     let mut count = 0;
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"].as_str().unwrap();
+            // As Grafana sends it with every variable at "All".
+            let mut expr = target["expr"].as_str().unwrap().to_string();
+            for v in &variables {
+                expr = expr.replace(v.as_str(), ".*");
+            }
+            let expr = expr.as_str();
             // `rate()` needs two scrapes of a series inside its window: allow the
             // lingering run up to 30 s of scrapes.
             let asked = Instant::now();

@@ -428,10 +428,12 @@ impl Actor for Membership {
                     ))),
                 };
                 if outcome.is_ok() {
+                    let limit = st.workers.get(&id).map_or(0, |w| w.memory_bytes);
                     st.assigned.insert(id, (job, replica, index));
                     // A worker starts its assignment holding no activations; heartbeats
                     // (sampled every tick) update it from there.
                     crate::metrics::record_current_memory(job, replica, index, 0);
+                    crate::metrics::record_memory_limit(job, replica, index, limit);
                 }
                 let _ = reply.send(outcome);
             }
@@ -525,6 +527,7 @@ impl Actor for Membership {
                     {
                         let bytes = w.current_activation_bytes;
                         crate::metrics::record_current_memory(run, replica, index, bytes);
+                        crate::metrics::record_memory_limit(run, replica, index, w.memory_bytes);
                     }
                 }
             }

@@ -43,6 +43,11 @@ pub fn describe() {
         "Idle fraction of the pipeline in a step: planned (the schedule simulated with the job's cost model before the step) or measured (1 - time in passes / step wall time), and core_wait: the part of measured spent waiting for a core rather than for a peer"
     );
     describe_gauge!(
+        "pipewise_worker_memory_limit_bytes",
+        Unit::Bytes,
+        "Memory a worker of a job registered (--memory-bytes), by job, replica and rank"
+    );
+    describe_gauge!(
         "pipewise_step_time_seconds",
         Unit::Seconds,
         "Step time: predicted (the cost model before the step) or measured (slowest worker)"
@@ -146,6 +151,17 @@ pub fn record_predicted_peaks(job: u64, peaks: &[u64]) {
 pub fn record_current_memory(run: u64, replica: u32, worker: u32, bytes: u64) {
     let job = pipewise_common::job::job_of(run).to_string();
     gauge!("pipewise_activation_memory_bytes", "kind" => "current", "job_id" => job, "replica" => replica.to_string(), "worker" => worker.to_string())
+        .set(bytes as f64);
+}
+
+/// The memory rank `worker` of replica `replica` in run `run` registered (its whole
+/// device's, `--memory-bytes`): the dashboard's limit line. Nothing when it registered none.
+pub fn record_memory_limit(run: u64, replica: u32, worker: u32, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    let job = pipewise_common::job::job_of(run).to_string();
+    gauge!("pipewise_worker_memory_limit_bytes", "job_id" => job, "replica" => replica.to_string(), "worker" => worker.to_string())
         .set(bytes as f64);
 }
 
