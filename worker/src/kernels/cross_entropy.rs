@@ -202,7 +202,7 @@ mod tests {
         let (rows, v) = (131, 67);
         let x = awkward(rows, v, 5.0, 12)?;
         let t = targets(rows, v)?;
-        let run = || -> Result<Vec<Vec<u32>>> {
+        let run = || -> Result<Vec<Vec<u64>>> {
             let (p, loss) = forward(&x, &t)?;
             let g = grad(&p, &t, 0.5)?;
             [p, loss, g].iter().map(bits).collect()

@@ -175,7 +175,7 @@ mod tests {
     fn threads_do_not_change_the_result() -> Result<()> {
         let u = awkward(131, 67, 3.0, 3)?;
         let dy = awkward(131, 67, 1.0, 4)?;
-        let run = || -> Result<(Vec<u32>, Vec<u32>)> {
+        let run = || -> Result<(Vec<u64>, Vec<u64>)> {
             Ok((bits(&forward(&u)?)?, bits(&backward(&u, &dy)?)?))
         };
         assert_eq!(with_threads(1, run)?, with_threads(2, run)?);

@@ -267,7 +267,7 @@ mod tests {
         let g = awkward(1, h, 1.0, 6)?.flatten_all()?;
         let b = awkward(1, h, 1.0, 7)?.flatten_all()?;
         let dy = awkward(rows, h, 1.0, 8)?;
-        let run = || -> Result<Vec<Vec<u32>>> {
+        let run = || -> Result<Vec<Vec<u64>>> {
             let (y, xhat, rstd) = forward(&x, &g, &b)?;
             let dx = grad_input(&dy, &xhat, &rstd, &g)?;
             let (dg, db) = grad_weight(&dy, &xhat)?;

@@ -19,9 +19,11 @@ pub(crate) fn flat(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
-/// The bit patterns of `t`'s elements (for exact comparisons that also tell −0 from 0).
-pub(crate) fn bits(t: &Tensor) -> Result<Vec<u32>> {
-    Ok(flat(t)?.into_iter().map(f32::to_bits).collect())
+/// The bit patterns of `t`'s elements (for exact comparisons that also tell −0 from 0),
+/// at f64 width (an f64 tensor, accumulated gradients, keeps all of its bits).
+pub(crate) fn bits(t: &Tensor) -> Result<Vec<u64>> {
+    let wide = t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    Ok(wide.into_iter().map(f64::to_bits).collect())
 }
 
 /// Asserts equal shapes and `|got − want| ≤ tol·(1 + |want|)` element-wise.

@@ -81,6 +81,8 @@ pub(crate) struct RealCompute {
     job: u64,
     state_step: u64,
     end_step: u64,
+    /// Whether the job has data-parallel replicas (only such a job goes on from memory).
+    replicated: bool,
 }
 
 /// A run's stages kept in memory after it ended short of the job's last step, so that the
@@ -157,6 +159,7 @@ impl RealCompute {
             job,
             state_step: a.steps.start,
             end_step: a.steps.end,
+            replicated: spec.replicas() > 1,
         })
     }
 
@@ -193,9 +196,9 @@ impl RealCompute {
     }
 
     /// The stages to keep for a next run of the job that goes on from memory: none once
-    /// the job's last step is done.
+    /// the job's last step is done, nor for a job without replicas.
     pub(crate) fn keep(self) -> Option<Kept> {
-        (self.state_step < self.end_step).then_some(Kept {
+        (self.replicated && self.state_step < self.end_step).then_some(Kept {
             job: self.job,
             step: self.state_step,
             rt: self.rt,
@@ -206,8 +209,11 @@ impl RealCompute {
 /// A scratch file for one stage's state on its way to or from another replica's worker
 /// (the checkpoint format, so a copy is what a resume would load).
 fn transfer_file(job: u64, worker: u32) -> PathBuf {
+    // Unique within the process too (`pipewise local` runs its workers as threads).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     std::env::temp_dir().join(format!(
-        "pipewise-{}-job{job}-w{worker}-stage.safetensors",
+        "pipewise-{}-{n}-job{job}-w{worker}-stage.safetensors",
         std::process::id()
     ))
 }

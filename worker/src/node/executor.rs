@@ -185,7 +185,8 @@ impl Node<'_> {
                 transport.collective().offer(a.run, stage, bytes.into());
             }
         }
-        if !a.copy_from.is_empty() {
+        // Emulated compute holds no state to copy.
+        if !a.copy_from.is_empty() && !C::EMULATED {
             let from = transport.sync_to(&a.copy_from, a.run, a.contributor, timeout)?;
             for stage in a.placement.stages_of(a.worker) {
                 let bytes = from.fetch_stage(stage)?;
@@ -197,8 +198,10 @@ impl Node<'_> {
                 "copied the stages' state from a live replica (no checkpoint loaded)"
             );
         }
-        sync.barrier()?;
+        let joined = sync.barrier();
+        // Offers go once every worker passed the barrier, or the run failed to start.
         transport.collective().withdraw();
+        joined?;
         let mut stats = self.shared.stats();
         stats.peak_activation_bytes = 0;
         stats.current_activation_bytes = 0;

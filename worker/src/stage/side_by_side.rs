@@ -220,7 +220,7 @@ mod tests {
     /// in groups of `lanes` side by side: the bits of the losses, of the input gradients of
     /// a stage without the embedding and of every accumulated gradient, and the peak stash.
     #[allow(clippy::type_complexity)]
-    fn run(lanes: usize) -> Result<(Vec<u32>, Vec<u32>, Vec<Vec<u32>>, u64)> {
+    fn run(lanes: usize) -> Result<(Vec<u64>, Vec<u64>, Vec<Vec<u64>>, u64)> {
         let spec = spec(3);
         let device = Device::Cpu;
         let mut first = Stage::new(&spec, 0..2, 3, &device)?;

@@ -11,6 +11,13 @@ use crate::run::worker::StepReport;
 impl Supervisor {
     /// Takes `input` while `run` is out.
     pub(super) fn follow(&mut self, mut run: Run, input: Input) -> Phase {
+        // While a failure is held, where the others leave the run counts if a replica is
+        // shed.
+        if run.failing.is_some()
+            && let Input::Report(r) = &input
+        {
+            run.note_end(r);
+        }
         if let Some((failure, until)) = &run.failing {
             // A worker failed: only a loss (or the grace running out) ends the run now.
             if let Some((gone, how)) = self.first_lost(&run) {
@@ -33,7 +40,8 @@ impl Supervisor {
                     "worker {worker} ({}) could not take its assignment: {reason}",
                     id.unwrap_or_default()
                 );
-                return self.lost(run, reason, Reason::WorkerLost);
+                // Its replica is not known to be the one to shed: from the checkpoints.
+                return self.restart(run, reason, Reason::WorkerLost);
             }
             Input::Searched(Some(found))
                 if run.moving.is_none()
@@ -89,8 +97,8 @@ impl Supervisor {
             )));
             return Phase::Running(Box::new(run));
         }
+        run.note_end(&r);
         if !r.error.is_empty() {
-            run.ended.insert(i, r.step);
             let failure = Failure::of_report(i, r);
             // A vanished peer shows first as a failed send or receive: its missing
             // heartbeats get the time to tell.
@@ -101,8 +109,6 @@ impl Supervisor {
             return Phase::Running(Box::new(run));
         }
         if r.done {
-            run.done[i] = true;
-            run.ended.insert(i, r.step.saturating_add(1));
             if run.done.iter().all(|&d| d) {
                 return self.end(run);
             }
@@ -129,8 +135,11 @@ impl Supervisor {
                 )));
             }
             Taken::Ignored(_) | Taken::Pending => {}
+            // (A step the replica before it made already is not made again.)
             Taken::Complete(reports) if replica == run.events_from => {
-                self.complete(run, step, reports);
+                if step >= run.out.first_step + run.completed {
+                    self.complete(run, step, reports);
+                }
             }
             Taken::Complete(reports) => {
                 if step >= run.out.first_step + run.completed {

@@ -124,6 +124,23 @@ impl Run {
         }
     }
 
+    /// Notes where worker `r` ended the run, if its report says it did: failed in step
+    /// `r.step` (that many steps done), or done after it.
+    pub(super) fn note_end(&mut self, r: &StepReport) {
+        let i = (r.replica as usize)
+            .saturating_mul(self.out.workers.len())
+            .saturating_add(r.worker_index as usize);
+        if self.out.all().nth(i).is_none_or(|w| w.id != r.worker_id) {
+            return;
+        }
+        if !r.error.is_empty() {
+            self.ended.insert(i, r.step);
+        } else if r.done {
+            self.done[i] = true;
+            self.ended.insert(i, r.step.saturating_add(1));
+        }
+    }
+
     /// Whether a move may still be decided: none is pending, no cancel, steps left.
     pub(super) fn may_stop(&self) -> bool {
         self.out.may_move

@@ -124,6 +124,9 @@ pub struct Supervisor {
     /// The latest worker to leave or be lost since the last run started, and how, in words.
     gone: Option<(String, Reason)>,
     first_step: u64,
+    /// The step a restart from the checkpoints falls back to when none is later: the last
+    /// run start that was not from memory (its checkpoint, or the seeded model).
+    floor: u64,
     stage_pieces: Vec<u32>,
     /// Runs started (each re-plan starts another).
     replans: u64,
@@ -179,6 +182,7 @@ impl Supervisor {
             left: BTreeSet::new(),
             gone: None,
             first_step: start.step,
+            floor: start.step,
             stage_pieces,
             replans: 0,
             replanned: None,
@@ -218,6 +222,7 @@ impl Supervisor {
             Phase::Waiting { shown, next_note } => self.wait(shown, next_note),
             Phase::Claiming { workers } => match input {
                 Input::ClaimAnswer(Ok(())) => self.claimed(workers),
+                Input::ClaimAnswer(Err(why)) if self.rebuilt > 0 => self.not_rebuilt(workers, &why),
                 Input::ClaimAnswer(Err(why)) => {
                     self.out
                         .push(Action::Info(format!("workers taken: {why}; waiting")));
@@ -349,7 +354,7 @@ impl Supervisor {
                 .clone()
                 .unwrap_or_else(|| ("workers went to other jobs".into(), Reason::WorkerLost));
             let reason = format!("{gone} while the job waited");
-            return match self.onto_survivors(reason, how, self.first_step) {
+            return match self.onto_survivors(reason, how, self.floor) {
                 Ok(()) => self.wait(shown, next_note),
                 Err(end) => end,
             };
@@ -411,6 +416,7 @@ impl Supervisor {
     fn resume(&mut self, workers: Vec<Worker>, listing: &Checkpoints) -> Phase {
         let stages = self.plan.schedule.placement.stages();
         self.first_step = listing.restart_step(&self.current, self.start, stages);
+        self.floor = self.first_step;
         self.out.push(Action::ClearAfter(self.first_step));
         let reason = format!(
             "the coordinator restarted; resuming from {}",
@@ -540,7 +546,7 @@ impl Supervisor {
                 how,
             } => {
                 self.end_trial();
-                let resume = listing.last_complete(&self.spec, self.first_step, through, stages);
+                let resume = listing.last_complete(&self.spec, self.floor, through, stages);
                 self.out.push(Action::ClearAfter(resume));
                 if let Err(end) = self.onto_survivors(reason, how, resume) {
                     return end;
@@ -556,7 +562,7 @@ impl Supervisor {
                 let resume = if listing.complete(through, stages) {
                     through
                 } else {
-                    listing.last_complete(&self.spec, self.first_step, through, stages)
+                    listing.last_complete(&self.spec, self.floor, through, stages)
                 };
                 self.out.push(Action::ClearAfter(resume));
                 let reason = format!("{reason}; resuming from {}", resumed_from(resume));
@@ -583,6 +589,7 @@ impl Supervisor {
                 }
                 self.tell(reason);
                 self.first_step = resume;
+                self.floor = resume;
             }
         }
         self.waiting()
@@ -633,6 +640,10 @@ impl Supervisor {
         self.tell(reason);
         self.stage_pieces = spec_split(&self.current, &self.plan);
         self.first_step = resume;
+        self.floor = resume;
+        // From the checkpoints: nothing goes on from memory.
+        self.in_memory = false;
+        self.rebuilt = 0;
         Ok(())
     }
 

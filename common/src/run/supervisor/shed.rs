@@ -9,11 +9,12 @@
 //! when they leave the run, and stopping at different ones (the collectives' root lost
 //! between answering two of them) falls back to the checkpoints.
 
+use super::super::pressure::pressure;
 use super::super::respec::replan;
 use super::super::worker::{StepReport, Worker, gone};
 use super::following::Run;
 use super::io::{Action, Input, Move, Reason};
-use super::{Phase, Supervisor};
+use super::{Phase, Supervisor, tightest};
 use crate::job::{JobPlan, JobSpec};
 
 /// A job shedding a lost replica: the run is aborted, and the replicas kept leave it.
@@ -107,7 +108,24 @@ impl Supervisor {
         let mut current = spec.clone();
         current.parallelism.data_parallel_replicate_degree = n as u32;
         let plan = replan(&current, self.plan.schedule.num_workers()).ok()?;
-        (plan.schedule.placement == self.plan.schedule.placement).then(|| Keep {
+        if plan.schedule.placement != self.plan.schedule.placement {
+            return None;
+        }
+        // More microbatches per replica hold more activations: a plan predicted not to fit
+        // the kept workers' memory goes through the checkpoints' re-plan instead.
+        let mut kept = whole[..n]
+            .iter()
+            .flat_map(|&k| run.out.replica(k).map(|(_, w)| w.clone()));
+        let first: Vec<Worker> = kept.by_ref().take(run.out.workers.len()).collect();
+        let others: Vec<Worker> = kept.collect();
+        let fits = pressure(
+            &current,
+            &plan,
+            &self.stage_pieces,
+            None,
+            &tightest(&first, &others),
+        );
+        fits.is_none().then(|| Keep {
             replicas: whole[..n].to_vec(),
             current,
             plan,
@@ -144,6 +162,15 @@ impl Supervisor {
         match steps.iter().copied().collect::<Option<Vec<u64>>>() {
             Some(steps) if steps.windows(2).all(|p| p[0] == p[1]) => {
                 let step = steps.first().copied().unwrap_or(self.first_step);
+                if step >= shed.run.out.steps {
+                    // The replicas kept ran the last step: replica 0 among them wrote the
+                    // parameters; else the checkpoints' run writes them again.
+                    if shed.keep.replicas.first() == Some(&0) {
+                        self.out.push(Action::Detach(shed.run.out.id));
+                        return self.finish(Ok(()));
+                    }
+                    return self.restart(shed.run, shed.reason, shed.how);
+                }
                 self.go_on(shed, step, kept.into_iter().map(|(_, w)| w).collect())
             }
             Some(steps) => {
@@ -163,19 +190,10 @@ impl Supervisor {
 
     /// A report of the run being shed: where a worker left it, or a step it completed.
     fn left_report(&mut self, run: &mut Run, r: StepReport) {
-        let i = (r.replica as usize)
-            .saturating_mul(run.out.workers.len())
-            .saturating_add(r.worker_index as usize);
-        if run.out.all().nth(i).is_none_or(|w| w.id != r.worker_id) {
-            return;
-        }
-        if !r.error.is_empty() {
-            run.ended.insert(i, r.step);
-        } else if r.done {
-            run.done[i] = true;
-            run.ended.insert(i, r.step.saturating_add(1));
-        } else {
+        if r.error.is_empty() && !r.done {
             self.gather(run, r);
+        } else {
+            run.note_end(&r);
         }
     }
 
@@ -312,6 +330,23 @@ impl Supervisor {
         self.tell(reason);
         self.in_memory = true;
         self.rebuilt = replicas - had;
+        self.out.push(Action::Claim(
+            workers.iter().map(|w| w.id.clone()).collect(),
+        ));
+        Phase::Claiming { workers }
+    }
+
+    /// The claim of a rebuild's workers was refused (another job took one first): the
+    /// replicas kept go on from memory without the new ones.
+    pub(super) fn not_rebuilt(&mut self, mut workers: Vec<Worker>, why: &str) -> Phase {
+        let d = self.plan.schedule.num_workers() as usize;
+        let had = self.current.replicas().saturating_sub(self.rebuilt).max(1);
+        workers.truncate(had as usize * d);
+        self.rebuilt = 0;
+        self.with_replicas(had);
+        self.out.push(Action::Warn(format!(
+            "workers taken: {why}; {had} replica(s) go on from memory without the new ones"
+        )));
         self.out.push(Action::Claim(
             workers.iter().map(|w| w.id.clone()).collect(),
         ));

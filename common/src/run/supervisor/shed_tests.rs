@@ -239,3 +239,93 @@ fn a_worker_back_rebuilds_the_replica() {
         [Action::Attach(r2), Action::Assign(a)]
     );
 }
+
+/// Replica 1 lost after 2 steps and shed; the `w0`, `w1` run at step 2 from memory.
+fn shed_after_two() -> (JobSpec, Vec<Worker>, Supervisor) {
+    let (spec, ws, mut s) = running(2);
+    s.feed(100, Input::Lost("w3".into()));
+    s.feed(110, aborted(&ws, 0, 2));
+    let acts = s.feed(120, aborted(&ws, 1, 2));
+    assert!(matches!(acts.last(), Some(Action::Assign(a)) if a.resume_in_memory));
+    (spec, ws, s)
+}
+
+/// A loss after going on from memory, with no checkpoint written since: the re-plan starts
+/// from the start (the last run not from memory), not from the step no checkpoint holds.
+#[test]
+fn a_later_restart_does_not_count_on_the_in_memory_step() {
+    let (_, _, mut s) = shed_after_two();
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(
+        s.feed(200, Input::Lost("w1".into())),
+        [
+            Action::Detach(r1),
+            Action::Abort(r1),
+            Action::ReadCheckpoints
+        ]
+    );
+    let acts = s.feed(300, saved(&[]));
+    assert_eq!(acts[0], Action::ClearAfter(0));
+    assert!(
+        matches!(&acts[1], Action::Warn(w) if w.ends_with("resuming from the start (no checkpoint)")),
+        "{acts:?}"
+    );
+}
+
+/// The claim of a rebuild's workers is refused (another job took `w3`): the replica kept
+/// goes on from memory alone.
+#[test]
+fn a_refused_rebuild_goes_on_without_the_new_replica() {
+    let (spec, ws, mut s) = shed_after_two();
+    s.feed(200, replica_report(&ws, 0, 0, 2));
+    s.feed(200, replica_report(&ws, 0, 1, 2));
+    s.feed(300, Input::Registered(ws[3].clone()));
+    s.feed(310, Input::StreamOpened("w3".into()));
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
+    s.feed(1_250, replica_report(&ws, 0, 0, 3));
+    s.feed(1_250, replica_report(&ws, 0, 1, 3));
+    for i in 0..2 {
+        let Input::Report(r) = replica_report(&ws, 0, i, 3) else {
+            unreachable!()
+        };
+        s.handle(
+            1_300,
+            Input::Report(Box::new(StepReport { done: true, ..*r })),
+        );
+    }
+    let acts = s.handle(1_400, Input::ClaimAnswer(Err("w3 is job 2's".into())));
+    assert_eq!(
+        acts[1..],
+        [Action::Claim(vec!["w0".into(), "w1".into()])],
+        "{acts:?}"
+    );
+    let r2 = RunId::new(JOB, 2);
+    let acts = s.handle(1_410, Input::ClaimAnswer(Ok(())));
+    assert_eq!(acts[0], Action::Attach(r2));
+    let Some(Action::Assign(a)) = acts.last() else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((a.first_step, a.workers.len()), (4, 2));
+    assert!(a.resume_in_memory && a.rebuilt_replicas == 0);
+    assert_eq!(a.plan.microbatches, spec.microbatches());
+}
+
+/// A kept worker's error report held for the grace (its collective timed out before the
+/// loss was seen) still counts as where it left the run.
+#[test]
+fn a_report_held_for_the_grace_counts_when_the_replica_is_shed() {
+    let (_, ws, mut s) = running(2);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(s.feed(100, aborted(&ws, 0, 2)), []);
+    assert_eq!(s.feed(110, aborted(&ws, 1, 2)), []);
+    let acts = s.feed(120, Input::Lost("w3".into()));
+    assert_eq!(
+        acts[..2],
+        [Action::Abort(r0), Action::Detach(r0)],
+        "{acts:?}"
+    );
+    assert!(
+        matches!(acts.last(), Some(Action::Assign(a)) if a.resume_in_memory && a.first_step == 2)
+    );
+}
