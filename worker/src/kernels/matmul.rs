@@ -332,8 +332,11 @@ impl InplaceOp3 for AccumulateGradWeight {
         // The product in f32 (one microbatch's gradient, the same bits wherever it is
         // computed), then added in f64.
         PRODUCT.with_borrow_mut(|scratch| {
-            scratch.clear();
-            scratch.resize(inner * out, 0.0);
+            // Grown, never cleared: the product overwrites it (no zeroing per pass).
+            if scratch.len() < inner * out {
+                scratch.resize(inner * out, 0.0);
+            }
+            let scratch = &mut scratch[..inner * out];
             // SAFETY: `scratch` is an initialised `inner × out` row-major buffer of this
             // thread's, so it overlaps neither `x` nor `dy`, the checked row-major slices
             // read here.
