@@ -96,7 +96,8 @@ multiversion! {
 }
 
 multiversion! {
-    fn add_wide(acc: &mut [f64], g: &[f32]) {
+    /// `acc[i] += g[i]` in f64 (vectorised for the CPU found at run time).
+    pub(crate) fn add_wide(acc: &mut [f64], g: &[f32]) {
         for (a, &x) in acc.iter_mut().zip(g) {
             *a += f64::from(x);
         }

@@ -341,9 +341,7 @@ impl InplaceOp3 for AccumulateGradWeight {
             // thread's, so it overlaps neither `x` nor `dy`, the checked row-major slices
             // read here.
             unsafe { product((inner, out, n), scratch.as_mut_ptr(), false, lhs, rhs) };
-            for (g, &p) in grad.iter_mut().zip(scratch.iter()) {
-                *g += f64::from(p);
-            }
+            super::adamw::add_wide(grad, scratch);
         });
         Ok(())
     }
