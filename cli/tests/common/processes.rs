@@ -44,7 +44,15 @@ impl Drop for Cluster {
 }
 
 /// Starts `cmd` and returns it with the first line it prints.
-pub(crate) fn spawn_with_line(mut cmd: Command, log: &Path) -> (Child, String) {
+pub(crate) fn spawn_with_line(cmd: Command, log: &Path) -> (Child, String) {
+    try_spawn_with_line(cmd, log)
+        .unwrap_or_else(|| panic!("no start line: an address taken; see {}", log.display()))
+}
+
+/// [`spawn_with_line`], or `None` when the process ended without a line because an address
+/// it was to listen on was taken meanwhile (a port [`super::free_port`] picked, bound by
+/// another test before this process could).
+fn try_spawn_with_line(mut cmd: Command, log: &Path) -> Option<(Child, String)> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log).unwrap())
@@ -54,8 +62,29 @@ pub(crate) fn spawn_with_line(mut cmd: Command, log: &Path) -> (Child, String) {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(!line.is_empty(), "no start line; see {}", log.display());
-    (child, line)
+    if line.is_empty() {
+        let _ = child.wait();
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(
+            text.contains("Address already in use"),
+            "no start line; see {}",
+            log.display()
+        );
+        return None;
+    }
+    Some((child, line))
+}
+
+/// Starts the command `make(port)` builds for a free port, with another port while the one
+/// picked turns out taken; the process, its first line and the port.
+fn spawn_on_free_port(make: impl Fn(u16) -> Command, log: &Path) -> (Child, String, u16) {
+    for _ in 0..5 {
+        let port = super::free_port();
+        if let Some((child, line)) = try_spawn_with_line(make(port), log) {
+            return (child, line, port);
+        }
+    }
+    panic!("no free port held long enough; see {}", log.display())
 }
 
 pub(crate) fn start(dir: &Path, workers: usize) -> Cluster {
@@ -66,13 +95,16 @@ pub(crate) fn start(dir: &Path, workers: usize) -> Cluster {
 pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster {
     std::fs::create_dir_all(dir).unwrap();
     let data = dir.join("data");
-    let metrics = [super::free_port(), super::free_port()];
-    let mut cmd = pipewise();
-    cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
-        .args(["--metrics-listen", &format!("127.0.0.1:{}", metrics[0])])
-        .args(["--metrics-expiry", &EXPIRY_SECS.to_string()]);
-    let (coord, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
+    let coordinator = |port: u16| {
+        let mut cmd = pipewise();
+        cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-expiry", &EXPIRY_SECS.to_string()]);
+        cmd
+    };
+    let (coord, line, port) = spawn_on_free_port(coordinator, &dir.join("coordinator.log"));
+    let metrics = [port, 0];
     // "coordinator listening on ADDR (data in DIR)"
     let addr = line.split_whitespace().nth(3).unwrap().to_string();
     let url = format!("http://{addr}");
@@ -88,15 +120,19 @@ pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])])
         if let Some((_, extra)) = extra.iter().find(|(i, _)| *i == w) {
             args.extend_from_slice(extra);
         }
-        let metrics_listen = format!("127.0.0.1:{}", metrics[1]);
         let expiry = EXPIRY_SECS.to_string();
         if w == 0 {
-            args.extend([
-                "--metrics-listen",
-                &metrics_listen,
-                "--metrics-expiry",
-                &expiry,
-            ]);
+            args.extend(["--metrics-expiry", &expiry]);
+            let make = |port: u16| {
+                let listen = format!("127.0.0.1:{port}");
+                let mut args = args.clone();
+                args.extend(["--metrics-listen", listen.as_str()]);
+                worker_command(&cluster, "w0", &args)
+            };
+            let (child, line, port) = spawn_on_free_port(make, &dir.join("w0.log"));
+            cluster.metrics[1] = port;
+            started(&mut cluster, "w0", child, &line);
+            continue;
         }
         add_worker(&mut cluster, dir, &format!("w{w}"), &args);
     }
@@ -105,6 +141,13 @@ pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])])
 
 /// Starts worker `id` (with `args`) against the cluster's coordinator.
 pub(crate) fn add_worker(cluster: &mut Cluster, dir: &Path, id: &str, args: &[&str]) {
+    let cmd = worker_command(cluster, id, args);
+    let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
+    started(cluster, id, child, &line);
+}
+
+/// The command of worker `id` (with `args`) of the cluster.
+fn worker_command(cluster: &Cluster, id: &str, args: &[&str]) -> Command {
     let mut cmd = pipewise();
     cmd.args([
         "worker",
@@ -123,7 +166,11 @@ pub(crate) fn add_worker(cluster: &mut Cluster, dir: &Path, id: &str, args: &[&s
         cmd.arg("--data-dir").arg(&cluster.data);
     }
     cmd.args(args);
-    let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
+    cmd
+}
+
+/// Worker `id` started as `child`, which printed `line` first.
+fn started(cluster: &mut Cluster, id: &str, child: Child, line: &str) {
     cluster.children.push(child);
     // "worker ID serving activations on ADDR, coordinator URL"
     let addr = line
