@@ -468,6 +468,22 @@ impl JobSpec {
         self.parallelism.data_parallel_replicate_degree.max(1)
     }
 
+    /// This spec with `replicas` data-parallel replicas.
+    pub fn with_replicas(&self, replicas: u32) -> JobSpec {
+        let mut spec = self.clone();
+        spec.parallelism.data_parallel_replicate_degree = replicas;
+        spec
+    }
+
+    /// The most replicas from `least` to `most` that the global batch splits into, each a
+    /// whole number of microbatches (`None`: none does).
+    pub fn splitting_replicas(&self, least: u32, most: u32) -> Option<u32> {
+        let mbs = self.parallelism.pipeline_parallel_microbatch_size.max(1);
+        (least.max(1)..=most)
+            .rev()
+            .find(|&r| self.training.global_batch_size.is_multiple_of(mbs * r))
+    }
+
     /// Workers the job runs on: the pipeline's degree times its replicas.
     pub fn workers_needed(&self) -> u32 {
         self.parallelism

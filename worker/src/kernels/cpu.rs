@@ -79,17 +79,44 @@ pub(crate) fn distinct_f32(ts: &[&Tensor]) -> bool {
     true
 }
 
-/// An [`InplaceOp1`] that lends the storage's f32 slice to a closure, once.
-struct Lend<F>(RefCell<Option<F>>);
+/// An element type whose contiguous CPU tensors the kernels borrow in place.
+pub(crate) trait Elem: Sized {
+    const DTYPE: DType;
+    /// The storage's values, when it holds this type.
+    fn values(storage: &mut CpuStorage) -> Option<&mut Vec<Self>>;
+}
 
-impl<F: FnOnce(&mut [f32])> candle_core::InplaceOp1 for Lend<F> {
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    fn values(storage: &mut CpuStorage) -> Option<&mut Vec<f32>> {
+        match storage {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Elem for f64 {
+    const DTYPE: DType = DType::F64;
+    fn values(storage: &mut CpuStorage) -> Option<&mut Vec<f64>> {
+        match storage {
+            CpuStorage::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// An [`InplaceOp1`] that lends the storage's slice of `T` to a closure, once.
+struct Lend<T, F>(RefCell<Option<F>>, std::marker::PhantomData<T>);
+
+impl<T: Elem, F: FnOnce(&mut [T])> candle_core::InplaceOp1 for Lend<T, F> {
     fn name(&self) -> &'static str {
-        "pipewise-lend-f32"
+        "pipewise-lend"
     }
 
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let (CpuStorage::F32(v), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
-            candle_core::bail!("pipewise-lend-f32: not a contiguous f32 tensor")
+        let (Some(v), Some((a, b))) = (T::values(storage), layout.contiguous_offsets()) else {
+            candle_core::bail!("pipewise-lend: not a contiguous {:?} tensor", T::DTYPE)
         };
         if let Some(f) = self.0.borrow_mut().take() {
             f(&mut v[a..b]);
@@ -98,19 +125,34 @@ impl<F: FnOnce(&mut [f32])> candle_core::InplaceOp1 for Lend<F> {
     }
 }
 
-/// Runs `f` on the elements of `t` (a contiguous f32 CPU tensor) with write access, under
-/// its storage's write lock: every tensor sharing `t`'s buffer sees the change. Returns
-/// `None` (without running `f`) where `t` is not on the fast path. Nesting calls on tensors
-/// that share a buffer would deadlock: callers compare [`f32_addr`]s first.
-pub(crate) fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<Option<R>> {
-    if !all_f32_cpu(&[t]) {
+/// Runs `f` on the elements of `t` (a contiguous CPU tensor of `T`) with write access,
+/// under its storage's write lock: every tensor sharing `t`'s buffer sees the change.
+/// Returns `None` (without running `f`) where `t` is not one. Nesting calls on tensors that
+/// share a buffer would deadlock: callers compare [`f32_addr`]s first.
+fn with_mut<T: Elem, R>(t: &Tensor, f: impl FnOnce(&mut [T]) -> R) -> Result<Option<R>> {
+    let on_path =
+        t.dtype() == T::DTYPE && t.device().is_cpu() && t.layout().contiguous_offsets().is_some();
+    if !on_path {
         return Ok(None);
     }
     let mut out = None;
-    let lend = Lend(RefCell::new(Some(|s: &mut [f32]| out = Some(f(s)))));
+    let lend = Lend(
+        RefCell::new(Some(|s: &mut [T]| out = Some(f(s)))),
+        std::marker::PhantomData,
+    );
     t.inplace_op1(&lend)?;
     drop(lend);
     Ok(out)
+}
+
+/// [`with_mut`] of a contiguous f32 CPU tensor (the kernels' fast path).
+pub(crate) fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<Option<R>> {
+    with_mut(t, f)
+}
+
+/// [`with_mut`] of a contiguous f64 CPU tensor (accumulated gradients).
+pub(crate) fn with_f64_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f64]) -> R) -> Result<Option<R>> {
+    with_mut(t, f)
 }
 
 /// Runs `f` on the elements of `t`, a contiguous f64 CPU tensor (accumulated gradients;
@@ -121,39 +163,6 @@ pub(crate) fn with_f64<R>(t: &Tensor, f: impl FnOnce(&[f64]) -> R) -> Option<R> 
         (Storage::Cpu(CpuStorage::F64(v)), Some((a, b))) => Some(f(&v[a..b])),
         _ => None,
     }
-}
-
-/// An [`InplaceOp1`] that lends the storage's f64 slice to a closure, once.
-struct Lend64<F>(RefCell<Option<F>>);
-
-impl<F: FnOnce(&mut [f64])> candle_core::InplaceOp1 for Lend64<F> {
-    fn name(&self) -> &'static str {
-        "pipewise-lend-f64"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let (CpuStorage::F64(v), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
-            candle_core::bail!("pipewise-lend-f64: not a contiguous f64 tensor")
-        };
-        if let Some(f) = self.0.borrow_mut().take() {
-            f(&mut v[a..b]);
-        }
-        Ok(())
-    }
-}
-
-/// As [`with_f32_mut`], for a contiguous f64 CPU tensor (accumulated gradients).
-pub(crate) fn with_f64_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f64]) -> R) -> Result<Option<R>> {
-    let on_path =
-        t.dtype() == DType::F64 && t.device().is_cpu() && t.layout().contiguous_offsets().is_some();
-    if !on_path {
-        return Ok(None);
-    }
-    let mut out = None;
-    let lend = Lend64(RefCell::new(Some(|s: &mut [f64]| out = Some(f(s)))));
-    t.inplace_op1(&lend)?;
-    drop(lend);
-    Ok(out)
 }
 
 /// A CPU f32 tensor of `shape` holding `v` (no copy).

@@ -11,8 +11,8 @@ impl Param {
     /// CPU, a new tensor elsewhere.
     pub(crate) fn accumulate(&mut self, g: &Tensor) -> Result<()> {
         if !crate::kernels::adamw::accumulate(&self.grad, g)? {
-            let g = g.to_dtype(DType::F32)?.to_dtype(GRAD_DTYPE)?;
-            self.grad = (&self.grad + g)?;
+            // Every model dtype widens to f64 exactly.
+            self.grad = (&self.grad + g.to_dtype(GRAD_DTYPE)?)?;
         }
         Ok(())
     }

@@ -86,17 +86,13 @@ impl Supervisor {
 
     /// Takes a report of the run.
     fn take(&mut self, mut run: Run, r: StepReport) -> Phase {
-        // Replica r's rank w is the run's worker r · d + w.
-        let i = (r.replica as usize)
-            .saturating_mul(run.out.workers.len())
-            .saturating_add(r.worker_index as usize);
-        if run.out.all().nth(i).is_none_or(|w| w.id != r.worker_id) {
+        let Some(i) = run.out.index_of(&r) else {
             self.out.push(Action::Warn(format!(
                 "report from a worker not in the job: {}",
                 r.worker_id
             )));
             return Phase::Running(Box::new(run));
-        }
+        };
         run.note_end(&r);
         if !r.error.is_empty() {
             let failure = Failure::of_report(i, r);

@@ -84,6 +84,18 @@ impl Out {
         self.all().cloned().collect()
     }
 
+    /// The run index of the worker that sent `r` (replica `r`'s rank `w` is worker
+    /// `r · d + w`), if it is that worker of the run.
+    pub(super) fn index_of(&self, r: &StepReport) -> Option<usize> {
+        let i = (r.replica as usize)
+            .saturating_mul(self.workers.len())
+            .saturating_add(r.worker_index as usize);
+        self.all()
+            .nth(i)
+            .is_some_and(|w| w.id == r.worker_id)
+            .then_some(i)
+    }
+
     /// The data-parallel replicas.
     pub(super) fn replicas(&self) -> usize {
         1 + self.others.len() / self.workers.len().max(1)
@@ -127,12 +139,9 @@ impl Run {
     /// Notes where worker `r` ended the run, if its report says it did: failed in step
     /// `r.step` (that many steps done), or done after it.
     pub(super) fn note_end(&mut self, r: &StepReport) {
-        let i = (r.replica as usize)
-            .saturating_mul(self.out.workers.len())
-            .saturating_add(r.worker_index as usize);
-        if self.out.all().nth(i).is_none_or(|w| w.id != r.worker_id) {
+        let Some(i) = self.out.index_of(r) else {
             return;
-        }
+        };
         if !r.error.is_empty() {
             self.ended.insert(i, r.step);
         } else if r.done {

@@ -58,6 +58,13 @@ pub struct Member {
     pub claimed: u64,
 }
 
+impl Member {
+    /// Whether job `job` may run on this worker: no job's, or `job`'s.
+    pub fn usable_by(&self, job: u64) -> bool {
+        self.claimed == 0 || self.claimed == job
+    }
+}
+
 /// What happens to a job's runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {

@@ -311,7 +311,7 @@ impl Supervisor {
     fn streaming(&self) -> Vec<Worker> {
         self.pool
             .values()
-            .filter(|m| m.streaming && (m.claimed == 0 || m.claimed == self.job))
+            .filter(|m| m.streaming && m.usable_by(self.job))
             .map(|m| m.worker.clone())
             .collect()
     }
@@ -342,11 +342,7 @@ impl Supervisor {
         // move's hand-over, another job took one): no one is coming back for it, so it
         // shrinks again onto what it can have (a survivor reopening its stream is waited
         // for).
-        let usable = self
-            .pool
-            .values()
-            .filter(|m| m.claimed == 0 || m.claimed == self.job)
-            .count();
+        let usable = self.pool.values().filter(|m| m.usable_by(self.job)).count();
         if self.replans > 0 && usable < d && !ready.is_empty() {
             self.end_trial();
             let (gone, how) = self
@@ -603,17 +599,12 @@ impl Supervisor {
         if d == 0 {
             return Err(self.finish(Err(Failure::NoSurvivors { lost: reason })));
         }
-        let with_replicas = |spec: &JobSpec| {
-            let mut spec = spec.clone();
-            spec.parallelism.data_parallel_replicate_degree = r;
-            spec
-        };
-        let spec = with_replicas(&self.spec);
+        let spec = self.spec.with_replicas(r);
         // Auto chooses again when the run starts; until then the job's own plan.
         let replanned = if spec.is_auto() {
             replan(&spec, d).map(|plan| (respec(&spec, d), plan))
         } else {
-            replan_after_loss(with_replicas(&self.current), &spec, d)
+            replan_after_loss(self.current.with_replicas(r), &spec, d)
         };
         match replanned {
             Ok((current, plan)) => (self.current, self.plan) = (current, plan),
@@ -721,10 +712,8 @@ fn survivor_shape(spec: &JobSpec, survivors: u32) -> (u32, u32) {
     if survivors < degree {
         return (survivors, 1);
     }
-    let mbs = spec.parallelism.pipeline_parallel_microbatch_size.max(1);
-    let r = (1..=spec.replicas().min(survivors / degree))
-        .rev()
-        .find(|r| spec.training.global_batch_size.is_multiple_of(mbs * r))
+    let r = spec
+        .splitting_replicas(1, spec.replicas().min(survivors / degree))
         .unwrap_or(1);
     (degree, r)
 }

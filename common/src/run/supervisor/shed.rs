@@ -98,15 +98,10 @@ impl Supervisor {
                     .all(|(i, w)| !run.done[i] && self.worker_gone(run, i, w).is_none())
             })
             .collect();
-        let spec = &self.current;
-        let mbs = spec.parallelism.pipeline_parallel_microbatch_size.max(1);
-        let n = (1..whole.len().min(r - 1) + 1).rev().find(|&n| {
-            spec.training
-                .global_batch_size
-                .is_multiple_of(mbs * n as u32)
-        })?;
-        let mut current = spec.clone();
-        current.parallelism.data_parallel_replicate_degree = n as u32;
+        let n = self
+            .current
+            .splitting_replicas(1, whole.len().min(r - 1) as u32)? as usize;
+        let current = self.current.with_replicas(n as u32);
         let plan = replan(&current, self.plan.schedule.num_workers()).ok()?;
         if plan.schedule.placement != self.plan.schedule.placement {
             return None;
@@ -236,8 +231,7 @@ impl Supervisor {
     /// The spec the runs follow with `replicas` data-parallel replicas, and its plan on the
     /// run's worker count (kept when that does not plan).
     pub(super) fn with_replicas(&mut self, replicas: u32) {
-        let mut current = self.current.clone();
-        current.parallelism.data_parallel_replicate_degree = replicas;
+        let current = self.current.with_replicas(replicas);
         if let Ok(plan) = replan(&current, self.plan.schedule.num_workers()) {
             (self.current, self.plan) = (current, plan);
         }
@@ -263,21 +257,10 @@ impl Supervisor {
             return;
         }
         run.grow_tried = live as usize;
-        let mbs = self
-            .current
-            .parallelism
-            .pipeline_parallel_microbatch_size
-            .max(1);
-        let global = self.current.training.global_batch_size;
-        let Some(replicas) = (had + 1..=want.min(live / d))
-            .rev()
-            .find(|&r| global.is_multiple_of(mbs * r))
-        else {
+        let Some(replicas) = self.current.splitting_replicas(had + 1, want.min(live / d)) else {
             return;
         };
-        let mut spec = self.current.clone();
-        spec.parallelism.data_parallel_replicate_degree = replicas;
-        if replan(&spec, d).map(|p| p.schedule.placement)
+        if replan(&self.current.with_replicas(replicas), d).map(|p| p.schedule.placement)
             != Ok(self.plan.schedule.placement.clone())
         {
             return;

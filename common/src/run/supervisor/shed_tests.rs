@@ -21,6 +21,14 @@ fn aborted(ws: &[Worker], i: usize, step: u64) -> Input {
     }))
 }
 
+/// Run index `i` (replica `i / 2`, rank `i % 2`) ended the run after step `step`: done.
+fn finished(ws: &[Worker], i: usize, step: u64) -> Input {
+    let Input::Report(r) = replica_report(ws, i / 2, i % 2, step) else {
+        unreachable!()
+    };
+    Input::Report(Box::new(StepReport { done: true, ..*r }))
+}
+
 /// The job on 2 replicas × 2 workers (`w0`..`w3`), every replica through step `through`.
 fn running(through: u64) -> (JobSpec, Vec<Worker>, Supervisor) {
     let spec = replicated();
@@ -207,14 +215,8 @@ fn a_worker_back_rebuilds_the_replica() {
     assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
     s.feed(1_300, replica_report(&ws, 0, 0, 3));
     s.feed(1_300, replica_report(&ws, 0, 1, 3));
-    let finished = |i: usize| {
-        let Input::Report(r) = replica_report(&ws, 0, i, 3) else {
-            unreachable!()
-        };
-        Input::Report(Box::new(StepReport { done: true, ..*r }))
-    };
-    assert_eq!(s.feed(1_400, finished(0)), []);
-    let acts = s.handle(1_410, finished(1));
+    assert_eq!(s.feed(1_400, finished(&ws, 0, 3)), []);
+    let acts = s.handle(1_410, finished(&ws, 1, 3));
     let reason = "workers joined (4 live); rebuilding from 1 to 2 replicas of 2 workers, the new \
                   ones copying their state from replica 0; going on after step 4 (no \
                   checkpoint loaded)";
@@ -286,13 +288,7 @@ fn a_refused_rebuild_goes_on_without_the_new_replica() {
     s.feed(1_250, replica_report(&ws, 0, 0, 3));
     s.feed(1_250, replica_report(&ws, 0, 1, 3));
     for i in 0..2 {
-        let Input::Report(r) = replica_report(&ws, 0, i, 3) else {
-            unreachable!()
-        };
-        s.handle(
-            1_300,
-            Input::Report(Box::new(StepReport { done: true, ..*r })),
-        );
+        s.handle(1_300, finished(&ws, i, 3));
     }
     let acts = s.handle(1_400, Input::ClaimAnswer(Err("w3 is job 2's".into())));
     assert_eq!(
