@@ -42,6 +42,12 @@ pub enum Activity {
     },
     /// The end-of-step gradient-norm and loss all-reduce and the optimizer step.
     Sync,
+    /// Summing stage `stage`'s gradients over the job's data-parallel replicas: started
+    /// when the stage's last gradient pass of the step ends, beside the passes still to run.
+    AllReduce {
+        /// The stage whose gradients are summed.
+        stage: u32,
+    },
 }
 
 /// One recorded span of a worker's step.

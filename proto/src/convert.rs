@@ -106,16 +106,18 @@ pub fn program_from_proto(program: Vec<v1::Pass>) -> Result<Vec<Pass>, ConvertEr
 
 impl From<&Span> for v1::TraceSpan {
     fn from(span: &Span) -> Self {
-        let (kind, pass, peer) = match span.activity {
-            Activity::Pass(p) => (v1::SpanKind::Pass, Some(p.into()), 0),
-            Activity::Recv { pass, peer } => (v1::SpanKind::Recv, Some(pass.into()), peer),
-            Activity::Send { pass, peer } => (v1::SpanKind::Send, Some(pass.into()), peer),
-            Activity::Sync => (v1::SpanKind::Sync, None, 0),
+        let (kind, pass, peer, stage) = match span.activity {
+            Activity::Pass(p) => (v1::SpanKind::Pass, Some(p.into()), 0, 0),
+            Activity::Recv { pass, peer } => (v1::SpanKind::Recv, Some(pass.into()), peer, 0),
+            Activity::Send { pass, peer } => (v1::SpanKind::Send, Some(pass.into()), peer, 0),
+            Activity::Sync => (v1::SpanKind::Sync, None, 0, 0),
+            Activity::AllReduce { stage } => (v1::SpanKind::AllReduce, None, 0, stage),
         };
         v1::TraceSpan {
             kind: kind as i32,
             pass,
             peer,
+            stage,
             start: span.start,
             end: span.end,
         }
@@ -143,6 +145,7 @@ impl TryFrom<v1::TraceSpan> for Span {
                 peer: span.peer,
             },
             Ok(v1::SpanKind::Sync) => Activity::Sync,
+            Ok(v1::SpanKind::AllReduce) => Activity::AllReduce { stage: span.stage },
             Ok(v1::SpanKind::Unspecified) => {
                 return Err(ConvertError::Unspecified {
                     field: "TraceSpan.kind",
@@ -415,6 +418,11 @@ mod tests {
                 activity: Activity::Sync,
                 start: 4.0,
                 end: 5.0,
+            },
+            Span {
+                activity: Activity::AllReduce { stage: 6 },
+                start: 3.5,
+                end: 4.5,
             },
         ];
         for span in spans {

@@ -17,6 +17,7 @@
 //! as idle as the measured bubble does. A prediction uses only the steps observed so far:
 //! the supervisor predicts step `k` when step `k − 1` completes.
 
+mod all_reduce;
 mod fit;
 mod hop;
 mod measured;
@@ -31,7 +32,7 @@ use crate::model::ModelSpec;
 use crate::pass::PassKind;
 use crate::run::worker::{StepReport, Worker};
 use crate::schedule::Schedule;
-use crate::simulate::simulate;
+use crate::simulate::{Simulation, simulate};
 use crate::trace::Activity;
 
 use fit::{Row, UNKNOWNS, fit};
@@ -113,6 +114,11 @@ pub struct CostModel {
     sync: Mean,
     /// Seconds per byte of a hop, fitted to every step's makespan ([`hop`]).
     secs_per_byte: Mean,
+    /// Data-parallel replicas of the plans predicted (above 1: every stage's gradients are
+    /// summed over them beside the passes, [`all_reduce`]).
+    replicas: u32,
+    /// Seconds per gradient value summed over the replicas ([`all_reduce`]).
+    secs_per_value: Mean,
     /// The fit to the samples: costs, factors (one per worker); `None` before any.
     fitted: Option<([f64; UNKNOWNS], Vec<f64>)>,
     /// After a [`CostModel::forget`], the latest fitted costs: every later fit starts from
@@ -135,11 +141,19 @@ impl CostModel {
             samples: BTreeMap::new(),
             sync: Mean::default(),
             secs_per_byte: Mean::default(),
+            replicas: 1,
+            secs_per_value: Mean::default(),
             fitted: None,
             held: None,
             warming: false,
             steps: 0,
         }
+    }
+
+    /// Predicts plans of `replicas` data-parallel replicas from now on (their gradient
+    /// sums in each step).
+    pub fn set_replicas(&mut self, replicas: u32) {
+        self.replicas = replicas.max(1);
     }
 
     /// Steps observed so far.
@@ -258,6 +272,7 @@ impl CostModel {
         self.samples.clear();
         self.sync = Mean::default();
         self.secs_per_byte = Mean::default();
+        self.secs_per_value = Mean::default();
         self.held = self.fitted.take().map(|(costs, _)| costs);
     }
 
@@ -332,11 +347,21 @@ impl CostModel {
                 sync = sync.min(synced);
             }
         }
+        let values = all_reduce::stage_values(&self.model, ranges);
+        let sums = all_reduce::observed(reports, &values);
         // The worker that reached the sync last waited least in it: its sync is the cost.
         if sync.is_finite() {
             self.sync.add(sync, warming);
             let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
-            if let Some(hop) = hop::fitted_hop(schedule, reports, wall - sync) {
+            // With replicas the passes end before the sums past them do.
+            let passes = match sums {
+                Some((per_value, passes)) => {
+                    self.secs_per_value.add(per_value, warming);
+                    passes
+                }
+                None => wall - sync,
+            };
+            if let Some(hop) = hop::fitted_hop(schedule, reports, passes) {
                 self.secs_per_byte
                     .add(hop / self.frame_bytes() as f64, warming);
             }
@@ -429,6 +454,36 @@ impl CostModel {
             * m.dtype.bytes()
     }
 
+    /// Seconds from the step's start to the end of its passes and of the replicas' gradient
+    /// sums beside them (without replicas: the makespan of `sim`).
+    pub fn passes_and_sums(
+        &self,
+        sim: &Simulation,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+    ) -> f64 {
+        if self.replicas <= 1 {
+            return sim.makespan;
+        }
+        let values = all_reduce::stage_values(&self.model, ranges);
+        let per_value = self
+            .secs_per_value
+            .get()
+            .unwrap_or(all_reduce::DEFAULT_SECS_PER_VALUE);
+        let sums = all_reduce::sums_end(sim, &schedule.placement, &values, per_value);
+        sim.makespan.max(sums)
+    }
+
+    /// The hop of one activation frame fitted so far (seconds; `None` before any).
+    pub fn hop_secs(&self) -> Option<f64> {
+        Some(self.frame_bytes() as f64 * self.secs_per_byte.get()?)
+    }
+
+    /// The end-of-step sync measured so far (seconds; 0 before any).
+    pub fn sync_secs(&self) -> f64 {
+        self.sync.get().unwrap_or(0.0)
+    }
+
     /// The predicted step time and bubble of `schedule` on `ranges` run by `workers`.
     pub fn predict(
         &mut self,
@@ -438,7 +493,7 @@ impl CostModel {
     ) -> Option<Prediction> {
         let (costs, sync) = self.costs(schedule, ranges, workers)?;
         let sim = simulate(schedule, &costs).ok()?;
-        let step_secs = sim.makespan + sync;
+        let step_secs = self.passes_and_sums(&sim, schedule, ranges) + sync;
         let d = sim.busy.len() as f64;
         let bubble = if step_secs > 0.0 {
             1.0 - sim.busy.iter().sum::<f64>() / (d * step_secs)

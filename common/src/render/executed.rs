@@ -35,6 +35,7 @@ const FONT: &str = "Helvetica, Arial, sans-serif";
 const WAIT: &str = "#d62728";
 const SEND: &str = "#ff9f1c";
 const SYNC: &str = "#7f7f7f";
+const ALL_REDUCE: &str = "#9467bd";
 
 /// Name, category and arguments of a span in the Chrome trace.
 fn describe(activity: &Activity) -> (String, &'static str, Value) {
@@ -55,6 +56,11 @@ fn describe(activity: &Activity) -> (String, &'static str, Value) {
             json!({"pass": pass.to_string(), "to": peer}),
         ),
         Activity::Sync => ("sync + optimizer".into(), "sync", json!({})),
+        Activity::AllReduce { stage } => (
+            format!("all-reduce stage {stage} over replicas"),
+            "all-reduce",
+            json!({"stage": stage}),
+        ),
     }
 }
 
@@ -211,11 +217,19 @@ pub fn svg(schedule: &Schedule, sims: Simulated<'_>, trace: &StepTrace) -> Strin
         r##"<text x="{LEFT}" y="24" font-size="16" font-weight="bold" fill="#1b1b1b">{}</text>"##,
         escape(&title)
     );
-    let legend = [
+    let mut legend = vec![
         (WAIT, "waiting for a peer's frame"),
         (SEND, "handing a frame to the transport"),
         (SYNC, "end-of-step all-reduce + optimizer"),
     ];
+    let replicated = trace
+        .workers
+        .iter()
+        .flatten()
+        .any(|s| matches!(s.activity, Activity::AllReduce { .. }));
+    if replicated {
+        legend.push((ALL_REDUCE, "gradient sum over replicas"));
+    }
     for (i, (colour, text)) in legend.into_iter().enumerate() {
         let lx = LEFT + 270.0 * i as f64;
         let _ = writeln!(
@@ -318,6 +332,8 @@ fn mark(out: &mut String, s: &Span, y: f64, x0: f64, x1: f64, title: &str) {
     let (class, colour, dy, h) = match s.activity {
         Activity::Recv { .. } => ("wait", WAIT, ROW * 0.6, ROW * 0.4),
         Activity::Send { .. } => ("send", SEND, 0.0, ROW * 0.3),
+        // Beside the passes: a thin band along the row's top edge.
+        Activity::AllReduce { .. } => ("all-reduce", ALL_REDUCE, 0.0, ROW * 0.15),
         _ => ("sync", SYNC, ROW * 0.25, ROW * 0.5),
     };
     let _ = writeln!(

@@ -346,6 +346,9 @@ impl EmulatedCompute {
             spec.compute.times_secs(),
         )?;
         rt.set_timeout(config.timeout);
+        if a.replica.count > 1 {
+            rt.set_replica(a.replica)?;
+        }
         Ok(EmulatedCompute {
             rt,
             unplanned_bytes: config.unplanned_bytes,

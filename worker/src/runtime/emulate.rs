@@ -26,7 +26,9 @@
 //! [`JobPlan::predicted_peak_bytes`](pipewise_common::job::JobPlan::predicted_peak_bytes)),
 //! `loss` is `None` (nothing is learned; the last stage contributes `ln(vocab)`, the loss of
 //! a uniform guess, to the loss collective so that it has something to average) and
-//! `grad_norm` is 0.
+//! `grad_norm` is 0. A worker of a job with data-parallel replicas sums each stage's
+//! gradients over them as real compute does, with zeros of the stage's true size: the
+//! all-reduce's bytes and waits are real.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -41,7 +43,7 @@ use pipewise_common::{Costs, Times};
 
 use super::local::{LocalOptions, LocalSync};
 use super::program::{WorkerProgram, check_partition, schedule_program};
-use super::step::{Passes, StepReport, StepSync, run_passes};
+use super::step::{Passes, Replica, StepReport, StepSync, run_passes};
 use super::transport::{Buffer, MemoryTransport, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::candle_dtype;
@@ -82,6 +84,11 @@ pub struct EmulatedRuntime {
     frame_dims: [usize; 3],
     dtype: DType,
     uniform_loss: f32,
+    /// This worker's data-parallel replica.
+    replica: Replica,
+    /// Parameters of each stage (only this worker's are used): the gradient values a
+    /// replica's sum moves.
+    params: Vec<u64>,
 }
 
 impl EmulatedRuntime {
@@ -135,6 +142,10 @@ impl EmulatedRuntime {
             .iter()
             .map(|r| spec.range_activation_bytes(r.clone(), microbatch_size))
             .collect();
+        let params = partition
+            .iter()
+            .map(|r| spec.range_params(r.clone()))
+            .collect();
         Ok(Self {
             program,
             costs,
@@ -146,7 +157,26 @@ impl EmulatedRuntime {
             ],
             dtype: candle_dtype(spec.dtype),
             uniform_loss: (spec.vocab.max(1) as f32).ln(),
+            replica: Replica::default(),
+            params,
         })
+    }
+
+    /// Makes this worker `replica`'s: each stage's gradients (zeros, as many values as the
+    /// real stage has parameters) are summed over the replicas every step, as real
+    /// compute's are.
+    pub fn set_replica(&mut self, replica: Replica) -> Result<()> {
+        if replica.count == 0 || replica.index >= replica.count {
+            return Err(Error::invalid(
+                "replicas",
+                format!(
+                    "replica {} of {}: the index must be below the count",
+                    replica.index, replica.count
+                ),
+            ));
+        }
+        self.replica = replica;
+        Ok(())
     }
 
     /// Sets how long to wait for a frame.
@@ -257,6 +287,20 @@ impl Passes for EmulatedPasses<'_> {
 
     fn stash_bytes(&self) -> u64 {
         u64::try_from(self.stash).unwrap_or(0)
+    }
+
+    fn replica(&self) -> Replica {
+        self.rt.replica
+    }
+
+    fn stages(&self) -> Vec<u32> {
+        let rt = self.rt;
+        rt.program.placement.stages_of(rt.program.worker)
+    }
+
+    fn stage_grads(&mut self, stage: u32) -> Result<Vec<f64>> {
+        let params = self.rt.params.get(stage as usize).copied().unwrap_or(0);
+        Ok(vec![0.0; params as usize])
     }
 
     fn grad_sq_norm(&self) -> Result<f64> {

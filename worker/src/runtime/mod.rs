@@ -18,8 +18,10 @@
 //! - `exchange`: a pass's input and output between stages (kept in memory when both stages
 //!   are on the worker, else through the transport); `recorder`: what happened when;
 //!   `core_wait`: how much of the waiting was for a core; `program`: the checks of a
-//!   worker's program and partition.
+//!   worker's program and partition; `all_reduce`: the replicas' gradient sums beside the
+//!   passes.
 
+mod all_reduce;
 mod core_wait;
 pub mod emulate;
 mod exchange;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use pipewise_common::pass::{Pass, PassKind};
 
-use super::step::{Passes, Replica, ReplicaPart, StepSync};
+use super::step::{Passes, Replica};
 use super::transport::Payload;
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -107,21 +107,20 @@ impl Passes for RealPasses<'_> {
         self.stages.values().map(Stage::stash_bytes).sum()
     }
 
-    fn reduce_replicas(&mut self, sync: &dyn StepSync, step: u64) -> Result<()> {
-        if self.replica.count <= 1 {
-            return Ok(());
-        }
-        for (&s, stage) in self.stages.iter_mut() {
-            let mut grads = stage.flat_grads()?;
-            let part = ReplicaPart {
-                step,
-                stage: s,
-                replica: self.replica.index,
-            };
-            sync.all_reduce_replicas(part, &mut grads)?;
-            stage.set_flat_grads(&grads)?;
-        }
-        Ok(())
+    fn replica(&self) -> Replica {
+        self.replica
+    }
+
+    fn stages(&self) -> Vec<u32> {
+        self.stages.keys().copied().collect()
+    }
+
+    fn stage_grads(&mut self, stage: u32) -> Result<Vec<f64>> {
+        self.stage(stage)?.flat_grads()
+    }
+
+    fn set_stage_grads(&mut self, stage: u32, grads: &[f64]) -> Result<()> {
+        self.stage_mut(stage)?.set_flat_grads(grads)
     }
 
     fn grad_sq_norm(&self) -> Result<f64> {

@@ -120,7 +120,7 @@ pub(super) fn run_side_by_side(
         busy_secs: busy,
         peak,
     };
-    end_step(p, sync, step, done, rec, started)
+    end_step(p, sync, step, done, rec, started, Vec::new())
 }
 
 /// Each pass's time and span as the program names it: a `B` and `W` the program runs as

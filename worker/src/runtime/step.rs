@@ -11,6 +11,7 @@ use candle_core::DType;
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::trace::{Activity, Span};
 
+use super::all_reduce::{Reduced, Reducer, last_gradient_passes};
 use super::exchange::{Input, Local};
 use super::program::WorkerProgram;
 use super::recorder::Recorder;
@@ -163,9 +164,26 @@ pub(crate) trait Passes {
     /// Bytes stashed for pending `B` and `W` passes now.
     fn stash_bytes(&self) -> u64;
 
-    /// Sums this worker's gradients over the job's data-parallel replicas through `sync`
-    /// (none: nothing to do).
-    fn reduce_replicas(&mut self, _sync: &dyn StepSync, _step: u64) -> Result<()> {
+    /// This worker's data-parallel replica (a count of 1: no gradient sums).
+    fn replica(&self) -> Replica {
+        Replica::default()
+    }
+
+    /// The stages whose gradients this worker sums over the replicas.
+    fn stages(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
+    /// Stage `stage`'s gradients of the step, every parameter flattened in order.
+    fn stage_grads(&mut self, stage: u32) -> Result<Vec<f64>> {
+        Err(Error::invalid(
+            "replicas",
+            format!("stage {stage}: these passes have no gradients to sum"),
+        ))
+    }
+
+    /// Sets stage `stage`'s gradients to `grads` (their sum over the replicas).
+    fn set_stage_grads(&mut self, _stage: u32, _grads: &[f64]) -> Result<()> {
         Ok(())
     }
 
@@ -188,16 +206,51 @@ pub(crate) fn run_passes<P: Passes>(
     sync: &dyn StepSync,
     started: Instant,
 ) -> Result<StepReport> {
+    let replica = passes.replica();
+    if replica.count <= 1 {
+        return pass_loop(passes, program, (job, step), transport, sync, started, None);
+    }
+    // The stages' gradient sums run beside the passes still to come.
+    std::thread::scope(|scope| {
+        let reducer = Reducer::start(scope, sync, step, replica);
+        pass_loop(
+            passes,
+            program,
+            (job, step),
+            transport,
+            sync,
+            started,
+            Some(reducer),
+        )
+    })
+}
+
+/// [`run_passes`]'s loop, handing each stage's final gradients to `reducer` when given.
+fn pass_loop<P: Passes>(
+    passes: &mut P,
+    program: &WorkerProgram,
+    (job, step): (u64, u64),
+    transport: &dyn Transport,
+    sync: &dyn StepSync,
+    started: Instant,
+    reducer: Option<Reducer<'_>>,
+) -> Result<StepReport> {
     let link = program.link(transport, job, step);
     let worker = program.worker;
     let last = program.placement.stages() - 1;
     let program = &program.passes;
+    let mut finals = match reducer {
+        Some(_) => last_gradient_passes(program),
+        None => Vec::new(),
+    }
+    .into_iter()
+    .peekable();
     let mut local: Local<P::Value> = HashMap::new();
     let mut rec = Recorder::start(started, 2 * program.len() + 1);
     let mut losses: Vec<(u32, f32)> = Vec::new();
     let mut pass_times = Vec::with_capacity(program.len());
     let mut peak = passes.stash_bytes();
-    for &pass in program {
+    for (i, &pass) in program.iter().enumerate() {
         let (s, mb) = (pass.stage, pass.mb);
         passes.check_order(pass)?;
         let input_kind = match pass.kind {
@@ -240,6 +293,11 @@ pub(crate) fn run_passes<P: Passes>(
             link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
         }
         peak = peak.max(passes.stash_bytes());
+        if let Some(reducer) = &reducer
+            && let Some((_, s)) = finals.next_if(|&(at, _)| at == i)
+        {
+            reducer.sum(s, passes.stage_grads(s)?);
+        }
     }
     if let Some(&(s, mb, kind)) = local.keys().next() {
         return Err(Error::invalid(
@@ -254,7 +312,11 @@ pub(crate) fn run_passes<P: Passes>(
         busy_secs,
         peak,
     };
-    end_step(passes, sync, step, ran, rec, started)
+    let reduced = match reducer {
+        Some(reducer) => reducer.finish()?,
+        None => Vec::new(),
+    };
+    end_step(passes, sync, step, ran, rec, started, reduced)
 }
 
 /// What a step's passes did, for [`end_step`].
@@ -269,8 +331,9 @@ pub(crate) struct PassesDone {
     pub(crate) peak: u64,
 }
 
-/// Ends step `step` after its passes: the global-norm clipped optimizer step and the mean
-/// loss through `sync`, and the report.
+/// Ends step `step` after its passes: the replicas' gradient sums not `reduced` beside the
+/// passes, the global-norm clipped optimizer step and the mean loss through `sync`, and the
+/// report.
 pub(crate) fn end_step<P: Passes>(
     passes: &mut P,
     sync: &dyn StepSync,
@@ -278,10 +341,37 @@ pub(crate) fn end_step<P: Passes>(
     mut ran: PassesDone,
     mut rec: Recorder,
     started: Instant,
+    mut reduced: Vec<Reduced>,
 ) -> Result<StepReport> {
+    let replica = passes.replica();
+    if replica.count > 1 {
+        for stage in passes.stages() {
+            if reduced.iter().any(|r| r.stage == stage) {
+                continue;
+            }
+            let mut grads = passes.stage_grads(stage)?;
+            let started = Instant::now();
+            let part = ReplicaPart {
+                step,
+                stage,
+                replica: replica.index,
+            };
+            sync.all_reduce_replicas(part, &mut grads)?;
+            reduced.push(Reduced {
+                stage,
+                grads,
+                started,
+                ended: Instant::now(),
+            });
+        }
+    }
+    for r in reduced {
+        passes.set_stage_grads(r.stage, &r.grads)?;
+        let activity = Activity::AllReduce { stage: r.stage };
+        rec.span_between(activity, r.started, r.ended);
+    }
     // Global-norm clipping: every stage of every worker scales by the same factor.
     let sync_started = Instant::now();
-    passes.reduce_replicas(sync, step)?;
     let local_sq = passes.grad_sq_norm()?;
     let mark = rec.core_wait.mark();
     let global_sq = sync.all_reduce_sq_norm(step, local_sq)?;

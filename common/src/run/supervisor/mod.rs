@@ -667,9 +667,11 @@ impl Supervisor {
 
 /// The plan a step of `plan` on `ranges` (pieces per stage) by `workers` is shown with:
 /// for real compute, the schedule simulated with the job's cost model as it stands (costs
-/// of the steps observed so far); for emulated compute (and before any prediction), the
-/// schedule simulated under [`JobSpec::planning_times`]: its bubble, and for emulated compute
-/// the makespan under the `[compute]` times.
+/// of the steps observed so far); for emulated compute, the schedule simulated under the
+/// `[compute]` times, with the hop, the replicas' gradient sums and the end-of-step sync
+/// the cost model measured so far; before any prediction of real compute, the schedule under
+/// [`JobSpec::planning_times`] (its bubble only). Waits, sums past the passes and the sync
+/// count as idle, as they do in the measured bubble.
 pub fn shown(
     spec: &JobSpec,
     plan: &JobPlan,
@@ -677,7 +679,11 @@ pub fn shown(
     workers: &[Worker],
     costs: &mut CostModel,
 ) -> Shown {
-    if !spec.compute.is_emulated()
+    costs.set_replicas(spec.replicas());
+    let emulated = spec.compute.is_emulated();
+    // Emulated passes, once measured, are planned as real ones are: their sleeps overshoot
+    // a little on a loaded machine, and the fit finds that as it finds a slow core.
+    if (!emulated || costs.calibrated())
         && let Some(p) = costs.predict(&plan.schedule, ranges, workers)
     {
         return Shown {
@@ -687,14 +693,31 @@ pub fn shown(
         };
     }
     let times = spec.planning_times();
-    let costs = Costs::uniform(&plan.schedule.placement, times);
-    match costs.and_then(|c| Ok((simulate(&plan.schedule, &c)?, c))) {
-        // Emulated passes take their planning times in units of `f_ms`.
-        Ok((sim, c)) if spec.compute.is_emulated() => Shown {
-            bubble: sim.bubble,
-            step_ms: sim.makespan * spec.compute.f_ms,
-            costs: Some(Arc::new(c.scaled(spec.compute.f_ms * 1e-3))),
-        },
+    let hop = costs.hop_secs().unwrap_or(0.0);
+    let costs_of = |c: Costs| {
+        if emulated {
+            Costs {
+                comm: hop,
+                ..c.scaled(spec.compute.f_ms * 1e-3)
+            }
+        } else {
+            c
+        }
+    };
+    let simulated = Costs::uniform(&plan.schedule.placement, times)
+        .map(costs_of)
+        .and_then(|c| Ok((simulate(&plan.schedule, &c)?, c)));
+    match simulated {
+        Ok((sim, c)) if emulated => {
+            let step = costs.passes_and_sums(&sim, &plan.schedule, ranges) + costs.sync_secs();
+            let busy: f64 = sim.busy.iter().sum();
+            let idle = 1.0 - busy / (sim.busy.len().max(1) as f64 * step);
+            Shown {
+                bubble: if step > 0.0 { idle } else { 0.0 },
+                step_ms: step * 1e3,
+                costs: Some(Arc::new(c)),
+            }
+        }
         Ok((sim, _)) => Shown {
             bubble: sim.bubble,
             step_ms: 0.0,
