@@ -81,7 +81,8 @@ pub(crate) enum Command {
     /// on the costs known before the step, process 2 re-simulated with the
     /// step's own pass times, process 1 executed, one thread per worker)
     /// and OUT/step-K.svg (the three on one time axis; waits for peers red,
-    /// sends orange, end-of-step sync grey).
+    /// sends orange, end-of-step sync grey, gradient sums over replicas
+    /// purple).
     #[command(verbatim_doc_comment)]
     Trace(crate::trace::TraceArgs),
     /// Write a CA and coordinator / worker certificates for TLS (tests, small clusters).

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use pipewise_common::auto::{
-    AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, Fixed, auto_plan,
+    AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, Fixed, Replicas, auto_plan,
 };
 use pipewise_common::model::{DType, ModelSpec};
 use pipewise_common::{Costs, StageCost, simulate};
@@ -35,6 +35,7 @@ fn request(memory: u64, top: usize) -> AutoRequest {
         top,
         measured: None,
         fixed: Fixed::default(),
+        replicas: Replicas::default(),
     }
 }
 
@@ -226,6 +227,7 @@ fn nothing_fits_names_the_exact_smallest_budget() {
         top: 3,
         measured: None,
         fixed: Fixed::default(),
+        replicas: Replicas::default(),
     };
     let needs = |memory: u64| {
         let err = auto_plan(&request(memory)).unwrap_err().to_string();

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use pipewise_common::auto::{
-    AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, LayerTimes, Rejected, Why, auto_plan,
-    partition_summary,
+    AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, DEFAULT_SUM_MS_PER_VALUE, LayerTimes,
+    Rejected, Replicas, Why, auto_plan, partition_summary,
 };
 use pipewise_common::model::{DType, ModelSpec};
 
@@ -88,6 +88,22 @@ pub(crate) struct AutoArgs {
           verbatim_doc_comment)]
     pub(crate) layer_times: Option<LayerTimes>,
 
+    /// Data-parallel replicas (--auto): R copies of a pipeline of
+    /// --workers / R workers, each taking 1/R of --global-batch, their
+    /// gradients summed stage by stage beside the drain; or `auto`, to
+    /// weigh every R dividing --workers and --global-batch [default: 1].
+    #[arg(long, value_name = "R|auto", value_parser = parse_replicas,
+          verbatim_doc_comment)]
+    pub(crate) replicas: Option<ReplicasArg>,
+
+    /// Nanoseconds per gradient value summed over the replicas, sent
+    /// and summed back (--auto with --replicas) [default: 16, 8 bytes
+    /// each way at 1 GB/s]. A run's trace shows what its sums took
+    /// (the all-reduce spans over the stage's parameters).
+    #[arg(long, value_name = "NS", value_parser = parse_ns,
+          verbatim_doc_comment)]
+    pub(crate) all_reduce_ns: Option<f64>,
+
     /// How many of the fitting plans to show (--auto) [default: 5].
     #[arg(long, value_name = "K",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -114,10 +130,44 @@ impl AutoArgs {
             ("--memory-per-worker", self.memory_per_worker.is_some()),
             ("--layer-times", self.layer_times.is_some()),
             ("--top", self.top.is_some()),
+            ("--replicas", self.replicas.is_some()),
+            ("--all-reduce-ns", self.all_reduce_ns.is_some()),
         ]
         .into_iter()
         .filter_map(|(flag, given)| given.then_some(flag))
         .collect()
+    }
+}
+
+/// `--replicas`: a count, or every count the workers and the batch allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplicasArg {
+    Count(u32),
+    Auto,
+}
+
+/// Parses `--all-reduce-ns NS`: finite and ≥ 0.
+fn parse_ns(text: &str) -> std::result::Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(ns) if ns.is_finite() && ns >= 0.0 => Ok(ns),
+        _ => Err(format!(
+            "{:?} is not a number of nanoseconds ≥ 0",
+            text.trim()
+        )),
+    }
+}
+
+/// Parses `--replicas R|auto`.
+fn parse_replicas(text: &str) -> std::result::Result<ReplicasArg, String> {
+    match text.trim() {
+        "auto" => Ok(ReplicasArg::Auto),
+        n => match n.parse::<u32>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{n:?} is neither `auto` nor a whole number from 1 to {}",
+                u32::MAX
+            )),
+            Ok(r) => Ok(ReplicasArg::Count(r)),
+        },
     }
 }
 
@@ -185,6 +235,12 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
     if memory < 1.0 || memory > u64::MAX as f64 {
         bail!("--memory-per-worker: {memory} bytes is out of range");
     }
+    // --workers counts every worker; a fixed R plans pipelines of workers / R.
+    let (workers, count) = match args.replicas.unwrap_or(ReplicasArg::Count(1)) {
+        ReplicasArg::Auto => (workers, None),
+        ReplicasArg::Count(r) if workers.is_multiple_of(r) => (workers / r, Some(r)),
+        ReplicasArg::Count(r) => bail!("--replicas: {r} replicas do not divide {workers} workers"),
+    };
     Ok(AutoRequest {
         spec: ModelSpec {
             vocab: args.vocab.unwrap_or(DEFAULT_VOCAB),
@@ -202,6 +258,12 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
         top: args.top.unwrap_or(DEFAULT_TOP) as usize,
         measured: None,
         fixed: Default::default(),
+        replicas: Replicas {
+            count,
+            sum_ms_per_value: args
+                .all_reduce_ns
+                .map_or(DEFAULT_SUM_MS_PER_VALUE, |ns| ns * 1e-6),
+        },
     })
 }
 
@@ -247,8 +309,13 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
     );
     let _ = writeln!(
         out,
-        "  {} workers, global batch {} ({} tokens per step), budget {} GiB ({} bytes) per worker, comm {} ms",
-        req.workers,
+        "  {} workers{}, global batch {} ({} tokens per step), budget {} GiB ({} bytes) per worker, comm {} ms",
+        req.workers * req.replicas.count.unwrap_or(1),
+        match req.replicas.count {
+            Some(1) => String::new(),
+            Some(r) => format!(" ({r} replicas of {})", req.workers),
+            None => " (every replica count weighed)".into(),
+        },
         req.global_batch,
         plan.tokens_per_step,
         gib(plan.memory_per_worker),
@@ -278,13 +345,15 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
         plan.ranked.len() + plan.rejected.len(),
         plan.ranked.len()
     );
-    let rows: Vec<[String; 8]> = plan
+    // A column of replicas × pipeline workers where replicas were asked for.
+    let shapes = req.replicas.count != Some(1);
+    let rows: Vec<Vec<String>> = plan
         .ranked
         .iter()
         .enumerate()
-        .map(|(i, c)| row(i, c, s, plan))
+        .map(|(i, c)| row(i, c, s, plan, shapes))
         .collect();
-    let header = [
+    let mut header = vec![
         "rank",
         "schedule",
         "mbs×n",
@@ -294,6 +363,11 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
         "bubble",
         "max worker GiB",
     ];
+    if shapes {
+        header.insert(1, "R×d");
+    }
+    // Text columns (left-aligned): schedule, mbs×n and stages.
+    let text = if shapes { 2..=4 } else { 1..=3 };
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
@@ -305,7 +379,7 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
         for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
             let pad = w - cell.chars().count();
             // Text columns left-aligned, numbers right-aligned.
-            if (1..=3).contains(&i) {
+            if text.contains(&i) {
                 l.push_str(cell);
                 l.push_str(&" ".repeat(pad));
             } else {
@@ -316,7 +390,8 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
         }
         l.trim_end().to_string()
     };
-    let _ = writeln!(out, "{}", line(&header.map(String::from)));
+    let header: Vec<String> = header.into_iter().map(String::from).collect();
+    let _ = writeln!(out, "{}", line(&header));
     for r in &rows {
         let _ = writeln!(out, "{}", line(r));
     }
@@ -327,8 +402,8 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
     out
 }
 
-fn row(i: usize, c: &Candidate, spec: &ModelSpec, plan: &AutoPlan) -> [String; 8] {
-    [
+fn row(i: usize, c: &Candidate, spec: &ModelSpec, plan: &AutoPlan, shapes: bool) -> Vec<String> {
+    let mut cells = vec![
         (i + 1).to_string(),
         c.kind.name().to_string(),
         format!("{}×{}", c.microbatch_size, c.microbatches),
@@ -341,7 +416,11 @@ fn row(i: usize, c: &Candidate, spec: &ModelSpec, plan: &AutoPlan) -> [String; 8
             gib(c.max_worker_bytes),
             gib(plan.memory_per_worker)
         ),
-    ]
+    ];
+    if shapes {
+        cells.insert(1, format!("{}×{}", c.replicas, c.degree()));
+    }
+    cells
 }
 
 fn rejected_section(out: &mut String, plan: &AutoPlan) {

@@ -34,8 +34,11 @@ pub struct Candidate {
     pub kind: ScheduleKind,
     /// Sequences per microbatch.
     pub microbatch_size: u32,
-    /// Microbatches per step.
+    /// Microbatches per step (of one replica).
     pub microbatches: u32,
+    /// Data-parallel replicas of the pipeline (each on its own workers, each taking
+    /// `microbatches` microbatches of every step).
+    pub replicas: u32,
     /// Piece index ranges (into [`ModelSpec::pieces`]) of every stage, in stage order.
     pub partition: Vec<Range<usize>>,
     /// The worker holding each stage.
@@ -43,7 +46,8 @@ pub struct Candidate {
     /// Per-stage costs the schedule was planned and simulated with (times in ms, memory in
     /// bytes per microbatch).
     pub stage_costs: Vec<StageCost>,
-    /// Predicted step time (simulated makespan), in milliseconds.
+    /// Predicted step time (simulated makespan, or the end of the replicas' gradient sums
+    /// when later), in milliseconds.
     pub step_ms: f64,
     /// Bubble rate `1 − Σ busy / (d × step)`.
     pub bubble: f64,
@@ -69,14 +73,27 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// `kind b×n`, e.g. `zb-h1 2×16`.
+    /// `kind b×n`, e.g. `zb-h1 2×16`, and `R× kind b×n` with replicas (`2× zb-h1 2×8`).
     pub fn label(&self) -> String {
-        label(self.kind, self.microbatch_size, self.microbatches)
+        label(
+            self.kind,
+            self.microbatch_size,
+            self.microbatches,
+            self.replicas,
+        )
+    }
+
+    /// Pipeline workers of one replica.
+    pub fn degree(&self) -> u32 {
+        self.schedule.placement.workers()
     }
 }
 
-fn label(kind: ScheduleKind, mbs: u32, n: u32) -> String {
-    format!("{} {mbs}×{n}", kind.name())
+fn label(kind: ScheduleKind, mbs: u32, n: u32, replicas: u32) -> String {
+    match replicas {
+        0 | 1 => format!("{} {mbs}×{n}", kind.name()),
+        r => format!("{r}× {} {mbs}×{n}", kind.name()),
+    }
 }
 
 /// Why a configuration is not among the ranked plans.
@@ -99,8 +116,10 @@ pub struct Rejected {
     pub kind: ScheduleKind,
     /// Sequences per microbatch.
     pub microbatch_size: u32,
-    /// Microbatches per step.
+    /// Microbatches per step (of one replica).
     pub microbatches: u32,
+    /// Data-parallel replicas.
+    pub replicas: u32,
     /// The class of reason.
     pub why: Why,
     /// The reason in words.
@@ -114,9 +133,14 @@ pub struct Rejected {
 }
 
 impl Rejected {
-    /// `kind b×n`, e.g. `zb-h1 2×16`.
+    /// `kind b×n` (`R× kind b×n` with replicas), as [`Candidate::label`].
     pub fn label(&self) -> String {
-        label(self.kind, self.microbatch_size, self.microbatches)
+        label(
+            self.kind,
+            self.microbatch_size,
+            self.microbatches,
+            self.replicas,
+        )
     }
 }
 

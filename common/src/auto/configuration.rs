@@ -8,6 +8,7 @@ use super::activation_limit::{Searched, search_limit};
 use super::candidate::{Candidate, Outcome, Rejected, Why};
 use super::request::{AutoRequest, PieceCost};
 use super::worker_memory::{activation_bytes, static_reason, worker_bytes};
+use crate::calibration::sums_end;
 use crate::cost::{Costs, StageCost, Times};
 use crate::error::Result;
 use crate::generate::{Request, ScheduleKind, generate_with};
@@ -62,11 +63,13 @@ pub(super) fn plan_one(
     partitions: &mut BTreeMap<Vec<u32>, std::result::Result<Vec<Range<usize>>, String>>,
 ) -> Result<Outcome> {
     let d = req.workers;
+    let replicas = req.replicas.count.unwrap_or(1);
     let skip = |why: Why, reason: String, needed: Option<u64>| {
         Outcome::Rejected(Rejected {
             kind,
             microbatch_size: mbs,
             microbatches: n,
+            replicas,
             why,
             reason,
             needed_bytes: needed,
@@ -189,17 +192,37 @@ pub(super) fn plan_one(
             Some(max_worker_bytes),
         ));
     }
-    let step_ms = sim.makespan;
-    let tokens = f64::from(req.global_batch) * f64::from(req.spec.seq_len);
+    // Every replica runs the same schedule; a stage's gradient sum starts when its last
+    // gradient pass ends and the step's end waits for the last sum.
+    let mut step_ms = sim.makespan;
+    let mut bubble = sim.bubble;
+    if replicas > 1 {
+        let values: Vec<u64> = partition
+            .iter()
+            .map(|r| pieces[r.clone()].iter().map(|p| p.params).sum())
+            .collect();
+        let sums = sums_end(
+            &sim,
+            &schedule.placement,
+            &values,
+            req.replicas.sum_ms_per_value,
+        );
+        if sums > step_ms {
+            step_ms = sums;
+            bubble = 1.0 - sim.busy.iter().sum::<f64>() / (f64::from(d) * step_ms);
+        }
+    }
+    let tokens = f64::from(req.global_batch) * f64::from(replicas) * f64::from(req.spec.seq_len);
     Ok(Outcome::Planned(Box::new(Candidate {
         kind,
         microbatch_size: mbs,
         microbatches: n,
+        replicas,
         partition,
         stage_workers,
         stage_costs,
         step_ms,
-        bubble: sim.bubble,
+        bubble,
         bubble_span: sim.bubble_span,
         tokens_per_s: if step_ms > 0.0 {
             tokens / (step_ms / 1000.0)

@@ -5,7 +5,7 @@
 
 use super::candidate::{Candidate, partition_summary};
 use super::configuration::INTERLEAVED_CHUNKS;
-use super::request::{AutoRequest, Fixed, Measured};
+use super::request::{AutoRequest, Fixed, Measured, Replicas};
 use super::search::auto_plan;
 use crate::error::{Error, Result};
 use crate::job::{JobPlan, JobSpec};
@@ -155,6 +155,7 @@ pub fn choose_for_job(
                 .then_some(p.pipeline_parallel_microbatch_size),
             split,
         },
+        replicas: Replicas::default(),
     };
     let found = auto_plan(&request).map_err(|e| match e {
         Error::InvalidArgument { field, reason } => Error::invalid(
@@ -355,6 +356,7 @@ mod tests {
                 microbatch_size: Some(1),
                 split: None,
             },
+            replicas: Replicas::default(),
         })
         .unwrap();
         let need = plan.ranked[0].max_worker_bytes;

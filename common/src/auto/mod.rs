@@ -76,7 +76,10 @@ pub use crate::partition::balance;
 pub use activation_limit::{ADAPTIVE_ASCENT_STEPS, ADAPTIVE_DESCENT_STEPS};
 pub use candidate::{AutoPlan, Candidate, Rejected, Why, partition_summary};
 pub use configuration::{INTERLEAVED_CHUNKS, MAX_ADAPTIVE_SHAPE, MAX_FIXED_SHAPE};
-pub use request::{AutoRequest, DEFAULT_FLOPS_PER_MS, Fixed, LayerTimes, Measured};
+pub use request::{
+    AutoRequest, DEFAULT_FLOPS_PER_MS, DEFAULT_SUM_MS_PER_VALUE, Fixed, LayerTimes, Measured,
+    Replicas,
+};
 pub use search::{auto_kinds, auto_plan};
 
 #[cfg(test)]
@@ -116,6 +119,7 @@ mod tests {
             top: 3,
             measured: None,
             fixed: Fixed::default(),
+            replicas: Replicas::default(),
         }
     }
 
@@ -339,5 +343,81 @@ mod tests {
         assert!((pieces[1].w - 2.0).abs() < 1e-12);
         let ratio = req.spec.piece_flops(Piece::Head, 4) / req.spec.piece_flops(Piece::Block(0), 2);
         assert!((pieces[5].f - 2.0 * ratio).abs() < 1e-12);
+    }
+
+    /// Every replica count of 4 workers (16 layers, so every shape has pieces enough).
+    fn weighing(sum_ms_per_value: f64, memory: u64) -> AutoRequest {
+        let mut req = request(16, 256, 4, memory);
+        req.global_batch = 16;
+        req.top = 1000;
+        req.replicas = Replicas {
+            count: None,
+            sum_ms_per_value,
+        };
+        req
+    }
+
+    #[test]
+    fn replicas_are_weighed_against_pipeline_depth() {
+        // Free sums: four replicas of one worker have no bubble and win.
+        let plan = auto_plan(&weighing(0.0, u64::MAX)).unwrap();
+        let shapes: std::collections::BTreeSet<(u32, u32)> = plan
+            .ranked
+            .iter()
+            .map(|c| (c.replicas, c.degree()))
+            .collect();
+        assert_eq!(
+            shapes.into_iter().collect::<Vec<_>>(),
+            vec![(1, 4), (2, 2), (4, 1)]
+        );
+        let best = &plan.ranked[0];
+        assert_eq!((best.replicas, best.degree()), (4, 1), "{}", best.label());
+        assert!(best.label().starts_with("4× "), "{}", best.label());
+        // Each replica takes its share of the batch; throughput counts the whole batch.
+        assert_eq!(best.microbatch_size * best.microbatches, 4);
+        let tokens = 16.0 * f64::from(spec(16, 256).seq_len);
+        assert!((best.tokens_per_s - tokens / (best.step_ms / 1e3)).abs() < 1e-6 * tokens);
+        // Dear sums (a second per value): one pipeline of four, which sums nothing.
+        let plan = auto_plan(&weighing(1e3, u64::MAX)).unwrap();
+        let best = &plan.ranked[0];
+        assert_eq!((best.replicas, best.degree()), (1, 4), "{}", best.label());
+        // A replicated plan's step waits for its sums: at least stage 0's, a second each.
+        let s = spec(16, 256);
+        let params: Vec<u64> = s.pieces().into_iter().map(|p| s.piece_params(p)).collect();
+        let two = plan.ranked.iter().find(|c| c.replicas == 2).unwrap();
+        let stage0: u64 = params[two.partition[0].clone()].iter().sum();
+        assert!(two.step_ms >= stage0 as f64 * 1e3, "{} ms", two.step_ms);
+    }
+
+    #[test]
+    fn replicas_need_each_worker_to_hold_its_whole_stage_group() {
+        // The four-deep pipeline's own need fits it and no shape of fewer, larger stages.
+        let all = auto_plan(&weighing(0.0, u64::MAX)).unwrap();
+        let deepest = all.ranked.iter().find(|c| c.replicas == 1).unwrap();
+        let plan = auto_plan(&weighing(0.0, deepest.max_worker_bytes)).unwrap();
+        assert!(
+            plan.ranked.iter().all(|c| c.replicas == 1),
+            "{}",
+            plan.ranked[0].label()
+        );
+        assert!(
+            plan.rejected
+                .iter()
+                .any(|r| r.replicas == 4 && r.why == Why::DoesNotFit)
+        );
+        // A count that does not divide the batch names the field.
+        let mut odd = weighing(0.0, u64::MAX);
+        odd.replicas.count = Some(3);
+        let err = odd.validate().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument {
+                    field: "replicas",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }

@@ -45,6 +45,73 @@ pub struct AutoRequest {
     pub measured: Option<Measured>,
     /// What the job fixes; the search covers the rest.
     pub fixed: Fixed,
+    /// Data-parallel replicas of the pipeline: a fixed count, or every count the workers
+    /// and the batch allow.
+    pub replicas: Replicas,
+}
+
+/// Milliseconds per gradient value summed over replicas before any sum is measured: 8 bytes
+/// out and 8 back at about 1 GB/s.
+pub const DEFAULT_SUM_MS_PER_VALUE: f64 = 16e-6;
+
+/// The data-parallel replicas a search plans (torchtitan's `data_parallel_replicate_degree`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Replicas {
+    /// `Some(r)`: `r` replicas of a pipeline of [`AutoRequest::workers`] workers, each taking
+    /// `1/r` of the global batch. `None`: [`AutoRequest::workers`] is every worker, and the
+    /// search weighs each `r` dividing it and the global batch, on pipelines of
+    /// `workers / r`.
+    pub count: Option<u32>,
+    /// Milliseconds per gradient value summed over the replicas (each stage's sum starts
+    /// when its last gradient pass ends, beside the rest of the drain).
+    pub sum_ms_per_value: f64,
+}
+
+impl Default for Replicas {
+    fn default() -> Self {
+        Replicas {
+            count: Some(1),
+            sum_ms_per_value: DEFAULT_SUM_MS_PER_VALUE,
+        }
+    }
+}
+
+impl AutoRequest {
+    /// The (replicas, pipeline workers) shapes searched, fewest replicas first: the fixed
+    /// one, or every `r` dividing the workers and the global batch.
+    pub fn shapes(&self) -> Vec<(u32, u32)> {
+        match self.replicas.count {
+            Some(r) => vec![(r, self.workers)],
+            None => (1..=self.workers)
+                .filter(|r| self.workers.is_multiple_of(*r) && self.global_batch.is_multiple_of(*r))
+                .map(|r| (r, self.workers / r))
+                .collect(),
+        }
+    }
+
+    /// The request for one shape: `r` replicas of `d` workers, each taking its share of the
+    /// batch; measured worker factors are the slowest worker of each rank over the replicas.
+    pub(super) fn shape(&self, (r, d): (u32, u32)) -> AutoRequest {
+        let mut sub = self.clone();
+        sub.workers = d;
+        sub.global_batch = self.global_batch / r.max(1);
+        sub.replicas.count = Some(r);
+        if self.replicas.count.is_none()
+            && let Some(m) = &mut sub.measured
+        {
+            let all = std::mem::take(&mut m.worker_factors);
+            m.worker_factors = (0..d as usize)
+                .map(|rank| {
+                    all.iter()
+                        .skip(rank)
+                        .step_by(d as usize)
+                        .copied()
+                        .fold(0.0, f64::max)
+                })
+                .collect();
+        }
+        sub
+    }
 }
 
 /// Costs from a job's cost model ([`crate::calibration::CostModel`]): what a pass over each
@@ -122,8 +189,33 @@ impl AutoRequest {
                 ),
             })?;
         }
+        let r = self.replicas.count.unwrap_or(1);
+        if r == 0 || !self.global_batch.is_multiple_of(r) {
+            return Err(Error::InvalidArgument {
+                field: "replicas",
+                reason: format!(
+                    "{r} replicas do not divide the global batch of {}",
+                    self.global_batch
+                ),
+            });
+        }
+        let sum = self.replicas.sum_ms_per_value;
+        if !sum.is_finite() || sum < 0.0 {
+            return Err(Error::InvalidArgument {
+                field: "replicas",
+                reason: format!(
+                    "the sum's milliseconds per value must be finite and ≥ 0, got {sum}"
+                ),
+            });
+        }
+        if self.shapes().is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "replicas",
+                reason: "no replica count divides both the workers and the global batch".into(),
+            });
+        }
         if let Some(mbs) = self.fixed.microbatch_size
-            && (mbs == 0 || !self.global_batch.is_multiple_of(mbs))
+            && (mbs == 0 || !self.global_batch.is_multiple_of(mbs * r))
         {
             return Err(Error::InvalidArgument {
                 field: "microbatch size",

@@ -32,18 +32,23 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
     let per_param = req.spec.dtype.training_state_bytes();
     let mut planned: Vec<Candidate> = Vec::new();
     let mut rejected: Vec<Rejected> = Vec::new();
-    let sizes = (1..=req.global_batch).filter(|b| {
-        req.global_batch.is_multiple_of(*b) && req.fixed.microbatch_size.is_none_or(|f| f == *b)
-    });
-    for mbs in sizes {
-        let n = req.global_batch / mbs;
-        let pieces = piece_costs(req, mbs);
-        // The kinds with the same stages' workers share the partition of these pieces.
-        let mut partitions = BTreeMap::new();
-        for kind in auto_kinds() {
-            match plan_one(req, kind, mbs, n, &pieces, per_param, &mut partitions)? {
-                Outcome::Planned(c) => planned.push(*c),
-                Outcome::Rejected(r) => rejected.push(r),
+    for shape in req.shapes() {
+        // One replica's pipeline, on its share of the batch.
+        let sub = req.shape(shape);
+        let batch = sub.global_batch;
+        let sizes = (1..=batch).filter(|b| {
+            batch.is_multiple_of(*b) && req.fixed.microbatch_size.is_none_or(|f| f == *b)
+        });
+        for mbs in sizes {
+            let n = batch / mbs;
+            let pieces = piece_costs(&sub, mbs);
+            // The kinds with the same stages' workers share the partition of these pieces.
+            let mut partitions = BTreeMap::new();
+            for kind in auto_kinds() {
+                match plan_one(&sub, kind, mbs, n, &pieces, per_param, &mut partitions)? {
+                    Outcome::Planned(c) => planned.push(*c),
+                    Outcome::Rejected(r) => rejected.push(r),
+                }
             }
         }
     }
@@ -71,6 +76,7 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
             kind: c.kind,
             microbatch_size: c.microbatch_size,
             microbatches: c.microbatches,
+            replicas: c.replicas,
             why: Why::DoesNotFit,
             reason: format!(
                 "does not fit: worker {worst} needs {} > budget {} ({} static + {} activations)",
@@ -134,6 +140,7 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
                 kind: c.kind,
                 microbatch_size: c.microbatch_size,
                 microbatches: c.microbatches,
+                replicas: c.replicas,
                 why: Why::Slower,
                 reason: format!("slower: step {:.3} ms vs best {best_ms:.3} ms", c.step_ms),
                 needed_bytes: Some(c.max_worker_bytes),

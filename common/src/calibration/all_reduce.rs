@@ -58,7 +58,7 @@ pub(super) fn observed(reports: &[StepReport], values: &[u64]) -> Option<(f64, f
 /// When the last of the step's sums ends, on the clock of `sim` (the simulated passes of a
 /// schedule over `placement`): every worker sums its stages in the order their last
 /// gradient pass ends, one after another, `values[s] · secs_per_value` each.
-pub(super) fn sums_end(
+pub(crate) fn sums_end(
     sim: &Simulation,
     placement: &Placement,
     values: &[u64],

@@ -35,6 +35,7 @@ use crate::schedule::Schedule;
 use crate::simulate::{Simulation, simulate};
 use crate::trace::Activity;
 
+pub(crate) use all_reduce::sums_end;
 use fit::{Row, UNKNOWNS, fit};
 
 /// The speed assumed for a worker that registered no profile (FLOP/s).

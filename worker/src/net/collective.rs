@@ -448,16 +448,27 @@ impl NetSync {
 
     /// Sends `req` (`what` names it in errors) and waits for the round's result.
     fn send(&self, what: &str, req: ReduceRequest) -> Result<ReduceReply> {
+        self.runtime.block_on(self.answer(what.to_string(), req))
+    }
+
+    /// The root's answer to `req` (`what` names it in errors), owning all it needs, so that
+    /// several calls can be in flight at once.
+    fn answer(
+        &self,
+        what: String,
+        req: ReduceRequest,
+    ) -> impl std::future::Future<Output = Result<ReduceReply>> + Send + 'static {
         let mut client = self.client.clone();
         let limit = self.timeout + Duration::from_secs(10);
         let aborted = self.aborted.clone();
-        let failed = |code: tonic::Code, message: String| Error::Call {
-            call: what.to_string(),
-            peer: self.root.clone(),
-            code,
-            message,
-        };
-        self.runtime.block_on(async move {
+        let root = self.root.clone();
+        async move {
+            let failed = |code: tonic::Code, message: String| Error::Call {
+                call: what.clone(),
+                peer: root.clone(),
+                code,
+                message,
+            };
             let abandoned = async {
                 match aborted {
                     Some(check) => loop {
@@ -472,7 +483,7 @@ impl NetSync {
             tokio::select! {
                 answer = tokio::time::timeout(limit, client.all_reduce(req)) => match answer {
                     Err(_) => Err(Error::Timeout {
-                        awaited: format!("{what}: the answer of worker 0 ({})", self.root),
+                        awaited: format!("{what}: the answer of worker 0 ({root})"),
                         after: limit,
                     }),
                     Ok(reply) => reply
@@ -482,7 +493,7 @@ impl NetSync {
                 // The run was abandoned here: the call ends as the root would end it.
                 why = abandoned => Err(failed(tonic::Code::Aborted, why)),
             }
-        })
+        }
     }
 
     /// A step's collective `op` (steps counted from 1 in errors, as every other message
@@ -550,23 +561,42 @@ impl NetSync {
 impl StepSync for NetSync {
     fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
         let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
-        for (chunk, values) in grads.chunks_mut(GRAD_CHUNK).enumerate() {
-            let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
-            let req = ReduceRequest {
-                run: self.run,
-                step: part.step,
-                op: ReduceOp::Grads as i32,
-                worker: self.worker,
-                stage: part.stage,
-                chunk: chunk as u32,
-                chunks,
-                replica: part.replica,
-                grads: to_bytes(values),
-                run_secret: self.run_secret.clone(),
-                ..ReduceRequest::default()
-            };
-            let reply = self.send(&what, req)?;
-            let sum = from_bytes(&reply.grads, "ReduceReply.grads")
+        let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
+        // Every chunk in flight at once: the root sums each as its replicas' parts come.
+        let calls: Vec<_> = grads
+            .chunks(GRAD_CHUNK)
+            .enumerate()
+            .map(|(chunk, values)| {
+                let req = ReduceRequest {
+                    run: self.run,
+                    step: part.step,
+                    op: ReduceOp::Grads as i32,
+                    worker: self.worker,
+                    stage: part.stage,
+                    chunk: chunk as u32,
+                    chunks,
+                    replica: part.replica,
+                    grads: to_bytes(values),
+                    run_secret: self.run_secret.clone(),
+                    ..ReduceRequest::default()
+                };
+                self.runtime.spawn(self.answer(what.clone(), req))
+            })
+            .collect();
+        let replies: Vec<Result<ReduceReply>> = self.runtime.block_on(async {
+            let mut replies = Vec::with_capacity(calls.len());
+            for call in calls {
+                replies.push(call.await.unwrap_or_else(|e| {
+                    Err(Error::invalid(
+                        "replicas",
+                        format!("{what}: the call failed: {e}"),
+                    ))
+                }));
+            }
+            replies
+        });
+        for (values, reply) in grads.chunks_mut(GRAD_CHUNK).zip(replies) {
+            let sum = from_bytes(&reply?.grads, "ReduceReply.grads")
                 .map_err(|s| Error::invalid("replicas", format!("{what}: {}", s.message())))?;
             if sum.len() != values.len() {
                 return Err(Error::invalid(
