@@ -240,3 +240,89 @@ fn measured_times_and_comm_are_used() {
     assert!(text.contains("comm 0.5 ms"), "{text}");
     assert_eq!(rows(&text).len(), 3, "{text}");
 }
+
+/// The shapes (replicas, pipeline workers) of the ranked plans in `plan --auto` JSON.
+fn ranked_shapes(v: &Value) -> Vec<(u64, usize)> {
+    v["plan"]["ranked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let workers = c["stage_workers"].as_array().unwrap();
+            let d = workers.iter().map(|w| w.as_u64().unwrap()).max().unwrap() + 1;
+            (c["replicas"].as_u64().unwrap(), d as usize)
+        })
+        .collect()
+}
+
+#[test]
+fn replicas_are_weighed_against_pipeline_depth() {
+    // Free sums and room for the whole model on a worker: eight replicas of one worker
+    // (no bubble) come first; the table gains an R×d column.
+    let free = ["--replicas", "auto", "--all-reduce-ns", "0", "--top", "200"];
+    let text = ok(&auto_args("64GiB", &free));
+    assert!(
+        text.contains("8 workers (every replica count weighed)"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("rank  R×d")),
+        "{text}"
+    );
+    let json_args: Vec<&str> = auto_args("64GiB", &free)
+        .into_iter()
+        .chain(["--format", "json"])
+        .collect();
+    let v: Value = serde_json::from_str(&ok(&json_args)).unwrap();
+    let shapes = ranked_shapes(&v);
+    assert_eq!(shapes[0], (8, 1), "{shapes:?}");
+    for shape in [(1, 8), (2, 4), (4, 2), (8, 1)] {
+        assert!(shapes.contains(&shape), "{shape:?} not in {shapes:?}");
+    }
+    // Dear sums (a millisecond per value): one pipeline of eight, which sums nothing.
+    let dear = [
+        "--replicas",
+        "auto",
+        "--all-reduce-ns",
+        "1e6",
+        "--format",
+        "json",
+    ];
+    let v: Value = serde_json::from_str(&ok(&auto_args("64GiB", &dear))).unwrap();
+    assert_eq!(ranked_shapes(&v)[0], (1, 8));
+    // A fixed count plans that many pipelines of workers / R.
+    let two = ["--replicas", "2", "--format", "json"];
+    let v: Value = serde_json::from_str(&ok(&auto_args("64GiB", &two))).unwrap();
+    assert!(ranked_shapes(&v).iter().all(|s| *s == (2, 4)));
+}
+
+#[test]
+fn bad_replicas_name_the_option() {
+    let err = fails(&auto_args("64GiB", &["--replicas", "3"]));
+    assert!(
+        err.contains("--replicas: 3 replicas do not divide 8 workers"),
+        "{err}"
+    );
+    for bad in ["0", "x"] {
+        let err = fails(&auto_args("64GiB", &["--replicas", bad]));
+        assert!(err.contains("--replicas"), "{err}");
+    }
+    let err = fails(&auto_args(
+        "64GiB",
+        &["--replicas", "2", "--all-reduce-ns=-1"],
+    ));
+    assert!(err.contains("--all-reduce-ns"), "{err}");
+    let err = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-d",
+        "4",
+        "-n",
+        "8",
+        "--replicas",
+        "2",
+    ]);
+    assert!(err.contains("--replicas applies only with --auto"), "{err}");
+}

@@ -34,6 +34,12 @@ pub struct StepEventData {
     pub checkpoint: u64,
     /// (worker, measured bubble: 1 − its time in passes / step wall time) for every worker.
     pub worker_bubbles: Vec<(u32, f64)>,
+    /// The data-parallel replica whose workers' reports make this event (0 without
+    /// replicas; every replica runs the same plan).
+    pub replica: u32,
+    /// (worker, seconds its stages' gradient sums over the replicas took, seconds of them
+    /// past its last pass) for every worker (zeros without replicas).
+    pub all_reduce: Vec<(u32, f64, f64)>,
     /// Why the job was re-planned before this step, if it was.
     pub replan_reason: String,
     /// What `schedule = "auto"` chose and why, on the first step of a run it chose.

@@ -3,7 +3,8 @@
 //!
 //! | name | type | labels |
 //! |---|---|---|
-//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured \| core_wait, `job_id`, (`worker` for per-worker measured) |
+//! | `pipewise_bubble_ratio` | gauge | `source` = planned \| measured \| core_wait, `job_id`, (`replica`, `worker` for per-worker measured) |
+//! | `pipewise_all_reduce_seconds` | gauge | `part` = summing \| exposed, `job_id`, `replica`, `worker` |
 //! | `pipewise_step_duration_seconds` | histogram | `job_id` |
 //! | `pipewise_step_time_seconds` | gauge | `source` = predicted \| measured, `job_id` |
 //! | `pipewise_tokens_per_second`, `pipewise_samples_per_second` | gauge | `job_id` |
@@ -41,6 +42,11 @@ pub fn describe() {
         "pipewise_bubble_ratio",
         Unit::Count,
         "Idle fraction of the pipeline in a step: planned (the schedule simulated with the job's cost model before the step) or measured (1 - time in passes / step wall time), and core_wait: the part of measured spent waiting for a core rather than for a peer"
+    );
+    describe_gauge!(
+        "pipewise_all_reduce_seconds",
+        Unit::Seconds,
+        "A worker's gradient sums over the job's data-parallel replicas in the last step: summing (all of them, beside the passes) and exposed (how far they ran past its last pass); 0 without replicas"
     );
     describe_gauge!(
         "pipewise_worker_memory_limit_bytes",
@@ -112,9 +118,17 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
     // The part of the measured bubble that was waiting for a core, not for a peer.
     gauge!("pipewise_bubble_ratio", "source" => "core_wait", "job_id" => job.clone())
         .set(e.core_wait_bubble);
+    let replica = e.replica.to_string();
     for (worker, bubble) in &e.worker_bubbles {
-        gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone(), "worker" => worker.to_string())
+        gauge!("pipewise_bubble_ratio", "source" => "measured", "job_id" => job.clone(), "replica" => replica.clone(), "worker" => worker.to_string())
             .set(*bubble);
+    }
+    // The replicas' gradient sums: their time beside the passes, and past them.
+    for (worker, summing, exposed) in &e.all_reduce {
+        for (part, secs) in [("summing", summing), ("exposed", exposed)] {
+            gauge!("pipewise_all_reduce_seconds", "part" => part, "job_id" => job.clone(), "replica" => replica.clone(), "worker" => worker.to_string())
+                .set(*secs);
+        }
     }
     if e.predicted_step_time_ms > 0.0 {
         gauge!("pipewise_step_time_seconds", "source" => "predicted", "job_id" => job.clone())

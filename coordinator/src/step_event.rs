@@ -1,6 +1,7 @@
 //! One step's event (and its executed timeline) from every worker's report.
 
 use pipewise_common::run::{StageTimes, StepReport};
+use pipewise_common::trace::{Activity, Span};
 use pipewise_proto::v1 as pb;
 
 use crate::events::StepEventData;
@@ -52,6 +53,14 @@ pub(crate) fn event(
                 )
             })
             .collect(),
+        replica: reports.first().map_or(0, |r| r.replica),
+        all_reduce: reports
+            .iter()
+            .map(|r| {
+                let (summing, exposed) = all_reduce_secs(&r.spans);
+                (r.worker_index, summing, exposed)
+            })
+            .collect(),
         predicted_peaks: predicted_peaks.to_vec(),
         checkpoint: 0,
         replan_reason: String::new(),
@@ -60,6 +69,28 @@ pub(crate) fn event(
         trace: step_trace(job, step, reports),
         planned_costs: planned.costs,
     }
+}
+
+/// Seconds of a worker's gradient sums over the replicas in `spans`, and how far the last
+/// of them ran past its last pass or send (what the step waited for them).
+fn all_reduce_secs(spans: &[Span]) -> (f64, f64) {
+    let (mut summing, mut sums_end, mut passes_end) = (0.0, f64::NEG_INFINITY, f64::NEG_INFINITY);
+    for s in spans {
+        match s.activity {
+            Activity::AllReduce { .. } => {
+                summing += s.duration();
+                sums_end = sums_end.max(s.end);
+            }
+            Activity::Pass(_) | Activity::Send { .. } => passes_end = passes_end.max(s.end),
+            _ => {}
+        }
+    }
+    let exposed = if sums_end.is_finite() && passes_end.is_finite() {
+        (sums_end - passes_end).max(0.0)
+    } else {
+        0.0
+    };
+    (summing, exposed)
 }
 
 /// `part / whole`, 0 when there is no whole.
@@ -179,5 +210,35 @@ mod tests {
         for (got, want) in e.worker_bubbles.iter().zip(&bubbles) {
             assert!(got.0 == want.0 && (got.1 - want.1).abs() < 1e-12, "{got:?}");
         }
+    }
+
+    /// A worker's gradient sums: all their seconds, and how far the last ran past its
+    /// passes; a worker without sums has zeros, and the event names the reports' replica.
+    #[test]
+    fn the_sums_time_and_what_ran_past_the_passes() {
+        let span = |activity, start, end| Span {
+            activity,
+            start,
+            end,
+        };
+        let pass = pipewise_common::pass::Pass::w(0, 0);
+        let mut summing = report(0, 0.5, (0.0, 0.0));
+        summing.replica = 1;
+        summing.spans = vec![
+            span(Activity::Pass(pass), 0.0, 0.5),
+            span(Activity::AllReduce { stage: 1 }, 0.3, 0.45),
+            span(Activity::AllReduce { stage: 0 }, 0.5, 0.8),
+            span(Activity::Sync, 0.8, 1.0),
+        ];
+        let mut plain = report(1, 0.5, (0.0, 0.0));
+        plain.replica = 1;
+        plain.spans = vec![span(Activity::Pass(pass), 0.0, 0.5)];
+        let e = event(1, 0, Shown::default(), &[], &[summing, plain]);
+        assert_eq!(e.replica, 1);
+        let (w, total, exposed) = e.all_reduce[0];
+        assert_eq!(w, 0);
+        assert!((total - 0.45).abs() < 1e-12, "{total}");
+        assert!((exposed - 0.3).abs() < 1e-12, "{exposed}");
+        assert_eq!(e.all_reduce[1], (1, 0.0, 0.0));
     }
 }
