@@ -65,6 +65,8 @@ impl JobRunner for CountingRunner {
                 predicted_step_time_ms: self.delay_ms as f64,
                 peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
                 worker_bubbles: Vec::new(),
+                replica: 0,
+                all_reduce: Vec::new(),
                 predicted_peaks: Vec::new(),
                 checkpoint: 0,
                 replan_reason: String::new(),

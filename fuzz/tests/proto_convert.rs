@@ -108,13 +108,14 @@ fn model_message(u: &mut Unstructured<'_>) -> Result<v1::ModelSpec> {
 fn span_message(u: &mut Unstructured<'_>) -> Result<v1::TraceSpan> {
     let start = mutate::number_f64(u)?;
     Ok(v1::TraceSpan {
-        kind: mutate::enum_value(u, 4)?,
+        kind: mutate::enum_value(u, 5)?,
         pass: if u.int_in_range(0..=7)? == 7 {
             None
         } else {
             Some(pass_message(u)?)
         },
         peer: mutate::number_u32(u)?,
+        stage: mutate::number_u32(u)?,
         start,
         end: if u.arbitrary()? {
             start + f64::from(u.int_in_range(0..=100u8)?)

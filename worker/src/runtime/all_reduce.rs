@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use pipewise_common::pass::{Pass, PassKind};
 
-use super::step::{Replica, ReplicaPart, StepSync};
+use super::sync::{Replica, ReplicaPart, StepSync};
 use crate::error::{Error, Result};
 
 /// One stage's gradients summed over the replicas, and when the sum ran.

@@ -14,7 +14,8 @@ use pipewise_common::schedule::Schedule;
 
 use super::executor::WorkerRuntime;
 use super::program::DEFAULT_TIMEOUT;
-use super::step::{Replica, ReplicaPart, StepReport, StepSync, sum_in_replica_order};
+use super::step::StepReport;
+use super::sync::{Replica, ReplicaPart, StepSync, sum_in_replica_order};
 use super::transport::{MemoryTransport, Transport};
 use crate::data::Batch;
 use crate::error::{Error, Result};

@@ -3,7 +3,8 @@
 //! [`StepSync`].
 //!
 //! - [`step`]: the one pass loop of a step, over [`step::Passes`] (what computes a pass),
-//!   [`StepReport`] and [`StepSync`].
+//!   and [`StepReport`]; `sync`: [`StepSync`], the step's collectives, and the replicas'
+//!   terms.
 //! - [`executor`]: [`WorkerRuntime`] (one worker's step with real stages).
 //! - [`emulate`]: [`EmulatedRuntime`], a worker's program with emulated compute (each
 //!   pass sleeps for its cost-model time, frames are real buffers of the true size), and
@@ -32,12 +33,13 @@ mod real_passes;
 mod recorder;
 mod side_by_side;
 pub mod step;
+mod sync;
 pub mod transport;
 
 pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use executor::{Slowdown, WorkerRuntime};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local, run_local_with};
 pub use program::DEFAULT_TIMEOUT;
-pub(crate) use step::sum_in_replica_order;
 pub use step::{Replica, ReplicaPart, StepReport, StepSync};
+pub(crate) use sync::sum_in_replica_order;
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};

@@ -1,0 +1,84 @@
+//! The collectives that end a step, across all workers of a job ([`StepSync`]), and the
+//! data-parallel replicas' terms: a worker's [`Replica`], whose gradients a sum gets
+//! ([`ReplicaPart`]) and the sum itself in replica order.
+
+use crate::error::{Error, Result};
+
+/// The collective operations at the end of a step, across all workers of a job.
+pub trait StepSync: Send + Sync {
+    /// All-reduce: the sum over workers of their `local` squared gradient norms (for global
+    /// norm clipping); every worker gets the same global sum.
+    fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64>;
+
+    /// Gathers the microbatch losses of the last stage (each worker passes its own, empty
+    /// if it holds no last stage) and returns the step's mean loss to every worker.
+    fn mean_loss(&self, step: u64, local: &[f32]) -> Result<f32>;
+
+    /// Data-parallel replicas: sums the gradients of `part`'s stage and step (`grads`, every
+    /// parameter flattened in order) over the job's replicas, in replica order whatever the
+    /// arrival order, and leaves the sum in `grads` on every replica. A sync without
+    /// replicas refuses.
+    fn all_reduce_replicas(&self, part: ReplicaPart, _grads: &mut [f64]) -> Result<()> {
+        Err(Error::invalid(
+            "replicas",
+            format!("{part}: this transport has no replica all-reduce"),
+        ))
+    }
+}
+
+/// A worker's data-parallel replica: `index` of `count` copies of the pipeline, each
+/// training on its share of every step's microbatches, their gradients summed before the
+/// optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replica {
+    /// This worker's replica (0-based).
+    pub index: u32,
+    /// How many replicas the job has.
+    pub count: u32,
+}
+
+impl Default for Replica {
+    fn default() -> Self {
+        Self { index: 0, count: 1 }
+    }
+}
+
+/// Whose gradients a replica all-reduce gets: a stage's, in a step, from a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaPart {
+    /// The step (0-based).
+    pub step: u64,
+    /// The stage whose gradients these are.
+    pub stage: u32,
+    /// The contributing worker's replica.
+    pub replica: u32,
+}
+
+impl std::fmt::Display for ReplicaPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {} stage {} (replica {})",
+            self.step, self.stage, self.replica
+        )
+    }
+}
+
+/// The replicas' gradient parts (`parts[r]`: replica `r`'s, f64 sums of f32 microbatch
+/// gradients) summed in replica order, whatever order they arrived in, so every run gives
+/// the same bits; parts of different lengths give the two lengths.
+pub(crate) fn sum_in_replica_order(
+    parts: &[Option<Vec<f64>>],
+) -> std::result::Result<Vec<f64>, (usize, usize)> {
+    let mut parts = parts.iter().flatten();
+    let mut sum = parts.next().cloned().unwrap_or_default();
+    for part in parts {
+        if part.len() != sum.len() {
+            return Err((sum.len(), part.len()));
+        }
+        for (s, p) in sum.iter_mut().zip(part) {
+            *s += p;
+        }
+    }
+    Ok(sum)
+}
