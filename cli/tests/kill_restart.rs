@@ -44,9 +44,12 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     // The status read after the kill can lag the workers, whose checkpoint of a step is
     // written before the coordinator has that step's reports: by a checkpoint interval at
     // most. (This assertion, then `resume <= killed_at`, failed once in a full run of the
-    // cluster tests and passed in the next runs; its figures were not kept.)
+    // cluster tests and passed in the next runs; its figures were not kept.) A move before
+    // the kill (drift or straggler, on a busy machine) checkpoints the step it stops at,
+    // which need not be a multiple of the interval: the loss may resume there too.
+    let moved_at = |step: u64| why.matches(&format!("checkpoint of step {step}")).count() > 1;
     assert!(
-        resume >= 3 && resume.is_multiple_of(3) && resume <= killed_at + 3,
+        resume >= 3 && (resume.is_multiple_of(3) || moved_at(resume)) && resume <= killed_at + 3,
         "killed at step {killed_at} (status): {why}"
     );
     // The first step after the re-plan follows the checkpoint.

@@ -40,23 +40,10 @@ impl<'scope> Reducer<'scope> {
     ) -> Self {
         let (to_sum, stages) = mpsc::channel::<(u32, Vec<f64>)>();
         let helper = scope.spawn(move || {
-            let mut done = Vec::new();
-            for (stage, mut grads) in stages {
-                let started = Instant::now();
-                let part = ReplicaPart {
-                    step,
-                    stage,
-                    replica: replica.index,
-                };
-                sync.all_reduce_replicas(part, &mut grads)?;
-                done.push(Reduced {
-                    stage,
-                    grads,
-                    started,
-                    ended: Instant::now(),
-                });
-            }
-            Ok(done)
+            stages
+                .into_iter()
+                .map(|(stage, grads)| sum_stage(sync, step, replica, stage, grads))
+                .collect()
         });
         Reducer {
             to_sum: Some(to_sum),
@@ -79,6 +66,30 @@ impl<'scope> Reducer<'scope> {
             .join()
             .map_err(|_| Error::invalid("replicas", "the gradient-sum thread panicked"))?
     }
+}
+
+/// Sums stage `stage`'s `grads` of step `step` over the replicas through `sync`, and says
+/// when the sum ran.
+pub(crate) fn sum_stage(
+    sync: &dyn StepSync,
+    step: u64,
+    replica: Replica,
+    stage: u32,
+    mut grads: Vec<f64>,
+) -> Result<Reduced> {
+    let started = Instant::now();
+    let part = ReplicaPart {
+        step,
+        stage,
+        replica: replica.index,
+    };
+    sync.all_reduce_replicas(part, &mut grads)?;
+    Ok(Reduced {
+        stage,
+        grads,
+        started,
+        ended: Instant::now(),
+    })
 }
 
 /// For each stage of `program`, the index of its last gradient pass (`W` or the fused `BW`):

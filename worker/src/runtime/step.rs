@@ -11,7 +11,7 @@ use candle_core::DType;
 use pipewise_common::pass::{Pass, PassKind};
 use pipewise_common::trace::{Activity, Span};
 
-use super::all_reduce::{Reduced, Reducer, last_gradient_passes};
+use super::all_reduce::{Reduced, Reducer, last_gradient_passes, sum_stage};
 use super::exchange::{Input, Local};
 use super::program::WorkerProgram;
 use super::recorder::Recorder;
@@ -271,20 +271,8 @@ pub(crate) fn end_step<P: Passes>(
             if reduced.iter().any(|r| r.stage == stage) {
                 continue;
             }
-            let mut grads = passes.stage_grads(stage)?;
-            let started = Instant::now();
-            let part = ReplicaPart {
-                step,
-                stage,
-                replica: replica.index,
-            };
-            sync.all_reduce_replicas(part, &mut grads)?;
-            reduced.push(Reduced {
-                stage,
-                grads,
-                started,
-                ended: Instant::now(),
-            });
+            let grads = passes.stage_grads(stage)?;
+            reduced.push(sum_stage(sync, step, replica, stage, grads)?);
         }
     }
     for r in reduced {
