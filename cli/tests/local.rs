@@ -359,7 +359,8 @@ fn trace_dir_writes_a_chrome_trace_and_an_svg_per_step() {
 }
 
 /// `--compute emulate`: passes sleep, frames are real buffers over gRPC, nothing is learned
-/// (no loss, no parameters); the planned bubble is the simulation with the emulated times.
+/// (no loss, no parameters); the first step's planned bubble is the simulation with the
+/// emulated times, and later steps are planned on the costs the steps before measured.
 #[test]
 fn emulated_local_run_reports_bubbles_and_no_loss() {
     let dir = tempfile_dir("emulate");
@@ -403,9 +404,25 @@ fn emulated_local_run_reports_bubbles_and_no_loss() {
         .unwrap();
     let planned: Value = serde_json::from_slice(&plan.stdout).unwrap();
     let planned = planned["bubble"].as_f64().unwrap();
-    for step in summary["steps"].as_array().unwrap() {
+    let steps = summary["steps"].as_array().unwrap();
+    let first = &steps[0];
+    assert!((first["planned_bubble"].as_f64().unwrap() - planned).abs() < 1e-9);
+    // 8 microbatches of 2 + 3 + 1 ms on each stage, with the bubble's idle share.
+    let first_ms = first["predicted_step_time_ms"].as_f64().unwrap();
+    assert!((first_ms - 48.0 / (1.0 - planned)).abs() < 1e-6, "{first}");
+    let second = &steps[1];
+    let (predicted, before) = (
+        second["predicted_step_time_ms"].as_f64().unwrap(),
+        first["step_time_ms"].as_f64().unwrap(),
+    );
+    assert!(
+        (predicted - before).abs() < 0.5 * before,
+        "step 2 predicted {predicted} ms from step 1's {before} ms"
+    );
+    for step in steps {
         assert!(step["loss"].is_null(), "{step}");
-        assert!((step["planned_bubble"].as_f64().unwrap() - planned).abs() < 1e-9);
+        let planned = step["planned_bubble"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&planned), "{planned}");
         let measured = step["measured_bubble"].as_f64().unwrap();
         assert!((0.0..1.0).contains(&measured), "{measured}");
         // The part of it waiting for a core is a part of it.
