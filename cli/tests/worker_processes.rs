@@ -114,11 +114,14 @@ fn emulated_job_runs_on_worker_processes() {
             .parse()
             .unwrap()
     };
-    for line in steps {
+    // The first step is planned on the emulated times; the later ones on the costs the
+    // steps before measured (the same times, give or take the transport and the sleeps).
+    for (i, line) in steps.into_iter().enumerate() {
         assert!(line.contains("loss NaN"), "nothing is learned: {line}");
         let p = percent_after(line, "planned");
+        let within = if i == 0 { 0.051 } else { 10.0 };
         assert!(
-            (p - 100.0 * planned).abs() <= 0.051,
+            (p - 100.0 * planned).abs() <= within,
             "{line}: planned {planned}"
         );
         let m = percent_after(line, "measured");
