@@ -350,18 +350,15 @@ impl CostModel {
         }
         let values = all_reduce::stage_values(&self.model, ranges);
         let sums = all_reduce::observed(reports, &values);
+        if let Some((per_value, _)) = sums {
+            self.secs_per_value.add(per_value, warming);
+        }
         // The worker that reached the sync last waited least in it: its sync is the cost.
         if sync.is_finite() {
             self.sync.add(sync, warming);
             let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
             // With replicas the passes end before the sums past them do.
-            let passes = match sums {
-                Some((per_value, passes)) => {
-                    self.secs_per_value.add(per_value, warming);
-                    passes
-                }
-                None => wall - sync,
-            };
+            let passes = sums.map_or(wall - sync, |(_, passes)| passes);
             if let Some(hop) = hop::fitted_hop(schedule, reports, passes) {
                 self.secs_per_byte
                     .add(hop / self.frame_bytes() as f64, warming);

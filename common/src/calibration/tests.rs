@@ -265,3 +265,60 @@ fn a_runs_first_step_counts_until_its_second_replaces_it() {
     let third = step(&mut model, 2.0);
     assert!((third / steady - 1.5).abs() < 1e-3, "{third} {steady}");
 }
+
+#[test]
+fn a_replicated_step_ends_with_each_workers_last_sum() {
+    // Two workers' sums, measured at 2 µs per value; the same plan predicted without and
+    // with replicas: the step then ends when the slower worker's sum after its last W does.
+    let layers = 4;
+    let mut model = CostModel::new(gpt(layers), 4);
+    let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 8)).expect("zb-h1");
+    let ranges = vec![0..3, 3..6];
+    let workers = vec![worker(0, 0), worker(1, 0)];
+    let values: Vec<u64> = ranges
+        .iter()
+        .map(|r| gpt(layers).range_params(r.clone()))
+        .collect();
+    let per_value = 2e-6;
+    let mut rng = Uniform(11);
+    let reports: Vec<StepReport> = (0..2)
+        .map(|s| {
+            let counts = model.counts(&ranges[s]);
+            let mut r = report(s as u32, counts, 1.0, false, 0.0, &mut rng);
+            let sum = values[s] as f64 * per_value;
+            r.spans = vec![crate::trace::Span {
+                activity: Activity::AllReduce { stage: s as u32 },
+                start: 1.0,
+                end: 1.0 + sum,
+            }];
+            r
+        })
+        .collect();
+    model.observe(&schedule, &ranges, &workers, &reports);
+    let alone = model
+        .predict(&schedule, &ranges, &workers)
+        .expect("predict");
+    model.set_replicas(2);
+    let both = model
+        .predict(&schedule, &ranges, &workers)
+        .expect("predict");
+    let sim = simulate(&schedule, &alone.costs).expect("simulate");
+    let last_w = |w: usize| {
+        sim.timeline[w]
+            .iter()
+            .filter(|t| t.pass.kind == PassKind::W)
+            .map(|t| t.end)
+            .fold(0.0, f64::max)
+    };
+    let want = (0..2)
+        .map(|w| last_w(w) + values[w] as f64 * per_value)
+        .fold(sim.makespan, f64::max);
+    assert!(want > sim.makespan + 0.1, "the sums outlast the passes");
+    assert!(
+        (both.step_secs - want).abs() < 1e-9 * want,
+        "{} against {want}",
+        both.step_secs
+    );
+    assert!((alone.step_secs - sim.makespan).abs() < 1e-12);
+    assert!(both.bubble > alone.bubble);
+}
