@@ -313,6 +313,11 @@ fn bad_replicas_name_the_option() {
         &["--replicas", "2", "--all-reduce-ns=-1"],
     ));
     assert!(err.contains("--all-reduce-ns"), "{err}");
+    let err = fails(&auto_args("64GiB", &["--all-reduce-ns", "10"]));
+    assert!(
+        err.contains("--all-reduce-ns applies only with --replicas"),
+        "{err}"
+    );
     let err = fails(&[
         "plan",
         "-s",

@@ -68,6 +68,31 @@ impl Span {
     }
 }
 
+/// When a worker's passes of a step ended: the end of its last pass or send (`None`
+/// without either).
+pub fn passes_end(spans: &[Span]) -> Option<f64> {
+    spans
+        .iter()
+        .filter(|s| matches!(s.activity, Activity::Pass(_) | Activity::Send { .. }))
+        .map(|s| s.end)
+        .reduce(f64::max)
+}
+
+/// A worker's gradient sums over the replicas in a step: their seconds in all, and how far
+/// the last ran past its passes ([`passes_end`]; what the step waited for them).
+pub fn sums(spans: &[Span]) -> (f64, f64) {
+    let summing = spans
+        .iter()
+        .filter(|s| matches!(s.activity, Activity::AllReduce { .. }));
+    let total = summing.clone().map(Span::duration).sum();
+    let last = summing.map(|s| s.end).reduce(f64::max);
+    let exposed = match (last, passes_end(spans)) {
+        (Some(last), Some(passes)) => (last - passes).max(0.0),
+        _ => 0.0,
+    };
+    (total, exposed)
+}
+
 /// One step of one job as executed by all its workers.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct StepTrace {

@@ -1,7 +1,6 @@
 //! One step's event (and its executed timeline) from every worker's report.
 
 use pipewise_common::run::{StageTimes, StepReport};
-use pipewise_common::trace::{Activity, Span};
 use pipewise_proto::v1 as pb;
 
 use crate::events::StepEventData;
@@ -57,7 +56,7 @@ pub(crate) fn event(
         all_reduce: reports
             .iter()
             .map(|r| {
-                let (summing, exposed) = all_reduce_secs(&r.spans);
+                let (summing, exposed) = pipewise_common::trace::sums(&r.spans);
                 (r.worker_index, summing, exposed)
             })
             .collect(),
@@ -69,28 +68,6 @@ pub(crate) fn event(
         trace: step_trace(job, step, reports),
         planned_costs: planned.costs,
     }
-}
-
-/// Seconds of a worker's gradient sums over the replicas in `spans`, and how far the last
-/// of them ran past its last pass or send (what the step waited for them).
-fn all_reduce_secs(spans: &[Span]) -> (f64, f64) {
-    let (mut summing, mut sums_end, mut passes_end) = (0.0, f64::NEG_INFINITY, f64::NEG_INFINITY);
-    for s in spans {
-        match s.activity {
-            Activity::AllReduce { .. } => {
-                summing += s.duration();
-                sums_end = sums_end.max(s.end);
-            }
-            Activity::Pass(_) | Activity::Send { .. } => passes_end = passes_end.max(s.end),
-            _ => {}
-        }
-    }
-    let exposed = if sums_end.is_finite() && passes_end.is_finite() {
-        (sums_end - passes_end).max(0.0)
-    } else {
-        0.0
-    };
-    (summing, exposed)
 }
 
 /// `part / whole`, 0 when there is no whole.
@@ -172,6 +149,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipewise_common::trace::{Activity, Span};
 
     fn report(worker_index: u32, busy: f64, waits: (f64, f64)) -> StepReport {
         StepReport {

@@ -235,6 +235,9 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
     if memory < 1.0 || memory > u64::MAX as f64 {
         bail!("--memory-per-worker: {memory} bytes is out of range");
     }
+    if args.all_reduce_ns.is_some() && args.replicas.is_none() {
+        bail!("--all-reduce-ns applies only with --replicas");
+    }
     // --workers counts every worker; a fixed R plans pipelines of workers / R.
     let (workers, count) = match args.replicas.unwrap_or(ReplicasArg::Count(1)) {
         ReplicasArg::Auto => (workers, None),

@@ -420,4 +420,23 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn a_shape_plans_each_rank_at_its_slowest_replicas_speed() {
+        let mut req = weighing(0.0, u64::MAX);
+        req.measured = Some(Measured {
+            pieces: [[1.0; 3]; 3],
+            microbatch_size: 1,
+            worker_factors: vec![1.0, 2.0, 3.0, 0.5],
+            hop_ms_per_sequence: 0.0,
+        });
+        req.validate().unwrap();
+        // Replica-major: replica 0 is workers 0 and 1, replica 1 workers 2 and 3.
+        let two = req.shape((2, 2));
+        assert_eq!((two.workers, two.global_batch), (2, 8));
+        assert_eq!(two.replicas.count, Some(2));
+        assert_eq!(two.measured.unwrap().worker_factors, vec![3.0, 2.0]);
+        let one = req.shape((4, 1));
+        assert_eq!(one.measured.unwrap().worker_factors, vec![3.0]);
+    }
 }

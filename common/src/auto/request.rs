@@ -125,6 +125,8 @@ pub struct Measured {
     pub microbatch_size: u32,
     /// Every worker's pass times over a mean worker's (1: as fast as the mean). Stages are
     /// split to balance the workers at these speeds, and cost that much more on slow ones.
+    /// With a replica search ([`Replicas::count`] `None`), one per worker replica by
+    /// replica (`replica · d + rank`): each rank plans with its slowest replica's.
     pub worker_factors: Vec<f64>,
     /// Milliseconds of one hop per sequence in the microbatch (added to `comm_ms`).
     pub hop_ms_per_sequence: f64,
@@ -208,20 +210,18 @@ impl AutoRequest {
                 ),
             });
         }
-        if self.shapes().is_empty() {
-            return Err(Error::InvalidArgument {
-                field: "replicas",
-                reason: "no replica count divides both the workers and the global batch".into(),
-            });
-        }
         if let Some(mbs) = self.fixed.microbatch_size
-            && (mbs == 0 || !self.global_batch.is_multiple_of(mbs * r))
+            && (mbs == 0
+                || !mbs
+                    .checked_mul(r)
+                    .is_some_and(|per_step| self.global_batch.is_multiple_of(per_step)))
         {
             return Err(Error::InvalidArgument {
                 field: "microbatch size",
                 reason: format!(
-                    "{mbs} does not divide the global batch of {}",
-                    self.global_batch
+                    "{mbs} does not divide the global batch of {} (in {r} replica{})",
+                    self.global_batch,
+                    if r == 1 { "" } else { "s" }
                 ),
             });
         }

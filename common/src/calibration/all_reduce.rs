@@ -11,11 +11,10 @@ use crate::pass::PassKind;
 use crate::placement::Placement;
 use crate::run::worker::StepReport;
 use crate::simulate::Simulation;
-use crate::trace::Activity;
+use crate::trace::{Activity, passes_end};
 
-/// Seconds per summed gradient value before any sum is measured: 8 bytes out and 8 back
-/// at about 1 GB/s.
-pub(super) const DEFAULT_SECS_PER_VALUE: f64 = 16e-9;
+/// Seconds per summed gradient value before any sum is measured (the planner's default).
+pub(super) const DEFAULT_SECS_PER_VALUE: f64 = crate::auto::DEFAULT_SUM_MS_PER_VALUE * 1e-3;
 
 /// The gradient values of each stage (its parameters).
 pub(super) fn stage_values(model: &ModelSpec, ranges: &[Range<usize>]) -> Vec<u64> {
@@ -34,22 +33,17 @@ pub(super) fn observed(reports: &[StepReport], values: &[u64]) -> Option<(f64, f
     let (mut secs, mut summed) = (0.0, 0u64);
     let mut makespan: f64 = 0.0;
     for r in reports {
-        let (mut passes_end, mut end) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
         for s in &r.spans {
-            end = end.max(s.end);
-            match s.activity {
-                Activity::AllReduce { stage } => {
-                    secs += s.duration();
-                    summed += values.get(stage as usize).copied().unwrap_or(0);
-                }
-                Activity::Pass(_) | Activity::Send { .. } => passes_end = passes_end.max(s.end),
-                _ => {}
+            if let Activity::AllReduce { stage } = s.activity {
+                secs += s.duration();
+                summed += values.get(stage as usize).copied().unwrap_or(0);
             }
         }
-        if passes_end.is_finite() {
+        let end = r.spans.iter().map(|s| s.end).reduce(f64::max);
+        if let (Some(end), Some(passes)) = (end, passes_end(&r.spans)) {
             // The report's spans end with its step (the sync's end): its start is that less
             // its wall time.
-            makespan = makespan.max(r.wall_secs - (end - passes_end));
+            makespan = makespan.max(r.wall_secs - (end - passes));
         }
     }
     (summed > 0).then(|| (secs / summed as f64, makespan))

@@ -115,9 +115,6 @@ pub struct CostModel {
     sync: Mean,
     /// Seconds per byte of a hop, fitted to every step's makespan ([`hop`]).
     secs_per_byte: Mean,
-    /// Data-parallel replicas of the plans predicted (above 1: every stage's gradients are
-    /// summed over them beside the passes, [`all_reduce`]).
-    replicas: u32,
     /// Seconds per gradient value summed over the replicas ([`all_reduce`]).
     secs_per_value: Mean,
     /// The fit to the samples: costs, factors (one per worker); `None` before any.
@@ -142,19 +139,12 @@ impl CostModel {
             samples: BTreeMap::new(),
             sync: Mean::default(),
             secs_per_byte: Mean::default(),
-            replicas: 1,
             secs_per_value: Mean::default(),
             fitted: None,
             held: None,
             warming: false,
             steps: 0,
         }
-    }
-
-    /// Predicts plans of `replicas` data-parallel replicas from now on (their gradient
-    /// sums in each step).
-    pub fn set_replicas(&mut self, replicas: u32) {
-        self.replicas = replicas.max(1);
     }
 
     /// Steps observed so far.
@@ -452,15 +442,16 @@ impl CostModel {
             * m.dtype.bytes()
     }
 
-    /// Seconds from the step's start to the end of its passes and of the replicas' gradient
-    /// sums beside them (without replicas: the makespan of `sim`).
+    /// Seconds from the step's start to the end of its passes and of the gradient sums
+    /// over `replicas` data-parallel replicas beside them (one: the makespan of `sim`).
     pub fn passes_and_sums(
         &self,
         sim: &Simulation,
         schedule: &Schedule,
         ranges: &[Range<usize>],
+        replicas: u32,
     ) -> f64 {
-        if self.replicas <= 1 {
+        if replicas <= 1 {
             return sim.makespan;
         }
         let values = all_reduce::stage_values(&self.model, ranges);
@@ -482,16 +473,18 @@ impl CostModel {
         self.sync.get().unwrap_or(0.0)
     }
 
-    /// The predicted step time and bubble of `schedule` on `ranges` run by `workers`.
+    /// The predicted step time and bubble of `schedule` on `ranges` run by `workers`, one
+    /// pipeline of `replicas` data-parallel replicas.
     pub fn predict(
         &mut self,
         schedule: &Schedule,
         ranges: &[Range<usize>],
         workers: &[Worker],
+        replicas: u32,
     ) -> Option<Prediction> {
         let (costs, sync) = self.costs(schedule, ranges, workers)?;
         let sim = simulate(schedule, &costs).ok()?;
-        let step_secs = self.passes_and_sums(&sim, schedule, ranges) + sync;
+        let step_secs = self.passes_and_sums(&sim, schedule, ranges, replicas) + sync;
         let d = sim.busy.len() as f64;
         let bubble = if step_secs > 0.0 {
             1.0 - sim.busy.iter().sum::<f64>() / (d * step_secs)

@@ -162,7 +162,8 @@ fn before_any_step_the_profile_sets_the_speed_and_shared_cores_slow_it() {
     let slow = vec![worker(0, 10_000_000_000), worker(1, 10_000_000_000)];
     let predict = |workers: &[Worker]| {
         let mut m = CostModel::new(gpt(4), 4);
-        m.predict(&schedule, &ranges, workers).expect("prediction")
+        m.predict(&schedule, &ranges, workers, 1)
+            .expect("prediction")
     };
     let (a, b) = (predict(&fast), predict(&slow));
     assert!(
@@ -296,11 +297,10 @@ fn a_replicated_step_ends_with_each_workers_last_sum() {
         .collect();
     model.observe(&schedule, &ranges, &workers, &reports);
     let alone = model
-        .predict(&schedule, &ranges, &workers)
+        .predict(&schedule, &ranges, &workers, 1)
         .expect("predict");
-    model.set_replicas(2);
     let both = model
-        .predict(&schedule, &ranges, &workers)
+        .predict(&schedule, &ranges, &workers, 2)
         .expect("predict");
     let sim = simulate(&schedule, &alone.costs).expect("simulate");
     let last_w = |w: usize| {

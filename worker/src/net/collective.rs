@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::RunName;
-use super::grad_sum::{GRAD_CHUNK, GradSums, SumResult, from_bytes, to_bytes};
+use super::grad_sum::{GRAD_CHUNK, GRAD_WINDOW, GradSums, SumResult, from_bytes, to_bytes};
 use crate::error::{Error, Result};
 use crate::runtime::{ReplicaPart, StepSync};
 
@@ -562,49 +562,55 @@ impl StepSync for NetSync {
     fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
         let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
         let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
-        // Every chunk in flight at once: the root sums each as its replicas' parts come.
-        let calls: Vec<_> = grads
-            .chunks(GRAD_CHUNK)
-            .enumerate()
-            .map(|(chunk, values)| {
-                let req = ReduceRequest {
-                    run: self.run,
-                    step: part.step,
-                    op: ReduceOp::Grads as i32,
-                    worker: self.worker,
-                    stage: part.stage,
-                    chunk: chunk as u32,
-                    chunks,
-                    replica: part.replica,
-                    grads: to_bytes(values),
-                    run_secret: self.run_secret.clone(),
-                    ..ReduceRequest::default()
-                };
-                self.runtime.spawn(self.answer(what.clone(), req))
-            })
-            .collect();
-        let replies: Vec<Result<ReduceReply>> = self.runtime.block_on(async {
-            let mut replies = Vec::with_capacity(calls.len());
-            for call in calls {
-                replies.push(call.await.unwrap_or_else(|e| {
-                    Err(Error::invalid(
+        // A window of chunks in flight at once (the root sums each as its replicas' parts
+        // come): the round trips overlap, and the bytes held on both sides stay bounded.
+        let window = GRAD_CHUNK * GRAD_WINDOW;
+        for (first, group) in grads.chunks_mut(window).enumerate() {
+            let calls: Vec<_> = group
+                .chunks(GRAD_CHUNK)
+                .enumerate()
+                .map(|(i, values)| {
+                    let req = ReduceRequest {
+                        run: self.run,
+                        step: part.step,
+                        op: ReduceOp::Grads as i32,
+                        worker: self.worker,
+                        stage: part.stage,
+                        chunk: (first * GRAD_WINDOW + i) as u32,
+                        chunks,
+                        replica: part.replica,
+                        grads: to_bytes(values),
+                        run_secret: self.run_secret.clone(),
+                        ..ReduceRequest::default()
+                    };
+                    self.runtime.spawn(self.answer(what.clone(), req))
+                })
+                .collect();
+            let replies: Vec<Result<ReduceReply>> = self.runtime.block_on(async {
+                let mut replies = Vec::with_capacity(calls.len());
+                for call in calls {
+                    replies.push(call.await.unwrap_or_else(|e| {
+                        Err(Error::Call {
+                            call: what.clone(),
+                            peer: self.root.clone(),
+                            code: tonic::Code::Internal,
+                            message: format!("the call's task ended: {e}"),
+                        })
+                    }));
+                }
+                replies
+            });
+            for (values, reply) in group.chunks_mut(GRAD_CHUNK).zip(replies) {
+                let sum = from_bytes(&reply?.grads, "ReduceReply.grads")
+                    .map_err(|s| Error::invalid("replicas", format!("{what}: {}", s.message())))?;
+                if sum.len() != values.len() {
+                    return Err(Error::invalid(
                         "replicas",
-                        format!("{what}: the call failed: {e}"),
-                    ))
-                }));
+                        format!("{what}: a sum of {} values for {}", sum.len(), values.len()),
+                    ));
+                }
+                values.copy_from_slice(&sum);
             }
-            replies
-        });
-        for (values, reply) in grads.chunks_mut(GRAD_CHUNK).zip(replies) {
-            let sum = from_bytes(&reply?.grads, "ReduceReply.grads")
-                .map_err(|s| Error::invalid("replicas", format!("{what}: {}", s.message())))?;
-            if sum.len() != values.len() {
-                return Err(Error::invalid(
-                    "replicas",
-                    format!("{what}: a sum of {} values for {}", sum.len(), values.len()),
-                ));
-            }
-            values.copy_from_slice(&sum);
         }
         Ok(())
     }

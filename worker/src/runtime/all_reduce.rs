@@ -5,6 +5,10 @@
 //! being summed. The helper takes the stages in the order they finish, one at a time, so
 //! a worker never has two sums of its own in flight, and every sum is in replica order
 //! whatever the timing (the sync's rule), so the overlap changes no bits.
+//!
+//! A failed sum stops the step at the next pass boundary. A pass that fails while a sum is
+//! in flight returns once that sum ends: at once when the other replicas contribute, else
+//! when the run is abandoned (a replica shed aborts the root's sums) or the sync times out.
 
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
@@ -57,6 +61,12 @@ impl<'scope> Reducer<'scope> {
         if let Some(to_sum) = &self.to_sum {
             let _ = to_sum.send((stage, grads));
         }
+    }
+
+    /// Whether the helper stopped before being told to: a sum failed (its error comes from
+    /// [`Reducer::finish`]), so the step cannot end well and need not run on.
+    pub(crate) fn failed(&self) -> bool {
+        self.to_sum.is_some() && self.helper.is_finished()
     }
 
     /// Waits for every stage handed over to be summed.

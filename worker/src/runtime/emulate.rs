@@ -166,15 +166,7 @@ impl EmulatedRuntime {
     /// real stage has parameters) are summed over the replicas every step, as real
     /// compute's are.
     pub fn set_replica(&mut self, replica: Replica) -> Result<()> {
-        if replica.count == 0 || replica.index >= replica.count {
-            return Err(Error::invalid(
-                "replicas",
-                format!(
-                    "replica {} of {}: the index must be below the count",
-                    replica.index, replica.count
-                ),
-            ));
-        }
+        replica.check()?;
         self.replica = replica;
         Ok(())
     }

@@ -222,15 +222,7 @@ impl WorkerRuntime {
     /// with `1 / (microbatches × count)`), and gradients are summed over the replicas
     /// before the optimizer step (through the step's [`StepSync`]).
     pub fn set_replica(&mut self, replica: Replica) -> Result<()> {
-        if replica.count == 0 || replica.index >= replica.count {
-            return Err(Error::invalid(
-                "replicas",
-                format!(
-                    "replica {} of {}: the index must be below the count",
-                    replica.index, replica.count
-                ),
-            ));
-        }
+        replica.check()?;
         let microbatches = self.program.microbatches.saturating_mul(replica.count);
         for stage in self.stages.values_mut() {
             stage.set_microbatches(microbatches);

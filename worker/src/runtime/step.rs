@@ -1,8 +1,9 @@
 //! One step of a worker's program, whatever computes its passes: [`run_passes`] walks the
 //! program once, taking each pass's input (from this worker's memory or the transport),
 //! running the pass through [`Passes`] (real stages or emulated compute), handing its
-//! output on and tracking the stash, then ends the step with the two [`StepSync`]
-//! collectives. Also [`StepReport`], what it returns.
+//! output on and tracking the stash (with data-parallel replicas, handing each stage's
+//! final gradients to be summed beside the passes still to come), then ends the step with
+//! the two [`StepSync`] collectives. Also [`StepReport`], what it returns.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -155,7 +156,7 @@ fn pass_loop<P: Passes>(
     transport: &dyn Transport,
     sync: &dyn StepSync,
     started: Instant,
-    reducer: Option<Reducer<'_>>,
+    mut reducer: Option<Reducer<'_>>,
 ) -> Result<StepReport> {
     let link = program.link(transport, job, step);
     let worker = program.worker;
@@ -215,10 +216,15 @@ fn pass_loop<P: Passes>(
             link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
         }
         peak = peak.max(passes.stash_bytes());
-        if let Some(reducer) = &reducer
-            && let Some((_, s)) = finals.next_if(|&(at, _)| at == i)
-        {
-            reducer.sum(s, passes.stage_grads(s)?);
+        if let Some(r) = &reducer {
+            if let Some((_, s)) = finals.next_if(|&(at, _)| at == i) {
+                r.sum(s, passes.stage_grads(s)?);
+            }
+            if r.failed()
+                && let Some(r) = reducer.take()
+            {
+                r.finish()?;
+            }
         }
     }
     if let Some(&(s, mb, kind)) = local.keys().next() {
@@ -275,13 +281,14 @@ pub(crate) fn end_step<P: Passes>(
             reduced.push(sum_stage(sync, step, replica, stage, grads)?);
         }
     }
+    // The sync span holds taking the sums in, the collectives and the optimizer step.
+    let sync_started = Instant::now();
     for r in reduced {
         passes.set_stage_grads(r.stage, &r.grads)?;
         let activity = Activity::AllReduce { stage: r.stage };
         rec.span_between(activity, r.started, r.ended);
     }
     // Global-norm clipping: every stage of every worker scales by the same factor.
-    let sync_started = Instant::now();
     let local_sq = passes.grad_sq_norm()?;
     let mark = rec.core_wait.mark();
     let global_sq = sync.all_reduce_sq_norm(step, local_sq)?;

@@ -43,6 +43,22 @@ impl Default for Replica {
     }
 }
 
+impl Replica {
+    /// Refuses a count of 0 or an index not below the count.
+    pub fn check(self) -> Result<()> {
+        if self.count == 0 || self.index >= self.count {
+            return Err(Error::invalid(
+                "replicas",
+                format!(
+                    "replica {} of {}: the index must be below the count",
+                    self.index, self.count
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Whose gradients a replica all-reduce gets: a stage's, in a step, from a replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaPart {

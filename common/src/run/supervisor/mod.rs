@@ -679,12 +679,12 @@ pub fn shown(
     workers: &[Worker],
     costs: &mut CostModel,
 ) -> Shown {
-    costs.set_replicas(spec.replicas());
+    let replicas = spec.replicas();
     let emulated = spec.compute.is_emulated();
     // Emulated passes, once measured, are planned as real ones are: their sleeps overshoot
     // a little on a loaded machine, and the fit finds that as it finds a slow core.
     if (!emulated || costs.calibrated())
-        && let Some(p) = costs.predict(&plan.schedule, ranges, workers)
+        && let Some(p) = costs.predict(&plan.schedule, ranges, workers, replicas)
     {
         return Shown {
             bubble: p.bubble,
@@ -709,7 +709,8 @@ pub fn shown(
         .and_then(|c| Ok((simulate(&plan.schedule, &c)?, c)));
     match simulated {
         Ok((sim, c)) if emulated => {
-            let step = costs.passes_and_sums(&sim, &plan.schedule, ranges) + costs.sync_secs();
+            let step =
+                costs.passes_and_sums(&sim, &plan.schedule, ranges, replicas) + costs.sync_secs();
             let busy: f64 = sim.busy.iter().sum();
             let idle = 1.0 - busy / (sim.busy.len().max(1) as f64 * step);
             Shown {

@@ -95,8 +95,11 @@ impl Supervisor {
         }
         let schedule = &self.plan.schedule;
         let workers = &run.out.workers;
-        let current = self.costs.predict(schedule, &run.out.ranges, workers)?;
-        let candidate = self.costs.predict(schedule, &ranges, workers)?;
+        let replicas = self.current.replicas();
+        let current = self
+            .costs
+            .predict(schedule, &run.out.ranges, workers, replicas)?;
+        let candidate = self.costs.predict(schedule, &ranges, workers, replicas)?;
         Some((current.step_secs, counts, candidate.step_secs))
     }
 }
