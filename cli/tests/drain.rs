@@ -91,10 +91,14 @@ fn a_worker_stopped_by_sigterm_leaves_and_its_job_is_replanned_at_once() {
     assert!(exit.success(), "w2 exited with {exit}");
     let (_, left_at, _) = status(&cluster, job);
     let (stdout, left) = succeeded_replanned_once(&cluster, job, "left the cluster");
+    // On a busy machine a drift or straggler move may be under way when w2 leaves: the
+    // job then shrinks while it waits to start the moved run (a CI run did so).
+    let onto = "re-planned onto 2 workers (v-half, 4 stages)";
     assert!(
-        left.contains(
-            "worker 2 (w2) left the cluster; re-planned onto 2 workers (v-half, 4 stages)"
-        ),
+        left.contains(&format!("worker 2 (w2) left the cluster; {onto}"))
+            || left.contains(&format!(
+                "worker w2 left the cluster while the job waited; {onto}"
+            )),
         "{left}"
     );
     assert!(
@@ -106,10 +110,7 @@ fn a_worker_stopped_by_sigterm_leaves_and_its_job_is_replanned_at_once() {
 
     let w2 = std::fs::read_to_string(dir.join("w2.log")).unwrap();
     assert!(w2.contains("SIGTERM: leaving the cluster"), "{w2}");
-    let replanned = logged_at(
-        &dir.join("coordinator.log"),
-        "left the cluster; re-planned onto",
-    );
+    let replanned = logged_at(&dir.join("coordinator.log"), onto);
     let delay = replanned.duration_since(sent).unwrap_or_default();
     eprintln!(
         "drain: SIGTERM to w2 near step {left_at}; re-plan logged {:.1} ms after the signal; \
