@@ -130,121 +130,99 @@ pub(crate) fn run_passes<P: Passes>(
     started: Instant,
 ) -> Result<StepReport> {
     let replica = passes.replica();
-    if replica.count <= 1 {
-        return pass_loop(passes, program, (job, step), transport, sync, started, None);
-    }
-    // The stages' gradient sums run beside the passes still to come.
+    // With replicas, the stages' gradient sums run beside the passes still to come.
     std::thread::scope(|scope| {
-        let reducer = Reducer::start(scope, sync, step, replica);
-        pass_loop(
-            passes,
-            program,
-            (job, step),
-            transport,
-            sync,
-            started,
-            Some(reducer),
-        )
-    })
-}
-
-/// [`run_passes`]'s loop, handing each stage's final gradients to `reducer` when given.
-fn pass_loop<P: Passes>(
-    passes: &mut P,
-    program: &WorkerProgram,
-    (job, step): (u64, u64),
-    transport: &dyn Transport,
-    sync: &dyn StepSync,
-    started: Instant,
-    mut reducer: Option<Reducer<'_>>,
-) -> Result<StepReport> {
-    let link = program.link(transport, job, step);
-    let worker = program.worker;
-    let last = program.placement.stages() - 1;
-    let program = &program.passes;
-    let mut finals = match reducer {
-        Some(_) => last_gradient_passes(program),
-        None => Vec::new(),
-    }
-    .into_iter()
-    .peekable();
-    let mut local: Local<P::Value> = HashMap::new();
-    let mut rec = Recorder::start(started, 2 * program.len() + 1);
-    let mut losses: Vec<(u32, f32)> = Vec::new();
-    let mut pass_times = Vec::with_capacity(program.len());
-    let mut peak = passes.stash_bytes();
-    for (i, &pass) in program.iter().enumerate() {
-        let (s, mb) = (pass.stage, pass.mb);
-        passes.check_order(pass)?;
-        let input_kind = match pass.kind {
-            PassKind::F if s > 0 => Some(FrameKind::Activation),
-            PassKind::B | PassKind::BW if s < last => Some(FrameKind::Gradient),
-            _ => None,
-        };
-        let input = match input_kind {
-            Some(kind) => Some(match link.take(&mut local, &mut rec, pass, kind)? {
-                Input::Local(value) => value,
-                Input::Received(payload) => {
-                    let (dims, dtype) = passes.expected(pass)?;
-                    if payload.dims() != dims || payload.dtype() != dtype {
-                        return Err(link.bad_frame(pass, kind, &payload, (&dims, dtype)));
+        let mut reducer = (replica.count > 1).then(|| Reducer::start(scope, sync, step, replica));
+        let link = program.link(transport, job, step);
+        let worker = program.worker;
+        let last = program.placement.stages() - 1;
+        let program = &program.passes;
+        let mut finals = match reducer {
+            Some(_) => last_gradient_passes(program),
+            None => Vec::new(),
+        }
+        .into_iter()
+        .peekable();
+        let mut local: Local<P::Value> = HashMap::new();
+        let mut rec = Recorder::start(started, 2 * program.len() + 1);
+        let mut losses: Vec<(u32, f32)> = Vec::new();
+        let mut pass_times = Vec::with_capacity(program.len());
+        let mut peak = passes.stash_bytes();
+        for (i, &pass) in program.iter().enumerate() {
+            let (s, mb) = (pass.stage, pass.mb);
+            passes.check_order(pass)?;
+            let input_kind = match pass.kind {
+                PassKind::F if s > 0 => Some(FrameKind::Activation),
+                PassKind::B | PassKind::BW if s < last => Some(FrameKind::Gradient),
+                _ => None,
+            };
+            let input = match input_kind {
+                Some(kind) => Some(match link.take(&mut local, &mut rec, pass, kind)? {
+                    Input::Local(value) => value,
+                    Input::Received(payload) => {
+                        let (dims, dtype) = passes.expected(pass)?;
+                        if payload.dims() != dims || payload.dtype() != dtype {
+                            return Err(link.bad_frame(pass, kind, &payload, (&dims, dtype)));
+                        }
+                        passes.input_from(pass, payload)?
                     }
-                    passes.input_from(pass, payload)?
+                }),
+                None => None,
+            };
+            let t0 = Instant::now();
+            let mark = rec.core_wait.mark();
+            let output = passes.run(pass, input)?;
+            rec.core_wait.add_pass_since(mark);
+            pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
+            let to = match pass.kind {
+                PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
+                PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
+                _ => None,
+            };
+            if pass.kind == PassKind::F && s == last {
+                losses.push((mb, passes.loss(pass, output)?));
+            } else if let Some((to, kind)) = to {
+                let value = output.ok_or_else(|| {
+                    Error::invalid(
+                        "stage",
+                        format!("pass {pass} gave no {kind} for stage {to}"),
+                    )
+                })?;
+                link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
+            }
+            peak = peak.max(passes.stash_bytes());
+            if let Some(r) = &reducer {
+                if let Some((_, s)) = finals.next_if(|&(at, _)| at == i) {
+                    r.sum(s, passes.stage_grads(s)?);
                 }
-            }),
-            None => None,
-        };
-        let t0 = Instant::now();
-        let mark = rec.core_wait.mark();
-        let output = passes.run(pass, input)?;
-        rec.core_wait.add_pass_since(mark);
-        pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
-        let to = match pass.kind {
-            PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
-            PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
-            _ => None,
-        };
-        if pass.kind == PassKind::F && s == last {
-            losses.push((mb, passes.loss(pass, output)?));
-        } else if let Some((to, kind)) = to {
-            let value = output.ok_or_else(|| {
-                Error::invalid(
-                    "stage",
-                    format!("pass {pass} gave no {kind} for stage {to}"),
-                )
-            })?;
-            link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
-        }
-        peak = peak.max(passes.stash_bytes());
-        if let Some(r) = &reducer {
-            if let Some((_, s)) = finals.next_if(|&(at, _)| at == i) {
-                r.sum(s, passes.stage_grads(s)?);
-            }
-            if r.failed()
-                && let Some(r) = reducer.take()
-            {
-                r.finish()?;
+                if r.failed()
+                    && let Some(r) = reducer.take()
+                {
+                    r.finish()?;
+                }
             }
         }
-    }
-    if let Some(&(s, mb, kind)) = local.keys().next() {
-        return Err(Error::invalid(
-            "schedule",
-            format!("worker {worker}: the {kind} for stage {s} microbatch {mb} was never consumed"),
-        ));
-    }
-    let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
-    let ran = PassesDone {
-        losses,
-        pass_times,
-        busy_secs,
-        peak,
-    };
-    let reduced = match reducer {
-        Some(reducer) => reducer.finish()?,
-        None => Vec::new(),
-    };
-    end_step(passes, sync, step, ran, rec, started, reduced)
+        if let Some(&(s, mb, kind)) = local.keys().next() {
+            return Err(Error::invalid(
+                "schedule",
+                format!(
+                    "worker {worker}: the {kind} for stage {s} microbatch {mb} was never consumed"
+                ),
+            ));
+        }
+        let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
+        let ran = PassesDone {
+            losses,
+            pass_times,
+            busy_secs,
+            peak,
+        };
+        let reduced = match reducer {
+            Some(reducer) => reducer.finish()?,
+            None => Vec::new(),
+        };
+        end_step(passes, sync, step, ran, rec, started, reduced)
+    })
 }
 
 /// What a step's passes did, for [`end_step`].
