@@ -657,3 +657,92 @@ fn replicas_match_the_reference() -> Result<()> {
     );
     Ok(())
 }
+
+/// A transport of one replica's worker that corrupts the gradients it sends for the last
+/// microbatch (the first handle it wraps only: one replica fails, the other is healthy).
+struct LastGradientCorrupted {
+    inner: MemoryTransport,
+    armed: bool,
+    last: u32,
+}
+
+impl Transport for LastGradientCorrupted {
+    fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
+        let frame = if self.armed && frame.mb == self.last && frame.kind == FrameKind::Gradient {
+            shrink(frame)
+        } else {
+            frame
+        };
+        self.inner.send(to_worker, frame)
+    }
+
+    fn recv(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+        timeout: Duration,
+    ) -> Result<Payload> {
+        self.inner.recv(job, step, stage, mb, kind, timeout)
+    }
+}
+
+/// One replica's worker fails late in a step, after a stage of it was final and its sum
+/// over the replicas began beside the drain: the run stops with that failure (not a
+/// timeout, not the others' "aborted") well within the workers' timeout.
+#[test]
+fn a_replica_failing_while_its_sums_run_stops_the_run() -> Result<()> {
+    const REPLICAS: u32 = 2;
+    let spec = spec(4);
+    let data = common::step_batches(&spec, 2, MICROBATCHES)?;
+    let per_replica = MICROBATCHES / REPLICAS;
+    let mut req = Request::new(ScheduleKind::VHalf, 2, per_replica);
+    req.chunks = 2;
+    let schedule = generate(&req)?;
+    let taken = std::sync::Mutex::new(false);
+    let wrap = move |w: u32, inner: MemoryTransport| -> Box<dyn Transport> {
+        let mut taken = taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let armed = w == 1 && !*taken;
+        *taken |= armed;
+        Box::new(LastGradientCorrupted {
+            inner,
+            armed,
+            last: per_replica - 1,
+        })
+    };
+    let options = LocalOptions {
+        wrap: Some(&wrap),
+        timeout: Duration::from_secs(30),
+        replicas: REPLICAS,
+        ..LocalOptions::default()
+    };
+    let started = Instant::now();
+    let result = run_local_with(
+        &schedule,
+        &spec,
+        SEED,
+        adamw(),
+        &Device::Cpu,
+        &data,
+        options,
+    );
+    let secs = started.elapsed().as_secs_f64();
+    let Err(e) = result else {
+        panic!("a corrupted gradient went unnoticed");
+    };
+    eprintln!("one replica failing mid-drain: {e} ({secs:.2} s)");
+    assert!(e.to_string().contains("frame"), "{e}");
+    assert!(
+        !e.to_string().contains("aborted"),
+        "the root cause is reported: {e}"
+    );
+    assert!(
+        secs < 20.0,
+        "every worker stops well before the timeout ({secs} s)"
+    );
+    Ok(())
+}
