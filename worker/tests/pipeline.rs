@@ -295,18 +295,25 @@ fn zb_h1_resumes_as_v_zb() -> Result<()> {
     resumes_exactly(ScheduleKind::ZbH1, ScheduleKind::VZb, 2, 6)
 }
 
-/// A transport that counts sends (and can corrupt one frame) before passing it on.
+/// A transport that counts sends (and can corrupt the frames `picks` picks) before passing
+/// them on.
 struct Wrapped {
     inner: MemoryTransport,
     sends: Arc<AtomicUsize>,
     corrupt: Option<fn(Frame) -> Frame>,
+    picks: fn(&Frame) -> bool,
+}
+
+/// Microbatch 1's frames.
+fn second_microbatch(frame: &Frame) -> bool {
+    frame.mb == 1
 }
 
 impl Transport for Wrapped {
     fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
         self.sends.fetch_add(1, Ordering::SeqCst);
         let frame = match self.corrupt {
-            Some(f) if frame.mb == 1 => f(frame),
+            Some(f) if (self.picks)(&frame) => f(frame),
             _ => frame,
         };
         self.inner.send(to_worker, frame)
@@ -346,6 +353,7 @@ fn count_sends(schedule: &Schedule, layers: u32, steps: u64) -> Result<(usize, u
             inner,
             sends: Arc::clone(&counter),
             corrupt: None,
+            picks: second_microbatch,
         })
     };
     let options = LocalOptions {
@@ -512,6 +520,31 @@ fn later_step(frame: Frame) -> Frame {
     }
 }
 
+/// Runs `schedule` with `options` (a transport corrupting a frame, a 30 s timeout): the run
+/// fails with the frame's error, its root cause (not the others' "aborted"), and every
+/// worker stops well within the timeout.
+fn stops_on_the_corrupted_frame(
+    what: &str,
+    schedule: &Schedule,
+    spec: &ModelSpec,
+    data: &[Vec<Batch>],
+    options: LocalOptions<'_>,
+) {
+    let started = Instant::now();
+    let result = run_local_with(schedule, spec, SEED, adamw(), &Device::Cpu, data, options);
+    let secs = started.elapsed().as_secs_f64();
+    let Err(e) = result else {
+        panic!("{what}: the corrupted frame went unnoticed");
+    };
+    eprintln!("{what}: {e} ({secs:.2} s)");
+    assert!(e.to_string().contains("frame"), "{e}");
+    assert!(
+        !e.to_string().contains("aborted"),
+        "the root cause is reported: {e}"
+    );
+    assert!(secs < 20.0, "the other workers stop at once ({secs} s)");
+}
+
 #[test]
 fn corrupted_frame_stops_every_worker() -> Result<()> {
     let spec = spec(8);
@@ -528,6 +561,7 @@ fn corrupted_frame_stops_every_worker() -> Result<()> {
                     inner,
                     sends: Arc::clone(&sends),
                     corrupt: (w == 1).then_some(corrupt),
+                    picks: second_microbatch,
                 })
             };
             let options = LocalOptions {
@@ -535,27 +569,8 @@ fn corrupted_frame_stops_every_worker() -> Result<()> {
                 timeout: Duration::from_secs(30),
                 ..LocalOptions::default()
             };
-            let started = Instant::now();
-            let result = run_local_with(
-                &schedule,
-                &spec,
-                SEED,
-                adamw(),
-                &Device::Cpu,
-                &data,
-                options,
-            );
-            let secs = started.elapsed().as_secs_f64();
-            let Err(e) = result else {
-                panic!("{kind}: a corrupted {what} went unnoticed");
-            };
-            eprintln!("{kind}, corrupted {what}: {e} ({secs:.2} s)");
-            assert!(e.to_string().contains("frame"), "{e}");
-            assert!(
-                !e.to_string().contains("aborted"),
-                "the root cause is reported: {e}"
-            );
-            assert!(secs < 20.0, "the other workers stop at once ({secs} s)");
+            let what = format!("{kind}, corrupted {what}");
+            stops_on_the_corrupted_frame(&what, &schedule, &spec, &data, options);
         }
     }
     Ok(())
@@ -658,35 +673,9 @@ fn replicas_match_the_reference() -> Result<()> {
     Ok(())
 }
 
-/// A transport of one replica's worker that corrupts the gradients it sends for the last
-/// microbatch (the first handle it wraps only: one replica fails, the other is healthy).
-struct LastGradientCorrupted {
-    inner: MemoryTransport,
-    armed: bool,
-    last: u32,
-}
-
-impl Transport for LastGradientCorrupted {
-    fn send(&self, to_worker: u32, frame: Frame) -> Result<()> {
-        let frame = if self.armed && frame.mb == self.last && frame.kind == FrameKind::Gradient {
-            shrink(frame)
-        } else {
-            frame
-        };
-        self.inner.send(to_worker, frame)
-    }
-
-    fn recv(
-        &self,
-        job: u64,
-        step: u64,
-        stage: u32,
-        mb: u32,
-        kind: FrameKind,
-        timeout: Duration,
-    ) -> Result<Payload> {
-        self.inner.recv(job, step, stage, mb, kind, timeout)
-    }
+/// The gradients sent for the last microbatch of a replica's share (microbatch 3 of 4).
+fn last_gradient(frame: &Frame) -> bool {
+    frame.mb == MICROBATCHES / 2 - 1 && frame.kind == FrameKind::Gradient
 }
 
 /// One replica's worker fails late in a step, after a stage of it was final and its sum
@@ -697,10 +686,10 @@ fn a_replica_failing_while_its_sums_run_stops_the_run() -> Result<()> {
     const REPLICAS: u32 = 2;
     let spec = spec(4);
     let data = common::step_batches(&spec, 2, MICROBATCHES)?;
-    let per_replica = MICROBATCHES / REPLICAS;
-    let mut req = Request::new(ScheduleKind::VHalf, 2, per_replica);
+    let mut req = Request::new(ScheduleKind::VHalf, 2, MICROBATCHES / REPLICAS);
     req.chunks = 2;
     let schedule = generate(&req)?;
+    // The first rank-1 handle wrapped corrupts: one replica fails, the other is healthy.
     let taken = std::sync::Mutex::new(false);
     let wrap = move |w: u32, inner: MemoryTransport| -> Box<dyn Transport> {
         let mut taken = taken
@@ -708,10 +697,11 @@ fn a_replica_failing_while_its_sums_run_stops_the_run() -> Result<()> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let armed = w == 1 && !*taken;
         *taken |= armed;
-        Box::new(LastGradientCorrupted {
+        Box::new(Wrapped {
             inner,
-            armed,
-            last: per_replica - 1,
+            sends: Arc::new(AtomicUsize::new(0)),
+            corrupt: armed.then_some(shrink as fn(Frame) -> Frame),
+            picks: last_gradient,
         })
     };
     let options = LocalOptions {
@@ -720,29 +710,12 @@ fn a_replica_failing_while_its_sums_run_stops_the_run() -> Result<()> {
         replicas: REPLICAS,
         ..LocalOptions::default()
     };
-    let started = Instant::now();
-    let result = run_local_with(
+    stops_on_the_corrupted_frame(
+        "one replica failing mid-drain",
         &schedule,
         &spec,
-        SEED,
-        adamw(),
-        &Device::Cpu,
         &data,
         options,
-    );
-    let secs = started.elapsed().as_secs_f64();
-    let Err(e) = result else {
-        panic!("a corrupted gradient went unnoticed");
-    };
-    eprintln!("one replica failing mid-drain: {e} ({secs:.2} s)");
-    assert!(e.to_string().contains("frame"), "{e}");
-    assert!(
-        !e.to_string().contains("aborted"),
-        "the root cause is reported: {e}"
-    );
-    assert!(
-        secs < 20.0,
-        "every worker stops well before the timeout ({secs} s)"
     );
     Ok(())
 }
