@@ -46,6 +46,27 @@ pub fn predicted_peaks(spec: &JobSpec, plan: &JobPlan, in_use: &[u32]) -> Vec<u6
         .unwrap_or_default()
 }
 
+/// Whether worker `w` registered a memory size and `need` bytes exceed it.
+fn over_budget(workers: &[Worker], w: usize, need: u64) -> bool {
+    workers
+        .get(w)
+        .is_some_and(|w| w.memory_bytes > 0 && need > w.memory_bytes)
+}
+
+/// The first worker predicted to hold more than its registered memory under `plan` on the
+/// split in use, and what it is predicted to hold (`None`: every worker fits, or the bytes
+/// cannot be predicted).
+pub fn predicted_overflow(
+    spec: &JobSpec,
+    plan: &JobPlan,
+    in_use: &[u32],
+    workers: &[Worker],
+) -> Option<(usize, u64)> {
+    let (spec, ranges) = in_use_ranges(spec, plan, in_use)?;
+    let now = plan.predicted_bytes_over(&spec, &ranges).ok()?;
+    (0..now.len()).find_map(|w| over_budget(workers, w, now[w]).then_some((w, now[w])))
+}
+
 /// When a worker with a registered memory size held more than it (its step's peak
 /// activations plus its parameters, gradients and optimizer state, in `measured`; without
 /// reports: is predicted to hold more, before a run starts), the reason and the fastest
@@ -65,19 +86,15 @@ pub fn pressure(
     let spec = &spec;
     let predicted = |p: &JobPlan| p.predicted_bytes(spec).ok();
     let now = plan.predicted_bytes_over(spec, &ranges).ok()?;
-    let over_budget = |w: usize, need: u64| {
-        workers
-            .get(w)
-            .is_some_and(|w| w.memory_bytes > 0 && need > w.memory_bytes)
-    };
     let (over, need, held) = match measured {
         Some(reports) => reports.iter().find_map(|r| {
             let need = r.held_bytes();
             let w = r.worker_index as usize;
-            over_budget(w, need).then_some((w, need, "held"))
+            over_budget(workers, w, need).then_some((w, need, "held"))
         })?,
-        None => (0..now.len())
-            .find_map(|w| over_budget(w, now[w]).then_some((w, now[w], "is predicted to hold")))?,
+        None => (0..now.len()).find_map(|w| {
+            over_budget(workers, w, now[w]).then_some((w, now[w], "is predicted to hold"))
+        })?,
     };
     // A candidate spec's plan, when it fits every worker that registered a size and holds
     // less on the overflowing one.

@@ -131,16 +131,13 @@ impl Supervisor {
                 )));
             }
             Taken::Ignored(_) | Taken::Pending => {}
-            // (A step the replica before it made already is not made again.)
+            // A step the replica before it made already is not made again.
+            Taken::Complete(_) if step < run.out.first_step + run.completed => {}
             Taken::Complete(reports) if replica == run.events_from => {
-                if step >= run.out.first_step + run.completed {
-                    self.complete(run, step, reports);
-                }
+                self.complete(run, step, reports);
             }
             Taken::Complete(reports) => {
-                if step >= run.out.first_step + run.completed {
-                    run.spare.entry(step).or_insert(reports);
-                }
+                run.spare.entry(step).or_insert(reports);
             }
         }
     }

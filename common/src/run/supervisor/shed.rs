@@ -9,7 +9,7 @@
 //! when they leave the run, and stopping at different ones (the collectives' root lost
 //! between answering two of them) falls back to the checkpoints.
 
-use super::super::pressure::pressure;
+use super::super::pressure::predicted_overflow;
 use super::super::respec::replan;
 use super::super::worker::{StepReport, Worker, gone};
 use super::following::Run;
@@ -113,14 +113,13 @@ impl Supervisor {
             .flat_map(|&k| run.out.replica(k).map(|(_, w)| w.clone()));
         let first: Vec<Worker> = kept.by_ref().take(run.out.workers.len()).collect();
         let others: Vec<Worker> = kept.collect();
-        let fits = pressure(
+        let over = predicted_overflow(
             &current,
             &plan,
             &self.stage_pieces,
-            None,
             &tightest(&first, &others),
         );
-        fits.is_none().then(|| Keep {
+        over.is_none().then(|| Keep {
             replicas: whole[..n].to_vec(),
             current,
             plan,

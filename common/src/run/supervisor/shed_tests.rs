@@ -325,3 +325,41 @@ fn a_report_held_for_the_grace_counts_when_the_replica_is_shed() {
         matches!(acts.last(), Some(Action::Assign(a)) if a.resume_in_memory && a.first_step == 2)
     );
 }
+
+/// Workers whose registered memory fits a replica's share but not the whole batch (GPipe
+/// holds every microbatch): losing a replica does not go on from memory on them; the job
+/// re-plans from its checkpoints.
+#[test]
+fn survivors_predicted_to_overflow_with_the_larger_share_restart_from_a_checkpoint() {
+    let mut spec = replicated();
+    spec.parallelism.pipeline_parallel_schedule = "gpipe".into();
+    let share = spec.validate().unwrap().predicted_bytes(&spec).unwrap();
+    let mut one = spec.clone();
+    one.parallelism.data_parallel_replicate_degree = 1;
+    let whole = one.validate().unwrap().predicted_bytes(&one).unwrap();
+    let room = *share.iter().max().unwrap();
+    assert!(whole.iter().any(|&b| b > room), "{share:?} {whole:?}");
+    let ws: Vec<Worker> = workers(4)
+        .into_iter()
+        .map(|w| Worker {
+            memory_bytes: room,
+            ..w
+        })
+        .collect();
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.feed(0, Input::Tick);
+    for step in 0..2 {
+        for i in 0..4 {
+            s.feed(10 * step + 1, replica_report(&ws, i / 2, i % 2, step));
+        }
+    }
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(
+        s.feed(100, Input::Lost("w3".into())),
+        [
+            Action::Detach(r0),
+            Action::Abort(r0),
+            Action::ReadCheckpoints
+        ]
+    );
+}
