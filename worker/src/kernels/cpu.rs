@@ -198,8 +198,13 @@ pub(crate) fn candle_threads() -> usize {
 /// number, sets it to candle's count (physical cores, or `CANDLE_CPU_MASK`'s), at most the
 /// cores this process may use (affinity, cgroup quota), so candle's own CPU ops (bf16
 /// matmuls and the like, which ask on every call) read the variable instead of parsing
-/// `/proc/cpuinfo`, and rayon's global pool has the size candle plans for. Returns the
-/// count the kernels use.
+/// `/proc/cpuinfo`, and rayon's global pool has the size candle plans for. Where
+/// `CANDLE_NUM_THREADS` is unset it sets it to 1: candle's element-wise ops over 64 Ki
+/// elements otherwise go to its own barrier pool, whose threads ignore the lanes' one-thread
+/// pools, spin 25,000 times after each op and take one op at a time, so two lanes on two
+/// cores shared them with a third, spinning thread (the model at 2 threads: 0.64 →
+/// 0.55 s a step). Our kernels and gemm thread through rayon, which the lanes confine.
+/// Returns the count the kernels use.
 ///
 /// # Safety
 ///
@@ -218,6 +223,13 @@ pub unsafe fn settle_thread_count() -> usize {
         #[allow(unsafe_code)]
         unsafe {
             std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        }
+    }
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("CANDLE_NUM_THREADS", "1");
         }
     }
     candle_threads()
