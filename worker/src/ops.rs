@@ -314,11 +314,14 @@ pub(crate) fn attention(
 ) -> Result<(Tensor, Tensor)> {
     let sh = attention_shape(qkv, dims)?;
     if all_f32_cpu(&[qkv]) {
-        let mut y = vec![0f32; sh.n() * sh.h()];
-        let mut lse = vec![0f32; sh.b * sh.heads * sh.t];
+        let mut y = cpu::uninit(sh.n() * sh.h());
+        let mut lse = cpu::uninit(sh.b * sh.heads * sh.t);
         let threads = cpu::candle_threads();
         let run = |[q]: [&[f32]; 1]| kernels::attention::forward(q, &mut y, &mut lse, sh, threads);
         if cpu::with_f32s([qkv], run).is_some() {
+            // SAFETY: the kernel writes every element of `y` and `lse`.
+            #[allow(unsafe_code)]
+            let (y, lse) = unsafe { (cpu::written(y), cpu::written(lse)) };
             return Ok((
                 Tensor::from_vec(y, (sh.n(), sh.h()), &Device::Cpu)?,
                 Tensor::from_vec(lse, (sh.b, sh.heads, sh.t), &Device::Cpu)?,
@@ -362,12 +365,15 @@ pub(crate) fn attention_grad(
 ) -> Result<Tensor> {
     let sh = attention_shape(qkv, dims)?;
     if all_f32_cpu(&[qkv, y, lse, dy]) {
-        let mut dqkv = vec![0f32; sh.n() * 3 * sh.h()];
+        let mut dqkv = cpu::uninit(sh.n() * 3 * sh.h());
         let threads = cpu::candle_threads();
         let run = |[q, y, l, d]: [&[f32]; 4]| {
             kernels::attention_backward::backward((q, y, l, d), &mut dqkv, sh, threads)
         };
         if cpu::with_f32s([qkv, y, lse, dy], run).is_some() {
+            // SAFETY: the kernel writes every element of `dqkv`.
+            #[allow(unsafe_code)]
+            let dqkv = unsafe { cpu::written(dqkv) };
             return Ok(Tensor::from_vec(dqkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?);
         }
     }

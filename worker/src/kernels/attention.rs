@@ -19,6 +19,8 @@
 //! not depend on the thread count.
 #![allow(unsafe_code)]
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::attention_tile::{self as tile, Avx2, Avx512, Causal, Isa, Plain};
@@ -164,7 +166,7 @@ unsafe fn forward_tile<I: Isa>(
         // S = scale · Q Kᵀ.
         // SAFETY: `s` is `TILE × TILE`, `kt` `hd × TILE`, the Q and K tiles in bounds.
         unsafe {
-            tile::transpose((k, ld), (kt, TILE), cols, hd);
+            tile::transpose::<I>((k, ld), (kt, TILE), cols, hd);
             tile::mm::<I>(
                 (rows, cols, hd),
                 (q, ld, 1),
@@ -208,12 +210,13 @@ unsafe fn forward_tile<I: Isa>(
     for i in 0..rows {
         let inv = 1.0 / l[i];
         // SAFETY: row `q0 + i` of this pair's `y` columns and `lse` entries: this item's own.
+        // (Written through pointers: the output may not be initialised yet.)
         unsafe {
-            let dst = std::slice::from_raw_parts_mut(y.0.add(yb + i * h), hd);
-            for (d, &x) in dst.iter_mut().zip(&o[i * hd..(i + 1) * hd]) {
-                *d = x * inv;
+            let dst = y.0.add(yb + i * h);
+            for (j, &x) in o[i * hd..(i + 1) * hd].iter().enumerate() {
+                dst.add(j).write(x * inv);
             }
-            *lse.0.add(lb + i) = m[i] + l[i].ln();
+            lse.0.add(lb + i).write(m[i] + l[i].ln());
         }
     }
 }
@@ -262,7 +265,13 @@ dispatch!(
 
 /// Causal attention forward: `y` (`[N, h]`) and the per-row log-sum-exp `lse`
 /// (`[b, heads, t]`) from `qkv` (`[N, 3h]`). Splits over rayon's threads when `threads > 1`.
-pub(crate) fn forward(qkv: &[f32], y: &mut [f32], lse: &mut [f32], sh: Shape, threads: usize) {
+pub(crate) fn forward(
+    qkv: &[f32],
+    y: &mut [MaybeUninit<f32>],
+    lse: &mut [MaybeUninit<f32>],
+    sh: Shape,
+    threads: usize,
+) {
     forward_at(level(), qkv, (y, lse), sh, threads);
 }
 
@@ -286,7 +295,7 @@ pub(crate) fn levels() -> Vec<Level> {
 pub(crate) fn forward_at(
     level: Level,
     qkv: &[f32],
-    (y, lse): (&mut [f32], &mut [f32]),
+    (y, lse): (&mut [MaybeUninit<f32>], &mut [MaybeUninit<f32>]),
     sh: Shape,
     threads: usize,
 ) {
@@ -296,7 +305,10 @@ pub(crate) fn forward_at(
     assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
     let tiles = sh.t.div_ceil(TILE);
     let items = sh.b * sh.heads * tiles;
-    let (yp, lp) = (SharedMut(y.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
+    let (yp, lp) = (
+        SharedMut(y.as_mut_ptr().cast()),
+        SharedMut(lse.as_mut_ptr().cast()),
+    );
     let run = |sc: &mut FwdScratch, item: usize| {
         let (pair, q0) = (item / tiles, (item % tiles) * TILE);
         // SAFETY: the buffers have the asserted sizes; item `(pair, q0)` writes only its

@@ -8,6 +8,8 @@
 //! `dV` rows over query tiles, in a fixed order by one thread.
 #![allow(unsafe_code)]
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::attention::{Level, Shape, SharedMut, TILE, dispatch, exp_sub, level};
@@ -93,8 +95,8 @@ unsafe fn backward_pair<I: Isa>(
         let (k, dk, dv) = unsafe {
             let k = q.add(h + k0 * ld);
             let dk = dq.add(h + k0 * ld);
-            tile::transpose((k, ld), (kt, TILE), cols, hd);
-            tile::transpose((k.add(h), ld), (vt, TILE), cols, hd);
+            tile::transpose::<I>((k, ld), (kt, TILE), cols, hd);
+            tile::transpose::<I>((k.add(h), ld), (vt, TILE), cols, hd);
             (k, dk, dk.add(h))
         };
         // Query tiles before the key tile see none of its keys.
@@ -195,7 +197,7 @@ dispatch!(
 /// Splits over rayon's threads when `threads > 1`.
 pub(crate) fn backward(
     inputs: (&[f32], &[f32], &[f32], &[f32]),
-    dqkv: &mut [f32],
+    dqkv: &mut [MaybeUninit<f32>],
     sh: Shape,
     threads: usize,
 ) {
@@ -206,7 +208,7 @@ pub(crate) fn backward(
 pub(crate) fn backward_at(
     level: Level,
     (qkv, y, lse, dy): (&[f32], &[f32], &[f32], &[f32]),
-    dqkv: &mut [f32],
+    dqkv: &mut [MaybeUninit<f32>],
     sh: Shape,
     threads: usize,
 ) {
@@ -216,7 +218,7 @@ pub(crate) fn backward_at(
     assert_eq!(y.len(), n * h, "y is [N, h]");
     assert_eq!(dy.len(), n * h, "dy is [N, h]");
     assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
-    let out = SharedMut(dqkv.as_mut_ptr());
+    let out = SharedMut(dqkv.as_mut_ptr().cast());
     let run = |sc: &mut BwdScratch, pair: usize| {
         let inp = Inputs {
             qkv: qkv.as_ptr(),

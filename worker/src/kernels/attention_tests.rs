@@ -1,6 +1,8 @@
 //! The attention kernels (and `ops::attention`'s candle path) against the unfused reference:
 //! the `t × t` probabilities computed and kept, as `ops` did before the kernels.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{D, DType, Device, Tensor};
 
 use super::attention::{Level, Shape, forward_at, levels};
@@ -112,17 +114,33 @@ fn reference_outputs(qkv: &Tensor, dy: &Tensor, sh: Shape) -> Result<Outputs> {
     })
 }
 
+/// Room for a kernel's output, every element NaN.
+fn nans(n: usize) -> Vec<MaybeUninit<f32>> {
+    vec![MaybeUninit::new(f32::NAN); n]
+}
+
+/// The values in room made by [`nans`].
+#[allow(unsafe_code)]
+fn values(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    // SAFETY: `nans` initialised every element.
+    v.into_iter().map(|x| unsafe { x.assume_init() }).collect()
+}
+
 /// The kernels' outputs with `threads` rayon threads (1: no rayon at all), compiled for
 /// `level`.
 fn kernel_outputs(level: Level, qkv: &[f32], dy: &[f32], sh: Shape, threads: usize) -> Outputs {
     let run = || {
         // NaN-filled: every element must be written.
-        let mut y = vec![f32::NAN; sh.n() * sh.h()];
-        let mut lse = vec![f32::NAN; sh.b * sh.heads * sh.t];
+        let (mut y, mut lse) = (nans(sh.n() * sh.h()), nans(sh.b * sh.heads * sh.t));
         forward_at(level, qkv, (&mut y, &mut lse), sh, threads);
-        let mut dqkv = vec![f32::NAN; sh.n() * 3 * sh.h()];
+        let (y, lse) = (values(y), values(lse));
+        let mut dqkv = nans(sh.n() * 3 * sh.h());
         backward_at(level, (qkv, &y, &lse, dy), &mut dqkv, sh, threads);
-        Outputs { y, lse, dqkv }
+        Outputs {
+            y,
+            lse,
+            dqkv: values(dqkv),
+        }
     };
     if threads == 1 {
         return run();
@@ -135,7 +153,7 @@ fn kernel_outputs(level: Level, qkv: &[f32], dy: &[f32], sh: Shape, threads: usi
 }
 
 /// The awkward shapes: `t` not a multiple of the tile (64) nor of the vector width (16),
-/// one and several sequences, one head of 64 and several heads (one of 24 columns).
+/// one and several sequences, one head of 64 and several heads (of 16, 24 and 20 columns).
 fn shapes() -> Vec<Shape> {
     let mut out = Vec::new();
     for t in [13, 37, 67, 130] {
@@ -159,6 +177,13 @@ fn shapes() -> Vec<Shape> {
         t: 131,
         heads: 3,
         hd: 24,
+    });
+    // A head width that is not a multiple of the transposes' 8 × 8 blocks.
+    out.push(Shape {
+        b: 2,
+        t: 45,
+        heads: 2,
+        hd: 20,
     });
     out
 }
@@ -350,8 +375,8 @@ fn attention_speed() -> Result<()> {
         let threads = candle_core::utils::get_num_threads();
         let mut per_level = Vec::new();
         for level in levels() {
-            let (mut y2, mut l2) = (vec![0f32; yv.len()], vec![0f32; lv.len()]);
-            let mut dqkv = vec![0f32; qv.len()];
+            let (mut y2, mut l2) = (nans(yv.len()), nans(lv.len()));
+            let mut dqkv = nans(qv.len());
             let f = best(reps, || {
                 forward_at(level, &qv, (&mut y2, &mut l2), sh, threads);
                 Ok(())

@@ -7,6 +7,7 @@
 //! the CPU, f32 and contiguous; the callers keep candle's ops for everything else.
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, DType, Layout, Shape, Storage, Tensor};
 
@@ -163,6 +164,29 @@ pub(crate) fn with_f64<R>(t: &Tensor, f: impl FnOnce(&[f64]) -> R) -> Option<R> 
         (Storage::Cpu(CpuStorage::F64(v)), Some((a, b))) => Some(f(&v[a..b])),
         _ => None,
     }
+}
+
+/// Room for a kernel's output of `n` f32, not zeroed: `vec![0; n]` memsets the reused heap
+/// block first, about 3 % of a training step. The kernel writes every element, then
+/// [`written`] takes the vector as f32.
+pub(crate) fn uninit(n: usize) -> Vec<MaybeUninit<f32>> {
+    let mut v = Vec::with_capacity(n);
+    v.resize_with(n, MaybeUninit::uninit);
+    v
+}
+
+/// `v` as the f32 a kernel wrote into it.
+///
+/// # Safety
+/// Every element of `v` must have been written.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn written(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+    // SAFETY: `MaybeUninit<f32>` has f32's size and alignment, so the allocation is one of
+    // `cap` f32; its first `len` are initialised (the caller's contract); `v` is not
+    // dropped, so the allocation has one owner.
+    unsafe { Vec::from_raw_parts(ptr.cast::<f32>(), len, cap) }
 }
 
 /// A CPU f32 tensor of `shape` holding `v` (no copy).

@@ -3,10 +3,12 @@
 //! (a candle custom op with a CPU path). Rows are split over threads; the per-row losses
 //! are added in row order afterwards, so the loss does not depend on the thread count.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::cpu::{rows_per_task, storage_f32, tensor, with_f32, with_u32};
+use super::cpu::{rows_per_task, storage_f32, tensor, uninit, with_f32, with_u32, written};
 use super::simd::{self, ACC, multiversion};
 use crate::error::{Error, Result};
 
@@ -44,12 +46,12 @@ multiversion! {
 
 multiversion! {
     /// `(p − onehot(t))·scale` for whole rows.
-    fn grad_rows(probs: &[f32], targets: &[u32], v: usize, scale: f32, out: &mut [f32]) {
+    fn grad_rows(probs: &[f32], targets: &[u32], v: usize, scale: f32, out: &mut [MaybeUninit<f32>]) {
         for ((p, o), &t) in probs.chunks_exact(v).zip(out.chunks_exact_mut(v)).zip(targets) {
             for (ov, &pv) in o.iter_mut().zip(p) {
-                *ov = pv * scale;
+                ov.write(pv * scale);
             }
-            o[t as usize] = (p[t as usize] - 1.0) * scale;
+            o[t as usize].write((p[t as usize] - 1.0) * scale);
         }
     }
 }
@@ -129,7 +131,7 @@ impl CustomOp2 for Grad {
         check_targets(targets, v)?;
         // As the reference: the scale rounded once to f32.
         let scale = (self.seed / rows as f64) as f32;
-        let mut out = vec![0f32; rows * v];
+        let mut out = uninit(rows * v);
         if v > 0 {
             match rows_per_task(rows) {
                 Some(k) => out
@@ -140,6 +142,9 @@ impl CustomOp2 for Grad {
                 None => grad_rows(probs, targets, v, scale, &mut out),
             }
         }
+        // SAFETY: every row of `out` was written (none when `v` is 0).
+        #[allow(unsafe_code)]
+        let out = unsafe { written(out) };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

@@ -9,7 +9,9 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::cpu::{rows_per_task, storage_f32};
+use std::mem::MaybeUninit;
+
+use super::cpu::{rows_per_task, storage_f32, uninit, written};
 use super::simd::{self, multiversion};
 use crate::error::Result;
 
@@ -26,19 +28,19 @@ fn gate(u: f32) -> (f32, f32) {
 }
 
 multiversion! {
-    fn forward_chunk(u: &[f32], out: &mut [f32]) {
+    fn forward_chunk(u: &[f32], out: &mut [MaybeUninit<f32>]) {
         for (o, &x) in out.iter_mut().zip(u) {
-            *o = x * gate(x).0;
+            o.write(x * gate(x).0);
         }
     }
 }
 
 multiversion! {
-    fn backward_chunk(u: &[f32], dy: &[f32], out: &mut [f32]) {
+    fn backward_chunk(u: &[f32], dy: &[f32], out: &mut [MaybeUninit<f32>]) {
         for ((o, &x), &d) in out.iter_mut().zip(u).zip(dy) {
             let (s, e) = gate(x);
             let dz = K + (3.0 * C * K) * (x * x);
-            *o = d * (s + 2.0 * x * (e * s * s) * dz);
+            o.write(d * (s + 2.0 * x * (e * s * s) * dz));
         }
     }
 }
@@ -48,8 +50,8 @@ multiversion! {
 fn split(
     rows: usize,
     len: usize,
-    out: &mut [f32],
-    chunk: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+    out: &mut [MaybeUninit<f32>],
+    chunk: impl Fn(std::ops::Range<usize>, &mut [MaybeUninit<f32>]) + Sync,
 ) {
     let cols = len / rows.max(1);
     match rows_per_task(rows) {
@@ -80,10 +82,13 @@ impl CustomOp1 for Forward {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let u = storage_f32(s, l, self.name())?;
-        let mut out = vec![0f32; u.len()];
+        let mut out = uninit(u.len());
         split(rows_of(l.shape()), u.len(), &mut out, |r, o| {
             forward_chunk(&u[r], o)
         });
+        // SAFETY: the chunks cover `out`, and each writes all of its part.
+        #[allow(unsafe_code)]
+        let out = unsafe { written(out) };
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 }
@@ -114,10 +119,13 @@ impl CustomOp2 for Backward {
                 l2.shape()
             );
         }
-        let mut out = vec![0f32; u.len()];
+        let mut out = uninit(u.len());
         split(rows_of(l1.shape()), u.len(), &mut out, |r, o| {
             backward_chunk(&u[r.clone()], &dy[r], o)
         });
+        // SAFETY: the chunks cover `out`, and each writes all of its part.
+        #[allow(unsafe_code)]
+        let out = unsafe { written(out) };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

@@ -5,10 +5,12 @@
 //! split over threads for the forward and the input gradient; the weight gradient sums over
 //! rows, so it is split by columns, each column summed in row order.
 
+use std::mem::MaybeUninit;
+
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use super::cpu::{cols_per_task, rows_per_task, tensor, with_f32};
+use super::cpu::{cols_per_task, rows_per_task, tensor, uninit, with_f32, written};
 use super::simd::{self, ACC, multiversion};
 use crate::error::{Error, Result};
 
@@ -21,9 +23,9 @@ multiversion! {
         x: &[f32],
         gamma: &[f32],
         beta: &[f32],
-        y: &mut [f32],
-        xhat: &mut [f32],
-        rstd: &mut [f32],
+        y: &mut [MaybeUninit<f32>],
+        xhat: &mut [MaybeUninit<f32>],
+        rstd: &mut [MaybeUninit<f32>],
     ) {
         let h = gamma.len();
         let inv_h = 1.0 / h as f32;
@@ -34,10 +36,10 @@ multiversion! {
             let r = 1.0 / (var + EPS).sqrt();
             for ((((&xv, yv), hv), &g), &b) in xr.iter().zip(yr).zip(hr).zip(gamma).zip(beta) {
                 let n = (xv - mean) * r;
-                *hv = n;
-                *yv = n * g + b;
+                hv.write(n);
+                yv.write(n * g + b);
             }
-            *rs = r;
+            rs.write(r);
         }
     }
 }
@@ -73,7 +75,7 @@ fn row_sums(dy: &[f32], xhat: &[f32], gamma: &[f32]) -> (f32, f32) {
 
 multiversion! {
     /// `dx = (1/σ)·(g − mean(g) − x̂·mean(g·x̂))`, `g = dy·γ`, for whole rows.
-    fn grad_input_rows(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32]) {
+    fn grad_input_rows(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [MaybeUninit<f32>]) {
         let h = gamma.len();
         let inv_h = 1.0 / h as f32;
         let rows = dy.chunks_exact(h).zip(xhat.chunks_exact(h)).zip(dx.chunks_exact_mut(h));
@@ -81,7 +83,7 @@ multiversion! {
             let (sg, sgx) = row_sums(dr, hr, gamma);
             let (mg, mgx) = (sg * inv_h, sgx * inv_h);
             for (((o, &d), &xh), &g) in out.iter_mut().zip(dr).zip(hr).zip(gamma) {
-                *o = ((d * g - mg) - xh * mgx) * r;
+                o.write(((d * g - mg) - xh * mgx) * r);
             }
         }
     }
@@ -121,8 +123,7 @@ pub(crate) fn forward(
     beta: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (rows, h) = dims(x, gamma)?;
-    let (mut y, mut xhat, mut rstd) =
-        (vec![0f32; rows * h], vec![0f32; rows * h], vec![0f32; rows]);
+    let (mut y, mut xhat, mut rstd) = (uninit(rows * h), uninit(rows * h), uninit(rows));
     with_f32(x, |x| {
         with_f32(gamma, |g| {
             with_f32(beta, |b| match rows_per_task(rows) {
@@ -139,6 +140,9 @@ pub(crate) fn forward(
     .flatten()
     .flatten()
     .ok_or_else(|| not_fast("layer_norm"))?;
+    // SAFETY: the kernel ran over every row, writing each row's y, x̂ and 1/σ.
+    #[allow(unsafe_code)]
+    let (y, xhat, rstd) = unsafe { (written(y), written(xhat), written(rstd)) };
     Ok((
         tensor(y, (rows, h))?,
         tensor(xhat, (rows, h))?,
@@ -166,7 +170,7 @@ pub(crate) fn grad_input(
             ),
         });
     }
-    let mut dx = vec![0f32; rows * h];
+    let mut dx = uninit(rows * h);
     with_f32(dy, |dy| {
         with_f32(xhat, |xh| {
             with_f32(rstd, |rs| {
@@ -186,6 +190,9 @@ pub(crate) fn grad_input(
     .flatten()
     .flatten()
     .ok_or_else(|| not_fast("layer_norm_grad_input"))?;
+    // SAFETY: the kernel ran over every row, writing all of it.
+    #[allow(unsafe_code)]
+    let dx = unsafe { written(dx) };
     tensor(dx, (rows, h))
 }
 
