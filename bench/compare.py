@@ -28,6 +28,9 @@ decay 0.1 on matrices and embeddings, gradients clipped to global norm 1.0 (acro
 stages in the pipeline). PyTorch's attention is F.scaled_dot_product_attention(is_causal=True),
 what a PyTorch user writes; pipewise's job is bench/job.toml.
 
+--rounds N runs each side of a row N times, flipping which side goes first every round, and
+the table shows the medians over the rounds.
+
 --device cuda runs row (a) on the GPU on both sides (pipewise built with --features cuda);
 rows (b) and (c) are CPU rows and are left out unless --rows names them.
 
@@ -393,6 +396,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
     ap.add_argument("--steps", type=int, default=7, help="steps per run, warm-up included")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each side per row, the order flipped every round (PyTorch first, "
+                         "then pipewise first, ...); the table shows the medians over rounds")
     ap.add_argument("--_eager", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_pp", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_gemm", action="store_true", help=argparse.SUPPRESS)
@@ -438,24 +444,37 @@ def main():
         for row in rows:
             if row == "a":
                 label = f"(a) 1 process, 1 thread, {args.device}"
-                t = torch_eager(args, 1, {0}, args.device)
-                p = pipewise(args, 1, 1, [0], args.device, tmp)
+                sides = (lambda: torch_eager(args, 1, {0}, args.device),
+                         lambda: pipewise(args, 1, 1, [0], args.device, tmp))
             elif row == "b":
                 label = "(b) 2-stage 1F1B, 1 thread/process"
-                t = torch_pipeline(args)
-                p = pipewise(args, 2, 1, [0, 1 % ncpu], "cpu", tmp)
+                sides = (lambda: torch_pipeline(args),
+                         lambda: pipewise(args, 2, 1, [0, 1 % ncpu], "cpu", tmp))
             elif row == "c":
                 label = f"(c) 1 process, {ncpu} threads"
-                t = torch_eager(args, ncpu, None, "cpu")
-                p = pipewise(args, 1, ncpu, None, "cpu", tmp)
+                sides = (lambda: torch_eager(args, ncpu, None, "cpu"),
+                         lambda: pipewise(args, 1, ncpu, None, "cpu", tmp))
             else:
                 ap.error(f"--rows: unknown row {row!r} (a, b or c)")
-            (t_tps, t_med), (p_tps, p_med) = tokens_per_s(t, args.warmup), tokens_per_s(p, args.warmup)
-            print(f"{label}: PyTorch {t_med * 1e3:.0f} ms/step (threads {t['threads']}, loss "
-                  f"{t['loss'][0]:.3f}->{t['loss'][-1]:.3f}), pipewise {p_med * 1e3:.0f} ms/step "
-                  f"(loss {p['loss'][0]:.3f}->{p['loss'][-1]:.3f})", flush=True)
+            t_all, p_all = [], []
+            for r in range(args.rounds):
+                # Flipping the order every round spreads a drift in the machine's speed over
+                # both sides instead of charging it to the one that runs second.
+                if r % 2 == 0:
+                    t, p = sides[0](), sides[1]()
+                else:
+                    p = sides[1]()
+                    t = sides[0]()
+                (t_tps, t_med), (p_tps, p_med) = tokens_per_s(t, args.warmup), tokens_per_s(p, args.warmup)
+                t_all.append(t_tps)
+                p_all.append(p_tps)
+                print(f"{label}{f' round {r + 1}' if args.rounds > 1 else ''}: PyTorch "
+                      f"{t_med * 1e3:.0f} ms/step (threads {t['threads']}, loss "
+                      f"{t['loss'][0]:.3f}->{t['loss'][-1]:.3f}), pipewise {p_med * 1e3:.0f} ms/step "
+                      f"(loss {p['loss'][0]:.3f}->{p['loss'][-1]:.3f}), ratio {p_tps / t_tps:.2f}",
+                      flush=True)
             threads = {"a": 1, "b": 2, "c": ncpu}[row]
-            table.append((label, t_tps, p_tps, threads))
+            table.append((label, statistics.median(t_all), statistics.median(p_all), threads))
     print()
     print(f"{'row':<40} {'PyTorch tok/s':>14} {'pipewise tok/s':>15} {'pipewise/PyTorch':>17}"
           + ("   MFU PyTorch  MFU pipewise" if gemm else ""))
