@@ -341,7 +341,17 @@ impl InplaceOp3 for AccumulateGradWeight {
             // thread's, so it overlaps neither `x` nor `dy`, the checked row-major slices
             // read here.
             unsafe { product((inner, out, n), scratch.as_mut_ptr(), false, lhs, rhs) };
-            super::adamw::add_wide(grad, scratch);
+            // Element by element, so splitting it over the threads changes no bit.
+            match threads() {
+                0 | 1 => super::adamw::add_wide(grad, scratch),
+                t => {
+                    use rayon::prelude::*;
+                    let chunk = grad.len().div_ceil(t).next_multiple_of(64).max(64);
+                    grad.par_chunks_mut(chunk)
+                        .zip(scratch.par_chunks(chunk))
+                        .for_each(|(g, p)| super::adamw::add_wide(g, p));
+                }
+            }
         });
         Ok(())
     }
@@ -435,7 +445,8 @@ mod tests {
         assert_eq!(block_count(1024, 16), 16);
     }
 
-    /// Any thread count gives the bits of one: the output is split, never the inner dimension.
+    /// Any thread count gives the bits of one: the output is split, never the inner dimension
+    /// (and the weight gradient's f64 add element by element).
     #[test]
     fn threads_do_not_change_the_bits() -> Result<()> {
         // One block or two (gemm's own threads, or one block each), and three or four blocks
@@ -450,9 +461,20 @@ mod tests {
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))
             };
             let one = pool(1)?.install(|| linear(&x, &w, None, None))?;
+            // The weight gradient, accumulated twice into f64 (its add split over threads).
+            let dy = random((rows, cols), 9)?;
+            let grad = |n| -> Result<Vec<Vec<f64>>> {
+                let g = Tensor::zeros((96, cols), DType::F64, &Device::Cpu)?;
+                for _ in 0..2 {
+                    pool(n)?.install(|| accumulate_grad_weight(&g, &x, &dy))?;
+                }
+                Ok(g.to_vec2::<f64>()?)
+            };
+            let one_grad = grad(1)?;
             for n in [2, 3, 8] {
                 let many = pool(n)?.install(|| linear(&x, &w, None, None))?;
                 assert_eq!(one.to_vec2::<f32>()?, many.to_vec2::<f32>()?, "{n} threads");
+                assert_eq!(one_grad, grad(n)?, "{n} threads: weight gradient");
             }
             assert_eq!(one.dtype(), DType::F32);
         }
