@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
-use candle_core::{CpuStorage, DType, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
 
 use crate::error::Result;
 
@@ -20,14 +20,19 @@ pub(crate) fn all_f32_cpu(ts: &[&Tensor]) -> bool {
     })
 }
 
-/// Runs `f` on the elements of `t`, a contiguous f32 CPU tensor (`None` otherwise), holding
-/// a read lock on its storage meanwhile.
-pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+/// Runs `f` on the elements of `t`, a contiguous CPU tensor of `T` (`None` otherwise),
+/// holding a read lock on its storage meanwhile.
+fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Option<R> {
     let (storage, layout) = t.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Some(f(&v[a..b])),
-        _ => None,
-    }
+    let (Storage::Cpu(s), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
+        return None;
+    };
+    Some(f(&T::cpu_storage_as_slice(s).ok()?[a..b]))
+}
+
+/// [`with_slice`] of a contiguous f32 CPU tensor (the kernels' fast path).
+pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    with_slice(t, f)
 }
 
 /// Runs `f` on the elements of several contiguous f32 CPU tensors (`None`, without running
@@ -47,13 +52,9 @@ pub(crate) fn with_f32s<const N: usize, R>(
     Some(f(slices))
 }
 
-/// As [`with_f32`], for a u32 tensor (token ids).
+/// [`with_slice`] of a u32 tensor (token ids).
 pub(crate) fn with_u32<R>(t: &Tensor, f: impl FnOnce(&[u32]) -> R) -> Option<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(CpuStorage::U32(v)), Some((a, b))) => Some(f(&v[a..b])),
-        _ => None,
-    }
+    with_slice(t, f)
 }
 
 /// The address of the buffer behind a contiguous f32 CPU tensor (its storage's, whatever
@@ -80,15 +81,14 @@ pub(crate) fn distinct_f32(ts: &[&Tensor]) -> bool {
     true
 }
 
-/// An element type whose contiguous CPU tensors the kernels borrow in place.
-pub(crate) trait Elem: Sized {
-    const DTYPE: DType;
+/// An element type whose contiguous CPU tensors the kernels borrow in place (candle's
+/// `WithDType` reads a storage's slice but does not lend it mutably).
+pub(crate) trait Elem: WithDType {
     /// The storage's values, when it holds this type.
     fn values(storage: &mut CpuStorage) -> Option<&mut Vec<Self>>;
 }
 
 impl Elem for f32 {
-    const DTYPE: DType = DType::F32;
     fn values(storage: &mut CpuStorage) -> Option<&mut Vec<f32>> {
         match storage {
             CpuStorage::F32(v) => Some(v),
@@ -98,7 +98,6 @@ impl Elem for f32 {
 }
 
 impl Elem for f64 {
-    const DTYPE: DType = DType::F64;
     fn values(storage: &mut CpuStorage) -> Option<&mut Vec<f64>> {
         match storage {
             CpuStorage::F64(v) => Some(v),
@@ -156,14 +155,9 @@ pub(crate) fn with_f64_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f64]) -> R) -> Re
     with_mut(t, f)
 }
 
-/// Runs `f` on the elements of `t`, a contiguous f64 CPU tensor (accumulated gradients;
-/// `None` otherwise), holding a read lock on its storage meanwhile.
+/// [`with_slice`] of an f64 tensor (accumulated gradients).
 pub(crate) fn with_f64<R>(t: &Tensor, f: impl FnOnce(&[f64]) -> R) -> Option<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(CpuStorage::F64(v)), Some((a, b))) => Some(f(&v[a..b])),
-        _ => None,
-    }
+    with_slice(t, f)
 }
 
 /// Room for a kernel's output of `n` f32, not zeroed: `vec![0; n]` memsets the reused heap
