@@ -14,9 +14,10 @@
 //! Tiles are `TILE` query rows by `TILE` keys; their products run on a register-blocked
 //! micro-kernel (`attention_tile`) reading the strided buffers directly. All of a tile's
 //! work (products, max, exponential, rescale) is generic code compiled once per
-//! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. Work is split over (sequence, head) pairs — in the forward also over query
-//! tiles — with rayon; each item is computed by one thread in a fixed order, so results do
-//! not depend on the thread count.
+//! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. A (sequence, head)
+//! pair's keys are transposed once per call (the products' `B` must have contiguous rows).
+//! Work is split over pairs with rayon; each pair is computed by one thread in a fixed
+//! order, so results do not depend on the thread count.
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
@@ -113,33 +114,59 @@ struct FwdScratch {
     /// Running row maximum and row sum.
     m: Vec<f32>,
     l: Vec<f32>,
-    /// The key tile transposed: `hd × TILE`.
+    /// The pair's keys transposed: `hd × t`.
     kt: Vec<f32>,
 }
 
 impl FwdScratch {
-    fn new(hd: usize) -> Self {
+    fn new(hd: usize, t: usize) -> Self {
         Self {
             s: vec![0.0; TILE * TILE],
             o: vec![0.0; TILE * hd],
             m: vec![0.0; TILE],
             l: vec![0.0; TILE],
-            kt: vec![0.0; hd * TILE],
+            kt: vec![0.0; hd * t],
         }
     }
 }
 
-/// The forward of query rows `[q0, q0 + TILE)` of `pair`: online softmax over the key
-/// tiles up to the diagonal.
+/// The forward of `pair`: its keys transposed once, then each query tile's online softmax
+/// over the key tiles up to the diagonal.
 ///
 /// # Safety
 /// `qkv` holds `[N, 3h]`, `y` `[N, h]`, `lse` `[b, heads, t]` for `sh`; no other thread
-/// writes this item's rows of `y` and `lse` meanwhile.
+/// writes this pair's rows of `y` and `lse` meanwhile.
 #[inline(always)]
-unsafe fn forward_tile<I: Isa>(
+unsafe fn forward_pair<I: Isa>(
     qkv: *const f32,
     y: SharedMut,
     lse: SharedMut,
+    sh: Shape,
+    pair: usize,
+    sc: &mut FwdScratch,
+) {
+    let (t, h) = (sh.t, sh.h());
+    // SAFETY: the pair's `t` key rows of `hd` columns, inside the `[N, 3h]` buffer
+    // (caller's contract); `kt` holds `hd × t`.
+    unsafe {
+        let k = qkv.add(sh.qkv_base(pair) + h);
+        tile::transpose::<I>((k, 3 * h), (&mut sc.kt, t), t, sh.hd);
+    }
+    for q0 in (0..t).step_by(TILE) {
+        // SAFETY: as this function's.
+        unsafe { forward_tile::<I>(qkv, (y, lse), sh, (pair, q0), sc) };
+    }
+}
+
+/// The forward of query rows `[q0, q0 + TILE)` of `pair`, whose keys `sc.kt` holds
+/// transposed: online softmax over the key tiles up to the diagonal.
+///
+/// # Safety
+/// As [`forward_pair`]'s.
+#[inline(always)]
+unsafe fn forward_tile<I: Isa>(
+    qkv: *const f32,
+    (y, lse): (SharedMut, SharedMut),
     sh: Shape,
     (pair, q0): (usize, usize),
     sc: &mut FwdScratch,
@@ -150,7 +177,7 @@ unsafe fn forward_tile<I: Isa>(
     let rows = TILE.min(t - q0);
     // SAFETY: all offsets below stay inside the `[N, 3h]` buffer (caller's contract).
     let q = unsafe { qkv.add(sh.qkv_base(pair) + q0 * ld) };
-    let (m, l, o, s, kt) = (&mut sc.m, &mut sc.l, &mut sc.o, &mut sc.s, &mut sc.kt);
+    let (m, l, o, s, kt) = (&mut sc.m, &mut sc.l, &mut sc.o, &mut sc.s, &sc.kt);
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
     let kend = q0 + rows;
@@ -158,19 +185,15 @@ unsafe fn forward_tile<I: Isa>(
         let cols = TILE.min(kend - k0);
         // The diagonal tile's products skip what the mask removes.
         let diag = |c| if k0 == q0 { c } else { Causal::No };
-        // SAFETY: key rows `[k0, k0 + cols)` of this sequence.
-        let (k, v) = unsafe {
-            let k = qkv.add(sh.qkv_base(pair) + h + k0 * ld);
-            (k, k.add(h))
-        };
-        // S = scale · Q Kᵀ.
-        // SAFETY: `s` is `TILE × TILE`, `kt` `hd × TILE`, the Q and K tiles in bounds.
+        // SAFETY: value rows `[k0, k0 + cols)` of this sequence.
+        let v = unsafe { qkv.add(sh.qkv_base(pair) + 2 * h + k0 * ld) };
+        // S = scale · Q Kᵀ, from columns `[k0, k0 + cols)` of the transposed keys.
+        // SAFETY: `s` is `TILE × TILE`, `kt` `hd × t`, the Q tile in bounds.
         unsafe {
-            tile::transpose::<I>((k, ld), (kt, TILE), cols, hd);
             tile::mm::<I>(
                 (rows, cols, hd),
                 (q, ld, 1),
-                (kt.as_ptr(), TILE),
+                (kt.as_ptr().add(k0), t),
                 (s.as_mut_ptr(), TILE),
                 (false, scale),
                 diag(Causal::Lower),
@@ -258,8 +281,8 @@ pub(crate) use dispatch;
 
 dispatch!(
     forward_dispatch,
-    forward_tile,
-    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, item: (usize, usize)),
+    forward_pair,
+    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, pair: usize),
     FwdScratch
 );
 
@@ -303,24 +326,22 @@ pub(crate) fn forward_at(
     assert_eq!(qkv.len(), n * 3 * h, "qkv is [N, 3h]");
     assert_eq!(y.len(), n * h, "y is [N, h]");
     assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
-    let tiles = sh.t.div_ceil(TILE);
-    let items = sh.b * sh.heads * tiles;
+    let pairs = sh.b * sh.heads;
     let (yp, lp) = (
         SharedMut(y.as_mut_ptr().cast()),
         SharedMut(lse.as_mut_ptr().cast()),
     );
-    let run = |sc: &mut FwdScratch, item: usize| {
-        let (pair, q0) = (item / tiles, (item % tiles) * TILE);
-        // SAFETY: the buffers have the asserted sizes; item `(pair, q0)` writes only its
-        // own rows of `y` and `lse`, and items are distinct.
-        unsafe { forward_dispatch(level, qkv.as_ptr(), yp, lp, sh, (pair, q0), sc) }
+    let run = |sc: &mut FwdScratch, pair: usize| {
+        // SAFETY: the buffers have the asserted sizes; pair `pair` writes only its own rows
+        // and columns of `y` and `lse`, and pairs are distinct.
+        unsafe { forward_dispatch(level, qkv.as_ptr(), yp, lp, sh, pair, sc) }
     };
     if threads > 1 {
-        (0..items)
+        (0..pairs)
             .into_par_iter()
-            .for_each_init(|| FwdScratch::new(sh.hd), run);
+            .for_each_init(|| FwdScratch::new(sh.hd, sh.t), run);
     } else {
-        let mut sc = FwdScratch::new(sh.hd);
-        (0..items).for_each(|i| run(&mut sc, i));
+        let mut sc = FwdScratch::new(sh.hd, sh.t);
+        (0..pairs).for_each(|p| run(&mut sc, p));
     }
 }
