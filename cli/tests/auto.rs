@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 mod common;
-use common::{fails, ok};
+use common::{fails, ok, plan_1f1b};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -201,11 +201,9 @@ fn auto_needs_the_model() {
 #[test]
 fn model_options_without_auto_are_refused() {
     // They were silently ignored (clap's `requires` does not see an unset flag as absent).
-    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "-n", "8", "--layers", "24"]);
+    let err = fails(&plan_1f1b(&["--layers", "24"]));
     assert!(err.contains("--layers applies only with --auto"), "{err}");
-    let err = fails(&[
-        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "--vocab", "100", "--top", "3",
-    ]);
+    let err = fails(&plan_1f1b(&["--vocab", "100", "--top", "3"]));
     assert!(
         err.contains("--vocab, --top apply only with --auto"),
         "{err}"
@@ -318,16 +316,6 @@ fn bad_replicas_name_the_option() {
         err.contains("--all-reduce-ns applies only with --replicas"),
         "{err}"
     );
-    let err = fails(&[
-        "plan",
-        "-s",
-        "1f1b",
-        "-d",
-        "4",
-        "-n",
-        "8",
-        "--replicas",
-        "2",
-    ]);
+    let err = fails(&plan_1f1b(&["--replicas", "2"]));
     assert!(err.contains("--replicas applies only with --auto"), "{err}");
 }

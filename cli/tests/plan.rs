@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::Value;
 
 mod common;
-use common::{fails, ok};
+use common::{fails, ok, plan_1f1b};
 
 /// A fresh path in the temporary directory.
 fn temp_path(name: &str) -> PathBuf {
@@ -43,9 +43,7 @@ fn table_reports_makespan_and_bubble() {
 #[test]
 fn json_has_the_1f1b_numbers() {
     let (d, n) = (4.0, 8.0);
-    let r = json(&[
-        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "--format", "json",
-    ]);
+    let r = json(&plan_1f1b(&["--format", "json"]));
     assert_eq!(r["schedule"], "1f1b");
     assert_eq!(r["workers"], 4);
     assert_eq!(r["microbatches"], 8);
@@ -76,19 +74,7 @@ fn json_has_the_1f1b_numbers() {
 
 #[test]
 fn activation_bytes_scale_peak_memory() {
-    let r = json(&[
-        "plan",
-        "-s",
-        "1f1b",
-        "-d",
-        "4",
-        "-n",
-        "8",
-        "-f",
-        "json",
-        "--activation-bytes",
-        "1KiB",
-    ]);
+    let r = json(&plan_1f1b(&["-f", "json", "--activation-bytes", "1KiB"]));
     let bytes: Vec<f64> = r["peak_memory_bytes"]
         .as_array()
         .unwrap()
@@ -203,29 +189,17 @@ fn bad_numbers_name_their_option() {
     assert!(err.contains("--microbatches"), "{err}");
     let err = fails(&["plan", "-s", "1f1b", "-n", "8"]);
     assert!(err.contains("--workers is required"), "{err}");
-    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "-n", "8", "--times", "1,2"]);
+    let err = fails(&plan_1f1b(&["--times", "1,2"]));
     assert!(err.contains("--times"), "{err}");
-    let err = fails(&[
-        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "--times", "0,0,0",
-    ]);
+    let err = fails(&plan_1f1b(&["--times", "0,0,0"]));
     assert!(err.contains("--times"), "{err}");
-    let err = fails(&["plan", "-s", "1f1b", "-d", "4", "-n", "8", "--chunks", "3"]);
+    let err = fails(&plan_1f1b(&["--chunks", "3"]));
     assert!(err.contains("--chunks"), "{err}");
     let err = fails(&["plan", "-s", "dualpipe-v", "-d", "4", "-n", "3"]);
     assert!(err.contains("at least 8"), "{err}");
     let err = fails(&["plan", "-s", "1f1b", "-d", "4096", "-n", "1000000"]);
     assert!(err.contains("too large"), "{err}");
-    let err = fails(&[
-        "plan",
-        "-s",
-        "1f1b",
-        "-d",
-        "4",
-        "-n",
-        "8",
-        "--activation-bytes",
-        "12 parsecs",
-    ]);
+    let err = fails(&plan_1f1b(&["--activation-bytes", "12 parsecs"]));
     assert!(err.contains("--activation-bytes"), "{err}");
 }
 
@@ -234,19 +208,7 @@ fn stage_times_override_times() {
     let path = temp_path("stages.txt");
     std::fs::write(&path, "# f,b,w\n1,1,1\n1,1,1\n2,2,2 # slow stage\n1,1,1\n").unwrap();
     let file = path.to_str().unwrap();
-    let r = json(&[
-        "plan",
-        "-s",
-        "1f1b",
-        "-d",
-        "4",
-        "-n",
-        "8",
-        "-f",
-        "json",
-        "--stage-times",
-        file,
-    ]);
+    let r = json(&plan_1f1b(&["-f", "json", "--stage-times", file]));
     // The slow stage does 8 × 6 of work.
     assert_eq!(r["max_work"].as_f64(), Some(48.0));
     let err = fails(&[
@@ -355,10 +317,7 @@ fn renderings() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("class=\"pass\"").count(), 4 * 2 * 3 * 8);
 
-    let trace: Value = serde_json::from_str(&ok(&[
-        "plan", "-s", "1f1b", "-d", "4", "-n", "8", "-f", "chrome",
-    ]))
-    .unwrap();
+    let trace: Value = serde_json::from_str(&ok(&plan_1f1b(&["-f", "chrome"]))).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
     assert_eq!(events.iter().filter(|e| e["ph"] == "X").count(), 4 * 2 * 8);
 

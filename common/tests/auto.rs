@@ -5,9 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use pipewise_common::auto::{
-    AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, Fixed, Replicas, auto_plan,
-};
+use pipewise_common::auto::{AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, auto_plan};
 use pipewise_common::model::{DType, ModelSpec};
 use pipewise_common::{Costs, StageCost, simulate};
 
@@ -25,18 +23,7 @@ fn spec() -> ModelSpec {
 }
 
 fn request(memory: u64, top: usize) -> AutoRequest {
-    AutoRequest {
-        spec: spec(),
-        global_batch: 32,
-        workers: 8,
-        memory_per_worker: memory,
-        layer_times: None,
-        comm_ms: 0.0,
-        top,
-        measured: None,
-        fixed: Fixed::default(),
-        replicas: Replicas::default(),
-    }
+    AutoRequest::new(spec(), 32, 8, memory, top)
 }
 
 /// Recomputes a candidate's costs and memory from the spec and a fresh simulation, and
@@ -210,25 +197,15 @@ fn three_budgets_get_three_plans() {
 /// name the largest static state plus the smallest activation limit, 2.2 % more.
 #[test]
 fn nothing_fits_names_the_exact_smallest_budget() {
-    let request = |memory: u64| AutoRequest {
-        spec: ModelSpec {
-            vocab: 32000,
-            hidden: 256,
-            heads: 4,
-            layers: 8,
-            seq_len: 1024,
-            dtype: DType::BF16,
-        },
-        global_batch: 16,
-        workers: 4,
-        memory_per_worker: memory,
-        layer_times: None,
-        comm_ms: 0.0,
-        top: 3,
-        measured: None,
-        fixed: Fixed::default(),
-        replicas: Replicas::default(),
+    let spec = ModelSpec {
+        vocab: 32000,
+        hidden: 256,
+        heads: 4,
+        layers: 8,
+        seq_len: 1024,
+        dtype: DType::BF16,
     };
+    let request = |memory: u64| AutoRequest::new(spec, 16, 4, memory, 3);
     let needs = |memory: u64| {
         let err = auto_plan(&request(memory)).unwrap_err().to_string();
         let tail = err.split("the smallest plan needs ").nth(1).unwrap();

@@ -152,15 +152,22 @@ mod tests {
         std::fs::write(path, b"x").unwrap();
     }
 
+    /// An emptied folder `pipewise-{name}-{pid}` in the temporary directory, and the example
+    /// two-worker 1F1B job checkpointing every `interval` steps.
+    fn checkpointed(name: &str, interval: u32) -> (std::path::PathBuf, JobSpec) {
+        let out = std::env::temp_dir().join(format!("pipewise-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.enable_checkpoint = true;
+        spec.checkpoint.interval = interval;
+        (out, spec)
+    }
+
     /// The resume step is the last checkpoint with every stage's file; later directories
     /// and `final/` go.
     #[test]
     fn resumes_from_the_last_complete_checkpoint() {
-        let out = std::env::temp_dir().join(format!("pipewise-resume-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out);
-        let mut spec = example(2, "1f1b");
-        spec.checkpoint.enable_checkpoint = true;
-        spec.checkpoint.interval = 2;
+        let (out, mut spec) = checkpointed("resume", 2);
         for k in [2, 4, 6] {
             for s in 0..4 {
                 // Step 6 lost stage 3's file (the run died while writing it).
@@ -195,11 +202,7 @@ mod tests {
     /// none), else the start.
     #[test]
     fn a_restart_resumes_from_the_named_or_the_latest_complete_checkpoint() {
-        let out = std::env::temp_dir().join(format!("pipewise-restart-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out);
-        let mut spec = example(2, "1f1b");
-        spec.checkpoint.enable_checkpoint = true;
-        spec.checkpoint.interval = 3;
+        let (out, spec) = checkpointed("restart", 3);
         for k in [3, 6, 9] {
             // Step 9 lost stage 1's file.
             for s in 0..if k == 9 { 1 } else { 2 } {
@@ -224,11 +227,7 @@ mod tests {
     /// written is left alone); 0 keeps them all.
     #[test]
     fn settling_keeps_the_latest_k_complete_checkpoints() {
-        let out = std::env::temp_dir().join(format!("pipewise-keep-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out);
-        let mut spec = example(2, "1f1b");
-        spec.checkpoint.enable_checkpoint = true;
-        spec.checkpoint.interval = 3;
+        let (out, mut spec) = checkpointed("keep", 3);
         // The steps left: `expected` once the removals (beside the caller) are done, or
         // whatever is there after 5 s.
         let steps = |out: &std::path::Path, expected: &[u64]| -> Vec<u64> {

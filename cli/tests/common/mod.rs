@@ -79,6 +79,14 @@ pub(crate) fn succeeds(command: &mut Command) -> String {
     stdout(&out)
 }
 
+/// `pipewise plan` of 1F1B on 4 workers and 8 microbatches, the tests' usual plan, then
+/// `extra`.
+pub(crate) fn plan_1f1b<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["plan", "-s", "1f1b", "-d", "4", "-n", "8"];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Runs and expects failure; returns standard error.
 pub(crate) fn fails(args: &[&str]) -> String {
     let out = pipewise(args);

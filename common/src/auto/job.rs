@@ -5,7 +5,7 @@
 
 use super::candidate::{Candidate, partition_summary};
 use super::configuration::INTERLEAVED_CHUNKS;
-use super::request::{AutoRequest, Fixed, Measured, Replicas};
+use super::request::{AutoRequest, Fixed, Measured};
 use super::search::auto_plan;
 use crate::error::{Error, Result};
 use crate::job::{JobPlan, JobSpec};
@@ -142,20 +142,19 @@ pub fn choose_for_job(
             p.pipeline_parallel_layers_per_stage,
         ));
     let request = AutoRequest {
-        spec: spec.model,
-        global_batch: spec.training.global_batch_size,
-        workers,
-        memory_per_worker,
-        layer_times: None,
-        comm_ms: 0.0,
-        top: OPTIONS,
         measured: Some(measured),
         fixed: Fixed {
             microbatch_size: (!p.search_microbatch_size)
                 .then_some(p.pipeline_parallel_microbatch_size),
             split,
         },
-        replicas: Replicas::default(),
+        ..AutoRequest::new(
+            spec.model,
+            spec.training.global_batch_size,
+            workers,
+            memory_per_worker,
+            OPTIONS,
+        )
     };
     let found = auto_plan(&request).map_err(|e| match e {
         Error::InvalidArgument { field, reason } => Error::invalid(
@@ -344,19 +343,12 @@ mod tests {
         let req_plan =
             |memory: u64| choose_for_job(&job(2), 2, memory, measured(1.0, vec![1.0, 1.0]), 0.0);
         let plan = auto_plan(&AutoRequest {
-            spec: job(2).model,
-            global_batch: 8,
-            workers: 2,
-            memory_per_worker: u64::MAX,
-            layer_times: None,
-            comm_ms: 0.0,
-            top: 1,
             measured: Some(measured(1.0, vec![1.0, 1.0])),
             fixed: Fixed {
                 microbatch_size: Some(1),
                 split: None,
             },
-            replicas: Replicas::default(),
+            ..AutoRequest::new(job(2).model, 8, 2, u64::MAX, 1)
         })
         .unwrap();
         let need = plan.ranked[0].max_worker_bytes;

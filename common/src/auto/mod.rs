@@ -109,18 +109,7 @@ mod tests {
     }
 
     fn request(layers: u32, vocab: u32, workers: u32, memory: u64) -> AutoRequest {
-        AutoRequest {
-            spec: spec(layers, vocab),
-            global_batch: 8,
-            workers,
-            memory_per_worker: memory,
-            layer_times: None,
-            comm_ms: 0.0,
-            top: 3,
-            measured: None,
-            fixed: Fixed::default(),
-            replicas: Replicas::default(),
-        }
+        AutoRequest::new(spec(layers, vocab), 8, workers, memory, 3)
     }
 
     #[test]

@@ -77,6 +77,30 @@ impl Default for Replicas {
 }
 
 impl AutoRequest {
+    /// A request for `workers` workers of `memory_per_worker` bytes, ranking `top` plans,
+    /// with nothing else given: times from FLOPs, free hops, nothing measured or fixed, one
+    /// replica.
+    pub fn new(
+        spec: ModelSpec,
+        global_batch: u32,
+        workers: u32,
+        memory_per_worker: u64,
+        top: usize,
+    ) -> AutoRequest {
+        AutoRequest {
+            spec,
+            global_batch,
+            workers,
+            memory_per_worker,
+            layer_times: None,
+            comm_ms: 0.0,
+            top,
+            measured: None,
+            fixed: Fixed::default(),
+            replicas: Replicas::default(),
+        }
+    }
+
     /// The (replicas, pipeline workers) shapes searched, fewest replicas first: the fixed
     /// one, or every `r` dividing the workers and the global batch.
     pub fn shapes(&self) -> Vec<(u32, u32)> {
