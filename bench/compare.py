@@ -419,6 +419,8 @@ def main():
 
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if not Path(args.pipewise).is_file():
         ap.error(f"--pipewise {args.pipewise}: no such file (cargo build --release -p pipewise-cli)")
     cuda = args.device.startswith("cuda")

@@ -16,11 +16,13 @@
 //! work (products, max, exponential, rescale) is generic code compiled once per
 //! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. A (sequence, head)
 //! pair's keys are transposed once per call (the products' `B` must have contiguous rows).
-//! Work is split over pairs with rayon; each pair is computed by one thread in a fixed
-//! order, so results do not depend on the thread count.
+//! Work is split over pairs with rayon (in the forward over query tiles where there are
+//! fewer pairs than threads); each query row is computed by one thread in a fixed order, so
+//! results do not depend on the thread count.
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -78,7 +80,7 @@ impl Shape {
 #[derive(Clone, Copy)]
 pub(crate) struct SharedMut(pub(crate) *mut f32);
 // SAFETY: only used to hand disjoint regions of one buffer to rayon tasks (each task writes
-// the rows and columns of its own (sequence, head) pair or query tile), while the buffer's
+// the rows and columns of its own (sequence, head) pair, or query tiles of one), while the buffer's
 // `&mut` borrow is held by the caller for the whole call.
 unsafe impl Send for SharedMut {}
 // SAFETY: as above.
@@ -130,29 +132,31 @@ impl FwdScratch {
     }
 }
 
-/// The forward of `pair`: its keys transposed once, then each query tile's online softmax
-/// over the key tiles up to the diagonal.
+/// The forward of query tiles `tiles` of `pair`: the keys they see (up to the last tile's
+/// end) transposed once, then each tile's online softmax over the key tiles up to the
+/// diagonal.
 ///
 /// # Safety
 /// `qkv` holds `[N, 3h]`, `y` `[N, h]`, `lse` `[b, heads, t]` for `sh`; no other thread
-/// writes this pair's rows of `y` and `lse` meanwhile.
+/// writes these tiles' rows of `y` and `lse` meanwhile.
 #[inline(always)]
 unsafe fn forward_pair<I: Isa>(
     qkv: *const f32,
     y: SharedMut,
     lse: SharedMut,
     sh: Shape,
-    pair: usize,
+    (pair, tiles): (usize, Range<usize>),
     sc: &mut FwdScratch,
 ) {
     let (t, h) = (sh.t, sh.h());
-    // SAFETY: the pair's `t` key rows of `hd` columns, inside the `[N, 3h]` buffer
-    // (caller's contract); `kt` holds `hd × t`.
+    let kend = t.min(tiles.end * TILE);
+    // SAFETY: the pair's first `kend` key rows of `hd` columns, inside the `[N, 3h]`
+    // buffer (caller's contract); `kt` holds `hd × t`.
     unsafe {
         let k = qkv.add(sh.qkv_base(pair) + h);
-        tile::transpose::<I>((k, 3 * h), (&mut sc.kt, t), t, sh.hd);
+        tile::transpose::<I>((k, 3 * h), (&mut sc.kt, t), kend, sh.hd);
     }
-    for q0 in (0..t).step_by(TILE) {
+    for q0 in tiles.map(|i| i * TILE) {
         // SAFETY: as this function's.
         unsafe { forward_tile::<I>(qkv, (y, lse), sh, (pair, q0), sc) };
     }
@@ -282,7 +286,7 @@ pub(crate) use dispatch;
 dispatch!(
     forward_dispatch,
     forward_pair,
-    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, pair: usize),
+    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, item: (usize, Range<usize>)),
     FwdScratch
 );
 
@@ -326,22 +330,31 @@ pub(crate) fn forward_at(
     assert_eq!(qkv.len(), n * 3 * h, "qkv is [N, 3h]");
     assert_eq!(y.len(), n * h, "y is [N, h]");
     assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
-    let pairs = sh.b * sh.heads;
+    let (pairs, tiles) = (sh.b * sh.heads, sh.t.div_ceil(TILE));
     let (yp, lp) = (
         SharedMut(y.as_mut_ptr().cast()),
         SharedMut(lse.as_mut_ptr().cast()),
     );
-    let run = |sc: &mut FwdScratch, pair: usize| {
-        // SAFETY: the buffers have the asserted sizes; pair `pair` writes only its own rows
-        // and columns of `y` and `lse`, and pairs are distinct.
-        unsafe { forward_dispatch(level, qkv.as_ptr(), yp, lp, sh, pair, sc) }
+    let run = |sc: &mut FwdScratch, item: (usize, Range<usize>)| {
+        // SAFETY: the buffers have the asserted sizes; an item writes only its query
+        // tiles' rows of its pair's `y` columns and `lse`, and items are distinct.
+        unsafe { forward_dispatch(level, qkv.as_ptr(), yp, lp, sh, item, sc) }
     };
     if threads > 1 {
-        (0..pairs)
+        // Whole pairs (keys transposed once each) while they keep every thread busy, else
+        // one item per query tile, each transposing the keys it sees.
+        let items: Vec<(usize, Range<usize>)> = if pairs >= threads {
+            (0..pairs).map(|p| (p, 0..tiles)).collect()
+        } else {
+            (0..pairs)
+                .flat_map(|p| (0..tiles).map(move |i| (p, i..i + 1)))
+                .collect()
+        };
+        items
             .into_par_iter()
             .for_each_init(|| FwdScratch::new(sh.hd, sh.t), run);
     } else {
         let mut sc = FwdScratch::new(sh.hd, sh.t);
-        (0..pairs).for_each(|p| run(&mut sc, p));
+        (0..pairs).for_each(|p| run(&mut sc, (p, 0..tiles)));
     }
 }

@@ -220,9 +220,11 @@ pub(crate) fn candle_threads() -> usize {
 /// `CANDLE_NUM_THREADS` is unset it sets it to 1: candle's element-wise ops over 64 Ki
 /// elements otherwise go to its own barrier pool, whose threads ignore the lanes' one-thread
 /// pools, spin 25,000 times after each op and take one op at a time, so two lanes on two
-/// cores shared them with a third, spinning thread (the model at 2 threads: 0.64 →
-/// 0.55 s a step). Our kernels and gemm thread through rayon, which the lanes confine.
-/// Returns the count the kernels use.
+/// cores shared them with a third, spinning thread (the step bench's small model at 2
+/// threads: 0.64 → 0.54 s a step). Our kernels and gemm thread through rayon, which the
+/// lanes confine; the few candle element-wise ops left on the f32 path (the embedding's
+/// position add, bf16 and f64 conversions) then run on one thread in every mode. Returns
+/// the count the kernels use.
 ///
 /// # Safety
 ///

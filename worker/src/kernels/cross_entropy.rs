@@ -46,7 +46,13 @@ multiversion! {
 
 multiversion! {
     /// `(p − onehot(t))·scale` for whole rows.
-    fn grad_rows(probs: &[f32], targets: &[u32], v: usize, scale: f32, out: &mut [MaybeUninit<f32>]) {
+    fn grad_rows(
+        probs: &[f32],
+        targets: &[u32],
+        v: usize,
+        scale: f32,
+        out: &mut [MaybeUninit<f32>],
+    ) {
         for ((p, o), &t) in probs.chunks_exact(v).zip(out.chunks_exact_mut(v)).zip(targets) {
             for (ov, &pv) in o.iter_mut().zip(p) {
                 ov.write(pv * scale);

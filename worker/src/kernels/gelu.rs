@@ -6,10 +6,10 @@
 //! `s = σ(2z)`, `s·(1 − s) = e·s²`, `e = e^{−2z}`: one [`simd::exp`] per element, no
 //! cancellation where `tanh z → −1` (where `1 + tanh z` would lose every digit).
 
+use std::mem::MaybeUninit;
+
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
-
-use std::mem::MaybeUninit;
 
 use super::cpu::{rows_per_task, storage_f32, uninit, written};
 use super::simd::{self, multiversion};

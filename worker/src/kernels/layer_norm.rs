@@ -75,7 +75,13 @@ fn row_sums(dy: &[f32], xhat: &[f32], gamma: &[f32]) -> (f32, f32) {
 
 multiversion! {
     /// `dx = (1/σ)·(g − mean(g) − x̂·mean(g·x̂))`, `g = dy·γ`, for whole rows.
-    fn grad_input_rows(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [MaybeUninit<f32>]) {
+    fn grad_input_rows(
+        dy: &[f32],
+        xhat: &[f32],
+        rstd: &[f32],
+        gamma: &[f32],
+        dx: &mut [MaybeUninit<f32>],
+    ) {
         let h = gamma.len();
         let inv_h = 1.0 / h as f32;
         let rows = dy.chunks_exact(h).zip(xhat.chunks_exact(h)).zip(dx.chunks_exact_mut(h));
@@ -123,6 +129,13 @@ pub(crate) fn forward(
     beta: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (rows, h) = dims(x, gamma)?;
+    // Every row is written whole only where β is as long as γ (the zip stops at the shorter).
+    if beta.dims1()? != h {
+        return Err(Error::InvalidArgument {
+            field: "layer_norm",
+            reason: format!("x {:?} with β {:?}", x.dims(), beta.dims()),
+        });
+    }
     let (mut y, mut xhat, mut rstd) = (uninit(rows * h), uninit(rows * h), uninit(rows));
     with_f32(x, |x| {
         with_f32(gamma, |g| {
@@ -262,6 +275,27 @@ mod tests {
             assert_eq!(bits(&dg)?, bits(&wg)?);
             assert_eq!(bits(&db)?, bits(&wb)?);
         }
+        Ok(())
+    }
+
+    /// A γ or β that is not `[h]` is refused, naming the op (a short β would leave the rows'
+    /// tails unwritten).
+    #[test]
+    fn mismatched_weights_are_refused() -> Result<()> {
+        let x = awkward(4, 16, 1.0, 9)?;
+        let (g, b) = (
+            awkward(1, 16, 1.0, 10)?.flatten_all()?,
+            awkward(1, 16, 1.0, 11)?.flatten_all()?,
+        );
+        let short = awkward(1, 15, 1.0, 12)?.flatten_all()?;
+        for (gamma, beta) in [(&g, &short), (&short, &b)] {
+            let err = forward(&x, gamma, beta).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains("layer_norm")),
+                "{err:?}"
+            );
+        }
+        assert!(forward(&x, &g, &b).is_ok());
         Ok(())
     }
 

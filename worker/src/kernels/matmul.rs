@@ -52,13 +52,18 @@ struct Operand {
     cs: isize,
 }
 
-/// Output rows (or columns) per block, about: a product is cut along its longer side into
-/// blocks of this size, shared among threads. Two threads on two single-threaded blocks ran
-/// 1.1–1.5x faster here than `gemm`'s own threading (which splits finer and synchronises
-/// more) at the model's shapes. With more threads than blocks, each block is threaded too.
-/// No element's sum depends on the cut: `gemm` blocks the inner dimension by `k` and the
-/// cache sizes alone, and sums each element in the same order in any block.
+/// Output rows (or columns) per block, about: on several threads a product is cut along its
+/// longer side into blocks of this size, shared among them. Two threads on two
+/// single-threaded blocks ran 1.1–1.5x faster here than `gemm`'s own threading (which
+/// splits finer and synchronises more) at the model's shapes. With more threads than blocks,
+/// each block is threaded too. No element's sum depends on the cut: `gemm` blocks the inner
+/// dimension by `k` and the cache sizes alone, and sums each element in the same order in
+/// any block, except in products with both sides at most [`SMALL_SIDE`], which a cut
+/// therefore never makes.
 const BLOCK: usize = 256;
+
+/// Both sides at most this: `gemm`'s small-product path, with its own inner blocking.
+const SMALL_SIDE: usize = 64;
 
 /// The narrowest block a cut for balance may make (rows or columns).
 const MIN_BLOCK: usize = 64;
@@ -96,7 +101,13 @@ unsafe fn product(
     rhs: Operand,
 ) {
     let long = m.max(n);
-    let blocks = block_count(long, threads());
+    let mut blocks = block_count(long, threads());
+    // gemm blocks the inner dimension differently for a product with both sides ≤ 64
+    // (`kc = min(k, 512)`): a cut must not make such blocks of a product that is not one,
+    // or its sums (and bits) would depend on the thread count.
+    if m.min(n) <= SMALL_SIDE && long.div_ceil(blocks) <= SMALL_SIDE {
+        blocks = 1;
+    }
     let ld = n as isize;
     let one = |(m, n): (usize, usize), dst: *mut f32, lhs: Operand, rhs: Operand, par| {
         // SAFETY: the caller's contract is gemm's, for this block.
@@ -458,9 +469,16 @@ mod tests {
     fn threads_do_not_change_the_bits() -> Result<()> {
         // One block or two (gemm's own threads, or one block each), and three or four blocks
         // (one thread each, or threaded inside with 8 threads).
-        for (rows, cols) in [(300, 130), (96, 800), (768, 256), (256, 256)] {
-            let x = random((rows, 96), 7)?;
-            let w = random((96, cols), 8)?;
+        // The last, 128 × 48 over 1024, would make two blocks on gemm's small-product path.
+        for (rows, cols, inner) in [
+            (300, 130, 96),
+            (96, 800, 96),
+            (768, 256, 96),
+            (256, 256, 96),
+            (128, 48, 1024),
+        ] {
+            let x = random((rows, inner), 7)?;
+            let w = random((inner, cols), 8)?;
             let pool = |n| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n)
@@ -471,7 +489,7 @@ mod tests {
             // The weight gradient, accumulated twice into f64 (its add split over threads).
             let dy = random((rows, cols), 9)?;
             let grad = |n| -> Result<Vec<Vec<f64>>> {
-                let g = Tensor::zeros((96, cols), DType::F64, &Device::Cpu)?;
+                let g = Tensor::zeros((inner, cols), DType::F64, &Device::Cpu)?;
                 for _ in 0..2 {
                     pool(n)?.install(|| accumulate_grad_weight(&g, &x, &dy))?;
                 }
