@@ -245,6 +245,26 @@ fn an_auto_trial_goes_on_with_the_fastest_measured() {
     assert_eq!(s.counted_replans(), 0);
 }
 
+/// The running plan's kind, microbatch size and split with another pass order (generated
+/// again on the fitted costs) is not measured again: the trial's next plan is the next
+/// kind within the band.
+#[test]
+fn an_auto_trial_does_not_measure_the_running_plan_again_in_another_order() {
+    let (ws, mut s, mut choice) = first_run();
+    let (a, b) = (choice.best.clone(), choice.others[0].clone());
+    let mut reordered = a.clone();
+    reordered.plan.schedule.name.push_str(" (fitted)");
+    assert_ne!(reordered.plan, a.plan);
+    choice.others.insert(0, reordered);
+    let r0 = RunId::new(JOB, 0);
+    trial_started(&ws, &mut s, &choice, 1.0);
+    step_took(&mut s, 1_000 * (T + 1) + 500, &ws, T + 1, 1.0);
+    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), T + 2);
+    let (_, _, second) = trial_move(&acts);
+    assert_eq!(second.plan, b.plan);
+    assert_eq!(second.stage_pieces, b.stage_pieces);
+}
+
 /// A plan is measured by its fastest step after its warm-up, so one disturbed step does
 /// not decide: the rival's steps (after a 2 s warm-up) take 0.9, 1.5 and 1.5 s against the
 /// running plan's steady 1.0 s, and the rival stays (a median would have moved back).

@@ -1,8 +1,9 @@
 //! `schedule = "auto"` measures where its prediction cannot tell plans apart. The first
 //! run takes the search's choice on the start-up profile. After [`TRIAL_STEPS`] steps the
 //! search runs again, beside the run, on the costs fitted to them; the plans it predicts
-//! within [`TRIAL_BAND`] of its best (at most [`TRIAL_PLANS`], the running one among them
-//! with its measured time) then run [`TRIAL_STEPS`] steps each in turn, and the job goes on
+//! within [`TRIAL_BAND`] of its best (one per schedule kind, microbatch size and split; at
+//! most [`TRIAL_PLANS`], the running one among them with its measured time) then run
+//! [`TRIAL_STEPS`] steps each in turn, and the job goes on
 //! with the fastest measured (each plan's fastest step after its warm-up: [`plan_secs`]).
 //! Only a job that can move between steps does this (checkpoints on, real compute, two
 //! workers or more, steps to spare). Every step of a
@@ -96,11 +97,28 @@ impl Supervisor {
         if !run.may_stop() {
             return;
         }
-        let same = |o: &PlanOption| o.plan == first.plan && o.stage_pieces == first.stage_pieces;
+        // One plan per schedule kind, microbatch size and split: the running one's, its
+        // pass order generated again on the fitted costs (ZB-H2's and the adaptive kinds'
+        // depend on them), would take a slot another kind could use.
+        let config = |o: &PlanOption| {
+            (
+                o.plan.kind,
+                o.spec.parallelism.pipeline_parallel_microbatch_size,
+                o.stage_pieces.clone(),
+            )
+        };
+        let mut seen = vec![config(&first)];
         let pending: Vec<PlanOption> = choice
             .within(TRIAL_BAND)
             .into_iter()
-            .filter(|o| !same(o))
+            .filter(|o| {
+                let c = config(o);
+                let new = !seen.contains(&c);
+                if new {
+                    seen.push(c);
+                }
+                new
+            })
             .take(TRIAL_PLANS - 1)
             .cloned()
             .collect();
