@@ -196,6 +196,20 @@ fn trial_started(ws: &[Worker], s: &mut Supervisor, choice: &JobChoice, secs: f6
     s.feed(now + 100, chosen(again, Ok(choice.clone())))
 }
 
+/// [`trial_started`] on `choice` (the first run on plan `a`, 1 s a step) through the move
+/// to the trial's second plan: that plan's assignment.
+fn moved_to_second(
+    ws: &[Worker],
+    s: &mut Supervisor,
+    choice: &JobChoice,
+    a: &PlanOption,
+) -> Assignment {
+    trial_started(ws, s, choice, 1.0);
+    step_took(s, 1_000 * (T + 1) + 500, ws, T + 1, 1.0);
+    let acts = moved_after(s, ws, (RunId::new(JOB, 0), stages(a)), T + 2);
+    trial_move(&acts).2.clone()
+}
+
 /// An auto trial measures the plans predicted within the band and goes on with the fastest
 /// measured: here the first, so the job moves back to it. Trial moves resume from the step
 /// they stopped after, are counted as `auto_trial`, and leave `max_replans` untouched.
@@ -256,11 +270,7 @@ fn an_auto_trial_does_not_measure_the_running_plan_again_in_another_order() {
     reordered.plan.schedule.name.push_str(" (fitted)");
     assert_ne!(reordered.plan, a.plan);
     choice.others.insert(0, reordered);
-    let r0 = RunId::new(JOB, 0);
-    trial_started(&ws, &mut s, &choice, 1.0);
-    step_took(&mut s, 1_000 * (T + 1) + 500, &ws, T + 1, 1.0);
-    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), T + 2);
-    let (_, _, second) = trial_move(&acts);
+    let second = moved_to_second(&ws, &mut s, &choice, &a);
     assert_eq!(second.plan, b.plan);
     assert_eq!(second.stage_pieces, b.stage_pieces);
 }
@@ -272,11 +282,7 @@ fn an_auto_trial_does_not_measure_the_running_plan_again_in_another_order() {
 fn an_auto_trial_measures_each_plan_by_its_fastest_step() {
     let (ws, mut s, choice) = first_run();
     let (a, b) = (choice.best.clone(), choice.others[0].clone());
-    let r0 = RunId::new(JOB, 0);
-    trial_started(&ws, &mut s, &choice, 1.0);
-    step_took(&mut s, 1_000 * (T + 1) + 500, &ws, T + 1, 1.0);
-    let acts = moved_after(&mut s, &ws, (r0, stages(&a)), T + 2);
-    let (_, _, second) = trial_move(&acts);
+    let second = moved_to_second(&ws, &mut s, &choice, &a);
     assert_eq!(second.plan, b.plan);
     let first = T + 2;
     let times = [2.0, 0.9, 1.5, 1.5];
