@@ -73,11 +73,10 @@ use crate::cli::{Cli, Command};
 fn main() -> ExitCode {
     // Before any thread starts (see `pipewise_worker::alloc`; `PIPEWISE_MALLOC=default`
     // keeps the allocator's defaults; and `settle_thread_count`).
-    pipewise_worker::alloc::policy_from_env();
-    // SAFETY: no thread has started yet (the allocator policy above starts none).
+    // SAFETY: no thread has started yet.
     #[allow(unsafe_code)]
     unsafe {
-        pipewise_worker::settle_thread_count();
+        pipewise_worker::set_up_process();
     }
     let cli = Cli::parse();
     let outcome = match cli.command {

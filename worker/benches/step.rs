@@ -323,10 +323,9 @@ fn run_child(case: &Case, threads: usize, mode: &str) -> Option<(f64, f64, f64)>
 fn main() {
     if let Ok(name) = std::env::var(CHILD_ENV) {
         // The process setup of the `pipewise` binary, so the step runs as a worker's does.
-        pipewise_worker::alloc::policy_from_env();
         // SAFETY: no thread has started yet.
         unsafe {
-            pipewise_worker::settle_thread_count();
+            pipewise_worker::set_up_process();
         }
         child(&name);
         return;

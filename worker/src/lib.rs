@@ -69,7 +69,7 @@ pub mod trainer;
 pub use candle_core::{DType as CandleDType, Device, Tensor};
 pub use data::{Batch, Corpus, Sampler};
 pub use error::{Error, Result};
-pub use kernels::cpu::settle_thread_count;
+pub use kernels::cpu::{set_up_process, settle_thread_count};
 pub use kernels::in_use as kernels_in_use;
 pub use optim::{AdamW, clip_scale};
 pub use stage::Stage;

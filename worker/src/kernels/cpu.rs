@@ -255,6 +255,20 @@ pub unsafe fn settle_thread_count() -> usize {
     candle_threads()
 }
 
+/// What a process that runs stages calls first (the `pipewise` binary, the step bench's
+/// child): the heap policy ([`crate::alloc::policy_from_env`]), then
+/// [`settle_thread_count`]. Returns the count the kernels use.
+///
+/// # Safety
+///
+/// No other thread may exist yet (it writes the environment).
+#[allow(unsafe_code)]
+pub unsafe fn set_up_process() -> usize {
+    crate::alloc::policy_from_env();
+    // SAFETY: the caller's contract (the heap policy starts no thread).
+    unsafe { settle_thread_count() }
+}
+
 /// Columns per rayon task for a reduction over `rows` of `cols` columns (each task sums
 /// whole columns, in row order, so the split never changes a result), or `None` to stay on
 /// this thread. Blocks are a multiple of 16 columns (a cache line).

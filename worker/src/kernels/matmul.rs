@@ -73,18 +73,27 @@ const MIN_BLOCK: usize = 64;
 /// [`MIN_BLOCK`] wide, so no thread idles while another runs a last block (3 blocks on 2
 /// threads cost as much as 4). One thread makes one call: each block packs the operand it
 /// shares again (the large bench model's 3072-wide products were 12 calls, and packing 11 %
-/// of its step; one call took its 1-thread step from 50.5 to 44.0 s).
-fn block_count(long: usize, threads: usize) -> usize {
+/// of its step; one call took its 1-thread step from 50.5 to 44.0 s). Nor is a product cut
+/// into blocks on gemm's small-product path (both sides ≤ [`SMALL_SIDE`], the other side
+/// being `short`) unless it is one: gemm blocks the inner dimension differently there
+/// (`kc = min(k, 512)`), so the sums (and bits) would depend on the thread count.
+fn block_count(long: usize, short: usize, threads: usize) -> usize {
     if threads <= 1 {
         return 1;
     }
     let count = (long / BLOCK).max(1);
-    if count.is_multiple_of(threads) {
-        return count;
+    let blocks = if count.is_multiple_of(threads) {
+        count
+    } else {
+        let widest = (long / MIN_BLOCK).max(1);
+        let balanced = count.next_multiple_of(threads);
+        if balanced <= widest { balanced } else { count }
+    };
+    if short <= SMALL_SIDE && long.div_ceil(blocks) <= SMALL_SIDE {
+        1
+    } else {
+        blocks
     }
-    let widest = (long / MIN_BLOCK).max(1);
-    let balanced = count.next_multiple_of(threads);
-    if balanced <= widest { balanced } else { count }
 }
 
 /// `dst = (read ? dst : 0) + lhs·rhs` for an `m × k` lhs and a `k × n` rhs.
@@ -101,13 +110,7 @@ unsafe fn product(
     rhs: Operand,
 ) {
     let long = m.max(n);
-    let mut blocks = block_count(long, threads());
-    // gemm blocks the inner dimension differently for a product with both sides ≤ 64
-    // (`kc = min(k, 512)`): a cut must not make such blocks of a product that is not one,
-    // or its sums (and bits) would depend on the thread count.
-    if m.min(n) <= SMALL_SIDE && long.div_ceil(blocks) <= SMALL_SIDE {
-        blocks = 1;
-    }
+    let blocks = block_count(long, m.min(n), threads());
     let ld = n as isize;
     let one = |(m, n): (usize, usize), dst: *mut f32, lhs: Operand, rhs: Operand, par| {
         // SAFETY: the caller's contract is gemm's, for this block.
@@ -453,14 +456,17 @@ mod tests {
     /// one thread makes one call.
     #[test]
     fn blocks_balance_over_the_threads() {
-        assert_eq!(block_count(768, 1), 1);
-        assert_eq!(block_count(3072, 1), 1);
-        assert_eq!(block_count(768, 2), 4);
-        assert_eq!(block_count(256, 2), 2);
-        assert_eq!(block_count(100, 2), 1);
-        assert_eq!(block_count(1024, 2), 4);
-        assert_eq!(block_count(768, 16), 3);
-        assert_eq!(block_count(1024, 16), 16);
+        assert_eq!(block_count(768, 256, 1), 1);
+        assert_eq!(block_count(3072, 256, 1), 1);
+        assert_eq!(block_count(768, 256, 2), 4);
+        assert_eq!(block_count(256, 256, 2), 2);
+        assert_eq!(block_count(100, 256, 2), 1);
+        assert_eq!(block_count(1024, 256, 2), 4);
+        assert_eq!(block_count(768, 256, 16), 3);
+        assert_eq!(block_count(1024, 256, 16), 16);
+        // Two 64-wide blocks of a 128 × 48 product would be on gemm's small path.
+        assert_eq!(block_count(128, 48, 2), 1);
+        assert_eq!(block_count(128, 96, 2), 2);
     }
 
     /// Any thread count gives the bits of one: the output is split, never the inner dimension
