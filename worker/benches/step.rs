@@ -17,14 +17,17 @@
 //!
 //! - `small`: vocab 256, hidden 256, 4 heads, 4 blocks, seq 128 (4096 tokens a step);
 //! - `large`: vocab 256, hidden 1024, 16 heads, 8 blocks, seq 256 (8192 tokens a step; about
-//!   a minute a step at 1 thread, so 1 warm-up step and 2 timed ones).
+//!   45 s a step at 1 thread, so 1 warm-up step and 3 timed ones).
 //!
 //! FLOPs per step (the issue's count): `6 · P · tokens + 12 · blocks · seq · hidden · tokens`,
 //! `P` the parameters outside the embeddings (blocks, final LayerNorm, LM head). CPU MFU =
 //! achieved FLOP/s ÷ (GEMM rate × threads), the GEMM rate being the single-thread GFLOP/s of a
-//! square f32 GEMM (2048³, median of 5) of the `gemm` crate with `Parallelism::None`, measured
-//! at the start of the same run (its ISA is printed: the crate dispatches to AVX-512 where the
-//! CPU has it, as built with `x86-v4`).
+//! square f32 GEMM (2048³) of the `gemm` crate with `Parallelism::None` (its ISA is printed:
+//! the crate dispatches to AVX-512 where the CPU has it, as built with `x86-v4`). The rate is
+//! measured beside the steps it is held against: in the child, before each timed step and
+//! after the last (3 timings each), the median of all; this machine's speed drifts by 10 %
+//! and more between minutes, and a rate taken once at the start would set a fast minute's
+//! probe against a slow minute's steps, or the reverse. The start-of-run rate is printed too.
 //!
 //! Thread counts: candle and gemm read `RAYON_NUM_THREADS`, and rayon's global pool is fixed
 //! at its first use, so each (model, threads) run is a child process of this binary,
@@ -97,7 +100,7 @@ fn cases() -> Vec<Case> {
         microbatch_size: if q { 2 } else { 4 },
         microbatches: if q { 2 } else { 8 },
         warmup: 1,
-        timed: 2,
+        timed: if q { 2 } else { 3 },
     };
     let which = std::env::var("PIPEWISE_BENCH_MODELS").unwrap_or_else(|_| "both".into());
     match which.as_str() {
@@ -138,7 +141,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// The child: trains `name`'s model and prints
-/// `RESULT <median step s> <first loss> <last loss> <threads>`.
+/// `RESULT <median step s> <first loss> <last loss> <threads> <GEMM rate beside the steps>`.
 fn child(name: &str) {
     let case = cases()
         .into_iter()
@@ -154,7 +157,12 @@ fn child(name: &str) {
     };
     let mut times = Vec::new();
     let mut losses = Vec::new();
+    let mut rates = Vec::new();
+    let probe_n = probe_size();
     for step in 0..(case.warmup + case.timed) {
+        if step >= case.warmup {
+            rates.extend(gemm_rates(probe_n, 3));
+        }
         // Sampling is left out of the time: it is the model's speed being measured.
         let batches = sampler
             .step(&corpus, step as u64, case.microbatches, &device)
@@ -175,18 +183,25 @@ fn child(name: &str) {
             times.push(dt);
         }
     }
+    rates.extend(gemm_rates(probe_n, 3));
     println!(
-        "RESULT {} {} {} {}",
+        "RESULT {} {} {} {} {}",
         median(times),
         losses[0],
         losses[losses.len() - 1],
-        candle_core::utils::get_num_threads()
+        candle_core::utils::get_num_threads(),
+        median(rates)
     );
 }
 
-/// Single-thread GFLOP/s of an `n³` f32 GEMM (`gemm` crate, `Parallelism::None`), median
-/// of `reps` after one warm-up.
-fn gemm_rate(n: usize, reps: usize) -> f64 {
+/// The probe's side: 2048, or 256 in quick mode.
+fn probe_size() -> usize {
+    if quick() { 256 } else { 2048 }
+}
+
+/// Single-thread GFLOP/s of `reps` timings of an `n³` f32 GEMM (`gemm` crate,
+/// `Parallelism::None`), after one warm-up.
+fn gemm_rates(n: usize, reps: usize) -> Vec<f64> {
     let a: Vec<f32> = (0..n * n).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
     let b: Vec<f32> = (0..n * n).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
     let mut c = vec![0f32; n * n];
@@ -225,7 +240,8 @@ fn gemm_rate(n: usize, reps: usize) -> f64 {
         }
     }
     std::hint::black_box(&c);
-    2.0 * (n as f64).powi(3) / median(times) / 1e9
+    let flop = 2.0 * (n as f64).powi(3);
+    times.into_iter().map(|t| flop / t / 1e9).collect()
 }
 
 /// The instruction set `gemm` dispatches f32 to on this CPU.
@@ -288,8 +304,17 @@ fn modes(threads: usize) -> &'static [&'static str] {
     }
 }
 
-/// Runs one child and parses its `RESULT` line: (median step s, first loss, last loss).
-fn run_child(case: &Case, threads: usize, mode: &str) -> Option<(f64, f64, f64)> {
+/// What one child measured.
+struct Measured {
+    step_s: f64,
+    first: f64,
+    last: f64,
+    /// The GEMM rate beside the steps, GFLOP/s.
+    rate: f64,
+}
+
+/// Runs one child and parses its `RESULT` line.
+fn run_child(case: &Case, threads: usize, mode: &str) -> Option<Measured> {
     let exe = std::env::current_exe().expect("own path");
     let side = if mode == "split" { "0" } else { "1" };
     let out = Command::new(exe)
@@ -307,7 +332,12 @@ fn run_child(case: &Case, threads: usize, mode: &str) -> Option<(f64, f64, f64)>
             .split_whitespace()
             .filter_map(|x| x.parse().ok())
             .collect();
-        (v.len() >= 3).then(|| (v[0], v[1], v[2]))
+        (v.len() == 5).then(|| Measured {
+            step_s: v[0],
+            first: v[1],
+            last: v[2],
+            rate: v[4],
+        })
     });
     if parsed.is_none() {
         eprintln!(
@@ -338,11 +368,13 @@ fn main() {
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
         println!("load average before the run: {}", load.trim());
     }
-    let (n, reps) = if q { (256, 3) } else { (2048, 5) };
-    let rate = gemm_rate(n, reps);
+    let n = probe_size();
+    let reps = if q { 3 } else { 5 };
     println!(
-        "GEMM rate: {rate:.1} GFLOP/s (f32 {n}³, 1 thread, gemm crate, Parallelism::None, \
-         median of {reps}), ISA {}",
+        "GEMM rate at the start: {:.1} GFLOP/s (f32 {n}³, 1 thread, gemm crate, \
+         Parallelism::None, median of {reps}), ISA {}; MFU holds each row to the rate \
+         measured beside its steps (column `GEMM`)",
+        median(gemm_rates(n, reps)),
         gemm_isa()
     );
     println!(
@@ -353,8 +385,8 @@ fn main() {
         println!("device: {device_name} (MFU omitted: no CPU peak applies)");
     }
     println!(
-        "{:>6} {:>7} {:>5} {:>10} {:>6} {:>9} {:>10} {:>9} {:>7}  loss first→last",
-        "model", "threads", "mode", "params", "steps", "step s", "tokens/s", "GFLOP/s", "MFU"
+        " model threads  mode     params  steps    step s   tokens/s   GFLOP/s    GEMM     MFU  \
+         loss first→last"
     );
     for case in cases() {
         let s = &case.spec;
@@ -376,7 +408,13 @@ fn main() {
             .into_iter()
             .flat_map(|t| modes(t).iter().map(move |m| (t, m)))
         {
-            let Some((step_s, first, last)) = run_child(&case, threads, mode) else {
+            let Some(Measured {
+                step_s,
+                first,
+                last,
+                rate,
+            }) = run_child(&case, threads, mode)
+            else {
                 continue;
             };
             let gflops = case.flops() / step_s / 1e9;
@@ -386,8 +424,8 @@ fn main() {
                 "-".into()
             };
             println!(
-                "{:>6} {threads:>7} {mode:>5} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} {mfu:>7}  \
-                 {first:.4}→{last:.4}",
+                "{:>6} {threads:>7} {mode:>5} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} \
+                 {rate:>7.1} {mfu:>7}  {first:.4}→{last:.4}",
                 case.name,
                 s.params(),
                 format!("{}+{}", case.warmup, case.timed),
