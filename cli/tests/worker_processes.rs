@@ -82,7 +82,9 @@ fn emulated_job_runs_on_worker_processes() {
     let mut spec = spec(4, "zb-h1", 3);
     spec.job.name = "emulated-zb-h1".into();
     // B four times F and W a quarter of B: ZB-H1's bubble differs from the unit-time one.
-    spec.compute = Compute::emulate(2.0, 8.0, 1.0);
+    // Passes of several milliseconds, so the millisecond a hop or a sleep can take on a
+    // loaded machine moves the bubble planned from measured costs by a few points, not ten.
+    spec.compute = Compute::emulate(8.0, 32.0, 4.0);
     let plan = spec.validate().unwrap();
     let bubble = |times: Times| {
         simulate(
