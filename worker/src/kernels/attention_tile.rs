@@ -44,41 +44,39 @@ impl Isa for Plain {
     }
 }
 
-/// AVX2 + FMA.
-#[cfg(target_arch = "x86_64")]
-pub(crate) struct Avx2;
+/// An x86 instruction set with FMA and AVX: the two differ only in the micro-kernel's vector.
+macro_rules! x86_isa {
+    ($(#[$doc:meta])* $name:ident, $vector:ty) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        pub(crate) struct $name;
 
-#[cfg(target_arch = "x86_64")]
-impl Isa for Avx2 {
-    type V = M256;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-    #[inline(always)]
-    unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
-        // SAFETY: the caller's contract; AVX is enabled wherever this is used.
-        unsafe { transpose8_avx(src, ld_src, dst, ld_dst) }
-    }
+        #[cfg(target_arch = "x86_64")]
+        impl Isa for $name {
+            type V = $vector;
+            #[inline(always)]
+            fn fma(a: f32, b: f32, c: f32) -> f32 {
+                a.mul_add(b, c)
+            }
+            #[inline(always)]
+            unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
+                // SAFETY: the caller's contract; AVX is enabled wherever this is used.
+                unsafe { transpose8_avx(src, ld_src, dst, ld_dst) }
+            }
+        }
+    };
 }
 
-/// AVX-512F (with AVX2 + FMA).
-#[cfg(target_arch = "x86_64")]
-pub(crate) struct Avx512;
-
-#[cfg(target_arch = "x86_64")]
-impl Isa for Avx512 {
-    type V = M512;
-    #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-    #[inline(always)]
-    unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
-        // SAFETY: the caller's contract; AVX is enabled wherever this is used.
-        unsafe { transpose8_avx(src, ld_src, dst, ld_dst) }
-    }
-}
+x86_isa!(
+    /// AVX2 + FMA.
+    Avx2,
+    M256
+);
+x86_isa!(
+    /// AVX-512F (with AVX2 + FMA).
+    Avx512,
+    M512
+);
 
 /// [`Isa::transpose8`] in AVX registers: pairs of rows interleaved, then pairs of pairs,
 /// then the 128-bit halves swapped (24 shuffles for 64 elements, against 64 scalar stores

@@ -325,6 +325,21 @@ impl Supervisor {
         self.wait(None, self.now)
     }
 
+    /// Claims `workers` for the next run.
+    fn claim(&mut self, workers: Vec<Worker>) -> Phase {
+        self.out.push(Action::Claim(
+            workers.iter().map(|w| w.id.clone()).collect(),
+        ));
+        Phase::Claiming { workers }
+    }
+
+    /// The next run starts after `step` from its checkpoint (or the seeded model), so a
+    /// later restart falls back no further than it.
+    fn start_from_checkpoint(&mut self, step: u64) {
+        self.first_step = step;
+        self.floor = step;
+    }
+
     /// Waits for `d` streaming workers.
     fn wait(&mut self, shown: Option<usize>, next_note: u64) -> Phase {
         let d = self.plan.schedule.num_workers() as usize * self.current.replicas() as usize;
@@ -334,9 +349,7 @@ impl Supervisor {
                 self.out.push(Action::Waiting(String::new()));
             }
             ready.truncate(d);
-            self.out
-                .push(Action::Claim(ready.iter().map(|w| w.id.clone()).collect()));
-            return Phase::Claiming { workers: ready };
+            return self.claim(ready);
         }
         // A re-planned job's plan counted workers it can no longer have (one left during a
         // move's hand-over, another job took one): no one is coming back for it, so it
@@ -411,8 +424,7 @@ impl Supervisor {
     /// complete one.
     fn resume(&mut self, workers: Vec<Worker>, listing: &Checkpoints) -> Phase {
         let stages = self.plan.schedule.placement.stages();
-        self.first_step = listing.restart_step(&self.current, self.start, stages);
-        self.floor = self.first_step;
+        self.start_from_checkpoint(listing.restart_step(&self.current, self.start, stages));
         self.out.push(Action::ClearAfter(self.first_step));
         let reason = format!(
             "the coordinator restarted; resuming from {}",
@@ -584,8 +596,7 @@ impl Supervisor {
                     Move::Rebuild(replicas) => self.with_replicas(replicas),
                 }
                 self.tell(reason);
-                self.first_step = resume;
-                self.floor = resume;
+                self.start_from_checkpoint(resume);
             }
         }
         self.waiting()
@@ -630,8 +641,7 @@ impl Supervisor {
         self.out.push(Action::Replanned(how));
         self.tell(reason);
         self.stage_pieces = spec_split(&self.current, &self.plan);
-        self.first_step = resume;
-        self.floor = resume;
+        self.start_from_checkpoint(resume);
         // From the checkpoints: nothing goes on from memory.
         self.in_memory = false;
         self.rebuilt = 0;

@@ -312,10 +312,7 @@ impl Supervisor {
         self.tell(reason);
         self.in_memory = true;
         self.rebuilt = replicas - had;
-        self.out.push(Action::Claim(
-            workers.iter().map(|w| w.id.clone()).collect(),
-        ));
-        Phase::Claiming { workers }
+        self.claim(workers)
     }
 
     /// The claim of a rebuild's workers was refused (another job took one first): the
@@ -329,9 +326,6 @@ impl Supervisor {
         self.out.push(Action::Warn(format!(
             "workers taken: {why}; {had} replica(s) go on from memory without the new ones"
         )));
-        self.out.push(Action::Claim(
-            workers.iter().map(|w| w.id.clone()).collect(),
-        ));
-        Phase::Claiming { workers }
+        self.claim(workers)
     }
 }
