@@ -36,6 +36,9 @@ rows (b) and (c) are CPU rows and are left out unless --rows names them.
 
 For the CPU rows it also prints PyTorch's single-thread f32 GEMM rate (2048^3) and each side's
 CPU MFU against it (achieved FLOP/s, the issue's count, over that rate times the threads).
+The rate is timed before the first run and after every round, and the median of those is
+used: the machine's speed drifts between minutes, and a rate timed once at the start
+carries that drift into every MFU.
 
 Other work on the machine skews every figure; the load average is printed.
 """
@@ -435,13 +438,20 @@ def main():
     print(f"CPU: {cpu}, {ncpu} cores; load average {open('/proc/loadavg').read().split()[:3]}")
     print(f"{args.steps} steps a run, the first {args.warmup} left out; tokens/s of the median step")
     table = []
-    gemm = None
-    if not cuda:
-        out = subprocess.run(self_cmd(args, "--_gemm"), env=thread_env(1), preexec_fn=pinned({0}),
-                             capture_output=True, text=True, timeout=args.timeout)
-        gemm = parse_result(out.stdout, "PyTorch GEMM")["gflops"]
-        print(f"PyTorch's 1-thread f32 GEMM (2048^3): {gemm:.1f} GFLOP/s; a step is "
-              f"{step_flops() / 1e9:.1f} GFLOP; MFU below = achieved / (that rate x threads)")
+    rates = []
+
+    def probe():
+        # PyTorch's 1-thread GEMM rate now, in a child pinned to core 0 (CPU rows only).
+        if not cuda:
+            out = subprocess.run(self_cmd(args, "--_gemm"), env=thread_env(1),
+                                 preexec_fn=pinned({0}), capture_output=True, text=True,
+                                 timeout=args.timeout)
+            rates.append(parse_result(out.stdout, "PyTorch GEMM")["gflops"])
+
+    probe()
+    if rates:
+        print(f"PyTorch's 1-thread f32 GEMM (2048^3) at the start: {rates[0]:.1f} GFLOP/s; a step "
+              f"is {step_flops() / 1e9:.1f} GFLOP")
     with tempfile.TemporaryDirectory(prefix="pipewise-bench-") as tmp:
         for row in rows:
             if row == "a":
@@ -470,6 +480,7 @@ def main():
                 (t_tps, t_med), (p_tps, p_med) = tokens_per_s(t, args.warmup), tokens_per_s(p, args.warmup)
                 t_all.append(t_tps)
                 p_all.append(p_tps)
+                probe()
                 print(f"{label}{f' round {r + 1}' if args.rounds > 1 else ''}: PyTorch "
                       f"{t_med * 1e3:.0f} ms/step (threads {t['threads']}, loss "
                       f"{t['loss'][0]:.3f}->{t['loss'][-1]:.3f}), pipewise {p_med * 1e3:.0f} ms/step "
@@ -477,7 +488,12 @@ def main():
                       flush=True)
             threads = {"a": 1, "b": 2, "c": ncpu}[row]
             table.append((label, statistics.median(t_all), statistics.median(p_all), threads))
+    gemm = statistics.median(rates) if rates else None
     print()
+    if gemm:
+        print(f"MFU below = achieved / (PyTorch's GEMM rate x threads), the rate the median of "
+              f"{len(rates)} timings beside the runs: {gemm:.1f} GFLOP/s (range "
+              f"{min(rates):.1f}-{max(rates):.1f})")
     print(f"{'row':<40} {'PyTorch tok/s':>14} {'pipewise tok/s':>15} {'pipewise/PyTorch':>17}"
           + ("   MFU PyTorch  MFU pipewise" if gemm else ""))
     for label, t_tps, p_tps, threads in table:
