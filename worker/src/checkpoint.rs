@@ -12,8 +12,10 @@
 //! model) loads into a stage of another partition by the tensors' whole-model names
 //! ([`Stage::load_checkpoint_dir`], how a job re-planned onto fewer workers resumes).
 //! Files are written under a temporary name and renamed, so a file with the final name is
-//! complete. Checkpoints are taken between steps: accumulated gradients are not saved, and
-//! a stage with pending microbatches refuses to save.
+//! complete. The same bytes also travel without a file ([`Stage::checkpoint_bytes`],
+//! [`Stage::load_checkpoint_bytes`]): a stage's state copied to a rebuilt replica's worker.
+//! Checkpoints are taken between steps: accumulated gradients are not saved, and a stage
+//! with pending microbatches refuses to save.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read as _;
@@ -88,6 +90,9 @@ fn same_values(a: &Tensor, b: &Tensor) -> Result<bool> {
             .all(|(&x, &y)| x == y || (f32::from_bits(x).is_nan() && f32::from_bits(y).is_nan())))
 }
 
+/// What errors name as the "path" of a checkpoint held in memory.
+const IN_MEMORY: &str = "<stage state in memory>";
+
 /// Reads a stage file into host memory (its tensors move to the stage's device one
 /// parameter at a time as they are installed).
 fn read_shard(path: &Path) -> Result<Shard> {
@@ -97,7 +102,11 @@ fn read_shard(path: &Path) -> Result<Shard> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint"),
         });
     }
-    let mut tensors = candle_core::safetensors::load(path, &Device::Cpu)?;
+    shard_of(candle_core::safetensors::load(path, &Device::Cpu)?, path)
+}
+
+/// The meta and tensors of a checkpoint's tensors, read from `path` (named in errors).
+fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> {
     let has_format = tensors.contains_key("meta/format");
     let mut ints = |key: &str| -> Result<Vec<i64>> {
         let t = tensors
@@ -165,6 +174,36 @@ impl Stage {
     /// Writes this stage's parameters, optimizer state and step to `path` (through a
     /// temporary file renamed into place, so `path` never holds a partial checkpoint).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
+        let tensors = self.state_tensors(path)?;
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        candle_core::safetensors::save(&tensors, &partial)?;
+        std::fs::rename(&partial, path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// The bytes [`Stage::save_checkpoint`] would write, in memory: how a stage's state goes
+    /// to another replica's worker without a scratch file (a stage's state can be larger
+    /// than the scratch space a pod has).
+    pub fn checkpoint_bytes(&self) -> Result<Vec<u8>> {
+        let tensors = self.state_tensors(Path::new(IN_MEMORY))?;
+        Ok(safetensors::tensor::serialize(&tensors, None).map_err(candle_core::Error::from)?)
+    }
+
+    /// [`Stage::load_checkpoint`] from the bytes of a checkpoint file
+    /// ([`Stage::checkpoint_bytes`]).
+    pub fn load_checkpoint_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        let tensors = candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?;
+        self.load_shard(shard_of(tensors, Path::new(IN_MEMORY))?)
+    }
+
+    /// This stage's parameters, optimizer state and step as a checkpoint's tensors, on the
+    /// CPU; refused between a step's passes (`path` names the checkpoint in the error).
+    fn state_tensors(&self, path: &Path) -> Result<HashMap<String, Tensor>> {
         let (waiting_b, waiting_w) = self.pending();
         if !waiting_b.is_empty() || !waiting_w.is_empty() {
             return Err(bad(
@@ -189,26 +228,22 @@ impl Stage {
         tensors.insert("meta/range".into(), range);
         tensors.insert("meta/spec".into(), spec);
         tensors.insert("meta/format".into(), Tensor::new(&[FORMAT], &cpu)?);
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
-        candle_core::safetensors::save(&tensors, &partial)?;
-        std::fs::rename(&partial, path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(())
+        Ok(tensors)
     }
 
     /// Replaces this stage's parameters, optimizer state and step with those saved at
     /// `path`, and zeroes its gradients. The checkpoint must come from a stage with the same
     /// spec (sizes and dtype) and piece range.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
-        let shard = read_shard(path)?;
+        self.load_shard(read_shard(path)?)
+    }
+
+    /// Installs `shard` when it holds this stage's piece range.
+    fn load_shard(&mut self, shard: Shard) -> Result<()> {
         let want: Vec<i64> = [self.range().start as i64, self.range().end as i64].into();
         if shard.range != want {
             return Err(bad(
-                path,
+                &shard.path,
                 format!(
                     "holds pieces {:?}, this stage holds {:?}",
                     shard.range,

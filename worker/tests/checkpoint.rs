@@ -55,11 +55,18 @@ fn trained(
 
 /// In f32, and in bf16, whose f32 master copies and moments the checkpoint must carry.
 fn resume(device: &Device) -> Result<()> {
-    resume_in(spec(), device)?;
-    resume_in(spec_in(SpecDType::BF16), device)
+    resume_in(spec(), device, false)?;
+    resume_in(spec_in(SpecDType::BF16), device, false)
 }
 
-fn resume_in(spec: ModelSpec, device: &Device) -> Result<()> {
+/// The same through [`Stage::checkpoint_bytes`] (how a rebuilt replica's worker gets a
+/// stage's state): the bytes are the file's, and they resume as the file does.
+fn resume_from_bytes(device: &Device) -> Result<()> {
+    resume_in(spec(), device, true)?;
+    resume_in(spec_in(SpecDType::BF16), device, true)
+}
+
+fn resume_in(spec: ModelSpec, device: &Device, in_memory: bool) -> Result<()> {
     let corpus = Corpus::generated();
     let sampler = Sampler {
         seed: 4,
@@ -80,11 +87,21 @@ fn resume_in(spec: ModelSpec, device: &Device) -> Result<()> {
         device.location()
     ));
     first.stage().save_checkpoint(&path)?;
+    let bytes = first.stage().checkpoint_bytes()?;
     drop(first);
     // A fresh model from another seed: everything must come from the checkpoint.
     let mut stage = Stage::whole(&spec, 999, device)?;
     stage.set_optimizer(opt);
-    stage.load_checkpoint(&path)?;
+    if in_memory {
+        let file = std::fs::read(&path).map_err(|source| pipewise_worker::Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        assert!(file == bytes, "the bytes in memory are not the file's");
+        stage.load_checkpoint_bytes(&bytes)?;
+    } else {
+        stage.load_checkpoint(&path)?;
+    }
     assert_eq!(stage.step(), cut);
     let mut resumed = Trainer::from_stage(stage)?;
     for step in cut..total {
@@ -107,6 +124,10 @@ fn resume_in(spec: ModelSpec, device: &Device) -> Result<()> {
 }
 
 test_device!(checkpoint_resume_is_bit_identical, resume);
+test_device!(
+    checkpoint_bytes_in_memory_resume_as_the_file_does,
+    resume_from_bytes
+);
 
 /// Rewrites the bf16 stage file `src` as `dst` in the old form (format 1: moments in bf16,
 /// no master copies, no `meta/format`) and returns its tensors.
@@ -345,6 +366,14 @@ fn mismatch(device: &Device) -> Result<()> {
     let mut wide = Stage::new(&wider, ranges[0].clone(), 1, device)?;
     assert!(wide.load_checkpoint(&path).is_err());
     assert!(same.load_checkpoint(&tmp("missing.safetensors")).is_err());
+    // The same checks on the bytes in memory.
+    let err = other.load_checkpoint_bytes(&s0.checkpoint_bytes()?);
+    assert!(
+        matches!(&err, Err(pipewise_worker::Error::Checkpoint { reason, .. }) if reason.contains("holds pieces")),
+        "{err:?}"
+    );
+    assert!(wide.load_checkpoint_bytes(&s0.checkpoint_bytes()?).is_err());
+    assert!(same.load_checkpoint_bytes(b"not a checkpoint").is_err());
     let _ = std::fs::remove_file(&path);
     Ok(())
 }

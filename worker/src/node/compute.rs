@@ -206,18 +206,6 @@ impl RealCompute {
     }
 }
 
-/// A scratch file for one stage's state on its way to or from another replica's worker
-/// (the checkpoint format, so a copy is what a resume would load).
-fn transfer_file(job: u64, worker: u32) -> PathBuf {
-    // Unique within the process too (`pipewise local` runs its workers as threads).
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!(
-        "pipewise-{}-{n}-job{job}-w{worker}-stage.safetensors",
-        std::process::id()
-    ))
-}
-
 /// The runtime `kept` holds, when it is job `job`'s after `step` steps.
 fn warm(kept: Option<Kept>, job: u64, step: u64) -> Result<WorkerRuntime> {
     match kept {
@@ -280,19 +268,11 @@ impl Compute for RealCompute {
     }
 
     fn stage_states(&self) -> Result<Vec<(u32, Vec<u8>)>> {
-        let path = transfer_file(self.job, self.worker);
-        let mut states = Vec::new();
-        for (s, stage) in self.rt.stages() {
-            stage.save_checkpoint(&path)?;
-            let read = std::fs::read(&path);
-            let _ = std::fs::remove_file(&path);
-            let bytes = read.map_err(|source| Error::Io {
-                path: path.clone(),
-                source,
-            })?;
-            states.push((*s, bytes));
-        }
-        Ok(states)
+        self.rt
+            .stages()
+            .iter()
+            .map(|(s, stage)| Ok((*s, stage.checkpoint_bytes()?)))
+            .collect()
     }
 
     fn load_stage_state(&mut self, stage: u32, bytes: &[u8]) -> Result<()> {
@@ -302,14 +282,7 @@ impl Compute for RealCompute {
                 format!("stage {stage} is not this worker's"),
             ));
         };
-        let path = transfer_file(self.job, self.worker);
-        std::fs::write(&path, bytes).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let loaded = held.load_checkpoint(&path);
-        let _ = std::fs::remove_file(&path);
-        loaded
+        held.load_checkpoint_bytes(bytes)
     }
 
     fn finish(&mut self, done: u64) -> Result<PathBuf> {
