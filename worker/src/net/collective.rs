@@ -358,6 +358,10 @@ pub struct NetSync {
     stop: std::sync::atomic::AtomicBool,
     /// Says why the job was abandoned, if it was: a call waiting on the root then ends.
     aborted: Option<AbortCheck>,
+    /// The root's service in this process, when this worker is the root: its own
+    /// contributions (with replicas, its whole gradient share every step) are handed to it
+    /// directly instead of crossing loopback gRPC.
+    local: Option<CollectiveServer>,
 }
 
 impl std::fmt::Debug for NetSync {
@@ -368,6 +372,7 @@ impl std::fmt::Debug for NetSync {
             .field("timeout", &self.timeout)
             .field("stop", &self.stop)
             .field("aborted", &self.aborted.is_some())
+            .field("in_process", &self.local.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -410,7 +415,15 @@ impl NetSync {
             run_secret: Vec::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
             aborted: None,
+            local: None,
         })
+    }
+
+    /// Calls `root`, this process's own collective service, directly (the same handler,
+    /// run secret check included, without the network).
+    pub(crate) fn in_process(mut self, root: CollectiveServer) -> Self {
+        self.local = Some(root);
+        self
     }
 
     /// Sends the run's `secret` with every contribution (empty: none).
@@ -459,10 +472,17 @@ impl NetSync {
         req: ReduceRequest,
     ) -> impl std::future::Future<Output = Result<ReduceReply>> + Send + 'static {
         let mut client = self.client.clone();
+        let local = self.local.clone();
         let limit = self.timeout + Duration::from_secs(10);
         let aborted = self.aborted.clone();
         let root = self.root.clone();
         async move {
+            let call = async move {
+                match local {
+                    Some(server) => server.all_reduce(Request::new(req)).await,
+                    None => client.all_reduce(req).await,
+                }
+            };
             let failed = |code: tonic::Code, message: String| Error::Call {
                 call: what.clone(),
                 peer: root.clone(),
@@ -481,7 +501,7 @@ impl NetSync {
                 }
             };
             tokio::select! {
-                answer = tokio::time::timeout(limit, client.all_reduce(req)) => match answer {
+                answer = tokio::time::timeout(limit, call) => match answer {
                     Err(_) => Err(Error::Timeout {
                         awaited: format!("{what}: the answer of worker 0 ({root})"),
                         after: limit,
@@ -673,5 +693,44 @@ mod tests {
         let mut first = req(0, 0, 1.0);
         first.run = 2;
         c.contribute(&first).expect("a new job's first step");
+    }
+
+    /// The root's own calls go to its service in process: with nothing listening at the
+    /// root's address, a one-worker job's barrier and collectives still complete (over
+    /// gRPC they fail), and the run secret is still checked.
+    #[test]
+    fn the_roots_own_calls_need_no_network() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let collective = Arc::new(Collective::default());
+        collective.configure(7, 1, 1, Duration::from_secs(2));
+        let secret = Arc::new(super::super::secret::RunSecret::default());
+        secret.set(bytes::Bytes::from_static(b"run-secret"));
+        // Port 1 on loopback: nothing listens there.
+        let sync = |with_secret: &'static [u8]| {
+            NetSync::new(
+                runtime.handle().clone(),
+                "127.0.0.1:1",
+                &super::super::TlsSettings::default(),
+                (7, 0),
+                Duration::from_secs(2),
+            )
+            .expect("sync")
+            .with_run_secret(bytes::Bytes::from_static(with_secret))
+        };
+        let over_grpc = sync(b"run-secret");
+        assert!(over_grpc.barrier().is_err(), "nothing listens at the root");
+        let server = CollectiveServer {
+            collective: Arc::clone(&collective),
+            secret: Arc::clone(&secret),
+        };
+        let root = sync(b"run-secret").in_process(server.clone());
+        root.barrier().expect("barrier in process");
+        assert_eq!(root.all_reduce_sq_norm(0, 2.5).expect("norm"), 2.5);
+        assert_eq!(root.mean_loss(0, &[1.0, 3.0]).expect("loss"), 2.0);
+        let wrong = sync(b"another").in_process(server);
+        assert!(
+            wrong.all_reduce_sq_norm(1, 1.0).is_err(),
+            "the secret is checked"
+        );
     }
 }

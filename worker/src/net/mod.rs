@@ -316,6 +316,18 @@ impl GrpcTransport {
         &self.collective
     }
 
+    /// A [`NetSync`] for worker 0 of `job`, the root itself: its calls go to this
+    /// transport's collective service in process ([`NetSync::in_process`]); `root` (its own
+    /// address) names it in errors.
+    pub fn sync_at_root(&self, root: &str, job: u64, timeout: Duration) -> Result<NetSync> {
+        Ok(self
+            .sync_to(root, job, 0, timeout)?
+            .in_process(collective::CollectiveServer {
+                collective: Arc::clone(&self.collective),
+                secret: Arc::clone(&self.secret),
+            }))
+    }
+
     /// A [`NetSync`] for worker `worker` of `job` whose collectives go to the root
     /// (worker 0) at `root`, over this transport's runtime.
     pub fn sync_to(&self, root: &str, job: u64, worker: u32, timeout: Duration) -> Result<NetSync> {

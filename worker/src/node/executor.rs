@@ -177,7 +177,10 @@ impl Node<'_> {
                 .collective()
                 .configure(a.run, workers, a.replica.count, timeout);
         }
-        let sync = transport.sync_to(a.root(), a.run, a.contributor, timeout)?;
+        let sync = match a.contributor {
+            0 => transport.sync_at_root(a.root(), a.run, timeout)?,
+            n => transport.sync_to(a.root(), a.run, n, timeout)?,
+        };
         // A replica rebuilt copies its stages from a live replica's worker of its rank, which
         // offers them until every worker passed the barrier (the copies are taken first).
         if a.offer_copies {
