@@ -141,7 +141,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// The child: trains `name`'s model and prints
-/// `RESULT <median step s> <first loss> <last loss> <threads> <GEMM rate beside the steps>`.
+/// `RESULT <median step s> <first loss> <last loss> <threads> <GEMM rate beside the steps>`
+/// (the rate 0 for a model on a GPU).
 fn child(name: &str) {
     let case = cases()
         .into_iter()
@@ -157,11 +158,15 @@ fn child(name: &str) {
     };
     let mut times = Vec::new();
     let mut losses = Vec::new();
+    // The CPU's GEMM rate beside the steps; none for a model on a GPU (no MFU is shown).
+    let probe = || match device {
+        candle_core::Device::Cpu => gemm_rates(probe_size(), 3),
+        _ => Vec::new(),
+    };
     let mut rates = Vec::new();
-    let probe_n = probe_size();
     for step in 0..(case.warmup + case.timed) {
         if step >= case.warmup {
-            rates.extend(gemm_rates(probe_n, 3));
+            rates.extend(probe());
         }
         // Sampling is left out of the time: it is the model's speed being measured.
         let batches = sampler
@@ -183,14 +188,14 @@ fn child(name: &str) {
             times.push(dt);
         }
     }
-    rates.extend(gemm_rates(probe_n, 3));
+    rates.extend(probe());
     println!(
         "RESULT {} {} {} {} {}",
         median(times),
         losses[0],
         losses[losses.len() - 1],
         candle_core::utils::get_num_threads(),
-        median(rates)
+        if rates.is_empty() { 0.0 } else { median(rates) }
     );
 }
 
@@ -418,14 +423,17 @@ fn main() {
                 continue;
             };
             let gflops = case.flops() / step_s / 1e9;
-            let mfu = if on_cpu {
-                format!("{:.1}%", 100.0 * gflops / (rate * threads as f64))
+            let (probe, mfu) = if on_cpu {
+                (
+                    format!("{rate:.1}"),
+                    format!("{:.1}%", 100.0 * gflops / (rate * threads as f64)),
+                )
             } else {
-                "-".into()
+                ("-".into(), "-".into())
             };
             println!(
                 "{:>6} {threads:>7} {mode:>5} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} \
-                 {rate:>7.1} {mfu:>7}  {first:.4}→{last:.4}",
+                 {probe:>7} {mfu:>7}  {first:.4}→{last:.4}",
                 case.name,
                 s.params(),
                 format!("{}+{}", case.warmup, case.timed),

@@ -401,6 +401,7 @@ mod tests {
     use candle_core::{DType, Device};
 
     use super::*;
+    use crate::kernels::testing::with_threads;
     use crate::rng::SplitMix64;
 
     fn random(shape: (usize, usize), seed: u64) -> Result<Tensor> {
@@ -485,25 +486,19 @@ mod tests {
         ] {
             let x = random((rows, inner), 7)?;
             let w = random((inner, cols), 8)?;
-            let pool = |n| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .build()
-                    .map_err(|e| candle_core::Error::Msg(e.to_string()))
-            };
-            let one = pool(1)?.install(|| linear(&x, &w, None, None))?;
+            let one = with_threads(1, || linear(&x, &w, None, None))?;
             // The weight gradient, accumulated twice into f64 (its add split over threads).
             let dy = random((rows, cols), 9)?;
             let grad = |n| -> Result<Vec<Vec<f64>>> {
                 let g = Tensor::zeros((inner, cols), DType::F64, &Device::Cpu)?;
                 for _ in 0..2 {
-                    pool(n)?.install(|| accumulate_grad_weight(&g, &x, &dy))?;
+                    with_threads(n, || accumulate_grad_weight(&g, &x, &dy))?;
                 }
                 Ok(g.to_vec2::<f64>()?)
             };
             let one_grad = grad(1)?;
             for n in [2, 3, 8] {
-                let many = pool(n)?.install(|| linear(&x, &w, None, None))?;
+                let many = with_threads(n, || linear(&x, &w, None, None))?;
                 assert_eq!(one.to_vec2::<f32>()?, many.to_vec2::<f32>()?, "{n} threads");
                 assert_eq!(one_grad, grad(n)?, "{n} threads: weight gradient");
             }

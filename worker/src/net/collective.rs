@@ -706,28 +706,29 @@ mod tests {
         let secret = Arc::new(super::super::secret::RunSecret::default());
         secret.set(bytes::Bytes::from_static(b"run-secret"));
         // Port 1 on loopback: nothing listens there.
-        let sync = |with_secret: &'static [u8]| {
+        let sync = |with_secret: &'static [u8], timeout| {
             NetSync::new(
                 runtime.handle().clone(),
                 "127.0.0.1:1",
                 &super::super::TlsSettings::default(),
                 (7, 0),
-                Duration::from_secs(2),
+                timeout,
             )
             .expect("sync")
             .with_run_secret(bytes::Bytes::from_static(with_secret))
         };
-        let over_grpc = sync(b"run-secret");
+        // The barrier retries an unreachable root until its timeout.
+        let over_grpc = sync(b"run-secret", Duration::from_millis(300));
         assert!(over_grpc.barrier().is_err(), "nothing listens at the root");
         let server = CollectiveServer {
             collective: Arc::clone(&collective),
             secret: Arc::clone(&secret),
         };
-        let root = sync(b"run-secret").in_process(server.clone());
+        let root = sync(b"run-secret", Duration::from_secs(2)).in_process(server.clone());
         root.barrier().expect("barrier in process");
         assert_eq!(root.all_reduce_sq_norm(0, 2.5).expect("norm"), 2.5);
         assert_eq!(root.mean_loss(0, &[1.0, 3.0]).expect("loss"), 2.0);
-        let wrong = sync(b"another").in_process(server);
+        let wrong = sync(b"another", Duration::from_secs(2)).in_process(server);
         assert!(
             wrong.all_reduce_sq_norm(1, 1.0).is_err(),
             "the secret is checked"
