@@ -34,3 +34,30 @@ fn an_auto_trial_moves_between_plans_and_training_stays_exact() {
         moves.join("\n  ")
     );
 }
+
+/// An auto job of 2 data-parallel replicas × 2 workers: one plan for both replicas, chosen
+/// and tried as above, each trial move taking every replica with it; the result is the
+/// single-device one.
+#[test]
+fn an_auto_trial_moves_every_replica_and_training_stays_exact() {
+    let dir = tempdir("auto-trial-replicas");
+    let cluster = start_with(&dir, 4, &[]);
+    let mut spec = spec(2, "auto", 32);
+    spec.parallelism.data_parallel_replicate_degree = 2;
+    let (reference, job, stdout) = run_movable(&cluster, &dir, spec, "auto-trial-replicas");
+    let chose = stdout
+        .lines()
+        .find(|l| l.contains("auto chose "))
+        .unwrap_or_else(|| panic!("no choice:\n{stdout}"));
+    assert!(chose.contains("2 replicas of "), "{chose}");
+    let moves = replans(&stdout, "auto trial: ");
+    for m in &moves {
+        assert!(m.contains("resuming from the checkpoint of step"), "{m}");
+    }
+    assert_eq!(replans_counted(&cluster, "auto_trial"), moves.len() as f64);
+    let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
+    eprintln!(
+        "auto trial, 2 replicas: {}\n  max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}",
+        moves.join("\n  ")
+    );
+}

@@ -96,14 +96,18 @@ fn same_result_for_any_worker_count_and_schedule() {
 
 /// `--schedule auto`: the coordinator chooses the plan on the workers, says what it chose
 /// on the first step (in `summary.json` too), and the result is the single-device one,
-/// with the microbatch size fixed and searched.
+/// with the microbatch size fixed and searched, and for two data-parallel replicas.
 #[test]
 fn auto_chooses_a_plan_with_the_single_device_result() {
     let root = tempfile_dir("auto");
     let reference = root.join("reference");
     let summary = local(&reference, "1", "1f1b", "4");
     let reference = (losses(&summary), params(&reference));
-    for (workers, extra) in [("2", &["--microbatch-size", "1"][..]), ("4", &[][..])] {
+    for (workers, extra) in [
+        ("2", &["--microbatch-size", "1"][..]),
+        ("4", &[][..]),
+        ("2", &["--replicas", "2"][..]),
+    ] {
         let dir = root.join(format!("auto-{workers}"));
         let summary = local_with(&dir, workers, "auto", "4", extra);
         let choice = summary["steps"][0]["plan_choice"]
@@ -114,10 +118,15 @@ fn auto_chooses_a_plan_with_the_single_device_result() {
             choice.contains("predicted") && choice.contains("split"),
             "{choice}"
         );
-        if !extra.is_empty() {
-            assert!(choice.contains("8 microbatches × 1"), "{choice}");
+        match extra.first() {
+            Some(&"--microbatch-size") => {
+                assert!(choice.contains("8 microbatches × 1"), "{choice}")
+            }
+            // Each replica's pipeline takes half of the 8 sequences.
+            Some(_) => assert!(choice.contains("2 replicas of "), "{choice}"),
+            None => {}
         }
-        let what = format!("auto on {workers}");
+        let what = format!("auto on {workers} {extra:?}");
         assert_same(
             &what,
             (&reference.0, &reference.1),

@@ -304,15 +304,16 @@ fn beside(myself: &ActorRef<RunMsg>, search: impl FnOnce() -> Input + Send + 'st
     });
 }
 
-/// The spec a run of `plan` follows: the job's, with the schedule and microbatch size
-/// `schedule = "auto"` chose for it (the plan's microbatches divide the global batch).
-fn run_spec(spec: &JobSpec, plan: &JobPlan) -> JobSpec {
+/// The spec a run of `plan` on `replicas` replicas follows: the job's, with the schedule and
+/// microbatch size `schedule = "auto"` chose for it (the plan's microbatches, on every
+/// replica, divide the global batch).
+fn run_spec(spec: &JobSpec, plan: &JobPlan, replicas: u32) -> JobSpec {
     let mut spec = spec.clone();
     if spec.is_auto() {
+        let per_replica = spec.training.global_batch_size / replicas.max(1);
         let p = &mut spec.parallelism;
         p.pipeline_parallel_schedule = plan.kind.name().to_string();
-        p.pipeline_parallel_microbatch_size =
-            spec.training.global_batch_size / plan.microbatches.max(1);
+        p.pipeline_parallel_microbatch_size = per_replica / plan.microbatches.max(1);
         p.search_microbatch_size = false;
     }
     spec
@@ -321,13 +322,13 @@ fn run_spec(spec: &JobSpec, plan: &JobPlan) -> JobSpec {
 /// Hands every worker of the run its assignment, in index order: the first that does not
 /// take it (e.g. it registered again since it was picked), with why.
 async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>> {
-    let spec = &run_spec(&st.spec, &a.plan);
     let schedule = &a.plan.schedule;
-    let toml = spec.to_toml()?;
     // Replica r's rank w is worker r · d + w; each replica's frames stay among its own
     // workers, and replica 0's worker 0 serves every collective.
     let d = schedule.num_workers().max(1) as usize;
     let replicas = (a.workers.len() / d) as u32;
+    let spec = &run_spec(&st.spec, &a.plan, replicas);
+    let toml = spec.to_toml()?;
     let peers: Vec<HashMap<u32, String>> = a
         .workers
         .chunks(d)

@@ -11,15 +11,7 @@ mkdir -p /tmp/cb
 BIN_DIR=$(cd "${BIN_DIR:-.cudabin}" && pwd)
 if command -v xz >/dev/null; then tar xJf "$BIN_DIR/bins.tar.xz" -C /tmp/cb; else python3 -c "import tarfile;tarfile.open('$BIN_DIR/bins.tar.xz').extractall('/tmp/cb')"; fi
 ls -la /tmp/cb; el
-DIRS=""
-for lib in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13; do
-  p=$(ldconfig -p | awk -v l="$lib" '$1==l {print $NF; exit}')
-  [ -z "$p" ] && p=$(find /usr/local/cuda* /opt /usr/lib /usr/local/lib /usr/local/nvidia -name "$lib" 2>/dev/null | head -1)
-  echo "$lib -> ${p:-MISSING}"
-  [ -n "$p" ] && DIRS="$DIRS:$(dirname "$p")"
-done
-export LD_LIBRARY_PATH="${DIRS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+. "$(dirname "$0")/libs.sh"
 ldd /tmp/cb/exactness | grep -E "cu|nvrtc|not found"; el
 cd /tmp/cb
 # Most telling first: the run may be cut short by the lease.

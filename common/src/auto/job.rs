@@ -5,7 +5,7 @@
 
 use super::candidate::{Candidate, partition_summary};
 use super::configuration::INTERLEAVED_CHUNKS;
-use super::request::{AutoRequest, Fixed, Measured};
+use super::request::{AutoRequest, Fixed, Measured, Replicas};
 use super::search::auto_plan;
 use crate::error::{Error, Result};
 use crate::job::{JobPlan, JobSpec};
@@ -22,6 +22,8 @@ pub struct Ranked {
     pub microbatches: u32,
     /// Sequences per microbatch.
     pub microbatch_size: u32,
+    /// Data-parallel replicas, each running the plan on its share of the batch.
+    pub replicas: u32,
     /// Pieces per stage, e.g. `emb+1 | 1 | 1 | 1+head`.
     pub split: String,
     /// Predicted step time (ms): the simulated makespan plus the end-of-step sync.
@@ -35,15 +37,21 @@ impl Ranked {
             chunks: c.partition.len() as u32 / spec.parallelism.pipeline_parallel_degree.max(1),
             microbatches: c.microbatches,
             microbatch_size: c.microbatch_size,
+            replicas: spec.replicas(),
             split: partition_summary(&spec.model, &c.partition),
             predicted_ms: c.step_ms + sync_ms,
         }
     }
 
-    /// `v-half (2 chunks), 8 microbatches × 4, split emb+1 | 1 | 1 | 1+head, predicted 812.3 ms`.
+    /// `v-half (2 chunks), 8 microbatches × 4, split emb+1 | 1 | 1 | 1+head, predicted 812.3 ms`
+    /// (with replicas `2 replicas of 8 microbatches × 4`).
     pub fn text(&self) -> String {
+        let replicas = match self.replicas {
+            0 | 1 => String::new(),
+            r => format!("{r} replicas of "),
+        };
         format!(
-            "{} ({} chunk{}), {} microbatches × {}, split {}, predicted {:.1} ms",
+            "{} ({} chunk{}), {replicas}{} microbatches × {}, split {}, predicted {:.1} ms",
             self.schedule,
             self.chunks,
             if self.chunks == 1 { "" } else { "s" },
@@ -120,18 +128,25 @@ impl JobChoice {
     }
 }
 
-/// Chooses the plan of auto job `spec` on `workers` workers of `memory_per_worker` bytes
-/// each (`u64::MAX`: not known) with `measured` costs (seconds are milliseconds here) and
-/// `sync_ms` of end-of-step sync. The job's microbatch size (when its file gives one) and
-/// torchtitan layer split are kept; everything else is searched. Errors name the job field.
+/// Chooses the plan of auto job `spec` on `workers` workers per replica (the spec's
+/// `data_parallel_replicate_degree` replicas, each taking its share of the global batch) of
+/// `memory_per_worker` bytes each (`u64::MAX`: not known) with `measured` costs (seconds
+/// are milliseconds here; worker factors per rank, or replica by replica) and `sync_ms` of
+/// end-of-step sync. The job's microbatch size (when its file gives one) and torchtitan
+/// layer split are kept; everything else is searched. Errors name the job field.
 pub fn choose_for_job(
     spec: &JobSpec,
     workers: u32,
     memory_per_worker: u64,
-    measured: Measured,
+    mut measured: Measured,
     sync_ms: f64,
 ) -> Result<JobChoice> {
     let p = &spec.parallelism;
+    measured.slowest_per_rank(workers);
+    let replicas = Replicas {
+        count: Some(spec.replicas()),
+        sum_ms_per_value: measured.sum_ms_per_value,
+    };
     let split = (p.pipeline_parallel_first_stage_less_layers != 0
         || p.pipeline_parallel_last_stage_less_layers != 0
         || p.pipeline_parallel_layers_per_stage.is_some()
@@ -148,6 +163,7 @@ pub fn choose_for_job(
                 .then_some(p.pipeline_parallel_microbatch_size),
             split,
         },
+        replicas,
         ..AutoRequest::new(
             spec.model,
             spec.training.global_batch_size,
@@ -222,6 +238,7 @@ mod tests {
             microbatch_size: 1,
             worker_factors: factors,
             hop_ms_per_sequence: 0.0,
+            sum_ms_per_value: crate::auto::DEFAULT_SUM_MS_PER_VALUE,
         }
     }
 
@@ -364,6 +381,44 @@ mod tests {
         assert!(reason.contains("memory per worker"), "{reason}");
     }
 
+    /// With replicas the plan is one replica's pipeline on its share of the batch, split
+    /// for the slowest worker of each rank over the replicas, its step ending with the
+    /// gradient sums at the job's measured rate.
+    #[test]
+    fn replicas_plan_each_rank_for_its_slowest_worker() {
+        let mut spec = job(2);
+        spec.parallelism.data_parallel_replicate_degree = 2;
+        // Replica 1's rank 1 is three times as slow as the rest.
+        let by_replica = measured(1.0, vec![1.0, 1.0, 1.0, 3.0]);
+        let c = choose_for_job(&spec, 2, u64::MAX, by_replica.clone(), 0.0).unwrap();
+        let per_rank = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 3.0]), 0.0);
+        assert_eq!(c, per_rank.unwrap());
+        let even = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0; 4]), 0.0).unwrap();
+        assert!(c.best.shown.predicted_ms > even.best.shown.predicted_ms);
+        // 8 sequences, microbatches of 1: 4 on each replica.
+        assert_eq!(c.best.plan.microbatches, 4);
+        assert_eq!(c.best.spec.replicas(), 2);
+        assert_eq!(c.best.spec.parallelism.pipeline_parallel_degree, 2);
+        assert!(
+            c.text("x").contains("2 replicas of 4 microbatches × 1"),
+            "{c:?}"
+        );
+        let slow_sums = Measured {
+            sum_ms_per_value: 1.0,
+            ..by_replica
+        };
+        let slow_sums = choose_for_job(&spec, 2, u64::MAX, slow_sums, 0.0).unwrap();
+        assert!(slow_sums.best.shown.predicted_ms > c.best.shown.predicted_ms);
+        // One replica: no sum to wait for.
+        let one = choose_for_job(&job(2), 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0);
+        let one_slow_sums = Measured {
+            sum_ms_per_value: 1.0,
+            ..measured(1.0, vec![1.0, 1.0])
+        };
+        let one_slow_sums = choose_for_job(&job(2), 2, u64::MAX, one_slow_sums, 0.0);
+        assert_eq!(one.unwrap(), one_slow_sums.unwrap());
+    }
+
     /// The job's microbatch size and layer split are kept; without a size in the file the
     /// size is searched.
     #[test]
@@ -462,6 +517,7 @@ mod timing {
                 microbatch_size: 1,
                 worker_factors: vec![1.0; d as usize],
                 hop_ms_per_sequence: 0.1,
+                sum_ms_per_value: crate::auto::DEFAULT_SUM_MS_PER_VALUE,
             };
             let start = std::time::Instant::now();
             let c = choose_for_job(&spec, d, 1 << 32, measured, 1.0).unwrap();

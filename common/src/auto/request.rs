@@ -123,16 +123,7 @@ impl AutoRequest {
         if self.replicas.count.is_none()
             && let Some(m) = &mut sub.measured
         {
-            let all = std::mem::take(&mut m.worker_factors);
-            m.worker_factors = (0..d as usize)
-                .map(|rank| {
-                    all.iter()
-                        .skip(rank)
-                        .step_by(d as usize)
-                        .copied()
-                        .fold(0.0, f64::max)
-                })
-                .collect();
+            m.slowest_per_rank(d);
         }
         sub
     }
@@ -154,6 +145,31 @@ pub struct Measured {
     pub worker_factors: Vec<f64>,
     /// Milliseconds of one hop per sequence in the microbatch (added to `comm_ms`).
     pub hop_ms_per_sequence: f64,
+    /// Milliseconds per gradient value summed over data-parallel replicas (what the job
+    /// measured, or [`DEFAULT_SUM_MS_PER_VALUE`] before any sum).
+    pub sum_ms_per_value: f64,
+}
+
+impl Measured {
+    /// Worker factors given replica by replica (`replica · d + rank`) become one per rank:
+    /// the slowest replica's, since every replica runs the same plan and the step waits
+    /// for the last. Factors already one per rank stay.
+    pub fn slowest_per_rank(&mut self, d: u32) {
+        let d = d.max(1) as usize;
+        if self.worker_factors.len() <= d {
+            return;
+        }
+        let all = std::mem::take(&mut self.worker_factors);
+        self.worker_factors = (0..d)
+            .map(|rank| {
+                all.iter()
+                    .skip(rank)
+                    .step_by(d)
+                    .copied()
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+    }
 }
 
 /// What a job fixes of the plan (torchtitan's overrides); the search covers the rest.

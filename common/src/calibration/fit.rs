@@ -72,20 +72,33 @@ pub(super) fn fit(
     if rows.is_empty() {
         return (costs, factors);
     }
+    let measured: Vec<usize> = (0..factors.len())
+        .filter(|w| rows.iter().any(|r| r.worker == *w))
+        .collect();
+    let geo_mean = |f: &[f64]| {
+        let logs = measured.iter().map(|&w| f[w].ln()).sum::<f64>();
+        (logs / measured.len().max(1) as f64).exp()
+    };
     if factors_first {
         solve_factors(rows, &costs, &mut factors);
     }
     for _ in 0..ROUNDS {
         costs = solve_costs(rows, &factors, &prior).unwrap_or(costs);
         solve_factors(rows, &costs, &mut factors);
-        let measured: Vec<f64> = (0..factors.len())
-            .filter(|w| rows.iter().any(|r| r.worker == *w))
-            .map(|w| factors[w].ln())
-            .collect();
-        let g = (measured.iter().sum::<f64>() / measured.len().max(1) as f64).exp();
+        let g = geo_mean(&factors);
         if g.is_finite() && g > 0.0 {
-            factors.iter_mut().for_each(|f| *f /= g);
+            measured.iter().for_each(|&w| factors[w] /= g);
             costs.iter_mut().for_each(|c| *c *= g);
+        }
+    }
+    // A worker with no passes measured yet (another replica's, one that just joined) keeps
+    // its start-up profile's speed relative to the measured workers' profiles.
+    let base = geo_mean(prior_factors);
+    if base.is_finite() && base > 0.0 {
+        for (w, f) in factors.iter_mut().enumerate() {
+            if !measured.contains(&w) {
+                *f = prior_factors[w] / base;
+            }
         }
     }
     (costs, factors)

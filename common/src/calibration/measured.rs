@@ -19,6 +19,11 @@ impl CostModel {
             microbatch_size: self.microbatch_size,
             worker_factors,
             hop_ms_per_sequence: sequence as f64 * per_byte * 1e3,
+            sum_ms_per_value: self
+                .secs_per_value
+                .get()
+                .unwrap_or(super::all_reduce::DEFAULT_SECS_PER_VALUE)
+                * 1e3,
         };
         (measured, self.sync.get().unwrap_or(0.0) * 1e3)
     }

@@ -185,6 +185,41 @@ fn before_any_step_the_profile_sets_the_speed_and_shared_cores_slow_it() {
     assert!(a.bubble > 0.0 && a.bubble < 1.0);
 }
 
+/// Workers whose passes are not measured yet (another replica's, one that just joined)
+/// keep their start-up profile's speed relative to the measured workers' profiles: the
+/// same profile as a measured worker of factor 1 gives 1, half its FLOP/s gives 2.
+#[test]
+fn an_unmeasured_worker_keeps_its_profiles_speed_beside_the_measured() {
+    let flops = 20_000_000_000;
+    let all = vec![
+        worker(0, flops),
+        worker(1, flops),
+        worker(2, flops),
+        worker(3, flops / 2),
+    ];
+    let mut model = CostModel::new(gpt(4), 4);
+    model.measured(&all);
+    let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 8)).expect("zb-h1");
+    let mut rng = Uniform(11);
+    for ranges in [vec![0..3, 3..6], vec![0..2, 2..6], vec![0..4, 4..6]] {
+        let reports: Vec<StepReport> = (0..2)
+            .map(|s| {
+                let counts = model.counts(&ranges[s]);
+                report(s as u32, counts, TRUE_FACTORS[s], false, 0.0, &mut rng)
+            })
+            .collect();
+        model.observe(&schedule, &ranges, &all[..2], &reports);
+    }
+    let (measured, _) = model.measured(&all);
+    let f = &measured.worker_factors;
+    // The measured workers' factors keep the gauge (geometric mean 1), whatever split of
+    // speed and cost the few splits left them.
+    assert!((f[0] * f[1] - 1.0).abs() < 1e-9, "{f:?}");
+    assert!(f[0] > f[1], "{f:?}");
+    assert!((f[2] - 1.0).abs() < 1e-9, "{f:?}");
+    assert!((f[3] - 2.0).abs() < 1e-9, "{f:?}");
+}
+
 /// Steps on a few splits fit the costs; then worker 1 runs 3× slower. Recalibrated from
 /// three steps on one split alone, the model finds worker 1's speed changed rather than
 /// its pieces: its prediction of another split (where the layers would move) changes by

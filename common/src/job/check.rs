@@ -148,12 +148,6 @@ impl JobSpec {
                 ),
             ));
         }
-        if r > 1 && self.is_auto() {
-            return Err(Error::invalid(
-                "parallelism.data_parallel_replicate_degree",
-                format!("{AUTO_SCHEDULE} plans one pipeline; name a schedule for {r} replicas"),
-            ));
-        }
         if !(1..=MAX_CHUNKS).contains(&p.pipeline_parallel_chunks) {
             return Err(Error::invalid(
                 "parallelism.pipeline_parallel_chunks",
@@ -384,9 +378,10 @@ mod tests {
             ("parallelism.data_parallel_replicate_degree", |s| {
                 s.parallelism.data_parallel_replicate_degree = u32::MAX
             }),
-            ("parallelism.data_parallel_replicate_degree", |s| {
+            // Auto plans replicas too, on a batch that splits into them.
+            ("training.global_batch_size", |s| {
                 s.parallelism.pipeline_parallel_schedule = AUTO_SCHEDULE.into();
-                s.parallelism.data_parallel_replicate_degree = 2;
+                s.parallelism.data_parallel_replicate_degree = 3;
             }),
             // 8 sequences in microbatches of 1 do not split into 3 replicas.
             ("training.global_batch_size", |s| {

@@ -22,14 +22,15 @@ impl Supervisor {
         Phase::Choosing { workers, source }
     }
 
-    /// The search for a run on `workers` with the costs as they stand, and where those
-    /// costs come from, in words.
+    /// The search for a run on `workers` (the run's replicas one after another) with the
+    /// costs as they stand, and where those costs come from, in words.
     pub(super) fn choose_request(&mut self, workers: &[Worker]) -> (Choose, String) {
-        let d = workers.len() as u32;
+        let replicas = self.current.replicas();
+        let d = workers.len() as u32 / replicas;
         let spec = if d == self.spec.parallelism.pipeline_parallel_degree {
-            self.spec.clone()
+            self.spec.with_replicas(replicas)
         } else {
-            respec(&self.spec, d)
+            respec(&self.spec.with_replicas(replicas), d)
         };
         let memory_per_worker = workers
             .iter()

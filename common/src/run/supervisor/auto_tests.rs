@@ -44,6 +44,34 @@ fn an_auto_run_starts_on_the_choice_that_comes_back() {
     assert_eq!(a.workers, ws);
 }
 
+/// With data-parallel replicas the search plans one replica's pipeline (2 workers, the
+/// job's 2 replicas, a speed factor for each of the 4 workers) and the run starts on all
+/// four, replica by replica, on its choice.
+#[test]
+fn an_auto_job_with_replicas_chooses_one_pipeline_for_all() {
+    let mut spec = spec(2, crate::job::AUTO_SCHEDULE, 6);
+    spec.parallelism.data_parallel_replicate_degree = 2;
+    let ws = workers(4);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.feed(0, Input::Tick);
+    let [Action::Choose(choose)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((choose.workers, choose.spec.replicas()), (2, 2));
+    assert_eq!(choose.measured.worker_factors.len(), 4);
+    let choice = choose.run().unwrap();
+    let acts = s.feed(100, chosen(choose, Ok(choice.clone())));
+    let [Action::Info(text), Action::Attach(id), Action::Assign(a)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert!(text.contains("2 replicas of "), "{text}");
+    assert_eq!(*id, RunId::new(JOB, 0));
+    assert_eq!(a.workers, ws);
+    assert_eq!(a.plan, choice.best.plan);
+    assert_eq!(a.stage_pieces, choice.best.stage_pieces);
+    assert_eq!(choice.best.spec.replicas(), 2);
+}
+
 /// A worker that stopped streaming while the search ran sends the job back to waiting; a
 /// cancel while it runs ends the job at once; a failed search fails the job.
 #[test]

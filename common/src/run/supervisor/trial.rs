@@ -48,7 +48,7 @@ impl Supervisor {
         }
         match std::mem::replace(&mut self.trial, Trial::Done) {
             Trial::Measuring(first) => {
-                let (choose, _) = self.choose_request(&run.out.workers);
+                let (choose, _) = self.choose_request(&run.out.all_workers());
                 self.out.push(Action::Choose(Box::new(choose)));
                 self.trial = Trial::Rechoosing(first);
                 false
