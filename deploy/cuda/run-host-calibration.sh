@@ -12,19 +12,24 @@ left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 . "$(dirname "$0")/libs.sh" >/dev/null
 export PYTHONUNBUFFERED=1
 uptime; nproc
-n=1
+cal=0
+drift=0
 while :; do
-  [ "$(left)" -lt 170 ] && break
-  echo "===== calibration $n ($(left) s left)"
-  timeout "$(( $(left) - 5 ))" python3 bench/calibration.py --pipewise "$BIN" --rounds 2 \
-    > "$OUT/cal-$n.txt" 2>&1
-  echo "rc=$?"; tail -25 "$OUT/cal-$n.txt"
-  for _ in 1 2; do
-    [ "$(left)" -lt 45 ] && break
-    echo "===== drift ($(left) s left)" | tee -a "$OUT/drift.txt"
+  # A calibration run (about two minutes) first, then two drift runs (under half a
+  # minute each) for each one, while the time allows.
+  if [ "$(left)" -ge 140 ] && [ "$drift" -ge $((2 * cal)) ]; then
+    cal=$((cal + 1))
+    echo "===== calibration $cal ($(left) s left)"
+    timeout "$(( $(left) - 5 ))" python3 bench/calibration.py --pipewise "$BIN" --rounds 2 \
+      > "$OUT/cal-$cal.txt" 2>&1
+    echo "rc=$?"; tail -25 "$OUT/cal-$cal.txt"
+  elif [ "$(left)" -ge 35 ]; then
+    drift=$((drift + 1))
+    echo "===== drift $drift ($(left) s left)" | tee -a "$OUT/drift.txt"
     timeout "$(( $(left) - 3 ))" python3 bench/drift.py --pipewise "$BIN" >> "$OUT/drift.txt" 2>&1
     echo "rc=$?"; tail -6 "$OUT/drift.txt"
-  done
-  n=$((n + 1))
+  else
+    break
+  fi
 done
 echo "host calibration done after $(( $(date +%s) - T0 )) s"
