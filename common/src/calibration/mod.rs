@@ -24,7 +24,7 @@ mod measured;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
 use crate::cost::{Costs, StageCost};
@@ -47,6 +47,9 @@ const DEFAULT_SECS_PER_BYTE: f64 = 1e-9;
 /// A running mean over at most this many steps (older steps fade: exponential averaging
 /// once the window is full).
 const WINDOW: f64 = 16.0;
+
+/// Fits kept for [`CostModel::forget`]: more than a drift's steps.
+const FITS_KEPT: usize = 8;
 
 /// Seconds of one pass of each kind over one piece, for a worker of the workers' mean speed.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -119,9 +122,12 @@ pub struct CostModel {
     secs_per_value: Mean,
     /// The fit to the samples: costs, factors (one per worker); `None` before any.
     fitted: Option<([f64; UNKNOWNS], Vec<f64>)>,
-    /// After a [`CostModel::forget`], the latest fitted costs: every later fit starts from
-    /// (and is pulled towards) them, and finds the workers' factors first.
+    /// After a [`CostModel::forget`], the costs fitted before the drift: every later fit
+    /// starts from (and is pulled towards) them, and finds the workers' factors first.
     held: Option<[f64; UNKNOWNS]>,
+    /// The costs fitted after each of the last [`FITS_KEPT`] steps, oldest first: where a
+    /// drift's steps began, the fit before them is still at hand.
+    fits: VecDeque<[f64; UNKNOWNS]>,
     /// Whether the next step observed is a run's first ([`CostModel::start_run`]).
     warming: bool,
     steps: u64,
@@ -142,6 +148,7 @@ impl CostModel {
             secs_per_value: Mean::default(),
             fitted: None,
             held: None,
+            fits: VecDeque::new(),
             warming: false,
             steps: 0,
         }
@@ -256,15 +263,22 @@ impl CostModel {
     /// Forgets every measurement, keeping the workers and their start-up profiles: the
     /// steps observed next are all the costs stand on (after the costs drifted, the steps
     /// before the drift would hold the fit back for a window's length). The per-piece
-    /// costs fitted so far are where the next fit starts, and it fits the workers' factors
-    /// to them first: a drift is a worker's speed changing (another load, a throttled
-    /// core), not its pieces' work, and steps on one split alone cannot tell the two apart.
-    pub fn forget(&mut self) {
+    /// costs fitted before the last `drifted` steps are where the next fit starts, and it
+    /// fits the workers' factors to them first: a drift is a worker's speed changing
+    /// (another load, a throttled core), not its pieces' work, and steps on one split
+    /// alone cannot tell the two apart. The fits after the drift began are not: with
+    /// only one worker's steps slower, they had already put the slowdown into the pieces
+    /// that worker alone holds (a head three times its cost, its worker's factor barely
+    /// moved).
+    pub fn forget(&mut self, drifted: usize) {
         self.samples.clear();
         self.sync = Mean::default();
         self.secs_per_byte = Mean::default();
         self.secs_per_value = Mean::default();
-        self.held = self.fitted.take().map(|(costs, _)| costs);
+        let fitted = self.fitted.take().map(|(costs, _)| costs);
+        let before = self.fits.len().checked_sub(drifted + 1);
+        self.held = before.and_then(|i| self.fits.get(i).copied()).or(fitted);
+        self.fits.clear();
     }
 
     /// A run starts: its first step warms up (stages built, buffers allocated, connections
@@ -379,6 +393,10 @@ impl CostModel {
         // Later fits start from this one: from the prior, a fit would split a worker's time
         // between its pieces and its speed the prior's way again.
         self.held = self.held.map(|_| fitted.0);
+        if self.fits.len() == FITS_KEPT {
+            self.fits.pop_front();
+        }
+        self.fits.push_back(fitted.0);
         self.fitted = Some(fitted);
     }
 

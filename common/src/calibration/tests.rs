@@ -220,10 +220,11 @@ fn an_unmeasured_worker_keeps_its_profiles_speed_beside_the_measured() {
     assert!((f[3] - 2.0).abs() < 1e-9, "{f:?}");
 }
 
-/// Steps on a few splits fit the costs; then worker 1 runs 3× slower. Recalibrated from
-/// three steps on one split alone, the model finds worker 1's speed changed rather than
-/// its pieces: its prediction of another split (where the layers would move) changes by
-/// the workers' slowdown, 1 on worker 0 and 3 on worker 1.
+/// Steps on a few splits fit the costs; then worker 1 runs 3× slower for three steps,
+/// observed as they come (as a run does before its drift rule fires). Recalibrated from
+/// those three steps on one split alone, the model finds worker 1's speed changed rather
+/// than its pieces: its prediction of another split (where the layers would move) changes
+/// by the workers' slowdown, 1 on worker 0 and 3 on worker 1.
 #[test]
 fn a_drift_refits_the_workers_speeds_on_the_costs_measured_before_it() {
     let layers = 4;
@@ -239,6 +240,7 @@ fn a_drift_refits_the_workers_speeds_on_the_costs_measured_before_it() {
             })
             .collect();
         model.observe(&schedule, ranges, &workers, &reports);
+        reports
     };
     let (old, new) = (vec![0..3, 3..6], vec![0..4, 4..6]);
     for split in [vec![0..2, 2..6], vec![0..4, 4..6], old.clone()] {
@@ -249,9 +251,11 @@ fn a_drift_refits_the_workers_speeds_on_the_costs_measured_before_it() {
         costs.stages
     };
     let before = stages(&mut model);
-    model.forget();
-    for _ in 0..3 {
-        step(&mut model, &old, [1.0, 3.0]);
+    let drifted: Vec<Vec<StepReport>> =
+        (0..3).map(|_| step(&mut model, &old, [1.0, 3.0])).collect();
+    model.forget(drifted.len());
+    for reports in &drifted {
+        model.observe(&schedule, &old, &workers, reports);
     }
     let after = stages(&mut model);
     for (s, slowdown) in [1.0, 3.0].into_iter().enumerate() {

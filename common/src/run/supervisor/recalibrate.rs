@@ -38,7 +38,7 @@ impl Supervisor {
             return false;
         }
         // The steps before the drift describe a machine that is gone.
-        self.costs.forget();
+        self.costs.forget(run.recent.len());
         for r in &run.recent {
             let (schedule, out) = (&self.plan.schedule, &run.out);
             self.costs.observe(schedule, &out.ranges, &out.workers, r);
