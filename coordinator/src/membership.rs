@@ -432,8 +432,7 @@ impl Actor for Membership {
                     st.assigned.insert(id, (job, replica, index));
                     // A worker starts its assignment holding no activations; heartbeats
                     // (sampled every tick) update it from there.
-                    crate::metrics::record_current_memory(job, replica, index, 0);
-                    crate::metrics::record_memory_limit(job, replica, index, limit);
+                    crate::metrics::record_worker_memory(job, replica, index, 0, limit);
                 }
                 let _ = reply.send(outcome);
             }
@@ -525,9 +524,8 @@ impl Actor for Membership {
                     if let Some(&(run, replica, index)) = st.assigned.get(&w.id)
                         && st.sinks.contains_key(&run)
                     {
-                        let bytes = w.current_activation_bytes;
-                        crate::metrics::record_current_memory(run, replica, index, bytes);
-                        crate::metrics::record_memory_limit(run, replica, index, w.memory_bytes);
+                        let (bytes, limit) = (w.current_activation_bytes, w.memory_bytes);
+                        crate::metrics::record_worker_memory(run, replica, index, bytes, limit);
                     }
                 }
             }

@@ -160,23 +160,21 @@ pub fn record_predicted_peaks(job: u64, peaks: &[u64]) {
     }
 }
 
-/// Current activation bytes of rank `worker` of replica `replica` in run `run` (jobs run
-/// side by side, each with its own ranks).
-pub fn record_current_memory(run: u64, replica: u32, worker: u32, bytes: u64) {
-    let job = pipewise_common::job::job_of(run).to_string();
-    gauge!("pipewise_activation_memory_bytes", "kind" => "current", "job_id" => job, "replica" => replica.to_string(), "worker" => worker.to_string())
-        .set(bytes as f64);
-}
-
-/// The memory rank `worker` of replica `replica` in run `run` registered (its whole
-/// device's, `--memory-bytes`): the dashboard's limit line. Nothing when it registered none.
-pub fn record_memory_limit(run: u64, replica: u32, worker: u32, bytes: u64) {
-    if bytes == 0 {
-        return;
+/// Rank `worker` of replica `replica` in run `run` (jobs run side by side, each with its
+/// own ranks): its current activation bytes, and the memory it registered (its whole
+/// device's, `--memory-bytes`; the dashboard's limit line, nothing when it registered none).
+pub fn record_worker_memory(run: u64, replica: u32, worker: u32, bytes: u64, limit: u64) {
+    // Built once for both series: the limit's are the activations' less the kind.
+    let labels = [
+        ("kind", "current".to_string()),
+        ("job_id", pipewise_common::job::job_of(run).to_string()),
+        ("replica", replica.to_string()),
+        ("worker", worker.to_string()),
+    ];
+    gauge!("pipewise_activation_memory_bytes", &labels[..]).set(bytes as f64);
+    if limit > 0 {
+        gauge!("pipewise_worker_memory_limit_bytes", &labels[1..]).set(limit as f64);
     }
-    let job = pipewise_common::job::job_of(run).to_string();
-    gauge!("pipewise_worker_memory_limit_bytes", "job_id" => job, "replica" => replica.to_string(), "worker" => worker.to_string())
-        .set(bytes as f64);
 }
 
 /// Liveness: workers up and each one's heartbeat age.
