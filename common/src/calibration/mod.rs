@@ -308,47 +308,20 @@ impl CostModel {
         workers: &[Worker],
         reports: &[StepReport],
     ) {
-        let stages = schedule.placement.stages() as usize;
-        if ranges.len() != stages {
+        if ranges.len() != schedule.placement.stages() as usize {
             return;
         }
-        let fused: Vec<bool> = (0..stages as u32)
-            .map(|s| {
-                schedule
-                    .workers
-                    .iter()
-                    .flatten()
-                    .any(|p| p.stage == s && p.kind == PassKind::BW)
-            })
-            .collect();
         let warming = std::mem::take(&mut self.warming);
+        self.add_pass_times(schedule, ranges, workers, reports, warming);
         let mut sync = f64::INFINITY;
         for r in reports {
-            let Some(worker) = workers.get(r.worker_index as usize) else {
-                continue;
-            };
-            let w = self.index(worker);
-            for t in &r.stage_times {
-                let s = t.stage as usize;
-                let Some(range) = ranges.get(s) else { continue };
-                let counts = self.counts(range);
-                let backward = if fused[s] { PassKind::BW } else { PassKind::B };
-                for (kind, secs) in [(PassKind::F, t.f), (backward, t.b), (PassKind::W, t.w)] {
-                    if secs > 0.0 && !(fused[s] && kind == PassKind::W) {
-                        self.samples
-                            .entry((w, counts, kind))
-                            .or_default()
-                            .add(secs, warming);
-                    }
-                }
-            }
-            let synced: f64 = r
-                .spans
-                .iter()
-                .filter(|s| s.activity == Activity::Sync)
-                .map(|s| s.duration())
-                .sum();
             if r.spans.iter().any(|s| s.activity == Activity::Sync) {
+                let synced: f64 = r
+                    .spans
+                    .iter()
+                    .filter(|s| s.activity == Activity::Sync)
+                    .map(|s| s.duration())
+                    .sum();
                 sync = sync.min(synced);
             }
         }
@@ -370,6 +343,62 @@ impl CostModel {
         }
         self.steps += 1;
         self.refit();
+    }
+
+    /// Takes the pass times of another data-parallel replica's complete step (`workers`:
+    /// that replica's, by index): its workers' speeds count from the next fit on. The
+    /// step's sync, hops and sums are replica 0's ([`CostModel::observe`]).
+    pub fn observe_replica(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+        reports: &[StepReport],
+    ) {
+        if ranges.len() == schedule.placement.stages() as usize {
+            self.add_pass_times(schedule, ranges, workers, reports, false);
+        }
+    }
+
+    /// Every report's pass times per stage into the samples (`provisional`: a run's first
+    /// step, replaced by the next).
+    fn add_pass_times(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+        reports: &[StepReport],
+        provisional: bool,
+    ) {
+        let fused: Vec<bool> = (0..ranges.len() as u32)
+            .map(|s| {
+                schedule
+                    .workers
+                    .iter()
+                    .flatten()
+                    .any(|p| p.stage == s && p.kind == PassKind::BW)
+            })
+            .collect();
+        for r in reports {
+            let Some(worker) = workers.get(r.worker_index as usize) else {
+                continue;
+            };
+            let w = self.index(worker);
+            for t in &r.stage_times {
+                let s = t.stage as usize;
+                let Some(range) = ranges.get(s) else { continue };
+                let counts = self.counts(range);
+                let backward = if fused[s] { PassKind::BW } else { PassKind::B };
+                for (kind, secs) in [(PassKind::F, t.f), (backward, t.b), (PassKind::W, t.w)] {
+                    if secs > 0.0 && !(fused[s] && kind == PassKind::W) {
+                        self.samples
+                            .entry((w, counts, kind))
+                            .or_default()
+                            .add(secs, provisional);
+                    }
+                }
+            }
+        }
     }
 
     /// Fits costs and factors to the samples.

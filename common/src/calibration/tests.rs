@@ -220,6 +220,37 @@ fn an_unmeasured_worker_keeps_its_profiles_speed_beside_the_measured() {
     assert!((f[3] - 2.0).abs() < 1e-9, "{f:?}");
 }
 
+/// Another data-parallel replica's pass times measure its workers (replica 1's rank 1
+/// twice as slow as every other worker), without counting as steps of their own.
+#[test]
+fn another_replicas_pass_times_measure_its_workers() {
+    let mut model = CostModel::new(gpt(4), 4);
+    let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 8)).expect("zb-h1");
+    let replica0 = vec![worker(0, 0), worker(1, 0)];
+    let replica1 = vec![worker(2, 0), worker(3, 0)];
+    let mut rng = Uniform(5);
+    for ranges in [vec![0..3, 3..6], vec![0..2, 2..6], vec![0..4, 4..6]] {
+        let counts = [model.counts(&ranges[0]), model.counts(&ranges[1])];
+        let mut reports = |factors: [f64; 2]| -> Vec<StepReport> {
+            (0..2)
+                .map(|s| report(s as u32, counts[s], factors[s], false, 0.0, &mut rng))
+                .collect()
+        };
+        let (first, second) = (reports([1.0, 1.0]), reports([1.0, 2.0]));
+        model.observe(&schedule, &ranges, &replica0, &first);
+        model.observe_replica(&schedule, &ranges, &replica1, &second);
+    }
+    assert_eq!(model.steps(), 3);
+    let f = |id: &str| model.factor(id).expect("factor");
+    assert!((f("w3") / f("w1") - 2.0).abs() < 0.02, "{}", f("w3"));
+    assert!((f("w2") / f("w0") - 1.0).abs() < 0.02, "{}", f("w2"));
+    // The planner's per-rank factors take the slower replica's.
+    let want = vec![f("w0").max(f("w2")), f("w3")];
+    let (mut measured, _) = model.measured(&[replica0, replica1].concat());
+    measured.slowest_per_rank(2);
+    assert_eq!(measured.worker_factors, want);
+}
+
 /// Steps on a few splits fit the costs; then worker 1 runs 3× slower for three steps,
 /// observed as they come (as a run does before its drift rule fires). Recalibrated from
 /// those three steps on one split alone, the model finds worker 1's speed changed rather

@@ -6,7 +6,7 @@ use super::super::straggler::straggler;
 use super::following::Run;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
 use super::{Phase, Supervisor, shown};
-use crate::run::worker::StepReport;
+use crate::run::worker::{StepReport, Worker};
 
 impl Supervisor {
     /// Takes `input` while `run` is out.
@@ -131,14 +131,30 @@ impl Supervisor {
                 )));
             }
             Taken::Ignored(_) | Taken::Pending => {}
-            // A step the replica before it made already is not made again.
-            Taken::Complete(_) if step < run.out.first_step + run.completed => {}
-            Taken::Complete(reports) if replica == run.events_from => {
-                self.complete(run, step, reports);
-            }
             Taken::Complete(reports) => {
-                run.spare.entry(step).or_insert(reports);
+                if replica != run.events_from {
+                    self.replica_pass_times(run, replica, step, &reports);
+                }
+                if step < run.out.first_step + run.completed {
+                    // A step the replica before it made already is not made again.
+                } else if replica == run.events_from {
+                    self.complete(run, step, reports);
+                } else {
+                    run.spare.entry(step).or_insert(reports);
+                }
             }
+        }
+    }
+
+    /// Another replica's complete step: its workers' pass times go to the cost model (not
+    /// the run's first step, which warms up), so that a plan for every replica knows each
+    /// one's speed.
+    fn replica_pass_times(&mut self, run: &Run, replica: usize, step: u64, reports: &[StepReport]) {
+        if step > run.out.first_step {
+            let workers: Vec<Worker> = run.out.replica(replica).map(|(_, w)| w.clone()).collect();
+            let (schedule, ranges) = (&self.plan.schedule, &run.out.ranges);
+            self.costs
+                .observe_replica(schedule, ranges, &workers, reports);
         }
     }
 

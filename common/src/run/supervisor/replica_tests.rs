@@ -6,7 +6,7 @@
 
 use super::tests::{Feed, JOB, assign, done, report, spec, supervisor, workers};
 use super::*;
-use crate::run::worker::StepReport;
+use crate::run::worker::{StageTimes, StepReport};
 
 /// A 1F1B job of 2 replicas × 2 workers, 6 steps.
 pub(super) fn replicated() -> JobSpec {
@@ -159,4 +159,35 @@ fn every_replicas_memory_is_checked_before_the_run() {
         ),
         "{acts:?}"
     );
+}
+
+/// Replica 1's step reports measure its workers in the job's cost model (its first step,
+/// a warm-up, aside): its rank 1 twice as slow as replica 0's comes out so.
+#[test]
+fn other_replicas_measure_their_workers() {
+    let ws = workers(4);
+    let mut s = supervisor(&replicated(), &ws, Start::default());
+    s.feed(0, Input::Tick);
+    let timed = |r: usize, w: usize, step: u64, secs: f64| {
+        Input::Report(Box::new(StepReport {
+            stage_times: vec![StageTimes {
+                stage: w as u32,
+                f: secs,
+                b: secs,
+                w: secs,
+            }],
+            ..match replica_report(&ws, r, w, step) {
+                Input::Report(report) => *report,
+                other => panic!("{other:?}"),
+            }
+        }))
+    };
+    for step in 0..3 {
+        for (r, w, secs) in [(1, 0, 0.01), (1, 1, 0.02), (0, 0, 0.01), (0, 1, 0.01)] {
+            s.feed(100 * (step + 1), timed(r, w, step, secs));
+        }
+    }
+    let factor = |id: &str| s.costs.factor(id).unwrap();
+    assert!((factor("w3") / factor("w1") - 2.0).abs() < 1e-6, "{}", factor("w3"));
+    assert!((factor("w2") / factor("w0") - 1.0).abs() < 1e-6, "{}", factor("w2"));
 }
