@@ -188,6 +188,14 @@ fn other_replicas_measure_their_workers() {
         }
     }
     let factor = |id: &str| s.costs.factor(id).unwrap();
-    assert!((factor("w3") / factor("w1") - 2.0).abs() < 1e-6, "{}", factor("w3"));
-    assert!((factor("w2") / factor("w0") - 1.0).abs() < 1e-6, "{}", factor("w2"));
+    assert!(
+        (factor("w3") / factor("w1") - 2.0).abs() < 1e-6,
+        "{}",
+        factor("w3")
+    );
+    assert!(
+        (factor("w2") / factor("w0") - 1.0).abs() < 1e-6,
+        "{}",
+        factor("w2")
+    );
 }
