@@ -78,7 +78,7 @@ pub use candidate::{AutoPlan, Candidate, Rejected, Why, partition_summary};
 pub use configuration::{INTERLEAVED_CHUNKS, MAX_ADAPTIVE_SHAPE, MAX_FIXED_SHAPE};
 pub use request::{
     AutoRequest, DEFAULT_FLOPS_PER_MS, DEFAULT_SUM_MS_PER_VALUE, Fixed, LayerTimes, Measured,
-    Replicas,
+    Replicas, slowest_per_rank,
 };
 pub use search::{auto_kinds, auto_plan};
 

@@ -156,20 +156,25 @@ impl Measured {
     /// for the last. Factors already one per rank stay.
     pub fn slowest_per_rank(&mut self, d: u32) {
         let d = d.max(1) as usize;
-        if self.worker_factors.len() <= d {
-            return;
+        if self.worker_factors.len() > d {
+            self.worker_factors = slowest_per_rank(&self.worker_factors, d);
         }
-        let all = std::mem::take(&mut self.worker_factors);
-        self.worker_factors = (0..d)
-            .map(|rank| {
-                all.iter()
-                    .skip(rank)
-                    .step_by(d)
-                    .copied()
-                    .fold(0.0, f64::max)
-            })
-            .collect();
     }
+}
+
+/// Per-worker factors given replica by replica (`replica · d + rank`), one per rank: the
+/// slowest replica's.
+pub fn slowest_per_rank(factors: &[f64], d: usize) -> Vec<f64> {
+    (0..d)
+        .map(|rank| {
+            factors
+                .iter()
+                .skip(rank)
+                .step_by(d.max(1))
+                .copied()
+                .fold(0.0, f64::max)
+        })
+        .collect()
 }
 
 /// What a job fixes of the plan (torchtitan's overrides); the search covers the rest.

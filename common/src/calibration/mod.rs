@@ -27,6 +27,7 @@ mod tests;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
+use crate::auto::slowest_per_rank;
 use crate::cost::{Costs, StageCost};
 use crate::model::ModelSpec;
 use crate::pass::PassKind;
@@ -445,8 +446,9 @@ impl CostModel {
             .collect()
     }
 
-    /// The per-stage costs of `schedule` on `ranges` run by `workers` (by index), the hop
-    /// cost of one activation frame, and the sync; `None` when they do not match.
+    /// The per-stage costs of `schedule` on `ranges` run by `workers` (by index; with
+    /// replicas, every replica's, replica by replica), the hop cost of one activation frame,
+    /// and the sync; `None` when they do not match.
     pub fn costs(
         &mut self,
         schedule: &Schedule,
@@ -454,12 +456,16 @@ impl CostModel {
         workers: &[Worker],
     ) -> Option<(Costs, f64)> {
         let placement = &schedule.placement;
+        let d = placement.workers() as usize;
         if ranges.len() != placement.stages() as usize
-            || workers.len() != placement.workers() as usize
+            || workers.is_empty()
+            || !workers.len().is_multiple_of(d)
         {
             return None;
         }
-        let factors = self.worker_factors(workers);
+        // With replicas every rank runs at its slowest replica's speed: the step's sums
+        // wait for the last contribution.
+        let factors = slowest_per_rank(&self.worker_factors(workers), d);
         let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
         let stages = ranges
             .iter()

@@ -246,9 +246,17 @@ fn another_replicas_pass_times_measure_its_workers() {
     assert!((f("w2") / f("w0") - 1.0).abs() < 0.02, "{}", f("w2"));
     // The planner's per-rank factors take the slower replica's.
     let want = vec![f("w0").max(f("w2")), f("w3")];
-    let (mut measured, _) = model.measured(&[replica0, replica1].concat());
+    let every = [replica0.clone(), replica1].concat();
+    let (mut measured, _) = model.measured(&every);
     measured.slowest_per_rank(2);
     assert_eq!(measured.worker_factors, want);
+    // A prediction for every replica runs each rank at its slowest replica's speed.
+    let ranges = vec![0..3, 3..6];
+    let (one, _) = model.costs(&schedule, &ranges, &replica0).expect("costs");
+    let (all, _) = model.costs(&schedule, &ranges, &every).expect("costs");
+    assert!((all.stages[1].f / one.stages[1].f - 2.0).abs() < 0.02);
+    assert!((all.stages[0].f / one.stages[0].f - 1.0).abs() < 0.02);
+    assert!(model.costs(&schedule, &ranges, &every[..3]).is_none());
 }
 
 /// Steps on a few splits fit the costs; then worker 1 runs 3× slower for three steps,

@@ -237,7 +237,7 @@ impl Supervisor {
             &self.current,
             &self.plan,
             &run.out.ranges,
-            &run.out.workers,
+            &run.out.all_workers(),
             &mut self.costs,
         );
     }

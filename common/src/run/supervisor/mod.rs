@@ -479,12 +479,13 @@ impl Supervisor {
         let number = self.start.restarts * per_restart + self.replans;
         let id = RunId::new(self.job, number);
         let steps = u64::from(self.spec.training.steps);
+        let every: Vec<Worker> = workers.iter().chain(&others).cloned().collect();
         self.out.push(Action::Attach(id));
         self.out.push(Action::Assign(Box::new(Assignment {
             run: id,
             first_step: self.first_step,
             end_step: steps,
-            workers: workers.iter().chain(&others).cloned().collect(),
+            workers: every.clone(),
             plan: self.plan.clone(),
             stage_pieces: self.stage_pieces.clone(),
             resume_in_memory,
@@ -495,13 +496,7 @@ impl Supervisor {
             .map(|(_, ranges)| ranges)
             .unwrap_or_default();
         self.costs.start_run();
-        let planned = shown(
-            &self.current,
-            &self.plan,
-            &ranges,
-            &workers,
-            &mut self.costs,
-        );
+        let planned = shown(&self.current, &self.plan, &ranges, &every, &mut self.costs);
         let run = Run::new(
             Out {
                 id,

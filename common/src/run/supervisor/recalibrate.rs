@@ -6,6 +6,7 @@ use super::super::drift::{DRIFT_STEPS, worth_replanning};
 use super::Supervisor;
 use super::following::Run;
 use super::io::{Action, Move};
+use crate::auto::slowest_per_rank;
 use crate::calibration::PieceCost;
 use crate::model::Piece;
 use crate::partition::split_for_speeds;
@@ -82,19 +83,19 @@ impl Supervisor {
         let worker_of: Vec<u32> = (0..placement.stages())
             .map(|s| placement.worker_of(s))
             .collect();
-        let slowness: Vec<f64> = run
-            .out
-            .workers
+        // Every replica runs the split: each rank at its slowest replica's speed.
+        let workers = &run.out.all_workers();
+        let factors: Vec<f64> = workers
             .iter()
             .map(|w| self.costs.factor(&w.id).unwrap_or(1.0))
             .collect();
+        let slowness = slowest_per_rank(&factors, run.out.workers.len());
         let counts = split_for_speeds(&piece_costs, &worker_of, &slowness).ok()?;
         let ranges = model.split_by_counts(&counts).ok()?;
         if ranges == run.out.ranges {
             return None;
         }
         let schedule = &self.plan.schedule;
-        let workers = &run.out.workers;
         let replicas = self.current.replicas();
         let current = self
             .costs
