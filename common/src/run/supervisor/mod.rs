@@ -435,13 +435,14 @@ impl Supervisor {
         self.launch(workers)
     }
 
-    /// Starts a run on `workers`; an auto job's choice of plan first.
+    /// Starts a run on `workers`; an auto job's choice of plan first, unless its workers go
+    /// on from the stages they hold in memory (a rebuild), which keeps the plan.
     fn launch(&mut self, workers: Vec<Worker>) -> Phase {
         if let Some(option) = self.next_plan.take() {
             self.adopt(option);
             return self.start_run(workers);
         }
-        if self.spec.is_auto() {
+        if self.spec.is_auto() && !self.in_memory {
             return self.ask_choice(workers);
         }
         self.start_run(workers)

@@ -245,7 +245,6 @@ impl Supervisor {
         let d = run.out.workers.len() as u32;
         if !(run.may_stop()
             && had < want
-            && !self.spec.is_auto()
             && run.completed > 0
             && run.out.first_step + run.completed + 1 < run.out.steps)
         {

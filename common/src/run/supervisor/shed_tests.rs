@@ -363,3 +363,59 @@ fn survivors_predicted_to_overflow_with_the_larger_share_restart_from_a_checkpoi
         ]
     );
 }
+
+/// An auto job of 2 replicas that shed one grows it back from memory on the plan it runs:
+/// no new search (the kept replica's stages stay where they are), the rebuilt replica
+/// copying its state from replica 0.
+#[test]
+fn an_auto_job_rebuilds_a_shed_replica_on_its_plan() {
+    let mut spec = replicated();
+    spec.parallelism.pipeline_parallel_schedule = crate::job::AUTO_SCHEDULE.into();
+    let ws = workers(4);
+    let mut s = supervisor(&spec, &ws, Start::default());
+    let acts = s.feed(0, Input::Tick);
+    let [Action::Choose(choose)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    let choice = choose.run().unwrap();
+    let answer = Input::Chosen {
+        ask: choose.ask,
+        choice: Box::new(Ok(choice.clone())),
+    };
+    assert!(matches!(s.feed(1, answer).last(), Some(Action::Assign(_))));
+    for step in 0..2 {
+        for i in 0..4 {
+            s.feed(10 * step + 2, replica_report(&ws, i / 2, i % 2, step));
+        }
+    }
+    s.feed(100, Input::Lost("w3".into()));
+    s.feed(110, aborted(&ws, 0, 2));
+    let acts = s.feed(120, aborted(&ws, 1, 2));
+    assert!(
+        matches!(acts.last(), Some(Action::Assign(a)) if a.resume_in_memory),
+        "{acts:?}"
+    );
+    s.feed(200, replica_report(&ws, 0, 0, 2));
+    s.feed(200, replica_report(&ws, 0, 1, 2));
+    s.feed(300, Input::Registered(ws[3].clone()));
+    s.feed(310, Input::StreamOpened("w3".into()));
+    let r1 = RunId::new(JOB, 1);
+    assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
+    s.feed(1_300, replica_report(&ws, 0, 0, 3));
+    s.feed(1_300, replica_report(&ws, 0, 1, 3));
+    s.feed(1_400, finished(&ws, 0, 3));
+    let acts = s.handle(1_410, finished(&ws, 1, 3));
+    assert!(
+        matches!(acts.last(), Some(Action::Claim(c)) if c.len() == 4),
+        "{acts:?}"
+    );
+    let acts = s.handle(1_420, Input::ClaimAnswer(Ok(())));
+    let [Action::Attach(r2), Action::Assign(a)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(*r2, RunId::new(JOB, 2));
+    assert_eq!((a.first_step, &a.workers), (4, &ws));
+    assert!(a.resume_in_memory && a.rebuilt_replicas == 1);
+    assert_eq!(a.plan.kind, choice.best.plan.kind);
+    assert_eq!(a.stage_pieces, choice.best.stage_pieces);
+}
