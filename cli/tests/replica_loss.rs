@@ -19,11 +19,25 @@ const GLOBAL_BATCH: u32 = 16;
 
 #[test]
 fn a_killed_worker_takes_its_replica_out_and_a_restarted_one_rebuilds_it() {
+    replica_lost_and_rebuilt("1f1b");
+}
+
+/// The same with `schedule = "auto"`: the rebuild keeps the plan auto chose.
+#[test]
+fn an_auto_job_loses_and_rebuilds_a_replica_the_same_way() {
+    replica_lost_and_rebuilt("auto");
+}
+
+/// One job at a time: the timings asserted below are a lone job's on a small machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn replica_lost_and_rebuilt(schedule: &str) {
     const LONG: u32 = 60;
-    let dir = tempdir("replica-loss");
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir(&format!("replica-loss-{schedule}"));
     let mut cluster = start(&dir, 4);
-    let mut spec = spec(2, "1f1b", LONG);
-    spec.job.name = "replica-loss".into();
+    let mut spec = spec(2, schedule, LONG);
+    spec.job.name = format!("replica-loss-{schedule}");
     spec.training.global_batch_size = GLOBAL_BATCH;
     spec.parallelism.data_parallel_replicate_degree = 2;
     spec.checkpoint.enable_checkpoint = false;
@@ -98,7 +112,7 @@ fn a_killed_worker_takes_its_replica_out_and_a_restarted_one_rebuilds_it() {
         .fold(0.0, f64::max);
     let param_diff = common::max_param_diff(&ref_params, &params);
     eprintln!(
-        "replica loss: killed after step {after}, the next step's stages taken up {:.2} s \
+        "replica loss ({schedule}): killed after step {after}, the next step's stages taken up {:.2} s \
          after the kill, rebuilt after step {back}; vs the single-device reference \
          |Δparam| {param_diff:.2e}, |Δloss| {loss_diff:.2e}",
         went_on.as_secs_f64()
