@@ -203,20 +203,9 @@ fn survivors_that_cannot_go_on_restart_from_a_checkpoint() {
 /// on `w2` and `w3`, which copy their state from replica 0 (claimed first).
 #[test]
 fn a_worker_back_rebuilds_the_replica() {
-    let (spec, ws, mut s) = running(2);
-    s.feed(100, Input::Lost("w3".into()));
-    s.feed(110, aborted(&ws, 0, 2));
-    s.feed(120, aborted(&ws, 1, 2));
-    s.feed(200, replica_report(&ws, 0, 0, 2));
-    s.feed(200, replica_report(&ws, 0, 1, 2));
-    assert_eq!(s.feed(300, Input::Registered(ws[3].clone())), []);
-    assert_eq!(s.feed(310, Input::StreamOpened("w3".into())), []);
+    let (spec, ws, mut s) = shed_after_two();
+    let acts = back_after_shedding(&mut s, &ws);
     let r1 = RunId::new(JOB, 1);
-    assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
-    s.feed(1_300, replica_report(&ws, 0, 0, 3));
-    s.feed(1_300, replica_report(&ws, 0, 1, 3));
-    assert_eq!(s.feed(1_400, finished(&ws, 0, 3)), []);
-    let acts = s.handle(1_410, finished(&ws, 1, 3));
     let reason = "workers joined (4 live); rebuilding from 1 to 2 replicas of 2 workers, the new \
                   ones copying their state from replica 0; going on after step 4 (no \
                   checkpoint loaded)";
@@ -252,6 +241,24 @@ fn shed_after_two() -> (JobSpec, Vec<Worker>, Supervisor) {
     (spec, ws, s)
 }
 
+/// After replica 1 was shed (`w0`, `w1` on from memory after step 2): they run step 3,
+/// `w3` comes back, the run is stopped to rebuild, and both leave it after step 4: the
+/// actions of the last leaving.
+fn back_after_shedding(s: &mut Supervisor, ws: &[Worker]) -> Vec<Action> {
+    s.feed(200, replica_report(ws, 0, 0, 2));
+    s.feed(200, replica_report(ws, 0, 1, 2));
+    assert_eq!(s.feed(300, Input::Registered(ws[3].clone())), []);
+    assert_eq!(s.feed(310, Input::StreamOpened("w3".into())), []);
+    assert_eq!(
+        s.feed(1_200, Input::Tick),
+        [Action::Stop(RunId::new(JOB, 1))]
+    );
+    s.feed(1_300, replica_report(ws, 0, 0, 3));
+    s.feed(1_300, replica_report(ws, 0, 1, 3));
+    assert_eq!(s.feed(1_400, finished(ws, 0, 3)), []);
+    s.handle(1_410, finished(ws, 1, 3))
+}
+
 /// A loss after going on from memory, with no checkpoint written since: the re-plan starts
 /// from the start (the last run not from memory), not from the step no checkpoint holds.
 #[test]
@@ -279,25 +286,15 @@ fn a_later_restart_does_not_count_on_the_in_memory_step() {
 #[test]
 fn a_refused_rebuild_goes_on_without_the_new_replica() {
     let (spec, ws, mut s) = shed_after_two();
-    s.feed(200, replica_report(&ws, 0, 0, 2));
-    s.feed(200, replica_report(&ws, 0, 1, 2));
-    s.feed(300, Input::Registered(ws[3].clone()));
-    s.feed(310, Input::StreamOpened("w3".into()));
-    let r1 = RunId::new(JOB, 1);
-    assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
-    s.feed(1_250, replica_report(&ws, 0, 0, 3));
-    s.feed(1_250, replica_report(&ws, 0, 1, 3));
-    for i in 0..2 {
-        s.handle(1_300, finished(&ws, i, 3));
-    }
-    let acts = s.handle(1_400, Input::ClaimAnswer(Err("w3 is job 2's".into())));
+    back_after_shedding(&mut s, &ws);
+    let acts = s.handle(1_415, Input::ClaimAnswer(Err("w3 is job 2's".into())));
     assert_eq!(
         acts[1..],
         [Action::Claim(vec!["w0".into(), "w1".into()])],
         "{acts:?}"
     );
     let r2 = RunId::new(JOB, 2);
-    let acts = s.handle(1_410, Input::ClaimAnswer(Ok(())));
+    let acts = s.handle(1_416, Input::ClaimAnswer(Ok(())));
     assert_eq!(acts[0], Action::Attach(r2));
     let Some(Action::Assign(a)) = acts.last() else {
         panic!("{acts:?}")
@@ -395,16 +392,7 @@ fn an_auto_job_rebuilds_a_shed_replica_on_its_plan() {
         matches!(acts.last(), Some(Action::Assign(a)) if a.resume_in_memory),
         "{acts:?}"
     );
-    s.feed(200, replica_report(&ws, 0, 0, 2));
-    s.feed(200, replica_report(&ws, 0, 1, 2));
-    s.feed(300, Input::Registered(ws[3].clone()));
-    s.feed(310, Input::StreamOpened("w3".into()));
-    let r1 = RunId::new(JOB, 1);
-    assert_eq!(s.feed(1_200, Input::Tick), [Action::Stop(r1)]);
-    s.feed(1_300, replica_report(&ws, 0, 0, 3));
-    s.feed(1_300, replica_report(&ws, 0, 1, 3));
-    s.feed(1_400, finished(&ws, 0, 3));
-    let acts = s.handle(1_410, finished(&ws, 1, 3));
+    let acts = back_after_shedding(&mut s, &ws);
     assert!(
         matches!(acts.last(), Some(Action::Claim(c)) if c.len() == 4),
         "{acts:?}"
