@@ -292,11 +292,11 @@ impl CostModel {
     /// Worker `id`'s speed factor (its pass times over a mean worker's), if known.
     pub fn factor(&self, id: &str) -> Option<f64> {
         let i = self.workers.iter().position(|w| w == id)?;
-        let factors = match &self.fitted {
-            Some((_, f)) => f.clone(),
-            None => self.prior_factors(),
+        let factor = match &self.fitted {
+            Some((_, f)) => f.get(i).copied(),
+            None => self.prior_factors().get(i).copied(),
         };
-        factors.get(i).copied().filter(|f| f.is_finite())
+        factor.filter(|f| f.is_finite())
     }
 
     /// Takes one complete step of a run of `schedule` on `ranges` (pieces per stage) by

@@ -135,11 +135,11 @@ impl Supervisor {
                 if replica != run.events_from {
                     self.replica_pass_times(run, replica, step, &reports);
                 }
-                if step < run.out.first_step + run.completed {
-                    // A step the replica before it made already is not made again.
-                } else if replica == run.events_from {
+                // A step the replica before it made already is not made again.
+                let made = step < run.out.first_step + run.completed;
+                if !made && replica == run.events_from {
                     self.complete(run, step, reports);
-                } else {
+                } else if !made {
                     run.spare.entry(step).or_insert(reports);
                 }
             }
