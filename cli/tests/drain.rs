@@ -153,7 +153,8 @@ fn a_coordinator_stopped_by_sigterm_exits_0_and_resumes_on_restart() {
         "the job ran too fast to stop the coordinator mid-way ({stopped_at} steps)"
     );
     restart_coordinator(&mut cluster, &dir.join("coordinator-again.log"));
-    let (from, loss_diff, param_diff) = assert_resumed_exactly(&cluster, job, &reference);
+    let (from, loss_diff, param_diff) =
+        assert_resumed_exactly(&cluster, job, &reference, &dir.join("coordinator.log"));
     eprintln!(
         "coordinator SIGTERM at step {stopped_at}: exited 0 after {:.0} ms; resumed from \
          {from}; max |Δloss| {loss_diff:.2e}, max |Δparam| {param_diff:.2e}",

@@ -123,7 +123,8 @@ fn a_restarted_coordinator_resumes_its_jobs() {
         killed_at + 10 < u64::from(LONG),
         "the job ran too fast to restart the coordinator mid-way ({killed_at} steps)"
     );
-    let (from, loss_diff, param_diff) = assert_resumed_exactly(&cluster, job, &reference);
+    let (from, loss_diff, param_diff) =
+        assert_resumed_exactly(&cluster, job, &reference, &dir.join("coordinator.log"));
     eprintln!(
         "coordinator restart at step {killed_at}: resumed from {from}; max |Δloss| \
          {loss_diff:.2e}, max |Δparam| {param_diff:.2e}"
