@@ -5,7 +5,7 @@
 
 use super::candidate::{Candidate, partition_summary};
 use super::configuration::INTERLEAVED_CHUNKS;
-use super::request::{AutoRequest, Fixed, Measured, Replicas};
+use super::request::{AutoRequest, DEFAULT_SUM_MS_PER_VALUE, Fixed, Measured, Replicas};
 use super::search::auto_plan;
 use crate::error::{Error, Result};
 use crate::job::{JobPlan, JobSpec};
@@ -128,24 +128,43 @@ impl JobChoice {
     }
 }
 
+/// What a step costs beyond its passes and hops, as a job measured them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overheads {
+    /// The end-of-step sync, milliseconds.
+    pub sync_ms: f64,
+    /// Milliseconds per gradient value summed over data-parallel replicas
+    /// ([`DEFAULT_SUM_MS_PER_VALUE`] before any sum).
+    pub sum_ms_per_value: f64,
+}
+
+impl Default for Overheads {
+    fn default() -> Self {
+        Overheads {
+            sync_ms: 0.0,
+            sum_ms_per_value: DEFAULT_SUM_MS_PER_VALUE,
+        }
+    }
+}
+
 /// Chooses the plan of auto job `spec` on `workers` workers per replica (the spec's
 /// `data_parallel_replicate_degree` replicas, each taking its share of the global batch) of
 /// `memory_per_worker` bytes each (`u64::MAX`: not known) with `measured` costs (seconds
-/// are milliseconds here; worker factors per rank, or replica by replica) and `sync_ms` of
-/// end-of-step sync. The job's microbatch size (when its file gives one) and torchtitan
-/// layer split are kept; everything else is searched. Errors name the job field.
+/// are milliseconds here; worker factors per rank, or replica by replica) and the step's
+/// `overheads`. The job's microbatch size (when its file gives one) and torchtitan layer
+/// split are kept; everything else is searched. Errors name the job field.
 pub fn choose_for_job(
     spec: &JobSpec,
     workers: u32,
     memory_per_worker: u64,
     mut measured: Measured,
-    sync_ms: f64,
+    overheads: Overheads,
 ) -> Result<JobChoice> {
     let p = &spec.parallelism;
     measured.slowest_per_rank(workers);
     let replicas = Replicas {
         count: Some(spec.replicas()),
-        sum_ms_per_value: measured.sum_ms_per_value,
+        sum_ms_per_value: overheads.sum_ms_per_value,
     };
     let split = (p.pipeline_parallel_first_stage_less_layers != 0
         || p.pipeline_parallel_last_stage_less_layers != 0
@@ -189,7 +208,7 @@ pub fn choose_for_job(
         cp.search_microbatch_size = false;
         cp.memory_limit = None;
         PlanOption {
-            shown: Ranked::of(&chosen, &c, sync_ms),
+            shown: Ranked::of(&chosen, &c, overheads.sync_ms),
             stage_pieces: c.partition.iter().map(|r| r.len() as u32).collect(),
             plan: JobPlan {
                 kind: c.kind,
@@ -238,7 +257,14 @@ mod tests {
             microbatch_size: 1,
             worker_factors: factors,
             hop_ms_per_sequence: 0.0,
-            sum_ms_per_value: crate::auto::DEFAULT_SUM_MS_PER_VALUE,
+        }
+    }
+
+    /// An end-of-step sync of `sync_ms` and the default sum cost.
+    fn sync(sync_ms: f64) -> Overheads {
+        Overheads {
+            sync_ms,
+            ..Overheads::default()
         }
     }
 
@@ -294,7 +320,7 @@ mod tests {
     #[test]
     fn picks_the_plan_with_the_best_predicted_time() {
         let m = measured(3.0, vec![1.0, 1.0]);
-        let choice = choose_for_job(&job(2), 2, u64::MAX, m.clone(), 0.5).unwrap();
+        let choice = choose_for_job(&job(2), 2, u64::MAX, m.clone(), sync(0.5)).unwrap();
         let best = &choice.best.shown;
         let runner_up = &choice.others[0].shown;
         assert!(best.predicted_ms <= runner_up.predicted_ms, "{choice:?}");
@@ -341,10 +367,22 @@ mod tests {
     /// more memory than the smallest registered.
     #[test]
     fn slow_workers_and_memory_budgets_are_respected() {
-        let even =
-            choose_for_job(&job(2), 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
-        let slow =
-            choose_for_job(&job(2), 2, u64::MAX, measured(1.0, vec![1.0, 3.0]), 0.0).unwrap();
+        let even = choose_for_job(
+            &job(2),
+            2,
+            u64::MAX,
+            measured(1.0, vec![1.0, 1.0]),
+            sync(0.0),
+        )
+        .unwrap();
+        let slow = choose_for_job(
+            &job(2),
+            2,
+            u64::MAX,
+            measured(1.0, vec![1.0, 3.0]),
+            sync(0.0),
+        )
+        .unwrap();
         let held = |c: &JobChoice, w: u32| -> u32 {
             let placement = c.best.plan.schedule.placement.clone();
             placement
@@ -357,8 +395,9 @@ mod tests {
         assert!(slow.best.shown.predicted_ms > even.best.shown.predicted_ms);
 
         // The chosen plan's own need, one byte less: something else, which fits.
-        let req_plan =
-            |memory: u64| choose_for_job(&job(2), 2, memory, measured(1.0, vec![1.0, 1.0]), 0.0);
+        let req_plan = |memory: u64| {
+            choose_for_job(&job(2), 2, memory, measured(1.0, vec![1.0, 1.0]), sync(0.0))
+        };
         let plan = auto_plan(&AutoRequest {
             measured: Some(measured(1.0, vec![1.0, 1.0])),
             fixed: Fixed {
@@ -390,10 +429,11 @@ mod tests {
         spec.parallelism.data_parallel_replicate_degree = 2;
         // Replica 1's rank 1 is three times as slow as the rest.
         let by_replica = measured(1.0, vec![1.0, 1.0, 1.0, 3.0]);
-        let c = choose_for_job(&spec, 2, u64::MAX, by_replica.clone(), 0.0).unwrap();
-        let per_rank = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 3.0]), 0.0);
+        let c = choose_for_job(&spec, 2, u64::MAX, by_replica.clone(), sync(0.0)).unwrap();
+        let per_rank = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 3.0]), sync(0.0));
         assert_eq!(c, per_rank.unwrap());
-        let even = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0; 4]), 0.0).unwrap();
+        let even =
+            choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0; 4]), sync(0.0)).unwrap();
         assert!(c.best.shown.predicted_ms > even.best.shown.predicted_ms);
         // 8 sequences, microbatches of 1: 4 on each replica.
         assert_eq!(c.best.plan.microbatches, 4);
@@ -403,19 +443,31 @@ mod tests {
             c.text("x").contains("2 replicas of 4 microbatches × 1"),
             "{c:?}"
         );
-        let slow_sums = Measured {
+        let slow_sums = Overheads {
             sum_ms_per_value: 1.0,
-            ..by_replica
+            ..sync(0.0)
         };
-        let slow_sums = choose_for_job(&spec, 2, u64::MAX, slow_sums, 0.0).unwrap();
+        let slow_sums = choose_for_job(&spec, 2, u64::MAX, by_replica, slow_sums).unwrap();
         assert!(slow_sums.best.shown.predicted_ms > c.best.shown.predicted_ms);
         // One replica: no sum to wait for.
-        let one = choose_for_job(&job(2), 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0);
-        let one_slow_sums = Measured {
+        let one = choose_for_job(
+            &job(2),
+            2,
+            u64::MAX,
+            measured(1.0, vec![1.0, 1.0]),
+            sync(0.0),
+        );
+        let slow_sums = Overheads {
             sum_ms_per_value: 1.0,
-            ..measured(1.0, vec![1.0, 1.0])
+            ..sync(0.0)
         };
-        let one_slow_sums = choose_for_job(&job(2), 2, u64::MAX, one_slow_sums, 0.0);
+        let one_slow_sums = choose_for_job(
+            &job(2),
+            2,
+            u64::MAX,
+            measured(1.0, vec![1.0, 1.0]),
+            slow_sums,
+        );
         assert_eq!(one.unwrap(), one_slow_sums.unwrap());
     }
 
@@ -425,18 +477,21 @@ mod tests {
     fn what_the_job_fixes_is_kept() {
         let mut spec = job(2);
         spec.parallelism.pipeline_parallel_microbatch_size = 2;
-        let c = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
+        let c =
+            choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), sync(0.0)).unwrap();
         assert_eq!(c.best.spec.parallelism.pipeline_parallel_microbatch_size, 2);
         assert_eq!(c.best.plan.microbatches, 4);
         spec.parallelism.pipeline_parallel_first_stage_less_layers = 2;
-        let c = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
+        let c =
+            choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), sync(0.0)).unwrap();
         let stages = c.best.plan.schedule.placement.stages();
         let want = spec.parallelism.stage_pieces(8, stages).unwrap().unwrap();
         assert_eq!(c.best.stage_pieces, want);
         // Searched: the size the plan runs divides the batch, and several were tried.
         let mut spec = job(2);
         spec.parallelism.search_microbatch_size = true;
-        let c = choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), 0.0).unwrap();
+        let c =
+            choose_for_job(&spec, 2, u64::MAX, measured(1.0, vec![1.0, 1.0]), sync(0.0)).unwrap();
         let size = c.best.spec.parallelism.pipeline_parallel_microbatch_size;
         assert_eq!(size * c.best.plan.microbatches, 8);
         assert!(c.fitting > 8, "{c:?}");
@@ -460,7 +515,7 @@ mod tests {
             2,
             u64::MAX,
             measured(1.0, vec![1.0]),
-            0.0,
+            sync(0.0),
         ));
         assert_eq!(field, "parallelism.pipeline_parallel_schedule");
         assert!(reason.contains("measured costs"), "{reason}");
@@ -517,10 +572,19 @@ mod timing {
                 microbatch_size: 1,
                 worker_factors: vec![1.0; d as usize],
                 hop_ms_per_sequence: 0.1,
-                sum_ms_per_value: crate::auto::DEFAULT_SUM_MS_PER_VALUE,
             };
             let start = std::time::Instant::now();
-            let c = choose_for_job(&spec, d, 1 << 32, measured, 1.0).unwrap();
+            let c = choose_for_job(
+                &spec,
+                d,
+                1 << 32,
+                measured,
+                Overheads {
+                    sync_ms: 1.0,
+                    ..Overheads::default()
+                },
+            )
+            .unwrap();
             println!(
                 "d = {d}, {layers} blocks, batch {batch}: {:.3} s, {} fitting; {}",
                 start.elapsed().as_secs_f64(),

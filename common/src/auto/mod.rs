@@ -418,7 +418,6 @@ mod tests {
             microbatch_size: 1,
             worker_factors: vec![1.0, 2.0, 3.0, 0.5],
             hop_ms_per_sequence: 0.0,
-            sum_ms_per_value: DEFAULT_SUM_MS_PER_VALUE,
         });
         req.validate().unwrap();
         // Replica-major: replica 0 is workers 0 and 1, replica 1 workers 2 and 3.

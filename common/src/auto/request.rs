@@ -145,9 +145,6 @@ pub struct Measured {
     pub worker_factors: Vec<f64>,
     /// Milliseconds of one hop per sequence in the microbatch (added to `comm_ms`).
     pub hop_ms_per_sequence: f64,
-    /// Milliseconds per gradient value summed over data-parallel replicas (what the job
-    /// measured, or [`DEFAULT_SUM_MS_PER_VALUE`] before any sum).
-    pub sum_ms_per_value: f64,
 }
 
 impl Measured {

@@ -3,13 +3,14 @@
 
 use super::{CostModel, DEFAULT_SECS_PER_BYTE};
 use crate::auto::Measured;
+use crate::auto::job::Overheads;
 use crate::run::worker::Worker;
 
 impl CostModel {
     /// The costs as they stand for `workers` (by index): per-piece pass times in
     /// milliseconds at the model's microbatch size, every worker's speed factor, the hop per
-    /// sequence; and the end-of-step sync in milliseconds.
-    pub fn measured(&mut self, workers: &[Worker]) -> (Measured, f64) {
+    /// sequence; and the end-of-step sync and the replicas' sums.
+    pub fn measured(&mut self, workers: &[Worker]) -> (Measured, Overheads) {
         let worker_factors = self.worker_factors(workers);
         let pieces = self.piece_costs().map(|c| [c.f, c.b, c.w].map(|s| s * 1e3));
         let sequence = self.frame_bytes() / u64::from(self.microbatch_size.max(1));
@@ -19,13 +20,16 @@ impl CostModel {
             microbatch_size: self.microbatch_size,
             worker_factors,
             hop_ms_per_sequence: sequence as f64 * per_byte * 1e3,
+        };
+        let overheads = Overheads {
+            sync_ms: self.sync.get().unwrap_or(0.0) * 1e3,
             sum_ms_per_value: self
                 .secs_per_value
                 .get()
                 .unwrap_or(super::all_reduce::DEFAULT_SECS_PER_VALUE)
                 * 1e3,
         };
-        (measured, self.sync.get().unwrap_or(0.0) * 1e3)
+        (measured, overheads)
     }
 
     /// Moves the model to microbatches of `size`: pass times scale with the sequences in a
@@ -77,8 +81,8 @@ mod tests {
         let spec = example(2, "auto");
         let mut model = CostModel::new(spec.model, 1);
         let workers = [worker("a", 2_000_000_000), worker("b", 1_000_000_000)];
-        let (m, sync) = model.measured(&workers);
-        assert_eq!(sync, 0.0);
+        let (m, overheads) = model.measured(&workers);
+        assert_eq!(overheads.sync_ms, 0.0);
         assert_eq!(m.microbatch_size, 1);
         let ratio = m.worker_factors[1] / m.worker_factors[0];
         assert!((ratio - 2.0).abs() < 1e-9, "{:?}", m.worker_factors);

@@ -38,7 +38,7 @@ impl Supervisor {
             .filter(|&b| b > 0)
             .min()
             .unwrap_or(u64::MAX);
-        let (measured, sync_ms) = self.costs.measured(workers);
+        let (measured, overheads) = self.costs.measured(workers);
         let source = self.costs_source();
         self.asked += 1;
         let choose = Choose {
@@ -47,7 +47,7 @@ impl Supervisor {
             workers: d,
             memory_per_worker,
             measured,
-            sync_ms,
+            overheads,
         };
         (choose, source)
     }

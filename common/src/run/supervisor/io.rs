@@ -8,7 +8,7 @@ use super::super::pressure::{Fitting, pressure};
 use super::super::worker::{StepReport, Worker};
 use crate::Schedule;
 use crate::auto::Measured;
-use crate::auto::job::{JobChoice, PlanOption, choose_for_job};
+use crate::auto::job::{JobChoice, Overheads, PlanOption, choose_for_job};
 use crate::cost::Costs;
 use crate::job::{JobPlan, JobSpec};
 
@@ -255,7 +255,7 @@ pub struct Choose {
     pub(super) workers: u32,
     pub(super) memory_per_worker: u64,
     pub(super) measured: Measured,
-    pub(super) sync_ms: f64,
+    pub(super) overheads: Overheads,
 }
 
 impl Choose {
@@ -266,7 +266,7 @@ impl Choose {
             self.workers,
             self.memory_per_worker,
             self.measured.clone(),
-            self.sync_ms,
+            self.overheads,
         )
     }
 
