@@ -379,6 +379,11 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
                 String::new()
             },
             offer_copies: replica == 0 && a.rebuilt_replicas > 0,
+            grad_root: if replicas > 1 {
+                a.workers[i].address.clone()
+            } else {
+                String::new()
+            },
         };
         let sent = ractor::call!(
             st.membership,

@@ -175,6 +175,7 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         resume_in_memory: false,
         copy_from: String::new(),
         offer_copies: false,
+        grad_root: String::new(),
     })
 }
 
@@ -225,7 +226,7 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
 }
 
 /// The assignment fields a worker's refusal names first.
-const ASSIGNMENT_FIELDS: [&str; 14] = [
+const ASSIGNMENT_FIELDS: [&str; 15] = [
     "job_toml",
     "placement",
     "stage_count",
@@ -240,6 +241,7 @@ const ASSIGNMENT_FIELDS: [&str; 14] = [
     "worker_index",
     "replica",
     "collective_root",
+    "grad_root",
 ];
 
 fn check_assignment_case(a: v1::Assignment, mutated: bool) -> Verdict {

@@ -362,6 +362,9 @@ pub struct NetSync {
     /// contributions (with replicas, its whole gradient share every step) are handed to it
     /// directly instead of crossing loopback gRPC.
     local: Option<CollectiveServer>,
+    /// Where the stages' gradient sums go when not to the root (replica 0's worker of this
+    /// rank): each of replica 0's workers sums its own stages, not the root all of them.
+    grads: Option<Box<NetSync>>,
 }
 
 impl std::fmt::Debug for NetSync {
@@ -373,6 +376,7 @@ impl std::fmt::Debug for NetSync {
             .field("stop", &self.stop)
             .field("aborted", &self.aborted.is_some())
             .field("in_process", &self.local.is_some())
+            .field("grads", &self.grads.as_ref().map(|g| &g.root))
             .finish_non_exhaustive()
     }
 }
@@ -416,6 +420,7 @@ impl NetSync {
             stop: std::sync::atomic::AtomicBool::new(false),
             aborted: None,
             local: None,
+            grads: None,
         })
     }
 
@@ -423,6 +428,12 @@ impl NetSync {
     /// run secret check included, without the network).
     pub(crate) fn in_process(mut self, root: CollectiveServer) -> Self {
         self.local = Some(root);
+        self
+    }
+
+    /// Sums the stages' gradients over the replicas through `to` instead of the root.
+    pub(crate) fn with_grad_sums(mut self, to: NetSync) -> Self {
+        self.grads = Some(Box::new(to));
         self
     }
 
@@ -580,6 +591,9 @@ impl NetSync {
 
 impl StepSync for NetSync {
     fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
+        if let Some(to) = &self.grads {
+            return to.all_reduce_replicas(part, grads);
+        }
         let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
         let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
         // A window of chunks in flight at once (the root sums each as its replicas' parts
@@ -733,5 +747,55 @@ mod tests {
             wrong.all_reduce_sq_norm(1, 1.0).is_err(),
             "the secret is checked"
         );
+    }
+
+    /// With the sums spread, rank 1's gradients of both replicas meet at replica 0's rank
+    /// 1, which sums them; the root (here serving no sums: it refuses them) sees none.
+    #[test]
+    fn a_ranks_sums_meet_at_its_replica_0_worker_not_the_root() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let server = |replicas: u32| {
+            let collective = Arc::new(Collective::default());
+            collective.configure(7, 4, replicas, Duration::from_secs(2));
+            CollectiveServer {
+                collective,
+                secret: Arc::new(super::super::secret::RunSecret::default()),
+            }
+        };
+        let (root, rank1) = (server(1), server(2));
+        // Nothing listens at port 1: every call below goes in process.
+        let sync = |worker: u32, to: &CollectiveServer| {
+            NetSync::new(
+                runtime.handle().clone(),
+                "127.0.0.1:1",
+                &super::super::TlsSettings::default(),
+                (7, worker),
+                Duration::from_secs(2),
+            )
+            .expect("sync")
+            .in_process(to.clone())
+        };
+        let part = |replica| ReplicaPart {
+            step: 0,
+            stage: 1,
+            replica,
+        };
+        let unspread = sync(3, &root);
+        let err = unspread
+            .all_reduce_replicas(part(1), &mut [1.0])
+            .expect_err("the root serves no sums here");
+        assert!(err.to_string().contains("without replicas"), "{err}");
+        let spread = |worker| sync(worker, &root).with_grad_sums(sync(worker, &rank1));
+        let (r0, r1) = (spread(1), spread(3));
+        let other = std::thread::spawn(move || {
+            let mut grads = vec![0.25, 2.0];
+            r1.all_reduce_replicas(part(1), &mut grads).map(|()| grads)
+        });
+        let mut grads = vec![1.0, -1.0];
+        r0.all_reduce_replicas(part(0), &mut grads)
+            .expect("replica 0's sum");
+        assert_eq!(grads, [1.25, 1.0]);
+        let theirs = other.join().expect("thread").expect("replica 1's sum");
+        assert_eq!(theirs, [1.25, 1.0]);
     }
 }

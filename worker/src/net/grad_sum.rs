@@ -1,10 +1,10 @@
-//! Data-parallel replicas over gRPC: the root's sums of the stages' gradients. Each
-//! replica's worker of a stage sends its gradients in chunks ([`GRAD_CHUNK`] values, under
-//! tonic's 4 MiB message limit) as `REDUCE_OP_GRADS` contributions to the collectives' root
-//! (replica 0's worker 0); once every replica's chunk is in, the root sums them in replica
-//! order (the order [`LocalSync`](crate::runtime::LocalSync) sums in, so a job gives the
-//! same bits whether its replicas share a process or not) and answers every replica with
-//! the sum.
+//! Data-parallel replicas over gRPC: the sums of the stages' gradients. Each replica's
+//! worker of a stage sends its gradients in chunks ([`GRAD_CHUNK`] values, under tonic's
+//! 4 MiB message limit) as `REDUCE_OP_GRADS` contributions to replica 0's worker of its rank
+//! (the assignment's `grad_root`: each of replica 0's workers sums its own stages); once
+//! every replica's chunk is in, that worker sums them in replica order (the order
+//! [`LocalSync`](crate::runtime::LocalSync) sums in, so a job gives the same bits whether
+//! its replicas share a process or not) and answers every replica with the sum.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -316,12 +316,13 @@ impl GrpcTransport {
         &self.collective
     }
 
-    /// A [`NetSync`] for worker 0 of `job`, the root itself: its calls go to this
-    /// transport's collective service in process ([`NetSync::in_process`]); `root` (its own
+    /// A [`NetSync`] for worker `worker` of `job` whose calls go to this transport's own
+    /// collective service, in process ([`NetSync::in_process`]): worker 0 of a job, the
+    /// root itself, or a worker that serves its stages' gradient sums; `at` (its own
     /// address) names it in errors.
-    pub fn sync_at_root(&self, root: &str, job: u64, timeout: Duration) -> Result<NetSync> {
+    pub fn sync_at(&self, at: &str, job: u64, worker: u32, timeout: Duration) -> Result<NetSync> {
         Ok(self
-            .sync_to(root, job, 0, timeout)?
+            .sync_to(at, job, worker, timeout)?
             .in_process(collective::CollectiveServer {
                 collective: Arc::clone(&self.collective),
                 secret: Arc::clone(&self.secret),

@@ -43,6 +43,9 @@ pub(crate) struct Assignment {
     pub(crate) replica: Replica,
     /// The collectives' root: replica 0's worker 0.
     pub(crate) root: String,
+    /// With replicas, where this worker's stages' gradient sums over them meet: replica 0's
+    /// worker of this rank (on replica 0, this worker, which serves them).
+    pub(crate) grad_root: Option<String>,
     /// This worker's contributor index in the run's collectives: `replica · d + rank`.
     pub(crate) contributor: u32,
     /// Where checkpoints and final parameters go: `job-N` under `checkpoint.folder` in
@@ -111,6 +114,16 @@ impl Assignment {
                 return Err(Error::invalid(
                     "assignment",
                     "peers: no address for worker 0 (the collectives' root)",
+                ));
+            }
+        };
+        let grad_root = match (replica.count, a.grad_root.is_empty()) {
+            (1, _) => None,
+            (_, false) => Some(a.grad_root),
+            (n, true) => {
+                return Err(Error::invalid(
+                    "assignment",
+                    format!("grad_root: none for a run of {n} replicas"),
                 ));
             }
         };
@@ -184,6 +197,7 @@ impl Assignment {
             peers: a.peers,
             replica,
             root,
+            grad_root,
             contributor,
             output: job_dir(&folder, job_of(a.run)),
             data,

@@ -171,15 +171,28 @@ impl Node<'_> {
         transport.set_run_secret(a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
         transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
-        if a.contributor == 0 {
+        // With replicas, replica 0's workers serve their stages' gradient sums.
+        let serves_sums = a.replica.index == 0 && a.grad_root.is_some();
+        if a.contributor == 0 || serves_sums {
             let workers = a.placement.workers() * a.replica.count;
             transport
                 .collective()
                 .configure(a.run, workers, a.replica.count, timeout);
         }
         let sync = match a.contributor {
-            0 => transport.sync_at_root(a.root(), a.run, timeout)?,
+            0 => transport.sync_at(a.root(), a.run, 0, timeout)?,
             n => transport.sync_to(a.root(), a.run, n, timeout)?,
+        };
+        // Before the barrier: past it, other replicas' sums may come.
+        let sync = match &a.grad_root {
+            Some(_) if a.contributor == 0 => sync,
+            Some(at) if serves_sums => {
+                sync.with_grad_sums(transport.sync_at(at, a.run, a.contributor, timeout)?)
+            }
+            Some(at) => {
+                sync.with_grad_sums(transport.sync_to(at, a.run, a.contributor, timeout)?)
+            }
+            None => sync,
         };
         // A replica rebuilt copies its stages from a live replica's worker of its rank, which
         // offers them until every worker passed the barrier (the copies are taken first).
