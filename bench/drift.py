@@ -13,7 +13,8 @@ Per step it prints the predicted and the measured step time, their ratio and the
 (pieces per stage), then the verdict: the median |predicted / measured - 1| over steps
 3..S (before the slowdown) and over the steps after the re-plan, each at most 5 % (also
 printed, not judged: each phase's median prediction over its median step, the level
-without the step-to-step noise). The
+without the step-to-step noise; and the noise floor, how far the phase's median step is
+from each of its steps, which no prediction made before a step beats by much). The
 first step of the new run is left out of the second median (`--settle`, default 1): its
 prediction extrapolates the costs to a split no step has run on yet, and that run's first
 step also pays its start-up. Linux only; not part of CI.
@@ -153,9 +154,15 @@ def main():
         # close while the per-step figure is not).
         level = (statistics.median(float(r["predicted"]) for r in rows)
                  / statistics.median(float(r["ms"]) for r in rows) - 1.0)
+        # The noise floor: a prediction of the phase's median step, known in hindsight,
+        # is off from each step by this much (median); no prediction made before the step
+        # does better on steps that move this much.
+        middle = statistics.median(float(r["ms"]) for r in rows)
+        floor = statistics.median(abs(middle / float(r["ms"]) - 1.0) for r in rows)
         print(f"{name}, steps {steps}: median |predicted/measured - 1| = {100 * med:.1f} % "
               f"({'ok' if ok else 'over'} {100 * LIMIT:.0f} %); median predicted over "
-              f"median measured {100 * level:+.1f} %")
+              f"median measured {100 * level:+.1f} %; the phase's own median step is off "
+              f"by {100 * floor:.1f} % (the noise floor)")
     print(f"calibration re-plans: {len(calibration)}; other re-plans: "
           f"{len(replans) - len(calibration)}")
     ok = all(verdicts) and len(calibration) >= 1
