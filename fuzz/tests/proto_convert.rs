@@ -385,3 +385,34 @@ fn messages_convert_or_are_refused_by_field() {
     });
     assert!(report.cases > 0);
 }
+
+/// With replicas, a worker needs where its stages' gradients are summed: on replica 0 its
+/// own address (it serves them), on the others replica 0's worker of its rank.
+#[test]
+fn replicas_need_their_gradient_sums_worker() {
+    let bytes = [0u8; 64];
+    let mut a = assignment(&mut Unstructured::new(&bytes)).expect("an assignment");
+    let own = a.peers[&a.worker_index].clone();
+    a.replicas = 2;
+    let refused = |a: &v1::Assignment| match check_assignment(a.clone(), &std::env::temp_dir()) {
+        Err(pipewise_worker::Error::InvalidArgument { reason, .. }) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(
+        refused(&a).starts_with("grad_root: none"),
+        "{}",
+        refused(&a)
+    );
+    a.grad_root = "http://127.0.0.1:1".into();
+    assert!(
+        refused(&a).contains("not this worker's address"),
+        "{}",
+        refused(&a)
+    );
+    a.grad_root = own;
+    check_assignment(a.clone(), &std::env::temp_dir()).expect("replica 0 sums its own stages");
+    a.replica = 1;
+    a.collective_root = "http://127.0.0.1:7000".into();
+    a.grad_root = "http://127.0.0.1:1".into();
+    check_assignment(a, &std::env::temp_dir()).expect("replica 1 sends them to replica 0");
+}

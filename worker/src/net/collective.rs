@@ -1,7 +1,9 @@
-//! End-of-step collectives over gRPC, peer to peer: worker 0 of a job serves
-//! `pipewise.v1.CollectiveService` next to its `ActivationService`; every worker (worker 0
-//! included) sends its contribution with one unary `AllReduce` call, and every call is
-//! answered, with the same result, once all the job's workers have contributed.
+//! End-of-step collectives over gRPC, peer to peer: every worker serves
+//! `pipewise.v1.CollectiveService` next to its `ActivationService`. A job's worker 0 (the
+//! root) takes the barrier, squared norms and losses: every worker (worker 0 included)
+//! sends its contribution with one unary `AllReduce` call, and every call is answered, with
+//! the same result, once all the job's workers have contributed. With replicas, replica 0's
+//! worker of each rank takes that rank's gradient sums ([`super::grad_sum`]).
 //!
 //! The reduction matches [`LocalSync`](crate::runtime::LocalSync): squared norms are summed
 //! in value order and losses averaged in f64, so a step gives the same numbers whether its
@@ -343,12 +345,15 @@ impl CollectiveServer {
     }
 }
 
-/// [`StepSync`] across processes: calls worker 0's `CollectiveService`.
+/// [`StepSync`] across processes: calls worker 0's `CollectiveService` (a rank's gradient
+/// sums: replica 0's worker of the rank).
 pub struct NetSync {
     runtime: tokio::runtime::Handle,
     client: CollectiveServiceClient<Channel>,
-    /// Worker 0's address.
+    /// The called worker's address.
     root: String,
+    /// Who that is, in errors: "worker 0" unless [`NetSync::serving`] says otherwise.
+    serves: String,
     /// The run ([`RunName`]).
     run: u64,
     worker: u32,
@@ -413,6 +418,7 @@ impl NetSync {
             runtime,
             client: CollectiveServiceClient::new(channel),
             root: root.to_string(),
+            serves: "worker 0".into(),
             run,
             worker,
             timeout,
@@ -428,6 +434,12 @@ impl NetSync {
     /// run secret check included, without the network).
     pub(crate) fn in_process(mut self, root: CollectiveServer) -> Self {
         self.local = Some(root);
+        self
+    }
+
+    /// Names the called worker `who` in errors (it is not the root).
+    pub(crate) fn serving(mut self, who: String) -> Self {
+        self.serves = who;
         self
     }
 
@@ -487,6 +499,7 @@ impl NetSync {
         let limit = self.timeout + Duration::from_secs(10);
         let aborted = self.aborted.clone();
         let root = self.root.clone();
+        let serves = self.serves.clone();
         async move {
             let call = async move {
                 match local {
@@ -514,7 +527,7 @@ impl NetSync {
             tokio::select! {
                 answer = tokio::time::timeout(limit, call) => match answer {
                     Err(_) => Err(Error::Timeout {
-                        awaited: format!("{what}: the answer of worker 0 ({root})"),
+                        awaited: format!("{what}: the answer of {serves} ({root})"),
                         after: limit,
                     }),
                     Ok(reply) => reply
@@ -523,6 +536,50 @@ impl NetSync {
                 },
                 // The run was abandoned here: the call ends as the root would end it.
                 why = abandoned => Err(failed(tonic::Code::Aborted, why)),
+            }
+        }
+    }
+
+    /// Chunk `chunk` of `chunks` of a stage's gradients, `values`.
+    fn grads_request(
+        &self,
+        part: ReplicaPart,
+        (chunk, chunks): (u32, u32),
+        values: &[f64],
+    ) -> ReduceRequest {
+        ReduceRequest {
+            run: self.run,
+            step: part.step,
+            op: ReduceOp::Grads as i32,
+            worker: self.worker,
+            stage: part.stage,
+            chunk,
+            chunks,
+            replica: part.replica,
+            grads: to_bytes(values),
+            run_secret: self.run_secret.clone(),
+            ..ReduceRequest::default()
+        }
+    }
+
+    /// Sends chunk `chunk` of `chunks` of a stage's gradients again while the summing worker
+    /// is unreachable, up to the timeout.
+    fn resend_grads(
+        &self,
+        what: &str,
+        part: ReplicaPart,
+        (chunk, chunks): (u32, u32),
+        values: &[f64],
+    ) -> Result<ReduceReply> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            match self.send(what, self.grads_request(part, (chunk, chunks), values)) {
+                Err(Error::Call {
+                    code: tonic::Code::Unavailable,
+                    ..
+                }) if std::time::Instant::now() < deadline => {}
+                other => return other,
             }
         }
     }
@@ -604,19 +661,8 @@ impl StepSync for NetSync {
                 .chunks(GRAD_CHUNK)
                 .enumerate()
                 .map(|(i, values)| {
-                    let req = ReduceRequest {
-                        run: self.run,
-                        step: part.step,
-                        op: ReduceOp::Grads as i32,
-                        worker: self.worker,
-                        stage: part.stage,
-                        chunk: (first * GRAD_WINDOW + i) as u32,
-                        chunks,
-                        replica: part.replica,
-                        grads: to_bytes(values),
-                        run_secret: self.run_secret.clone(),
-                        ..ReduceRequest::default()
-                    };
+                    let chunk = (first * GRAD_WINDOW + i) as u32;
+                    let req = self.grads_request(part, (chunk, chunks), values);
                     self.runtime.spawn(self.answer(what.clone(), req))
                 })
                 .collect();
@@ -634,7 +680,17 @@ impl StepSync for NetSync {
                 }
                 replies
             });
-            for (values, reply) in group.chunks_mut(GRAD_CHUNK).zip(replies) {
+            for (i, (values, reply)) in group.chunks_mut(GRAD_CHUNK).zip(replies).enumerate() {
+                let chunk = (first * GRAD_WINDOW + i) as u32;
+                let reply = match reply {
+                    // Not delivered: the channel to the summing worker is first used here
+                    // (the barrier warmed the root's, not this one).
+                    Err(Error::Call {
+                        code: tonic::Code::Unavailable,
+                        ..
+                    }) => self.resend_grads(&what, part, (chunk, chunks), values),
+                    other => other,
+                };
                 let sum = from_bytes(&reply?.grads, "ReduceReply.grads")
                     .map_err(|s| Error::invalid("replicas", format!("{what}: {}", s.message())))?;
                 if sum.len() != values.len() {
@@ -797,5 +853,53 @@ mod tests {
         assert_eq!(grads, [1.25, 1.0]);
         let theirs = other.join().expect("thread").expect("replica 1's sum");
         assert_eq!(theirs, [1.25, 1.0]);
+    }
+
+    /// A rank's sums go to replica 0's worker over a channel first used then: a chunk the
+    /// worker could not be reached for is sent again (here it starts listening late).
+    #[test]
+    fn a_chunk_is_sent_again_while_its_summing_worker_is_unreachable() {
+        use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let collective = Arc::new(Collective::default());
+        collective.configure(7, 2, 2, Duration::from_secs(5));
+        let server = CollectiveServer {
+            collective,
+            secret: Arc::new(super::super::secret::RunSecret::default()),
+        };
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let sync = |worker| {
+            NetSync::new(
+                runtime.handle().clone(),
+                &addr.to_string(),
+                &super::super::TlsSettings::default(),
+                (7, worker),
+                Duration::from_secs(5),
+            )
+            .expect("sync")
+        };
+        let (here, remote) = (sync(0).in_process(server.clone()), sync(1));
+        let part = |replica| ReplicaPart {
+            step: 0,
+            stage: 0,
+            replica,
+        };
+        let other = std::thread::spawn(move || {
+            let mut grads = vec![2.0];
+            remote.all_reduce_replicas(part(1), &mut grads).map(|()| grads)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        runtime.spawn(
+            tonic::transport::Server::builder()
+                .add_service(CollectiveServiceServer::new(server))
+                .serve(addr),
+        );
+        let mut grads = vec![1.0];
+        here.all_reduce_replicas(part(0), &mut grads).expect("replica 0's sum");
+        assert_eq!(grads, [3.0]);
+        let theirs = other.join().expect("thread").expect("sent again, summed");
+        assert_eq!(theirs, [3.0]);
     }
 }

@@ -18,8 +18,8 @@ use crate::runtime::sum_in_replica_order;
 /// Gradient values per contribution: 2 MiB of f64.
 pub(crate) const GRAD_CHUNK: usize = 1 << 18;
 
-/// Chunks of one stage's sum a worker has in flight at once (8 MiB: the root holds at most
-/// this much of each replica's stage at a time).
+/// Chunks of one stage's sum a worker has in flight at once (8 MiB: the summing worker holds
+/// at most this much of each replica's stage at a time).
 pub(crate) const GRAD_WINDOW: usize = 4;
 
 /// A chunk's sum, or why it failed.

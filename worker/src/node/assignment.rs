@@ -119,13 +119,25 @@ impl Assignment {
         };
         let grad_root = match (replica.count, a.grad_root.is_empty()) {
             (1, _) => None,
-            (_, false) => Some(a.grad_root),
             (n, true) => {
                 return Err(Error::invalid(
                     "assignment",
                     format!("grad_root: none for a run of {n} replicas"),
                 ));
             }
+            // Replica 0's workers serve their own stages' sums.
+            (_, false)
+                if replica.index == 0 && a.peers.get(&a.worker_index) != Some(&a.grad_root) =>
+            {
+                return Err(Error::invalid(
+                    "assignment",
+                    format!(
+                        "grad_root: {} on replica 0 is not this worker's address",
+                        a.grad_root
+                    ),
+                ));
+            }
+            (_, false) => Some(a.grad_root),
         };
         for w in 0..placement.workers() {
             if !a.peers.contains_key(&w) {

@@ -16,7 +16,7 @@ use super::assignment::Assignment;
 use super::compute::{Compute, EmulatedCompute, Kept, RealCompute, RunNet};
 use super::config::NodeConfig;
 use super::shared::Shared;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::net::NetSync;
 use crate::runtime::StepReport;
 
@@ -190,7 +190,11 @@ impl Node<'_> {
                 sync.with_grad_sums(transport.sync_at(at, a.run, a.contributor, timeout)?)
             }
             Some(at) => {
-                sync.with_grad_sums(transport.sync_to(at, a.run, a.contributor, timeout)?)
+                let sums = transport
+                    .sync_to(at, a.run, a.contributor, timeout)
+                    .map_err(|e| Error::invalid("assignment", format!("grad_root: {e}")))?
+                    .serving(format!("replica 0's worker {}", a.worker));
+                sync.with_grad_sums(sums)
             }
             None => sync,
         };
@@ -203,7 +207,9 @@ impl Node<'_> {
         }
         // Emulated compute holds no state to copy.
         if !a.copy_from.is_empty() && !C::EMULATED {
-            let from = transport.sync_to(&a.copy_from, a.run, a.contributor, timeout)?;
+            let from = transport
+                .sync_to(&a.copy_from, a.run, a.contributor, timeout)?
+                .serving(format!("replica 0's worker {}", a.worker));
             for stage in a.placement.stages_of(a.worker) {
                 let bytes = from.fetch_stage(stage)?;
                 compute.load_stage_state(stage, &bytes)?;

@@ -8,7 +8,7 @@
 //!
 //! A failed sum stops the step at the next pass boundary. A pass that fails while a sum is
 //! in flight returns once that sum ends: at once when the other replicas contribute, else
-//! when the run is abandoned (a replica shed aborts the root's sums) or the sync times out.
+//! when the run is abandoned (a replica shed aborts the summing workers' sums) or the sync times out.
 
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
