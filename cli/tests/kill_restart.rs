@@ -17,7 +17,7 @@ use pipewise_common::job::layout;
 #[test]
 fn a_lost_worker_is_replanned_onto_the_survivors() {
     const LONG: u32 = 40;
-    let (_dir, mut cluster, _, reference, job) =
+    let (dir, mut cluster, _, reference, job) =
         running_checkpointed("replan", "v-half", LONG, 3, 5);
     // Worker w2 (the third process after the coordinator) dies without a word.
     cluster.children[3].kill().unwrap();
@@ -47,7 +47,10 @@ fn a_lost_worker_is_replanned_onto_the_survivors() {
     // cluster tests and passed in the next runs; its figures were not kept.) A move before
     // the kill (drift or straggler, on a busy machine) checkpoints the step it stops at,
     // which need not be a multiple of the interval: the loss may resume there too.
-    let moved_at = |step: u64| why.matches(&format!("checkpoint of step {step}")).count() > 1;
+    let moved_at = |step: u64| {
+        why.matches(&format!("checkpoint of step {step}")).count() > 1
+            || moved_to(&dir.join("coordinator.log"), step, "stopped heartbeating")
+    };
     assert!(
         resume >= 3 && (resume.is_multiple_of(3) || moved_at(resume)) && resume <= killed_at + 3,
         "killed at step {killed_at} (status): {why}"

@@ -120,7 +120,10 @@ fn replica_lost_and_rebuilt(schedule: &str) {
     // Two shares a step, then one, then two again: the same bits as one device's sum.
     assert_eq!(param_diff, 0.0, "not bit-identical to the reference");
     assert!(loss_diff <= TOLERANCE, "{loss_diff}");
-    assert!(went_on < Duration::from_secs(2), "{went_on:?}");
+    // Seen at once: the killed worker's stream closing (the coordinator looks every
+    // second), not its heartbeats missed; the bound only guards a hang on a loaded machine.
+    assert!(why.contains("closed its connection"), "{why}");
+    assert!(went_on < Duration::from_secs(5), "{went_on:?}");
     assert!(after >= 5 && after < u64::from(LONG), "{why}");
     assert_eq!(replans_counted(&cluster, "worker_lost"), 1.0);
     assert_eq!(replans_counted(&cluster, "worker_joined"), 1.0);

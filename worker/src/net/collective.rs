@@ -888,7 +888,9 @@ mod tests {
         };
         let other = std::thread::spawn(move || {
             let mut grads = vec![2.0];
-            remote.all_reduce_replicas(part(1), &mut grads).map(|()| grads)
+            remote
+                .all_reduce_replicas(part(1), &mut grads)
+                .map(|()| grads)
         });
         std::thread::sleep(Duration::from_millis(300));
         runtime.spawn(
@@ -897,7 +899,8 @@ mod tests {
                 .serve(addr),
         );
         let mut grads = vec![1.0];
-        here.all_reduce_replicas(part(0), &mut grads).expect("replica 0's sum");
+        here.all_reduce_replicas(part(0), &mut grads)
+            .expect("replica 0's sum");
         assert_eq!(grads, [3.0]);
         let theirs = other.join().expect("thread").expect("sent again, summed");
         assert_eq!(theirs, [3.0]);
