@@ -19,25 +19,34 @@ const GLOBAL_BATCH: u32 = 16;
 
 #[test]
 fn a_killed_worker_takes_its_replica_out_and_a_restarted_one_rebuilds_it() {
-    replica_lost_and_rebuilt("1f1b");
+    replica_lost_and_rebuilt("1f1b", 3);
 }
 
 /// The same with `schedule = "auto"`: the rebuild keeps the plan auto chose.
 #[test]
 fn an_auto_job_loses_and_rebuilds_a_replica_the_same_way() {
-    replica_lost_and_rebuilt("auto");
+    replica_lost_and_rebuilt("auto", 3);
+}
+
+/// The same when the worker killed is replica 0's rank 1, which sums rank 1's gradients of
+/// both replicas: replica 1 goes on as replica 0 and rebuilds the other.
+#[test]
+fn losing_a_worker_that_sums_a_ranks_gradients_is_the_same() {
+    replica_lost_and_rebuilt("1f1b", 1);
 }
 
 /// One job at a time: the timings asserted below are a lone job's on a small machine.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn replica_lost_and_rebuilt(schedule: &str) {
+/// Worker `w{lost}` (replica `lost / 2`'s rank `lost % 2`) is killed mid-run.
+fn replica_lost_and_rebuilt(schedule: &str, lost: usize) {
     const LONG: u32 = 60;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempdir(&format!("replica-loss-{schedule}"));
+    let (replica, kept) = (lost / 2, 2 * (1 - lost / 2));
+    let dir = tempdir(&format!("replica-loss-{schedule}-{lost}"));
     let mut cluster = start(&dir, 4);
     let mut spec = spec(2, schedule, LONG);
-    spec.job.name = format!("replica-loss-{schedule}");
+    spec.job.name = format!("replica-loss-{schedule}-{lost}");
     spec.training.global_batch_size = GLOBAL_BATCH;
     spec.parallelism.data_parallel_replicate_degree = 2;
     spec.checkpoint.enable_checkpoint = false;
@@ -45,11 +54,11 @@ fn replica_lost_and_rebuilt(schedule: &str) {
     wait_until(&cluster, job, Duration::from_secs(60), |s, step| {
         s == "running" && step >= 5
     });
-    // w3 (replica 1's rank 1; the fifth process after the coordinator) dies without a word.
-    cluster.children[4].kill().unwrap();
+    // The process after the coordinator's dies without a word.
+    cluster.children[1 + lost].kill().unwrap();
     let killed = Instant::now();
     // The survivors log when they take up their stages again for the next step.
-    let log = dir.join("w0.log");
+    let log = dir.join(format!("w{kept}.log"));
     let went_on = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if text.contains("going on from the stages held in memory") {
@@ -57,13 +66,13 @@ fn replica_lost_and_rebuilt(schedule: &str) {
         }
         assert!(
             killed.elapsed() < Duration::from_secs(30),
-            "w0 never went on from memory; see {}",
+            "w{kept} never went on from memory; see {}",
             log.display()
         );
         std::thread::sleep(Duration::from_millis(10));
     };
-    // w3 starts again: the job rebuilds replica 1 on w2 and it, copying replica 0's state.
-    add_worker(&mut cluster, &dir, "w3", &[]);
+    // It starts again: the job rebuilds its replica, copying the kept replica's state.
+    add_worker(&mut cluster, &dir, &format!("w{lost}"), &[]);
     let (stdout, why) = succeeded_replanned_once(&cluster, job, "from memory");
     let rebuilt = replans(&stdout, "rebuilding from 1 to 2 replicas");
     assert_eq!(rebuilt.len(), 1, "{stdout}");
@@ -78,14 +87,15 @@ fn replica_lost_and_rebuilt(schedule: &str) {
         "{}",
         rebuilt[0]
     );
-    let copied = ["w2", "w3"].map(|w| {
-        std::fs::read_to_string(dir.join(format!("{w}.log")))
+    let copied = [2 * replica, 2 * replica + 1].map(|w| {
+        std::fs::read_to_string(dir.join(format!("w{w}.log")))
             .unwrap_or_default()
             .contains("copied the stages' state from a live replica")
     });
     assert_eq!(copied, [true, true]);
     assert!(
-        why.contains("worker 3 (w3) ") && why.contains("replica 1 left the job"),
+        why.contains(&format!("worker {lost} (w{lost}) "))
+            && why.contains(&format!("replica {replica} left the job")),
         "{why}"
     );
     assert!(why.contains("(no checkpoint loaded)"), "{why}");
@@ -112,7 +122,7 @@ fn replica_lost_and_rebuilt(schedule: &str) {
         .fold(0.0, f64::max);
     let param_diff = common::max_param_diff(&ref_params, &params);
     eprintln!(
-        "replica loss ({schedule}): killed after step {after}, the next step's stages taken up {:.2} s \
+        "replica loss ({schedule}, w{lost}): killed after step {after}, the next step's stages taken up {:.2} s \
          after the kill, rebuilt after step {back}; vs the single-device reference \
          |Δparam| {param_diff:.2e}, |Δloss| {loss_diff:.2e}",
         went_on.as_secs_f64()
