@@ -367,22 +367,10 @@ mod tests {
     /// more memory than the smallest registered.
     #[test]
     fn slow_workers_and_memory_budgets_are_respected() {
-        let even = choose_for_job(
-            &job(2),
-            2,
-            u64::MAX,
-            measured(1.0, vec![1.0, 1.0]),
-            sync(0.0),
-        )
-        .unwrap();
-        let slow = choose_for_job(
-            &job(2),
-            2,
-            u64::MAX,
-            measured(1.0, vec![1.0, 3.0]),
-            sync(0.0),
-        )
-        .unwrap();
+        let with = |factors| {
+            choose_for_job(&job(2), 2, u64::MAX, measured(1.0, factors), sync(0.0)).unwrap()
+        };
+        let (even, slow) = (with(vec![1.0, 1.0]), with(vec![1.0, 3.0]));
         let held = |c: &JobChoice, w: u32| -> u32 {
             let placement = c.best.plan.schedule.placement.clone();
             placement
