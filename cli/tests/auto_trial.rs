@@ -25,13 +25,11 @@ fn an_auto_trial_moves_every_replica_and_training_stays_exact() {
     trial_stays_exact("auto-trial-replicas", 2);
 }
 
-/// One trial at a time: beside another job's processes on a small machine, the costs
-/// fitted to a loaded first run can leave no rival within the trial's band.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// An auto job of 32 steps on `replicas` replicas of 2 worker processes, run as above.
 fn trial_stays_exact(name: &str, replicas: u32) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // One trial at a time: beside another job's processes on a small machine, the costs
+    // fitted to a loaded first run can leave no rival within the trial's band.
+    let _one = common::one_at_a_time();
     let dir = tempdir(name);
     let cluster = start_with(&dir, 2 * replicas as usize, &[]);
     let mut spec = spec(2, "auto", 32);

@@ -35,13 +35,11 @@ fn losing_a_worker_that_sums_a_ranks_gradients_is_the_same() {
     replica_lost_and_rebuilt("1f1b", 1);
 }
 
-/// One job at a time: the timings asserted below are a lone job's on a small machine.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Worker `w{lost}` (replica `lost / 2`'s rank `lost % 2`) is killed mid-run.
 fn replica_lost_and_rebuilt(schedule: &str, lost: usize) {
     const LONG: u32 = 60;
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // One job at a time: the timings asserted below are a lone job's on a small machine.
+    let _one = common::one_at_a_time();
     let (replica, kept) = (lost / 2, 2 * (1 - lost / 2));
     let dir = tempdir(&format!("replica-loss-{schedule}-{lost}"));
     let mut cluster = start(&dir, 4);

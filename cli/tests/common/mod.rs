@@ -10,6 +10,14 @@ use std::time::Duration;
 
 pub(crate) mod processes;
 
+/// Holds this test binary's other callers back until the guard drops: for tests whose
+/// timings or trial bands are a lone job's on a small machine.
+pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The largest absolute difference between same-named tensors of `a` and `b` (compared in
 /// f32; both must hold the same names and dtypes).
 pub(crate) fn max_param_diff(
