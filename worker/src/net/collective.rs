@@ -470,7 +470,12 @@ impl NetSync {
     /// Sends this worker's `values` for `op` of step `step` (`what` names the call in
     /// errors) and waits for the round's result.
     fn call(&self, what: &str, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
-        let req = ReduceRequest {
+        self.send(what, self.request(step, op, values))
+    }
+
+    /// This worker's `values` for `op` of step `step`.
+    fn request(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> ReduceRequest {
+        ReduceRequest {
             run: self.run,
             step,
             op: op as i32,
@@ -478,13 +483,33 @@ impl NetSync {
             values,
             run_secret: self.run_secret.clone(),
             ..ReduceRequest::default()
-        };
-        self.send(what, req)
+        }
     }
 
     /// Sends `req` (`what` names it in errors) and waits for the round's result.
     fn send(&self, what: &str, req: ReduceRequest) -> Result<ReduceReply> {
         self.runtime.block_on(self.answer(what.to_string(), req))
+    }
+
+    /// Sends the request `req` makes, again every 50 ms while the call fails with one of the
+    /// codes `retry` (the called worker not reachable or not ready yet), up to the timeout.
+    fn send_retrying(
+        &self,
+        what: &str,
+        retry: &[tonic::Code],
+        req: impl Fn() -> ReduceRequest,
+    ) -> Result<ReduceReply> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            match self.send(what, req()) {
+                Err(Error::Call { code, .. })
+                    if retry.contains(&code) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The root's answer to `req` (`what` names it in errors), owning all it needs, so that
@@ -562,28 +587,6 @@ impl NetSync {
         }
     }
 
-    /// Sends chunk `chunk` of `chunks` of a stage's gradients again while the summing worker
-    /// is unreachable, up to the timeout.
-    fn resend_grads(
-        &self,
-        what: &str,
-        part: ReplicaPart,
-        (chunk, chunks): (u32, u32),
-        values: &[f64],
-    ) -> Result<ReduceReply> {
-        let deadline = std::time::Instant::now() + self.timeout;
-        loop {
-            std::thread::sleep(Duration::from_millis(50));
-            match self.send(what, self.grads_request(part, (chunk, chunks), values)) {
-                Err(Error::Call {
-                    code: tonic::Code::Unavailable,
-                    ..
-                }) if std::time::Instant::now() < deadline => {}
-                other => return other,
-            }
-        }
-    }
-
     /// A step's collective `op` (steps counted from 1 in errors, as every other message
     /// and log says them).
     fn step_call(&self, step: u64, op: ReduceOp, values: Vec<f64>) -> Result<ReduceReply> {
@@ -594,34 +597,25 @@ impl NetSync {
     /// Stage `stage`'s state as the worker this calls offers it (a checkpoint shard),
     /// chunk by chunk; waits (up to the timeout) until it is offered.
     pub fn fetch_stage(&self, stage: u32) -> Result<Vec<u8>> {
-        let deadline = std::time::Instant::now() + self.timeout;
         let mut bytes = Vec::new();
         let mut chunk = 0;
         loop {
-            let req = ReduceRequest {
-                run: self.run,
-                op: ReduceOp::State as i32,
-                worker: self.worker,
-                run_secret: self.run_secret.clone(),
+            let req = || ReduceRequest {
                 stage,
                 chunk,
-                ..ReduceRequest::default()
+                ..self.request(0, ReduceOp::State, Vec::new())
             };
-            match self.send(&format!("stage {stage}'s state"), req) {
-                Ok(reply) => {
-                    bytes.extend_from_slice(&reply.grads);
-                    chunk += 1;
-                    if f64::from(chunk) >= reply.value {
-                        return Ok(bytes);
-                    }
-                }
-                Err(Error::Call {
-                    code: tonic::Code::Unavailable,
-                    ..
-                }) if chunk == 0 && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => return Err(e),
+            // Until the first chunk comes, the state may not be offered yet.
+            let not_yet: &[tonic::Code] = if chunk == 0 {
+                &[tonic::Code::Unavailable]
+            } else {
+                &[]
+            };
+            let reply = self.send_retrying(&format!("stage {stage}'s state"), not_yet, req)?;
+            bytes.extend_from_slice(&reply.grads);
+            chunk += 1;
+            if f64::from(chunk) >= reply.value {
+                return Ok(bytes);
             }
         }
     }
@@ -630,19 +624,11 @@ impl NetSync {
     /// to the job, before the first step). Retries while worker 0 is unreachable or has not
     /// taken the job yet.
     pub fn barrier(&self) -> Result<()> {
-        let deadline = std::time::Instant::now() + self.timeout;
-        loop {
-            match self.call("start barrier", u64::MAX, ReduceOp::Barrier, Vec::new()) {
-                Ok(_) => return Ok(()),
-                Err(Error::Call {
-                    code: tonic::Code::FailedPrecondition | tonic::Code::Unavailable,
-                    ..
-                }) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let not_yet = [tonic::Code::FailedPrecondition, tonic::Code::Unavailable];
+        self.send_retrying("start barrier", &not_yet, || {
+            self.request(u64::MAX, ReduceOp::Barrier, Vec::new())
+        })
+        .map(drop)
     }
 }
 
@@ -688,7 +674,9 @@ impl StepSync for NetSync {
                     Err(Error::Call {
                         code: tonic::Code::Unavailable,
                         ..
-                    }) => self.resend_grads(&what, part, (chunk, chunks), values),
+                    }) => self.send_retrying(&what, &[tonic::Code::Unavailable], || {
+                        self.grads_request(part, (chunk, chunks), values)
+                    }),
                     other => other,
                 };
                 let sum = from_bytes(&reply?.grads, "ReduceReply.grads")

@@ -183,9 +183,9 @@ impl Node<'_> {
             0 => transport.sync_at(a.root(), a.run, 0, timeout)?,
             n => transport.sync_to(a.root(), a.run, n, timeout)?,
         };
+        let replica_0s = format!("replica 0's worker {}", a.worker);
         // Before the barrier: past it, other replicas' sums may come.
         let sync = match &a.grad_root {
-            Some(_) if a.contributor == 0 => sync,
             Some(at) if serves_sums => {
                 sync.with_grad_sums(transport.sync_at(at, a.run, a.contributor, timeout)?)
             }
@@ -193,7 +193,7 @@ impl Node<'_> {
                 let sums = transport
                     .sync_to(at, a.run, a.contributor, timeout)
                     .map_err(|e| Error::invalid("assignment", format!("grad_root: {e}")))?
-                    .serving(format!("replica 0's worker {}", a.worker));
+                    .serving(replica_0s.clone());
                 sync.with_grad_sums(sums)
             }
             None => sync,
@@ -209,7 +209,7 @@ impl Node<'_> {
         if !a.copy_from.is_empty() && !C::EMULATED {
             let from = transport
                 .sync_to(&a.copy_from, a.run, a.contributor, timeout)?
-                .serving(format!("replica 0's worker {}", a.worker));
+                .serving(replica_0s);
             for stage in a.placement.stages_of(a.worker) {
                 let bytes = from.fetch_stage(stage)?;
                 compute.load_stage_state(stage, &bytes)?;
