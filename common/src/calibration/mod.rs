@@ -74,6 +74,15 @@ struct Mean {
 }
 
 impl Mean {
+    /// A mean of `n` samples at `value`.
+    fn of(value: f64, n: f64) -> Mean {
+        Mean {
+            value,
+            n,
+            before: None,
+        }
+    }
+
     fn add(&mut self, x: f64, provisional: bool) {
         if x.is_finite() && x >= 0.0 {
             if let Some((value, n)) = self.before.take() {
@@ -103,6 +112,10 @@ pub struct Prediction {
     pub costs: Costs,
 }
 
+/// What a pass time is a sample of: the worker (by index), its stage's embeddings, blocks
+/// and heads, and the pass kind.
+type SampleKey = (usize, [u32; 3], PassKind);
+
 /// The cost model of one job (see the [module docs](self)).
 #[derive(Debug, Clone)]
 pub struct CostModel {
@@ -114,8 +127,8 @@ pub struct CostModel {
     profiles: Vec<f64>,
     /// Every worker's share of a core (1: a core or more, or not known).
     shares: Vec<f64>,
-    /// Running mean seconds per (worker, stage make-up, pass kind).
-    samples: BTreeMap<(usize, [u32; 3], PassKind), Mean>,
+    /// Running mean seconds per sample.
+    samples: BTreeMap<SampleKey, Mean>,
     sync: Mean,
     /// Seconds per byte of a hop, fitted to every step's makespan ([`hop`]).
     secs_per_byte: Mean,
@@ -309,9 +322,56 @@ impl CostModel {
         workers: &[Worker],
         reports: &[StepReport],
     ) {
+        if ranges.len() == schedule.placement.stages() as usize {
+            self.take_step(schedule, ranges, workers, reports);
+            self.refit();
+        }
+    }
+
+    /// A drift: forgets what was measured before the `window` of steps (each one every
+    /// worker's reports, oldest first; see [`CostModel::forget`]) and stands on those steps
+    /// alone, every pass time at its median over them: a step slowed on one worker by a
+    /// passing load moves that worker's speed less than a mean would, and so does not hide
+    /// another worker slowed in the steps after it.
+    pub fn recalibrate(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+        window: &[Vec<StepReport>],
+    ) {
         if ranges.len() != schedule.placement.stages() as usize {
             return;
         }
+        self.forget(window.len());
+        let mut times: BTreeMap<SampleKey, Vec<f64>> = BTreeMap::new();
+        for reports in window {
+            self.take_step(schedule, ranges, workers, reports);
+            for (key, secs) in self.pass_times(schedule, ranges, workers, reports) {
+                times.entry(key).or_default().push(secs);
+            }
+        }
+        for (key, mut secs) in times {
+            secs.sort_by(f64::total_cmp);
+            let n = secs.len();
+            let median = if n % 2 == 1 {
+                secs[n / 2]
+            } else {
+                (secs[n / 2 - 1] + secs[n / 2]) / 2.0
+            };
+            self.samples.insert(key, Mean::of(median, n as f64));
+        }
+        self.refit();
+    }
+
+    /// One complete step into the samples (see [`CostModel::observe`]), without a refit.
+    fn take_step(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+        reports: &[StepReport],
+    ) {
         let warming = std::mem::take(&mut self.warming);
         self.add_pass_times(schedule, ranges, workers, reports, warming);
         let mut sync = f64::INFINITY;
@@ -343,7 +403,6 @@ impl CostModel {
             }
         }
         self.steps += 1;
-        self.refit();
     }
 
     /// Takes the pass times of another data-parallel replica's complete step (`workers`:
@@ -371,6 +430,19 @@ impl CostModel {
         reports: &[StepReport],
         provisional: bool,
     ) {
+        for (key, secs) in self.pass_times(schedule, ranges, workers, reports) {
+            self.samples.entry(key).or_default().add(secs, provisional);
+        }
+    }
+
+    /// Every report's mean pass times per stage, by sample (worker, stage make-up, kind).
+    fn pass_times(
+        &mut self,
+        schedule: &Schedule,
+        ranges: &[Range<usize>],
+        workers: &[Worker],
+        reports: &[StepReport],
+    ) -> Vec<(SampleKey, f64)> {
         let fused: Vec<bool> = (0..ranges.len() as u32)
             .map(|s| {
                 schedule
@@ -380,6 +452,7 @@ impl CostModel {
                     .any(|p| p.stage == s && p.kind == PassKind::BW)
             })
             .collect();
+        let mut times = Vec::new();
         for r in reports {
             let Some(worker) = workers.get(r.worker_index as usize) else {
                 continue;
@@ -392,14 +465,12 @@ impl CostModel {
                 let backward = if fused[s] { PassKind::BW } else { PassKind::B };
                 for (kind, secs) in [(PassKind::F, t.f), (backward, t.b), (PassKind::W, t.w)] {
                     if secs > 0.0 && !(fused[s] && kind == PassKind::W) {
-                        self.samples
-                            .entry((w, counts, kind))
-                            .or_default()
-                            .add(secs, provisional);
+                        times.push(((w, counts, kind), secs));
                     }
                 }
             }
         }
+        times
     }
 
     /// Fits costs and factors to the samples.

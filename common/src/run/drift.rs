@@ -35,6 +35,12 @@ impl Drift {
         self.over.len() == DRIFT_STEPS
     }
 
+    /// Whether the latest steps drifted but fewer than [`DRIFT_STEPS`] in a row: the rule
+    /// has not decided yet.
+    pub fn pending(&self) -> bool {
+        (1..DRIFT_STEPS).contains(&self.over.len())
+    }
+
     /// Forgets the steps seen (after a re-plan, or one judged not worth it).
     pub fn reset(&mut self) {
         self.over.clear();
@@ -70,9 +76,13 @@ mod tests {
     #[test]
     fn three_steps_in_a_row_ten_percent_over_have_drifted() {
         let mut d = Drift::default();
+        assert!(!d.pending());
         assert!(!d.observe(4, 1.0, 1.10));
+        assert!(d.pending());
         assert!(!d.observe(5, 1.0, 1.5));
+        assert!(d.pending());
         assert!(d.observe(6, 1.0, 1.2));
+        assert!(!d.pending());
         // A fourth over keeps it drifted; the oldest leaves the window.
         assert!(d.observe(7, 1.0, 1.3));
         assert!(
@@ -88,6 +98,7 @@ mod tests {
         assert!(!d.observe(2, 1.0, 1.2));
         // 9.9 % over is on time.
         assert!(!d.observe(3, 1.0, 1.099));
+        assert!(!d.pending());
         assert!(!d.observe(4, 1.0, 1.2));
         assert!(!d.observe(5, 1.0, 1.2));
         assert!(d.observe(6, 1.0, 1.2));

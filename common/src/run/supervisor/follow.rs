@@ -223,6 +223,11 @@ impl Supervisor {
                 run.out.steps,
                 &run.out.workers,
             )
+            // A worker slowed mid-run makes the steps drift too: the drift rule, counting
+            // them, decides first (a load spike on that worker just before can complete
+            // the straggler's window a step or two earlier). It is checked again at the
+            // latest when the drift rule has decided, in the same step.
+            && !run.drift.pending()
         {
             // Every worker stops after the same step (they save it); the next run starts
             // there on the new split.

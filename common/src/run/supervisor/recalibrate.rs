@@ -39,11 +39,9 @@ impl Supervisor {
             return false;
         }
         // The steps before the drift describe a machine that is gone.
-        self.costs.forget(run.recent.len());
-        for r in &run.recent {
-            let (schedule, out) = (&self.plan.schedule, &run.out);
-            self.costs.observe(schedule, &out.ranges, &out.workers, r);
-        }
+        let (schedule, out) = (&self.plan.schedule, &run.out);
+        self.costs
+            .recalibrate(schedule, &out.ranges, &out.workers, &run.recent);
         self.plan_next(run);
         let Some((current, counts, candidate)) = self.rebalanced(run) else {
             run.drift.reset();

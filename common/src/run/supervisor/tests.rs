@@ -762,3 +762,84 @@ fn a_drift_without_a_faster_split_does_not_move() {
 fn steps_under_ten_percent_over_do_not_drift() {
     no_move([1.0, 3.0], 1.09);
 }
+
+/// `reports` busy for their passes' time (what the straggler rule reads).
+fn busy(reports: Vec<StepReport>) -> Vec<StepReport> {
+    let busy = |r: &StepReport| r.stage_times.iter().map(|t| t.f + t.b + t.w).sum();
+    reports
+        .into_iter()
+        .map(|r| StepReport {
+            busy_secs: busy(&r),
+            ..r
+        })
+        .collect()
+}
+
+/// Worker 1 slow per unit of work on a step that ran on time (a load spike on it), then
+/// 3× slower from the next step on, every step from there 50 % over its prediction: the
+/// straggler rule's three steps are complete a step before the drift rule's, but it waits
+/// for the drift rule, which moves layers off worker 1 by the recalibrated costs.
+#[test]
+fn the_straggler_rule_waits_for_a_drift_being_counted() {
+    let spec = spec(2, "1f1b", 10);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.feed(0, Input::Tick);
+    let mut predicted = first_shown(&spec, &plan, &[], &ws).step_ms / 1e3;
+    let mut stopped_at = None;
+    for k in 0..8 {
+        let (factors, over) = match k {
+            0..3 => ([1.0, 1.0], 1.0),
+            3 => ([1.0, 3.0], 1.0),
+            _ => ([1.0, 3.0], 1.5),
+        };
+        let mut acts = Vec::new();
+        for r in busy(timed(&ws, &ranges, k, factors, over * predicted)) {
+            acts = s.feed(100 * k, Input::Report(Box::new(r)));
+        }
+        let Some(Action::Step(done)) = acts.first() else {
+            panic!("{acts:?}");
+        };
+        predicted = done.next.step_ms / 1e3;
+        if acts.iter().any(|a| matches!(a, Action::Stop(_))) {
+            stopped_at = Some(k);
+            break;
+        }
+    }
+    // The straggler rule alone would have stopped the run after step 5 (steps 3–5).
+    let watch = straggle_of(&spec, &plan, &[]).unwrap();
+    let mut history = Vec::new();
+    let straggler_at = (1..8).find(|&k| {
+        let factors = if k < 3 { [1.0, 1.0] } else { [1.0, 3.0] };
+        let reports = busy(timed(&ws, &ranges, k, factors, 1.0));
+        straggler(&watch, &reports, &mut history, k + 1, 10, &ws).is_some()
+    });
+    assert_eq!(straggler_at, Some(5));
+    assert_eq!(stopped_at, Some(6));
+    s.feed(900, done(&ws, 0));
+    s.feed(900, done(&ws, 1));
+    let acts = s.feed(1000, saved(&[(6, 2), (7, 2)]));
+    let [
+        _,
+        Action::Warn(why),
+        Action::Replanned(Reason::Calibration),
+        ..,
+    ] = &acts[..]
+    else {
+        panic!("{acts:?}");
+    };
+    assert!(
+        why.starts_with("steps 5 (50% over), 6 (50% over), 7 (50% over)"),
+        "{why}"
+    );
+    let Some(Action::Assign(a)) = acts.last() else {
+        panic!("{acts:?}");
+    };
+    assert!(
+        a.stage_pieces[1] < ranges[1].len() as u32,
+        "{:?}",
+        a.stage_pieces
+    );
+}
