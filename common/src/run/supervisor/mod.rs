@@ -34,6 +34,8 @@ mod auto;
 mod auto_tests;
 #[cfg(test)]
 mod claim_tests;
+#[cfg(test)]
+mod drift_tests;
 mod follow;
 mod following;
 mod io;

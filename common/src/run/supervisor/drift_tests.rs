@@ -1,0 +1,206 @@
+//! The supervisor on logical time with steps that run over their prediction: the drift
+//! rule's recalibration and move, and the straggler rule waiting for it.
+
+#![allow(clippy::unwrap_used)]
+
+use super::tests::{Feed, JOB, done, first_shown, report, saved, spec, supervisor, workers};
+use super::*;
+use crate::run::straggler::{straggle_of, straggler};
+use crate::run::worker::StepReport;
+
+/// Reports of step `k` by two workers whose passes take `slow[i]` times a mean worker's
+/// (10 ms per piece and pass kind), each step `wall` seconds long.
+fn timed(
+    ws: &[Worker],
+    ranges: &[std::ops::Range<usize>],
+    k: u64,
+    slow: [f64; 2],
+    wall: f64,
+) -> Vec<StepReport> {
+    (0..2)
+        .map(|i| {
+            let t = 0.01 * slow[i] * ranges[i].len() as f64;
+            StepReport {
+                wall_secs: wall,
+                stage_times: vec![crate::run::StageTimes {
+                    stage: i as u32,
+                    f: t,
+                    b: t,
+                    w: t,
+                }],
+                ..report(ws, i, k)
+            }
+        })
+        .collect()
+}
+
+/// `reports` busy for their passes' time (what the straggler rule reads; [`timed`] leaves
+/// every worker equally busy).
+fn busy(reports: Vec<StepReport>) -> Vec<StepReport> {
+    let busy = |r: &StepReport| r.stage_times.iter().map(|t| t.f + t.b + t.w).sum();
+    reports
+        .into_iter()
+        .map(|r| StepReport {
+            busy_secs: busy(&r),
+            ..r
+        })
+        .collect()
+}
+
+/// Runs the steps of a 2-worker 1F1B job of `job_steps` steps, at most `fed` of them,
+/// until a stop: step `k`'s workers are `step(k).0` times slower and it runs `step(k).1`
+/// times its prediction; with `busy_passes` the reports show the workers busy for their
+/// passes ([`busy`]), else equally busy (the straggler rule sees nothing). The actions of
+/// every step's last report, the run's pieces per stage and the supervisor.
+fn run_steps(
+    job_steps: u32,
+    fed: u64,
+    busy_passes: bool,
+    step: impl Fn(u64) -> ([f64; 2], f64),
+) -> (Vec<Vec<Action>>, Vec<usize>, Supervisor) {
+    let spec = spec(2, "1f1b", job_steps);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    let mut s = supervisor(&spec, &ws, Start::default());
+    s.feed(0, Input::Tick);
+    let mut predicted = first_shown(&spec, &plan, &[], &ws).step_ms / 1e3;
+    let mut all = Vec::new();
+    for k in 0..fed {
+        let (factors, over) = step(k);
+        let mut reports = timed(&ws, &ranges, k, factors, over * predicted);
+        if busy_passes {
+            reports = busy(reports);
+        }
+        let mut acts = Vec::new();
+        for r in reports {
+            acts = s.feed(100 * k, Input::Report(Box::new(r)));
+        }
+        if let Some(Action::Step(done)) = acts.first() {
+            predicted = done.next.step_ms / 1e3;
+        }
+        let stopped = acts.iter().any(|a| matches!(a, Action::Stop(_)));
+        all.push(acts);
+        if stopped {
+            break;
+        }
+    }
+    (all, ranges.iter().map(|r| r.len()).collect(), s)
+}
+
+/// Runs steps of a 2-worker 1F1B job of 8 steps, worker `i` `slow[i]` times slower from
+/// step 3 on and every step `over` times its prediction from there ([`run_steps`], every
+/// worker equally busy).
+fn drifting(slow: [f64; 2], over: f64) -> (Vec<Vec<Action>>, Vec<usize>, Supervisor) {
+    run_steps(8, 6, false, |k| {
+        if k < 3 { ([1.0; 2], 1.0) } else { (slow, over) }
+    })
+}
+
+/// Steps that run 10 % or more over their prediction for three steps in a row, on a run
+/// whose worker 1 became 3× slower: the costs are recalibrated from those steps, every
+/// worker stops after the third, and the next run moves layers off worker 1, counted as a
+/// calibration re-plan.
+#[test]
+fn a_drift_moves_layers_for_the_recalibrated_costs() {
+    let (steps, before, mut s) = drifting([1.0, 3.0], 1.5);
+    let r0 = RunId::new(JOB, 0);
+    assert_eq!(steps.len(), 6, "{steps:?}");
+    for acts in &steps[..5] {
+        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    }
+    assert!(
+        matches!(&steps[5][..], [Action::Step(_), Action::Stop(r)] if *r == r0),
+        "{:?}",
+        steps[5]
+    );
+    let ws = workers(2);
+    assert_eq!(s.feed(700, done(&ws, 0)), []);
+    assert_eq!(
+        s.feed(700, done(&ws, 1)),
+        [Action::Detach(r0), Action::ReadCheckpoints]
+    );
+    let acts = s.feed(800, saved(&[(5, 2), (6, 2)]));
+    let why = "steps 4 (50% over), 5 (50% over), 6 (50% over) took longer than planned";
+    assert_moved_off_worker_1(&acts, 6, why, &before);
+}
+
+/// `acts`, those of a drift move's checkpoints read, resume the job after step `after` on a
+/// split with fewer pieces on worker 1 than `before`, as a calibration re-plan whose reason
+/// starts with `why`.
+fn assert_moved_off_worker_1(acts: &[Action], after: u64, why: &str, before: &[usize]) {
+    let [
+        Action::ClearAfter(cleared),
+        Action::Warn(reason),
+        Action::Replanned(Reason::Calibration),
+        Action::Attach(_),
+        Action::Assign(a),
+    ] = acts
+    else {
+        panic!("{acts:?}");
+    };
+    assert_eq!(*cleared, after);
+    assert!(reason.starts_with(why), "{reason}");
+    assert!(
+        a.stage_pieces[1] < before[1] as u32,
+        "{before:?} → {:?}",
+        a.stage_pieces
+    );
+}
+
+/// Every one of the six steps of [`drifting`] gave a step event and nothing else.
+fn no_move(slow: [f64; 2], over: f64) {
+    let (steps, _, _) = drifting(slow, over);
+    assert_eq!(steps.len(), 6);
+    for acts in &steps {
+        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    }
+}
+
+/// Both workers slowed alike: the steps drift, but no split is predicted faster, so the
+/// run goes on (and its next predictions stand on the recalibrated costs).
+#[test]
+fn a_drift_without_a_faster_split_does_not_move() {
+    no_move([3.0, 3.0], 1.5);
+}
+
+/// Steps 9 % over their prediction are on time: no re-plan however slow worker 1 is.
+#[test]
+fn steps_under_ten_percent_over_do_not_drift() {
+    no_move([1.0, 3.0], 1.09);
+}
+
+/// Worker 1 slow per unit of work on a step that ran on time (a load spike on it), then
+/// 3× slower from the next step on, every step from there 50 % over its prediction: the
+/// straggler rule's three steps are complete a step before the drift rule's, but it waits
+/// for the drift rule, which moves layers off worker 1 by the recalibrated costs.
+#[test]
+fn the_straggler_rule_waits_for_a_drift_being_counted() {
+    let (steps, before, mut s) = run_steps(10, 8, true, |k| match k {
+        0..3 => ([1.0, 1.0], 1.0),
+        3 => ([1.0, 3.0], 1.0),
+        _ => ([1.0, 3.0], 1.5),
+    });
+    let stopped_at = steps
+        .iter()
+        .position(|acts| acts.iter().any(|a| matches!(a, Action::Stop(_))));
+    let spec = spec(2, "1f1b", 10);
+    let plan = spec.validate().unwrap();
+    let ws = workers(2);
+    let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    // The straggler rule alone would have stopped the run after step 5 (steps 3–5).
+    let watch = straggle_of(&spec, &plan, &[]).unwrap();
+    let mut history = Vec::new();
+    let straggler_at = (1..8).find(|&k| {
+        let factors = if k < 3 { [1.0, 1.0] } else { [1.0, 3.0] };
+        let reports = busy(timed(&ws, &ranges, k, factors, 1.0));
+        straggler(&watch, &reports, &mut history, k + 1, 10, &ws).is_some()
+    });
+    assert_eq!(straggler_at, Some(5));
+    assert_eq!(stopped_at, Some(6));
+    s.feed(900, done(&ws, 0));
+    s.feed(900, done(&ws, 1));
+    let acts = s.feed(1000, saved(&[(6, 2), (7, 2)]));
+    let why = "steps 5 (50% over), 6 (50% over), 7 (50% over) took longer than planned";
+    assert_moved_off_worker_1(&acts, 7, why, &before);
+}
