@@ -141,8 +141,11 @@ pub struct Batch {
     pub targets: Tensor,
 }
 
-/// Draws `(input, target)` windows at offsets chosen by `(seed, step, microbatch)` alone, so
-/// any step can be replayed (or resumed) without drawing the earlier ones.
+/// Draws `(input, target)` windows at offsets chosen by `(seed, step, sequence)` alone, so
+/// any step can be replayed (or resumed) without drawing the earlier ones, and a step's
+/// sequences are the same however they are cut into microbatches and shared among
+/// data-parallel replicas (`schedule = "auto"` may choose another microbatch size than the
+/// spec's: the global batch, and so the training, stays the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sampler {
     /// Seed of the offsets.
@@ -154,7 +157,8 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// The window start offsets of microbatch `mb` of step `step`.
+    /// The window start offsets of microbatch `mb` of step `step`: those of the step's
+    /// sequences `mb·b` to `mb·b + b − 1`.
     pub fn offsets(&self, corpus_len: usize, step: u64, mb: u32) -> Result<Vec<usize>> {
         if self.seq_len == 0 || self.microbatch_size == 0 || corpus_len <= self.seq_len {
             return Err(Error::InvalidArgument {
@@ -166,9 +170,13 @@ impl Sampler {
             });
         }
         let starts = (corpus_len - self.seq_len) as u64;
-        let mut rng = SplitMix64::for_stream(self.seed, &format!("batch/{step}/{mb}"));
-        Ok((0..self.microbatch_size)
-            .map(|_| rng.below(starts) as usize)
+        let first = mb as usize * self.microbatch_size;
+        Ok((first..first + self.microbatch_size)
+            .map(|seq| {
+                // Named as microbatches of one sequence were: their windows stay.
+                let mut rng = SplitMix64::for_stream(self.seed, &format!("batch/{step}/{seq}"));
+                rng.below(starts) as usize
+            })
             .collect())
     }
 
@@ -244,6 +252,32 @@ mod tests {
         assert_ne!(s.offsets(4096, 5, 1)?, s.offsets(4096, 6, 1)?);
         assert_ne!(s.offsets(4096, 5, 1)?, s.offsets(4096, 5, 2)?);
         assert!(s.offsets(16, 0, 0).is_err());
+        Ok(())
+    }
+
+    /// A step's windows are the same cut into 12 microbatches of 1, 4 of 3 or 2 of 6.
+    #[test]
+    fn a_steps_sequences_do_not_depend_on_the_microbatch_size() -> Result<()> {
+        let corpus = Corpus::generate(4096, 3);
+        let windows = |microbatch_size: usize| -> Result<Vec<Vec<u32>>> {
+            let s = Sampler {
+                seed: 9,
+                microbatch_size,
+                seq_len: 16,
+            };
+            let n = (12 / microbatch_size) as u32;
+            let mut rows = Vec::new();
+            for batch in s.step(&corpus, 5, n, &Device::Cpu)? {
+                rows.extend(batch.tokens.to_vec2::<u32>()?);
+            }
+            Ok(rows)
+        };
+        let ones = windows(1)?;
+        assert_eq!(ones.len(), 12);
+        assert_eq!(windows(3)?, ones);
+        assert_eq!(windows(6)?, ones);
+        // Not one window drawn twelve times.
+        assert!(ones.iter().any(|w| *w != ones[0]));
         Ok(())
     }
 }
