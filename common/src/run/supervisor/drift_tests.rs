@@ -48,19 +48,23 @@ fn busy(reports: Vec<StepReport>) -> Vec<StepReport> {
 }
 
 /// Runs the steps of a 2-worker 1F1B job of `job_steps` steps, at most `fed` of them,
-/// until a stop: step `k`'s workers are `step(k).0` times slower and it runs `step(k).1`
-/// times its prediction; with `busy_passes` the reports show the workers busy for their
-/// passes ([`busy`]), else equally busy (the straggler rule sees nothing). The actions of
-/// every step's last report, the run's pieces per stage and the supervisor.
+/// until a stop, the workers registering `memory` bytes (0: none): step `k`'s workers are
+/// `step(k).0` times slower and it runs `step(k).1` times its prediction; with
+/// `busy_passes` the reports show the workers busy for their passes ([`busy`]), else
+/// equally busy (the straggler rule sees nothing). The actions of every step's last
+/// report, the run's pieces per stage and the supervisor.
 fn run_steps(
-    job_steps: u32,
-    fed: u64,
+    (job_steps, fed): (u32, u64),
     busy_passes: bool,
+    memory: [u64; 2],
     step: impl Fn(u64) -> ([f64; 2], f64),
 ) -> (Vec<Vec<Action>>, Vec<usize>, Supervisor) {
     let spec = spec(2, "1f1b", job_steps);
     let plan = spec.validate().unwrap();
-    let ws = workers(2);
+    let mut ws = workers(2);
+    for (w, bytes) in ws.iter_mut().zip(memory) {
+        w.memory_bytes = bytes;
+    }
     let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
     let mut s = supervisor(&spec, &ws, Start::default());
     s.feed(0, Input::Tick);
@@ -92,7 +96,7 @@ fn run_steps(
 /// step 3 on and every step `over` times its prediction from there ([`run_steps`], every
 /// worker equally busy).
 fn drifting(slow: [f64; 2], over: f64) -> (Vec<Vec<Action>>, Vec<usize>, Supervisor) {
-    run_steps(8, 6, false, |k| {
+    run_steps((8, 6), false, [0, 0], |k| {
         if k < 3 { ([1.0; 2], 1.0) } else { (slow, over) }
     })
 }
@@ -176,7 +180,7 @@ fn steps_under_ten_percent_over_do_not_drift() {
 /// for the drift rule, which moves layers off worker 1 by the recalibrated costs.
 #[test]
 fn the_straggler_rule_waits_for_a_drift_being_counted() {
-    let (steps, before, mut s) = run_steps(10, 8, true, |k| match k {
+    let (steps, before, mut s) = run_steps((10, 8), true, [0, 0], |k| match k {
         0..3 => ([1.0, 1.0], 1.0),
         3 => ([1.0, 3.0], 1.0),
         _ => ([1.0, 3.0], 1.5),
@@ -203,4 +207,35 @@ fn the_straggler_rule_waits_for_a_drift_being_counted() {
     let acts = s.feed(1000, saved(&[(6, 2), (7, 2)]));
     let why = "steps 5 (50% over), 6 (50% over), 7 (50% over) took longer than planned";
     assert_moved_off_worker_1(&acts, 7, why, &before);
+}
+
+/// Worker 0 registered just the memory the run's split needs there: the moves both rules
+/// would make (layers off the slowed worker 1, onto worker 0) are predicted not to fit it,
+/// so neither is made and the run goes on.
+#[test]
+fn no_move_piles_layers_onto_a_worker_without_the_memory() {
+    let spec = spec(2, "1f1b", 10);
+    let plan = spec.validate().unwrap();
+    let (in_use, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    let need = plan.predicted_bytes_over(&in_use, &ranges).unwrap();
+    let step = |k| {
+        if k < 3 {
+            ([1.0; 2], 1.0)
+        } else {
+            ([1.0, 3.0], 1.5)
+        }
+    };
+    let stopped = |steps: &[Vec<Action>]| {
+        steps
+            .iter()
+            .any(|acts| acts.iter().any(|a| matches!(a, Action::Stop(_))))
+    };
+    // Without memory registered the same steps move.
+    let (moved, _, _) = run_steps((10, 8), true, [0, 0], step);
+    assert!(stopped(&moved), "{moved:?}");
+    let (steps, _, _) = run_steps((10, 8), true, [need[0], 0], step);
+    assert_eq!(steps.len(), 8);
+    for acts in &steps {
+        assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
+    }
 }

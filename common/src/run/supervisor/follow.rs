@@ -228,6 +228,7 @@ impl Supervisor {
             // the straggler's window a step or two earlier). It is checked again at the
             // latest when the drift rule has decided, in the same step.
             && !run.drift.pending()
+            && !self.overflows(run, &counts)
         {
             // Every worker stops after the same step (they save it); the next run starts
             // there on the new split.

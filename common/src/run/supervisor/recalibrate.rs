@@ -3,9 +3,10 @@
 //! that is predicted enough faster ([`crate::run::drift`]).
 
 use super::super::drift::{DRIFT_STEPS, worth_replanning};
-use super::Supervisor;
+use super::super::pressure::predicted_overflow;
 use super::following::Run;
 use super::io::{Action, Move};
+use super::{Supervisor, tightest};
 use crate::auto::slowest_per_rank;
 use crate::calibration::PieceCost;
 use crate::model::Piece;
@@ -61,9 +62,19 @@ impl Supervisor {
         true
     }
 
+    /// Whether `counts` (pieces per stage) is predicted to hold more on a worker of `run`
+    /// than it registered (with replicas, each rank's tightest): a split balanced for speed
+    /// alone may pile layers onto a worker without the memory for them, and the run would
+    /// then be moved again, by memory pressure, before it starts.
+    pub(super) fn overflows(&self, run: &Run, counts: &[u32]) -> bool {
+        let workers = tightest(&run.out.workers, &run.out.others);
+        predicted_overflow(&self.current, &self.plan, counts, &workers).is_some()
+    }
+
     /// The split of the pieces that balances the workers for the costs as they stand
     /// (per-piece costs, per-worker factors), with the predicted step times of the run's
-    /// split and of that one; `None` when it is the run's split or cannot be predicted.
+    /// split and of that one; `None` when it is the run's split, would not fit a worker's
+    /// memory or cannot be predicted.
     fn rebalanced(&mut self, run: &Run) -> Option<(f64, Vec<u32>, f64)> {
         let placement = &self.plan.schedule.placement;
         let [embedding, block, head] = self.costs.piece_costs();
@@ -89,6 +100,9 @@ impl Supervisor {
             .collect();
         let slowness = slowest_per_rank(&factors, run.out.workers.len());
         let counts = split_for_speeds(&piece_costs, &worker_of, &slowness).ok()?;
+        if self.overflows(run, &counts) {
+            return None;
+        }
         let ranges = model.split_by_counts(&counts).ok()?;
         if ranges == run.out.ranges {
             return None;
