@@ -58,13 +58,18 @@ fn losses(summary: &Value) -> Vec<f64> {
 }
 
 /// Two runs' losses and final parameters agree within 1e-5.
-fn assert_same(what: &str, (rl, rp): (&[f64], &Params), (l, p): (&[f64], &Params)) {
+fn assert_same(what: &str, reference: (&[f64], &Params), run: (&[f64], &Params)) {
+    assert_close(what, reference, run, 1e-5);
+}
+
+/// Two runs' losses agree within 1e-5 and their final parameters within `params`.
+fn assert_close(what: &str, (rl, rp): (&[f64], &Params), (l, p): (&[f64], &Params), params: f64) {
     assert_eq!(rl.len(), l.len(), "{what}: step counts differ");
     for (a, b) in rl.iter().zip(l) {
         assert!((a - b).abs() <= 1e-5, "{what}: loss {a} vs {b}");
     }
     let diff = common::max_param_diff(rp, p);
-    assert!(diff <= 1e-5, "{what}: parameters differ by up to {diff}");
+    assert!(diff <= params, "{what}: parameters differ by up to {diff}");
 }
 
 #[test]
@@ -108,13 +113,9 @@ fn the_sequences_of_a_step_do_not_depend_on_the_microbatch_size() {
     let cut = root.join("cut");
     let extra = ["--replicas", "2", "--microbatch-size", "2"];
     let summary = local_with(&cut, "2", "1f1b", "4", &extra);
-    let (l, p) = (losses(&summary), params(&cut));
-    assert_eq!(l.len(), one.0.len());
-    for (a, b) in one.0.iter().zip(&l) {
-        assert!((a - b).abs() <= 1e-5, "loss {a} vs {b}");
-    }
-    let diff = common::max_param_diff(&one.1, &p);
-    assert!(diff <= 1e-4, "parameters differ by up to {diff}");
+    let cut_run = (losses(&summary), params(&cut));
+    let what = "microbatches of 2 against 1";
+    assert_close(what, (&one.0, &one.1), (&cut_run.0, &cut_run.1), 1e-4);
     let _ = std::fs::remove_dir_all(root);
 }
 

@@ -395,6 +395,20 @@ pub(crate) fn assert_exact_from(
     (loss_diff, param_diff)
 }
 
+/// Whether re-plan `reason` says worker `index` (`id`) `went` ("left the cluster",
+/// "stopped heartbeating") and the job was re-planned `onto` ("re-planned onto …"): from
+/// its run, or while it waited to start the next one (a drift or straggler move under way
+/// on a busy machine).
+pub(crate) fn replanned_without(
+    reason: &str,
+    (index, id): (usize, &str),
+    went: &str,
+    onto: &str,
+) -> bool {
+    reason.contains(&format!("worker {index} ({id}) {went}; {onto}"))
+        || reason.contains(&format!("worker {id} {went} while the job waited; {onto}"))
+}
+
 /// Waits until the job is no longer running; its status line.
 pub(crate) fn ended(cluster: &Cluster, job: u64, limit: Duration) -> String {
     wait_until(cluster, job, limit, |s, _| {

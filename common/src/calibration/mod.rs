@@ -112,6 +112,17 @@ pub struct Prediction {
     pub costs: Costs,
 }
 
+/// The median of `xs` (of an even count, the mean of the middle two; 0 for none).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => xs[n / 2],
+        _ => 0.5 * (xs[n / 2 - 1] + xs[n / 2]),
+    }
+}
+
 /// What a pass time is a sample of: the worker (by index), its stage's embeddings, blocks
 /// and heads, and the pass kind.
 type SampleKey = (usize, [u32; 3], PassKind);
@@ -323,7 +334,8 @@ impl CostModel {
         reports: &[StepReport],
     ) {
         if ranges.len() == schedule.placement.stages() as usize {
-            self.take_step(schedule, ranges, workers, reports);
+            let warming = self.take_overheads(schedule, ranges, reports);
+            self.add_pass_times(schedule, ranges, workers, reports, warming);
             self.refit();
         }
     }
@@ -346,34 +358,28 @@ impl CostModel {
         self.forget(window.len());
         let mut times: BTreeMap<SampleKey, Vec<f64>> = BTreeMap::new();
         for reports in window {
-            self.take_step(schedule, ranges, workers, reports);
+            // A drift's steps follow a run's first (it warms up): none is provisional.
+            self.take_overheads(schedule, ranges, reports);
             for (key, secs) in self.pass_times(schedule, ranges, workers, reports) {
                 times.entry(key).or_default().push(secs);
             }
         }
-        for (key, mut secs) in times {
-            secs.sort_by(f64::total_cmp);
-            let n = secs.len();
-            let median = if n % 2 == 1 {
-                secs[n / 2]
-            } else {
-                (secs[n / 2 - 1] + secs[n / 2]) / 2.0
-            };
-            self.samples.insert(key, Mean::of(median, n as f64));
+        for (key, secs) in times {
+            let n = secs.len() as f64;
+            self.samples.insert(key, Mean::of(median(secs), n));
         }
         self.refit();
     }
 
-    /// One complete step into the samples (see [`CostModel::observe`]), without a refit.
-    fn take_step(
+    /// One complete step's sync, hops and gradient sums into the model (see
+    /// [`CostModel::observe`]); whether it was a run's first, which warms up.
+    fn take_overheads(
         &mut self,
         schedule: &Schedule,
         ranges: &[Range<usize>],
-        workers: &[Worker],
         reports: &[StepReport],
-    ) {
+    ) -> bool {
         let warming = std::mem::take(&mut self.warming);
-        self.add_pass_times(schedule, ranges, workers, reports, warming);
         let mut sync = f64::INFINITY;
         for r in reports {
             if r.spans.iter().any(|s| s.activity == Activity::Sync) {
@@ -403,6 +409,7 @@ impl CostModel {
             }
         }
         self.steps += 1;
+        warming
     }
 
     /// Takes the pass times of another data-parallel replica's complete step (`workers`:

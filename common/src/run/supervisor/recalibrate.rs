@@ -100,11 +100,8 @@ impl Supervisor {
             .collect();
         let slowness = slowest_per_rank(&factors, run.out.workers.len());
         let counts = split_for_speeds(&piece_costs, &worker_of, &slowness).ok()?;
-        if self.overflows(run, &counts) {
-            return None;
-        }
         let ranges = model.split_by_counts(&counts).ok()?;
-        if ranges == run.out.ranges {
+        if ranges == run.out.ranges || self.overflows(run, &counts) {
             return None;
         }
         let schedule = &self.plan.schedule;
