@@ -27,7 +27,6 @@ mod tests;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
-use crate::auto::slowest_per_rank;
 use crate::cost::{Costs, StageCost};
 use crate::model::ModelSpec;
 use crate::pass::PassKind;
@@ -121,6 +120,19 @@ fn median(mut xs: Vec<f64>) -> f64 {
         _ if n % 2 == 1 => xs[n / 2],
         _ => 0.5 * (xs[n / 2 - 1] + xs[n / 2]),
     }
+}
+
+/// Whether each of `stages` stages of `schedule` runs its backward as one fused `BW`.
+fn fused_stages(schedule: &Schedule, stages: usize) -> Vec<bool> {
+    (0..stages as u32)
+        .map(|s| {
+            schedule
+                .workers
+                .iter()
+                .flatten()
+                .any(|p| p.stage == s && p.kind == PassKind::BW)
+        })
+        .collect()
 }
 
 /// What a pass time is a sample of: the worker (by index), its stage's embeddings, blocks
@@ -450,15 +462,7 @@ impl CostModel {
         workers: &[Worker],
         reports: &[StepReport],
     ) -> Vec<(SampleKey, f64)> {
-        let fused: Vec<bool> = (0..ranges.len() as u32)
-            .map(|s| {
-                schedule
-                    .workers
-                    .iter()
-                    .flatten()
-                    .any(|p| p.stage == s && p.kind == PassKind::BW)
-            })
-            .collect();
+        let fused = fused_stages(schedule, ranges.len());
         let mut times = Vec::new();
         for r in reports {
             let Some(worker) = workers.get(r.worker_index as usize) else {
@@ -541,29 +545,64 @@ impl CostModel {
         {
             return None;
         }
-        // With replicas every rank runs at its slowest replica's speed: the step's sums
-        // wait for the last contribution.
-        let factors = slowest_per_rank(&self.worker_factors(workers), d);
+        // With replicas every rank runs at its slowest replica's: the step's sums wait for
+        // the last contribution.
+        let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
+        let factors = self.worker_factors(workers);
         let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
+        let fused = fused_stages(schedule, ranges.len());
         let stages = ranges
             .iter()
             .enumerate()
             .map(|(s, range)| {
-                let n = self.counts(range).map(f64::from);
-                let k = factors[placement.worker_of(s as u32) as usize];
-                let sum = |pass: usize| k * (0..3).map(|p| n[p] * c[3 * p + pass]).sum::<f64>();
-                StageCost {
-                    f: sum(0),
-                    b: sum(1),
-                    w: sum(2),
+                let counts = self.counts(range);
+                let rank = placement.worker_of(s as u32) as usize;
+                let mut cost = StageCost {
+                    f: 0.0,
+                    b: 0.0,
+                    w: 0.0,
                     mem: 1.0,
+                };
+                for (&i, &k) in index.iter().zip(&factors).skip(rank).step_by(d) {
+                    let [f, b, w] = self.stage_secs(i, counts, k, &c, fused[s]);
+                    cost.f = cost.f.max(f);
+                    cost.b = cost.b.max(b);
+                    cost.w = cost.w.max(w);
                 }
+                cost
             })
             .collect();
         let hop =
             self.frame_bytes() as f64 * self.secs_per_byte.get().unwrap_or(DEFAULT_SECS_PER_BYTE);
         let costs = Costs::per_stage(placement, stages, hop).ok()?;
         Some((costs, self.sync.get().unwrap_or(0.0)))
+    }
+
+    /// Seconds of F, B and W over a stage of `counts` on worker `i` (factor `k`): the fit
+    /// (`costs`), except where this worker has run such a stage: there its measured mean
+    /// pass times, which the fit, a compromise over every split seen, may miss by several
+    /// percent (the split in use is predicted as it ran; a fused `BW` splits as the fit's).
+    fn stage_secs(
+        &self,
+        i: usize,
+        counts: [u32; 3],
+        k: f64,
+        costs: &[f64; UNKNOWNS],
+        fused: bool,
+    ) -> [f64; 3] {
+        let n = counts.map(f64::from);
+        let fit = |pass: usize| k * (0..3).map(|p| n[p] * costs[3 * p + pass]).sum::<f64>();
+        let measured = |kind| self.samples.get(&(i, counts, kind)).and_then(Mean::get);
+        let (f, b, w) = (fit(0), fit(1), fit(2));
+        let f = measured(PassKind::F).unwrap_or(f);
+        if !fused {
+            let b = measured(PassKind::B).unwrap_or(b);
+            return [f, b, measured(PassKind::W).unwrap_or(w)];
+        }
+        match measured(PassKind::BW) {
+            Some(bw) if b + w > 0.0 => [f, bw * b / (b + w), bw * w / (b + w)],
+            _ => [f, b, w],
+        }
     }
 
     /// Bytes of one activation frame (a microbatch's hidden states).
