@@ -3,7 +3,7 @@
 
 use super::worker::{StepReport, Worker};
 use crate::job::{JobPlan, JobSpec};
-use crate::partition::{largest_worker_time, split_for_speeds};
+use crate::partition::{fitting_split_for_speeds, largest_worker_time, split_for_speeds};
 
 /// What the runner watches a run's step times with: the cost of every piece
 /// ([`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs)), the stage → worker
@@ -73,18 +73,22 @@ pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Opti
     })
 }
 
+/// Said of a move the workers' memory held short of the split balanced for speed.
+pub const BOUNDED: &str = " (as far as the workers' memory allows)";
+
 /// Adds one step's reports to `history` (every worker's time in passes per unit of
 /// modelled work, over the median's) and returns the reason and the new split when a
 /// worker has been a straggler for [`STRAGGLER_STEPS`] steps in a row and moving layers
 /// off it is predicted to shorten the step by [`STRAGGLER_GAIN`] at least (and at least
-/// two steps are left after `done`).
+/// two steps are left after `done`). The split is the one balanced for the workers'
+/// speeds or, where that does not `fit` their memory, the move towards it that does.
 pub fn straggler(
     watch: &Straggle,
     reports: &[StepReport],
     history: &mut Vec<Vec<f64>>,
-    done: u64,
-    steps: u64,
+    (done, steps): (u64, u64),
     workers: &[Worker],
+    fits: impl Fn(&[u32]) -> bool,
 ) -> Option<(String, Vec<u32>)> {
     let d = workers.len();
     let work = watch.work(d);
@@ -119,7 +123,12 @@ pub fn straggler(
     if !history.iter().all(|h| h[slowest] >= STRAGGLER_RATIO) {
         return None;
     }
-    let counts = split_for_speeds(&watch.piece_costs, &watch.worker_of, &slowness).ok()?;
+    let mut counts = split_for_speeds(&watch.piece_costs, &watch.worker_of, &slowness).ok()?;
+    let bounded = !fits(&counts);
+    if bounded {
+        let (costs, worker_of) = (&watch.piece_costs, &watch.worker_of);
+        counts = fitting_split_for_speeds(costs, worker_of, &slowness, &watch.counts, fits);
+    }
     let before = largest_worker_time(
         &watch.piece_costs,
         &watch.worker_of,
@@ -127,19 +136,20 @@ pub fn straggler(
         &watch.counts,
     );
     let after = largest_worker_time(&watch.piece_costs, &watch.worker_of, &slowness, &counts);
-    if before < STRAGGLER_GAIN * after {
+    if counts == watch.counts || before < STRAGGLER_GAIN * after {
         return None;
     }
     Some((
         format!(
             "worker {slowest} ({}) took {:.1}× the median's time per unit of work over {} \
-             steps; moved layers: pieces per stage {:?} → {:?} (predicted {:.0}% less time \
-             on the busiest worker)",
+             steps; moved layers: pieces per stage {:?} → {:?}{} (predicted {:.0}% less \
+             time on the busiest worker)",
             workers[slowest].id,
             slowness[slowest],
             STRAGGLER_STEPS,
             watch.counts,
             counts,
+            if bounded { BOUNDED } else { "" },
             100.0 * (1.0 - after / before)
         ),
         counts,

@@ -5,7 +5,7 @@
 
 use super::tests::{Feed, JOB, done, first_shown, report, saved, spec, supervisor, workers};
 use super::*;
-use crate::run::straggler::{straggle_of, straggler};
+use crate::run::straggler::{BOUNDED, straggle_of, straggler};
 use crate::run::worker::StepReport;
 
 /// Reports of step `k` by two workers whose passes take `slow[i]` times a mean worker's
@@ -198,7 +198,7 @@ fn the_straggler_rule_waits_for_a_drift_being_counted() {
     let straggler_at = (1..8).find(|&k| {
         let factors = if k < 3 { [1.0, 1.0] } else { [1.0, 3.0] };
         let reports = busy(timed(&ws, &ranges, k, factors, 1.0));
-        straggler(&watch, &reports, &mut history, k + 1, 10, &ws).is_some()
+        straggler(&watch, &reports, &mut history, (k + 1, 10), &ws, |_| true).is_some()
     });
     assert_eq!(straggler_at, Some(5));
     assert_eq!(stopped_at, Some(6));
@@ -238,4 +238,65 @@ fn no_move_piles_layers_onto_a_worker_without_the_memory() {
     for acts in &steps {
         assert!(matches!(&acts[..], [Action::Step(_)]), "{acts:?}");
     }
+}
+
+/// Worker 0 registered the memory of one block more than the run's split gives it, and
+/// worker 1 runs 10× slower from step 4 on: the split balanced for speed would move
+/// several blocks and not fit worker 0, so the move goes as far as it does (one block) and
+/// its reason says so, for the drift rule (steps over their prediction) and the straggler
+/// rule (steps on time, worker 1 busy for its slowed passes) alike.
+#[test]
+fn a_move_goes_as_far_as_the_memory_allows() {
+    let spec = spec(2, "1f1b", 10);
+    let plan = spec.validate().unwrap();
+    let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
+    let one_more = [ranges[0].len() as u32 + 1, ranges[1].len() as u32 - 1];
+    let (in_use, ranges) = in_use_ranges(&spec, &plan, &one_more).unwrap();
+    let need = plan.predicted_bytes_over(&in_use, &ranges).unwrap();
+    let ws = workers(2);
+    for (over, why) in [(1.5, Reason::Calibration), (1.0, Reason::Straggler)] {
+        let step = |k| {
+            if k < 3 {
+                ([1.0; 2], 1.0)
+            } else {
+                ([1.0, 10.0], over)
+            }
+        };
+        // Without the bound the same steps move further.
+        let (reason, unbounded, counts) = moved_to(run_steps((10, 8), true, [0, 0], step), &ws);
+        assert_eq!(unbounded, why, "{reason}");
+        assert!(counts[0] > one_more[0], "{counts:?}: {reason}");
+        assert!(!reason.contains(BOUNDED), "{reason}");
+        let (reason, bounded, counts) = moved_to(run_steps((10, 8), true, [need[0], 0], step), &ws);
+        assert_eq!((bounded, counts), (why, one_more.to_vec()), "{reason}");
+        assert!(reason.contains(BOUNDED), "{reason}");
+    }
+}
+
+/// The re-plan a stopped run of [`run_steps`] makes once its workers are done and its
+/// checkpoints read: the reason, how it is counted and the new pieces per stage.
+fn moved_to(
+    (steps, _, mut s): (Vec<Vec<Action>>, Vec<usize>, Supervisor),
+    ws: &[Worker],
+) -> (String, Reason, Vec<u32>) {
+    let k = steps.len() as u64;
+    let last = steps.last().unwrap();
+    assert!(
+        last.iter().any(|a| matches!(a, Action::Stop(_))),
+        "no stop in {k} steps; the last: {last:?}"
+    );
+    s.feed(100 * k, done(ws, 0));
+    s.feed(100 * k, done(ws, 1));
+    let acts = s.feed(100 * k + 100, saved(&[(k - 1, 2), (k, 2)]));
+    let [
+        Action::ClearAfter(_),
+        Action::Warn(reason),
+        Action::Replanned(why),
+        Action::Attach(_),
+        Action::Assign(a),
+    ] = &acts[..]
+    else {
+        panic!("{acts:?}");
+    };
+    (reason.clone(), *why, a.stage_pieces.clone())
 }

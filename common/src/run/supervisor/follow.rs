@@ -5,7 +5,7 @@ use super::super::respec::grown;
 use super::super::straggler::straggler;
 use super::following::Run;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
-use super::{Phase, Supervisor, shown};
+use super::{Phase, Supervisor, shown, tightest};
 use crate::run::worker::{StepReport, Worker};
 
 impl Supervisor {
@@ -210,6 +210,7 @@ impl Supervisor {
         if self.drifted(run, step, times, &reports) {
             return;
         }
+        let tight = tightest(&run.out.workers, &run.out.others);
         if run.out.may_move
             && run.moving.is_none()
             && run.stop_asked.is_none()
@@ -219,16 +220,15 @@ impl Supervisor {
                 watch,
                 &reports,
                 &mut run.history,
-                run.out.first_step + run.completed,
-                run.out.steps,
+                (run.out.first_step + run.completed, run.out.steps),
                 &run.out.workers,
+                |c| self.fits(&tight, c),
             )
             // A worker slowed mid-run makes the steps drift too: the drift rule, counting
             // them, decides first (a load spike on that worker just before can complete
             // the straggler's window a step or two earlier). It is checked again at the
             // latest when the drift rule has decided, in the same step.
             && !run.drift.pending()
-            && !self.overflows(run, &counts)
         {
             // Every worker stops after the same step (they save it); the next run starts
             // there on the new split.

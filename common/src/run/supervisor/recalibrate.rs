@@ -10,8 +10,10 @@ use super::{Supervisor, tightest};
 use crate::auto::slowest_per_rank;
 use crate::calibration::PieceCost;
 use crate::model::Piece;
-use crate::partition::split_for_speeds;
+use crate::partition::{fitting_split_for_speeds, split_for_speeds};
+use crate::run::straggler::BOUNDED;
 use crate::run::worker::StepReport;
+use crate::run::worker::Worker;
 
 impl Supervisor {
     /// Takes step `step` of `run` (its reports; predicted and measured seconds) to the
@@ -44,38 +46,39 @@ impl Supervisor {
         self.costs
             .recalibrate(schedule, &out.ranges, &out.workers, &run.recent);
         self.plan_next(run);
-        let Some((current, counts, candidate)) = self.rebalanced(run) else {
+        let Some(to) = self.rebalanced(run) else {
             run.drift.reset();
             return false;
         };
-        if !worth_replanning(current, candidate) {
+        if !worth_replanning(to.current, to.candidate) {
             run.drift.reset();
             return false;
         }
         let before: Vec<usize> = run.out.ranges.iter().map(|r| r.len()).collect();
+        let counts = to.counts;
         let reason = format!(
-            "{}: pieces per stage {before:?} → {counts:?}",
-            run.drift.reason(current, candidate)
+            "{}: pieces per stage {before:?} → {counts:?}{}",
+            run.drift.reason(to.current, to.candidate),
+            if to.bounded { BOUNDED } else { "" }
         );
         self.out.push(Action::Stop(run.out.id));
         run.moving = Some((reason, Move::Recalibrate(counts)));
         true
     }
 
-    /// Whether `counts` (pieces per stage) is predicted to hold more on a worker of `run`
-    /// than it registered (with replicas, each rank's tightest): a split balanced for speed
-    /// alone may pile layers onto a worker without the memory for them, and the run would
-    /// then be moved again, by memory pressure, before it starts.
-    pub(super) fn overflows(&self, run: &Run, counts: &[u32]) -> bool {
-        let workers = tightest(&run.out.workers, &run.out.others);
-        predicted_overflow(&self.current, &self.plan, counts, &workers).is_some()
+    /// Whether `counts` (pieces per stage) is predicted to fit the memory every worker of a
+    /// run registered (`tight`: with replicas, each rank's tightest, [`tightest`]): a split
+    /// balanced for speed alone may pile layers onto a worker without the memory for them,
+    /// and the run would then be moved again, by memory pressure, before it starts.
+    pub(super) fn fits(&self, tight: &[Worker], counts: &[u32]) -> bool {
+        predicted_overflow(&self.current, &self.plan, counts, tight).is_none()
     }
 
     /// The split of the pieces that balances the workers for the costs as they stand
-    /// (per-piece costs, per-worker factors), with the predicted step times of the run's
-    /// split and of that one; `None` when it is the run's split, would not fit a worker's
-    /// memory or cannot be predicted.
-    fn rebalanced(&mut self, run: &Run) -> Option<(f64, Vec<u32>, f64)> {
+    /// (per-piece costs, per-worker factors), or where that would not fit a worker's memory
+    /// the move towards it that does; with the predicted step times of the run's split and
+    /// of that one. `None` when it is the run's split or cannot be predicted.
+    fn rebalanced(&mut self, run: &Run) -> Option<Rebalanced> {
         let placement = &self.plan.schedule.placement;
         let [embedding, block, head] = self.costs.piece_costs();
         let total = |c: PieceCost| c.f + c.b + c.w;
@@ -99,9 +102,16 @@ impl Supervisor {
             .map(|w| self.costs.factor(&w.id).unwrap_or(1.0))
             .collect();
         let slowness = slowest_per_rank(&factors, run.out.workers.len());
-        let counts = split_for_speeds(&piece_costs, &worker_of, &slowness).ok()?;
+        let mut counts = split_for_speeds(&piece_costs, &worker_of, &slowness).ok()?;
+        let tight = tightest(&run.out.workers, &run.out.others);
+        let bounded = !self.fits(&tight, &counts);
+        if bounded {
+            let start: Vec<u32> = run.out.ranges.iter().map(|r| r.len() as u32).collect();
+            let fits = |c: &[u32]| self.fits(&tight, c);
+            counts = fitting_split_for_speeds(&piece_costs, &worker_of, &slowness, &start, fits);
+        }
         let ranges = model.split_by_counts(&counts).ok()?;
-        if ranges == run.out.ranges || self.overflows(run, &counts) {
+        if ranges == run.out.ranges {
             return None;
         }
         let schedule = &self.plan.schedule;
@@ -110,6 +120,23 @@ impl Supervisor {
             .costs
             .predict(schedule, &run.out.ranges, workers, replicas)?;
         let candidate = self.costs.predict(schedule, &ranges, workers, replicas)?;
-        Some((current.step_secs, counts, candidate.step_secs))
+        Some(Rebalanced {
+            current: current.step_secs,
+            counts,
+            candidate: candidate.step_secs,
+            bounded,
+        })
     }
+}
+
+/// A move [`Supervisor::rebalanced`] found.
+struct Rebalanced {
+    /// The run's split's predicted step time (seconds).
+    current: f64,
+    /// The new split: pieces per stage.
+    counts: Vec<u32>,
+    /// Its predicted step time (seconds).
+    candidate: f64,
+    /// Whether the workers' memory held it short of the split balanced for speed.
+    bounded: bool,
 }

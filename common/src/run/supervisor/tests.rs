@@ -375,7 +375,7 @@ fn a_straggler_move() {
     let watch = straggle_of(&spec, &plan, &[]).unwrap();
     let mut history = Vec::new();
     let mut moves: Vec<(String, Vec<u32>)> = (1..4)
-        .filter_map(|k| straggler(&watch, &slow(k), &mut history, k + 1, 6, &ws))
+        .filter_map(|k| straggler(&watch, &slow(k), &mut history, (k + 1, 6), &ws, |_| true))
         .collect();
     let found = moves.pop().unwrap();
     assert!(moves.is_empty(), "{moves:?}");
