@@ -394,14 +394,9 @@ impl CostModel {
         let warming = std::mem::take(&mut self.warming);
         let mut sync = f64::INFINITY;
         for r in reports {
-            if r.spans.iter().any(|s| s.activity == Activity::Sync) {
-                let synced: f64 = r
-                    .spans
-                    .iter()
-                    .filter(|s| s.activity == Activity::Sync)
-                    .map(|s| s.duration())
-                    .sum();
-                sync = sync.min(synced);
+            let mut synced = r.spans.iter().filter(|s| s.activity == Activity::Sync);
+            if let Some(first) = synced.next() {
+                sync = sync.min(first.duration() + synced.map(|s| s.duration()).sum::<f64>());
             }
         }
         let values = all_reduce::stage_values(&self.model, ranges);
