@@ -1,7 +1,8 @@
 //! Jobs side by side on disjoint workers: a coordinator and 8 `pipewise worker` processes;
 //! two 4-worker jobs submitted back to back run at the same time, a third waits for one of
 //! them to end, and a small job behind a waiting big one starts only under the backfill
-//! rule (the big one needs more workers than the cluster has). Every job stays exact.
+//! rule (predicted to end before the big one could start, or the big one needs more
+//! workers than the cluster has). Every job stays exact.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,43 +83,37 @@ fn jobs_run_side_by_side_on_disjoint_workers() {
         eprintln!("job {id}: max |Δloss| {dl:.2e}, max |Δparam| {dp:.2e}");
     }
 
-    // Backfill: an 8-worker job waits for both 4-worker jobs; a 2-worker job behind it
-    // does not overtake it (it could delay it).
-    let (d, e) = (four("d", STEPS_LONG), four("e", STEPS));
-    let d = {
-        let mut s = d;
-        s.parallelism.pipeline_parallel_degree = 8;
+    // Backfill: f runs on four workers for long, so an 8-worker job waits for it. Behind
+    // that job a 2-worker job predicted to run longer than f has left stays queued (it
+    // could delay the 8-worker job), and a short one starts on the idle workers and ends
+    // while f still runs.
+    let with_degree = |name: &str, steps: u32, d: u32| {
+        let mut s = four(name, steps);
+        s.parallelism.pipeline_parallel_degree = d;
         s
     };
-    let e = {
-        let mut s = e;
-        s.parallelism.pipeline_parallel_degree = 2;
-        s
-    };
-    let (first, second) = (four("f", STEPS_LONG), four("g", STEPS_LONG));
-    let busy: Vec<u64> = [&first, &second]
-        .iter()
-        .map(|s| submit(&cluster, &write_spec(&dir, s)))
-        .collect();
-    for id in &busy {
-        wait_until(&cluster, *id, LIMIT, |s, k| s == "running" && k > 0);
-    }
-    let (id_d, id_e) = (
-        submit(&cluster, &write_spec(&dir, &d)),
-        submit(&cluster, &write_spec(&dir, &e)),
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    let (state_e, _, line_e) = status(&cluster, id_e);
-    assert_eq!(
-        state_e, "queued",
-        "the 2-worker job overtook the 8-worker one: {line_e}"
-    );
-    for id in busy {
-        cancel(&cluster, id);
-    }
-    let line = ended(&cluster, id_d, LIMIT);
-    assert!(line.contains("succeeded"), "{line}");
+    let id_f = submit(&cluster, &write_spec(&dir, &four("f", 2000)));
+    wait_until(&cluster, id_f, LIMIT, |s, k| s == "running" && k > 0);
+    let [id_d, id_long, id_e] = [
+        with_degree("d", STEPS, 8),
+        with_degree("long", 1_000_000, 2),
+        with_degree("e", STEPS, 2),
+    ]
+    .map(|s| submit(&cluster, &write_spec(&dir, &s)));
     let line = ended(&cluster, id_e, LIMIT);
+    assert!(line.contains("succeeded"), "{line}");
+    let (state_f, _, line_f) = status(&cluster, id_f);
+    assert_eq!(
+        state_f, "running",
+        "f ended before the job behind: {line_f}"
+    );
+    for id in [id_d, id_long] {
+        let (state, _, line) = status(&cluster, id);
+        assert_eq!(state, "queued", "{line}");
+    }
+    cancel(&cluster, id_long);
+    cancel(&cluster, id_f);
+    let line = ended(&cluster, id_d, LIMIT);
     assert!(line.contains("succeeded"), "{line}");
 
     // A 10-worker job can never start on 8 workers: the 2-worker job behind it backfills.

@@ -1,8 +1,8 @@
 //! The job manager actor: accepts, queues, lists and cancels jobs, keeps every job in the
 //! durable store, starts them, and fans step events out to watchers. On a cluster, jobs run
 //! side by side on disjoint workers (each claims its own, [`crate::membership`]), started
-//! in queue order, all of a job's workers or none ([`start_next`] has the rule, backfill
-//! included); an in-process runner runs one job at a time. A job gets its id and its place
+//! in queue order, all of a job's workers or none, with EASY backfill on predicted run
+//! times ([`start_next`], [`queue::admit`]); an in-process runner runs one job at a time. A job gets its id and its place
 //! in the queue when its plan is ready, and
 //! plans run side by side ([`crate::planner`]), so a job with a quick plan can overtake one
 //! submitted before it with a slow plan. After a restart of the coordinator, the jobs it had
@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
 use pipewise_common::run::supervisor::Input;
+use pipewise_common::run::{Worker, queue};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
 
@@ -101,6 +102,10 @@ pub struct JobManagerState {
     running: BTreeMap<u64, (Running, usize)>,
     /// Started jobs that hold their workers (their run's claim came through).
     holding: std::collections::BTreeSet<u64>,
+    /// Started jobs' predicted seconds left (the queue's backfill rule reads them).
+    left: HashMap<u64, f64>,
+    /// Queued jobs' predicted run times ([`queue::predicted_secs`], once per job).
+    predicted: HashMap<u64, Option<f64>>,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
     history: BTreeMap<u64, VecDeque<StepEventData>>,
@@ -160,6 +165,8 @@ impl Actor for JobManager {
             queue: VecDeque::new(),
             running: BTreeMap::new(),
             holding: std::collections::BTreeSet::new(),
+            left: HashMap::new(),
+            predicted: HashMap::new(),
             watchers: HashMap::new(),
             traces: TraceStore::default(),
             history: BTreeMap::new(),
@@ -374,6 +381,12 @@ impl Actor for JobManager {
                     state.traces.add(trace, planned);
                 }
                 if let Ok(mut record) = state.record(event.job) {
+                    let step_ms = match event.predicted_step_time_ms {
+                        ms if ms > 0.0 => ms,
+                        _ => event.step_time_ms,
+                    };
+                    let steps_left = record.steps.saturating_sub(event.step) as f64;
+                    state.left.insert(event.job, steps_left * step_ms / 1e3);
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
                     let checkpoint = record.last_checkpoint.clone();
@@ -471,6 +484,7 @@ impl Actor for JobManager {
                 state.watchers.remove(&job);
                 state.plans.remove(&job);
                 state.running.remove(&job);
+                state.left.remove(&job);
                 state.holding.remove(&job);
                 start_next(&myself, state).await;
             }
@@ -520,6 +534,7 @@ fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
     }
     state.queue.retain(|q| *q != id);
     state.plans.remove(&id);
+    state.predicted.remove(&id);
     state.starts.remove(&id);
     state.watchers.remove(&id);
     record.state = JobState::Cancelled;
@@ -530,63 +545,80 @@ fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
 /// restart waits for the plans of the ones before it in id order). On a cluster, a job
 /// starts when enough workers are idle for all of it (its `d × R`), after the workers the
 /// started jobs that do not hold theirs yet will claim; with nothing running, the head of
-/// the queue starts and waits for its workers inside. **Backfill**: a job that cannot
-/// start blocks every job behind it, unless it needs more workers than the cluster has
-/// streaming (it waits for workers to join, not for jobs to end): then a later job that
-/// fits in the idle workers starts. An in-process runner runs one job at a time.
+/// the queue starts and waits for its workers inside; a job behind one that must wait
+/// starts by the backfill rule ([`queue::admit`]: it cannot delay that job, by the jobs'
+/// predicted times). An in-process runner runs one job at a time.
 async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
     let Some(runner) = state.runner.clone() else {
         return;
     };
-    let (mut idle, streaming) = match &runner {
-        Runner::Steps(_) if !state.running.is_empty() => return,
-        Runner::Steps(_) => (usize::MAX, usize::MAX),
-        Runner::Cluster { membership, .. } => {
-            let Ok(live) = ractor::call!(membership, MembershipMsg::Live) else {
-                return;
-            };
-            let streaming = live.iter().filter(|w| w.streaming).count();
-            let idle = live
-                .iter()
-                .filter(|w| w.streaming && w.claimed == 0)
-                .count();
-            let reserved: usize = state
-                .running
-                .iter()
-                .filter(|(job, (_, need))| !state.holding.contains(job) && *need <= streaming)
-                .map(|(_, (_, need))| need)
-                .sum();
-            (idle.saturating_sub(reserved), streaming)
-        }
-    };
-    let mut i = 0;
-    while let Some(&id) = state.queue.get(i) {
-        // Jobs resumed after a restart run in id order: wait for the earlier ones' plans.
-        if state.replanning.first().is_some_and(|&first| first < id) {
-            return;
-        }
-        let Some(need) = state
-            .plans
-            .get(&id)
-            .map(|(spec, _)| spec.workers_needed() as usize)
-        else {
-            state.queue.remove(i);
-            continue;
-        };
-        if need <= idle || (state.running.is_empty() && i == 0) {
-            state.queue.remove(i);
-            idle = idle.saturating_sub(need);
-            start(myself, state, &runner, id, need).await;
-            if matches!(runner, Runner::Steps(_)) {
-                return;
-            }
-            continue;
-        }
-        if need > streaming {
-            i += 1;
-            continue;
+    state.queue.retain(|id| state.plans.contains_key(id));
+    let Runner::Cluster { membership, .. } = &runner else {
+        if state.running.is_empty()
+            && let Some(&id) = state.queue.front()
+            && state.replanning.first().is_none_or(|&first| first >= id)
+            && let Some(need) = state.plans.get(&id).map(|(s, _)| s.workers_needed())
+        {
+            state.queue.pop_front();
+            start(myself, state, &runner, id, need as usize).await;
         }
         return;
+    };
+    let Ok(live) = ractor::call!(membership, MembershipMsg::Live) else {
+        return;
+    };
+    let streaming = live.iter().filter(|w| w.streaming).count();
+    let idle: Vec<Worker> = live
+        .iter()
+        .filter(|w| w.streaming && w.claimed == 0)
+        .map(|w| w.worker())
+        .collect();
+    let reserved: usize = state
+        .running
+        .iter()
+        .filter(|(job, (_, need))| !state.holding.contains(job) && *need <= streaming)
+        .map(|(_, (_, need))| need)
+        .sum();
+    // Jobs resumed after a restart run in id order: none after the first still planning.
+    let waiting = state.replanning.first().copied();
+    let mut queued: Vec<queue::Queued> = Vec::new();
+    for &id in &state.queue {
+        if waiting.is_some_and(|first| first < id) {
+            break;
+        }
+        let Some((spec, plan)) = state.plans.get(&id) else {
+            continue;
+        };
+        let need = spec.workers_needed() as usize;
+        // Predicted on the workers it would start on, once there are enough of them.
+        let secs = match idle.get(..need) {
+            Some(workers) => *state
+                .predicted
+                .entry(id)
+                .or_insert_with(|| queue::predicted_secs(spec, plan, workers)),
+            None => None,
+        };
+        queued.push(queue::Queued { id, need, secs });
+    }
+    let running: Vec<queue::Started> = state
+        .running
+        .iter()
+        .map(|(id, (_, need))| queue::Started {
+            need: *need,
+            left: state.left.get(id).copied(),
+        })
+        .collect();
+    let free = idle.len().saturating_sub(reserved);
+    for id in queue::admit(&queued, free, streaming, &running) {
+        let Some(job) = queued.iter().find(|q| q.id == id) else {
+            continue;
+        };
+        state.queue.retain(|q| *q != id);
+        state.predicted.remove(&id);
+        if let Some(secs) = job.secs {
+            state.left.insert(id, secs);
+        }
+        start(myself, state, &runner, id, job.need).await;
     }
 }
 

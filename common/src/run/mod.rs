@@ -18,11 +18,13 @@
 //! - [`straggler`]: which worker is slow, and the split that moves layers off it.
 //! - [`drift`]: when steps run over the plan's prediction long enough to re-plan.
 //! - [`pressure`]: the fastest plan that fits the workers' memory.
+//! - [`queue`]: which queued jobs start (in order, with backfill).
 
 pub mod checkpoints;
 pub mod drift;
 pub mod id;
 pub mod pressure;
+pub mod queue;
 pub mod reports;
 pub mod respec;
 pub mod straggler;

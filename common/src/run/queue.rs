@@ -1,0 +1,226 @@
+//! Which queued jobs start: in queue order, each on all of its workers or none, with EASY
+//! backfill (Slurm's and Maui's rule). The first job that cannot start gets a reservation:
+//! the time the running jobs, ending as predicted, free enough workers for it. A later job
+//! starts before it only when it fits the idle workers and either is predicted to end by
+//! then or leaves enough of the workers free at that time to the first: it cannot delay
+//! the first job by more than the predictions miss.
+
+use super::pressure::in_use_ranges;
+use super::supervisor::shown;
+use super::worker::Worker;
+use crate::calibration::CostModel;
+use crate::job::{JobPlan, JobSpec};
+
+/// A job's predicted run time in seconds on `workers` (by index; `d × R` of them), before
+/// any step of it ran: its steps times the step its plan is predicted to take on the
+/// workers' start-up profiles (the supervisor's first prediction).
+pub fn predicted_secs(spec: &JobSpec, plan: &JobPlan, workers: &[Worker]) -> Option<f64> {
+    let (_, ranges) = in_use_ranges(spec, plan, &[])?;
+    let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
+    let mut costs = CostModel::new(spec.model, mbs);
+    let step_ms = shown(spec, plan, &ranges, workers, &mut costs).step_ms;
+    let secs = f64::from(spec.training.steps) * step_ms / 1e3;
+    (secs.is_finite() && secs > 0.0).then_some(secs)
+}
+
+/// A queued job as the rule sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Queued {
+    /// The job's id.
+    pub id: u64,
+    /// Workers it needs (`d × R`).
+    pub need: usize,
+    /// Its predicted run time in seconds (`None`: not known; it never backfills).
+    pub secs: Option<f64>,
+}
+
+/// A started job as the rule sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Started {
+    /// Workers it frees when it ends.
+    pub need: usize,
+    /// Its predicted seconds left (`None`: not known; no reservation reaches past it).
+    pub left: Option<f64>,
+}
+
+/// The first waiting job's reservation: when enough workers are predicted free for it, and
+/// how many more than it needs are free then.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Shadow {
+    time: f64,
+    extra: usize,
+}
+
+/// When the running jobs, ending as predicted, leave `need` workers free beside `idle`;
+/// `None` if a job whose end is not known comes first or they never do.
+fn shadow(need: usize, idle: usize, running: &[Started]) -> Option<Shadow> {
+    let mut ends: Vec<&Started> = running.iter().collect();
+    ends.sort_by(|a, b| match (a.left, b.left) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    let mut free = idle;
+    for job in ends {
+        free += job.need;
+        if free >= need {
+            let time = job.left?;
+            return Some(Shadow {
+                time,
+                extra: free - need,
+            });
+        }
+    }
+    None
+}
+
+/// The ids of the jobs of `queue` (in queue order) that start now, on `idle` of the
+/// `streaming` workers, beside the `running` jobs. A job needing more workers than stream
+/// at all waits for workers to join rather than for jobs to end and holds nothing up; with
+/// nothing running the head of the queue starts and waits for its workers inside.
+pub fn admit(queue: &[Queued], idle: usize, streaming: usize, running: &[Started]) -> Vec<u64> {
+    let mut running = running.to_vec();
+    let mut idle = idle;
+    let mut started = Vec::new();
+    let mut reserved: Option<Option<Shadow>> = None;
+    for (i, job) in queue.iter().enumerate() {
+        if job.need > streaming && !(i == 0 && running.is_empty()) {
+            continue;
+        }
+        let fits = job.need <= idle || (i == 0 && running.is_empty());
+        let admitted = match (reserved, fits) {
+            (_, false) => false,
+            (None, true) => true,
+            (Some(None), true) => false,
+            (Some(Some(s)), true) => match job.secs {
+                Some(secs) if secs <= s.time => true,
+                Some(_) if job.need <= s.extra => {
+                    reserved = Some(Some(Shadow {
+                        extra: s.extra - job.need,
+                        ..s
+                    }));
+                    true
+                }
+                _ => false,
+            },
+        };
+        if admitted {
+            idle = idle.saturating_sub(job.need);
+            started.push(job.id);
+            running.push(Started {
+                need: job.need,
+                left: job.secs,
+            });
+        } else if reserved.is_none() {
+            reserved = Some(shadow(job.need, idle, &running));
+        }
+    }
+    started
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(id: u64, need: usize, secs: f64) -> Queued {
+        Queued {
+            id,
+            need,
+            secs: Some(secs),
+        }
+    }
+
+    fn started(need: usize, left: f64) -> Started {
+        Started {
+            need,
+            left: Some(left),
+        }
+    }
+
+    /// In queue order while the idle workers last; nothing running: the head starts even
+    /// when the cluster lacks its workers yet.
+    #[test]
+    fn jobs_start_in_order_while_workers_are_idle() {
+        let queue = [queued(1, 4, 10.0), queued(2, 4, 10.0), queued(3, 4, 10.0)];
+        assert_eq!(admit(&queue, 8, 8, &[]), [1, 2]);
+        assert_eq!(admit(&[queued(1, 8, 10.0)], 2, 8, &[]), [1]);
+        assert_eq!(admit(&[queued(1, 12, 10.0)], 2, 8, &[]), [1]);
+    }
+
+    /// Job 1 needs all 8 workers; job A runs on 4 for another 100 s, 4 are idle. A 2-worker
+    /// job predicted to take 60 s starts (it ends before A frees the workers); one of 200 s
+    /// does not (it would hold 2 of the 8 past that time), nor one whose time is unknown.
+    #[test]
+    fn a_job_behind_a_waiting_one_starts_only_when_it_cannot_delay_it() {
+        let running = [started(4, 100.0)];
+        let head = queued(1, 8, 50.0);
+        assert_eq!(admit(&[head, queued(2, 2, 60.0)], 4, 8, &running), [2]);
+        assert!(admit(&[head, queued(2, 2, 200.0)], 4, 8, &running).is_empty());
+        let unknown = Queued {
+            id: 2,
+            need: 2,
+            secs: None,
+        };
+        assert!(admit(&[head, unknown], 4, 8, &running).is_empty());
+        // Jobs behind wait for nothing else: two short ones both start.
+        let two = [head, queued(2, 2, 60.0), queued(3, 2, 90.0)];
+        assert_eq!(admit(&two, 4, 8, &running), [2, 3]);
+    }
+
+    /// The first waiting job needs 6 of 8 workers, A (4 workers) frees its own in 100 s:
+    /// then 8 are free, 2 more than it needs, so a long 2-worker job may run past that time
+    /// (the extra workers), and a second long one may not (the extra are taken).
+    #[test]
+    fn a_long_job_may_take_the_workers_the_first_does_not_need() {
+        let running = [started(4, 100.0)];
+        let queue = [queued(1, 6, 50.0), queued(2, 2, 500.0), queued(3, 2, 500.0)];
+        assert_eq!(admit(&queue, 4, 8, &running), [2]);
+    }
+
+    /// A running job whose end is not known before enough workers are free: no reservation,
+    /// so nothing overtakes (the rule from before run-time predictions).
+    #[test]
+    fn without_a_known_end_nothing_overtakes() {
+        let running = [
+            Started {
+                need: 4,
+                left: None,
+            },
+            started(2, 10.0),
+        ];
+        let queue = [queued(1, 8, 50.0), queued(2, 2, 1.0)];
+        assert!(admit(&queue, 2, 8, &running).is_empty());
+    }
+
+    /// A job's prediction before it runs: its steps times its first step's prediction, so
+    /// twice the steps take twice as long.
+    #[test]
+    fn a_jobs_time_is_its_steps_times_its_first_prediction() {
+        let workers: Vec<Worker> = (0..2)
+            .map(|i| Worker {
+                id: format!("w{i}"),
+                flops_per_second: 10_000_000_000,
+                ..Worker::default()
+            })
+            .collect();
+        let mut spec = crate::job::example(2, "1f1b");
+        let plan = spec.validate().expect("plan");
+        let short = predicted_secs(&spec, &plan, &workers).expect("predicted");
+        spec.training.steps *= 2;
+        let long = predicted_secs(&spec, &plan, &workers).expect("predicted");
+        assert!(
+            short > 0.0 && (long / short - 2.0).abs() < 1e-9,
+            "{short} {long}"
+        );
+    }
+
+    /// A job needing more workers than stream waits for workers to join, not for jobs to
+    /// end: the jobs behind it start as if it were not there.
+    #[test]
+    fn a_job_larger_than_the_cluster_holds_nothing_up() {
+        let running = [started(4, 100.0)];
+        let queue = [queued(1, 10, 50.0), queued(2, 4, 500.0)];
+        assert_eq!(admit(&queue, 4, 8, &running), [2]);
+    }
+}
