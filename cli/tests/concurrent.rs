@@ -107,9 +107,22 @@ fn jobs_run_side_by_side_on_disjoint_workers() {
         state_f, "running",
         "f ended before the job behind: {line_f}"
     );
-    for id in [id_d, id_long] {
+    // Each says what it waits for.
+    let waits = [
+        (
+            id_d,
+            "waiting for 8 idle workers (predicted free in about ".to_string(),
+        ),
+        (
+            id_long,
+            format!("waiting for job {id_d} to start: this job, predicted "),
+        ),
+    ];
+    for (id, says) in waits {
         let (state, _, line) = status(&cluster, id);
         assert_eq!(state, "queued", "{line}");
+        assert!(line.contains(&says), "{line}");
+        eprintln!("{line}");
     }
     cancel(&cluster, id_long);
     cancel(&cluster, id_f);

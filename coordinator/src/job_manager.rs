@@ -609,12 +609,22 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         })
         .collect();
     let free = idle.len().saturating_sub(reserved);
-    for id in queue::admit(&queued, free, streaming, &running) {
-        let Some(job) = queued.iter().find(|q| q.id == id) else {
+    let verdicts = queue::admit(&queued, free, streaming, &running);
+    for (job, (id, verdict)) in queued.iter().zip(verdicts) {
+        let waiting = verdict.waiting(job.need, job.secs, streaming);
+        if verdict != queue::Verdict::Start {
+            // What a queued job waits for: shown by `status`, not stored (it changes as
+            // the predictions do, and a restart plans the queue again).
+            if let Some(record) = state.records.get_mut(&id) {
+                record.waiting = waiting;
+            }
             continue;
-        };
+        }
         state.queue.retain(|q| *q != id);
         state.predicted.remove(&id);
+        if let Some(record) = state.records.get_mut(&id) {
+            record.waiting.clear();
+        }
         if let Some(secs) = job.secs {
             state.left.insert(id, secs);
         }

@@ -75,48 +75,114 @@ fn shadow(need: usize, idle: usize, running: &[Started]) -> Option<Shadow> {
     None
 }
 
-/// The ids of the jobs of `queue` (in queue order) that start now, on `idle` of the
-/// `streaming` workers, beside the `running` jobs. A job needing more workers than stream
-/// at all waits for workers to join rather than for jobs to end and holds nothing up; with
-/// nothing running the head of the queue starts and waits for its workers inside.
-pub fn admit(queue: &[Queued], idle: usize, streaming: usize, running: &[Started]) -> Vec<u64> {
+/// What a queued job does now ([`admit`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// It starts.
+    Start,
+    /// The first job that cannot start: it waits for workers, which the running jobs are
+    /// predicted to free in `free_in` seconds (`None`: not known).
+    Workers {
+        /// Predicted seconds until enough workers are free.
+        free_in: Option<f64>,
+    },
+    /// Behind job `first`, the first that cannot start, which it could delay.
+    Behind {
+        /// The first job's id.
+        first: u64,
+        /// Predicted seconds until the first job can start (`None`: not known).
+        free_in: Option<f64>,
+    },
+    /// It needs more workers than the cluster streams: it waits for workers to join.
+    Joining,
+}
+
+impl Verdict {
+    /// What a job waits for, in words (empty when it starts), for a job that needs `need`
+    /// workers and is predicted to take `secs`.
+    pub fn waiting(&self, need: usize, secs: Option<f64>, streaming: usize) -> String {
+        let about = |t: Option<f64>| match t {
+            Some(t) => format!("in about {t:.0} s"),
+            None => "when running jobs end".to_string(),
+        };
+        match *self {
+            Verdict::Start => String::new(),
+            Verdict::Workers { free_in } => {
+                format!("{need} idle workers (predicted free {})", about(free_in))
+            }
+            Verdict::Behind { first, free_in } => {
+                let long = secs.map_or(String::new(), |t| format!(", predicted {t:.0} s,"));
+                format!(
+                    "job {first} to start: this job{long} would hold workers it needs (it \
+                     can start {})",
+                    about(free_in)
+                )
+            }
+            Verdict::Joining => {
+                format!("workers to join: {need} needed, {streaming} in the cluster")
+            }
+        }
+    }
+}
+
+/// What every job of `queue` (in queue order) does now, on `idle` of the `streaming`
+/// workers, beside the `running` jobs. A job needing more workers than stream at all waits
+/// for workers to join rather than for jobs to end and holds nothing up; with nothing
+/// running the head of the queue starts and waits for its workers inside.
+pub fn admit(
+    queue: &[Queued],
+    idle: usize,
+    streaming: usize,
+    running: &[Started],
+) -> Vec<(u64, Verdict)> {
     let mut running = running.to_vec();
     let mut idle = idle;
-    let mut started = Vec::new();
-    let mut reserved: Option<Option<Shadow>> = None;
+    let mut verdicts = Vec::with_capacity(queue.len());
+    // The first job that cannot start, and its reservation.
+    let mut reserved: Option<(u64, Option<Shadow>)> = None;
     for (i, job) in queue.iter().enumerate() {
-        if job.need > streaming && !(i == 0 && running.is_empty()) {
+        let head = i == 0 && running.is_empty();
+        if job.need > streaming && !head {
+            verdicts.push((job.id, Verdict::Joining));
             continue;
         }
-        let fits = job.need <= idle || (i == 0 && running.is_empty());
-        let admitted = match (reserved, fits) {
-            (_, false) => false,
-            (None, true) => true,
-            (Some(None), true) => false,
-            (Some(Some(s)), true) => match job.secs {
+        let fits = job.need <= idle || head;
+        let admitted = match reserved {
+            _ if !fits => false,
+            None => true,
+            Some((_, None)) => false,
+            Some((first, Some(s))) => match job.secs {
                 Some(secs) if secs <= s.time => true,
                 Some(_) if job.need <= s.extra => {
-                    reserved = Some(Some(Shadow {
-                        extra: s.extra - job.need,
-                        ..s
-                    }));
+                    let extra = s.extra - job.need;
+                    reserved = Some((first, Some(Shadow { extra, ..s })));
                     true
                 }
                 _ => false,
             },
         };
-        if admitted {
+        let verdict = if admitted {
             idle = idle.saturating_sub(job.need);
-            started.push(job.id);
             running.push(Started {
                 need: job.need,
                 left: job.secs,
             });
-        } else if reserved.is_none() {
-            reserved = Some(shadow(job.need, idle, &running));
-        }
+            Verdict::Start
+        } else if let Some((first, s)) = reserved {
+            Verdict::Behind {
+                first,
+                free_in: s.map(|s| s.time),
+            }
+        } else {
+            let s = shadow(job.need, idle, &running);
+            reserved = Some((job.id, s));
+            Verdict::Workers {
+                free_in: s.map(|s| s.time),
+            }
+        };
+        verdicts.push((job.id, verdict));
     }
-    started
+    verdicts
 }
 
 #[cfg(test)]
@@ -131,6 +197,15 @@ mod tests {
         }
     }
 
+    /// The ids of the jobs [`admit`] starts.
+    fn starts(queue: &[Queued], idle: usize, streaming: usize, running: &[Started]) -> Vec<u64> {
+        admit(queue, idle, streaming, running)
+            .into_iter()
+            .filter(|(_, v)| *v == Verdict::Start)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     fn started(need: usize, left: f64) -> Started {
         Started {
             need,
@@ -143,9 +218,9 @@ mod tests {
     #[test]
     fn jobs_start_in_order_while_workers_are_idle() {
         let queue = [queued(1, 4, 10.0), queued(2, 4, 10.0), queued(3, 4, 10.0)];
-        assert_eq!(admit(&queue, 8, 8, &[]), [1, 2]);
-        assert_eq!(admit(&[queued(1, 8, 10.0)], 2, 8, &[]), [1]);
-        assert_eq!(admit(&[queued(1, 12, 10.0)], 2, 8, &[]), [1]);
+        assert_eq!(starts(&queue, 8, 8, &[]), [1, 2]);
+        assert_eq!(starts(&[queued(1, 8, 10.0)], 2, 8, &[]), [1]);
+        assert_eq!(starts(&[queued(1, 12, 10.0)], 2, 8, &[]), [1]);
     }
 
     /// Job 1 needs all 8 workers; job A runs on 4 for another 100 s, 4 are idle. A 2-worker
@@ -155,17 +230,17 @@ mod tests {
     fn a_job_behind_a_waiting_one_starts_only_when_it_cannot_delay_it() {
         let running = [started(4, 100.0)];
         let head = queued(1, 8, 50.0);
-        assert_eq!(admit(&[head, queued(2, 2, 60.0)], 4, 8, &running), [2]);
-        assert!(admit(&[head, queued(2, 2, 200.0)], 4, 8, &running).is_empty());
+        assert_eq!(starts(&[head, queued(2, 2, 60.0)], 4, 8, &running), [2]);
+        assert!(starts(&[head, queued(2, 2, 200.0)], 4, 8, &running).is_empty());
         let unknown = Queued {
             id: 2,
             need: 2,
             secs: None,
         };
-        assert!(admit(&[head, unknown], 4, 8, &running).is_empty());
+        assert!(starts(&[head, unknown], 4, 8, &running).is_empty());
         // Jobs behind wait for nothing else: two short ones both start.
         let two = [head, queued(2, 2, 60.0), queued(3, 2, 90.0)];
-        assert_eq!(admit(&two, 4, 8, &running), [2, 3]);
+        assert_eq!(starts(&two, 4, 8, &running), [2, 3]);
     }
 
     /// The first waiting job needs 6 of 8 workers, A (4 workers) frees its own in 100 s:
@@ -175,7 +250,7 @@ mod tests {
     fn a_long_job_may_take_the_workers_the_first_does_not_need() {
         let running = [started(4, 100.0)];
         let queue = [queued(1, 6, 50.0), queued(2, 2, 500.0), queued(3, 2, 500.0)];
-        assert_eq!(admit(&queue, 4, 8, &running), [2]);
+        assert_eq!(starts(&queue, 4, 8, &running), [2]);
     }
 
     /// A running job whose end is not known before enough workers are free: no reservation,
@@ -190,7 +265,7 @@ mod tests {
             started(2, 10.0),
         ];
         let queue = [queued(1, 8, 50.0), queued(2, 2, 1.0)];
-        assert!(admit(&queue, 2, 8, &running).is_empty());
+        assert!(starts(&queue, 2, 8, &running).is_empty());
     }
 
     /// A job's prediction before it runs: its steps times its first step's prediction, so
@@ -215,12 +290,56 @@ mod tests {
         );
     }
 
+    /// What each job waits for: the first for workers (free when A ends, in 100 s), the
+    /// long one behind it for that job, the too-large one for workers to join.
+    #[test]
+    fn every_waiting_job_says_what_it_waits_for() {
+        let running = [started(4, 100.0)];
+        let queue = [
+            queued(1, 8, 50.0),
+            queued(2, 2, 500.0),
+            queued(3, 12, 5.0),
+            queued(4, 2, 60.0),
+        ];
+        let verdicts = admit(&queue, 4, 8, &running);
+        let first = Verdict::Workers {
+            free_in: Some(100.0),
+        };
+        let behind = Verdict::Behind {
+            first: 1,
+            free_in: Some(100.0),
+        };
+        assert_eq!(
+            verdicts,
+            [
+                (1, first),
+                (2, behind),
+                (3, Verdict::Joining),
+                (4, Verdict::Start)
+            ]
+        );
+        assert_eq!(
+            first.waiting(8, Some(50.0), 8),
+            "8 idle workers (predicted free in about 100 s)"
+        );
+        assert_eq!(
+            behind.waiting(2, Some(500.0), 8),
+            "job 1 to start: this job, predicted 500 s, would hold workers it needs (it can \
+             start in about 100 s)"
+        );
+        assert_eq!(
+            Verdict::Joining.waiting(12, None, 8),
+            "workers to join: 12 needed, 8 in the cluster"
+        );
+        assert_eq!(Verdict::Start.waiting(2, None, 8), "");
+    }
+
     /// A job needing more workers than stream waits for workers to join, not for jobs to
     /// end: the jobs behind it start as if it were not there.
     #[test]
     fn a_job_larger_than_the_cluster_holds_nothing_up() {
         let running = [started(4, 100.0)];
         let queue = [queued(1, 10, 50.0), queued(2, 4, 500.0)];
-        assert_eq!(admit(&queue, 4, 8, &running), [2]);
+        assert_eq!(starts(&queue, 4, 8, &running), [2]);
     }
 }
