@@ -2,10 +2,10 @@
 //! durable store, starts them, and fans step events out to watchers. On a cluster, jobs run
 //! side by side on disjoint workers (each claims its own, [`crate::membership`]), started
 //! in queue order, all of a job's workers or none, with EASY backfill on predicted run
-//! times ([`start_next`], [`queue::admit`]); an in-process runner runs one job at a time. A job gets its id and its place
-//! in the queue when its plan is ready, and
-//! plans run side by side ([`crate::planner`]), so a job with a quick plan can overtake one
-//! submitted before it with a slow plan. After a restart of the coordinator, the jobs it had
+//! times ([`start_next`], [`queue::admit`]); an in-process runner runs one job at a time.
+//! A job gets its id and its place in the queue when its plan is ready, and plans run side
+//! by side ([`crate::planner`]), so a job with a quick plan can overtake one submitted
+//! before it with a slow plan. After a restart of the coordinator, the jobs it had
 //! queued or running are planned again from their stored specs and queued in id order; a
 //! running one resumes from its last complete checkpoint ([`Start`]).
 
@@ -580,10 +580,10 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         .map(|(_, (_, need))| need)
         .sum();
     // Jobs resumed after a restart run in id order: none after the first still planning.
-    let waiting = state.replanning.first().copied();
+    let planning = state.replanning.first().copied();
     let mut queued: Vec<queue::Queued> = Vec::new();
     for &id in &state.queue {
-        if waiting.is_some_and(|first| first < id) {
+        if planning.is_some_and(|first| first < id) {
             break;
         }
         let Some((spec, plan)) = state.plans.get(&id) else {
