@@ -106,6 +106,8 @@ pub struct JobManagerState {
     left: HashMap<u64, f64>,
     /// Queued jobs' predicted run times ([`queue::predicted_secs`], once per job).
     predicted: HashMap<u64, Option<f64>>,
+    /// How far the started jobs' steps ran from their first predictions.
+    misses: queue::Misses,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
     history: BTreeMap<u64, VecDeque<StepEventData>>,
@@ -167,6 +169,7 @@ impl Actor for JobManager {
             holding: std::collections::BTreeSet::new(),
             left: HashMap::new(),
             predicted: HashMap::new(),
+            misses: queue::Misses::default(),
             watchers: HashMap::new(),
             traces: TraceStore::default(),
             history: BTreeMap::new(),
@@ -387,6 +390,8 @@ impl Actor for JobManager {
                     };
                     let steps_left = record.steps.saturating_sub(event.step) as f64;
                     state.left.insert(event.job, steps_left * step_ms / 1e3);
+                    let secs = event.step_time_ms / 1e3;
+                    state.misses.step(event.job, event.step, secs);
                     record.step = event.step;
                     record.last_loss = Some(event.loss);
                     let checkpoint = record.last_checkpoint.clone();
@@ -598,6 +603,7 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
                 .or_insert_with(|| queue::predicted_secs(spec, plan, workers)),
             None => None,
         };
+        let secs = secs.map(|s| s * state.misses.factor());
         queued.push(queue::Queued { id, need, secs });
     }
     let running: Vec<queue::Started> = state
@@ -621,9 +627,14 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
             continue;
         }
         state.queue.retain(|q| *q != id);
-        state.predicted.remove(&id);
+        let first = state.predicted.remove(&id).flatten();
+        let mut steps = 0;
         if let Some(record) = state.records.get_mut(&id) {
             record.waiting.clear();
+            steps = record.steps;
+        }
+        if let Some(secs) = first {
+            state.misses.started(id, secs / steps.max(1) as f64);
         }
         if let Some(secs) = job.secs {
             state.left.insert(id, secs);

@@ -23,6 +23,57 @@ pub fn predicted_secs(spec: &JobSpec, plan: &JobPlan, workers: &[Worker]) -> Opt
     (secs.is_finite() && secs > 0.0).then_some(secs)
 }
 
+/// Jobs whose prediction misses are remembered ([`Misses`]).
+const MISSES_KEPT: usize = 16;
+
+/// How much longer than first predicted the jobs' steps ran. A job's first prediction
+/// stands on its workers' start-up profiles alone and knows nothing of the hops and the
+/// end-of-step sync (a small model runs many times slower than it); per job the mean of
+/// its measured steps over that prediction is kept, and a queued job's prediction is
+/// scaled by the largest of the latest jobs' (at least 1) before the backfill rule reads
+/// it, so a job is let past the first waiting one only as far as the cluster's own
+/// predictions have held.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Misses {
+    /// Job → its first predicted step (seconds), and the sum and count of its measured
+    /// steps over it.
+    jobs: std::collections::BTreeMap<u64, (f64, f64, u32)>,
+}
+
+impl Misses {
+    /// Job `job` starts, its step predicted to take `step_secs`.
+    pub fn started(&mut self, job: u64, step_secs: f64) {
+        if step_secs.is_finite() && step_secs > 0.0 {
+            self.jobs.insert(job, (step_secs, 0.0, 0));
+            while self.jobs.len() > MISSES_KEPT {
+                self.jobs.pop_first();
+            }
+        }
+    }
+
+    /// Step `step` (1-based) of job `job` took `secs`; a run's first step, which warms up,
+    /// is left out.
+    pub fn step(&mut self, job: u64, step: u64, secs: f64) {
+        if let Some((first, sum, n)) = self.jobs.get_mut(&job)
+            && step > 1
+            && secs.is_finite()
+            && secs > 0.0
+        {
+            *sum += secs / *first;
+            *n += 1;
+        }
+    }
+
+    /// The factor a queued job's prediction is scaled by: the largest mean miss, at least 1.
+    pub fn factor(&self) -> f64 {
+        self.jobs
+            .values()
+            .filter(|(_, _, n)| *n > 0)
+            .map(|(_, sum, n)| sum / f64::from(*n))
+            .fold(1.0, f64::max)
+    }
+}
+
 /// A queued job as the rule sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Queued {
@@ -332,6 +383,28 @@ mod tests {
             "workers to join: 12 needed, 8 in the cluster"
         );
         assert_eq!(Verdict::Start.waiting(2, None, 8), "");
+    }
+
+    /// A job whose steps ran 3× its first prediction (its first step left out) scales
+    /// the queue's predictions by 3; one that ran faster than predicted does not shrink
+    /// them; forgotten jobs no longer count.
+    #[test]
+    fn queued_predictions_are_scaled_by_the_largest_miss() {
+        let mut misses = Misses::default();
+        assert_eq!(misses.factor(), 1.0);
+        misses.started(1, 0.01);
+        misses.step(1, 1, 1.0);
+        assert_eq!(misses.factor(), 1.0);
+        misses.step(1, 2, 0.02);
+        misses.step(1, 3, 0.04);
+        assert!((misses.factor() - 3.0).abs() < 1e-9, "{}", misses.factor());
+        misses.started(2, 0.01);
+        misses.step(2, 2, 0.005);
+        assert!((misses.factor() - 3.0).abs() < 1e-9);
+        for job in 3..3 + MISSES_KEPT as u64 {
+            misses.started(job, 0.01);
+        }
+        assert_eq!(misses.factor(), 1.0);
     }
 
     /// A job needing more workers than stream waits for workers to join, not for jobs to
