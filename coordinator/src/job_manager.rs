@@ -603,7 +603,7 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
                 .or_insert_with(|| queue::predicted_secs(spec, plan, workers)),
             None => None,
         };
-        let secs = secs.map(|s| s * state.misses.factor());
+        let secs = secs.map(|s| s * state.misses.factor(&queue::shape(spec)));
         queued.push(queue::Queued { id, need, secs });
     }
     let running: Vec<queue::Started> = state
@@ -633,8 +633,11 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
             record.waiting.clear();
             steps = record.steps;
         }
-        if let Some(secs) = first {
-            state.misses.started(id, secs / steps.max(1) as f64);
+        if let Some(secs) = first
+            && let Some((spec, _)) = state.plans.get(&id)
+        {
+            let shape = queue::shape(spec);
+            state.misses.started(id, shape, secs / steps.max(1) as f64);
         }
         if let Some(secs) = job.secs {
             state.left.insert(id, secs);

@@ -29,22 +29,36 @@ const MISSES_KEPT: usize = 16;
 /// How much longer than first predicted the jobs' steps ran. A job's first prediction
 /// stands on its workers' start-up profiles alone and knows nothing of the hops and the
 /// end-of-step sync (a small model runs many times slower than it); per job the mean of
-/// its measured steps over that prediction is kept, and a queued job's prediction is
-/// scaled by the largest of the latest jobs' (at least 1) before the backfill rule reads
-/// it, so a job is let past the first waiting one only as far as the cluster's own
+/// its measured steps over that prediction is kept, with the job's shape ([`shape`]). A
+/// queued job's prediction is scaled by the largest miss of the latest jobs of its shape,
+/// or of all of them when none had its shape (at least 1), before the backfill rule reads
+/// it: a job is let past the first waiting one only as far as the cluster's own
 /// predictions have held.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Misses {
-    /// Job → its first predicted step (seconds), and the sum and count of its measured
-    /// steps over it.
-    jobs: std::collections::BTreeMap<u64, (f64, f64, u32)>,
+    /// Job → its shape, its first predicted step (seconds), and the sum and count of its
+    /// measured steps over it.
+    jobs: std::collections::BTreeMap<u64, (String, f64, f64, u32)>,
+}
+
+/// What a prediction's miss depends on: the model, the microbatch size, the degree and
+/// the replicas (how much of a step is compute, and how much hops and sync).
+pub fn shape(spec: &JobSpec) -> String {
+    let p = &spec.parallelism;
+    format!(
+        "{:?} b{} d{} r{}",
+        spec.model,
+        p.pipeline_parallel_microbatch_size,
+        p.pipeline_parallel_degree,
+        spec.replicas()
+    )
 }
 
 impl Misses {
-    /// Job `job` starts, its step predicted to take `step_secs`.
-    pub fn started(&mut self, job: u64, step_secs: f64) {
+    /// Job `job` of `shape` starts, its step predicted to take `step_secs`.
+    pub fn started(&mut self, job: u64, shape: String, step_secs: f64) {
         if step_secs.is_finite() && step_secs > 0.0 {
-            self.jobs.insert(job, (step_secs, 0.0, 0));
+            self.jobs.insert(job, (shape, step_secs, 0.0, 0));
             while self.jobs.len() > MISSES_KEPT {
                 self.jobs.pop_first();
             }
@@ -54,7 +68,7 @@ impl Misses {
     /// Step `step` (1-based) of job `job` took `secs`; a run's first step, which warms up,
     /// is left out.
     pub fn step(&mut self, job: u64, step: u64, secs: f64) {
-        if let Some((first, sum, n)) = self.jobs.get_mut(&job)
+        if let Some((_, first, sum, n)) = self.jobs.get_mut(&job)
             && step > 1
             && secs.is_finite()
             && secs > 0.0
@@ -64,12 +78,13 @@ impl Misses {
         }
     }
 
-    /// The factor a queued job's prediction is scaled by: the largest mean miss, at least 1.
-    pub fn factor(&self) -> f64 {
-        self.jobs
-            .values()
-            .filter(|(_, _, n)| *n > 0)
-            .map(|(_, sum, n)| sum / f64::from(*n))
+    /// The factor a queued job of `shape`'s prediction is scaled by (see [`Misses`]).
+    pub fn factor(&self, shape: &str) -> f64 {
+        let measured = || self.jobs.values().filter(|(_, _, _, n)| *n > 0);
+        let same = measured().any(|(s, ..)| s == shape);
+        measured()
+            .filter(|(s, ..)| !same || s == shape)
+            .map(|(_, _, sum, n)| sum / f64::from(*n))
             .fold(1.0, f64::max)
     }
 }
@@ -386,25 +401,48 @@ mod tests {
     }
 
     /// A job whose steps ran 3× its first prediction (its first step left out) scales
-    /// the queue's predictions by 3; one that ran faster than predicted does not shrink
-    /// them; forgotten jobs no longer count.
+    /// the predictions of its shape by 3; one that ran faster does not shrink them; a
+    /// shape no job had takes the largest miss of all; forgotten jobs no longer count.
     #[test]
-    fn queued_predictions_are_scaled_by_the_largest_miss() {
+    fn queued_predictions_are_scaled_by_the_largest_miss_of_their_shape() {
+        let (small, large, other) = ("small", "large", "other");
         let mut misses = Misses::default();
-        assert_eq!(misses.factor(), 1.0);
-        misses.started(1, 0.01);
+        assert_eq!(misses.factor(small), 1.0);
+        misses.started(1, small.into(), 0.01);
         misses.step(1, 1, 1.0);
-        assert_eq!(misses.factor(), 1.0);
+        assert_eq!(misses.factor(small), 1.0);
         misses.step(1, 2, 0.02);
         misses.step(1, 3, 0.04);
-        assert!((misses.factor() - 3.0).abs() < 1e-9, "{}", misses.factor());
-        misses.started(2, 0.01);
+        assert!((misses.factor(small) - 3.0).abs() < 1e-9);
+        misses.started(2, small.into(), 0.01);
         misses.step(2, 2, 0.005);
-        assert!((misses.factor() - 3.0).abs() < 1e-9);
-        for job in 3..3 + MISSES_KEPT as u64 {
-            misses.started(job, 0.01);
+        misses.started(3, large.into(), 0.1);
+        misses.step(3, 2, 0.15);
+        assert!((misses.factor(small) - 3.0).abs() < 1e-9);
+        assert!((misses.factor(large) - 1.5).abs() < 1e-9);
+        assert!((misses.factor(other) - 3.0).abs() < 1e-9);
+        for job in 4..4 + MISSES_KEPT as u64 {
+            misses.started(job, small.into(), 0.01);
         }
-        assert_eq!(misses.factor(), 1.0);
+        assert_eq!(misses.factor(small), 1.0);
+    }
+
+    /// Jobs differing in model, microbatch size, degree or replicas have other shapes.
+    #[test]
+    fn a_shape_names_what_a_miss_depends_on() {
+        let spec = crate::job::example(2, "1f1b");
+        let mut wider = spec.clone();
+        wider.model.hidden *= 2;
+        let mut deeper = spec.clone();
+        deeper.parallelism.pipeline_parallel_degree = 4;
+        let mut replicated = spec.clone();
+        replicated.parallelism.data_parallel_replicate_degree = 2;
+        let mut longer = spec.clone();
+        longer.training.steps *= 2;
+        assert_eq!(shape(&spec), shape(&longer));
+        for other in [wider, deeper, replicated] {
+            assert_ne!(shape(&spec), shape(&other));
+        }
     }
 
     /// A job needing more workers than stream waits for workers to join, not for jobs to
