@@ -606,12 +606,14 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         let secs = secs.map(|s| s * state.misses.factor(&queue::shape(spec)));
         queued.push(queue::Queued { id, need, secs });
     }
+    // A running job that waits for workers (after a loss) has no end to predict.
+    let stalled = |id: &u64| state.records.get(id).is_some_and(|r| !r.waiting.is_empty());
     let running: Vec<queue::Started> = state
         .running
         .iter()
         .map(|(id, (_, need))| queue::Started {
             need: *need,
-            left: state.left.get(id).copied(),
+            left: state.left.get(id).copied().filter(|_| !stalled(id)),
         })
         .collect();
     let free = idle.len().saturating_sub(reserved);
