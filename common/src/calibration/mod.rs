@@ -510,6 +510,11 @@ impl CostModel {
     /// Every one of `workers`' speed factor: fitted where the fit has one, else the prior.
     fn worker_factors(&mut self, workers: &[Worker]) -> Vec<f64> {
         let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
+        self.factors_at(&index)
+    }
+
+    /// [`CostModel::worker_factors`] of the workers at `index` (their sample indices).
+    fn factors_at(&self, index: &[usize]) -> Vec<f64> {
         let prior = self.prior_factors();
         let fitted = self.fitted.as_ref().map(|f| &f.1);
         index
@@ -543,7 +548,7 @@ impl CostModel {
         // With replicas every rank runs at its slowest replica's: the step's sums wait for
         // the last contribution.
         let index: Vec<usize> = workers.iter().map(|w| self.index(w)).collect();
-        let factors = self.worker_factors(workers);
+        let factors = self.factors_at(&index);
         let c = self.fitted.as_ref().map_or_else(|| self.prior(), |f| f.0);
         let fused = fused_stages(schedule, ranges.len());
         let stages = ranges

@@ -8,7 +8,8 @@
 //! - [`torchtitan_counts`]: torchtitan's first / last stage less layers and layers per stage;
 //! - [`balance`]: the auto-planner's split for piece compute times and parameter counts;
 //! - [`split_for_speeds`]: moving layers off a straggler, for measured worker speeds
-//!   ([`fitting_split_for_speeds`]: as far towards it as the workers' memory allows);
+//!   ([`fitting_split_for_speeds`]: as far towards it as the workers' memory allows;
+//!   [`split_for_speeds_within`]: the one or, where it does not fit, the other);
 //! - [`by_counts`]: ranges from pieces per stage (what the other splits and the wire carry);
 //! - [`summary`]: the short text form of a split.
 //!
@@ -27,7 +28,9 @@ use std::ops::Range;
 
 pub use balanced::balance;
 pub use placed::{SEARCH_NODES, balance_placed};
-pub use speeds::{fitting_split_for_speeds, largest_worker_time, split_for_speeds};
+pub use speeds::{
+    fitting_split_for_speeds, largest_worker_time, split_for_speeds, split_for_speeds_within,
+};
 pub use text::summary;
 pub use torchtitan::torchtitan_counts;
 

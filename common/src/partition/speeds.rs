@@ -190,6 +190,24 @@ pub fn fitting_split_for_speeds(
     }
 }
 
+/// Pieces per stage for the workers' `slowness`: [`split_for_speeds`]'s split where it
+/// `fits`, else [`fitting_split_for_speeds`]'s from `start`; and whether the bound held it
+/// short of the balanced split.
+pub fn split_for_speeds_within(
+    piece_costs: &[f64],
+    worker_of: &[u32],
+    slowness: &[f64],
+    start: &[u32],
+    fits: impl Fn(&[u32]) -> bool,
+) -> Result<(Vec<u32>, bool)> {
+    let balanced = split_for_speeds(piece_costs, worker_of, slowness)?;
+    if fits(&balanced) {
+        return Ok((balanced, false));
+    }
+    let counts = fitting_split_for_speeds(piece_costs, worker_of, slowness, start, fits);
+    Ok((counts, true))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

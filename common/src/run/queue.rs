@@ -120,13 +120,9 @@ struct Shadow {
 /// When the running jobs, ending as predicted, leave `need` workers free beside `idle`;
 /// `None` if a job whose end is not known comes first or they never do.
 fn shadow(need: usize, idle: usize, running: &[Started]) -> Option<Shadow> {
+    let end = |job: &Started| job.left.unwrap_or(f64::INFINITY);
     let mut ends: Vec<&Started> = running.iter().collect();
-    ends.sort_by(|a, b| match (a.left, b.left) {
-        (Some(x), Some(y)) => x.total_cmp(&y),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => std::cmp::Ordering::Equal,
-    });
+    ends.sort_by(|a, b| end(a).total_cmp(&end(b)));
     let mut free = idle;
     for job in ends {
         free += job.need;

@@ -3,7 +3,7 @@
 
 use super::worker::{StepReport, Worker};
 use crate::job::{JobPlan, JobSpec};
-use crate::partition::{fitting_split_for_speeds, largest_worker_time, split_for_speeds};
+use crate::partition::{largest_worker_time, split_for_speeds_within};
 
 /// What the runner watches a run's step times with: the cost of every piece
 /// ([`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs)), the stage → worker
@@ -123,12 +123,9 @@ pub fn straggler(
     if !history.iter().all(|h| h[slowest] >= STRAGGLER_RATIO) {
         return None;
     }
-    let mut counts = split_for_speeds(&watch.piece_costs, &watch.worker_of, &slowness).ok()?;
-    let bounded = !fits(&counts);
-    if bounded {
-        let (costs, worker_of) = (&watch.piece_costs, &watch.worker_of);
-        counts = fitting_split_for_speeds(costs, worker_of, &slowness, &watch.counts, fits);
-    }
+    let (costs, worker_of) = (&watch.piece_costs, &watch.worker_of);
+    let (counts, bounded) =
+        split_for_speeds_within(costs, worker_of, &slowness, &watch.counts, fits).ok()?;
     let before = largest_worker_time(
         &watch.piece_costs,
         &watch.worker_of,

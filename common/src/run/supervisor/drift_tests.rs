@@ -133,23 +133,27 @@ fn a_drift_moves_layers_for_the_recalibrated_costs() {
 /// split with fewer pieces on worker 1 than `before`, as a calibration re-plan whose reason
 /// starts with `why`.
 fn assert_moved_off_worker_1(acts: &[Action], after: u64, why: &str, before: &[usize]) {
+    let (cleared, reason, counted, pieces) = replanned(acts);
+    assert_eq!(counted, Reason::Calibration, "{reason}");
+    assert_eq!(cleared, after);
+    assert!(reason.starts_with(why), "{reason}");
+    assert!(pieces[1] < before[1] as u32, "{before:?} → {pieces:?}");
+}
+
+/// A move's re-plan, the actions of its checkpoints read: the step cleared after, the
+/// reason, how it is counted and the new pieces per stage.
+fn replanned(acts: &[Action]) -> (u64, String, Reason, Vec<u32>) {
     let [
         Action::ClearAfter(cleared),
         Action::Warn(reason),
-        Action::Replanned(Reason::Calibration),
+        Action::Replanned(why),
         Action::Attach(_),
         Action::Assign(a),
     ] = acts
     else {
         panic!("{acts:?}");
     };
-    assert_eq!(*cleared, after);
-    assert!(reason.starts_with(why), "{reason}");
-    assert!(
-        a.stage_pieces[1] < before[1] as u32,
-        "{before:?} → {:?}",
-        a.stage_pieces
-    );
+    (*cleared, reason.clone(), *why, a.stage_pieces.clone())
 }
 
 /// Every one of the six steps of [`drifting`] gave a step event and nothing else.
@@ -287,16 +291,6 @@ fn moved_to(
     );
     s.feed(100 * k, done(ws, 0));
     s.feed(100 * k, done(ws, 1));
-    let acts = s.feed(100 * k + 100, saved(&[(k - 1, 2), (k, 2)]));
-    let [
-        Action::ClearAfter(_),
-        Action::Warn(reason),
-        Action::Replanned(why),
-        Action::Attach(_),
-        Action::Assign(a),
-    ] = &acts[..]
-    else {
-        panic!("{acts:?}");
-    };
-    (reason.clone(), *why, a.stage_pieces.clone())
+    let (_, reason, why, pieces) = replanned(&s.feed(100 * k + 100, saved(&[(k - 1, 2), (k, 2)])));
+    (reason, why, pieces)
 }

@@ -210,7 +210,10 @@ impl Supervisor {
         if self.drifted(run, step, times, &reports) {
             return;
         }
-        let tight = tightest(&run.out.workers, &run.out.others);
+        // Each rank's tightest memory, taken only when a straggler move is weighed.
+        let tight = std::cell::OnceCell::new();
+        let (workers, others) = (&run.out.workers, &run.out.others);
+        let fits = |c: &[u32]| self.fits(tight.get_or_init(|| tightest(workers, others)), c);
         if run.out.may_move
             && run.moving.is_none()
             && run.stop_asked.is_none()
@@ -222,7 +225,7 @@ impl Supervisor {
                 &mut run.history,
                 (run.out.first_step + run.completed, run.out.steps),
                 &run.out.workers,
-                |c| self.fits(&tight, c),
+                fits,
             )
             // A worker slowed mid-run makes the steps drift too: the drift rule, counting
             // them, decides first (a load spike on that worker just before can complete

@@ -10,10 +10,9 @@ use super::{Supervisor, tightest};
 use crate::auto::slowest_per_rank;
 use crate::calibration::PieceCost;
 use crate::model::Piece;
-use crate::partition::{fitting_split_for_speeds, split_for_speeds};
+use crate::partition::split_for_speeds_within;
 use crate::run::straggler::BOUNDED;
-use crate::run::worker::StepReport;
-use crate::run::worker::Worker;
+use crate::run::worker::{StepReport, Worker};
 
 impl Supervisor {
     /// Takes step `step` of `run` (its reports; predicted and measured seconds) to the
@@ -102,14 +101,11 @@ impl Supervisor {
             .map(|w| self.costs.factor(&w.id).unwrap_or(1.0))
             .collect();
         let slowness = slowest_per_rank(&factors, run.out.workers.len());
-        let mut counts = split_for_speeds(&piece_costs, &worker_of, &slowness).ok()?;
         let tight = tightest(&run.out.workers, &run.out.others);
-        let bounded = !self.fits(&tight, &counts);
-        if bounded {
-            let start: Vec<u32> = run.out.ranges.iter().map(|r| r.len() as u32).collect();
-            let fits = |c: &[u32]| self.fits(&tight, c);
-            counts = fitting_split_for_speeds(&piece_costs, &worker_of, &slowness, &start, fits);
-        }
+        let start: Vec<u32> = run.out.ranges.iter().map(|r| r.len() as u32).collect();
+        let fits = |c: &[u32]| self.fits(&tight, c);
+        let (counts, bounded) =
+            split_for_speeds_within(&piece_costs, &worker_of, &slowness, &start, fits).ok()?;
         let ranges = model.split_by_counts(&counts).ok()?;
         if ranges == run.out.ranges {
             return None;
