@@ -134,6 +134,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
                 f: t.f_ms / 1e3,
                 b: t.b_ms / 1e3,
                 w: t.w_ms / 1e3,
+                edge: [t.edge_f_ms, t.edge_b_ms, t.edge_w_ms].map(|ms| ms / 1e3),
             })
             .collect(),
         bytes_sent: r

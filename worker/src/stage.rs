@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use pipewise_common::model::{self, ModelSpec, Piece};
@@ -79,6 +80,8 @@ pub struct Stage {
     pending: BTreeMap<u32, Pending>,
     stash_bytes: u64,
     peak_stash_bytes: u64,
+    /// Seconds the last pass spent in the stage's embedding or head piece.
+    edge_secs: f64,
 }
 
 impl Stage {
@@ -119,6 +122,7 @@ impl Stage {
             pending: BTreeMap::new(),
             stash_bytes: 0,
             peak_stash_bytes: 0,
+            edge_secs: 0.0,
         })
     }
 
@@ -204,6 +208,17 @@ impl Stage {
         self.stash_bytes
     }
 
+    /// Seconds the last pass (`F`, `B`, `W` or `BW`) spent in this stage's embedding or
+    /// head piece: 0 for a stage of blocks only, and off the CPU.
+    pub fn edge_secs(&self) -> f64 {
+        self.edge_secs
+    }
+
+    /// [`edge_clock`] on this stage's device.
+    fn edge_clock(&self, piece: &PieceState) -> Option<Instant> {
+        edge_clock(&self.device, piece)
+    }
+
     /// The largest [`Stage::stash_bytes`] seen at a pass boundary since creation or the last
     /// [`Stage::reset_peak`].
     pub fn peak_stash_bytes(&self) -> u64 {
@@ -260,7 +275,8 @@ impl Stage {
     /// mean loss (rank-0 f32, not yet scaled by `1/n`).
     pub fn forward(&mut self, mb: u32, input: &Tensor, targets: Option<&Tensor>) -> Result<Tensor> {
         let shape = self.check_forward(mb, input, targets)?;
-        let (stashes, out) = self.forward_compute(shape, input, targets)?;
+        let (stashes, out, edge) = self.forward_compute(shape, input, targets)?;
+        self.edge_secs = edge;
         self.pending
             .insert(mb, Pending::Backward { shape, stashes });
         self.account();
@@ -305,13 +321,14 @@ impl Stage {
         Ok((b, t))
     }
 
-    /// The arithmetic of `F` on a checked input of `(b, t)`: the stashes and the output.
+    /// The arithmetic of `F` on a checked input of `(b, t)`: the stashes, the output and
+    /// the seconds spent in the embedding or head piece ([`Stage::edge_secs`]).
     fn forward_compute(
         &self,
         (b, t): (usize, usize),
         input: &Tensor,
         targets: Option<&Tensor>,
-    ) -> Result<(Vec<ForwardStash>, Tensor)> {
+    ) -> Result<(Vec<ForwardStash>, Tensor, f64)> {
         let h = self.spec.hidden as usize;
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
         let mut x = if self.is_first() {
@@ -320,7 +337,9 @@ impl Stage {
             input.reshape((b * t, h))?
         };
         let mut stashes = Vec::with_capacity(self.pieces.len());
+        let mut edge = 0.0;
         for piece in &self.pieces {
+            let started = self.edge_clock(piece);
             let (out, stash) = match (piece, targets) {
                 (PieceState::Embedding(e), _) => {
                     let (out, s) = e.forward(&x)?;
@@ -341,6 +360,7 @@ impl Stage {
                     });
                 }
             };
+            edge += since(started);
             stashes.push(stash);
             x = out;
         }
@@ -349,7 +369,7 @@ impl Stage {
         } else {
             x.reshape((b, t, h))?
         };
-        Ok((stashes, out))
+        Ok((stashes, out, edge))
     }
 
     /// `B`: the gradient with respect to the stage's input only; what `W` needs stays
@@ -365,7 +385,9 @@ impl Stage {
         let Some(Pending::Backward { shape, stashes }) = self.pending.remove(&mb) else {
             return Err(self.order_error("B", mb, "no forward pending"));
         };
-        let (wstashes, norms, dx) = self.backward_input_compute(mb, shape, stashes, grad_output)?;
+        let (wstashes, norms, dx, edge) =
+            self.backward_input_compute(mb, shape, stashes, grad_output)?;
+        self.edge_secs = edge;
         self.add_norm_grads(norms)?;
         self.pending
             .insert(mb, Pending::Weight { stashes: wstashes });
@@ -397,15 +419,17 @@ impl Stage {
     }
 
     /// The arithmetic of `B` of `mb` from its forward stashes: the weight stashes, the
-    /// LayerNorm gradients (one entry per piece, for [`Stage::add_norm_grads`]) and the
-    /// input gradient (`None` on the first stage).
+    /// LayerNorm gradients (one entry per piece, for [`Stage::add_norm_grads`]), the
+    /// input gradient (`None` on the first stage) and the seconds spent in the embedding or
+    /// head piece.
+    #[allow(clippy::type_complexity)]
     fn backward_input_compute(
         &self,
         mb: u32,
         (b, t): (usize, usize),
         fstashes: Vec<ForwardStash>,
         grad_output: Option<&Tensor>,
-    ) -> Result<(Vec<WeightStash>, Vec<NormGrads>, Option<Tensor>)> {
+    ) -> Result<(Vec<WeightStash>, Vec<NormGrads>, Option<Tensor>, f64)> {
         let h = self.spec.hidden as usize;
         let mut dy: Option<Tensor> = match grad_output {
             Some(g) if !self.is_last() => Some(g.reshape((b * t, h))?),
@@ -413,7 +437,9 @@ impl Stage {
         };
         let mut wstashes = Vec::with_capacity(fstashes.len());
         let mut norms = Vec::with_capacity(fstashes.len());
+        let mut edge = 0.0;
         for (piece, stash) in self.pieces.iter().zip(fstashes).rev() {
+            let started = self.edge_clock(piece);
             let (w, norm) = match (piece, stash) {
                 (PieceState::Head(hd), ForwardStash::Head(s)) => {
                     let (dx, w, norm) = hd.backward_input(s, self.loss_seed)?;
@@ -439,22 +465,27 @@ impl Stage {
                 }
                 _ => return Err(self.order_error("B", mb, "stash does not match its piece")),
             };
+            edge += since(started);
             wstashes.push(w);
             norms.push(norm);
         }
         wstashes.reverse();
         norms.reverse();
         let dx = dy.map(|dx| dx.reshape((b, t, h))).transpose()?;
-        Ok((wstashes, norms, dx))
+        Ok((wstashes, norms, dx, edge))
     }
 
     /// `W`: weight gradients of microbatch `mb` from its stash, added to the accumulated
     /// gradients; frees the stash.
     pub fn backward_weight(&mut self, mb: u32) -> Result<()> {
         let wstashes = self.take_weight(mb)?;
+        let mut edge = 0.0;
         for (piece, stash) in self.pieces.iter_mut().zip(wstashes) {
+            let started = edge_clock(&self.device, piece);
             piece_backward_weight(piece, stash, mb)?;
+            edge += since(started);
         }
+        self.edge_secs = edge;
         self.account();
         Ok(())
     }
@@ -481,7 +512,9 @@ impl Stage {
     /// `BW`: `B` then `W`, for schedules without the split.
     pub fn backward(&mut self, mb: u32, grad_output: Option<&Tensor>) -> Result<Option<Tensor>> {
         let dx = self.backward_input(mb, grad_output)?;
+        let edge = self.edge_secs;
         self.backward_weight(mb)?;
+        self.edge_secs += edge;
         Ok(dx)
     }
 
@@ -575,6 +608,19 @@ impl Stage {
 }
 
 /// `W` of one piece: its weight gradients of microbatch `mb` from `stash`, accumulated.
+/// When a pass started on `piece`, where its time counts in [`Stage::edge_secs`]: the
+/// embedding or the head, on the CPU (a GPU runs the ops asynchronously, so the clock
+/// would measure their launch).
+fn edge_clock(device: &Device, piece: &PieceState) -> Option<Instant> {
+    let edge = matches!(piece, PieceState::Embedding(_) | PieceState::Head(_));
+    (edge && device.is_cpu()).then(Instant::now)
+}
+
+/// Seconds since `started` (0 for none).
+fn since(started: Option<Instant>) -> f64 {
+    started.map_or(0.0, |t| t.elapsed().as_secs_f64())
+}
+
 fn piece_backward_weight(piece: &mut PieceState, stash: WeightStash, mb: u32) -> Result<()> {
     match (piece, stash) {
         (PieceState::Embedding(e), WeightStash::Embedding(s)) => e.backward_weight(s),

@@ -181,9 +181,27 @@ fn matches_reference(
         for r in workers {
             assert!(r.busy_secs <= r.wall_secs + 1e-9);
             assert!(r.peak_stash_bytes > 0);
+            assert_edge_times(r, schedule.placement.stages() - 1);
         }
     }
     Ok(())
+}
+
+/// Every pass of a stage holding the embedding (stage 0) or the head (stage `last`) spent
+/// part of its time there, and no other pass did (passes side by side time nothing).
+fn assert_edge_times(r: &StepReport, last: u32) {
+    if r.edge_times.is_empty() {
+        return;
+    }
+    assert_eq!(r.edge_times.len(), r.pass_times.len());
+    for (&(pass, secs), &(timed, edge)) in r.pass_times.iter().zip(&r.edge_times) {
+        assert_eq!(pass, timed);
+        if pass.stage == 0 || pass.stage == last {
+            assert!(edge > 0.0 && edge <= secs, "{pass}: {edge} s of {secs} s");
+        } else {
+            assert_eq!(edge, 0.0, "{pass}");
+        }
+    }
 }
 
 macro_rules! exact {

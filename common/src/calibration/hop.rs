@@ -85,7 +85,13 @@ mod tests {
                     .filter(|&s| schedule.placement.worker_of(s) == w)
                     .map(|s| {
                         let (f, b, w) = times[s as usize];
-                        StageTimes { stage: s, f, b, w }
+                        StageTimes {
+                            stage: s,
+                            f,
+                            b,
+                            w,
+                            edge: [0.0; 3],
+                        }
                     })
                     .collect(),
                 ..StepReport::default()

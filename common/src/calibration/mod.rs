@@ -468,10 +468,25 @@ impl CostModel {
                 let s = t.stage as usize;
                 let Some(range) = ranges.get(s) else { continue };
                 let counts = self.counts(range);
+                // The embedding or the head timed alone, beside blocks: one split then tells
+                // that piece's cost from its worker's speed.
+                let edge = match counts {
+                    [1, b, 0] if b > 0 => Some([1, 0, 0]),
+                    [0, b, 1] if b > 0 => Some([0, 0, 1]),
+                    _ => None,
+                };
                 let backward = if fused[s] { PassKind::BW } else { PassKind::B };
-                for (kind, secs) in [(PassKind::F, t.f), (backward, t.b), (PassKind::W, t.w)] {
+                let kinds = [PassKind::F, backward, PassKind::W];
+                for ((kind, secs), edge_secs) in kinds.into_iter().zip([t.f, t.b, t.w]).zip(t.edge)
+                {
                     if secs > 0.0 && !(fused[s] && kind == PassKind::W) {
                         times.push(((w, counts, kind), secs));
+                        if let Some(piece) = edge
+                            && edge_secs > 0.0
+                            && edge_secs < secs
+                        {
+                            times.push(((w, piece, kind), edge_secs));
+                        }
                     }
                 }
             }

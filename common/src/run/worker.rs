@@ -33,6 +33,10 @@ pub struct StageTimes {
     pub b: f64,
     /// Mean weight-gradient backward.
     pub w: f64,
+    /// Of `f`, `b` and `w`, the part spent in the stage's embedding or head piece (0: not
+    /// measured, or the stage holds both): with it the cost model tells a costly piece from
+    /// a slow worker on one split.
+    pub edge: [f64; 3],
 }
 
 /// One worker's report of one step of a run, or of its end.

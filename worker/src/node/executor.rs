@@ -288,10 +288,14 @@ fn step_report(
     }
 }
 
-/// Mean F / B / W milliseconds per stage (BW counted as B).
+/// Mean F / B / W milliseconds per stage (BW counted as B), and of them the part spent in
+/// the stage's embedding or head piece.
 fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
-    let mut sums: BTreeMap<u32, [(f64, u32); 3]> = BTreeMap::new();
-    for (pass, secs) in &report.pass_times {
+    type Sums = [(f64, f64, u32); 3];
+    let mut sums: BTreeMap<u32, Sums> = BTreeMap::new();
+    let edges = report.edge_times.iter().map(|&(_, secs)| secs);
+    let edges = edges.chain(std::iter::repeat(0.0));
+    for ((pass, secs), edge) in report.pass_times.iter().zip(edges) {
         let slot = match pass.kind {
             PassKind::F => 0,
             PassKind::B | PassKind::BW => 1,
@@ -299,15 +303,19 @@ fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
         };
         let e = &mut sums.entry(pass.stage).or_default()[slot];
         e.0 += secs * 1e3;
-        e.1 += 1;
+        e.1 += edge * 1e3;
+        e.2 += 1;
     }
-    let mean = |(sum, n): (f64, u32)| if n == 0 { 0.0 } else { sum / f64::from(n) };
+    let mean = |sum: f64, n: u32| if n == 0 { 0.0 } else { sum / f64::from(n) };
     sums.into_iter()
         .map(|(stage, [f, b, w])| pb::StageTimes {
             stage,
-            f_ms: mean(f),
-            b_ms: mean(b),
-            w_ms: mean(w),
+            f_ms: mean(f.0, f.2),
+            b_ms: mean(b.0, b.2),
+            w_ms: mean(w.0, w.2),
+            edge_f_ms: mean(f.1, f.2),
+            edge_b_ms: mean(b.1, b.2),
+            edge_w_ms: mean(w.1, w.2),
         })
         .collect()
 }

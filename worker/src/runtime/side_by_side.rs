@@ -117,6 +117,7 @@ pub(super) fn run_side_by_side(
     let done = PassesDone {
         losses,
         pass_times,
+        edge_times: Vec::new(),
         busy_secs: busy,
         peak,
     };

@@ -28,6 +28,9 @@ pub struct StepReport {
     /// Compute seconds of every pass the worker ran, in program order (waiting for frames
     /// not included).
     pub pass_times: Vec<(Pass, f64)>,
+    /// Of each pass in [`StepReport::pass_times`], the seconds spent in its stage's
+    /// embedding or head piece (empty where not measured: passes side by side).
+    pub edge_times: Vec<(Pass, f64)>,
     /// Seconds the worker spent computing: the sum of [`StepReport::pass_times`], or less
     /// where passes ran side by side (a one-worker job on several threads), each second
     /// counted once.
@@ -86,6 +89,12 @@ pub(crate) trait Passes {
 
     /// Bytes stashed for pending `B` and `W` passes now.
     fn stash_bytes(&self) -> u64;
+
+    /// Seconds the last run `pass` spent in its stage's embedding or head piece (0: none,
+    /// or not measured).
+    fn edge_secs(&self, _pass: Pass) -> f64 {
+        0.0
+    }
 
     /// This worker's data-parallel replica (a count of 1: no gradient sums).
     fn replica(&self) -> Replica {
@@ -147,6 +156,7 @@ pub(crate) fn run_passes<P: Passes>(
         let mut rec = Recorder::start(started, 2 * program.len() + 1);
         let mut losses: Vec<(u32, f32)> = Vec::new();
         let mut pass_times = Vec::with_capacity(program.len());
+        let mut edge_times = Vec::with_capacity(program.len());
         let mut peak = passes.stash_bytes();
         for (i, &pass) in program.iter().enumerate() {
             let (s, mb) = (pass.stage, pass.mb);
@@ -174,6 +184,7 @@ pub(crate) fn run_passes<P: Passes>(
             let output = passes.run(pass, input)?;
             rec.core_wait.add_pass_since(mark);
             pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
+            edge_times.push((pass, passes.edge_secs(pass)));
             let to = match pass.kind {
                 PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
                 PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
@@ -214,6 +225,7 @@ pub(crate) fn run_passes<P: Passes>(
         let ran = PassesDone {
             losses,
             pass_times,
+            edge_times,
             busy_secs,
             peak,
         };
@@ -231,6 +243,8 @@ pub(crate) struct PassesDone {
     pub(crate) losses: Vec<(u32, f32)>,
     /// Each pass's compute seconds, in program order.
     pub(crate) pass_times: Vec<(Pass, f64)>,
+    /// Of each pass, the seconds in its stage's embedding or head piece (may be empty).
+    pub(crate) edge_times: Vec<(Pass, f64)>,
     /// Seconds the worker spent computing (passes side by side counted once).
     pub(crate) busy_secs: f64,
     /// The largest stash seen at a pass boundary.
@@ -283,6 +297,7 @@ pub(crate) fn end_step<P: Passes>(
     Ok(StepReport {
         loss: P::LEARNS.then_some(loss),
         pass_times: ran.pass_times,
+        edge_times: ran.edge_times,
         busy_secs: ran.busy_secs,
         wall_secs: started.elapsed().as_secs_f64(),
         peak_stash_bytes: ran.peak,

@@ -33,7 +33,7 @@ impl Stage {
         })?;
         let mut outs = Vec::with_capacity(ran.len());
         for ((r, &(mb, ..)), shape) in ran.into_iter().zip(items).zip(shapes) {
-            let (stashes, out) = r.value?;
+            let (stashes, out, _) = r.value?;
             self.pending
                 .insert(mb, Pending::Backward { shape, stashes });
             outs.push(Ran {
@@ -69,7 +69,7 @@ impl Stage {
         let mut outs = Vec::with_capacity(ran.len());
         // The LayerNorm gradients are added here, in the items' order, as one thread would.
         for (r, &(mb, _)) in ran.into_iter().zip(items) {
-            let (stashes, norms, dx) = r.value?;
+            let (stashes, norms, dx, _) = r.value?;
             self.add_norm_grads(norms)?;
             self.pending.insert(mb, Pending::Weight { stashes });
             outs.push(Ran {

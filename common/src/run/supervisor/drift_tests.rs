@@ -27,6 +27,7 @@ fn timed(
                     f: t,
                     b: t,
                     w: t,
+                    edge: [0.0; 3],
                 }],
                 ..report(ws, i, k)
             }

@@ -175,6 +175,7 @@ fn other_replicas_measure_their_workers() {
                 f: secs,
                 b: secs,
                 w: secs,
+                edge: [0.0; 3],
             }],
             ..match replica_report(&ws, r, w, step) {
                 Input::Report(report) => *report,

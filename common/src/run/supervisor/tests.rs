@@ -588,6 +588,7 @@ fn each_step_is_planned_from_the_steps_before_it() {
                         f,
                         b: 2.0 * f,
                         w: 0.0,
+                        edge: [0.0; 3],
                     }],
                     ..report(&ws, i, step)
                 }
