@@ -5,9 +5,9 @@ use super::worker::{StepReport, Worker};
 use crate::job::{JobPlan, JobSpec};
 use crate::partition::{largest_worker_time, split_for_speeds_within};
 
-/// What the runner watches a run's step times with: the cost of every piece
-/// ([`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs)), the stage → worker
-/// table and the split in use.
+/// What the runner watches a run's step times with: the cost of every piece (by FLOPs,
+/// [`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs), until the cost model
+/// has measured them: [`Straggle::recost`]), the stage → worker table and the split in use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Straggle {
     piece_costs: Vec<f64>,
@@ -16,6 +16,17 @@ pub struct Straggle {
 }
 
 impl Straggle {
+    /// Weighs the pieces by `piece_costs` from now on (one per piece, each positive; else
+    /// nothing changes): the measured costs, so that a move balances what the passes take
+    /// rather than their FLOPs, which miss the embedding's and the head's memory-bound work.
+    pub fn recost(&mut self, piece_costs: Vec<f64>) {
+        if piece_costs.len() == self.piece_costs.len()
+            && piece_costs.iter().all(|c| c.is_finite() && *c > 0.0)
+        {
+            self.piece_costs = piece_costs;
+        }
+    }
+
     /// Modelled work of every worker under the split in use.
     fn work(&self, workers: usize) -> Vec<f64> {
         let mut work = vec![0.0; workers];

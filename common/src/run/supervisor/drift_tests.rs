@@ -9,7 +9,8 @@ use crate::run::straggler::{BOUNDED, straggle_of, straggler};
 use crate::run::worker::StepReport;
 
 /// Reports of step `k` by two workers whose passes take `slow[i]` times a mean worker's
-/// (10 ms per piece and pass kind), each step `wall` seconds long.
+/// (10 ms per piece and pass kind, the embedding's and the head's share timed alone), each
+/// step `wall` seconds long.
 fn timed(
     ws: &[Worker],
     ranges: &[std::ops::Range<usize>],
@@ -27,7 +28,7 @@ fn timed(
                     f: t,
                     b: t,
                     w: t,
-                    edge: [0.0; 3],
+                    edge: [0.01 * slow[i]; 3],
                 }],
                 ..report(ws, i, k)
             }
@@ -294,4 +295,39 @@ fn moved_to(
     s.feed(100 * k, done(ws, 1));
     let (_, reason, why, pieces) = replanned(&s.feed(100 * k + 100, saved(&[(k - 1, 2), (k, 2)])));
     (reason, why, pieces)
+}
+
+/// Every piece's passes take the same time here ([`timed`]), while by FLOPs the embedding
+/// is nearly free: worker 1, 3× slower per pass from step 3 with every step on time, is a
+/// straggler, and its layers move by the measured costs — to the split that balances
+/// equal pieces at speeds 1 and 3, not the one FLOPs would give.
+#[test]
+fn a_straggler_move_balances_the_measured_costs() {
+    let (steps, before, s) = run_steps((10, 8), true, [0, 0], |k| {
+        if k < 3 {
+            ([1.0; 2], 1.0)
+        } else {
+            ([1.0, 3.0], 1.0)
+        }
+    });
+    let ws = workers(2);
+    let (reason, why, counts) = moved_to((steps, before.clone(), s), &ws);
+    assert_eq!(why, Reason::Straggler, "{reason}");
+    let pieces = before.iter().sum::<usize>() as u32;
+    let best = (1..pieces)
+        .min_by_key(|&c| c.max(3 * (pieces - c)))
+        .unwrap();
+    assert_eq!(counts, [best, pieces - best], "{reason}");
+    let spec = spec(2, "1f1b", 10);
+    let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
+    let start: Vec<u32> = before.iter().map(|&c| c as u32).collect();
+    let (by_flops, _) = crate::partition::split_for_speeds_within(
+        &spec.model.piece_costs(mbs),
+        &[0, 1],
+        &[1.0, 3.0],
+        &start,
+        |_| true,
+    )
+    .unwrap();
+    assert_ne!(counts, by_flops, "FLOPs give the same move here");
 }

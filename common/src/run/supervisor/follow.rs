@@ -210,6 +210,11 @@ impl Supervisor {
         if self.drifted(run, step, times, &reports) {
             return;
         }
+        if self.costs.calibrated()
+            && let Some(watch) = &mut run.out.watch
+        {
+            watch.recost(self.piece_totals());
+        }
         // Each rank's tightest memory, taken only when a straggler move is weighed.
         let tight = std::cell::OnceCell::new();
         let (workers, others) = (&run.out.workers, &run.out.others);

@@ -73,16 +73,13 @@ impl Supervisor {
         predicted_overflow(&self.current, &self.plan, counts, tight).is_none()
     }
 
-    /// The split of the pieces that balances the workers for the costs as they stand
-    /// (per-piece costs, per-worker factors), or where that would not fit a worker's memory
-    /// the move towards it that does; with the predicted step times of the run's split and
-    /// of that one. `None` when it is the run's split or cannot be predicted.
-    fn rebalanced(&mut self, run: &Run) -> Option<Rebalanced> {
-        let placement = &self.plan.schedule.placement;
+    /// Every piece's cost on the costs as they stand (F + B + W, seconds at the mean
+    /// worker's speed), in the model's piece order.
+    pub(super) fn piece_totals(&self) -> Vec<f64> {
         let [embedding, block, head] = self.costs.piece_costs();
         let total = |c: PieceCost| c.f + c.b + c.w;
-        let model = &self.current.model;
-        let piece_costs: Vec<f64> = model
+        self.current
+            .model
             .pieces()
             .into_iter()
             .map(|p| match p {
@@ -90,7 +87,17 @@ impl Supervisor {
                 Piece::Block(_) => total(block),
                 Piece::Head => total(head),
             })
-            .collect();
+            .collect()
+    }
+
+    /// The split of the pieces that balances the workers for the costs as they stand
+    /// (per-piece costs, per-worker factors), or where that would not fit a worker's memory
+    /// the move towards it that does; with the predicted step times of the run's split and
+    /// of that one. `None` when it is the run's split or cannot be predicted.
+    fn rebalanced(&mut self, run: &Run) -> Option<Rebalanced> {
+        let placement = &self.plan.schedule.placement;
+        let model = &self.current.model;
+        let piece_costs = self.piece_totals();
         let worker_of: Vec<u32> = (0..placement.stages())
             .map(|s| placement.worker_of(s))
             .collect();
