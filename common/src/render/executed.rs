@@ -23,7 +23,7 @@ use crate::schedule::Schedule;
 use crate::simulate::Simulation;
 use crate::trace::{Activity, Span, StepTrace};
 
-use super::svg::{colours, escape, tick_step};
+use super::svg::{colours, escape, time_axis};
 use super::{fmt_num, fmt_percent};
 
 const LEFT: f64 = 88.0;
@@ -297,32 +297,8 @@ pub fn svg(schedule: &Schedule, sims: Simulated<'_>, trace: &StepTrace) -> Strin
             }
         }
     }
-    // Time axis in milliseconds.
     let axis_y = top + panels as f64 * panel + 4.0;
-    let _ = writeln!(
-        out,
-        r##"<line x1="{LEFT}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="#555555" stroke-width="1"/>"##,
-        fmt_num(LEFT + plot, 2)
-    );
-    let step = tick_step(span_ms, plot / 90.0);
-    let ticks = (span_ms / step + 1e-9).floor() as usize;
-    for i in 0..=ticks {
-        let t = i as f64 * step;
-        let tx = fmt_num(x_of(t), 2);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{tx}" y1="{axis_y}" x2="{tx}" y2="{}" stroke="#555555" stroke-width="1"/><text x="{tx}" y="{}" font-size="11" text-anchor="middle" fill="#333333">{}</text>"##,
-            axis_y + 5.0,
-            axis_y + 17.0,
-            fmt_num(t, 3)
-        );
-    }
-    let _ = writeln!(
-        out,
-        r##"<text x="{}" y="{}" font-size="11" text-anchor="end" fill="#555555">ms</text>"##,
-        fmt_num(LEFT - 8.0, 1),
-        axis_y + 17.0
-    );
+    time_axis(&mut out, (LEFT, plot), (span_ms, px), axis_y, "ms");
     out.push_str("</svg>\n");
     out
 }

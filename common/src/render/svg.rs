@@ -102,6 +102,41 @@ pub(crate) fn escape(text: &str) -> String {
 }
 
 /// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
+/// A time axis at height `axis_y` under a plot `plot` wide from `left`: a line, a tick with
+/// its value about every 90 px of `span` (`px` per unit) and `unit` at its left end.
+pub(crate) fn time_axis(
+    out: &mut String,
+    (left, plot): (f64, f64),
+    (span, px): (f64, f64),
+    axis_y: f64,
+    unit: &str,
+) {
+    let _ = writeln!(
+        out,
+        r##"<line x1="{left}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="#555555" stroke-width="1"/>"##,
+        fmt_num(left + plot, 2)
+    );
+    let step = tick_step(span, plot / 90.0);
+    let ticks = (span / step + 1e-9).floor() as usize;
+    for i in 0..=ticks {
+        let t = i as f64 * step;
+        let tx = fmt_num(left + t * px, 2);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{tx}" y1="{axis_y}" x2="{tx}" y2="{}" stroke="#555555" stroke-width="1"/><text x="{tx}" y="{}" font-size="11" text-anchor="middle" fill="#333333">{}</text>"##,
+            axis_y + 5.0,
+            axis_y + 17.0,
+            fmt_num(t, 3)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r##"<text x="{}" y="{}" font-size="11" text-anchor="end" fill="#555555">{unit}</text>"##,
+        fmt_num(left - 8.0, 1),
+        axis_y + 17.0
+    );
+}
+
 pub(crate) fn tick_step(span: f64, target: f64) -> f64 {
     if span <= 0.0 || !span.is_finite() {
         return 1.0;
@@ -330,32 +365,8 @@ pub fn svg(schedule: &Schedule, sim: &Simulation) -> String {
         }
     }
 
-    // Time axis.
     let axis_y = TOP + rows_height.max(0.0) + 6.0;
-    let _ = writeln!(
-        out,
-        r##"<line x1="{LEFT}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="#555555" stroke-width="1"/>"##,
-        fmt_num(LEFT + plot, 2)
-    );
-    let step = tick_step(span, plot / 90.0);
-    let ticks = (span / step + 1e-9).floor() as usize;
-    for i in 0..=ticks {
-        let t = i as f64 * step;
-        let tx = fmt_num(LEFT + t * px, 2);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{tx}" y1="{axis_y}" x2="{tx}" y2="{}" stroke="#555555" stroke-width="1"/><text x="{tx}" y="{}" font-size="11" text-anchor="middle" fill="#333333">{}</text>"##,
-            axis_y + 5.0,
-            axis_y + 17.0,
-            fmt_num(t, 3)
-        );
-    }
-    let _ = writeln!(
-        out,
-        r##"<text x="{}" y="{}" font-size="11" text-anchor="end" fill="#555555">time</text>"##,
-        fmt_num(LEFT - 8.0, 1),
-        axis_y + 17.0
-    );
+    time_axis(&mut out, (LEFT, plot), (span, px), axis_y, "time");
     out.push_str("</svg>\n");
     out
 }
