@@ -63,77 +63,48 @@ fn in_order(n: u32, stage: u32) -> Vec<(u32, u32)> {
     (0..n).map(|mb| (stage, mb)).collect()
 }
 
+/// [`one_f_one_b`] on `d` workers of one stage each, every worker's microbatches in order.
+fn one_per_worker(
+    name: &str,
+    (d, n): (u32, u32),
+    backward: Backward,
+    warmup: impl Fn(u32) -> usize,
+) -> Schedule {
+    let placement = Placement::OnePerWorker { workers: d };
+    let order = |w| in_order(n, w);
+    one_f_one_b(name, placement, n, backward, order, order, warmup)
+}
+
 /// GPipe: all forwards, then all (fused) backwards.
 pub(crate) fn gpipe(d: u32, n: u32) -> Schedule {
-    let placement = Placement::OnePerWorker { workers: d };
-    one_f_one_b(
-        "gpipe",
-        placement,
-        n,
-        Backward::Fused,
-        |w| in_order(n, w),
-        |w| in_order(n, w),
-        |_| n as usize,
-    )
+    one_per_worker("gpipe", (d, n), Backward::Fused, |_| n as usize)
 }
 
 /// 1F1B (PipeDream-flush): `d − w − 1` warm-up forwards on worker `w`.
 pub(crate) fn one_f1b(d: u32, n: u32) -> Schedule {
-    let placement = Placement::OnePerWorker { workers: d };
-    one_f_one_b(
-        "1f1b",
-        placement,
-        n,
-        Backward::Fused,
-        |w| in_order(n, w),
-        |w| in_order(n, w),
-        |w| (d - w - 1) as usize,
-    )
+    one_per_worker("1f1b", (d, n), Backward::Fused, |w| (d - w - 1) as usize)
 }
 
 /// Eager 1F1B: the forward offset of the building block doubled, so worker `w` runs
 /// `(4(d − w) − 1) / 3` warm-up forwards (≈ 4/3 of 1F1B's memory) and sends overlap compute.
 pub(crate) fn eager_1f1b(d: u32, n: u32) -> Schedule {
-    let placement = Placement::OnePerWorker { workers: d };
-    one_f_one_b(
-        "eager-1f1b",
-        placement,
-        n,
-        Backward::Fused,
-        |w| in_order(n, w),
-        |w| in_order(n, w),
-        |w| ((4 * (d - w) - 1) / 3) as usize,
-    )
+    one_per_worker("eager-1f1b", (d, n), Backward::Fused, |w| {
+        ((4 * (d - w) - 1) / 3) as usize
+    })
 }
 
 /// ZB-H1 (zero-bubble paper): 1F1B with B/W split and the cool-down W passes moved into
 /// the cool-down bubbles; the same peak memory as 1F1B.
 pub(crate) fn zb_h1(d: u32, n: u32) -> Schedule {
-    let placement = Placement::OnePerWorker { workers: d };
-    one_f_one_b(
-        "zb-h1",
-        placement,
-        n,
-        Backward::Split,
-        |w| in_order(n, w),
-        |w| in_order(n, w),
-        |w| (d - w - 1) as usize,
-    )
+    one_per_worker("zb-h1", (d, n), Backward::Split, |w| (d - w - 1) as usize)
 }
 
 /// ZB-H2: ZB-H1 with `2(d − w) − 2` warm-up forwards (`2(d − w) − 1` before the first B), which fill the warm-up bubble
 /// (twice 1F1B's memory).
 pub(crate) fn zb_h2(d: u32, n: u32) -> Schedule {
-    let placement = Placement::OnePerWorker { workers: d };
-    one_f_one_b(
-        "zb-h2",
-        placement,
-        n,
-        Backward::Split,
-        |w| in_order(n, w),
-        |w| in_order(n, w),
-        |w| (2 * (d - w) - 2) as usize,
-    )
+    one_per_worker("zb-h2", (d, n), Backward::Split, |w| {
+        (2 * (d - w) - 2) as usize
+    })
 }
 
 /// Interleaved 1F1B with `v` chunks per worker in Megatron-LM's order: microbatches go in
