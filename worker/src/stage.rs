@@ -214,11 +214,6 @@ impl Stage {
         self.edge_secs
     }
 
-    /// [`edge_clock`] on this stage's device.
-    fn edge_clock(&self, piece: &PieceState) -> Option<Instant> {
-        edge_clock(&self.device, piece)
-    }
-
     /// The largest [`Stage::stash_bytes`] seen at a pass boundary since creation or the last
     /// [`Stage::reset_peak`].
     pub fn peak_stash_bytes(&self) -> u64 {
@@ -339,7 +334,7 @@ impl Stage {
         let mut stashes = Vec::with_capacity(self.pieces.len());
         let mut edge = 0.0;
         for piece in &self.pieces {
-            let started = self.edge_clock(piece);
+            let started = edge_clock(&self.device, piece);
             let (out, stash) = match (piece, targets) {
                 (PieceState::Embedding(e), _) => {
                     let (out, s) = e.forward(&x)?;
@@ -439,7 +434,7 @@ impl Stage {
         let mut norms = Vec::with_capacity(fstashes.len());
         let mut edge = 0.0;
         for (piece, stash) in self.pieces.iter().zip(fstashes).rev() {
-            let started = self.edge_clock(piece);
+            let started = edge_clock(&self.device, piece);
             let (w, norm) = match (piece, stash) {
                 (PieceState::Head(hd), ForwardStash::Head(s)) => {
                     let (dx, w, norm) = hd.backward_input(s, self.loss_seed)?;

@@ -36,9 +36,25 @@ const MISSES_KEPT: usize = 16;
 /// predictions have held.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Misses {
-    /// Job → its shape, its first predicted step (seconds), and the sum and count of its
-    /// measured steps over it.
-    jobs: std::collections::BTreeMap<u64, (String, f64, f64, u32)>,
+    jobs: std::collections::BTreeMap<u64, Miss>,
+}
+
+/// One job's miss: its shape, its first predicted step and its measured steps over it.
+#[derive(Debug, Clone, PartialEq)]
+struct Miss {
+    shape: String,
+    /// The first predicted step, seconds.
+    first: f64,
+    /// The sum of its measured steps over `first`, and how many.
+    sum: f64,
+    steps: u32,
+}
+
+impl Miss {
+    /// The mean measured step over the first prediction (`None` before a step).
+    fn mean(&self) -> Option<f64> {
+        (self.steps > 0).then(|| self.sum / f64::from(self.steps))
+    }
 }
 
 /// What a prediction's miss depends on: the model, the microbatch size, the degree and
@@ -58,7 +74,13 @@ impl Misses {
     /// Job `job` of `shape` starts, its step predicted to take `step_secs`.
     pub fn started(&mut self, job: u64, shape: String, step_secs: f64) {
         if step_secs.is_finite() && step_secs > 0.0 {
-            self.jobs.insert(job, (shape, step_secs, 0.0, 0));
+            let miss = Miss {
+                shape,
+                first: step_secs,
+                sum: 0.0,
+                steps: 0,
+            };
+            self.jobs.insert(job, miss);
             while self.jobs.len() > MISSES_KEPT {
                 self.jobs.pop_first();
             }
@@ -68,23 +90,23 @@ impl Misses {
     /// Step `step` (1-based) of job `job` took `secs`; a run's first step, which warms up,
     /// is left out.
     pub fn step(&mut self, job: u64, step: u64, secs: f64) {
-        if let Some((_, first, sum, n)) = self.jobs.get_mut(&job)
+        if let Some(miss) = self.jobs.get_mut(&job)
             && step > 1
             && secs.is_finite()
             && secs > 0.0
         {
-            *sum += secs / *first;
-            *n += 1;
+            miss.sum += secs / miss.first;
+            miss.steps += 1;
         }
     }
 
     /// The factor a queued job of `shape`'s prediction is scaled by (see [`Misses`]).
     pub fn factor(&self, shape: &str) -> f64 {
-        let measured = || self.jobs.values().filter(|(_, _, _, n)| *n > 0);
-        let same = measured().any(|(s, ..)| s == shape);
+        let measured = || self.jobs.values().filter(|m| m.steps > 0);
+        let same = measured().any(|m| m.shape == shape);
         measured()
-            .filter(|(s, ..)| !same || s == shape)
-            .map(|(_, _, sum, n)| sum / f64::from(*n))
+            .filter(|m| !same || m.shape == shape)
+            .filter_map(Miss::mean)
             .fold(1.0, f64::max)
     }
 }
