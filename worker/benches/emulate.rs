@@ -204,8 +204,8 @@ impl CriticalPath {
                     at.insert(p, (w, i));
                 }
             }
-            for ((p, _), &secs) in r.pass_times.iter().zip(&pass_secs[w]) {
-                planned.insert(*p, secs);
+            for (t, &secs) in r.pass_times.iter().zip(&pass_secs[w]) {
+                planned.insert(t.pass, secs);
             }
         }
         let last_end = |w: usize| {
@@ -357,8 +357,8 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
             bubble_sum += 1.0 - r.busy_secs / r.wall_secs;
             bubble_count += 1;
             wall = wall.max(r.wall_secs);
-            for ((_, secs), want) in r.pass_times.iter().zip(&pass_secs[w]) {
-                over_sum += secs - want;
+            for (t, want) in r.pass_times.iter().zip(&pass_secs[w]) {
+                over_sum += t.secs - want;
                 over_count += 1;
             }
         }

@@ -53,13 +53,13 @@ pub fn describe() {
 
 /// Records one step of worker `worker` (its index in the job).
 pub fn record_step(worker: u32, report: &StepReport) {
-    for (pass, secs) in &report.pass_times {
+    for t in &report.pass_times {
         histogram!(
             "pipewise_pass_duration_seconds",
-            "kind" => pass.kind.as_str(),
-            "stage" => pass.stage.to_string()
+            "kind" => t.pass.kind.as_str(),
+            "stage" => t.pass.stage.to_string()
         )
-        .record(*secs);
+        .record(t.secs);
     }
     let w = worker.to_string();
     if report.wall_secs > 0.0 {

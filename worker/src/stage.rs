@@ -270,12 +270,17 @@ impl Stage {
     /// mean loss (rank-0 f32, not yet scaled by `1/n`).
     pub fn forward(&mut self, mb: u32, input: &Tensor, targets: Option<&Tensor>) -> Result<Tensor> {
         let shape = self.check_forward(mb, input, targets)?;
-        let (stashes, out, edge) = self.forward_compute(shape, input, targets)?;
-        self.edge_secs = edge;
-        self.pending
-            .insert(mb, Pending::Backward { shape, stashes });
+        let f = self.forward_compute(shape, input, targets)?;
+        self.edge_secs = f.edge_secs;
+        self.pending.insert(
+            mb,
+            Pending::Backward {
+                shape,
+                stashes: f.stashes,
+            },
+        );
         self.account();
-        Ok(out)
+        Ok(f.out)
     }
 
     /// Checks that `F` of `mb` may run on `input` (and `targets`); its `(b, t)`.
@@ -316,14 +321,13 @@ impl Stage {
         Ok((b, t))
     }
 
-    /// The arithmetic of `F` on a checked input of `(b, t)`: the stashes, the output and
-    /// the seconds spent in the embedding or head piece ([`Stage::edge_secs`]).
+    /// The arithmetic of `F` on a checked input of `(b, t)`.
     fn forward_compute(
         &self,
         (b, t): (usize, usize),
         input: &Tensor,
         targets: Option<&Tensor>,
-    ) -> Result<(Vec<ForwardStash>, Tensor, f64)> {
+    ) -> Result<Forwarded> {
         let h = self.spec.hidden as usize;
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
         let mut x = if self.is_first() {
@@ -364,7 +368,11 @@ impl Stage {
         } else {
             x.reshape((b, t, h))?
         };
-        Ok((stashes, out, edge))
+        Ok(Forwarded {
+            stashes,
+            out,
+            edge_secs: edge,
+        })
     }
 
     /// `B`: the gradient with respect to the stage's input only; what `W` needs stays
@@ -380,14 +388,13 @@ impl Stage {
         let Some(Pending::Backward { shape, stashes }) = self.pending.remove(&mb) else {
             return Err(self.order_error("B", mb, "no forward pending"));
         };
-        let (wstashes, norms, dx, edge) =
-            self.backward_input_compute(mb, shape, stashes, grad_output)?;
-        self.edge_secs = edge;
-        self.add_norm_grads(norms)?;
+        let b = self.backward_input_compute(mb, shape, stashes, grad_output)?;
+        self.edge_secs = b.edge_secs;
+        self.add_norm_grads(b.norms)?;
         self.pending
-            .insert(mb, Pending::Weight { stashes: wstashes });
+            .insert(mb, Pending::Weight { stashes: b.stashes });
         self.account();
-        Ok(dx)
+        Ok(b.dx)
     }
 
     /// Adds the LayerNorm gradients of one microbatch's `B` (one entry per piece).
@@ -413,18 +420,14 @@ impl Stage {
         Ok(())
     }
 
-    /// The arithmetic of `B` of `mb` from its forward stashes: the weight stashes, the
-    /// LayerNorm gradients (one entry per piece, for [`Stage::add_norm_grads`]), the
-    /// input gradient (`None` on the first stage) and the seconds spent in the embedding or
-    /// head piece.
-    #[allow(clippy::type_complexity)]
+    /// The arithmetic of `B` of `mb` from its forward stashes.
     fn backward_input_compute(
         &self,
         mb: u32,
         (b, t): (usize, usize),
         fstashes: Vec<ForwardStash>,
         grad_output: Option<&Tensor>,
-    ) -> Result<(Vec<WeightStash>, Vec<NormGrads>, Option<Tensor>, f64)> {
+    ) -> Result<BackwardInput> {
         let h = self.spec.hidden as usize;
         let mut dy: Option<Tensor> = match grad_output {
             Some(g) if !self.is_last() => Some(g.reshape((b * t, h))?),
@@ -467,7 +470,12 @@ impl Stage {
         wstashes.reverse();
         norms.reverse();
         let dx = dy.map(|dx| dx.reshape((b, t, h))).transpose()?;
-        Ok((wstashes, norms, dx, edge))
+        Ok(BackwardInput {
+            stashes: wstashes,
+            norms,
+            dx,
+            edge_secs: edge,
+        })
     }
 
     /// `W`: weight gradients of microbatch `mb` from its stash, added to the accumulated
@@ -606,6 +614,28 @@ impl Stage {
 /// When a pass started on `piece`, where its time counts in [`Stage::edge_secs`]: the
 /// embedding or the head, on the CPU (a GPU runs the ops asynchronously, so the clock
 /// would measure their launch).
+/// What the arithmetic of `F` gives.
+struct Forwarded {
+    /// What `B` and `W` need, one per piece.
+    stashes: Vec<ForwardStash>,
+    /// Hidden states, or on the last stage the loss.
+    out: Tensor,
+    /// Seconds spent in the embedding or head piece ([`Stage::edge_secs`]).
+    edge_secs: f64,
+}
+
+/// What the arithmetic of `B` gives.
+struct BackwardInput {
+    /// What `W` needs, one per piece.
+    stashes: Vec<WeightStash>,
+    /// The LayerNorm gradients, one entry per piece (for [`Stage::add_norm_grads`]).
+    norms: Vec<NormGrads>,
+    /// The input gradient (`None` on the first stage).
+    dx: Option<Tensor>,
+    /// Seconds spent in the embedding or head piece ([`Stage::edge_secs`]).
+    edge_secs: f64,
+}
+
 fn edge_clock(device: &Device, piece: &PieceState) -> Option<Instant> {
     let edge = matches!(piece, PieceState::Embedding(_) | PieceState::Head(_));
     (edge && device.is_cpu()).then(Instant::now)

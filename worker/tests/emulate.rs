@@ -15,7 +15,8 @@ use pipewise_common::pass::PassKind;
 use pipewise_common::schedule::Schedule;
 use pipewise_common::{Times, simulate};
 use pipewise_worker::runtime::{
-    EmulatedRuntime, Frame, LocalOptions, MemoryTransport, Payload, Transport, run_emulated_local,
+    EmulatedRuntime, Frame, LocalOptions, MemoryTransport, PassTime, Payload, Transport,
+    run_emulated_local,
 };
 use pipewise_worker::{Error, Result};
 
@@ -124,17 +125,17 @@ fn emulated_steps_run_the_program_and_report_the_planned_peaks() {
             assert_eq!(step.len(), 4);
             for (w, r) in step.iter().enumerate() {
                 let program = &schedule.workers[w];
-                let ran: Vec<_> = r.pass_times.iter().map(|&(p, _)| p).collect();
+                let ran: Vec<_> = r.pass_times.iter().map(|t| t.pass).collect();
                 assert_eq!(&ran, program, "{schedule_name} worker {w} ran its program");
                 // A pass never ends early: each takes at least its emulated time.
-                for &(pass, secs) in &r.pass_times {
+                for &PassTime { pass, secs, .. } in &r.pass_times {
                     assert!(
                         secs >= rt.pass_secs(pass),
                         "{schedule_name}: {pass} took {secs} s, less than {}",
                         rt.pass_secs(pass)
                     );
                 }
-                let busy: f64 = r.pass_times.iter().map(|&(_, s)| s).sum();
+                let busy: f64 = r.pass_times.iter().map(|t| t.secs).sum();
                 assert!((busy - r.busy_secs).abs() < 1e-9);
                 let bubble = 1.0 - r.busy_secs / r.wall_secs;
                 assert!(

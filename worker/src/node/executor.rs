@@ -293,17 +293,15 @@ fn step_report(
 fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
     type Sums = [(f64, f64, u32); 3];
     let mut sums: BTreeMap<u32, Sums> = BTreeMap::new();
-    let edges = report.edge_times.iter().map(|&(_, secs)| secs);
-    let edges = edges.chain(std::iter::repeat(0.0));
-    for ((pass, secs), edge) in report.pass_times.iter().zip(edges) {
-        let slot = match pass.kind {
+    for t in &report.pass_times {
+        let slot = match t.pass.kind {
             PassKind::F => 0,
             PassKind::B | PassKind::BW => 1,
             PassKind::W => 2,
         };
-        let e = &mut sums.entry(pass.stage).or_default()[slot];
-        e.0 += secs * 1e3;
-        e.1 += edge * 1e3;
+        let e = &mut sums.entry(t.pass.stage).or_default()[slot];
+        e.0 += t.secs * 1e3;
+        e.1 += t.edge_secs.unwrap_or(0.0) * 1e3;
         e.2 += 1;
     }
     let mean = |sum: f64, n: u32| if n == 0 { 0.0 } else { sum / f64::from(n) };

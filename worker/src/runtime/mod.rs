@@ -40,6 +40,6 @@ pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use executor::{Slowdown, WorkerRuntime};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local, run_local_with};
 pub use program::DEFAULT_TIMEOUT;
-pub use step::{Replica, ReplicaPart, StepReport, StepSync};
+pub use step::{PassTime, Replica, ReplicaPart, StepReport, StepSync};
 pub(crate) use sync::sum_in_replica_order;
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};

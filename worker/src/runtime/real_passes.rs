@@ -107,11 +107,13 @@ impl Passes for RealPasses<'_> {
         self.stages.values().map(Stage::stash_bytes).sum()
     }
 
-    fn edge_secs(&self, pass: Pass) -> f64 {
+    fn edge_secs(&self, pass: Pass) -> Option<f64> {
         // A slowed worker is slowed in every piece (its passes stretch by the factor).
         let stretch = self.slowdown.max(1.0);
-        self.stage(pass.stage)
-            .map_or(0.0, |s| s.edge_secs() * stretch)
+        Some(
+            self.stage(pass.stage)
+                .map_or(0.0, |s| s.edge_secs() * stretch),
+        )
     }
 
     fn replica(&self) -> Replica {

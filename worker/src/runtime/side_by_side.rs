@@ -21,7 +21,7 @@ use pipewise_common::trace::Activity;
 use super::program::WorkerProgram;
 use super::real_passes::RealPasses;
 use super::recorder::Recorder;
-use super::step::{Passes, PassesDone, StepReport, StepSync, end_step};
+use super::step::{PassTime, Passes, PassesDone, StepReport, StepSync, end_step};
 use crate::error::Result;
 use crate::lanes::Ran;
 use crate::stage::ForwardItem;
@@ -113,11 +113,10 @@ pub(super) fn run_side_by_side(
         .map(|(i, &x)| (x, i))
         .collect();
     let mut pass_times = times.out;
-    pass_times.sort_by_key(|(x, _)| order.get(x).copied().unwrap_or(usize::MAX));
+    pass_times.sort_by_key(|t| order.get(&t.pass).copied().unwrap_or(usize::MAX));
     let done = PassesDone {
         losses,
         pass_times,
-        edge_times: Vec::new(),
         busy_secs: busy,
         peak,
     };
@@ -130,14 +129,18 @@ struct Times {
     fused: HashSet<(u32, u32)>,
     /// When each `B` of a fused pair started, and its seconds.
     b_ran: HashMap<(u32, u32), (Instant, f64)>,
-    out: Vec<(Pass, f64)>,
+    out: Vec<PassTime>,
 }
 
 impl Times {
     /// Records `pass`, which ran as `r`; returns `value`.
     fn pass<R, V>(&mut self, rec: &mut Recorder, pass: Pass, r: &Ran<R>, value: V) -> V {
         let secs = rec.span_between(Activity::Pass(pass), r.started, r.ended);
-        self.out.push((pass, secs));
+        self.out.push(PassTime {
+            pass,
+            secs,
+            edge_secs: None,
+        });
         value
     }
 
@@ -163,7 +166,11 @@ impl Times {
             };
             let pass = Pass::new(kind, s, mb);
             rec.span_between(Activity::Pass(pass), started, r.ended);
-            self.out.push((pass, before + share));
+            self.out.push(PassTime {
+                pass,
+                secs: before + share,
+                edge_secs: None,
+            });
         }
     }
 }

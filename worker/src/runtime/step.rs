@@ -25,12 +25,8 @@ use crate::error::{Error, Result};
 pub struct StepReport {
     /// The step's mean loss over its microbatches (the same on every worker after the sync).
     pub loss: Option<f32>,
-    /// Compute seconds of every pass the worker ran, in program order (waiting for frames
-    /// not included).
-    pub pass_times: Vec<(Pass, f64)>,
-    /// Of each pass in [`StepReport::pass_times`], the seconds spent in its stage's
-    /// embedding or head piece (empty where not measured: passes side by side).
-    pub edge_times: Vec<(Pass, f64)>,
+    /// Every pass the worker ran and its compute seconds, in program order.
+    pub pass_times: Vec<PassTime>,
     /// Seconds the worker spent computing: the sum of [`StepReport::pass_times`], or less
     /// where passes ran side by side (a one-worker job on several threads), each second
     /// counted once.
@@ -56,6 +52,18 @@ pub struct StepReport {
     /// Seconds of the passes this thread ran spent waiting for a core (in
     /// [`StepReport::busy_secs`]; passes on other threads not counted).
     pub pass_core_wait_secs: f64,
+}
+
+/// One pass a worker ran and how long it computed (waiting for frames not included).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PassTime {
+    /// The pass.
+    pub pass: Pass,
+    /// Its compute seconds.
+    pub secs: f64,
+    /// Of `secs`, the seconds in the stage's embedding or head piece; `None` where not
+    /// measured (passes side by side).
+    pub edge_secs: Option<f64>,
 }
 
 /// A worker's passes as [`run_passes`] drives them: real stages or emulated compute.
@@ -90,10 +98,10 @@ pub(crate) trait Passes {
     /// Bytes stashed for pending `B` and `W` passes now.
     fn stash_bytes(&self) -> u64;
 
-    /// Seconds the last run `pass` spent in its stage's embedding or head piece (0: none,
-    /// or not measured).
-    fn edge_secs(&self, _pass: Pass) -> f64 {
-        0.0
+    /// Seconds the last run `pass` spent in its stage's embedding or head piece (0: the
+    /// stage has neither; `None`: not measured).
+    fn edge_secs(&self, _pass: Pass) -> Option<f64> {
+        None
     }
 
     /// This worker's data-parallel replica (a count of 1: no gradient sums).
@@ -156,7 +164,6 @@ pub(crate) fn run_passes<P: Passes>(
         let mut rec = Recorder::start(started, 2 * program.len() + 1);
         let mut losses: Vec<(u32, f32)> = Vec::new();
         let mut pass_times = Vec::with_capacity(program.len());
-        let mut edge_times = Vec::with_capacity(program.len());
         let mut peak = passes.stash_bytes();
         for (i, &pass) in program.iter().enumerate() {
             let (s, mb) = (pass.stage, pass.mb);
@@ -183,8 +190,11 @@ pub(crate) fn run_passes<P: Passes>(
             let mark = rec.core_wait.mark();
             let output = passes.run(pass, input)?;
             rec.core_wait.add_pass_since(mark);
-            pass_times.push((pass, rec.span(Activity::Pass(pass), t0)));
-            edge_times.push((pass, passes.edge_secs(pass)));
+            pass_times.push(PassTime {
+                pass,
+                secs: rec.span(Activity::Pass(pass), t0),
+                edge_secs: passes.edge_secs(pass),
+            });
             let to = match pass.kind {
                 PassKind::F if s < last => Some((s + 1, FrameKind::Activation)),
                 PassKind::B | PassKind::BW if s > 0 => Some((s - 1, FrameKind::Gradient)),
@@ -221,11 +231,10 @@ pub(crate) fn run_passes<P: Passes>(
                 ),
             ));
         }
-        let busy_secs = pass_times.iter().map(|&(_, s)| s).sum();
+        let busy_secs = pass_times.iter().map(|t| t.secs).sum();
         let ran = PassesDone {
             losses,
             pass_times,
-            edge_times,
             busy_secs,
             peak,
         };
@@ -242,9 +251,7 @@ pub(crate) struct PassesDone {
     /// The last stage's losses, by microbatch (in any order).
     pub(crate) losses: Vec<(u32, f32)>,
     /// Each pass's compute seconds, in program order.
-    pub(crate) pass_times: Vec<(Pass, f64)>,
-    /// Of each pass, the seconds in its stage's embedding or head piece (may be empty).
-    pub(crate) edge_times: Vec<(Pass, f64)>,
+    pub(crate) pass_times: Vec<PassTime>,
     /// Seconds the worker spent computing (passes side by side counted once).
     pub(crate) busy_secs: f64,
     /// The largest stash seen at a pass boundary.
@@ -297,7 +304,6 @@ pub(crate) fn end_step<P: Passes>(
     Ok(StepReport {
         loss: P::LEARNS.then_some(loss),
         pass_times: ran.pass_times,
-        edge_times: ran.edge_times,
         busy_secs: ran.busy_secs,
         wall_secs: started.elapsed().as_secs_f64(),
         peak_stash_bytes: ran.peak,

@@ -33,11 +33,16 @@ impl Stage {
         })?;
         let mut outs = Vec::with_capacity(ran.len());
         for ((r, &(mb, ..)), shape) in ran.into_iter().zip(items).zip(shapes) {
-            let (stashes, out, _) = r.value?;
-            self.pending
-                .insert(mb, Pending::Backward { shape, stashes });
+            let f = r.value?;
+            self.pending.insert(
+                mb,
+                Pending::Backward {
+                    shape,
+                    stashes: f.stashes,
+                },
+            );
             outs.push(Ran {
-                value: out,
+                value: f.out,
                 started: r.started,
                 ended: r.ended,
             });
@@ -69,11 +74,12 @@ impl Stage {
         let mut outs = Vec::with_capacity(ran.len());
         // The LayerNorm gradients are added here, in the items' order, as one thread would.
         for (r, &(mb, _)) in ran.into_iter().zip(items) {
-            let (stashes, norms, dx, _) = r.value?;
-            self.add_norm_grads(norms)?;
-            self.pending.insert(mb, Pending::Weight { stashes });
+            let b = r.value?;
+            self.add_norm_grads(b.norms)?;
+            self.pending
+                .insert(mb, Pending::Weight { stashes: b.stashes });
             outs.push(Ran {
-                value: dx,
+                value: b.dx,
                 started: r.started,
                 ended: r.ended,
             });
