@@ -5,34 +5,24 @@ use super::worker::{StepReport, Worker};
 use crate::job::{JobPlan, JobSpec};
 use crate::partition::{largest_worker_time, split_for_speeds_within};
 
-/// What the runner watches a run's step times with: the cost of every piece (by FLOPs,
-/// [`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs), until the cost model
-/// has measured them: [`Straggle::recost`]), the stage → worker table and the split in use.
+/// What the runner watches a run's step times with: the stage → worker table and the split
+/// in use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Straggle {
-    piece_costs: Vec<f64>,
     worker_of: Vec<u32>,
     counts: Vec<u32>,
 }
 
 impl Straggle {
-    /// Weighs the pieces by `piece_costs` from now on (one per piece, each positive; else
-    /// nothing changes): the measured costs, so that a move balances what the passes take
-    /// rather than their FLOPs, which miss the embedding's and the head's memory-bound work.
-    pub fn recost(&mut self, piece_costs: Vec<f64>) {
-        if piece_costs.len() == self.piece_costs.len()
-            && piece_costs.iter().all(|c| c.is_finite() && *c > 0.0)
-        {
-            self.piece_costs = piece_costs;
-        }
-    }
-
-    /// Modelled work of every worker under the split in use.
-    fn work(&self, workers: usize) -> Vec<f64> {
+    /// Modelled work of every worker under the split in use, for `piece_costs`.
+    fn work(&self, piece_costs: &[f64], workers: usize) -> Vec<f64> {
         let mut work = vec![0.0; workers];
         let mut next = 0usize;
         for (&w, &c) in self.worker_of.iter().zip(&self.counts) {
-            let cost: f64 = self.piece_costs[next..next + c as usize].iter().sum();
+            let Some(costs) = piece_costs.get(next..next + c as usize) else {
+                return vec![0.0; workers];
+            };
+            let cost: f64 = costs.iter().sum();
             next += c as usize;
             if let Some(x) = work.get_mut(w as usize) {
                 *x += cost;
@@ -65,8 +55,6 @@ pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Opti
         return None;
     }
     let model = &spec.model;
-    let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
-    let piece_costs = model.piece_costs(mbs);
     let counts = if stage_pieces.is_empty() {
         model
             .balanced_split(placement)
@@ -78,7 +66,6 @@ pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Opti
         stage_pieces.to_vec()
     };
     Some(Straggle {
-        piece_costs,
         worker_of: (0..stages).map(|s| placement.worker_of(s)).collect(),
         counts,
     })
@@ -88,13 +75,15 @@ pub fn straggle_of(spec: &JobSpec, plan: &JobPlan, stage_pieces: &[u32]) -> Opti
 pub const BOUNDED: &str = " (as far as the workers' memory allows)";
 
 /// Adds one step's reports to `history` (every worker's time in passes per unit of
-/// modelled work, over the median's) and returns the reason and the new split when a
+/// modelled work, by `piece_costs`, one per piece in model order, over the median's) and
+/// returns the reason and the new split when a
 /// worker has been a straggler for [`STRAGGLER_STEPS`] steps in a row and moving layers
 /// off it is predicted to shorten the step by [`STRAGGLER_GAIN`] at least (and at least
 /// two steps are left after `done`). The split is the one balanced for the workers'
 /// speeds or, where that does not `fit` their memory, the move towards it that does.
 pub fn straggler(
     watch: &Straggle,
+    piece_costs: &[f64],
     reports: &[StepReport],
     history: &mut Vec<Vec<f64>>,
     (done, steps): (u64, u64),
@@ -102,7 +91,7 @@ pub fn straggler(
     fits: impl Fn(&[u32]) -> bool,
 ) -> Option<(String, Vec<u32>)> {
     let d = workers.len();
-    let work = watch.work(d);
+    let work = watch.work(piece_costs, d);
     let mut per = vec![f64::NAN; d];
     for r in reports {
         let w = r.worker_index as usize;
@@ -134,16 +123,11 @@ pub fn straggler(
     if !history.iter().all(|h| h[slowest] >= STRAGGLER_RATIO) {
         return None;
     }
-    let (costs, worker_of) = (&watch.piece_costs, &watch.worker_of);
+    let worker_of = &watch.worker_of;
     let (counts, bounded) =
-        split_for_speeds_within(costs, worker_of, &slowness, &watch.counts, fits).ok()?;
-    let before = largest_worker_time(
-        &watch.piece_costs,
-        &watch.worker_of,
-        &slowness,
-        &watch.counts,
-    );
-    let after = largest_worker_time(&watch.piece_costs, &watch.worker_of, &slowness, &counts);
+        split_for_speeds_within(piece_costs, worker_of, &slowness, &watch.counts, fits).ok()?;
+    let before = largest_worker_time(piece_costs, worker_of, &slowness, &watch.counts);
+    let after = largest_worker_time(piece_costs, worker_of, &slowness, &counts);
     if counts == watch.counts || before < STRAGGLER_GAIN * after {
         return None;
     }

@@ -200,11 +200,23 @@ fn the_straggler_rule_waits_for_a_drift_being_counted() {
     let (_, ranges) = in_use_ranges(&spec, &plan, &[]).unwrap();
     // The straggler rule alone would have stopped the run after step 5 (steps 3–5).
     let watch = straggle_of(&spec, &plan, &[]).unwrap();
+    let flops = spec
+        .model
+        .piece_costs(spec.parallelism.pipeline_parallel_microbatch_size);
     let mut history = Vec::new();
     let straggler_at = (1..8).find(|&k| {
         let factors = if k < 3 { [1.0, 1.0] } else { [1.0, 3.0] };
         let reports = busy(timed(&ws, &ranges, k, factors, 1.0));
-        straggler(&watch, &reports, &mut history, (k + 1, 10), &ws, |_| true).is_some()
+        straggler(
+            &watch,
+            &flops,
+            &reports,
+            &mut history,
+            (k + 1, 10),
+            &ws,
+            |_| true,
+        )
+        .is_some()
     });
     assert_eq!(straggler_at, Some(5));
     assert_eq!(stopped_at, Some(6));

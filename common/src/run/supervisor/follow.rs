@@ -210,11 +210,6 @@ impl Supervisor {
         if self.drifted(run, step, times, &reports) {
             return;
         }
-        if self.costs.calibrated()
-            && let Some(watch) = &mut run.out.watch
-        {
-            watch.recost(self.piece_totals());
-        }
         // Each rank's tightest memory, taken only when a straggler move is weighed.
         let tight = std::cell::OnceCell::new();
         let (workers, others) = (&run.out.workers, &run.out.others);
@@ -226,6 +221,7 @@ impl Supervisor {
             && let Some(watch) = &run.out.watch
             && let Some((reason, counts)) = straggler(
                 watch,
+                &self.straggler_costs(),
                 &reports,
                 &mut run.history,
                 (run.out.first_step + run.completed, run.out.steps),

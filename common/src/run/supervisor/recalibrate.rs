@@ -90,6 +90,18 @@ impl Supervisor {
             .collect()
     }
 
+    /// What the straggler rule weighs the pieces by: the costs as they stand once a step
+    /// has been measured, so that a move balances what the passes take; before, their
+    /// FLOPs ([`ModelSpec::piece_costs`](crate::model::ModelSpec::piece_costs)).
+    pub(super) fn straggler_costs(&self) -> Vec<f64> {
+        let measured = self.piece_totals();
+        if self.costs.calibrated() && measured.iter().all(|c| c.is_finite() && *c > 0.0) {
+            return measured;
+        }
+        let mbs = self.current.parallelism.pipeline_parallel_microbatch_size;
+        self.current.model.piece_costs(mbs)
+    }
+
     /// The split of the pieces that balances the workers for the costs as they stand
     /// (per-piece costs, per-worker factors), or where that would not fit a worker's memory
     /// the move towards it that does; with the predicted step times of the run's split and

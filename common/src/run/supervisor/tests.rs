@@ -373,9 +373,23 @@ fn a_straggler_move() {
     };
     // The policy on its own, for the reason and the split it finds.
     let watch = straggle_of(&spec, &plan, &[]).unwrap();
+    let flops = spec
+        .model
+        .piece_costs(spec.parallelism.pipeline_parallel_microbatch_size);
     let mut history = Vec::new();
     let mut moves: Vec<(String, Vec<u32>)> = (1..4)
-        .filter_map(|k| straggler(&watch, &slow(k), &mut history, (k + 1, 6), &ws, |_| true))
+        .filter_map(|k| {
+            let reports = slow(k);
+            straggler(
+                &watch,
+                &flops,
+                &reports,
+                &mut history,
+                (k + 1, 6),
+                &ws,
+                |_| true,
+            )
+        })
         .collect();
     let found = moves.pop().unwrap();
     assert!(moves.is_empty(), "{moves:?}");
