@@ -316,7 +316,7 @@ pub(crate) fn attention(
     if all_f32_cpu(&[qkv]) {
         let mut y = cpu::uninit(sh.n() * sh.h());
         let mut lse = cpu::uninit(sh.b * sh.heads * sh.t);
-        let threads = cpu::candle_threads();
+        let threads = cpu::threads();
         let run = |[q]: [&[f32]; 1]| kernels::attention::forward(q, &mut y, &mut lse, sh, threads);
         if cpu::with_f32s([qkv], run).is_some() {
             // SAFETY: the kernel writes every element of `y` and `lse`.
@@ -366,7 +366,7 @@ pub(crate) fn attention_grad(
     let sh = attention_shape(qkv, dims)?;
     if all_f32_cpu(&[qkv, y, lse, dy]) {
         let mut dqkv = cpu::uninit(sh.n() * 3 * sh.h());
-        let threads = cpu::candle_threads();
+        let threads = cpu::threads();
         let run = |[q, y, l, d]: [&[f32]; 4]| {
             kernels::attention_backward::backward((q, y, l, d), &mut dqkv, sh, threads)
         };

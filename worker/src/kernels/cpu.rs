@@ -192,14 +192,32 @@ pub(crate) fn tensor(v: Vec<f32>, shape: impl Into<Shape>) -> Result<Tensor> {
 pub(crate) const PAR_MIN_ROWS: usize = 64;
 
 /// The threads the kernels may use: the current rayon pool's inside one (so a test can
-/// `install` a pool of 1 or 2), else candle's count (`RAYON_NUM_THREADS`), without touching
-/// rayon's global pool when that is 1.
+/// `install` a pool of 1 or 2), else candle's count (`RAYON_NUM_THREADS`) at most the
+/// calling thread's [`limit_threads`], without touching rayon's global pool when that is 1.
 pub(crate) fn threads() -> usize {
     if rayon::current_thread_index().is_some() {
         rayon::current_num_threads()
     } else {
-        candle_threads()
+        match LIMIT.get() {
+            0 => candle_threads(),
+            n => candle_threads().min(n),
+        }
     }
+}
+
+thread_local! {
+    /// The calling thread's cap on [`threads`] (0: none).
+    static LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Caps the threads the kernels called from this thread fan out to (0: no cap): a worker
+/// sharing its host's cores with other workers uses its share. Fanning out further gains
+/// nothing on cores the other workers keep busy, and each hand-over to rayon's pool and
+/// back costs two context switches (the README's `pipewise local`, 4 workers on 2 cores:
+/// 26 → 21 ms a step at 1 thread each). Results do not change: every kernel splits its
+/// work so that no sum depends on the threads.
+pub(crate) fn limit_threads(n: usize) {
+    LIMIT.set(n);
 }
 
 /// candle's thread count (`candle_core::utils::get_num_threads`), read once per process:

@@ -31,6 +31,10 @@ pub(crate) fn executor_loop(
     assignments: &std::sync::mpsc::Receiver<pb::Assignment>,
     reports: &mpsc::UnboundedSender<pb::StepReport>,
 ) {
+    // Sharing its host's cores with other workers, it fans out to its share of them.
+    if config.cores > 0.0 {
+        crate::kernels::cpu::limit_threads((config.cores.floor() as usize).max(1));
+    }
     // The last real run's stages, while the job may go on from them.
     let mut kept = None;
     while let Ok(a) = assignments.recv() {
