@@ -334,3 +334,25 @@ pub(crate) fn storage_slice<'a>(
     }
     Ok(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit holds for the thread that set it, and only there.
+    #[test]
+    fn a_limit_caps_only_the_calling_threads_kernels() {
+        let all = candle_threads();
+        std::thread::spawn(move || {
+            limit_threads(1);
+            assert_eq!(threads(), 1);
+            std::thread::spawn(move || assert_eq!(threads(), all))
+                .join()
+                .unwrap();
+            limit_threads(0);
+            assert_eq!(threads(), all);
+        })
+        .join()
+        .unwrap();
+    }
+}
