@@ -303,7 +303,7 @@ fn bf16_attention_keeps_an_f32_log_sum_exp() -> Result<()> {
 
 /// Times (on-CPU time, a mean) the block's attention before (split heads, the unfused reference with its `t × t`
 /// probabilities, merge heads) and after (`ops::attention` / `ops::attention_grad`) on the
-/// issue's two models. By hand, in release:
+/// issue's two models and `pipewise local`'s tiny one (heads of 16). By hand, in release:
 /// `RAYON_NUM_THREADS=1 cargo test --release -p pipewise-worker --lib attention_speed -- --ignored --nocapture`.
 #[test]
 #[ignore = "a timing to read, not a check"]
@@ -330,7 +330,7 @@ fn attention_speed() -> Result<()> {
         }
         Ok((cpu_ns() - start) as f64 * 1e-9 / f64::from(runs))
     }
-    for (b, t, h, heads) in [(4, 128, 256, 4), (4, 256, 1024, 16)] {
+    for (b, t, h, heads) in [(4, 128, 256, 4), (4, 256, 1024, 16), (1, 32, 64, 4)] {
         let sh = Shape {
             b,
             t,

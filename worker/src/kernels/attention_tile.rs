@@ -253,8 +253,10 @@ impl Simd for M512 {
 /// `a[r·a_rs + i·a_cs]`), `B: k × n` (row `i` at `b[i·ldb..]`, contiguous), `C: m × n` (row
 /// `r` at `c[r·ldc..]`). Blocks of 6 rows by two vectors (12 accumulators: enough to hide
 /// the FMA latency on two FMA units, with registers left for `B` and the broadcast `A`),
-/// then one of 4 rows (64 = 6·10 + 4); the ragged edges (rows, or columns short of two
-/// vectors) in scalar code.
+/// then one of 4 rows (64 = 6·10 + 4); columns short of two vectors but holding one in
+/// blocks one vector wide (a head of 16 columns under AVX-512, which the scalar edge took
+/// at a third of AVX2's speed); the ragged edges in scalar code. Every element is the same
+/// sum in the same order whichever of them computes it.
 ///
 /// # Safety
 /// Every addressed element of `a`, `b` and `c` must be in bounds, `c` must not overlap `a`
@@ -268,25 +270,37 @@ pub(crate) unsafe fn mm<I: Isa>(
     (accumulate, alpha): (bool, f32),
     causal: Causal,
 ) {
-    let nr = 2 * I::V::LANES;
-    let n_full = n - n % nr;
+    let w = I::V::LANES;
+    let n_two = n - n % (2 * w);
+    // Columns in vector blocks: the two-vector ones, then one of a single vector.
+    let n_full = if n - n_two >= w { n_two + w } else { n_two };
     let m6 = m - m % 6;
     let m_full = m6 + (m - m6) / 4 * 4;
     // SAFETY: each block and edge addresses its own rows and columns, in bounds by the
     // caller's contract.
     unsafe {
         for r0 in (0..m6).step_by(6) {
-            for c0 in (0..n_full).step_by(nr) {
+            for c0 in (0..n_two).step_by(2 * w) {
                 if let Some(ks) = causal.span::<6>(r0, c0, k) {
-                    block::<I, 6>((r0, c0), ks, a, b, c, accumulate, alpha);
+                    block::<I, 6, 2>((r0, c0), ks, a, b, c, accumulate, alpha);
                 }
+            }
+            if n_full > n_two
+                && let Some(ks) = causal.span::<6>(r0, n_two, k)
+            {
+                block::<I, 6, 1>((r0, n_two), ks, a, b, c, accumulate, alpha);
             }
         }
         if m_full > m6 {
-            for c0 in (0..n_full).step_by(nr) {
+            for c0 in (0..n_two).step_by(2 * w) {
                 if let Some(ks) = causal.span::<4>(m6, c0, k) {
-                    block::<I, 4>((m6, c0), ks, a, b, c, accumulate, alpha);
+                    block::<I, 4, 2>((m6, c0), ks, a, b, c, accumulate, alpha);
                 }
+            }
+            if n_full > n_two
+                && let Some(ks) = causal.span::<4>(m6, n_two, k)
+            {
+                block::<I, 4, 1>((m6, n_two), ks, a, b, c, accumulate, alpha);
             }
         }
         // Columns past the last full block on every row, rows past the last full block on
@@ -326,13 +340,13 @@ impl Causal {
     }
 }
 
-/// `mm` on rows `r0..r0 + R` and columns `c0..c0 + 2·LANES`, in `2·R` vector accumulators.
+/// `mm` on rows `r0..r0 + R` and columns `c0..c0 + N·LANES`, in `N·R` vector accumulators.
 ///
 /// # Safety
 /// As `mm`'s, for these rows and columns.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn block<I: Isa, const R: usize>(
+unsafe fn block<I: Isa, const R: usize, const N: usize>(
     (r0, c0): (usize, usize),
     (k0, k1): (usize, usize),
     (a, a_rs, a_cs): (*const f32, usize, usize),
@@ -342,17 +356,18 @@ unsafe fn block<I: Isa, const R: usize>(
     alpha: f32,
 ) {
     let w = I::V::LANES;
-    // SAFETY: rows `r0..r0 + R` of A and C, columns `c0..c0 + 2·LANES` of B and C.
+    // SAFETY: rows `r0..r0 + R` of A and C, columns `c0..c0 + N·LANES` of B and C.
     unsafe {
-        let mut acc = [[I::V::splat(0.0); 2]; R];
+        let mut acc = [[I::V::splat(0.0); N]; R];
         let a0 = a.add(r0 * a_rs);
         for i in k0..k1 {
             let bp = b.add(i * ldb + c0);
-            let (b0, b1) = (I::V::load(bp), I::V::load(bp.add(w)));
+            let bv: [I::V; N] = std::array::from_fn(|j| I::V::load(bp.add(j * w)));
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 let av = I::V::splat(*a0.add(r * a_rs + i * a_cs));
-                acc_r[0] = av.mul_add(b0, acc_r[0]);
-                acc_r[1] = av.mul_add(b1, acc_r[1]);
+                for (x, &bj) in acc_r.iter_mut().zip(&bv) {
+                    *x = av.mul_add(bj, *x);
+                }
             }
         }
         let al = I::V::splat(alpha);
