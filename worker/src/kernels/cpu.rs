@@ -346,13 +346,12 @@ mod tests {
         std::thread::spawn(move || {
             limit_threads(1);
             assert_eq!(threads(), 1);
-            std::thread::spawn(move || assert_eq!(threads(), all))
-                .join()
-                .unwrap();
+            let other = std::thread::spawn(threads).join();
+            assert_eq!(other.ok(), Some(all));
             limit_threads(0);
             assert_eq!(threads(), all);
         })
         .join()
-        .unwrap();
+        .expect("the limited thread's checks");
     }
 }
