@@ -195,7 +195,7 @@ test_device!(stash_bytes_mixed_pending, mixed);
 fn predicted_peaks_equal_measured_peaks() {
     use pipewise_common::job::example;
     use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
-    use pipewise_worker::runtime::run_local;
+    use pipewise_worker::runtime::{LocalOptions, run_local};
 
     let mut ratios = Vec::new();
     for kind in [
@@ -224,6 +224,7 @@ fn predicted_peaks_equal_measured_peaks() {
             optimizer_of(&spec),
             &Device::Cpu,
             &steps,
+            LocalOptions::default(),
         )
         .unwrap();
         let measured: Vec<u64> = run.reports[0].iter().map(|r| r.peak_stash_bytes).collect();

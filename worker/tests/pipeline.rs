@@ -16,7 +16,7 @@ use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_common::schedule::Schedule;
 use pipewise_worker::runtime::{
     Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, PassTime, Payload, StepReport,
-    Transport, WorkerRuntime, run_local, run_local_with,
+    Transport, WorkerRuntime, run_local,
 };
 use pipewise_worker::test_utils::max_abs_diff;
 use pipewise_worker::{AdamW, Batch, Result, Stage, Trainer};
@@ -144,7 +144,8 @@ fn matches_reference(
     let reference = reference(&spec, &data)?;
     let schedule = schedule(kind, workers, chunks);
     let started = Instant::now();
-    let run = run_local(&schedule, &spec, SEED, adamw(), &Device::Cpu, &data)?;
+    let opts = LocalOptions::default();
+    let run = run_local(&schedule, &spec, SEED, adamw(), &Device::Cpu, &data, opts)?;
     let secs = started.elapsed().as_secs_f64();
     let (loss_diff, param_diff) = differences(&run.losses, &run.params, &reference)?;
     let mut moved: f64 = 0.0;
@@ -275,7 +276,7 @@ fn resumes_exactly(
             ..LocalOptions::default()
         };
         let schedule = schedule(kind, 2, 1);
-        run_local_with(
+        run_local(
             &schedule,
             &spec,
             SEED,
@@ -379,7 +380,7 @@ fn count_sends(schedule: &Schedule, layers: u32, steps: u64) -> Result<(usize, u
         wrap: Some(&wrap),
         ..LocalOptions::default()
     };
-    let run = run_local_with(
+    let run = run_local(
         &schedule.clone(),
         &spec,
         SEED,
@@ -550,7 +551,7 @@ fn stops_on_the_corrupted_frame(
     options: LocalOptions<'_>,
 ) {
     let started = Instant::now();
-    let result = run_local_with(schedule, spec, SEED, adamw(), &Device::Cpu, data, options);
+    let result = run_local(schedule, spec, SEED, adamw(), &Device::Cpu, data, options);
     let secs = started.elapsed().as_secs_f64();
     let Err(e) = result else {
         panic!("{what}: the corrupted frame went unnoticed");
@@ -643,7 +644,7 @@ fn replicas_match_the_reference() -> Result<()> {
             replicas: REPLICAS,
             ..LocalOptions::default()
         };
-        run_local_with(schedule, &spec, SEED, adamw(), &Device::Cpu, &data, options)
+        run_local(schedule, &spec, SEED, adamw(), &Device::Cpu, &data, options)
     };
     for (kind, workers, chunks) in [
         (ScheduleKind::OneFOneB, 2, 1),

@@ -289,7 +289,7 @@ impl StepSync for LocalSync {
 /// Wraps worker `w`'s in-memory transport handle (e.g. to count or corrupt frames in tests).
 pub type WrapTransport = dyn Fn(u32, MemoryTransport) -> Box<dyn Transport> + Sync;
 
-/// Options of [`run_local_with`].
+/// Options of [`run_local`].
 #[derive(Clone, Copy)]
 pub struct LocalOptions<'a> {
     /// Piece ranges per stage; `None`: the default split of the placement's stages
@@ -354,28 +354,6 @@ pub struct LocalRun {
     pub replica_params: Vec<BTreeMap<String, Tensor>>,
 }
 
-/// Trains `steps.len()` steps (`steps[i]` holds step `i`'s `n` microbatches) with every
-/// worker of `schedule` on its own thread, [`MemoryTransport`] between them and a
-/// [`LocalSync`]; the model is split by default ([`ModelSpec::balanced_split`]).
-pub fn run_local(
-    schedule: &Schedule,
-    spec: &ModelSpec,
-    seed: u64,
-    optimizer: AdamW,
-    device: &Device,
-    steps: &[Vec<Batch>],
-) -> Result<LocalRun> {
-    run_local_with(
-        schedule,
-        spec,
-        seed,
-        optimizer,
-        device,
-        steps,
-        LocalOptions::default(),
-    )
-}
-
 /// Aborts the networks and the sync when a worker thread ends early (error or panic).
 struct AbortGuard<'a> {
     worker: u32,
@@ -398,9 +376,12 @@ impl Drop for AbortGuard<'_> {
 
 type WorkerOutcome = (Vec<StepReport>, Vec<(String, Tensor)>);
 
-/// [`run_local`] with a partition, timeout, job id and transport wrapper. When a worker
-/// fails, the others are stopped and the first failure is returned.
-pub fn run_local_with(
+/// Trains `steps.len()` steps (`steps[i]` holds step `i`'s `n` microbatches) with every
+/// worker of `schedule` on its own thread, [`MemoryTransport`] between them and a
+/// [`LocalSync`]; `options` may set the partition (default: [`ModelSpec::balanced_split`]),
+/// timeout, job id and transport wrapper. When a worker fails, the others are stopped and
+/// the first failure is returned.
+pub fn run_local(
     schedule: &Schedule,
     spec: &ModelSpec,
     seed: u64,

@@ -38,7 +38,7 @@ pub mod transport;
 
 pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use executor::{Slowdown, WorkerRuntime};
-pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local, run_local_with};
+pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local};
 pub use program::DEFAULT_TIMEOUT;
 pub use step::{PassTime, Replica, ReplicaPart, StepReport, StepSync};
 pub(crate) use sync::sum_in_replica_order;
