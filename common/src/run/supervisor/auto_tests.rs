@@ -451,3 +451,56 @@ fn an_auto_trial_keeps_the_fastest_and_needs_checkpoints() {
         [Action::Step(_)]
     ));
 }
+
+/// The re-check's line names the costs the search was asked with (fitted to the first `T`
+/// steps), not the steps the run went on with while it searched.
+#[test]
+fn the_re_check_names_the_steps_its_costs_were_fitted_to() {
+    let (ws, mut s, choice) = first_run();
+    let placement = &choice.best.plan.schedule.placement;
+    let step = |s: &mut Supervisor, k: u64| {
+        let mut acts = Vec::new();
+        for i in 0..ws.len() {
+            let stage_times = (0..placement.stages())
+                .filter(|&st| placement.worker_of(st) == i as u32)
+                .map(|stage| crate::run::StageTimes {
+                    stage,
+                    f: 0.01,
+                    b: 0.01,
+                    w: 0.01,
+                    edge: [0.0; 3],
+                })
+                .collect();
+            let r = StepReport {
+                wall_secs: 0.2,
+                stage_times,
+                ..report(&ws, i, k)
+            };
+            acts = s.feed(1_000 * (k + 1), Input::Report(Box::new(r)));
+        }
+        acts
+    };
+    let mut acts = Vec::new();
+    for k in 0..T {
+        acts = step(&mut s, k);
+    }
+    let [Action::Step(_), Action::Choose(again)] = &acts[..] else {
+        panic!("{acts:?}")
+    };
+    // Two more steps while the search runs.
+    for k in T..T + 2 {
+        step(&mut s, k);
+    }
+    let acts = s.feed(1_000 * (T + 3), chosen(again, Ok(choice.clone())));
+    let Some(text) = acts.iter().find_map(|a| match a {
+        Action::Info(text) => Some(text),
+        _ => None,
+    }) else {
+        panic!("{acts:?}")
+    };
+    assert!(text.starts_with("auto re-checked: "), "{text}");
+    assert!(
+        text.contains(&format!("fitted to {T} measured steps")),
+        "{text}"
+    );
+}

@@ -655,7 +655,7 @@ impl Supervisor {
     /// choice. One that had not started measuring rivals starts again with the next run.
     fn end_trial(&mut self) {
         self.trial = match self.trial {
-            Trial::Measuring(_) | Trial::Rechoosing(_) => Trial::NotYet,
+            Trial::Measuring(_) | Trial::Rechoosing(..) => Trial::NotYet,
             Trial::Trying { .. } => Trial::Done,
             ref other => other.clone(),
         };

@@ -48,9 +48,9 @@ impl Supervisor {
         }
         match std::mem::replace(&mut self.trial, Trial::Done) {
             Trial::Measuring(first) => {
-                let (choose, _) = self.choose_request(&run.out.all_workers());
+                let (choose, source) = self.choose_request(&run.out.all_workers());
                 self.out.push(Action::Choose(Box::new(choose)));
-                self.trial = Trial::Rechoosing(first);
+                self.trial = Trial::Rechoosing(first, source);
                 false
             }
             Trial::Trying {
@@ -71,8 +71,8 @@ impl Supervisor {
     /// The search's answer on the costs fitted to the first run's steps: the plans it
     /// predicts within the band are measured after the running one.
     pub(super) fn rechosen(&mut self, run: &mut Run, choice: crate::Result<JobChoice>) {
-        let first = match std::mem::replace(&mut self.trial, Trial::Done) {
-            Trial::Rechoosing(first) => first,
+        let (first, source) = match std::mem::replace(&mut self.trial, Trial::Done) {
+            Trial::Rechoosing(first, source) => (first, source),
             // An answer the trial no longer waits for.
             other => {
                 self.trial = other;
@@ -122,7 +122,6 @@ impl Supervisor {
             .take(TRIAL_PLANS - 1)
             .cloned()
             .collect();
-        let source = self.costs_source();
         let secs = plan_secs(&run.step_secs);
         let running = format!(
             "{} measured {:.1} ms a step",

@@ -17,8 +17,9 @@ pub(super) enum Trial {
     NotYet,
     /// The first run's plan, measured until the costs are fitted to its steps.
     Measuring(Box<PlanOption>),
-    /// The search runs again on the fitted costs while the first run's plan goes on.
-    Rechoosing(Box<PlanOption>),
+    /// The search runs again on the fitted costs while the first run's plan goes on; where
+    /// those costs came from when it was asked, in words (steps go on meanwhile).
+    Rechoosing(Box<PlanOption>, String),
     /// Measuring `current`, then `pending`; `tried` with their measured seconds a step.
     Trying {
         pending: Vec<PlanOption>,
