@@ -62,6 +62,18 @@ pub struct PieceCost {
     pub w: f64,
 }
 
+/// The piece a stage of `counts` (embeddings, blocks, heads) has timed alone, by index:
+/// the embedding (0) or the head (2) beside blocks. Its own time then tells that piece's
+/// cost from its worker's speed on one split; a stage holding both, or no block, tells
+/// nothing more.
+fn timed_edge(counts: [u32; 3]) -> Option<usize> {
+    match counts {
+        [1, b, 0] if b > 0 => Some(0),
+        [0, b, 1] if b > 0 => Some(2),
+        _ => None,
+    }
+}
+
 /// A running mean with a window ([`WINDOW`]); a provisional sample counts only until the
 /// next one comes, which replaces it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -468,13 +480,11 @@ impl CostModel {
                 let s = t.stage as usize;
                 let Some(range) = ranges.get(s) else { continue };
                 let counts = self.counts(range);
-                // The embedding or the head timed alone, beside blocks: one split then tells
-                // that piece's cost from its worker's speed.
-                let edge = match counts {
-                    [1, b, 0] if b > 0 => Some([1, 0, 0]),
-                    [0, b, 1] if b > 0 => Some([0, 0, 1]),
-                    _ => None,
-                };
+                let edge = timed_edge(counts).map(|p| {
+                    let mut piece = [0; 3];
+                    piece[p] = 1;
+                    piece
+                });
                 let backward = if fused[s] { PassKind::BW } else { PassKind::B };
                 let kinds = [PassKind::F, backward, PassKind::W];
                 for ((kind, secs), edge_secs) in kinds.into_iter().zip([t.f, t.b, t.w]).zip(t.edge)

@@ -81,13 +81,11 @@ fn report(
 }
 
 /// What a worker reports of a stage's embedding or head timed alone (F, B or fused BW, W),
-/// as the true costs and its factor give it; zeros unless the stage holds exactly one of
-/// them beside blocks.
+/// as the true costs and its factor give it; zeros where the cost model takes none
+/// ([`timed_edge`]).
 fn edge_times(counts: [u32; 3], factor: f64, fused: bool) -> [f64; 3] {
-    let piece = match counts {
-        [1, b, 0] if b > 0 => 0,
-        [0, b, 1] if b > 0 => 2,
-        _ => return [0.0; 3],
+    let Some(piece) = timed_edge(counts) else {
+        return [0.0; 3];
     };
     let cost = |k: usize| factor * TRUE_COSTS[3 * piece + k];
     if fused {

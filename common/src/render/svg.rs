@@ -101,7 +101,6 @@ pub(crate) fn escape(text: &str) -> String {
     out
 }
 
-/// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
 /// A time axis at height `axis_y` under a plot `plot` wide from `left`: a line, a tick with
 /// its value about every 90 px of `span` (`px` per unit) and `unit` at its left end.
 pub(crate) fn time_axis(
@@ -137,6 +136,7 @@ pub(crate) fn time_axis(
     );
 }
 
+/// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
 pub(crate) fn tick_step(span: f64, target: f64) -> f64 {
     if span <= 0.0 || !span.is_finite() {
         return 1.0;

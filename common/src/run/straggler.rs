@@ -76,10 +76,9 @@ pub const BOUNDED: &str = " (as far as the workers' memory allows)";
 
 /// Adds one step's reports to `history` (every worker's time in passes per unit of
 /// modelled work, by `piece_costs`, one per piece in model order, over the median's) and
-/// returns the reason and the new split when a
-/// worker has been a straggler for [`STRAGGLER_STEPS`] steps in a row and moving layers
-/// off it is predicted to shorten the step by [`STRAGGLER_GAIN`] at least (and at least
-/// two steps are left after `done`). The split is the one balanced for the workers'
+/// returns the reason and the new split when a worker has been a straggler for
+/// [`STRAGGLER_STEPS`] steps in a row and moving layers off it is predicted to shorten the
+/// step by [`STRAGGLER_GAIN`] at least (and at least two steps are left after `done`). The split is the one balanced for the workers'
 /// speeds or, where that does not `fit` their memory, the move towards it that does.
 pub fn straggler(
     watch: &Straggle,

@@ -214,7 +214,7 @@ thread_local! {
 /// sharing its host's cores with other workers uses its share. Fanning out further gains
 /// nothing on cores the other workers keep busy, and each hand-over to rayon's pool and
 /// back costs two context switches (the README's `pipewise local`, 4 workers on 2 cores:
-/// 26 → 21 ms a step at 1 thread each). Results do not change: every kernel splits its
+/// 30–37 → 27–28 ms a step at 1 thread each). Results do not change: every kernel splits its
 /// work so that no sum depends on the threads.
 pub(crate) fn limit_threads(n: usize) {
     LIMIT.set(n);
