@@ -209,9 +209,9 @@ impl Stage {
     }
 
     /// Seconds the last pass (`F`, `B`, `W` or `BW`) spent in this stage's embedding or
-    /// head piece: 0 for a stage of blocks only, and off the CPU.
-    pub fn edge_secs(&self) -> f64 {
-        self.edge_secs
+    /// head piece: 0 for a stage of blocks only; `None` off the CPU (not timed there).
+    pub fn edge_secs(&self) -> Option<f64> {
+        self.device.is_cpu().then_some(self.edge_secs)
     }
 
     /// The largest [`Stage::stash_bytes`] seen at a pass boundary since creation or the last
@@ -610,10 +610,6 @@ impl Stage {
     }
 }
 
-/// `W` of one piece: its weight gradients of microbatch `mb` from `stash`, accumulated.
-/// When a pass started on `piece`, where its time counts in [`Stage::edge_secs`]: the
-/// embedding or the head, on the CPU (a GPU runs the ops asynchronously, so the clock
-/// would measure their launch).
 /// What the arithmetic of `F` gives.
 struct Forwarded {
     /// What `B` and `W` need, one per piece.
@@ -636,6 +632,9 @@ struct BackwardInput {
     edge_secs: f64,
 }
 
+/// When a pass started on `piece`, where its time counts in [`Stage::edge_secs`]: the
+/// embedding or the head, on the CPU (a GPU runs the ops asynchronously, so the clock
+/// would measure their launch).
 fn edge_clock(device: &Device, piece: &PieceState) -> Option<Instant> {
     let edge = matches!(piece, PieceState::Embedding(_) | PieceState::Head(_));
     (edge && device.is_cpu()).then(Instant::now)
@@ -646,6 +645,7 @@ fn since(started: Option<Instant>) -> f64 {
     started.map_or(0.0, |t| t.elapsed().as_secs_f64())
 }
 
+/// `W` of one piece: its weight gradients of microbatch `mb` from `stash`, accumulated.
 fn piece_backward_weight(piece: &mut PieceState, stash: WeightStash, mb: u32) -> Result<()> {
     match (piece, stash) {
         (PieceState::Embedding(e), WeightStash::Embedding(s)) => e.backward_weight(s),

@@ -110,10 +110,7 @@ impl Passes for RealPasses<'_> {
     fn edge_secs(&self, pass: Pass) -> Option<f64> {
         // A slowed worker is slowed in every piece (its passes stretch by the factor).
         let stretch = self.slowdown.max(1.0);
-        Some(
-            self.stage(pass.stage)
-                .map_or(0.0, |s| s.edge_secs() * stretch),
-        )
+        Some(self.stage(pass.stage).ok()?.edge_secs()? * stretch)
     }
 
     fn replica(&self) -> Replica {
