@@ -31,7 +31,7 @@ fn request(memory: u64, top: usize) -> AutoRequest {
 fn check_candidate(c: &Candidate, budget: u64) {
     let s = spec();
     let pieces = s.pieces();
-    let placement = c.kind.placement(8, 2);
+    let placement = c.config.kind.placement(8, 2);
     let stages = placement.stages() as usize;
     // The partition covers every piece once, in order, one non-empty range per stage.
     assert_eq!(c.partition.len(), stages, "{}", c.label());
@@ -39,10 +39,10 @@ fn check_candidate(c: &Candidate, budget: u64) {
     assert_eq!(c.partition[stages - 1].end, pieces.len());
     assert!(c.partition.windows(2).all(|w| w[0].end == w[1].start));
     assert!(c.partition.iter().all(|r| !r.is_empty()));
-    assert_eq!(c.microbatch_size * c.microbatches, 32);
+    assert_eq!(c.config.microbatch_size * c.config.microbatches, 32);
 
     // Stage costs from FLOPs (F = B = W) and the larger activation stash.
-    let mbs = c.microbatch_size;
+    let mbs = c.config.microbatch_size;
     let stage_costs: Vec<StageCost> = c
         .partition
         .iter()

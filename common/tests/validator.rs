@@ -280,10 +280,7 @@ fn stage_on_two_workers() {
 fn from_text(placement: Placement, n: u32, lines: &[&str]) -> Schedule {
     let mut s = Schedule::empty("hand", placement, n);
     for (w, line) in lines.iter().enumerate() {
-        s.workers[w] = line
-            .split_whitespace()
-            .map(|t| t.parse::<Pass>().unwrap())
-            .collect();
+        s.workers[w] = Pass::parse_list(line).unwrap();
     }
     s
 }

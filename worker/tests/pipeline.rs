@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use pipewise_common::generate::{Request, ScheduleKind, generate};
-use pipewise_common::model::{DType as SpecDType, ModelSpec};
+use pipewise_common::model::ModelSpec;
 use pipewise_common::schedule::Schedule;
 use pipewise_worker::runtime::{
     Frame, FrameKind, LocalOptions, LocalSync, MemoryTransport, PassTime, Payload, StepReport,
@@ -27,14 +27,11 @@ const TOLERANCE: f64 = 1e-5;
 /// Global gradient-norm clip: the first steps of these runs exceed it, the later ones not.
 const CLIP: f64 = 1.45;
 
+/// The compute tests' small model, with heads of 16.
 fn spec(layers: u32) -> ModelSpec {
     ModelSpec {
-        vocab: 256,
-        hidden: 32,
         heads: 2,
-        layers,
-        seq_len: 16,
-        dtype: SpecDType::F32,
+        ..common::small_spec(layers)
     }
 }
 

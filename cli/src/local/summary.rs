@@ -32,23 +32,37 @@ pub(super) struct StepSummary {
 
 impl StepSummary {
     pub(super) fn of(e: &pb::StepEvent) -> StepSummary {
-        let mut peaks: Vec<(u32, u64)> = e
-            .peaks
+        // Every field named: one added to the event is a choice made here, not a gap.
+        let pb::StepEvent {
+            job: _,
+            step,
+            loss,
+            step_time_ms,
+            planned_bubble,
+            measured_bubble,
+            ref peaks,
+            replan_reason: _,
+            predicted_step_time_ms,
+            ref plan_choice,
+            core_wait_bubble,
+            pass_core_wait,
+        } = *e;
+        let mut peaks: Vec<(u32, u64)> = peaks
             .iter()
             .map(|p| (p.worker, p.peak_activation_bytes))
             .collect();
         peaks.sort_unstable();
         StepSummary {
-            step: e.step,
-            loss: e.loss,
-            step_time_ms: e.step_time_ms,
-            planned_bubble: e.planned_bubble,
-            measured_bubble: e.measured_bubble,
-            core_wait_bubble: e.core_wait_bubble,
-            pass_core_wait: e.pass_core_wait,
+            step,
+            loss,
+            step_time_ms,
+            planned_bubble,
+            measured_bubble,
+            core_wait_bubble,
+            pass_core_wait,
             peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
-            predicted_step_time_ms: e.predicted_step_time_ms,
-            plan_choice: e.plan_choice.clone(),
+            predicted_step_time_ms,
+            plan_choice: plan_choice.clone(),
         }
     }
 

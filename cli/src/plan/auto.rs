@@ -408,8 +408,8 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
 fn row(i: usize, c: &Candidate, spec: &ModelSpec, plan: &AutoPlan, shapes: bool) -> Vec<String> {
     let mut cells = vec![
         (i + 1).to_string(),
-        c.kind.name().to_string(),
-        format!("{}×{}", c.microbatch_size, c.microbatches),
+        c.config.kind.name().to_string(),
+        format!("{}×{}", c.config.microbatch_size, c.config.microbatches),
         partition_summary(spec, &c.partition),
         format!("{:.1}", c.step_ms),
         format!("{:.0}", c.tokens_per_s),
@@ -421,7 +421,7 @@ fn row(i: usize, c: &Candidate, spec: &ModelSpec, plan: &AutoPlan, shapes: bool)
         ),
     ];
     if shapes {
-        cells.insert(1, format!("{}×{}", c.replicas, c.degree()));
+        cells.insert(1, format!("{}×{}", c.config.replicas, c.degree()));
     }
     cells
 }

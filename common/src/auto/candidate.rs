@@ -26,9 +26,9 @@ fn serialize_kind<S: Serializer>(
     s.serialize_str(kind.name())
 }
 
-/// One planned configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Candidate {
+/// What the search varies: the schedule, the microbatching and the replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Configuration {
     /// The schedule kind.
     #[serde(serialize_with = "serialize_kind")]
     pub kind: ScheduleKind,
@@ -39,6 +39,25 @@ pub struct Candidate {
     /// Data-parallel replicas of the pipeline (each on its own workers, each taking
     /// `microbatches` microbatches of every step).
     pub replicas: u32,
+}
+
+impl Configuration {
+    /// `kind b×n`, e.g. `zb-h1 2×16`, and `R× kind b×n` with replicas (`2× zb-h1 2×8`).
+    pub fn label(&self) -> String {
+        let (kind, mbs, n) = (self.kind.name(), self.microbatch_size, self.microbatches);
+        match self.replicas {
+            0 | 1 => format!("{kind} {mbs}×{n}"),
+            r => format!("{r}× {kind} {mbs}×{n}"),
+        }
+    }
+}
+
+/// One planned configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    /// What was planned.
+    #[serde(flatten)]
+    pub config: Configuration,
     /// Piece index ranges (into [`ModelSpec::pieces`]) of every stage, in stage order.
     pub partition: Vec<Range<usize>>,
     /// The worker holding each stage.
@@ -73,26 +92,14 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// `kind b×n`, e.g. `zb-h1 2×16`, and `R× kind b×n` with replicas (`2× zb-h1 2×8`).
+    /// [`Configuration::label`].
     pub fn label(&self) -> String {
-        label(
-            self.kind,
-            self.microbatch_size,
-            self.microbatches,
-            self.replicas,
-        )
+        self.config.label()
     }
 
     /// Pipeline workers of one replica.
     pub fn degree(&self) -> u32 {
         self.schedule.placement.workers()
-    }
-}
-
-fn label(kind: ScheduleKind, mbs: u32, n: u32, replicas: u32) -> String {
-    match replicas {
-        0 | 1 => format!("{} {mbs}×{n}", kind.name()),
-        r => format!("{r}× {} {mbs}×{n}", kind.name()),
     }
 }
 
@@ -111,15 +118,9 @@ pub enum Why {
 /// A configuration that is not among the ranked plans, with the reason.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Rejected {
-    /// The schedule kind.
-    #[serde(serialize_with = "serialize_kind")]
-    pub kind: ScheduleKind,
-    /// Sequences per microbatch.
-    pub microbatch_size: u32,
-    /// Microbatches per step (of one replica).
-    pub microbatches: u32,
-    /// Data-parallel replicas.
-    pub replicas: u32,
+    /// What was considered.
+    #[serde(flatten)]
+    pub config: Configuration,
     /// The class of reason.
     pub why: Why,
     /// The reason in words.
@@ -133,14 +134,9 @@ pub struct Rejected {
 }
 
 impl Rejected {
-    /// `kind b×n` (`R× kind b×n` with replicas), as [`Candidate::label`].
+    /// [`Configuration::label`].
     pub fn label(&self) -> String {
-        label(
-            self.kind,
-            self.microbatch_size,
-            self.microbatches,
-            self.replicas,
-        )
+        self.config.label()
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::activation_limit::{Searched, search_limit};
-use super::candidate::{Candidate, Outcome, Rejected, Why};
+use super::candidate::{Candidate, Configuration, Outcome, Rejected, Why};
 use super::request::{AutoRequest, PieceCost};
 use super::worker_memory::{activation_bytes, static_reason, worker_bytes};
 use crate::calibration::sums_end;
@@ -64,12 +64,15 @@ pub(super) fn plan_one(
 ) -> Result<Outcome> {
     let d = req.workers;
     let replicas = req.replicas.count.unwrap_or(1);
+    let config = Configuration {
+        kind,
+        microbatch_size: mbs,
+        microbatches: n,
+        replicas,
+    };
     let skip = |why: Why, reason: String, needed: Option<u64>| {
         Outcome::Rejected(Rejected {
-            kind,
-            microbatch_size: mbs,
-            microbatches: n,
-            replicas,
+            config,
             why,
             reason,
             needed_bytes: needed,
@@ -214,10 +217,7 @@ pub(super) fn plan_one(
     }
     let tokens = f64::from(req.global_batch) * f64::from(replicas) * f64::from(req.spec.seq_len);
     Ok(Outcome::Planned(Box::new(Candidate {
-        kind,
-        microbatch_size: mbs,
-        microbatches: n,
-        replicas,
+        config,
         partition,
         stage_workers,
         stage_costs,

@@ -33,10 +33,10 @@ pub struct Ranked {
 impl Ranked {
     fn of(spec: &JobSpec, c: &Candidate, sync_ms: f64) -> Ranked {
         Ranked {
-            schedule: c.kind.name().to_string(),
+            schedule: c.config.kind.name().to_string(),
             chunks: c.partition.len() as u32 / spec.parallelism.pipeline_parallel_degree.max(1),
-            microbatches: c.microbatches,
-            microbatch_size: c.microbatch_size,
+            microbatches: c.config.microbatches,
+            microbatch_size: c.config.microbatch_size,
             replicas: spec.replicas(),
             split: partition_summary(&spec.model, &c.partition),
             predicted_ms: c.step_ms + sync_ms,
@@ -201,8 +201,8 @@ pub fn choose_for_job(
     let mut options = found.ranked.into_iter().map(|c| {
         let mut chosen = spec.clone();
         let cp = &mut chosen.parallelism;
-        cp.pipeline_parallel_schedule = c.kind.name().to_string();
-        cp.pipeline_parallel_microbatch_size = c.microbatch_size;
+        cp.pipeline_parallel_schedule = c.config.kind.name().to_string();
+        cp.pipeline_parallel_microbatch_size = c.config.microbatch_size;
         cp.pipeline_parallel_chunks = INTERLEAVED_CHUNKS;
         cp.pipeline_parallel_degree = workers;
         cp.search_microbatch_size = false;
@@ -211,8 +211,8 @@ pub fn choose_for_job(
             shown: Ranked::of(&chosen, &c, overheads.sync_ms),
             stage_pieces: c.partition.iter().map(|r| r.len() as u32).collect(),
             plan: JobPlan {
-                kind: c.kind,
-                microbatches: c.microbatches,
+                kind: c.config.kind,
+                microbatches: c.config.microbatches,
                 schedule: c.schedule,
             },
             spec: chosen,

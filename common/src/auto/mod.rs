@@ -74,7 +74,7 @@ mod worker_memory;
 /// The auto-planner's balanced partition search (kept here for its old path).
 pub use crate::partition::balance;
 pub use activation_limit::{ADAPTIVE_ASCENT_STEPS, ADAPTIVE_DESCENT_STEPS};
-pub use candidate::{AutoPlan, Candidate, Rejected, Why, partition_summary};
+pub use candidate::{AutoPlan, Candidate, Configuration, Rejected, Why, partition_summary};
 pub use configuration::{INTERLEAVED_CHUNKS, MAX_ADAPTIVE_SHAPE, MAX_FIXED_SHAPE};
 pub use request::{
     AutoRequest, DEFAULT_FLOPS_PER_MS, DEFAULT_SUM_MS_PER_VALUE, Fixed, LayerTimes, Measured,
@@ -298,9 +298,13 @@ mod tests {
     fn too_many_stages_are_skipped() {
         // 1 layer = 3 pieces; V on 2 workers needs 4 stages.
         let plan = auto_plan(&request(1, 256, 2, u64::MAX)).unwrap();
-        assert!(plan.rejected.iter().any(|r| r.kind == ScheduleKind::VMin
-            && r.why == Why::Skipped
-            && r.reason.contains("only 3 pieces")));
+        assert!(
+            plan.rejected
+                .iter()
+                .any(|r| r.config.kind == ScheduleKind::VMin
+                    && r.why == Why::Skipped
+                    && r.reason.contains("only 3 pieces"))
+        );
         assert!(plan.ranked.iter().all(|c| c.partition.len() == 2));
     }
 
@@ -353,27 +357,37 @@ mod tests {
         let shapes: std::collections::BTreeSet<(u32, u32)> = plan
             .ranked
             .iter()
-            .map(|c| (c.replicas, c.degree()))
+            .map(|c| (c.config.replicas, c.degree()))
             .collect();
         assert_eq!(
             shapes.into_iter().collect::<Vec<_>>(),
             vec![(1, 4), (2, 2), (4, 1)]
         );
         let best = &plan.ranked[0];
-        assert_eq!((best.replicas, best.degree()), (4, 1), "{}", best.label());
+        assert_eq!(
+            (best.config.replicas, best.degree()),
+            (4, 1),
+            "{}",
+            best.label()
+        );
         assert!(best.label().starts_with("4× "), "{}", best.label());
         // Each replica takes its share of the batch; throughput counts the whole batch.
-        assert_eq!(best.microbatch_size * best.microbatches, 4);
+        assert_eq!(best.config.microbatch_size * best.config.microbatches, 4);
         let tokens = 16.0 * f64::from(spec(16, 256).seq_len);
         assert!((best.tokens_per_s - tokens / (best.step_ms / 1e3)).abs() < 1e-6 * tokens);
         // Dear sums (a second per value): one pipeline of four, which sums nothing.
         let plan = auto_plan(&weighing(1e3, u64::MAX)).unwrap();
         let best = &plan.ranked[0];
-        assert_eq!((best.replicas, best.degree()), (1, 4), "{}", best.label());
+        assert_eq!(
+            (best.config.replicas, best.degree()),
+            (1, 4),
+            "{}",
+            best.label()
+        );
         // A replicated plan's step waits for its sums: at least stage 0's, a second each.
         let s = spec(16, 256);
         let params: Vec<u64> = s.pieces().into_iter().map(|p| s.piece_params(p)).collect();
-        let two = plan.ranked.iter().find(|c| c.replicas == 2).unwrap();
+        let two = plan.ranked.iter().find(|c| c.config.replicas == 2).unwrap();
         let stage0: u64 = params[two.partition[0].clone()].iter().sum();
         assert!(two.step_ms >= stage0 as f64 * 1e3, "{} ms", two.step_ms);
     }
@@ -382,17 +396,17 @@ mod tests {
     fn replicas_need_each_worker_to_hold_its_whole_stage_group() {
         // The four-deep pipeline's own need fits it and no shape of fewer, larger stages.
         let all = auto_plan(&weighing(0.0, u64::MAX)).unwrap();
-        let deepest = all.ranked.iter().find(|c| c.replicas == 1).unwrap();
+        let deepest = all.ranked.iter().find(|c| c.config.replicas == 1).unwrap();
         let plan = auto_plan(&weighing(0.0, deepest.max_worker_bytes)).unwrap();
         assert!(
-            plan.ranked.iter().all(|c| c.replicas == 1),
+            plan.ranked.iter().all(|c| c.config.replicas == 1),
             "{}",
             plan.ranked[0].label()
         );
         assert!(
             plan.rejected
                 .iter()
-                .any(|r| r.replicas == 4 && r.why == Why::DoesNotFit)
+                .any(|r| r.config.replicas == 4 && r.why == Why::DoesNotFit)
         );
         // A count that does not divide the batch names the field.
         let mut odd = weighing(0.0, u64::MAX);

@@ -73,10 +73,7 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
             .max_by_key(|&(_, b)| *b)
             .map_or(0, |(w, _)| w);
         rejected.push(Rejected {
-            kind: c.kind,
-            microbatch_size: c.microbatch_size,
-            microbatches: c.microbatches,
-            replicas: c.replicas,
+            config: c.config,
             why: Why::DoesNotFit,
             reason: format!(
                 "does not fit: worker {worst} needs {} > budget {} ({} static + {} activations)",
@@ -137,10 +134,7 @@ pub fn auto_plan(req: &AutoRequest) -> Result<AutoPlan> {
             ranked.push(c);
         } else {
             rejected.push(Rejected {
-                kind: c.kind,
-                microbatch_size: c.microbatch_size,
-                microbatches: c.microbatches,
-                replicas: c.replicas,
+                config: c.config,
                 why: Why::Slower,
                 reason: format!("slower: step {:.3} ms vs best {best_ms:.3} ms", c.step_ms),
                 needed_bytes: Some(c.max_worker_bytes),

@@ -182,6 +182,15 @@ pub struct CostModel {
     steps: u64,
 }
 
+/// Which replica's step [`CostModel::observe`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replica {
+    /// The one whose steps make the run's events: its sync, sends and sums are the step's.
+    Leading,
+    /// Any other: its pass times only.
+    Other,
+}
+
 impl CostModel {
     /// The model of a job training `model` in microbatches of `microbatch_size`.
     pub fn new(model: ModelSpec, microbatch_size: u32) -> CostModel {
@@ -347,17 +356,25 @@ impl CostModel {
         factor.filter(|f| f.is_finite())
     }
 
-    /// Takes one complete step of a run of `schedule` on `ranges` (pieces per stage) by
-    /// `workers` (by index): every report's mean pass times per stage, its sync and its
-    /// sends, then fits the costs again.
+    /// Takes one complete step of a data-parallel replica of a run of `schedule` on `ranges`
+    /// (pieces per stage) by `workers` (that replica's, by index): every report's mean pass
+    /// times per stage. The [`Replica::Leading`] one's step also gives the step's sync, sends
+    /// and gradient sums, and the costs are fitted again; another replica's workers' speeds
+    /// count from the next fit on.
     pub fn observe(
         &mut self,
+        replica: Replica,
         schedule: &Schedule,
         ranges: &[Range<usize>],
         workers: &[Worker],
         reports: &[StepReport],
     ) {
-        if ranges.len() == schedule.placement.stages() as usize {
+        if ranges.len() != schedule.placement.stages() as usize {
+            return;
+        }
+        if replica == Replica::Other {
+            self.add_pass_times(schedule, ranges, workers, reports, false);
+        } else {
             let warming = self.take_overheads(schedule, ranges, reports);
             self.add_pass_times(schedule, ranges, workers, reports, warming);
             self.refit();
@@ -429,21 +446,6 @@ impl CostModel {
         }
         self.steps += 1;
         warming
-    }
-
-    /// Takes the pass times of another data-parallel replica's complete step (`workers`:
-    /// that replica's, by index): its workers' speeds count from the next fit on. The
-    /// step's sync, hops and sums are replica 0's ([`CostModel::observe`]).
-    pub fn observe_replica(
-        &mut self,
-        schedule: &Schedule,
-        ranges: &[Range<usize>],
-        workers: &[Worker],
-        reports: &[StepReport],
-    ) {
-        if ranges.len() == schedule.placement.stages() as usize {
-            self.add_pass_times(schedule, ranges, workers, reports, false);
-        }
     }
 
     /// Every report's pass times per stage into the samples (`provisional`: a run's first

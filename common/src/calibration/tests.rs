@@ -118,7 +118,7 @@ fn the_model_recovers_per_piece_costs_within_two_percent_from_noisy_reports() {
                 report(s as u32, counts, f, step % 4 == 3, 0.03, &mut rng)
             })
             .collect();
-        model.observe(schedule, &ranges, &workers, &reports);
+        model.observe(Replica::Leading, schedule, &ranges, &workers, &reports);
     }
     let got = model.piece_costs();
     for (p, c) in got.iter().enumerate() {
@@ -153,7 +153,7 @@ fn one_split_is_predicted_as_it_was_measured() {
             report(s as u32, counts, TRUE_FACTORS[s], false, 0.0, &mut rng)
         })
         .collect();
-    model.observe(&schedule, &ranges, &workers, &reports);
+    model.observe(Replica::Leading, &schedule, &ranges, &workers, &reports);
     let (costs, _) = model.costs(&schedule, &ranges, &workers).expect("costs");
     for (s, r) in reports.iter().enumerate() {
         let t = r.stage_times[0];
@@ -224,7 +224,7 @@ fn an_unmeasured_worker_keeps_its_profiles_speed_beside_the_measured() {
                 report(s as u32, counts, TRUE_FACTORS[s], false, 0.0, &mut rng)
             })
             .collect();
-        model.observe(&schedule, &ranges, &all[..2], &reports);
+        model.observe(Replica::Leading, &schedule, &ranges, &all[..2], &reports);
     }
     let (measured, _) = model.measured(&all);
     let f = &measured.worker_factors;
@@ -253,8 +253,8 @@ fn another_replicas_pass_times_measure_its_workers() {
                 .collect()
         };
         let (first, second) = (reports([1.0, 1.0]), reports([1.0, 2.0]));
-        model.observe(&schedule, &ranges, &replica0, &first);
-        model.observe_replica(&schedule, &ranges, &replica1, &second);
+        model.observe(Replica::Leading, &schedule, &ranges, &replica0, &first);
+        model.observe(Replica::Other, &schedule, &ranges, &replica1, &second);
     }
     assert_eq!(model.steps(), 3);
     let f = |id: &str| model.factor(id).expect("factor");
@@ -292,7 +292,7 @@ fn recalibrated(window: [[f64; 2]; 3]) -> Vec<[f64; 3]> {
                 report(s as u32, counts, factors[s], false, 0.0, &mut rng)
             })
             .collect();
-        model.observe(&schedule, ranges, &workers, &reports);
+        model.observe(Replica::Leading, &schedule, ranges, &workers, &reports);
         reports
     };
     let (old, new) = (vec![0..3, 3..6], vec![0..4, 4..6]);
@@ -385,7 +385,7 @@ fn a_split_a_worker_ran_is_predicted_by_its_measured_pass_times() {
             let t = &mut reports[1].stage_times[0];
             (t.b, t.w) = (backward * t.b, backward * t.w);
             for _ in 0..4 {
-                model.observe(&schedule, &ranges, &workers, &reports);
+                model.observe(Replica::Leading, &schedule, &ranges, &workers, &reports);
             }
             last = reports;
         }
@@ -446,7 +446,7 @@ fn a_runs_first_step_counts_until_its_second_replaces_it() {
                 )
             })
             .collect();
-        model.observe(&schedule, &ranges, &workers, &reports);
+        model.observe(Replica::Leading, &schedule, &ranges, &workers, &reports);
         let (costs, _) = model.costs(&schedule, &ranges, &workers).expect("costs");
         costs.stages[1].f
     };
@@ -487,7 +487,7 @@ fn a_replicated_step_ends_with_each_workers_last_sum() {
             r
         })
         .collect();
-    model.observe(&schedule, &ranges, &workers, &reports);
+    model.observe(Replica::Leading, &schedule, &ranges, &workers, &reports);
     let alone = model
         .predict(&schedule, &ranges, &workers, 1)
         .expect("predict");
@@ -543,7 +543,7 @@ fn the_pieces_timed_alone_predict_a_split_that_moves_the_head() {
                     r
                 })
                 .collect();
-            model.observe(&zb, &loop_ranges, &workers, &reports);
+            model.observe(Replica::Leading, &zb, &loop_ranges, &workers, &reports);
         }
         let (costs, _) = model.costs(&v, &v_ranges, &workers).expect("costs");
         let mut worst = 0.0f64;

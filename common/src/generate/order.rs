@@ -103,14 +103,7 @@ mod tests {
     #[test]
     fn a_slot_serves_only_a_microbatch_whose_b_ran() {
         let mut s = Schedule::empty("t", Placement::OnePerWorker { workers: 1 }, 2);
-        for p in [
-            Pass::f(0, 0),
-            Pass::f(0, 1),
-            Pass::b(0, 1),
-            Pass::w(0, 1),
-            Pass::b(0, 0),
-            Pass::w(0, 0),
-        ] {
+        for p in Pass::parse_list("0F0 0F1 0B1 0W1 0B0 0W0").expect("valid passes") {
             s.push(p);
         }
         assert_eq!(in_microbatch_order(s.clone()), s);

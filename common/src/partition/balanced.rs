@@ -115,7 +115,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::partition::testing::{compositions, xorshift};
+    use crate::partition::testing::{compositions, random_pieces, xorshift};
 
     fn key(times: &[f64], params: &[u64], p: &[Range<usize>]) -> (f64, u64, f64) {
         let t: Vec<f64> = p.iter().map(|r| times[r.clone()].iter().sum()).collect();
@@ -134,9 +134,8 @@ mod tests {
     fn partition_dp_matches_the_full_scan() {
         let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for case in 0..300 {
-            let len = 1 + next(40) as usize;
-            let stages = 1 + next(len as u64) as usize;
-            let times: Vec<f64> = (0..len).map(|_| next(4) as f64).collect();
+            let (stages, times) = random_pieces(&mut next, 40, 0.0);
+            let len = times.len();
             let mut prefix = vec![0.0; len + 1];
             for i in 0..len {
                 prefix[i + 1] = prefix[i] + times[i];
@@ -163,10 +162,9 @@ mod tests {
     fn balance_matches_brute_force() {
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for case in 0..200 {
-            let len = 1 + next(8) as usize;
-            let stages = 1 + next(len as u64) as usize;
-            // Small integer times so that ties (and the tie-breaks) really occur.
-            let times: Vec<f64> = (0..len).map(|_| 1.0 + next(4) as f64).collect();
+            // Ties (and the tie-breaks) really occur.
+            let (stages, times) = random_pieces(&mut next, 8, 1.0);
+            let len = times.len();
             let params: Vec<u64> = (0..len).map(|_| 1 + next(5)).collect();
             let got = balance(&times, &params, stages).unwrap();
             assert_eq!(got.len(), stages, "case {case}");

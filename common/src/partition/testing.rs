@@ -12,6 +12,21 @@ pub(crate) fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
     }
 }
 
+/// A random split problem: 1 to `most` pieces of whole times `lightest` to `lightest + 3`
+/// (small, so that ties occur) into 1 to that many stages, as `(stages, times)`.
+pub(crate) fn random_pieces(
+    next: &mut impl FnMut(u64) -> u64,
+    most: u64,
+    lightest: f64,
+) -> (usize, Vec<f64>) {
+    let len = 1 + next(most) as usize;
+    let stages = 1 + next(len as u64) as usize;
+    (
+        stages,
+        (0..len).map(|_| lightest + next(4) as f64).collect(),
+    )
+}
+
 /// Every composition of `len` into `stages` positive parts, as ranges.
 pub(crate) fn compositions(len: usize, stages: usize) -> Vec<Vec<Range<usize>>> {
     if stages == 1 {

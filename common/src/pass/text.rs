@@ -38,6 +38,13 @@ impl FromStr for Pass {
     }
 }
 
+impl Pass {
+    /// Parses passes separated by white space (`"0F0 0F1 0B1"`), in order.
+    pub fn parse_list(text: &str) -> Result<Vec<Pass>, Error> {
+        text.split_whitespace().map(str::parse).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +57,11 @@ mod tests {
         assert_eq!("5W0".parse::<Pass>().ok(), Some(Pass::w(5, 0)));
         assert_eq!("2BW1".parse::<Pass>().ok(), Some(Pass::bw(2, 1)));
         assert_eq!(Pass::bw(12, 40).to_string(), "12BW40");
+        assert_eq!(
+            Pass::parse_list(" 0F3\t2BW1\n").ok(),
+            Some(vec![Pass::f(0, 3), Pass::bw(2, 1)])
+        );
+        assert!(Pass::parse_list("0F3 0X1").is_err());
     }
 
     #[test]

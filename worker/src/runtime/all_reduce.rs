@@ -124,18 +124,8 @@ mod tests {
 
     #[test]
     fn a_stage_is_final_after_its_last_w_or_bw() {
-        let program = [
-            Pass::f(0, 0),
-            Pass::f(3, 0),
-            Pass::bw(3, 0),
-            Pass::b(0, 0),
-            Pass::f(0, 1),
-            Pass::f(3, 1),
-            Pass::bw(3, 1),
-            Pass::w(0, 0),
-            Pass::b(0, 1),
-            Pass::w(0, 1),
-        ];
+        let program =
+            Pass::parse_list("0F0 3F0 3BW0 0B0 0F1 3F1 3BW1 0W0 0B1 0W1").expect("valid passes");
         assert_eq!(last_gradient_passes(&program), vec![(6, 3), (9, 0)]);
         assert_eq!(last_gradient_passes(&[Pass::f(0, 0)]), vec![]);
     }

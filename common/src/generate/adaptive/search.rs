@@ -72,16 +72,19 @@ const SEVERAL_STARTS_UP_TO: usize = 4096;
 /// Starts of the local search on small shapes.
 const STARTS: usize = 3;
 
-/// The best few distinct schedules found (best first): the local search's starts.
+/// The best few distinct schedules found (best first) under a memory limit: the local
+/// search's starts, which it improves within that limit and budget.
 pub(super) struct Starts {
     kept: Vec<(Schedule, Simulation)>,
     size: usize,
+    limit: f64,
+    local_search_budget: u64,
 }
 
 impl Starts {
     /// Room for [`STARTS`] schedules of `passes` passes each if that is at most
     /// [`SEVERAL_STARTS_UP_TO`], else one.
-    pub(super) fn new(passes: usize) -> Starts {
+    pub(super) fn new(passes: usize, limit: f64, local_search_budget: u64) -> Starts {
         let size = if passes <= SEVERAL_STARTS_UP_TO {
             STARTS
         } else {
@@ -90,6 +93,8 @@ impl Starts {
         Starts {
             kept: Vec::with_capacity(size + 1),
             size,
+            limit,
+            local_search_budget,
         }
     }
 
@@ -108,47 +113,47 @@ impl Starts {
         }
     }
 
-    /// [`Starts::offer`] if the candidate fits `limit`.
-    pub(super) fn offer_fitting(&mut self, candidate: (Schedule, Simulation), limit: f64) {
-        if candidate.1.max_peak_memory() <= limit + EPS {
+    /// [`Starts::offer`] if the candidate fits the limit.
+    pub(super) fn offer_fitting(&mut self, candidate: (Schedule, Simulation)) {
+        if candidate.1.max_peak_memory() <= self.limit + EPS {
             self.offer(Some(candidate));
         }
     }
-}
 
-/// The end of both searches: the typed error if nothing fit, else the local search from
-/// each start, the best result and its simulation.
-pub(super) fn conclude(
-    name: &str,
-    starts: Starts,
-    costs: &Costs,
-    limit: f64,
-    smallest: f64,
-    local_search_budget: u64,
-    (considered, evaluated): (usize, usize),
-) -> Result<Planned> {
-    let before = starts.kept.first().map(|(_, sim)| sim.makespan);
-    let mut best: Option<(Schedule, Simulation)> = None;
-    for (schedule, _) in starts.kept {
-        // W slots in microbatch order (same timeline and peaks): see `generate::order`.
-        let schedule = in_microbatch_order(improve(schedule, costs, limit, local_search_budget)?);
-        let simulation = simulate(&schedule, costs)?;
-        keep_better(&mut best, Some((schedule, simulation)));
+    /// The end of both searches: the typed error if nothing fit (`smallest`: the smallest
+    /// limit that would), else the local search from each start, the best result and its
+    /// simulation.
+    pub(super) fn conclude(
+        self,
+        name: &str,
+        costs: &Costs,
+        smallest: f64,
+        (considered, evaluated): (usize, usize),
+    ) -> Result<Planned> {
+        let (limit, budget) = (self.limit, self.local_search_budget);
+        let before = self.kept.first().map(|(_, sim)| sim.makespan);
+        let mut best: Option<(Schedule, Simulation)> = None;
+        for (schedule, _) in self.kept {
+            // W slots in microbatch order (same timeline and peaks): see `generate::order`.
+            let schedule = in_microbatch_order(improve(schedule, costs, limit, budget)?);
+            let simulation = simulate(&schedule, costs)?;
+            keep_better(&mut best, Some((schedule, simulation)));
+        }
+        let (Some(before), Some((schedule, simulation))) = (before, best) else {
+            return Err(Error::MemoryLimit {
+                schedule: name.into(),
+                limit,
+                smallest,
+            });
+        };
+        Ok(Planned {
+            schedule,
+            simulation,
+            considered,
+            evaluated,
+            before_local_search: before,
+        })
     }
-    let (Some(before), Some((schedule, simulation))) = (before, best) else {
-        return Err(Error::MemoryLimit {
-            schedule: name.into(),
-            limit,
-            smallest,
-        });
-    };
-    Ok(Planned {
-        schedule,
-        simulation,
-        considered,
-        evaluated,
-        before_local_search: before,
-    })
 }
 
 /// Keeps the better of `best` and `candidate` if the candidate fits `limit`.

@@ -2,7 +2,7 @@
 
 use super::estimate::{Distinct, block_makespan, steady_peak};
 use super::offsets::{SplitOffsets, split_candidates};
-use super::search::{EPS, Planned, Starts, check_inputs, conclude, consider_simulated};
+use super::search::{EPS, Planned, Starts, check_inputs, consider_simulated};
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::block::{BuildingBlock, VOffsets, reorder_warmup};
@@ -190,7 +190,7 @@ pub(crate) fn adaptive_v_knowing(
         let block = o.block(d);
         ranked.push((block_makespan(&block, n, costs), peak, block));
     }
-    let mut best = Starts::new(6 * d as usize * n as usize);
+    let mut best = Starts::new(6 * d as usize * n as usize, limit, local_search_budget);
     let mut evaluated = 0usize;
     let full = (FULL_BUDGET / per_proxy.max(1)).clamp(1, MAX_FULL_EVALUATIONS) as usize;
     // Up to MONOTONE_UP_TO, the budget for blocks of lower peaks and own-peak fills.
@@ -255,7 +255,7 @@ pub(crate) fn adaptive_v_knowing(
                     name: NAME.into(),
                     ..schedule
                 };
-                best.offer_fitting((schedule, sim), limit);
+                best.offer_fitting((schedule, sim));
             }
         }
     }
@@ -265,13 +265,5 @@ pub(crate) fn adaptive_v_knowing(
     let (listed, made) = list_v::search(d, n, costs, limit, NAME, runs)?;
     evaluated += made;
     best.offer(listed);
-    conclude(
-        NAME,
-        best,
-        costs,
-        limit,
-        smallest,
-        local_search_budget,
-        (considered, evaluated),
-    )
+    best.conclude(NAME, costs, smallest, (considered, evaluated))
 }

@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 
 use super::estimate::order_peak;
-use super::search::{
-    EPS, Planned, Starts, better, check_inputs, conclude, consider, consider_simulated,
-};
+use super::search::{EPS, Planned, Starts, better, check_inputs, consider, consider_simulated};
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::classic::{Backward, one_f_one_b};
@@ -47,7 +45,7 @@ pub fn adaptive_zb(
     let placement = Placement::OnePerWorker { workers: d };
     check_inputs(d, n, limit, costs, &placement)?;
     const NAME: &str = "adaptive-zb";
-    let mut best = Starts::new(3 * d as usize * n as usize);
+    let mut best = Starts::new(3 * d as usize * n as usize, limit, local_search_budget);
     let mut smallest = f64::INFINITY;
     let mut evaluated = 0usize;
     let mut seen: HashSet<Vec<usize>> = HashSet::new();
@@ -114,13 +112,5 @@ pub fn adaptive_zb(
         }
         best.offer(local);
     }
-    conclude(
-        NAME,
-        best,
-        costs,
-        limit,
-        smallest,
-        local_search_budget,
-        (shapes as usize, evaluated),
-    )
+    best.conclude(NAME, costs, smallest, (shapes as usize, evaluated))
 }

@@ -6,6 +6,7 @@ use super::super::straggler::straggler;
 use super::following::Run;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
 use super::{Phase, Supervisor, shown, tightest};
+use crate::calibration::Replica;
 use crate::run::worker::{StepReport, Worker};
 
 impl Supervisor {
@@ -154,7 +155,7 @@ impl Supervisor {
             let workers: Vec<Worker> = run.out.replica(replica).map(|(_, w)| w.clone()).collect();
             let (schedule, ranges) = (&self.plan.schedule, &run.out.ranges);
             self.costs
-                .observe_replica(schedule, ranges, &workers, reports);
+                .observe(Replica::Other, schedule, ranges, &workers, reports);
         }
     }
 
@@ -171,8 +172,13 @@ impl Supervisor {
             0.0
         };
         let schedule = &self.plan.schedule;
-        self.costs
-            .observe(schedule, &run.out.ranges, &run.out.workers, &reports);
+        self.costs.observe(
+            Replica::Leading,
+            schedule,
+            &run.out.ranges,
+            &run.out.workers,
+            &reports,
+        );
         self.plan_next(run);
         self.out.push(Action::Step(Box::new(StepDone {
             step,
