@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use pipewise_common::generate::{LOCAL_SEARCH_BUDGET, adaptive_v, adaptive_zb};
+use pipewise_common::generate::{Bounds, adaptive_v, adaptive_zb};
 use pipewise_common::{Costs, Placement, Request, ScheduleKind, Times, generate, simulate};
 
 const TABLE5: Times = Times {
@@ -80,14 +80,14 @@ fn main() {
             let v_costs = || Costs::uniform(&Placement::V { workers: d }, TABLE5).expect("costs");
             let simulation = match case {
                 Case::V => {
-                    adaptive_v(d, n, &v_costs(), limit, LOCAL_SEARCH_BUDGET)
+                    adaptive_v(d, n, &v_costs(), Bounds::limit(limit))
                         .expect("plans")
                         .simulation
                 }
                 Case::Zb => {
                     let costs = Costs::uniform(&Placement::OnePerWorker { workers: d }, TABLE5)
                         .expect("costs");
-                    adaptive_zb(d, n, &costs, limit, LOCAL_SEARCH_BUDGET)
+                    adaptive_zb(d, n, &costs, Bounds::limit(limit))
                         .expect("plans")
                         .simulation
                 }

@@ -6,7 +6,7 @@
 //! the model (a V stage holds half a unit per microbatch); `bubble_span` as the paper's tables.
 
 use pipewise_common::generate::{
-    LOCAL_SEARCH_BUDGET, Planned, adaptive_v, adaptive_zb, class_units, hand_built_v,
+    Bounds, Planned, adaptive_v, adaptive_zb, class_units, hand_built_v,
 };
 use pipewise_common::{
     Costs, Error, Placement, Request, ScheduleKind, Simulation, StageCost, Times, generate,
@@ -28,7 +28,7 @@ fn v_costs(d: u32, times: Times) -> Costs {
 }
 
 fn plan_v(d: u32, n: u32, times: Times, limit: f64) -> Planned {
-    adaptive_v(d, n, &v_costs(d, times), limit, LOCAL_SEARCH_BUDGET)
+    adaptive_v(d, n, &v_costs(d, times), Bounds::limit(limit))
         .unwrap_or_else(|e| panic!("adaptive-v d={d} n={n} limit={limit}: {e}"))
 }
 
@@ -257,7 +257,7 @@ fn bubble_never_rises_with_the_limit() {
         (10, 21, Times::UNIT),
     ] {
         let costs = v_costs(d, times);
-        let smallest = match adaptive_v(d, n, &costs, 0.01, 0) {
+        let smallest = match adaptive_v(d, n, &costs, Bounds::without_local_search(0.01)) {
             Err(Error::MemoryLimit { smallest, .. }) => smallest,
             other => panic!("expected MemoryLimit, got {other:?}"),
         };
@@ -304,7 +304,7 @@ fn adaptive_zb_never_slows_with_more_memory() {
         Costs::per_stage(&Placement::OnePerWorker { workers: 12 }, stages, 0.67).expect("costs");
     let mut previous = f64::INFINITY;
     for limit in [15.0, 15.5, 16.0, 17.0, 20.0] {
-        let p = adaptive_zb(12, 22, &costs, limit, LOCAL_SEARCH_BUDGET).expect("plans");
+        let p = adaptive_zb(12, 22, &costs, Bounds::limit(limit)).expect("plans");
         let m = p.simulation.makespan;
         assert!(m <= previous + EPS, "{m} at {limit} after {previous}");
         previous = m;
@@ -318,19 +318,21 @@ fn infeasible_limits_name_the_smallest_feasible_one() {
     for d in [2u32, 4, 8] {
         let n = 2 * d;
         let costs = v_costs(d, TABLE5);
-        match adaptive_v(d, n, &costs, 0.25, 0) {
+        match adaptive_v(d, n, &costs, Bounds::without_local_search(0.25)) {
             Err(Error::MemoryLimit {
                 smallest, limit, ..
             }) => {
                 assert_eq!(limit, 0.25);
                 assert!(smallest > 0.25);
-                let p = adaptive_v(d, n, &costs, smallest, 0).expect("the smallest limit plans");
+                let p = adaptive_v(d, n, &costs, Bounds::without_local_search(smallest))
+                    .expect("the smallest limit plans");
                 assert!(p.simulation.max_peak_memory() <= smallest + EPS);
                 assert!(
-                    adaptive_v(d, n, &costs, smallest - 0.01, 0).is_err(),
+                    adaptive_v(d, n, &costs, Bounds::without_local_search(smallest - 0.01))
+                        .is_err(),
                     "d={d}: {smallest} is not the smallest"
                 );
-                let text = adaptive_v(d, n, &costs, 0.25, 0)
+                let text = adaptive_v(d, n, &costs, Bounds::without_local_search(0.25))
                     .expect_err("infeasible")
                     .to_string();
                 assert!(text.contains("smallest limit that fits"), "{text}");
@@ -338,12 +340,13 @@ fn infeasible_limits_name_the_smallest_feasible_one() {
             other => panic!("d={d}: expected MemoryLimit, got {other:?}"),
         }
         let one = Costs::uniform(&Placement::OnePerWorker { workers: d }, TABLE5).expect("costs");
-        match adaptive_zb(d, n, &one, 0.5, 0) {
+        match adaptive_zb(d, n, &one, Bounds::without_local_search(0.5)) {
             Err(Error::MemoryLimit { smallest, .. }) => {
-                let p = adaptive_zb(d, n, &one, smallest, 0).expect("the smallest limit plans");
+                let p = adaptive_zb(d, n, &one, Bounds::without_local_search(smallest))
+                    .expect("the smallest limit plans");
                 assert!(p.simulation.max_peak_memory() <= smallest + EPS);
                 assert!(
-                    adaptive_zb(d, n, &one, smallest - 0.01, 0).is_err(),
+                    adaptive_zb(d, n, &one, Bounds::without_local_search(smallest - 0.01)).is_err(),
                     "d={d}: {smallest} is not the smallest"
                 );
             }
@@ -353,7 +356,7 @@ fn infeasible_limits_name_the_smallest_feasible_one() {
     // Nonsense limits are invalid arguments, not panics.
     for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         assert!(matches!(
-            adaptive_v(4, 8, &v_costs(4, TABLE5), bad, 0),
+            adaptive_v(4, 8, &v_costs(4, TABLE5), Bounds::without_local_search(bad)),
             Err(Error::InvalidArgument {
                 field: "memory limit",
                 ..
@@ -363,7 +366,7 @@ fn infeasible_limits_name_the_smallest_feasible_one() {
     // Costs for the wrong placement are refused.
     let wrong = Costs::uniform(&Placement::OnePerWorker { workers: 4 }, TABLE5).expect("costs");
     assert!(matches!(
-        adaptive_v(4, 8, &wrong, 4.0, 0),
+        adaptive_v(4, 8, &wrong, Bounds::without_local_search(4.0)),
         Err(Error::InvalidArgument { field: "costs", .. })
     ));
 }
@@ -379,7 +382,7 @@ fn adaptive_zb_matches_or_beats_zb_h1_and_h2() {
                     Costs::uniform(&Placement::OnePerWorker { workers: d }, times).expect("costs");
                 for (mult, kind) in [(1.0, ScheduleKind::ZbH1), (2.0, ScheduleKind::ZbH2)] {
                     let limit = mult * f64::from(d);
-                    let p = adaptive_zb(d, n, &costs, limit, LOCAL_SEARCH_BUDGET).expect("plans");
+                    let p = adaptive_zb(d, n, &costs, Bounds::limit(limit)).expect("plans");
                     validate(&p.schedule).expect("validates");
                     assert!(p.simulation.max_peak_memory() <= limit + EPS);
                     let f = fixed(kind, d, n, times);
@@ -421,7 +424,7 @@ fn heterogeneous_stages_use_the_true_costs() {
         (ScheduleKind::VHalf, f64::from((d + 2) / 2)),
         (ScheduleKind::VZb, f64::from(d)),
     ] {
-        let p = adaptive_v(d, n, &costs, limit, LOCAL_SEARCH_BUDGET).expect("plans");
+        let p = adaptive_v(d, n, &costs, Bounds::limit(limit)).expect("plans");
         assert!(p.simulation.max_peak_memory() <= limit + EPS);
         let s = generate(&Request::new(kind, d, n)).expect("fixed");
         let f = simulate(&s, &costs).expect("simulates");

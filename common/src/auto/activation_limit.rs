@@ -6,7 +6,7 @@ use super::candidate::{REL_EPS, Why};
 use super::worker_memory::{activation_bytes, static_reason, worker_bytes};
 use crate::cost::Costs;
 use crate::error::{Error, Result};
-use crate::generate::{LOCAL_SEARCH_BUDGET, Planned, ScheduleKind, adaptive_v, adaptive_zb};
+use crate::generate::{Bounds, Planned, ScheduleKind, adaptive_v, adaptive_zb};
 use crate::render::report::fmt_bytes;
 use crate::schedule::Schedule;
 use crate::simulate::Simulation;
@@ -45,8 +45,8 @@ pub(super) fn search_limit(
         .map(|&s| budget as f64 - s as f64)
         .fold(f64::INFINITY, f64::min);
     let search = |limit: f64| match kind {
-        ScheduleKind::AdaptiveV => adaptive_v(d, n, costs, limit, LOCAL_SEARCH_BUDGET),
-        _ => adaptive_zb(d, n, costs, limit, LOCAL_SEARCH_BUDGET),
+        ScheduleKind::AdaptiveV => adaptive_v(d, n, costs, Bounds::limit(limit)),
+        _ => adaptive_zb(d, n, costs, Bounds::limit(limit)),
     };
     // The bytes the fullest worker of a schedule needs.
     let needs = |sim: &Simulation| {

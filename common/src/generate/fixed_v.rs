@@ -15,7 +15,7 @@
 
 use crate::cost::Costs;
 use crate::error::{Error, Result};
-use crate::generate::adaptive::adaptive_v_knowing;
+use crate::generate::adaptive::{Bounds, adaptive_v_knowing};
 use crate::generate::kind::ScheduleKind;
 use crate::generate::paper_v::hand_built_v;
 use crate::schedule::Schedule;
@@ -74,7 +74,16 @@ pub(crate) fn fixed_v(
     }
     let hand_built = (hand, hand_sim);
     let known = Some((kind, &hand_built));
-    let searched = match adaptive_v_knowing(d, n, costs, limit, local_search_budget, known) {
+    let searched = match adaptive_v_knowing(
+        d,
+        n,
+        costs,
+        Bounds {
+            limit,
+            local_search_budget,
+        },
+        known,
+    ) {
         Ok(p) => p,
         // Nothing of the search fits the class (a tiny shape, or costs whose memory floor
         // is above it): the hand-built schedule stands.

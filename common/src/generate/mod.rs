@@ -30,8 +30,8 @@ mod order;
 mod paper_v;
 
 pub use adaptive::{
-    Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan, order_peak, split_candidates,
-    steady_peak,
+    Bounds, Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan, order_peak,
+    split_candidates, steady_peak,
 };
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
 pub use compact::{compact, fill_weights};
@@ -158,11 +158,11 @@ fn generate_kind(
         }
         ScheduleKind::AdaptiveV => {
             let costs = costs_for(&Placement::V { workers: d })?;
-            Ok(adaptive_v(d, n, &costs, limit, LOCAL_SEARCH_BUDGET)?.schedule)
+            Ok(adaptive_v(d, n, &costs, Bounds::limit(limit))?.schedule)
         }
         ScheduleKind::AdaptiveZb => {
             let costs = costs_for(&Placement::OnePerWorker { workers: d })?;
-            Ok(adaptive_zb(d, n, &costs, limit, LOCAL_SEARCH_BUDGET)?.schedule)
+            Ok(adaptive_zb(d, n, &costs, Bounds::limit(limit))?.schedule)
         }
         ScheduleKind::OneFOneBV => {
             // The tightest uniform fused block repeats without collision only for d ≤ 2;

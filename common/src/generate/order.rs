@@ -51,9 +51,7 @@ fn serve_w_slots(mut schedule: Schedule, pick: fn(&mut BTreeSet<u32>) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{
-        LOCAL_SEARCH_BUDGET, Request, ScheduleKind, adaptive_v, adaptive_zb, generate_with,
-    };
+    use crate::generate::{Bounds, Request, ScheduleKind, adaptive_v, adaptive_zb, generate_with};
     use crate::placement::Placement;
     use crate::simulate::simulate;
     use crate::validate::validate;
@@ -187,8 +185,8 @@ mod tests {
                     let v = uneven(&Placement::V { workers: d }, seed);
                     let zb = uneven(&Placement::OnePerWorker { workers: d }, seed);
                     for planned in [
-                        adaptive_v(d, n, &v, limit, LOCAL_SEARCH_BUDGET),
-                        adaptive_zb(d, n, &zb, limit, LOCAL_SEARCH_BUDGET),
+                        adaptive_v(d, n, &v, Bounds::limit(limit)),
+                        adaptive_zb(d, n, &zb, Bounds::limit(limit)),
                     ]
                     .into_iter()
                     .flatten()

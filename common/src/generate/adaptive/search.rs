@@ -3,6 +3,7 @@
 
 use crate::cost::Costs;
 use crate::error::{Error, Result};
+use crate::generate::LOCAL_SEARCH_BUDGET;
 use crate::generate::local::improve;
 use crate::generate::order::in_microbatch_order;
 use crate::placement::Placement;
@@ -72,19 +73,47 @@ const SEVERAL_STARTS_UP_TO: usize = 4096;
 /// Starts of the local search on small shapes.
 const STARTS: usize = 3;
 
+/// What bounds an adaptive search: the activation memory every worker's simulated peak
+/// must fit (in the costs' memory units), and the local search's budget in pass
+/// simulations (0 turns it off).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bounds {
+    /// The activation memory limit.
+    pub limit: f64,
+    /// Pass simulations the local search may spend.
+    pub local_search_budget: u64,
+}
+
+impl Bounds {
+    /// `limit`, with the default local search ([`LOCAL_SEARCH_BUDGET`]).
+    pub const fn limit(limit: f64) -> Bounds {
+        Bounds {
+            limit,
+            local_search_budget: LOCAL_SEARCH_BUDGET,
+        }
+    }
+
+    /// `limit`, without the local search.
+    pub const fn without_local_search(limit: f64) -> Bounds {
+        Bounds {
+            limit,
+            local_search_budget: 0,
+        }
+    }
+}
+
 /// The best few distinct schedules found (best first) under a memory limit: the local
 /// search's starts, which it improves within that limit and budget.
 pub(super) struct Starts {
     kept: Vec<(Schedule, Simulation)>,
     size: usize,
-    limit: f64,
-    local_search_budget: u64,
+    bounds: Bounds,
 }
 
 impl Starts {
     /// Room for [`STARTS`] schedules of `passes` passes each if that is at most
     /// [`SEVERAL_STARTS_UP_TO`], else one.
-    pub(super) fn new(passes: usize, limit: f64, local_search_budget: u64) -> Starts {
+    pub(super) fn new(passes: usize, bounds: Bounds) -> Starts {
         let size = if passes <= SEVERAL_STARTS_UP_TO {
             STARTS
         } else {
@@ -93,8 +122,7 @@ impl Starts {
         Starts {
             kept: Vec::with_capacity(size + 1),
             size,
-            limit,
-            local_search_budget,
+            bounds,
         }
     }
 
@@ -115,7 +143,7 @@ impl Starts {
 
     /// [`Starts::offer`] if the candidate fits the limit.
     pub(super) fn offer_fitting(&mut self, candidate: (Schedule, Simulation)) {
-        if candidate.1.max_peak_memory() <= self.limit + EPS {
+        if candidate.1.max_peak_memory() <= self.bounds.limit + EPS {
             self.offer(Some(candidate));
         }
     }
@@ -130,7 +158,10 @@ impl Starts {
         smallest: f64,
         (considered, evaluated): (usize, usize),
     ) -> Result<Planned> {
-        let (limit, budget) = (self.limit, self.local_search_budget);
+        let Bounds {
+            limit,
+            local_search_budget: budget,
+        } = self.bounds;
         let before = self.kept.first().map(|(_, sim)| sim.makespan);
         let mut best: Option<(Schedule, Simulation)> = None;
         for (schedule, _) in self.kept {

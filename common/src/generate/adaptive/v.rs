@@ -2,7 +2,7 @@
 
 use super::estimate::{Distinct, block_makespan, steady_peak};
 use super::offsets::{SplitOffsets, split_candidates};
-use super::search::{EPS, Planned, Starts, check_inputs, consider_simulated};
+use super::search::{Bounds, EPS, Planned, Starts, check_inputs, consider_simulated};
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::block::{BuildingBlock, VOffsets, reorder_warmup};
@@ -131,17 +131,10 @@ fn realise(
 }
 
 /// The adaptive V-shape scheduler: the least-makespan V schedule whose simulated peak
-/// activation memory fits `limit` on every worker, under the true per-stage `costs` of the
-/// `2d` stages. `local_search_budget` bounds the local search in pass simulations (0 turns it
-/// off).
-pub fn adaptive_v(
-    d: u32,
-    n: u32,
-    costs: &Costs,
-    limit: f64,
-    local_search_budget: u64,
-) -> Result<Planned> {
-    adaptive_v_knowing(d, n, costs, limit, local_search_budget, None)
+/// activation memory fits `bounds.limit` on every worker, under the true per-stage `costs`
+/// of the `2d` stages, its local search within `bounds`' budget.
+pub fn adaptive_v(d: u32, n: u32, costs: &Costs, bounds: Bounds) -> Result<Planned> {
+    adaptive_v_knowing(d, n, costs, bounds, None)
 }
 
 /// [`adaptive_v`] given one fixed schedule as [`hand_built_v`] builds it under the same
@@ -151,10 +144,10 @@ pub(crate) fn adaptive_v_knowing(
     d: u32,
     n: u32,
     costs: &Costs,
-    limit: f64,
-    local_search_budget: u64,
+    bounds: Bounds,
     hand_built: Option<(ScheduleKind, &(Schedule, Simulation))>,
 ) -> Result<Planned> {
+    let limit = bounds.limit;
     let placement = Placement::V { workers: d };
     check_inputs(d, n, limit, costs, &placement)?;
     const NAME: &str = "adaptive-v";
@@ -190,7 +183,7 @@ pub(crate) fn adaptive_v_knowing(
         let block = o.block(d);
         ranked.push((block_makespan(&block, n, costs), peak, block));
     }
-    let mut best = Starts::new(6 * d as usize * n as usize, limit, local_search_budget);
+    let mut best = Starts::new(6 * d as usize * n as usize, bounds);
     let mut evaluated = 0usize;
     let full = (FULL_BUDGET / per_proxy.max(1)).clamp(1, MAX_FULL_EVALUATIONS) as usize;
     // Up to MONOTONE_UP_TO, the budget for blocks of lower peaks and own-peak fills.

@@ -4,7 +4,9 @@
 use std::collections::HashSet;
 
 use super::estimate::order_peak;
-use super::search::{EPS, Planned, Starts, better, check_inputs, consider, consider_simulated};
+use super::search::{
+    Bounds, EPS, Planned, Starts, better, check_inputs, consider, consider_simulated,
+};
 use crate::cost::Costs;
 use crate::error::Result;
 use crate::generate::classic::{Backward, one_f_one_b};
@@ -33,19 +35,14 @@ fn zb_warmup(d: u32, w: u32, c: u32) -> usize {
 }
 
 /// The adaptive zero-bubble scheduler on one stage per worker: the least-makespan member of
-/// the warm-up family (see the module documentation) whose peak fits `limit`, after W
-/// filling within the limit and the local search.
-pub fn adaptive_zb(
-    d: u32,
-    n: u32,
-    costs: &Costs,
-    limit: f64,
-    local_search_budget: u64,
-) -> Result<Planned> {
+/// the warm-up family (see the module documentation) whose peak fits `bounds.limit`, after
+/// W filling within the limit and the local search (within `bounds`' budget).
+pub fn adaptive_zb(d: u32, n: u32, costs: &Costs, bounds: Bounds) -> Result<Planned> {
+    let limit = bounds.limit;
     let placement = Placement::OnePerWorker { workers: d };
     check_inputs(d, n, limit, costs, &placement)?;
     const NAME: &str = "adaptive-zb";
-    let mut best = Starts::new(3 * d as usize * n as usize, limit, local_search_budget);
+    let mut best = Starts::new(3 * d as usize * n as usize, bounds);
     let mut smallest = f64::INFINITY;
     let mut evaluated = 0usize;
     let mut seen: HashSet<Vec<usize>> = HashSet::new();
