@@ -30,8 +30,8 @@ mod order;
 mod paper_v;
 
 pub use adaptive::{
-    Bounds, Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan, order_peak,
-    split_candidates, steady_peak,
+    Bounds, LOCAL_SEARCH_BUDGET, Planned, SplitOffsets, adaptive_v, adaptive_zb, block_makespan,
+    order_peak, split_candidates, steady_peak,
 };
 pub use block::{BuildingBlock, Placed, VOffsets, reorder_cooldown, reorder_warmup};
 pub use compact::{compact, fill_weights};
@@ -91,9 +91,6 @@ pub const MAX_CHUNKS: u32 = 64;
 /// The largest `stages × microbatches` accepted (about a third of the pass count): larger
 /// shapes take minutes and gigabytes to plan and render.
 pub const MAX_STAGE_MICROBATCHES: u64 = 2_000_000;
-
-/// Simulated passes the local search may spend inside [`generate`] (about 0.1–0.3 s).
-pub const LOCAL_SEARCH_BUDGET: u64 = 3_000_000;
 
 /// Generates the schedule `req` asks for, with every stage costed from `req.times`.
 pub fn generate(req: &Request) -> Result<Schedule> {

@@ -70,7 +70,7 @@ mod zb;
 
 pub use estimate::{block_makespan, order_peak, steady_peak};
 pub use offsets::{SplitOffsets, split_candidates};
-pub use search::{Bounds, Planned};
+pub use search::{Bounds, LOCAL_SEARCH_BUDGET, Planned};
 pub use v::adaptive_v;
 pub(crate) use v::adaptive_v_knowing;
 pub use zb::adaptive_zb;

@@ -3,7 +3,6 @@
 
 use crate::cost::Costs;
 use crate::error::{Error, Result};
-use crate::generate::LOCAL_SEARCH_BUDGET;
 use crate::generate::local::improve;
 use crate::generate::order::in_microbatch_order;
 use crate::placement::Placement;
@@ -72,6 +71,11 @@ const SEVERAL_STARTS_UP_TO: usize = 4096;
 
 /// Starts of the local search on small shapes.
 const STARTS: usize = 3;
+
+/// Simulated passes the local search may spend inside [`generate`] (about 0.1–0.3 s).
+///
+/// [`generate`]: crate::generate::generate
+pub const LOCAL_SEARCH_BUDGET: u64 = 3_000_000;
 
 /// What bounds an adaptive search: the activation memory every worker's simulated peak
 /// must fit (in the costs' memory units), and the local search's budget in pass
