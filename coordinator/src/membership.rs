@@ -12,7 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use pipewise_common::run::supervisor::Input;
+use pipewise_common::run::supervisor::{Input, Taken};
 
 use crate::error::{CoordinatorError, Result};
 use crate::run_msg::RunMsg;
@@ -148,16 +148,16 @@ impl MembershipState {
 
     /// Makes `ids` job `job`'s workers, and only those (its earlier ones go back), unless
     /// another job holds one of them; every run actor hears of each change.
-    fn claim(&mut self, job: u64, ids: &[String]) -> std::result::Result<(), String> {
-        let taken: Vec<String> = ids
+    fn claim(&mut self, job: u64, ids: &[String]) -> std::result::Result<(), Taken> {
+        let taken: Vec<(String, u64)> = ids
             .iter()
             .filter_map(|id| match self.claims.get(id) {
-                Some(&other) if other != job => Some(format!("worker {id} is job {other}'s")),
+                Some(&other) if other != job => Some((id.clone(), other)),
                 _ => None,
             })
             .collect();
         if !taken.is_empty() {
-            return Err(taken.join(", "));
+            return Err(Taken(taken));
         }
         self.release(job, ids);
         for id in ids {
@@ -243,7 +243,7 @@ pub enum MembershipMsg {
     Claim(
         u64,
         Vec<String>,
-        RpcReplyPort<std::result::Result<(), String>>,
+        RpcReplyPort<std::result::Result<(), Taken>>,
     ),
     /// A worker's step report; replies what its run must do.
     Report(Box<pb::StepReport>, RpcReplyPort<ReportAnswer>),
@@ -691,7 +691,7 @@ mod tests {
         assert_eq!(st.claim(1, &ids(&["a", "b"])), Ok(()));
         assert_eq!(
             st.claim(2, &ids(&["b", "c"])),
-            Err("worker b is job 1's".to_string())
+            Err(Taken(vec![("b".into(), 1)]))
         );
         assert_eq!(
             holders(&st),

@@ -33,5 +33,7 @@ pub mod worker;
 
 pub use checkpoints::{Checkpoints, Start};
 pub use id::RunId;
-pub use supervisor::{Action, Assignment, Config, Failure, Input, Member, Reason, Supervisor};
+pub use supervisor::{
+    Action, Assignment, Config, Failure, Input, Member, Reason, Supervisor, Taken,
+};
 pub use worker::{StageTimes, StepReport, Worker};

@@ -68,7 +68,7 @@ fn a_refused_claim_waits_again() {
     // Job 7's claim of w0 came first.
     assert_eq!(s.handle(5, claimed("w0", 7)), []);
     assert_eq!(
-        s.handle(10, Input::ClaimAnswer(Err("worker w0 is job 7's".into()))),
+        s.handle(10, Input::ClaimAnswer(Err(Taken(vec![("w0".into(), 7)])))),
         [
             Action::Info("workers taken: worker w0 is job 7's; waiting".into()),
             Action::Claim(vec!["w1".into(), "w2".into()]),

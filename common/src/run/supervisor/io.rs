@@ -114,13 +114,27 @@ pub enum Input {
         /// The job holding it now (0: none).
         job: u64,
     },
-    /// The answer to [`Action::Claim`]: the workers are the job's, or why not (another job
-    /// took one first).
-    ClaimAnswer(Result<(), String>),
+    /// The answer to [`Action::Claim`]: the workers are the job's, or which of them another
+    /// job took first.
+    ClaimAnswer(Result<(), Taken>),
     /// The job is cancelled.
     Cancel,
     /// Time passed.
     Tick,
+}
+
+/// Why a claim was refused: each worker another job holds, with that job's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken(pub Vec<(String, u64)>);
+
+impl std::fmt::Display for Taken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (id, job)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}worker {id} is job {job}'s")?;
+        }
+        Ok(())
+    }
 }
 
 /// What the supervisor asks of the run actor.

@@ -68,6 +68,7 @@ use crate::{Costs, Schedule, simulate};
 use following::{Out, Run};
 pub use io::{
     Action, Assignment, Choose, Config, Failure, Input, Member, Reason, Search, Shown, StepDone,
+    Taken,
 };
 use io::{Ended, Move};
 use trying::{TRIAL_PLANS, Trial};

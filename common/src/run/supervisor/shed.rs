@@ -13,7 +13,7 @@ use super::super::pressure::predicted_overflow;
 use super::super::respec::replan;
 use super::super::worker::{StepReport, Worker, gone};
 use super::following::Run;
-use super::io::{Action, Input, Move, Reason};
+use super::io::{Action, Input, Move, Reason, Taken};
 use super::{Phase, Supervisor, tightest};
 use crate::job::{JobPlan, JobSpec};
 
@@ -316,7 +316,7 @@ impl Supervisor {
 
     /// The claim of a rebuild's workers was refused (another job took one first): the
     /// replicas kept go on from memory without the new ones.
-    pub(super) fn not_rebuilt(&mut self, mut workers: Vec<Worker>, why: &str) -> Phase {
+    pub(super) fn not_rebuilt(&mut self, mut workers: Vec<Worker>, why: &Taken) -> Phase {
         let d = self.plan.schedule.num_workers() as usize;
         let had = self.current.replicas().saturating_sub(self.rebuilt).max(1);
         workers.truncate(had as usize * d);

@@ -287,7 +287,10 @@ fn a_later_restart_does_not_count_on_the_in_memory_step() {
 fn a_refused_rebuild_goes_on_without_the_new_replica() {
     let (spec, ws, mut s) = shed_after_two();
     back_after_shedding(&mut s, &ws);
-    let acts = s.handle(1_415, Input::ClaimAnswer(Err("w3 is job 2's".into())));
+    let acts = s.handle(
+        1_415,
+        Input::ClaimAnswer(Err(Taken(vec![("w3".into(), 2)]))),
+    );
     assert_eq!(
         acts[1..],
         [Action::Claim(vec!["w0".into(), "w1".into()])],
