@@ -80,3 +80,13 @@ fn a_refused_claim_waits_again() {
         [Action::Attach(r0), assign(r0, 0, &ws[1..], &plan, &[])]
     );
 }
+
+/// A refusal names every worker taken, with its job, in the order claimed.
+#[test]
+fn a_refusal_names_each_taken_worker() {
+    let taken = Taken(vec![("w0".into(), 7), ("w3".into(), 2)]);
+    assert_eq!(
+        taken.to_string(),
+        "worker w0 is job 7's, worker w3 is job 2's"
+    );
+}
