@@ -143,6 +143,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
             .fold(0u64, |a, b| a.saturating_add(*b)),
         spans,
         error: r.error,
+        starting: r.starting,
         done: r.done,
     }
 }

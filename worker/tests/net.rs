@@ -532,6 +532,41 @@ fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
     Ok(())
 }
 
+/// With run secrets, a follower that takes up the next run before worker 0 (the root) does
+/// waits at the start barrier until the root takes it up, then both pass: the root still
+/// holding the previous run's secret is a state to wait out, not a refusal (with worker
+/// tokens, 20 of 30 back-to-back jobs used to fail at start on `PermissionDenied`).
+#[test]
+fn a_follower_ahead_of_the_root_waits_for_it_at_the_start_barrier() -> TestResult {
+    const NEXT: u64 = JOB + 1;
+    let (a, b) = pair()?;
+    let timeout = Duration::from_secs(30);
+    let secret = |run: u64| bytes::Bytes::from(format!("the secret of run {run}").into_bytes());
+    // Both ran job 7; worker 1 (b) has taken up job 8, the root (a) not yet.
+    a.set_run_secret(JOB, secret(JOB));
+    a.collective().configure(JOB, 2, 1, timeout);
+    b.set_run_secret(NEXT, secret(NEXT));
+    let root_addr = a.local_addr().to_string();
+    // Until the root takes up job 8, the follower's barrier is told "not yet", and retries:
+    // with a short timeout it gives up on that answer, not on a refusal.
+    let early = b.sync_to(&root_addr, NEXT, 1, Duration::from_millis(200))?;
+    let text = early
+        .barrier()
+        .expect_err("the root is on job 7")
+        .to_string();
+    assert!(text.contains("FailedPrecondition"), "{text}");
+    assert!(text.contains("not taken up here yet"), "{text}");
+    let follower = b.sync_to(&root_addr, NEXT, 1, timeout)?;
+    std::thread::scope(|s| -> TestResult {
+        let waiting = s.spawn(move || follower.barrier());
+        a.set_run_secret(NEXT, secret(NEXT));
+        a.collective().configure(NEXT, 2, 1, timeout);
+        a.sync_at(&root_addr, NEXT, 0, timeout)?.barrier()?;
+        waiting.join().map_err(|_| "the follower's thread")??;
+        Ok(())
+    })
+}
+
 /// With a run secret (a coordinator that takes tokens, even without TLS), a frame carrying
 /// it is taken and one carrying another is refused with `PermissionDenied`, without
 /// failing the key it names: a stranger cannot inject frames, nor make the run fail.
@@ -540,9 +575,9 @@ fn frames_without_the_run_secret_are_refused_and_harm_nothing() -> TestResult {
     let (a, b) = pair()?;
     let stranger = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
     let secret = bytes::Bytes::from_static(b"0123456789abcdef0123456789abcdef");
-    a.set_run_secret(secret.clone());
-    b.set_run_secret(secret);
-    stranger.set_run_secret(bytes::Bytes::from_static(b"a guess"));
+    a.set_run_secret(JOB, secret.clone());
+    b.set_run_secret(JOB, secret);
+    stranger.set_run_secret(JOB, bytes::Bytes::from_static(b"a guess"));
     stranger.set_peer(1, b.local_addr().to_string())?;
     let t = Tensor::new(values(8, 1), &Device::Cpu)?;
     stranger.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;

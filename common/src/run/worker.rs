@@ -72,6 +72,8 @@ pub struct StepReport {
     pub spans: Vec<Span>,
     /// Why the worker gave up on the run (empty: it did not).
     pub error: String,
+    /// With `error`: the worker gave up while starting the run, before running `step`.
+    pub starting: bool,
     /// The worker finished its part of the run (no step in this report).
     pub done: bool,
 }

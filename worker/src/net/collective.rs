@@ -219,11 +219,17 @@ impl Collective {
         if let Some(&last) = st.completed.get(&(op as i32))
             && (req.step <= last || req.step - last > ROUNDS_AHEAD)
         {
+            if last == BARRIER_STEP {
+                return Err(Status::invalid_argument(
+                    "ReduceRequest.step: the start barrier of this run already completed",
+                ));
+            }
             return Err(Status::invalid_argument(format!(
-                "ReduceRequest.step: {} {op:?} is not open (step {last} completed; steps up to \
-                 {} may be)",
-                req.step,
-                last.saturating_add(ROUNDS_AHEAD)
+                "ReduceRequest.step: {} {op:?} is not open ({} completed; steps up to {} may \
+                 be)",
+                RoundName(req.step),
+                RoundName(last),
+                last.saturating_add(ROUNDS_AHEAD).saturating_add(1)
             )));
         }
         let workers = st.workers as usize;
@@ -267,6 +273,22 @@ impl Collective {
     }
 }
 
+/// A round's step as people read it: the start barrier's (sent as step `u64::MAX`, before
+/// any step), or a step counted from 1, as every other message says them.
+struct RoundName(u64);
+
+/// The step the start barrier's round is sent as.
+const BARRIER_STEP: u64 = u64::MAX;
+
+impl std::fmt::Display for RoundName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            BARRIER_STEP => f.write_str("the start barrier"),
+            step => write!(f, "step {}", step.saturating_add(1)),
+        }
+    }
+}
+
 /// The gRPC face of a [`Collective`].
 #[derive(Debug, Clone)]
 pub(crate) struct CollectiveServer {
@@ -283,6 +305,15 @@ impl CollectiveService for CollectiveServer {
     ) -> std::result::Result<Response<ReduceReply>, Status> {
         let req = request.into_inner();
         if !self.secret.admits(&req.run_secret) {
+            // A call for a run this worker has not taken up yet carries that run's secret,
+            // which it learns with its assignment: the caller retries, as for any run not
+            // taken yet. A call for the run whose secret is held must carry it.
+            if !self.secret.holds(req.run) {
+                return Err(Status::failed_precondition(format!(
+                    "ReduceRequest.run: {} is not taken up here yet",
+                    RunName(req.run)
+                )));
+            }
             return Err(Error::RunSecret {
                 field: "ReduceRequest.run_secret",
             }
@@ -331,7 +362,7 @@ impl CollectiveServer {
         match tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await {
             Err(_) => {
                 let timeout = Error::Timeout {
-                    awaited: format!("step {step}: waiting for the other workers"),
+                    awaited: format!("{}: waiting for the other workers", RoundName(step)),
                     after: timeout,
                 };
                 self.collective.abort(&timeout.to_string());
@@ -607,7 +638,7 @@ impl NetSync {
             };
             // Until the first chunk comes, the state may not be offered yet.
             let not_yet: &[tonic::Code] = if chunk == 0 {
-                &[tonic::Code::Unavailable]
+                &[tonic::Code::Unavailable, tonic::Code::FailedPrecondition]
             } else {
                 &[]
             };
@@ -626,7 +657,7 @@ impl NetSync {
     pub fn barrier(&self) -> Result<()> {
         let not_yet = [tonic::Code::FailedPrecondition, tonic::Code::Unavailable];
         self.send_retrying("start barrier", &not_yet, || {
-            self.request(u64::MAX, ReduceOp::Barrier, Vec::new())
+            self.request(BARRIER_STEP, ReduceOp::Barrier, Vec::new())
         })
         .map(drop)
     }
@@ -762,7 +793,7 @@ mod tests {
         let collective = Arc::new(Collective::default());
         collective.configure(7, 1, 1, Duration::from_secs(2));
         let secret = Arc::new(super::super::secret::RunSecret::default());
-        secret.set(bytes::Bytes::from_static(b"run-secret"));
+        secret.set(7, bytes::Bytes::from_static(b"run-secret"));
         // Port 1 on loopback: nothing listens there.
         let sync = |with_secret: &'static [u8], timeout| {
             NetSync::new(
@@ -791,6 +822,37 @@ mod tests {
             wrong.all_reduce_sq_norm(1, 1.0).is_err(),
             "the secret is checked"
         );
+    }
+
+    /// A call for a run the worker has not taken up yet is answered "not yet"
+    /// (`FailedPrecondition`, which the start barrier retries), whatever secret it carries:
+    /// only the run's assignment tells the worker that secret. A call for the run whose
+    /// secret the worker holds, with another secret, is refused (`PermissionDenied`).
+    #[test]
+    fn a_run_not_taken_up_yet_is_retryable_and_a_wrong_secret_is_not() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let collective = Arc::new(Collective::default());
+        collective.configure(7, 2, 1, Duration::from_secs(2));
+        let secret = Arc::new(super::super::secret::RunSecret::default());
+        secret.set(7, bytes::Bytes::from_static(b"secret of run 7"));
+        let server = CollectiveServer { collective, secret };
+        let call = |run: u64, with: &'static [u8]| {
+            let req = ReduceRequest {
+                run,
+                step: u64::MAX,
+                op: ReduceOp::Barrier as i32,
+                worker: 1,
+                run_secret: with.to_vec(),
+                ..ReduceRequest::default()
+            };
+            runtime
+                .block_on(server.all_reduce(Request::new(req)))
+                .expect_err("not answered")
+                .code()
+        };
+        assert_eq!(call(8, b"secret of run 8"), tonic::Code::FailedPrecondition);
+        assert_eq!(call(7, b"secret of run 8"), tonic::Code::PermissionDenied);
+        assert_eq!(call(7, b""), tonic::Code::PermissionDenied);
     }
 
     /// With the sums spread, rank 1's gradients of both replicas meet at replica 0's rank

@@ -299,10 +299,10 @@ impl GrpcTransport {
         Ok(())
     }
 
-    /// Sets the run's secret (the assignment's `run_secret`; empty: none): every frame and
+    /// Sets run `run`'s secret (the assignment's `run_secret`; empty: none): every frame and
     /// collective call sent carries it, and only those that carry it are taken.
-    pub fn set_run_secret(&self, secret: bytes::Bytes) {
-        self.secret.set(secret);
+    pub fn set_run_secret(&self, run: u64, secret: bytes::Bytes) {
+        self.secret.set(run, secret);
     }
 
     /// Switches to another job and set of held stages, whose received frames `recv` returns

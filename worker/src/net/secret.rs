@@ -7,18 +7,18 @@ use std::sync::RwLock;
 use bytes::Bytes;
 use pipewise_proto::auth::same_secret;
 
-/// The current run's secret, shared by the sending and the receiving side; empty: the run
-/// has none, and anything is admitted (as without tokens).
+/// The current run's secret, shared by the sending and the receiving side, with the run it
+/// belongs to; empty: the run has none, and anything is admitted (as without tokens).
 #[derive(Default)]
-pub(crate) struct RunSecret(RwLock<Bytes>);
+pub(crate) struct RunSecret(RwLock<(u64, Bytes)>);
 
 impl RunSecret {
-    /// Switches to a run's secret.
-    pub(crate) fn set(&self, secret: Bytes) {
+    /// Switches to run `run`'s secret.
+    pub(crate) fn set(&self, run: u64, secret: Bytes) {
         *self
             .0
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = secret;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (run, secret);
     }
 
     /// The secret to send.
@@ -26,7 +26,18 @@ impl RunSecret {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
             .clone()
+    }
+
+    /// Whether the secret held is run `run`'s: a call for another run that it does not
+    /// admit may be for a run this worker has not taken up yet, not a forgery.
+    pub(crate) fn holds(&self, run: u64) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            == run
     }
 
     /// Whether a frame or call carrying `given` may be taken.
@@ -51,7 +62,8 @@ mod tests {
     fn without_a_secret_anything_is_admitted_and_with_one_only_it() {
         let secret = RunSecret::default();
         assert!(secret.admits(b"") && secret.admits(b"anything"));
-        secret.set(Bytes::from_static(b"0123456789abcdef"));
+        secret.set(7, Bytes::from_static(b"0123456789abcdef"));
+        assert!(secret.holds(7) && !secret.holds(8));
         assert!(secret.admits(b"0123456789abcdef"));
         assert!(!secret.admits(b""));
         assert!(!secret.admits(b"0123456789abcdeF"));

@@ -49,8 +49,11 @@ pub(crate) fn executor_loop(
         )
         .entered();
         shared.current().job = Some(job);
-        let mut last_step = a.first_step;
-        let outcome = run_assignment(config, shared, a, reports, &mut last_step, &mut kept);
+        let first_step = a.first_step;
+        // The step being run; `None` until the run's first step starts.
+        let mut running = None;
+        let outcome = run_assignment(config, shared, a, reports, &mut running, &mut kept);
+        let last_step = running.unwrap_or(first_step);
         let mut report = pb::StepReport {
             run: job,
             worker_id: config.id.clone(),
@@ -75,6 +78,7 @@ pub(crate) fn executor_loop(
                 // The job span gives the job, the re-plan and the worker.
                 tracing::error!(step = last_step, "assignment failed: {e}");
                 report.error = e.to_string();
+                report.starting = running.is_none();
                 shared
                     .transport
                     .abort(&format!("worker {worker} failed: {e}"));
@@ -92,7 +96,7 @@ fn run_assignment(
     shared: &Shared,
     a: pb::Assignment,
     reports: &mpsc::UnboundedSender<pb::StepReport>,
-    last_step: &mut u64,
+    running: &mut Option<u64>,
     kept: &mut Option<Kept>,
 ) -> Result<PathBuf> {
     let mut a = Assignment::decode(a, &config.data_dir)?;
@@ -104,10 +108,10 @@ fn run_assignment(
     };
     if a.spec.compute.is_emulated() {
         let mut compute = EmulatedCompute::new(config, &a, program)?;
-        node.run(&a, &mut compute, last_step)
+        node.run(&a, &mut compute, running)
     } else {
         let mut compute = RealCompute::new(config, &a, program, kept)?;
-        let outcome = node.run(&a, &mut compute, last_step);
+        let outcome = node.run(&a, &mut compute, running);
         // Ended or failed, the stages stay for a next run that goes on from them.
         *kept = compute.keep();
         outcome
@@ -123,12 +127,13 @@ struct Node<'a> {
 
 impl Node<'_> {
     /// Joins the run and runs its steps with `compute` until the last one or until the
-    /// coordinator asks the run to stop; `last_step` follows the step being run.
+    /// coordinator asks the run to stop; `running` follows the step being run (`None`
+    /// before the first).
     fn run<C: Compute>(
         &self,
         a: &Assignment,
         compute: &mut C,
-        last_step: &mut u64,
+        running: &mut Option<u64>,
     ) -> Result<PathBuf> {
         let transport = &self.shared.transport;
         let sync = self.join(a, C::DELIVERY, compute)?;
@@ -143,7 +148,7 @@ impl Node<'_> {
                 step_span.record("emulated", true);
             }
             let _step_span = step_span.entered();
-            *last_step = step;
+            *running = Some(step);
             let report = compute.step(step, &net)?;
             crate::metrics::record_step(a.worker, &report);
             self.publish_step(a, step, &report, compute.held_bytes());
@@ -157,7 +162,7 @@ impl Node<'_> {
                 break;
             }
         }
-        compute.finish(*last_step + 1)
+        compute.finish(running.unwrap_or(a.steps.start) + 1)
     }
 
     /// Readies the transport for `a` (its stages, frames delivered as `delivery`, the
@@ -172,7 +177,7 @@ impl Node<'_> {
     ) -> Result<NetSync> {
         let transport = &self.shared.transport;
         let timeout = self.config.timeout;
-        transport.set_run_secret(a.run_secret.clone());
+        transport.set_run_secret(a.run, a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
         transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
         // With replicas, replica 0's workers serve their stages' gradient sums.

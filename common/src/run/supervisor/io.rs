@@ -342,14 +342,16 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Failure {
     /// A worker gave up on the run while all of the run's workers still heartbeat.
-    #[error("worker {index} ({id}) failed at step {step}: {error}")]
+    #[error("worker {index} ({id}) failed {}: {error}", when(*.starting, *.step))]
     Worker {
         /// Its index.
         index: usize,
         /// Its id.
         id: String,
-        /// The step (1-based).
+        /// The step (1-based) it ran, or was to run first.
         step: u64,
+        /// It failed before running `step`, while starting the run.
+        starting: bool,
         /// What it said.
         error: String,
     },
@@ -395,6 +397,15 @@ pub enum Failure {
     },
 }
 
+/// When a worker failed: at step `step`, or before it, `starting` the run.
+fn when(starting: bool, step: u64) -> String {
+    if starting {
+        format!("starting the run, before step {step}")
+    } else {
+        format!("at step {step}")
+    }
+}
+
 impl Failure {
     /// Worker `index`'s error report as the job's failure.
     pub fn of_report(index: usize, r: StepReport) -> Failure {
@@ -402,6 +413,7 @@ impl Failure {
             index,
             id: r.worker_id,
             step: r.step.saturating_add(1),
+            starting: r.starting,
             error: r.error,
         }
     }

@@ -549,6 +549,7 @@ fn an_error_report_is_held_for_the_grace() {
         index: 0,
         id: "w0".into(),
         step: 3,
+        starting: false,
         error: "peer 1 closed the connection".into(),
     };
     let mut s = supervisor(&spec, &ws, Start::default());
