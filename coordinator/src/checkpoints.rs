@@ -120,14 +120,74 @@ pub(crate) fn output_dir(data_dir: &Path, job: u64, spec: &JobSpec) -> Result<st
     Ok(job_dir(&folder, job))
 }
 
+/// Creates job `job`'s output directory ([`output_dir`]); a failure names the field that
+/// chose it.
+pub(crate) fn create_output_dir(
+    data_dir: &Path,
+    job: u64,
+    spec: &JobSpec,
+) -> Result<std::path::PathBuf> {
+    let output = output_dir(data_dir, job, spec)?;
+    std::fs::create_dir_all(&output).map_err(|e| {
+        pipewise_common::Error::invalid(
+            "checkpoint.folder",
+            format!("cannot create {}: {e}", output.display()),
+        )
+    })?;
+    Ok(output)
+}
+
 /// Checks, at submit, that the spec's `checkpoint.folder` and `data.path` lead under the
-/// data directory, symlinks followed (the workers check again under theirs).
+/// data directory, symlinks followed (the workers check again under theirs), and that they
+/// are usable there: the folder is not the coordinator's store nor under a file, and the
+/// data is not a directory.
 pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
-    output_dir(data_dir, 0, spec)?;
+    let output = output_dir(data_dir, 0, spec)?;
+    let folder = spec.checkpoint_folder_in(data_dir)?;
+    if folder
+        .strip_prefix(data_dir)
+        .ok()
+        .and_then(|f| f.iter().next())
+        == Some(std::ffi::OsStr::new(crate::store::STORE_FILE))
+    {
+        return Err(invalid(
+            "checkpoint.folder",
+            format!(
+                "{} is the coordinator's job store; choose another folder",
+                folder.display()
+            ),
+        ));
+    }
+    // Every part that exists must be a directory, or the job's folder cannot be made.
+    for at in output.ancestors().take_while(|a| a.starts_with(data_dir)) {
+        match std::fs::metadata(at) {
+            Ok(m) if !m.is_dir() => {
+                return Err(invalid(
+                    "checkpoint.folder",
+                    format!(
+                        "{} is a file, where the job's folder needs a directory",
+                        at.display()
+                    ),
+                ));
+            }
+            Ok(_) => break,
+            Err(_) => continue,
+        }
+    }
     if let Some(path) = spec.data_path_in(data_dir)? {
         check_links("data.path", &path, data_dir, found)?;
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            return Err(invalid(
+                "data.path",
+                format!("{} is a directory; give a text file", path.display()),
+            ));
+        }
     }
     Ok(())
+}
+
+fn invalid(field: &'static str, reason: String) -> CoordinatorError {
+    pipewise_common::Error::invalid(field, reason).into()
 }
 
 /// What is at `path`, symlinks followed.
@@ -259,5 +319,71 @@ mod tests {
         spec.checkpoint.enable_checkpoint = false;
         assert_eq!(settle_checkpoints(&out, &spec, 13), 0);
         std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    /// Paths inside the data directory that could not be used are refused at submit,
+    /// naming the field: a folder under a file or the store's file, a directory as the
+    /// corpus; and a folder that became unusable after submit fails the job's start with
+    /// the field, not an actor's start-up.
+    #[test]
+    fn unusable_paths_inside_are_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        touch(&root.join("plain-file"));
+        touch(&root.join(crate::store::STORE_FILE));
+        std::fs::create_dir_all(root.join("corpora")).unwrap();
+        type Edit = fn(&mut JobSpec);
+        let cases: [(&str, Edit, &str); 5] = [
+            (
+                "checkpoint.folder",
+                |s| s.checkpoint.folder = "plain-file/runs".into(),
+                "is a file",
+            ),
+            (
+                "checkpoint.folder",
+                |s| s.checkpoint.folder = "plain-file".into(),
+                "is a file",
+            ),
+            (
+                "checkpoint.folder",
+                |s| s.checkpoint.folder = "./jobs.redb/x".into(),
+                "job store",
+            ),
+            (
+                "data.path",
+                |s| s.data.path = Some(".".into()),
+                "is a directory",
+            ),
+            (
+                "data.path",
+                |s| s.data.path = Some("corpora".into()),
+                "is a directory",
+            ),
+        ];
+        for (field, edit, says) in cases {
+            let mut spec = example(2, "1f1b");
+            edit(&mut spec);
+            match check_paths(root, &spec) {
+                Err(CoordinatorError::Plan(pipewise_common::Error::InvalidArgument {
+                    field: named,
+                    reason,
+                })) => {
+                    assert_eq!(named, field, "{reason}");
+                    assert!(reason.contains(says), "{field}: {reason}");
+                }
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        let mut spec = example(2, "1f1b");
+        spec.checkpoint.folder = "runs/a".into();
+        spec.data.path = Some("corpora/tiny.txt".into());
+        check_paths(root, &spec).unwrap();
+        // The folder made a file after submit: the start fails naming the field.
+        touch(&root.join("runs/a"));
+        let err = create_output_dir(root, 7, &spec).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid checkpoint.folder: cannot create"),
+            "{err}"
+        );
     }
 }

@@ -19,7 +19,7 @@ use pipewise_common::run::{Worker, queue};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::checkpoints::output_dir;
+use crate::checkpoints::create_output_dir;
 use crate::driver::{DriverArgs, JobRunner};
 use crate::error::{CoordinatorError, Result};
 use crate::events::{Start, StepEventData};
@@ -692,8 +692,8 @@ async fn start(
             data_dir,
         } => {
             // Checked at submit; a job stored before paths were confined is checked
-            // here.
-            match output_dir(data_dir, id, &spec) {
+            // here, and what changed on disk since shows as the field's error.
+            match create_output_dir(data_dir, id, &spec) {
                 Ok(output) => {
                     let args = RunArgs {
                         job: id,
@@ -709,9 +709,9 @@ async fn start(
                     Actor::spawn_linked(None, RunActor, args, myself.get_cell())
                         .await
                         .map(|(run, _)| Running::Run(run))
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| CoordinatorError::Actor(format!("cannot start the job: {e}")))
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             }
         }
     };
@@ -722,9 +722,7 @@ async fn start(
         Err(e) => {
             let _ = myself.cast(JobMsg::Finished {
                 job: id,
-                outcome: Err(CoordinatorError::Actor(format!(
-                    "cannot start the job: {e}"
-                ))),
+                outcome: Err(e),
                 cancelled: false,
             });
         }
@@ -1016,8 +1014,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A job whose `checkpoint.folder` or `data.path` leads out of the data directory is
-    /// refused at submit, naming the field, before it is planned or stored.
+    /// A job whose `checkpoint.folder` or `data.path` leads out of the data directory, or
+    /// cannot be used there, is refused at submit, naming the field, before it is planned
+    /// or stored.
     #[tokio::test]
     async fn paths_outside_the_data_directory_are_refused() {
         let (manager, dir) = planning_manager("confined").await;
@@ -1025,10 +1024,19 @@ mod tests {
         std::fs::create_dir_all(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
         type Edit = fn(&mut JobSpec, &std::path::Path);
-        let cases: [(&str, Edit); 5] = [
+        let cases: [(&str, Edit); 8] = [
             ("checkpoint.folder", |s, _| {
                 s.checkpoint.folder = "../../escape_ckpt".into()
             }),
+            // Inside, but unusable: the store's own file, a name the OS refuses, and the
+            // data directory itself as the corpus.
+            ("checkpoint.folder", |s, _| {
+                s.checkpoint.folder = "jobs.redb".into()
+            }),
+            ("checkpoint.folder", |s, _| {
+                s.checkpoint.folder = "b".repeat(300)
+            }),
+            ("data.path", |s, _| s.data.path = Some(".".into())),
             ("checkpoint.folder", |s, _| {
                 s.checkpoint.folder = "/tmp".into()
             }),

@@ -150,11 +150,6 @@ impl Actor for RunActor {
         myself: ActorRef<RunMsg>,
         args: RunArgs,
     ) -> std::result::Result<RunState, ActorProcessingErr> {
-        std::fs::create_dir_all(&args.output).map_err(|source| CoordinatorError::Checkpoints {
-            action: "create",
-            path: args.output.clone(),
-            source,
-        })?;
         if let Ok(peaks) = args.plan.predicted_peak_bytes(&args.spec) {
             crate::metrics::record_predicted_peaks(args.job, &peaks);
         }

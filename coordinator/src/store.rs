@@ -120,6 +120,9 @@ fn catch_quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> std::thre
     caught
 }
 
+/// The store's file in the coordinator's data directory (no job's folder may be it).
+pub(crate) const STORE_FILE: &str = "jobs.redb";
+
 impl JobStore {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path) -> Result<JobStore> {
@@ -129,7 +132,7 @@ impl JobStore {
                 dir.display()
             ))
         })?;
-        let path = dir.join("jobs.redb");
+        let path = dir.join(STORE_FILE);
         let named = |e: String| CoordinatorError::Store(format!("{}: {e}", path.display()));
         // redb asserts on some damaged files (one cut short by a crash or a full disk)
         // rather than returning an error: that is an error naming the file here, not a panic

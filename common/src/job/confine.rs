@@ -13,6 +13,10 @@ use crate::error::{Error, Result};
 /// under a data directory has no need of more than this).
 pub const MAX_PATH_BYTES: usize = 1024;
 
+/// The longest name of one file or directory, in bytes (Linux's `NAME_MAX`; ext4, XFS and
+/// btrfs take no more).
+pub const MAX_NAME_BYTES: usize = 255;
+
 /// What is at a path, as the caller's file system says ([`check_links`]'s lookup).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
@@ -26,7 +30,8 @@ pub enum Found {
 
 /// `path`, the value of job field `field`, as a path under `root`: relative (joined to
 /// `root`) or absolute and under `root`, with no `..` part (which would climb out, and
-/// which symlinks make unsafe to resolve lexically) and within [`MAX_PATH_BYTES`].
+/// which symlinks make unsafe to resolve lexically), within [`MAX_PATH_BYTES`] and each
+/// part within [`MAX_NAME_BYTES`].
 pub fn confine(field: &'static str, path: &str, root: &Path) -> Result<PathBuf> {
     if path.trim().is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
@@ -49,6 +54,16 @@ pub fn confine(field: &'static str, path: &str, root: &Path) -> Result<PathBuf> 
     let mut inside = root.to_path_buf();
     for part in relative.components() {
         match part {
+            Component::Normal(name) if name.len() > MAX_NAME_BYTES => {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "{path:?} has a part of {} bytes; file systems take at most \
+                         {MAX_NAME_BYTES}",
+                        name.len()
+                    ),
+                ));
+            }
             Component::Normal(name) => inside.push(name),
             Component::CurDir => {}
             Component::ParentDir => {
@@ -209,6 +224,11 @@ mod tests {
         let long = "a/".repeat(MAX_PATH_BYTES);
         let (_, reason) = field(confine("checkpoint.folder", &long, root));
         assert!(reason.contains("more than the 1024"), "{reason}");
+        let name = "b".repeat(MAX_NAME_BYTES + 1);
+        let (_, reason) = field(confine("checkpoint.folder", &format!("x/{name}"), root));
+        assert!(reason.contains("a part of 256 bytes"), "{reason}");
+        let longest = "b".repeat(MAX_NAME_BYTES);
+        assert!(confine("checkpoint.folder", &longest, root).is_ok());
     }
 
     /// A file system of `(path, where it leads)` entries.
