@@ -23,9 +23,11 @@
 //! - [`auto`]: the auto-planner: partition, microbatch size and schedule under a memory budget.
 //! - [`partition`]: every split of the model's pieces into stages (even, torchtitan's,
 //!   balanced for the auto-planner, for measured worker speeds).
+//! - [`address`]: whether an address a worker advertises is one its peers can dial.
 //! - [`run`]: the sans-I/O supervisor of a job's runs on worker processes and its policies
 //!   (lost workers, growing back, stragglers, memory pressure).
 
+pub mod address;
 pub mod auto;
 pub mod calibration;
 pub mod cancel;

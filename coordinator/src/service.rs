@@ -234,6 +234,14 @@ impl ClusterService for Cluster {
                 "address: at most {MAX_ADDRESS} bytes"
             )));
         }
+        // Every peer of a job dials it: an address none can connect to would fail each job
+        // the worker is given, at its start barrier, instead of here.
+        if let Some(why) = pipewise_common::address::undialable(&r.address) {
+            return Err(Status::invalid_argument(format!(
+                "address: peers cannot dial {:?}: {why}; the worker's --advertise sets it",
+                r.address
+            )));
+        }
         for (field, value) in [("flops_per_second", r.flops_per_second), ("cores", r.cores)] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(Status::invalid_argument(format!(

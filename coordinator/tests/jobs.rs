@@ -321,6 +321,12 @@ async fn registrations_with_bad_or_taken_ids_are_refused() {
         (register(&long, "127.0.0.1:1"), "worker_id"),
         (register("a\nb", "127.0.0.1:1"), "worker_id"),
         (register("ok", &"w".repeat(1025)), "address"),
+        (register("ok", "10.91.0.2:0"), "address: peers cannot dial"),
+        (
+            register("ok", "0.0.0.0:50052"),
+            "address: peers cannot dial",
+        ),
+        (register("ok", "worker-0"), "address: peers cannot dial"),
     ] {
         let err = cluster.register(request).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");

@@ -95,6 +95,20 @@ impl WorkerNode {
         // Peers dial this address: one they could not use would fail every job later.
         crate::net::grpc_uri(&address, config.tls.mutual())
             .map_err(|e| Error::invalid("advertise", e.to_string()))?;
+        if let Some(why) = pipewise_common::address::undialable(&address) {
+            let from = if config.advertise.is_some() {
+                "--advertise"
+            } else {
+                "the --listen address (no --advertise given)"
+            };
+            return Err(Error::invalid(
+                "advertise",
+                format!(
+                    "peers cannot dial {address} ({from}): {why}; give --advertise HOST:PORT, \
+                     the address other workers reach this one at"
+                ),
+            ));
+        }
         let shared = Arc::new(Shared::new(transport));
         // A few tens of milliseconds; a failed profile only leaves the planner's default.
         // A worker slowed by `--slowdown` from its first step profiles that much slower (one
@@ -266,5 +280,23 @@ mod tests {
             err.contains("advertise") && err.contains("https://"),
             "{err}"
         );
+        for (advertise, says) in [
+            (Some("10.91.0.2:0"), "--advertise"),
+            (Some("0.0.0.0:5000"), "--advertise"),
+            (None, "no --advertise given"),
+        ] {
+            let mut config = super::NodeConfig::new("127.0.0.1:1", "w");
+            config.listen = "0.0.0.0:0".parse().expect("an address");
+            config.advertise = advertise.map(str::to_string);
+            let err = super::WorkerNode::start(config)
+                .await
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(
+                err.contains("peers cannot dial") && err.contains(says),
+                "{err}"
+            );
+        }
     }
 }
