@@ -53,8 +53,9 @@ fn trial_stays_exact(name: &str, replicas: u32) {
     let moves = replans(&stdout, "auto trial: ");
     assert!(!moves.is_empty(), "no trial move:\n{stdout}");
     for m in &moves {
-        assert!(m.contains("resuming from the checkpoint of step"), "{m}");
+        assert!(m.contains("from the workers' memory"), "{m}");
     }
+    assert_no_step_repeated(&stdout);
     assert_eq!(replans_counted(&cluster, "auto_trial"), moves.len() as f64);
     let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
     eprintln!(

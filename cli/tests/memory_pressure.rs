@@ -101,10 +101,11 @@ fn a_measured_overflow_stops_the_run_and_moves_it() {
     assert!(moves[0].contains("worker 0 (w0) held"), "{}", moves[0]);
     assert!(moves[0].contains("gpipe planned"), "{}", moves[0]);
     assert!(
-        moves[0].contains("resuming from the checkpoint of step"),
+        moves[0].contains("from the workers' memory"),
         "{}",
         moves[0]
     );
+    assert_no_step_repeated(&stdout);
     eprintln!("measured pressure: {} (budget {budget} bytes)", moves[0]);
     assert_exact(&cluster, job, &last_losses(&stdout), &reference);
     assert_eq!(replans_counted(&cluster, "memory_pressure"), 1.0);

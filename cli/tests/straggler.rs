@@ -30,6 +30,8 @@ fn layers_move_off_a_straggler() {
         after[2] < before[2],
         "the straggler keeps its layers: {first}"
     );
+    assert!(first.contains("from the workers' memory"), "{first}");
+    assert_no_step_repeated(&stdout);
     let (loss_diff, param_diff) = assert_exact(&cluster, job, &last_losses(&stdout), &reference);
     // Step times of the reports' first and second halves (not asserted: a shared machine).
     let ms: Vec<f64> = stdout

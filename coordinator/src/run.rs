@@ -68,6 +68,12 @@
 //! (`pipewise_replans_total{reason="worker_joined"}`). A plan that fails is logged and not
 //! tried again until the live count changes.
 //!
+//! **Moves go on from memory.** After any of these moves the next run starts after the
+//! step every worker stopped at, from the stages its workers still hold: its assignments
+//! carry the run before's stages and their holders (`handover`, `offer_held`), the holders
+//! offer them until the start barrier, and each worker takes its new stages' state from
+//! them peer to peer; the saved step is the fall-back should a holder be gone.
+//!
 //! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
 //! collectives, reports and aborts), is the job id for the first run and
 //! `job + k · 2^48` for its `k`-th run ([`RunId`](pipewise_common::run::RunId)): each re-plan starts another, and a
@@ -342,6 +348,16 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
         .unwrap_or_default();
     // Rebuilt replicas copy their stages from replica 0's worker of their rank.
     let rebuilt_from = replicas.saturating_sub(a.rebuilt_replicas);
+    let handover: Vec<pb::HeldStage> = a
+        .handover
+        .iter()
+        .map(|h| pb::HeldStage {
+            stage: h.stage,
+            first_piece: h.pieces.start as u32,
+            end_piece: h.pieces.end as u32,
+            address: h.holder.address.clone(),
+        })
+        .collect();
     for (g, w) in a.workers.iter().enumerate() {
         let (replica, i) = (g / d, g % d);
         let rebuilt = replica as u32 >= rebuilt_from;
@@ -379,6 +395,8 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             } else {
                 String::new()
             },
+            handover: handover.clone(),
+            offer_held: a.handover.iter().any(|h| h.holder.id == w.id),
         };
         let sent = ractor::call!(
             st.membership,

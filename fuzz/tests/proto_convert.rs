@@ -176,12 +176,24 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         copy_from: String::new(),
         offer_copies: false,
         grad_root: String::new(),
+        // A move's hand-over: the whole model held by one worker of the run before.
+        handover: if u.arbitrary()? {
+            vec![v1::HeldStage {
+                stage: 0,
+                first_piece: 0,
+                end_piece: spec.model.layers + 2,
+                address: "http://127.0.0.1:7100".into(),
+            }]
+        } else {
+            Vec::new()
+        },
+        offer_held: false,
     })
 }
 
 /// One edit of an assignment's fields.
 fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result<()> {
-    match u.int_in_range(0..=16)? {
+    match u.int_in_range(0..=18)? {
         0 => a.job_toml = mutate::text(u, &a.job_toml, &[], 2)?,
         1 => {
             a.placement = if u.arbitrary()? {
@@ -216,6 +228,13 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
         13 => a.worker_index = mutate::number_u32(u)?,
         14 => a.replica = mutate::number_u32(u)?,
         15 => a.replicas = mutate::number_u32(u)?,
+        16 => a.offer_held = u.arbitrary()?,
+        17 => a.handover.push(v1::HeldStage {
+            stage: mutate::number_u32(u)?,
+            first_piece: mutate::number_u32(u)?,
+            end_piece: mutate::number_u32(u)?,
+            address: mutate::text(u, "", &["http://127.0.0.1:7101"], 1)?,
+        }),
         _ => {
             a.stage_pieces = (0..u.int_in_range(0..=8)?)
                 .map(|_| u.int_in_range(0..=12))
@@ -226,7 +245,7 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
 }
 
 /// The assignment fields a worker's refusal names first.
-const ASSIGNMENT_FIELDS: [&str; 15] = [
+const ASSIGNMENT_FIELDS: [&str; 16] = [
     "job_toml",
     "placement",
     "stage_count",
@@ -242,6 +261,7 @@ const ASSIGNMENT_FIELDS: [&str; 15] = [
     "replica",
     "collective_root",
     "grad_root",
+    "handover",
 ];
 
 fn check_assignment_case(a: v1::Assignment, mutated: bool) -> Verdict {

@@ -231,6 +231,36 @@ impl Stage {
         Ok(tensors)
     }
 
+    /// Loads this stage's state from checkpoint shards in memory (`buffers`, as
+    /// [`Stage::checkpoint_bytes`] gives them) of any partition of the same model, taking
+    /// the tensors by their whole-model names from those whose pieces overlap this
+    /// stage's: a move's run takes its stages from the run before's.
+    pub fn load_checkpoint_buffers(&mut self, buffers: &[&[u8]]) -> Result<()> {
+        let mine = self.range();
+        let mut shards = Vec::new();
+        for bytes in buffers {
+            let tensors = candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?;
+            let shard = shard_of(tensors, Path::new(IN_MEMORY))?;
+            let overlaps = match shard.range[..] {
+                [start, end] => (start as usize) < mine.end && mine.start < (end as usize),
+                _ => false,
+            };
+            if overlaps {
+                shards.push(shard);
+            }
+        }
+        if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
+            return Err(bad(
+                Path::new(IN_MEMORY),
+                format!(
+                    "the held stages are at different steps: {} and {}",
+                    shards[0].step, other.step
+                ),
+            ));
+        }
+        self.install(shards)
+    }
+
     /// Replaces this stage's parameters, optimizer state and step with those saved at
     /// `path`, and zeroes its gradients. The checkpoint must come from a stage with the same
     /// spec (sizes and dtype) and piece range.

@@ -574,13 +574,45 @@ pub(crate) fn assert_resumed_exactly(
 /// `besides`) that resumed from the checkpoint of step `step`: a run stopped between steps
 /// saves where it stopped, which need not be a multiple of the checkpoint interval.
 pub(crate) fn moved_to(log: &Path, step: u64, besides: &str) -> bool {
-    let at = format!("resuming from the checkpoint of step {step}");
+    let from_checkpoint = format!("resuming from the checkpoint of step {step}");
+    let from_memory = format!("going on after step {step} from the workers' memory");
     std::fs::read_to_string(log).unwrap().lines().any(|l| {
         !l.contains(besides)
-            && l.split(&at)
-                .nth(1)
-                .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+            && (l.contains(&from_memory)
+                || l.split(&from_checkpoint)
+                    .nth(1)
+                    .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit())))
     })
+}
+
+/// In a job's watch output, the first step line after the `re-planned:` line holding `what`
+/// is the step after the last one before it: the move ran no step again.
+pub(crate) fn assert_continues_after(stdout: &str, what: &str) {
+    let step_of = |l: &str| -> Option<u64> { l.split_whitespace().nth(1)?.parse().ok() };
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("re-planned:") && l.contains(what))
+        .unwrap_or_else(|| panic!("no re-plan with {what:?}:\n{stdout}"));
+    let before = lines[..at].iter().rev().find(|l| l.starts_with("step"));
+    let after = lines[at..].iter().find(|l| l.starts_with("step"));
+    let (before, after) = (
+        before.and_then(|l| step_of(l)),
+        after.and_then(|l| step_of(l)),
+    );
+    assert_eq!(after, before.map(|k| k + 1), "{stdout}");
+}
+
+/// The step lines of a job's watch output count 1, 2, 3, … once each: no step ran twice
+/// (a move went on from memory, not back to an earlier checkpoint).
+pub(crate) fn assert_no_step_repeated(stdout: &str) {
+    let steps: Vec<u64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("step"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.split('/').next()?.parse().ok())
+        .collect();
+    let counted: Vec<u64> = (1..=steps.len() as u64).collect();
+    assert_eq!(steps, counted, "{stdout}");
 }
 
 /// Waits for `job` to succeed (2 minutes at most); its whole watch output and the one

@@ -34,6 +34,6 @@ pub mod worker;
 pub use checkpoints::{Checkpoints, Start};
 pub use id::RunId;
 pub use supervisor::{
-    Action, Assignment, Config, Failure, Input, Member, Reason, Supervisor, Taken,
+    Action, Assignment, Config, Failure, HeldStage, Input, Member, Reason, Supervisor, Taken,
 };
 pub use worker::{StageTimes, StepReport, Worker};

@@ -63,6 +63,22 @@ pub(crate) struct Assignment {
     pub(crate) copy_from: String,
     /// Offer the stages' state to the workers that copy from this one.
     pub(crate) offer_copies: bool,
+    /// A move from memory: the stages of the run before whose pieces this worker's stages
+    /// hold, each fetched from its holder (empty: none).
+    pub(crate) handover: Vec<HeldStage>,
+    /// Offer the stages this worker holds from the run before to the run's workers.
+    pub(crate) offer_held: bool,
+}
+
+/// A stage of the run before a move, held in a worker's memory.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HeldStage {
+    /// Its index in the run before.
+    pub(crate) stage: u32,
+    /// Its pieces.
+    pub(crate) pieces: Range<usize>,
+    /// Where its holder serves its collectives (and stage states).
+    pub(crate) address: String,
 }
 
 impl Assignment {
@@ -173,6 +189,13 @@ impl Assignment {
         } else {
             pieces_partition(&spec, &a.stage_pieces, placement.stages())?
         };
+        let mine: Vec<Range<usize>> = placement
+            .stages_of(a.worker_index)
+            .iter()
+            .filter_map(|s| partition.get(*s as usize).cloned())
+            .collect();
+        let goes_on_otherwise = a.resume_in_memory || !a.copy_from.is_empty();
+        let handover = handover_of(&a.handover, a.offer_held, goes_on_otherwise, &spec, &mine)?;
         agrees_with_spec(&spec, a.model, a.seed, a.microbatch_size)?;
         let stages = placement.stages_of(a.worker_index);
         if a.stages != stages {
@@ -217,6 +240,8 @@ impl Assignment {
             resume_in_memory: a.resume_in_memory,
             copy_from: a.copy_from,
             offer_copies: a.offer_copies,
+            handover,
+            offer_held: a.offer_held,
         })
     }
 
@@ -231,6 +256,63 @@ impl Assignment {
 /// the crate).
 pub fn check_assignment(a: pb::Assignment, data_dir: &Path) -> Result<()> {
     Assignment::decode(a, data_dir).map(|_| ())
+}
+
+/// The held stages of a hand-over (`handover`, with `offer_held`) that this worker's stages
+/// (their pieces: `mine`) take their state from, checked: each within the model, together
+/// covering every piece of `mine`, and none for a worker that `goes_on_otherwise` (from
+/// its own stages or a replica's).
+fn handover_of(
+    handover: &[pb::HeldStage],
+    offer_held: bool,
+    goes_on_otherwise: bool,
+    spec: &JobSpec,
+    mine: &[Range<usize>],
+) -> Result<Vec<HeldStage>> {
+    let bad = |reason: String| Error::invalid("assignment", format!("handover: {reason}"));
+    if handover.is_empty() {
+        if offer_held {
+            return Err(bad("offer_held without a hand-over".into()));
+        }
+        return Ok(Vec::new());
+    }
+    if goes_on_otherwise {
+        return Err(bad(
+            "a worker going on from its own stages or a replica's takes no hand-over".into(),
+        ));
+    }
+    let pieces = spec.model.layers as usize + 2;
+    let mut held = Vec::new();
+    for h in handover {
+        let range = h.first_piece as usize..h.end_piece as usize;
+        if range.is_empty() || range.end > pieces || h.address.trim().is_empty() {
+            return Err(bad(format!(
+                "stage {} holds pieces {range:?} at {:?}; the model has {pieces} pieces",
+                h.stage, h.address
+            )));
+        }
+        if mine
+            .iter()
+            .any(|m| m.start < range.end && range.start < m.end)
+        {
+            held.push(HeldStage {
+                stage: h.stage,
+                pieces: range,
+                address: h.address.clone(),
+            });
+        }
+    }
+    for m in mine {
+        if let Some(piece) = m
+            .clone()
+            .find(|p| !held.iter().any(|h| h.pieces.contains(p)))
+        {
+            return Err(bad(format!(
+                "no held stage holds piece {piece} of this worker's pieces {m:?}"
+            )));
+        }
+    }
+    Ok(held)
 }
 
 /// The message's copies of the spec's model, seed and microbatch size agree with the spec.

@@ -59,6 +59,18 @@ pub(crate) trait Compute {
     fn load_stage_state(&mut self, _stage: u32, _bytes: &[u8]) -> Result<()> {
         Ok(())
     }
+
+    /// The states of the stages this worker held in the run before a move (by their index
+    /// there), to offer to the run's workers; taken once.
+    fn take_held_states(&mut self) -> Vec<(u32, bytes::Bytes)> {
+        Vec::new()
+    }
+
+    /// Builds every stage's state from `held`, states of the run before's stages (as
+    /// [`Compute::take_held_states`] gives them) that together hold its pieces.
+    fn load_handover(&mut self, _held: &[bytes::Bytes]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Real compute: the worker's stages, its data and its outputs.
@@ -81,13 +93,15 @@ pub(crate) struct RealCompute {
     job: u64,
     state_step: u64,
     end_step: u64,
-    /// Whether the job has data-parallel replicas (only such a job goes on from memory).
-    replicated: bool,
+    /// The states of the stages held in the run before a move, until offered.
+    held_states: Vec<(u32, bytes::Bytes)>,
 }
 
 /// A run's stages kept in memory after it ended short of the job's last step, so that the
-/// next run of the same job can go on from them ([`Assignment::resume_in_memory`]): a job
-/// that lost a data-parallel replica goes on with the others without a checkpoint.
+/// next run of the same job can go on from them without a checkpoint: a job that lost a
+/// data-parallel replica goes on with the others ([`Assignment::resume_in_memory`]), and
+/// a move between steps hands them over to the next run's workers
+/// ([`Assignment::offer_held`]).
 pub(crate) struct Kept {
     job: u64,
     /// Steps done: the parameters and optimizer state are those after this many.
@@ -109,8 +123,9 @@ impl RealCompute {
         let spec = &a.spec;
         let job = job_of(a.run);
         let held = kept.take();
+        let mut held_states = Vec::new();
         let mut rt = if a.resume_in_memory {
-            let mut rt = warm(held, job, a.steps.start)?;
+            let mut rt = warm(held, job, a.steps.start, "resume_in_memory")?;
             rt.rebind(
                 a.worker,
                 &a.placement,
@@ -124,7 +139,13 @@ impl RealCompute {
             );
             rt
         } else {
-            drop(held);
+            // Serialized, then dropped before the new stages are built: the worker holds
+            // the old state once, as bytes, until the run's start barrier.
+            if a.offer_held {
+                held_states = states_of(&warm(held, job, a.steps.start, "offer_held")?)?;
+            } else {
+                drop(held);
+            }
             Self::fresh(config, a, program)?
         };
         rt.set_timeout(config.timeout);
@@ -159,7 +180,7 @@ impl RealCompute {
             job,
             state_step: a.steps.start,
             end_step: a.steps.end,
-            replicated: spec.replicas() > 1,
+            held_states,
         })
     }
 
@@ -188,17 +209,18 @@ impl RealCompute {
             &config.device,
             optimizer_of(spec),
         )?;
-        // A rebuilt replica copies its state from a live one once the run is joined.
-        if a.steps.start > 0 && a.copy_from.is_empty() {
+        // A rebuilt replica copies its state from a live one, and a move's run takes it
+        // from the run before's workers, once the run is joined.
+        if a.steps.start > 0 && a.copy_from.is_empty() && a.handover.is_empty() {
             rt.resume(&a.output, a.steps.start)?;
         }
         Ok(rt)
     }
 
     /// The stages to keep for a next run of the job that goes on from memory: none once
-    /// the job's last step is done, nor for a job without replicas.
+    /// the job's last step is done.
     pub(crate) fn keep(self) -> Option<Kept> {
-        (self.replicated && self.state_step < self.end_step).then_some(Kept {
+        (self.state_step < self.end_step).then_some(Kept {
             job: self.job,
             step: self.state_step,
             rt: self.rt,
@@ -206,19 +228,28 @@ impl RealCompute {
     }
 }
 
-/// The runtime `kept` holds, when it is job `job`'s after `step` steps.
-fn warm(kept: Option<Kept>, job: u64, step: u64) -> Result<WorkerRuntime> {
+/// Every stage's state in `rt`, by stage, as a checkpoint shard's bytes.
+fn states_of(rt: &WorkerRuntime) -> Result<Vec<(u32, bytes::Bytes)>> {
+    rt.stages()
+        .iter()
+        .map(|(s, stage)| Ok((*s, bytes::Bytes::from(stage.checkpoint_bytes()?))))
+        .collect()
+}
+
+/// The runtime `kept` holds, when it is job `job`'s after `step` steps (`field`: the
+/// assignment's field that asked for it).
+fn warm(kept: Option<Kept>, job: u64, step: u64, field: &'static str) -> Result<WorkerRuntime> {
     match kept {
         Some(k) if k.job == job && k.step == step => Ok(k.rt),
         Some(k) => Err(Error::invalid(
-            "resume_in_memory",
+            field,
             format!(
                 "asked to go on from job {job} after {step} steps, this worker holds job {} after {} steps",
                 k.job, k.step
             ),
         )),
         None => Err(Error::invalid(
-            "resume_in_memory",
+            field,
             format!(
                 "asked to go on from job {job} after {step} steps, this worker holds no stages"
             ),
@@ -283,6 +314,18 @@ impl Compute for RealCompute {
             ));
         };
         held.load_checkpoint_bytes(bytes)
+    }
+
+    fn take_held_states(&mut self) -> Vec<(u32, bytes::Bytes)> {
+        std::mem::take(&mut self.held_states)
+    }
+
+    fn load_handover(&mut self, held: &[bytes::Bytes]) -> Result<()> {
+        let held: Vec<&[u8]> = held.iter().map(|b| b.as_ref()).collect();
+        for stage in self.rt.stages_mut().values_mut() {
+            stage.load_checkpoint_buffers(&held)?;
+        }
+        Ok(())
     }
 
     fn finish(&mut self, done: u64) -> Result<PathBuf> {

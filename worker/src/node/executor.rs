@@ -229,6 +229,7 @@ impl Node<'_> {
                 "copied the stages' state from a live replica (no checkpoint loaded)"
             );
         }
+        self.take_handover(a, compute)?;
         let joined = sync.barrier();
         // Offers go once every worker passed the barrier, or the run failed to start.
         transport.collective().withdraw();
@@ -237,6 +238,44 @@ impl Node<'_> {
         stats.peak_activation_bytes = 0;
         stats.current_activation_bytes = 0;
         Ok(sync)
+    }
+
+    /// A move from memory: offers the stages this worker held in the run before, then builds
+    /// its stages' state from the held stages their pieces overlap (its own in process,
+    /// the others' fetched from their holders, which offer them until the start barrier).
+    fn take_handover<C: Compute>(&self, a: &Assignment, compute: &mut C) -> Result<()> {
+        let transport = &self.shared.transport;
+        let held = compute.take_held_states();
+        for (stage, bytes) in &held {
+            transport.collective().offer(a.run, *stage, bytes.clone());
+        }
+        // Emulated compute holds no state to hand over.
+        if a.handover.is_empty() || C::EMULATED {
+            return Ok(());
+        }
+        let own = a.peers.get(&a.worker);
+        let mut states = Vec::with_capacity(a.handover.len());
+        for h in &a.handover {
+            let mine = held
+                .iter()
+                .find(|(stage, _)| *stage == h.stage && own == Some(&h.address));
+            let bytes = match mine {
+                Some((_, bytes)) => bytes.clone(),
+                None => transport
+                    .sync_to(&h.address, a.run, a.contributor, self.config.timeout)?
+                    .serving(format!("the holder of stage {} of the run before", h.stage))
+                    .fetch_stage(h.stage)?
+                    .into(),
+            };
+            states.push(bytes);
+        }
+        compute.load_handover(&states)?;
+        tracing::info!(
+            step = a.steps.start,
+            held = a.handover.len(),
+            "took the stages' state from the run before's workers (no checkpoint loaded)"
+        );
+        Ok(())
     }
 
     /// Records step `step`'s report in the heartbeat statistics (`held`: activation bytes

@@ -4,6 +4,7 @@ use super::super::reports::Taken;
 use super::super::respec::grown;
 use super::super::straggler::straggler;
 use super::following::Run;
+use super::handover::held_stages;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
 use super::{Phase, Supervisor, shown, tightest};
 use crate::calibration::Replica;
@@ -362,17 +363,18 @@ impl Supervisor {
             if self.cancelled {
                 return self.finish(Ok(()));
             }
-            let until = self.now + self.cfg.leave_grace_ms;
-            return self.leave(
-                run.out.id,
-                run.out.all_workers(),
-                until,
-                Ended::Move {
+            let held = held_stages(&self.plan, &run.out);
+            // Every worker reported the run done, which it does once it has left it (its
+            // stop's checkpoint written): no heartbeat needs to say so before the next run.
+            self.out.push(Action::ReadCheckpoints);
+            return Phase::Reading {
+                then: Box::new(Ended::Move {
                     reason,
                     through,
                     to,
-                },
-            );
+                    held,
+                }),
+            };
         }
         let expected = run.out.steps.saturating_sub(run.out.first_step);
         if run.completed < expected && run.stop_asked.is_none() {

@@ -201,6 +201,21 @@ pub struct Assignment {
     /// The last this many replicas are rebuilt: their workers copy their stages' state
     /// from replica 0's worker of the same rank, peer to peer.
     pub rebuilt_replicas: u32,
+    /// A move from memory (empty: none): the stages of the run before, held by its
+    /// workers (all of them in this run), from which this run's workers take their stages'
+    /// state after `first_step` steps, peer to peer, instead of from a checkpoint.
+    pub handover: Vec<HeldStage>,
+}
+
+/// A stage of the run before a move, held in its worker's memory after the run stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldStage {
+    /// Its index in the run before.
+    pub stage: u32,
+    /// Its pieces (embedding, blocks, head in model order).
+    pub pieces: std::ops::Range<usize>,
+    /// The worker holding it (replica 0's worker of its rank).
+    pub holder: Worker,
 }
 
 /// A step every worker of the run reported.
@@ -461,10 +476,12 @@ pub(super) enum Ended {
         through: u64,
         how: Reason,
     },
-    /// The run stopped after step `through` (the reason) to go on with `to`.
+    /// The run stopped after step `through` (the reason) to go on with `to`, from the
+    /// stages its workers hold (`held`; empty: from the checkpoints).
     Move {
         reason: String,
         through: u64,
         to: Move,
+        held: Vec<HeldStage>,
     },
 }

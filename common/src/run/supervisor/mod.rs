@@ -20,8 +20,11 @@
 //!    lost, or a move between steps (a straggler, memory pressure, workers joining) stopped
 //!    every worker after the same step.
 //! 5. **Re-planning** after a loss or a move: once the run's workers left it, the job
-//!    resumes from the last complete checkpoint on the survivors' plan or the move's, in a
-//!    new run with its own [`RunId`]. At most [`Config::max_replans`] re-plans.
+//!    resumes in a new run with its own [`RunId`]: after a loss from the last complete
+//!    checkpoint on the survivors' plan; after a move on the move's plan, after the step
+//!    every worker stopped at, from the stages its workers hold in memory
+//!    ([`HeldStage`]s, handed over peer to peer), or from the checkpoint should a holder
+//!    be gone. At most [`Config::max_replans`] re-plans.
 //!
 //! A job of several data-parallel replicas that loses a worker sheds its replica instead
 //! when whole replicas are left: they go on from memory (**Shedding**, [`shed`]).
@@ -38,6 +41,7 @@ mod claim_tests;
 mod drift_tests;
 mod follow;
 mod following;
+mod handover;
 mod io;
 mod recalibrate;
 #[cfg(test)]
@@ -66,11 +70,11 @@ use crate::job::{JobPlan, JobSpec};
 use crate::{Costs, Schedule, simulate};
 
 use following::{Out, Run};
+use io::Ended;
 pub use io::{
-    Action, Assignment, Choose, Config, Failure, Input, Member, Reason, Search, Shown, StepDone,
-    Taken,
+    Action, Assignment, Choose, Config, Failure, HeldStage, Input, Member, Reason, Search, Shown,
+    StepDone, Taken,
 };
-use io::{Ended, Move};
 use trying::{TRIAL_PLANS, Trial};
 
 /// Where the job's runs are.
@@ -101,10 +105,10 @@ enum Phase {
         run: RunId,
         workers: Vec<Worker>,
         until: u64,
-        then: Ended,
+        then: Box<Ended>,
     },
     /// For the checkpoint listing, to re-plan.
-    Reading { then: Ended },
+    Reading { then: Box<Ended> },
     /// The job is over.
     Finished,
 }
@@ -150,6 +154,9 @@ pub struct Supervisor {
     in_memory: bool,
     /// The next run's last this many replicas copy their state from replica 0.
     rebuilt: u32,
+    /// The next run goes on from these stages of the run before, held in its workers'
+    /// memory (empty: from the checkpoints, or the stages each worker holds).
+    handover: Vec<HeldStage>,
     /// The job's pieces' costs, refined by every complete step of every run.
     costs: CostModel,
     now: u64,
@@ -197,6 +204,7 @@ impl Supervisor {
             cancelled: false,
             in_memory: false,
             rebuilt: 0,
+            handover: Vec::new(),
             now: 0,
             phase: Phase::Waiting {
                 shown: None,
@@ -249,9 +257,9 @@ impl Supervisor {
                 workers,
                 until,
                 then,
-            } => self.leave(run, workers, until, then),
+            } => self.leave(run, workers, until, *then),
             Phase::Reading { then } => match input {
-                Input::Checkpoints(listing) => self.replan(then, &listing),
+                Input::Checkpoints(listing) => self.replan(*then, &listing),
                 _ => Phase::Reading { then },
             },
             Phase::Finished => Phase::Finished,
@@ -346,12 +354,12 @@ impl Supervisor {
     /// Waits for `d` streaming workers.
     fn wait(&mut self, shown: Option<usize>, next_note: u64) -> Phase {
         let d = self.plan.schedule.num_workers() as usize * self.current.replicas() as usize;
-        let mut ready = self.streaming();
+        let ready = self.streaming();
         if ready.len() >= d {
             if shown.is_some() {
                 self.out.push(Action::Waiting(String::new()));
             }
-            ready.truncate(d);
+            let ready = self.holders_first(ready, d);
             return self.claim(ready);
         }
         // A re-planned job's plan counted workers it can no longer have (one left during a
@@ -455,6 +463,7 @@ impl Supervisor {
     fn start_run(&mut self, mut workers: Vec<Worker>) -> Phase {
         // Departures before this run are not the reason a later wait falls short.
         self.gone = None;
+        let handover = self.take_handover(&workers);
         // Replica 0's pipeline is what the plan and its policies see.
         let d = self.plan.schedule.num_workers() as usize;
         let others = workers.split_off(d.min(workers.len()));
@@ -494,6 +503,7 @@ impl Supervisor {
             stage_pieces: self.stage_pieces.clone(),
             resume_in_memory,
             rebuilt_replicas: std::mem::take(&mut self.rebuilt),
+            handover,
         })));
         let watch: Option<Straggle> = straggle_of(&self.current, &self.plan, &self.stage_pieces);
         let ranges = in_use_ranges(&self.current, &self.plan, &self.stage_pieces)
@@ -530,7 +540,7 @@ impl Supervisor {
                 run,
                 workers,
                 until,
-                then,
+                then: Box::new(then),
             };
         }
         if staying {
@@ -539,7 +549,9 @@ impl Supervisor {
             ));
         }
         self.out.push(Action::ReadCheckpoints);
-        Phase::Reading { then }
+        Phase::Reading {
+            then: Box::new(then),
+        }
     }
 
     /// Re-plans after a run ended (`then`), from the checkpoints on disk.
@@ -563,40 +575,8 @@ impl Supervisor {
                 reason,
                 through,
                 to,
-            } => {
-                // The workers stopped after `through` steps and saved it when checkpoints
-                // are on (always, when a move is possible).
-                let resume = if listing.complete(through, stages) {
-                    through
-                } else {
-                    listing.last_complete(&self.spec, self.floor, through, stages)
-                };
-                self.out.push(Action::ClearAfter(resume));
-                let reason = format!("{reason}; resuming from {}", resumed_from(resume));
-                self.out.push(Action::Warn(reason.clone()));
-                self.out.push(Action::Replanned(to.reason()));
-                if !matches!(to, Move::Trial(_)) {
-                    self.end_trial();
-                }
-                match to {
-                    Move::Trial(option) => {
-                        self.trial_moves += 1;
-                        self.next_plan = Some(*option);
-                    }
-                    Move::Split(counts) | Move::Recalibrate(counts) => self.stage_pieces = counts,
-                    Move::Plan(fits) => {
-                        self.plan = fits.adopt_into(&mut self.current);
-                        self.stage_pieces = spec_split(&self.current, &self.plan);
-                    }
-                    Move::Grow(plan) => {
-                        self.plan = *plan;
-                        self.stage_pieces = spec_split(&self.current, &self.plan);
-                    }
-                    Move::Rebuild(replicas) => self.with_replicas(replicas),
-                }
-                self.tell(reason);
-                self.start_from_checkpoint(resume);
-            }
+                held,
+            } => self.after_move(reason, (through, to, held), listing),
         }
         self.waiting()
     }
@@ -644,6 +624,7 @@ impl Supervisor {
         // From the checkpoints: nothing goes on from memory.
         self.in_memory = false;
         self.rebuilt = 0;
+        self.handover.clear();
         Ok(())
     }
 

@@ -296,6 +296,7 @@ impl Supervisor {
                 reason,
                 through,
                 to: Move::Rebuild(replicas),
+                held: Vec::new(),
             };
             return self.leave(run.out.id, run.out.all_workers(), until, then);
         }

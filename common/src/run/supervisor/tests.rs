@@ -138,7 +138,38 @@ pub(super) fn assign(
         stage_pieces: pieces.to_vec(),
         resume_in_memory: false,
         rebuilt_replicas: 0,
+        handover: Vec::new(),
     }))
+}
+
+/// The stages of a run with one stage per worker of `ws`, of `counts` pieces each, as a
+/// move hands them over.
+pub(super) fn held(ws: &[Worker], counts: &[usize]) -> Vec<HeldStage> {
+    let mut start = 0;
+    counts
+        .iter()
+        .zip(ws)
+        .enumerate()
+        .map(|(stage, (&count, holder))| {
+            start += count;
+            HeldStage {
+                stage: stage as u32,
+                pieces: start - count..start,
+                holder: holder.clone(),
+            }
+        })
+        .collect()
+}
+
+/// `assign` (an [`Action::Assign`]) going on from `held`, the stages of the run before.
+pub(super) fn handed_over(assign: Action, held: Vec<HeldStage>) -> Action {
+    match assign {
+        Action::Assign(mut a) => {
+            a.handover = held;
+            Action::Assign(a)
+        }
+        other => other,
+    }
 }
 
 /// Checkpoint folders: (step, stages saved in it).
@@ -416,12 +447,12 @@ fn a_straggler_move() {
         [
             Action::ClearAfter(4),
             Action::Warn(format!(
-                "{}; resuming from the checkpoint of step 4",
+                "{}; going on after step 4 from the workers' memory",
                 found.0
             )),
             Action::Replanned(Reason::Straggler),
             Action::Attach(r1),
-            assign(r1, 4, &ws, &plan, &found.1),
+            handed_over(assign(r1, 4, &ws, &plan, &found.1), held(&ws, &[5, 5])),
         ]
     );
     // Layers moved off worker 1.
@@ -485,10 +516,15 @@ fn a_memory_pressure_move() {
         s.feed(2_300, saved(&[(1, 2), (2, 2)])),
         [
             Action::ClearAfter(2),
-            Action::Warn(format!("{reason}; resuming from the checkpoint of step 2")),
+            Action::Warn(format!(
+                "{reason}; going on after step 2 from the workers' memory"
+            )),
             Action::Replanned(Reason::MemoryPressure),
             Action::Attach(r1),
-            assign(r1, 2, &ws, &moved, &spec_split(&current, &moved)),
+            handed_over(
+                assign(r1, 2, &ws, &moved, &spec_split(&current, &moved)),
+                held(&ws, &[5, 5])
+            ),
         ]
     );
     assert_ne!(moved.schedule, plan.schedule);

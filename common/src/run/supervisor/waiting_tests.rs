@@ -4,7 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::tests::{
-    Feed, JOB, assign, done, heartbeat, idle, saved, spec, step, supervisor, worker, workers,
+    Feed, JOB, assign, done, handed_over, heartbeat, held, saved, spec, step, supervisor, worker,
+    workers,
 };
 use super::*;
 use crate::run::respec::{replan_after_loss, spec_split};
@@ -38,8 +39,11 @@ fn growing_back() -> (JobSpec, Vec<Worker>, Supervisor) {
     s.feed(600, Input::StreamOpened("w1".into()));
     assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
     s.feed(1_700, heartbeat(&ws[0], r1));
-    s.feed(1_800, done(alone, 0));
-    assert_eq!(s.feed(1_900, idle(&ws[0])), [Action::ReadCheckpoints]);
+    // Its done report says it left the run: no heartbeat is waited for.
+    assert_eq!(
+        s.feed(1_800, done(alone, 0)),
+        [Action::Detach(r1), Action::ReadCheckpoints]
+    );
     (spec, ws, s)
 }
 
@@ -48,8 +52,8 @@ fn grew() -> [Action; 3] {
     [
         Action::ClearAfter(2),
         Action::Warn(
-            "workers joined (2 live); grew from 1 onto 2 workers (1f1b, 2 stages); resuming \
-             from the checkpoint of step 2"
+            "workers joined (2 live); grew from 1 onto 2 workers (1f1b, 2 stages); going on \
+             after step 2 from the workers' memory"
                 .into(),
         ),
         Action::Replanned(Reason::WorkerJoined),
@@ -117,8 +121,8 @@ fn a_worker_lost_while_a_regrown_job_waits() {
 }
 
 /// A worker joins a job re-planned onto fewer workers: every worker stops after the same
-/// step, and the job grows back from the last complete checkpoint (the one being written
-/// when the run stopped is not complete).
+/// step, and the job grows back from the stages its worker holds after that step, handed
+/// over peer to peer; the checkpoint still being written then does not matter.
 #[test]
 fn a_worker_joining_while_a_checkpoint_is_written() {
     let (spec, ws, mut s) = alone_after_a_loss();
@@ -134,8 +138,10 @@ fn a_worker_joining_while_a_checkpoint_is_written() {
     assert_eq!(s.feed(600, Input::StreamOpened("w1".into())), []);
     assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
     assert_eq!(s.feed(1_700, heartbeat(&ws[0], r1)), []);
-    assert_eq!(s.feed(1_800, done(alone, 0)), [Action::Detach(r1)]);
-    assert_eq!(s.feed(1_900, idle(&ws[0])), [Action::ReadCheckpoints]);
+    assert_eq!(
+        s.feed(1_800, done(alone, 0)),
+        [Action::Detach(r1), Action::ReadCheckpoints]
+    );
     let two = replan(&spec, 2).unwrap();
     let r2 = RunId::new(JOB, 2);
     let both = [ws[0].clone(), back];
@@ -143,15 +149,62 @@ fn a_worker_joining_while_a_checkpoint_is_written() {
     assert_eq!(
         s.feed(2_000, saved(&[(1, 1), (2, 0)])),
         [
-            Action::ClearAfter(1),
+            Action::ClearAfter(2),
             Action::Warn(
                 "workers joined (2 live); grew from 1 onto 2 workers (1f1b, 2 stages); \
-                 resuming from the checkpoint of step 1"
+                 going on after step 2 from the workers' memory"
                     .into()
             ),
             Action::Replanned(Reason::WorkerJoined),
             Action::Attach(r2),
-            assign(r2, 1, &both, &two, &spec_split(&spec, &two)),
+            handed_over(
+                assign(r2, 2, &both, &two, &spec_split(&spec, &two)),
+                held(alone, &[10])
+            ),
+        ]
+    );
+}
+
+/// The worker holding the stages after a move's stop is lost before the next run starts,
+/// which other workers fill: nothing can be handed over, and the run starts from the
+/// checkpoint the stop saved.
+#[test]
+fn a_holder_lost_before_the_next_run_falls_back_to_the_checkpoint() {
+    let (spec, ws, mut s) = alone_after_a_loss();
+    let r1 = RunId::new(JOB, 1);
+    let alone = &ws[..1];
+    let more = workers(3);
+    for w in &more[1..] {
+        s.feed(500, Input::Registered(w.clone()));
+        s.feed(600, Input::StreamOpened(w.id.clone()));
+    }
+    assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
+    s.feed(1_700, heartbeat(&ws[0], r1));
+    assert_eq!(
+        s.feed(1_800, done(alone, 0)),
+        [Action::Detach(r1), Action::ReadCheckpoints]
+    );
+    assert_eq!(s.feed(2_000, Input::Lost("w0".into())), []);
+    let two = replan(&spec, 2).unwrap();
+    let r2 = RunId::new(JOB, 2);
+    assert_eq!(
+        s.feed(2_100, saved(&[(1, 1), (2, 1)])),
+        [
+            Action::ClearAfter(2),
+            Action::Warn(
+                "workers joined (3 live); grew from 1 onto 2 workers (1f1b, 2 stages); \
+                 going on after step 2 from the workers' memory"
+                    .into()
+            ),
+            Action::Replanned(Reason::WorkerJoined),
+            Action::Warn(
+                "worker w0, which held stages after step 2, is not in the next run; \
+                 resuming from the checkpoint of step 2"
+                    .into()
+            ),
+            Action::ClearAfter(2),
+            Action::Attach(r2),
+            assign(r2, 2, &more[1..], &two, &spec_split(&spec, &two)),
         ]
     );
 }
