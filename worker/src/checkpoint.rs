@@ -17,12 +17,17 @@
 //! Checkpoints are taken between steps: accumulated gradients are not saved, and a stage
 //! with pending microbatches refuses to save.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
-use std::io::Read as _;
+use std::fs::File;
+use std::io::{Read as _, Write};
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use safetensors::View as _;
 
+use crate::confined::{Confined, Dir};
 use crate::error::{Error, Result};
 use crate::param::{Param, STATE_DTYPE};
 use crate::stage::Stage;
@@ -105,6 +110,25 @@ fn read_shard(path: &Path) -> Result<Shard> {
     shard_of(candle_core::safetensors::load(path, &Device::Cpu)?, path)
 }
 
+/// [`read_shard`] of a file already opened (`path` names it in errors).
+fn read_open_shard(mut file: File, path: &Path) -> Result<Shard> {
+    // The open file through its `/proc` link: candle maps it without resolving `path`
+    // again, so a link swapped in since it was opened is not followed.
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    if by_fd.exists() {
+        return shard_of(candle_core::safetensors::load(&by_fd, &Device::Cpu)?, path);
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    shard_of(
+        candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?,
+        path,
+    )
+}
+
 /// The meta and tensors of a checkpoint's tensors, read from `path` (named in errors).
 fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> {
     let has_format = tensors.contains_key("meta/format");
@@ -147,12 +171,11 @@ const MAX_HEADER: u64 = 256 << 20;
 
 /// The tensor names a safetensors file holds, from its header alone (8 bytes of header
 /// length, then the JSON header), without reading the tensors.
-fn tensor_names(path: &Path) -> Result<BTreeSet<String>> {
+fn tensor_names(file: &mut File, path: &Path) -> Result<BTreeSet<String>> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(io)?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(io)?;
     let len = u64::from_le_bytes(len);
@@ -170,20 +193,113 @@ fn tensor_names(path: &Path) -> Result<BTreeSet<String>> {
         .collect())
 }
 
+/// A tensor that serialises as its header entry alone: the header of a file is made
+/// without the tensors' bytes in memory, and the bytes follow one tensor at a time
+/// ([`write_tensors`]).
+struct HeaderOnly<'a>(&'a Tensor);
+
+impl safetensors::View for HeaderOnly<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.0.dtype().into()
+    }
+    fn shape(&self) -> &[usize] {
+        self.0.dims()
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&[])
+    }
+    fn data_len(&self) -> usize {
+        self.0.data_len()
+    }
+}
+
+/// Writes `tensors` as a safetensors file to `out` (`path` names it in errors), one
+/// tensor's bytes in memory at a time rather than the whole file's.
+fn write_tensors(
+    mut out: impl Write,
+    tensors: &HashMap<String, Tensor>,
+    path: &Path,
+) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let header =
+        safetensors::tensor::serialize(tensors.iter().map(|(name, t)| (name, HeaderOnly(t))), None)
+            .map_err(candle_core::Error::from)?;
+    // The order of the tensors' bytes is the header's offsets.
+    let entries: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(header.get(8..).unwrap_or_default())
+            .map_err(|e| bad(path, format!("has an unwritable header: {e}")))?;
+    let mut order = Vec::with_capacity(tensors.len());
+    for (name, info) in &entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        let start = info["data_offsets"][0]
+            .as_u64()
+            .ok_or_else(|| bad(path, format!("has no offset for {name}")))?;
+        order.push((start, name.as_str()));
+    }
+    order.sort_unstable();
+    out.write_all(&header).map_err(io)?;
+    let mut at = 0u64;
+    for (start, name) in order {
+        let tensor = tensors
+            .get(name)
+            .ok_or_else(|| bad(path, format!("has a header entry {name} of no tensor")))?;
+        if start != at {
+            return Err(bad(
+                path,
+                format!("would put {name} at byte {start} of the data, after {at}"),
+            ));
+        }
+        let bytes = tensor.data();
+        out.write_all(&bytes).map_err(io)?;
+        at += bytes.len() as u64;
+    }
+    out.flush().map_err(io)
+}
+
+/// Writes `tensors` as file `name` in `dir`: under `name.partial` first, renamed into
+/// place, so a file with the final name is complete. Nothing on the way follows a link.
+pub(crate) fn save_tensors(
+    dir: &Dir,
+    name: impl AsRef<Path>,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let name = name.as_ref();
+    let mut partial = name.as_os_str().to_owned();
+    partial.push(".partial");
+    let file = dir.create(&partial)?;
+    write_tensors(
+        std::io::BufWriter::with_capacity(1 << 20, file),
+        tensors,
+        &dir.path_of(&partial),
+    )?;
+    dir.rename(&partial, name)
+}
+
 impl Stage {
     /// Writes this stage's parameters, optimizer state and step to `path` (through a
     /// temporary file renamed into place, so `path` never holds a partial checkpoint).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
-        let tensors = self.state_tensors(path)?;
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
-        candle_core::safetensors::save(&tensors, &partial)?;
-        std::fs::rename(&partial, path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(())
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(bad(path, "is not a file's path".into()));
+        };
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        self.save_checkpoint_in(&Confined::at(parent).dir(false)?, name)
+    }
+
+    /// [`Stage::save_checkpoint`] as file `name` in directory `dir`, opened without
+    /// following links ([`Confined::dir`]).
+    pub fn save_checkpoint_in(&self, dir: &Dir, name: impl AsRef<Path>) -> Result<()> {
+        let tensors = self.state_tensors(&dir.path_of(name.as_ref()))?;
+        save_tensors(dir, name, &tensors)
     }
 
     /// The bytes [`Stage::save_checkpoint`] would write, in memory: how a stage's state goes
@@ -262,37 +378,35 @@ impl Stage {
     /// and the step, and every parameter of this stage must be in exactly one of them (the
     /// other files of the directory are not checked).
     pub fn load_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
-        let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let mut files = Vec::new();
-        for entry in entries {
-            let path = entry
-                .map_err(|source| Error::Io {
-                    path: dir.to_path_buf(),
-                    source,
-                })?
-                .path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("stage-") && name.ends_with(".safetensors") {
-                files.push(path);
-            }
-        }
-        files.sort();
+        self.load_checkpoint_in(&Confined::at(dir).dir(false)?)
+    }
+
+    /// [`Stage::load_checkpoint_dir`] from directory `dir`, opened without following links
+    /// ([`Confined::dir`]); its stage files are opened without following links too.
+    pub fn load_checkpoint_in(&mut self, dir: &Dir) -> Result<()> {
+        let files: Vec<String> = dir
+            .names()?
+            .into_iter()
+            .filter(|name| name.starts_with("stage-") && name.ends_with(".safetensors"))
+            .collect();
         if files.is_empty() {
-            return Err(bad(dir, "holds no stage-S.safetensors files".into()));
+            return Err(bad(
+                &dir.path_of(""),
+                "holds no stage-S.safetensors files".into(),
+            ));
         }
         let wanted: BTreeSet<String> = self.params().map(|p| format!("param/{}", p.name)).collect();
         let mut needed = Vec::new();
-        for f in files {
-            if !tensor_names(&f)?.is_disjoint(&wanted) {
-                needed.push(f);
+        for name in files {
+            let path = dir.path_of(&name);
+            let mut file = dir.open(&name)?;
+            if !tensor_names(&mut file, &path)?.is_disjoint(&wanted) {
+                needed.push((file, path));
             }
         }
         if needed.is_empty() {
             return Err(bad(
-                dir,
+                &dir.path_of(""),
                 format!(
                     "holds none of the tensors of this stage (pieces {:?})",
                     self.range()
@@ -300,12 +414,12 @@ impl Stage {
             ));
         }
         let shards = needed
-            .iter()
-            .map(|f| read_shard(f))
+            .into_iter()
+            .map(|(file, path)| read_open_shard(file, &path))
             .collect::<Result<Vec<_>>>()?;
         if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
             return Err(bad(
-                dir,
+                &dir.path_of(""),
                 format!(
                     "mixes steps: {} is at step {}, {} at step {}",
                     shards[0].path.display(),
