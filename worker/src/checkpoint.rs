@@ -17,7 +17,6 @@
 //! Checkpoints are taken between steps: accumulated gradients are not saved, and a stage
 //! with pending microbatches refuses to save.
 
-use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{Read as _, Write};
@@ -26,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use safetensors::View as _;
+use safetensors::tensor::TensorInfo;
 
 use crate::confined::{Confined, Dir};
 use crate::error::{Error, Result};
@@ -193,27 +193,7 @@ fn tensor_names(file: &mut File, path: &Path) -> Result<BTreeSet<String>> {
         .collect())
 }
 
-/// A tensor that serialises as its header entry alone: the header of a file is made
-/// without the tensors' bytes in memory, and the bytes follow one tensor at a time
-/// ([`write_tensors`]).
-struct HeaderOnly<'a>(&'a Tensor);
-
-impl safetensors::View for HeaderOnly<'_> {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.0.dtype().into()
-    }
-    fn shape(&self) -> &[usize] {
-        self.0.dims()
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&[])
-    }
-    fn data_len(&self) -> usize {
-        self.0.data_len()
-    }
-}
-
-/// Writes `tensors` as a safetensors file to `out` (`path` names it in errors), one
+/// Writes `tensors` as a safetensors file to `out` (`path` names it in errors), with one
 /// tensor's bytes in memory at a time rather than the whole file's.
 fn write_tensors(
     mut out: impl Write,
@@ -224,41 +204,43 @@ fn write_tensors(
         path: path.to_path_buf(),
         source,
     };
-    let header =
-        safetensors::tensor::serialize(tensors.iter().map(|(name, t)| (name, HeaderOnly(t))), None)
-            .map_err(candle_core::Error::from)?;
-    // The order of the tensors' bytes is the header's offsets.
-    let entries: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(header.get(8..).unwrap_or_default())
-            .map_err(|e| bad(path, format!("has an unwritable header: {e}")))?;
-    let mut order = Vec::with_capacity(tensors.len());
-    for (name, info) in &entries {
-        if name == "__metadata__" {
-            continue;
+    // As `safetensors::serialize` lays them out: wider dtypes first, then by name, so each
+    // tensor's bytes start aligned to its dtype.
+    let mut order: Vec<(&String, &Tensor)> = tensors.iter().collect();
+    order.sort_by(|(a, x), (b, y)| st_dtype(y).cmp(&st_dtype(x)).then(a.cmp(b)));
+    // A JSON object in that order (what `safetensors::serialize` writes, byte for byte).
+    let unwritable = |e: serde_json::Error| bad(path, format!("has an unwritable header: {e}"));
+    let mut header = vec![b'{'];
+    let mut offset = 0;
+    for (i, (name, t)) in order.iter().enumerate() {
+        let end = offset + t.data_len();
+        let info = TensorInfo {
+            dtype: st_dtype(t),
+            shape: t.dims().to_vec(),
+            data_offsets: (offset, end),
+        };
+        if i > 0 {
+            header.push(b',');
         }
-        let start = info["data_offsets"][0]
-            .as_u64()
-            .ok_or_else(|| bad(path, format!("has no offset for {name}")))?;
-        order.push((start, name.as_str()));
+        serde_json::to_writer(&mut header, name).map_err(unwritable)?;
+        header.push(b':');
+        serde_json::to_writer(&mut header, &info).map_err(unwritable)?;
+        offset = end;
     }
-    order.sort_unstable();
+    header.push(b'}');
+    header.resize(header.len().next_multiple_of(8), b' ');
+    out.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(io)?;
     out.write_all(&header).map_err(io)?;
-    let mut at = 0u64;
-    for (start, name) in order {
-        let tensor = tensors
-            .get(name)
-            .ok_or_else(|| bad(path, format!("has a header entry {name} of no tensor")))?;
-        if start != at {
-            return Err(bad(
-                path,
-                format!("would put {name} at byte {start} of the data, after {at}"),
-            ));
-        }
-        let bytes = tensor.data();
-        out.write_all(&bytes).map_err(io)?;
-        at += bytes.len() as u64;
+    for (_, t) in order {
+        out.write_all(&t.data()).map_err(io)?;
     }
     out.flush().map_err(io)
+}
+
+/// A tensor's dtype as safetensors names it.
+fn st_dtype(t: &Tensor) -> safetensors::Dtype {
+    safetensors::View::dtype(t)
 }
 
 /// Writes `tensors` as file `name` in `dir`: under `name.partial` first, renamed into
