@@ -82,3 +82,45 @@ fn paths_leading_out_of_the_data_directories_are_refused() {
     assert!(out.status.success(), "{}", common::stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The job's checkpoint folder renamed away and replaced by a link to a directory outside
+/// the data directory between two checkpoints of a running job: the next checkpoint is
+/// refused, the job fails naming `checkpoint.folder`, and nothing is written outside.
+#[test]
+fn a_checkpoint_folder_swapped_for_a_link_mid_run_fails_the_job() {
+    let dir = tempdir("paths-swap");
+    let outside = dir.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let cluster = start(&dir, 1);
+    let mut spec = spec(1, "1f1b", 100_000);
+    spec.job.name = "swapped".into();
+    spec.checkpoint.folder = "ckpt".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 2;
+    let job = submit(&cluster, &write_spec(&dir, &spec));
+    let first = cluster.data.join(format!("ckpt/job-{job}/step-2"));
+    let started = std::time::Instant::now();
+    while !first.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no first checkpoint: {}",
+            status(&cluster, job).2
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let folder = cluster.data.join("ckpt");
+    std::fs::rename(&folder, cluster.data.join("ckpt-moved")).unwrap();
+    symlink(&outside, &folder).unwrap();
+
+    let line = ended(&cluster, job, std::time::Duration::from_secs(60));
+    let text = format!("{line}\n{}", history(&cluster, job));
+    assert!(line.contains("failed"), "{text}");
+    assert!(text.contains("checkpoint.folder"), "{text}");
+    assert!(text.contains("is a symlink"), "{text}");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written outside: {text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,12 +1,21 @@
 //! A job's checkpoint folders on disk (`step-K/stage-S.safetensors`, `final/`): read into a
 //! listing the run policies decide from, settled as steps complete, and cleared of what an
 //! abandoned run left behind.
+//!
+//! The job's output directory is resolved once, when its run starts ([`create_output_dir`]:
+//! no link on the path it returns), and opened at each use without following a link on
+//! any part of it: a folder swapped for a link to outside the data directory during the run
+//! is refused, naming `checkpoint.folder`, and nothing outside is listed or removed.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use pipewise_common::job::{
-    FINAL_CHECKPOINT, Found, JobSpec, check_links, checkpoint_step, job_dir,
+    FINAL_CHECKPOINT, Found, JobSpec, check_links, checkpoint_name, checkpoint_step, job_dir,
 };
 use pipewise_common::run::Checkpoints;
 use pipewise_common::run::checkpoints::settle;
@@ -16,32 +25,126 @@ use crate::error::{CoordinatorError, Result};
 /// The checkpoint folders under `output` and the stage files each holds (none when
 /// `output` does not exist yet).
 pub(crate) fn read(output: &Path) -> Result<Checkpoints> {
-    let entries = match std::fs::read_dir(output) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoints::default()),
-        Err(source) => {
-            return Err(CoordinatorError::Checkpoints {
-                action: "read",
-                path: output.to_path_buf(),
-                source,
-            });
-        }
+    let Some(dir) = open_output("read", output)? else {
+        return Ok(Checkpoints::default());
     };
     let mut listing = Checkpoints::default();
-    for entry in entries.flatten() {
-        let Some(k) = checkpoint_step(&entry.file_name().to_string_lossy()) else {
+    for name in names(&dir).map_err(failed("read", output))? {
+        let Some(k) = checkpoint_step(&name) else {
             continue;
         };
-        let stages: BTreeSet<u32> = std::fs::read_dir(entry.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|f| f.path().is_file())
-            .filter_map(|f| stage_of(&f.file_name().to_string_lossy()))
+        // A step's directory that is a link (or a file) holds no checkpoint.
+        let Ok(step) = open_below(&dir, OsStr::new(&name)) else {
+            continue;
+        };
+        let stages: BTreeSet<u32> = names(&step)
+            .unwrap_or_default()
+            .iter()
+            .filter(|f| {
+                rustix::fs::statat(&step, f.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+            })
+            .filter_map(|f| stage_of(f))
             .collect();
         listing.steps.insert(k, stages);
     }
     Ok(listing)
+}
+
+/// `action` on `path` failed with `source`.
+fn failed(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CoordinatorError {
+    let path = path.to_path_buf();
+    move |source| CoordinatorError::Checkpoints {
+        action,
+        path,
+        source,
+    }
+}
+
+/// The job's output directory `output` opened without following a link on any part of it
+/// (`None`: it does not exist yet); a link on it is refused naming `checkpoint.folder`.
+fn open_output(action: &'static str, output: &Path) -> Result<Option<OwnedFd>> {
+    let start = if output.is_absolute() { "/" } else { "." };
+    let mut dir = rustix::fs::open(
+        start,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| failed(action, Path::new(start))(e.into()))?;
+    let mut at = std::path::PathBuf::from(start);
+    for part in output.components() {
+        let name = match part {
+            Component::Normal(name) => name,
+            Component::RootDir | Component::CurDir => continue,
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(invalid(
+                    "checkpoint.folder",
+                    format!("{} is not a resolved path", output.display()),
+                ));
+            }
+        };
+        at.push(name);
+        dir = match open_below(&dir, name) {
+            Ok(next) => next,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => {
+                let link = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+                return Err(if link {
+                    invalid(
+                        "checkpoint.folder",
+                        format!(
+                            "{} is a symlink; refusing to follow it out of the data directory",
+                            at.display()
+                        ),
+                    )
+                } else {
+                    failed(action, &at)(e.into())
+                });
+            }
+        };
+    }
+    Ok(Some(dir))
+}
+
+/// Directory `name` in `dir`, opened only if it is a directory and not a link.
+fn open_below(dir: &OwnedFd, name: &OsStr) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// The names in directory `dir` (`.` and `..` left out).
+fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name != "." && name != ".." {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Removes `name` from directory `dir`: a directory with what is in it, a file or a link
+/// itself (never what a link leads to).
+fn remove_at(dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
+    match open_below(dir, name) {
+        Ok(inner) => {
+            for entry in names(&inner)? {
+                remove_at(&inner, OsStr::new(&entry))?;
+            }
+            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+        }
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
 }
 
 /// The stage of a checkpoint file's name (`stage-S.safetensors` → S).
@@ -71,12 +174,20 @@ pub(crate) fn settle_checkpoints(output: &Path, spec: &JobSpec, reported: u64) -
         let output = output.to_path_buf();
         // Beside the run: a slow file system does not hold up its step reports.
         std::thread::spawn(move || {
+            let dir = match open_output("remove", &output) {
+                Ok(Some(dir)) => dir,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!("cannot remove old checkpoints: {e}");
+                    return;
+                }
+            };
             for k in old {
-                let path = pipewise_common::job::checkpoint_dir(&output, k);
-                if let Err(e) = std::fs::remove_dir_all(&path) {
+                let name = checkpoint_name(k);
+                if let Err(e) = remove_at(&dir, OsStr::new(&name)) {
                     tracing::warn!(
                         "cannot remove the checkpoint of step {k} ({}): {e}",
-                        path.display()
+                        output.join(&name).display()
                     );
                 }
             }
@@ -88,25 +199,13 @@ pub(crate) fn settle_checkpoints(output: &Path, spec: &JobSpec, reported: u64) -
 /// Removes what an abandoned run wrote after step `resume`: later step directories and
 /// `final/`.
 pub(crate) fn remove_after(output: &Path, resume: u64) -> Result<()> {
-    let failed = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| CoordinatorError::Checkpoints {
-            action,
-            path,
-            source,
-        }
+    let Some(dir) = open_output("read", output)? else {
+        return Ok(());
     };
-    let entries = match std::fs::read_dir(output) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(failed("read", output)(e)),
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
+    for name in names(&dir).map_err(failed("read", output))? {
         let stale = name == FINAL_CHECKPOINT || checkpoint_step(&name).is_some_and(|k| k > resume);
         if stale {
-            let path = entry.path();
-            std::fs::remove_dir_all(&path).map_err(failed("remove", &path))?;
+            remove_at(&dir, OsStr::new(&name)).map_err(failed("remove", &output.join(&name)))?;
         }
     }
     Ok(())
@@ -120,21 +219,36 @@ pub(crate) fn output_dir(data_dir: &Path, job: u64, spec: &JobSpec) -> Result<st
     Ok(job_dir(&folder, job))
 }
 
-/// Creates job `job`'s output directory ([`output_dir`]); a failure names the field that
-/// chose it.
+/// Creates job `job`'s output directory ([`output_dir`]) and returns it with its links
+/// resolved, once: the run opens it without following any ([`read`], [`remove_after`]), so
+/// a link swapped in later is refused. A failure names the field that chose it.
 pub(crate) fn create_output_dir(
     data_dir: &Path,
     job: u64,
     spec: &JobSpec,
 ) -> Result<std::path::PathBuf> {
     let output = output_dir(data_dir, job, spec)?;
-    std::fs::create_dir_all(&output).map_err(|e| {
-        pipewise_common::Error::invalid(
+    let cannot = |e: std::io::Error| {
+        invalid(
             "checkpoint.folder",
             format!("cannot create {}: {e}", output.display()),
         )
-    })?;
-    Ok(output)
+    };
+    std::fs::create_dir_all(&output).map_err(cannot)?;
+    let real = output.canonicalize().map_err(cannot)?;
+    let real_root = data_dir.canonicalize().map_err(cannot)?;
+    if !real.starts_with(&real_root) {
+        return Err(invalid(
+            "checkpoint.folder",
+            format!(
+                "{} leads to {} through a symlink, outside the data directory {}",
+                output.display(),
+                real.display(),
+                data_dir.display()
+            ),
+        ));
+    }
+    Ok(real)
 }
 
 /// Checks, at submit, that the spec's `checkpoint.folder` and `data.path` lead under the
@@ -215,7 +329,9 @@ mod tests {
     /// An emptied folder `pipewise-{name}-{pid}` in the temporary directory, and the example
     /// two-worker 1F1B job checkpointing every `interval` steps.
     fn checkpointed(name: &str, interval: u32) -> (std::path::PathBuf, JobSpec) {
-        let out = std::env::temp_dir().join(format!("pipewise-{name}-{}", std::process::id()));
+        // Resolved, as `create_output_dir` gives it: the listing follows no link.
+        let tmp = std::env::temp_dir().canonicalize().unwrap();
+        let out = tmp.join(format!("pipewise-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
         let mut spec = example(2, "1f1b");
         spec.checkpoint.enable_checkpoint = true;
@@ -385,5 +501,82 @@ mod tests {
             err.starts_with("invalid checkpoint.folder: cannot create"),
             "{err}"
         );
+    }
+
+    /// The job's checkpoint folder, or its output directory, swapped for a link to a
+    /// directory outside the data directory during the run: reading the listing and
+    /// clearing or settling checkpoints refuse it naming `checkpoint.folder`, and nothing
+    /// outside is removed.
+    #[test]
+    fn a_folder_swapped_for_a_link_during_the_run_is_not_followed() {
+        for swapped in ["runs", "runs/job-7"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (root, outside) = (dir.path().join("data"), dir.path().join("outside"));
+            let mut spec = example(2, "1f1b");
+            spec.checkpoint.folder = "runs".into();
+            spec.checkpoint.enable_checkpoint = true;
+            spec.checkpoint.interval = 2;
+            spec.checkpoint.keep_latest_k = 1;
+            std::fs::create_dir_all(&root).unwrap();
+            let output = create_output_dir(&root, 7, &spec).unwrap();
+            touch(&output.join("step-2/stage-0.safetensors"));
+            assert_eq!(read(&output).unwrap().steps.len(), 1);
+            // Outside: what a listing through the link would find and clear.
+            let planted = [
+                "step-2/stage-0.safetensors",
+                "step-4/stage-0.safetensors",
+                "final/worker-0.safetensors",
+            ];
+            let base = if swapped == "runs" {
+                outside.join("job-7")
+            } else {
+                outside.clone()
+            };
+            for file in planted {
+                touch(&base.join(file));
+            }
+            let link = root.join(swapped);
+            std::fs::rename(&link, root.join("moved")).unwrap();
+            std::os::unix::fs::symlink(&outside, &link).unwrap();
+
+            let refused = |err: CoordinatorError| {
+                let err = err.to_string();
+                assert!(
+                    err.starts_with("invalid checkpoint.folder: ")
+                        && err.contains(&link.display().to_string())
+                        && err.contains("is a symlink"),
+                    "{swapped}: {err}"
+                );
+            };
+            refused(read(&output).unwrap_err());
+            refused(remove_after(&output, 0).unwrap_err());
+            assert_eq!(settle_checkpoints(&output, &spec, 5), 0);
+            // The removals would run beside the caller: give them the time to.
+            std::thread::sleep(Duration::from_millis(100));
+            for file in planted {
+                assert!(base.join(file).is_file(), "{swapped}: {file} removed");
+            }
+        }
+    }
+
+    /// Clearing removes a stale step's files and a link in it, never what the link leads
+    /// to.
+    #[test]
+    fn clearing_removes_links_not_their_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().canonicalize().unwrap().join("job-1");
+        let victim = dir.path().join("victim");
+        touch(&victim.join("keep.safetensors"));
+        touch(&out.join("step-4/stage-0.safetensors"));
+        std::os::unix::fs::symlink(&victim, out.join("step-4/stage-1.safetensors")).unwrap();
+        std::os::unix::fs::symlink(&victim, out.join("final")).unwrap();
+        // A step's directory that is a link holds no checkpoint.
+        std::os::unix::fs::symlink(&victim, out.join("step-2")).unwrap();
+        let listing = read(&out).unwrap();
+        assert_eq!(listing.steps.keys().copied().collect::<Vec<_>>(), [4]);
+        assert_eq!(listing.steps[&4], BTreeSet::from([0]));
+        remove_after(&out, 2).unwrap();
+        assert!(victim.join("keep.safetensors").is_file());
+        assert!(!out.join("step-4").exists() && out.join("final").symlink_metadata().is_err());
     }
 }

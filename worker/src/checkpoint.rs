@@ -18,11 +18,16 @@
 //! with pending microbatches refuses to save.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::Read as _;
+use std::fs::File;
+use std::io::{Read as _, Write};
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use safetensors::View as _;
+use safetensors::tensor::TensorInfo;
 
+use crate::confined::{Confined, Dir};
 use crate::error::{Error, Result};
 use crate::param::{Param, STATE_DTYPE};
 use crate::stage::Stage;
@@ -105,6 +110,25 @@ fn read_shard(path: &Path) -> Result<Shard> {
     shard_of(candle_core::safetensors::load(path, &Device::Cpu)?, path)
 }
 
+/// [`read_shard`] of a file already opened (`path` names it in errors).
+fn read_open_shard(mut file: File, path: &Path) -> Result<Shard> {
+    // The open file through its `/proc` link: candle maps it without resolving `path`
+    // again, so a link swapped in since it was opened is not followed.
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    if by_fd.exists() {
+        return shard_of(candle_core::safetensors::load(&by_fd, &Device::Cpu)?, path);
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    shard_of(
+        candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?,
+        path,
+    )
+}
+
 /// The meta and tensors of a checkpoint's tensors, read from `path` (named in errors).
 fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> {
     let has_format = tensors.contains_key("meta/format");
@@ -147,12 +171,11 @@ const MAX_HEADER: u64 = 256 << 20;
 
 /// The tensor names a safetensors file holds, from its header alone (8 bytes of header
 /// length, then the JSON header), without reading the tensors.
-fn tensor_names(path: &Path) -> Result<BTreeSet<String>> {
+fn tensor_names(file: &mut File, path: &Path) -> Result<BTreeSet<String>> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(io)?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(io)?;
     let len = u64::from_le_bytes(len);
@@ -170,20 +193,95 @@ fn tensor_names(path: &Path) -> Result<BTreeSet<String>> {
         .collect())
 }
 
+/// Writes `tensors` as a safetensors file to `out` (`path` names it in errors), with one
+/// tensor's bytes in memory at a time rather than the whole file's.
+fn write_tensors(
+    mut out: impl Write,
+    tensors: &HashMap<String, Tensor>,
+    path: &Path,
+) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // As `safetensors::serialize` lays them out: wider dtypes first, then by name, so each
+    // tensor's bytes start aligned to its dtype.
+    let mut order: Vec<(&String, &Tensor)> = tensors.iter().collect();
+    order.sort_by(|(a, x), (b, y)| st_dtype(y).cmp(&st_dtype(x)).then(a.cmp(b)));
+    // A JSON object in that order (what `safetensors::serialize` writes, byte for byte).
+    let unwritable = |e: serde_json::Error| bad(path, format!("has an unwritable header: {e}"));
+    let mut header = vec![b'{'];
+    let mut offset = 0;
+    for (i, (name, t)) in order.iter().enumerate() {
+        let end = offset + t.data_len();
+        let info = TensorInfo {
+            dtype: st_dtype(t),
+            shape: t.dims().to_vec(),
+            data_offsets: (offset, end),
+        };
+        if i > 0 {
+            header.push(b',');
+        }
+        serde_json::to_writer(&mut header, name).map_err(unwritable)?;
+        header.push(b':');
+        serde_json::to_writer(&mut header, &info).map_err(unwritable)?;
+        offset = end;
+    }
+    header.push(b'}');
+    header.resize(header.len().next_multiple_of(8), b' ');
+    out.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    out.write_all(&header).map_err(io)?;
+    for (_, t) in order {
+        out.write_all(&t.data()).map_err(io)?;
+    }
+    out.flush().map_err(io)
+}
+
+/// A tensor's dtype as safetensors names it.
+fn st_dtype(t: &Tensor) -> safetensors::Dtype {
+    safetensors::View::dtype(t)
+}
+
+/// Writes `tensors` as file `name` in `dir`: under `name.partial` first, renamed into
+/// place, so a file with the final name is complete. Nothing on the way follows a link.
+pub(crate) fn save_tensors(
+    dir: &Dir,
+    name: impl AsRef<Path>,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let name = name.as_ref();
+    let mut partial = name.as_os_str().to_owned();
+    partial.push(".partial");
+    let file = dir.create(&partial)?;
+    write_tensors(
+        std::io::BufWriter::with_capacity(1 << 20, file),
+        tensors,
+        &dir.path_of(&partial),
+    )?;
+    dir.rename(&partial, name)
+}
+
 impl Stage {
     /// Writes this stage's parameters, optimizer state and step to `path` (through a
     /// temporary file renamed into place, so `path` never holds a partial checkpoint).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
-        let tensors = self.state_tensors(path)?;
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
-        candle_core::safetensors::save(&tensors, &partial)?;
-        std::fs::rename(&partial, path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(())
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(bad(path, "is not a file's path".into()));
+        };
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        self.save_checkpoint_in(&Confined::at(parent).dir(false)?, name)
+    }
+
+    /// [`Stage::save_checkpoint`] as file `name` in directory `dir`, opened without
+    /// following links ([`Confined::dir`]).
+    pub fn save_checkpoint_in(&self, dir: &Dir, name: impl AsRef<Path>) -> Result<()> {
+        let tensors = self.state_tensors(&dir.path_of(name.as_ref()))?;
+        save_tensors(dir, name, &tensors)
     }
 
     /// The bytes [`Stage::save_checkpoint`] would write, in memory: how a stage's state goes
@@ -292,37 +390,35 @@ impl Stage {
     /// and the step, and every parameter of this stage must be in exactly one of them (the
     /// other files of the directory are not checked).
     pub fn load_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
-        let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let mut files = Vec::new();
-        for entry in entries {
-            let path = entry
-                .map_err(|source| Error::Io {
-                    path: dir.to_path_buf(),
-                    source,
-                })?
-                .path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("stage-") && name.ends_with(".safetensors") {
-                files.push(path);
-            }
-        }
-        files.sort();
+        self.load_checkpoint_in(&Confined::at(dir).dir(false)?)
+    }
+
+    /// [`Stage::load_checkpoint_dir`] from directory `dir`, opened without following links
+    /// ([`Confined::dir`]); its stage files are opened without following links too.
+    pub fn load_checkpoint_in(&mut self, dir: &Dir) -> Result<()> {
+        let files: Vec<String> = dir
+            .names()?
+            .into_iter()
+            .filter(|name| name.starts_with("stage-") && name.ends_with(".safetensors"))
+            .collect();
         if files.is_empty() {
-            return Err(bad(dir, "holds no stage-S.safetensors files".into()));
+            return Err(bad(
+                &dir.path_of(""),
+                "holds no stage-S.safetensors files".into(),
+            ));
         }
         let wanted: BTreeSet<String> = self.params().map(|p| format!("param/{}", p.name)).collect();
         let mut needed = Vec::new();
-        for f in files {
-            if !tensor_names(&f)?.is_disjoint(&wanted) {
-                needed.push(f);
+        for name in files {
+            let path = dir.path_of(&name);
+            let mut file = dir.open(&name)?;
+            if !tensor_names(&mut file, &path)?.is_disjoint(&wanted) {
+                needed.push((file, path));
             }
         }
         if needed.is_empty() {
             return Err(bad(
-                dir,
+                &dir.path_of(""),
                 format!(
                     "holds none of the tensors of this stage (pieces {:?})",
                     self.range()
@@ -330,12 +426,12 @@ impl Stage {
             ));
         }
         let shards = needed
-            .iter()
-            .map(|f| read_shard(f))
+            .into_iter()
+            .map(|(file, path)| read_open_shard(file, &path))
             .collect::<Result<Vec<_>>>()?;
         if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
             return Err(bad(
-                dir,
+                &dir.path_of(""),
                 format!(
                     "mixes steps: {} is at step {}, {} at step {}",
                     shards[0].path.display(),

@@ -1,10 +1,12 @@
 //! Byte-level training data: a corpus (a text file, or a small generated default one) and
 //! a seeded sampler of `(input, target)` windows.
 
+use std::io::Read as _;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
+use crate::confined::Confined;
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 
@@ -73,6 +75,18 @@ impl Corpus {
             path: path.to_path_buf(),
             source,
         })?;
+        Ok(Self { bytes })
+    }
+
+    /// The text of `path`, opened without following a link below its data directory.
+    pub fn from_confined(path: &Confined) -> Result<Self> {
+        let mut bytes = Vec::new();
+        path.open()?
+            .read_to_end(&mut bytes)
+            .map_err(|source| Error::Io {
+                path: path.path(),
+                source,
+            })?;
         Ok(Self { bytes })
     }
 

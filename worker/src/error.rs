@@ -138,6 +138,18 @@ pub enum Error {
         /// What does not match.
         reason: String,
     },
+    /// A path a job field chose leads through a symlink below the data directory when it
+    /// is used (one swapped in after the job's paths were checked).
+    #[error(
+        "invalid {field}: {} is a symlink; refusing to follow it out of the data directory",
+        path.display()
+    )]
+    Confined {
+        /// The job field (`checkpoint.folder`, `data.path`).
+        field: &'static str,
+        /// The symlink.
+        path: PathBuf,
+    },
 }
 
 impl Error {
@@ -158,7 +170,9 @@ impl Error {
             Error::Spec(_) | Error::InvalidArgument { .. } | Error::Address { .. } => {
                 Code::InvalidArgument
             }
-            Error::PassOrder { .. } | Error::Checkpoint { .. } => Code::FailedPrecondition,
+            Error::PassOrder { .. } | Error::Checkpoint { .. } | Error::Confined { .. } => {
+                Code::FailedPrecondition
+            }
             Error::Timeout { .. } => Code::DeadlineExceeded,
             Error::Closed { .. } | Error::Bind { .. } | Error::Coordinator(_) => Code::Unavailable,
             Error::Call { code, .. } => *code,

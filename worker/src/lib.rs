@@ -20,6 +20,8 @@
 //!   seeded initialisation: Megatron-LM's mixed-precision layout.
 //! - [`optim`]: AdamW and global-norm clipping across stages.
 //! - [`checkpoint`]: a stage's parameters, optimizer state and step as safetensors.
+//! - [`confined`]: a job's files under the data directory, opened at each use without
+//!   following a symlink below it.
 //! - [`trainer`]: the single-device reference trainer (the whole model as one stage).
 //! - [`data`]: byte-level corpus (a generated default one or a text file) and a seeded
 //!   window sampler.
@@ -47,6 +49,7 @@
 
 pub mod alloc;
 pub mod checkpoint;
+pub mod confined;
 pub mod data;
 pub mod error;
 pub mod job;

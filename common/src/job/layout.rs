@@ -21,7 +21,12 @@ pub fn final_dir(output: &Path) -> PathBuf {
 /// Worker `worker`'s final parameters, under their whole-model names
 /// (`final/worker-W.safetensors`).
 pub fn final_file(output: &Path, worker: u32) -> PathBuf {
-    final_dir(output).join(format!("worker-{worker}.safetensors"))
+    final_dir(output).join(final_file_name(worker))
+}
+
+/// The name of worker `worker`'s file in `final/` (`worker-W.safetensors`).
+pub fn final_file_name(worker: u32) -> String {
+    format!("worker-{worker}.safetensors")
 }
 
 /// The checkpoint directory after `step` steps under a job's output directory
@@ -38,7 +43,12 @@ pub fn checkpoint_name(step: u64) -> String {
 
 /// The checkpoint of stage `stage` after `step` steps (`step-K/stage-S.safetensors`).
 pub fn checkpoint_file(output: &Path, step: u64, stage: u32) -> PathBuf {
-    checkpoint_dir(output, step).join(format!("stage-{stage}.safetensors"))
+    checkpoint_dir(output, step).join(checkpoint_file_name(stage))
+}
+
+/// The name of stage `stage`'s file in a checkpoint directory (`stage-S.safetensors`).
+pub fn checkpoint_file_name(stage: u32) -> String {
+    format!("stage-{stage}.safetensors")
 }
 
 /// The step of a checkpoint directory's name (`step-K` → K).

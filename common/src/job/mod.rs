@@ -67,8 +67,8 @@ pub mod spec;
 
 pub use confine::{Found, MAX_PATH_BYTES, check_links, check_text, confine};
 pub use layout::{
-    FINAL_CHECKPOINT, checkpoint_dir, checkpoint_file, checkpoint_name, checkpoint_step, final_dir,
-    final_file, job_dir, job_of, run_id, run_of,
+    FINAL_CHECKPOINT, checkpoint_dir, checkpoint_file, checkpoint_file_name, checkpoint_name,
+    checkpoint_step, final_dir, final_file, final_file_name, job_dir, job_of, run_id, run_of,
 };
 pub use plan::{JobPlan, plan_job};
 pub use spec::{

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use pipewise_common::job::{Found, JobSpec, check_links, job_dir, job_of};
 use pipewise_common::model::ModelSpec;
@@ -14,6 +14,7 @@ use pipewise_common::placement::Placement;
 use pipewise_proto::convert::program_from_proto;
 use pipewise_proto::v1 as pb;
 
+use crate::confined::Confined;
 use crate::error::{Error, Result};
 use crate::job::partition_of;
 use crate::runtime::Replica;
@@ -49,13 +50,13 @@ pub(crate) struct Assignment {
     /// This worker's contributor index in the run's collectives: `replica · d + rank`.
     pub(crate) contributor: u32,
     /// Where checkpoints and final parameters go: `job-N` under `checkpoint.folder` in
-    /// this worker's data directory.
-    pub(crate) output: PathBuf,
+    /// this worker's data directory, opened at each use without following links.
+    pub(crate) output: Confined,
     /// The run's secret for frames and collectives (empty: none).
     pub(crate) run_secret: bytes::Bytes,
     /// The training text, `data.path` in this worker's data directory (`None`: the
     /// generated corpus).
-    pub(crate) data: Option<PathBuf>,
+    pub(crate) data: Option<Confined>,
     /// Go on from the stages held in memory after `steps.start` steps, not a checkpoint.
     pub(crate) resume_in_memory: bool,
     /// Take the stages' state after `steps.start` steps from the worker at this address (a
@@ -216,10 +217,18 @@ impl Assignment {
         };
         let folder = spec.checkpoint_folder_in(data_dir)?;
         check_links("checkpoint.folder", &folder, data_dir, found)?;
-        let data = spec.data_path_in(data_dir)?;
-        if let Some(path) = &data {
-            check_links("data.path", path, data_dir, found)?;
-        }
+        let output = Confined::resolve(
+            "checkpoint.folder",
+            data_dir,
+            &job_dir(&folder, job_of(a.run)),
+        )?;
+        let data = match spec.data_path_in(data_dir)? {
+            Some(path) => {
+                check_links("data.path", &path, data_dir, found)?;
+                Some(Confined::resolve("data.path", data_dir, &path)?)
+            }
+            None => None,
+        };
         Ok(Assignment {
             run: a.run,
             worker: a.worker_index,
@@ -234,7 +243,7 @@ impl Assignment {
             root,
             grad_root,
             contributor,
-            output: job_dir(&folder, job_of(a.run)),
+            output,
             data,
             run_secret: bytes::Bytes::from(a.run_secret),
             resume_in_memory: a.resume_in_memory,

@@ -13,6 +13,7 @@ use super::config::NodeConfig;
 use super::memory::{fits_host_memory, read_meminfo};
 use super::outputs::save_final;
 use crate::Device;
+use crate::confined::Confined;
 use crate::data::{Corpus, Sampler};
 use crate::error::{Error, Result};
 use crate::job::{optimizer_of, sampler_of};
@@ -86,7 +87,7 @@ pub(crate) struct RealCompute {
     sampler: Sampler,
     /// Parameters, gradients, master copies and AdamW moments (and what the config adds).
     static_bytes: u64,
-    output: PathBuf,
+    output: Confined,
     /// Checkpoint every this many steps (`None`: checkpoints off).
     checkpoint_interval: Option<u64>,
     /// The job, and the steps the stages' parameters and optimizer state reflect.
@@ -160,7 +161,7 @@ impl RealCompute {
             .saturating_add(config.unplanned_bytes);
         crate::metrics::record_parameters(&rt);
         let corpus = match &a.data {
-            Some(path) => Corpus::from_file(path)?,
+            Some(path) => Corpus::from_confined(path)?,
             None => Corpus::generated(),
         };
         Ok(RealCompute {

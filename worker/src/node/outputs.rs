@@ -1,29 +1,26 @@
 //! What a real run writes to its `output_dir`: checkpoints (`step-K/stage-S.safetensors`)
-//! and the worker's final parameters (`final/worker-W.safetensors`).
+//! and the worker's final parameters (`final/worker-W.safetensors`), following no link
+//! below the data directory ([`Confined`]).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::error::{Error, Result};
+use pipewise_common::job::{FINAL_CHECKPOINT, final_file_name};
+
+use crate::checkpoint::save_tensors;
+use crate::confined::Confined;
+use crate::error::Result;
 use crate::runtime::WorkerRuntime;
 use crate::{Device, Tensor};
 
-fn create_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-        path: dir.to_path_buf(),
-        source,
-    })
-}
-
 /// Writes the worker's parameters under their whole-model names; returns the file.
-pub(crate) fn save_final(rt: &WorkerRuntime, output: &Path, worker: u32) -> Result<PathBuf> {
-    let dir = output.join("final");
-    create_dir(&dir)?;
-    let path = dir.join(format!("worker-{worker}.safetensors"));
+pub(crate) fn save_final(rt: &WorkerRuntime, output: &Confined, worker: u32) -> Result<PathBuf> {
+    let dir = output.join(FINAL_CHECKPOINT)?.dir(true)?;
+    let name = final_file_name(worker);
     let tensors: HashMap<String, Tensor> = rt
         .params()
         .map(|p| p.value.to_device(&Device::Cpu).map(|t| (p.name.clone(), t)))
         .collect::<std::result::Result<_, _>>()?;
-    candle_core::safetensors::save(&tensors, &path)?;
-    Ok(path)
+    save_tensors(&dir, &name, &tensors)?;
+    Ok(dir.path_of(name))
 }

@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
-use pipewise_common::job::{checkpoint_dir, checkpoint_file};
+use pipewise_common::job::{checkpoint_file_name, checkpoint_name};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
@@ -19,6 +18,7 @@ use super::real_passes::RealPasses;
 use super::side_by_side::{holds_every_stage, run_side_by_side};
 use super::step::{Replica, StepReport, StepSync, run_passes};
 use super::transport::Transport;
+use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::lanes::lanes_for;
@@ -274,22 +274,21 @@ impl WorkerRuntime {
     }
 
     /// Writes every stage's checkpoint after `step` steps under `output`
-    /// (`step-K/stage-S.safetensors`).
-    pub fn save_checkpoints(&self, output: &Path, step: u64) -> Result<()> {
-        let dir = checkpoint_dir(output, step);
-        std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir, source })?;
+    /// (`step-K/stage-S.safetensors`), following no link below its data directory.
+    pub fn save_checkpoints(&self, output: &Confined, step: u64) -> Result<()> {
+        let dir = output.join(checkpoint_name(step))?.dir(true)?;
         for (s, stage) in &self.stages {
-            stage.save_checkpoint(&checkpoint_file(output, step, *s))?;
+            stage.save_checkpoint_in(&dir, checkpoint_file_name(*s))?;
         }
         Ok(())
     }
 
     /// Loads every stage from the checkpoint after `step` steps under `output`. Its stage
     /// files may come from another partition (a re-planned job): tensors are found by name.
-    pub fn resume(&mut self, output: &Path, step: u64) -> Result<()> {
-        let dir = checkpoint_dir(output, step);
+    pub fn resume(&mut self, output: &Confined, step: u64) -> Result<()> {
+        let dir = output.join(checkpoint_name(step))?.dir(false)?;
         for stage in self.stages.values_mut() {
-            stage.load_checkpoint_dir(&dir)?;
+            stage.load_checkpoint_in(&dir)?;
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use super::program::DEFAULT_TIMEOUT;
 use super::step::StepReport;
 use super::sync::{Replica, ReplicaPart, StepSync, sum_in_replica_order};
 use super::transport::{MemoryTransport, Transport};
+use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::optim::AdamW;
@@ -458,7 +459,7 @@ pub fn run_local(
                         if let Some(output) = options.checkpoints
                             && options.first_step > 0
                         {
-                            rt.resume(output, options.first_step)?;
+                            rt.resume(&Confined::at(output), options.first_step)?;
                         }
                         let transport: Box<dyn Transport> = match options.wrap {
                             Some(wrap) => wrap(w, handle),
@@ -477,7 +478,10 @@ pub fn run_local(
                         }
                         // Every replica holds the same parameters: the first saves them.
                         if let Some(output) = options.checkpoints.filter(|_| r == 0) {
-                            rt.save_checkpoints(output, options.first_step + steps.len() as u64)?;
+                            rt.save_checkpoints(
+                                &Confined::at(output),
+                                options.first_step + steps.len() as u64,
+                            )?;
                         }
                         let params = rt
                             .params()
