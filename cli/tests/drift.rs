@@ -11,20 +11,29 @@ use common::processes::*;
 /// The first step (0-based, as `--slowdown FACTOR@STEP` counts) worker 1 runs 3× slower.
 const SLOW_FROM: u64 = 6;
 
-/// Worker 1 of two is slowed 3× from step 7 (1-based) on, checkpoints on: the steps from
-/// there take longer than predicted, the drift rule recalibrates the costs from them and
-/// moves layers off worker 1 (a calibration re-plan, resumed from the step every worker
-/// stopped after), and the losses and final parameters equal the single-device reference.
+/// Worker 1 of three, each with its own data directory, is slowed 3× from step 7 (1-based)
+/// on, checkpoints on: the steps from there take longer than predicted, the drift rule
+/// recalibrates the costs from them and moves layers off worker 1 (a calibration re-plan,
+/// going on after the step every worker stopped after from the stages they hold), no step
+/// runs twice, and the losses and final parameters equal the single-device reference.
 #[test]
 fn a_worker_slowed_mid_run_has_its_layers_moved_by_the_recalibrated_costs() {
     const LONG: u32 = 20;
     let dir = tempdir("drift");
     let slowdown = format!("3@{SLOW_FROM}");
-    let cluster = start_with(&dir, 2, &[(1, &["--slowdown", &slowdown])]);
-    let mut spec = spec(2, "1f1b", LONG);
+    // No data directory shared: the move goes on from the workers' memory.
+    let own = |id: &str| own_data_dir(&dir, id);
+    let (w0, w1, w2) = (own("w0"), own("w1"), own("w2"));
+    let slow = [w1[0].as_str(), &w1[1], "--slowdown", &slowdown];
+    let cluster = start_with(
+        &dir,
+        3,
+        &[(0, &[&w0[0], &w0[1]]), (1, &slow), (2, &[&w2[0], &w2[1]])],
+    );
+    let mut spec = spec(3, "1f1b", LONG);
     spec.job.name = "drift".into();
     spec.checkpoint.enable_checkpoint = true;
-    spec.checkpoint.interval = 5;
+    spec.checkpoint.interval = 10;
     spec.checkpoint.keep_latest_k = 2;
     let reference = reference(&spec);
     let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));

@@ -112,6 +112,7 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
         data: dir.join("data"),
         workers: Default::default(),
         metrics: [0, 0],
+        worker_data: Vec::new(),
     };
     let worker_tls = |certs: &Path| {
         [

@@ -7,16 +7,30 @@ mod common;
 use common::processes::*;
 
 /// A worker six times slower per pass: the coordinator sees it in the step reports,
-/// stops every worker after the same step, moves layers off it and resumes from that
-/// step's checkpoint; training stays exact. Either rule may move them first: the straggler
+/// stops every worker after the same step, moves layers off it and goes on after that step
+/// from the stages the workers hold, though no two workers share a data directory (the
+/// coordinator sees no checkpoint); no step runs twice, and training stays exact. Either rule may move them first: the straggler
 /// rule, or the drift rule that generalises it (steps over their prediction once the costs
 /// are fitted) when the slow steps outrun the fit; both are counted by their reason.
 #[test]
 fn layers_move_off_a_straggler() {
     const LONG: u32 = 24;
     let dir = tempdir("straggler");
-    let cluster = start_with(&dir, 3, &[(2, &["--slowdown", "6"])]);
-    let (reference, job, stdout) = run_movable(&cluster, &dir, spec(3, "1f1b", LONG), "straggler");
+    let own = |id: &str| own_data_dir(&dir, id);
+    let (w0, w1, w2) = (own("w0"), own("w1"), own("w2"));
+    let slow = [w2[0].as_str(), &w2[1], "--slowdown", "6"];
+    let cluster = start_with(
+        &dir,
+        3,
+        &[(0, &[&w0[0], &w0[1]]), (1, &[&w1[0], &w1[1]]), (2, &slow)],
+    );
+    let mut spec = spec(3, "1f1b", LONG);
+    spec.job.name = "straggler".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 10;
+    let reference = reference(&spec);
+    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
+    let stdout = history(&cluster, job);
     let moves = replans(&stdout, "pieces per stage");
     assert!(!moves.is_empty(), "{stdout}");
     let first = moves[0];

@@ -258,7 +258,10 @@ async fn perform(
                 inputs.push_back(Input::Refused { worker, reason });
             }
         }
-        Action::Stop(run) => st.membership.cast(MembershipMsg::Stop(run.raw()))?,
+        Action::Stop(run) => {
+            tracing::info!(job, run = %run, "asked the run's workers to stop after a step");
+            st.membership.cast(MembershipMsg::Stop(run.raw()))?
+        }
         Action::Abort(run) => st.membership.cast(MembershipMsg::Abort(run.raw()))?,
         Action::Detach(run) => st.membership.cast(MembershipMsg::Detach(run.raw()))?,
         Action::Step(done) => {

@@ -32,6 +32,8 @@ pub(crate) struct Cluster {
     pub(crate) workers: HashMap<String, String>,
     /// Metrics ports of the coordinator and of worker `w0`.
     pub(crate) metrics: [u16; 2],
+    /// Data directories of workers given their own (`--data-dir`), besides `data`.
+    pub(crate) worker_data: Vec<PathBuf>,
 }
 
 impl Drop for Cluster {
@@ -91,6 +93,15 @@ pub(crate) fn start(dir: &Path, workers: usize) -> Cluster {
     start_with(dir, workers, &[])
 }
 
+/// The arguments giving worker `id` its own data directory under `dir` (no directory shared
+/// with the coordinator or another worker, as on separate hosts).
+pub(crate) fn own_data_dir(dir: &Path, id: &str) -> [String; 2] {
+    [
+        "--data-dir".into(),
+        dir.join(format!("{id}-data")).display().to_string(),
+    ]
+}
+
 /// [`start`], with extra arguments for worker `w` for every `(w, args)`.
 pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])]) -> Cluster {
     std::fs::create_dir_all(dir).unwrap();
@@ -114,6 +125,7 @@ pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])])
         data,
         workers: HashMap::new(),
         metrics,
+        worker_data: Vec::new(),
     };
     for w in 0..workers {
         let mut args: Vec<&str> = Vec::new();
@@ -132,6 +144,7 @@ pub(crate) fn start_with(dir: &Path, workers: usize, extra: &[(usize, &[&str])])
             let (child, line, port) = spawn_on_free_port(make, &dir.join("w0.log"));
             cluster.metrics[1] = port;
             started(&mut cluster, "w0", child, &line);
+            note_data_dir(&mut cluster, &args);
             continue;
         }
         add_worker(&mut cluster, dir, &format!("w{w}"), &args);
@@ -144,6 +157,16 @@ pub(crate) fn add_worker(cluster: &mut Cluster, dir: &Path, id: &str, args: &[&s
     let cmd = worker_command(cluster, id, args);
     let (child, line) = spawn_with_line(cmd, &dir.join(format!("{id}.log")));
     started(cluster, id, child, &line);
+    note_data_dir(cluster, args);
+}
+
+/// Records the data directory `args` give a worker, if any.
+fn note_data_dir(cluster: &mut Cluster, args: &[&str]) {
+    if let Some(at) = args.iter().position(|a| *a == "--data-dir")
+        && let Some(path) = args.get(at + 1)
+    {
+        cluster.worker_data.push(PathBuf::from(path));
+    }
 }
 
 /// The command of worker `id` (with `args`) of the cluster.
@@ -222,13 +245,19 @@ pub(crate) fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
     (id, losses)
 }
 
+/// The final parameters of `job`, from every data directory its workers wrote to.
 pub(crate) fn final_params(cluster: &Cluster, job: u64) -> HashMap<String, Tensor> {
-    let dir = layout::final_dir(&layout::job_dir(&cluster.data.join("checkpoints"), job));
     let mut all = HashMap::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let part = candle_core::safetensors::load(entry.unwrap().path(), &Device::Cpu).unwrap();
-        for (name, t) in part {
-            assert!(all.insert(name.clone(), t).is_none(), "{name} saved twice");
+    for data in std::iter::once(&cluster.data).chain(&cluster.worker_data) {
+        let dir = layout::final_dir(&layout::job_dir(&data.join("checkpoints"), job));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let part = candle_core::safetensors::load(entry.unwrap().path(), &Device::Cpu);
+            for (name, t) in part.unwrap() {
+                assert!(all.insert(name.clone(), t).is_none(), "{name} saved twice");
+            }
         }
     }
     all
@@ -633,12 +662,14 @@ pub(crate) fn succeeded_replanned_once(
 
 /// Files in the job's `final/` directory (one per worker of the last run).
 pub(crate) fn finals(cluster: &Cluster, job: u64) -> usize {
-    std::fs::read_dir(layout::final_dir(&layout::job_dir(
-        &cluster.data.join("checkpoints"),
-        job,
-    )))
-    .unwrap()
-    .count()
+    std::iter::once(&cluster.data)
+        .chain(&cluster.worker_data)
+        .filter_map(|data| {
+            let checkpoints = data.join("checkpoints");
+            std::fs::read_dir(layout::final_dir(&layout::job_dir(&checkpoints, job))).ok()
+        })
+        .map(Iterator::count)
+        .sum()
 }
 
 /// The pieces per stage before and after a move, from its `re-planned:` line ("… pieces per
