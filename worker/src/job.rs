@@ -22,6 +22,9 @@ pub fn optimizer_of(spec: &JobSpec) -> AdamW {
         eps: o.eps,
         weight_decay: o.weight_decay,
         max_grad_norm: (spec.training.max_norm > 0.0).then_some(spec.training.max_norm),
+        schedule: spec
+            .lr_scheduler
+            .map(|s| (s, u64::from(spec.training.steps))),
     }
 }
 

@@ -564,7 +564,11 @@ impl Stage {
             return Err(self.order_error("step", mb, "still pending at the optimizer step"));
         }
         self.step += 1;
-        let (cfg, step) = (self.adamw, self.step);
+        let step = self.step;
+        let cfg = AdamW {
+            lr: self.adamw.lr_at(step),
+            ..self.adamw
+        };
         for p in self.params_mut() {
             optim::update(p, &cfg, step, clip_scale)?;
         }

@@ -85,6 +85,9 @@ impl JobSpec {
                 format!("must be finite and > 0, got {}", o.eps),
             ));
         }
+        if let Some(lr) = &self.lr_scheduler {
+            lr.check(t.steps)?;
+        }
         let p = &self.parallelism;
         let d = p.pipeline_parallel_degree;
         if !(1..=MAX_WORKERS).contains(&d) {

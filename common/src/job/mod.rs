@@ -24,6 +24,11 @@
 //! [optimizer]
 //! lr = 3e-3
 //!
+//! [lr_scheduler]            # optional; absent = optimizer.lr at every step
+//! warmup_steps = 5            # torchtitan's names and arithmetic (see `lr`)
+//! decay_type = "cosine"       # "linear" (default), "sqrt" or "cosine"
+//! min_lr_factor = 0.1
+//!
 //! [parallelism]
 //! pipeline_parallel_degree = 4
 //! pipeline_parallel_schedule = "v-half"     # any `pipewise plan` schedule
@@ -57,10 +62,12 @@
 //! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
 //! - `memory`: the memory a planned job is predicted to take on each worker;
 //! - [`layout`]: checkpoint folder names and run ids.
+//! - [`lr`]: `[lr_scheduler]`, the learning rate of each step.
 
 mod check;
 pub mod confine;
 pub mod layout;
+pub mod lr;
 mod memory;
 pub mod plan;
 pub mod spec;

@@ -379,6 +379,9 @@ pub struct JobSpec {
     /// `[optimizer]`.
     #[serde(default)]
     pub optimizer: Optimizer,
+    /// `[lr_scheduler]` (absent: `optimizer.lr` at every step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr_scheduler: Option<super::lr::LrScheduler>,
     /// `[parallelism]`.
     pub parallelism: Parallelism,
     /// `[checkpoint]`.
@@ -547,6 +550,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             max_norm: 1.0,
         },
         optimizer: Optimizer::default(),
+        lr_scheduler: None,
         parallelism: Parallelism {
             pipeline_parallel_degree: workers,
             pipeline_parallel_schedule: schedule.into(),

@@ -1,6 +1,8 @@
 //! AdamW's hyper-parameters ([`AdamW`]) and the global-norm clipping factor
 //! ([`clip_scale`]).
 
+use pipewise_common::job::lr::LrScheduler;
+
 /// AdamW hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamW {
@@ -16,6 +18,22 @@ pub struct AdamW {
     pub weight_decay: f64,
     /// Clip gradients to this global L2 norm (`None`: no clipping).
     pub max_grad_norm: Option<f64>,
+    /// The learning rate's schedule over a job of this many steps (`None`: `lr` at every
+    /// step).
+    pub schedule: Option<(LrScheduler, u64)>,
+}
+
+impl AdamW {
+    /// The learning rate of optimizer step `step` (1-based, as [`Stage::step`] counts
+    /// them).
+    ///
+    /// [`Stage::step`]: crate::Stage::step
+    pub fn lr_at(&self, step: u64) -> f64 {
+        match self.schedule {
+            Some((schedule, steps)) => self.lr * schedule.factor(step.saturating_sub(1), steps),
+            None => self.lr,
+        }
+    }
 }
 
 impl Default for AdamW {
@@ -28,6 +46,7 @@ impl Default for AdamW {
             eps: 1e-8,
             weight_decay: 0.1,
             max_grad_norm: Some(1.0),
+            schedule: None,
         }
     }
 }
