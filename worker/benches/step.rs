@@ -155,6 +155,8 @@ fn child(name: &str) {
         seed: 42,
         microbatch_size: case.microbatch_size,
         seq_len: case.spec.seq_len as usize,
+        global_batch: case.microbatch_size * case.microbatches as usize,
+        shuffle: true,
     };
     let mut times = Vec::new();
     let mut losses = Vec::new();

@@ -1,5 +1,5 @@
 //! Byte-level training data: a corpus (a text file, or a small generated default one) and
-//! a seeded sampler of `(input, target)` windows.
+//! its `(input, target)` windows, taken in order or shuffled each epoch ([`Sampler`]).
 
 use std::io::Read as _;
 use std::path::Path;
@@ -155,41 +155,64 @@ pub struct Batch {
     pub targets: Tensor,
 }
 
-/// Draws `(input, target)` windows at offsets chosen by `(seed, step, sequence)` alone, so
-/// any step can be replayed (or resumed) without drawing the earlier ones, and a step's
+/// The corpus's `(input, target)` windows, one definition everywhere: a stream of `L`
+/// tokens gives `W = ⌊(L − 1) / S⌋` windows (`S` = `seq_len`), window `k` the input
+/// `t[kS .. kS+S]` and the target `t[kS+1 .. kS+S+1]`. Sequence `q` of step `s` is the
+/// step's `q`-th of `G` (the global batch), `i = sG + q` in the job's stream of sequences;
+/// in order (`shuffle = false`) it is window `i mod W`, shuffled it is window `π_e(i mod W)`
+/// of epoch `e = ⌊i / W⌋`, `π_e` a permutation of the windows drawn from `(seed, e)`. Any
+/// step can be replayed (or resumed) without drawing the earlier ones, and a step's
 /// sequences are the same however they are cut into microbatches and shared among
 /// data-parallel replicas (`schedule = "auto"` may choose another microbatch size than the
 /// spec's: the global batch, and so the training, stays the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sampler {
-    /// Seed of the offsets.
+    /// Seed of the epochs' permutations.
     pub seed: u64,
     /// Sequences per microbatch `b`.
     pub microbatch_size: usize,
-    /// Window length `t`.
+    /// Window length `S`.
     pub seq_len: usize,
+    /// Sequences per step `G`, over every microbatch and replica.
+    pub global_batch: usize,
+    /// Windows in a seeded order each epoch (`false`: in the corpus's order).
+    pub shuffle: bool,
 }
 
 impl Sampler {
+    /// How many windows a corpus of `corpus_len` tokens gives.
+    pub fn windows(&self, corpus_len: usize) -> usize {
+        match self.seq_len {
+            0 => 0,
+            s => corpus_len.saturating_sub(1) / s,
+        }
+    }
+
     /// The window start offsets of microbatch `mb` of step `step`: those of the step's
     /// sequences `mb·b` to `mb·b + b − 1`.
     pub fn offsets(&self, corpus_len: usize, step: u64, mb: u32) -> Result<Vec<usize>> {
-        if self.seq_len == 0 || self.microbatch_size == 0 || corpus_len <= self.seq_len {
+        let windows = self.windows(corpus_len) as u64;
+        if windows == 0 || self.microbatch_size == 0 {
             return Err(Error::InvalidArgument {
                 field: "corpus",
                 reason: format!(
-                    "{corpus_len} bytes cannot give {} windows of {} + 1 bytes",
-                    self.microbatch_size, self.seq_len
+                    "{corpus_len} tokens hold no window of {} + 1 tokens",
+                    self.seq_len
                 ),
             });
         }
-        let starts = (corpus_len - self.seq_len) as u64;
         let first = mb as usize * self.microbatch_size;
+        let base = step.saturating_mul(self.global_batch as u64);
         Ok((first..first + self.microbatch_size)
-            .map(|seq| {
-                // Named as microbatches of one sequence were: their windows stay.
-                let mut rng = SplitMix64::for_stream(self.seed, &format!("batch/{step}/{seq}"));
-                rng.below(starts) as usize
+            .map(|q| {
+                let i = base.saturating_add(q as u64);
+                let (epoch, at) = (i / windows, i % windows);
+                let k = if self.shuffle {
+                    permuted(self.seed, epoch, at, windows)
+                } else {
+                    at
+                };
+                k as usize * self.seq_len
             })
             .collect())
     }
@@ -228,6 +251,32 @@ impl Sampler {
     }
 }
 
+/// Position `at` of a permutation of `0..n` drawn from `(seed, epoch)`: a balanced
+/// four-round Feistel network over the smallest even bit width holding `n`, walked until it
+/// lands below `n` (a bijection on the wider domain stays one on `0..n`). No table: any
+/// window of any epoch costs a few hashes.
+fn permuted(seed: u64, epoch: u64, at: u64, n: u64) -> u64 {
+    if n <= 1 {
+        return 0;
+    }
+    let bits = 64 - (n - 1).leading_zeros();
+    let half = bits.div_ceil(2);
+    let mask = (1u64 << half) - 1;
+    let key = SplitMix64::new(seed ^ 0x5348_5546_464c_4521).next_u64() ^ epoch;
+    let mut x = at;
+    loop {
+        let (mut left, mut right) = (x >> half, x & mask);
+        for round in 0..4u64 {
+            let f = SplitMix64::new(key ^ (round << 56) ^ right).next_u64() & mask;
+            (left, right) = (right, left ^ f);
+        }
+        x = (left << half) | right;
+        if x < n {
+            return x;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +304,8 @@ mod tests {
             seed: 9,
             microbatch_size: 3,
             seq_len: 16,
+            global_batch: 12,
+            shuffle: true,
         };
         let batch = s.batch(&corpus, 5, 1, &Device::Cpu)?;
         let x = batch.tokens.to_vec2::<u32>()?;
@@ -278,6 +329,8 @@ mod tests {
                 seed: 9,
                 microbatch_size,
                 seq_len: 16,
+                global_batch: 12,
+                shuffle: true,
             };
             let n = (12 / microbatch_size) as u32;
             let mut rows = Vec::new();
@@ -293,5 +346,53 @@ mod tests {
         // Not one window drawn twelve times.
         assert!(ones.iter().any(|w| *w != ones[0]));
         Ok(())
+    }
+
+    /// In order, step `s` takes windows `sG … sG+G−1` modulo the window count, microbatch
+    /// `m` the `m`-th run of `b` of them; each is `t[kS .. kS+S]` and its target one on.
+    #[test]
+    fn in_order_windows_follow_the_definition() -> Result<()> {
+        let corpus = Corpus::from_bytes((0..=200u8).collect());
+        let s = Sampler {
+            seed: 9,
+            microbatch_size: 2,
+            seq_len: 10,
+            global_batch: 6,
+            shuffle: false,
+        };
+        // 201 tokens: ⌊200 / 10⌋ = 20 windows.
+        assert_eq!(s.windows(201), 20);
+        assert_eq!(s.offsets(201, 0, 0)?, [0, 10]);
+        assert_eq!(s.offsets(201, 0, 2)?, [40, 50]);
+        // Step 3 starts at sequence 18: windows 18, 19, then 0 again.
+        assert_eq!(s.offsets(201, 3, 0)?, [180, 190]);
+        assert_eq!(s.offsets(201, 3, 1)?, [0, 10]);
+        let batch = s.batch(&corpus, 3, 0, &Device::Cpu)?;
+        let x = batch.tokens.to_vec2::<u32>()?;
+        let y = batch.targets.to_vec2::<u32>()?;
+        assert_eq!(x[1], (190..200).collect::<Vec<u32>>());
+        assert_eq!(y[1], (191..201).collect::<Vec<u32>>());
+        // The last token of 201 is only ever a target; 200 tokens give 19 windows.
+        assert_eq!(s.windows(200), 19);
+        assert!(s.offsets(10, 0, 0).is_err());
+        assert_eq!(s.offsets(11, 0, 0)?, [0, 0]);
+        Ok(())
+    }
+
+    /// Shuffled, each epoch takes every window once, in an order that differs between
+    /// epochs and seeds.
+    #[test]
+    fn shuffled_epochs_take_every_window_once() {
+        for n in [1u64, 2, 3, 7, 64, 1000, 1025] {
+            let order =
+                |seed, epoch| -> Vec<u64> { (0..n).map(|i| permuted(seed, epoch, i, n)).collect() };
+            let mut seen = order(5, 0);
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n {n}");
+            if n >= 7 {
+                assert_ne!(order(5, 0), order(5, 1), "n {n}");
+                assert_ne!(order(5, 0), order(6, 0), "n {n}");
+            }
+        }
     }
 }

@@ -34,6 +34,8 @@ pub fn sampler_of(spec: &JobSpec) -> Sampler {
         seed: spec.training.seed,
         microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size as usize,
         seq_len: spec.model.seq_len as usize,
+        global_batch: spec.training.global_batch_size as usize,
+        shuffle: spec.data.shuffle,
     }
 }
 

@@ -72,6 +72,8 @@ fn resume_in(spec: ModelSpec, device: &Device, in_memory: bool) -> Result<()> {
         seed: 4,
         microbatch_size: 4,
         seq_len: 16,
+        global_batch: 8,
+        shuffle: true,
     };
     let opt = AdamW {
         lr: 1e-2,
@@ -158,6 +160,8 @@ fn short_windows() -> Sampler {
         seed: 4,
         microbatch_size: 2,
         seq_len: 16,
+        global_batch: 4,
+        shuffle: true,
     }
 }
 
@@ -429,6 +433,8 @@ fn reshard_in(dtype: SpecDType, device: &Device) -> Result<()> {
         seed: 7,
         microbatch_size: 4,
         seq_len: 16,
+        global_batch: 8,
+        shuffle: true,
     };
     let opt = AdamW {
         lr: 1e-2,

@@ -36,6 +36,8 @@ fn loss_drops(device: &Device) -> Result<()> {
         seed: 1,
         microbatch_size: 8,
         seq_len: spec.seq_len as usize,
+        global_batch: 16,
+        shuffle: true,
     };
     let mut trainer = Trainer::new(&spec, 42, device, adamw())?;
     let mut losses = Vec::new();
@@ -86,6 +88,8 @@ fn pipeline_matches_reference(device: &Device) -> Result<()> {
         seed: 2,
         microbatch_size: 2,
         seq_len: spec.seq_len as usize,
+        global_batch: 6,
+        shuffle: true,
     };
     let mut reference = Trainer::new(&spec, 9, device, opt)?;
     let mut stages = Stage::even_split(&spec, 2)?
@@ -171,6 +175,8 @@ fn scheduled_rate_is_applied_per_step(device: &Device) -> Result<()> {
         seed: 1,
         microbatch_size: 2,
         seq_len: spec.seq_len as usize,
+        global_batch: 4,
+        shuffle: true,
     };
     let schedule = LrScheduler {
         warmup_steps: 2,

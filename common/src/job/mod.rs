@@ -36,6 +36,10 @@
 //! pipeline_parallel_first_stage_less_layers = 1   # optional, torchtitan's layer split
 //! pipeline_parallel_last_stage_less_layers = 1    # (default: workers' compute balanced)
 //!
+//! [data]                    # optional; absent = the generated corpus, shuffled
+//! path = "corpus.txt"       # under the workers' data directories
+//! shuffle = false           # windows in the corpus's order (default: seeded, per epoch)
+//!
 //! [checkpoint]
 //! enable_checkpoint = true
 //! folder = "checkpoints"

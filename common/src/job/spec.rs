@@ -240,13 +240,29 @@ impl Default for Checkpoint {
 }
 
 /// `[data]`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Data {
     /// A text file of training bytes under the workers' data directory (relative to it, or
     /// absolute under it); the generated default corpus when absent.
     #[serde(default)]
     pub path: Option<String>,
+    /// The corpus's windows in a seeded order each epoch (default), or in its order.
+    #[serde(default = "shuffled")]
+    pub shuffle: bool,
+}
+
+fn shuffled() -> bool {
+    true
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        Data {
+            path: None,
+            shuffle: true,
+        }
+    }
 }
 
 /// How the workers compute a job's passes (`[compute] mode`).

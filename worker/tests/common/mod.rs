@@ -33,6 +33,8 @@ pub fn step_batches(
         seed: 3,
         microbatch_size: 2,
         seq_len: spec.seq_len as usize,
+        global_batch: 2 * n as usize,
+        shuffle: true,
     };
     (0..steps)
         .map(|step| sampler.step(&corpus, step, n, &Device::Cpu))
