@@ -1,0 +1,280 @@
+//! TLS on the coordinator's port, accepted here rather than inside tonic so that a failed
+//! handshake is seen: each is classified ([`classify`]), counted and logged through the
+//! [`Audit`], and only finished TLS streams reach the gRPC server (tonic's `Connected` for
+//! them keeps the peer's address and certificates on every request, which the guards
+//! read).
+//!
+//! A plain-text HTTP/2 client (the first bytes are HTTP/2's preface, not a TLS record) is
+//! answered in its own protocol: a GOAWAY with `INADEQUATE_SECURITY` and a line saying the
+//! port speaks TLS, so the client reads a cause instead of a broken pipe. A connection
+//! that closes before sending a byte (a TCP probe, a port scan's connect) is nobody's
+//! refusal and is not recorded.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{self, CertificateError, RootCertStore, ServerConfig};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::audit::{Audit, Refusal};
+use crate::error::{CoordinatorError, Result};
+use crate::security::ServerTls;
+
+/// How long a client has to finish its handshake (a stalled one holds a task and a socket).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first byte of a TLS handshake record (a ClientHello).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+/// What every HTTP/2 client sends first.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The debug text of the GOAWAY a plain-text HTTP/2 client gets.
+const PLAIN_TEXT_ANSWER: &[u8] =
+    b"this port speaks TLS: dial it with https:// (and --tls-ca), not http://";
+
+/// The rustls configuration of `tls`: its certificate, HTTP/2 by ALPN, and with a client
+/// CA, client certificates checked against it (optional at the handshake: job clients
+/// have none; the cluster API's guard requires one).
+pub(crate) fn server_config(tls: &ServerTls) -> Result<Arc<ServerConfig>> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| CoordinatorError::Tls(format!("{what}: {e}"));
+    let certs = CertificateDer::pem_slice_iter(&tls.cert_pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad("the certificate", &e))?;
+    let key = PrivateKeyDer::from_pem_slice(&tls.key_pem).map_err(|e| bad("the key", &e))?;
+    let builder = ServerConfig::builder();
+    let builder = match &tls.client_ca_pem {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                roots
+                    .add(cert.map_err(|e| bad("the client CA", &e))?)
+                    .map_err(|e| bad("the client CA", &e))?;
+            }
+            let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| bad("the client CA", &e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| bad("the certificate and key", &e))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The TLS streams of the connections `listener` accepts, for tonic's
+/// `serve_with_incoming`; failed handshakes go to `audit`. The listener closes when the
+/// stream is dropped (the server stopped).
+pub(crate) fn incoming(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+    audit: Arc<Audit>,
+) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors, say: wait rather than spin.
+                    tracing::warn!("cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (tx, acceptor, audit) = (tx.clone(), acceptor.clone(), Arc::clone(&audit));
+            tokio::spawn(async move {
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &acceptor));
+                let outcome = match handshake.await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Handshake::Refused(
+                        Refusal::HandshakeTimeout,
+                        format!("no TLS handshake within {} s", HANDSHAKE_TIMEOUT.as_secs()),
+                    ),
+                };
+                match outcome {
+                    Handshake::Done(stream) => {
+                        let _ = tx.send(Ok(*stream)).await;
+                    }
+                    Handshake::Refused(reason, detail) => {
+                        audit.refused(role_of(reason), Some(peer), reason, &detail);
+                    }
+                    Handshake::Silent => {}
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// How a connection's handshake ended.
+enum Handshake {
+    Done(Box<TlsStream<TcpStream>>),
+    Refused(Refusal, String),
+    /// Closed before a byte: a TCP probe, not a caller.
+    Silent,
+}
+
+async fn handshake(tcp: TcpStream, acceptor: &tokio_rustls::TlsAcceptor) -> Handshake {
+    let mut first = [0u8; HTTP2_PREFACE.len()];
+    let seen = match tcp.peek(&mut first).await {
+        Ok(0) => return Handshake::Silent,
+        Ok(n) => n,
+        Err(e) => return Handshake::Refused(Refusal::TlsHandshake, e.to_string()),
+    };
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        // The whole preface may not have arrived yet; its start is enough to tell.
+        let http2 = HTTP2_PREFACE.starts_with(&first[..seen]);
+        let detail = if http2 {
+            answer_plain_http2(tcp).await;
+            "plain-text HTTP/2 on the TLS port (told so with a GOAWAY)"
+        } else {
+            "plain text (not a TLS record) on the TLS port"
+        };
+        return Handshake::Refused(Refusal::PlainTextOnTls, detail.into());
+    }
+    match acceptor.accept(tcp).await {
+        Ok(stream) => Handshake::Done(Box::new(stream)),
+        Err(e) => {
+            let tls = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
+            let (reason, detail) = classify(tls, &e);
+            Handshake::Refused(reason, detail)
+        }
+    }
+}
+
+/// Why a handshake failed, and what to log: from the rustls error inside `e`, if any.
+pub(crate) fn classify(tls: Option<&rustls::Error>, e: &io::Error) -> (Refusal, String) {
+    let reason = match tls {
+        Some(rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        )) => Refusal::UnknownIssuer,
+        Some(rustls::Error::InvalidCertificate(_)) => Refusal::BadClientCertificate,
+        Some(rustls::Error::NoCertificatesPresented) => Refusal::NoClientCertificate,
+        Some(rustls::Error::AlertReceived(_)) => Refusal::ServerCertificateRefused,
+        _ => Refusal::TlsHandshake,
+    };
+    let detail = match reason {
+        Refusal::UnknownIssuer => format!(
+            "the client's certificate is not signed by --tls-client-ca ({})",
+            tls.map_or_else(|| e.to_string(), ToString::to_string)
+        ),
+        Refusal::ServerCertificateRefused => format!(
+            "the client refused the coordinator's certificate (does its --tls-ca hold the CA \
+             that signed --tls-cert, and does the certificate name the host it dials?): {e}"
+        ),
+        Refusal::TlsHandshake if e.kind() == io::ErrorKind::UnexpectedEof => {
+            "the client closed the connection during the TLS handshake".into()
+        }
+        _ => format!("TLS handshake failed: {e}"),
+    };
+    (reason, detail)
+}
+
+/// Which role a handshake's refusal is put down to: only a client certificate says (the
+/// API a caller wants comes after the handshake).
+fn role_of(reason: Refusal) -> &'static str {
+    match reason {
+        Refusal::UnknownIssuer | Refusal::BadClientCertificate => "worker",
+        _ => "unknown",
+    }
+}
+
+/// Tells a plain-text HTTP/2 client that the port speaks TLS: an empty SETTINGS frame (the
+/// server's preface) and a GOAWAY with `INADEQUATE_SECURITY` and [`PLAIN_TEXT_ANSWER`],
+/// then reads what it sends until it closes (closing with unread bytes would reset the
+/// connection, and the client might lose the answer).
+async fn answer_plain_http2(mut tcp: TcpStream) {
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut sink)).await;
+    let _ = tcp.write_all(&goaway_frames()).await;
+    let _ = tcp.shutdown().await;
+    let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
+/// SETTINGS (empty) and GOAWAY (last stream 0, `INADEQUATE_SECURITY`, the answer), framed.
+fn goaway_frames() -> Vec<u8> {
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    const INADEQUATE_SECURITY: u32 = 0xc;
+    let frame = |kind: u8, payload: &[u8]| {
+        let len = u32::try_from(payload.len()).unwrap_or(0).to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, 0, 0, 0, 0, 0];
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut goaway = Vec::with_capacity(8 + PLAIN_TEXT_ANSWER.len());
+    goaway.extend_from_slice(&0u32.to_be_bytes());
+    goaway.extend_from_slice(&INADEQUATE_SECURITY.to_be_bytes());
+    goaway.extend_from_slice(PLAIN_TEXT_ANSWER);
+    let mut out = frame(SETTINGS, &[]);
+    out.extend(frame(GOAWAY, &goaway));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io_error(e: rustls::Error) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, e)
+    }
+
+    #[test]
+    fn rustls_errors_name_the_refusal() {
+        for (error, reason) in [
+            (
+                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+                Refusal::UnknownIssuer,
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::BadSignature),
+                Refusal::UnknownIssuer,
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::Expired),
+                Refusal::BadClientCertificate,
+            ),
+            (
+                rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA),
+                Refusal::ServerCertificateRefused,
+            ),
+            (rustls::Error::HandshakeNotComplete, Refusal::TlsHandshake),
+        ] {
+            let e = io_error(error.clone());
+            let tls = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
+            assert_eq!(classify(tls, &e).0, reason, "{error:?}");
+        }
+        let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
+        let (reason, detail) = classify(None, &eof);
+        assert_eq!(reason, Refusal::TlsHandshake);
+        assert!(detail.contains("closed the connection"), "{detail}");
+        assert_eq!(role_of(Refusal::UnknownIssuer), "worker");
+    }
+
+    #[test]
+    fn the_plain_text_answer_is_a_settings_and_a_goaway_frame() {
+        let frames = goaway_frames();
+        assert_eq!(&frames[..9], &[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        let goaway = &frames[9..];
+        let len = usize::from(goaway[1]) << 8 | usize::from(goaway[2]);
+        assert_eq!((goaway[0], goaway[3]), (0, 7));
+        assert_eq!(len, goaway.len() - 9);
+        assert_eq!(&goaway[13..17], &[0, 0, 0, 0xc]);
+        assert!(goaway.ends_with(PLAIN_TEXT_ANSWER));
+    }
+}
