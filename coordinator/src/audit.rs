@@ -178,12 +178,12 @@ impl Audit {
         };
         let peer = peer.map_or_else(|| "unknown".to_string(), |p| p.to_string());
         tracing::warn!(
-            role,
+            role = %role,
             peer = %peer,
-            reason = reason.label(),
+            reason = %reason.label(),
             left_out,
-            "refused a caller: {detail} (said at most once a minute per peer and reason; \
-             left_out: how many were not said since)"
+            "refused a caller (said once a minute per peer and reason at most; left_out: \
+             those not said since): {detail}"
         );
     }
 }
