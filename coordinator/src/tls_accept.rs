@@ -112,6 +112,12 @@ pub(crate) fn incoming(
                     Handshake::Refused(reason, detail) => {
                         audit.refused(role_of(reason), Some(peer), reason, &detail);
                     }
+                    Handshake::PlainHttp2(tcp) => {
+                        let reason = Refusal::PlainTextOnTls;
+                        let detail = "plain-text HTTP/2 on the TLS port (told so with a GOAWAY)";
+                        audit.refused(role_of(reason), Some(peer), reason, detail);
+                        answer_plain_http2(tcp).await;
+                    }
                     Handshake::Silent => {}
                 }
             });
@@ -124,6 +130,8 @@ pub(crate) fn incoming(
 enum Handshake {
     Done(Box<TlsStream<TcpStream>>),
     Refused(Refusal, String),
+    /// A plain-text HTTP/2 client, to be told that the port speaks TLS.
+    PlainHttp2(TcpStream),
     /// Closed before a byte: a TCP probe, not a caller.
     Silent,
 }
@@ -137,14 +145,13 @@ async fn handshake(tcp: TcpStream, acceptor: &tokio_rustls::TlsAcceptor) -> Hand
     };
     if first[0] != TLS_HANDSHAKE_RECORD {
         // The whole preface may not have arrived yet; its start is enough to tell.
-        let http2 = HTTP2_PREFACE.starts_with(&first[..seen]);
-        let detail = if http2 {
-            answer_plain_http2(tcp).await;
-            "plain-text HTTP/2 on the TLS port (told so with a GOAWAY)"
-        } else {
-            "plain text (not a TLS record) on the TLS port"
-        };
-        return Handshake::Refused(Refusal::PlainTextOnTls, detail.into());
+        if HTTP2_PREFACE.starts_with(&first[..seen]) {
+            return Handshake::PlainHttp2(tcp);
+        }
+        return Handshake::Refused(
+            Refusal::PlainTextOnTls,
+            "plain text (not a TLS record) on the TLS port".into(),
+        );
     }
     match acceptor.accept(tcp).await {
         Ok(stream) => Handshake::Done(Box::new(stream)),
@@ -197,13 +204,48 @@ fn role_of(reason: Refusal) -> &'static str {
 /// server's preface) and a GOAWAY with `INADEQUATE_SECURITY` and [`PLAIN_TEXT_ANSWER`],
 /// then reads what it sends until it closes (closing with unread bytes would reset the
 /// connection, and the client might lose the answer).
+///
+/// The GOAWAY waits for the client's first request (a HEADERS frame), at most
+/// [`REQUEST_WAIT`]: a client gives a GOAWAY's reason only to the requests it refuses, and
+/// one that came before any request ends the connection quietly ("operation was canceled").
 async fn answer_plain_http2(mut tcp: TcpStream) {
     let mut sink = [0u8; 4096];
-    let _ = tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut sink)).await;
+    let mut seen = Vec::new();
+    let until_request = async {
+        while !holds_request(&seen) && seen.len() < MAX_PLAIN_READ {
+            match tcp.read(&mut sink).await {
+                Ok(n) if n > 0 => seen.extend_from_slice(&sink[..n]),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REQUEST_WAIT, until_request).await;
     let _ = tcp.write_all(&goaway_frames()).await;
     let _ = tcp.shutdown().await;
     let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
     let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
+/// How long a plain-text client's first request is waited for.
+const REQUEST_WAIT: Duration = Duration::from_secs(2);
+/// The most bytes of a plain-text client read while waiting for its request.
+const MAX_PLAIN_READ: usize = 1 << 16;
+
+/// Whether `bytes` (from the start of a plain-text HTTP/2 connection) hold a whole HEADERS
+/// frame's header: the preface, then frames of a 9-byte header (24-bit length, type) and
+/// their payload.
+fn holds_request(bytes: &[u8]) -> bool {
+    const HEADERS: u8 = 0x1;
+    let mut at = HTTP2_PREFACE.len();
+    while let Some(header) = bytes.get(at..at + 9) {
+        if header[3] == HEADERS {
+            return true;
+        }
+        let len =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        at += 9 + len;
+    }
+    false
 }
 
 /// SETTINGS (empty) and GOAWAY (last stream 0, `INADEQUATE_SECURITY`, the answer), framed.
@@ -264,6 +306,79 @@ mod tests {
         assert_eq!(reason, Refusal::TlsHandshake);
         assert!(detail.contains("closed the connection"), "{detail}");
         assert_eq!(role_of(Refusal::UnknownIssuer), "worker");
+    }
+
+    /// A coordinator certificate (self-signed) and the acceptor of the port.
+    fn acceptor() -> tokio_rustls::TlsAcceptor {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("cert");
+        let tls = ServerTls {
+            cert_pem: cert.cert.pem().into_bytes(),
+            key_pem: cert.signing_key.serialize_pem().into_bytes(),
+            client_ca_pem: None,
+        };
+        tokio_rustls::TlsAcceptor::from(server_config(&tls).expect("config"))
+    }
+
+    /// The outcome of the handshake of a client that sends `sent` (and closes when it is
+    /// `None`), and what the client read back.
+    async fn outcome_of(sent: Option<&'static [u8]>) -> (&'static str, Vec<u8>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = tokio::spawn(async move {
+            let mut tcp = TcpStream::connect(addr).await.expect("connect");
+            let mut answer = Vec::new();
+            if let Some(bytes) = sent {
+                tcp.write_all(bytes).await.expect("write");
+                let _ = tcp.read_to_end(&mut answer).await;
+            }
+            answer
+        });
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let acceptor = acceptor();
+        let handshake = tokio::time::timeout(Duration::from_secs(5), handshake(tcp, &acceptor));
+        let outcome = match handshake.await.expect("a handshake's end within 5 s") {
+            Handshake::Done(_) => "done",
+            Handshake::Refused(Refusal::PlainTextOnTls, _) => "plain text",
+            Handshake::Refused(..) => "refused",
+            Handshake::PlainHttp2(tcp) => {
+                answer_plain_http2(tcp).await;
+                "plain HTTP/2"
+            }
+            Handshake::Silent => "silent",
+        };
+        (outcome, client.await.expect("client"))
+    }
+
+    #[tokio::test]
+    async fn probes_are_silent_and_plain_text_is_told_the_port_speaks_tls() {
+        assert_eq!(outcome_of(None).await, ("silent", Vec::new()));
+        // The preface and a request's HEADERS (empty, on stream 1).
+        let request = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x01\x04\0\0\0\x01";
+        let (outcome, answer) = outcome_of(Some(request)).await;
+        assert_eq!((outcome, answer), ("plain HTTP/2", goaway_frames()));
+        let (outcome, _) = outcome_of(Some(b"GET / HTTP/1.1\r\n\r\n")).await;
+        assert_eq!(outcome, "plain text");
+        // A TLS record holding an empty ClientHello: rustls refuses it.
+        let (outcome, _) = outcome_of(Some(&[0x16, 3, 3, 0, 4, 1, 0, 0, 0])).await;
+        assert_eq!(outcome, "refused");
+    }
+
+    #[test]
+    fn a_request_is_seen_after_the_preface_and_other_frames() {
+        let mut bytes = HTTP2_PREFACE.to_vec();
+        assert!(!holds_request(&bytes));
+        // SETTINGS with one setting, then WINDOW_UPDATE: no request yet.
+        bytes.extend_from_slice(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100]);
+        bytes.extend_from_slice(&[0, 0, 4, 8, 0, 0, 0, 0, 0, 0, 1, 0, 0]);
+        assert!(!holds_request(&bytes));
+        // A HEADERS frame's header on stream 1 (its payload need not have come).
+        bytes.extend_from_slice(&[0, 0, 40, 1, 4, 0, 0, 0, 1]);
+        assert!(holds_request(&bytes));
+        assert!(!holds_request(&bytes[..bytes.len() - 1]));
+        // A payload's bytes that look like a HEADERS type are skipped.
+        let mut tricky = HTTP2_PREFACE.to_vec();
+        tricky.extend_from_slice(&[0, 0, 9, 4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
+        assert!(!holds_request(&tricky));
     }
 
     #[test]
