@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::Args;
 use pipewise_proto::auth::BearerToken;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
+use pipewise_worker::net::tls_cause;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -83,7 +84,10 @@ pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobClient> {
     let mut said = false;
     loop {
         let attempt = match tokio::time::timeout(CONNECT_TIMEOUT, channel.connect()).await {
-            Ok(connected) => connected.map_err(anyhow::Error::new),
+            Ok(connected) => connected.map_err(|e| match tls_cause(&e) {
+                Some(cause) => anyhow::Error::new(e).context(cause.explain("the coordinator")),
+                None => anyhow::Error::new(e),
+            }),
             Err(_) => Err(anyhow::anyhow!(
                 "no answer within {} s",
                 CONNECT_TIMEOUT.as_secs()
@@ -114,10 +118,13 @@ pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobClient> {
     }
 }
 
-/// A refused request as an error; an unreachable coordinator says so.
+/// A refused request as an error; an unreachable coordinator says so, and a TLS failure
+/// (which tonic reports as a transport error of any code) names its cause.
 pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {
     let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
-    if s.code() == tonic::Code::Unavailable {
+    if let Some(cause) = tls_cause(&s) {
+        e.context(cause.explain("the coordinator"))
+    } else if s.code() == tonic::Code::Unavailable {
         e.context("the coordinator went away or stopped answering")
     } else {
         e

@@ -96,22 +96,27 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
         (path(&dir, "submitter.token"), path(&dir, "worker.token"));
     let ca = path(&certs, "ca.pem");
 
-    let mut cmd = pipewise();
-    cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(["--tls-cert", &path(&certs, "coordinator.pem")])
-        .args(["--tls-key", &path(&certs, "coordinator.key")])
-        .args(["--tls-client-ca", &ca])
-        .args(["--submitter-token-file", &submitter_token])
-        .args(["--worker-token-file", &worker_token]);
-    let (coordinator, line) = spawn_with_line(cmd, &dir.join("coordinator.log"));
+    let coordinator = |port: u16| {
+        let mut cmd = pipewise();
+        cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+            .args(["--tls-cert", &path(&certs, "coordinator.pem")])
+            .args(["--tls-key", &path(&certs, "coordinator.key")])
+            .args(["--tls-client-ca", &ca])
+            .args(["--submitter-token-file", &submitter_token])
+            .args(["--worker-token-file", &worker_token]);
+        cmd
+    };
+    let (coordinator, line, metrics) =
+        spawn_on_free_port(coordinator, &dir.join("coordinator.log"));
     let addr = line.split_whitespace().nth(3).unwrap().to_string();
     let mut cluster = Cluster {
         children: vec![coordinator],
         url: format!("https://{addr}"),
         data: dir.join("data"),
         workers: Default::default(),
-        metrics: [0, 0],
+        metrics: [metrics, 0],
         worker_data: Vec::new(),
     };
     let worker_tls = |certs: &Path| {
@@ -179,11 +184,13 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
         err.contains("Unauthenticated") && err.contains("needs a token"),
         "{err}"
     );
-    // A wrong token: Unauthenticated too.
-    std::fs::write(dir.join("guess.token"), "guess\n").unwrap();
+    // A wrong token: Unauthenticated too (twice: logged once, counted twice).
+    std::fs::write(dir.join("guess.token"), "guess-0b9e4d\n").unwrap();
     let guess = path(&dir, "guess.token");
-    let err = common::fails(&[&["status"][..], &secured(&cluster.url, &ca, &guess)].concat());
-    assert!(err.contains("Unauthenticated"), "{err}");
+    for _ in 0..2 {
+        let err = common::fails(&[&["status"][..], &secured(&cluster.url, &ca, &guess)].concat());
+        assert!(err.contains("Unauthenticated"), "{err}");
+    }
     // The worker token on SubmitJob: PermissionDenied.
     let submit = ["submit", file.to_str().unwrap()];
     let err = common::fails(&[&submit[..], &secured(&cluster.url, &ca, &worker_token)].concat());
@@ -192,18 +199,23 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
             && err.contains("the worker token may not call the submitter API"),
         "{err}"
     );
-    // Plain text to the TLS port fails (with the right token).
-    let err = common::fails(&[
-        "status",
-        "--coordinator",
-        &format!("http://{addr}"),
-        "--token-file",
-        &submitter_token,
-    ]);
-    assert!(
-        !err.contains("Unauthenticated") && !err.contains("succeeded"),
-        "{err}"
-    );
+    // Plain text to the TLS port (with the right token), twice: the client is told the
+    // port speaks TLS.
+    for _ in 0..2 {
+        let err = common::fails(&[
+            "status",
+            "--coordinator",
+            &format!("http://{addr}"),
+            "--token-file",
+            &submitter_token,
+        ]);
+        assert!(
+            err.contains(
+                "the coordinator speaks TLS on this port but this side dialled plain text"
+            ) && !err.contains("Unauthenticated"),
+            "{err}"
+        );
+    }
     // The right token over TLS: the job is listed.
     let listed = common::ok(
         &[
@@ -219,8 +231,56 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
     let rogue_log = std::fs::read_to_string(dir.join("rogue.log")).unwrap();
     assert!(exit.is_some_and(|s| !s.success()), "{exit:?}: {rogue_log}");
     assert!(!rogue_log.contains("registered"), "{rogue_log}");
+    assert!(
+        rogue_log.contains("the coordinator refused this side's client certificate"),
+        "{rogue_log}"
+    );
     let coordinator_log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
     assert!(!coordinator_log.contains("zz-rogue"), "{coordinator_log}");
+
+    // Each refusal is counted, and logged at warn once per peer and reason (the handshakes'
+    // are recorded after the client has its answer: wait for them).
+    let expected = [
+        ("no_token", 1.0),
+        ("bad_token", 2.0),
+        ("wrong_role", 1.0),
+        ("plain_text_on_tls", 2.0),
+        ("unknown_issuer", 1.0),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let counted = loop {
+        let counted = expected.map(|(reason, _)| (reason, refusals_counted(metrics, reason)));
+        let all_in = counted.iter().zip(&expected).all(|(c, e)| c.1 >= e.1);
+        if all_in || Instant::now() > deadline {
+            break counted;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // A CLI command's channel dials again after the GOAWAY, and the rogue worker's may
+    // too: at least those for the handshakes, exactly those for the calls.
+    assert_eq!(counted[..3], expected[..3]);
+    assert!(counted[3].1 >= 2.0 && counted[4].1 >= 1.0, "{counted:?}");
+    let coordinator_log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
+    for (reason, role) in [
+        ("no_token", "submitter"),
+        ("bad_token", "submitter"),
+        ("wrong_role", "submitter"),
+        ("plain_text_on_tls", "unknown"),
+        ("unknown_issuer", "worker"),
+    ] {
+        let lines: Vec<&str> = coordinator_log
+            .lines()
+            .filter(|l| l.contains("refused a caller") && l.contains(&format!("reason={reason} ")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{reason}: {coordinator_log}");
+        assert!(
+            lines[0].contains("WARN")
+                && lines[0].contains(&format!("role={role} "))
+                && lines[0].contains("peer=127.0.0.1:"),
+            "{}",
+            lines[0]
+        );
+    }
 
     // Peers: a frame from a client without a certificate, or with one from another CA,
     // does not get through the handshake; one with a valid certificate reaches the
@@ -251,9 +311,19 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
         coordinator_log.contains("coordinator security: TLS"),
         "{coordinator_log}"
     );
-    for token in ["submit-8f3a1c", "worker-51d0e7"] {
+    for token in ["submit-8f3a1c", "worker-51d0e7", "guess-0b9e4d"] {
         assert!(!coordinator_log.contains(token), "{coordinator_log}");
     }
+}
+
+/// `pipewise_auth_refused_total{reason=…}` on the metrics at `port`.
+fn refusals_counted(port: u16, reason: &str) -> f64 {
+    let (_, text) = common::http_get(port, "/metrics").unwrap();
+    let key = format!("pipewise_auth_refused_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
 }
 
 /// Submits `BURST` three-step emulated 3-worker jobs at once with the client flags `flags`,

@@ -28,6 +28,9 @@
 //! - [`traces`]: the recent steps' executed timelines and their rendering next to the plan.
 //! - [`security`]: TLS on the port, tokens with roles checked per service, and the
 //!   per-run secrets of activation frames.
+//! - [`audit`]: refused callers (tokens, client certificates, TLS handshakes) counted and
+//!   logged, at most once a minute per peer and reason.
+//! - `tls_accept`: the port's TLS handshakes, done here so that failed ones are seen.
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
 //!   `tonic::Status`.
 //! - [`error`]: the crate's one error type.
@@ -35,6 +38,7 @@
 //! [`Coordinator::start`] wires them together and serves gRPC (with health and reflection);
 //! [`Coordinator::start_cluster`] does the same with jobs run by worker processes.
 
+pub mod audit;
 pub mod checkpoints;
 pub mod driver;
 pub mod error;
@@ -50,6 +54,7 @@ pub mod security;
 pub mod service;
 pub mod step_event;
 pub mod store;
+mod tls_accept;
 pub mod traces;
 
 use std::net::SocketAddr;
@@ -151,6 +156,7 @@ impl Coordinator {
         runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Runner>,
     ) -> Result<Coordinator> {
         metrics::describe();
+        metrics::describe_refusals(audit::Refusal::ALL.map(audit::Refusal::label));
         let store = JobStore::open(data_dir)?;
         let (planner, planner_handle) = Actor::spawn(None, Planner, PlannerArgs::default())
             .await
@@ -188,12 +194,12 @@ impl Coordinator {
         let reflection = pipewise_proto::reflection_service()
             .map_err(|e| CoordinatorError::Actor(format!("reflection: {e}")))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &security.tls {
-            builder = builder
-                .tls_config(tls.config())
-                .map_err(|e| CoordinatorError::Tls(with_causes(&e)))?;
-        }
+        let tls = security
+            .tls
+            .as_ref()
+            .map(tls_accept::server_config)
+            .transpose()?;
+        let audit = Arc::new(audit::Audit::default());
         // With tokens, frames among a run's workers carry a secret of the run, so a process
         // that reaches a worker's port but holds no assignment cannot inject any.
         let run_secrets = match security.tokens.worker {
@@ -206,25 +212,34 @@ impl Coordinator {
         })
         // Step reports carry every span of a worker's step (see `traces`).
         .max_decoding_message_size(64 << 20);
-        let router = builder
+        let router = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)
             .add_service(InterceptedService::new(
                 JobServiceServer::new(service::Jobs {
                     manager: jobs.clone(),
                 }),
-                security.guard(Role::Submitter),
+                security.guard(Role::Submitter, &audit),
             ))
             .add_service(InterceptedService::new(
                 cluster,
-                security.guard(Role::Worker),
+                security.guard(Role::Worker, &audit),
             ));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let server = tokio::spawn(async move {
             let stop = async {
                 let _ = rx.await;
             };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+            let served = match tls {
+                Some(config) => {
+                    let incoming = tls_accept::incoming(listener, config, audit);
+                    router.serve_with_incoming_shutdown(incoming, stop).await
+                }
+                None => {
+                    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    router.serve_with_incoming_shutdown(incoming, stop).await
+                }
+            };
+            if let Err(e) = served {
                 tracing::error!("coordinator server: {e}");
             }
         });
@@ -266,15 +281,4 @@ impl Coordinator {
             self.server.abort();
         }
     }
-}
-
-/// An error and its causes, `: `-separated (tonic's TLS errors say little on their own).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text = format!("{text}: {c}");
-        cause = c.source();
-    }
-    text
 }

@@ -16,6 +16,7 @@
 //! | `pipewise_heartbeat_age_seconds` | gauge | `worker` |
 //! | `pipewise_jobs` | gauge | `state` |
 //! | `pipewise_replans_total` | counter | `reason` |
+//! | `pipewise_auth_refused_total` | counter | `reason` (see [`crate::audit::Refusal`]) |
 //!
 //! The binary drops gauge series nobody has set for a while (`--metrics-expiry`): a
 //! finished job's, a forgotten worker's, a worker index past the running job's. So every
@@ -101,6 +102,23 @@ pub fn describe() {
     }
     gauge!("pipewise_workers_up").set(0.0);
     record_workers(0, 0);
+}
+
+/// Describes `pipewise_auth_refused_total` and zeroes it for each of `reasons` (the
+/// audit's labels, given by the caller so this file needs not know them).
+pub fn describe_refusals(reasons: impl IntoIterator<Item = &'static str>) {
+    describe_counter!(
+        "pipewise_auth_refused_total",
+        "Callers turned away at the coordinator's port, by reason: a missing, unknown or other role's token, a missing or refused client certificate, or a failed TLS handshake"
+    );
+    for reason in reasons {
+        counter!("pipewise_auth_refused_total", "reason" => reason).absolute(0);
+    }
+}
+
+/// Counts one refused caller; `reason` is a refusal's label.
+pub fn record_refusal(reason: &'static str) {
+    counter!("pipewise_auth_refused_total", "reason" => reason).increment(1);
 }
 
 /// Counts one re-plan of a running job; `reason` is a [`Reason`]'s label.

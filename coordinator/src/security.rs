@@ -9,7 +9,8 @@
 //! `client_ca`, a worker must present a certificate that CA signed (a certificate from
 //! another CA fails the TLS handshake; none at all is `Unauthenticated` on the cluster
 //! API), while clients of the job API need none. Health and reflection stay open (probes).
-//! Tokens are compared in fixed time and never logged.
+//! Tokens are compared in fixed time and never logged. Every refusal goes to the
+//! [`crate::audit`] trail (the handshakes' from [`crate::tls_accept`]).
 
 use std::sync::Arc;
 
@@ -17,8 +18,8 @@ use pipewise_proto::auth::{bearer_of, same_secret};
 use ring::hmac;
 use tonic::metadata::MetadataMap;
 use tonic::service::Interceptor;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::audit::{Audit, Refusal};
 use crate::error::{CoordinatorError, Result};
 
 /// The coordinator's TLS: its certificate and key, and the CA that signs workers'
@@ -31,21 +32,6 @@ pub struct ServerTls {
     pub key_pem: Vec<u8>,
     /// When set, workers must present a certificate this CA signed.
     pub client_ca_pem: Option<Vec<u8>>,
-}
-
-impl ServerTls {
-    pub(crate) fn config(&self) -> ServerTlsConfig {
-        let config =
-            ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem));
-        match &self.client_ca_pem {
-            // Optional at the handshake (job clients have none), required by the cluster
-            // API's guard; a certificate that is presented is always checked.
-            Some(ca) => config
-                .client_ca_root(Certificate::from_pem(ca))
-                .client_auth_optional(true),
-            None => config,
-        }
-    }
 }
 
 /// The tokens of the two roles (a token file's first line, trimmed); `None`: that API is
@@ -100,9 +86,10 @@ impl Security {
         )
     }
 
-    pub(crate) fn guard(&self, role: Role) -> Guard {
+    pub(crate) fn guard(&self, role: Role, audit: &Arc<Audit>) -> Guard {
         Guard {
             tokens: Arc::new(self.tokens.clone()),
+            audit: Arc::clone(audit),
             role,
             client_certificate: role == Role::Worker
                 && self.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some()),
@@ -120,7 +107,8 @@ pub enum Role {
 }
 
 impl Role {
-    fn name(self) -> &'static str {
+    /// The role's name in messages and the audit log.
+    pub fn name(self) -> &'static str {
         match self {
             Role::Submitter => "submitter",
             Role::Worker => "worker",
@@ -132,6 +120,7 @@ impl Role {
 #[derive(Clone)]
 pub struct Guard {
     tokens: Arc<Tokens>,
+    audit: Arc<Audit>,
     role: Role,
     client_certificate: bool,
 }
@@ -140,47 +129,64 @@ impl Guard {
     /// Whether a call with `metadata`, from a peer that presented a certificate or not, may
     /// go on.
     pub fn check(&self, metadata: &MetadataMap, certified: bool) -> Result<()> {
+        match self.refusal(metadata, certified) {
+            None => Ok(()),
+            Some(refusal) => Err(self.error(refusal)),
+        }
+    }
+
+    /// Why a call is refused, if it is.
+    fn refusal(&self, metadata: &MetadataMap, certified: bool) -> Option<Refusal> {
         if self.client_certificate && !certified {
-            return Err(CoordinatorError::Unauthenticated(
-                "the cluster API needs a client certificate signed by the coordinator's \
-                 --tls-client-ca (give the worker --tls-cert and --tls-key)"
-                    .into(),
-            ));
+            return Some(Refusal::NoClientCertificate);
         }
         let (mine, other) = match self.role {
             Role::Submitter => (&self.tokens.submitter, &self.tokens.worker),
             Role::Worker => (&self.tokens.worker, &self.tokens.submitter),
         };
-        let Some(expected) = mine else {
-            return Ok(());
-        };
+        let expected = mine.as_ref()?;
         let Some(given) = bearer_of(metadata) else {
-            return Err(CoordinatorError::Unauthenticated(format!(
-                "the {} API needs a token (--token-file or PIPEWISE_TOKEN)",
-                self.role.name()
-            )));
+            return Some(Refusal::NoToken);
         };
         if same_secret(expected.as_bytes(), given) {
-            return Ok(());
+            return None;
         }
         if other
             .as_ref()
             .is_some_and(|t| same_secret(t.as_bytes(), given))
         {
-            let other_role = match self.role {
-                Role::Submitter => Role::Worker,
-                Role::Worker => Role::Submitter,
-            };
-            return Err(CoordinatorError::PermissionDenied(format!(
-                "the {} token may not call the {} API",
-                other_role.name(),
-                self.role.name()
-            )));
+            return Some(Refusal::WrongRole);
         }
-        Err(CoordinatorError::Unauthenticated(format!(
-            "the token is not valid for the {} API",
-            self.role.name()
-        )))
+        Some(Refusal::BadToken)
+    }
+
+    /// What the caller is told (no token in it: it is logged too).
+    fn error(&self, refusal: Refusal) -> CoordinatorError {
+        let role = self.role.name();
+        match refusal {
+            Refusal::NoClientCertificate => CoordinatorError::Unauthenticated(
+                "the cluster API needs a client certificate signed by the coordinator's \
+                 --tls-client-ca (give the worker --tls-cert and --tls-key)"
+                    .into(),
+            ),
+            Refusal::NoToken => CoordinatorError::Unauthenticated(format!(
+                "the {role} API needs a token (--token-file or PIPEWISE_TOKEN)"
+            )),
+            Refusal::WrongRole => {
+                let other_role = match self.role {
+                    Role::Submitter => Role::Worker,
+                    Role::Worker => Role::Submitter,
+                };
+                CoordinatorError::PermissionDenied(format!(
+                    "the {} token may not call the {role} API",
+                    other_role.name()
+                ))
+            }
+            // The handshake's refusals never reach a guard.
+            _ => CoordinatorError::Unauthenticated(format!(
+                "the token is not valid for the {role} API"
+            )),
+        }
     }
 }
 
@@ -190,8 +196,19 @@ impl Interceptor for Guard {
         request: tonic::Request<()>,
     ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
         let certified = request.peer_certs().is_some_and(|c| !c.is_empty());
-        self.check(request.metadata(), certified)?;
-        Ok(request)
+        match self.refusal(request.metadata(), certified) {
+            None => Ok(request),
+            Some(refusal) => {
+                let error = self.error(refusal);
+                self.audit.refused(
+                    self.role.name(),
+                    request.remote_addr(),
+                    refusal,
+                    &error.to_string(),
+                );
+                Err(error.into())
+            }
+        }
     }
 }
 
@@ -244,8 +261,9 @@ mod tests {
                 worker: Some("work-token".into()),
             },
         };
-        let jobs = security.guard(Role::Submitter);
-        let cluster = security.guard(Role::Worker);
+        let audit = Arc::new(Audit::default());
+        let jobs = security.guard(Role::Submitter, &audit);
+        let cluster = security.guard(Role::Worker, &audit);
         use tonic::Code::{PermissionDenied, Unauthenticated};
         assert_eq!(code(jobs.check(&metadata(Some("sub-token")), false)), None);
         assert_eq!(
@@ -275,13 +293,17 @@ mod tests {
     #[test]
     fn an_open_coordinator_checks_nothing_and_says_so() {
         let open = Security::default();
+        let audit = Arc::new(Audit::default());
         assert!(open.is_open());
         assert_eq!(
             open.describe(),
             "no TLS; submitter API open; worker API open"
         );
         assert_eq!(
-            code(open.guard(Role::Worker).check(&metadata(None), false)),
+            code(
+                open.guard(Role::Worker, &audit)
+                    .check(&metadata(None), false)
+            ),
             None
         );
     }
@@ -297,13 +319,17 @@ mod tests {
             tokens: Tokens::default(),
         };
         let none = metadata(None);
+        let audit = Arc::new(Audit::default());
         assert_eq!(
-            code(security.guard(Role::Worker).check(&none, false)),
+            code(security.guard(Role::Worker, &audit).check(&none, false)),
             Some(tonic::Code::Unauthenticated)
         );
-        assert_eq!(code(security.guard(Role::Worker).check(&none, true)), None);
         assert_eq!(
-            code(security.guard(Role::Submitter).check(&none, false)),
+            code(security.guard(Role::Worker, &audit).check(&none, true)),
+            None
+        );
+        assert_eq!(
+            code(security.guard(Role::Submitter, &audit).check(&none, false)),
             None
         );
     }

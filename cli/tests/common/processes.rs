@@ -79,7 +79,10 @@ fn try_spawn_with_line(mut cmd: Command, log: &Path) -> Option<(Child, String)> 
 
 /// Starts the command `make(port)` builds for a free port, with another port while the one
 /// picked turns out taken; the process, its first line and the port.
-fn spawn_on_free_port(make: impl Fn(u16) -> Command, log: &Path) -> (Child, String, u16) {
+pub(crate) fn spawn_on_free_port(
+    make: impl Fn(u16) -> Command,
+    log: &Path,
+) -> (Child, String, u16) {
     for _ in 0..5 {
         let port = super::free_port();
         if let Some((child, line)) = try_spawn_with_line(make(port), log) {

@@ -44,6 +44,7 @@ mod run_name;
 mod secret;
 mod server;
 mod tls;
+mod tls_cause;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -60,6 +61,7 @@ pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
 pub use run_name::RunName;
 pub use tls::{Dial, TlsSettings, endpoint};
+pub use tls_cause::{TlsCause, tls_cause, with_tls_cause};
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};

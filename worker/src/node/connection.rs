@@ -16,6 +16,12 @@ use tonic::transport::Channel;
 
 use super::shared::Shared;
 use crate::error::{Error, Result, with_causes};
+use crate::net::with_tls_cause;
+
+/// A failed connection's causes, the TLS one first when there is one.
+fn explained(e: &tonic::transport::Error) -> String {
+    with_tls_cause(e, "the coordinator", with_causes(e))
+}
 
 /// Whether a repeated warning is due: the first time, then at most once every 10 s.
 #[derive(Debug, Default)]
@@ -61,7 +67,7 @@ pub(crate) async fn connect(
                 return Err(Error::Coordinator(format!(
                     "cannot reach {url} within {:.0} s: {}",
                     within.as_secs_f64(),
-                    with_causes(&e)
+                    explained(&e)
                 )));
             }
             Err(e) => {
@@ -69,7 +75,7 @@ pub(crate) async fn connect(
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     tracing::warn!(
                         coordinator = url,
-                        error = %with_causes(&e),
+                        error = %explained(&e),
                         left_s = left.as_secs(),
                         "cannot reach the coordinator yet; retrying"
                     );
@@ -142,6 +148,7 @@ impl Connection {
                 if let Some(cause) = std::error::Error::source(&s) {
                     what = format!("{what}: {}", with_causes(cause));
                 }
+                let what = with_tls_cause(&s, "the coordinator", what);
                 match s.code() {
                     tonic::Code::AlreadyExists
                     | tonic::Code::InvalidArgument
@@ -301,7 +308,11 @@ impl Actor for Connection {
                             tracing::warn!(
                                 worker = %state.args.id,
                                 "heartbeat failed (said again at most every 10 s): {}",
-                                status.message()
+                                with_tls_cause(
+                                    &status,
+                                    "the coordinator",
+                                    status.message().to_string()
+                                )
                             );
                         } else {
                             tracing::debug!(worker = %state.args.id, "heartbeat: {}", status.message());
