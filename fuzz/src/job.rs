@@ -206,7 +206,7 @@ fn plan_within(spec: &JobSpec, deadline: Duration) -> pipewise_common::Result<Jo
 }
 
 /// Whether `field` is a job file's `section.key`.
-fn names_a_field(field: &str) -> bool {
+pub fn names_a_field(field: &str) -> bool {
     field
         .split_once('.')
         .is_some_and(|(section, key)| SECTIONS.contains(&section) && !key.is_empty())
