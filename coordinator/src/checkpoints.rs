@@ -296,6 +296,18 @@ pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
                 format!("{} is a directory; give a text file", path.display()),
             ));
         }
+        // Creating the job's folder there would make the data a directory (or fail).
+        if folder.starts_with(&path) {
+            return Err(invalid(
+                "data.path",
+                format!(
+                    "{} is where checkpoint.folder puts the job's folders ({}); give the \
+                     data its own file",
+                    path.display(),
+                    folder.display()
+                ),
+            ));
+        }
     }
     Ok(())
 }
@@ -449,7 +461,7 @@ mod tests {
         touch(&root.join(crate::store::STORE_FILE));
         std::fs::create_dir_all(root.join("corpora")).unwrap();
         type Edit = fn(&mut JobSpec);
-        let cases: [(&str, Edit, &str); 5] = [
+        let cases: [(&str, Edit, &str); 6] = [
             (
                 "checkpoint.folder",
                 |s| s.checkpoint.folder = "plain-file/runs".into(),
@@ -474,6 +486,14 @@ mod tests {
                 "data.path",
                 |s| s.data.path = Some("corpora".into()),
                 "is a directory",
+            ),
+            (
+                "data.path",
+                |s| {
+                    s.checkpoint.folder = "x".into();
+                    s.data.path = Some("x".into());
+                },
+                "is where checkpoint.folder puts",
             ),
         ];
         for (field, edit, says) in cases {

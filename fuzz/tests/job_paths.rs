@@ -356,16 +356,9 @@ fn confined(c: &Cluster, spec: &JobSpec, id: u64) -> std::result::Result<&'stati
     if !data.is_dir() {
         return Ok("started");
     }
-    // Not a directory at submit (checked there), made one by the job's own folder.
-    let made_by_the_folder = match (output.canonicalize(), data.canonicalize()) {
-        (Ok(output), Ok(data)) => output.starts_with(data),
-        _ => false,
-    };
-    if made_by_the_folder {
-        Ok("started, data.path the job's own folder")
-    } else {
-        Err(format!("job {id}'s data {} is a directory", data.display()).into())
-    }
+    // Not a directory at submit (checked there, as is a data path the job's own folder
+    // would be made at or over): nothing may have made it one.
+    Err(format!("job {id}'s data {} is a directory", data.display()).into())
 }
 
 /// A failed job's outcome: its error names a field and no panic.
