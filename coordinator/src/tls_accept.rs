@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{self, AlertDescription, CertificateError, RootCertStore, ServerConfig};
+use tokio_rustls::rustls::{self, CertificateError, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -171,16 +171,11 @@ pub(crate) fn classify(tls: Option<&rustls::Error>, e: &io::Error) -> (Refusal, 
         )) => Refusal::UnknownIssuer,
         Some(rustls::Error::InvalidCertificate(_)) => Refusal::BadClientCertificate,
         Some(rustls::Error::NoCertificatesPresented) => Refusal::NoClientCertificate,
-        Some(rustls::Error::AlertReceived(
-            AlertDescription::BadCertificate
-            | AlertDescription::UnknownCA
-            | AlertDescription::DecryptError
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::CertificateExpired
-            | AlertDescription::CertificateRevoked
-            | AlertDescription::AccessDenied,
-        )) => Refusal::ServerCertificateRefused,
+        Some(rustls::Error::AlertReceived(alert))
+            if pipewise_proto::auth::refuses_certificate(*alert) =>
+        {
+            Refusal::ServerCertificateRefused
+        }
         _ => Refusal::TlsHandshake,
     };
     let detail = match reason {

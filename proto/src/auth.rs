@@ -85,6 +85,24 @@ pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Whether a TLS alert says the peer refused this side's certificate (not signed by a CA it
+/// trusts, expired, revoked, not for this use, or not allowed in): the coordinator counts a
+/// client's such alert as its own certificate refused, and a client reports the server's.
+pub fn refuses_certificate(alert: tokio_rustls::rustls::AlertDescription) -> bool {
+    use tokio_rustls::rustls::AlertDescription as A;
+    matches!(
+        alert,
+        A::BadCertificate
+            | A::UnknownCA
+            | A::DecryptError
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::AccessDenied
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

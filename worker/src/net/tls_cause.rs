@@ -119,14 +119,7 @@ fn of_rustls(e: &rustls::Error) -> Option<TlsCause> {
 fn of_alert(alert: AlertDescription) -> Option<TlsCause> {
     match alert {
         AlertDescription::CertificateRequired => Some(TlsCause::CertificateRequired),
-        AlertDescription::BadCertificate
-        | AlertDescription::UnknownCA
-        | AlertDescription::DecryptError
-        | AlertDescription::CertificateUnknown
-        | AlertDescription::UnsupportedCertificate
-        | AlertDescription::CertificateExpired
-        | AlertDescription::CertificateRevoked
-        | AlertDescription::AccessDenied => Some(TlsCause::CertificateRefused),
+        a if pipewise_proto::auth::refuses_certificate(a) => Some(TlsCause::CertificateRefused),
         _ => None,
     }
 }

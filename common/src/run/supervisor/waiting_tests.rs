@@ -33,18 +33,25 @@ fn alone_after_a_loss() -> (JobSpec, Vec<Worker>, Supervisor) {
 /// worker 1: the supervisor, waiting for the checkpoint listing.
 fn growing_back() -> (JobSpec, Vec<Worker>, Supervisor) {
     let (spec, ws, mut s) = alone_after_a_loss();
+    stopped_to_grow(&mut s, &ws[..1], &[worker(1)]);
+    (spec, ws, s)
+}
+
+/// `joining` register and open their streams while run 1 runs on `alone`: the run stops
+/// to grow onto them, and once its worker reported the run done (which says it left the
+/// run: no heartbeat is waited for) the supervisor reads the checkpoints.
+fn stopped_to_grow(s: &mut Supervisor, alone: &[Worker], joining: &[Worker]) {
     let r1 = RunId::new(JOB, 1);
-    let alone = &ws[..1];
-    s.feed(500, Input::Registered(worker(1)));
-    s.feed(600, Input::StreamOpened("w1".into()));
+    for w in joining {
+        assert_eq!(s.feed(500, Input::Registered(w.clone())), []);
+        assert_eq!(s.feed(600, Input::StreamOpened(w.id.clone())), []);
+    }
     assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
-    s.feed(1_700, heartbeat(&ws[0], r1));
-    // Its done report says it left the run: no heartbeat is waited for.
+    assert_eq!(s.feed(1_700, heartbeat(&alone[0], r1)), []);
     assert_eq!(
         s.feed(1_800, done(alone, 0)),
         [Action::Detach(r1), Action::ReadCheckpoints]
     );
-    (spec, ws, s)
 }
 
 /// The grow's actions on the listing of steps 1 and 2.
@@ -126,7 +133,6 @@ fn a_worker_lost_while_a_regrown_job_waits() {
 #[test]
 fn a_worker_joining_while_a_checkpoint_is_written() {
     let (spec, ws, mut s) = alone_after_a_loss();
-    let r1 = RunId::new(JOB, 1);
     let alone = &ws[..1];
     // The lost worker's pod comes back under its id.
     let back = Worker {
@@ -134,14 +140,7 @@ fn a_worker_joining_while_a_checkpoint_is_written() {
         address: "10.0.0.9:7000".into(),
         ..worker(1)
     };
-    assert_eq!(s.feed(500, Input::Registered(back.clone())), []);
-    assert_eq!(s.feed(600, Input::StreamOpened("w1".into())), []);
-    assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
-    assert_eq!(s.feed(1_700, heartbeat(&ws[0], r1)), []);
-    assert_eq!(
-        s.feed(1_800, done(alone, 0)),
-        [Action::Detach(r1), Action::ReadCheckpoints]
-    );
+    stopped_to_grow(&mut s, alone, std::slice::from_ref(&back));
     let two = replan(&spec, 2).unwrap();
     let r2 = RunId::new(JOB, 2);
     let both = [ws[0].clone(), back];
@@ -171,19 +170,8 @@ fn a_worker_joining_while_a_checkpoint_is_written() {
 #[test]
 fn a_holder_lost_before_the_next_run_falls_back_to_the_checkpoint() {
     let (spec, ws, mut s) = alone_after_a_loss();
-    let r1 = RunId::new(JOB, 1);
-    let alone = &ws[..1];
     let more = workers(3);
-    for w in &more[1..] {
-        s.feed(500, Input::Registered(w.clone()));
-        s.feed(600, Input::StreamOpened(w.id.clone()));
-    }
-    assert_eq!(s.feed(1_600, Input::Tick), [Action::Stop(r1)]);
-    s.feed(1_700, heartbeat(&ws[0], r1));
-    assert_eq!(
-        s.feed(1_800, done(alone, 0)),
-        [Action::Detach(r1), Action::ReadCheckpoints]
-    );
+    stopped_to_grow(&mut s, &ws[..1], &more[1..]);
     assert_eq!(s.feed(2_000, Input::Lost("w0".into())), []);
     let two = replan(&spec, 2).unwrap();
     let r2 = RunId::new(JOB, 2);
