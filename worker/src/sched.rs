@@ -12,8 +12,8 @@
 //!
 //! Emulate bench, V-Half, d = 8, n = 64 over gRPC, alternating runs in one sitting: the
 //! critical path's time in `send` fell from 18–28 ms to about 2 ms a step, and measured −
-//! planned bubble from +2.9–3.8 to +2.2–2.7 points (see `docs/status.md` for the figures
-//! of record).
+//! planned bubble from +2.9–3.8 to +2.2–2.7 points (the measurements:
+//! `docs/experiments/status-history.md`).
 //!
 //! [`async_runtime`] builds the runtime the `pipewise` binary, [`crate::net::GrpcTransport`]
 //! and the benches use. `PIPEWISE_SCHED=default` keeps the runtime's threads as normal
