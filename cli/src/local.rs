@@ -38,6 +38,7 @@ use crate::runtime::{available_cores, runtime};
 use crate::schedule_name::check_job_schedule;
 use summary::{StepSummary, Steps};
 
+mod job_file;
 mod summary;
 use crate::trace::write_trace;
 use crate::values::parse_dtype;
@@ -64,6 +65,10 @@ pub(crate) enum ModelPreset {
 /// `pipewise local` arguments.
 #[derive(Debug, Args)]
 pub(crate) struct LocalArgs {
+    /// A job file (TOML, as `submit` takes), run here; the flags given override its fields.
+    /// Without one, the job the flags describe.
+    #[arg(value_name = "JOB.toml")]
+    pub(crate) job: Option<PathBuf>,
     /// Workers (pipeline ranks), each with its own thread and stages.
     #[arg(long, short = 'd', default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -190,16 +195,27 @@ fn job_spec(args: &LocalArgs) -> JobSpec {
     spec
 }
 
-/// Runs `pipewise local`.
-pub(crate) fn run(args: &LocalArgs) -> Result<()> {
+/// Runs `pipewise local`; `given(id)` says whether the flag of field `id` of [`LocalArgs`]
+/// was given on the command line (not left at its default).
+pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> {
     init_logs_at(args.log_format, "warn");
-    check_job_schedule("--schedule", &args.schedule)?;
-    let mut spec = job_spec(args);
+    let mut spec = job_file::local_job(args, given)?;
+    let schedule_from_flag = args.job.is_none() || given("schedule");
+    if schedule_from_flag {
+        check_job_schedule("--schedule", &spec.parallelism.pipeline_parallel_schedule)?;
+    }
     let plan = spec
         .validate()
-        .map_err(named_as_flag)
+        .map_err(|e| {
+            if schedule_from_flag {
+                named_as_flag(e)
+            } else {
+                anyhow::anyhow!("{e}")
+            }
+        })
         .context("invalid local job")?;
-    if let Some(path) = &args.data {
+    let data = job_file::local_data(args, &spec);
+    if let Some(path) = &data {
         // Refuse an unreadable file before anything starts (the workers read it again).
         let corpus = Corpus::from_file(path)
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -227,7 +243,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         bail!("--metrics-linger: must be a finite number of seconds ≥ 0");
     }
     // The coordinator keeps the traces of a job's last KEEP_STEPS steps.
-    let steps = u64::from(args.steps);
+    let steps = u64::from(spec.training.steps);
     let first_kept = steps.saturating_sub(KEEP_STEPS as u64) + 1;
     if let Some(&bad) = args
         .trace_steps
@@ -252,7 +268,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
     };
     // Jobs name paths under the data directory only (the coordinator's and the workers').
     spec.checkpoint.folder = CHECKPOINTS.into();
-    let staged = match &args.data {
+    let staged = match &data {
         Some(path) => {
             let staged = stage_data(path, &data_dir)?;
             spec.data.path = Some(STAGED_DATA.into());
@@ -261,7 +277,7 @@ pub(crate) fn run(args: &LocalArgs) -> Result<()> {
         None => None,
     };
     let runtime = runtime()?;
-    let outcome = runtime.block_on(drive(args, &spec, &plan, &data_dir));
+    let outcome = runtime.block_on(drive(args, (&spec, data.as_deref()), &plan, &data_dir));
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
     } else if let Some(staged) = staged {
@@ -335,8 +351,14 @@ fn fits_this_machine(spec: &JobSpec, plan: &JobPlan, available: Option<u64>) -> 
     }
 }
 
-/// Starts the coordinator and the workers, runs the job, reports, then stops them all.
-async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path) -> Result<()> {
+/// Starts the coordinator and the workers, runs the job `spec` (its training text from `data`
+/// on this machine, or the generated corpus) under `data_dir`, reports, then stops them all.
+async fn drive(
+    args: &LocalArgs,
+    (spec, data): (&JobSpec, Option<&Path>),
+    plan: &JobPlan,
+    data_dir: &Path,
+) -> Result<()> {
     if let Some(addr) = args.metrics_listen {
         // One job: its series stay while the run (and --metrics-linger) lasts.
         crate::metrics::serve(addr, None)?;
@@ -374,7 +396,7 @@ async fn drive(args: &LocalArgs, spec: &JobSpec, plan: &JobPlan, data_dir: &Path
     let started = Instant::now();
     let outcome = match failure {
         Some(e) => Err(e),
-        None => match run_job(args, spec, plan, &url).await {
+        None => match run_job(args, (spec, data), plan, &url).await {
             Ok((status, mut steps)) => {
                 let done = finish(args, spec, plan, &status, &mut steps, started);
                 // The traces after the summary and the outputs: a trace that cannot be
@@ -422,7 +444,7 @@ fn finish(
     if status.state != pb::JobState::Succeeded as i32 {
         bail!("the job did not succeed: {}", status.error);
     }
-    print_summary(args, plan, spec, steps, started.elapsed());
+    print_summary(plan, spec, steps, started.elapsed());
     if let Some(dir) = &args.output_dir {
         steps.finish()?;
         // Emulated workers learn nothing and write no parameters.
@@ -448,7 +470,7 @@ fn finish(
 /// figures (streamed to `summary.json` with `--output-dir`).
 async fn run_job(
     args: &LocalArgs,
-    spec: &JobSpec,
+    (spec, data): (&JobSpec, Option<&Path>),
     plan: &JobPlan,
     url: &str,
 ) -> Result<(pb::JobStatus, Steps)> {
@@ -489,7 +511,7 @@ async fn run_job(
         f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len);
     // summary.json names the file given, not its staged link.
     let mut shown = spec.clone();
-    shown.data.path = args.data.as_ref().map(|p| p.display().to_string());
+    shown.data.path = data.map(|p| p.display().to_string());
     let mut steps = Steps::new(args.output_dir.as_deref(), &shown)?;
     while let Some(event) = events.next().await {
         let e = event.context("watch stream")?;
@@ -596,7 +618,7 @@ fn count(n: u64, word: &str) -> String {
     }
 }
 
-fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps, total: Duration) {
+fn print_summary(plan: &JobPlan, spec: &JobSpec, steps: &Steps, total: Duration) {
     let (first, last) = steps.losses();
     let means = steps.means();
     let step_time_ms = means.step_time_ms;
@@ -633,7 +655,7 @@ fn print_summary(args: &LocalArgs, plan: &JobPlan, spec: &JobSpec, steps: &Steps
         "  passes          {:.1} % of their time waiting for a core (workers sharing cores)",
         100.0 * means.pass_core_wait
     );
-    for w in 0..args.workers as usize {
+    for w in 0..spec.parallelism.pipeline_parallel_degree as usize {
         outln!(
             "  worker {w:<3}      peak activation {:.1} KiB",
             steps.peak(w) as f64 / 1024.0

@@ -66,7 +66,7 @@ mod worker;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, Parser as _};
+use clap::{CommandFactory as _, FromArgMatches as _};
 
 use crate::cli::{Cli, Command};
 
@@ -78,10 +78,18 @@ fn main() -> ExitCode {
     unsafe {
         pipewise_worker::set_up_process();
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Which of `local`'s flags were typed (a job file's fields give way only to those).
+    let given = |id: &str| {
+        matches
+            .subcommand_matches("local")
+            .and_then(|m| m.value_source(id))
+            .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
+    };
     let outcome = match cli.command {
         Command::Plan(args) => plan::run(args),
-        Command::Local(args) => local::run(&args),
+        Command::Local(args) => local::run(&args, &given),
         Command::Coordinator(args) => coordinator::run(&args),
         Command::Worker(args) => worker::run(&args),
         Command::Submit(args) => submit::run(&args),

@@ -517,3 +517,48 @@ fn a_closed_standard_output_does_not_stop_the_run() {
     );
     assert!(dir.join("params.safetensors").exists());
 }
+
+/// `pipewise local JOB.toml` runs the file's job (its name, schedule, workers, batch and
+/// data order), with the flags given over its fields: the same losses as the job written
+/// with those fields.
+#[test]
+fn a_job_file_runs_with_the_given_flags_over_its_fields() {
+    let dir = std::env::temp_dir().join(format!("pipewise-local-file-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut spec = pipewise_common::job::example(2, "1f1b");
+    spec.job.name = "from-a-file".into();
+    spec.training.steps = 9;
+    spec.training.global_batch_size = 4;
+    spec.data.shuffle = false;
+    let file = dir.join("job.toml");
+    std::fs::write(&file, spec.to_toml().unwrap()).unwrap();
+    let run = |file: &Path, out: &str, extra: &[&str]| -> Value {
+        let out_dir = dir.join(out);
+        let output = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+            .arg("local")
+            .arg(file)
+            .args(["--quiet", "--output-dir"])
+            .arg(&out_dir)
+            .args(extra)
+            .output()
+            .expect("runs pipewise");
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("1f1b on 2 workers"), "{stdout}");
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap()
+    };
+    let overridden = run(&file, "flags", &["--steps", "3"]);
+    spec.training.steps = 3;
+    let written = dir.join("written.toml");
+    std::fs::write(&written, spec.to_toml().unwrap()).unwrap();
+    let reference = run(&written, "written", &[]);
+    assert_eq!(losses(&overridden).len(), 3);
+    assert_eq!(losses(&overridden), losses(&reference));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,132 @@
+//! `pipewise local JOB.toml`: the job a file describes, as `submit` sends it, with the flags
+//! given on the command line over its fields (a flag left at its default changes nothing).
+//! Without a file, the job the flags describe.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use pipewise_common::job::{Compute, JobSpec};
+
+use super::{ComputeArg, LocalArgs, ModelPreset, job_spec};
+use crate::text_file::read_text;
+
+/// The largest job file read (as `submit` takes).
+const MAX_JOB_FILE: u64 = (4 << 20) - (64 << 10);
+
+/// The job `args` describe; `given(id)` says whether the flag of field `id` of
+/// [`LocalArgs`] was given on the command line.
+pub(crate) fn local_job(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<JobSpec> {
+    let Some(file) = &args.job else {
+        return Ok(job_spec(args));
+    };
+    let toml = read_text(file, MAX_JOB_FILE)?;
+    let mut spec = JobSpec::from_toml(&toml)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("job file {}", file.display()))?;
+    let p = &mut spec.parallelism;
+    if given("workers") {
+        p.pipeline_parallel_degree = args.workers;
+    }
+    if given("replicas") {
+        p.data_parallel_replicate_degree = args.replicas;
+    }
+    if given("schedule") {
+        p.pipeline_parallel_schedule = args.schedule.clone();
+    }
+    if let Some(size) = args.microbatch_size {
+        p.pipeline_parallel_microbatch_size = size;
+        p.search_microbatch_size = false;
+    }
+    if given("model") {
+        let m = &mut spec.model;
+        (m.vocab, m.heads) = (256, 4);
+        (m.hidden, m.layers, m.seq_len) = match args.model {
+            ModelPreset::Tiny => (64, 8, 32),
+            ModelPreset::Small => (128, 16, 64),
+        };
+    }
+    if given("dtype") {
+        spec.model.dtype = args.dtype;
+    }
+    if given("steps") {
+        spec.training.steps = args.steps;
+    }
+    if given("global_batch") {
+        spec.training.global_batch_size = args.global_batch;
+    }
+    if given("seed") {
+        spec.training.seed = args.seed;
+    }
+    if given("lr") {
+        spec.optimizer.lr = args.lr;
+    }
+    if given("compute") && args.compute == ComputeArg::Emulate {
+        if let [f, b, w] = args.emulate_ms[..] {
+            spec.compute = Compute::emulate(f, b, w);
+        }
+    } else if given("compute") {
+        spec.compute = Compute::default();
+    }
+    Ok(spec)
+}
+
+/// The training text on this machine: `--data`, else the job file's `[data] path` (relative
+/// to the current directory, as a path on the command line is), else none (the generated
+/// corpus).
+pub(crate) fn local_data(args: &LocalArgs, spec: &JobSpec) -> Option<PathBuf> {
+    args.data
+        .clone()
+        .or_else(|| spec.data.path.as_ref().map(PathBuf::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        local: LocalArgs,
+    }
+
+    /// A file's fields stay unless their flag is given; given flags win, defaults do not.
+    #[test]
+    fn given_flags_override_the_files_fields_and_defaults_do_not() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("pipewise-local-job-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("job.toml");
+        let mut written = pipewise_common::job::example(2, "1f1b");
+        written.training.steps = 7;
+        written.optimizer.lr = 1e-3;
+        written.data.path = Some("corpus.txt".into());
+        std::fs::write(&file, written.to_toml()?)?;
+        let path = file.display().to_string();
+        let parsed = |extra: &[&str]| -> Result<JobSpec> {
+            let argv = [&["pipewise", path.as_str()][..], extra].concat();
+            let cli = Cli::try_parse_from(&argv)?;
+            let matches = <Cli as clap::CommandFactory>::command().try_get_matches_from(&argv)?;
+            let given = |id: &str| {
+                matches
+                    .value_source(id)
+                    .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
+            };
+            local_job(&cli.local, &given)
+        };
+        let spec = parsed(&[])?;
+        assert_eq!(spec.training.steps, 7);
+        assert_eq!(spec.parallelism.pipeline_parallel_schedule, "1f1b");
+        assert_eq!(spec.parallelism.pipeline_parallel_degree, 2);
+        assert_eq!(spec.optimizer.lr, 1e-3);
+        let spec = parsed(&["--steps", "3", "--schedule", "v-half", "--workers", "4"])?;
+        assert_eq!(spec.training.steps, 3);
+        assert_eq!(spec.parallelism.pipeline_parallel_schedule, "v-half");
+        assert_eq!(spec.parallelism.pipeline_parallel_degree, 4);
+        assert_eq!(spec.optimizer.lr, 1e-3);
+        std::fs::write(&file, "[job]\nname = \"x\"\n[model]\nvocab = 0\n")?;
+        let err = format!("{:#}", parsed(&[]).expect_err("a bad file"));
+        assert!(err.contains("job.toml"), "{err}");
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}
