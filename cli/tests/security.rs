@@ -174,8 +174,8 @@ fn tls_mutual_tls_and_tokens_train_exactly_and_keep_strangers_out() {
     );
 
     // A burst of short emulated jobs submitted at once: each starts, though a follower may
-    // take up the next run before worker 0 (the collectives' root) has (20 of 30 failed at
-    // start on the run secret's check when that was a refusal).
+    // take up the next run before worker 0 (the collectives' root) has, and must then wait
+    // for it rather than be refused on the run secret.
     burst(&dir, &secured(&cluster.url, &ca, &submitter_token));
 
     // No token: Unauthenticated (the TLS handshake itself succeeds).

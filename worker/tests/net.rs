@@ -534,8 +534,7 @@ fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
 
 /// With run secrets, a follower that takes up the next run before worker 0 (the root) does
 /// waits at the start barrier until the root takes it up, then both pass: the root still
-/// holding the previous run's secret is a state to wait out, not a refusal (with worker
-/// tokens, 20 of 30 back-to-back jobs used to fail at start on `PermissionDenied`).
+/// holding the previous run's secret is a state to wait out, not a refusal.
 #[test]
 fn a_follower_ahead_of_the_root_waits_for_it_at_the_start_barrier() -> TestResult {
     const NEXT: u64 = JOB + 1;
