@@ -166,6 +166,23 @@ fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> 
     })
 }
 
+/// Checks that `shards`, read together from `at`, are all of one step.
+fn one_step(shards: &[Shard], at: &Path) -> Result<()> {
+    match shards.iter().find(|s| s.step != shards[0].step) {
+        Some(other) => Err(bad(
+            at,
+            format!(
+                "mixes steps: {} is at step {}, {} at step {}",
+                shards[0].path.display(),
+                shards[0].step,
+                other.path.display(),
+                other.step
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The longest safetensors header read (bytes); a real one lists a few names per tensor.
 const MAX_HEADER: u64 = 256 << 20;
 
@@ -347,15 +364,7 @@ impl Stage {
                 shards.push(shard);
             }
         }
-        if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
-            return Err(bad(
-                Path::new(IN_MEMORY),
-                format!(
-                    "the held stages are at different steps: {} and {}",
-                    shards[0].step, other.step
-                ),
-            ));
-        }
+        one_step(&shards, Path::new(IN_MEMORY))?;
         self.install(shards)
     }
 
@@ -429,18 +438,7 @@ impl Stage {
             .into_iter()
             .map(|(file, path)| read_open_shard(file, &path))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(other) = shards.iter().find(|s| s.step != shards[0].step) {
-            return Err(bad(
-                &dir.path_of(""),
-                format!(
-                    "mixes steps: {} is at step {}, {} at step {}",
-                    shards[0].path.display(),
-                    shards[0].step,
-                    other.path.display(),
-                    other.step
-                ),
-            ));
-        }
+        one_step(&shards, &dir.path_of(""))?;
         self.install(shards)
     }
 

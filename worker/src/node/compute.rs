@@ -51,7 +51,7 @@ pub(crate) trait Compute {
 
     /// Every held stage's state (parameters and optimizer state, as a checkpoint shard),
     /// for a replica being rebuilt (none: nothing to copy).
-    fn stage_states(&self) -> Result<Vec<(u32, Vec<u8>)>> {
+    fn stage_states(&self) -> Result<Vec<(u32, bytes::Bytes)>> {
         Ok(Vec::new())
     }
 
@@ -299,12 +299,8 @@ impl Compute for RealCompute {
         }
     }
 
-    fn stage_states(&self) -> Result<Vec<(u32, Vec<u8>)>> {
-        self.rt
-            .stages()
-            .iter()
-            .map(|(s, stage)| Ok((*s, stage.checkpoint_bytes()?)))
-            .collect()
+    fn stage_states(&self) -> Result<Vec<(u32, bytes::Bytes)>> {
+        states_of(&self.rt)
     }
 
     fn load_stage_state(&mut self, stage: u32, bytes: &[u8]) -> Result<()> {

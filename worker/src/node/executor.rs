@@ -211,7 +211,7 @@ impl Node<'_> {
         // offers them until every worker passed the barrier (the copies are taken first).
         if a.offer_copies {
             for (stage, bytes) in compute.stage_states()? {
-                transport.collective().offer(a.run, stage, bytes.into());
+                transport.collective().offer(a.run, stage, bytes);
             }
         }
         // Emulated compute holds no state to copy.
