@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
-use pipewise_common::job::{Compute, JobPlan, JobSpec, example, layout};
+use pipewise_common::job::{JobPlan, JobSpec, layout};
 use pipewise_common::model::DType;
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_coordinator::traces::KEEP_STEPS;
@@ -165,34 +165,6 @@ pub(crate) struct LocalArgs {
     #[arg(long, value_name = "DEVICE", default_value = "cpu",
           value_parser = parse_device)]
     pub(crate) device: DeviceArg,
-}
-
-fn job_spec(args: &LocalArgs) -> JobSpec {
-    let mut spec = example(args.workers, &args.schedule);
-    spec.job.name = format!("local-{}-{}w", args.schedule, args.workers);
-    if args.model == ModelPreset::Small {
-        spec.model.hidden = 128;
-        spec.model.layers = 16;
-        spec.model.seq_len = 64;
-    }
-    spec.model.dtype = args.dtype;
-    spec.training.steps = args.steps;
-    spec.training.global_batch_size = args.global_batch;
-    spec.training.seed = args.seed;
-    spec.optimizer.lr = args.lr;
-    spec.parallelism.data_parallel_replicate_degree = args.replicas;
-    spec.parallelism.pipeline_parallel_microbatch_size = args.microbatch_size.unwrap_or(1);
-    spec.parallelism.search_microbatch_size = args.microbatch_size.is_none();
-    spec.data.path = args.data.as_ref().map(|p| p.display().to_string());
-    if args.compute == ComputeArg::Emulate
-        && let [f, b, w] = args.emulate_ms[..]
-    {
-        spec.compute = Compute::emulate(f, b, w);
-        // Emulated passes cost nothing to hold, so give every stage of a V or interleaved
-        // placement (up to 4 per worker) at least one layer.
-        spec.model.layers = spec.model.layers.max(4 * args.workers);
-    }
-    spec
 }
 
 /// Runs `pipewise local`; `given(id)` says whether the flag of field `id` of [`LocalArgs`]
@@ -668,6 +640,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use pipewise_common::job::example;
 
     /// The workers' predicted bytes together are checked against the machine's available
     /// memory: one byte less than they need is refused, with both figures; unknown passes.

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
-use pipewise_common::job::{Compute, JobSpec};
+use pipewise_common::job::{Compute, JobSpec, example};
 
-use super::{ComputeArg, LocalArgs, ModelPreset, job_spec};
+use super::{ComputeArg, LocalArgs, ModelPreset};
 use crate::text_file::read_text;
 
 /// The largest job file read (as `submit` takes).
@@ -17,12 +17,34 @@ const MAX_JOB_FILE: u64 = (4 << 20) - (64 << 10);
 /// [`LocalArgs`] was given on the command line.
 pub(crate) fn local_job(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<JobSpec> {
     let Some(file) = &args.job else {
-        return Ok(job_spec(args));
+        return Ok(flags_job(args));
     };
     let toml = read_text(file, MAX_JOB_FILE)?;
     let mut spec = JobSpec::from_toml(&toml)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("job file {}", file.display()))?;
+    over(&mut spec, args, given);
+    Ok(spec)
+}
+
+/// The job the flags alone describe: the example job with every flag over it, a microbatch
+/// size searched (from 1) unless one is given, and under emulated compute at least one
+/// layer for every stage of a V or interleaved placement (up to 4 per worker), since
+/// emulated passes cost nothing to hold.
+fn flags_job(args: &LocalArgs) -> JobSpec {
+    let mut spec = example(args.workers, &args.schedule);
+    spec.job.name = format!("local-{}-{}w", args.schedule, args.workers);
+    over(&mut spec, args, &|_| true);
+    spec.parallelism.search_microbatch_size = args.microbatch_size.is_none();
+    spec.data.path = args.data.as_ref().map(|p| p.display().to_string());
+    if spec.compute.is_emulated() {
+        spec.model.layers = spec.model.layers.max(4 * args.workers);
+    }
+    spec
+}
+
+/// Sets `spec`'s fields from the flags of `args` that `given` says were given.
+fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     let p = &mut spec.parallelism;
     if given("workers") {
         p.pipeline_parallel_degree = args.workers;
@@ -67,7 +89,6 @@ pub(crate) fn local_job(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Resul
     } else if given("compute") {
         spec.compute = Compute::default();
     }
-    Ok(spec)
 }
 
 /// The training text on this machine: `--data`, else the job file's `[data] path` (relative
