@@ -11,9 +11,9 @@ use common::processes::*;
 /// Two worker processes run an auto job of 48 steps with checkpoints on: its trial moves
 /// the job to at least one other plan (resuming each time from the step every worker
 /// stopped after, counted as `auto_trial`), and the losses and final parameters equal the
-/// single-device reference. (48 steps: a drift move on a loaded machine may cut a trial
-/// short, and the next run needs 4 × 4 steps left to start it again; CI once saw two such
-/// moves, at steps 9 and 18 of 32, leave no trial.)
+/// single-device reference. The trial's band is the whole range, so that which plans it
+/// measures does not hang on the fitted costs of a loaded machine; the drift rule waits
+/// for the trial, so a slow step cannot cut it short.
 #[test]
 fn an_auto_trial_moves_between_plans_and_training_stays_exact() {
     trial_stays_exact("auto-trial", 1);
@@ -28,13 +28,11 @@ fn an_auto_trial_moves_every_replica_and_training_stays_exact() {
 
 /// An auto job of 48 steps on `replicas` replicas of 2 worker processes, run as above.
 fn trial_stays_exact(name: &str, replicas: u32) {
-    // One trial at a time: beside another job's processes on a small machine, the costs
-    // fitted to a loaded first run can leave no rival within the trial's band.
-    let _one = common::one_at_a_time();
     let dir = tempdir(name);
     let cluster = start_with(&dir, 2 * replicas as usize, &[]);
     let mut spec = spec(2, "auto", 48);
     spec.parallelism.data_parallel_replicate_degree = replicas;
+    spec.parallelism.auto_trial_band = 1.0;
     let (reference, job, stdout) = run_movable(&cluster, &dir, spec, name);
     assert!(
         stdout.contains("after 4 steps, chosen again on costs fitted to them"),

@@ -206,6 +206,13 @@ impl JobSpec {
                 ));
             }
         }
+        let band = p.auto_trial_band;
+        if !(0.0..=1.0).contains(&band) {
+            return Err(Error::invalid(
+                "parallelism.auto_trial_band",
+                format!("must be between 0 and 1 (a fraction of the best plan's time), got {band}"),
+            ));
+        }
         let n = self.pipeline_microbatches();
         if n > MAX_MICROBATCHES {
             return Err(Error::invalid(
@@ -396,6 +403,12 @@ mod tests {
             ("parallelism.memory_limit", |s| {
                 s.parallelism.pipeline_parallel_schedule = "adaptive-v".into();
                 s.parallelism.memory_limit = Some(0.25);
+            }),
+            ("parallelism.auto_trial_band", |s| {
+                s.parallelism.auto_trial_band = 1.5
+            }),
+            ("parallelism.auto_trial_band", |s| {
+                s.parallelism.auto_trial_band = f64::NAN
             }),
             ("model.layers", |s| {
                 s.parallelism.pipeline_parallel_degree = 8

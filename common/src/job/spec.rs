@@ -139,6 +139,14 @@ pub struct Parallelism {
     /// optimizer step.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub data_parallel_replicate_degree: u32,
+    /// With [`AUTO_SCHEDULE`]: the plans predicted within this fraction of the best
+    /// (0.06: within 6 %) are each measured for a few steps before the job settles on the
+    /// fastest measured; 0 measures none and keeps the search's choice.
+    #[serde(
+        default = "default_trial_band",
+        skip_serializing_if = "is_default_trial_band"
+    )]
+    pub auto_trial_band: f64,
     /// Not part of a job file: split the torchtitan way although none of the three fields
     /// above is set. The coordinator sets it when it re-plans a job with blocks per stage
     /// onto another stage count (blocks per stage no longer apply, the way of splitting
@@ -195,6 +203,15 @@ fn is_one(n: &u32) -> bool {
 }
 fn two() -> u32 {
     2
+}
+/// The default [`Parallelism::auto_trial_band`]: plans the cost model predicts this close
+/// are within its error on a shared machine.
+pub const DEFAULT_TRIAL_BAND: f64 = 0.06;
+fn default_trial_band() -> f64 {
+    DEFAULT_TRIAL_BAND
+}
+fn is_default_trial_band(band: &f64) -> bool {
+    *band == DEFAULT_TRIAL_BAND
 }
 
 /// `[checkpoint]`.
@@ -577,6 +594,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             pipeline_parallel_last_stage_less_layers: 0,
             pipeline_parallel_layers_per_stage: None,
             data_parallel_replicate_degree: 1,
+            auto_trial_band: DEFAULT_TRIAL_BAND,
             torchtitan_split: false,
             search_microbatch_size: false,
         },

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::io::{Action, Choose, Failure};
-use super::trying::{TRIAL_BAND, TRIAL_STEPS, Trial};
+use super::trying::{TRIAL_STEPS, Trial};
 use super::{Phase, Supervisor};
 use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::respec::respec;
@@ -81,7 +81,7 @@ impl Supervisor {
             text.push_str(&format!(
                 "; after {TRIAL_STEPS} steps, chosen again on costs fitted to them, and the plans \
                  predicted within {:.0} % measured",
-                100.0 * TRIAL_BAND
+                100.0 * self.spec.parallelism.auto_trial_band
             ));
             self.trial = Trial::Measuring(Box::new(first.clone()));
         } else if matches!(self.trial, Trial::NotYet) {

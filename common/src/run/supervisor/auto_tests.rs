@@ -504,3 +504,52 @@ fn the_re_check_names_the_steps_its_costs_were_fitted_to() {
         "{text}"
     );
 }
+
+/// While an auto trial measures, steps far over their prediction on a worker that became
+/// 3× slower do not move the job: the drift rule waits for the trial, which re-fits the
+/// costs itself. (Without the wait, the third such step stops the run for a drift move.)
+#[test]
+fn the_drift_rule_waits_for_an_auto_trial() {
+    let (ws, mut s, choice) = first_run_of(40);
+    // The V's four stages: worker 0 holds the first and the last.
+    let pieces = &choice.best.stage_pieces;
+    assert_eq!(pieces.len(), 4, "{pieces:?}");
+    let holder = [0, 1, 1, 0];
+    let mut predicted = choice.best.shown.predicted_ms / 1e3;
+    for k in 0..2 * T {
+        let (slow, over) = if k < T {
+            ([1.0; 2], 1.0)
+        } else {
+            ([1.0, 3.0], 1.5)
+        };
+        let mut acts = Vec::new();
+        for (i, w) in slow.iter().enumerate() {
+            let stage_times = (0..4)
+                .filter(|&j| holder[j] == i)
+                .map(|j| {
+                    let t = 0.01 * w * f64::from(pieces[j]);
+                    crate::run::StageTimes {
+                        stage: j as u32,
+                        f: t,
+                        b: t,
+                        w: t,
+                        edge: [0.01 * w; 3],
+                    }
+                })
+                .collect();
+            let r = StepReport {
+                wall_secs: over * predicted,
+                stage_times,
+                ..report(&ws, i, k)
+            };
+            acts = s.feed(1_000 * (k + 1), Input::Report(Box::new(r)));
+        }
+        if let Some(Action::Step(done)) = acts.first() {
+            predicted = done.next.step_ms / 1e3;
+        }
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Stop(_))),
+            "step {k}: {acts:?}"
+        );
+    }
+}

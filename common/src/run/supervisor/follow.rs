@@ -214,7 +214,9 @@ impl Supervisor {
             return;
         }
         let times = (planned_secs, measured);
-        if self.drifted(run, step, times, &reports) {
+        // An auto trial re-fits the costs and measures the plans itself, so the drift
+        // rule (steps over a prediction those costs made) waits until it has ended.
+        if !self.trial.measures() && self.drifted(run, step, times, &reports) {
             return;
         }
         // Each rank's tightest memory, taken only when a straggler move is weighed.

@@ -1,7 +1,8 @@
 //! `schedule = "auto"` measures where its prediction cannot tell plans apart. The first
 //! run takes the search's choice on the start-up profile. After [`TRIAL_STEPS`] steps the
 //! search runs again, beside the run, on the costs fitted to them; the plans it predicts
-//! within [`TRIAL_BAND`] of its best (one per schedule kind, microbatch size and split; at
+//! within the job's band of its best
+//! ([`auto_trial_band`](crate::job::Parallelism::auto_trial_band)) (one per schedule kind, microbatch size and split; at
 //! most [`TRIAL_PLANS`], the running one among them with its measured time) then run
 //! [`TRIAL_STEPS`] steps each in turn, and the job goes on
 //! with the fastest measured (each plan's fastest step after its warm-up: [`plan_secs`]).
@@ -14,7 +15,7 @@ use super::super::straggler::straggle_of;
 use super::Supervisor;
 use super::following::Run;
 use super::io::{Action, Move};
-use super::trying::{TRIAL_BAND, TRIAL_PLANS, TRIAL_STEPS, Trial, plan_secs};
+use super::trying::{TRIAL_PLANS, TRIAL_STEPS, Trial, plan_secs};
 use crate::auto::job::{JobChoice, PlanOption};
 
 impl Supervisor {
@@ -24,6 +25,7 @@ impl Supervisor {
     /// most half of the steps.
     pub(super) fn may_try(&self, first: &PlanOption, steps_left: u64) -> bool {
         matches!(self.trial, Trial::NotYet)
+            && self.spec.parallelism.auto_trial_band > 0.0
             && steps_left >= 4 * TRIAL_STEPS
             && straggle_of(&first.spec, &first.plan, &first.stage_pieces).is_some()
     }
@@ -109,7 +111,7 @@ impl Supervisor {
         };
         let mut seen = vec![config(&first)];
         let pending: Vec<PlanOption> = choice
-            .within(TRIAL_BAND)
+            .within(self.spec.parallelism.auto_trial_band)
             .into_iter()
             .filter(|o| {
                 let c = config(o);

@@ -2,8 +2,6 @@
 
 use crate::auto::job::PlanOption;
 
-/// Plans predicted within this fraction of the best are measured.
-pub(super) const TRIAL_BAND: f64 = 0.06;
 /// At most this many plans are measured.
 pub(super) const TRIAL_PLANS: usize = 3;
 /// Steps each plan runs in a trial; the first of every run warms up and is left out.
@@ -28,6 +26,17 @@ pub(super) enum Trial {
     },
     /// Measured, or nothing to measure: later runs take the search's choice.
     Done,
+}
+
+impl Trial {
+    /// Whether the trial is under way: the first run measured, the search re-run, or the
+    /// plans within the band measured in turn.
+    pub(super) fn measures(&self) -> bool {
+        matches!(
+            self,
+            Trial::Measuring(_) | Trial::Rechoosing(..) | Trial::Trying { .. }
+        )
+    }
 }
 
 /// A plan's measured seconds a step from a run's `step_secs`: the fastest of its last
