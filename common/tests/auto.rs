@@ -19,6 +19,7 @@ fn spec() -> ModelSpec {
         layers: 24,
         seq_len: 1024,
         dtype: DType::BF16,
+        ..Default::default()
     }
 }
 
@@ -204,8 +205,9 @@ fn nothing_fits_names_the_exact_smallest_budget() {
         layers: 8,
         seq_len: 1024,
         dtype: DType::BF16,
+        ..Default::default()
     };
-    let request = |memory: u64| AutoRequest::new(spec, 16, 4, memory, 3);
+    let request = |memory: u64| AutoRequest::new(spec.clone(), 16, 4, memory, 3);
     let needs = |memory: u64| {
         let err = auto_plan(&request(memory)).unwrap_err().to_string();
         let tail = err.split("the smallest plan needs ").nth(1).unwrap();

@@ -4,7 +4,7 @@
 //! ([`TryFrom`]) and names the offending one in [`ConvertError`].
 
 use pipewise_common::generate::{MAX_CHUNKS, MAX_WORKERS};
-use pipewise_common::model::{DType, ModelSpec};
+use pipewise_common::model::{DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, DType, Family, ModelSpec};
 use pipewise_common::trace::{Activity, Span};
 use pipewise_common::{Pass, PassKind, Placement};
 
@@ -314,6 +314,15 @@ impl From<&ModelSpec> for v1::ModelSpec {
             layers: spec.layers,
             seq_len: spec.seq_len,
             dtype: v1::Dtype::from(spec.dtype) as i32,
+            family: match spec.family {
+                Family::Gpt => v1::ModelFamily::Gpt,
+                Family::Llama => v1::ModelFamily::Llama,
+            } as i32,
+            kv_heads: spec.kv_heads,
+            intermediate: spec.intermediate,
+            rope_theta: spec.rope_theta,
+            norm_eps: spec.norm_eps,
+            tie_embeddings: spec.tie_embeddings,
         }
     }
 }
@@ -329,6 +338,29 @@ impl TryFrom<v1::ModelSpec> for ModelSpec {
             layers: msg.layers,
             seq_len: msg.seq_len,
             dtype: dtype(msg.dtype, "ModelSpec.dtype")?,
+            family: match v1::ModelFamily::try_from(msg.family) {
+                Ok(v1::ModelFamily::Unspecified | v1::ModelFamily::Gpt) => Family::Gpt,
+                Ok(v1::ModelFamily::Llama) => Family::Llama,
+                Err(_) => {
+                    return Err(ConvertError::UnknownEnum {
+                        field: "ModelSpec.family",
+                        value: msg.family,
+                    });
+                }
+            },
+            kv_heads: msg.kv_heads,
+            intermediate: msg.intermediate,
+            rope_theta: if msg.rope_theta == 0.0 {
+                DEFAULT_ROPE_THETA
+            } else {
+                msg.rope_theta
+            },
+            norm_eps: if msg.norm_eps == 0.0 {
+                DEFAULT_NORM_EPS
+            } else {
+                msg.norm_eps
+            },
+            tie_embeddings: msg.tie_embeddings,
         };
         spec.validate().map_err(|e| ConvertError::Invalid {
             field: match &e {
@@ -338,6 +370,11 @@ impl TryFrom<v1::ModelSpec> for ModelSpec {
                     "heads" => "ModelSpec.heads",
                     "layers" => "ModelSpec.layers",
                     "seq_len" => "ModelSpec.seq_len",
+                    "kv_heads" => "ModelSpec.kv_heads",
+                    "intermediate" => "ModelSpec.intermediate",
+                    "rope_theta" => "ModelSpec.rope_theta",
+                    "norm_eps" => "ModelSpec.norm_eps",
+                    "tie_embeddings" => "ModelSpec.tie_embeddings",
                     _ => "ModelSpec",
                 },
                 _ => "ModelSpec",
@@ -608,10 +645,37 @@ mod tests {
                 layers: 2,
                 seq_len: 32,
                 dtype,
+                ..Default::default()
             };
             let msg = v1::ModelSpec::from(&spec);
             assert_eq!(ModelSpec::try_from(msg), Ok(spec));
         }
+        // Every Llama field crosses the wire.
+        let llama = ModelSpec {
+            family: Family::Llama,
+            kv_heads: Some(2),
+            intermediate: Some(96),
+            rope_theta: 500_000.0,
+            norm_eps: 1e-6,
+            tie_embeddings: true,
+            ..Default::default()
+        };
+        let msg = v1::ModelSpec::from(&llama);
+        assert_eq!(ModelSpec::try_from(msg), Ok(llama));
+        let gqa = v1::ModelSpec {
+            kv_heads: Some(3),
+            ..v1::ModelSpec::from(&ModelSpec {
+                family: Family::Llama,
+                ..Default::default()
+            })
+        };
+        assert!(matches!(
+            ModelSpec::try_from(gqa),
+            Err(ConvertError::Invalid {
+                field: "ModelSpec.kv_heads",
+                ..
+            })
+        ));
         let bad = v1::ModelSpec {
             vocab: 256,
             hidden: 64,
@@ -619,6 +683,7 @@ mod tests {
             layers: 2,
             seq_len: 32,
             dtype: v1::Dtype::F32 as i32,
+            ..Default::default()
         };
         assert!(matches!(
             ModelSpec::try_from(bad),

@@ -61,6 +61,7 @@ fn main() {
             layers: 1,
             seq_len,
             dtype: DType::F32,
+            ..Default::default()
         };
         let mut stage = Stage::new(&spec, 1..2, 1, &device).expect("stage");
         let shape = (mb, seq_len as usize, hidden as usize);

@@ -50,7 +50,7 @@ use pipewise_worker::{AdamW, Corpus, Sampler, Trainer};
 const CHILD_ENV: &str = "PIPEWISE_BENCH_CHILD";
 
 /// One benchmarked model and how long to run it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Case {
     name: &'static str,
     spec: ModelSpec,
@@ -72,6 +72,7 @@ fn spec(hidden: u32, heads: u32, layers: u32, seq_len: u32) -> ModelSpec {
         layers,
         seq_len,
         dtype: DType::F32,
+        ..Default::default()
     }
 }
 

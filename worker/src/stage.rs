@@ -109,7 +109,7 @@ impl Stage {
             .map(|&p| PieceState::new(spec, p, seed, dtype, device))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            spec: *spec,
+            spec: spec.clone(),
             range,
             kinds,
             pieces,

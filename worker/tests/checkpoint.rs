@@ -21,6 +21,7 @@ fn spec_in(dtype: SpecDType) -> ModelSpec {
         layers: 2,
         seq_len: 16,
         dtype,
+        ..Default::default()
     }
 }
 

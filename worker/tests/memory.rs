@@ -143,6 +143,7 @@ fn shapes(device: &Device) -> Result<()> {
         layers: 2,
         seq_len: 24,
         dtype: SpecDType::F32,
+        ..Default::default()
     };
     check(&wide, 2, 3, 2, device)?;
     let half = ModelSpec {

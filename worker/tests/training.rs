@@ -17,6 +17,7 @@ fn spec() -> ModelSpec {
         layers: 2,
         seq_len: 32,
         dtype: SpecDType::F32,
+        ..Default::default()
     }
 }
 

@@ -252,6 +252,7 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
             layers: need(args.layers, "--layers")?,
             seq_len: need(args.seq_len, "--seq-len")?,
             dtype: args.dtype.unwrap_or(DType::BF16),
+            ..Default::default()
         },
         global_batch: need(args.global_batch, "--global-batch")?,
         workers,

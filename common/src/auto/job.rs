@@ -184,7 +184,7 @@ pub fn choose_for_job(
         },
         replicas,
         ..AutoRequest::new(
-            spec.model,
+            spec.model.clone(),
             spec.training.global_batch_size,
             workers,
             memory_per_worker,

@@ -105,6 +105,7 @@ mod tests {
             layers,
             seq_len: 32,
             dtype: crate::model::DType::BF16,
+            ..Default::default()
         }
     }
 

@@ -11,6 +11,7 @@ fn gpt(layers: u32) -> ModelSpec {
         layers,
         seq_len: 128,
         dtype: DType::F32,
+        ..Default::default()
     }
 }
 

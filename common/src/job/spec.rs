@@ -575,6 +575,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             layers: 8,
             seq_len: 32,
             dtype: DType::F32,
+            ..Default::default()
         },
         training: Training {
             global_batch_size: 8,

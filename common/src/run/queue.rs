@@ -17,7 +17,7 @@ use crate::job::{JobPlan, JobSpec};
 pub fn predicted_secs(spec: &JobSpec, plan: &JobPlan, workers: &[Worker]) -> Option<f64> {
     let (_, ranges) = in_use_ranges(spec, plan, &[])?;
     let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
-    let mut costs = CostModel::new(spec.model, mbs);
+    let mut costs = CostModel::new(spec.model.clone(), mbs);
     let step_ms = shown(spec, plan, &ranges, workers, &mut costs).step_ms;
     let secs = f64::from(spec.training.steps) * step_ms / 1e3;
     (secs.is_finite() && secs > 0.0).then_some(secs)

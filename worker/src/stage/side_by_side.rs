@@ -201,6 +201,7 @@ mod tests {
             layers,
             seq_len: 13,
             dtype: DType::F32,
+            ..Default::default()
         }
     }
 

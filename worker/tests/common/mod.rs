@@ -18,6 +18,7 @@ pub fn small_spec(layers: u32) -> ModelSpec {
         layers,
         seq_len: 16,
         dtype: SpecDType::F32,
+        ..Default::default()
     }
 }
 
@@ -91,7 +92,7 @@ impl Oracle {
             .map(|p| Ok((p.name.clone(), Var::from_tensor(&p.value)?)))
             .collect::<Result<HashMap<_, _>>>()?;
         Ok(Self {
-            spec: *whole.spec(),
+            spec: whole.spec().clone(),
             vars,
         })
     }
@@ -105,7 +106,7 @@ impl Oracle {
 
     /// Forward of all microbatches (summing their losses / n) and candle's `backward()`.
     pub fn step(&self, batches: &[(Tensor, Tensor)]) -> Result<OracleStep> {
-        let s = self.spec;
+        let s = self.spec.clone();
         let (h, nh, v) = (s.hidden as usize, s.heads as usize, s.vocab as usize);
         let hd = h / nh;
         let n = batches.len();

@@ -177,7 +177,7 @@ impl Supervisor {
     ) -> Supervisor {
         let stage_pieces = spec_split(&spec, &plan);
         let costs = CostModel::new(
-            spec.model,
+            spec.model.clone(),
             spec.parallelism.pipeline_parallel_microbatch_size,
         );
         Supervisor {

@@ -54,7 +54,7 @@ pub(super) fn first_shown(
 ) -> Shown {
     let (_, ranges) = in_use_ranges(spec, plan, pieces).unwrap();
     let mbs = spec.parallelism.pipeline_parallel_microbatch_size;
-    let mut costs = CostModel::new(spec.model, mbs);
+    let mut costs = CostModel::new(spec.model.clone(), mbs);
     let first = shown(spec, plan, &ranges, workers, &mut costs);
     assert!(
         first.step_ms > 0.0 && (0.0..1.0).contains(&first.bubble),

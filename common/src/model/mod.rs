@@ -1,4 +1,4 @@
-//! The model spec: a GPT-style decoder described by its sizes, cut into pieces.
+//! The model spec: a decoder (GPT or Llama family) described by its sizes, cut into pieces.
 //!
 //! The planner uses it for parameter counts, activation memory and FLOPs per piece; the worker
 //! builds the same model from it, and stashes exactly the bytes
@@ -10,7 +10,9 @@
 //! `t × h`), [`Piece::Block`]`(0..layers)` (pre-LayerNorm transformer blocks: LN → causal
 //! multi-head self-attention → residual, LN → MLP `h → 4h → h` with tanh-GELU → residual) and
 //! [`Piece::Head`] (final LayerNorm, untied LM head `h × V` without bias, cross-entropy loss).
-//! Linear layers of the blocks have biases; LayerNorms have a scale and a shift.
+//! Linear layers of the blocks have biases; LayerNorms have a scale and a shift. That is the
+//! GPT family; the Llama family ([`Family::Llama`], [`family`]) has the same pieces with
+//! Llama's block, no learned positions, and RMSNorm in the head.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,6 +20,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+pub mod family;
+pub use family::{DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, Family};
 
 /// Element type of parameters and activations.
 ///
@@ -152,10 +157,13 @@ pub const MAX_VOCAB: u32 = 1 << 24;
 /// published context).
 pub const MAX_SEQ_LEN: u32 = 1 << 22;
 
-/// Sizes of a GPT-style decoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Sizes of a decoder of either family (the `[model]` section of a job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
+    /// The block architecture (default GPT).
+    #[serde(default, skip_serializing_if = "Family::is_gpt")]
+    pub family: Family,
     /// Vocabulary size (256 for byte-level tokens).
     pub vocab: u32,
     /// Hidden size `h`.
@@ -168,6 +176,49 @@ pub struct ModelSpec {
     pub seq_len: u32,
     /// Element type of parameters and activations.
     pub dtype: DType,
+    /// Llama: key/value heads of grouped-query attention, dividing `heads` (default:
+    /// `heads`, multi-head attention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u32>,
+    /// Llama: the SwiGLU MLP's width (default [`family::default_intermediate`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate: Option<u32>,
+    /// Llama: the rotary embedding's base.
+    #[serde(
+        default = "family::default_rope_theta",
+        skip_serializing_if = "family::is_default_rope_theta"
+    )]
+    pub rope_theta: f64,
+    /// Llama: RMSNorm's epsilon.
+    #[serde(
+        default = "family::default_norm_eps",
+        skip_serializing_if = "family::is_default_norm_eps"
+    )]
+    pub norm_eps: f64,
+    /// Llama: the LM head is the token embedding's table (`tie_word_embeddings`).
+    #[serde(default, skip_serializing_if = "family::is_false")]
+    pub tie_embeddings: bool,
+}
+
+impl Default for ModelSpec {
+    /// `pipewise local --model tiny`: a byte-level GPT of 8 blocks, hidden 64, 4 heads,
+    /// sequences of 32, in f32.
+    fn default() -> Self {
+        ModelSpec {
+            family: Family::Gpt,
+            vocab: 256,
+            hidden: 64,
+            heads: 4,
+            layers: 8,
+            seq_len: 32,
+            dtype: DType::F32,
+            kv_heads: None,
+            intermediate: None,
+            rope_theta: DEFAULT_ROPE_THETA,
+            norm_eps: DEFAULT_NORM_EPS,
+            tie_embeddings: false,
+        }
+    }
 }
 
 /// Bytes of one token id (`u32`).
@@ -261,7 +312,7 @@ impl ModelSpec {
                 ),
             });
         }
-        Ok(())
+        self.validate_family()
     }
 
     /// The pieces in model order: `Embedding`, `Block(0)` … `Block(layers − 1)`, `Head`.
@@ -284,6 +335,11 @@ impl ModelSpec {
     /// - Block: `12h² + 13h` (two LayerNorms `2·2h`, QKV `h·3h + 3h`, attention output
     ///   `h·h + h`, MLP `h·4h + 4h` and `4h·h + h`);
     /// - Head: `2h + h·V` (final LayerNorm, LM head untied from the embedding, no bias).
+    ///
+    /// Llama, with `q = h + 2·kv_heads·head_dim` and MLP width `m`: embedding `V·h`; block
+    /// `2h + h·q + h² + 3·h·m` (two RMSNorms, fused QKV, output, gate, up and down); head
+    /// `h + h·V` (final RMSNorm, LM head). A tied head holds the embedding's table as its own
+    /// (its holder keeps the table and its optimizer state, as the embedding's does).
     pub fn piece_params(&self, p: Piece) -> u64 {
         // In u128 and saturating, for specs not (yet) validated against the size caps.
         let (v, h, t) = (
@@ -291,10 +347,14 @@ impl ModelSpec {
             u128::from(self.hidden),
             u128::from(self.seq_len),
         );
-        let n = match p {
-            Piece::Embedding => v * h + t * h,
-            Piece::Block(_) => 12 * h * h + 13 * h,
-            Piece::Head => 2 * h + h * v,
+        let (qkv, m) = (u128::from(self.qkv_width()), u128::from(self.mlp_width()));
+        let n = match (self.family, p) {
+            (Family::Gpt, Piece::Embedding) => v * h + t * h,
+            (Family::Gpt, Piece::Block(_)) => 12 * h * h + 13 * h,
+            (Family::Gpt, Piece::Head) => 2 * h + h * v,
+            (Family::Llama, Piece::Embedding) => v * h,
+            (Family::Llama, Piece::Block(_)) => 2 * h + h * qkv + h * h + 3 * h * m,
+            (Family::Llama, Piece::Head) => h + h * v,
         };
         u64::try_from(n).unwrap_or(u64::MAX)
     }
@@ -374,9 +434,21 @@ impl ModelSpec {
         );
         let ids = u128::from(TOKEN_BYTES);
         let n = b * t;
+        let (qkv, m) = (u128::from(self.qkv_width()), u128::from(self.mlp_width()));
+        // The blocks' stashes differ (Llama's per token: RMSNorm x̂ and 1/σ `h + 1`, its
+        // output `h`, rotated Q, K, V `q`, attention output `h`, the second RMSNorm's
+        // `h + 1` and output `h`, gate and up `2m`, the gated product `m`; after B each
+        // linear layer's input and output gradient); embedding and head are alike.
+        let block = match self.family {
+            Family::Gpt => (n * (16 * h + 2) * e + 4 * n * a, 16 * n * h * e),
+            Family::Llama => (
+                n * (5 * h + qkv + 3 * m + 2) * e + 4 * n * a,
+                n * (5 * h + qkv + 3 * m) * e,
+            ),
+        };
         let (after_forward, after_backward_input) = match p {
             Piece::Embedding => (ids * n, ids * n + n * h * e),
-            Piece::Block(_) => (n * (16 * h + 2) * e + 4 * n * a, 16 * n * h * e),
+            Piece::Block(_) => block,
             Piece::Head => (n * (2 * h + 1 + v) * e + ids * n, n * (h + v) * e),
         };
         let clamp = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
@@ -393,16 +465,23 @@ impl ModelSpec {
     ///   the scores and the weighted sum (the full `t × t` product, as computed);
     /// - Head: `2·N·h·V` (LM head).
     ///
+    /// Llama's block: QKV and output `2·N·h·(q + h)`, gate, up and down `6·N·h·m`, the same
+    /// attention products; its embedding is a row copy per token (`N·h`).
+    ///
     /// Backward input and weight passes cost about the same as forward each for the linear
     /// layers (`B` also redoes the attention products twice).
     pub fn piece_flops(&self, p: Piece, microbatch_size: u32) -> f64 {
         let (v, h, t) = (self.vocab as f64, self.hidden as f64, self.seq_len as f64);
         let b = microbatch_size as f64;
         let n = b * t;
-        match p {
-            Piece::Embedding => n * h,
-            Piece::Block(_) => 24.0 * n * h * h + 4.0 * b * t * t * h,
-            Piece::Head => 2.0 * n * h * v,
+        let (qkv, m) = (f64::from(self.qkv_width()), f64::from(self.mlp_width()));
+        match (self.family, p) {
+            (_, Piece::Embedding) => n * h,
+            (Family::Gpt, Piece::Block(_)) => 24.0 * n * h * h + 4.0 * b * t * t * h,
+            (Family::Llama, Piece::Block(_)) => {
+                2.0 * n * h * (qkv + h) + 6.0 * n * h * m + 4.0 * b * t * t * h
+            }
+            (_, Piece::Head) => 2.0 * n * h * v,
         }
     }
 
@@ -453,6 +532,7 @@ mod tests {
             layers: 3,
             seq_len: 32,
             dtype: DType::F32,
+            ..Default::default()
         }
     }
 
@@ -465,6 +545,7 @@ mod tests {
             layers: MAX_LAYERS,
             seq_len: MAX_SEQ_LEN,
             dtype: DType::BF16,
+            ..Default::default()
         };
         assert!(largest.validate().is_ok());
         // Parameters stay exact (far inside u64), and so does their training state.
@@ -497,7 +578,7 @@ mod tests {
             ("seq_len", |m| m.seq_len = MAX_SEQ_LEN + 1),
             ("layers", |m| m.layers = MAX_LAYERS + 1),
         ] {
-            let mut m = largest;
+            let mut m = largest.clone();
             edit(&mut m);
             match m.validate() {
                 Err(Error::InvalidArgument { field: f, reason }) => {
