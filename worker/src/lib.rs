@@ -55,6 +55,7 @@ pub mod error;
 pub mod job;
 mod kernels;
 pub mod lanes;
+mod llama_ops;
 pub mod metrics;
 pub mod net;
 pub mod node;

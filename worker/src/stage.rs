@@ -5,9 +5,10 @@ use std::ops::Range;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use pipewise_common::model::{self, ModelSpec, Piece};
+use pipewise_common::model::{self, Family, ModelSpec, Piece};
 
 use crate::error::{Error, Result};
+use crate::llama_ops::Rope;
 use crate::ops;
 use crate::optim::{self, AdamW};
 use crate::param::Param;
@@ -76,6 +77,8 @@ pub struct Stage {
     device: Device,
     dtype: DType,
     mask: Tensor,
+    /// Rotary tables (Llama).
+    rope: Option<Rope>,
     loss_seed: f64,
     pending: BTreeMap<u32, Pending>,
     stash_bytes: u64,
@@ -118,6 +121,15 @@ impl Stage {
             device: device.clone(),
             dtype,
             mask: ops::causal_mask(spec.seq_len as usize, dtype, device)?,
+            rope: match spec.family {
+                Family::Gpt => None,
+                Family::Llama => Some(Rope::new(
+                    spec.seq_len as usize,
+                    spec.head_dim() as usize,
+                    spec.rope_theta,
+                    device,
+                )?),
+            },
             loss_seed: 1.0,
             pending: BTreeMap::new(),
             stash_bytes: 0,
@@ -348,6 +360,14 @@ impl Stage {
                     let (out, s) = blk.forward(&x, (b, t), &mask)?;
                     (out, ForwardStash::Block(Box::new(s)))
                 }
+                (PieceState::LlamaBlock(blk), _) => {
+                    let rope = self.rope.as_ref().ok_or_else(|| Error::InvalidArgument {
+                        field: "model.family",
+                        reason: "a Llama block in a stage without rotary tables".into(),
+                    })?;
+                    let (out, s) = blk.forward(&x, (b, t), &mask, rope)?;
+                    (out, ForwardStash::LlamaBlock(Box::new(s)))
+                }
                 (PieceState::Head(hd), Some(targets)) => {
                     let (loss, s) = hd.forward(&x, targets)?;
                     (loss, ForwardStash::Head(s))
@@ -451,6 +471,14 @@ impl Stage {
                     let (dx, w, norm) = blk.backward_input(*s, g)?;
                     dy = Some(dx);
                     (WeightStash::Block(Box::new(w)), norm)
+                }
+                (PieceState::LlamaBlock(blk), ForwardStash::LlamaBlock(s)) => {
+                    let g = dy
+                        .take()
+                        .ok_or_else(|| self.order_error("B", mb, "no gradient"))?;
+                    let (dx, w, norm) = blk.backward_input(*s, g)?;
+                    dy = Some(dx);
+                    (WeightStash::LlamaBlock(Box::new(w)), norm)
                 }
                 (PieceState::Embedding(e), ForwardStash::Embedding(s)) => {
                     let g = dy
@@ -654,6 +682,7 @@ fn piece_backward_weight(piece: &mut PieceState, stash: WeightStash, mb: u32) ->
     match (piece, stash) {
         (PieceState::Embedding(e), WeightStash::Embedding(s)) => e.backward_weight(s),
         (PieceState::Block(blk), WeightStash::Block(s)) => blk.backward_weight(*s),
+        (PieceState::LlamaBlock(blk), WeightStash::LlamaBlock(s)) => blk.backward_weight(*s),
         (PieceState::Head(hd), WeightStash::Head(s)) => hd.backward_weight(s),
         _ => Err(Error::InvalidArgument {
             field: "stash",

@@ -7,7 +7,8 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use common::{Oracle, max_abs, small_spec, tokens};
+use common::{Oracle, max_abs, small_llama, small_spec, tokens};
+use pipewise_common::model::ModelSpec;
 use pipewise_worker::rng::SplitMix64;
 use pipewise_worker::test_utils::max_abs_diff;
 use pipewise_worker::{Result, Stage, test_device};
@@ -121,7 +122,12 @@ fn run_pipeline(
 }
 
 fn split(device: &Device, n_stages: usize) -> Result<()> {
-    let spec = small_spec(4);
+    split_model(&small_spec(4), device, n_stages)?;
+    split_model(&small_llama(4), device, n_stages)
+}
+
+fn split_model(spec: &ModelSpec, device: &Device, n_stages: usize) -> Result<()> {
+    let spec = spec.clone();
     let seed = 17;
     let whole = Stage::whole(&spec, seed, device)?;
     let oracle = Oracle::new(&whole)?;
@@ -179,7 +185,8 @@ fn split(device: &Device, n_stages: usize) -> Result<()> {
     }
     assert!(checked > 0);
     eprintln!(
-        "{n_stages} stage(s), {} orders: max |diff| input gradients {worst_input:.2e}, weight gradients {worst_weight:.2e}",
+        "{} {n_stages} stage(s), {} orders: max |diff| input gradients {worst_input:.2e}, weight gradients {worst_weight:.2e}",
+        spec.family,
         orders().len()
     );
     Ok(())

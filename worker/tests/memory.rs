@@ -3,7 +3,7 @@
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::{small_spec, tokens};
+use common::{small_llama, small_spec, tokens};
 use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_worker::{Result, Stage, test_device};
 
@@ -80,9 +80,10 @@ fn check(spec: &ModelSpec, n_stages: usize, b: usize, k: u32, device: &Device) -
 }
 
 fn small(device: &Device) -> Result<()> {
-    let spec = small_spec(4);
-    for (n_stages, k) in [(1, 1), (2, 3), (4, 4), (6, 2)] {
-        check(&spec, n_stages, 2, k, device)?;
+    for spec in [small_spec(4), small_llama(4)] {
+        for (n_stages, k) in [(1, 1), (2, 3), (4, 4), (6, 2)] {
+            check(&spec, n_stages, 2, k, device)?;
+        }
     }
     Ok(())
 }
@@ -93,11 +94,13 @@ test_device!(stash_bytes_match_spec, small);
 /// copy of bf16 parameters, f32 moments), equals the spec's prediction
 /// (`DType::training_state_bytes` per parameter), before and after an optimizer step.
 fn state(device: &Device) -> Result<()> {
-    for dtype in [SpecDType::F32, SpecDType::BF16] {
-        let spec = ModelSpec {
-            dtype,
-            ..small_spec(2)
-        };
+    for (dtype, base) in [
+        (SpecDType::F32, small_spec(2)),
+        (SpecDType::BF16, small_spec(2)),
+        (SpecDType::F32, small_llama(2)),
+        (SpecDType::BF16, small_llama(2)),
+    ] {
+        let spec = ModelSpec { dtype, ..base };
         let ranges = Stage::even_split(&spec, 2)?;
         let mut stages = ranges
             .iter()

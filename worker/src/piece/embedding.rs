@@ -1,4 +1,5 @@
-//! The embedding piece: token embedding plus learned positions.
+//! The embedding piece: token embedding plus learned positions (GPT), or the token
+//! embedding alone (Llama, whose positions are rotary, in the blocks).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -11,8 +12,8 @@ use crate::param::{Init, Param};
 pub(crate) struct Embedding {
     /// `[V, h]`.
     pub(crate) wte: Param,
-    /// `[seq_len, h]`.
-    pub(crate) wpe: Param,
+    /// `[seq_len, h]`; none for Llama.
+    pub(crate) wpe: Option<Param>,
 }
 
 /// Held from `F` to `B`: the token ids `[b, t]`.
@@ -44,7 +45,7 @@ impl Embedding {
     pub(crate) fn new(
         vocab: usize,
         hidden: usize,
-        seq_len: usize,
+        seq_len: Option<usize>,
         seed: u64,
         dtype: DType,
         device: &Device,
@@ -62,16 +63,20 @@ impl Embedding {
         };
         Ok(Self {
             wte: p("wte", vocab)?,
-            wpe: p("wpe", seq_len)?,
+            wpe: seq_len.map(|t| p("wpe", t)).transpose()?,
         })
     }
 
     pub(crate) fn params(&self) -> Vec<&Param> {
-        vec![&self.wte, &self.wpe]
+        let mut params = vec![&self.wte];
+        params.extend(&self.wpe);
+        params
     }
 
     pub(crate) fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.wte, &mut self.wpe]
+        let mut params = vec![&mut self.wte];
+        params.extend(&mut self.wpe);
+        params
     }
 
     /// `ids: [b, t]` (u32) → `[N, h]`.
@@ -79,7 +84,10 @@ impl Embedding {
         let (b, t) = ids.dims2()?;
         let h = self.wte.value.dim(1)?;
         let x = self.wte.value.index_select(&ids.flatten_all()?, 0)?;
-        let pos = self.wpe.value.narrow(0, 0, t)?;
+        let Some(wpe) = &self.wpe else {
+            return Ok((x, ForwardStash { ids: ids.clone() }));
+        };
+        let pos = wpe.value.narrow(0, 0, t)?;
         let out = x
             .reshape((b, t, h))?
             .broadcast_add(&pos)?
@@ -95,18 +103,21 @@ impl Embedding {
     /// `dwte[id] += dy` row by row (in token order), `dwpe[p] += Σ_b dy[b, p]`.
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
         let (b, t) = w.ids.dims2()?;
-        let (seq_len, h) = self.wpe.value.dims2()?;
         let dy_wide = w.dy.to_dtype(self.wte.grad.dtype())?;
         let dwte = self
             .wte
             .grad
             .index_add(&w.ids.flatten_all()?, &dy_wide, 0)?;
         self.wte.grad = dwte;
+        let Some(wpe) = &mut self.wpe else {
+            return Ok(());
+        };
+        let (seq_len, h) = wpe.value.dims2()?;
         let mut dwpe = dy_wide.reshape((b, t, h))?.sum(0)?;
         if t < seq_len {
             let pad = Tensor::zeros((seq_len - t, h), dwpe.dtype(), dwpe.device())?;
             dwpe = Tensor::cat(&[&dwpe, &pad], 0)?;
         }
-        self.wpe.accumulate(&dwpe)
+        wpe.accumulate(&dwpe)
     }
 }

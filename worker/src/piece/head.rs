@@ -1,17 +1,23 @@
-//! The head piece: final LayerNorm, LM head (untied, no bias) and cross-entropy loss.
+//! The head piece: final norm (GPT's LayerNorm, Llama's RMSNorm), LM head (no bias) and
+//! cross-entropy loss.
 
 use candle_core::{DType, Device, Tensor};
+use pipewise_common::model::{Family, ModelSpec};
 
 use super::norm_grads::NormGrads;
 use crate::error::Result;
+use crate::llama_ops;
 use crate::ops;
 use crate::param::{Init, Param};
 
-/// Final LayerNorm and LM head.
+/// Final norm and LM head.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
     pub(crate) ln_w: Param,
-    pub(crate) ln_b: Param,
+    /// The LayerNorm's shift; none for Llama's RMSNorm.
+    pub(crate) ln_b: Option<Param>,
+    /// RMSNorm's epsilon (Llama).
+    rms_eps: f64,
     /// `[h, V]`.
     pub(crate) lm: Param,
 }
@@ -50,13 +56,8 @@ impl WeightStash {
 }
 
 impl Head {
-    pub(crate) fn new(
-        vocab: usize,
-        hidden: usize,
-        seed: u64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Self> {
+    pub(crate) fn new(spec: &ModelSpec, seed: u64, dtype: DType, device: &Device) -> Result<Self> {
+        let (vocab, hidden) = (spec.vocab as usize, spec.hidden as usize);
         let p = |name: &str, shape: &[usize], init: Init, decay: bool| {
             Param::new(
                 format!("head.{name}"),
@@ -68,33 +69,65 @@ impl Head {
                 device,
             )
         };
+        let llama = spec.family == Family::Llama;
         Ok(Self {
             ln_w: p("ln_f.weight", &[hidden], Init::Const(1.0), false)?,
-            ln_b: p("ln_f.bias", &[hidden], Init::Const(0.0), false)?,
+            ln_b: if llama {
+                None
+            } else {
+                Some(p("ln_f.bias", &[hidden], Init::Const(0.0), false)?)
+            },
+            rms_eps: spec.norm_eps,
             lm: p("lm_head.weight", &[hidden, vocab], Init::Normal(0.02), true)?,
         })
     }
 
     pub(crate) fn params(&self) -> Vec<&Param> {
-        vec![&self.ln_w, &self.ln_b, &self.lm]
+        let mut params = vec![&self.ln_w];
+        params.extend(&self.ln_b);
+        params.push(&self.lm);
+        params
     }
 
     pub(crate) fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.ln_w, &mut self.ln_b, &mut self.lm]
+        let mut params = vec![&mut self.ln_w];
+        params.extend(&mut self.ln_b);
+        params.push(&mut self.lm);
+        params
+    }
+
+    /// The final norm of `x`: its output, `x̂` and `1/σ`.
+    fn norm(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        Ok(match &self.ln_b {
+            Some(b) => {
+                let ln = ops::layer_norm(x, &self.ln_w.value, &b.value)?;
+                (ln.y, ln.xhat, ln.rstd)
+            }
+            None => {
+                let n = llama_ops::rms_norm(x, &self.ln_w.value, self.rms_eps)?;
+                (n.y, n.xhat, n.rstd)
+            }
+        })
+    }
+
+    /// The logits `[N, V]` of `x: [N, h]` (no loss: generation and evaluation read them).
+    pub(crate) fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let (z, _, _) = self.norm(x)?;
+        ops::linear(&z, &self.lm.value, None)
     }
 
     /// `x: [N, h]`, `targets: [b, t]` (u32) → the microbatch's mean loss (rank 0).
     pub(crate) fn forward(&self, x: &Tensor, targets: &Tensor) -> Result<(Tensor, ForwardStash)> {
-        let ln = ops::layer_norm(x, &self.ln_w.value, &self.ln_b.value)?;
-        let logits = ops::linear(&ln.y, &self.lm.value, None)?;
+        let (z, xhat, rstd) = self.norm(x)?;
+        let logits = ops::linear(&z, &self.lm.value, None)?;
         let targets = targets.flatten_all()?;
         let (probs, loss) = ops::cross_entropy(&logits, &targets)?;
         Ok((
             loss,
             ForwardStash {
-                xhat: ln.xhat,
-                rstd: ln.rstd,
-                z: ln.y,
+                xhat,
+                rstd,
+                z,
                 probs,
                 targets,
             },
@@ -111,14 +144,23 @@ impl Head {
     ) -> Result<(Tensor, WeightStash, NormGrads)> {
         let dlogits = ops::cross_entropy_grad(&f.probs, &f.targets, seed)?;
         let dz = ops::linear_grad_input(&dlogits, &self.lm.value)?;
-        let dx = ops::layer_norm_grad_input(&dz, &f.xhat, &f.rstd, &self.ln_w.value)?;
-        let (dg, db) = ops::layer_norm_grad_weight(&dz, &f.xhat)?;
-        Ok((dx, WeightStash { z: f.z, dlogits }, NormGrads(vec![dg, db])))
+        let w = &self.ln_w.value;
+        let (dx, norm) = if self.ln_b.is_some() {
+            let dx = ops::layer_norm_grad_input(&dz, &f.xhat, &f.rstd, w)?;
+            let (dg, db) = ops::layer_norm_grad_weight(&dz, &f.xhat)?;
+            (dx, vec![dg, db])
+        } else {
+            let dx = llama_ops::rms_norm_grad_input(&dz, &f.xhat, &f.rstd, w)?;
+            (dx, vec![llama_ops::rms_norm_grad_weight(&dz, &f.xhat)?])
+        };
+        Ok((dx, WeightStash { z: f.z, dlogits }, NormGrads(norm)))
     }
 
     /// The final LayerNorm's parameters, in the order of the [`NormGrads`] `B` returns.
     pub(crate) fn norm_params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.ln_w, &mut self.ln_b]
+        let mut params = vec![&mut self.ln_w];
+        params.extend(&mut self.ln_b);
+        params
     }
 
     /// The LM head's weight gradient from the stash, accumulated.

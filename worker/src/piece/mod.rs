@@ -3,10 +3,11 @@
 pub(crate) mod block;
 pub(crate) mod embedding;
 pub(crate) mod head;
+pub(crate) mod llama;
 pub(crate) mod norm_grads;
 
 use candle_core::{DType, Device};
-use pipewise_common::model::{ModelSpec, Piece};
+use pipewise_common::model::{Family, ModelSpec, Piece};
 
 use crate::error::Result;
 use crate::param::Param;
@@ -17,6 +18,7 @@ pub(crate) use norm_grads::NormGrads;
 pub(crate) enum PieceState {
     Embedding(embedding::Embedding),
     Block(Box<block::Block>),
+    LlamaBlock(Box<llama::Block>),
     Head(head::Head),
 }
 
@@ -25,6 +27,7 @@ pub(crate) enum PieceState {
 pub(crate) enum ForwardStash {
     Embedding(embedding::ForwardStash),
     Block(Box<block::ForwardStash>),
+    LlamaBlock(Box<llama::ForwardStash>),
     Head(head::ForwardStash),
 }
 
@@ -33,6 +36,7 @@ pub(crate) enum ForwardStash {
 pub(crate) enum WeightStash {
     Embedding(embedding::WeightStash),
     Block(Box<block::WeightStash>),
+    LlamaBlock(Box<llama::WeightStash>),
     Head(head::WeightStash),
 }
 
@@ -41,6 +45,7 @@ impl ForwardStash {
         match self {
             ForwardStash::Embedding(s) => s.bytes(),
             ForwardStash::Block(s) => s.bytes(),
+            ForwardStash::LlamaBlock(s) => s.bytes(),
             ForwardStash::Head(s) => s.bytes(),
         }
     }
@@ -51,6 +56,7 @@ impl WeightStash {
         match self {
             WeightStash::Embedding(s) => s.bytes(),
             WeightStash::Block(s) => s.bytes(),
+            WeightStash::LlamaBlock(s) => s.bytes(),
             WeightStash::Head(s) => s.bytes(),
         }
     }
@@ -66,15 +72,19 @@ impl PieceState {
         device: &Device,
     ) -> Result<Self> {
         let (v, h) = (spec.vocab as usize, spec.hidden as usize);
+        let llama = spec.family == Family::Llama;
         Ok(match piece {
             Piece::Embedding => PieceState::Embedding(embedding::Embedding::new(
                 v,
                 h,
-                spec.seq_len as usize,
+                (!llama).then_some(spec.seq_len as usize),
                 seed,
                 dtype,
                 device,
             )?),
+            Piece::Block(i) if llama => {
+                PieceState::LlamaBlock(Box::new(llama::Block::new(spec, i, seed, dtype, device)?))
+            }
             Piece::Block(i) => PieceState::Block(Box::new(block::Block::new(
                 i,
                 h,
@@ -84,7 +94,7 @@ impl PieceState {
                 dtype,
                 device,
             )?)),
-            Piece::Head => PieceState::Head(head::Head::new(v, h, seed, dtype, device)?),
+            Piece::Head => PieceState::Head(head::Head::new(spec, seed, dtype, device)?),
         })
     }
 
@@ -92,6 +102,7 @@ impl PieceState {
         match self {
             PieceState::Embedding(p) => p.params(),
             PieceState::Block(p) => p.params(),
+            PieceState::LlamaBlock(p) => p.params(),
             PieceState::Head(p) => p.params(),
         }
     }
@@ -100,6 +111,7 @@ impl PieceState {
         match self {
             PieceState::Embedding(p) => p.params_mut(),
             PieceState::Block(p) => p.params_mut(),
+            PieceState::LlamaBlock(p) => p.params_mut(),
             PieceState::Head(p) => p.params_mut(),
         }
     }
@@ -109,6 +121,7 @@ impl PieceState {
         let params = match self {
             PieceState::Embedding(_) => Vec::new(),
             PieceState::Block(p) => p.norm_params_mut(),
+            PieceState::LlamaBlock(p) => p.norm_params_mut(),
             PieceState::Head(p) => p.norm_params_mut(),
         };
         for (param, g) in params.into_iter().zip(&grads.0) {

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 
 use candle_core::{D, DType, Device, Tensor, Var, backprop::GradStore};
-use pipewise_common::model::{DType as SpecDType, ModelSpec};
+use pipewise_common::model::{DType as SpecDType, Family, ModelSpec};
+
+mod llama;
 use pipewise_worker::{Result, Stage};
 
 /// The small model of the compute tests.
@@ -40,6 +42,17 @@ pub fn step_batches(
     (0..steps)
         .map(|step| sampler.step(&corpus, step, n, &Device::Cpu))
         .collect()
+}
+
+/// The small Llama model of the compute tests: 4 heads sharing 2 key/value heads, an MLP
+/// of 48.
+pub fn small_llama(layers: u32) -> ModelSpec {
+    ModelSpec {
+        family: Family::Llama,
+        kv_heads: Some(2),
+        intermediate: Some(48),
+        ..small_spec(layers)
+    }
 }
 
 /// Seeded token windows `[b, t]` (inputs and targets) for microbatch `mb`.
@@ -97,7 +110,7 @@ impl Oracle {
         })
     }
 
-    fn v(&self, name: &str) -> &Tensor {
+    pub(crate) fn v(&self, name: &str) -> &Tensor {
         self.vars
             .get(name)
             .unwrap_or_else(|| panic!("no parameter {name}"))
@@ -117,6 +130,16 @@ impl Oracle {
             let mb = mb as u32;
             let (b, t) = ids.dims2()?;
             let device = ids.device();
+            if s.family == Family::Llama {
+                let loss = llama::loss(self, (ids, targets), mb, &mut taps)?;
+                losses.push(loss.to_scalar::<f32>()?);
+                let scaled = (loss / n as f64)?;
+                total = Some(match total {
+                    Some(acc) => (acc + scaled)?,
+                    None => scaled,
+                });
+                continue;
+            }
             let emb = self.v("embedding.wte").embedding(&ids.flatten_all()?)?;
             let pos = self.v("embedding.wpe").narrow(0, 0, t)?;
             let mut x = emb.reshape((b, t, h))?.broadcast_add(&pos)?;
