@@ -133,10 +133,10 @@ fn matches_reference(
     kind: ScheduleKind,
     workers: u32,
     chunks: u32,
-    layers: u32,
+    spec: &ModelSpec,
     steps: u64,
 ) -> Result<()> {
-    let spec = spec(layers);
+    let spec = spec.clone();
     let data = common::step_batches(&spec, steps, MICROBATCHES)?;
     let reference = reference(&spec, &data)?;
     let schedule = schedule(kind, workers, chunks);
@@ -155,9 +155,10 @@ fn matches_reference(
     let norm_diff = norm_difference(&run.reports, &reference);
     let clipped = reference.grad_norms.iter().filter(|&&g| g > CLIP).count();
     eprintln!(
-        "{kind:>16} d={workers} stages={} n={MICROBATCHES} steps={steps}: max |Δloss| {loss_diff:.2e}, \
+        "{:>5} {kind:>16} d={workers} stages={} n={MICROBATCHES} steps={steps}: max |Δloss| {loss_diff:.2e}, \
          max |Δparam| {param_diff:.2e} (params moved up to {moved:.2e}), max |Δgrad norm| \
          {norm_diff:.2e}, {clipped}/{steps} steps clipped (norms {:.3?}), losses {:.4} → {:.4}, {secs:.2} s",
+        spec.family,
         schedule.placement.stages(),
         reference.grad_norms,
         reference.losses[0],
@@ -213,10 +214,42 @@ macro_rules! exact {
     ($name:ident, $kind:expr, $workers:expr, $chunks:expr, $layers:expr, $steps:expr) => {
         #[test]
         fn $name() -> Result<()> {
-            matches_reference($kind, $workers, $chunks, $layers, $steps)
+            matches_reference($kind, $workers, $chunks, &spec($layers), $steps)
         }
     };
 }
+
+/// The same for the Llama family: every schedule, and 1, 2, 4 and 8 workers.
+macro_rules! exact_llama {
+    ($name:ident, $kind:expr, $workers:expr, $chunks:expr, $layers:expr) => {
+        #[test]
+        fn $name() -> Result<()> {
+            matches_reference($kind, $workers, $chunks, &llama($layers), 5)
+        }
+    };
+}
+
+/// The Llama model of these tests: heads of 16, 2 key/value heads, an MLP of 48.
+fn llama(layers: u32) -> ModelSpec {
+    ModelSpec {
+        heads: 2,
+        kv_heads: Some(1),
+        ..common::small_llama(layers)
+    }
+}
+
+exact_llama!(llama_gpipe, ScheduleKind::GPipe, 4, 1, 8);
+exact_llama!(llama_1f1b, ScheduleKind::OneFOneB, 4, 1, 8);
+exact_llama!(llama_interleaved, ScheduleKind::Interleaved1F1B, 4, 2, 8);
+exact_llama!(llama_zb_h1, ScheduleKind::ZbH1, 4, 1, 8);
+exact_llama!(llama_zb_h2, ScheduleKind::ZbH2, 4, 1, 8);
+exact_llama!(llama_v_min, ScheduleKind::VMin, 4, 1, 8);
+exact_llama!(llama_v_half, ScheduleKind::VHalf, 4, 1, 8);
+exact_llama!(llama_v_zb, ScheduleKind::VZb, 4, 1, 8);
+exact_llama!(llama_adaptive_v, ScheduleKind::AdaptiveV, 4, 1, 8);
+exact_llama!(llama_1f1b_1_worker, ScheduleKind::OneFOneB, 1, 1, 8);
+exact_llama!(llama_1f1b_2_workers, ScheduleKind::OneFOneB, 2, 1, 8);
+exact_llama!(llama_v_half_8_workers, ScheduleKind::VHalf, 8, 1, 14);
 
 exact!(gpipe_matches_reference, ScheduleKind::GPipe, 4, 1, 8, 5);
 exact!(
