@@ -217,6 +217,7 @@ pub(crate) fn swiglu_grad_input(gu: &Tensor, dy: &Tensor) -> Result<Tensor> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub mod family;
+pub mod hf;
 pub use family::{DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, Family};
 
 /// Element type of parameters and activations.

@@ -1,0 +1,48 @@
+//! Forward without training: a stage's output on an input with nothing stashed, for
+//! evaluation and generation.
+
+use candle_core::{DType, Tensor};
+
+use super::Stage;
+use crate::error::{Error, Result};
+use crate::piece::PieceState;
+
+impl Stage {
+    /// The stage's output on `input` (token ids `[b, t]` on the first stage, hidden states
+    /// `[b, t, h]` after it): hidden states `[b, t, h]`, or on the last stage the logits
+    /// `[b, t, V]` in f32.
+    pub fn infer(&self, input: &Tensor) -> Result<Tensor> {
+        let (b, t) = (input.dim(0)?, input.dim(1)?);
+        if t > self.spec.seq_len as usize {
+            return Err(Error::InvalidArgument {
+                field: "input",
+                reason: format!("{t} tokens, more than the model's {}", self.spec.seq_len),
+            });
+        }
+        let h = self.spec.hidden as usize;
+        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let mut x = if self.is_first() {
+            input.clone()
+        } else {
+            input.reshape((b * t, h))?
+        };
+        for piece in &self.pieces {
+            x = match piece {
+                PieceState::Embedding(e) => e.forward(&x)?.0,
+                PieceState::Block(blk) => blk.forward(&x, (b, t), &mask)?.0,
+                PieceState::LlamaBlock(blk) => {
+                    let rope = self.rope.as_ref().ok_or_else(|| Error::InvalidArgument {
+                        field: "model.family",
+                        reason: "a Llama block in a stage without rotary tables".into(),
+                    })?;
+                    blk.forward(&x, (b, t), &mask, rope)?.0
+                }
+                PieceState::Head(hd) => {
+                    let v = self.spec.vocab as usize;
+                    return Ok(hd.logits(&x)?.to_dtype(DType::F32)?.reshape((b, t, v))?);
+                }
+            };
+        }
+        Ok(x.reshape((b, t, h))?)
+    }
+}
