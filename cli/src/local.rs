@@ -52,14 +52,28 @@ pub(crate) enum ComputeArg {
     Emulate,
 }
 
-/// Model presets of `pipewise local`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum ModelPreset {
-    /// vocab 256, hidden 64, 4 heads, 8 layers, sequence 32 (well under a second per step
-    /// on a CPU).
+/// The model of `pipewise local`: a preset, or a Hugging Face directory to start from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ModelArg {
+    /// `tiny`: a byte-level GPT, vocab 256, hidden 64, 4 heads, 8 layers, sequence 32 (well
+    /// under a second per step on a CPU).
     Tiny,
-    /// vocab 256, hidden 128, 4 heads, 16 layers, sequence 64.
+    /// `small`: a byte-level GPT, vocab 256, hidden 128, 4 heads, 16 layers, sequence 64.
     Small,
+    /// A directory as `save_pretrained` writes it (`config.json`, `model.safetensors`).
+    Dir(PathBuf),
+}
+
+/// `--model`: `tiny`, `small`, or a directory holding a `config.json`.
+fn parse_model(s: &str) -> std::result::Result<ModelArg, String> {
+    match s {
+        "tiny" => Ok(ModelArg::Tiny),
+        "small" => Ok(ModelArg::Small),
+        dir if Path::new(dir).join("config.json").is_file() => Ok(ModelArg::Dir(dir.into())),
+        other => Err(format!(
+            "{other:?} is neither a preset (tiny, small) nor a directory with a config.json"
+        )),
+    }
 }
 
 /// `pipewise local` arguments.
@@ -90,9 +104,11 @@ pub(crate) struct LocalArgs {
     /// Optimizer steps.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) steps: u32,
-    /// Model size.
-    #[arg(long, value_enum, default_value_t = ModelPreset::Tiny)]
-    pub(crate) model: ModelPreset,
+    /// The model: `tiny` or `small` (byte-level GPTs), or a Hugging Face model directory
+    /// (`config.json` and `model.safetensors`, a `LlamaForCausalLM`) whose weights the job
+    /// starts from.
+    #[arg(long, default_value = "tiny", value_name = "PRESET|DIR", value_parser = parse_model)]
+    pub(crate) model: ModelArg,
     /// Model dtype: `f32`, or `bf16` (mixed precision: compute and activations in bf16;
     /// gradients, AdamW moments, master copies and the loss in f32). `f16` only with
     /// `--compute emulate` (real f16 training would need loss scaling).
@@ -248,6 +264,10 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
         }
         None => None,
     };
+    if let Some(dir) = spec.model.path.clone() {
+        stage_model(Path::new(&dir), &data_dir)?;
+        spec.model.path = Some(STAGED_MODEL.into());
+    }
     let runtime = runtime()?;
     let outcome = runtime.block_on(drive(args, (&spec, data.as_deref()), &plan, &data_dir));
     if args.output_dir.is_none() {
@@ -262,6 +282,36 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
 const CHECKPOINTS: &str = "checkpoints";
 /// Where `--data` is linked (or copied) under the data directory for the workers to read.
 const STAGED_DATA: &str = "corpus.txt";
+
+/// Where the model directory's files are linked (or copied) under the data directory.
+const STAGED_MODEL: &str = "model";
+
+/// Links the files of model directory `dir` into `data_dir/model` (copies where a hard link
+/// cannot be made): a job names only paths under the workers' data directory.
+fn stage_model(dir: &Path, data_dir: &Path) -> Result<()> {
+    let staged = data_dir.join(STAGED_MODEL);
+    let _ = std::fs::remove_dir_all(&staged);
+    std::fs::create_dir_all(&staged)
+        .with_context(|| format!("cannot create {}", staged.display()))?;
+    let entries = std::fs::read_dir(dir).with_context(|| format!("--model {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("--model {}", dir.display()))?;
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let to = staged.join(entry.file_name());
+        if std::fs::hard_link(entry.path(), &to).is_err() {
+            std::fs::copy(entry.path(), &to).with_context(|| {
+                format!(
+                    "--model: cannot copy {} to {}",
+                    entry.path().display(),
+                    to.display()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
 
 /// Links `--data` `path` into `data_dir` (a copy where a hard link cannot be made, e.g.
 /// across file systems): a job names only files under the workers' data directory.

@@ -250,8 +250,11 @@ impl Actor for JobManager {
         state: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
         match msg {
-            JobMsg::Submit(spec, reply) => {
-                if let Err(e) = crate::checkpoints::check_paths(state.store.dir(), &spec) {
+            JobMsg::Submit(mut spec, reply) => {
+                let dir = state.store.dir();
+                let resolved = crate::checkpoints::resolve_model(dir, &mut spec);
+                if let Err(e) = resolved.and_then(|()| crate::checkpoints::check_paths(dir, &spec))
+                {
                     let _ = reply.send(Err(e));
                     return Ok(());
                 }

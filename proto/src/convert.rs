@@ -323,6 +323,7 @@ impl From<&ModelSpec> for v1::ModelSpec {
             rope_theta: spec.rope_theta,
             norm_eps: spec.norm_eps,
             tie_embeddings: spec.tie_embeddings,
+            path: spec.path.clone(),
         }
     }
 }
@@ -361,6 +362,7 @@ impl TryFrom<v1::ModelSpec> for ModelSpec {
                 msg.norm_eps
             },
             tie_embeddings: msg.tie_embeddings,
+            path: msg.path,
         };
         spec.validate().map_err(|e| ConvertError::Invalid {
             field: match &e {
@@ -686,7 +688,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            ModelSpec::try_from(bad),
+            ModelSpec::try_from(bad.clone()),
             Err(ConvertError::Invalid {
                 field: "ModelSpec.heads",
                 ..

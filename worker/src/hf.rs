@@ -9,7 +9,6 @@
 //! and split on the way out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -18,6 +17,7 @@ use memmap2::Mmap;
 use pipewise_common::model::{self, Family, ModelSpec, Piece};
 use safetensors::SafeTensors;
 
+use crate::confined::Confined;
 use crate::error::{Error, Result};
 use crate::param::Param;
 use crate::piece::PieceState;
@@ -60,37 +60,42 @@ impl std::fmt::Debug for HfModel {
     }
 }
 
-fn read_text(path: &Path) -> Result<String> {
+fn read_text(file: &Confined) -> Result<String> {
     let mut text = String::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_string(&mut text))
+    file.open()?
+        .read_to_string(&mut text)
         .map_err(|source| Error::Io {
-            path: path.to_path_buf(),
+            path: file.path(),
             source,
         })?;
     Ok(text)
 }
 
 impl HfModel {
-    /// Opens `dir` for a job of `seq_len`-token sequences in `dtype`: reads `config.json`,
-    /// maps the weight files and checks every header.
+    /// Opens directory `dir` (a local path, trusted) for a job of `seq_len`-token
+    /// sequences in `dtype`.
     pub fn open(dir: &Path, seq_len: u32, dtype: model::DType) -> Result<Self> {
-        let config = dir.join(CONFIG);
+        Self::open_confined(&Confined::at(dir), seq_len, dtype)
+    }
+
+    /// Opens `dir` (a job's `model.path` under the data directory; nothing below it is
+    /// reached through a link): reads `config.json`, maps the weight files and checks
+    /// every header.
+    pub fn open_confined(dir: &Confined, seq_len: u32, dtype: model::DType) -> Result<Self> {
+        let config = dir.join(CONFIG)?;
         let text = read_text(&config)?;
-        let spec =
-            model::hf::spec_from_config(&config.display().to_string(), &text, seq_len, dtype)?;
+        let shown = config.path().display().to_string();
+        let spec = model::hf::spec_from_config(&shown, &text, seq_len, dtype)?;
         let names = weight_files(dir)?;
         let mut files = Vec::with_capacity(names.len());
         let mut index = HashMap::new();
-        for (i, path) in names.into_iter().enumerate() {
-            let file = File::open(&path).map_err(|source| Error::Io {
-                path: path.clone(),
-                source,
-            })?;
+        for (i, file) in names.into_iter().enumerate() {
+            let path = file.path();
+            let opened = file.open()?;
             // SAFETY: the map is read-only and lives as long as `files`; a file changed
             // underneath a running job is outside what any reader of it can guard against.
             #[allow(unsafe_code)]
-            let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
+            let map = unsafe { Mmap::map(&opened) }.map_err(|source| Error::Io {
                 path: path.clone(),
                 source,
             })?;
@@ -102,7 +107,7 @@ impl HfModel {
             files.push((path, map));
         }
         Ok(Self {
-            dir: dir.to_path_buf(),
+            dir: dir.path(),
             spec,
             files,
             index,
@@ -157,7 +162,11 @@ impl HfModel {
     /// Every parameter of `stage` set from the checkpoint (its optimizer state untouched).
     pub fn load_into(&self, stage: &mut Stage) -> Result<()> {
         let s = self.spec.clone();
-        if stage.spec() != &s {
+        let held = ModelSpec {
+            path: None,
+            ..stage.spec().clone()
+        };
+        if held != s {
             return Err(Error::InvalidArgument {
                 field: "model.path",
                 reason: format!(
@@ -251,33 +260,33 @@ fn set(p: &mut Param, value: Tensor) -> Result<()> {
 
 /// The weight files of `dir`: `model.safetensors`, or the shards its index names (each once,
 /// in name order).
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let single = dir.join(WEIGHTS);
-    if single.is_file() {
+fn weight_files(dir: &Confined) -> Result<Vec<Confined>> {
+    let single = dir.join(WEIGHTS)?;
+    if single.open().is_ok() {
         return Ok(vec![single]);
     }
-    let index = dir.join(INDEX);
-    if !index.is_file() {
-        return Err(bad(
-            dir,
+    let index = dir.join(INDEX)?;
+    let text = read_text(&index).map_err(|_| {
+        bad(
+            &dir.path(),
             WEIGHTS,
-            format!("neither {WEIGHTS} nor {INDEX} is there"),
-        ));
-    }
-    let text = read_text(&index)?;
+            format!("neither {WEIGHTS} nor {INDEX} can be read there"),
+        )
+    })?;
+    let shown = index.path();
     let parsed: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(&index, "(json)", format!("not JSON: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| bad(&shown, "(json)", format!("not JSON: {e}")))?;
     let map = parsed
         .get("weight_map")
         .and_then(serde_json::Value::as_object)
-        .ok_or_else(|| bad(&index, "weight_map", "missing, or not an object"))?;
+        .ok_or_else(|| bad(&shown, "weight_map", "missing, or not an object"))?;
     let mut shards = BTreeMap::new();
     for (tensor, file) in map {
         let file = file
             .as_str()
             .filter(|f| !f.contains('/') && !f.contains('\\') && *f != ".." && !f.is_empty())
-            .ok_or_else(|| bad(&index, tensor, "not a file name in the directory"))?;
-        shards.insert(file.to_string(), dir.join(file));
+            .ok_or_else(|| bad(&shown, tensor, "not a file name in the directory"))?;
+        shards.insert(file.to_string(), dir.join(file)?);
     }
     Ok(shards.into_values().collect())
 }

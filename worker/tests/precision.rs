@@ -39,7 +39,7 @@ fn close_to_f32(device: &Device) -> Result<()> {
     let full = small_spec(2);
     let half = ModelSpec {
         dtype: SpecDType::BF16,
-        ..full
+        ..full.clone()
     };
     let (l32, g32) = loss_and_grads(&full, device)?;
     let (l16, g16) = loss_and_grads(&half, device)?;

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use pipewise_common::job::{Compute, JobSpec, example};
+use pipewise_common::model::{Family, ModelSpec};
 
-use super::{ComputeArg, LocalArgs, ModelPreset};
+use super::{ComputeArg, LocalArgs, ModelArg};
 use crate::text_file::read_text;
 
 /// The largest job file read (as `submit` takes).
@@ -17,14 +18,35 @@ const MAX_JOB_FILE: u64 = (4 << 20) - (64 << 10);
 /// [`LocalArgs`] was given on the command line.
 pub(crate) fn local_job(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<JobSpec> {
     let Some(file) = &args.job else {
-        return Ok(flags_job(args));
+        let mut spec = flags_job(args);
+        local_model(&mut spec)?;
+        return Ok(spec);
     };
     let toml = read_text(file, MAX_JOB_FILE)?;
     let mut spec = JobSpec::from_toml(&toml)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("job file {}", file.display()))?;
     over(&mut spec, args, given);
+    local_model(&mut spec)?;
     Ok(spec)
+}
+
+/// A job that starts from a Hugging Face directory on this machine (`--model DIR`, or the
+/// job file's `[model] path`, relative to the current directory): its sizes read from the
+/// directory's `config.json`, as the coordinator reads them at submit.
+fn local_model(spec: &mut JobSpec) -> Result<()> {
+    let Some(dir) = spec.model.path.clone() else {
+        return Ok(());
+    };
+    let file = PathBuf::from(&dir).join("config.json");
+    let shown = file.display().to_string();
+    let text = read_text(&file, MAX_JOB_FILE).with_context(|| format!("model {dir}"))?;
+    let m = &spec.model;
+    let from = pipewise_common::model::hf::spec_from_config(&shown, &text, m.seq_len, m.dtype)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    spec.model = pipewise_common::model::hf::completed(m, &from, &shown)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
 }
 
 /// The job the flags alone describe: the example job with every flag over it, a microbatch
@@ -61,10 +83,28 @@ fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     }
     if given("model") {
         let m = &mut spec.model;
-        (m.vocab, m.heads) = (256, 4);
-        (m.hidden, m.layers, m.seq_len) = match args.model {
-            ModelPreset::Tiny => (64, 8, 32),
-            ModelPreset::Small => (128, 16, 64),
+        let preset = |hidden, layers, seq_len| ModelSpec {
+            hidden,
+            layers,
+            seq_len,
+            dtype: m.dtype,
+            ..ModelSpec::default()
+        };
+        *m = match &args.model {
+            ModelArg::Tiny => preset(64, 8, 32),
+            ModelArg::Small => preset(128, 16, 64),
+            // Its sizes come from its config.json ([`local_model`]).
+            ModelArg::Dir(dir) => ModelSpec {
+                path: Some(dir.display().to_string()),
+                seq_len: m.seq_len,
+                dtype: m.dtype,
+                family: Family::Llama,
+                vocab: 0,
+                hidden: 0,
+                heads: 0,
+                layers: 0,
+                ..ModelSpec::default()
+            },
         };
     }
     if given("dtype") {

@@ -193,7 +193,7 @@ mod tests {
                 AutoRequest {
                     spec: ModelSpec {
                         heads: 5,
-                        ..good.spec
+                        ..good.spec.clone()
                     },
                     ..good.clone()
                 },

@@ -30,6 +30,14 @@ impl JobSpec {
             },
             other => other,
         })?;
+        if self.model.tie_embeddings && !self.compute.is_emulated() {
+            // The embedding and the head would each train their own copy of the table.
+            return Err(Error::invalid(
+                "model.tie_embeddings",
+                "training a model whose LM head is its embedding table is not supported yet \
+                 (pipewise eval, generate and export read such models)",
+            ));
+        }
         if self.model.dtype == DType::F16 && !self.compute.is_emulated() {
             // bf16 has f32's exponent range; f16's underflows without loss scaling (a
             // 32k-vocabulary loss gradient over 8 × 4096 tokens is about 1e-9).
@@ -310,6 +318,12 @@ fn model_field(field: &'static str) -> &'static str {
         "layers" => "model.layers",
         "seq_len" => "model.seq_len",
         "dtype" => "model.dtype",
+        "family" => "model.family",
+        "kv_heads" => "model.kv_heads",
+        "intermediate" => "model.intermediate",
+        "rope_theta" => "model.rope_theta",
+        "norm_eps" => "model.norm_eps",
+        "tie_embeddings" => "model.tie_embeddings",
         other => other,
     }
 }

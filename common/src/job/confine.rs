@@ -142,6 +142,16 @@ impl JobSpec {
         confine("checkpoint.folder", &self.checkpoint.folder, root)
     }
 
+    /// `model.path` under data directory `root` ([`confine`]); `None`: the job starts from
+    /// its seeded initial values.
+    pub fn model_path_in(&self, root: &Path) -> Result<Option<PathBuf>> {
+        self.model
+            .path
+            .as_deref()
+            .map(|path| confine("model.path", path, root))
+            .transpose()
+    }
+
     /// `data.path` under data directory `root` ([`confine`]); `None`: the generated corpus.
     pub fn data_path_in(&self, root: &Path) -> Result<Option<PathBuf>> {
         self.data

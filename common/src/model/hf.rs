@@ -86,6 +86,7 @@ pub fn spec_from_config(file: &str, json: &str, seq_len: u32, dtype: DType) -> R
     }
     let spec = ModelSpec {
         family: Family::Llama,
+        path: None,
         vocab: count("vocab_size")?,
         hidden,
         heads,
@@ -173,6 +174,32 @@ fn refuse_unsupported(c: &Map<String, Value>, bad: &dyn Fn(&str, String) -> Erro
         ));
     }
     Ok(())
+}
+
+/// `given` (a job's `[model]` with a `path`) completed from `from` (its `config.json`): the
+/// sizes the job left out taken, those it gave checked against the file.
+pub fn completed(given: &ModelSpec, from: &ModelSpec, file: &str) -> Result<ModelSpec> {
+    let sizes = [
+        ("vocab", given.vocab, from.vocab),
+        ("hidden", given.hidden, from.hidden),
+        ("heads", given.heads, from.heads),
+        ("layers", given.layers, from.layers),
+    ];
+    for (field, job, config) in sizes {
+        if job != 0 && job != config {
+            return Err(Error::InvalidArgument {
+                field: "model.path",
+                reason: format!(
+                    "the job's model.{field} = {job}, but {file} has {} = {config}",
+                    hf_key(field)
+                ),
+            });
+        }
+    }
+    Ok(ModelSpec {
+        path: given.path.clone(),
+        ..from.clone()
+    })
 }
 
 /// `config.json` for `spec` as `transformers` reads it back into the same model.

@@ -165,13 +165,22 @@ pub struct ModelSpec {
     /// The block architecture (default GPT).
     #[serde(default, skip_serializing_if = "Family::is_gpt")]
     pub family: Family,
+    /// A Hugging Face model directory under the data directory (`config.json`,
+    /// `model.safetensors`): the job starts from its weights, and the sizes below, left
+    /// out, are read from its `config.json` when the job is submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// Vocabulary size (256 for byte-level tokens).
+    #[serde(default)]
     pub vocab: u32,
     /// Hidden size `h`.
+    #[serde(default)]
     pub hidden: u32,
     /// Attention heads (must divide `hidden`).
+    #[serde(default)]
     pub heads: u32,
     /// Transformer blocks.
+    #[serde(default)]
     pub layers: u32,
     /// Sequence length `t` (also the number of learned positions).
     pub seq_len: u32,
@@ -207,6 +216,7 @@ impl Default for ModelSpec {
     fn default() -> Self {
         ModelSpec {
             family: Family::Gpt,
+            path: None,
             vocab: 256,
             hidden: 64,
             heads: 4,
@@ -688,7 +698,7 @@ mod tests {
         let gpt2 = ModelSpec {
             hidden: 768,
             heads: 12,
-            ..s
+            ..s.clone()
         };
         assert_eq!(gpt2.piece_params(Piece::Block(0)), 7_087_872);
         assert_eq!(s.piece_params(Piece::Head), 2 * 64 + 64 * 256);
@@ -713,7 +723,7 @@ mod tests {
         // log-sum-exp (4 heads × 4 bytes per token, 2 × 32 tokens).
         let half = ModelSpec {
             dtype: DType::BF16,
-            ..s
+            ..s.clone()
         };
         let b32 = s.piece_activation_bytes(Piece::Block(0), 2);
         let b16 = half.piece_activation_bytes(Piece::Block(0), 2);

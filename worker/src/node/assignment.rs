@@ -57,6 +57,8 @@ pub(crate) struct Assignment {
     /// The training text, `data.path` in this worker's data directory (`None`: the
     /// generated corpus).
     pub(crate) data: Option<Confined>,
+    /// The Hugging Face directory a fresh run's weights come from (`model.path`).
+    pub(crate) model: Option<Confined>,
     /// Go on from the stages held in memory after `steps.start` steps, not a checkpoint.
     pub(crate) resume_in_memory: bool,
     /// Take the stages' state after `steps.start` steps from the worker at this address (a
@@ -229,6 +231,13 @@ impl Assignment {
             }
             None => None,
         };
+        let model = match spec.model_path_in(data_dir)? {
+            Some(path) => {
+                check_links("model.path", &path, data_dir, found)?;
+                Some(Confined::resolve("model.path", data_dir, &path)?)
+            }
+            None => None,
+        };
         Ok(Assignment {
             run: a.run,
             worker: a.worker_index,
@@ -245,6 +254,7 @@ impl Assignment {
             contributor,
             output,
             data,
+            model,
             run_secret: bytes::Bytes::from(a.run_secret),
             resume_in_memory: a.resume_in_memory,
             copy_from: a.copy_from,

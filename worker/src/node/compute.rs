@@ -214,6 +214,14 @@ impl RealCompute {
         // from the run before's workers, once the run is joined.
         if a.steps.start > 0 && a.copy_from.is_empty() && a.handover.is_empty() {
             rt.resume(&a.output, a.steps.start)?;
+        } else if let Some(dir) = &a.model
+            && a.steps.start == 0
+        {
+            let model =
+                crate::hf::HfModel::open_confined(dir, spec.model.seq_len, spec.model.dtype)?;
+            for stage in rt.stages_mut().values_mut() {
+                model.load_into(stage)?;
+            }
         }
         Ok(rt)
     }
