@@ -57,6 +57,16 @@ pub(crate) enum Command {
     /// the same tensor names whatever the worker count).
     #[command(verbatim_doc_comment)]
     Local(crate::local::LocalArgs),
+    /// Write a trained Llama-family model as a Hugging Face directory.
+    ///
+    /// CHECKPOINT is a step's directory of stage files or the
+    /// params.safetensors of `pipewise local --output-dir`; the run's
+    /// job.toml (found beside or above it, or --job) gives the model.
+    /// Writes DIR/config.json and DIR/model.safetensors (and
+    /// tokenizer.json with --tokenizer), which transformers'
+    /// from_pretrained loads.
+    #[command(verbatim_doc_comment)]
+    Export(crate::export::ExportArgs),
     /// Run a coordinator: the job API and the cluster API over gRPC.
     ///
     /// Jobs submitted to it run on the worker processes that register

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use pipewise_common::job::{JobPlan, JobSpec, layout};
-use pipewise_common::model::DType;
+use pipewise_common::model::{DType, Family};
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_coordinator::{Coordinator, Unfinished};
@@ -283,6 +283,9 @@ const CHECKPOINTS: &str = "checkpoints";
 /// Where `--data` is linked (or copied) under the data directory for the workers to read.
 const STAGED_DATA: &str = "corpus.txt";
 
+/// Where `--output-dir` writes a Llama-family model as a Hugging Face directory.
+const HF_EXPORT: &str = "hf";
+
 /// Where the model directory's files are linked (or copied) under the data directory.
 const STAGED_MODEL: &str = "model";
 
@@ -477,11 +480,25 @@ fn finish(
             let params = merge_params(&output, spec.parallelism.pipeline_parallel_degree)?;
             candle_core::safetensors::save(&params, dir.join("params.safetensors"))
                 .context("cannot write params.safetensors")?;
+            let toml = spec.to_toml().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let job = dir.join(crate::export::JOB_FILE);
+            std::fs::write(&job, toml)
+                .with_context(|| format!("cannot write {}", job.display()))?;
             outln!(
-                "wrote {}/summary.json and {}/params.safetensors",
+                "wrote {}/summary.json, params.safetensors and {}",
                 dir.display(),
-                dir.display()
+                crate::export::JOB_FILE
             );
+            if spec.model.family == Family::Llama {
+                let hf = dir.join(HF_EXPORT);
+                let tokenizer = dir.join(STAGED_MODEL).join("tokenizer.json");
+                let tokenizer = tokenizer.is_file().then_some(tokenizer);
+                crate::export::write(&hf, spec, &params, tokenizer.as_deref())?;
+                outln!(
+                    "wrote {} (transformers' from_pretrained loads it)",
+                    hf.display()
+                );
+            }
         }
     }
     std::io::stdout().flush().ok();

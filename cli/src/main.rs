@@ -46,6 +46,7 @@ mod completions;
 mod connection;
 mod coordinator;
 mod device;
+mod export;
 mod local;
 mod logging;
 mod metrics;
@@ -90,6 +91,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Local(args) => local::run(&args, &given),
+        Command::Export(args) => export::run(&args),
         Command::Coordinator(args) => coordinator::run(&args),
         Command::Worker(args) => worker::run(&args),
         Command::Submit(args) => submit::run(&args),

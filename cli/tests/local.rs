@@ -562,3 +562,56 @@ fn a_job_file_runs_with_the_given_flags_over_its_fields() {
     assert_eq!(losses(&overridden), losses(&reference));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run that starts from a Hugging Face Llama directory gives the same result on 1 worker
+/// and on V-Half over 2; its first loss is the loaded model's (not a fresh one's: ln 96 is
+/// 4.564), `--output-dir` writes the model as a Hugging Face directory, and `pipewise
+/// export` of the run's parameters writes the same tensors.
+#[test]
+fn a_hugging_face_model_trains_and_exports() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/testdata/llama-tiny/untied");
+    let base = tempfile_dir("hf-train");
+    std::fs::create_dir_all(&base).unwrap();
+    // Digits and spaces: bytes below the fixture's vocabulary of 96.
+    let text: String = (0..4000u32)
+        .map(|i| format!("{} ", i * 7919 % 10007))
+        .collect();
+    let data = base.join("digits.txt");
+    std::fs::write(&data, text).unwrap();
+    let model = fixture.display().to_string();
+    let extra = ["--model", &model, "--data", data.to_str().unwrap()];
+    let (one, two) = (base.join("one"), base.join("two"));
+    let reference = local_with(&one, "1", "1f1b", "4", &extra);
+    let run = local_with(&two, "2", "v-half", "4", &extra);
+    assert_same(
+        "v-half on 2",
+        (&losses(&reference), &params(&one)),
+        (&losses(&run), &params(&two)),
+    );
+    let first = losses(&reference)[0];
+    assert!((first - 4.564).abs() > 0.01, "first loss {first}");
+    let hf = two.join("hf");
+    assert!(hf.join("config.json").is_file() && hf.join("model.safetensors").is_file());
+    let exported = base.join("exported");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .arg("export")
+        .arg(two.join("params.safetensors"))
+        .arg("--to")
+        .arg(&exported)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let load = |dir: &Path| {
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap()
+    };
+    let (a, b) = (load(&hf), load(&exported));
+    assert_eq!(a.len(), 21, "{:?}", a.keys());
+    assert_eq!(common::max_param_diff(&a, &b), 0.0);
+    std::fs::remove_dir_all(&base).ok();
+}

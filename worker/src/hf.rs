@@ -362,3 +362,21 @@ pub fn save(dir: &Path, spec: &ModelSpec, tensors: &[(String, Tensor)]) -> Resul
         .map_err(|e| bad(&path, "(write)", e.to_string()))?;
     Ok(())
 }
+
+/// Writes the whole model `spec` whose parameters are `params` (by whole-model name, as
+/// `params.safetensors` and the final files hold them) as a Hugging Face directory.
+pub fn save_params(dir: &Path, spec: &ModelSpec, params: &HashMap<String, Tensor>) -> Result<()> {
+    let spec = ModelSpec {
+        path: None,
+        ..spec.clone()
+    };
+    let mut stage = Stage::whole(&spec, 0, &Device::Cpu)?;
+    for p in stage.params_mut() {
+        let value = params.get(&p.name).ok_or_else(|| Error::InvalidArgument {
+            field: "checkpoint",
+            reason: format!("has no parameter {}", p.name),
+        })?;
+        set(p, value.to_dtype(DType::F32)?)?;
+    }
+    save(dir, &spec, &stage_tensors(&stage)?)
+}

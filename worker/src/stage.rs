@@ -206,7 +206,7 @@ impl Stage {
         self.pieces.iter().flat_map(PieceState::params)
     }
 
-    fn params_mut(&mut self) -> impl Iterator<Item = &mut Param> {
+    pub(crate) fn params_mut(&mut self) -> impl Iterator<Item = &mut Param> {
         self.pieces.iter_mut().flat_map(PieceState::params_mut)
     }
 
