@@ -52,6 +52,7 @@ pub mod checkpoint;
 pub mod confined;
 pub mod data;
 pub mod error;
+pub mod eval;
 pub mod hf;
 pub mod job;
 mod kernels;

@@ -170,3 +170,36 @@ fn bad_checkpoints_are_refused_naming_file_and_key() -> Result<()> {
     std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
+
+/// `eval::mean_loss` over each fixture sequence as one window (its first 15 tokens, each
+/// predicting the next) averages to `transformers`' loss; greedy generation's first token is
+/// the argmax of `transformers`' last logits.
+#[test]
+fn eval_and_generate_agree_with_transformers() -> Result<()> {
+    use pipewise_worker::eval::{self, Sampling};
+    for which in ["tied", "untied"] {
+        let dir = fixture(which);
+        let stages = vec![loaded(&dir)?];
+        let (ids, want, want_loss) = expected(&dir)?;
+        let rows = ids.to_vec2::<u32>()?;
+        let mut sum = 0.0;
+        for row in &rows {
+            let l = eval::mean_loss(&stages, row, 15, 4)?;
+            assert_eq!((l.windows, l.tokens), (1, 15));
+            sum += l.loss;
+        }
+        let loss = sum / rows.len() as f64;
+        assert!(
+            (loss - want_loss).abs() / want_loss < 1e-5,
+            "{which}: {loss} vs {want_loss}"
+        );
+        let last = want
+            .narrow(0, 0, 1)?
+            .narrow(1, 15, 1)?
+            .flatten_all()?
+            .argmax(0)?;
+        let new = eval::generate(&stages, &rows[0], 1, Sampling::default(), None)?;
+        assert_eq!(new, vec![last.to_scalar::<u32>()?], "{which}");
+    }
+    Ok(())
+}
