@@ -17,7 +17,7 @@ f32), and expected.safetensors:
   loss       f32   []           model(input_ids, labels=input_ids).loss: the mean next-token
                                 cross-entropy over the 2 x 15 shifted positions
 
-The model: vocab 96, hidden 32, intermediate 64, 2 layers, 4 heads, 2 KV heads (head_dim 8),
+The model: vocab 96, hidden 32, intermediate 48, 2 layers, 4 heads, 2 KV heads (head_dim 8),
 RMSNorm eps 1e-5, RoPE theta 10000, 64 positions, no biases, SiLU; tie_word_embeddings true in
 tied/, false in untied/. Weights are HF's init (normal, std = initializer_range = 0.1; wider
 than HF's default 0.02 so that attention and logits are far from uniform) under
@@ -51,7 +51,7 @@ def config(tied: bool) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
-        intermediate_size=64,
+        intermediate_size=48,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
