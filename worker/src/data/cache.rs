@@ -1,13 +1,14 @@
 //! The token cache: a corpus encoded once is kept in the data directory's
 //! `.pipewise-cache/tokens-<key>.bin`, keyed by a SHA-256 of everything the tokens depend
 //! on (the documents' bytes in order, the form they were read as, the tokenizer file, how
-//! documents are cut for encoding), so a changed document or tokenizer is a miss and never
-//! a stale hit. A file is written under a temporary name and renamed into place, so a
-//! reader sees a whole file or none; one that does not check out (another version, cut
-//! short, an id past the vocabulary) is a miss, encoded and written again.
+//! documents are cut for encoding, pipewise's version), so a changed document or tokenizer
+//! is a miss and never a stale hit. A file is written under a temporary name and renamed
+//! into place, so a reader sees a whole file or none; one that does not check out (another
+//! format, cut short, an id past the vocabulary) is a miss, encoded and written again.
 //!
 //! The file: a 64-byte header (`PWTOKENS`, format 1 as u32, bytes per id as u32, the id
-//! count as u64, the 32-byte key, 8 zero bytes), then the ids, little-endian (1, 2 or 4 bytes each).
+//! count as u64, the 32-byte key, 8 zero bytes), then the ids, little-endian (1, 2 or 4
+//! bytes each).
 
 use std::io::{Read as _, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,9 @@ impl KeyBuilder {
     pub(crate) fn new(form: &str, tokenizer: &[u8; 32], piece_bytes: usize) -> Self {
         let mut c = Context::new(&SHA256);
         c.update(b"pipewise tokens 1\0");
+        // Another build may encode differently (its tokenizers library, its cuts).
+        c.update(env!("CARGO_PKG_VERSION").as_bytes());
+        c.update(&[0]);
         c.update(form.as_bytes());
         c.update(&[0]);
         c.update(tokenizer);

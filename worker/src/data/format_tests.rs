@@ -205,6 +205,28 @@ fn byte_level_text_is_read_as_before() -> Result<()> {
     Ok(())
 }
 
+/// With a tokenizer and no `data.path`, the generated text is encoded by it.
+#[test]
+fn the_generated_corpus_is_encoded_by_the_tokenizer() -> Result<()> {
+    let dir = data_dir(&[])?;
+    let mut src = source(dir.path(), "unused", true)?;
+    src.path = None;
+    let loaded = src.load(&model(260, 16))?;
+    let text = Corpus::generated()
+        .byte_text()
+        .map(|t| String::from_utf8_lossy(t).into_owned());
+    let tok = Tokenizer::from_file(&bpe_json())?;
+    assert_eq!(
+        loaded.corpus.to_vec(),
+        tok.encode(&text.unwrap_or_default())?
+    );
+    assert_eq!(
+        (loaded.origin, loaded.corpus.vocab()),
+        (Origin::Generated, 260)
+    );
+    Ok(())
+}
+
 /// A tokenized corpus's windows are its ids, shifted by one for the targets.
 #[test]
 fn windows_of_a_tokenized_corpus_are_its_ids() -> Result<()> {

@@ -34,7 +34,7 @@ use super::tokenizer::Tokenizer;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataSource {
     /// `data.path`: a text file, a folder of them, JSON Lines or a token file (`None`: the
-    /// generated corpus).
+    /// generated corpus, encoded by the tokenizer).
     pub path: Option<Confined>,
     /// `data.tokenizer`: a `tokenizer.json` (`None`: a byte a token).
     pub tokenizer: Option<Confined>,
@@ -144,7 +144,7 @@ impl DataSource {
         let (corpus, origin) = match &self.path {
             None => {
                 tokenizer.fits(model.vocab)?;
-                (Corpus::generated(), Origin::Generated)
+                (generated(&tokenizer)?, Origin::Generated)
             }
             Some(path) => self.read(path, &tokenizer, model.vocab)?,
         };
@@ -257,6 +257,18 @@ impl DataSource {
         };
         Ok((Corpus::from_tokens(tokens, v), origin))
     }
+}
+
+/// The generated corpus, encoded by `tok` as one document (64 KiB: no cache needed).
+fn generated(tok: &Tokenizer) -> Result<Corpus> {
+    let corpus = Corpus::generated();
+    if matches!(tok, Tokenizer::ByteLevel) {
+        return Ok(corpus);
+    }
+    let text = String::from_utf8_lossy(corpus.byte_text().unwrap_or_default()).into_owned();
+    let ids = encode_documents(tok, &[&text], PIECE_BYTES)?;
+    let v = tok.vocab_size();
+    Ok(Corpus::from_tokens(Tokens::from_ids(&ids, v), v))
 }
 
 /// Reads `path` as the form it is: a folder, `.jsonl`, `.bin` or a text file.
