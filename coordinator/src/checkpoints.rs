@@ -282,10 +282,11 @@ pub(crate) fn resolve_model(data_dir: &Path, spec: &mut JobSpec) -> Result<()> {
     Ok(())
 }
 
-/// Checks, at submit, that the spec's `checkpoint.folder` and `data.path` lead under the
-/// data directory, symlinks followed (the workers check again under theirs), and that they
-/// are usable there: the folder is not the coordinator's store nor under a file, and the
-/// data is not a directory.
+/// Checks, at submit, that the spec's `checkpoint.folder`, `data.path` and
+/// `data.tokenizer` lead under the data directory, symlinks followed (the workers check
+/// again under theirs), and that they are usable there: the folder is not the
+/// coordinator's store nor under a file, the data is not the data directory itself, and
+/// the tokenizer is not a directory.
 pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
     let output = output_dir(data_dir, 0, spec)?;
     let folder = spec.checkpoint_folder_in(data_dir)?;
@@ -321,10 +322,16 @@ pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
     }
     if let Some(path) = spec.data_path_in(data_dir)? {
         check_links("data.path", &path, data_dir, found)?;
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+        // A folder of documents is data; the data directory itself also holds the jobs'
+        // folders and the workers' token cache.
+        if path == data_dir {
             return Err(invalid(
                 "data.path",
-                format!("{} is a directory; give a text file", path.display()),
+                format!(
+                    "{} is a directory, the data directory itself; give a file or a folder \
+                     of documents inside it",
+                    path.display()
+                ),
             ));
         }
         // Creating the job's folder there would make the data a directory (or fail).
@@ -336,6 +343,18 @@ pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
                      data its own file",
                     path.display(),
                     folder.display()
+                ),
+            ));
+        }
+    }
+    if let Some(path) = spec.data_tokenizer_in(data_dir)? {
+        check_links("data.tokenizer", &path, data_dir, found)?;
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            return Err(invalid(
+                "data.tokenizer",
+                format!(
+                    "{} is a directory; give a tokenizer.json file",
+                    path.display()
                 ),
             ));
         }
@@ -514,8 +533,8 @@ mod tests {
                 "is a directory",
             ),
             (
-                "data.path",
-                |s| s.data.path = Some("corpora".into()),
+                "data.tokenizer",
+                |s| s.data.tokenizer = Some("corpora".into()),
                 "is a directory",
             ),
             (
@@ -544,6 +563,9 @@ mod tests {
         let mut spec = example(2, "1f1b");
         spec.checkpoint.folder = "runs/a".into();
         spec.data.path = Some("corpora/tiny.txt".into());
+        check_paths(root, &spec).unwrap();
+        // A folder of documents.
+        spec.data.path = Some("corpora".into());
         check_paths(root, &spec).unwrap();
         // The folder made a file after submit: the start fails naming the field.
         touch(&root.join("runs/a"));

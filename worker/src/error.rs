@@ -44,6 +44,26 @@ pub enum Error {
         reason: String,
     },
 
+    // === Data errors ===
+    /// Training data or its tokenizer that cannot be used: a JSON Lines line without a
+    /// `text` string, a token id past the vocabulary, fewer tokens than one window, text
+    /// that is not UTF-8, a tokenizer larger than the model's vocabulary.
+    #[error(
+        "invalid {field}: {}{}: {reason}",
+        path.display(),
+        line.map(|l| format!(":{l}")).unwrap_or_default()
+    )]
+    Data {
+        /// The job field that chose the file (`data.path`, `data.tokenizer`).
+        field: &'static str,
+        /// The file (or folder).
+        path: PathBuf,
+        /// The line of a line-by-line file, from 1.
+        line: Option<u64>,
+        /// What is wrong.
+        reason: String,
+    },
+
     // === Pass-order errors ===
     /// A pass came in an order the stage cannot serve (e.g. `B` before `F`, `W` before `B`,
     /// `F` twice for one microbatch).
@@ -167,9 +187,10 @@ impl Error {
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
-            Error::Spec(_) | Error::InvalidArgument { .. } | Error::Address { .. } => {
-                Code::InvalidArgument
-            }
+            Error::Spec(_)
+            | Error::InvalidArgument { .. }
+            | Error::Address { .. }
+            | Error::Data { .. } => Code::InvalidArgument,
             Error::PassOrder { .. } | Error::Checkpoint { .. } | Error::Confined { .. } => {
                 Code::FailedPrecondition
             }

@@ -3,12 +3,11 @@
 //! single-device reference a run is compared with).
 
 use std::ops::Range;
-use std::path::Path;
 
 use pipewise_common::job::JobSpec;
 use pipewise_common::placement::Placement;
 
-use crate::data::{Corpus, Sampler};
+use crate::data::{Corpus, DataSource, Sampler};
 use crate::error::Result;
 use crate::optim::AdamW;
 
@@ -39,12 +38,10 @@ pub fn sampler_of(spec: &JobSpec) -> Sampler {
     }
 }
 
-/// The spec's training text: `data.path`, or the generated corpus.
+/// The spec's training data: `[data]` at its paths as given (relative to the current
+/// directory; no token cache), or the generated corpus, checked against the model.
 pub fn corpus_of(spec: &JobSpec) -> Result<Corpus> {
-    match &spec.data.path {
-        Some(path) => Corpus::from_file(Path::new(path)),
-        None => Ok(Corpus::generated()),
-    }
+    Ok(DataSource::plain(spec)?.load(&spec.model)?.corpus)
 }
 
 /// The default split of the model's pieces into `placement`'s stages, what an assignment

@@ -23,8 +23,9 @@
 //! - [`confined`]: a job's files under the data directory, opened at each use without
 //!   following a symlink below it.
 //! - [`trainer`]: the single-device reference trainer (the whole model as one stage).
-//! - [`data`]: byte-level corpus (a generated default one or a text file) and a seeded
-//!   window sampler.
+//! - [`data`]: the training corpus (a generated default one, or text files, JSON Lines or
+//!   token files, encoded by a byte-level or Hugging Face tokenizer and cached) and a
+//!   seeded window sampler.
 //! - [`runtime`]: the pipeline executor ([`runtime::WorkerRuntime`] runs a worker's program
 //!   of a schedule for one step), the worker-to-worker [`runtime::Transport`] and
 //!   [`runtime::run_local`] (all workers on threads of one process), and the emulated
@@ -73,7 +74,7 @@ pub mod test_utils;
 pub mod trainer;
 
 pub use candle_core::{DType as CandleDType, Device, Tensor};
-pub use data::{Batch, Corpus, Sampler};
+pub use data::{Batch, Corpus, DataSource, Sampler, Tokenizer};
 pub use error::{Error, Result};
 pub use kernels::cpu::{set_up_process, settle_thread_count};
 pub use kernels::in_use as kernels_in_use;

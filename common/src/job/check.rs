@@ -302,9 +302,58 @@ impl JobSpec {
             }
             check_text("data.path", path, MAX_PATH_BYTES)?;
         }
+        self.check_data_encoding()
+    }
+
+    /// Checks how `[data]` becomes tokens, as far as the spec alone tells: what is in the
+    /// files (a `.bin` file's ids, a tokenizer's vocabulary) is checked where a worker
+    /// reads them.
+    fn check_data_encoding(&self) -> Result<()> {
+        let d = &self.data;
+        if let Some(tokenizer) = &d.tokenizer {
+            if tokenizer.trim().is_empty() {
+                return Err(Error::invalid(
+                    "data.tokenizer",
+                    "must not be empty when given",
+                ));
+            }
+            check_text("data.tokenizer", tokenizer, MAX_PATH_BYTES)?;
+        }
+        if d.token_bytes != 2 && d.token_bytes != 4 {
+            return Err(Error::invalid(
+                "data.token_bytes",
+                format!("{} is neither 2 (u16 ids) nor 4 (u32 ids)", d.token_bytes),
+            ));
+        }
+        let token_file = d.path.as_deref().is_some_and(|p| p.ends_with(".bin"));
+        if d.token_bytes != 2 && !token_file {
+            return Err(Error::invalid(
+                "data.token_bytes",
+                "applies to a `.bin` file of token ids only (data.path)",
+            ));
+        }
+        // Byte-level text needs an embedding row for every byte; emulated passes embed
+        // nothing.
+        if d.tokenizer.is_none()
+            && !token_file
+            && !self.compute.is_emulated()
+            && self.model.vocab < BYTE_VOCAB
+        {
+            return Err(Error::invalid(
+                "model.vocab",
+                format!(
+                    "{} is smaller than the {BYTE_VOCAB} byte tokens of text read without a \
+                     tokenizer; raise it or set data.tokenizer",
+                    self.model.vocab
+                ),
+            ));
+        }
         Ok(())
     }
 }
+
+/// The vocabulary of text read without a tokenizer: one token per byte value.
+const BYTE_VOCAB: u32 = 256;
 
 /// The longest schedule name accepted (the longest known one is under 20 bytes).
 const MAX_SCHEDULE_NAME_BYTES: usize = 64;
@@ -347,6 +396,24 @@ mod tests {
         assert!(spec.validate().is_ok());
         spec.model.dtype = DType::F16;
         assert!(spec.validate().is_err());
+        spec.compute = Compute::emulate(1.0, 1.0, 1.0);
+        assert!(spec.validate().is_ok());
+    }
+
+    /// A vocabulary under 256 is refused only where text is read a byte a token.
+    #[test]
+    fn a_small_vocab_needs_a_tokenizer_or_token_ids() {
+        let mut spec = example(2, "1f1b");
+        spec.model.vocab = 100;
+        assert_eq!(field_of(&spec), "model.vocab");
+        spec.data.tokenizer = Some("tokenizer.json".into());
+        assert!(spec.validate().is_ok());
+        spec.data.tokenizer = None;
+        spec.data.path = Some("train.bin".into());
+        spec.data.token_bytes = 4;
+        assert!(spec.validate().is_ok());
+        spec.data.path = None;
+        spec.data.token_bytes = 2;
         spec.compute = Compute::emulate(1.0, 1.0, 1.0);
         assert!(spec.validate().is_ok());
     }
@@ -464,6 +531,19 @@ mod tests {
             ("data.path", |s| {
                 s.data.path = Some("x".repeat(MAX_PATH_BYTES + 1))
             }),
+            ("data.tokenizer", |s| s.data.tokenizer = Some(" ".into())),
+            ("data.tokenizer", |s| {
+                s.data.tokenizer = Some("tok\0.json".into())
+            }),
+            ("data.token_bytes", |s| {
+                s.data.path = Some("train.bin".into());
+                s.data.token_bytes = 3;
+            }),
+            ("data.token_bytes", |s| {
+                s.data.path = Some("corpus.txt".into());
+                s.data.token_bytes = 4;
+            }),
+            ("model.vocab", |s| s.model.vocab = 100),
             ("checkpoint.folder", |s| s.checkpoint.folder = "a\0b".into()),
             ("job.name", |s| s.job.name = "n".repeat(MAX_NAME_BYTES + 1)),
             ("job.name", |s| s.job.name = "line\nbreak".into()),

@@ -1,5 +1,5 @@
-//! The paths a job file names (`checkpoint.folder`, `data.path`) confined to a data
-//! directory: whoever can submit a job must not choose where the coordinator and the
+//! The paths a job file names (`checkpoint.folder`, `data.path`, `data.tokenizer`) confined
+//! to a data directory: whoever can submit a job must not choose where the coordinator and the
 //! workers read or write outside it. [`confine`] is the lexical part (a relative path
 //! without `..`, or an absolute one under the directory); [`check_links`] follows symlinks
 //! with a lookup the caller does (the I/O stays out of this crate).
@@ -158,6 +158,15 @@ impl JobSpec {
             .path
             .as_deref()
             .map(|path| confine("data.path", path, root))
+            .transpose()
+    }
+
+    /// `data.tokenizer` under data directory `root` ([`confine`]); `None`: byte-level.
+    pub fn data_tokenizer_in(&self, root: &Path) -> Result<Option<PathBuf>> {
+        self.data
+            .tokenizer
+            .as_deref()
+            .map(|path| confine("data.tokenizer", path, root))
             .transpose()
     }
 }

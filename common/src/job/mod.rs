@@ -37,7 +37,10 @@
 //! pipeline_parallel_last_stage_less_layers = 1    # (default: workers' compute balanced)
 //!
 //! [data]                    # optional; absent = the generated corpus, shuffled
-//! path = "corpus.txt"       # under the workers' data directories
+//! path = "corpus.txt"       # under the workers' data directories: a text file, a folder
+//!                           # of *.txt, JSON Lines (.jsonl) or token ids (.bin)
+//! tokenizer = "tokenizer.json"  # optional Hugging Face tokenizer; absent = a byte a token
+//! token_bytes = 2           # bytes per id of a .bin file: 2 (default) or 4
 //! shuffle = false           # windows in the corpus's order (default: seeded, per epoch)
 //!
 //! [checkpoint]

@@ -256,21 +256,35 @@ impl Default for Checkpoint {
     }
 }
 
-/// `[data]`.
+/// `[data]`: the training documents, how they become tokens, and the order of their
+/// windows. The worker reads `path` as one of four forms, by what it is: a folder of
+/// `*.txt` documents (by name), JSON Lines (`.jsonl`, a `text` string per line), tokens
+/// already encoded (`.bin`, little-endian ids of `token_bytes` bytes each, nanoGPT's
+/// form), or else one text document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Data {
-    /// A text file of training bytes under the workers' data directory (relative to it, or
-    /// absolute under it); the generated default corpus when absent.
+    /// The documents under the workers' data directory (relative to it, or absolute under
+    /// it); the generated default corpus when absent.
     #[serde(default)]
     pub path: Option<String>,
     /// The corpus's windows in a seeded order each epoch (default), or in its order.
     #[serde(default = "shuffled")]
     pub shuffle: bool,
+    /// A Hugging Face `tokenizer.json` under the workers' data directory; absent: a byte
+    /// is a token (vocabulary 256, no end-of-text token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Bytes per token id of a `.bin` file: 2 (u16, nanoGPT's; the default) or 4 (u32).
+    #[serde(default = "default_token_bytes")]
+    pub token_bytes: u32,
 }
 
 fn shuffled() -> bool {
     true
+}
+fn default_token_bytes() -> u32 {
+    2
 }
 
 impl Default for Data {
@@ -278,6 +292,8 @@ impl Default for Data {
         Data {
             path: None,
             shuffle: true,
+            tokenizer: None,
+            token_bytes: default_token_bytes(),
         }
     }
 }

@@ -15,6 +15,7 @@ use pipewise_proto::convert::program_from_proto;
 use pipewise_proto::v1 as pb;
 
 use crate::confined::Confined;
+use crate::data::DataSource;
 use crate::error::{Error, Result};
 use crate::job::partition_of;
 use crate::runtime::Replica;
@@ -54,9 +55,10 @@ pub(crate) struct Assignment {
     pub(crate) output: Confined,
     /// The run's secret for frames and collectives (empty: none).
     pub(crate) run_secret: bytes::Bytes,
-    /// The training text, `data.path` in this worker's data directory (`None`: the
-    /// generated corpus).
-    pub(crate) data: Option<Confined>,
+    /// The training data: `data.path` and `data.tokenizer` in this worker's data
+    /// directory (the tokenizer defaulting to the model directory's), and the token cache
+    /// there.
+    pub(crate) data: DataSource,
     /// The Hugging Face directory a fresh run's weights come from (`model.path`).
     pub(crate) model: Option<Confined>,
     /// Go on from the stages held in memory after `steps.start` steps, not a checkpoint.
@@ -224,13 +226,6 @@ impl Assignment {
             data_dir,
             &job_dir(&folder, job_of(a.run)),
         )?;
-        let data = match spec.data_path_in(data_dir)? {
-            Some(path) => {
-                check_links("data.path", &path, data_dir, found)?;
-                Some(Confined::resolve("data.path", data_dir, &path)?)
-            }
-            None => None,
-        };
         let model = match spec.model_path_in(data_dir)? {
             Some(path) => {
                 check_links("model.path", &path, data_dir, found)?;
@@ -238,6 +233,33 @@ impl Assignment {
             }
             None => None,
         };
+        // A model directory's own tokenizer encodes its text unless the job names another.
+        let model_tokenizer = model
+            .as_ref()
+            .map(|dir| dir.join(crate::hf::TOKENIZER))
+            .transpose()?
+            .filter(|file| file.open().is_ok());
+        let mut data = DataSource {
+            path: match spec.data_path_in(data_dir)? {
+                Some(path) => {
+                    check_links("data.path", &path, data_dir, found)?;
+                    Some(Confined::resolve("data.path", data_dir, &path)?)
+                }
+                None => None,
+            },
+            tokenizer: match spec.data_tokenizer_in(data_dir)? {
+                Some(path) => {
+                    check_links("data.tokenizer", &path, data_dir, found)?;
+                    Some(Confined::resolve("data.tokenizer", data_dir, &path)?)
+                }
+                None => None,
+            },
+            token_bytes: spec.data.token_bytes,
+            cache: Some(DataSource::cache_in(data_dir)?),
+        };
+        if data.tokenizer.is_none() {
+            data.tokenizer = model_tokenizer;
+        }
         Ok(Assignment {
             run: a.run,
             worker: a.worker_index,

@@ -160,10 +160,7 @@ impl RealCompute {
             .sum::<u64>()
             .saturating_add(config.unplanned_bytes);
         crate::metrics::record_parameters(&rt);
-        let corpus = match &a.data {
-            Some(path) => Corpus::from_confined(path)?,
-            None => Corpus::generated(),
-        };
+        let corpus = a.data.load(&spec.model)?.corpus;
         Ok(RealCompute {
             rt,
             worker: a.worker,

@@ -1,157 +1,38 @@
-//! Byte-level training data: a corpus (a text file, or a small generated default one) and
-//! its `(input, target)` windows, taken in order or shuffled each epoch ([`Sampler`]).
-
-use std::io::Read as _;
-use std::path::Path;
+//! Training data: documents (a text file, a folder of them, JSON Lines, or ids already
+//! encoded) made into one token stream by a tokenizer, and that stream's `(input, target)`
+//! windows, taken in order or shuffled each epoch ([`Sampler`]).
+//!
+//! # Layout
+//!
+//! - `corpus`: [`Corpus`], token ids bound by a vocabulary (and the generated default).
+//! - `tokenizer`: [`Tokenizer`], byte-level or a Hugging Face `tokenizer.json`.
+//! - `load`: [`DataSource`], a job's `[data]` read into a corpus: the four forms of
+//!   `data.path`, their checks, and the token cache.
+//! - `encode`: documents encoded in parallel, in pieces that do not depend on the threads.
+//! - `cache`: the encoded tokens kept under the data directory, keyed by what made them.
+//! - this file: [`Batch`] and [`Sampler`].
 
 use candle_core::{Device, Tensor};
 
-use crate::confined::Confined;
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 
-/// A byte string; every byte is a token (vocabulary 256).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Corpus {
-    bytes: Vec<u8>,
-}
+mod cache;
+mod corpus;
+mod encode;
+mod load;
+mod tokenizer;
 
-const SUBJECTS: &[&str] = &[
-    "the worker",
-    "the coordinator",
-    "a stage",
-    "the scheduler",
-    "every microbatch",
-    "the pipeline",
-    "the planner",
-    "a gradient",
-    "the optimizer",
-    "the model",
-];
-const VERBS: &[&str] = &[
-    "sends",
-    "receives",
-    "computes",
-    "stashes",
-    "frees",
-    "waits for",
-    "splits",
-    "checks",
-    "reduces",
-    "schedules",
-];
-const OBJECTS: &[&str] = &[
-    "the activations",
-    "the input gradient",
-    "the weight gradient",
-    "a checkpoint",
-    "the next stage",
-    "the bubble",
-    "its memory",
-    "the loss",
-    "a warm-up pass",
-    "the step",
-];
-const TAILS: &[&str] = &[
-    "before the backward pass",
-    "after the forward pass",
-    "on every worker",
-    "without waiting",
-    "in order",
-    "at the end of the step",
-    "as planned",
-    "again",
-];
-
-impl Corpus {
-    /// The corpus of these bytes.
-    pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        Self { bytes }
-    }
-
-    /// Reads a text (or any) file as bytes.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Self { bytes })
-    }
-
-    /// The text of `path`, opened without following a link below its data directory.
-    pub fn from_confined(path: &Confined) -> Result<Self> {
-        let mut bytes = Vec::new();
-        path.open()?
-            .read_to_end(&mut bytes)
-            .map_err(|source| Error::Io {
-                path: path.path(),
-                source,
-            })?;
-        Ok(Self { bytes })
-    }
-
-    /// The default corpus: 64 KiB of simple English sentences about pipelines, generated
-    /// from a fixed seed (no download; the same bytes on every machine).
-    pub fn generated() -> Self {
-        Self::generate(64 * 1024, 0x5049_5045)
-    }
-
-    /// `len` bytes of generated sentences from `seed`.
-    pub fn generate(len: usize, seed: u64) -> Self {
-        let mut rng = SplitMix64::new(seed);
-        let mut pick = |words: &[&'static str]| words[rng.below(words.len() as u64) as usize];
-        let mut text = String::with_capacity(len + 128);
-        let mut in_line = 0;
-        while text.len() < len {
-            let mut sentence = format!("{} {} {}", pick(SUBJECTS), pick(VERBS), pick(OBJECTS));
-            if pick(&["", "tail"]) == "tail" {
-                sentence.push(' ');
-                sentence.push_str(pick(TAILS));
-            }
-            let mut chars = sentence.chars();
-            if let Some(first) = chars.next() {
-                text.extend(first.to_uppercase());
-                text.push_str(chars.as_str());
-            }
-            text.push('.');
-            in_line += 1;
-            text.push(if in_line % 4 == 0 { '\n' } else { ' ' });
-        }
-        let mut bytes = text.into_bytes();
-        bytes.truncate(len);
-        Self { bytes }
-    }
-
-    /// Writes the corpus to a file.
-    pub fn write_to(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, &self.bytes).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// Length in bytes (= tokens).
-    pub fn len(&self) -> usize {
-        self.bytes.len()
-    }
-
-    /// Whether the corpus is empty.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-}
+pub use corpus::{BYTE_VOCAB, Corpus};
+pub use load::{DataSource, Loaded, Origin};
+pub use tokenizer::{HuggingFace, Tokenizer};
 
 /// One microbatch: token ids and the next-token targets, both `[b, t]` u32.
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// Input token ids.
     pub tokens: Tensor,
-    /// The byte after each input position.
+    /// The token after each input position.
     pub targets: Tensor,
 }
 
@@ -219,14 +100,13 @@ impl Sampler {
 
     /// Microbatch `mb` of step `step` on `device`.
     pub fn batch(&self, corpus: &Corpus, step: u64, mb: u32, device: &Device) -> Result<Batch> {
-        let bytes = corpus.as_bytes();
-        let offsets = self.offsets(bytes.len(), step, mb)?;
+        let offsets = self.offsets(corpus.len(), step, mb)?;
         let (b, t) = (self.microbatch_size, self.seq_len);
         let mut inputs = Vec::with_capacity(b * t);
         let mut targets = Vec::with_capacity(b * t);
         for o in offsets {
-            inputs.extend(bytes[o..o + t].iter().map(|&x| u32::from(x)));
-            targets.extend(bytes[o + 1..o + t + 1].iter().map(|&x| u32::from(x)));
+            corpus.extend_into(o, t, &mut inputs);
+            corpus.extend_into(o + 1, t, &mut targets);
         }
         Ok(Batch {
             tokens: Tensor::from_vec(inputs, (b, t), device)?,
@@ -278,24 +158,11 @@ fn permuted(seed: u64, epoch: u64, at: u64, n: u64) -> u64 {
 }
 
 #[cfg(test)]
+mod format_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn generated_corpus_is_deterministic_text() {
-        let a = Corpus::generated();
-        let b = Corpus::generated();
-        assert_eq!(a, b);
-        assert_eq!(a.len(), 64 * 1024);
-        assert!(a.as_bytes().iter().all(|c| c.is_ascii()));
-        assert_ne!(Corpus::generate(1024, 1), Corpus::generate(1024, 2));
-        // Golden start: the default corpus must not change silently between versions.
-        let start = String::from_utf8_lossy(&a.as_bytes()[..74]).into_owned();
-        assert_eq!(
-            start,
-            "The pipeline receives the bubble. Every microbatch splits the activations."
-        );
-    }
 
     #[test]
     fn windows_are_shifted_by_one_and_seeded() -> Result<()> {
