@@ -57,6 +57,20 @@ pub(crate) enum Command {
     /// the same tensor names whatever the worker count).
     #[command(verbatim_doc_comment)]
     Local(crate::local::LocalArgs),
+    /// The mean token cross-entropy of a model over every window of a text.
+    ///
+    /// Windows are taken in order (window k: tokens kS..kS+S predict
+    /// kS+1..kS+S+1, S = --seq-len), as training takes them; prints
+    /// `loss X perplexity Y`.
+    #[command(verbatim_doc_comment)]
+    Eval(crate::eval::EvalArgs),
+    /// Write what a model writes after a prompt.
+    ///
+    /// Greedy by default; --temperature, --top-k, --top-p and --seed
+    /// sample. Prints the prompt and the new text, and with --ids the
+    /// new token ids.
+    #[command(verbatim_doc_comment)]
+    Generate(crate::eval::GenerateArgs),
     /// Write a trained Llama-family model as a Hugging Face directory.
     ///
     /// CHECKPOINT is a step's directory of stage files or the

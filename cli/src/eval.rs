@@ -144,14 +144,20 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<()> {
         seed: args.seed,
     };
     if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
-        bail!("--temperature: must be finite and ≥ 0, got {}", args.temperature);
+        bail!(
+            "--temperature: must be finite and ≥ 0, got {}",
+            args.temperature
+        );
     }
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {
         bail!("--top-p: must be in (0, 1], got {}", args.top_p);
     }
     let new = eval::generate(&m.stages, &prompt, args.max_new_tokens, sampling, None)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let text = m.tokenizer.decode(&new).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let text = m
+        .tokenizer
+        .decode(&new)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("{}{text}", args.prompt);
     if args.ids {
         let ids: Vec<String> = new.iter().map(u32::to_string).collect();

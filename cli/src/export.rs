@@ -80,7 +80,7 @@ pub(crate) fn write(
 }
 
 /// The `job.toml` beside `checkpoint` or in one of the three directories above it.
-fn find_job(checkpoint: &Path) -> Result<PathBuf> {
+pub(crate) fn find_job(checkpoint: &Path) -> Result<PathBuf> {
     let start = if checkpoint.is_dir() {
         checkpoint
     } else {

@@ -46,6 +46,7 @@ mod completions;
 mod connection;
 mod coordinator;
 mod device;
+mod eval;
 mod export;
 mod local;
 mod logging;
@@ -91,6 +92,8 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Local(args) => local::run(&args, &given),
+        Command::Eval(args) => eval::run_eval(&args),
+        Command::Generate(args) => eval::run_generate(&args),
         Command::Export(args) => export::run(&args),
         Command::Coordinator(args) => coordinator::run(&args),
         Command::Worker(args) => worker::run(&args),
