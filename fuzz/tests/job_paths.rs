@@ -353,12 +353,16 @@ fn confined(c: &Cluster, spec: &JobSpec, id: u64) -> std::result::Result<&'stati
     if !inside(c, &data) {
         return Err(format!("job {id}'s data {} leads outside", data.display()).into());
     }
-    if !data.is_dir() {
-        return Ok("started");
+    // A folder of documents may be data, but not the data directory itself nor one the
+    // job's own folder is made in (both refused at submit).
+    if data.is_dir() && (data == c.data || folder.starts_with(&data)) {
+        return Err(format!(
+            "job {id}'s data {} is the data directory or holds the job's folder",
+            data.display()
+        )
+        .into());
     }
-    // Not a directory at submit (checked there, as is a data path the job's own folder
-    // would be made at or over): nothing may have made it one.
-    Err(format!("job {id}'s data {} is a directory", data.display()).into())
+    Ok("started")
 }
 
 /// A failed job's outcome: its error names a field and no panic.

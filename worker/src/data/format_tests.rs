@@ -517,3 +517,35 @@ fn bad_inputs_are_refused_naming_the_file() -> Result<()> {
     assert!(refused(&wrong_width, &m).starts_with("invalid data.token_bytes: 3 is neither"));
     Ok(())
 }
+
+/// The Shakespeare example's byte-level BPE (`examples/shakespeare/`): the loader's ids,
+/// encoded in 1 MiB pieces on rayon's threads, are the whole text's, and their count is
+/// the one its README gives.
+#[test]
+fn the_shakespeare_example_encodes_as_its_readme_says() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shakespeare");
+    let tok = Tokenizer::from_file(&root.join("tokenizer.json"))?;
+    assert_eq!((tok.vocab_size(), tok.eot()), (4096, Some(0)));
+    assert!(cuts_cleanly(&tok)?);
+    for (file, tokens) in [("train.txt", 561_944), ("val.txt", 63_720)] {
+        let src = DataSource {
+            path: Some(Confined::new("data.path", &root, Path::new(file))?),
+            tokenizer: Some(Confined::new(
+                "data.tokenizer",
+                &root,
+                Path::new("tokenizer.json"),
+            )?),
+            token_bytes: 2,
+            cache: None,
+        };
+        let ids = src.load(&model(4096, 64))?.corpus.to_vec();
+        let text = std::fs::read_to_string(root.join(file)).map_err(|source| Error::Io {
+            path: root.join(file),
+            source,
+        })?;
+        assert_eq!(ids.len(), tokens, "{file}");
+        assert_eq!(ids, tok.encode(&text)?, "{file}");
+        assert_eq!(tok.decode(&ids)?, text, "{file}");
+    }
+    Ok(())
+}
