@@ -28,8 +28,9 @@ use pipewise_common::render::report::fmt_bytes;
 use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
+use pipewise_worker::Tensor;
+use pipewise_worker::data::DataSource;
 use pipewise_worker::node::{NodeConfig, WorkerNode};
-use pipewise_worker::{Corpus, Tensor};
 use tokio_stream::StreamExt as _;
 
 use crate::device::{DeviceArg, parse_device};
@@ -39,6 +40,7 @@ use crate::schedule_name::check_job_schedule;
 use summary::{StepSummary, Steps};
 
 mod job_file;
+mod sample;
 mod summary;
 use crate::trace::write_trace;
 use crate::values::parse_dtype;
@@ -173,6 +175,10 @@ pub(crate) struct LocalArgs {
         default_value = "10,10,10"
     )]
     pub(crate) emulate_ms: Vec<f64>,
+    /// After training a Llama-family model with a tokenizer: print this many tokens it
+    /// writes (greedily) after the first line of its text (0: none).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) sample_tokens: usize,
     /// Log format on standard error (logs are `warn` and up unless `RUST_LOG` says more).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -203,21 +209,8 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
         })
         .context("invalid local job")?;
     let data = job_file::local_data(args, &spec);
-    if let Some(path) = &data {
-        // Refuse an unreadable file before anything starts (the workers read it again).
-        let corpus = Corpus::from_file(path)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("--data {}", path.display()))?;
-        let window = spec.model.seq_len as usize + 1;
-        if corpus.len() < window {
-            bail!(
-                "--data {}: {} bytes, shorter than one window of {window} (the sequence \
-                 length and the byte after it)",
-                path.display(),
-                corpus.len()
-            );
-        }
-    }
+    let tokenizer = spec.data.tokenizer.clone().map(PathBuf::from);
+    check_data(&spec, data.as_deref(), tokenizer.as_deref())?;
     if args.emulate_ms.len() != 3 {
         bail!(
             "--emulate-ms: three times F,B,W in milliseconds, got {} values",
@@ -258,12 +251,16 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
     spec.checkpoint.folder = CHECKPOINTS.into();
     let staged = match &data {
         Some(path) => {
-            let staged = stage_data(path, &data_dir)?;
-            spec.data.path = Some(STAGED_DATA.into());
+            let (staged, name) = stage_data(path, &data_dir)?;
+            spec.data.path = Some(name);
             Some(staged)
         }
         None => None,
     };
+    if let Some(file) = &tokenizer {
+        stage_file(file, &data_dir.join(STAGED_TOKENIZER), "tokenizer")?;
+        spec.data.tokenizer = Some(STAGED_TOKENIZER.into());
+    }
     if let Some(dir) = spec.model.path.clone() {
         stage_model(Path::new(&dir), &data_dir)?;
         spec.model.path = Some(STAGED_MODEL.into());
@@ -273,15 +270,19 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
     } else if let Some(staged) = staged {
-        let _ = std::fs::remove_file(staged);
+        let _ = std::fs::remove_file(&staged);
+        let _ = std::fs::remove_dir_all(&staged);
     }
     outcome
 }
 
 /// The checkpoint folder of `pipewise local`'s job, under its data directory.
 const CHECKPOINTS: &str = "checkpoints";
-/// Where `--data` is linked (or copied) under the data directory for the workers to read.
-const STAGED_DATA: &str = "corpus.txt";
+/// Where `--data` is linked (or copied) under the data directory for the workers to read,
+/// with its extension (which says its form: `.jsonl`, `.bin`, text), or as a folder.
+const STAGED_DATA: &str = "corpus";
+/// Where the job's tokenizer is linked under the data directory.
+const STAGED_TOKENIZER: &str = "tokenizer.json";
 
 /// Where `--output-dir` writes a Llama-family model as a Hugging Face directory.
 const HF_EXPORT: &str = "hf";
@@ -316,23 +317,79 @@ fn stage_model(dir: &Path, data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Links `--data` `path` into `data_dir` (a copy where a hard link cannot be made, e.g.
-/// across file systems): a job names only files under the workers' data directory.
-fn stage_data(path: &Path, data_dir: &Path) -> Result<PathBuf> {
+/// Links `--data` `path` into `data_dir` (copies where a hard link cannot be made, e.g.
+/// across file systems; a folder's text files one by one): a job names only paths under
+/// the workers' data directory. The staged path, and its name under `data_dir`.
+fn stage_data(path: &Path, data_dir: &Path) -> Result<(PathBuf, String)> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
-    let staged = data_dir.join(STAGED_DATA);
-    let _ = std::fs::remove_file(&staged);
-    if std::fs::hard_link(path, &staged).is_err() {
-        std::fs::copy(path, &staged).with_context(|| {
+    if path.is_dir() {
+        let staged = data_dir.join(STAGED_DATA);
+        let _ = std::fs::remove_dir_all(&staged);
+        std::fs::create_dir_all(&staged)
+            .with_context(|| format!("cannot create {}", staged.display()))?;
+        let entries =
+            std::fs::read_dir(path).with_context(|| format!("--data {}", path.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("--data {}", path.display()))?;
+            if entry.file_type().is_ok_and(|t| t.is_file()) {
+                stage_file(&entry.path(), &staged.join(entry.file_name()), "data")?;
+            }
+        }
+        return Ok((staged, STAGED_DATA.into()));
+    }
+    let name = match path.extension() {
+        Some(ext) => format!("{STAGED_DATA}.{}", ext.to_string_lossy()),
+        None => STAGED_DATA.into(),
+    };
+    let staged = data_dir.join(&name);
+    stage_file(path, &staged, "data")?;
+    Ok((staged, name))
+}
+
+/// Links (or copies) file `from` to `to`, replacing what is there.
+fn stage_file(from: &Path, to: &Path, flag: &str) -> Result<()> {
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(to);
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to).with_context(|| {
             format!(
-                "--data {}: cannot copy it to {}",
-                path.display(),
-                staged.display()
+                "--{flag} {}: cannot copy it to {}",
+                from.display(),
+                to.display()
             )
         })?;
     }
-    Ok(staged)
+    Ok(())
+}
+
+/// Refuses, before anything starts, data the workers could not train on (they read it
+/// again): unreadable, of ids past the model's vocabulary, shorter than one window, or
+/// with a tokenizer larger than the model's vocabulary. The tokenizer is the job's, else
+/// the model directory's.
+fn check_data(spec: &JobSpec, data: Option<&Path>, tokenizer: Option<&Path>) -> Result<()> {
+    let Some(path) = data else {
+        return Ok(());
+    };
+    let model_tokenizer = spec
+        .model
+        .path
+        .as_ref()
+        .map(|dir| Path::new(dir).join("tokenizer.json"))
+        .filter(|file| file.is_file());
+    let mut local = spec.clone();
+    local.data.path = Some(path.display().to_string());
+    local.data.tokenizer = tokenizer
+        .map(Path::to_path_buf)
+        .or(model_tokenizer)
+        .map(|t| t.display().to_string());
+    DataSource::plain(&local)
+        .and_then(|source| source.load(&spec.model))
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("--data {}", path.display()))?;
+    Ok(())
 }
 
 /// The TOML path of the schedule in a job file, which `pipewise local` fills from `--schedule`.
@@ -423,7 +480,8 @@ async fn drive(
         Some(e) => Err(e),
         None => match run_job(args, (spec, data), plan, &url).await {
             Ok((status, mut steps)) => {
-                let done = finish(args, spec, plan, &status, &mut steps, started);
+                let run = (status.clone(), data_dir);
+                let done = finish(args, spec, plan, run, &mut steps, started, data);
                 // The traces after the summary and the outputs: a trace that cannot be
                 // fetched or written loses nothing else (and a failed job's traces still
                 // show where it stopped).
@@ -457,49 +515,69 @@ async fn drive(
     outcome
 }
 
-/// After the job: the summary, and with `--output-dir` summary.json and the parameters.
+/// After the job: the summary, a sample of what a Llama model learnt to write, and with
+/// `--output-dir` summary.json and the parameters.
 fn finish(
     args: &LocalArgs,
     spec: &JobSpec,
     plan: &JobPlan,
-    status: &pb::JobStatus,
+    (status, data_dir): (pb::JobStatus, &Path),
     steps: &mut Steps,
     started: Instant,
+    data: Option<&Path>,
 ) -> Result<()> {
     if status.state != pb::JobState::Succeeded as i32 {
         bail!("the job did not succeed: {}", status.error);
     }
     print_summary(plan, spec, steps, started.elapsed());
-    if let Some(dir) = &args.output_dir {
-        steps.finish()?;
-        // Emulated workers learn nothing and write no parameters.
-        if spec.compute.is_emulated() {
-            outln!("wrote {}/summary.json", dir.display());
-        } else {
-            let output = layout::job_dir(&dir.join(CHECKPOINTS), status.id);
-            let params = merge_params(&output, spec.parallelism.pipeline_parallel_degree)?;
-            candle_core::safetensors::save(&params, dir.join("params.safetensors"))
-                .context("cannot write params.safetensors")?;
-            let toml = spec.to_toml().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let job = dir.join(crate::export::JOB_FILE);
-            std::fs::write(&job, toml)
-                .with_context(|| format!("cannot write {}", job.display()))?;
-            outln!(
-                "wrote {}/summary.json, params.safetensors and {}",
-                dir.display(),
-                crate::export::JOB_FILE
-            );
-            if spec.model.family == Family::Llama {
-                let hf = dir.join(HF_EXPORT);
-                let tokenizer = dir.join(STAGED_MODEL).join("tokenizer.json");
-                let tokenizer = tokenizer.is_file().then_some(tokenizer);
-                crate::export::write(&hf, spec, &params, tokenizer.as_deref())?;
-                outln!(
-                    "wrote {} (transformers' from_pretrained loads it)",
-                    hf.display()
-                );
-            }
-        }
+    // Emulated workers learn nothing and write no parameters.
+    let params = if spec.compute.is_emulated() {
+        None
+    } else {
+        let output = layout::job_dir(&data_dir.join(CHECKPOINTS), status.id);
+        Some(merge_params(
+            &output,
+            spec.parallelism.pipeline_parallel_degree,
+        )?)
+    };
+    let tokenizer = sample::tokenizer_in(data_dir, spec);
+    if let (Some(params), Some(tokenizer), Some(data)) = (&params, &tokenizer, data)
+        && spec.model.family == Family::Llama
+        && args.sample_tokens > 0
+        && let Some((prompt, text)) =
+            sample::sample(spec, params, data, tokenizer, args.sample_tokens)?
+    {
+        outln!(
+            "sample (greedy, {} tokens): {prompt}{text}",
+            args.sample_tokens
+        );
+    }
+    let Some(dir) = &args.output_dir else {
+        std::io::stdout().flush().ok();
+        return Ok(());
+    };
+    steps.finish()?;
+    let Some(params) = params else {
+        outln!("wrote {}/summary.json", dir.display());
+        return Ok(());
+    };
+    candle_core::safetensors::save(&params, dir.join("params.safetensors"))
+        .context("cannot write params.safetensors")?;
+    let toml = spec.to_toml().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let job = dir.join(crate::export::JOB_FILE);
+    std::fs::write(&job, toml).with_context(|| format!("cannot write {}", job.display()))?;
+    outln!(
+        "wrote {}/summary.json, params.safetensors and {}",
+        dir.display(),
+        crate::export::JOB_FILE
+    );
+    if spec.model.family == Family::Llama {
+        let hf = dir.join(HF_EXPORT);
+        crate::export::write(&hf, spec, &params, tokenizer.as_deref())?;
+        outln!(
+            "wrote {} (transformers' from_pretrained loads it)",
+            hf.display()
+        );
     }
     std::io::stdout().flush().ok();
     Ok(())

@@ -366,6 +366,13 @@ pub fn save(dir: &Path, spec: &ModelSpec, tensors: &[(String, Tensor)]) -> Resul
 /// Writes the whole model `spec` whose parameters are `params` (by whole-model name, as
 /// `params.safetensors` and the final files hold them) as a Hugging Face directory.
 pub fn save_params(dir: &Path, spec: &ModelSpec, params: &HashMap<String, Tensor>) -> Result<()> {
+    let stage = whole_from_params(spec, params)?;
+    save(dir, stage.spec(), &stage_tensors(&stage)?)
+}
+
+/// The whole model `spec` as one stage on the CPU, its parameters `params` (by whole-model
+/// name).
+pub fn whole_from_params(spec: &ModelSpec, params: &HashMap<String, Tensor>) -> Result<Stage> {
     let spec = ModelSpec {
         path: None,
         ..spec.clone()
@@ -378,5 +385,5 @@ pub fn save_params(dir: &Path, spec: &ModelSpec, params: &HashMap<String, Tensor
         })?;
         set(p, value.to_dtype(DType::F32)?)?;
     }
-    save(dir, &spec, &stage_tensors(&stage)?)
+    Ok(stage)
 }
