@@ -281,7 +281,7 @@ fn bad_local_jobs_are_refused_with_the_field() {
     std::fs::write(&short, b"abc").unwrap();
     let err = common::fails(&["local", "--steps", "1", "--data", short.to_str().unwrap()]);
     assert!(
-        err.contains("--data") && err.contains("3 bytes, shorter than one window"),
+        err.contains("--data") && err.contains("3 tokens; one window of seq_len 32 needs 33"),
         "{err}"
     );
     // CUDA in a binary built without it: refused at start, with the way to get it.
@@ -573,12 +573,12 @@ fn a_hugging_face_model_trains_and_exports() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/testdata/llama-tiny/untied");
     let base = tempfile_dir("hf-train");
     std::fs::create_dir_all(&base).unwrap();
-    // Digits and spaces: bytes below the fixture's vocabulary of 96.
-    let text: String = (0..4000u32)
-        .map(|i| format!("{} ", i * 7919 % 10007))
+    // Token ids below the fixture's vocabulary of 96, as nanoGPT's u16 `.bin`.
+    let ids: Vec<u8> = (0..20_000u32)
+        .flat_map(|i| (((i * 7919 % 10007) % 96) as u16).to_le_bytes())
         .collect();
-    let data = base.join("digits.txt");
-    std::fs::write(&data, text).unwrap();
+    let data = base.join("ids.bin");
+    std::fs::write(&data, ids).unwrap();
     let model = fixture.display().to_string();
     let extra = ["--model", &model, "--data", data.to_str().unwrap()];
     let (one, two) = (base.join("one"), base.join("two"));
