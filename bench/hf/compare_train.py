@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=hc.ROOT / "examples/shakespeare/train.txt")
     ap.add_argument("--tokenizer", type=Path)
     ap.add_argument("--out", type=Path, help="save_pretrained the final weights here")
+    ap.add_argument("--f64", action="store_true",
+                    help="train in float64 (a reference for how far f32 rounding moves the weights)")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8, help="global batch G (windows per step)")
     ap.add_argument("--steps", type=int, default=20)
@@ -174,7 +176,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     tok_path = hc.tokenizer_for(args.model, args.tokenizer)
-    model = hc.load_llama(args.model, attn="eager")
+    model = hc.load_llama(args.model, attn="eager",
+                          dtype=torch.float64 if args.f64 else torch.float32)
     vocab = model.config.vocab_size
     tok_vocab = hc.load_tokenizer(tok_path).get_vocab_size(with_added_tokens=True)
     if tok_vocab > vocab:

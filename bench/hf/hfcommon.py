@@ -91,10 +91,11 @@ def random_llama(vocab_size: int, tied: bool, seed: int, max_positions: int, ini
     return model
 
 
-def load_llama(model_dir: Path, attn: str = "eager"):
+def load_llama(model_dir: Path, attn: str = "eager", dtype=None):
     from transformers import LlamaForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+    dtype = torch.float32 if dtype is None else dtype
+    return LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
 
 
 def perplexity(loss: float) -> float:
