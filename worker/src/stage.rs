@@ -342,12 +342,7 @@ impl Stage {
         targets: Option<&Tensor>,
     ) -> Result<Forwarded> {
         let h = self.spec.hidden as usize;
-        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
-        let mut x = if self.is_first() {
-            input.clone()
-        } else {
-            input.reshape((b * t, h))?
-        };
+        let (mask, mut x) = self.forward_inputs((b, t), input)?;
         let mut stashes = Vec::with_capacity(self.pieces.len());
         let mut edge = 0.0;
         for piece in &self.pieces {
@@ -362,11 +357,7 @@ impl Stage {
                     (out, ForwardStash::Block(Box::new(s)))
                 }
                 (PieceState::LlamaBlock(blk), _) => {
-                    let rope = self.rope.as_ref().ok_or_else(|| Error::InvalidArgument {
-                        field: "model.family",
-                        reason: "a Llama block in a stage without rotary tables".into(),
-                    })?;
-                    let (out, s) = blk.forward(&x, (b, t), &mask, rope)?;
+                    let (out, s) = blk.forward(&x, (b, t), &mask, self.rope()?)?;
                     (out, ForwardStash::LlamaBlock(Box::new(s)))
                 }
                 (PieceState::Head(hd), Some(targets)) => {

@@ -8,6 +8,30 @@ use crate::error::{Error, Result};
 use crate::piece::PieceState;
 
 impl Stage {
+    /// The causal mask for `t` tokens and the first piece's input: the ids `[b, t]` on the
+    /// first stage, the hidden states as `[b·t, h]` after it.
+    pub(super) fn forward_inputs(
+        &self,
+        (b, t): (usize, usize),
+        input: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let x = if self.is_first() {
+            input.clone()
+        } else {
+            input.reshape((b * t, self.spec.hidden as usize))?
+        };
+        Ok((mask, x))
+    }
+
+    /// The rotary tables a Llama block needs.
+    pub(super) fn rope(&self) -> Result<&crate::llama_ops::Rope> {
+        self.rope.as_ref().ok_or_else(|| Error::InvalidArgument {
+            field: "model.family",
+            reason: "a Llama block in a stage without rotary tables".into(),
+        })
+    }
+
     /// The stage's output on `input` (token ids `[b, t]` on the first stage, hidden states
     /// `[b, t, h]` after it): hidden states `[b, t, h]`, or on the last stage the logits
     /// `[b, t, V]` in f32.
@@ -20,23 +44,12 @@ impl Stage {
             });
         }
         let h = self.spec.hidden as usize;
-        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
-        let mut x = if self.is_first() {
-            input.clone()
-        } else {
-            input.reshape((b * t, h))?
-        };
+        let (mask, mut x) = self.forward_inputs((b, t), input)?;
         for piece in &self.pieces {
             x = match piece {
                 PieceState::Embedding(e) => e.forward(&x)?.0,
                 PieceState::Block(blk) => blk.forward(&x, (b, t), &mask)?.0,
-                PieceState::LlamaBlock(blk) => {
-                    let rope = self.rope.as_ref().ok_or_else(|| Error::InvalidArgument {
-                        field: "model.family",
-                        reason: "a Llama block in a stage without rotary tables".into(),
-                    })?;
-                    blk.forward(&x, (b, t), &mask, rope)?.0
-                }
+                PieceState::LlamaBlock(blk) => blk.forward(&x, (b, t), &mask, self.rope()?)?.0,
                 PieceState::Head(hd) => {
                     let v = self.spec.vocab as usize;
                     return Ok(hd.logits(&x)?.to_dtype(DType::F32)?.reshape((b, t, v))?);
