@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
-use crate::stage::Stage;
+use crate::stage::{DecodeCache, Stage};
 
 /// The model's output for `ids` (`[b, t]`): the logits `[b, t, V]` of the last stage.
 pub fn logits(stages: &[Stage], ids: &Tensor) -> Result<Tensor> {
@@ -144,6 +144,9 @@ pub fn generate(
     let seq_len = first.spec().seq_len as usize;
     let device = first.device().clone();
     let mut rng = SplitMix64::new(sampling.seed);
+    if prompt.len() + max_new <= seq_len && stages.iter().all(Stage::can_decode) {
+        return generate_cached(stages, prompt, max_new, (sampling, &mut rng), stop);
+    }
     let mut seq = prompt.to_vec();
     let mut out = Vec::with_capacity(max_new);
     for _ in 0..max_new {
@@ -161,6 +164,40 @@ pub fn generate(
         if stop == Some(next) {
             break;
         }
+    }
+    Ok(out)
+}
+
+/// [`generate`] with each block's keys and values kept ([`Stage::decode`]): the prompt
+/// goes through once, then each new token alone. Within the model's context only (the
+/// rotary tables end there).
+fn generate_cached(
+    stages: &[Stage],
+    prompt: &[u32],
+    max_new: usize,
+    (sampling, rng): (Sampling, &mut SplitMix64),
+    stop: Option<u32>,
+) -> Result<Vec<u32>> {
+    let device = stages[0].device().clone();
+    let mut caches = vec![DecodeCache::default(); stages.len()];
+    let mut input = prompt.to_vec();
+    let mut out = Vec::with_capacity(max_new);
+    for _ in 0..max_new {
+        let mut x = Tensor::from_slice(&input, (1, input.len()), &device)?;
+        for (stage, cache) in stages.iter().zip(caches.iter_mut()) {
+            x = stage.decode(&x, cache)?;
+        }
+        let last = x
+            .narrow(1, input.len() - 1, 1)?
+            .flatten_all()?
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?;
+        let next = pick(&last, sampling, rng);
+        out.push(next);
+        if stop == Some(next) {
+            break;
+        }
+        input = vec![next];
     }
     Ok(out)
 }

@@ -110,8 +110,21 @@ impl Rope {
         &self,
         qkv: &Tensor,
         (b, t): (usize, usize),
+        heads: (usize, usize, usize),
+        inverse: bool,
+    ) -> Result<Tensor> {
+        self.apply_from(qkv, (b, t), heads, inverse, 0)
+    }
+
+    /// [`Rope::apply`] to tokens at positions `start .. start + t` (generation's new tokens
+    /// after those already cached).
+    pub(crate) fn apply_from(
+        &self,
+        qkv: &Tensor,
+        (b, t): (usize, usize),
         (heads, kv, hd): (usize, usize, usize),
         inverse: bool,
+        start: usize,
     ) -> Result<Tensor> {
         let dtype = qkv.dtype();
         let rotated = (heads + kv) * hd;
@@ -122,8 +135,8 @@ impl Rope {
             qk.narrow(D::Minus1, 0, half)?,
             qk.narrow(D::Minus1, half, half)?,
         );
-        let cos = self.cos.narrow(0, 0, t)?.reshape((1, t, 1, half))?;
-        let sin = self.sin.narrow(0, 0, t)?.reshape((1, t, 1, half))?;
+        let cos = self.cos.narrow(0, start, t)?.reshape((1, t, 1, half))?;
+        let sin = self.sin.narrow(0, start, t)?.reshape((1, t, 1, half))?;
         let sin = if inverse { sin.neg()? } else { sin };
         let y1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
         let y2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;

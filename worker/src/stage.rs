@@ -15,6 +15,7 @@ use crate::param::Param;
 use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 
 mod infer;
+pub use infer::DecodeCache;
 mod side_by_side;
 
 /// One microbatch's `F` among side-by-side passes: its index, input and (on the last

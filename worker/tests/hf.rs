@@ -203,3 +203,43 @@ fn eval_and_generate_agree_with_transformers() -> Result<()> {
     }
     Ok(())
 }
+
+/// Generation's key/value cache: the logits of a prompt and then of each new token alone,
+/// from [`Stage::decode`] on two stages, equal a full forward of the whole sequence.
+#[test]
+fn decoding_with_the_cache_equals_the_full_forward() -> Result<()> {
+    use pipewise_worker::stage::DecodeCache;
+    let dir = fixture("untied");
+    let model = HfModel::open(&dir, 32, SpecDType::F32)?;
+    let ranges = Stage::even_split(model.spec(), 2)?;
+    let mut stages = Vec::new();
+    for r in ranges {
+        let mut s = Stage::new(model.spec(), r, 7, &Device::Cpu)?;
+        model.load_into(&mut s)?;
+        stages.push(s);
+    }
+    let (ids, _, _) = expected(&dir)?;
+    let seq = ids.narrow(0, 0, 1)?.flatten_all()?.to_vec1::<u32>()?;
+    let full = {
+        let mut x = Tensor::from_slice(&seq, (1, seq.len()), &Device::Cpu)?;
+        for s in &stages {
+            x = s.infer(&x)?;
+        }
+        x
+    };
+    let mut caches = vec![DecodeCache::default(); stages.len()];
+    let (prompt, rest) = seq.split_at(10);
+    let mut at = 0;
+    for chunk in std::iter::once(prompt).chain(rest.chunks(1)) {
+        let mut x = Tensor::from_slice(chunk, (1, chunk.len()), &Device::Cpu)?;
+        for (s, c) in stages.iter().zip(caches.iter_mut()) {
+            x = s.decode(&x, c)?;
+        }
+        let want = full.narrow(1, at, chunk.len())?;
+        let d = max_abs_diff(&x, &want)?;
+        assert!(d < 1e-5, "positions {at}..: {d}");
+        at += chunk.len();
+    }
+    assert_eq!(at, seq.len());
+    Ok(())
+}

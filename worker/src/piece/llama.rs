@@ -169,8 +169,14 @@ impl Block {
         ]
     }
 
-    fn heads(&self) -> (usize, usize, usize) {
+    /// Query heads, key/value heads and the head size.
+    pub(crate) fn heads(&self) -> (usize, usize, usize) {
         (self.heads, self.kv_heads, self.head_dim)
+    }
+
+    /// RMSNorm's epsilon.
+    pub(crate) fn eps(&self) -> f64 {
+        self.eps
     }
 
     /// `x: [N, h]` with `N = b·t`; `mask` is the causal mask for `t`, `rope` the stage's

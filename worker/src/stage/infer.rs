@@ -59,3 +59,64 @@ impl Stage {
         Ok(x.reshape((b, t, h))?)
     }
 }
+
+/// One sequence's generation state on a stage: each of its blocks' keys and values so far.
+#[derive(Debug, Clone, Default)]
+pub struct DecodeCache {
+    layers: Vec<crate::piece::llama_decode::LayerCache>,
+}
+
+impl Stage {
+    /// Whether the stage can generate with a key/value cache ([`Stage::decode`]): every block
+    /// of it is Llama's.
+    pub fn can_decode(&self) -> bool {
+        !self
+            .pieces
+            .iter()
+            .any(|p| matches!(p, PieceState::Block(_)))
+    }
+
+    /// The stage's output for one sequence's new tokens (ids `[1, n]` on the first stage,
+    /// hidden states `[1, n, h]` after it), each block attending to the positions `cache`
+    /// holds and keeping the new ones: hidden states `[1, n, h]`, or the logits `[1, n, V]`
+    /// in f32 on the last stage.
+    pub fn decode(&self, input: &Tensor, cache: &mut DecodeCache) -> Result<Tensor> {
+        let n = input.dim(1)?;
+        let h = self.spec.hidden as usize;
+        let blocks = self
+            .pieces
+            .iter()
+            .filter(|p| matches!(p, PieceState::LlamaBlock(_)))
+            .count();
+        cache.layers.resize_with(blocks, Default::default);
+        let mut layers = cache.layers.iter_mut();
+        let mut x = if self.is_first() {
+            input.clone()
+        } else {
+            input.reshape((n, h))?
+        };
+        for piece in &self.pieces {
+            x = match piece {
+                PieceState::Embedding(e) => e.forward(&x)?.0,
+                PieceState::LlamaBlock(blk) => {
+                    let layer = layers.next().ok_or_else(|| Error::InvalidArgument {
+                        field: "cache",
+                        reason: "fewer cached layers than blocks".into(),
+                    })?;
+                    blk.decode(&x, layer, self.rope()?)?
+                }
+                PieceState::Block(_) => {
+                    return Err(Error::InvalidArgument {
+                        field: "model.family",
+                        reason: "generation with a key/value cache takes Llama blocks".into(),
+                    });
+                }
+                PieceState::Head(hd) => {
+                    let v = self.spec.vocab as usize;
+                    return Ok(hd.logits(&x)?.to_dtype(DType::F32)?.reshape((1, n, v))?);
+                }
+            };
+        }
+        Ok(x.reshape((1, n, h))?)
+    }
+}
