@@ -8,7 +8,8 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
-use crate::stage::{DecodeCache, Stage};
+use crate::stage::Stage;
+use crate::stage::infer::DecodeCache;
 
 /// The model's output for `ids` (`[b, t]`): the logits `[b, t, V]` of the last stage.
 pub fn logits(stages: &[Stage], ids: &Tensor) -> Result<Tensor> {

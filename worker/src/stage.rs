@@ -14,8 +14,7 @@ use crate::optim::{self, AdamW};
 use crate::param::Param;
 use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 
-mod infer;
-pub use infer::DecodeCache;
+pub mod infer;
 mod side_by_side;
 
 /// One microbatch's `F` among side-by-side passes: its index, input and (on the last

@@ -208,7 +208,7 @@ fn eval_and_generate_agree_with_transformers() -> Result<()> {
 /// from [`Stage::decode`] on two stages, equal a full forward of the whole sequence.
 #[test]
 fn decoding_with_the_cache_equals_the_full_forward() -> Result<()> {
-    use pipewise_worker::stage::DecodeCache;
+    use pipewise_worker::stage::infer::DecodeCache;
     let dir = fixture("untied");
     let model = HfModel::open(&dir, 32, SpecDType::F32)?;
     let ranges = Stage::even_split(model.spec(), 2)?;
