@@ -282,8 +282,8 @@ pub(crate) fn resolve_model(data_dir: &Path, spec: &mut JobSpec) -> Result<()> {
     Ok(())
 }
 
-/// Checks, at submit, that the spec's `checkpoint.folder`, `data.path` and
-/// `data.tokenizer` lead under the data directory, symlinks followed (the workers check
+/// Checks, at submit, that the spec's `checkpoint.folder`, `data.path`, `data.tokenizer`
+/// and `validation.path` lead under the data directory, symlinks followed (the workers check
 /// again under theirs), and that they are usable there: the folder is not the
 /// coordinator's store nor under a file, the data is not the data directory itself, and
 /// the tokenizer is not a directory.
@@ -358,6 +358,37 @@ pub(crate) fn check_paths(data_dir: &Path, spec: &JobSpec) -> Result<()> {
                 ),
             ));
         }
+    }
+    check_validation_path(data_dir, spec, &folder)
+}
+
+/// `validation.path` checked as `data.path` is ([`check_paths`]), `folder` the job's
+/// `checkpoint.folder`.
+fn check_validation_path(data_dir: &Path, spec: &JobSpec, folder: &Path) -> Result<()> {
+    let Some(path) = spec.validation_path_in(data_dir)? else {
+        return Ok(());
+    };
+    check_links("validation.path", &path, data_dir, found)?;
+    if path == data_dir {
+        return Err(invalid(
+            "validation.path",
+            format!(
+                "{} is a directory, the data directory itself; give a file or a folder of \
+                 documents inside it",
+                path.display()
+            ),
+        ));
+    }
+    if folder.starts_with(&path) {
+        return Err(invalid(
+            "validation.path",
+            format!(
+                "{} is where checkpoint.folder puts the job's folders ({}); give the \
+                 validation data its own file",
+                path.display(),
+                folder.display()
+            ),
+        ));
     }
     Ok(())
 }
@@ -580,6 +611,42 @@ mod tests {
     /// directory outside the data directory during the run: reading the listing and
     /// clearing or settling checkpoints refuse it naming `checkpoint.folder`, and nothing
     /// outside is removed.
+    /// `validation.path` is checked at submit as `data.path` is, naming its field.
+    #[test]
+    fn a_validation_path_is_checked_as_the_data_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("corpora")).unwrap();
+        let with = |path: &str, folder: &str| {
+            let mut spec = example(2, "1f1b");
+            spec.checkpoint.folder = folder.into();
+            spec.validation = Some(pipewise_common::job::Validation {
+                path: Some(path.into()),
+                ..Default::default()
+            });
+            check_paths(root, &spec)
+        };
+        for (path, folder, says) in [
+            (".", "runs", "the data directory itself"),
+            ("x", "x", "is where checkpoint.folder puts"),
+            ("../outside.txt", "runs", "outside"),
+        ] {
+            match with(path, folder) {
+                Err(CoordinatorError::Plan(pipewise_common::Error::InvalidArgument {
+                    field,
+                    reason,
+                })) => {
+                    assert_eq!(field, "validation.path", "{reason}");
+                    assert!(reason.contains(says), "{path}: {reason}");
+                }
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+        // A file or a folder of documents, as data.path.
+        with("corpora/valid.txt", "runs").unwrap();
+        with("corpora", "runs").unwrap();
+    }
+
     #[test]
     fn a_folder_swapped_for_a_link_during_the_run_is_not_followed() {
         for swapped in ["runs", "runs/job-7"] {

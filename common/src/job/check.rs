@@ -272,7 +272,7 @@ impl JobSpec {
         })
     }
 
-    /// Checks `[checkpoint]` and `[data]`.
+    /// Checks `[checkpoint]`, `[data]` and `[validation]`.
     pub(crate) fn check_outputs(&self) -> Result<()> {
         if self.checkpoint.enable_checkpoint {
             if self.checkpoint.interval == 0 {
@@ -301,6 +301,9 @@ impl JobSpec {
                 return Err(Error::invalid("data.path", "must not be empty when given"));
             }
             check_text("data.path", path, MAX_PATH_BYTES)?;
+        }
+        if let Some(v) = &self.validation {
+            v.check()?;
         }
         self.check_data_encoding()
     }

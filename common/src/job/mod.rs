@@ -48,6 +48,12 @@
 //! folder = "checkpoints"
 //! interval = 10
 //!
+//! [validation]              # optional; absent = no validation loss
+//! path = "valid.txt"        # read as [data] path is; or fraction = 0.1: the training
+//!                           # stream's last tenth of windows held out
+//! freq = 10                 # evaluate every 10 optimizer steps and after the last
+//! steps = -1                # batches of global_batch_size windows; -1: every window
+//!
 //! [compute]                 # optional; absent = real compute
 //! mode = "emulate"          # "real" (candle stage compute) or "emulate"
 //! f_ms = 10.0               # emulated pass times of one stage of 1/d of the model
@@ -70,6 +76,7 @@
 //! - `memory`: the memory a planned job is predicted to take on each worker;
 //! - [`layout`]: checkpoint folder names and run ids.
 //! - [`lr`]: `[lr_scheduler]`, the learning rate of each step.
+//! - `validation`: `[validation]`, the held-out loss measured during training.
 
 mod check;
 pub mod confine;
@@ -78,6 +85,7 @@ pub mod lr;
 mod memory;
 pub mod plan;
 pub mod spec;
+mod validation;
 
 pub use confine::{Found, MAX_PATH_BYTES, check_links, check_text, confine};
 pub use layout::{
@@ -85,8 +93,9 @@ pub use layout::{
     checkpoint_step, final_dir, final_file, final_file_name, job_dir, job_of, run_id, run_of,
 };
 pub use plan::{JobPlan, plan_job};
+pub use spec::DEFAULT_VALIDATION_FREQ;
 pub use spec::{
     AUTO_SCHEDULE, Checkpoint, Compute, ComputeMode, Data, JobSection, JobSpec,
     MAX_DESCRIPTION_BYTES, MAX_EMULATED_PASS_MS, MAX_FRAME_BYTES, MAX_JOB_TOML_BYTES,
-    MAX_NAME_BYTES, MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, example,
+    MAX_NAME_BYTES, MIN_EMULATED_PASS_MS, Optimizer, Parallelism, Training, Validation, example,
 };

@@ -411,6 +411,49 @@ impl Compute {
     }
 }
 
+/// `[validation]` (what its fields mean and their checks: the `validation` file beside
+/// this one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Validation {
+    /// The validation data under the workers' data directory (relative to it, or absolute
+    /// under it), read as `[data] path` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Instead of `path`: this last fraction of the training stream's windows (0 < f < 1)
+    /// is held out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Evaluate after every this many optimizer steps (and after the last).
+    #[serde(default = "default_freq")]
+    pub freq: u32,
+    /// Batches of `training.global_batch_size` windows per evaluation; -1: every window.
+    #[serde(default = "every_window")]
+    pub steps: i64,
+}
+
+/// The default [`Validation::freq`].
+pub const DEFAULT_VALIDATION_FREQ: u32 = 10;
+
+fn default_freq() -> u32 {
+    DEFAULT_VALIDATION_FREQ
+}
+
+fn every_window() -> i64 {
+    -1
+}
+
+impl Default for Validation {
+    fn default() -> Self {
+        Validation {
+            path: None,
+            fraction: None,
+            freq: default_freq(),
+            steps: every_window(),
+        }
+    }
+}
+
 /// The largest activation a job may pass between stages, in bytes: the workers'
 /// transport carries tensors of up to 256 MiB (its message limit).
 pub const MAX_FRAME_BYTES: u64 = 256 << 20;
@@ -442,6 +485,9 @@ pub struct JobSpec {
     /// `[compute]` (absent: real compute).
     #[serde(default, skip_serializing_if = "Compute::is_default")]
     pub compute: Compute,
+    /// `[validation]` (absent: no validation loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<Validation>,
 }
 
 impl JobSpec {
@@ -618,6 +664,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
         checkpoint: Checkpoint::default(),
         data: Data::default(),
         compute: Compute::default(),
+        validation: None,
     }
 }
 
