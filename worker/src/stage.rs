@@ -14,6 +14,7 @@ use crate::optim::{self, AdamW};
 use crate::param::Param;
 use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 
+mod evaluate;
 pub mod infer;
 mod side_by_side;
 

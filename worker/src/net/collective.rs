@@ -25,7 +25,7 @@ use tonic::{Request, Response, Status};
 use super::RunName;
 use super::grad_sum::{GRAD_CHUNK, GRAD_WINDOW, GradSums, SumResult, from_bytes, to_bytes};
 use crate::error::{Error, Result};
-use crate::runtime::{ReplicaPart, StepSync};
+use crate::runtime::{ReplicaPart, StepSync, sum_in_window_order};
 
 /// A completed round: the value and whether to stop after this step, or why it failed.
 type RoundResult = std::result::Result<(f64, bool), Status>;
@@ -216,6 +216,13 @@ impl Collective {
                 req.values
             )));
         }
+        if op == ReduceOp::Validation && !req.values.len().is_multiple_of(2) {
+            return Err(Status::invalid_argument(format!(
+                "ReduceRequest.values: validation losses are (window, loss) pairs, got {} \
+                 values",
+                req.values.len()
+            )));
+        }
         if let Some(&last) = st.completed.get(&(op as i32))
             && (req.step <= last || req.step - last > ROUNDS_AHEAD)
         {
@@ -261,6 +268,11 @@ impl Collective {
                     Ok((v.iter().sum(), false))
                 }
                 ReduceOp::Barrier => Ok((0.0, false)),
+                ReduceOp::Validation => {
+                    let mut pairs: Vec<(u64, f64)> =
+                        values.chunks(2).map(|p| (p[0] as u64, p[1])).collect();
+                    Ok((sum_in_window_order(&mut pairs), false))
+                }
                 _ if values.is_empty() => Err(Status::aborted("no worker reported a loss")),
                 _ => Ok((values.iter().sum::<f64>() / values.len() as f64, stop)),
             };
@@ -739,6 +751,13 @@ impl StepSync for NetSync {
         }
         Ok(reply.value as f32)
     }
+
+    fn validation_sum(&self, round: u64, local: &[(u64, f64)]) -> Result<f64> {
+        // Window indices are below 2^53: exact as f64.
+        let values = local.iter().flat_map(|&(k, v)| [k as f64, v]).collect();
+        let what = format!("validation batch {} of the run", round.saturating_add(1));
+        Ok(self.call(&what, round, ReduceOp::Validation, values)?.value)
+    }
 }
 
 #[cfg(test)]
@@ -755,6 +774,28 @@ mod tests {
             run_secret: Vec::new(),
             ..ReduceRequest::default()
         }
+    }
+
+    /// A validation batch's `(window, loss)` pairs are summed in window order, whichever
+    /// worker sent which: here the workers' order would give 1, the windows' gives 0. Half
+    /// a pair is refused.
+    #[test]
+    fn validation_pairs_are_summed_in_window_order() {
+        let c = Collective::default();
+        c.configure(1, 2, 1, Duration::from_secs(1));
+        let pairs = |worker: u32, values: Vec<f64>| ReduceRequest {
+            op: ReduceOp::Validation as i32,
+            values,
+            ..req(0, worker, 0.0)
+        };
+        let err = c.contribute(&pairs(0, vec![1.0])).expect_err("half a pair");
+        assert!(err.message().contains("pairs"), "{err:?}");
+        let rx = c.contribute(&pairs(0, vec![2.0, -1e16])).expect("open");
+        c.contribute(&pairs(1, vec![0.0, 1e16, 1.0, 1.0]))
+            .expect("open");
+        let reduced = rx.borrow().clone().map(|r| r.map_err(|s| s.code()));
+        assert_eq!(reduced, Some(Ok((0.0, false))));
+        assert_eq!(-1e16 + 1e16 + 1.0, 1.0, "the workers' order");
     }
 
     /// A contribution to a round already reduced, or far past the newest, is refused (a

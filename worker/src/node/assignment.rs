@@ -61,6 +61,8 @@ pub(crate) struct Assignment {
     pub(crate) data: DataSource,
     /// The Hugging Face directory a fresh run's weights come from (`model.path`).
     pub(crate) model: Option<Confined>,
+    /// `validation.path` in this worker's data directory (`None`: no validation file).
+    pub(crate) validation: Option<Confined>,
     /// Go on from the stages held in memory after `steps.start` steps, not a checkpoint.
     pub(crate) resume_in_memory: bool,
     /// Take the stages' state after `steps.start` steps from the worker at this address (a
@@ -260,6 +262,13 @@ impl Assignment {
         if data.tokenizer.is_none() {
             data.tokenizer = model_tokenizer;
         }
+        let validation = match spec.validation_path_in(data_dir)? {
+            Some(path) => {
+                check_links("validation.path", &path, data_dir, found)?;
+                Some(Confined::resolve("validation.path", data_dir, &path)?)
+            }
+            None => None,
+        };
         Ok(Assignment {
             run: a.run,
             worker: a.worker_index,
@@ -277,6 +286,7 @@ impl Assignment {
             output,
             data,
             model,
+            validation,
             run_secret: bytes::Bytes::from(a.run_secret),
             resume_in_memory: a.resume_in_memory,
             copy_from: a.copy_from,

@@ -12,6 +12,7 @@ use super::assignment::Assignment;
 use super::config::NodeConfig;
 use super::memory::{fits_host_memory, read_meminfo};
 use super::outputs::save_final;
+use super::validation::{Validating, prepare};
 use crate::Device;
 use crate::confined::Confined;
 use crate::data::{Corpus, Sampler};
@@ -85,6 +86,8 @@ pub(crate) struct RealCompute {
     device: Device,
     corpus: Corpus,
     sampler: Sampler,
+    /// `[validation]`: what the run evaluates between steps, and when.
+    validation: Option<Validating>,
     /// Parameters, gradients, master copies and AdamW moments (and what the config adds).
     static_bytes: u64,
     output: Confined,
@@ -161,6 +164,7 @@ impl RealCompute {
             .saturating_add(config.unplanned_bytes);
         crate::metrics::record_parameters(&rt);
         let corpus = a.data.load(&spec.model)?.corpus;
+        let (corpus, validation) = prepare(spec, &a.data, a.validation.as_ref(), corpus)?;
         Ok(RealCompute {
             rt,
             worker: a.worker,
@@ -169,6 +173,7 @@ impl RealCompute {
             device: config.device.clone(),
             corpus,
             sampler: sampler_of(spec),
+            validation,
             static_bytes,
             output: a.output.clone(),
             checkpoint_interval: spec
@@ -274,10 +279,14 @@ impl Compute for RealCompute {
         let batches = self
             .sampler
             .share(&self.corpus, step, r * n..(r + 1) * n, &self.device)?;
-        let report = self
+        let mut report = self
             .rt
             .run_step(net.run, step, &batches, net.transport, net.sync)?;
         self.state_step = step + 1;
+        if let Some(v) = &mut self.validation {
+            let through = (net.transport, net.sync);
+            v.after_step(&self.rt, (net.run, step), through, &mut report)?;
+        }
         // Again every step: the exporter drops gauges left unset for a while.
         crate::metrics::record_parameters(&self.rt);
         Ok(report)

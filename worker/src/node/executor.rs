@@ -332,6 +332,7 @@ fn step_report(
         bytes_received: report.bytes_received.clone().into_iter().collect(),
         core_wait_secs: report.core_wait_secs,
         pass_core_wait_secs: report.pass_core_wait_secs,
+        validation_loss: report.validation_loss,
         ..Default::default()
     }
 }

@@ -17,7 +17,8 @@
 //! - `executor`: one dedicated thread (candle compute stays off the async runtime) that
 //!   runs assignments one after another: each decoded once (`assignment`), run by one step
 //!   loop over real or emulated compute (`compute`).
-//! - `outputs`: checkpoints and final parameters; [`memory`]: the host's available memory.
+//! - `outputs`: checkpoints and final parameters; [`memory`]: the host's available memory;
+//!   `validation`: a run's `[validation]` windows, evaluated between steps.
 //! - The activation service: the [`GrpcTransport`] started with the node, whose address is
 //!   the one registered. Worker 0 of a job also serves the job's end-of-step collectives
 //!   ([`crate::net::Collective`]); a cancel reaches the workers through it, so all of them
@@ -43,6 +44,7 @@ mod outputs;
 mod profile;
 mod reporter;
 mod shared;
+mod validation;
 
 use std::sync::Arc;
 

@@ -18,6 +18,7 @@ use super::real_passes::RealPasses;
 use super::side_by_side::{holds_every_stage, run_side_by_side};
 use super::step::{Replica, StepReport, StepSync, run_passes};
 use super::transport::Transport;
+use super::validate::{Evaluator, ValidationSet, evaluate};
 use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -319,6 +320,27 @@ impl WorkerRuntime {
             self.drop_step();
         }
         result
+    }
+
+    /// `[validation]`: the mean token cross-entropy of `set` after step `step` of job
+    /// `job`, through the pipeline with a forward-only program (see
+    /// [`validate`](super::validate)); frames go through `transport`, each batch's sum
+    /// through `sync` as the run's validation batch `*rounds`, counted on. The stages are
+    /// not changed: training goes on exactly as without it.
+    pub fn validate(
+        &self,
+        (job, step): (u64, u64),
+        set: &ValidationSet,
+        transport: &dyn Transport,
+        sync: &dyn StepSync,
+        rounds: &mut u64,
+    ) -> Result<f64> {
+        let e = Evaluator {
+            stages: &self.stages,
+            program: &self.program,
+            replica: self.replica,
+        };
+        evaluate(&e, (job, step), set, transport, sync, rounds)
     }
 
     fn drop_step(&mut self) {

@@ -15,8 +15,9 @@ use pipewise_common::schedule::Schedule;
 use super::executor::WorkerRuntime;
 use super::program::DEFAULT_TIMEOUT;
 use super::step::StepReport;
-use super::sync::{Replica, ReplicaPart, StepSync, sum_in_replica_order};
+use super::sync::{Replica, ReplicaPart, StepSync, sum_in_replica_order, sum_in_window_order};
 use super::transport::{MemoryTransport, Transport};
+use super::validate::ValidationSet;
 use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -27,6 +28,7 @@ use crate::optim::AdamW;
 enum Op {
     SqNorm,
     Loss,
+    Validation,
 }
 
 #[derive(Debug)]
@@ -36,6 +38,8 @@ struct SyncState {
     arrived: usize,
     sq: Vec<f64>,
     losses: Vec<f32>,
+    /// A validation batch's `(window, mean loss)` pairs.
+    windows: Vec<(u64, f64)>,
     /// The last round's result (`None`: no worker reported a loss).
     result: Option<f64>,
     aborted: Option<String>,
@@ -86,6 +90,7 @@ impl LocalSync {
                 arrived: 0,
                 sq: Vec::new(),
                 losses: Vec::new(),
+                windows: Vec::new(),
                 result: Some(0.0),
                 aborted: None,
             }),
@@ -156,6 +161,7 @@ impl LocalSync {
             st.result = finish(&mut st);
             st.sq.clear();
             st.losses.clear();
+            st.windows.clear();
             st.arrived = 0;
             st.round = None;
             st.generation += 1;
@@ -285,6 +291,15 @@ impl StepSync for LocalSync {
         )?;
         Ok(mean as f32)
     }
+
+    fn validation_sum(&self, round: u64, local: &[(u64, f64)]) -> Result<f64> {
+        self.collective(
+            Op::Validation,
+            round,
+            |st| st.windows.extend_from_slice(local),
+            |st| Some(sum_in_window_order(&mut st.windows)),
+        )
+    }
 }
 
 /// Wraps worker `w`'s in-memory transport handle (e.g. to count or corrupt frames in tests).
@@ -311,6 +326,9 @@ pub struct LocalOptions<'a> {
     /// microbatches `r·n .. (r+1)·n` of each step (`n`: the schedule's), each on its own
     /// workers and transport, and every stage's gradients are summed over the replicas.
     pub replicas: u32,
+    /// `[validation]`: `(set, freq)`, evaluate `set` after every `freq`-th step (counted
+    /// from the job's first) and after the last of the steps run.
+    pub validation: Option<(&'a ValidationSet, u64)>,
 }
 
 impl Default for LocalOptions<'_> {
@@ -323,6 +341,7 @@ impl Default for LocalOptions<'_> {
             first_step: 0,
             checkpoints: None,
             replicas: 1,
+            validation: None,
         }
     }
 }
@@ -337,6 +356,10 @@ impl std::fmt::Debug for LocalOptions<'_> {
             .field("first_step", &self.first_step)
             .field("checkpoints", &self.checkpoints)
             .field("replicas", &self.replicas)
+            .field(
+                "validation",
+                &self.validation.map(|(set, freq)| (set.windows(), freq)),
+            )
             .finish()
     }
 }
@@ -467,14 +490,30 @@ pub fn run_local(
                         };
                         let mut reports = Vec::with_capacity(steps.len());
                         let share = r as usize * per_replica..(r as usize + 1) * per_replica;
+                        let mut rounds = 0;
                         for (step, batches) in steps.iter().enumerate() {
-                            reports.push(rt.run_step(
+                            let at = options.first_step + step as u64;
+                            let mut report = rt.run_step(
                                 options.job,
-                                options.first_step + step as u64,
+                                at,
                                 &batches[share.clone()],
                                 transport.as_ref(),
                                 sync,
-                            )?);
+                            )?;
+                            if let Some((set, freq)) = options.validation
+                                && ((at + 1).is_multiple_of(freq.max(1)) || step + 1 == steps.len())
+                            {
+                                let through = transport.as_ref();
+                                let loss = rt.validate(
+                                    (options.job, at),
+                                    set,
+                                    through,
+                                    sync,
+                                    &mut rounds,
+                                )?;
+                                report.validation_loss = Some(loss);
+                            }
+                            reports.push(report);
                         }
                         // Every replica holds the same parameters: the first saves them.
                         if let Some(output) = options.checkpoints.filter(|_| r == 0) {

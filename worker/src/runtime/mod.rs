@@ -21,6 +21,7 @@
 //!   `core_wait`: how much of the waiting was for a core; `program`: the checks of a
 //!   worker's program and partition; `all_reduce`: the replicas' gradient sums beside the
 //!   passes.
+//! - [`validate`]: `[validation]`'s held-out loss, a forward-only program between steps.
 
 mod all_reduce;
 mod core_wait;
@@ -35,11 +36,13 @@ mod side_by_side;
 pub mod step;
 mod sync;
 pub mod transport;
+pub mod validate;
 
 pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use executor::{Slowdown, WorkerRuntime};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local};
 pub use program::DEFAULT_TIMEOUT;
 pub use step::{PassTime, Replica, ReplicaPart, StepReport, StepSync};
-pub(crate) use sync::sum_in_replica_order;
+pub(crate) use sync::{sum_in_replica_order, sum_in_window_order};
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};
+pub use validate::{ValidationSet, hold_out};

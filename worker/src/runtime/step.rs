@@ -52,6 +52,9 @@ pub struct StepReport {
     /// Seconds of the passes this thread ran spent waiting for a core (in
     /// [`StepReport::busy_secs`]; passes on other threads not counted).
     pub pass_core_wait_secs: f64,
+    /// `[validation]`: the mean token cross-entropy over the validation windows, when the
+    /// job evaluated after this step (the same on every worker).
+    pub validation_loss: Option<f64>,
 }
 
 /// One pass a worker ran and how long it computed (waiting for frames not included).
@@ -313,5 +316,6 @@ pub(crate) fn end_step<P: Passes>(
         bytes_received: rec.received,
         core_wait_secs: rec.core_wait.waited().as_secs_f64(),
         pass_core_wait_secs: rec.core_wait.in_passes().as_secs_f64(),
+        validation_loss: None,
     })
 }

@@ -24,6 +24,24 @@ pub trait StepSync: Send + Sync {
             format!("{part}: this transport has no replica all-reduce"),
         ))
     }
+
+    /// `[validation]`: gathers one validation batch's `(window, mean loss)` pairs (each
+    /// worker passes those its last stage evaluated, none elsewhere) and returns their sum
+    /// in window order ([`sum_in_window_order`]) to every worker. `round` counts the run's
+    /// validation batches. A sync without it refuses.
+    fn validation_sum(&self, round: u64, _local: &[(u64, f64)]) -> Result<f64> {
+        Err(Error::invalid(
+            "validation",
+            format!("validation batch {round}: this transport has no validation sum"),
+        ))
+    }
+}
+
+/// The sum of `(window, value)` pairs in window order, whichever worker gave them and in
+/// whatever order they came: every run gives the same bits.
+pub(crate) fn sum_in_window_order(pairs: &mut [(u64, f64)]) -> f64 {
+    pairs.sort_by_key(|&(window, _)| window);
+    pairs.iter().map(|&(_, value)| value).sum()
 }
 
 /// A worker's data-parallel replica: `index` of `count` copies of the pipeline, each
