@@ -251,7 +251,7 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
     spec.checkpoint.folder = CHECKPOINTS.into();
     let staged = match &data {
         Some(path) => {
-            let (staged, name) = stage_data(path, &data_dir)?;
+            let (staged, name) = stage_data(path, &data_dir, STAGED_DATA, "data")?;
             spec.data.path = Some(name);
             Some(staged)
         }
@@ -261,6 +261,7 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
         stage_file(file, &data_dir.join(STAGED_TOKENIZER), "tokenizer")?;
         spec.data.tokenizer = Some(STAGED_TOKENIZER.into());
     }
+    let staged_validation = job_file::stage_validation(&mut spec, &data_dir)?;
     if let Some(dir) = spec.model.path.clone() {
         stage_model(Path::new(&dir), &data_dir)?;
         spec.model.path = Some(STAGED_MODEL.into());
@@ -269,9 +270,11 @@ pub(crate) fn run(args: &LocalArgs, given: &dyn Fn(&str) -> bool) -> Result<()> 
     let outcome = runtime.block_on(drive(args, (&spec, data.as_deref()), &plan, &data_dir));
     if args.output_dir.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
-    } else if let Some(staged) = staged {
-        let _ = std::fs::remove_file(&staged);
-        let _ = std::fs::remove_dir_all(&staged);
+    } else {
+        for staged in staged.iter().chain(&staged_validation) {
+            let _ = std::fs::remove_file(staged);
+            let _ = std::fs::remove_dir_all(staged);
+        }
     }
     outcome
 }
@@ -319,31 +322,37 @@ fn stage_model(dir: &Path, data_dir: &Path) -> Result<()> {
 
 /// Links `--data` `path` into `data_dir` (copies where a hard link cannot be made, e.g.
 /// across file systems; a folder's text files one by one): a job names only paths under
-/// the workers' data directory. The staged path, and its name under `data_dir`.
-fn stage_data(path: &Path, data_dir: &Path) -> Result<(PathBuf, String)> {
+/// the workers' data directory. The staged path, and its name under `data_dir`: `as_name`
+/// (with the file's extension, which tells its form); `flag` names it in errors.
+fn stage_data(
+    path: &Path,
+    data_dir: &Path,
+    as_name: &str,
+    flag: &str,
+) -> Result<(PathBuf, String)> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
     if path.is_dir() {
-        let staged = data_dir.join(STAGED_DATA);
+        let staged = data_dir.join(as_name);
         let _ = std::fs::remove_dir_all(&staged);
         std::fs::create_dir_all(&staged)
             .with_context(|| format!("cannot create {}", staged.display()))?;
         let entries =
-            std::fs::read_dir(path).with_context(|| format!("--data {}", path.display()))?;
+            std::fs::read_dir(path).with_context(|| format!("--{flag} {}", path.display()))?;
         for entry in entries {
-            let entry = entry.with_context(|| format!("--data {}", path.display()))?;
+            let entry = entry.with_context(|| format!("--{flag} {}", path.display()))?;
             if entry.file_type().is_ok_and(|t| t.is_file()) {
-                stage_file(&entry.path(), &staged.join(entry.file_name()), "data")?;
+                stage_file(&entry.path(), &staged.join(entry.file_name()), flag)?;
             }
         }
-        return Ok((staged, STAGED_DATA.into()));
+        return Ok((staged, as_name.into()));
     }
     let name = match path.extension() {
-        Some(ext) => format!("{STAGED_DATA}.{}", ext.to_string_lossy()),
-        None => STAGED_DATA.into(),
+        Some(ext) => format!("{as_name}.{}", ext.to_string_lossy()),
+        None => as_name.into(),
     };
     let staged = data_dir.join(&name);
-    stage_file(path, &staged, "data")?;
+    stage_file(path, &staged, flag)?;
     Ok((staged, name))
 }
 
@@ -646,7 +655,7 @@ async fn run_job(
                 .map(|p| format!("{:.0}", *p as f64 / 1024.0))
                 .collect();
             outln!(
-                "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms",
+                "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms{}",
                 e.step,
                 spec.training.steps,
                 if e.loss.is_nan() {
@@ -658,7 +667,9 @@ async fn run_job(
                 100.0 * e.planned_bubble,
                 100.0 * e.measured_bubble,
                 peaks.join(" "),
-                e.predicted_step_time_ms
+                e.predicted_step_time_ms,
+                e.validation_loss
+                    .map_or(String::new(), |v| format!("  val {v:.4}"))
             );
             std::io::stdout().flush().ok();
         }
@@ -751,6 +762,9 @@ fn print_summary(plan: &JobPlan, spec: &JobSpec, steps: &Steps, total: Duration)
         outln!("  loss            n/a (emulated compute learns nothing)");
     } else {
         outln!("  loss            {first:.4} → {last:.4}");
+    }
+    if let Some((first, last)) = steps.validation_losses() {
+        outln!("  validation loss {first:.4} → {last:.4}");
     }
     outln!("  step time       {:.1} ms (mean)", step_time_ms);
     outln!(

@@ -91,14 +91,16 @@ pub(crate) async fn follow(
             .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
             .collect();
         outln!(
-            "step {:>4}  loss {:.7}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms",
+            "step {:>4}  loss {:.7}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms{}",
             e.step,
             e.loss,
             e.step_time_ms,
             100.0 * e.planned_bubble,
             100.0 * e.measured_bubble,
             peaks.join(" "),
-            e.predicted_step_time_ms
+            e.predicted_step_time_ms,
+            e.validation_loss
+                .map_or(String::new(), |v| format!("  val {v:.7}"))
         );
     }
     let status = c

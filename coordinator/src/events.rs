@@ -10,6 +10,8 @@ pub struct StepEventData {
     pub step: u64,
     /// Mean loss over the step's microbatches.
     pub loss: f64,
+    /// `[validation]`: the validation loss, on the steps after which the job evaluated.
+    pub validation_loss: Option<f64>,
     /// Wall time of the step.
     pub step_time_ms: f64,
     /// The schedule's simulated bubble, from the costs known before the step.

@@ -11,6 +11,7 @@
 //! | `pipewise_activation_memory_bytes` | gauge | `kind` = current \| peak \| predicted_peak, `job_id`, `worker` (its rank in the pipeline), (`replica` for current) |
 //! | `pipewise_steps_total` | counter | `job_id` |
 //! | `pipewise_loss` | gauge | `job_id` |
+//! | `pipewise_validation_loss` | gauge | `job_id` (jobs with `[validation]`) |
 //! | `pipewise_workers_up` | gauge | |
 //! | `pipewise_workers` | gauge | `state` = idle \| busy (a job's, from its claim until it ends) |
 //! | `pipewise_heartbeat_age_seconds` | gauge | `worker` |
@@ -79,6 +80,10 @@ pub fn describe() {
     );
     describe_counter!("pipewise_steps_total", "Training steps finished");
     describe_gauge!("pipewise_loss", "Mean training loss of the last step");
+    describe_gauge!(
+        "pipewise_validation_loss",
+        "Mean token cross-entropy over the [validation] windows at the job's latest evaluation"
+    );
     describe_gauge!(
         "pipewise_workers_up",
         "Workers whose heartbeats are current"
@@ -163,11 +168,37 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
     if e.loss.is_finite() {
         gauge!("pipewise_loss", "job_id" => job).set(e.loss);
     }
+    record_validation(e.job, e.validation_loss);
     for (worker, peak) in &e.peaks {
         gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "job_id" => e.job.to_string(), "worker" => worker.to_string())
             .set(*peak as f64);
     }
     record_predicted_peaks(e.job, &e.predicted_peaks);
+}
+
+/// The latest validation loss of the jobs that evaluated lately (the most recent
+/// [`VALIDATION_JOBS`]), set again with each of their steps: a job evaluates every few
+/// steps, and the exporter drops a gauge left unset for a while.
+static VALIDATION: Mutex<Vec<(u64, f64)>> = Mutex::new(Vec::new());
+
+/// How many jobs' validation losses [`VALIDATION`] keeps.
+const VALIDATION_JOBS: usize = 64;
+
+/// Job `job`'s validation loss: `loss` where the step evaluated, else its latest again.
+fn record_validation(job: u64, loss: Option<f64>) {
+    let Ok(mut latest) = VALIDATION.lock() else {
+        return;
+    };
+    if let Some(loss) = loss.filter(|l| l.is_finite()) {
+        latest.retain(|&(j, _)| j != job);
+        if latest.len() >= VALIDATION_JOBS {
+            latest.remove(0);
+        }
+        latest.push((job, loss));
+    }
+    if let Some(&(_, loss)) = latest.iter().find(|&&(j, _)| j == job) {
+        gauge!("pipewise_validation_loss", "job_id" => job.to_string()).set(loss);
+    }
 }
 
 /// The plan's predicted peak activation bytes of each worker of job `job`.

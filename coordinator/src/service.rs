@@ -124,6 +124,7 @@ fn event_of(e: StepEventData) -> pb::StepEvent {
             .collect(),
         replan_reason: e.replan_reason,
         plan_choice: e.plan_choice,
+        validation_loss: e.validation_loss,
     }
 }
 

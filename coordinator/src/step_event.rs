@@ -53,6 +53,7 @@ pub(crate) fn event(
             })
             .collect(),
         replica: reports.first().map_or(0, |r| r.replica),
+        validation_loss: reports.iter().find_map(|r| r.validation_loss),
         all_reduce: reports
             .iter()
             .map(|r| {
@@ -145,6 +146,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
         error: r.error,
         starting: r.starting,
         done: r.done,
+        validation_loss: r.validation_loss,
     }
 }
 

@@ -2,7 +2,7 @@
 //! given on the command line over its fields (a flag left at its default changes nothing).
 //! Without a file, the job the flags describe.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use pipewise_common::job::{Compute, JobSpec, example};
@@ -129,6 +129,26 @@ fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     } else if given("compute") {
         spec.compute = Compute::default();
     }
+}
+
+/// Where `[validation] path` is linked (or copied) under the data directory.
+const STAGED_VALIDATION: &str = "validation";
+
+/// Links the job file's `[validation] path` (on this machine, relative to the current
+/// directory as `[data] path` is) under `data_dir` as `[data] path` is staged, and points
+/// the job at it: a job names only paths under the workers' data directory. Returns the
+/// link (`None`: no validation file).
+pub(crate) fn stage_validation(spec: &mut JobSpec, data_dir: &Path) -> Result<Option<PathBuf>> {
+    let Some(v) = spec.validation.as_mut() else {
+        return Ok(None);
+    };
+    let Some(path) = v.path.clone() else {
+        return Ok(None);
+    };
+    let (staged, name) =
+        super::stage_data(Path::new(&path), data_dir, STAGED_VALIDATION, "validation")?;
+    v.path = Some(name);
+    Ok(Some(staged))
 }
 
 /// The training text on this machine: `--data`, else the job file's `[data] path` (relative

@@ -28,6 +28,9 @@ pub(super) struct StepSummary {
     /// What `schedule = "auto"` chose and why, on the first step of a run it chose.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub(super) plan_choice: String,
+    /// `[validation]`: the validation loss, on the steps after which the job evaluated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) val_loss: Option<f64>,
 }
 
 impl StepSummary {
@@ -46,6 +49,7 @@ impl StepSummary {
             ref plan_choice,
             core_wait_bubble,
             pass_core_wait,
+            validation_loss,
         } = *e;
         let mut peaks: Vec<(u32, u64)> = peaks
             .iter()
@@ -63,6 +67,7 @@ impl StepSummary {
             peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
             predicted_step_time_ms,
             plan_choice: plan_choice.clone(),
+            val_loss: validation_loss,
         }
     }
 
@@ -102,6 +107,8 @@ pub(super) struct Steps {
     count: u64,
     first_loss: f64,
     last_loss: f64,
+    /// The first and the latest validation loss (`None`: no step evaluated).
+    val_losses: Option<(f64, f64)>,
     /// The steps' times and bubbles summed.
     sums: StepSummary,
     /// Every worker's largest peak activation bytes.
@@ -139,6 +146,7 @@ impl Steps {
             count: 0,
             first_loss: f64::NAN,
             last_loss: f64::NAN,
+            val_losses: None,
             sums: StepSummary::default(),
             peaks: Vec::new(),
             file,
@@ -152,6 +160,9 @@ impl Steps {
         }
         self.count += 1;
         self.last_loss = s.loss;
+        if let Some(v) = s.val_loss {
+            self.val_losses = Some((self.val_losses.map_or(v, |(first, _)| first), v));
+        }
         self.sums.add_times(s);
         if self.peaks.len() < s.peak_activation_bytes.len() {
             self.peaks.resize(s.peak_activation_bytes.len(), 0);
@@ -176,6 +187,11 @@ impl Steps {
     /// The first and the last step's losses (NaN: none).
     pub(super) fn losses(&self) -> (f64, f64) {
         (self.first_loss, self.last_loss)
+    }
+
+    /// The first and the latest validation loss (`None`: no step evaluated).
+    pub(super) fn validation_losses(&self) -> Option<(f64, f64)> {
+        self.val_losses
     }
 
     /// The steps' mean times and bubbles (the other fields empty).
@@ -232,6 +248,7 @@ mod tests {
             peak_activation_bytes: peaks.to_vec(),
             predicted_step_time_ms: 9.0 * step as f64,
             plan_choice: String::new(),
+            val_loss: step.is_multiple_of(2).then_some(loss - 0.5),
         }
     }
 
@@ -252,6 +269,8 @@ mod tests {
         }
         assert_eq!(steps.count(), 3);
         assert_eq!(steps.losses(), (5.0, 3.5));
+        // Only step 2 evaluated.
+        assert_eq!(steps.validation_losses(), Some((3.5, 3.5)));
         let means = steps.means();
         assert!((means.step_time_ms - 20.0).abs() < 1e-12);
         assert!((means.planned_bubble - 0.1).abs() < 1e-12);
@@ -264,6 +283,8 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(written["job"], serde_json::to_value(&spec).unwrap());
         assert_eq!(written["steps"], serde_json::to_value(&all).unwrap());
+        assert_eq!(written["steps"][1]["val_loss"], 3.5);
+        assert!(written["steps"][0].get("val_loss").is_none());
         assert!(!dir.join("summary.json.partial").exists());
 
         // Unfinished: no summary.json, and no partial one left behind.

@@ -76,6 +76,8 @@ pub struct StepReport {
     pub starting: bool,
     /// The worker finished its part of the run (no step in this report).
     pub done: bool,
+    /// `[validation]`: the validation loss, on a step after which the job evaluated.
+    pub validation_loss: Option<f64>,
 }
 
 impl StepReport {
