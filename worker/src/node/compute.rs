@@ -46,9 +46,10 @@ pub(crate) trait Compute {
     /// (a checkpoint at its interval).
     fn after_step(&mut self, done: u64, end: u64) -> Result<()>;
 
-    /// Writes what the run leaves after its last step, `done` steps in all; returns where
-    /// the final parameters are (empty: nowhere).
-    fn finish(&mut self, done: u64) -> Result<PathBuf>;
+    /// Writes what the run leaves after its last step, `done` steps in all, `to_end` when
+    /// it ran every step assigned (not stopped for a move or a cancel); returns where the
+    /// final parameters are (empty: nowhere).
+    fn finish(&mut self, done: u64, to_end: bool) -> Result<PathBuf>;
 
     /// Every held stage's state (parameters and optimizer state, as a checkpoint shard),
     /// for a replica being rebuilt (none: nothing to copy).
@@ -339,13 +340,19 @@ impl Compute for RealCompute {
         Ok(())
     }
 
-    fn finish(&mut self, done: u64) -> Result<PathBuf> {
+    fn finish(&mut self, done: u64, to_end: bool) -> Result<PathBuf> {
         // Every replica holds the same parameters: the first writes them.
         if self.replica.index > 0 {
             return Ok(PathBuf::new());
         }
         if self.checkpoint_interval.is_some() {
             self.rt.save_checkpoints(&self.output, done)?;
+        }
+        // A run stopped for a move leaves no final file: the next run's worker indices may
+        // differ, and a final file of this layout left in a worker's own data directory
+        // would hold pieces another file of the last run holds too.
+        if !to_end {
+            return Ok(PathBuf::new());
         }
         save_final(&self.rt, &self.output, self.worker)
     }
@@ -399,7 +406,7 @@ impl Compute for EmulatedCompute {
         Ok(())
     }
 
-    fn finish(&mut self, _done: u64) -> Result<PathBuf> {
+    fn finish(&mut self, _done: u64, _to_end: bool) -> Result<PathBuf> {
         Ok(PathBuf::new())
     }
 }

@@ -162,7 +162,8 @@ impl Node<'_> {
                 break;
             }
         }
-        compute.finish(running.unwrap_or(a.steps.start) + 1)
+        let to_end = running.is_some_and(|step| step + 1 == a.steps.end);
+        compute.finish(running.unwrap_or(a.steps.start) + 1, to_end)
     }
 
     /// Readies the transport for `a` (its stages, frames delivered as `delivery`, the
