@@ -122,9 +122,9 @@ pub struct ConnState {
 }
 
 /// Registration attempts at start before a transport failure without a cause is final.
-const REGISTER_TRIES: u32 = 3;
-/// How a transport failure whose cause is unknown ends (the connection went away).
-const UNEXPLAINED: &str = "connection closed";
+const REGISTER_TRIES: u32 = 5;
+/// How transport failures whose cause is unknown end (the connection went away).
+const UNEXPLAINED: [&str; 2] = ["connection closed", "broken pipe"];
 
 impl Connection {
     /// [`Connection::register`], tried again (up to [`REGISTER_TRIES`] in all, 200 ms apart)
@@ -137,7 +137,10 @@ impl Connection {
         let mut tries = 1;
         loop {
             match Self::register(args).await {
-                Err(e) if tries < REGISTER_TRIES && e.to_string().ends_with(UNEXPLAINED) => {
+                Err(e)
+                    if tries < REGISTER_TRIES
+                        && UNEXPLAINED.iter().any(|end| e.to_string().ends_with(end)) =>
+                {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
