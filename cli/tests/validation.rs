@@ -9,7 +9,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Runs `pipewise local job.toml` in `dir` (where `valid.txt` is); returns its standard
+/// Runs `pipewise local job.toml` in `dir` (where `valid.jsonl` is); returns its standard
 /// output and `summary.json`.
 fn run(dir: &Path, spec: &pipewise_common::job::JobSpec, out: &str) -> (String, Value) {
     let file = dir.join(format!("{out}.toml"));
@@ -47,15 +47,24 @@ fn validation_losses_come_back_on_the_steps_that_evaluate() {
     let dir = std::env::temp_dir().join(format!("pipewise-validation-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    // A validation text of its own: 40 windows of 32 tokens.
-    let text: String = (0..400)
-        .map(|i| ["the stage sends ", "a worker waits "][i % 2])
+    // Validation documents of their own, as JSON Lines (read as [data] path would read
+    // them): 40 of 30 and 32 bytes, joined as they are, 38 windows of 32 tokens.
+    let lines: String = (0..40)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"{}\"}}\n",
+                [
+                    "the stage sends a frame to w1 ",
+                    "a worker waits for the w0 frame "
+                ][i % 2]
+            )
+        })
         .collect();
-    std::fs::write(dir.join("valid.txt"), &text[..40 * 32 + 1]).unwrap();
+    std::fs::write(dir.join("valid.jsonl"), lines).unwrap();
     let mut spec = pipewise_common::job::example(2, "1f1b");
     spec.training.steps = 4;
     spec.validation = Some(pipewise_common::job::Validation {
-        path: Some("valid.txt".into()),
+        path: Some("valid.jsonl".into()),
         freq: 3,
         ..Default::default()
     });
