@@ -112,6 +112,10 @@ pub(crate) fn incoming(
                     Handshake::Refused(reason, detail) => {
                         audit.refused(role_of(reason), Some(peer), reason, &detail);
                     }
+                    Handshake::Alerted(reason, detail, tcp) => {
+                        audit.refused(role_of(reason), Some(peer), reason, &detail);
+                        linger(tcp).await;
+                    }
                     Handshake::PlainHttp2(tcp) => {
                         let reason = Refusal::PlainTextOnTls;
                         let detail = "plain-text HTTP/2 on the TLS port (told so with a GOAWAY)";
@@ -130,6 +134,9 @@ pub(crate) fn incoming(
 enum Handshake {
     Done(Box<TlsStream<TcpStream>>),
     Refused(Refusal, String),
+    /// Refused by rustls, which sent the client an alert saying why: the connection is
+    /// closed with [`linger`] so the client reads it.
+    Alerted(Refusal, String, TcpStream),
     /// A plain-text HTTP/2 client, to be told that the port speaks TLS.
     PlainHttp2(TcpStream),
     /// Closed before a byte: a TCP probe, not a caller.
@@ -153,14 +160,31 @@ async fn handshake(tcp: TcpStream, acceptor: &tokio_rustls::TlsAcceptor) -> Hand
             "plain text (not a TLS record) on the TLS port".into(),
         );
     }
-    match acceptor.accept(tcp).await {
+    match acceptor.accept(tcp).into_fallible().await {
         Ok(stream) => Handshake::Done(Box::new(stream)),
-        Err(e) => {
+        Err((e, tcp)) => {
             let tls = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
             let (reason, detail) = classify(tls, &e);
-            Handshake::Refused(reason, detail)
+            Handshake::Alerted(reason, detail, tcp)
         }
     }
+}
+
+/// How long a refused client has to read its alert and close.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Closes a connection whose last bytes (a TLS alert) the client must read: the write side
+/// first, then what the client still sends is read and dropped until it closes (at most
+/// [`LINGER`]). In TLS 1.3 a client's certificate is checked after the client finished
+/// its half of the handshake, so the client is already sending its first request when the
+/// alert goes out; closing with those bytes unread would reset the connection, and a
+/// reset discards the alert before the client reads it ("broken pipe", "connection
+/// closed" instead of the cause).
+async fn linger(mut tcp: TcpStream) {
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// Why a handshake failed, and what to log: from the rustls error inside `e`, if any.
@@ -225,9 +249,7 @@ async fn answer_plain_http2(mut tcp: TcpStream) {
     };
     let _ = tokio::time::timeout(REQUEST_WAIT, until_request).await;
     let _ = tcp.write_all(&goaway_frames()).await;
-    let _ = tcp.shutdown().await;
-    let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
-    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    linger(tcp).await;
 }
 
 /// How long a plain-text client's first request is waited for.
@@ -347,7 +369,7 @@ mod tests {
         let outcome = match handshake.await.expect("a handshake's end within 5 s") {
             Handshake::Done(_) => "done",
             Handshake::Refused(Refusal::PlainTextOnTls, _) => "plain text",
-            Handshake::Refused(..) => "refused",
+            Handshake::Refused(..) | Handshake::Alerted(..) => "refused",
             Handshake::PlainHttp2(tcp) => {
                 answer_plain_http2(tcp).await;
                 "plain HTTP/2"
@@ -369,6 +391,78 @@ mod tests {
         // A TLS record holding an empty ClientHello: rustls refuses it.
         let (outcome, _) = outcome_of(Some(&[0x16, 3, 3, 0, 4, 1, 0, 0, 0])).await;
         assert_eq!(outcome, "refused");
+    }
+
+    /// A client whose certificate the coordinator refuses has, in TLS 1.3, finished its
+    /// handshake and is sending its first request when the alert comes: it reads the alert
+    /// (the cause) whatever it sent after the refusal, however long it keeps sending.
+    #[tokio::test]
+    async fn a_refused_client_certificate_reads_its_alert() {
+        use tokio_rustls::rustls::ClientConfig;
+        use tokio_rustls::rustls::pki_types::ServerName;
+        let server = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("cert");
+        let trusted_ca = rcgen::generate_simple_self_signed(vec!["ca".into()]).expect("ca");
+        let stranger = rcgen::generate_simple_self_signed(vec!["worker".into()]).expect("cert");
+        let tls = ServerTls {
+            cert_pem: server.cert.pem().into_bytes(),
+            key_pem: server.signing_key.serialize_pem().into_bytes(),
+            client_ca_pem: Some(trusted_ca.cert.pem().into_bytes()),
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&tls).expect("config"));
+        let mut roots = RootCertStore::empty();
+        roots.add(server.cert.der().clone()).expect("root");
+        let key = PrivateKeyDer::from_pem_slice(stranger.signing_key.serialize_pem().as_bytes())
+            .expect("key");
+        let client_config = ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![stranger.cert.der().clone()], key)
+            .expect("client config");
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config));
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (refused_tx, refused_rx) = tokio::sync::oneshot::channel();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            match handshake(tcp, &acceptor).await {
+                Handshake::Alerted(reason, _, tcp) => {
+                    let _ = refused_tx.send(reason);
+                    linger(tcp).await;
+                }
+                _ => panic!("the stranger's certificate was not refused with an alert"),
+            }
+        });
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let name = ServerName::try_from("localhost").expect("name");
+        // The client's half of a TLS 1.3 handshake ends before the server checks its
+        // certificate.
+        let mut stream = connector
+            .connect(name, tcp)
+            .await
+            .expect("client handshake");
+        stream
+            .write_all(&[7u8; 16 << 10])
+            .await
+            .expect("first request");
+        let reason = refused_rx.await.expect("the server's verdict");
+        assert_eq!(reason, Refusal::UnknownIssuer);
+        // After the refusal: more of the request, then the answer.
+        let mut wrote = Ok(());
+        for _ in 0..64 {
+            wrote = stream.write_all(&[7u8; 16 << 10]).await;
+            if wrote.is_err() {
+                break;
+            }
+        }
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer).await;
+        let told = match (&wrote, &read) {
+            (Err(e), _) | (Ok(()), Err(e)) => e.to_string(),
+            (Ok(()), Ok(_)) => String::from("no error"),
+        };
+        assert!(told.contains("received fatal alert"), "{told}");
+        drop(stream);
+        server.await.expect("server");
     }
 
     #[test]

@@ -121,34 +121,7 @@ pub struct ConnState {
     warned: Throttle,
 }
 
-/// Registration attempts at start before a transport failure without a cause is final.
-const REGISTER_TRIES: u32 = 5;
-/// How transport failures whose cause is unknown end (the connection went away).
-const UNEXPLAINED: [&str; 2] = ["connection closed", "broken pipe"];
-
 impl Connection {
-    /// [`Connection::register`], tried again (up to [`REGISTER_TRIES`] in all, 200 ms apart)
-    /// after a transport failure that says nothing of its cause: a connection closed just
-    /// after the TLS handshake, before the server's alert was read, shows the alert (a
-    /// refused client certificate) only on the next try.
-    async fn register_at_start(
-        args: &ConnArgs,
-    ) -> std::result::Result<Duration, ActorProcessingErr> {
-        let mut tries = 1;
-        loop {
-            match Self::register(args).await {
-                Err(e)
-                    if tries < REGISTER_TRIES
-                        && UNEXPLAINED.iter().any(|end| e.to_string().ends_with(end)) =>
-                {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
     async fn register(args: &ConnArgs) -> std::result::Result<Duration, ActorProcessingErr> {
         let job = args.shared.current().job.unwrap_or(0);
         let reply = args
@@ -259,7 +232,7 @@ impl Actor for Connection {
         myself: ActorRef<Self::Msg>,
         args: ConnArgs,
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
-        let interval = Self::register_at_start(&args).await?;
+        let interval = Self::register(&args).await?;
         let stream = tokio::spawn(follow_assignments(
             args.client.clone(),
             args.id.clone(),
