@@ -4,7 +4,7 @@
 //! Stages run one after the other (each worker's part of the model, in order); nothing is
 //! stashed ([`Stage::infer`]).
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
@@ -41,8 +41,9 @@ impl EvalLoss {
 /// The mean token cross-entropy of the model over every window of `tokens` in order: with
 /// `S = seq_len`, window `k < ⌊(L − 1)/S⌋` has input `t[kS .. kS+S]` and targets
 /// `t[kS+1 .. kS+S+1]` (the windows training takes). `batch` windows go through the model
-/// at a time; the sum is in f64, window by window, so the result does not depend on
-/// `batch`.
+/// at a time; each window's loss is the one training's validation computes
+/// ([`Stage::window_losses`]), summed in f64 window by window, so the result does not
+/// depend on `batch` and equals a validation loss over the same windows.
 pub fn mean_loss(
     stages: &[Stage],
     tokens: &[u32],
@@ -50,7 +51,7 @@ pub fn mean_loss(
     batch: usize,
 ) -> Result<EvalLoss> {
     let windows = tokens.len().saturating_sub(1) / seq_len.max(1);
-    if windows == 0 {
+    let Some((last, before)) = stages.split_last().filter(|_| windows > 0) else {
         return Err(Error::InvalidArgument {
             field: "data",
             reason: format!(
@@ -60,43 +61,29 @@ pub fn mean_loss(
                 seq_len + 1
             ),
         });
-    }
-    let device = stages.first().map_or(Device::Cpu, |s| s.device().clone());
+    };
+    let device = last.device().clone();
     let mut total = 0.0f64;
     for first in (0..windows).step_by(batch.max(1)) {
         let n = batch.max(1).min(windows - first);
         let start = first * seq_len;
-        let ids = Tensor::from_slice(&tokens[start..start + n * seq_len], (n, seq_len), &device)?;
-        let out = logits(stages, &ids)?
-            .to_dtype(DType::F64)?
-            .to_device(&Device::Cpu)?;
-        let rows = out.reshape((n * seq_len, ()))?.to_vec2::<f64>()?;
-        for (i, row) in rows.iter().enumerate() {
-            let target = tokens[start + i + 1] as usize;
-            total += nll(row, target)?;
+        let window = |from: usize| {
+            Tensor::from_slice(&tokens[from..from + n * seq_len], (n, seq_len), &device)
+        };
+        let mut x = window(start)?;
+        for s in before {
+            x = s.infer(&x)?;
         }
+        total += last
+            .window_losses(&x, &window(start + 1)?)?
+            .iter()
+            .sum::<f64>();
     }
     Ok(EvalLoss {
-        loss: total / (windows * seq_len) as f64,
+        loss: total / windows as f64,
         windows,
         tokens: windows * seq_len,
     })
-}
-
-/// `−log softmax(row)[target]`.
-fn nll(row: &[f64], target: usize) -> Result<f64> {
-    let Some(&picked) = row.get(target) else {
-        return Err(Error::InvalidArgument {
-            field: "data",
-            reason: format!(
-                "token id {target} is not below the vocabulary of {}",
-                row.len()
-            ),
-        });
-    };
-    let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
-    Ok(max + sum.ln() - picked)
 }
 
 /// How [`generate`] picks each token.
@@ -265,12 +252,5 @@ mod tests {
         for _ in 0..100 {
             assert!(matches!(pick(&logits, nucleus, &mut rng), 1 | 2));
         }
-    }
-
-    #[test]
-    fn nll_is_log_sum_exp_minus_the_target() {
-        let row = [0.0, (2.0f64).ln()];
-        assert!((nll(&row, 1).unwrap_or(0.0) - 1.5f64.ln()).abs() < 1e-12);
-        assert!(nll(&row, 2).is_err());
     }
 }
