@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::io::{Action, Choose, Failure};
-use super::trying::{TRIAL_STEPS, Trial};
+use super::trial_state::{TRIAL_STEPS, Trial};
 use super::{Phase, Supervisor};
 use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::respec::respec;
@@ -53,7 +53,7 @@ impl Supervisor {
     }
 
     /// The search's answer for the run on `workers`: the run starts on the choice (the
-    /// first plan of a trial, [`super::trial`]), or waits for workers again when one of them
+    /// first plan of a trial, [`super::auto_trial`]), or waits for workers again when one of them
     /// stopped streaming meanwhile.
     pub(super) fn chosen(
         &mut self,

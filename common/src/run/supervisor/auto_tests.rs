@@ -7,7 +7,7 @@ use super::tests::{Feed, JOB, done, heartbeat, report, saved, spec, supervisor, 
 use super::*;
 use crate::auto::job::{JobChoice, PlanOption};
 use crate::run::worker::StepReport;
-use trying::TRIAL_STEPS as T;
+use trial_state::TRIAL_STEPS as T;
 
 /// An auto job of `steps` steps on 2 workers and its supervisor, which asked for its first
 /// run's plan: the search it asked for.

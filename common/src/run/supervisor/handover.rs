@@ -1,8 +1,8 @@
 //! A move's hand-over from memory: the stages of the run before a move, held by its
 //! workers, from which the next run's workers take their stages' state peer to peer.
 
-use super::following::Out;
 use super::io::{Action, HeldStage, Move};
+use super::tracked_run::Out;
 use super::{Supervisor, resumed_from};
 use crate::job::JobPlan;
 use crate::run::checkpoints::Checkpoints;

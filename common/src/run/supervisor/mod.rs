@@ -35,12 +35,11 @@
 mod auto;
 #[cfg(test)]
 mod auto_tests;
+mod auto_trial;
 #[cfg(test)]
 mod claim_tests;
 #[cfg(test)]
 mod drift_tests;
-mod follow;
-mod following;
 mod handover;
 mod io;
 mod recalibrate;
@@ -49,10 +48,11 @@ mod replica_tests;
 mod shed;
 #[cfg(test)]
 mod shed_tests;
+mod step_moves;
 #[cfg(test)]
 mod tests;
-mod trial;
-mod trying;
+mod tracked_run;
+mod trial_state;
 #[cfg(test)]
 mod waiting_tests;
 
@@ -69,13 +69,13 @@ use crate::calibration::CostModel;
 use crate::job::{JobPlan, JobSpec};
 use crate::{Costs, Schedule, simulate};
 
-use following::{Out, Run};
 use io::Ended;
 pub use io::{
     Action, Assignment, Choose, Config, Failure, HeldStage, Input, Member, Reason, Search, Shown,
     StepDone, Taken,
 };
-use trying::{TRIAL_PLANS, Trial};
+use tracked_run::{Out, Run};
+use trial_state::{TRIAL_PLANS, Trial};
 
 /// Where the job's runs are.
 #[derive(Debug)]

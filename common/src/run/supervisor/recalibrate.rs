@@ -4,8 +4,8 @@
 
 use super::super::drift::{DRIFT_STEPS, worth_replanning};
 use super::super::pressure::predicted_overflow;
-use super::following::Run;
 use super::io::{Action, Move};
+use super::tracked_run::Run;
 use super::{Supervisor, tightest};
 use crate::auto::slowest_per_rank;
 use crate::calibration::PieceCost;

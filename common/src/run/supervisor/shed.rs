@@ -12,8 +12,8 @@
 use super::super::pressure::predicted_overflow;
 use super::super::respec::replan;
 use super::super::worker::{StepReport, Worker, gone};
-use super::following::Run;
 use super::io::{Action, Input, Move, Reason, Taken};
+use super::tracked_run::Run;
 use super::{Phase, Supervisor, tightest};
 use crate::job::{JobPlan, JobSpec};
 

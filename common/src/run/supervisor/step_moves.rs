@@ -3,9 +3,9 @@
 use super::super::reports::Taken;
 use super::super::respec::grown;
 use super::super::straggler::straggler;
-use super::following::Run;
 use super::handover::held_stages;
 use super::io::{Action, Ended, Failure, Input, Move, Reason, Search, StepDone};
+use super::tracked_run::Run;
 use super::{Phase, Supervisor, shown, tightest};
 use crate::calibration::Replica;
 use crate::run::worker::{StepReport, Worker};

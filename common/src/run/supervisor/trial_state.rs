@@ -1,4 +1,4 @@
-//! The state of an auto job's trial ([`super::trial`]) and its numbers.
+//! The state of an auto job's trial ([`super::auto_trial`]) and its numbers.
 
 use crate::auto::job::PlanOption;
 

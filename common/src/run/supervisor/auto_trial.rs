@@ -2,20 +2,20 @@
 //! run takes the search's choice on the start-up profile. After [`TRIAL_STEPS`] steps the
 //! search runs again, beside the run, on the costs fitted to them; the plans it predicts
 //! within the job's band of its best
-//! ([`auto_trial_band`](crate::job::Parallelism::auto_trial_band)) (one per schedule kind, microbatch size and split; at
-//! most [`TRIAL_PLANS`], the running one among them with its measured time) then run
-//! [`TRIAL_STEPS`] steps each in turn, and the job goes on
+//! ([`auto_trial_band`](crate::job::Parallelism::auto_trial_band)), one per schedule kind,
+//! microbatch size and split and at most [`TRIAL_PLANS`] (the running one among them with
+//! its measured time), then run [`TRIAL_STEPS`] steps each in turn, and the job goes on
 //! with the fastest measured (each plan's fastest step after its warm-up: [`plan_secs`]).
 //! Only a job that can move between steps does this (checkpoints on, real compute, two
-//! workers or more, steps to spare). Every step of a
-//! trial is a training step like any other (each move resumes from the checkpoint of the
-//! step it stopped after), so only the moves cost time.
+//! workers or more, steps to spare). Every step of a trial is a training step like any
+//! other (each move hands the stages over from the workers' memory and goes on at the
+//! next step, [`super::handover`]), so only the moves cost time.
 
 use super::super::straggler::straggle_of;
 use super::Supervisor;
-use super::following::Run;
 use super::io::{Action, Move};
-use super::trying::{TRIAL_PLANS, TRIAL_STEPS, Trial, plan_secs};
+use super::tracked_run::Run;
+use super::trial_state::{TRIAL_PLANS, TRIAL_STEPS, Trial, plan_secs};
 use crate::auto::job::{JobChoice, PlanOption};
 
 impl Supervisor {
