@@ -1,85 +1,20 @@
-//! The run actor: one per job running on worker processes. It feeds the job's
-//! [`Supervisor`] what the membership actor pushes (registrations, streams, heartbeats,
-//! losses, the run's step reports), a cancel, and the time (a 200 ms timer), and performs
-//! the actions it returns: assignments, stops and aborts through the membership actor,
-//! checkpoint folders on disk ([`crate::checkpoints`]), step events and the end of
-//! the job to the job manager.
+//! The run actor: one per job running on worker processes, the thin shell of the job's
+//! [`Supervisor`]. It feeds the supervisor what the membership actor pushes
+//! (registrations, assignment streams, heartbeats, losses, the runs' step reports), a
+//! cancel, and the time (a 200 ms timer), and carries out the actions it returns:
+//! assignments, stops and aborts through the membership actor, checkpoint folders on disk
+//! ([`crate::checkpoints`]), step events and the end of the job to the job manager.
 //!
-//! For a job on `d` workers it waits until `d` live workers have their assignment stream
-//! open, takes the first `d` by id (worker index = rank in that order), and sends each its
-//! assignment: the placement, its program, the peers' addresses, the job spec and the
-//! output directory. From then on the workers talk only to each other; each sends a
-//! `StepReport` after every step (without waiting for an answer), and the supervisor turns a
-//! complete set of reports into a step event.
-//!
-//! Ends: every worker reports `done` → success. A worker reports an error while all of the
-//! job's workers still heartbeat → the job fails and the others are told (in their
-//! heartbeat reply) to abandon it. A cancel → the workers are asked (in their step acks) to
-//! stop; worker 0 spreads that through the step's collective, so all stop after the same
-//! step.
-//!
-//! **Re-planning after a lost worker.** A worker of the job that leaves (stopped with
-//! SIGTERM or SIGINT, it says so: `reason="worker_left"`, at once), stops heartbeating (or
-//! whose peers fail because it vanished: an error report is held for
-//! [`Config::lost_grace_ms`](pipewise_common::run::Config::lost_grace_ms) to see whether a worker goes silent) ends the *run*, not the job:
-//!
-//! 1. the run is abandoned and the supervisor waits until the survivors have left it;
-//! 2. the resume step `K` is the last checkpoint every stage of the run wrote completely
-//!    (`step-K/stage-S.safetensors` for every stage, written under a temporary name and
-//!    renamed), else the step the run started from (0: the seeded initial model, so a job
-//!    without checkpoints starts over); later step directories and `final/` are removed;
-//! 3. the spec is planned again for `d'` = min(live workers, the spec's degree) workers
-//!    (the memory limit, in units of `1/d` of the model, is scaled by `d' / d`); a spec
-//!    that does not plan on `d'` workers fails the job with the planner's reason;
-//! 4. a new run starts at step `K` on those workers; each loads its stages from `step-K`
-//!    by tensor name, whatever partition wrote it, so training continues exactly as it
-//!    would have. Its first step event carries the reason and the new schedule; the
-//!    counter `pipewise_replans_total{reason="worker_lost"}` counts it. At most
-//!    [`Config::max_replans`](pipewise_common::run::Config::max_replans) re-plans per job.
-//!
-//! **Moving layers off a straggler.** A run of a real-compute job with checkpoints is
-//! watched: after each step every worker's time in passes is divided by its modelled work
-//! (the FLOPs of the pieces it holds, the embedding counted as 5 % of a block). A worker at
-//! [`STRAGGLER_RATIO`](pipewise_common::run::straggler::STRAGGLER_RATIO) times the median or more for [`STRAGGLER_STEPS`](pipewise_common::run::straggler::STRAGGLER_STEPS) steps in a row is
-//! a straggler: if a split of the pieces weighted by the measured slowness
-//! ([`pipewise_common::partition::split_for_speeds`]) cuts the busiest worker's predicted
-//! time by [`STRAGGLER_GAIN`](pipewise_common::run::straggler::STRAGGLER_GAIN) or more, every worker is asked to stop after the same step
-//! (they save it), and the next run starts there with the new split (the assignment's
-//! `stage_pieces`; the schedule and the worker count stay). The event carries the reason,
-//! `pipewise_replans_total{reason="straggler"}` counts it. `pipewise worker --slowdown F`
-//! (hidden) makes a worker's passes F times longer, to try it.
-//!
-//! **Memory pressure.** A worker started with `--memory-bytes B` registers `B`. When a
-//! run's plan is predicted to make a worker hold more (checked before the run starts), or
-//! a step's report shows it holding more (its peak activations plus its training state:
-//! parameters, gradients, AdamW moments and master copies, `static_bytes`; every worker is then asked to stop after
-//! the same step), the job goes on with the fastest plan of [`FITTING_KINDS`](pipewise_common::run::pressure::FITTING_KINDS) (simulated
-//! under the job's planning times; the adaptive kinds, when their default limit does not
-//! fit, at a limit bisected to the bytes there are) whose predicted bytes fit every worker
-//! that registered a size and are lower on the overflowing one (`pipewise_replans_total{reason=
-//! "memory_pressure"}`). Predictions are [`JobPlan::predicted_peak_bytes`](pipewise_common::job::JobPlan::predicted_peak_bytes) plus the
-//! training state of the job's layer split ([`JobPlan::predicted_state_bytes_over`](pipewise_common::job::JobPlan::predicted_state_bytes_over)); later losses and
-//! growths re-plan the schedule the move chose.
-//!
-//! **Growing back.** A run on fewer workers than the job's degree (after a loss) of a job
-//! with checkpoints is checked once a second: when more streaming workers are live than
-//! the run has, every worker is asked to stop after the same step (they save it) and the
-//! job goes on from there planned on min(live, degree) workers
-//! (`pipewise_replans_total{reason="worker_joined"}`). A plan that fails is logged and not
-//! tried again until the live count changes.
-//!
-//! **Moves go on from memory.** After any of these moves the next run starts after the
-//! step every worker stopped at, from the stages its workers still hold: its assignments
-//! carry the run before's stages and their holders (`handover`, `offer_held`), the holders
-//! offer them until the start barrier, and each worker takes its new stages' state from
-//! them peer to peer; the saved step is the fall-back should a holder be gone.
+//! Every decision — which workers a run takes, when a run ends, the re-plans after a lost
+//! worker and the moves off a straggler, on drift, under memory pressure or when workers
+//! join, the hand-over from memory, the auto trial — is the supervisor's, and is described
+//! once, in its module docs ([`pipewise_common::run::supervisor`]) and the modules they
+//! link to; `docs/runtime.md` tells the story for operators.
 //!
 //! A run's id, which the workers see as the assignment's `job` (and which keys its frames,
-//! collectives, reports and aborts), is the job id for the first run and
-//! `job + k · 2^48` for its `k`-th run ([`RunId`](pipewise_common::run::RunId)): each re-plan starts another, and a
-//! coordinator restart jumps past every number the earlier coordinator could have given
-//! ([`Config::max_replans`](pipewise_common::run::Config::max_replans) + 1, plus an auto trial's moves, per restart), so nothing of an abandoned run can reach the next one.
-//! Events and metrics carry the job id.
+//! collectives, reports and aborts), is the job id for the first run and `job + k · 2^48`
+//! for its `k`-th run ([`RunId`](pipewise_common::run::RunId)); events and metrics carry
+//! the job id.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
