@@ -7,7 +7,9 @@ For each model size (`--sizes`; default about 100 M and 330 M parameters) it wri
 a `pipewise coordinator` and `--workers` `pipewise worker` processes on one data directory,
 submits a few steps of 1F1B from the directory (`[model] path`, the torchtitan layer split
 with one block fewer on the first and last stages) and, once the job is done, reads every
-worker's peak resident set (VmHWM, /proc/PID/status). Per worker it prints the peak, the
+worker's peak resident set (VmHWM, /proc/PID/status), and the peak up to when its log says
+the training data is loaded (its stages read from the directory, before any pass). Per
+worker it prints both peaks, the
 parameter bytes of its stages (counted here from the configuration and the split), their
 training state (f32: an f64 gradient and two f32 moments, `Param::state_bytes`; bf16 adds an
 f32 master copy) and the overhead, peak − (parameters + state). The worker's own
@@ -32,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -127,6 +130,17 @@ def status(pid):
     return fields
 
 
+def watch_loads(workers, done, loaded):
+    """Polls each worker (process, log) every 20 ms until `done`: its VmHWM when its log
+    first says the training data is loaded (after its stages were read from the
+    directory, before the first step's passes) goes into `loaded`."""
+    while not done.is_set():
+        for i, (p, log) in enumerate(workers):
+            if i not in loaded and "training data loaded" in Path(log).read_text():
+                loaded[i] = status(p.pid)["VmHWM"]
+        time.sleep(0.02)
+
+
 def loopback_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -180,25 +194,35 @@ def run(args, size, tmp):
                              "--data-dir", str(data)], tmp / f"coordinator-{size}.log")
         procs.append(coord)
         url = "http://" + line.split()[3]
-        ports = []
+        ports, logs = [], []
         for w in range(args.workers):
             port = loopback_port()
+            log = tmp / f"w{w}-{size}.log"
             p, _ = start([args.pipewise, "worker", "--coordinator", url, "--id", f"w{w}",
                           "--data-dir", str(data), "--metrics-listen", f"127.0.0.1:{port}"],
-                         tmp / f"w{w}-{size}.log")
+                         log)
             procs.append(p)
             ports.append(port)
+            logs.append(log)
+        loaded, done = {}, threading.Event()
+        watcher = threading.Thread(target=watch_loads,
+                                   args=(list(zip(procs[1:], logs)), done, loaded))
+        watcher.start()
         t0 = time.monotonic()
-        submit = subprocess.run([args.pipewise, "submit", str(job), "--coordinator", url,
-                                 "--wait"], capture_output=True, text=True,
-                                timeout=args.timeout)
+        try:
+            submit = subprocess.run([args.pipewise, "submit", str(job), "--coordinator", url,
+                                     "--wait"], capture_output=True, text=True,
+                                    timeout=args.timeout)
+        finally:
+            done.set()
+            watcher.join()
         if submit.returncode != 0:
             raise RuntimeError(f"{size}: submit failed:\n{(submit.stdout + submit.stderr)[-3000:]}")
         took = time.monotonic() - t0
         rows = []
-        for p, port in zip(procs[1:], ports):
+        for i, (p, port) in enumerate(zip(procs[1:], ports)):
             worker, gauge = scrape_gauge(port)
-            rows.append((worker, status(p.pid), gauge))
+            rows.append((worker, status(p.pid), gauge, loaded.get(i)))
     finally:
         for p in procs:
             p.kill()
@@ -244,8 +268,9 @@ def main():
                 failed = True
                 continue
             print(f"{'worker':>6} {'params M':>9} {'param MiB':>10} {'state MiB':>10} "
-                  f"{'peak MiB':>9} {'overhead MiB':>13} {'RssFile MiB':>12}  gauge")
-            for worker, st, gauge in rows:
+                  f"{'loaded MiB':>11} {'peak MiB':>9} {'overhead MiB':>13} {'RssFile MiB':>12}"
+                  "  gauge")
+            for worker, st, gauge, at_load in rows:
                 n = params[worker] if worker is not None else 0
                 pb, sb = n * value, n * per_state
                 over = st["VmHWM"] - pb - sb
@@ -253,8 +278,9 @@ def main():
                 ok = gauge == want
                 failed |= not ok
                 overheads.setdefault(size, []).append(over)
+                shown = "?" if at_load is None else f"{at_load / 2**20:.1f}"
                 print(f"{worker!s:>6} {n / 1e6:>9.1f} {pb / 2**20:>10.1f} {sb / 2**20:>10.1f} "
-                      f"{st['VmHWM'] / 2**20:>9.1f} {over / 2**20:>13.1f} "
+                      f"{shown:>11} {st['VmHWM'] / 2**20:>9.1f} {over / 2**20:>13.1f} "
                       f"{st['RssFile'] / 2**20:>12.1f}  {'= count' if ok else f'{gauge} ≠ {want} ✗'}",
                       flush=True)
     finally:
