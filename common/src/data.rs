@@ -77,7 +77,10 @@ mod tests {
         assert_eq!(jsonl_text(b"{\"text\": \"a\"}"), Ok(Some("a".into())));
         assert_eq!(jsonl_text(b"  \r"), Ok(None));
         assert_eq!(jsonl_text(b"{\"title\": 1}"), Err("no `text` field".into()));
-        assert_eq!(jsonl_text(b"{\"text\": 3}"), Err("`text` is not a string".into()));
+        assert_eq!(
+            jsonl_text(b"{\"text\": 3}"),
+            Err("`text` is not a string".into())
+        );
         assert_eq!(jsonl_text(b"[1]"), Err("not a JSON object".into()));
         assert_eq!(
             jsonl_text(b"not json"),

@@ -270,7 +270,9 @@ impl Actor for JobManager {
                         })
                         .await
                         .unwrap_or_else(|e| {
-                            Err(CoordinatorError::Actor(format!("the data check failed: {e}")))
+                            Err(CoordinatorError::Actor(format!(
+                                "the data check failed: {e}"
+                            )))
                         })
                     };
                     if let Err(e) = checked {

@@ -46,8 +46,8 @@ fn config() -> Value {
 
 /// `(name, dtype, shape)` of every tensor the model of `config` reads, as F32.
 fn tensors(config: &Value) -> Vec<(String, String, Vec<u64>)> {
-    let spec = model::hf::spec_from_config("config.json", &config.to_string(), 16, DType::F32)
-        .unwrap();
+    let spec =
+        model::hf::spec_from_config("config.json", &config.to_string(), 16, DType::F32).unwrap();
     model_tensors(&spec)
         .into_iter()
         .map(|(name, shape)| (name, "F32".to_string(), shape))
@@ -59,7 +59,11 @@ fn safetensors(tensors: &[(String, String, Vec<u64>)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     let mut at = 0u64;
     for (name, dtype, shape) in tensors {
-        let size = if dtype == "BF16" || dtype == "F16" { 2 } else { 4 };
+        let size = if dtype == "BF16" || dtype == "F16" {
+            2
+        } else {
+            4
+        };
         let bytes = shape.iter().product::<u64>() * size;
         header.insert(
             name.clone(),
@@ -117,7 +121,13 @@ async fn submit(
 
 /// One bad directory: what it is, its config and files, and the file and key the refusal
 /// names.
-type Case = (&'static str, Value, Vec<(&'static str, Vec<u8>)>, &'static str, String);
+type Case = (
+    &'static str,
+    Value,
+    Vec<(&'static str, Vec<u8>)>,
+    &'static str,
+    String,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_model_directories_are_refused_at_submit_naming_file_and_key() {
@@ -193,7 +203,9 @@ async fn bad_model_directories_are_refused_at_submit_naming_file_and_key() {
             good.clone(),
             {
                 let mut t = all.clone();
-                t.iter_mut().filter(|t| t.0 == k).for_each(|t| t.2 = vec![16, 8]);
+                t.iter_mut()
+                    .filter(|t| t.0 == k)
+                    .for_each(|t| t.2 = vec![16, 8]);
                 sharded(&t, 5)
             },
             "model-2.safetensors",
@@ -350,7 +362,10 @@ async fn bad_data_is_refused_at_submit_naming_field_and_file() {
         let status = submit(s).await.expect_err(&says);
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         let msg = status.message();
-        assert!(msg.starts_with(field) && msg.contains(&says), "{msg}\nwanted {says}");
+        assert!(
+            msg.starts_with(field) && msg.contains(&says),
+            "{msg}\nwanted {says}"
+        );
     }
     c.shutdown().await;
 }

@@ -172,7 +172,13 @@ impl HfModel {
         let (rows, cols) = match dims[..] {
             [r, c] => (r, c),
             [n] => (1, n),
-            _ => return Err(bad(path, name, format!("shape {shape:?} is not 1-D or 2-D"))),
+            _ => {
+                return Err(bad(
+                    path,
+                    name,
+                    format!("shape {shape:?} is not 1-D or 2-D"),
+                ));
+            }
         };
         let row_bytes = cols * dtype.size() as usize;
         let chunk_rows = (CHUNK_BYTES / row_bytes.max(1)).clamp(1, rows.max(1));
@@ -307,7 +313,9 @@ fn filled_dims(parts: &[(&(String, Vec<u64>), Place)]) -> Vec<usize> {
     match parts {
         [((_, shape), Place::Same)] => shape.iter().map(|&d| d as usize).collect(),
         _ => {
-            let inner = parts.first().map_or(0, |((_, s), _)| s[s.len() - 1] as usize);
+            let inner = parts
+                .first()
+                .map_or(0, |((_, s), _)| s[s.len() - 1] as usize);
             let outs = parts.iter().map(|((_, s), _)| s[0] as usize).sum();
             vec![inner, outs]
         }

@@ -121,9 +121,7 @@ pub fn header_len(file: &str, first: [u8; 8], file_len: u64) -> Result<u64> {
         return Err(bad(
             file,
             "(header)",
-            format!(
-                "not a safetensors file: a header of {n} bytes in a file of {file_len} bytes"
-            ),
+            format!("not a safetensors file: a header of {n} bytes in a file of {file_len} bytes"),
         ));
     }
     Ok(n)
@@ -136,7 +134,13 @@ pub fn parse_header(
     header: &[u8],
     file_len: u64,
 ) -> Result<BTreeMap<String, TensorEntry>> {
-    let corrupt = |reason: String| bad(file, "(header)", format!("not a safetensors file: {reason}"));
+    let corrupt = |reason: String| {
+        bad(
+            file,
+            "(header)",
+            format!("not a safetensors file: {reason}"),
+        )
+    };
     let value: Value =
         serde_json::from_slice(header).map_err(|e| corrupt(format!("not JSON: {e}")))?;
     let Value::Object(entries) = value else {
@@ -220,7 +224,9 @@ pub fn shard_names(file: &str, json: &str) -> Result<Vec<String>> {
     for (tensor, shard) in map {
         let shard = shard
             .as_str()
-            .filter(|f| !f.contains('/') && !f.contains('\\') && *f != "." && *f != ".." && !f.is_empty())
+            .filter(|f| {
+                !f.contains('/') && !f.contains('\\') && *f != "." && *f != ".." && !f.is_empty()
+            })
             .ok_or_else(|| bad(file, tensor, "not a file name in the directory"))?;
         shards.insert(shard.to_string());
     }
@@ -308,8 +314,14 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert_eq!((t["a"].start, t["a"].end), (start, start + 24));
         assert_eq!(t["b"].check("f", "b", &[4])?, WeightDType::BF16);
-        let err = t["a"].check("f", "a", &[3, 2]).expect_err("shape").to_string();
-        assert!(err.contains("f: a: shape [2, 3], the model needs [3, 2]"), "{err}");
+        let err = t["a"]
+            .check("f", "a", &[3, 2])
+            .expect_err("shape")
+            .to_string();
+        assert!(
+            err.contains("f: a: shape [2, 3], the model needs [3, 2]"),
+            "{err}"
+        );
         Ok(())
     }
 
@@ -318,19 +330,41 @@ mod tests {
         let cases = [
             (r#"{"a": nonsense}"#, 0, "(header)"),
             (r#"[1]"#, 0, "(header)"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 4, "a: data_offsets"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, 8, "a: data_offsets"),
-            (r#"{"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,4]}}"#, 8, "a: unknown dtype"),
-            (r#"{"a":{"shape":[2],"data_offsets":[0,8]}}"#, 8, "a: no dtype"),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+                4,
+                "a: data_offsets",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#,
+                8,
+                "a: data_offsets",
+            ),
+            (
+                r#"{"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,4]}}"#,
+                8,
+                "a: unknown dtype",
+            ),
+            (
+                r#"{"a":{"shape":[2],"data_offsets":[0,8]}}"#,
+                8,
+                "a: no dtype",
+            ),
         ];
         for (header, data, says) in cases {
             let err = parsed(header, data).expect_err(header).to_string();
-            assert!(err.contains("m.safetensors") && err.contains(says), "{header}: {err}");
+            assert!(
+                err.contains("m.safetensors") && err.contains(says),
+                "{header}: {err}"
+            );
         }
         let err = header_len("m.safetensors", 1000u64.to_le_bytes(), 20)
             .expect_err("long")
             .to_string();
-        assert!(err.contains("a header of 1000 bytes in a file of 20 bytes"), "{err}");
+        assert!(
+            err.contains("a header of 1000 bytes in a file of 20 bytes"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -341,7 +375,10 @@ mod tests {
         };
         spec.tie_embeddings = true;
         let all = model_tensors(&spec);
-        let embed = all.iter().filter(|(n, _)| n == "model.embed_tokens.weight").count();
+        let embed = all
+            .iter()
+            .filter(|(n, _)| n == "model.embed_tokens.weight")
+            .count();
         assert_eq!(embed, 1);
         assert_eq!(all.len(), 1 + 9 * spec.layers as usize + 1);
         spec.tie_embeddings = false;
