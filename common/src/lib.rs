@@ -33,6 +33,7 @@ pub mod calibration;
 pub mod cancel;
 pub mod cost;
 pub mod csv;
+pub mod data;
 pub mod error;
 pub mod generate;
 pub mod job;

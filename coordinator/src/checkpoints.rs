@@ -251,37 +251,6 @@ pub(crate) fn create_output_dir(
     Ok(real)
 }
 
-/// Completes, at submit, a job that starts from a Hugging Face directory (`model.path`):
-/// the sizes it left out are read from the directory's `config.json` under the data
-/// directory, those it gave are checked against it, and what pipewise does not compute is
-/// refused, naming the file and the key. A coordinator that cannot read the file (workers
-/// with data directories of their own) takes a job that gives the sizes itself.
-pub(crate) fn resolve_model(data_dir: &Path, spec: &mut JobSpec) -> Result<()> {
-    let Some(dir) = spec.model_path_in(data_dir)? else {
-        return Ok(());
-    };
-    check_links("model.path", &dir, data_dir, found)?;
-    let file = dir.join("config.json");
-    let shown = file.display().to_string();
-    let text = match std::fs::read_to_string(&file) {
-        Ok(text) => text,
-        Err(_) if spec.model.vocab > 0 && spec.model.hidden > 0 => return Ok(()),
-        Err(e) => {
-            return Err(invalid(
-                "model.path",
-                format!(
-                    "{shown}: {e}; give the model's sizes in [model] where the coordinator \
-                     cannot read it"
-                ),
-            ));
-        }
-    };
-    let m = &spec.model;
-    let from = pipewise_common::model::hf::spec_from_config(&shown, &text, m.seq_len, m.dtype)?;
-    spec.model = pipewise_common::model::hf::completed(m, &from, &shown)?;
-    Ok(())
-}
-
 /// Checks, at submit, that the spec's `checkpoint.folder`, `data.path`, `data.tokenizer`
 /// and `validation.path` lead under the data directory, symlinks followed (the workers check
 /// again under theirs), and that they are usable there: the folder is not the
@@ -393,12 +362,12 @@ fn check_validation_path(data_dir: &Path, spec: &JobSpec, folder: &Path) -> Resu
     Ok(())
 }
 
-fn invalid(field: &'static str, reason: String) -> CoordinatorError {
+pub(crate) fn invalid(field: &'static str, reason: String) -> CoordinatorError {
     pipewise_common::Error::invalid(field, reason).into()
 }
 
 /// What is at `path`, symlinks followed.
-fn found(path: &Path) -> Found {
+pub(crate) fn found(path: &Path) -> Found {
     match std::fs::canonicalize(path) {
         Ok(real) => Found::At(real),
         Err(_) if path.symlink_metadata().is_ok() => Found::Dangling,

@@ -252,7 +252,7 @@ impl Actor for JobManager {
         match msg {
             JobMsg::Submit(mut spec, reply) => {
                 let dir = state.store.dir();
-                let resolved = crate::checkpoints::resolve_model(dir, &mut spec);
+                let resolved = crate::checkpoints_model::resolve_model(dir, &mut spec);
                 if let Err(e) = resolved.and_then(|()| crate::checkpoints::check_paths(dir, &spec))
                 {
                     let _ = reply.send(Err(e));
@@ -260,7 +260,25 @@ impl Actor for JobManager {
                 }
                 let planner = state.planner.clone();
                 let manager = myself.clone();
+                let data_dir = dir.to_path_buf();
                 tokio::spawn(async move {
+                    // The data is read a block at a time: off the actor, beside other plans.
+                    let checked = {
+                        let spec = spec.clone();
+                        tokio::task::spawn_blocking(move || {
+                            crate::checkpoints_data::check_data(&data_dir, &spec)
+                        })
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(CoordinatorError::Actor(format!(
+                                "the data check failed: {e}"
+                            )))
+                        })
+                    };
+                    if let Err(e) = checked {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
                     let asked = spec.clone();
                     let call = async move { ractor::call!(planner, PlannerMsg::Plan, asked) };
                     let planned = tokio::select! {

@@ -20,7 +20,10 @@
 //!   a lost worker, a straggler, memory pressure or workers joining) and performs what it
 //!   asks.
 //! - [`run_msg`]: what a run actor is told.
-//! - [`checkpoints`]: a job's checkpoint folders on disk.
+//! - [`checkpoints`]: a job's checkpoint folders on disk, and where its paths lead.
+//! - `checkpoints_model`: a job's Hugging Face directory read at submit (`config.json`,
+//!   the weight files' headers).
+//! - `checkpoints_data`: a job's training data and tokenizer checked at submit.
 //! - [`step_event`]: a step's event from its workers' reports.
 //! - [`events`]: what a running job reports (step events, waiting notes, where it starts).
 //! - [`driver`]: jobs run by a [`driver::JobRunner`] (tests' fakes) on a blocking thread.
@@ -40,6 +43,8 @@
 
 pub mod audit;
 pub mod checkpoints;
+mod checkpoints_data;
+mod checkpoints_model;
 pub mod driver;
 pub mod error;
 pub mod events;

@@ -617,9 +617,8 @@ impl Stage {
         let device = self.device.clone();
         for (p, (wide, m, v)) in self.params_mut().zip(loaded) {
             let wide = wide.to_device(&device)?;
-            p.value = wide.to_dtype(p.value.dtype())?;
             p.grad = Tensor::zeros(wide.shape(), crate::param::GRAD_DTYPE, &device)?;
-            p.master = Param::needs_master(p.value.dtype()).then_some(wide);
+            p.set_wide(wide)?;
             p.m = m.to_device(&device)?;
             p.v = v.to_device(&device)?;
         }

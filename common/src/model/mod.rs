@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 
 pub mod family;
 pub mod hf;
+pub mod hf_weights;
 mod sizes;
 pub use family::{DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, Family};
 

@@ -354,28 +354,9 @@ fn documents<'a>(field: &'static str, form: &'a Form) -> Result<Vec<Cow<'a, str>
                 .par_iter()
                 .enumerate()
                 .map(|(i, line)| {
-                    let line_no = Some(i as u64 + 1);
-                    if line.iter().all(u8::is_ascii_whitespace) {
-                        return Ok(None);
-                    }
-                    let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
-                        // The line is the file's: serde's own is always 1.
-                        let text = e.to_string();
-                        let what = text.split(" at line ").next().unwrap_or_default();
-                        bad(
-                            &f.path,
-                            line_no,
-                            format!("not JSON (column {}: {what})", e.column()),
-                        )
-                    })?;
-                    let serde_json::Value::Object(mut fields) = value else {
-                        return Err(bad(&f.path, line_no, "not a JSON object".into()));
-                    };
-                    match fields.remove("text") {
-                        Some(serde_json::Value::String(text)) => Ok(Some(Cow::Owned(text))),
-                        Some(_) => Err(bad(&f.path, line_no, "`text` is not a string".into())),
-                        None => Err(bad(&f.path, line_no, "no `text` field".into())),
-                    }
+                    pipewise_common::data::jsonl_text(line)
+                        .map(|text| text.map(Cow::Owned))
+                        .map_err(|reason| bad(&f.path, Some(i as u64 + 1), reason))
                 })
                 .collect();
             parsed.into_iter().filter_map(Result::transpose).collect()
@@ -405,13 +386,7 @@ fn token_file(
             "{len} bytes are not a whole number of {width}-byte ids (data.token_bytes = {width})"
         )));
     }
-    let id_at = |i: usize| {
-        let b = &file.bytes[i * width..(i + 1) * width];
-        match width {
-            2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
-            _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        }
-    };
+    let id_at = |i: usize| pipewise_common::data::token_id(&file.bytes, width, i);
     if let Some(at) = (0..len / width)
         .into_par_iter()
         .find_first(|&i| id_at(i) >= vocab)

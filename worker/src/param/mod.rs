@@ -93,6 +93,14 @@ impl Param {
         dtype != STATE_DTYPE
     }
 
+    /// Takes `wide` (f32, of this parameter's shape, on its device) as its value: rounded
+    /// to the value's dtype, and kept as the master copy where it keeps one.
+    pub(crate) fn set_wide(&mut self, wide: Tensor) -> Result<()> {
+        self.value = wide.to_dtype(self.value.dtype())?;
+        self.master = Self::needs_master(self.value.dtype()).then_some(wide);
+        Ok(())
+    }
+
     /// Bytes of the tensors this parameter keeps for training, measured from them: its
     /// value, gradient, master copy (if any) and two AdamW moments.
     pub fn state_bytes(&self) -> u64 {

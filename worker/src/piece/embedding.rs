@@ -103,12 +103,14 @@ impl Embedding {
     /// `dwte[id] += dy` row by row (in token order), `dwpe[p] += Σ_b dy[b, p]`.
     pub(crate) fn backward_weight(&mut self, w: WeightStash) -> Result<()> {
         let (b, t) = w.ids.dims2()?;
-        let dy_wide = w.dy.to_dtype(self.wte.grad.dtype())?;
-        let dwte = self
-            .wte
-            .grad
-            .index_add(&w.ids.flatten_all()?, &dy_wide, 0)?;
-        self.wte.grad = dwte;
+        let dy_wide = w.dy.to_dtype(self.wte.grad.dtype())?.contiguous()?;
+        if !add_rows_in_place(&self.wte.grad, &w.ids, &dy_wide)? {
+            let dwte = self
+                .wte
+                .grad
+                .index_add(&w.ids.flatten_all()?, &dy_wide, 0)?;
+            self.wte.grad = dwte;
+        }
         let Some(wpe) = &mut self.wpe else {
             return Ok(());
         };
@@ -120,4 +122,28 @@ impl Embedding {
         }
         wpe.accumulate(&dwpe)
     }
+}
+
+/// `grad[ids[k]] += dy[k]` for each token `k` in order (the order `index_add` adds in, so
+/// the same sums), in place in a contiguous f64 CPU gradient: a step holds the table's
+/// gradient once, not a second table beside it for every microbatch. `false`, having
+/// changed nothing, where that does not apply.
+fn add_rows_in_place(grad: &Tensor, ids: &Tensor, dy: &Tensor) -> Result<bool> {
+    let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+    let (rows, h) = grad.dims2()?;
+    let Some(dy) = crate::kernels::cpu::with_f64(dy, <[f64]>::to_vec) else {
+        return Ok(false);
+    };
+    if dy.len() != ids.len() * h || ids.iter().any(|&id| id as usize >= rows) {
+        return Ok(false);
+    }
+    let added = crate::kernels::cpu::with_f64_mut(grad, |g| {
+        for (&id, d) in ids.iter().zip(dy.chunks_exact(h)) {
+            let at = id as usize * h;
+            for (x, d) in g[at..at + h].iter_mut().zip(d) {
+                *x += d;
+            }
+        }
+    })?;
+    Ok(added.is_some())
 }
