@@ -33,7 +33,7 @@ pub(crate) fn check_data(data_dir: &Path, spec: &JobSpec) -> Result<()> {
         Some((field, path, size)) => {
             if *size > vocab {
                 return Err(invalid(
-                    *field,
+                    field,
                     format!(
                         "{}: its vocabulary of {size} tokens is larger than the model's \
                          ([model] vocab {vocab})",

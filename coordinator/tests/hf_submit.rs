@@ -44,8 +44,11 @@ fn config() -> Value {
     })
 }
 
+/// A tensor of a test checkpoint: its name, dtype and shape.
+type Entry = (String, String, Vec<u64>);
+
 /// `(name, dtype, shape)` of every tensor the model of `config` reads, as F32.
-fn tensors(config: &Value) -> Vec<(String, String, Vec<u64>)> {
+fn tensors(config: &Value) -> Vec<Entry> {
     let spec =
         model::hf::spec_from_config("config.json", &config.to_string(), 16, DType::F32).unwrap();
     model_tensors(&spec)
@@ -55,7 +58,7 @@ fn tensors(config: &Value) -> Vec<(String, String, Vec<u64>)> {
 }
 
 /// A safetensors file of `tensors` (zeros), as the format lays it out.
-fn safetensors(tensors: &[(String, String, Vec<u64>)]) -> Vec<u8> {
+fn safetensors(tensors: &[Entry]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     let mut at = 0u64;
     for (name, dtype, shape) in tensors {
@@ -91,7 +94,7 @@ fn write_model(data: &Path, config: &Value, files: &[(&str, Vec<u8>)]) {
 
 /// Shards of `all`: the first `split` tensors in one file, the rest in another, with the
 /// index naming them.
-fn sharded(all: &[(String, String, Vec<u64>)], split: usize) -> Vec<(&'static str, Vec<u8>)> {
+fn sharded(all: &[Entry], split: usize) -> Vec<(&'static str, Vec<u8>)> {
     let (a, b) = all.split_at(split);
     let mut map = serde_json::Map::new();
     for (t, file) in a
@@ -142,7 +145,7 @@ async fn bad_model_directories_are_refused_at_submit_naming_file_and_key() {
     let good = config();
     let all = tensors(&good);
     let k = "model.layers.1.self_attn.k_proj.weight";
-    let edited = |edit: &dyn Fn(&mut (String, String, Vec<u64>))| {
+    let edited = |edit: &dyn Fn(&mut Entry)| {
         let mut t = all.clone();
         t.iter_mut().filter(|t| t.0 == k).for_each(edit);
         safetensors(&t)
