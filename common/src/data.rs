@@ -93,7 +93,8 @@ mod tests {
         let bytes = [1, 0, 2, 0, 44, 1, 3, 0];
         assert_eq!(first_id_not_below(&bytes, 2, 200), Some((2, 300)));
         assert_eq!(first_id_not_below(&bytes, 2, 301), None);
-        assert_eq!(first_id_not_below(&bytes, 4, 1 << 17), None);
+        assert_eq!(first_id_not_below(&bytes, 4, 1 << 18), None);
+        assert_eq!(first_id_not_below(&bytes, 4, 1 << 17), Some((0, 131_073)));
     }
 
     #[test]
