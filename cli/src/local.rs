@@ -8,11 +8,11 @@
 //! its own executor thread. The job goes in over `JobService.SubmitJob` and its steps come
 //! back over `WatchJob`; the progress lines and the summary are printed from those events.
 //!
-//! `--output-dir` writes `summary.json` and `params.safetensors` (every worker's final
-//! parameters merged under their whole-model names) and keeps the coordinator's data
-//! (job store, checkpoints) there. `--metrics-listen` serves the coordinator's and the
-//! workers' Prometheus metrics from one endpoint; `--trace-dir` writes executed timelines
-//! (`JobService.GetStepTrace`).
+//! `--output-dir` writes `summary.json`, `loss.svg` (the loss curves) and
+//! `params.safetensors` (every worker's final parameters merged under their whole-model
+//! names) and keeps the coordinator's data (job store, checkpoints) there.
+//! `--metrics-listen` serves the coordinator's and the workers' Prometheus metrics from one
+//! endpoint; `--trace-dir` writes executed timelines (`JobService.GetStepTrace`).
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -37,10 +37,13 @@ use crate::device::{DeviceArg, parse_device};
 use crate::logging::{LogFormat, init_logs_at};
 use crate::runtime::{available_cores, runtime};
 use crate::schedule_name::check_job_schedule;
+use step_lines::StepLines;
 use summary::{StepSummary, Steps};
 
 mod job_file;
+mod plot;
 mod sample;
+mod step_lines;
 mod summary;
 use crate::trace::write_trace;
 use crate::values::parse_dtype;
@@ -132,10 +135,11 @@ pub(crate) struct LocalArgs {
     /// Training text (default: the generated corpus).
     #[arg(long, value_name = "FILE")]
     pub(crate) data: Option<PathBuf>,
-    /// Write summary.json and params.safetensors (and the coordinator's job store) here.
+    /// Write summary.json, loss.svg (the loss curves) and params.safetensors (and the
+    /// coordinator's job store) here.
     #[arg(long, value_name = "DIR")]
     pub(crate) output_dir: Option<PathBuf>,
-    /// No progress lines, only the summary.
+    /// No step lines or progress bar, only the summary.
     #[arg(long)]
     pub(crate) quiet: bool,
     /// Serve Prometheus metrics of the whole run (coordinator and every worker) on
@@ -565,9 +569,9 @@ fn finish(
         std::io::stdout().flush().ok();
         return Ok(());
     };
-    steps.finish()?;
+    let written = steps.finish()?.join(", ");
     let Some(params) = params else {
-        outln!("wrote {}/summary.json", dir.display());
+        outln!("wrote {}/{written}", dir.display());
         return Ok(());
     };
     candle_core::safetensors::save(&params, dir.join("params.safetensors"))
@@ -576,7 +580,7 @@ fn finish(
     let job = dir.join(crate::export::JOB_FILE);
     std::fs::write(&job, toml).with_context(|| format!("cannot write {}", job.display()))?;
     outln!(
-        "wrote {}/summary.json, params.safetensors and {}",
+        "wrote {}/{written}, params.safetensors and {}",
         dir.display(),
         crate::export::JOB_FILE
     );
@@ -633,48 +637,22 @@ async fn run_job(
         .await
         .context("cannot watch the job")?
         .into_inner();
-    let tokens_per_step =
-        f64::from(spec.training.global_batch_size) * f64::from(spec.model.seq_len);
     // summary.json names the file given, not its staged link.
     let mut shown = spec.clone();
     shown.data.path = data.map(|p| p.display().to_string());
     let mut steps = Steps::new(args.output_dir.as_deref(), &shown)?;
+    let mut lines = StepLines::new(spec, args.quiet);
     while let Some(event) = events.next().await {
         let e = event.context("watch stream")?;
         let summary = StepSummary::of(&e);
-        if !e.replan_reason.is_empty() {
-            outln!("re-planned: {}", e.replan_reason);
-        }
-        if !e.plan_choice.is_empty() {
-            outln!("{}", e.plan_choice);
-        }
-        if !args.quiet {
-            let peaks: Vec<String> = summary
-                .peak_activation_bytes
-                .iter()
-                .map(|p| format!("{:.0}", *p as f64 / 1024.0))
-                .collect();
-            outln!(
-                "step {:>4}/{}  loss {:>6}  {:>8.0} tok/s  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms{}",
-                e.step,
-                spec.training.steps,
-                if e.loss.is_nan() {
-                    "n/a".to_string()
-                } else {
-                    format!("{:.4}", e.loss)
-                },
-                tokens_per_step / (e.step_time_ms / 1e3).max(1e-9),
-                100.0 * e.planned_bubble,
-                100.0 * e.measured_bubble,
-                peaks.join(" "),
-                e.predicted_step_time_ms,
-                e.validation_loss
-                    .map_or(String::new(), |v| format!("  val {v:.4}"))
-            );
-            std::io::stdout().flush().ok();
+        lines.event(&e, &summary);
+        if let Some(v) = e.initial_validation_loss {
+            steps.add_initial_validation(v)?;
         }
         steps.add(&summary)?;
     }
+    // The bar goes before the summary is printed.
+    drop(lines);
     let final_status = client
         .get_job(pb::JobId { id: status.id })
         .await

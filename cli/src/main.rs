@@ -23,9 +23,10 @@
 //!   [`text_file`] (reading a file the user names).
 //! - Process setup: [`logging`], [`runtime`] (the async runtime), [`connection`] (reaching
 //!   a coordinator: `--coordinator`, `PIPEWISE_COORDINATOR`), [`security`] (the TLS and
-//!   token flags and files), [`progress`] (what the job commands print), [`metrics`] (the
-//!   Prometheus exporter, `--metrics-listen`), [`signal`] (SIGTERM / SIGINT stop the
-//!   coordinator and workers gracefully).
+//!   token flags and files), [`progress`] (what the job commands print) and
+//!   [`progress_bar`] (its bar on a terminal), [`metrics`] (the Prometheus exporter,
+//!   `--metrics-listen`), [`signal`] (SIGTERM / SIGINT stop the coordinator and workers
+//!   gracefully).
 //!
 //! All planning, rendering and CSV work lives in `pipewise-common`; this crate only does
 //! I/O, timing and error reporting.
@@ -53,6 +54,7 @@ mod logging;
 mod metrics;
 mod plan;
 mod progress;
+mod progress_bar;
 mod runtime;
 mod schedule_name;
 mod security;

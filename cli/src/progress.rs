@@ -1,12 +1,17 @@
 //! What the job commands print: a job's status line, and its step lines while following it
-//! (`submit --wait`, `watch`). Outside checks read the step line: its fields and their order
-//! stay, new ones go after `peak KiB [...]`.
+//! (`submit --wait`, `watch`), with `[validation]`'s loss before the first step as step 0's
+//! line, and on a terminal a progress bar under them ([`crate::progress_bar`]). Outside
+//! checks read the step line: its fields and their order stay, new ones go after
+//! `peak KiB [...]`.
+
+use std::time::Instant;
 
 use anyhow::{Result, bail};
 use pipewise_proto::v1 as pb;
 use tokio_stream::StreamExt as _;
 
 use crate::connection::status_error;
+use crate::progress_bar::Bar;
 
 /// A job state's name.
 pub(crate) fn state_name(state: i32) -> &'static str {
@@ -72,6 +77,11 @@ pub(crate) async fn follow(
         .await
         .map_err(status_error)?
         .into_inner();
+    // The bar needs the job's steps; its tokens a step are not in the status.
+    let mut bar = match c.get_job(pb::JobId { id: job }).await {
+        Ok(status) => Bar::on_terminal(status.into_inner().steps, 0.0),
+        Err(_) => None,
+    };
     while let Some(e) = events.next().await {
         // A stream cut by the coordinator going away says so, not "h2 protocol error".
         let e = e.map_err(|s| match s.code() {
@@ -79,6 +89,9 @@ pub(crate) async fn follow(
             tonic::Code::Unknown if s.message().contains("h2 protocol error") => lost(job, &s),
             _ => status_error(s),
         })?;
+        if let Some(bar) = &mut bar {
+            bar.clear();
+        }
         if !e.replan_reason.is_empty() {
             outln!("re-planned: {}", e.replan_reason);
         }
@@ -90,6 +103,9 @@ pub(crate) async fn follow(
             .iter()
             .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
             .collect();
+        if let Some(v) = e.initial_validation_loss {
+            outln!("step {:>4}  val {v:.7}", 0);
+        }
         outln!(
             "step {:>4}  loss {:.7}  {:>8.1} ms  bubble planned {:>5.1}% measured {:>5.1}%  peak KiB [{}]  predicted {:.1} ms{}",
             e.step,
@@ -102,7 +118,16 @@ pub(crate) async fn follow(
             e.validation_loss
                 .map_or(String::new(), |v| format!("  val {v:.7}"))
         );
+        if let Some(bar) = &mut bar {
+            if let Some(v) = e.initial_validation_loss {
+                bar.validation(v);
+            }
+            let done = (e.step, e.loss, e.validation_loss);
+            bar.step(done, e.step_time_ms / 1e3, Instant::now());
+            bar.draw();
+        }
     }
+    drop(bar);
     let status = c
         .get_job(pb::JobId { id: job })
         .await

@@ -1,6 +1,7 @@
 //! `pipewise local JOB.toml` with `[validation]`: the validation loss comes back through the
-//! coordinator on the steps that evaluate (step lines, `summary.json`), the same on one
-//! worker as on two over gRPC, and training is the same as without it.
+//! coordinator before the first step (step 0) and on the steps that evaluate (step lines,
+//! `summary.json`, `loss.svg`), the same on one worker as on two over gRPC, and training
+//! is the same as without it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -32,13 +33,16 @@ fn run(dir: &Path, spec: &pipewise_common::job::JobSpec, out: &str) -> (String, 
     (stdout, serde_json::from_str(&summary).unwrap())
 }
 
-/// `(loss, val_loss)` of every step.
-fn losses(summary: &Value) -> Vec<(f64, Option<f64>)> {
+/// `(step, loss, val_loss)` of every record (step 0's has no loss).
+fn losses(summary: &Value) -> Vec<(u64, Option<f64>, Option<f64>)> {
     summary["steps"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["loss"].as_f64().unwrap(), s["val_loss"].as_f64()))
+        .map(|s| {
+            let step = s["step"].as_u64().unwrap();
+            (step, s["loss"].as_f64(), s["val_loss"].as_f64())
+        })
         .collect()
 }
 
@@ -70,33 +74,101 @@ fn validation_losses_come_back_on_the_steps_that_evaluate() {
     });
     let (stdout, two) = run(&dir, &spec, "two");
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
-    assert_eq!(lines.len(), 4, "{stdout}");
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(lines[0].starts_with("step    0/4  val "), "{stdout}");
     for (i, line) in lines.iter().enumerate() {
-        assert_eq!(line.contains("  val "), i == 2 || i == 3, "{line}");
+        assert_eq!(line.contains("  val "), [0, 3, 4].contains(&i), "{line}");
     }
-    assert!(stdout.contains("validation loss "), "{stdout}");
     let with = losses(&two);
-    let evaluated: Vec<usize> = (0..4).filter(|&i| with[i].1.is_some()).collect();
-    assert_eq!(evaluated, [2, 3], "after step 3 and the last");
+    let evaluated: Vec<u64> = with.iter().filter(|l| l.2.is_some()).map(|l| l.0).collect();
+    assert_eq!(
+        evaluated,
+        [0, 3, 4],
+        "before the first step, after step 3 and the last"
+    );
+    assert_eq!(with[0].1, None, "step 0 trained nothing");
+    let vals: Vec<f64> = with.iter().flat_map(|l| l.2).collect();
+    assert!(vals.iter().all(|v| v.is_finite() && *v > 0.0));
+    // The summary's validation losses run from step 0's to the last.
+    let printed = format!("validation loss {:.4} → {:.4}", vals[0], vals[2]);
+    assert!(stdout.contains(&printed), "{printed}\n{stdout}");
+    // Step 0's line prints what summary.json holds.
     assert!(
-        with.iter()
-            .flat_map(|l| l.1)
-            .all(|v| v.is_finite() && v > 0.0)
+        lines[0].ends_with(&format!("val {:.4}", vals[0])),
+        "{stdout}"
+    );
+    let plot = dir.join("two").join("loss.svg");
+    let text = std::fs::read_to_string(&plot).unwrap();
+    assert_eq!(
+        text.matches("<polyline").count(),
+        2,
+        "training and validation"
+    );
+    assert_renders(&plot);
+    assert!(
+        stdout.contains("summary.json, loss.svg, params.safetensors"),
+        "{stdout}"
     );
     // The same validation losses from one worker, bit for bit.
     spec.parallelism.pipeline_parallel_degree = 1;
     let (_, one) = run(&dir, &spec, "one");
-    let bits = |l: &[(f64, Option<f64>)]| -> Vec<Option<u64>> {
-        l.iter().map(|(_, v)| v.map(f64::to_bits)).collect()
+    let bits = |l: &[(u64, Option<f64>, Option<f64>)]| -> Vec<Option<u64>> {
+        l.iter().map(|l| l.2.map(f64::to_bits)).collect()
     };
     assert_eq!(bits(&losses(&one)), bits(&with));
-    // Training as without validation.
+    // Every step evaluating: the evaluation after step 1 follows the one before it, each
+    // with frames of its own; the same model gives step 0 and step 3 the same bits.
     spec.parallelism.pipeline_parallel_degree = 2;
+    spec.validation.as_mut().unwrap().freq = 1;
+    let (_, every) = run(&dir, &spec, "every");
+    let every = losses(&every);
+    let evaluated: Vec<u64> = every
+        .iter()
+        .filter(|l| l.2.is_some())
+        .map(|l| l.0)
+        .collect();
+    assert_eq!(evaluated, [0, 1, 2, 3, 4]);
+    let at = |l: &[(u64, Option<f64>, Option<f64>)], step: u64| {
+        l.iter()
+            .find(|r| r.0 == step && r.2.is_some())
+            .unwrap()
+            .2
+            .unwrap()
+            .to_bits()
+    };
+    assert_eq!((at(&every, 0), at(&every, 3)), (at(&with, 0), at(&with, 3)));
+    // Training as without validation.
     spec.validation = None;
     let (stdout, without) = run(&dir, &spec, "without");
-    assert!(!stdout.contains(" val "), "{stdout}");
-    let training =
-        |l: &[(f64, Option<f64>)]| -> Vec<u64> { l.iter().map(|l| l.0.to_bits()).collect() };
+    assert!(
+        !stdout.contains(" val ") && !stdout.contains("step    0"),
+        "{stdout}"
+    );
+    let training = |l: &[(u64, Option<f64>, Option<f64>)]| -> Vec<u64> {
+        l.iter().flat_map(|l| l.1).map(f64::to_bits).collect()
+    };
     assert_eq!(training(&losses(&without)), training(&with));
+    assert_eq!(training(&with).len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `svg` renders to PNG with `rsvg-convert`, a strict XML and SVG reader (`.ci/run`
+/// installs it and sets `PIPEWISE_REQUIRE_RSVG=1`).
+fn assert_renders(svg: &Path) {
+    let png = svg.with_extension("png");
+    match Command::new("rsvg-convert")
+        .arg(svg)
+        .arg("-o")
+        .arg(&png)
+        .status()
+    {
+        Ok(status) => {
+            assert!(status.success(), "rsvg-convert failed on {}", svg.display());
+            assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+        }
+        Err(_) => assert!(
+            std::env::var_os("PIPEWISE_REQUIRE_RSVG").is_none(),
+            "PIPEWISE_REQUIRE_RSVG is set but rsvg-convert is not installed"
+        ),
+    }
 }

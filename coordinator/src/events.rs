@@ -12,6 +12,8 @@ pub struct StepEventData {
     pub loss: f64,
     /// `[validation]`: the validation loss, on the steps after which the job evaluated.
     pub validation_loss: Option<f64>,
+    /// `[validation]`: the validation loss before the job's first step, on step 1's event.
+    pub initial_validation_loss: Option<f64>,
     /// Wall time of the step.
     pub step_time_ms: f64,
     /// The schedule's simulated bubble, from the costs known before the step.

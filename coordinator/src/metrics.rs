@@ -168,7 +168,8 @@ pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f6
     if e.loss.is_finite() {
         gauge!("pipewise_loss", "job_id" => job).set(e.loss);
     }
-    record_validation(e.job, e.validation_loss);
+    // Step 1's evaluation, where it has one, is later than the one before it.
+    record_validation(e.job, e.validation_loss.or(e.initial_validation_loss));
     for (worker, peak) in &e.peaks {
         gauge!("pipewise_activation_memory_bytes", "kind" => "peak", "job_id" => e.job.to_string(), "worker" => worker.to_string())
             .set(*peak as f64);

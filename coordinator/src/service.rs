@@ -125,6 +125,7 @@ fn event_of(e: StepEventData) -> pb::StepEvent {
         replan_reason: e.replan_reason,
         plan_choice: e.plan_choice,
         validation_loss: e.validation_loss,
+        initial_validation_loss: e.initial_validation_loss,
     }
 }
 

@@ -54,6 +54,7 @@ pub(crate) fn event(
             .collect(),
         replica: reports.first().map_or(0, |r| r.replica),
         validation_loss: reports.iter().find_map(|r| r.validation_loss),
+        initial_validation_loss: reports.iter().find_map(|r| r.initial_validation_loss),
         all_reduce: reports
             .iter()
             .map(|r| {
@@ -147,6 +148,7 @@ pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
         starting: r.starting,
         done: r.done,
         validation_loss: r.validation_loss,
+        initial_validation_loss: r.initial_validation_loss,
     }
 }
 

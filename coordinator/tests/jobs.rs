@@ -58,6 +58,7 @@ impl JobRunner for CountingRunner {
                 step,
                 loss: 5.0 / step as f64,
                 validation_loss: None,
+                initial_validation_loss: None,
                 step_time_ms: self.delay_ms as f64,
                 planned_bubble: 0.1,
                 measured_bubble: 0.12,

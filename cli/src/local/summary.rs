@@ -1,6 +1,11 @@
 //! `pipewise local`'s account of the steps: running totals for the printed summary and,
 //! with `--output-dir`, every step appended to `summary.json` as it comes, so a long run
-//! holds a few numbers per worker rather than one record per step.
+//! holds a few numbers per worker rather than one record per step (and the losses of each
+//! step for `loss.svg`, [`Curves`]).
+//!
+//! With `[validation]`, the validation loss before the first step is step 0's record
+//! (`{"step": 0, "val_loss": …}`, before step 1's) and the start of the printed
+//! `validation loss A → B`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write as _};
@@ -10,6 +15,8 @@ use anyhow::{Context as _, Result};
 use pipewise_common::job::JobSpec;
 use pipewise_proto::v1 as pb;
 use serde::Serialize;
+
+use super::plot::Curves;
 
 /// One step of `summary.json`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -50,6 +57,8 @@ impl StepSummary {
             core_wait_bubble,
             pass_core_wait,
             validation_loss,
+            // Step 0's record of its own: [`Steps::add_initial_validation`].
+            initial_validation_loss: _,
         } = *e;
         let mut peaks: Vec<(u32, u64)> = peaks
             .iter()
@@ -93,14 +102,39 @@ impl StepSummary {
     }
 }
 
+/// Step 0's record of `summary.json`: the validation loss before the first step.
+#[derive(Debug, Serialize)]
+struct InitialValidation {
+    step: u64,
+    val_loss: f64,
+}
+
 /// `summary.json` being written: `{"job": …, "steps": [` first, a step at a time, and the
-/// closing `]}` at the end, under a temporary name until then.
+/// closing `]}` at the end, under a temporary name until then; and the loss curves, drawn
+/// into `loss.svg` beside it at the end.
 struct SummaryFile {
     out: BufWriter<File>,
     partial: PathBuf,
     path: PathBuf,
-    steps: u64,
+    records: u64,
+    curves: Curves,
+    /// The job's name, the plot's title.
+    name: String,
 }
+
+impl SummaryFile {
+    /// Appends `record` to the steps.
+    fn append(&mut self, record: &impl Serialize) -> Result<()> {
+        let sep = if self.records == 0 { "\n" } else { ",\n" };
+        write!(self.out, "{sep}{}", serde_json::to_string(record)?)
+            .context("cannot write summary.json")?;
+        self.records += 1;
+        Ok(())
+    }
+}
+
+/// The name of the loss plot `--output-dir` gets.
+pub(super) const LOSS_PLOT: &str = "loss.svg";
 
 /// The steps seen so far (see the [module docs](self)).
 pub(super) struct Steps {
@@ -137,7 +171,9 @@ impl Steps {
                     out,
                     partial,
                     path,
-                    steps: 0,
+                    records: 0,
+                    curves: Curves::default(),
+                    name: spec.job.name.clone(),
                 })
             }
             None => None,
@@ -151,6 +187,20 @@ impl Steps {
             peaks: Vec::new(),
             file,
         })
+    }
+
+    /// The validation loss before the first step, `val` (step 0's record of
+    /// `summary.json`): the start of [`Steps::validation_losses`].
+    pub(super) fn add_initial_validation(&mut self, val: f64) -> Result<()> {
+        self.val_losses = Some((val, val));
+        if let Some(f) = &mut self.file {
+            f.curves.add_initial_validation(val);
+            f.append(&InitialValidation {
+                step: 0,
+                val_loss: val,
+            })?;
+        }
+        Ok(())
     }
 
     /// Counts step `s` (and appends it to `summary.json`).
@@ -171,10 +221,8 @@ impl Steps {
             *max = (*max).max(p);
         }
         if let Some(f) = &mut self.file {
-            let sep = if f.steps == 0 { "\n" } else { ",\n" };
-            write!(f.out, "{sep}{}", serde_json::to_string(s)?)
-                .context("cannot write summary.json")?;
-            f.steps += 1;
+            f.curves.add(s.step, s.loss, s.val_loss);
+            f.append(s)?;
         }
         Ok(())
     }
@@ -204,18 +252,26 @@ impl Steps {
         self.peaks.get(w).copied().unwrap_or(0)
     }
 
-    /// Closes `summary.json` and gives it its name; returns where it is (`None`: not
-    /// written).
-    pub(super) fn finish(&mut self) -> Result<Option<PathBuf>> {
+    /// Closes `summary.json` and gives it its name, and draws `loss.svg` beside it where
+    /// there is a loss to draw; returns the names of the files written (none without
+    /// `--output-dir`).
+    pub(super) fn finish(&mut self) -> Result<Vec<&'static str>> {
         let Some(mut f) = self.file.take() else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         f.out
             .write_all(b"\n]}\n")
             .and_then(|()| f.out.flush())
             .context("cannot write summary.json")?;
         std::fs::rename(&f.partial, &f.path).context("cannot write summary.json")?;
-        Ok(Some(f.path))
+        let mut written = vec!["summary.json"];
+        if f.curves.any() {
+            let plot = f.path.with_file_name(LOSS_PLOT);
+            std::fs::write(&plot, f.curves.svg(&f.name))
+                .with_context(|| format!("cannot write {}", plot.display()))?;
+            written.push(LOSS_PLOT);
+        }
+        Ok(written)
     }
 }
 
@@ -278,7 +334,9 @@ mod tests {
         assert!((means.core_wait_bubble - 0.1).abs() < 1e-12);
         assert!((means.pass_core_wait - 0.25).abs() < 1e-12);
         assert_eq!((steps.peak(0), steps.peak(1), steps.peak(2)), (7, 9, 0));
-        let path = steps.finish().unwrap().unwrap();
+        assert_eq!(steps.finish().unwrap(), ["summary.json", LOSS_PLOT]);
+        let path = dir.join("summary.json");
+        assert!(dir.join(LOSS_PLOT).is_file());
         let written: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(written["job"], serde_json::to_value(&spec).unwrap());
@@ -294,5 +352,38 @@ mod tests {
         drop(steps);
         assert!(!path.exists() && !dir.join("summary.json.partial").exists());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The validation loss before the first step is step 0's record, before step 1's, and
+    /// where the validation losses start; without `--output-dir` nothing is written.
+    #[test]
+    fn the_validation_before_the_first_step_is_step_zero() {
+        let dir = std::env::temp_dir().join(format!("pipewise-summary-0-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let spec = example(2, "1f1b");
+        let mut steps = Steps::new(Some(&dir), &spec).unwrap();
+        steps.add_initial_validation(8.25).unwrap();
+        assert_eq!(steps.validation_losses(), Some((8.25, 8.25)));
+        steps.add(&step(1, 5.0, &[1])).unwrap();
+        steps.add(&step(2, 4.0, &[1])).unwrap();
+        assert_eq!(steps.count(), 2, "step 0 is no training step");
+        assert_eq!(steps.validation_losses(), Some((8.25, 3.5)));
+        steps.finish().unwrap();
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                .unwrap();
+        let records = written["steps"].as_array().unwrap();
+        assert_eq!(records.len(), 3);
+        assert_eq!(records[0], serde_json::json!({"step": 0, "val_loss": 8.25}));
+        assert_eq!(
+            (&records[1]["step"], &records[2]["step"]),
+            (&1.into(), &2.into())
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let mut quiet = Steps::new(None, &spec).unwrap();
+        quiet.add_initial_validation(8.25).unwrap();
+        assert_eq!(quiet.finish().unwrap(), Vec::<&str>::new());
+        assert!(!dir.exists());
     }
 }

@@ -22,30 +22,62 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// Where a chart's y axis starts and ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YRange {
+    /// From 0 to a tick above the largest y (quantities whose zero matters: a bubble).
+    FromZero,
+    /// From a tick below the smallest y to one above the largest (a loss curve, whose
+    /// shape is in a band far from 0).
+    Fitted,
+}
+
+/// A series of more points than this is drawn as its line alone, without a marker (and
+/// hover text) per point: a loss curve of thousands of steps stays small.
+pub const MAX_MARKERS: usize = 64;
+
 /// Renders `series` on shared axes starting at y = 0.
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
-    let all = series.iter().flat_map(|s| s.points.iter().copied());
-    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+    line_chart_in(YRange::FromZero, title, (x_label, y_label), series)
+}
+
+/// Renders `series` on shared axes, the y axis over `range`; points that are not finite
+/// are left out.
+pub fn line_chart_in(
+    range: YRange,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    series: &[Series],
+) -> String {
+    let all = series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(|(x, y)| x.is_finite() && y.is_finite());
+    let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut y_min, mut y_max) = (f64::INFINITY, f64::NEG_INFINITY);
     for (x, y) in all {
         x0 = x0.min(x);
         x1 = x1.max(x);
-        y1 = y1.max(y);
+        y_min = y_min.min(y);
+        y_max = y_max.max(y);
     }
     if !x0.is_finite() {
         (x0, x1) = (0.0, 1.0);
+        (y_min, y_max) = (0.0, 1.0);
     }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    if y1 <= 0.0 {
-        y1 = 1.0;
-    }
-    let y_step = tick_step(y1, 6.0);
-    let y1 = (y1 / y_step).ceil() * y_step;
+    let (y0, y1) = y_bounds(range, y_min, y_max);
+    let y_step = tick_step(y1 - y0, 6.0);
+    let (y0, y1) = (
+        (y0 / y_step).floor() * y_step,
+        (y1 / y_step).ceil() * y_step,
+    );
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
     let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * plot_w;
-    let py = |y: f64| TOP + plot_h - y / y1 * plot_h;
+    let py = |y: f64| TOP + plot_h - (y - y0) / (y1 - y0) * plot_h;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -61,8 +93,8 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
         escape(title)
     );
     // Axes, grid and ticks.
-    let mut y = 0.0;
-    while y <= y1 + 1e-9 {
+    let mut y = y0;
+    while y <= y1 + y_step * 1e-6 {
         let _ = writeln!(
             out,
             r##"<line x1="{LEFT}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#e3e3e3"/><text x="{2}" y="{3:.1}" font-size="12" text-anchor="end">{4}</text>"##,
@@ -108,17 +140,28 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
     const COLOURS: [&str; 4] = ["#2f6fb3", "#c0392b", "#27ae60", "#8e44ad"];
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        let points: Vec<String> = s
+        let shown: Vec<(f64, f64)> = s
             .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect();
+        let points: Vec<String> = shown
             .iter()
             .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
             .collect();
         let _ = writeln!(
             out,
-            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#,
-            points.join(" ")
+            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"><title>{}</title></polyline>"#,
+            points.join(" "),
+            escape(&s.name)
         );
-        for &(x, y) in &s.points {
+        let markers = if shown.len() <= MAX_MARKERS {
+            &shown[..]
+        } else {
+            &[]
+        };
+        for &(x, y) in markers {
             let _ = writeln!(
                 out,
                 r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"><title>{}: {} → {}</title></circle>"#,
@@ -144,6 +187,20 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
     out
 }
 
+/// The y axis's ends before rounding to ticks, for data from `min` to `max`.
+fn y_bounds(range: YRange, min: f64, max: f64) -> (f64, f64) {
+    match range {
+        YRange::FromZero if max > 0.0 => (0.0, max),
+        YRange::FromZero => (0.0, 1.0),
+        // A flat series gets a band around it.
+        YRange::Fitted if max - min <= max.abs() * 1e-9 => {
+            let pad = (max.abs() * 0.05).max(0.5);
+            (min - pad, max + pad)
+        }
+        YRange::Fitted => (min, max),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +217,55 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         // An empty chart still renders.
         assert!(line_chart("e", "x", "y", &[]).contains("</svg>"));
+    }
+
+    /// The y tick labels of a chart, bottom to top.
+    fn y_ticks(svg: &str) -> Vec<f64> {
+        svg.lines()
+            .filter(|l| l.contains(r#"text-anchor="end">"#))
+            .map(|l| {
+                let text = &l[l.rfind(r#"">"#).unwrap() + 2..l.rfind("</text>").unwrap()];
+                text.parse().unwrap()
+            })
+            .collect()
+    }
+
+    /// A fitted axis spans the data between ticks just outside it, not from 0; a long
+    /// series is its line alone, a short one has a marker per point; points that are not
+    /// finite are left out.
+    #[test]
+    fn a_fitted_axis_hugs_the_data_and_long_series_have_no_markers() {
+        let long = Series {
+            name: "loss".into(),
+            points: (0..=200)
+                .map(|i| (f64::from(i), 8.3 - 3.2 * f64::from(i) / 200.0))
+                .chain([(201.0, f64::NAN)])
+                .collect(),
+        };
+        let short = Series {
+            name: "val".into(),
+            points: vec![(0.0, 8.4), (100.0, 6.0), (200.0, 5.7)],
+        };
+        let svg = line_chart_in(YRange::Fitted, "t", ("step", "loss"), &[long, short]);
+        let ticks = y_ticks(&svg);
+        assert_eq!((ticks[0], *ticks.last().unwrap()), (5.0, 9.0), "{ticks:?}");
+        assert_eq!(svg.matches("<circle").count(), 3);
+        let first_line = svg.lines().find(|l| l.starts_with("<polyline")).unwrap();
+        assert_eq!(
+            first_line.matches(',').count(),
+            201,
+            "the NaN point is left out"
+        );
+        assert!(!svg.contains("NaN"));
+        // From zero, the same data's axis starts at 0.
+        let svg = line_chart("t", "step", "loss", &[]);
+        assert_eq!(y_ticks(&svg)[0], 0.0);
+        // A flat series still gets a band.
+        let flat = Series {
+            name: "flat".into(),
+            points: vec![(1.0, 2.0), (2.0, 2.0)],
+        };
+        let ticks = y_ticks(&line_chart_in(YRange::Fitted, "t", ("x", "y"), &[flat]));
+        assert!(ticks[0] < 2.0 && *ticks.last().unwrap() > 2.0, "{ticks:?}");
     }
 }

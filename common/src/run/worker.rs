@@ -78,6 +78,9 @@ pub struct StepReport {
     pub done: bool,
     /// `[validation]`: the validation loss, on a step after which the job evaluated.
     pub validation_loss: Option<f64>,
+    /// `[validation]`: the validation loss before the job's first step, on that step's
+    /// report.
+    pub initial_validation_loss: Option<f64>,
 }
 
 impl StepReport {

@@ -35,6 +35,12 @@ pub(crate) trait Compute {
     /// Whether passes are emulated (said on each step's log span).
     const EMULATED: bool;
 
+    /// Before step `first`, the run's first: the validation loss of the model it starts
+    /// from where the job evaluates one (`[validation]`, and `first` the job's first step).
+    fn before_first_step(&mut self, _first: u64, _net: &RunNet<'_>) -> Result<Option<f64>> {
+        Ok(None)
+    }
+
     /// Runs step `step` of the run `net` connects.
     fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport>;
 
@@ -272,6 +278,13 @@ fn warm(kept: Option<Kept>, job: u64, step: u64, field: &'static str) -> Result<
 impl Compute for RealCompute {
     const DELIVERY: Delivery = Delivery::Tensors;
     const EMULATED: bool = false;
+
+    fn before_first_step(&mut self, first: u64, net: &RunNet<'_>) -> Result<Option<f64>> {
+        match &mut self.validation {
+            Some(v) => v.before_first_step(&self.rt, (net.run, first), (net.transport, net.sync)),
+            None => Ok(None),
+        }
+    }
 
     fn step(&mut self, step: u64, net: &RunNet<'_>) -> Result<StepReport> {
         // The whole step's microbatches, as one pipeline would take them: this replica's

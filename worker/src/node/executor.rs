@@ -149,9 +149,14 @@ impl Node<'_> {
             }
             let _step_span = step_span.entered();
             *running = Some(step);
+            let initial = if step == a.steps.start {
+                compute.before_first_step(step, &net)?
+            } else {
+                None
+            };
             let report = compute.step(step, &net)?;
             crate::metrics::record_step(a.worker, &report);
-            self.publish_step(a, step, &report, compute.held_bytes());
+            self.publish_step(a, step, (&report, initial), compute.held_bytes());
             let done = step + 1;
             compute.after_step(done, a.steps.end)?;
             if sync.stop_requested() {
@@ -280,12 +285,13 @@ impl Node<'_> {
     }
 
     /// Records step `step`'s report in the heartbeat statistics (`held`: activation bytes
-    /// still stashed after it) and sends it to the coordinator.
+    /// still stashed after it) and sends it to the coordinator, with the validation loss
+    /// evaluated before it (`initial`: the job's first step only).
     fn publish_step(
         &self,
         a: &Assignment,
         step: u64,
-        report: &StepReport,
+        (report, initial): (&StepReport, Option<f64>),
         (held, static_bytes): (u64, u64),
     ) {
         let stage_times = stage_times(report);
@@ -298,6 +304,7 @@ impl Node<'_> {
         }
         let _ = self.reports.send(pb::StepReport {
             static_bytes,
+            initial_validation_loss: initial,
             ..step_report(&self.config.id, a, step, report, stage_times)
         });
     }

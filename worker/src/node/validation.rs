@@ -1,6 +1,7 @@
 //! A run's `[validation]`: the windows it evaluates (its own file, or the end of the
-//! training stream, which training then no longer samples) and when; the evaluation itself
-//! is [`WorkerRuntime::validate`].
+//! training stream, which training then no longer samples) and when (before the job's first
+//! step, then after every `freq`-th and the last); the evaluation itself is
+//! [`WorkerRuntime::validate`].
 
 use pipewise_common::job::{JobSpec, Validation};
 
@@ -10,6 +11,12 @@ use crate::error::Result;
 use crate::runtime::{StepReport, StepSync, Transport, ValidationSet, WorkerRuntime, hold_out};
 
 /// What a run with `[validation]` evaluates, and when.
+///
+/// An evaluation's frames travel as validation microbatches of the step numbered by the
+/// steps done before it: 0 for the one before the first step, `k + 1` for the one after
+/// step `k` (0-based). Each evaluation so has frame keys of its own, which the receiving
+/// inbox needs (it refuses a key it took before as a duplicate), also when one follows
+/// step 0 (`freq = 1`, or a job of one step).
 pub(crate) struct Validating {
     set: ValidationSet,
     section: Validation,
@@ -63,6 +70,29 @@ pub(crate) fn prepare(
 }
 
 impl Validating {
+    /// Evaluates the model the run starts from, before its first step `first` (through the
+    /// run's `transport` and `sync`), when that is the job's first step: the starting
+    /// validation loss (torchtitan's and Megatron's step-0 evaluation). A run that goes on
+    /// from a checkpoint, or from another run's stages, evaluated it already.
+    pub(crate) fn before_first_step(
+        &mut self,
+        rt: &WorkerRuntime,
+        (run, first): (u64, u64),
+        (transport, sync): (&dyn Transport, &dyn StepSync),
+    ) -> Result<Option<f64>> {
+        if first != 0 {
+            return Ok(None);
+        }
+        let loss = rt.validate((run, first), &self.set, transport, sync, &mut self.rounds)?;
+        tracing::debug!(
+            step = 0,
+            loss,
+            windows = self.set.windows(),
+            "validation before the first step"
+        );
+        Ok(Some(loss))
+    }
+
     /// Evaluates after step `step` of run `run` where one is due (through the run's
     /// `transport` and `sync`), into `report`.
     pub(crate) fn after_step(
@@ -75,7 +105,9 @@ impl Validating {
         if !self.section.due(step, self.steps) {
             return Ok(());
         }
-        let loss = rt.validate((run, step), &self.set, transport, sync, &mut self.rounds)?;
+        // Tagged by the steps done before it (see the struct's docs).
+        let tag = step + 1;
+        let loss = rt.validate((run, tag), &self.set, transport, sync, &mut self.rounds)?;
         tracing::debug!(
             step = step + 1,
             loss,

@@ -322,9 +322,9 @@ impl WorkerRuntime {
         result
     }
 
-    /// `[validation]`: the mean token cross-entropy of `set` after step `step` of job
-    /// `job`, through the pipeline with a forward-only program (see
-    /// [`validate`](super::validate)); frames go through `transport`, each batch's sum
+    /// `[validation]`: the mean token cross-entropy of `set` in job `job`, through the
+    /// pipeline with a forward-only program (see [`validate`](super::validate)); frames go
+    /// through `transport` as step `step`'s (one tag per evaluation), each batch's sum
     /// through `sync` as the run's validation batch `*rounds`, counted on. The stages are
     /// not changed: training goes on exactly as without it.
     pub fn validate(

@@ -29,8 +29,8 @@ use crate::data::{Batch, Corpus, Sampler};
 use crate::error::{Error, Result};
 use crate::stage::Stage;
 
-/// Validation microbatch `j` travels as microbatch `VALIDATION_MB + j` of the step it
-/// follows: no training frame of that step has such an index.
+/// Validation microbatch `j` travels as microbatch `VALIDATION_MB + j` of the step its
+/// caller tags the evaluation with: no training frame of that step has such an index.
 pub(crate) const VALIDATION_MB: u32 = 1 << 31;
 
 /// The windows one evaluation takes (see the [module docs](self)).
@@ -193,9 +193,10 @@ pub(super) struct Evaluator<'a> {
     pub(super) replica: Replica,
 }
 
-/// Evaluates `set` after step `step` of run `job` (see the [module docs](self)): frames go
-/// through `transport` as that step's, each batch's sum through `sync` as validation batch
-/// `*rounds` of the run (which this counts on). Returns the mean token cross-entropy.
+/// Evaluates `set` in run `job` (see the [module docs](self)): frames go through
+/// `transport` as step `step`'s (the caller's tag, one per evaluation of a run), each
+/// batch's sum through `sync` as validation batch `*rounds` of the run (which this counts
+/// on). Returns the mean token cross-entropy.
 pub(super) fn evaluate(
     e: &Evaluator<'_>,
     (job, step): (u64, u64),
