@@ -224,8 +224,9 @@ mod tests {
         svg.lines()
             .filter(|l| l.contains(r#"text-anchor="end">"#))
             .map(|l| {
-                let text = &l[l.rfind(r#"">"#).unwrap() + 2..l.rfind("</text>").unwrap()];
-                text.parse().unwrap()
+                let start = l.rfind(r#"">"#).expect("a label's start") + 2;
+                let end = l.rfind("</text>").expect("a label's end");
+                l[start..end].parse().expect("a number")
             })
             .collect()
     }
@@ -248,9 +249,16 @@ mod tests {
         };
         let svg = line_chart_in(YRange::Fitted, "t", ("step", "loss"), &[long, short]);
         let ticks = y_ticks(&svg);
-        assert_eq!((ticks[0], *ticks.last().unwrap()), (5.0, 9.0), "{ticks:?}");
+        assert_eq!(
+            (ticks[0], *ticks.last().expect("ticks")),
+            (5.0, 9.0),
+            "{ticks:?}"
+        );
         assert_eq!(svg.matches("<circle").count(), 3);
-        let first_line = svg.lines().find(|l| l.starts_with("<polyline")).unwrap();
+        let first_line = svg
+            .lines()
+            .find(|l| l.starts_with("<polyline"))
+            .expect("a line");
         assert_eq!(
             first_line.matches(',').count(),
             201,
@@ -266,6 +274,9 @@ mod tests {
             points: vec![(1.0, 2.0), (2.0, 2.0)],
         };
         let ticks = y_ticks(&line_chart_in(YRange::Fitted, "t", ("x", "y"), &[flat]));
-        assert!(ticks[0] < 2.0 && *ticks.last().unwrap() > 2.0, "{ticks:?}");
+        assert!(
+            ticks[0] < 2.0 && *ticks.last().expect("ticks") > 2.0,
+            "{ticks:?}"
+        );
     }
 }
