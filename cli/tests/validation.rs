@@ -5,9 +5,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
+use common::processes::*;
+use pipewise_common::job::Validation;
 use serde_json::Value;
 
 /// Runs `pipewise local job.toml` in `dir` (where `valid.jsonl` is); returns its standard
@@ -150,6 +154,47 @@ fn validation_losses_come_back_on_the_steps_that_evaluate() {
     assert_eq!(training(&losses(&without)), training(&with));
     assert_eq!(training(&with).len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A run that goes on after a move (an overflow the plan did not predict, seen after step
+/// 1, moves the job between steps) does not evaluate step 0 again: the job's history has
+/// one step 0 line, before step 1's, and evaluations after the move.
+#[test]
+fn a_run_after_a_move_does_not_evaluate_step_zero_again() {
+    let dir = tempdir("validation-move");
+    let mut spec = spec(2, "gpipe", 6);
+    spec.job.name = "validation-move".into();
+    spec.checkpoint.enable_checkpoint = true;
+    spec.checkpoint.interval = 1000;
+    spec.validation = Some(Validation {
+        fraction: Some(0.05),
+        freq: 2,
+        ..Default::default()
+    });
+    // Worker 0 may hold what GPipe is predicted to, and reports 4 KiB more.
+    let plan = spec.validate().unwrap();
+    let ranges = spec.stage_ranges(&plan.schedule.placement).unwrap();
+    let fixed = plan.predicted_state_bytes_over(&spec, &ranges).unwrap()[0];
+    let gpipe = plan.predicted_peak_bytes(&spec).unwrap()[0];
+    let budget = (fixed + gpipe).to_string();
+    let extra: &[&str] = &["--memory-bytes", &budget, "--unplanned-bytes", "4KiB"];
+    let cluster = start_with(&dir, 2, &[(0, extra)]);
+    let (job, _) = submit_wait(&cluster, &write_spec(&dir, &spec));
+    let stdout = history(&cluster, job);
+    assert_eq!(replans(&stdout, "moved to").len(), 1, "{stdout}");
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
+    let zero: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("step    0  val "))
+        .collect();
+    assert_eq!(zero, [0], "{stdout}");
+    assert!(lines[1].starts_with("step    1  loss"), "{stdout}");
+    assert_no_step_repeated(&stdout);
+    let evaluated: Vec<&str> = lines[1..]
+        .iter()
+        .filter(|l| l.contains("  val "))
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(evaluated, ["2", "4", "6"], "{stdout}");
 }
 
 /// `svg` renders to PNG with `rsvg-convert`, a strict XML and SVG reader (`.ci/run`

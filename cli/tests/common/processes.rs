@@ -227,6 +227,12 @@ pub(crate) fn write_spec(dir: &Path, spec: &JobSpec) -> PathBuf {
     path
 }
 
+/// Whether `line` is a training step's line (not `[validation]`'s step 0 line, which has
+/// no loss).
+pub(crate) fn is_step_line(line: &str) -> bool {
+    line.starts_with("step") && line.contains("  loss ")
+}
+
 /// `pipewise submit FILE --wait`: the job id and the losses it printed.
 pub(crate) fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
     let stdout = super::succeeds(pipewise().arg("submit").arg(file).args([
@@ -242,7 +248,7 @@ pub(crate) fn submit_wait(cluster: &Cluster, file: &Path) -> (u64, Vec<f64>) {
         .unwrap();
     let losses = stdout
         .lines()
-        .filter(|l| l.starts_with("step"))
+        .filter(|l| is_step_line(l))
         .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
         .collect();
     (id, losses)
@@ -387,7 +393,7 @@ pub(crate) fn replans<'a>(stdout: &'a str, what: &str) -> Vec<&'a str> {
 /// count once, the later run).
 pub(crate) fn last_losses(stdout: &str) -> BTreeMap<u64, f64> {
     let mut losses = BTreeMap::new();
-    for l in stdout.lines().filter(|l| l.starts_with("step")) {
+    for l in stdout.lines().filter(|l| is_step_line(l)) {
         let words: Vec<&str> = l.split_whitespace().collect();
         losses.insert(words[1].parse().unwrap(), words[3].parse().unwrap());
     }
@@ -640,7 +646,7 @@ pub(crate) fn assert_continues_after(stdout: &str, what: &str) {
 pub(crate) fn assert_no_step_repeated(stdout: &str) {
     let steps: Vec<u64> = stdout
         .lines()
-        .filter(|l| l.starts_with("step"))
+        .filter(|l| is_step_line(l))
         .filter_map(|l| l.split_whitespace().nth(1)?.split('/').next()?.parse().ok())
         .collect();
     let counted: Vec<u64> = (1..=steps.len() as u64).collect();
