@@ -1,6 +1,7 @@
-//! The collectives that end a step, across all workers of a job ([`StepSync`]), and the
+//! The collectives that end a step, across all workers of a job ([`StepSync`]); the
 //! data-parallel replicas' terms: a worker's [`Replica`], whose gradients a sum gets
-//! ([`ReplicaPart`]) and the sum itself in replica order.
+//! ([`ReplicaPart`]) and the sum itself in replica order; and a tied table's ([`TiedPart`],
+//! a worker's parts summed here or through the sync).
 
 use crate::error::{Error, Result};
 use crate::stage::tied::{TiedGrads, tied_sum};
