@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -569,9 +569,41 @@ fn a_job_file_runs_with_the_given_flags_over_its_fields() {
 /// export` of the run's parameters writes the same tensors.
 #[test]
 fn a_hugging_face_model_trains_and_exports() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/testdata/llama-tiny/untied");
-    let base = tempfile_dir("hf-train");
+    let run = trains_and_exports("untied", "v-half", 21);
+    std::fs::remove_dir_all(run.parent().unwrap()).ok();
+}
+
+/// The same for a model whose head is its embedding table, on 1F1B over 2 (the embedding
+/// on worker 0, the head on worker 1: their copies' gradients are summed over gRPC): the
+/// copies stay equal and the table is written once, tied.
+#[test]
+fn a_tied_hugging_face_model_trains_and_exports() {
+    let run = trains_and_exports("tied", "1f1b", 20);
+    let params = params(&run);
+    let values = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let head = params["head.lm_head.weight"]
+        .t()
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    assert_eq!(
+        values(&params["embedding.wte"]),
+        values(&head),
+        "the two copies of the table"
+    );
+    let config = std::fs::read_to_string(run.join("hf/config.json")).unwrap();
+    let config: Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["tie_word_embeddings"], Value::Bool(true));
+    std::fs::remove_dir_all(run.parent().unwrap()).ok();
+}
+
+/// Trains the `which` fixture on 1 worker and with `schedule` on 2, and exports it (the
+/// Hugging Face file holds `tensors` tensors); the 2-worker run's output folder.
+fn trains_and_exports(which: &str, schedule: &str, tensors: usize) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../worker/testdata/llama-tiny")
+        .join(which);
+    let base = tempfile_dir(&format!("hf-train-{which}"));
     std::fs::create_dir_all(&base).unwrap();
     // Token ids below the fixture's vocabulary of 96, as nanoGPT's u16 `.bin`.
     let ids: Vec<u8> = (0..20_000u32)
@@ -583,9 +615,9 @@ fn a_hugging_face_model_trains_and_exports() {
     let extra = ["--model", &model, "--data", data.to_str().unwrap()];
     let (one, two) = (base.join("one"), base.join("two"));
     let reference = local_with(&one, "1", "1f1b", "4", &extra);
-    let run = local_with(&two, "2", "v-half", "4", &extra);
+    let run = local_with(&two, "2", schedule, "4", &extra);
     assert_same(
-        "v-half on 2",
+        &format!("{schedule} on 2"),
         (&losses(&reference), &params(&one)),
         (&losses(&run), &params(&two)),
     );
@@ -611,7 +643,7 @@ fn a_hugging_face_model_trains_and_exports() {
             .unwrap()
     };
     let (a, b) = (load(&hf), load(&exported));
-    assert_eq!(a.len(), 21, "{:?}", a.keys());
+    assert_eq!(a.len(), tensors, "{:?}", a.keys());
     assert_eq!(common::max_param_diff(&a, &b), 0.0);
-    std::fs::remove_dir_all(&base).ok();
+    two
 }

@@ -17,6 +17,7 @@ use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 mod evaluate;
 pub mod infer;
 mod side_by_side;
+pub(crate) mod tied;
 
 /// One microbatch's `F` among side-by-side passes: its index, input and (on the last
 /// stage) targets.
@@ -572,9 +573,10 @@ impl Stage {
         Ok(())
     }
 
-    /// This stage's squared L2 norm of the accumulated gradients (for global clipping).
+    /// This stage's squared L2 norm of the accumulated gradients (for global clipping); a
+    /// tied table counts once, at the embedding.
     pub fn grad_sq_norm(&self) -> Result<f64> {
-        self.params().map(Param::grad_sq_sum).sum()
+        self.norm_params().map(Param::grad_sq_sum).sum()
     }
 
     /// One AdamW step with gradients multiplied by `clip_scale` (from

@@ -21,8 +21,8 @@ pub struct StepStats {
     pub step: u64,
 }
 
-/// Trains the whole model on one device: per microbatch `F` then `BW`, then one clipped
-/// AdamW step. On a CPU with several threads, as many microbatches run side by side
+/// Trains the whole model on one device: per microbatch `F` then `BW`, then (a tied
+/// table's two copies given their summed gradient) one clipped AdamW step. On a CPU with several threads, as many microbatches run side by side
 /// ([`Stage`]'s side-by-side passes): the same results, one stash per thread held at once.
 #[derive(Debug)]
 pub struct Trainer {
@@ -86,6 +86,8 @@ impl Trainer {
             self.stage.backward_input_side_by_side(&seeds)?;
             self.stage.backward_weight_side_by_side(&mbs, lanes)?;
         }
+        // A tied table's two copies take their summed gradient before the norm counts it.
+        self.stage.sum_tied_grads()?;
         let sq = self.stage.grad_sq_norm()?;
         let scale = clip_scale(sq, self.stage.optimizer().max_grad_norm);
         self.stage.optimizer_step(scale)?;

@@ -30,14 +30,6 @@ impl JobSpec {
             },
             other => other,
         })?;
-        if self.model.tie_embeddings && !self.compute.is_emulated() {
-            // The embedding and the head would each train their own copy of the table.
-            return Err(Error::invalid(
-                "model.tie_embeddings",
-                "training a model whose LM head is its embedding table is not supported yet \
-                 (pipewise eval, generate and export read such models)",
-            ));
-        }
         if self.model.dtype == DType::F16 && !self.compute.is_emulated() {
             // bf16 has f32's exponent range; f16's underflows without loss scaling (a
             // 32k-vocabulary loss gradient over 8 × 4096 tokens is about 1e-9).
@@ -401,6 +393,17 @@ mod tests {
         assert!(spec.validate().is_err());
         spec.compute = Compute::emulate(1.0, 1.0, 1.0);
         assert!(spec.validate().is_ok());
+    }
+
+    /// A Llama whose head is its embedding table trains (its two copies' gradients are
+    /// summed every step); the GPT family has no tied head, refused naming the field.
+    #[test]
+    fn a_tied_llama_trains_and_a_tied_gpt_is_refused() {
+        let mut spec = example(2, "1f1b");
+        spec.model.tie_embeddings = true;
+        assert_eq!(field_of(&spec), "model.tie_embeddings");
+        spec.model.family = crate::model::Family::Llama;
+        assert!(spec.validate().is_ok(), "{:?}", spec.validate().err());
     }
 
     /// A vocabulary under 256 is refused only where text is read a byte a token.

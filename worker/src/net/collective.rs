@@ -3,7 +3,9 @@
 //! root) takes the barrier, squared norms and losses: every worker (worker 0 included)
 //! sends its contribution with one unary `AllReduce` call, and every call is answered, with
 //! the same result, once all the job's workers have contributed. With replicas, replica 0's
-//! worker of each rank takes that rank's gradient sums ([`super::grad_sum`]).
+//! worker of each rank takes that rank's gradient sums ([`super::grad_sum`]); the root
+//! also sums a tied table's two copies' gradients when the embedding and the head are on
+//! different workers.
 //!
 //! The reduction matches [`LocalSync`](crate::runtime::LocalSync): squared norms are summed
 //! in value order and losses averaged in f64, so a step gives the same numbers whether its
@@ -23,9 +25,11 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::RunName;
-use super::grad_sum::{GRAD_CHUNK, GRAD_WINDOW, GradSums, SumResult, from_bytes, to_bytes};
+use super::grad_sum::{GradSums, SumResult, TIED_PARTS, to_bytes};
 use crate::error::{Error, Result};
-use crate::runtime::{ReplicaPart, StepSync, sum_in_window_order};
+use crate::runtime::{ReplicaPart, StepSync, TiedHolder, TiedPart, sum_in_window_order};
+
+mod chunked;
 
 /// A completed round: the value and whether to stop after this step, or why it failed.
 type RoundResult = std::result::Result<(f64, bool), Status>;
@@ -54,6 +58,8 @@ struct State {
     aborted: Option<String>,
     /// Data-parallel replicas' gradient sums.
     sums: GradSums,
+    /// Tied tables' sums of their two copies' gradients.
+    tied: GradSums,
 }
 
 /// The root's side of the collectives of one job (see the module docs of `net::collective`).
@@ -80,6 +86,7 @@ impl Collective {
     pub fn configure(&self, run: u64, workers: u32, replicas: u32, timeout: Duration) {
         let mut st = self.lock();
         st.sums.reset(replicas, "the worker was reassigned");
+        st.tied.reset(TIED_PARTS, "the worker was reassigned");
         for (_, round) in st.rounds.drain() {
             let _ = round
                 .done
@@ -155,6 +162,7 @@ impl Collective {
             let _ = round.done.send(Some(Err(Status::aborted(reason))));
         }
         st.sums.fail(reason);
+        st.tied.fail(reason);
         st.aborted = Some(reason.to_string());
     }
 
@@ -177,12 +185,17 @@ impl Collective {
         Ok(st)
     }
 
-    /// Takes a replica's chunk of a stage's gradients: the receiver gets the sum.
+    /// Takes a replica's chunk of a stage's gradients, or a tied table's copy's: the
+    /// receiver gets the sum.
     fn contribute_grads(
         &self,
         req: &ReduceRequest,
     ) -> std::result::Result<watch::Receiver<Option<SumResult>>, Status> {
-        self.open(req)?.sums.contribute(req)
+        let mut st = self.open(req)?;
+        if req.op == ReduceOp::Tied as i32 {
+            return st.tied.contribute_tied(req);
+        }
+        st.sums.contribute(req)
     }
 
     fn contribute(
@@ -191,7 +204,7 @@ impl Collective {
     ) -> std::result::Result<watch::Receiver<Option<RoundResult>>, Status> {
         let op = ReduceOp::try_from(req.op)
             .ok()
-            .filter(|op| !matches!(op, ReduceOp::Unspecified | ReduceOp::Grads))
+            .filter(|op| !matches!(op, ReduceOp::Unspecified | ReduceOp::Grads | ReduceOp::Tied))
             .ok_or_else(|| {
                 Status::invalid_argument(format!("ReduceRequest.op: unknown op {}", req.op))
             })?;
@@ -339,7 +352,7 @@ impl CollectiveService for CollectiveServer {
                 ..ReduceReply::default()
             }));
         }
-        if req.op == ReduceOp::Grads as i32 {
+        if req.op == ReduceOp::Grads as i32 || req.op == ReduceOp::Tied as i32 {
             let rx = self.collective.contribute_grads(&req)?;
             let sum = self.answer(req.step, rx).await?;
             return Ok(Response::new(ReduceReply {
@@ -608,17 +621,17 @@ impl NetSync {
         }
     }
 
-    /// Chunk `chunk` of `chunks` of a stage's gradients, `values`.
+    /// Chunk `chunk` of `chunks` of gradients, `values`, for the sum `op` of `part`.
     fn grads_request(
         &self,
-        part: ReplicaPart,
+        (op, part): (ReduceOp, ReplicaPart),
         (chunk, chunks): (u32, u32),
         values: &[f64],
     ) -> ReduceRequest {
         ReduceRequest {
             run: self.run,
             step: part.step,
-            op: ReduceOp::Grads as i32,
+            op: op as i32,
             worker: self.worker,
             stage: part.stage,
             chunk,
@@ -680,60 +693,23 @@ impl StepSync for NetSync {
         if let Some(to) = &self.grads {
             return to.all_reduce_replicas(part, grads);
         }
-        let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
         let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
-        // A window of chunks in flight at once (the root sums each as its replicas' parts
-        // come): the round trips overlap, and the bytes held on both sides stay bounded.
-        let window = GRAD_CHUNK * GRAD_WINDOW;
-        for (first, group) in grads.chunks_mut(window).enumerate() {
-            let calls: Vec<_> = group
-                .chunks(GRAD_CHUNK)
-                .enumerate()
-                .map(|(i, values)| {
-                    let chunk = (first * GRAD_WINDOW + i) as u32;
-                    let req = self.grads_request(part, (chunk, chunks), values);
-                    self.runtime.spawn(self.answer(what.clone(), req))
-                })
-                .collect();
-            let replies: Vec<Result<ReduceReply>> = self.runtime.block_on(async {
-                let mut replies = Vec::with_capacity(calls.len());
-                for call in calls {
-                    replies.push(call.await.unwrap_or_else(|e| {
-                        Err(Error::Call {
-                            call: what.clone(),
-                            peer: self.root.clone(),
-                            code: tonic::Code::Internal,
-                            message: format!("the call's task ended: {e}"),
-                        })
-                    }));
-                }
-                replies
-            });
-            for (i, (values, reply)) in group.chunks_mut(GRAD_CHUNK).zip(replies).enumerate() {
-                let chunk = (first * GRAD_WINDOW + i) as u32;
-                let reply = match reply {
-                    // Not delivered: the channel to the summing worker is first used here
-                    // (the barrier warmed the root's, not this one).
-                    Err(Error::Call {
-                        code: tonic::Code::Unavailable,
-                        ..
-                    }) => self.send_retrying(&what, &[tonic::Code::Unavailable], || {
-                        self.grads_request(part, (chunk, chunks), values)
-                    }),
-                    other => other,
-                };
-                let sum = from_bytes(&reply?.grads, "ReduceReply.grads")
-                    .map_err(|s| Error::invalid("replicas", format!("{what}: {}", s.message())))?;
-                if sum.len() != values.len() {
-                    return Err(Error::invalid(
-                        "replicas",
-                        format!("{what}: a sum of {} values for {}", sum.len(), values.len()),
-                    ));
-                }
-                values.copy_from_slice(&sum);
-            }
-        }
-        Ok(())
+        self.sum_in_chunks(&what, (ReduceOp::Grads, part), grads)
+    }
+
+    fn sum_tied(&self, part: TiedPart, grads: &mut [f64]) -> Result<()> {
+        // The root tells the copies apart by the stage: the embedding's is stage 0.
+        let stage = match part.holder {
+            TiedHolder::Embedding => 0,
+            TiedHolder::Head => 1,
+        };
+        let replica_part = ReplicaPart {
+            step: part.step,
+            stage,
+            replica: part.replica,
+        };
+        let what = format!("step {} {part}", part.step + 1);
+        self.sum_in_chunks(&what, (ReduceOp::Tied, replica_part), grads)
     }
 
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
@@ -944,6 +920,60 @@ mod tests {
         assert_eq!(grads, [1.25, 1.0]);
         let theirs = other.join().expect("thread").expect("replica 1's sum");
         assert_eq!(theirs, [1.25, 1.0]);
+    }
+
+    /// A tied table's copies on different workers meet at the root: the embedding's holder
+    /// and the head's both get the sum, each replica its own pair's.
+    #[test]
+    fn tied_copies_are_summed_at_the_root_per_replica() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let collective = Arc::new(Collective::default());
+        collective.configure(7, 4, 2, Duration::from_secs(2));
+        let server = CollectiveServer {
+            collective,
+            secret: Arc::new(super::super::secret::RunSecret::default()),
+        };
+        // Nothing listens at port 1: every call below goes in process.
+        let sync = |worker: u32| {
+            NetSync::new(
+                runtime.handle().clone(),
+                "127.0.0.1:1",
+                &super::super::TlsSettings::default(),
+                (7, worker),
+                Duration::from_secs(2),
+            )
+            .expect("sync")
+            .in_process(server.clone())
+        };
+        let part = |replica, holder| TiedPart {
+            step: 0,
+            replica,
+            holder,
+        };
+        let heads: Vec<_> = [(1, 0, [0.5, -1.0]), (3, 1, [4.0, 8.0])]
+            .into_iter()
+            .map(|(worker, replica, mut grads)| {
+                let head = sync(worker);
+                std::thread::spawn(move || {
+                    head.sum_tied(part(replica, TiedHolder::Head), &mut grads)
+                        .map(|()| grads)
+                })
+            })
+            .collect();
+        let mut replica_1 = [16.0, 32.0];
+        sync(2)
+            .sum_tied(part(1, TiedHolder::Embedding), &mut replica_1)
+            .expect("replica 1's sum");
+        let mut replica_0 = [1.0, 2.0];
+        sync(0)
+            .sum_tied(part(0, TiedHolder::Embedding), &mut replica_0)
+            .expect("replica 0's sum");
+        assert_eq!((replica_0, replica_1), ([1.5, 1.0], [20.0, 40.0]));
+        let theirs: Vec<[f64; 2]> = heads
+            .into_iter()
+            .map(|h| h.join().expect("thread").expect("the head's sum"))
+            .collect();
+        assert_eq!(theirs, [[1.5, 1.0], [20.0, 40.0]]);
     }
 
     /// A rank's sums go to replica 0's worker over a channel first used then: a chunk the

@@ -4,7 +4,9 @@
 //! (the assignment's `grad_root`: each of replica 0's workers sums its own stages); once
 //! every replica's chunk is in, that worker sums them in replica order (the order
 //! [`LocalSync`](crate::runtime::LocalSync) sums in, so a job gives the same bits whether
-//! its replicas share a process or not) and answers every replica with the sum.
+//! its replicas share a process or not) and answers every replica with the sum. A tied
+//! table's two copies are summed the same way (`REDUCE_OP_TIED`, at the root), the
+//! embedding's part first.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,10 +33,15 @@ struct SumRound {
     done: watch::Sender<Option<SumResult>>,
 }
 
-/// The sums in progress of one run, by (step, stage, chunk).
+/// The parts of a tied table's gradient sum: the embedding's copy and the head's.
+pub(crate) const TIED_PARTS: u32 = 2;
+
+/// The sums in progress of one run: the replicas' of a stage's chunk, by (step, stage,
+/// chunk), or a tied table's copies' in a replica, by (step, replica, chunk).
 #[derive(Debug, Default)]
 pub(crate) struct GradSums {
-    replicas: u32,
+    /// The parts each sum takes: the replicas, or [`TIED_PARTS`].
+    parts: u32,
     rounds: HashMap<(u64, u32, u32), SumRound>,
 }
 
@@ -58,10 +65,11 @@ pub(crate) fn from_bytes(bytes: &[u8], field: &str) -> Result<Vec<f64>, Status> 
 }
 
 impl GradSums {
-    /// Sums over `replicas` replicas from now on; pending sums fail with `why`.
-    pub(crate) fn reset(&mut self, replicas: u32, why: &str) {
+    /// Sums `parts` parts (the replicas, or [`TIED_PARTS`]) from now on; pending sums fail
+    /// with `why`.
+    pub(crate) fn reset(&mut self, parts: u32, why: &str) {
         self.fail(why);
-        self.replicas = replicas;
+        self.parts = parts;
     }
 
     /// Fails every pending sum with `why`.
@@ -77,7 +85,7 @@ impl GradSums {
         &mut self,
         req: &ReduceRequest,
     ) -> Result<watch::Receiver<Option<SumResult>>, Status> {
-        let replicas = self.replicas;
+        let replicas = self.parts;
         if replicas < 2 {
             return Err(Status::invalid_argument(
                 "ReduceRequest.op: a gradient sum in a run without replicas",
@@ -89,6 +97,42 @@ impl GradSums {
                 req.replica
             )));
         }
+        let key = (req.step, req.stage, req.chunk);
+        self.take(req, key, req.replica, || {
+            format!(
+                "ReduceRequest.replica: replica {} already sent chunk {} of stage {} in step {}",
+                req.replica, req.chunk, req.stage, req.step
+            )
+        })
+    }
+
+    /// Tied embeddings (a sum of [`TIED_PARTS`]): takes the chunk of the tied table's copy
+    /// `req.stage` holds (stage 0 the embedding's, part 0; another the head's, part 1) in
+    /// replica `req.replica`; the receiver gets the two copies' sum, the embedding's first.
+    pub(crate) fn contribute_tied(
+        &mut self,
+        req: &ReduceRequest,
+    ) -> Result<watch::Receiver<Option<SumResult>>, Status> {
+        let part = u32::from(req.stage != 0);
+        let key = (req.step, req.replica, req.chunk);
+        self.take(req, key, part, || {
+            format!(
+                "ReduceRequest.stage: stage {}'s copy of the tied table already sent chunk {} \
+                 in step {} (replica {})",
+                req.stage, req.chunk, req.step, req.replica
+            )
+        })
+    }
+
+    /// Takes `req`'s chunk as part `part` of the sum `key`; `repeat` says why a second
+    /// chunk for that part is refused.
+    fn take(
+        &mut self,
+        req: &ReduceRequest,
+        key: (u64, u32, u32),
+        part: u32,
+        repeat: impl FnOnce() -> String,
+    ) -> Result<watch::Receiver<Option<SumResult>>, Status> {
         if req.chunk >= req.chunks {
             return Err(Status::invalid_argument(format!(
                 "ReduceRequest.chunk: {} of {} chunks",
@@ -102,17 +146,14 @@ impl GradSums {
                 values.len()
             )));
         }
-        let key = (req.step, req.stage, req.chunk);
+        let parts = self.parts as usize;
         let round = self.rounds.entry(key).or_insert_with(|| SumRound {
-            parts: vec![None; replicas as usize],
+            parts: vec![None; parts],
             done: watch::channel(None).0,
         });
-        let slot = &mut round.parts[req.replica as usize];
+        let slot = &mut round.parts[part as usize];
         if slot.is_some() {
-            return Err(Status::invalid_argument(format!(
-                "ReduceRequest.replica: replica {} already sent chunk {} of stage {} in step {}",
-                req.replica, req.chunk, req.stage, req.step
-            )));
+            return Err(Status::invalid_argument(repeat()));
         }
         *slot = Some(values);
         let rx = round.done.subscribe();
@@ -121,7 +162,7 @@ impl GradSums {
                 .map(Arc::new)
                 .map_err(|(a, b)| {
                     Status::invalid_argument(format!(
-                        "ReduceRequest.grads: replicas sent chunks of {a} and {b} values"
+                        "ReduceRequest.grads: chunks of {a} and {b} values"
                     ))
                 });
             let _ = round.done.send(Some(result));
@@ -171,6 +212,31 @@ mod tests {
             let got = rx[0].borrow().clone().unwrap().unwrap();
             assert_eq!(got[0].to_bits(), want.to_bits(), "{order:?}");
         }
+    }
+
+    /// A tied table's copies: the embedding's (stage 0) and the head's (another stage) of
+    /// one replica make one sum, whichever comes first; another replica's pair is its own,
+    /// and a copy sent twice is refused.
+    #[test]
+    fn tied_copies_make_one_sum_per_replica() {
+        let copy = |stage: u32, replica: u32, values: &[f64]| ReduceRequest {
+            op: ReduceOp::Tied as i32,
+            stage,
+            replica,
+            ..chunk(0, values)
+        };
+        let mut sums = GradSums::default();
+        sums.reset(TIED_PARTS, "new run");
+        let head = sums.contribute_tied(&copy(5, 0, &[0.5, 1.0])).unwrap();
+        let other = sums.contribute_tied(&copy(0, 1, &[7.0, 7.0])).unwrap();
+        let e = sums.contribute_tied(&copy(5, 0, &[0.5, 1.0])).unwrap_err();
+        assert!(e.message().contains("already sent"), "{e:?}");
+        assert!(head.borrow().is_none() && other.borrow().is_none());
+        let embedding = sums.contribute_tied(&copy(0, 0, &[1.0, -1.0])).unwrap();
+        for rx in [head, embedding] {
+            assert_eq!(*rx.borrow().clone().unwrap().unwrap(), [1.5, 0.0]);
+        }
+        assert!(other.borrow().is_none(), "replica 1's head has not sent");
     }
 
     /// Bad contributions are refused naming the field; a reset fails the pending sums.

@@ -10,6 +10,26 @@ use crate::llama_ops;
 use crate::ops;
 use crate::param::{Init, Param};
 
+/// A tied head's `[h, V]` table: the embedding's `[V, h]` one, drawn from the embedding's
+/// own stream and transposed, so that the two copies (the embedding's and this) start
+/// equal however the model is cut.
+fn tied_table(spec: &ModelSpec, seed: u64, dtype: DType, device: &Device) -> Result<Param> {
+    let (vocab, hidden) = (spec.vocab as usize, spec.hidden as usize);
+    let table = super::embedding::Embedding::new(vocab, hidden, None, seed, dtype, device)?.wte;
+    let mut lm = Param::new(
+        "head.lm_head.weight".into(),
+        &[hidden, vocab],
+        Init::Const(0.0),
+        table.decay,
+        seed,
+        dtype,
+        device,
+    )?;
+    lm.value = table.value.t()?.contiguous()?;
+    lm.master = table.master.map(|m| m.t()?.contiguous()).transpose()?;
+    Ok(lm)
+}
+
 /// Final norm and LM head.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
@@ -78,7 +98,11 @@ impl Head {
                 Some(p("ln_f.bias", &[hidden], Init::Const(0.0), false)?)
             },
             rms_eps: spec.norm_eps,
-            lm: p("lm_head.weight", &[hidden, vocab], Init::Normal(0.02), true)?,
+            lm: if spec.tie_embeddings {
+                tied_table(spec, seed, dtype, device)?
+            } else {
+                p("lm_head.weight", &[hidden, vocab], Init::Normal(0.02), true)?
+            },
         })
     }
 

@@ -15,7 +15,9 @@ use pipewise_common::schedule::Schedule;
 use super::executor::WorkerRuntime;
 use super::program::DEFAULT_TIMEOUT;
 use super::step::StepReport;
-use super::sync::{Replica, ReplicaPart, StepSync, sum_in_replica_order, sum_in_window_order};
+use super::sync::{
+    Replica, ReplicaPart, StepSync, TiedHolder, TiedPart, sum_in_replica_order, sum_in_window_order,
+};
 use super::transport::{MemoryTransport, Transport};
 use super::validate::ValidationSet;
 use crate::confined::Confined;
@@ -45,9 +47,17 @@ struct SyncState {
     aborted: Option<String>,
 }
 
-/// One stage's gradient sum over the replicas in a step: each replica's part, then the sum.
+/// A gradient sum in progress: a stage's over the replicas in a step, or a replica's tied
+/// table's over its two copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum SumKey {
+    Replicas { step: u64, stage: u32 },
+    Tied { step: u64, replica: u32 },
+}
+
+/// One gradient sum: each part (a replica's, or a tied copy's), then the sum.
 #[derive(Debug, Default)]
-struct ReplicaRound {
+struct SumRound {
     parts: Vec<Option<Vec<f64>>>,
     sum: Option<std::sync::Arc<Vec<f64>>>,
     taken: usize,
@@ -56,7 +66,8 @@ struct ReplicaRound {
 /// [`StepSync`] for `N` workers on threads of one process: a reusable barrier (mutex and
 /// condition variable) that sums the contributions; waits time out, and
 /// [`LocalSync::abort`] releases every waiter with an error. With data-parallel replicas,
-/// each stage's gradients are summed over them per step ([`LocalSync::with_replicas`]).
+/// each stage's gradients are summed over them per step ([`LocalSync::with_replicas`]);
+/// a tied table's two copies' gradients, per replica and step.
 #[derive(Debug)]
 pub struct LocalSync {
     workers: usize,
@@ -64,8 +75,8 @@ pub struct LocalSync {
     state: Mutex<SyncState>,
     done: Condvar,
     replicas: usize,
-    /// Gradient sums in progress, by (step, stage).
-    rounds: Mutex<BTreeMap<(u64, u32), ReplicaRound>>,
+    /// Gradient sums in progress.
+    rounds: Mutex<BTreeMap<SumKey, SumRound>>,
     summed: Condvar,
 }
 
@@ -190,33 +201,24 @@ impl LocalSync {
             st = wait(&self.done, st, deadline - now);
         }
     }
-}
 
-/// Waits on `cv` at most `left`, through a poisoned lock too.
-fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, left: Duration) -> MutexGuard<'a, T> {
-    cv.wait_timeout(guard, left)
-        .map(|(guard, _)| guard)
-        .unwrap_or_else(|poisoned| poisoned.into_inner().0)
-}
-
-impl StepSync for LocalSync {
-    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
-        let awaited = || format!("{part}: the gradients of every replica");
-        let r = part.replica as usize;
-        if r >= self.replicas {
-            return Err(Error::invalid(
-                "replicas",
-                format!("{part}: a sync for {} replicas", self.replicas),
-            ));
-        }
-        let key = (part.step, part.stage);
+    /// Puts `grads` in as part `index` of `parts` of the sum `key`, waits until every part
+    /// is in and leaves their sum in part order in `grads` (`awaited` names the sum in
+    /// errors).
+    fn sum_parts(
+        &self,
+        key: SumKey,
+        (index, parts): (usize, usize),
+        grads: &mut [f64],
+        awaited: &dyn Fn() -> String,
+    ) -> Result<()> {
         let mut rounds = self
             .rounds
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let round = rounds.entry(key).or_default();
-        round.parts.resize(self.replicas, None);
-        round.parts[r] = Some(grads.to_vec());
+        round.parts.resize(parts, None);
+        round.parts[index] = Some(grads.to_vec());
         if round.parts.iter().all(Option::is_some) {
             let sum = sum_in_replica_order(&round.parts).map_err(|(a, b)| {
                 Error::invalid(
@@ -234,7 +236,7 @@ impl StepSync for LocalSync {
                 && let Some(sum) = round.sum.clone()
             {
                 round.taken += 1;
-                if round.taken == self.replicas {
+                if round.taken == parts {
                     rounds.remove(&key);
                 }
                 drop(rounds);
@@ -261,6 +263,51 @@ impl StepSync for LocalSync {
             }
             rounds = wait(&self.summed, rounds, deadline - now);
         }
+    }
+}
+
+/// Waits on `cv` at most `left`, through a poisoned lock too.
+fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, left: Duration) -> MutexGuard<'a, T> {
+    cv.wait_timeout(guard, left)
+        .map(|(guard, _)| guard)
+        .unwrap_or_else(|poisoned| poisoned.into_inner().0)
+}
+
+impl StepSync for LocalSync {
+    fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
+        let awaited = || format!("{part}: the gradients of every replica");
+        let r = part.replica as usize;
+        if r >= self.replicas {
+            return Err(Error::invalid(
+                "replicas",
+                format!("{part}: a sync for {} replicas", self.replicas),
+            ));
+        }
+        let key = SumKey::Replicas {
+            step: part.step,
+            stage: part.stage,
+        };
+        self.sum_parts(key, (r, self.replicas), grads, &awaited)
+    }
+
+    fn sum_tied(&self, part: TiedPart, grads: &mut [f64]) -> Result<()> {
+        let awaited = || format!("{part}: both copies' gradients");
+        if part.replica as usize >= self.replicas {
+            return Err(Error::invalid(
+                "replicas",
+                format!("{part}: a sync for {} replicas", self.replicas),
+            ));
+        }
+        let key = SumKey::Tied {
+            step: part.step,
+            replica: part.replica,
+        };
+        // The embedding's part first: the order every placement sums in.
+        let index = match part.holder {
+            TiedHolder::Embedding => 0,
+            TiedHolder::Head => 1,
+        };
+        self.sum_parts(key, (index, 2), grads, &awaited)
     }
 
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
@@ -608,6 +655,34 @@ mod tests {
             step: 3,
             stage: 1,
             replica,
+        }
+    }
+
+    /// A tied table's two copies on different workers: both get the sum; a second step
+    /// is a sum of its own.
+    #[test]
+    fn tied_copies_get_their_sum() {
+        let sync = LocalSync::new(2, Duration::from_secs(10));
+        let part = |step, holder| TiedPart {
+            step,
+            replica: 0,
+            holder,
+        };
+        for step in 0..2 {
+            let (a, b) = std::thread::scope(|s| {
+                let head = s.spawn(|| {
+                    let mut g = vec![0.25, 3.0 + step as f64];
+                    sync.sum_tied(part(step, TiedHolder::Head), &mut g)
+                        .map(|()| g)
+                });
+                let mut g = vec![1.0, -1.0];
+                let embedding = sync
+                    .sum_tied(part(step, TiedHolder::Embedding), &mut g)
+                    .map(|()| g);
+                (embedding, head.join().unwrap())
+            });
+            let want = vec![1.25, 2.0 + step as f64];
+            assert_eq!((a.unwrap(), b.unwrap()), (want.clone(), want));
         }
     }
 

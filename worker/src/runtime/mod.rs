@@ -42,7 +42,7 @@ pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use executor::{Slowdown, WorkerRuntime};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local};
 pub use program::DEFAULT_TIMEOUT;
-pub use step::{PassTime, Replica, ReplicaPart, StepReport, StepSync};
+pub use step::{PassTime, Replica, ReplicaPart, StepReport, StepSync, TiedHolder, TiedPart};
 pub(crate) use sync::{sum_in_replica_order, sum_in_window_order};
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};
 pub use validate::{ValidationSet, hold_out};

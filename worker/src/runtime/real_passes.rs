@@ -13,6 +13,7 @@ use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::optim::clip_scale;
 use crate::stage::Stage;
+use crate::stage::tied::TiedGrads;
 
 /// The passes of a [`WorkerRuntime`](super::WorkerRuntime) for one step: its candle stages on the step's
 /// microbatches.
@@ -127,6 +128,23 @@ impl Passes for RealPasses<'_> {
 
     fn set_stage_grads(&mut self, stage: u32, grads: &[f64]) -> Result<()> {
         self.stage_mut(stage)?.set_flat_grads(grads)
+    }
+
+    fn tied_grads(&mut self) -> Result<TiedGrads> {
+        let mut parts = TiedGrads::default();
+        for stage in self.stages.values() {
+            let TiedGrads { embedding, head } = stage.tied_grads()?;
+            parts.embedding = parts.embedding.or(embedding);
+            parts.head = parts.head.or(head);
+        }
+        Ok(parts)
+    }
+
+    fn set_tied_grads(&mut self, sum: &[f64]) -> Result<()> {
+        for stage in self.stages.values_mut() {
+            stage.set_tied_grads(sum)?;
+        }
+        Ok(())
     }
 
     fn grad_sq_norm(&self) -> Result<f64> {

@@ -3,7 +3,7 @@
 //! running the pass through [`Passes`] (real stages or emulated compute), handing its
 //! output on and tracking the stash (with data-parallel replicas, handing each stage's
 //! final gradients to be summed beside the passes still to come), then ends the step with
-//! the two [`StepSync`] collectives. Also [`StepReport`], what it returns.
+//! the [`StepSync`] collectives. Also [`StepReport`], what it returns.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -16,9 +16,11 @@ use super::all_reduce::{Reduced, Reducer, last_gradient_passes, sum_stage};
 use super::exchange::{Input, Local};
 use super::program::WorkerProgram;
 use super::recorder::Recorder;
-pub use super::sync::{Replica, ReplicaPart, StepSync};
+use super::sync::sum_tied_parts;
+pub use super::sync::{Replica, ReplicaPart, StepSync, TiedHolder, TiedPart};
 use super::transport::{FrameKind, Payload, Transport};
 use crate::error::{Error, Result};
+use crate::stage::tied::TiedGrads;
 
 /// What one worker reports about one step.
 #[derive(Debug, Clone)]
@@ -127,6 +129,17 @@ pub(crate) trait Passes {
 
     /// Sets stage `stage`'s gradients to `grads` (their sum over the replicas).
     fn set_stage_grads(&mut self, _stage: u32, _grads: &[f64]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Tied embeddings: this worker's parts of the tied table's gradient of the step (none
+    /// where it holds neither copy, or the model is untied).
+    fn tied_grads(&mut self) -> Result<TiedGrads> {
+        Ok(TiedGrads::default())
+    }
+
+    /// Sets the gradient of each copy of the tied table this worker holds to `sum`.
+    fn set_tied_grads(&mut self, _sum: &[f64]) -> Result<()> {
         Ok(())
     }
 
@@ -262,8 +275,8 @@ pub(crate) struct PassesDone {
 }
 
 /// Ends step `step` after its passes: the replicas' gradient sums not `reduced` beside the
-/// passes, the global-norm clipped optimizer step and the mean loss through `sync`, and the
-/// report.
+/// passes, a tied table's sum, the global-norm clipped optimizer step and the mean loss
+/// through `sync`, and the report.
 pub(crate) fn end_step<P: Passes>(
     passes: &mut P,
     sync: &dyn StepSync,
@@ -289,6 +302,10 @@ pub(crate) fn end_step<P: Passes>(
         passes.set_stage_grads(r.stage, &r.grads)?;
         let activity = Activity::AllReduce { stage: r.stage };
         rec.span_between(activity, r.started, r.ended);
+    }
+    // The tied table's copies take their summed gradient before the norm counts it.
+    if let Some(sum) = sum_tied_parts(sync, step, replica, passes.tied_grads()?)? {
+        passes.set_tied_grads(&sum)?;
     }
     // Global-norm clipping: every stage of every worker scales by the same factor.
     let local_sq = passes.grad_sq_norm()?;

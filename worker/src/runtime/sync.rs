@@ -1,8 +1,10 @@
-//! The collectives that end a step, across all workers of a job ([`StepSync`]), and the
+//! The collectives that end a step, across all workers of a job ([`StepSync`]); the
 //! data-parallel replicas' terms: a worker's [`Replica`], whose gradients a sum gets
-//! ([`ReplicaPart`]) and the sum itself in replica order.
+//! ([`ReplicaPart`]) and the sum itself in replica order; and a tied table's ([`TiedPart`],
+//! a worker's parts summed here or through the sync).
 
 use crate::error::{Error, Result};
+use crate::stage::tied::{TiedGrads, tied_sum};
 
 /// The collective operations at the end of a step, across all workers of a job.
 pub trait StepSync: Send + Sync {
@@ -22,6 +24,18 @@ pub trait StepSync: Send + Sync {
         Err(Error::invalid(
             "replicas",
             format!("{part}: this transport has no replica all-reduce"),
+        ))
+    }
+
+    /// Tied embeddings: sums the tied table's gradient parts of `part`'s step and replica
+    /// (`grads`, in the embedding's `[V, h]` layout) from the embedding's holder and the
+    /// head's, the embedding's first, and leaves the sum in `grads` on both. Only for
+    /// holders on different workers (one holding both sums locally). A sync without it
+    /// refuses.
+    fn sum_tied(&self, part: TiedPart, _grads: &mut [f64]) -> Result<()> {
+        Err(Error::invalid(
+            "tie_embeddings",
+            format!("{part}: this transport has no tied-table sum"),
         ))
     }
 
@@ -96,6 +110,83 @@ impl std::fmt::Display for ReplicaPart {
             self.step, self.stage, self.replica
         )
     }
+}
+
+/// Which copy of a tied table a [`StepSync::sum_tied`] part comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TiedHolder {
+    /// The embedding's (stage 0), summed first.
+    Embedding,
+    /// The head's (the last stage), transposed to the embedding's layout.
+    Head,
+}
+
+/// Whose part of a tied table's gradient a [`StepSync::sum_tied`] gets: a holder's, in a
+/// step, in a replica (each replica sums its own two copies, equal over the replicas once
+/// their gradients are summed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TiedPart {
+    /// The step (0-based).
+    pub step: u64,
+    /// The contributing worker's replica.
+    pub replica: u32,
+    /// Which copy's gradient this is.
+    pub holder: TiedHolder,
+}
+
+impl std::fmt::Display for TiedPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let holder = match self.holder {
+            TiedHolder::Embedding => "embedding",
+            TiedHolder::Head => "head",
+        };
+        write!(
+            f,
+            "step {} tied table, the {holder}'s copy (replica {})",
+            self.step, self.replica
+        )
+    }
+}
+
+/// The tied table's summed gradient of a worker's `parts` of step `step` in `replica`:
+/// summed here when the worker holds both copies, through `sync` when it holds one; `None`
+/// when it holds neither (or the model is untied).
+pub(crate) fn sum_tied_parts(
+    sync: &dyn StepSync,
+    step: u64,
+    replica: Replica,
+    parts: TiedGrads,
+) -> Result<Option<Vec<f64>>> {
+    let (holder, mut grads) = match parts {
+        TiedGrads {
+            embedding: Some(embedding),
+            head: Some(head),
+        } => {
+            let sum = tied_sum(&embedding, &head).map_err(|(e, h)| {
+                Error::invalid(
+                    "tie_embeddings",
+                    format!("step {step}: tied gradients of {e} and {h} values"),
+                )
+            })?;
+            return Ok(Some(sum));
+        }
+        TiedGrads {
+            embedding: Some(embedding),
+            head: None,
+        } => (TiedHolder::Embedding, embedding),
+        TiedGrads {
+            embedding: None,
+            head: Some(head),
+        } => (TiedHolder::Head, head),
+        TiedGrads { .. } => return Ok(None),
+    };
+    let part = TiedPart {
+        step,
+        replica: replica.index,
+        holder,
+    };
+    sync.sum_tied(part, &mut grads)?;
+    Ok(Some(grads))
 }
 
 /// The replicas' gradient parts (`parts[r]`: replica `r`'s, f64 sums of f32 microbatch

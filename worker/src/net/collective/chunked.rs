@@ -1,0 +1,83 @@
+//! A sum of gradients over gRPC in chunks: a replica's stage gradients (to the worker
+//! summing its rank) or a tied table's copy (to the root), [`GRAD_CHUNK`] values per call
+//! with [`GRAD_WINDOW`] calls in flight at once.
+
+use pipewise_proto::v1::{ReduceOp, ReduceReply};
+
+use super::NetSync;
+use crate::error::{Error, Result};
+use crate::net::grad_sum::{GRAD_CHUNK, GRAD_WINDOW, from_bytes};
+use crate::runtime::ReplicaPart;
+
+impl NetSync {
+    /// Sends `grads` in chunks for the sum `sum` (`what` names it in errors) and leaves the
+    /// sum the summing worker answers in `grads`.
+    pub(super) fn sum_in_chunks(
+        &self,
+        what: &str,
+        sum: (ReduceOp, ReplicaPart),
+        grads: &mut [f64],
+    ) -> Result<()> {
+        let field = match sum.0 {
+            ReduceOp::Tied => "tie_embeddings",
+            _ => "replicas",
+        };
+        let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
+        // A window of chunks in flight at once (the root sums each as its replicas' parts
+        // come): the round trips overlap, and the bytes held on both sides stay bounded.
+        let window = GRAD_CHUNK * GRAD_WINDOW;
+        for (first, group) in grads.chunks_mut(window).enumerate() {
+            let calls: Vec<_> = group
+                .chunks(GRAD_CHUNK)
+                .enumerate()
+                .map(|(i, values)| {
+                    let chunk = (first * GRAD_WINDOW + i) as u32;
+                    let req = self.grads_request(sum, (chunk, chunks), values);
+                    self.runtime.spawn(self.answer(what.to_string(), req))
+                })
+                .collect();
+            let replies: Vec<Result<ReduceReply>> = self.runtime.block_on(async {
+                let mut replies = Vec::with_capacity(calls.len());
+                for call in calls {
+                    replies.push(call.await.unwrap_or_else(|e| {
+                        Err(Error::Call {
+                            call: what.to_string(),
+                            peer: self.root.clone(),
+                            code: tonic::Code::Internal,
+                            message: format!("the call's task ended: {e}"),
+                        })
+                    }));
+                }
+                replies
+            });
+            for (i, (values, reply)) in group.chunks_mut(GRAD_CHUNK).zip(replies).enumerate() {
+                let chunk = (first * GRAD_WINDOW + i) as u32;
+                let reply = match reply {
+                    // Not delivered: the channel to the summing worker is first used here
+                    // (the barrier warmed the root's, not this one).
+                    Err(Error::Call {
+                        code: tonic::Code::Unavailable,
+                        ..
+                    }) => self.send_retrying(what, &[tonic::Code::Unavailable], || {
+                        self.grads_request(sum, (chunk, chunks), values)
+                    }),
+                    other => other,
+                };
+                let summed = from_bytes(&reply?.grads, "ReduceReply.grads")
+                    .map_err(|s| Error::invalid(field, format!("{what}: {}", s.message())))?;
+                if summed.len() != values.len() {
+                    return Err(Error::invalid(
+                        field,
+                        format!(
+                            "{what}: a sum of {} values for {}",
+                            summed.len(),
+                            values.len()
+                        ),
+                    ));
+                }
+                values.copy_from_slice(&summed);
+            }
+        }
+        Ok(())
+    }
+}
