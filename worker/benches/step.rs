@@ -1,11 +1,12 @@
 //! Whole training steps of one worker (the single-device [`Trainer`]): step time, tokens/s,
 //! achieved GFLOP/s and CPU MFU, at 1 thread and at every thread, for the issue's model and
-//! a larger one.
+//! a larger one, and for a Llama of the same scale (issue 54's speed comparison).
 //!
 //! `cargo bench -p pipewise-worker --bench step`. Environment:
 //!
 //! - `PIPEWISE_BENCH_QUICK=1`: every part tiny (a smoke run);
-//! - `PIPEWISE_BENCH_MODELS=small|large|both` (default both);
+//! - `PIPEWISE_BENCH_MODELS`: a comma list of `small`, `large`, `llama`, `both` (small and
+//!   large, the default) and `all`;
 //! - `PIPEWISE_BENCH_THREADS=1,2,…` (default: 1 and every core this process may use);
 //!   each count above 1 runs twice: `side` (microbatches side by side, one per thread, the
 //!   default) and `split` (every pass cut over the threads, `PIPEWISE_SIDE_BY_SIDE=0`);
@@ -17,10 +18,15 @@
 //!
 //! - `small`: vocab 256, hidden 256, 4 heads, 4 blocks, seq 128 (4096 tokens a step);
 //! - `large`: vocab 256, hidden 1024, 16 heads, 8 blocks, seq 256 (8192 tokens a step; about
-//!   45 s a step at 1 thread, so 1 warm-up step and 3 timed ones).
+//!   45 s a step at 1 thread, so 1 warm-up step and 3 timed ones);
+//! - `llama`: the Llama family (RMSNorm, rotary positions, SwiGLU), vocab 4096, hidden 256,
+//!   8 heads sharing 2 key/value heads, SwiGLU of 688, 4 blocks, seq 128 (4096 tokens a
+//!   step): the model `bench/hf/speed.py` trains with `transformers`, and
+//!   `bench/hf/speed_compare.py` runs both in one run.
 //!
-//! FLOPs per step (the issue's count): `6 · P · tokens + 12 · blocks · seq · hidden · tokens`,
-//! `P` the parameters outside the embeddings (blocks, final LayerNorm, LM head). CPU MFU =
+//! FLOPs per step (the issue's count, for either family): `6 · P · tokens + 12 · blocks · seq
+//! · hidden · tokens`, `P` the parameters outside the embeddings (blocks, final norm, LM
+//! head). CPU MFU =
 //! achieved FLOP/s ÷ (GEMM rate × threads), the GEMM rate being the single-thread GFLOP/s of a
 //! square f32 GEMM (2048³) of the `gemm` crate with `Parallelism::None` (its ISA is printed:
 //! the crate dispatches to AVX-512 where the CPU has it, as built with `x86-v4`). The rate is
@@ -43,7 +49,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use pipewise_common::model::{DType, ModelSpec, Piece};
+use pipewise_common::model::{DType, Family, ModelSpec, Piece};
 use pipewise_worker::{AdamW, Corpus, Sampler, Trainer};
 
 /// Env var naming the model a child process trains.
@@ -76,7 +82,23 @@ fn spec(hidden: u32, heads: u32, layers: u32, seq_len: u32) -> ModelSpec {
     }
 }
 
-/// The cases, in order; in quick mode both are tiny.
+/// A Llama: `hidden`, `heads` sharing `kv` key/value heads, SwiGLU of `mlp`, vocab `vocab`.
+fn llama_spec(
+    (hidden, heads, kv): (u32, u32, u32),
+    mlp: u32,
+    layers: u32,
+    (vocab, seq_len): (u32, u32),
+) -> ModelSpec {
+    ModelSpec {
+        family: Family::Llama,
+        vocab,
+        kv_heads: Some(kv),
+        intermediate: Some(mlp),
+        ..spec(hidden, heads, layers, seq_len)
+    }
+}
+
+/// The cases, in order; in quick mode all are tiny.
 fn cases() -> Vec<Case> {
     let q = quick();
     let small = Case {
@@ -103,13 +125,33 @@ fn cases() -> Vec<Case> {
         warmup: 1,
         timed: if q { 2 } else { 3 },
     };
+    let llama = Case {
+        name: "llama",
+        spec: if q {
+            llama_spec((64, 4, 2), 176, 2, (512, 32))
+        } else {
+            llama_spec((256, 8, 2), 688, 4, (4096, 128))
+        },
+        microbatch_size: if q { 2 } else { 4 },
+        microbatches: if q { 2 } else { 8 },
+        warmup: 1,
+        timed: if q { 2 } else { 5 },
+    };
     let which = std::env::var("PIPEWISE_BENCH_MODELS").unwrap_or_else(|_| "both".into());
-    match which.as_str() {
-        "small" => vec![small],
-        "large" => vec![large],
-        "both" | "" => vec![small, large],
-        other => panic!("PIPEWISE_BENCH_MODELS={other}: expected small, large or both"),
+    let mut out = Vec::new();
+    for name in which.split(',').map(str::trim) {
+        match name {
+            "small" => out.push(small.clone()),
+            "large" => out.push(large.clone()),
+            "llama" => out.push(llama.clone()),
+            "both" | "" => out.extend([small.clone(), large.clone()]),
+            "all" => out.extend([small.clone(), large.clone(), llama.clone()]),
+            other => panic!(
+                "PIPEWISE_BENCH_MODELS={which}: {other:?} is not small, large, llama, both or all"
+            ),
+        }
     }
+    out
 }
 
 impl Case {
@@ -393,8 +435,8 @@ fn main() {
         println!("device: {device_name} (MFU omitted: no CPU peak applies)");
     }
     println!(
-        " model threads  mode     params  steps    step s   tokens/s   GFLOP/s    GEMM     MFU  \
-         loss first→last"
+        " model family threads  mode     params  steps    step s   tokens/s   GFLOP/s    GEMM     \
+         MFU  loss first→last"
     );
     for case in cases() {
         let s = &case.spec;
@@ -435,9 +477,10 @@ fn main() {
                 ("-".into(), "-".into())
             };
             println!(
-                "{:>6} {threads:>7} {mode:>5} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} \
+                "{:>6} {:>6} {threads:>7} {mode:>5} {:>10} {:>6} {step_s:>9.3} {:>10.0} {gflops:>9.1} \
                  {probe:>7} {mfu:>7}  {first:.4}→{last:.4}",
                 case.name,
+                s.family.as_str(),
                 s.params(),
                 format!("{}+{}", case.warmup, case.timed),
                 case.tokens() / step_s,

@@ -1,7 +1,11 @@
 //! The Llama block's own math, forward and input gradient: RMSNorm, rotary position
 //! embeddings, grouped-query attention's shared key/value heads and the SwiGLU gate.
 //! Each computes as `transformers`' `LlamaForCausalLM` does (RMSNorm and the gate in f32,
-//! the rotary angles in f32 from `θ^(−2i/d)`), with candle ops on any dtype and device.
+//! the rotary angles in f32 from `θ^(−2i/d)`). Contiguous f32 CPU tensors take the fused
+//! kernels of [`crate::kernels`] (RMSNorm and its gradients, the rotation in place, the
+//! gate, attention reading shared key/value heads in place); the `*_candle` functions and
+//! candle-op branches serve every other dtype and device (CUDA included), and are the
+//! reference the kernels are tested against.
 //!
 //! Layouts follow [`crate::ops`]: activations `[N, features]`, `N = b·t` tokens in
 //! sequence-major order. The fused QKV output is `[N, h + 2·kv·hd]`: Q's `heads` heads,
@@ -10,6 +14,10 @@
 use candle_core::{D, DType, Device, Tensor};
 
 use crate::error::Result;
+use crate::kernels::attention::Shape;
+use crate::kernels::cpu::all_f32_cpu;
+use crate::kernels::{self, rope::Rotation};
+use crate::ops;
 
 /// `t` in f32 (where norms and gates compute for a bf16 or f16 model).
 fn wide(t: &Tensor) -> Result<Tensor> {
@@ -31,6 +39,15 @@ pub(crate) struct RmsNormOut {
 /// RMSNorm over the last axis of `x: [N, h]`: `x̂ = x / √(mean(x²) + ε)`, `y = w·x̂`,
 /// in f32 (`x̂` rounded to the model's dtype before the scale, as `transformers` does).
 pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<RmsNormOut> {
+    if all_f32_cpu(&[x, w]) && x.rank() == 2 && x.dim(1)? > 0 {
+        let (y, xhat, rstd) = kernels::rms_norm::forward(x, w, eps)?;
+        return Ok(RmsNormOut { y, xhat, rstd });
+    }
+    rms_norm_candle(x, w, eps)
+}
+
+/// [`rms_norm`] with candle's ops.
+pub(crate) fn rms_norm_candle(x: &Tensor, w: &Tensor, eps: f64) -> Result<RmsNormOut> {
     let dtype = x.dtype();
     let xw = wide(x)?;
     let rstd = xw
@@ -55,6 +72,34 @@ pub(crate) fn rms_norm_grad_input(
     rstd: &Tensor,
     w: &Tensor,
 ) -> Result<Tensor> {
+    if all_f32_cpu(&[dy, xhat, rstd, w]) && dy.rank() == 2 && dy.dim(1)? > 0 {
+        return kernels::rms_norm::grad_input(dy, xhat, rstd, w, None);
+    }
+    rms_norm_grad_input_candle(dy, xhat, rstd, w)
+}
+
+/// `residual +` [`rms_norm_grad_input`]: the gradient of a residual stream that feeds a
+/// branch through RMSNorm (one pass on the CPU).
+pub(crate) fn rms_norm_grad_input_plus(
+    residual: &Tensor,
+    dy: &Tensor,
+    xhat: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+) -> Result<Tensor> {
+    if all_f32_cpu(&[residual, dy, xhat, rstd, w]) && dy.rank() == 2 && dy.dim(1)? > 0 {
+        return kernels::rms_norm::grad_input(dy, xhat, rstd, w, Some(residual));
+    }
+    Ok((residual + rms_norm_grad_input_candle(dy, xhat, rstd, w)?)?)
+}
+
+/// [`rms_norm_grad_input`] with candle's ops.
+pub(crate) fn rms_norm_grad_input_candle(
+    dy: &Tensor,
+    xhat: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+) -> Result<Tensor> {
     let xhat = wide(xhat)?;
     let g = wide(dy)?.broadcast_mul(&wide(w)?)?;
     let mean_gx = (&g * &xhat)?.mean_keepdim(1)?;
@@ -64,6 +109,14 @@ pub(crate) fn rms_norm_grad_input(
 
 /// The weight gradient of RMSNorm, `Σ dy·x̂` over tokens, in f32.
 pub(crate) fn rms_norm_grad_weight(dy: &Tensor, xhat: &Tensor) -> Result<Tensor> {
+    if all_f32_cpu(&[dy, xhat]) && dy.rank() == 2 {
+        return kernels::rms_norm::grad_weight(dy, xhat);
+    }
+    rms_norm_grad_weight_candle(dy, xhat)
+}
+
+/// [`rms_norm_grad_weight`] with candle's ops.
+pub(crate) fn rms_norm_grad_weight_candle(dy: &Tensor, xhat: &Tensor) -> Result<Tensor> {
     Ok((wide(dy)? * wide(xhat)?)?.sum(0)?)
 }
 
@@ -103,12 +156,19 @@ impl Rope {
         })
     }
 
+    /// The `cos` and `sin` tables, `[seq_len, hd/2]` each.
+    pub(crate) fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
     /// `qkv: [N, h + 2·kv·hd]` with Q and K rotated (`transformers`' half-split rotation:
     /// the pair `(x_i, x_{i+hd/2})` turns by angle `i` of its position), V as it was.
-    /// `inverse` turns the other way: the input gradient of the rotation.
+    /// `inverse` turns the other way: the input gradient of the rotation. A contiguous f32
+    /// CPU `qkv` is turned in place and returned: callers pass a tensor nothing else reads
+    /// (a projection's fresh output or gradient).
     pub(crate) fn apply(
         &self,
-        qkv: &Tensor,
+        qkv: Tensor,
         (b, t): (usize, usize),
         heads: (usize, usize, usize),
         inverse: bool,
@@ -119,6 +179,30 @@ impl Rope {
     /// [`Rope::apply`] to tokens at positions `start .. start + t` (generation's new tokens
     /// after those already cached).
     pub(crate) fn apply_from(
+        &self,
+        qkv: Tensor,
+        (b, t): (usize, usize),
+        (heads, kv, hd): (usize, usize, usize),
+        inverse: bool,
+        start: usize,
+    ) -> Result<Tensor> {
+        if all_f32_cpu(&[&qkv, &self.cos, &self.sin]) {
+            let r = Rotation {
+                t,
+                start,
+                rotated: heads + kv,
+                hd,
+                inverse,
+            };
+            if kernels::rope::rotate_in_place(&qkv, self.tables(), r)? {
+                return Ok(qkv);
+            }
+        }
+        self.apply_from_candle(&qkv, (b, t), (heads, kv, hd), inverse, start)
+    }
+
+    /// [`Rope::apply_from`] with candle's ops (a new tensor).
+    pub(crate) fn apply_from_candle(
         &self,
         qkv: &Tensor,
         (b, t): (usize, usize),
@@ -195,10 +279,71 @@ pub(crate) fn sum_kv(dqkv: &Tensor, (heads, kv, hd): (usize, usize, usize)) -> R
     )?)
 }
 
+/// Causal grouped-query attention from `qkv: [N, h + 2·kv·hd]` (`dims`: query heads,
+/// key/value heads, head size): the output `[N, h]` and the log-sum-exp `[b, heads, t]`, as
+/// [`ops::attention`]. The CPU kernel reads each shared key/value head in place; other
+/// dtypes and devices repeat them ([`repeat_kv`]) for candle's ops.
+pub(crate) fn attention(
+    qkv: &Tensor,
+    (b, t): (usize, usize),
+    (heads, kv, hd): (usize, usize, usize),
+    mask: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let sh = Shape {
+        b,
+        t,
+        heads,
+        kv_heads: kv,
+        hd,
+    };
+    if all_f32_cpu(&[qkv])
+        && let Some(out) = kernels::attention::forward_tensors(qkv, sh)?
+    {
+        return Ok(out);
+    }
+    let wide = repeat_kv(qkv, (heads, kv, hd))?;
+    ops::attention(&wide, (b, t, heads), mask)
+}
+
+/// `B` of [`attention`]: `dqkv: [N, h + 2·kv·hd]`, each shared key/value head's gradient the
+/// sum over the query heads that read it.
+pub(crate) fn attention_grad(
+    (qkv, y, lse): (&Tensor, &Tensor, &Tensor),
+    dy: &Tensor,
+    (b, t): (usize, usize),
+    (heads, kv, hd): (usize, usize, usize),
+    mask: &Tensor,
+) -> Result<Tensor> {
+    let sh = Shape {
+        b,
+        t,
+        heads,
+        kv_heads: kv,
+        hd,
+    };
+    if all_f32_cpu(&[qkv, y, lse, dy])
+        && let Some(dqkv) = kernels::attention_backward::backward_tensors((qkv, y, lse, dy), sh)?
+    {
+        return Ok(dqkv);
+    }
+    let dims = (heads, kv, hd);
+    let wide = repeat_kv(qkv, dims)?;
+    let dwide = ops::attention_grad((&wide, y, lse), dy, (b, t, heads), mask)?;
+    sum_kv(&dwide, dims)
+}
+
 // === SwiGLU ===
 
 /// `silu(g)·u` for `gu: [N, 2m]` (the gate's `m` columns, then up's), in f32.
 pub(crate) fn swiglu(gu: &Tensor) -> Result<Tensor> {
+    if all_f32_cpu(&[gu]) && gu.rank() == 2 {
+        return kernels::swiglu::forward(gu);
+    }
+    swiglu_candle(gu)
+}
+
+/// [`swiglu`] with candle's ops.
+pub(crate) fn swiglu_candle(gu: &Tensor) -> Result<Tensor> {
     let m = gu.dim(1)? / 2;
     let g = wide(&gu.narrow(1, 0, m)?)?;
     let u = wide(&gu.narrow(1, m, m)?)?;
@@ -218,6 +363,14 @@ fn sigmoid(g: &Tensor) -> Result<Tensor> {
 /// `B` of [`swiglu`]: `[dg | du]` from the product's gradient `dy: [N, m]`, with
 /// `dg = dy·u·σ(g)·(1 + g·(1 − σ(g)))` and `du = dy·silu(g)`.
 pub(crate) fn swiglu_grad_input(gu: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    if all_f32_cpu(&[gu, dy]) && gu.rank() == 2 {
+        return kernels::swiglu::backward(gu, dy);
+    }
+    swiglu_grad_input_candle(gu, dy)
+}
+
+/// [`swiglu_grad_input`] with candle's ops.
+pub(crate) fn swiglu_grad_input_candle(gu: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let m = gu.dim(1)? / 2;
     let g = wide(&gu.narrow(1, 0, m)?)?;
     let u = wide(&gu.narrow(1, m, m)?)?;
@@ -307,8 +460,10 @@ mod tests {
         let qkv = randn((b * t, width), 7);
         let rope = Rope::new(16, hd, 10_000.0, &Device::Cpu).unwrap();
         let dims = (heads, kv, hd);
-        let r = rope.apply(&qkv, (b, t), dims, false).unwrap();
-        let back = rope.apply(&r, (b, t), dims, true).unwrap();
+        let r = rope
+            .apply(qkv.copy().unwrap(), (b, t), dims, false)
+            .unwrap();
+        let back = rope.apply(r.copy().unwrap(), (b, t), dims, true).unwrap();
         assert!(max_diff(&back, &qkv) < 1e-6);
         let v = (heads + kv) * hd;
         let untouched = r.narrow(1, v, width - v).unwrap();
@@ -342,6 +497,46 @@ mod tests {
         let dx = sum_kv(&dy, (heads, kv, hd)).unwrap();
         let (num, ana) = (directional(&f, &qkv, &dy, &v), dot(&dx, &v));
         assert!((num - ana).abs() < 1e-3 * ana.abs().max(1.0), "{num} {ana}");
+    }
+
+    /// Grouped-query attention's CPU kernel (shared heads read in place) and its candle path
+    /// (heads repeated, taken for a non-contiguous `qkv`) agree, forward and backward.
+    #[test]
+    fn both_attention_paths_agree() {
+        let (b, t, heads, kv, hd) = (2, 11, 4, 2, 8);
+        let width = (heads + 2 * kv) * hd;
+        let qkv = randn((b * t, width), 21);
+        let strided = qkv.t().unwrap().contiguous().unwrap().t().unwrap();
+        let dy = randn((b * t, heads * hd), 22);
+        let mask = ops::causal_mask(t, DType::F32, &Device::Cpu).unwrap();
+        let dims = (heads, kv, hd);
+        let run = |qkv: &Tensor| {
+            let (y, lse) = attention(qkv, (b, t), dims, &mask).unwrap();
+            let d = attention_grad((qkv, &y, &lse), &dy, (b, t), dims, &mask).unwrap();
+            (y, lse, d)
+        };
+        let (fast, slow) = (run(&qkv), run(&strided));
+        assert!(max_diff(&fast.0, &slow.0) < 1e-5);
+        assert!(max_diff(&fast.1, &slow.1) < 1e-5);
+        assert_eq!(fast.2.dims(), [b * t, width]);
+        assert!(max_diff(&fast.2, &slow.2) < 1e-5);
+    }
+
+    /// The in-place rotation and the candle one give the same bits.
+    #[test]
+    fn both_rope_paths_agree() {
+        let (b, t, heads, kv, hd) = (2, 9, 4, 2, 8);
+        let qkv = randn((b * t, (heads + 2 * kv) * hd), 23);
+        let rope = Rope::new(16, hd, 10_000.0, &Device::Cpu).unwrap();
+        for inverse in [false, true] {
+            let want = rope
+                .apply_from_candle(&qkv, (b, t), (heads, kv, hd), inverse, 0)
+                .unwrap();
+            let got = rope
+                .apply(qkv.copy().unwrap(), (b, t), (heads, kv, hd), inverse)
+                .unwrap();
+            assert_eq!(max_diff(&got, &want), 0.0);
+        }
     }
 
     #[test]

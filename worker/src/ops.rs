@@ -15,7 +15,7 @@ use candle_core::{D, DType, Device, Tensor};
 
 use crate::error::Result;
 use crate::kernels::attention::Shape;
-use crate::kernels::cpu::{self, all_f32_cpu};
+use crate::kernels::cpu::all_f32_cpu;
 use crate::kernels::{self, matmul};
 use crate::param::Param;
 
@@ -293,12 +293,7 @@ fn attention_shape(qkv: &Tensor, (b, t, heads): (usize, usize, usize)) -> Result
         ))
         .into());
     }
-    Ok(Shape {
-        b,
-        t,
-        heads,
-        hd: h / heads,
-    })
+    Ok(Shape::multi_head(b, t, heads, h / heads))
 }
 
 /// Causal self-attention from the QKV projection's output `qkv: [N, 3h]` (Q, K, V side by
@@ -313,20 +308,10 @@ pub(crate) fn attention(
     mask: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let sh = attention_shape(qkv, dims)?;
-    if all_f32_cpu(&[qkv]) {
-        let mut y = cpu::uninit(sh.n() * sh.h());
-        let mut lse = cpu::uninit(sh.b * sh.heads * sh.t);
-        let threads = cpu::threads();
-        let run = |[q]: [&[f32]; 1]| kernels::attention::forward(q, &mut y, &mut lse, sh, threads);
-        if cpu::with_f32s([qkv], run).is_some() {
-            // SAFETY: the kernel writes every element of `y` and `lse`.
-            #[allow(unsafe_code)]
-            let (y, lse) = unsafe { (cpu::written(y), cpu::written(lse)) };
-            return Ok((
-                Tensor::from_vec(y, (sh.n(), sh.h()), &Device::Cpu)?,
-                Tensor::from_vec(lse, (sh.b, sh.heads, sh.t), &Device::Cpu)?,
-            ));
-        }
+    if all_f32_cpu(&[qkv])
+        && let Some(out) = kernels::attention::forward_tensors(qkv, sh)?
+    {
+        return Ok(out);
     }
     let (q, k, v) = split_qkv(qkv, sh)?;
     let scores = attention_scores(&q, &k, mask, sh)?;
@@ -364,18 +349,10 @@ pub(crate) fn attention_grad(
     mask: &Tensor,
 ) -> Result<Tensor> {
     let sh = attention_shape(qkv, dims)?;
-    if all_f32_cpu(&[qkv, y, lse, dy]) {
-        let mut dqkv = cpu::uninit(sh.n() * 3 * sh.h());
-        let threads = cpu::threads();
-        let run = |[q, y, l, d]: [&[f32]; 4]| {
-            kernels::attention_backward::backward((q, y, l, d), &mut dqkv, sh, threads)
-        };
-        if cpu::with_f32s([qkv, y, lse, dy], run).is_some() {
-            // SAFETY: the kernel writes every element of `dqkv`.
-            #[allow(unsafe_code)]
-            let dqkv = unsafe { cpu::written(dqkv) };
-            return Ok(Tensor::from_vec(dqkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?);
-        }
+    if all_f32_cpu(&[qkv, y, lse, dy])
+        && let Some(dqkv) = kernels::attention_backward::backward_tensors((qkv, y, lse, dy), sh)?
+    {
+        return Ok(dqkv);
     }
     let dtype = qkv.dtype();
     let (q, k, v) = split_qkv(qkv, sh)?;

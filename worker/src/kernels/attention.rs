@@ -3,22 +3,25 @@
 //! scaled scores; the backward (`attention_backward`) recomputes each probability tile from
 //! `q`, `k` and that log-sum-exp.
 //!
-//! Layout: Q, K and V are read in place from the QKV projection's output `[N, 3h]`
-//! (`N = b·t` tokens, token-major; head `j`'s Q columns are `[j·hd, (j+1)·hd)`, its K columns
-//! `h` further, its V columns `2h` further); the output is written token-major `[N, h]`, the
-//! layout the attention projection reads; the log-sum-exp is `[b, heads, t]`. No split or
-//! merge of heads is copied. These are plain functions on slices (with several outputs, not a
+//! Layout: Q, K and V are read in place from the QKV projection's output `[N, h + 2·kv·hd]`
+//! (`N = b·t` tokens, token-major; head `j`'s Q columns are `[j·hd, (j+1)·hd)`; the `kv`
+//! key heads follow Q's `h` columns and the `kv` value heads follow those; query head `j`
+//! reads key/value head `j / (heads / kv)`, grouped-query attention, `kv = heads` for GPT's
+//! multi-head attention); the output is written token-major `[N, h]`, the layout the
+//! attention projection reads; the log-sum-exp is `[b, heads, t]`. No split or merge of
+//! heads is copied, and no shared key/value head is repeated. These are plain functions on slices (with several outputs, not a
 //! candle `CustomOp`); `ops::attention` and `ops::attention_grad` reach the slices through
 //! `Tensor::storage_and_layout`.
 //!
 //! Tiles are `TILE` query rows by `TILE` keys; their products run on a register-blocked
 //! micro-kernel (`attention_tile`) reading the strided buffers directly. All of a tile's
 //! work (products, max, exponential, rescale) is generic code compiled once per
-//! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. A (sequence, head)
-//! pair's keys are transposed once per call (the products' `B` must have contiguous rows).
-//! Work is split over pairs with rayon (in the forward over query tiles where there are
-//! fewer pairs than threads); each query row is computed by one thread in a fixed order, so
-//! results do not depend on the thread count.
+//! instruction set (AVX-512, AVX2 + FMA, plain) and chosen at run time. A (sequence,
+//! key/value head) group's keys are transposed once per call for all of its query heads
+//! (the products' `B` must have contiguous rows). Work is split over groups with rayon (in
+//! the forward over heads and query tiles where there are fewer groups than threads); each
+//! query row is computed by one thread in a fixed order, so results do not depend on the
+//! thread count.
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
@@ -26,8 +29,11 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use candle_core::Tensor;
+
 use super::attention_tile::{self as tile, Avx2, Avx512, Causal, Isa, Plain};
-use super::simd;
+use super::{cpu, simd};
+use crate::error::{Error, Result};
 
 /// Query rows and keys per tile: a `TILE × TILE` score tile and a `TILE × hd` output tile
 /// (16 KiB each at hd = 64) stay in L1/L2. Query and key tiles must be the same size and
@@ -41,16 +47,40 @@ pub(crate) struct Shape {
     pub(crate) b: usize,
     /// Tokens per sequence (`t`).
     pub(crate) t: usize,
-    /// Heads.
+    /// Query heads.
     pub(crate) heads: usize,
+    /// Key/value heads, dividing `heads`: query head `j` reads key/value head
+    /// `j / (heads / kv_heads)` (grouped-query attention; `heads` for multi-head).
+    pub(crate) kv_heads: usize,
     /// Head dimension (`h / heads`).
     pub(crate) hd: usize,
 }
 
 impl Shape {
-    /// Hidden size `h = heads·hd`.
+    /// Multi-head attention: as many key/value heads as query heads.
+    pub(crate) fn multi_head(b: usize, t: usize, heads: usize, hd: usize) -> Self {
+        Self {
+            b,
+            t,
+            heads,
+            kv_heads: heads,
+            hd,
+        }
+    }
+
+    /// Hidden size `h = heads·hd` (Q's columns and the output's).
     pub(crate) fn h(&self) -> usize {
         self.heads * self.hd
+    }
+
+    /// The QKV buffer's row: Q's `h` columns, then K's and V's `kv_heads·hd` each.
+    pub(crate) fn ld(&self) -> usize {
+        self.h() + 2 * self.kv_heads * self.hd
+    }
+
+    /// Query heads per key/value head.
+    pub(crate) fn group(&self) -> usize {
+        self.heads / self.kv_heads
     }
 
     /// Tokens `N = b·t`.
@@ -63,10 +93,21 @@ impl Shape {
         1.0 / (self.hd as f32).sqrt()
     }
 
-    /// Offset in the `[N, 3h]` buffer of the first Q element of (sequence, head) `pair`.
-    pub(crate) fn qkv_base(&self, pair: usize) -> usize {
+    /// Offset in the QKV buffer of the first Q element of (sequence, head) `pair`.
+    pub(crate) fn q_base(&self, pair: usize) -> usize {
         let (bi, head) = (pair / self.heads, pair % self.heads);
-        bi * self.t * 3 * self.h() + head * self.hd
+        bi * self.t * self.ld() + head * self.hd
+    }
+
+    /// Offset in the QKV buffer of the first K element that `pair`'s query head reads.
+    pub(crate) fn k_base(&self, pair: usize) -> usize {
+        let (bi, head) = (pair / self.heads, pair % self.heads);
+        bi * self.t * self.ld() + self.h() + head / self.group() * self.hd
+    }
+
+    /// Offset in the QKV buffer of the first V element that `pair`'s query head reads.
+    pub(crate) fn v_base(&self, pair: usize) -> usize {
+        self.k_base(pair) + self.kv_heads * self.hd
     }
 
     /// Offset in a `[N, h]` buffer of the first element of `pair`.
@@ -132,33 +173,47 @@ impl FwdScratch {
     }
 }
 
-/// The forward of query tiles `tiles` of `pair`: the keys they see (up to the last tile's
-/// end) transposed once, then each tile's online softmax over the key tiles up to the
-/// diagonal.
+/// One forward work item: the query heads `heads` (indices within the group) of key/value
+/// group `group` (sequence `group / kv_heads`, key/value head `group % kv_heads`), over query
+/// tiles `tiles`.
+#[derive(Debug, Clone)]
+struct Item {
+    group: usize,
+    heads: Range<usize>,
+    tiles: Range<usize>,
+}
+
+/// The forward of `item`: the keys its tiles see (up to the last tile's end) transposed
+/// once for all of its heads, then each head's tiles' online softmax over the key tiles up
+/// to the diagonal.
 ///
 /// # Safety
-/// `qkv` holds `[N, 3h]`, `y` `[N, h]`, `lse` `[b, heads, t]` for `sh`; no other thread
+/// `qkv` holds `[N, ld]`, `y` `[N, h]`, `lse` `[b, heads, t]` for `sh`; no other thread
 /// writes these tiles' rows of `y` and `lse` meanwhile.
 #[inline(always)]
-unsafe fn forward_pair<I: Isa>(
+unsafe fn forward_group<I: Isa>(
     qkv: *const f32,
     y: SharedMut,
     lse: SharedMut,
     sh: Shape,
-    (pair, tiles): (usize, Range<usize>),
+    item: Item,
     sc: &mut FwdScratch,
 ) {
-    let (t, h) = (sh.t, sh.h());
-    let kend = t.min(tiles.end * TILE);
-    // SAFETY: the pair's first `kend` key rows of `hd` columns, inside the `[N, 3h]`
+    let t = sh.t;
+    let (bi, kvh) = (item.group / sh.kv_heads, item.group % sh.kv_heads);
+    let first = bi * sh.heads + kvh * sh.group();
+    let kend = t.min(item.tiles.end * TILE);
+    // SAFETY: the group's first `kend` key rows of `hd` columns, inside the `[N, ld]`
     // buffer (caller's contract); `kt` holds `hd × t`.
     unsafe {
-        let k = qkv.add(sh.qkv_base(pair) + h);
-        tile::transpose::<I>((k, 3 * h), (&mut sc.kt, t), kend, sh.hd);
+        let k = qkv.add(sh.k_base(first));
+        tile::transpose::<I>((k, sh.ld()), (&mut sc.kt, t), kend, sh.hd);
     }
-    for q0 in tiles.map(|i| i * TILE) {
-        // SAFETY: as this function's.
-        unsafe { forward_tile::<I>(qkv, (y, lse), sh, (pair, q0), sc) };
+    for pair in item.heads.map(|j| first + j) {
+        for q0 in item.tiles.clone().map(|i| i * TILE) {
+            // SAFETY: as this function's.
+            unsafe { forward_tile::<I>(qkv, (y, lse), sh, (pair, q0), sc) };
+        }
     }
 }
 
@@ -175,12 +230,11 @@ unsafe fn forward_tile<I: Isa>(
     (pair, q0): (usize, usize),
     sc: &mut FwdScratch,
 ) {
-    let (t, hd, h) = (sh.t, sh.hd, sh.h());
-    let ld = 3 * h;
+    let (t, hd, h, ld) = (sh.t, sh.hd, sh.h(), sh.ld());
     let scale = sh.scale();
     let rows = TILE.min(t - q0);
-    // SAFETY: all offsets below stay inside the `[N, 3h]` buffer (caller's contract).
-    let q = unsafe { qkv.add(sh.qkv_base(pair) + q0 * ld) };
+    // SAFETY: all offsets below stay inside the `[N, ld]` buffer (caller's contract).
+    let q = unsafe { qkv.add(sh.q_base(pair) + q0 * ld) };
     let (m, l, o, s, kt) = (&mut sc.m, &mut sc.l, &mut sc.o, &mut sc.s, &sc.kt);
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
@@ -190,7 +244,7 @@ unsafe fn forward_tile<I: Isa>(
         // The diagonal tile's products skip what the mask removes.
         let diag = |c| if k0 == q0 { c } else { Causal::No };
         // SAFETY: value rows `[k0, k0 + cols)` of this sequence.
-        let v = unsafe { qkv.add(sh.qkv_base(pair) + 2 * h + k0 * ld) };
+        let v = unsafe { qkv.add(sh.v_base(pair) + k0 * ld) };
         // S = scale · Q Kᵀ, from columns `[k0, k0 + cols)` of the transposed keys.
         // SAFETY: `s` is `TILE × TILE`, `kt` `hd × t`, the Q tile in bounds.
         unsafe {
@@ -285,13 +339,13 @@ pub(crate) use dispatch;
 
 dispatch!(
     forward_dispatch,
-    forward_pair,
-    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, item: (usize, Range<usize>)),
+    forward_group,
+    (qkv: *const f32, y: SharedMut, lse: SharedMut, sh: Shape, item: Item),
     FwdScratch
 );
 
 /// Causal attention forward: `y` (`[N, h]`) and the per-row log-sum-exp `lse`
-/// (`[b, heads, t]`) from `qkv` (`[N, 3h]`). Splits over rayon's threads when `threads > 1`.
+/// (`[b, heads, t]`) from `qkv` (`[N, ld]`). Splits over rayon's threads when `threads > 1`.
 pub(crate) fn forward(
     qkv: &[f32],
     y: &mut [MaybeUninit<f32>],
@@ -300,6 +354,47 @@ pub(crate) fn forward(
     threads: usize,
 ) {
     forward_at(level(), qkv, (y, lse), sh, threads);
+}
+
+/// [`forward`] of a tensor: `(y [N, h], lse [b, heads, t])`, or `None` where `qkv` is not
+/// a contiguous f32 CPU tensor; an error where it is not `[N, h + 2·kv·hd]` for `sh`.
+pub(crate) fn forward_tensors(qkv: &Tensor, sh: Shape) -> Result<Option<(Tensor, Tensor)>> {
+    check_qkv("attention", qkv, sh)?;
+    let mut y = cpu::uninit(sh.n() * sh.h());
+    let mut lse = cpu::uninit(sh.b * sh.heads * sh.t);
+    let threads = cpu::threads();
+    let run = |[q]: [&[f32]; 1]| forward(q, &mut y, &mut lse, sh, threads);
+    if cpu::with_f32s([qkv], run).is_none() {
+        return Ok(None);
+    }
+    // SAFETY: the kernel writes every element of `y` and `lse`.
+    let (y, lse) = unsafe { (cpu::written(y), cpu::written(lse)) };
+    Ok(Some((
+        cpu::tensor(y, (sh.n(), sh.h()))?,
+        cpu::tensor(lse, (sh.b, sh.heads, sh.t))?,
+    )))
+}
+
+/// An error naming `op` where `qkv` is not `[N, h + 2·kv·hd]` for `sh`, or `sh`'s heads do
+/// not group.
+pub(crate) fn check_qkv(op: &'static str, qkv: &Tensor, sh: Shape) -> Result<()> {
+    let groups = sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0;
+    if !groups || qkv.dims() != [sh.n(), sh.ld()] {
+        return Err(Error::InvalidArgument {
+            field: op,
+            reason: format!(
+                "qkv {:?} is not [b·t, (heads + 2·kv_heads)·hd] for b = {}, t = {}, {} heads, \
+                 {} key/value heads of {}",
+                qkv.dims(),
+                sh.b,
+                sh.t,
+                sh.heads,
+                sh.kv_heads,
+                sh.hd
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The levels this CPU runs, best last (the tests check each).
@@ -327,27 +422,44 @@ pub(crate) fn forward_at(
     threads: usize,
 ) {
     let (n, h) = (sh.n(), sh.h());
-    assert_eq!(qkv.len(), n * 3 * h, "qkv is [N, 3h]");
+    assert!(
+        sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0,
+        "kv_heads divides heads"
+    );
+    assert_eq!(qkv.len(), n * sh.ld(), "qkv is [N, h + 2·kv·hd]");
     assert_eq!(y.len(), n * h, "y is [N, h]");
     assert_eq!(lse.len(), sh.b * sh.heads * sh.t, "lse is [b, heads, t]");
-    let (pairs, tiles) = (sh.b * sh.heads, sh.t.div_ceil(TILE));
+    let (groups, group, tiles) = (sh.b * sh.kv_heads, sh.group(), sh.t.div_ceil(TILE));
     let (yp, lp) = (
         SharedMut(y.as_mut_ptr().cast()),
         SharedMut(lse.as_mut_ptr().cast()),
     );
-    let run = |sc: &mut FwdScratch, item: (usize, Range<usize>)| {
-        // SAFETY: the buffers have the asserted sizes; an item writes only its query
-        // tiles' rows of its pair's `y` columns and `lse`, and items are distinct.
+    let run = |sc: &mut FwdScratch, item: Item| {
+        // SAFETY: the buffers have the asserted sizes; an item writes only its heads' query
+        // tiles' rows of `y` and `lse`, and items are distinct.
         unsafe { forward_dispatch(level, qkv.as_ptr(), yp, lp, sh, item, sc) }
     };
+    let whole = |g| Item {
+        group: g,
+        heads: 0..group,
+        tiles: 0..tiles,
+    };
     if threads > 1 {
-        // Whole pairs (keys transposed once each) while they keep every thread busy, else
-        // one item per query tile, each transposing the keys it sees.
-        let items: Vec<(usize, Range<usize>)> = if pairs >= threads {
-            (0..pairs).map(|p| (p, 0..tiles)).collect()
+        // Whole groups (keys transposed once each) while they keep every thread busy, else
+        // one item per head and query tile, each transposing the keys it sees.
+        let items: Vec<Item> = if groups >= threads {
+            (0..groups).map(whole).collect()
         } else {
-            (0..pairs)
-                .flat_map(|p| (0..tiles).map(move |i| (p, i..i + 1)))
+            (0..groups)
+                .flat_map(|g| {
+                    (0..group).flat_map(move |j| {
+                        (0..tiles).map(move |i| Item {
+                            group: g,
+                            heads: j..j + 1,
+                            tiles: i..i + 1,
+                        })
+                    })
+                })
                 .collect()
         };
         items
@@ -355,6 +467,6 @@ pub(crate) fn forward_at(
             .for_each_init(|| FwdScratch::new(sh.hd, sh.t), run);
     } else {
         let mut sc = FwdScratch::new(sh.hd, sh.t);
-        (0..pairs).for_each(|p| run(&mut sc, (p, 0..tiles)));
+        (0..groups).for_each(|g| run(&mut sc, whole(g)));
     }
 }

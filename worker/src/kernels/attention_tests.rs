@@ -134,7 +134,7 @@ fn kernel_outputs(level: Level, qkv: &[f32], dy: &[f32], sh: Shape, threads: usi
         let (mut y, mut lse) = (nans(sh.n() * sh.h()), nans(sh.b * sh.heads * sh.t));
         forward_at(level, qkv, (&mut y, &mut lse), sh, threads);
         let (y, lse) = (values(y), values(lse));
-        let mut dqkv = nans(sh.n() * 3 * sh.h());
+        let mut dqkv = nans(sh.n() * sh.ld());
         backward_at(level, (qkv, &y, &lse, dy), &mut dqkv, sh, threads);
         Outputs {
             y,
@@ -158,33 +158,13 @@ fn shapes() -> Vec<Shape> {
     let mut out = Vec::new();
     for t in [13, 37, 67, 130] {
         for b in [1, 3] {
-            out.push(Shape {
-                b,
-                t,
-                heads: 1,
-                hd: 64,
-            });
+            out.push(Shape::multi_head(b, t, 1, 64));
         }
     }
-    out.push(Shape {
-        b: 2,
-        t: 70,
-        heads: 4,
-        hd: 16,
-    });
-    out.push(Shape {
-        b: 1,
-        t: 131,
-        heads: 3,
-        hd: 24,
-    });
+    out.push(Shape::multi_head(2, 70, 4, 16));
+    out.push(Shape::multi_head(1, 131, 3, 24));
     // A head width that is not a multiple of the transposes' 8 × 8 blocks.
-    out.push(Shape {
-        b: 2,
-        t: 45,
-        heads: 2,
-        hd: 20,
-    });
+    out.push(Shape::multi_head(2, 45, 2, 20));
     out
 }
 
@@ -192,7 +172,7 @@ fn shapes() -> Vec<Shape> {
 /// flat rows both occur), and `dy`.
 fn inputs(sh: Shape, seed: u64) -> (Vec<f32>, Vec<f32>) {
     (
-        normal(sh.n() * 3 * sh.h(), seed, 1.5),
+        normal(sh.n() * sh.ld(), seed, 1.5),
         normal(sh.n() * sh.h(), seed + 1, 1.0),
     )
 }
@@ -243,17 +223,70 @@ fn kernels_match_the_unfused_reference() -> Result<()> {
     Ok(())
 }
 
+/// Grouped-query attention (key/value heads shared by `heads / kv_heads` query heads, read
+/// in place) against the multi-head reference on the key/value heads repeated
+/// (`llama_ops::repeat_kv`, `transformers`' `repeat_kv`), whose shared heads' gradients are
+/// the sums over their query heads (`llama_ops::sum_kv`); 1 and 2 threads bit-identical,
+/// every instruction set. Tolerance as above (a shared head's gradient adds `heads / kv`
+/// such sums).
+#[test]
+fn grouped_query_heads_match_the_repeated_reference() -> Result<()> {
+    let shapes = [
+        Shape {
+            b: 2,
+            t: 70,
+            heads: 4,
+            kv_heads: 2,
+            hd: 16,
+        },
+        Shape {
+            b: 1,
+            t: 131,
+            heads: 6,
+            kv_heads: 2,
+            hd: 24,
+        },
+        Shape {
+            b: 3,
+            t: 37,
+            heads: 4,
+            kv_heads: 1,
+            hd: 32,
+        },
+    ];
+    for (i, (sh, level)) in shapes
+        .into_iter()
+        .flat_map(|sh| levels().into_iter().map(move |l| (sh, l)))
+        .enumerate()
+    {
+        let (qkv, dy) = inputs(sh, 300 + i as u64);
+        let one = kernel_outputs(level, &qkv, &dy, sh, 1);
+        let two = kernel_outputs(level, &qkv, &dy, sh, 2);
+        assert_eq!(one.y, two.y, "{sh:?} {level:?}: y with 1 and 2 threads");
+        assert_eq!(one.lse, two.lse, "{sh:?} {level:?}: lse");
+        assert_eq!(one.dqkv, two.dqkv, "{sh:?} {level:?}: dqkv");
+        let dims = (sh.heads, sh.kv_heads, sh.hd);
+        let qkv_t = Tensor::from_vec(qkv, (sh.n(), sh.ld()), &Device::Cpu)?;
+        let wide = crate::llama_ops::repeat_kv(&qkv_t, dims)?;
+        let dy_t = Tensor::from_vec(dy, (sh.n(), sh.h()), &Device::Cpu)?;
+        let mha = Shape::multi_head(sh.b, sh.t, sh.heads, sh.hd);
+        let want = reference_outputs(&wide, &dy_t, mha)?;
+        let dwide = Tensor::from_vec(want.dqkv, (sh.n(), mha.ld()), &Device::Cpu)?;
+        let want_dqkv = host(&crate::llama_ops::sum_kv(&dwide, dims)?)?;
+        let what = format!("{sh:?} {level:?}");
+        assert_close(&one.y, &want.y, 2e-5, &format!("{what} y"));
+        assert_close(&one.lse, &want.lse, 2e-5, &format!("{what} lse"));
+        assert_close(&one.dqkv, &want_dqkv, 2e-5, &format!("{what} dqkv"));
+    }
+    Ok(())
+}
+
 /// `ops::attention` and `ops::attention_grad` take the kernels for a contiguous f32 CPU
 /// `qkv`, and candle ops otherwise (here: the same values, not contiguous); both match the
 /// reference, within the tolerance above.
 #[test]
 fn both_paths_of_ops_match_the_reference() -> Result<()> {
-    let sh = Shape {
-        b: 3,
-        t: 37,
-        heads: 2,
-        hd: 32,
-    };
+    let sh = Shape::multi_head(3, 37, 2, 32);
     let (qkv, dy) = inputs(sh, 7);
     let qkv = Tensor::from_vec(qkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?;
     let dy = Tensor::from_vec(dy, (sh.n(), sh.h()), &Device::Cpu)?;
@@ -278,12 +311,7 @@ fn both_paths_of_ops_match_the_reference() -> Result<()> {
 /// products to bf16: 2⁻⁸ relative each, a few of them along the way).
 #[test]
 fn bf16_attention_keeps_an_f32_log_sum_exp() -> Result<()> {
-    let sh = Shape {
-        b: 2,
-        t: 13,
-        heads: 2,
-        hd: 16,
-    };
+    let sh = Shape::multi_head(2, 13, 2, 16);
     let (qkv, dy) = inputs(sh, 9);
     let qkv = Tensor::from_vec(qkv, (sh.n(), 3 * sh.h()), &Device::Cpu)?.to_dtype(DType::BF16)?;
     let dy = Tensor::from_vec(dy, (sh.n(), sh.h()), &Device::Cpu)?.to_dtype(DType::BF16)?;
@@ -331,12 +359,7 @@ fn attention_speed() -> Result<()> {
         Ok((cpu_ns() - start) as f64 * 1e-9 / f64::from(runs))
     }
     for (b, t, h, heads) in [(4, 128, 256, 4), (4, 256, 1024, 16), (1, 32, 64, 4)] {
-        let sh = Shape {
-            b,
-            t,
-            heads,
-            hd: h / heads,
-        };
+        let sh = Shape::multi_head(b, t, heads, h / heads);
         let (qkv, dy) = inputs(sh, 1);
         let qkv = Tensor::from_vec(qkv, (sh.n(), 3 * h), &Device::Cpu)?;
         let dy = Tensor::from_vec(dy, (sh.n(), h), &Device::Cpu)?;

@@ -1,6 +1,6 @@
 //! The stage kernels: fused, vectorised CPU code for what is not a GEMM, on contiguous f32
-//! CPU tensors (the callers in `ops`, `optim` and `param` keep candle's ops, also the tests'
-//! reference, for other dtypes and devices).
+//! CPU tensors (the callers in `ops`, `llama_ops`, `optim` and `param` keep candle's ops,
+//! also the tests' reference, for other dtypes and devices).
 //!
 //! - [`simd`]: run-time ISA dispatch ([`simd::multiversion`]), lane-wise `exp` / `tanh`,
 //!   fixed-order reductions.
@@ -13,7 +13,11 @@
 //! - [`matmul`]: linear layers on `gemm` (bias and residual folded into the product, weight
 //!   gradients accumulated in place), as candle custom ops.
 //! - [`attention`], [`attention_backward`], [`attention_tile`]: flash-style causal
-//!   attention (online softmax over key tiles, no `t × t` stash).
+//!   attention (online softmax over key tiles, no `t × t` stash), multi-head or
+//!   grouped-query (shared key/value heads read in place).
+//! - [`rms_norm`], [`rope`], [`swiglu`]: Llama's RMSNorm (forward, input gradient with the
+//!   residual's added, weight gradient), rotary embeddings in place on Q and K (and the
+//!   inverse on their gradients), and the SwiGLU gate and its gradient.
 
 pub(crate) mod adamw;
 pub(crate) mod attention;
@@ -27,7 +31,10 @@ pub(crate) mod gelu;
 pub(crate) mod layer_norm;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
+pub(crate) mod rms_norm;
+pub(crate) mod rope;
 pub(crate) mod simd;
+pub(crate) mod swiglu;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]

@@ -191,9 +191,8 @@ impl Block {
         let n1 = llama_ops::rms_norm(x, &self.attn_norm.value, self.eps)?;
         let a = n1.y;
         let qkv = ops::linear(&a, &self.qkv_w.value, None)?;
-        let qkv = rope.apply(&qkv, (b, t), self.heads(), false)?;
-        let wide = llama_ops::repeat_kv(&qkv, self.heads())?;
-        let (y, lse) = ops::attention(&wide, (b, t, self.heads), mask)?;
+        let qkv = rope.apply(qkv, (b, t), self.heads(), false)?;
+        let (y, lse) = llama_ops::attention(&qkv, (b, t), self.heads(), mask)?;
         let x1 = ops::linear_residual(&y, &self.o_w.value, None, Some(x))?;
         let n2 = llama_ops::rms_norm(&x1, &self.mlp_norm.value, self.eps)?;
         let c = n2.y;
@@ -230,17 +229,15 @@ impl Block {
         let dm = ops::linear_grad_input(&dout, &self.down_w.value)?;
         let dgu = llama_ops::swiglu_grad_input(&f.gu, &dm)?;
         let dc = ops::linear_grad_input(&dgu, &self.gate_up_w.value)?;
-        let norm2 = llama_ops::rms_norm_grad_input(&dc, &f.xhat2, &f.rstd2, &self.mlp_norm.value)?;
-        let dx1 = (&dout + norm2)?;
+        let (xhat2, rstd2, w2) = (&f.xhat2, &f.rstd2, &self.mlp_norm.value);
+        let dx1 = llama_ops::rms_norm_grad_input_plus(&dout, &dc, xhat2, rstd2, w2)?;
         let dy = ops::linear_grad_input(&dx1, &self.o_w.value)?;
-        let wide = llama_ops::repeat_kv(&f.qkv, self.heads())?;
-        let dwide =
-            ops::attention_grad((&wide, &f.y, &f.lse), &dy, (f.b, f.t, self.heads), &f.mask)?;
-        let drot = llama_ops::sum_kv(&dwide, self.heads())?;
-        let dqkv = f.rope.apply(&drot, (f.b, f.t), self.heads(), true)?;
+        let (bt, heads) = ((f.b, f.t), self.heads());
+        let drot = llama_ops::attention_grad((&f.qkv, &f.y, &f.lse), &dy, bt, heads, &f.mask)?;
+        let dqkv = f.rope.apply(drot, bt, heads, true)?;
         let da = ops::linear_grad_input(&dqkv, &self.qkv_w.value)?;
-        let norm1 = llama_ops::rms_norm_grad_input(&da, &f.xhat1, &f.rstd1, &self.attn_norm.value)?;
-        let dx = (&dx1 + norm1)?;
+        let (xhat1, rstd1, w1) = (&f.xhat1, &f.rstd1, &self.attn_norm.value);
+        let dx = llama_ops::rms_norm_grad_input_plus(&dx1, &da, xhat1, rstd1, w1)?;
         let dw1 = llama_ops::rms_norm_grad_weight(&da, &f.xhat1)?;
         let dw2 = llama_ops::rms_norm_grad_weight(&dc, &f.xhat2)?;
         let stash = WeightStash {

@@ -31,7 +31,7 @@ impl Block {
         let (n, start) = (x.dim(0)?, cache.len());
         let a = llama_ops::rms_norm(x, &self.attn_norm.value, self.eps())?.y;
         let qkv = ops::linear(&a, &self.qkv_w.value, None)?;
-        let qkv = rope.apply_from(&qkv, (1, n), (heads, kv, hd), false, start)?;
+        let qkv = rope.apply_from(qkv, (1, n), (heads, kv, hd), false, start)?;
         let h = heads * hd;
         let append = |old: &Option<Tensor>, new: Tensor| -> Result<Tensor> {
             Ok(match old {
