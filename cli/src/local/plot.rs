@@ -109,7 +109,7 @@ mod tests {
                 open.push(tag.split_whitespace().next().unwrap_or(tag));
             }
             assert!(
-                !tag.contains('<') && tag.matches('"').count() % 2 == 0,
+                !tag.contains('<') && tag.matches('"').count().is_multiple_of(2),
                 "{tag}"
             );
             rest = &rest[end + 1..];
@@ -141,8 +141,8 @@ mod tests {
             .map(|l| {
                 l.split(' ')
                     .map(|p| {
-                        let (x, y) = p.split_once(',').unwrap();
-                        (x.parse().unwrap(), y.parse().unwrap())
+                        let (x, y) = p.split_once(',').expect("a point");
+                        (x.parse().expect("x"), y.parse().expect("y"))
                     })
                     .collect()
             })
@@ -166,7 +166,7 @@ mod tests {
         assert_eq!(frames.len(), 1);
         let frame: Vec<f64> = ["x", "y", "width", "height"]
             .iter()
-            .map(|a| attr(frames[0], a).unwrap().parse().unwrap())
+            .map(|a| attr(frames[0], a).expect(a).parse().expect(a))
             .collect();
         for &(x, y) in points.iter().flatten() {
             assert!(x >= frame[0] && x <= frame[0] + frame[2], "{x}");
