@@ -66,6 +66,8 @@ fn drop_from(points: &mut Vec<(u64, f64)>, step: u64) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     /// Every `tag` element's start tag in `svg`.
@@ -109,7 +111,7 @@ mod tests {
                 open.push(tag.split_whitespace().next().unwrap_or(tag));
             }
             assert!(
-                !tag.contains('<') && tag.matches('"').count() % 2 == 0,
+                !tag.contains('<') && tag.matches('"').count().is_multiple_of(2),
                 "{tag}"
             );
             rest = &rest[end + 1..];
