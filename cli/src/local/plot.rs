@@ -66,6 +66,8 @@ fn drop_from(points: &mut Vec<(u64, f64)>, step: u64) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     /// Every `tag` element's start tag in `svg`.

@@ -203,6 +203,8 @@ fn y_bounds(range: YRange, min: f64, max: f64) -> (f64, f64) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
