@@ -378,7 +378,7 @@ pub(crate) fn forward_tensors(qkv: &Tensor, sh: Shape) -> Result<Option<(Tensor,
 /// An error naming `op` where `qkv` is not `[N, h + 2·kv·hd]` for `sh`, or `sh`'s heads do
 /// not group.
 pub(crate) fn check_qkv(op: &'static str, qkv: &Tensor, sh: Shape) -> Result<()> {
-    let groups = sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0;
+    let groups = sh.kv_heads > 0 && sh.heads.is_multiple_of(sh.kv_heads);
     if !groups || qkv.dims() != [sh.n(), sh.ld()] {
         return Err(Error::InvalidArgument {
             field: op,
@@ -423,7 +423,7 @@ pub(crate) fn forward_at(
 ) {
     let (n, h) = (sh.n(), sh.h());
     assert!(
-        sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0,
+        sh.kv_heads > 0 && sh.heads.is_multiple_of(sh.kv_heads),
         "kv_heads divides heads"
     );
     assert_eq!(qkv.len(), n * sh.ld(), "qkv is [N, h + 2·kv·hd]");

@@ -298,7 +298,7 @@ pub(crate) fn backward_at(
 ) {
     let (n, h) = (sh.n(), sh.h());
     assert!(
-        sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0,
+        sh.kv_heads > 0 && sh.heads.is_multiple_of(sh.kv_heads),
         "kv_heads divides heads"
     );
     assert_eq!(qkv.len(), n * sh.ld(), "qkv is [N, h + 2·kv·hd]");

@@ -181,7 +181,10 @@ pub(crate) fn grad_input(
     };
     let ran = with_f32s([dy, xhat, rstd, w], |ins| match residual {
         Some(r) => with_f32(r, |res| run(ins, res)),
-        None => Some(run(ins, &[])),
+        None => {
+            run(ins, &[]);
+            Some(())
+        }
     });
     ran.flatten()
         .ok_or_else(|| not_fast("rms_norm_grad_input"))?;

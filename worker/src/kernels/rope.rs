@@ -76,12 +76,12 @@ pub(crate) fn rotate_in_place(
 ) -> Result<bool> {
     let (rows, width) = x.dims2()?;
     let (positions, half) = cos.dims2()?;
-    let fits = r.hd % 2 == 0
+    let fits = r.hd.is_multiple_of(2)
         && r.hd / 2 == half
         && sin.dims() == cos.dims()
         && r.rotated * r.hd <= width
         && r.t > 0
-        && rows % r.t == 0
+        && rows.is_multiple_of(r.t)
         && r.start + r.t <= positions;
     if !fits {
         return Err(Error::InvalidArgument {
