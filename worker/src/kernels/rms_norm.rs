@@ -182,7 +182,7 @@ pub(crate) fn grad_input(
     let ran = with_f32s([dy, xhat, rstd, w], |ins| match residual {
         Some(r) => with_f32(r, |res| run(ins, res)),
         None => {
-            let _: () = run(ins, &[]);
+            run(ins, &[]);
             Some(())
         }
     });

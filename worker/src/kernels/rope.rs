@@ -81,7 +81,7 @@ pub(crate) fn rotate_in_place(
         && sin.dims() == cos.dims()
         && r.rotated * r.hd <= width
         && r.t > 0
-        && rows % r.t == 0
+        && rows.is_multiple_of(r.t)
         && r.start + r.t <= positions;
     if !fits {
         return Err(Error::InvalidArgument {
