@@ -530,6 +530,17 @@ impl Stage {
                 get("adam_v", STATE_DTYPE)?,
             ));
         }
-        self.replace_state(loaded, u64::try_from(step).unwrap_or(0))
+        self.replace_state(loaded, u64::try_from(step).unwrap_or(0))?;
+        // Two different tables (an untied model's checkpoint) would train as two.
+        let path = shards.first().map(|s| s.path.clone()).unwrap_or_default();
+        if !self.tied_copies_agree()? {
+            return Err(bad(
+                &path,
+                "holds two different copies of the tied table (embedding.wte and \
+                 head.lm_head.weight): not a checkpoint of a tied model"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }

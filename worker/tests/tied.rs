@@ -312,3 +312,33 @@ fn v_half_resumes_as_1f1b() -> Result<()> {
 fn one_f1b_resumes_as_v_half() -> Result<()> {
     resumes_exactly(ScheduleKind::OneFOneB, ScheduleKind::VHalf)
 }
+
+/// A stage holding both copies refuses a checkpoint whose two tables differ (an untied
+/// model's, whose sizes and names are the same) and takes a tied one's.
+#[test]
+fn an_untied_checkpoint_does_not_load_as_tied() -> Result<()> {
+    let folder = std::env::temp_dir().join(format!("pipewise-tied-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).map_err(|e| pipewise_worker::Error::Io {
+        path: folder.clone(),
+        source: e,
+    })?;
+    let (untied_file, tied_file) = (
+        folder.join("untied.safetensors"),
+        folder.join("tied.safetensors"),
+    );
+    let untied = ModelSpec {
+        tie_embeddings: false,
+        ..tied(2)
+    };
+    Stage::whole(&untied, SEED, &Device::Cpu)?.save_checkpoint(&untied_file)?;
+    Stage::whole(&tied(2), SEED + 1, &Device::Cpu)?.save_checkpoint(&tied_file)?;
+    let mut stage = Stage::whole(&tied(2), SEED, &Device::Cpu)?;
+    let refused = stage
+        .load_checkpoint(&untied_file)
+        .map_err(|e| e.to_string());
+    let taken = stage.load_checkpoint(&tied_file);
+    let _ = std::fs::remove_dir_all(&folder);
+    let err = refused.expect_err("an untied checkpoint");
+    assert!(err.contains("copies of the tied table"), "{err}");
+    taken
+}

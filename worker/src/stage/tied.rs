@@ -111,6 +111,33 @@ impl Stage {
         self.set_tied_grads(&sum)
     }
 
+    /// Whether the copies of the tied table this stage holds agree bit for bit (true where
+    /// it holds fewer than two, or the model is untied).
+    pub(crate) fn tied_copies_agree(&self) -> Result<bool> {
+        let (mut table, mut head) = (None, None);
+        for piece in &self.pieces {
+            match piece {
+                PieceState::Embedding(e) if self.is_tied() => table = Some(&e.wte),
+                PieceState::Head(hd) if self.is_tied() => head = Some(&hd.lm),
+                _ => {}
+            }
+        }
+        let (Some(table), Some(head)) = (table, head) else {
+            return Ok(true);
+        };
+        // The master copy where there is one: it holds the bits the updates work on.
+        let bits = |p: &Param, transposed: bool| -> Result<Vec<u32>> {
+            let wide = match &p.master {
+                Some(m) => m.clone(),
+                None => p.value.to_dtype(candle_core::DType::F32)?,
+            };
+            let rows = if transposed { wide.t()? } else { wide };
+            let values = rows.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+            Ok(values.into_iter().map(f32::to_bits).collect())
+        };
+        Ok(bits(table, false)? == bits(head, true)?)
+    }
+
     /// The parameters global-norm clipping counts: all but a tied head's copy of the table,
     /// which the embedding's (with the same summed gradient) counts once for both.
     pub(crate) fn norm_params(&self) -> impl Iterator<Item = &Param> {
