@@ -29,9 +29,9 @@ pub(crate) fn check_data(data_dir: &Path, spec: &JobSpec) -> Result<()> {
     }
     let vocab = spec.model.vocab;
     let tokenizer = tokenizer_of(data_dir, spec)?;
-    let bound = match &tokenizer {
-        Some((field, path, size)) => {
-            if *size > vocab {
+    let bound = match tokenizer.as_ref() {
+        Some(&(field, ref path, size)) => {
+            if size > vocab {
                 return Err(invalid(
                     field,
                     format!(
@@ -41,7 +41,7 @@ pub(crate) fn check_data(data_dir: &Path, spec: &JobSpec) -> Result<()> {
                     ),
                 ));
             }
-            *size
+            size
         }
         None => vocab,
     };
