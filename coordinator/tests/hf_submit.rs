@@ -47,9 +47,6 @@ fn config() -> Value {
     })
 }
 
-/// A tensor of a test checkpoint: its name, dtype and shape.
-type Entry = (String, String, Vec<u64>);
-
 /// `(name, dtype, shape)` of every tensor the model of `config` reads, as F32.
 fn tensors(config: &Value) -> Vec<Entry> {
     let spec =
