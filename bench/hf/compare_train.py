@@ -94,7 +94,8 @@ def read_step_losses(path: Path) -> list[float]:
     out = []
     for line in path.read_text().splitlines():
         fields = line.split()
-        if fields and fields[0] == "step" and len(fields) >= 4:
+        # `step N loss X` / `step N/M  loss X ...`, not pipewise local's `step time ... ms`.
+        if len(fields) >= 4 and fields[0] == "step" and fields[2] == "loss":
             out.append(float(fields[3]))
     return out
 
