@@ -886,18 +886,7 @@ mod tests {
             }
         };
         let (root, rank1) = (server(1), server(2));
-        // Nothing listens at port 1: every call below goes in process.
-        let sync = |worker: u32, to: &CollectiveServer| {
-            NetSync::new(
-                runtime.handle().clone(),
-                "127.0.0.1:1",
-                &super::super::TlsSettings::default(),
-                (7, worker),
-                Duration::from_secs(2),
-            )
-            .expect("sync")
-            .in_process(to.clone())
-        };
+        let sync = |worker: u32, to: &CollectiveServer| in_process_sync(&runtime, worker, to);
         let part = |replica| ReplicaPart {
             step: 0,
             stage: 1,
@@ -922,6 +911,24 @@ mod tests {
         assert_eq!(theirs, [1.25, 1.0]);
     }
 
+    /// Worker `worker`'s sync of run 7 whose calls go to `server` in process (nothing
+    /// listens at the address it names).
+    fn in_process_sync(
+        runtime: &tokio::runtime::Runtime,
+        worker: u32,
+        server: &CollectiveServer,
+    ) -> NetSync {
+        NetSync::new(
+            runtime.handle().clone(),
+            "127.0.0.1:1",
+            &super::super::TlsSettings::default(),
+            (7, worker),
+            Duration::from_secs(2),
+        )
+        .expect("sync")
+        .in_process(server.clone())
+    }
+
     /// A tied table's copies on different workers meet at the root: the embedding's holder
     /// and the head's both get the sum, each replica its own pair's.
     #[test]
@@ -933,18 +940,7 @@ mod tests {
             collective,
             secret: Arc::new(super::super::secret::RunSecret::default()),
         };
-        // Nothing listens at port 1: every call below goes in process.
-        let sync = |worker: u32| {
-            NetSync::new(
-                runtime.handle().clone(),
-                "127.0.0.1:1",
-                &super::super::TlsSettings::default(),
-                (7, worker),
-                Duration::from_secs(2),
-            )
-            .expect("sync")
-            .in_process(server.clone())
-        };
+        let sync = |worker: u32| in_process_sync(&runtime, worker, &server);
         let part = |replica, holder| TiedPart {
             step: 0,
             replica,
