@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
+use pipewise_common::run::queue;
+use pipewise_common::run::registry::Pool;
 use pipewise_common::run::supervisor::Input;
-use pipewise_common::run::{Worker, queue};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
 
@@ -118,6 +119,8 @@ pub struct JobManagerState {
     replanning: std::collections::BTreeSet<u64>,
     /// When a step's progress was last stored.
     progress_saved: Option<std::time::Instant>,
+    /// The workers jobs may start on (the membership actor tells of every change).
+    pool: Pool,
 }
 
 impl JobManagerState {
@@ -174,6 +177,7 @@ impl Actor for JobManager {
             traces: TraceStore::default(),
             history: BTreeMap::new(),
             progress_saved: None,
+            pool: Pool::default(),
             starts: HashMap::new(),
             replanning: std::collections::BTreeSet::new(),
         };
@@ -209,6 +213,9 @@ impl Actor for JobManager {
             state.records.insert(record.id, record);
         }
         state.publish_counts();
+        if let Some(Runner::Cluster { membership, .. }) = &state.runner {
+            state.pool = ractor::call!(membership, MembershipMsg::Schedule, myself.clone())?;
+        }
         // Workers come and go: the queue is looked at again every second.
         myself.send_interval(std::time::Duration::from_secs(1), || JobMsg::Tick);
         Ok(state)
@@ -477,6 +484,10 @@ impl Actor for JobManager {
                 start_next(&myself, state).await;
             }
             JobMsg::Tick => start_next(&myself, state).await,
+            JobMsg::Pool(pool) => {
+                state.pool = pool;
+                start_next(&myself, state).await;
+            }
             JobMsg::Trace(job, step, reply) => {
                 let outcome = state
                     .record(job)
@@ -579,7 +590,7 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         return;
     };
     state.queue.retain(|id| state.plans.contains_key(id));
-    let Runner::Cluster { membership, .. } = &runner else {
+    let Runner::Cluster { .. } = &runner else {
         if state.running.is_empty()
             && let Some(&id) = state.queue.front()
             && state.replanning.first().is_none_or(|&first| first >= id)
@@ -590,15 +601,8 @@ async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
         }
         return;
     };
-    let Ok(live) = ractor::call!(membership, MembershipMsg::Live) else {
-        return;
-    };
-    let streaming = live.iter().filter(|w| w.streaming).count();
-    let idle: Vec<Worker> = live
-        .iter()
-        .filter(|w| w.streaming && w.claimed == 0)
-        .map(|w| w.worker())
-        .collect();
+    let streaming = state.pool.streaming;
+    let idle = &state.pool.idle;
     let reserved: usize = state
         .running
         .iter()

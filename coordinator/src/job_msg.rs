@@ -2,6 +2,7 @@
 //! driver tells it.
 
 use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::run::registry::Pool;
 use ractor::RpcReplyPort;
 use tokio::sync::broadcast;
 
@@ -38,6 +39,8 @@ pub enum JobMsg {
     Workers(u64, Vec<String>),
     /// Start what the queue allows (on an interval: workers come and go).
     Tick,
+    /// The workers jobs may start on changed (the membership actor tells).
+    Pool(Pool),
     /// Render a kept step's executed timeline (`step` 0: the latest).
     Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
     /// Plan again a job the coordinator had queued or running when it stopped (from its
