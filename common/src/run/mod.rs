@@ -21,6 +21,8 @@
 //! - [`queue`]: which queued jobs start (in order, with backfill).
 //! - [`registry`]: the worker processes: registrations, heartbeats and their expiry,
 //!   assignment streams, claims (inputs in, actions out, on logical time).
+//! - [`scheduler`]: which planned jobs start when, and when their progress is stored
+//!   (inputs in, actions out, on logical time).
 
 pub mod checkpoints;
 pub mod drift;
@@ -30,6 +32,7 @@ pub mod queue;
 pub mod registry;
 pub mod reports;
 pub mod respec;
+pub mod scheduler;
 pub mod straggler;
 pub mod supervisor;
 pub mod worker;
