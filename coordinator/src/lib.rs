@@ -38,6 +38,8 @@
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
 //!   `tonic::Status`.
 //! - [`error`]: the crate's one error type.
+//! - `root`: the supervisor of the planner, the membership actor and the job manager: one
+//!   that ends stops the coordinator, visibly ([`Coordinator::stopped`]).
 //!
 //! [`Coordinator::start_cluster`] wires them together and serves gRPC (with health and
 //! reflection), with jobs run by the worker processes that register.
@@ -53,6 +55,7 @@ pub mod job_msg;
 pub mod membership;
 pub mod metrics;
 pub mod planner;
+mod root;
 pub mod run;
 pub mod run_msg;
 pub mod security;
@@ -76,11 +79,9 @@ pub use error::{CoordinatorError, Result};
 pub use events::{Start, StepEventData};
 
 pub use job_manager::Unfinished;
-use job_manager::{JobManager, JobManagerArgs};
 use job_msg::JobMsg;
-use membership::Membership;
 use membership::MembershipMsg;
-use planner::{Planner, PlannerArgs};
+use root::{Root, RootArgs, RootMsg};
 pub use security::Security;
 use security::{Role, RunSecrets};
 use store::JobStore;
@@ -100,7 +101,10 @@ pub struct Coordinator {
     pub membership: ActorRef<MembershipMsg>,
     server: tokio::task::JoinHandle<()>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    actors: Vec<(ractor::ActorCell, tokio::task::JoinHandle<()>)>,
+    /// The supervisor of the actors, and its task.
+    root: Option<(ractor::ActorCell, tokio::task::JoinHandle<()>)>,
+    /// Why the actors ended, once one of them did.
+    ended: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl Coordinator {
@@ -133,26 +137,18 @@ impl Coordinator {
         let addr = listener
             .local_addr()
             .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
-        let (planner, planner_handle) = Actor::spawn(None, Planner, PlannerArgs::default())
+        let (ended_tx, ended) = tokio::sync::watch::channel(None);
+        let args = RootArgs {
+            store,
+            data_dir: data_dir.to_path_buf(),
+            unfinished,
+            ended: ended_tx,
+        };
+        let (root, root_handle) = Actor::spawn(None, Root, args)
             .await
             .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
-        let planner_cell = planner.get_cell();
-        let (membership, membership_handle) = Actor::spawn(None, Membership, ())
-            .await
-            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
-        let (jobs, jobs_handle) = Actor::spawn(
-            None,
-            JobManager,
-            JobManagerArgs {
-                store,
-                planner,
-                membership: membership.clone(),
-                data_dir: data_dir.to_path_buf(),
-                unfinished,
-            },
-        )
-        .await
-        .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let children = ractor::call!(root, RootMsg::Children)?;
+        let (jobs, membership) = (children.jobs, children.membership);
         let (health_reporter, health) = pipewise_proto::health_service();
         health_reporter
             .set_serving::<JobServiceServer<service::Jobs>>()
@@ -194,9 +190,14 @@ impl Coordinator {
                 cluster,
                 security.guard(Role::Worker, &audit),
             ));
+        let mut root_ended = ended.clone();
         let server = tokio::spawn(async move {
+            // A shutdown, or the actors' end (one of them failed), stops the server.
             let stop = async {
-                let _ = rx.await;
+                tokio::select! {
+                    _ = rx => {}
+                    _ = root_ended.wait_for(Option::is_some) => {}
+                }
             };
             let served = match tls {
                 Some(config) => {
@@ -212,19 +213,26 @@ impl Coordinator {
                 tracing::error!("coordinator server: {e}");
             }
         });
-        let actors = vec![
-            (jobs.get_cell(), jobs_handle),
-            (membership.get_cell(), membership_handle),
-            (planner_cell, planner_handle),
-        ];
         Ok(Coordinator {
             addr,
             jobs,
             membership,
             server,
             shutdown: Some(tx),
-            actors,
+            root: Some((root.get_cell(), root_handle)),
+            ended,
         })
+    }
+
+    /// Waits until the coordinator's actors end by themselves (one of them failed or
+    /// stopped; the gRPC server stops with them), and returns why. A coordinator that is
+    /// [shut down](Coordinator::shutdown) never gets here.
+    pub async fn stopped(&mut self) -> String {
+        match self.ended.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The root is gone without a word: only a shutdown drops it.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Stops taking requests, stops the actors and waits for them (the store is closed on
@@ -235,8 +243,8 @@ impl Coordinator {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        for (cell, handle) in self.actors.drain(..) {
-            cell.stop(None);
+        if let Some((root, handle)) = self.root.take() {
+            root.stop(None);
             let _ = handle.await;
         }
         if tokio::time::timeout(SERVER_DRAIN, &mut self.server)

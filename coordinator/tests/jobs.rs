@@ -354,6 +354,27 @@ async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
     c.shutdown().await;
 }
 
+/// An actor of the coordinator that dies stops the coordinator, visibly: it says why, and
+/// its port no longer answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_actor_stops_the_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = coordinator(dir.path()).await;
+    let mut jobs = client(&c).await;
+    assert!(jobs.list_jobs(pb::Empty {}).await.is_ok());
+    c.membership.kill();
+    let why = tokio::time::timeout(std::time::Duration::from_secs(60), c.stopped())
+        .await
+        .expect("the coordinator stops");
+    assert!(why.contains("membership actor"), "{why}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while jobs.list_jobs(pb::Empty {}).await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still answering");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    c.shutdown().await;
+}
+
 /// A worker registering with an id or address no host could have is refused with the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_with_bad_or_taken_ids_are_refused() {
