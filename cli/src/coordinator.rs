@@ -32,7 +32,7 @@ pub(crate) struct CoordinatorArgs {
 }
 
 /// Runs `pipewise coordinator` until SIGTERM or SIGINT, then stops gracefully (see
-/// [`Coordinator::shutdown`]) and returns.
+/// [`Coordinator::shutdown`]) and returns; fails when its actors end by themselves.
 pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
     init_logs(args.log_format);
     let data_dir = std::path::absolute(&args.data_dir)
@@ -43,7 +43,7 @@ pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
         }
         let stop = crate::signal::stop_signal()?;
         let security = args.security.load()?;
-        let coordinator =
+        let mut coordinator =
             Coordinator::start_secured(args.listen, &data_dir, Unfinished::Resume, &security)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))
@@ -55,10 +55,22 @@ pub(crate) fn run(args: &CoordinatorArgs) -> Result<()> {
         );
         crate::security::log_start(&security);
         std::io::stdout().flush().ok();
-        let signal = stop.await;
-        tracing::info!("{signal}: shutting down (no new requests; jobs resume at the next start)");
+        // A signal stops it gracefully; one of its actors ending stops it too, with an
+        // error, so a supervisor (systemd, Kubernetes) restarts it and the jobs resume.
+        let failed = tokio::select! {
+            signal = stop => {
+                tracing::info!(
+                    "{signal}: shutting down (no new requests; jobs resume at the next start)"
+                );
+                None
+            }
+            why = coordinator.stopped() => Some(why),
+        };
         coordinator.shutdown().await;
         tracing::info!("coordinator stopped; the job store is closed");
-        Ok(())
+        match failed {
+            None => Ok(()),
+            Some(why) => Err(anyhow::anyhow!("the coordinator's actors stopped: {why}")),
+        }
     })
 }

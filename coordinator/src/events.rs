@@ -1,5 +1,6 @@
-//! The data a run reports while it runs, shared by the driver, the job manager and the
-//! metrics: a step's event, a waiting note, and where a job's runs start.
+//! The data a run reports while it runs, shared by the run actor, the job manager and the
+//! metrics: a step's event, where a job's runs start, and the events kept for late
+//! watchers.
 
 /// One step's report, as `WatchJob` streams it.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -57,14 +58,40 @@ pub struct StepEventData {
     pub planned_costs: Option<std::sync::Arc<pipewise_common::cost::Costs>>,
 }
 
-/// What a runner tells the job manager while it runs a job.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Report {
-    /// A finished step.
-    Step(Box<StepEventData>),
-    /// What the job waits for before its next step (e.g. "workers: 3 of 4 ready"); empty
-    /// once it waits no longer. `GetJob` and `ListJobs` show it.
-    Waiting(String),
+pub use pipewise_common::run::Start;
+
+/// Step events kept per job for late watchers: the latest ones (a ring), so a job's
+/// memory does not grow with its steps; a watcher that subscribes later than this many
+/// steps into a job starts at the oldest kept (`status` has the job's step and last loss).
+pub const HISTORY_STEPS: usize = 1_000;
+/// Jobs whose step events are kept (the most recent ones).
+pub const HISTORY_JOBS: usize = 16;
+
+/// The step events kept for late watchers: the latest [`HISTORY_STEPS`] of each of the
+/// latest [`HISTORY_JOBS`] jobs.
+#[derive(Debug, Default)]
+pub struct History {
+    jobs: std::collections::BTreeMap<u64, std::collections::VecDeque<StepEventData>>,
 }
 
-pub use pipewise_common::run::Start;
+impl History {
+    /// Keeps `event`, forgetting the oldest step or job past the limits.
+    pub fn add(&mut self, event: StepEventData) {
+        let kept = self.jobs.entry(event.job).or_default();
+        kept.push_back(event);
+        while kept.len() > HISTORY_STEPS {
+            kept.pop_front();
+        }
+        while self.jobs.len() > HISTORY_JOBS {
+            self.jobs.pop_first();
+        }
+    }
+
+    /// The events kept of `job`, oldest first.
+    pub fn of(&self, job: u64) -> Vec<StepEventData> {
+        self.jobs
+            .get(&job)
+            .map(|kept| kept.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}

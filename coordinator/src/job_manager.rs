@@ -1,33 +1,35 @@
-//! The job manager actor: accepts, queues, lists and cancels jobs, keeps every job in the
-//! durable store, starts them, and fans step events out to watchers. On a cluster, jobs run
-//! side by side on disjoint workers (each claims its own, [`crate::membership`]), started
-//! in queue order, all of a job's workers or none, with EASY backfill on predicted run
-//! times ([`start_next`], [`queue::admit`]); an in-process runner runs one job at a time.
-//! A job gets its id and its place in the queue when its plan is ready, and plans run side
-//! by side ([`crate::planner`]), so a job with a quick plan can overtake one submitted
-//! before it with a slow plan. After a restart of the coordinator, the jobs it had
-//! queued or running are planned again from their stored specs and queued in id order; a
-//! running one resumes from its last complete checkpoint ([`Start`]).
+//! The job manager actor: the shell of the job [`Scheduler`] (`pipewise_common::run::
+//! scheduler`), which decides which queued jobs start when (in queue order, all of a job's
+//! workers or none, with EASY backfill on predicted run times) and when a job's progress is
+//! stored. The actor accepts, lists, cancels and watches jobs, keeps every job in the
+//! durable store, plans submissions beside itself ([`crate::planner`]: a job gets its id
+//! and its place in the queue when its plan is ready, so one with a quick plan can overtake
+//! one submitted before it with a slow plan), starts a run actor per job the scheduler
+//! starts, and fans step events out to watchers. It feeds the scheduler the plans, the
+//! pool of workers the membership actor tells it of, the runs' claims, steps and ends, and
+//! carries out what it asks. After a restart of the coordinator, the jobs it had queued or
+//! running are planned again from their stored specs and queued in id order; a running one
+//! resumes from its last complete checkpoint.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
 
-use pipewise_common::job::{JobPlan, JobSpec, checkpoint_name, checkpoint_step};
-use pipewise_common::run::supervisor::Input;
-use pipewise_common::run::{Worker, queue};
-use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::run::scheduler::{self, Action, Input, Planned, Scheduler, Starting};
+use pipewise_common::run::supervisor::Input as RunInput;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 
 use crate::checkpoints::create_output_dir;
-use crate::driver::{DriverArgs, JobRunner};
 use crate::error::{CoordinatorError, Result};
-use crate::events::{Start, StepEventData};
+use crate::events::{History, StepEventData};
 pub use crate::job_msg::{JobMsg, Watch};
 use crate::membership::MembershipMsg;
 use crate::planner::PlannerMsg;
 use crate::run::{RunActor, RunArgs};
 use crate::run_msg::RunMsg;
+pub use crate::store::Unfinished;
 use crate::store::{JobRecord, JobState, JobStore};
 use crate::traces::TraceStore;
 
@@ -40,84 +42,30 @@ pub struct JobManagerArgs {
     pub store: JobStore,
     /// The planner.
     pub planner: ActorRef<PlannerMsg>,
-    /// Who runs jobs; `None`: jobs wait in the queue (no embedded workers).
-    pub runner: Option<Runner>,
+    /// The membership actor (the workers jobs run on).
+    pub membership: ActorRef<MembershipMsg>,
+    /// The data directory (relative checkpoint folders are under it).
+    pub data_dir: PathBuf,
     /// What becomes of the jobs the store holds as queued or running (a coordinator that
     /// stopped under them).
     pub unfinished: Unfinished,
 }
 
-/// Who runs a coordinator's jobs.
-#[derive(Clone)]
-pub enum Runner {
-    /// A [`JobRunner`] on a blocking thread (tests' fakes; see [`crate::driver`]).
-    Steps(Arc<dyn JobRunner>),
-    /// The registered worker processes, through one [`RunActor`] per job.
-    Cluster {
-        /// The membership actor.
-        membership: ActorRef<MembershipMsg>,
-        /// The data directory (relative checkpoint folders are under it).
-        data_dir: std::path::PathBuf,
-    },
-}
-
-/// How a running job is cancelled.
-enum Running {
-    /// Its driver's flag.
-    Flag(Arc<AtomicBool>),
-    /// Its run actor.
-    Run(ActorRef<RunMsg>),
-}
-
-/// What a starting coordinator does with the jobs its store holds as queued or running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Unfinished {
-    /// Plans them again and runs them, a running one from its last complete checkpoint.
-    #[default]
-    Resume,
-    /// Marks them failed (`pipewise local`, which runs the one job it was given).
-    Fail,
-}
-
-/// Step events kept per job for late watchers: the latest ones (a ring), so a job's
-/// memory does not grow with its steps; a watcher that subscribes later than this many
-/// steps into a job starts at the oldest kept (`status` has the job's step and last loss).
-pub const HISTORY_STEPS: usize = 1_000;
-/// Jobs whose step events are kept (the most recent ones).
-pub const HISTORY_JOBS: usize = 16;
-/// How often a running job's step and last loss are stored (a checkpoint, and every
-/// change of state, at once): a restart resumes from the last checkpoint, so a step
-/// stored a second late loses nothing.
-const PROGRESS_SAVE: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// The job manager's state.
 pub struct JobManagerState {
+    scheduler: Scheduler,
+    /// Time zero of the scheduler's clock.
+    epoch: Instant,
     store: JobStore,
     planner: ActorRef<PlannerMsg>,
-    runner: Option<Runner>,
+    membership: ActorRef<MembershipMsg>,
+    data_dir: PathBuf,
     records: BTreeMap<u64, JobRecord>,
-    plans: HashMap<u64, (JobSpec, JobPlan)>,
-    queue: VecDeque<u64>,
-    /// Started jobs: how each is cancelled, and the workers it needs.
-    running: BTreeMap<u64, (Running, usize)>,
-    /// Started jobs that hold their workers (their run's claim came through).
-    holding: std::collections::BTreeSet<u64>,
-    /// Started jobs' predicted seconds left (the queue's backfill rule reads them).
-    left: HashMap<u64, f64>,
-    /// Queued jobs' predicted run times ([`queue::predicted_secs`], once per job).
-    predicted: HashMap<u64, Option<f64>>,
-    /// How far the started jobs' steps ran from their first predictions.
-    misses: queue::Misses,
+    /// The run actors of the started jobs.
+    runs: BTreeMap<u64, ActorRef<RunMsg>>,
     watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
     traces: TraceStore,
-    history: BTreeMap<u64, VecDeque<StepEventData>>,
-    /// Where queued jobs resumed after a coordinator restart start.
-    starts: HashMap<u64, Start>,
-    /// Jobs resumed after a restart whose plans are not ready yet: no job after them in
-    /// id order starts before they are queued.
-    replanning: std::collections::BTreeSet<u64>,
-    /// When a step's progress was last stored.
-    progress_saved: Option<std::time::Instant>,
+    history: History,
 }
 
 impl JobManagerState {
@@ -146,6 +94,314 @@ impl JobManagerState {
             .cloned()
             .ok_or(CoordinatorError::NotFound(id))
     }
+
+    /// Saves job `id`'s record as `edit` changes it; a store that cannot take it is only
+    /// logged (a note: the next save of a step reports a store that stays broken).
+    fn note(&mut self, id: u64, what: &str, edit: impl FnOnce(&mut JobRecord)) {
+        if let Ok(mut record) = self.record(id)
+            && !record.state.is_final()
+        {
+            let before = record.clone();
+            edit(&mut record);
+            if record == before {
+                return;
+            }
+            if let Err(e) = self.save(record) {
+                tracing::warn!(job = id, "cannot store {what}: {e}");
+            }
+        }
+    }
+
+    /// Feeds the scheduler `input` and carries out what it asks.
+    async fn feed(&mut self, myself: &ActorRef<JobMsg>, input: Input) -> Result<()> {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        for action in self.scheduler.handle(now, input) {
+            match action {
+                Action::Start(starting) => self.start(myself, *starting).await,
+                Action::Note(job, waiting) => {
+                    if let Some(record) = self.records.get_mut(&job) {
+                        record.waiting = waiting;
+                    }
+                }
+                Action::Save(job) => {
+                    let record = self.record(job)?;
+                    self.save(record)?;
+                }
+                Action::Stop(job) => {
+                    if let Some(run) = self.runs.get(&job) {
+                        let _ = run.cast(RunMsg::Input(Box::new(RunInput::Cancel)));
+                    }
+                }
+                Action::Dropped(job) => {
+                    let mut record = self.record(job)?;
+                    record.state = JobState::Cancelled;
+                    record.waiting.clear();
+                    self.watchers.remove(&job);
+                    self.save(record)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a job's run actor, linked: one that fails ends its job
+    /// (`handle_supervisor_evt`).
+    async fn start(&mut self, myself: &ActorRef<JobMsg>, starting: Starting) {
+        let Starting {
+            job,
+            spec,
+            plan,
+            start,
+        } = starting;
+        self.note(job, "the job's start", |r| {
+            r.state = JobState::Running;
+            r.waiting.clear();
+        });
+        self.traces.start(job, plan.schedule.clone());
+        self.watchers
+            .entry(job)
+            .or_insert_with(|| broadcast::channel(1024).0);
+        // Checked at submit; a job stored before paths were confined is checked here, and
+        // what changed on disk since shows as the field's error.
+        let spawned = match create_output_dir(&self.data_dir, job, &spec) {
+            Ok(output) => {
+                let args = RunArgs {
+                    job,
+                    output,
+                    spec,
+                    plan,
+                    start,
+                    membership: self.membership.clone(),
+                    manager: myself.clone(),
+                };
+                Actor::spawn_linked(None, RunActor, args, myself.get_cell())
+                    .await
+                    .map(|(run, _)| run)
+                    .map_err(|e| CoordinatorError::Actor(format!("cannot start the job: {e}")))
+            }
+            Err(e) => Err(e),
+        };
+        match spawned {
+            Ok(run) => {
+                self.runs.insert(job, run);
+            }
+            Err(e) => {
+                let _ = myself.cast(JobMsg::Finished {
+                    job,
+                    outcome: Err(e),
+                    cancelled: false,
+                });
+            }
+        }
+    }
+
+    /// Stores and queues a planned job.
+    async fn enqueue(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        spec: JobSpec,
+        plan: JobPlan,
+    ) -> Result<JobRecord> {
+        let id = self.records.keys().next_back().copied().unwrap_or(0) + 1;
+        let record = self.save(JobRecord::queued(id, &spec)?)?;
+        tracing::info!(job = id, name = %record.name, "job queued");
+        let start = Default::default();
+        let planned = Planned {
+            job: id,
+            spec,
+            plan,
+            start,
+        };
+        self.feed(myself, Input::Planned(Box::new(planned))).await?;
+        Ok(record)
+    }
+
+    /// A job planned again after a restart: queued in id order, or failed without a plan.
+    async fn resumed(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        id: u64,
+        spec: JobSpec,
+        planned: Result<JobPlan>,
+    ) -> Result<()> {
+        let queued = match (self.record(id), planned) {
+            // Cancelled while it was planned: the jobs after it may start.
+            (Ok(record), _) if record.state.is_final() => None,
+            (Ok(mut record), Ok(plan)) => {
+                record.waiting.clear();
+                let start = record.resumed_start();
+                self.save(record)?;
+                tracing::info!(
+                    job = id,
+                    step = start.step,
+                    "job queued again after a restart"
+                );
+                Some(Box::new(Planned {
+                    job: id,
+                    spec,
+                    plan,
+                    start,
+                }))
+            }
+            (Ok(mut record), Err(e)) => {
+                record.waiting.clear();
+                record.state = JobState::Failed;
+                record.error = format!(
+                    "the coordinator restarted before the job finished, and planning it \
+                     again failed: {e}"
+                );
+                self.save(record)?;
+                None
+            }
+            (Err(_), _) => None,
+        };
+        self.feed(myself, Input::Resumed(id, queued)).await
+    }
+
+    /// Cancels a queued or running job (a running one stops after its step in progress).
+    async fn cancel(&mut self, myself: &ActorRef<JobMsg>, id: u64) -> Result<JobRecord> {
+        let record = self.record(id)?;
+        if record.state.is_final() {
+            return Ok(record);
+        }
+        self.feed(myself, Input::Cancel(id)).await?;
+        self.record(id)
+    }
+
+    /// A step's event: kept for its trace, stored, kept for late watchers and sent to the
+    /// live ones.
+    async fn progress(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        mut event: StepEventData,
+    ) -> Result<()> {
+        if let Some(schedule) = event.replanned.take() {
+            // Traces from here on follow the new schedule (the old run's are dropped: they
+            // no longer match it).
+            self.traces.start(event.job, (*schedule).clone());
+        }
+        let planned = event.planned_costs.take();
+        if let Some(trace) = event.trace.take() {
+            self.traces.add(trace, planned);
+        }
+        if let Some(record) = self.records.get_mut(&event.job) {
+            let checkpoint = record.take_step(&event);
+            let progress = scheduler::Progress {
+                job: event.job,
+                step: event.step,
+                step_ms: event.step_time_ms,
+                predicted_ms: event.predicted_step_time_ms,
+                checkpoint,
+            };
+            self.feed(myself, Input::Progress(progress)).await?;
+        }
+        self.history.add(event.clone());
+        if let Some(tx) = self.watchers.get(&event.job) {
+            let _ = tx.send(event);
+        }
+        Ok(())
+    }
+
+    /// The events of job `id` so far and a receiver of the live ones (which ends at once
+    /// for a finished job).
+    fn watch(&mut self, id: u64) -> Result<Watch> {
+        let record = self.record(id)?;
+        let past = self.history.of(id);
+        let (tx, rx) = broadcast::channel(1024);
+        if record.state.is_final() {
+            return Ok((past, rx)); // the sender drops here: the live part ends at once
+        }
+        Ok((past, self.watchers.entry(id).or_insert(tx).subscribe()))
+    }
+
+    /// A job ended with `outcome`.
+    async fn finished(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        job: u64,
+        outcome: Result<()>,
+        cancelled: bool,
+    ) -> Result<()> {
+        match &outcome {
+            Ok(()) => tracing::info!(job, cancelled, "job finished"),
+            Err(e) => tracing::warn!(job, "job failed: {e}"),
+        }
+        if let Ok(mut record) = self.record(job) {
+            record.end(&outcome, cancelled);
+            self.save(record)?;
+        }
+        self.watchers.remove(&job);
+        self.runs.remove(&job);
+        self.feed(myself, Input::Finished(job)).await
+    }
+}
+
+/// Why a spec is planned.
+enum Asked {
+    /// A submission: the submitter waits for the job's record; its data is checked first.
+    Submit {
+        /// The submitter.
+        reply: RpcReplyPort<Result<JobRecord>>,
+        /// The data directory the job's paths are in.
+        data_dir: PathBuf,
+    },
+    /// A job the coordinator had before a restart.
+    Resume(u64),
+}
+
+/// Checks a submitted job's training data and tokenizer. The data is read a block at a
+/// time: off the actor, beside other plans.
+async fn check_data(data_dir: PathBuf, spec: &JobSpec) -> Result<()> {
+    let spec = spec.clone();
+    tokio::task::spawn_blocking(move || crate::checkpoints_data::check_data(&data_dir, &spec))
+        .await
+        .unwrap_or_else(|e| {
+            Err(CoordinatorError::Actor(format!(
+                "the data check failed: {e}"
+            )))
+        })
+}
+
+/// Plans `spec` beside the manager (a large adaptive plan takes seconds; the manager goes
+/// on answering) and sends the outcome back; a submitter that goes away first cancels the
+/// plan (the call is dropped).
+fn plan_beside(
+    manager: &ActorRef<JobMsg>,
+    planner: &ActorRef<PlannerMsg>,
+    spec: Box<JobSpec>,
+    asked: Asked,
+) {
+    let (manager, planner) = (manager.clone(), planner.clone());
+    tokio::spawn(async move {
+        let checked = match &asked {
+            Asked::Submit { data_dir, .. } => check_data(data_dir.clone(), &spec).await,
+            Asked::Resume(_) => Ok(()),
+        };
+        if let Err(e) = checked {
+            if let Asked::Submit { reply, .. } = asked {
+                let _ = reply.send(Err(e));
+            }
+            return;
+        }
+        let question = spec.clone();
+        let call = async move { ractor::call!(planner, PlannerMsg::Plan, question) };
+        let abandoned = async {
+            match &asked {
+                Asked::Submit { reply, .. } => crate::planner::closed(reply).await,
+                Asked::Resume(_) => std::future::pending().await,
+            }
+        };
+        let planned = tokio::select! {
+            called = call => called.map_err(CoordinatorError::from).and_then(|r| r),
+            () = abandoned => return,
+        };
+        let planned = Box::new(planned);
+        // The manager outlives the coordinator's requests; if it is gone, so is the caller.
+        let _ = manager.cast(match asked {
+            Asked::Submit { reply, .. } => JobMsg::Planned(spec, planned, reply),
+            Asked::Resume(id) => JobMsg::Resumed(id, spec, planned),
+        });
+    });
 }
 
 impl Actor for JobManager {
@@ -159,58 +415,33 @@ impl Actor for JobManager {
         args: JobManagerArgs,
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
         let mut state = JobManagerState {
+            scheduler: Scheduler::default(),
+            epoch: Instant::now(),
             store: args.store,
             planner: args.planner,
-            runner: args.runner,
+            membership: args.membership,
+            data_dir: args.data_dir,
             records: BTreeMap::new(),
-            plans: HashMap::new(),
-            queue: VecDeque::new(),
-            running: BTreeMap::new(),
-            holding: std::collections::BTreeSet::new(),
-            left: HashMap::new(),
-            predicted: HashMap::new(),
-            misses: queue::Misses::default(),
+            runs: BTreeMap::new(),
             watchers: HashMap::new(),
             traces: TraceStore::default(),
-            history: BTreeMap::new(),
-            progress_saved: None,
-            starts: HashMap::new(),
-            replanning: std::collections::BTreeSet::new(),
+            history: History::default(),
         };
         for mut record in state.store.list()? {
-            // A job the coordinator had queued or running when it stopped is planned again
-            // from its stored spec and queued in its place; a running one resumes from its
-            // last complete checkpoint (or the start).
-            if record.state == JobState::Running || record.state == JobState::Queued {
-                match JobSpec::from_toml(&record.spec_toml) {
-                    Ok(_) if args.unfinished == Unfinished::Resume => {
-                        record.state = JobState::Queued;
-                        record.restarts += 1;
-                        record.waiting = "its plan again (the coordinator restarted)".into();
-                        state.replanning.insert(record.id);
-                        myself.cast(JobMsg::Resume(record.id))?;
-                    }
-                    Ok(_) => {
-                        record.state = JobState::Failed;
-                        record.error = "the coordinator restarted before the job finished".into();
-                        record.waiting.clear();
-                    }
-                    Err(e) => {
-                        record.state = JobState::Failed;
-                        record.error = format!(
-                            "the coordinator restarted before the job finished, and its stored \
-                             spec no longer reads: {e}"
-                        );
-                        record.waiting.clear();
-                    }
-                }
+            let unfinished = !record.state.is_final();
+            if record.after_restart(args.unfinished) {
+                state.scheduler.handle(0, Input::Replanning(record.id));
+                myself.cast(JobMsg::Resume(record.id))?;
+            }
+            if unfinished {
                 state.store.put(&record)?;
             }
             state.records.insert(record.id, record);
         }
         state.publish_counts();
-        // Workers come and go: the queue is looked at again every second.
-        myself.send_interval(std::time::Duration::from_secs(1), || JobMsg::Tick);
+        // The pool now, and every change of it from here on.
+        let pool = ractor::call!(state.membership, MembershipMsg::Schedule, myself.clone())?;
+        state.feed(&myself, Input::Workers(pool)).await?;
         Ok(state)
     }
 
@@ -223,17 +454,15 @@ impl Actor for JobManager {
         // A run actor that stops has told the manager how its job ended; one that fails
         // has not.
         if let SupervisionEvent::ActorFailed(cell, e) = event
-            && let Some(job) = state.running.iter().find_map(|(job, (how, _))| match how {
-                Running::Run(run) if run.get_id() == cell.get_id() => Some(job),
-                _ => None,
-            })
+            && let Some(&job) = state
+                .runs
+                .iter()
+                .find_map(|(job, run)| (run.get_id() == cell.get_id()).then_some(job))
         {
             // Its workers go back: the actor did not get to say so.
-            if let Some(Runner::Cluster { membership, .. }) = &state.runner {
-                let _ = membership.cast(MembershipMsg::Unfollow(*job));
-            }
+            let _ = state.membership.cast(MembershipMsg::Unfollow(job));
             myself.cast(JobMsg::Finished {
-                job: *job,
+                job,
                 outcome: Err(CoordinatorError::Actor(format!(
                     "the job's run actor failed: {e}"
                 ))),
@@ -249,6 +478,7 @@ impl Actor for JobManager {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
+        let me = &myself;
         match msg {
             JobMsg::Submit(mut spec, reply) => {
                 let dir = state.store.dir();
@@ -258,496 +488,77 @@ impl Actor for JobManager {
                     let _ = reply.send(Err(e));
                     return Ok(());
                 }
-                let planner = state.planner.clone();
-                let manager = myself.clone();
                 let data_dir = dir.to_path_buf();
-                tokio::spawn(async move {
-                    // The data is read a block at a time: off the actor, beside other plans.
-                    let checked = {
-                        let spec = spec.clone();
-                        tokio::task::spawn_blocking(move || {
-                            crate::checkpoints_data::check_data(&data_dir, &spec)
-                        })
-                        .await
-                        .unwrap_or_else(|e| {
-                            Err(CoordinatorError::Actor(format!(
-                                "the data check failed: {e}"
-                            )))
-                        })
-                    };
-                    if let Err(e) = checked {
-                        let _ = reply.send(Err(e));
-                        return;
-                    }
-                    let asked = spec.clone();
-                    let call = async move { ractor::call!(planner, PlannerMsg::Plan, asked) };
-                    let planned = tokio::select! {
-                        called = call => called.map_err(CoordinatorError::from).and_then(|r| r),
-                        // The submitter went away: dropping the call cancels the plan.
-                        () = crate::planner::closed(&reply) => return,
-                    };
-                    // The manager outlives the coordinator's requests; if it is gone, so
-                    // is the caller.
-                    let _ = manager.cast(JobMsg::Planned(spec, Box::new(planned), reply));
-                });
+                plan_beside(me, &state.planner, spec, Asked::Submit { reply, data_dir });
             }
             JobMsg::Planned(spec, planned, reply) => {
-                // A job whose submitter went away is not queued: it never learnt the job's
-                // id, and a retry would run it twice.
-                if reply.is_closed() {
-                    tracing::info!(job = %spec.job.name, "submitter went away; not queued");
-                    return Ok(());
-                }
-                let outcome = match *planned {
-                    Ok(plan) => enqueue(state, *spec, plan),
-                    Err(e) => Err(e),
-                };
-                let _ = reply.send(outcome);
-                start_next(&myself, state).await;
+                planned_job(state, me, spec, *planned, reply).await?
             }
             JobMsg::Resume(id) => {
-                let spec = match state.record(id).map(|r| JobSpec::from_toml(&r.spec_toml)) {
-                    Ok(Ok(spec)) => Box::new(spec),
+                let spec = state.record(id).map(|r| JobSpec::from_toml(&r.spec_toml));
+                let Ok(Ok(spec)) = spec else {
                     // Read when the manager started, so not reached; were it, the jobs
                     // behind it must not wait for it.
-                    _ => {
-                        state.replanning.remove(&id);
-                        start_next(&myself, state).await;
-                        return Ok(());
-                    }
+                    return Ok(state.feed(me, Input::Resumed(id, None)).await?);
                 };
-                let planner = state.planner.clone();
-                let manager = myself.clone();
-                tokio::spawn(async move {
-                    let asked = spec.clone();
-                    let planned = ractor::call!(planner, PlannerMsg::Plan, asked)
-                        .map_err(CoordinatorError::from)
-                        .and_then(|r| r);
-                    let _ = manager.cast(JobMsg::Resumed(id, spec, Box::new(planned)));
-                });
+                plan_beside(me, &state.planner, Box::new(spec), Asked::Resume(id));
             }
-            JobMsg::Resumed(id, spec, planned) => {
-                state.replanning.remove(&id);
-                let Ok(mut record) = state.record(id) else {
-                    return Ok(());
-                };
-                if record.state.is_final() {
-                    // Cancelled while it was planned: the jobs after it may start.
-                    start_next(&myself, state).await;
-                    return Ok(());
-                }
-                record.waiting.clear();
-                match *planned {
-                    Ok(plan) => {
-                        let step = checkpoint_step(&record.last_checkpoint).unwrap_or(0);
-                        let (restarts, through) = (record.restarts, record.step);
-                        state.save(record)?;
-                        state.starts.insert(
-                            id,
-                            Start {
-                                step,
-                                restarts,
-                                through,
-                            },
-                        );
-                        state.plans.insert(id, (*spec, plan));
-                        // In id order, before the jobs submitted since the restart.
-                        let at = state.queue.partition_point(|&q| q < id);
-                        state.queue.insert(at, id);
-                        tracing::info!(job = id, step, "job queued again after a restart");
-                        start_next(&myself, state).await;
-                    }
-                    Err(e) => {
-                        record.state = JobState::Failed;
-                        record.error = format!(
-                            "the coordinator restarted before the job finished, and planning \
-                             it again failed: {e}"
-                        );
-                        state.save(record)?;
-                        start_next(&myself, state).await;
-                    }
-                }
-            }
-            JobMsg::Get(id, reply) => {
-                let _ = reply.send(state.record(id));
-            }
-            JobMsg::List(reply) => {
-                let _ = reply.send(state.records.values().cloned().collect());
-            }
-            JobMsg::Cancel(id, reply) => {
-                let outcome = cancel(state, id);
-                let _ = reply.send(outcome);
-            }
-            JobMsg::Watch(id, reply) => {
-                let outcome = state.record(id).map(|record| {
-                    let past: Vec<StepEventData> = state
-                        .history
-                        .get(&id)
-                        .map(|h| h.iter().cloned().collect())
-                        .unwrap_or_default();
-                    let (tx, rx) = broadcast::channel(1024);
-                    if record.state.is_final() {
-                        (past, rx) // the sender drops here: the live part ends at once
-                    } else {
-                        (past, state.watchers.entry(id).or_insert(tx).subscribe())
-                    }
-                });
-                let _ = reply.send(outcome);
-            }
-            JobMsg::Progress(mut event) => {
-                if let Some(schedule) = event.replanned.take() {
-                    // Traces from here on follow the new schedule (the old run's are
-                    // dropped: they no longer match it).
-                    state.traces.start(event.job, (*schedule).clone());
-                }
-                let planned = event.planned_costs.take();
-                if let Some(trace) = event.trace.take() {
-                    state.traces.add(trace, planned);
-                }
-                if let Ok(mut record) = state.record(event.job) {
-                    let step_ms = match event.predicted_step_time_ms {
-                        ms if ms > 0.0 => ms,
-                        _ => event.step_time_ms,
-                    };
-                    let steps_left = record.steps.saturating_sub(event.step) as f64;
-                    state.left.insert(event.job, steps_left * step_ms / 1e3);
-                    let secs = event.step_time_ms / 1e3;
-                    state.misses.step(event.job, event.step, secs);
-                    record.step = event.step;
-                    record.last_loss = Some(event.loss);
-                    let checkpoint = record.last_checkpoint.clone();
-                    if event.checkpoint > 0 {
-                        record.last_checkpoint = checkpoint_name(event.checkpoint);
-                    }
-                    record.waiting.clear();
-                    if !event.plan_choice.is_empty() {
-                        record.plan_choice = event.plan_choice.clone();
-                    }
-                    // Stored at once when the checkpoint a restart resumes from changes, and
-                    // otherwise at most every PROGRESS_SAVE: a synced write per step would
-                    // hold the manager back on a slow disk while the steps (and their
-                    // traces) queue up in its mailbox.
-                    let due = state
-                        .progress_saved
-                        .is_none_or(|at| at.elapsed() >= PROGRESS_SAVE);
-                    if record.last_checkpoint != checkpoint || due {
-                        state.save(record)?;
-                        state.progress_saved = Some(std::time::Instant::now());
-                    } else {
-                        state.records.insert(record.id, record);
-                    }
-                }
-                let kept = state.history.entry(event.job).or_default();
-                kept.push_back((*event).clone());
-                while kept.len() > HISTORY_STEPS {
-                    kept.pop_front();
-                }
-                while state.history.len() > HISTORY_JOBS {
-                    state.history.pop_first();
-                }
-                if let Some(tx) = state.watchers.get(&event.job) {
-                    let _ = tx.send(*event);
-                }
-            }
-            JobMsg::Waiting(job, what) => {
-                if let Ok(mut record) = state.record(job)
-                    && !record.state.is_final()
-                    && record.waiting != what
-                {
-                    record.waiting = what;
-                    // Only a status note: a store that cannot take it does not stop the
-                    // manager (the next step's save reports a store that stays broken).
-                    if let Err(e) = state.save(record) {
-                        tracing::warn!(job, "cannot store what the job waits for: {e}");
-                    }
-                }
-            }
-            JobMsg::Workers(job, workers) => {
-                if state.running.contains_key(&job) {
-                    state.holding.insert(job);
-                }
-                if let Ok(mut record) = state.record(job)
-                    && !record.state.is_final()
-                {
-                    record.workers = workers;
-                    if let Err(e) = state.save(record) {
-                        tracing::warn!(job, "cannot store the job's workers: {e}");
-                    }
-                }
-                start_next(&myself, state).await;
-            }
-            JobMsg::Tick => start_next(&myself, state).await,
+            JobMsg::Resumed(id, spec, planned) => state.resumed(me, id, *spec, *planned).await?,
+            JobMsg::Get(id, reply) => answer(reply, state.record(id)),
+            JobMsg::List(reply) => answer(reply, state.records.values().cloned().collect()),
+            JobMsg::Cancel(id, reply) => answer(reply, state.cancel(me, id).await),
+            JobMsg::Watch(id, reply) => answer(reply, state.watch(id)),
             JobMsg::Trace(job, step, reply) => {
-                let outcome = state
+                let trace = state
                     .record(job)
                     .and_then(|_| state.traces.render(job, step));
-                let _ = reply.send(outcome);
+                answer(reply, trace);
             }
+            JobMsg::Progress(event) => state.progress(me, *event).await?,
+            JobMsg::Waiting(job, what) => {
+                let stalled = !what.is_empty();
+                state.note(job, "what the job waits for", |r| r.waiting = what);
+                state.feed(me, Input::Stalled(job, stalled)).await?;
+            }
+            JobMsg::Workers(job, workers) => {
+                state.note(job, "the job's workers", |r| r.workers = workers);
+                state.feed(me, Input::Holding(job)).await?;
+            }
+            JobMsg::Pool(pool) => state.feed(me, Input::Workers(pool)).await?,
             JobMsg::Finished {
                 job,
                 outcome,
                 cancelled,
-            } => {
-                match &outcome {
-                    Ok(()) => tracing::info!(job, cancelled, "job finished"),
-                    Err(e) => tracing::warn!(job, "job failed: {e}"),
-                }
-                if let Ok(mut record) = state.record(job) {
-                    record.waiting.clear();
-                    record.workers.clear();
-                    match outcome {
-                        Ok(()) if cancelled && record.step < record.steps => {
-                            record.state = JobState::Cancelled
-                        }
-                        Ok(()) => record.state = JobState::Succeeded,
-                        Err(e) => {
-                            record.state = JobState::Failed;
-                            record.error = e.to_string();
-                        }
-                    }
-                    state.save(record)?;
-                }
-                state.watchers.remove(&job);
-                state.plans.remove(&job);
-                state.running.remove(&job);
-                state.left.remove(&job);
-                state.holding.remove(&job);
-                start_next(&myself, state).await;
-            }
+            } => state.finished(me, job, outcome, cancelled).await?,
         }
         Ok(())
     }
 }
 
-/// Stores and queues a planned job.
-fn enqueue(state: &mut JobManagerState, spec: JobSpec, plan: JobPlan) -> Result<JobRecord> {
-    let id = state.records.keys().next_back().copied().unwrap_or(0) + 1;
-    let record = JobRecord {
-        id,
-        name: spec.job.name.clone(),
-        spec_toml: spec.to_toml()?,
-        state: JobState::Queued,
-        step: 0,
-        steps: u64::from(spec.training.steps),
-        last_loss: None,
-        error: String::new(),
-        last_checkpoint: String::new(),
-        restarts: 0,
-        waiting: String::new(),
-        plan_choice: String::new(),
-        workers: Vec::new(),
-    };
-    let record = state.save(record)?;
-    state.plans.insert(id, (spec, plan));
-    state.queue.push_back(id);
-    tracing::info!(job = id, name = %record.name, "job queued");
-    Ok(record)
+/// Sends `value` to a caller (one that went away is no one's concern).
+fn answer<T: Send + 'static>(reply: RpcReplyPort<T>, value: T) {
+    let _ = reply.send(value);
 }
 
-fn cancel(state: &mut JobManagerState, id: u64) -> Result<JobRecord> {
-    let mut record = state.record(id)?;
-    if record.state.is_final() {
-        return Ok(record);
-    }
-    if let Some((how, _)) = state.running.get(&id) {
-        match how {
-            Running::Flag(flag) => flag.store(true, Ordering::SeqCst),
-            Running::Run(run) => {
-                let _ = run.cast(RunMsg::Input(Box::new(Input::Cancel)));
-            }
-        }
-        return Ok(record);
-    }
-    state.queue.retain(|q| *q != id);
-    state.plans.remove(&id);
-    state.predicted.remove(&id);
-    state.starts.remove(&id);
-    state.watchers.remove(&id);
-    record.state = JobState::Cancelled;
-    state.save(record)
-}
-
-/// Starts the queued jobs the workers allow, in queue order (a job resumed after a
-/// restart waits for the plans of the ones before it in id order). On a cluster, a job
-/// starts when enough workers are idle for all of it (its `d × R`), after the workers the
-/// started jobs that do not hold theirs yet will claim; with nothing running, the head of
-/// the queue starts and waits for its workers inside; a job behind one that must wait
-/// starts by the backfill rule ([`queue::admit`]: it cannot delay that job, by the jobs'
-/// predicted times). An in-process runner runs one job at a time.
-async fn start_next(myself: &ActorRef<JobMsg>, state: &mut JobManagerState) {
-    let Some(runner) = state.runner.clone() else {
-        return;
-    };
-    state.queue.retain(|id| state.plans.contains_key(id));
-    let Runner::Cluster { membership, .. } = &runner else {
-        if state.running.is_empty()
-            && let Some(&id) = state.queue.front()
-            && state.replanning.first().is_none_or(|&first| first >= id)
-            && let Some(need) = state.plans.get(&id).map(|(s, _)| s.workers_needed())
-        {
-            state.queue.pop_front();
-            start(myself, state, &runner, id, need as usize).await;
-        }
-        return;
-    };
-    let Ok(live) = ractor::call!(membership, MembershipMsg::Live) else {
-        return;
-    };
-    let streaming = live.iter().filter(|w| w.streaming).count();
-    let idle: Vec<Worker> = live
-        .iter()
-        .filter(|w| w.streaming && w.claimed == 0)
-        .map(|w| w.worker())
-        .collect();
-    let reserved: usize = state
-        .running
-        .iter()
-        .filter(|(job, (_, need))| !state.holding.contains(job) && *need <= streaming)
-        .map(|(_, (_, need))| need)
-        .sum();
-    // Jobs resumed after a restart run in id order: none after the first still planning.
-    let planning = state.replanning.first().copied();
-    let mut queued: Vec<queue::Queued> = Vec::new();
-    for &id in &state.queue {
-        if planning.is_some_and(|first| first < id) {
-            break;
-        }
-        let Some((spec, plan)) = state.plans.get(&id) else {
-            continue;
-        };
-        let need = spec.workers_needed() as usize;
-        // Predicted on the workers it would start on, once there are enough of them.
-        let secs = match idle.get(..need) {
-            Some(workers) => *state
-                .predicted
-                .entry(id)
-                .or_insert_with(|| queue::predicted_secs(spec, plan, workers)),
-            None => None,
-        };
-        let secs = secs.map(|s| s * state.misses.factor(&queue::shape(spec)));
-        queued.push(queue::Queued { id, need, secs });
-    }
-    // A running job that waits for workers (after a loss) has no end to predict.
-    let stalled = |id: &u64| state.records.get(id).is_some_and(|r| !r.waiting.is_empty());
-    let running: Vec<queue::Started> = state
-        .running
-        .iter()
-        .map(|(id, (_, need))| queue::Started {
-            need: *need,
-            left: state.left.get(id).copied().filter(|_| !stalled(id)),
-        })
-        .collect();
-    let free = idle.len().saturating_sub(reserved);
-    let verdicts = queue::admit(&queued, free, streaming, &running);
-    for (job, (id, verdict)) in queued.iter().zip(verdicts) {
-        let waiting = verdict.waiting(job.need, job.secs, streaming);
-        if verdict != queue::Verdict::Start {
-            // What a queued job waits for: shown by `status`, not stored (it changes as
-            // the predictions do, and a restart plans the queue again).
-            if let Some(record) = state.records.get_mut(&id) {
-                record.waiting = waiting;
-            }
-            continue;
-        }
-        state.queue.retain(|q| *q != id);
-        let first = state.predicted.remove(&id).flatten();
-        let mut steps = 0;
-        if let Some(record) = state.records.get_mut(&id) {
-            record.waiting.clear();
-            steps = record.steps;
-        }
-        if let Some(secs) = first
-            && let Some((spec, _)) = state.plans.get(&id)
-        {
-            let shape = queue::shape(spec);
-            state.misses.started(id, shape, secs / steps.max(1) as f64);
-        }
-        if let Some(secs) = job.secs {
-            state.left.insert(id, secs);
-        }
-        start(myself, state, &runner, id, job.need).await;
-    }
-}
-
-/// Starts queued job `id` (it needs `need` workers) on `runner`.
-async fn start(
-    myself: &ActorRef<JobMsg>,
+/// A submitted job's plan: stored and queued, unless its submitter went away (it never
+/// learnt the job's id, and a retry would run it twice).
+async fn planned_job(
     state: &mut JobManagerState,
-    runner: &Runner,
-    id: u64,
-    need: usize,
-) {
-    let Some((spec, plan)) = state.plans.remove(&id) else {
-        return;
-    };
-    let Ok(mut record) = state.record(id) else {
-        return;
-    };
-    record.state = JobState::Running;
-    if let Err(e) = state.save(record) {
-        tracing::error!(job = id, "cannot store the job: {e}");
+    myself: &ActorRef<JobMsg>,
+    spec: Box<JobSpec>,
+    planned: Result<JobPlan>,
+    reply: RpcReplyPort<Result<JobRecord>>,
+) -> Result<()> {
+    if reply.is_closed() {
+        tracing::info!(job = %spec.job.name, "submitter went away; not queued");
+        return Ok(());
     }
-    state.traces.start(id, plan.schedule.clone());
-    let start = state.starts.remove(&id).unwrap_or_default();
-    state
-        .watchers
-        .entry(id)
-        .or_insert_with(|| broadcast::channel(1024).0);
-    let started = match runner {
-        Runner::Steps(runner) => {
-            let flag = Arc::new(AtomicBool::new(false));
-            let args = DriverArgs {
-                job: id,
-                spec,
-                plan,
-                start,
-                runner: runner.clone(),
-                cancelled: flag.clone(),
-                manager: myself.clone(),
-            };
-            crate::driver::spawn(args);
-            Ok(Running::Flag(flag))
-        }
-        Runner::Cluster {
-            membership,
-            data_dir,
-        } => {
-            // Checked at submit; a job stored before paths were confined is checked
-            // here, and what changed on disk since shows as the field's error.
-            match create_output_dir(data_dir, id, &spec) {
-                Ok(output) => {
-                    let args = RunArgs {
-                        job: id,
-                        output,
-                        spec,
-                        plan,
-                        start,
-                        membership: membership.clone(),
-                        manager: myself.clone(),
-                    };
-                    // Linked: a run actor that fails ends its job
-                    // (`handle_supervisor_evt`).
-                    Actor::spawn_linked(None, RunActor, args, myself.get_cell())
-                        .await
-                        .map(|(run, _)| Running::Run(run))
-                        .map_err(|e| CoordinatorError::Actor(format!("cannot start the job: {e}")))
-                }
-                Err(e) => Err(e),
-            }
-        }
+    let queued = match planned {
+        Ok(plan) => state.enqueue(myself, *spec, plan).await,
+        Err(e) => Err(e),
     };
-    match started {
-        Ok(how) => {
-            state.running.insert(id, (how, need));
-        }
-        Err(e) => {
-            let _ = myself.cast(JobMsg::Finished {
-                job: id,
-                outcome: Err(e),
-                cancelled: false,
-            });
-        }
-    }
+    let _ = reply.send(queued);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -758,7 +569,8 @@ mod tests {
     use crate::planner::tests::{gated_planner, until_held};
     use pipewise_common::job::example;
 
-    /// A manager with `planner`, no runner, and a fresh store in a directory named by `tag`.
+    /// A manager with `planner`, a cluster without workers, and a fresh store in a
+    /// directory named by `tag`.
     async fn manager_with(
         planner: ActorRef<PlannerMsg>,
         tag: &str,
@@ -768,19 +580,23 @@ mod tests {
         (manager_on(planner, &dir, Unfinished::Resume).await, dir)
     }
 
-    /// A manager with `planner`, no runner, and the store in `dir` as it is.
+    /// A manager with `planner`, a cluster without workers, and the store in `dir` as it is.
     async fn manager_on(
         planner: ActorRef<PlannerMsg>,
         dir: &std::path::Path,
         unfinished: Unfinished,
     ) -> ActorRef<JobMsg> {
+        let (membership, _) = Actor::spawn(None, crate::membership::Membership, ())
+            .await
+            .unwrap();
         let (manager, _) = Actor::spawn(
             None,
             JobManager,
             JobManagerArgs {
                 store: JobStore::open(dir).unwrap(),
                 planner,
-                runner: None,
+                membership,
+                data_dir: dir.to_path_buf(),
                 unfinished,
             },
         )
@@ -855,92 +671,6 @@ mod tests {
         }
     }
 
-    /// A runner that records the jobs it runs, in order.
-    struct Recording(std::sync::Mutex<Vec<u64>>);
-
-    impl JobRunner for Recording {
-        fn run(
-            &self,
-            job: u64,
-            _: &JobSpec,
-            _: &JobPlan,
-            _: Start,
-            _: &mut dyn FnMut(crate::events::Report),
-            _: &AtomicBool,
-        ) -> Result<()> {
-            self.0.lock().unwrap().push(job);
-            Ok(())
-        }
-    }
-
-    /// Jobs resumed after a restart start in id order: one whose plan is ready waits for an
-    /// earlier one still being planned.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn resumed_jobs_start_in_id_order() {
-        let dir = std::env::temp_dir().join(format!("pipewise-order-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        {
-            let store = JobStore::open(&dir).unwrap();
-            for (id, name, state) in [
-                (1, "held", JobState::Running),
-                (2, "quick", JobState::Queued),
-            ] {
-                let mut spec = example(2, "1f1b");
-                spec.job.name = name.into();
-                store
-                    .put(&JobRecord {
-                        id,
-                        name: name.into(),
-                        spec_toml: spec.to_toml().unwrap(),
-                        state,
-                        step: 0,
-                        steps: 3,
-                        last_loss: None,
-                        error: String::new(),
-                        last_checkpoint: String::new(),
-                        restarts: 0,
-                        waiting: String::new(),
-                        plan_choice: String::new(),
-                        workers: Vec::new(),
-                    })
-                    .unwrap();
-            }
-        }
-        let (planner, release, waiting) = gated_planner(2).await;
-        let runner = Arc::new(Recording(std::sync::Mutex::new(Vec::new())));
-        let (manager, _) = Actor::spawn(
-            None,
-            JobManager,
-            JobManagerArgs {
-                store: JobStore::open(&dir).unwrap(),
-                planner,
-                runner: Some(Runner::Steps(runner.clone())),
-                unfinished: Unfinished::Resume,
-            },
-        )
-        .await
-        .unwrap();
-        until_held(&waiting, 1).await;
-        // Job 2's plan is in (its waiting note cleared), job 1's held: nothing starts.
-        loop {
-            let quick = ractor::call!(manager, JobMsg::Get, 2).unwrap().unwrap();
-            if quick.waiting.is_empty() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        assert!(runner.0.lock().unwrap().is_empty());
-        release.send(()).unwrap();
-        let started = std::time::Instant::now();
-        while runner.0.lock().unwrap().len() < 2 {
-            assert!(started.elapsed() < std::time::Duration::from_secs(30));
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        assert_eq!(*runner.0.lock().unwrap(), [1, 2]);
-        manager.stop(None);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
     /// The manager answers while a submitted job is being planned (a slow plan used to
     /// block `GetJob` and `ListJobs` until it ended), and queues the job once it is planned.
     #[tokio::test]
@@ -1009,7 +739,7 @@ mod tests {
         manager_with(planner, tag).await
     }
 
-    /// Step events are kept in a ring of the latest [`HISTORY_STEPS`]: a late watcher gets
+    /// Step events are kept in a ring of the latest `HISTORY_STEPS`: a late watcher gets
     /// those, and a long job's memory does not grow with its steps.
     #[tokio::test]
     async fn late_watchers_get_the_latest_steps() {
@@ -1018,7 +748,7 @@ mod tests {
             .unwrap()
             .unwrap()
             .id;
-        let steps = HISTORY_STEPS as u64 + 10;
+        let steps = crate::events::HISTORY_STEPS as u64 + 10;
         for step in 1..=steps {
             let event = StepEventData {
                 job,

@@ -1,7 +1,8 @@
-//! The job manager's messages: what the gRPC edge asks of it, and what a running job's
-//! driver tells it.
+//! The job manager's messages: what the gRPC edge asks of it, what a running job's run
+//! actor tells it, and the pool of workers the membership actor tells it of.
 
 use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::run::registry::Pool;
 use ractor::RpcReplyPort;
 use tokio::sync::broadcast;
 
@@ -27,17 +28,17 @@ pub enum JobMsg {
     List(RpcReplyPort<Vec<JobRecord>>),
     /// Cancel a queued or running job.
     Cancel(u64, RpcReplyPort<Result<JobRecord>>),
-    /// Subscribe to a job's step events: the ones already kept (see [`crate::job_manager::HISTORY_STEPS`]),
+    /// Subscribe to a job's step events: the ones already kept (see [`crate::events::HISTORY_STEPS`]),
     /// then a live receiver (which ends when the job does).
     Watch(u64, RpcReplyPort<Result<Watch>>),
-    /// A driver's step report.
+    /// A run's step event.
     Progress(Box<StepEventData>),
     /// What a running job waits for (empty: nothing any more).
     Waiting(u64, String),
     /// The workers a job holds now (its claim).
     Workers(u64, Vec<String>),
-    /// Start what the queue allows (on an interval: workers come and go).
-    Tick,
+    /// The workers jobs may start on changed (the membership actor tells).
+    Pool(Pool),
     /// Render a kept step's executed timeline (`step` 0: the latest).
     Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
     /// Plan again a job the coordinator had queued or running when it stopped (from its
@@ -45,7 +46,7 @@ pub enum JobMsg {
     Resume(u64),
     /// A resumed job's plan (or why it has none).
     Resumed(u64, Box<JobSpec>, Box<Result<JobPlan>>),
-    /// A driver finished.
+    /// A job's run actor finished.
     Finished {
         /// Job id.
         job: u64,

@@ -5,14 +5,15 @@
 //!
 //! - [`job_manager`]: submit / get / list / cancel / watch; queue (in the order their
 //!   plans were ready; on a cluster, jobs side by side on disjoint workers, all of a job's
-//!   workers or none, with backfill); persistence through [`store`]; starts a [`driver`]
-//!   or a run actor per running job.
-//! - [`job_msg`]: the job manager's messages (the driver and the gRPC edge send them).
+//!   workers or none, with backfill: `pipewise_common::run::scheduler` decides); persistence
+//!   through [`store`]; starts a run actor per running job.
+//! - [`job_msg`]: the job manager's messages (the run actors, the membership actor and the
+//!   gRPC edge send them).
 //! - [`planner`]: validates a job spec and plans its schedule (`pipewise_common::job`),
 //!   several submissions at once.
 //! - [`membership`]: worker registrations and heartbeats; who is alive; which job holds
-//!   which worker (a job claims its workers before each run); assignment streams and the
-//!   routing of workers' step reports.
+//!   which worker (a job claims its workers before each run): `pipewise_common::run::
+//!   registry` decides; assignment streams and the routing of workers' step reports.
 //! - [`metrics`]: the Prometheus metrics the coordinator records (bubble, memory, step
 //!   time, throughput, liveness, jobs, re-plans).
 //! - [`run`]: one [`run::RunActor`] per job running on registered worker processes: it
@@ -25,8 +26,8 @@
 //!   the weight files' headers).
 //! - `checkpoints_data`: a job's training data and tokenizer checked at submit.
 //! - [`step_event`]: a step's event from its workers' reports.
-//! - [`events`]: what a running job reports (step events, waiting notes, where it starts).
-//! - [`driver`]: jobs run by a [`driver::JobRunner`] (tests' fakes) on a blocking thread.
+//! - [`events`]: what a running job reports (step events, where it starts) and the events
+//!   kept for late watchers.
 //! - [`store`]: the durable job store (redb) in the data directory.
 //! - [`traces`]: the recent steps' executed timelines and their rendering next to the plan.
 //! - [`security`]: TLS on the port, tokens with roles checked per service, and the
@@ -37,15 +38,16 @@
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
 //!   `tonic::Status`.
 //! - [`error`]: the crate's one error type.
+//! - `root`: the supervisor of the planner, the membership actor and the job manager: one
+//!   that ends stops the coordinator, visibly ([`Coordinator::stopped`]).
 //!
-//! [`Coordinator::start`] wires them together and serves gRPC (with health and reflection);
-//! [`Coordinator::start_cluster`] does the same with jobs run by worker processes.
+//! [`Coordinator::start_cluster`] wires them together and serves gRPC (with health and
+//! reflection), with jobs run by the worker processes that register.
 
 pub mod audit;
 pub mod checkpoints;
 mod checkpoints_data;
 mod checkpoints_model;
-pub mod driver;
 pub mod error;
 pub mod events;
 pub mod job_manager;
@@ -53,6 +55,7 @@ pub mod job_msg;
 pub mod membership;
 pub mod metrics;
 pub mod planner;
+mod root;
 pub mod run;
 pub mod run_msg;
 pub mod security;
@@ -72,15 +75,13 @@ use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
-pub use driver::JobRunner;
 pub use error::{CoordinatorError, Result};
-pub use events::{Report, Start, StepEventData};
+pub use events::{Start, StepEventData};
 
-use job_manager::{JobManager, JobManagerArgs};
-pub use job_manager::{Runner, Unfinished};
+pub use job_manager::Unfinished;
 use job_msg::JobMsg;
-use membership::{Membership, MembershipMsg};
-use planner::{Planner, PlannerArgs};
+use membership::MembershipMsg;
+use root::{Root, RootArgs, RootMsg};
 pub use security::Security;
 use security::{Role, RunSecrets};
 use store::JobStore;
@@ -100,28 +101,16 @@ pub struct Coordinator {
     pub membership: ActorRef<MembershipMsg>,
     server: tokio::task::JoinHandle<()>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    actors: Vec<(ractor::ActorCell, tokio::task::JoinHandle<()>)>,
+    /// The supervisor of the actors, and its task.
+    root: Option<(ractor::ActorCell, tokio::task::JoinHandle<()>)>,
+    /// Why the actors ended, once one of them did.
+    ended: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl Coordinator {
-    /// Opens the store in `data_dir`, spawns the actors and serves gRPC on `listen`
-    /// (port 0 picks a free one). Jobs run through `runner`; without one they stay queued.
-    pub async fn start(
-        listen: SocketAddr,
-        data_dir: &Path,
-        runner: Option<Arc<dyn JobRunner>>,
-    ) -> Result<Coordinator> {
-        Self::start_with(
-            listen,
-            data_dir,
-            (Unfinished::Resume, &Security::default()),
-            |_| runner.map(Runner::Steps),
-        )
-        .await
-    }
-
-    /// Like [`Coordinator::start`], with jobs run on the worker processes that register
-    /// (a [`run::RunActor`] per job); `unfinished` says what becomes of the jobs the store
+    /// Opens the store in `data_dir`, spawns the actors and serves gRPC on `listen` (port
+    /// 0 picks a free one), with jobs run on the worker processes that register (a
+    /// [`run::RunActor`] per job); `unfinished` says what becomes of the jobs the store
     /// holds as queued or running.
     pub async fn start_cluster(
         listen: SocketAddr,
@@ -139,56 +128,27 @@ impl Coordinator {
         unfinished: Unfinished,
         security: &Security,
     ) -> Result<Coordinator> {
-        let dir = data_dir.to_path_buf();
-        Self::start_with(
-            listen,
-            data_dir,
-            (unfinished, security),
-            move |membership| {
-                Some(Runner::Cluster {
-                    membership: membership.clone(),
-                    data_dir: dir,
-                })
-            },
-        )
-        .await
-    }
-
-    async fn start_with(
-        listen: SocketAddr,
-        data_dir: &Path,
-        (unfinished, security): (Unfinished, &Security),
-        runner: impl FnOnce(&ActorRef<MembershipMsg>) -> Option<Runner>,
-    ) -> Result<Coordinator> {
         metrics::describe();
         metrics::describe_refusals(audit::Refusal::ALL.map(audit::Refusal::label));
         let store = JobStore::open(data_dir)?;
-        let (planner, planner_handle) = Actor::spawn(None, Planner, PlannerArgs::default())
-            .await
-            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
-        let planner_cell = planner.get_cell();
-        let (membership, membership_handle) = Actor::spawn(None, Membership, ())
-            .await
-            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
-        let runner = runner(&membership);
-        let (jobs, jobs_handle) = Actor::spawn(
-            None,
-            JobManager,
-            JobManagerArgs {
-                store,
-                planner,
-                runner,
-                unfinished,
-            },
-        )
-        .await
-        .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| CoordinatorError::Actor(format!("cannot listen on {listen}: {e}")))?;
         let addr = listener
             .local_addr()
             .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let (ended_tx, ended) = tokio::sync::watch::channel(None);
+        let args = RootArgs {
+            store,
+            data_dir: data_dir.to_path_buf(),
+            unfinished,
+            ended: ended_tx,
+        };
+        let (root, root_handle) = Actor::spawn(None, Root, args)
+            .await
+            .map_err(|e| CoordinatorError::Actor(e.to_string()))?;
+        let children = ractor::call!(root, RootMsg::Children)?;
+        let (jobs, membership) = (children.jobs, children.membership);
         let (health_reporter, health) = pipewise_proto::health_service();
         health_reporter
             .set_serving::<JobServiceServer<service::Jobs>>()
@@ -230,9 +190,14 @@ impl Coordinator {
                 cluster,
                 security.guard(Role::Worker, &audit),
             ));
+        let mut root_ended = ended.clone();
         let server = tokio::spawn(async move {
+            // A shutdown, or the actors' end (one of them failed), stops the server.
             let stop = async {
-                let _ = rx.await;
+                tokio::select! {
+                    _ = rx => {}
+                    _ = root_ended.wait_for(Option::is_some) => {}
+                }
             };
             let served = match tls {
                 Some(config) => {
@@ -248,19 +213,26 @@ impl Coordinator {
                 tracing::error!("coordinator server: {e}");
             }
         });
-        let actors = vec![
-            (jobs.get_cell(), jobs_handle),
-            (membership.get_cell(), membership_handle),
-            (planner_cell, planner_handle),
-        ];
         Ok(Coordinator {
             addr,
             jobs,
             membership,
             server,
             shutdown: Some(tx),
-            actors,
+            root: Some((root.get_cell(), root_handle)),
+            ended,
         })
+    }
+
+    /// Waits until the coordinator's actors end by themselves (one of them failed or
+    /// stopped; the gRPC server stops with them), and returns why. A coordinator that is
+    /// [shut down](Coordinator::shutdown) never gets here.
+    pub async fn stopped(&mut self) -> String {
+        match self.ended.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The root is gone without a word: only a shutdown drops it.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Stops taking requests, stops the actors and waits for them (the store is closed on
@@ -271,8 +243,8 @@ impl Coordinator {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        for (cell, handle) in self.actors.drain(..) {
-            cell.stop(None);
+        if let Some((root, handle)) = self.root.take() {
+            root.stop(None);
             let _ = handle.await;
         }
         if tokio::time::timeout(SERVER_DRAIN, &mut self.server)

@@ -1,39 +1,37 @@
-//! The membership actor: worker registrations and heartbeats, who is alive, the workers'
-//! assignment streams, and the routing of their step reports to the job that runs them.
-//! Run actors that follow it are told of every registration, stream, heartbeat, loss and
-//! leave. A run aborted is pushed down its workers' assignment streams too, so they abandon
-//! it without waiting for their next heartbeat.
+//! The membership actor: the shell of the worker [`Registry`] (`pipewise_common::run::
+//! registry`), which decides who is alive, whose each worker is, and what a run's workers
+//! are told. The actor holds what the registry cannot: the workers' assignment streams,
+//! the run actors that follow the workers and the ones their step reports go to, and the
+//! job manager, told when the pool of idle workers changes. It feeds the registry every
+//! registration, heartbeat, stream, claim and report, and the time (a one-second tick, and
+//! one whenever an assignment stream ends), and carries out what it asks.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
+use pipewise_common::run::registry::{self, Action, Gauges, Note, Pool, Registry};
+use pipewise_common::run::supervisor::{Member, Taken};
 use pipewise_proto::v1 as pb;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-use pipewise_common::run::supervisor::{Input, Taken};
 
 use crate::error::{CoordinatorError, Result};
+use crate::job_msg::JobMsg;
 use crate::run_msg::RunMsg;
 
+pub use registry::{MISSED_HEARTBEATS, ReportAnswer};
+
 /// Heartbeat interval handed to workers.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
-/// A worker silent for this many intervals is considered dead.
-pub const MISSED_HEARTBEATS: u32 = 4;
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(registry::HEARTBEAT_MS);
 
-/// A worker silent this long is forgotten (a lost one is noticed after
-/// [`MISSED_HEARTBEATS`] intervals; this only bounds the registry).
-pub const FORGET_AFTER: Duration = Duration::from_secs(600);
-
-/// What the coordinator knows about a worker.
+/// A worker's registration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerInfo {
     /// Worker id (unique per process).
     pub id: String,
     /// Address of its activation service.
     pub address: String,
-    /// `cpu`, `cuda`, …
+    /// `cpu`, `cuda`, … (logged).
     pub device_kind: String,
     /// Device memory in bytes.
     pub memory_bytes: u64,
@@ -41,34 +39,18 @@ pub struct WorkerInfo {
     pub flops_per_second: f64,
     /// Cores it may count on (0: not known).
     pub cores: f64,
-    /// Last sign of life.
-    pub last_seen: Instant,
-    /// Activation bytes held now (last heartbeat).
-    pub current_activation_bytes: u64,
-    /// Peak activation bytes (last heartbeat).
-    pub peak_activation_bytes: u64,
-    /// Last step the worker reported.
-    pub step: u64,
-    /// Whether its assignment stream is open.
-    pub streaming: bool,
-    /// The job (run) it said it was running in its last heartbeat (0: none).
+    /// The run it still runs, if any (0: none), until its first heartbeat.
     pub job: u64,
-    /// Which registration this is, counted by the membership actor over every id: a process
-    /// that registers under a known id (a restarted pod under its old name) is a later one,
-    /// so a run holding the earlier one has lost that worker.
-    pub incarnation: u64,
-    /// The job whose workers it is (0: idle): jobs run on disjoint workers.
-    pub claimed: u64,
 }
 
 impl WorkerInfo {
-    /// The worker as a run sees it.
+    /// The worker as a run sees it (the registry numbers its incarnation).
     pub fn worker(&self) -> pipewise_common::run::Worker {
         pipewise_common::run::Worker {
             id: self.id.clone(),
             address: self.address.clone(),
             memory_bytes: self.memory_bytes,
-            incarnation: self.incarnation,
+            incarnation: 0,
             // Both checked finite and ≥ 0 at registration; `as` saturates.
             flops_per_second: self.flops_per_second as u64,
             millicores: (self.cores * 1000.0) as u32,
@@ -83,10 +65,6 @@ pub struct Heartbeat {
     pub id: String,
     /// Activation bytes held now.
     pub current_activation_bytes: u64,
-    /// Peak activation bytes.
-    pub peak_activation_bytes: u64,
-    /// Last step done.
-    pub step: u64,
     /// The job the worker is running (0: none).
     pub job: u64,
 }
@@ -95,128 +73,17 @@ pub struct Heartbeat {
 pub struct Membership;
 
 /// The membership actor's state.
-#[derive(Default)]
 pub struct MembershipState {
-    workers: BTreeMap<String, WorkerInfo>,
+    registry: Registry,
+    /// Time zero of the registry's clock.
+    epoch: Instant,
     streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
-    /// worker id → the run it was last assigned, its replica and its index there.
-    assigned: HashMap<String, (u64, u32, u32)>,
-    /// worker id → the job holding it (from the job's claim until it ends).
-    claims: HashMap<String, u64>,
     /// run → the run actor its workers' step reports go to.
     sinks: HashMap<u64, ActorRef<RunMsg>>,
     /// job → its run actor, told of every registration, stream, heartbeat and loss.
     followers: HashMap<u64, ActorRef<RunMsg>>,
-    /// Workers a follower was told it lost (told again of them if they come back).
-    lost: HashSet<String>,
-    /// Workers whose assignment stream was open at the last tick.
-    open: HashSet<String>,
-    /// Jobs whose workers stop at the next step boundary (answered in `StepAck`).
-    stopping: HashSet<u64>,
-    /// Jobs whose workers abandon them at once (answered in heartbeats).
-    aborted: HashSet<u64>,
-    /// Registrations so far (the last one's [`WorkerInfo::incarnation`]).
-    registrations: u64,
-    /// Every run this coordinator started (attached). A worker still running another one
-    /// runs it for an earlier coordinator (this one restarted since, and runs that job again
-    /// under new run ids if it resumes it): heartbeats and step reports tell it to abandon
-    /// that run at once, so it writes nothing more for it.
-    started: HashSet<u64>,
-}
-
-impl MembershipState {
-    /// Tells every run actor `input`.
-    fn push(&self, input: &Input) {
-        for follower in self.followers.values() {
-            let _ = follower.cast(RunMsg::Input(Box::new(input.clone())));
-        }
-    }
-
-    /// The workers alive at `now`.
-    fn live(&self, now: Instant) -> Vec<WorkerInfo> {
-        let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
-        self.workers
-            .values()
-            .filter(|w| now.duration_since(w.last_seen) <= deadline)
-            .map(|w| WorkerInfo {
-                streaming: self.streams.get(&w.id).is_some_and(|tx| !tx.is_closed()),
-                claimed: self.claims.get(&w.id).copied().unwrap_or(0),
-                ..w.clone()
-            })
-            .collect()
-    }
-
-    /// Makes `ids` job `job`'s workers, and only those (its earlier ones go back), unless
-    /// another job holds one of them; every run actor hears of each change.
-    fn claim(&mut self, job: u64, ids: &[String]) -> std::result::Result<(), Taken> {
-        let taken: Vec<(String, u64)> = ids
-            .iter()
-            .filter_map(|id| match self.claims.get(id) {
-                Some(&other) if other != job => Some((id.clone(), other)),
-                _ => None,
-            })
-            .collect();
-        if !taken.is_empty() {
-            return Err(Taken(taken));
-        }
-        self.release(job, ids);
-        for id in ids {
-            if self.claims.insert(id.clone(), job) != Some(job) {
-                self.push(&Input::Claimed {
-                    id: id.clone(),
-                    job,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Tells every run actor which job holds worker `id`, if one does (a worker that comes
-    /// back is a new member of their pools, held as before).
-    fn push_claim(&self, id: &str) {
-        if let Some(&job) = self.claims.get(id) {
-            self.push(&Input::Claimed {
-                id: id.to_string(),
-                job,
-            });
-        }
-    }
-
-    /// Job `job`'s workers other than `keep` go back (are idle again).
-    fn release(&mut self, job: u64, keep: &[String]) {
-        let gone: Vec<String> = self
-            .claims
-            .iter()
-            .filter(|(id, j)| **j == job && !keep.contains(id))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            self.claims.remove(&id);
-            self.push(&Input::Claimed { id, job: 0 });
-        }
-    }
-
-    /// Tells the workers assigned run `job` down their assignment streams to abandon it
-    /// now (their heartbeat replies say so too, up to an interval later).
-    fn push_abandon(&self, job: u64) {
-        for (id, _) in self.assigned.iter().filter(|(_, (run, ..))| *run == job) {
-            if let Some(tx) = self.streams.get(id) {
-                let abandon = pb::Assignment {
-                    run: job,
-                    abandon: true,
-                    ..Default::default()
-                };
-                // A full or closed stream leaves it to the heartbeat reply.
-                let _ = tx.try_send(abandon);
-            }
-        }
-    }
-
-    /// Whether the workers of run `job` should abandon it now: it was aborted, or it is
-    /// not one this coordinator started (0 is no run).
-    fn abandon(&self, job: u64) -> bool {
-        job != 0 && (self.aborted.contains(&job) || !self.started.contains(&job))
-    }
+    /// The job manager, told of every change of the pool.
+    scheduler: Option<ActorRef<JobMsg>>,
 }
 
 /// Messages of the membership actor.
@@ -227,7 +94,7 @@ pub enum MembershipMsg {
     /// A heartbeat; replies whether the worker is known (else it must register).
     Heartbeat(Heartbeat, RpcReplyPort<HeartbeatAnswer>),
     /// The workers alive now.
-    Live(RpcReplyPort<Vec<WorkerInfo>>),
+    Live(RpcReplyPort<Vec<Member>>),
     /// A registered worker opens its assignment stream (replacing an older one).
     OpenStream(String, RpcReplyPort<Result<mpsc::Receiver<pb::Assignment>>>),
     /// Sends an assignment down a worker's stream.
@@ -235,9 +102,11 @@ pub enum MembershipMsg {
     /// Routes the step reports of a run to its run actor.
     Attach(u64, ActorRef<RunMsg>),
     /// A job's run actor follows the workers from now on; replies the workers alive now.
-    Follow(u64, ActorRef<RunMsg>, RpcReplyPort<Vec<WorkerInfo>>),
+    Follow(u64, ActorRef<RunMsg>, RpcReplyPort<Vec<Member>>),
     /// The job's run actor is done: its workers go back.
     Unfollow(u64),
+    /// The job manager is told of every change of the pool from now on; replies the pool.
+    Schedule(ActorRef<JobMsg>, RpcReplyPort<Pool>),
     /// Makes these workers the job's (and only these), unless another job holds one;
     /// replies why not.
     Claim(
@@ -257,25 +126,171 @@ pub enum MembershipMsg {
     Abort(u64),
     /// The job is over; its reports are no longer routed.
     Detach(u64),
-    /// Publish liveness metrics (on an interval).
+    /// Time passed (every second, and when an assignment stream ends).
     Tick,
 }
 
 impl MembershipState {
-    /// Forgets the workers silent for [`FORGET_AFTER`] at `now` (they register again if
-    /// they come back), so registrations under ever new ids do not pile up.
-    fn forget_silent(&mut self, now: Instant) {
-        self.workers.retain(|id, w| {
-            let keep = now.duration_since(w.last_seen) < FORGET_AFTER;
-            if !keep {
-                tracing::info!(worker = %id, "worker forgotten after {} s of silence", FORGET_AFTER.as_secs());
+    /// The registry's clock: milliseconds since the actor started.
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Tells the registry of the assignment streams that ended since it last heard.
+    fn closed_streams(&mut self, now: u64) {
+        for (id, tx) in &self.streams {
+            if tx.is_closed() {
+                self.registry.stream_closed(now, id);
             }
-            keep
-        });
-        let workers = &self.workers;
-        self.assigned.retain(|id, _| workers.contains_key(id));
-        self.claims.retain(|id, _| workers.contains_key(id));
-        self.streams.retain(|id, _| workers.contains_key(id));
+        }
+    }
+
+    /// Carries out what the registry asked.
+    fn perform(&mut self) {
+        for action in self.registry.actions() {
+            match action {
+                Action::Tell(input) => {
+                    for follower in self.followers.values() {
+                        let _ = follower.cast(RunMsg::Input(Box::new(input.clone())));
+                    }
+                }
+                Action::CloseStream(id) => {
+                    self.streams.remove(&id);
+                }
+                Action::Abandon { worker, run } => {
+                    if let Some(tx) = self.streams.get(&worker) {
+                        let abandon = pb::Assignment {
+                            run,
+                            abandon: true,
+                            ..Default::default()
+                        };
+                        // A full or closed stream leaves it to the heartbeat reply.
+                        let _ = tx.try_send(abandon);
+                    }
+                }
+                Action::Pool(pool) => {
+                    if let Some(scheduler) = &self.scheduler {
+                        let _ = scheduler.cast(JobMsg::Pool(pool));
+                    }
+                }
+                Action::Note(note) => log(note),
+                Action::Memory(m) => crate::metrics::record_worker_memory(
+                    m.run, m.replica, m.index, m.bytes, m.limit,
+                ),
+                Action::Gauges(gauges) => show(&gauges),
+            }
+        }
+    }
+
+    /// Carries out what the registry asked, then answers: a run actor hears of a claim's
+    /// changes before the claim's answer, a leaving worker exits once the run actors were
+    /// told.
+    fn answer<T>(&mut self, reply: RpcReplyPort<T>, value: T) {
+        self.perform();
+        // A caller that went away is no one's concern.
+        let _ = reply.send(value);
+    }
+
+    /// Registers a worker; the heartbeat interval, or why its id is refused.
+    fn register(&mut self, now: u64, info: WorkerInfo) -> Result<Duration> {
+        self.closed_streams(now);
+        tracing::debug!(worker = %info.id, device = %info.device_kind, "registering");
+        match self.registry.register(now, info.worker(), info.job) {
+            Ok(_) => Ok(HEARTBEAT_INTERVAL),
+            Err(e) => Err(CoordinatorError::InUse {
+                id: info.id,
+                address: e.address,
+                ago_s: e.ago_ms as f64 / 1e3,
+            }),
+        }
+    }
+
+    /// Hands worker `id` its assignment down its stream.
+    fn assign(&mut self, id: &str, assignment: pb::Assignment) -> Result<()> {
+        let (run, replica, index) = (assignment.run, assignment.replica, assignment.worker_index);
+        let tx = self.streams.get(id).ok_or_else(|| {
+            CoordinatorError::Actor(format!("worker {id} has no open assignment stream"))
+        })?;
+        tx.try_send(assignment).map_err(|e| {
+            CoordinatorError::Actor(format!("cannot hand worker {id} its assignment: {e}"))
+        })?;
+        self.registry.assigned(id, run, replica, index);
+        Ok(())
+    }
+
+    /// Opens worker `id`'s assignment stream, if it is registered.
+    fn open_stream(&mut self, now: u64, id: String) -> Result<mpsc::Receiver<pb::Assignment>> {
+        if !self.registry.open_stream(now, &id) {
+            return Err(CoordinatorError::BadRequest {
+                field: "WorkerId.id",
+                reason: format!("worker {id:?} is not registered; call Register first"),
+            });
+        }
+        let (tx, rx) = mpsc::channel(16);
+        self.streams.insert(id, tx);
+        Ok(rx)
+    }
+
+    /// Routes a step report to its run's actor; what the run must do.
+    fn report(&mut self, report: Box<pb::StepReport>) -> ReportAnswer {
+        let run = report.run;
+        let answer = self.registry.report(run);
+        if answer.routed
+            && let Some(sink) = self.sinks.get(&run)
+            && sink.cast(RunMsg::Report(report)).is_err()
+        {
+            self.sinks.remove(&run);
+            self.registry.detach(run);
+        }
+        answer
+    }
+}
+
+/// Logs one of the registry's notes.
+fn log(note: Note) {
+    match note {
+        Note::Registered {
+            id,
+            address,
+            was: None,
+        } => tracing::info!(worker = %id, address = %address, "worker registered"),
+        Note::Registered {
+            id,
+            address,
+            was: Some(was),
+        } => tracing::info!(
+            worker = %id,
+            address = %address,
+            was = %was,
+            "worker registered again (a new process under a known id)"
+        ),
+        Note::Refused {
+            id,
+            address,
+            holder,
+        } => tracing::warn!(
+            worker = %id,
+            address = %address,
+            holder = %holder,
+            "registration refused: the id is in use"
+        ),
+        Note::Left { id, run } => tracing::info!(worker = %id, run, "worker left"),
+        Note::UnknownLeft(id) => tracing::info!(worker = %id, "an unknown worker left"),
+        Note::Forgotten(id) => tracing::info!(
+            worker = %id,
+            "worker forgotten after {} s of silence",
+            registry::FORGET_AFTER_MS / 1000
+        ),
+    }
+}
+
+/// Records the registry's gauges.
+fn show(gauges: &Gauges) {
+    crate::metrics::record_liveness(&gauges.ages, gauges.up);
+    crate::metrics::record_workers(gauges.idle, gauges.busy);
+    crate::metrics::refresh();
+    for m in &gauges.memory {
+        crate::metrics::record_worker_memory(m.run, m.replica, m.index, m.bytes, m.limit);
     }
 }
 
@@ -289,8 +304,16 @@ impl Actor for Membership {
         myself: ActorRef<Self::Msg>,
         _args: (),
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        // The tick that feeds the registry its time.
         myself.send_interval(Duration::from_secs(1), || MembershipMsg::Tick);
-        Ok(MembershipState::default())
+        Ok(MembershipState {
+            registry: Registry::default(),
+            epoch: Instant::now(),
+            streams: HashMap::new(),
+            sinks: HashMap::new(),
+            followers: HashMap::new(),
+            scheduler: None,
+        })
     }
 
     async fn handle(
@@ -299,248 +322,76 @@ impl Actor for Membership {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
+        let now = st.now();
         match msg {
-            MembershipMsg::Register(mut info, reply) => {
-                let streaming = st.streams.get(&info.id).is_some_and(|tx| !tx.is_closed());
-                let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
-                let now = Instant::now();
-                // Another process under a live worker's id would take its place and its
-                // assignments (the coordinator's own restart, or the same worker coming back
-                // at its address or after its stream closed, registers again as usual).
-                if let Some(old) = st.workers.get(&info.id)
-                    && old.address != info.address
-                    && streaming
-                    && now.duration_since(old.last_seen) <= deadline
-                {
-                    tracing::warn!(
-                        worker = %info.id,
-                        address = %info.address,
-                        holder = %old.address,
-                        "registration refused: the id is in use"
-                    );
-                    let _ = reply.send(Err(CoordinatorError::InUse {
-                        id: info.id,
-                        address: old.address.clone(),
-                        ago_s: now.duration_since(old.last_seen).as_secs_f64(),
-                    }));
-                    return Ok(());
-                }
-                st.registrations += 1;
-                info.incarnation = st.registrations;
-                // A registration starts afresh: the process opens its own stream next. An
-                // earlier process's stream may not look closed yet, and an assignment sent
-                // down it would be lost (the run then waited for that worker until the
-                // peers' frame timeout).
-                st.streams.remove(&info.id);
-                if let Some(old) = st.workers.get(&info.id) {
-                    // The earlier process under this id is gone (or never to be heard of
-                    // again): a run holding it sees a lost worker (its supervisor).
-                    tracing::info!(
-                        worker = %info.id,
-                        address = %info.address,
-                        was = %old.address,
-                        "worker registered again (a new process under a known id)"
-                    );
-                } else {
-                    tracing::info!(worker = %info.id, address = %info.address, "worker registered");
-                }
-                info.streaming = false;
-                st.lost.remove(&info.id);
-                st.open.remove(&info.id);
-                st.push(&Input::Registered(info.worker()));
-                st.push_claim(&info.id);
-                st.workers.insert(info.id.clone(), info);
-                let _ = reply.send(Ok(HEARTBEAT_INTERVAL));
+            MembershipMsg::Register(info, reply) => {
+                let answer = st.register(now, info);
+                st.answer(reply, answer);
             }
             MembershipMsg::Heartbeat(beat, reply) => {
-                let known = match st.workers.get_mut(&beat.id) {
-                    Some(w) => {
-                        w.last_seen = Instant::now();
-                        w.current_activation_bytes = beat.current_activation_bytes;
-                        w.peak_activation_bytes = beat.peak_activation_bytes;
-                        w.step = beat.step;
-                        w.job = beat.job;
-                        true
-                    }
-                    None => false,
-                };
-                if known {
-                    if st.lost.remove(&beat.id)
-                        && let Some(w) = st.workers.get(&beat.id)
-                    {
-                        // Back after it was reported lost: a worker again.
-                        st.push(&Input::Registered(w.worker()));
-                        st.push_claim(&beat.id);
-                        if st.open.contains(&beat.id) {
-                            st.push(&Input::StreamOpened(beat.id.clone()));
-                        }
-                    }
-                    st.push(&Input::Heartbeat {
-                        id: beat.id.clone(),
-                        run: beat.job,
-                    });
-                }
-                let abort = Some(beat.job).filter(|&job| st.abandon(job));
-                let _ = reply.send(HeartbeatAnswer { known, abort });
+                let bytes = beat.current_activation_bytes;
+                let (known, abort) = st.registry.heartbeat(now, &beat.id, beat.job, bytes);
+                st.answer(reply, HeartbeatAnswer { known, abort });
             }
             MembershipMsg::Live(reply) => {
-                let _ = reply.send(st.live(Instant::now()));
+                st.closed_streams(now);
+                let live = st.registry.live(now);
+                st.answer(reply, live);
             }
             MembershipMsg::Follow(job, follower, reply) => {
                 st.followers.insert(job, follower);
-                let _ = reply.send(st.live(Instant::now()));
+                st.closed_streams(now);
+                let live = st.registry.live(now);
+                st.answer(reply, live);
             }
             MembershipMsg::Unfollow(job) => {
                 st.followers.remove(&job);
-                st.release(job, &[]);
+                st.registry.release(job);
+            }
+            MembershipMsg::Schedule(manager, reply) => {
+                st.scheduler = Some(manager);
+                st.closed_streams(now);
+                let pool = st.registry.pool(now);
+                st.answer(reply, pool);
             }
             MembershipMsg::Claim(job, ids, reply) => {
-                let _ = reply.send(st.claim(job, &ids));
+                let answer = st.registry.claim(job, &ids);
+                st.answer(reply, answer);
             }
             MembershipMsg::OpenStream(id, reply) => {
-                if st.workers.contains_key(&id) {
-                    let (tx, rx) = mpsc::channel(16);
-                    st.streams.insert(id.clone(), tx);
-                    if let Some(w) = st.workers.get_mut(&id) {
-                        w.streaming = true;
-                    }
-                    st.open.insert(id.clone());
-                    st.push(&Input::StreamOpened(id));
-                    let _ = reply.send(Ok(rx));
-                } else {
-                    let _ = reply.send(Err(CoordinatorError::BadRequest {
-                        field: "WorkerId.id",
-                        reason: format!("worker {id:?} is not registered; call Register first"),
-                    }));
-                }
+                let opened = st.open_stream(now, id);
+                st.answer(reply, opened);
             }
             MembershipMsg::Assign(id, assignment, reply) => {
-                let (job, replica, index) =
-                    (assignment.run, assignment.replica, assignment.worker_index);
-                let outcome = match st.streams.get(&id) {
-                    Some(tx) => tx.try_send(*assignment).map_err(|e| {
-                        CoordinatorError::Actor(format!(
-                            "cannot hand worker {id} its assignment: {e}"
-                        ))
-                    }),
-                    None => Err(CoordinatorError::Actor(format!(
-                        "worker {id} has no open assignment stream"
-                    ))),
-                };
-                if outcome.is_ok() {
-                    let limit = st.workers.get(&id).map_or(0, |w| w.memory_bytes);
-                    st.assigned.insert(id, (job, replica, index));
-                    // A worker starts its assignment holding no activations; heartbeats
-                    // (sampled every tick) update it from there.
-                    crate::metrics::record_worker_memory(job, replica, index, 0, limit);
-                }
-                let _ = reply.send(outcome);
+                let assigned = st.assign(&id, *assignment);
+                st.answer(reply, assigned);
             }
-            MembershipMsg::Attach(job, sink) => {
-                st.started.insert(job);
-                st.sinks.insert(job, sink);
+            MembershipMsg::Attach(run, sink) => {
+                st.registry.attach(run);
+                st.sinks.insert(run, sink);
             }
             MembershipMsg::Report(report, reply) => {
-                let job = report.run;
-                // An abandoned run ends at once and writes nothing more (a graceful stop
-                // would save a checkpoint and final parameters for a run nobody follows).
-                let abort = st.abandon(job);
-                let stop = !abort && st.stopping.contains(&job);
-                if let Some(sink) = st.sinks.get(&job)
-                    && sink.cast(RunMsg::Report(report)).is_err()
-                {
-                    st.sinks.remove(&job);
-                }
-                let _ = reply.send(ReportAnswer { stop, abort });
+                let answer = st.report(report);
+                st.answer(reply, answer);
             }
-            MembershipMsg::Stop(job) => {
-                st.stopping.insert(job);
-            }
-            MembershipMsg::Abort(job) => {
-                st.aborted.insert(job);
-                st.push_abandon(job);
-            }
+            MembershipMsg::Stop(run) => st.registry.stop(run),
+            MembershipMsg::Abort(run) => st.registry.abort(run),
             MembershipMsg::Leave(id, run, reply) => {
-                if st.workers.remove(&id).is_some() {
-                    tracing::info!(worker = %id, run, "worker left");
-                    st.streams.remove(&id);
-                    st.open.remove(&id);
-                    st.assigned.remove(&id);
-                    st.claims.remove(&id);
-                    st.lost.remove(&id);
-                    st.push(&Input::Left(id));
-                } else {
-                    tracing::info!(worker = %id, "an unknown worker left");
-                }
-                let _ = reply.send(());
+                st.registry.leave(&id, run);
+                st.answer(reply, ());
             }
-            MembershipMsg::Detach(job) => {
-                st.sinks.remove(&job);
+            MembershipMsg::Detach(run) => {
+                st.sinks.remove(&run);
+                st.registry.detach(run);
             }
             MembershipMsg::Tick => {
-                let deadline = HEARTBEAT_INTERVAL * MISSED_HEARTBEATS;
-                let now = Instant::now();
-                st.forget_silent(now);
-                // Losses and closed streams, told once each.
-                let gone: Vec<String> = st
-                    .workers
-                    .values()
-                    .filter(|w| {
-                        now.duration_since(w.last_seen) > deadline && !st.lost.contains(&w.id)
-                    })
-                    .map(|w| w.id.clone())
-                    .collect();
-                for id in gone {
-                    st.push(&Input::Lost(id.clone()));
-                    st.lost.insert(id);
-                }
-                let closed: Vec<String> = st
-                    .open
-                    .iter()
-                    .filter(|id| st.streams.get(*id).is_none_or(|tx| tx.is_closed()))
-                    .cloned()
-                    .collect();
-                for id in closed {
-                    st.open.remove(&id);
-                    st.push(&Input::StreamClosed(id));
-                }
-                let ages: Vec<(String, f64)> = st
-                    .workers
-                    .values()
-                    .map(|w| (w.id.clone(), now.duration_since(w.last_seen).as_secs_f64()))
-                    .collect();
-                let up = ages
-                    .iter()
-                    .filter(|(_, age)| *age <= deadline.as_secs_f64())
-                    .count();
-                crate::metrics::record_liveness(&ages, up);
-                let live = st.live(now);
-                let busy = live.iter().filter(|w| w.claimed != 0).count();
-                crate::metrics::record_workers(live.len() - busy, busy);
-                crate::metrics::refresh();
-                // Only the workers of a run still followed: a finished run's indices are
-                // left to the exporter's expiry.
-                for w in st.workers.values() {
-                    if let Some(&(run, replica, index)) = st.assigned.get(&w.id)
-                        && st.sinks.contains_key(&run)
-                    {
-                        let (bytes, limit) = (w.current_activation_bytes, w.memory_bytes);
-                        crate::metrics::record_worker_memory(run, replica, index, bytes, limit);
-                    }
-                }
+                st.registry.tick(now);
+                st.closed_streams(now);
             }
         }
+        st.perform();
         Ok(())
     }
-}
-
-/// The membership's answer to a step report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReportAnswer {
-    /// Stop at the next step boundary (a cancel, or a re-plan between steps).
-    pub stop: bool,
-    /// Abandon the run now: it was aborted, or this coordinator did not start it.
-    pub abort: bool,
 }
 
 /// The membership's answer to a heartbeat.
@@ -558,7 +409,7 @@ mod tests {
 
     use super::*;
 
-    fn worker(id: &str, last_seen: Instant) -> WorkerInfo {
+    fn worker(id: &str) -> WorkerInfo {
         WorkerInfo {
             id: id.into(),
             address: "127.0.0.1:1".into(),
@@ -566,14 +417,7 @@ mod tests {
             memory_bytes: 0,
             flops_per_second: 0.0,
             cores: 0.0,
-            last_seen,
-            current_activation_bytes: 0,
-            peak_activation_bytes: 0,
-            step: 0,
-            streaming: false,
             job: 0,
-            incarnation: 0,
-            claimed: 0,
         }
     }
 
@@ -584,10 +428,9 @@ mod tests {
     async fn a_registration_drops_the_earlier_stream() {
         let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
         let register = |m: &ActorRef<MembershipMsg>| {
-            let info = worker("w", Instant::now());
             let m = m.clone();
             async move {
-                ractor::call!(m, MembershipMsg::Register, info)
+                ractor::call!(m, MembershipMsg::Register, worker("w"))
                     .unwrap()
                     .unwrap()
             }
@@ -612,7 +455,10 @@ mod tests {
         register(&m).await;
         let again = live(&m).await;
         assert!(!again[0].streaming, "{again:?}");
-        assert!(again[0].incarnation > before[0].incarnation, "{again:?}");
+        assert!(
+            again[0].worker.incarnation > before[0].worker.incarnation,
+            "{again:?}"
+        );
         // Nothing goes down the earlier stream.
         assert!(assign(&m).await.is_err());
         assert!(first.try_recv().is_err());
@@ -629,8 +475,7 @@ mod tests {
     #[tokio::test]
     async fn aborts_are_pushed_and_a_leaving_worker_is_forgotten() {
         let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
-        let info = worker("w", Instant::now());
-        ractor::call!(m, MembershipMsg::Register, info)
+        ractor::call!(m, MembershipMsg::Register, worker("w"))
             .unwrap()
             .unwrap();
         let mut stream = ractor::call!(m, MembershipMsg::OpenStream, "w".to_string())
@@ -652,61 +497,5 @@ mod tests {
         // Its stream is gone with it.
         assert!(stream.recv().await.is_none());
         m.stop(None);
-    }
-
-    #[test]
-    fn silent_workers_are_forgotten() {
-        let now = Instant::now() + FORGET_AFTER + Duration::from_secs(1);
-        let mut st = MembershipState::default();
-        let recent = now - Duration::from_secs(1);
-        let silent = now - FORGET_AFTER;
-        for (id, seen) in [("recent", recent), ("silent", silent)] {
-            st.workers.insert(id.into(), worker(id, seen));
-            st.assigned.insert(id.into(), (1, 0, 0));
-        }
-        st.claims.insert("silent".into(), 1);
-        st.forget_silent(now);
-        assert_eq!(st.workers.keys().collect::<Vec<_>>(), ["recent"]);
-        assert_eq!(st.assigned.keys().collect::<Vec<_>>(), ["recent"]);
-        assert!(st.claims.is_empty(), "{:?}", st.claims);
-    }
-
-    /// A worker is one job's at a time: a claim naming another job's worker is refused
-    /// whole, a job's new claim replaces its old one, and a job's end gives its workers
-    /// back; `live` says whose each worker is.
-    #[test]
-    fn a_worker_is_one_jobs_at_a_time() {
-        let now = Instant::now();
-        let mut st = MembershipState::default();
-        for id in ["a", "b", "c"] {
-            st.workers.insert(id.into(), worker(id, now));
-        }
-        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let holders = |st: &MembershipState| {
-            st.live(now)
-                .iter()
-                .map(|w| (w.id.clone(), w.claimed))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(st.claim(1, &ids(&["a", "b"])), Ok(()));
-        assert_eq!(
-            st.claim(2, &ids(&["b", "c"])),
-            Err(Taken(vec![("b".into(), 1)]))
-        );
-        assert_eq!(
-            holders(&st),
-            [("a".into(), 1), ("b".into(), 1), ("c".into(), 0)]
-        );
-        assert_eq!(st.claim(1, &ids(&["a"])), Ok(()));
-        assert_eq!(st.claim(2, &ids(&["b", "c"])), Ok(()));
-        assert_eq!(
-            holders(&st),
-            [("a".into(), 1), ("b".into(), 2), ("c".into(), 2)]
-        );
-        st.release(2, &[]);
-        assert_eq!(
-            holders(&st),
-            [("a".into(), 1), ("b".into(), 0), ("c".into(), 0)]
-        );
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use pipewise_common::job::{JobPlan, JobSpec};
 use pipewise_common::run::Start;
-use pipewise_common::run::supervisor::{Action, Assignment, Config, Input, Member, Supervisor};
+use pipewise_common::run::supervisor::{Action, Assignment, Config, Input, Supervisor};
 use pipewise_proto::convert::program_to_proto;
 use pipewise_proto::v1 as pb;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -100,15 +100,6 @@ impl Actor for RunActor {
             args.job,
             myself.clone()
         )?;
-        let live: Vec<Member> = live
-            .iter()
-            .map(|w| Member {
-                worker: w.worker(),
-                streaming: w.streaming,
-                running: w.job,
-                claimed: w.claimed,
-            })
-            .collect();
         let training = &args.spec.training;
         let state = RunState {
             tokens_per_step: f64::from(training.global_batch_size)

@@ -8,7 +8,6 @@ use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::cluster_service_server::ClusterService;
 use pipewise_proto::v1::job_service_server::JobService;
 use ractor::ActorRef;
-use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
@@ -258,16 +257,8 @@ impl ClusterService for Cluster {
             memory_bytes: r.memory_bytes,
             flops_per_second: r.flops_per_second,
             cores: r.cores,
-            last_seen: Instant::now(),
-            current_activation_bytes: 0,
-            peak_activation_bytes: 0,
-            step: 0,
-            streaming: false,
             // Until its first heartbeat: the run it still runs, if any.
             job: r.run,
-            // The membership actor numbers it.
-            incarnation: 0,
-            claimed: 0,
         };
         let interval = ractor::call!(self.membership, MembershipMsg::Register, info)
             .map_err(CoordinatorError::from)??;
@@ -286,8 +277,6 @@ impl ClusterService for Cluster {
         let beat = Heartbeat {
             id: r.worker_id,
             current_activation_bytes: r.current_activation_bytes,
-            peak_activation_bytes: r.peak_activation_bytes,
-            step: r.step,
             job: r.run,
         };
         let answer = ractor::call!(self.membership, MembershipMsg::Heartbeat, beat)

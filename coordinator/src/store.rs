@@ -6,7 +6,10 @@ use std::path::Path;
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use pipewise_common::job::{JobSpec, checkpoint_name, checkpoint_step};
+
 use crate::error::{CoordinatorError, Result};
+use crate::events::{Start, StepEventData};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 
@@ -80,6 +83,103 @@ pub struct JobRecord {
     /// The workers a running job holds; empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<String>,
+}
+
+/// What a starting coordinator does with the jobs its store holds as queued or running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unfinished {
+    /// Plans them again and runs them, a running one from its last complete checkpoint.
+    #[default]
+    Resume,
+    /// Marks them failed (`pipewise local`, which runs the one job it was given).
+    Fail,
+}
+
+impl JobRecord {
+    /// Job `id`, planned from `spec` and queued.
+    pub fn queued(id: u64, spec: &JobSpec) -> Result<JobRecord> {
+        Ok(JobRecord {
+            id,
+            name: spec.job.name.clone(),
+            spec_toml: spec.to_toml()?,
+            state: JobState::Queued,
+            step: 0,
+            steps: u64::from(spec.training.steps),
+            last_loss: None,
+            error: String::new(),
+            last_checkpoint: String::new(),
+            restarts: 0,
+            waiting: String::new(),
+            plan_choice: String::new(),
+            workers: Vec::new(),
+        })
+    }
+
+    /// A job the coordinator had queued or running when it stopped: planned again from its
+    /// stored spec and queued in its place (`Resume`; a running one resumes from its last
+    /// complete checkpoint), or failed (`Fail`, or a spec that no longer reads). Whether it
+    /// is planned again; a job that was neither queued nor running is left as it is.
+    pub fn after_restart(&mut self, unfinished: Unfinished) -> bool {
+        if self.state != JobState::Running && self.state != JobState::Queued {
+            return false;
+        }
+        let failed = match JobSpec::from_toml(&self.spec_toml) {
+            Ok(_) if unfinished == Unfinished::Resume => {
+                self.state = JobState::Queued;
+                self.restarts += 1;
+                self.waiting = "its plan again (the coordinator restarted)".into();
+                return true;
+            }
+            Ok(_) => "the coordinator restarted before the job finished".to_string(),
+            Err(e) => format!(
+                "the coordinator restarted before the job finished, and its stored spec no \
+                 longer reads: {e}"
+            ),
+        };
+        self.state = JobState::Failed;
+        self.error = failed;
+        self.waiting.clear();
+        false
+    }
+
+    /// Where a job planned again after a restart starts: its last complete checkpoint.
+    pub fn resumed_start(&self) -> Start {
+        Start {
+            step: checkpoint_step(&self.last_checkpoint).unwrap_or(0),
+            restarts: self.restarts,
+            through: self.step,
+        }
+    }
+
+    /// Takes a step's event: the step, its loss, the checkpoint and the plan choice; the
+    /// job waits no longer. Whether the checkpoint a restart resumes from moved.
+    pub fn take_step(&mut self, event: &StepEventData) -> bool {
+        self.step = event.step;
+        self.last_loss = Some(event.loss);
+        let before = self.last_checkpoint.clone();
+        if event.checkpoint > 0 {
+            self.last_checkpoint = checkpoint_name(event.checkpoint);
+        }
+        self.waiting.clear();
+        if !event.plan_choice.is_empty() {
+            self.plan_choice.clone_from(&event.plan_choice);
+        }
+        self.last_checkpoint != before
+    }
+
+    /// The job ended with `outcome`: cancelled (before its last step), succeeded or failed.
+    pub fn end(&mut self, outcome: &Result<()>, cancelled: bool) {
+        self.waiting.clear();
+        self.workers.clear();
+        match outcome {
+            Ok(()) if cancelled && self.step < self.steps => self.state = JobState::Cancelled,
+            Ok(()) => self.state = JobState::Succeeded,
+            Err(e) => {
+                self.state = JobState::Failed;
+                self.error = e.to_string();
+            }
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

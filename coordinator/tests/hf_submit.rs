@@ -9,7 +9,7 @@ use std::path::Path;
 
 use pipewise_common::model::hf_weights::model_tensors;
 use pipewise_common::model::{self, DType};
-use pipewise_coordinator::Coordinator;
+use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use serde_json::{Value, json};
@@ -136,7 +136,7 @@ type Case = (
 async fn bad_model_directories_are_refused_at_submit_naming_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), data, None)
+    let c = Coordinator::start_cluster("127.0.0.1:0".parse().unwrap(), data, Unfinished::Resume)
         .await
         .unwrap();
     let mut jobs = JobServiceClient::connect(format!("http://{}", c.addr))
@@ -281,7 +281,7 @@ async fn bad_data_is_refused_at_submit_naming_field_and_file() {
     use pipewise_common::job::example;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), data, None)
+    let c = Coordinator::start_cluster("127.0.0.1:0".parse().unwrap(), data, Unfinished::Resume)
         .await
         .unwrap();
     let jobs = JobServiceClient::connect(format!("http://{}", c.addr))

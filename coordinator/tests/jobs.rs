@@ -1,85 +1,115 @@
 //! The coordinator over real gRPC on loopback: invalid job specs are refused with
-//! `InvalidArgument` naming the field, jobs queue one after another, watchers see every step,
-//! and a restarted coordinator lists the jobs it had.
+//! `InvalidArgument` naming the field, jobs queue one after another on the workers and run
+//! through the run actor on stand-in worker processes ([`stand_in`]), watchers see every
+//! step, and a restarted coordinator lists the jobs it had and runs the unfinished ones.
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pipewise_common::job::{JobPlan, JobSpec, example};
-use pipewise_coordinator::{Coordinator, JobRunner, Report, Start, StepEventData};
+use pipewise_common::job::{JobSpec, example, job_of, run_of};
+use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
+use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
 use pipewise_proto::v1::job_service_client::JobServiceClient;
 use tokio_stream::StreamExt as _;
 
-/// A runner that "trains" by reporting a decreasing loss per step, and records how many
-/// jobs run at once (a test double for the embedded workers).
-struct CountingRunner {
-    active: AtomicU32,
-    overlap: AtomicBool,
-    delay_ms: u64,
-    /// (job, start) of every run, in order.
-    starts: Mutex<Vec<(u64, Start)>>,
+/// What a stand-in worker did, in the order the stand-ins did it.
+#[derive(Debug, Clone, PartialEq)]
+enum Did {
+    /// Took worker `index` of run `run` from its step `first`.
+    Took { run: u64, index: u32, first: u64 },
+    /// Reported the end of its part of run `run`.
+    Ended { run: u64 },
 }
 
-impl CountingRunner {
-    fn new(delay_ms: u64) -> CountingRunner {
-        CountingRunner {
-            active: AtomicU32::new(0),
-            overlap: AtomicBool::new(false),
-            delay_ms,
-            starts: Mutex::new(Vec::new()),
-        }
-    }
-}
+type Log = Arc<Mutex<Vec<Did>>>;
 
-impl JobRunner for CountingRunner {
-    fn run(
-        &self,
-        job: u64,
-        spec: &JobSpec,
-        plan: &JobPlan,
-        start: Start,
-        report: &mut dyn FnMut(Report),
-        cancelled: &AtomicBool,
-    ) -> pipewise_coordinator::Result<()> {
-        self.starts.lock().unwrap().push((job, start));
-        if self.active.fetch_add(1, Ordering::SeqCst) > 0 {
-            self.overlap.store(true, Ordering::SeqCst);
-        }
-        for step in 1..=u64::from(spec.training.steps) {
-            if cancelled.load(Ordering::SeqCst) {
-                break;
+/// A stand-in for a worker process, speaking its side of the cluster protocol: it
+/// registers as `id`, heartbeats the run it runs, and runs each assignment by reporting
+/// every step at once (the loss falls with the step) and then its end. The coordinator's
+/// membership, scheduler and run actors are the real ones.
+async fn stand_in(addr: SocketAddr, id: String, port: u16, log: Log) {
+    let mut cluster = ClusterServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let registered = cluster
+        .register(pb::RegisterRequest {
+            worker_id: id.clone(),
+            address: format!("127.0.0.1:{port}"),
+            device_kind: "cpu".into(),
+            flops_per_second: 1e10,
+            cores: 1.0,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let interval = std::time::Duration::from_millis(registered.heartbeat_interval_ms);
+    let mut assignments = cluster
+        .assignments(pb::WorkerId { id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let running = Arc::new(AtomicU64::new(0));
+    let beating = {
+        let (mut cluster, id, running) = (cluster.clone(), id.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(interval);
+            loop {
+                every.tick().await;
+                let beat = pb::HeartbeatRequest {
+                    worker_id: id.clone(),
+                    run: running.load(Ordering::SeqCst),
+                    ..Default::default()
+                };
+                if cluster.heartbeat(beat).await.is_err() {
+                    return;
+                }
             }
-            std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
-            report(Report::Step(Box::new(StepEventData {
-                job,
+        })
+    };
+    tokio::spawn(async move {
+        while let Some(Ok(a)) = assignments.next().await {
+            if a.abandon {
+                continue;
+            }
+            let (run, index, first) = (a.run, a.worker_index, a.first_step);
+            log.lock().unwrap().push(Did::Took { run, index, first });
+            running.store(run, Ordering::SeqCst);
+            let report = |step: u64| pb::StepReport {
+                run,
+                worker_id: id.clone(),
+                worker_index: index,
+                replica: a.replica,
                 step,
-                loss: 5.0 / step as f64,
-                validation_loss: None,
-                initial_validation_loss: None,
-                step_time_ms: self.delay_ms as f64,
-                planned_bubble: 0.1,
-                measured_bubble: 0.12,
-                core_wait_bubble: 0.02,
-                pass_core_wait: 0.0,
-                predicted_step_time_ms: self.delay_ms as f64,
-                peaks: (0..plan.schedule.num_workers()).map(|w| (w, 100)).collect(),
-                worker_bubbles: Vec::new(),
-                replica: 0,
-                all_reduce: Vec::new(),
-                predicted_peaks: Vec::new(),
-                checkpoint: 0,
-                replan_reason: String::new(),
-                plan_choice: String::new(),
-                replanned: None,
-                trace: None,
-                planned_costs: None,
-            })));
+                loss: 5.0 / (step + 1) as f64,
+                busy_secs: 0.001,
+                wall_secs: 0.002,
+                peak_activation_bytes: 100,
+                ..Default::default()
+            };
+            for step in a.first_step..a.end_step {
+                cluster.report_step(report(step)).await.unwrap();
+            }
+            log.lock().unwrap().push(Did::Ended { run });
+            let done = pb::StepReport {
+                done: true,
+                ..report(a.end_step)
+            };
+            cluster.report_step(done).await.unwrap();
+            running.store(0, Ordering::SeqCst);
         }
-        self.active.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
+        beating.abort();
+    });
+}
+
+/// `n` stand-in workers `w0`, `w1`, … of the coordinator at `addr`, logging to `log`.
+async fn stand_ins(addr: SocketAddr, n: u16, log: &Log) {
+    for i in 0..n {
+        stand_in(addr, format!("w{i}"), 20_000 + i, log.clone()).await;
     }
 }
 
@@ -100,12 +130,23 @@ fn request(spec: &JobSpec) -> pb::JobSpec {
     }
 }
 
+async fn coordinator(dir: &std::path::Path) -> Coordinator {
+    Coordinator::start_cluster("127.0.0.1:0".parse().unwrap(), dir, Unfinished::Resume)
+        .await
+        .unwrap()
+}
+
+/// Waits until job `id` ends (its watch stream ends), and returns its status.
+async fn ended(jobs: &mut JobServiceClient<tonic::transport::Channel>, id: u64) -> pb::JobStatus {
+    let mut events = jobs.watch_job(pb::JobId { id }).await.unwrap().into_inner();
+    while events.next().await.is_some() {}
+    jobs.get_job(pb::JobId { id }).await.unwrap().into_inner()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_specs_are_invalid_argument_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
-        .await
-        .unwrap();
+    let c = coordinator(dir.path()).await;
     let mut jobs = client(&c).await;
     type Edit = fn(&mut JobSpec);
     let cases: Vec<(&str, Edit)> = vec![
@@ -181,17 +222,15 @@ async fn invalid_specs_are_invalid_argument_naming_the_field() {
     c.shutdown().await;
 }
 
+/// On 4 workers, a 2-worker job runs first and a 4-worker job submitted behind it waits for
+/// all of its workers, then runs; a watcher sees every step of it, a late watcher every
+/// step of the first, and cancelling a finished job changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_queue_in_order_and_watchers_see_every_step() {
     let dir = tempfile::tempdir().unwrap();
-    let runner = Arc::new(CountingRunner::new(20));
-    let c = Coordinator::start(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.path(),
-        Some(runner.clone()),
-    )
-    .await
-    .unwrap();
+    let c = coordinator(dir.path()).await;
+    let log = Log::default();
+    stand_ins(c.addr, 4, &log).await;
     let mut jobs = client(&c).await;
     let mut first = example(2, "1f1b");
     first.training.steps = 10;
@@ -218,14 +257,26 @@ async fn jobs_queue_in_order_and_watchers_see_every_step() {
         steps.push(event.step);
     }
     assert_eq!(steps, vec![1, 2, 3, 4, 5]);
+    assert_eq!(
+        ended(&mut jobs, a.id).await.state,
+        pb::JobState::Succeeded as i32
+    );
     let list = jobs.list_jobs(pb::Empty {}).await.unwrap().into_inner();
     for job in &list.jobs {
         assert_eq!(job.state, pb::JobState::Succeeded as i32, "{job:?}");
         assert_eq!(job.step, job.steps);
     }
-    assert!(
-        !runner.overlap.load(Ordering::SeqCst),
-        "two jobs ran at once"
+    // Every worker of the first job ended its part before the second took any of them.
+    let did = log.lock().unwrap().clone();
+    let last_end = did.iter().rposition(|d| *d == Did::Ended { run: a.id });
+    let second_took = did
+        .iter()
+        .position(|d| matches!(d, Did::Took { run, .. } if *run == b.id));
+    assert!(last_end < second_took, "{did:?}");
+    assert_eq!(
+        did.iter().filter(|d| matches!(d, Did::Took { .. })).count(),
+        6,
+        "{did:?}"
     );
     // Cancelling a finished job changes nothing.
     let again = jobs
@@ -248,13 +299,12 @@ async fn jobs_queue_in_order_and_watchers_see_every_step() {
     c.shutdown().await;
 }
 
-/// A restarted coordinator lists the jobs it had, and runs again the ones it had queued.
+/// A restarted coordinator lists the jobs it had, and runs again the ones it had queued or
+/// running, in id order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
-        .await
-        .unwrap();
+    let c = coordinator(dir.path()).await;
     let mut jobs = client(&c).await;
     let mut names = Vec::new();
     for (i, schedule) in ["1f1b", "zb-h1", "v-min"].iter().enumerate() {
@@ -263,7 +313,8 @@ async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
         names.push(spec.job.name.clone());
         jobs.submit_job(request(&spec)).await.unwrap();
     }
-    // Cancel one while it is queued (no runner: every job waits).
+    // No workers: the first job started and waits for them, the others are queued; one of
+    // those is cancelled.
     let cancelled = jobs
         .cancel_job(pb::JobId { id: 2 })
         .await
@@ -272,33 +323,55 @@ async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
     assert_eq!(cancelled.state, pb::JobState::Cancelled as i32);
     c.shutdown().await;
 
-    // Restarted with a runner: the jobs that had not finished are planned again and run,
-    // in id order, from the start (no checkpoints), under run ids of a restart.
-    let runner = Arc::new(CountingRunner::new(5));
-    let c = Coordinator::start(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.path(),
-        Some(runner.clone() as Arc<dyn JobRunner>),
-    )
-    .await
-    .unwrap();
+    // Restarted, with workers: the jobs that had not finished are planned again and run, in
+    // id order, from the start (no checkpoints), under run ids of a restart.
+    let c = coordinator(dir.path()).await;
+    let log = Log::default();
+    stand_ins(c.addr, 4, &log).await;
     let mut jobs = client(&c).await;
     let list = jobs.list_jobs(pb::Empty {}).await.unwrap().into_inner();
     let listed: Vec<String> = list.jobs.iter().map(|j| j.name.clone()).collect();
     assert_eq!(listed, names);
     assert_eq!(list.jobs[1].state, pb::JobState::Cancelled as i32);
     for id in [1, 3] {
-        let mut events = jobs.watch_job(pb::JobId { id }).await.unwrap().into_inner();
-        while events.next().await.is_some() {}
-        let status = jobs.get_job(pb::JobId { id }).await.unwrap().into_inner();
+        let status = ended(&mut jobs, id).await;
         assert_eq!(status.state, pb::JobState::Succeeded as i32, "{status:?}");
     }
-    let resumed = Start {
-        step: 0,
-        restarts: 1,
-        through: 0,
-    };
-    assert_eq!(*runner.starts.lock().unwrap(), [(1, resumed), (3, resumed)]);
+    let did = log.lock().unwrap().clone();
+    let took: Vec<(u64, u64)> = did
+        .iter()
+        .filter_map(|d| match d {
+            Did::Took { run, first, .. } => Some((job_of(*run), *first)),
+            Did::Ended { .. } => None,
+        })
+        .collect();
+    assert_eq!(took, [[(1, 0); 4], [(3, 0); 4]].concat(), "{did:?}");
+    for d in &did {
+        if let Did::Took { run, .. } = d {
+            assert!(run_of(*run) > 0, "run {run} is not a restart's");
+        }
+    }
+    c.shutdown().await;
+}
+
+/// An actor of the coordinator that dies stops the coordinator, visibly: it says why, and
+/// its port no longer answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_actor_stops_the_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = coordinator(dir.path()).await;
+    let mut jobs = client(&c).await;
+    assert!(jobs.list_jobs(pb::Empty {}).await.is_ok());
+    c.membership.kill();
+    let why = tokio::time::timeout(std::time::Duration::from_secs(60), c.stopped())
+        .await
+        .expect("the coordinator stops");
+    assert!(why.contains("membership actor"), "{why}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while jobs.list_jobs(pb::Empty {}).await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still answering");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     c.shutdown().await;
 }
 
@@ -307,9 +380,7 @@ async fn a_restarted_coordinator_lists_its_jobs_and_runs_the_unfinished() {
 async fn registrations_with_bad_or_taken_ids_are_refused() {
     use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
     let dir = tempfile::tempdir().unwrap();
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), dir.path(), None)
-        .await
-        .unwrap();
+    let c = coordinator(dir.path()).await;
     let mut cluster = ClusterServiceClient::connect(format!("http://{}", c.addr))
         .await
         .unwrap();

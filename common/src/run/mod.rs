@@ -19,14 +19,20 @@
 //! - [`drift`]: when steps run over the plan's prediction long enough to re-plan.
 //! - [`pressure`]: the fastest plan that fits the workers' memory.
 //! - [`queue`]: which queued jobs start (in order, with backfill).
+//! - [`registry`]: the worker processes: registrations, heartbeats and their expiry,
+//!   assignment streams, claims (inputs in, actions out, on logical time).
+//! - [`scheduler`]: which planned jobs start when, and when their progress is stored
+//!   (inputs in, actions out, on logical time).
 
 pub mod checkpoints;
 pub mod drift;
 pub mod id;
 pub mod pressure;
 pub mod queue;
+pub mod registry;
 pub mod reports;
 pub mod respec;
+pub mod scheduler;
 pub mod straggler;
 pub mod supervisor;
 pub mod worker;
