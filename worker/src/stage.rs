@@ -16,7 +16,7 @@ use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 
 mod evaluate;
 pub mod infer;
-mod side_by_side;
+mod passes_in_lanes;
 pub(crate) mod tied;
 
 /// One microbatch's `F` among side-by-side passes: its index, input and (on the last

@@ -1,4 +1,4 @@
-//! An assignment as the executor runs it: the coordinator's `pb::Assignment` decoded once
+//! An assignment as the assignment loop runs it: the coordinator's `pb::Assignment` decoded once
 //! and checked, with the job spec (its TOML) as the one source of truth. The message's
 //! copies of what the spec says (`model`, `seed`, `microbatch_size`) and of what the
 //! placement says (`stages`, `stage_count`) must agree with it.

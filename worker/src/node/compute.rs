@@ -1,4 +1,4 @@
-//! What the executor's one step loop drives: [`Compute`], implemented by real compute
+//! What the assignment loop's one step loop drives: [`Compute`], implemented by real compute
 //! ([`RealCompute`]: candle stages, data, checkpoints and final parameters) and emulated
 //! compute ([`EmulatedCompute`]: passes that sleep for their cost-model time, nothing
 //! written).

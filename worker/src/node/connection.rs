@@ -1,7 +1,7 @@
 //! The coordinator connection: reaching the coordinator ([`connect`]) and the
 //! [`Connection`] actor, which registers (retrying until the coordinator answers),
 //! heartbeats on the interval the coordinator gives, keeps the `Assignments` stream open
-//! (reopening it after a failure) and hands each assignment to the executor thread.
+//! (reopening it after a failure) and hands each assignment to the assignment thread.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +114,7 @@ pub enum ConnMsg {
 pub struct ConnState {
     args: ConnArgs,
     stream: tokio::task::JoinHandle<()>,
-    /// Heartbeats at once when the executor ends a run.
+    /// Heartbeats at once when the assignment loop ends a run.
     ended: tokio::task::JoinHandle<()>,
     /// Failed heartbeats are warned of once per 10 s (the others at debug level, as beats
     /// come several times a second).

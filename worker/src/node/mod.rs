@@ -6,15 +6,15 @@
 //!   `ClusterService` (retrying until it answers), heartbeats on the interval the
 //!   coordinator gives (current and peak activation bytes, measured pass times per stage,
 //!   the step), keeps the `Assignments` stream open (reopening it after a failure) and
-//!   hands each assignment to the executor. A heartbeat answered with `cancel` for the
+//!   hands each assignment to the assignment loop. A heartbeat answered with `cancel` for the
 //!   running job aborts it at once, as does an `abandon` message down the stream; when the
-//!   executor ends a run, the next heartbeat goes at once.
+//!   assignment loop ends a run, the next heartbeat goes at once.
 //! - [`WorkerNode::drain`] (SIGTERM / SIGINT): the worker abandons its run and leaves the
 //!   cluster (`ClusterService.Leave`), so the coordinator re-plans without waiting for
 //!   missed heartbeats.
-//! - `reporter`: sends the executor's step reports in order, so the coordinator is never
+//! - `reporter`: sends the assignment loop's step reports in order, so the coordinator is never
 //!   waited on within a step.
-//! - `executor`: one dedicated thread (candle compute stays off the async runtime) that
+//! - `assignment_loop`: one dedicated thread (candle compute stays off the async runtime) that
 //!   runs assignments one after another: each decoded once (`assignment`), run by one step
 //!   loop over real or emulated compute (`compute`).
 //! - `outputs`: checkpoints and final parameters; [`memory`]: the host's available memory;
@@ -35,10 +35,10 @@
 //! `final/worker-W.safetensors` (the worker's parameters under their whole-model names).
 
 mod assignment;
+mod assignment_loop;
 mod compute;
 pub mod config;
 mod connection;
-mod executor;
 pub mod memory;
 mod outputs;
 mod profile;
@@ -72,7 +72,7 @@ pub struct WorkerNode {
     connection: ActorRef<ConnMsg>,
     connection_handle: tokio::task::JoinHandle<()>,
     shared: Arc<Shared>,
-    executor: Option<std::thread::JoinHandle<()>>,
+    assignment_loop: Option<std::thread::JoinHandle<()>>,
     assignments: Option<std::sync::mpsc::Sender<pb::Assignment>>,
     client: connection::CoordinatorClient,
 }
@@ -130,14 +130,16 @@ impl WorkerNode {
             Arc::clone(&shared),
         ));
         let (assign_tx, assign_rx) = std::sync::mpsc::channel::<pb::Assignment>();
-        let executor = {
+        let assignment_loop = {
             let shared = Arc::clone(&shared);
             let config = config.clone();
             std::thread::Builder::new()
                 .name(format!("pipewise-exec-{}", config.id))
-                .spawn(move || executor::executor_loop(&config, &shared, &assign_rx, &report_tx))
+                .spawn(move || {
+                    assignment_loop::run_assignments(&config, &shared, &assign_rx, &report_tx)
+                })
                 .map_err(|source| Error::Start {
-                    what: "the executor thread",
+                    what: "the assignment loop thread",
                     source,
                 })?
         };
@@ -168,7 +170,7 @@ impl WorkerNode {
             connection,
             connection_handle,
             shared,
-            executor: Some(executor),
+            assignment_loop: Some(assignment_loop),
             assignments: Some(assign_tx),
             client,
         })
@@ -176,7 +178,7 @@ impl WorkerNode {
 
     /// Leaves the cluster (on SIGTERM / SIGINT): stops taking assignments, abandons the
     /// running run (its current step ends at the next pass or transfer), waits up to
-    /// [`DRAIN_WAIT`] for the executor to be out of it, so nothing more is written for it,
+    /// [`DRAIN_WAIT`] for the assignment loop to be out of it, so nothing more is written for it,
     /// and tells the coordinator, which re-plans the run's job at once. Returns the run
     /// abandoned (0: none).
     pub async fn drain(mut self) -> u64 {
@@ -187,11 +189,15 @@ impl WorkerNode {
         self.shared.transport.abort("the worker is leaving");
         drop(self.assignments.take());
         let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
-        while self.executor.as_ref().is_some_and(|e| !e.is_finished()) {
+        while self
+            .assignment_loop
+            .as_ref()
+            .is_some_and(|e| !e.is_finished())
+        {
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
                     worker = %self.id,
-                    "the executor is still in run {run} after {} s; leaving anyway",
+                    "the assignment loop is still in run {run} after {} s; leaving anyway",
                     DRAIN_WAIT.as_secs()
                 );
                 break;
@@ -212,14 +218,14 @@ impl WorkerNode {
         run
     }
 
-    /// Stops taking assignments, aborts the running one and waits for the executor.
+    /// Stops taking assignments, aborts the running one and waits for the assignment loop.
     pub async fn shutdown(mut self) {
         self.connection.stop(None);
         let _ = (&mut self.connection_handle).await;
         self.shared.transport.abort("the worker is shutting down");
         drop(self.assignments.take());
-        if let Some(executor) = self.executor.take() {
-            let _ = tokio::task::spawn_blocking(move || executor.join()).await;
+        if let Some(assignment_loop) = self.assignment_loop.take() {
+            let _ = tokio::task::spawn_blocking(move || assignment_loop.join()).await;
         }
     }
 }
@@ -232,7 +238,7 @@ fn device_kind(device: &Device) -> &'static str {
     }
 }
 
-/// How long [`WorkerNode::drain`] waits for the executor to leave its run (a pass or a
+/// How long [`WorkerNode::drain`] waits for the assignment loop to leave its run (a pass or a
 /// checkpoint write in progress finishes first); with [`LEAVE_TIMEOUT`], well within a
 /// pod's termination grace period.
 pub const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(20);

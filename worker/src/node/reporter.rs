@@ -1,5 +1,5 @@
 //! The reporter: sends step reports to the coordinator in order, retrying transient
-//! failures, so the executor never waits on the coordinator within a step.
+//! failures, so the assignment loop never waits on the coordinator within a step.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ pub(crate) async fn reporter(
     shared: Arc<Shared>,
 ) {
     while let Some(report) = reports.recv().await {
-        // Its log lines carry the job, the re-plan and the step, as the executor's do.
+        // Its log lines carry the job, the re-plan and the step, as the assignment loop's do.
         let span = tracing::info_span!(
             "report",
             job = job_of(report.run),

@@ -1,4 +1,4 @@
-//! What the connection actor, the reporter and the executor thread share: the transport,
+//! What the connection actor, the reporter and the assignment thread share: the transport,
 //! the heartbeat's statistics and the run being executed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +24,7 @@ pub(crate) struct Current {
     pub(crate) job: Option<u64>,
 }
 
-/// Shared between the connection actor, the reporter and the executor thread.
+/// Shared between the connection actor, the reporter and the assignment thread.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) transport: Arc<GrpcTransport>,
@@ -32,7 +32,7 @@ pub(crate) struct Shared {
     current: Mutex<Current>,
     /// Set when the worker leaves: the run it abandons for that is no failure to report.
     draining: AtomicBool,
-    /// Notified when the executor ends a run, so the next heartbeat says so at once (a
+    /// Notified when the assignment loop ends a run, so the next heartbeat says so at once (a
     /// re-plan waits for the run's workers to have left it).
     pub(crate) ended: tokio::sync::Notify,
 }
@@ -63,7 +63,7 @@ impl Shared {
     }
 
     /// Aborts the running job if `which` picks it. The check and the abort happen under
-    /// the lock the executor takes to start a job, so a job started since is never hit.
+    /// the lock the assignment loop takes to start a job, so a job started since is never hit.
     pub(crate) fn abort_if(&self, which: impl Fn(u64) -> bool, why: &str) {
         let current = self.current();
         if let Some(job) = current.job.filter(|j| which(*j)) {

@@ -12,7 +12,6 @@ use candle_core::{Device, Tensor};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::schedule::Schedule;
 
-use super::executor::WorkerRuntime;
 use super::program::DEFAULT_TIMEOUT;
 use super::step::StepReport;
 use super::sync::{
@@ -20,6 +19,7 @@ use super::sync::{
 };
 use super::transport::{MemoryTransport, Transport};
 use super::validate::ValidationSet;
+use super::worker_runtime::WorkerRuntime;
 use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};

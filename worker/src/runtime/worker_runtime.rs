@@ -13,9 +13,9 @@ use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
 use pipewise_common::schedule::Schedule;
 
+use super::one_worker_step::{holds_every_stage, run_side_by_side};
 use super::program::{WorkerProgram, check_partition, schedule_program};
 use super::real_passes::RealPasses;
-use super::side_by_side::{holds_every_stage, run_side_by_side};
 use super::step::{Replica, StepReport, StepSync, run_passes};
 use super::transport::Transport;
 use super::validate::{Evaluator, ValidationSet, evaluate};

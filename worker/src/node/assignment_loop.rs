@@ -1,4 +1,4 @@
-//! The executor: one dedicated thread (candle compute stays off the async runtime) that
+//! The assignment loop: one dedicated thread (candle compute stays off the async runtime) that
 //! runs assignments one after another. For each it decodes the assignment, builds its
 //! [`Compute`] (real or emulated), points the worker's transport at the run and its peers,
 //! joins the start barrier and runs the steps in one loop. After every step it queues a
@@ -25,7 +25,7 @@ use crate::runtime::StepReport;
 const MAX_REPORTED_SPANS: usize = 200_000;
 
 /// Runs assignments one after another until the channel closes.
-pub(crate) fn executor_loop(
+pub(crate) fn run_assignments(
     config: &NodeConfig,
     shared: &Shared,
     assignments: &std::sync::mpsc::Receiver<pb::Assignment>,
