@@ -16,6 +16,16 @@
 //! schedule: the predicted step time (makespan plus sync) and bubble, counting the sync
 //! as idle as the measured bubble does. A prediction uses only the steps observed so far:
 //! the supervisor predicts step `k` when step `k − 1` completes.
+//!
+//! What it keeps: the running means cover a stage's last 16 steps; a run's first step
+//! (building its stages and buffers, slower) counts only until the run's second step
+//! replaces it. A stage holding the embedding or the head beside blocks also reports that
+//! piece's own share of each pass (timed on the CPU; a GPU runs its ops asynchronously and
+//! reports none), so one split tells a dear piece from a slow worker. The fit serves splits
+//! a worker has not run; a stage it has run (the split in use) is predicted by its running
+//! means themselves, since no one speed factor per worker need fit every split seen (a
+//! worker's backward slowed more than its forward). The sync is the step's shortest sync
+//! span (the worker that arrived last waited least).
 
 mod all_reduce;
 mod fit;

@@ -2,6 +2,35 @@
 //! the plan's predicted time for several steps in a row has drifted from the costs it was
 //! planned with; it is re-planned on the costs measured since, when the new plan is
 //! predicted enough faster than the running one on those same costs.
+//!
+//! - **When**: [`DRIFT_STEPS`] steps in a row each take at least [`DRIFT_RATIO`] times their
+//!   predicted time (real compute, checkpoints on, two workers or more, predictions from
+//!   measured costs, two steps left).
+//! - **Recalibration** (the supervisor's `recalibrate.rs`): the cost model forgets what it
+//!   measured before those steps and is fitted to them alone, every pass time at its median
+//!   over them (a passing load on one worker in one step, then another worker slowed, would
+//!   otherwise read from their means as both slowed alike), starting from the per-piece costs
+//!   fitted before them (the model keeps its last fits: the fits after the slowdown have
+//!   already put a slowed worker's time into the pieces only it holds, such as the head). A
+//!   drift is a worker's speed changing, not its pieces' work, and steps on one split cannot
+//!   tell the two apart, so the workers' factors are fitted to those costs first.
+//! - **Move**: the split balanced for the recalibrated per-piece costs and per-worker factors
+//!   is simulated; when it is predicted [`DRIFT_GAIN`] times faster than the running split on
+//!   the same costs, every worker stops after the step and the next run goes on from there on
+//!   the new split (`pipewise_replans_total{reason="calibration"}`). A `schedule = "auto"` job
+//!   chooses its whole plan again on the recalibrated costs.
+//! - **Order with the straggler rule** ([`crate::run::straggler`]): this rule is checked
+//!   first, and while it is counting drifted steps the straggler rule waits for its verdict,
+//!   so a worker slowed mid-run is moved by what it measured rather than by FLOPs. When it
+//!   finds no faster split, the straggler rule is checked in the same step.
+//! - **Memory**: neither rule moves to a split predicted to hold more on a worker than the
+//!   memory it registered (with replicas, each rank's tightest): balanced for speed alone, a
+//!   move could pile layers onto a worker without room for them, and memory pressure would
+//!   move the run again as it starts. Such a move goes as far as the memory allows: from the
+//!   split in use, one piece at a time from a stage to another, each time the fitting move
+//!   that shortens the busiest worker's time most, while one does (greedy: over 1,833 random
+//!   small cases it stopped short of the fastest fitting split in 14); its reason ends "(as
+//!   far as the workers' memory allows)".
 
 /// A step drifted when it took at least this many times its predicted time.
 pub const DRIFT_RATIO: f64 = 1.10;

@@ -1,5 +1,17 @@
 //! The memory-pressure policy: the fastest plan predicted to fit the workers' registered
 //! memory when one overflows (or is predicted to).
+//!
+//! A worker's predicted bytes are its peak activations, replayed from its pass order over
+//! the job's layer split, plus its parameters, gradients and AdamW state: 20 bytes per
+//! parameter in f32 (f64 gradients), 22 in bf16, whose parameters keep f32 moments and master
+//! copies as Megatron-LM's mixed-precision optimizer does. They are checked against the
+//! memory the worker registered before a run starts (a device fails to allocate rather than
+//! report), and after each step the measured peak plus those bytes are. When a worker holds
+//! more, the job goes on (from the start, or after every worker stops after the same step)
+//! with the fastest schedule of [`FITTING_KINDS`] on the same workers predicted to fit
+//! every worker's memory and to hold less on the overflowing one. An adaptive schedule whose default limit (1F1B's peak) does
+//! not fit is planned to the bytes there are: `FIT_STEPS` limits bisected below it, the fastest
+//! that fits kept. Later losses and growths re-plan that schedule and limit.
 
 use super::respec::{adopt, respec};
 use super::worker::{StepReport, Worker};

@@ -1,5 +1,15 @@
 //! The straggler policy: which worker is slow per unit of modelled work, and the split of
 //! the pieces that moves layers off it.
+//!
+//! After each step every worker's time in passes is divided by its modelled work: its
+//! pieces' costs, from the cost model once a step has run, their FLOPs before (FLOPs make the
+//! embedding nearly free and miss the head's memory-bound work, so they alone balance the
+//! wrong amounts). A worker at [`STRAGGLER_RATIO`] times the median or more for
+//! [`STRAGGLER_STEPS`] steps in a row, where a split weighted by the measured speeds cuts the
+//! busiest worker's predicted time by the factor [`STRAGGLER_GAIN`],
+//! makes every worker stop after the same step (real compute, checkpoints on); the job goes on
+//! from there with the new split, on the same schedule and workers. The drift rule
+//! ([`crate::run::drift`]) is checked first, and the memory bound described there applies.
 
 use super::worker::{StepReport, Worker};
 use crate::job::{JobPlan, JobSpec};
