@@ -19,13 +19,11 @@ use pipewise_worker::runtime::{
     Transport, WorkerRuntime, run_local,
 };
 use pipewise_worker::test_utils::max_abs_diff;
-use pipewise_worker::{AdamW, Batch, Result, Stage, Trainer};
+use pipewise_worker::{Batch, Result, Stage};
 
-const SEED: u64 = 7;
+use common::reference::{CLIP, Reference, SEED, adamw, reference};
 const MICROBATCHES: u32 = 8;
 const TOLERANCE: f64 = 1e-5;
-/// Global gradient-norm clip: the first steps of these runs exceed it, the later ones not.
-const CLIP: f64 = 1.45;
 
 /// The compute tests' small model, with heads of 16.
 fn spec(layers: u32) -> ModelSpec {
@@ -35,51 +33,9 @@ fn spec(layers: u32) -> ModelSpec {
     }
 }
 
-/// A large learning rate so parameters move visibly, and a clip threshold the early steps
-/// exceed and the later ones do not (the clipped and the unclipped path both run).
-fn adamw() -> AdamW {
-    AdamW {
-        lr: 1e-2,
-        weight_decay: 0.1,
-        max_grad_norm: Some(CLIP),
-        ..AdamW::default()
-    }
-}
-
-struct Reference {
-    losses: Vec<f64>,
-    grad_norms: Vec<f64>,
-    params: BTreeMap<String, Tensor>,
-}
-
-fn reference(spec: &ModelSpec, steps: &[Vec<Batch>]) -> Result<Reference> {
-    let mut trainer = Trainer::new(spec, SEED, &Device::Cpu, adamw())?;
-    let mut losses = Vec::new();
-    let mut grad_norms = Vec::new();
-    for batches in steps {
-        let stats = trainer.train_step(batches)?;
-        losses.push(stats.loss);
-        grad_norms.push(stats.grad_norm);
-    }
-    let params = trainer
-        .stage()
-        .params()
-        .map(|p| (p.name.clone(), p.value.clone()))
-        .collect();
-    Ok(Reference {
-        losses,
-        grad_norms,
-        params,
-    })
-}
-
+/// `kind` over this file's microbatches.
 fn schedule(kind: ScheduleKind, workers: u32, chunks: u32) -> Schedule {
-    let mut req = Request::new(kind, workers, MICROBATCHES);
-    req.chunks = chunks;
-    match generate(&req) {
-        Ok(s) => s,
-        Err(e) => panic!("{kind} on {workers} workers: {e}"),
-    }
+    common::reference::schedule(kind, workers, chunks, MICROBATCHES)
 }
 
 /// The largest differences of `losses` (every step's) and `params` (after the last) from

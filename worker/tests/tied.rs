@@ -10,18 +10,15 @@ mod common;
 use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor};
-use pipewise_common::generate::{Request, ScheduleKind, generate};
+use pipewise_common::generate::ScheduleKind;
 use pipewise_common::model::ModelSpec;
-use pipewise_common::schedule::Schedule;
 use pipewise_worker::checkpoint::tensor_bits;
 use pipewise_worker::runtime::{LocalOptions, LocalRun, run_local};
 use pipewise_worker::{AdamW, Batch, Result, Stage, Trainer};
 
-const SEED: u64 = 7;
+use common::reference::{CLIP, Reference, SEED, adamw, reference, schedule};
 const MICROBATCHES: u32 = 8;
 const STEPS: u64 = 5;
-/// Global gradient-norm clip: the first steps of these runs exceed it, the later ones not.
-const CLIP: f64 = 1.45;
 
 /// The tied Llama of these tests: heads of 16, 2 query heads sharing 1 key/value head.
 fn tied(layers: u32) -> ModelSpec {
@@ -31,47 +28,6 @@ fn tied(layers: u32) -> ModelSpec {
         tie_embeddings: true,
         ..common::small_llama(layers)
     }
-}
-
-fn adamw() -> AdamW {
-    AdamW {
-        lr: 1e-2,
-        weight_decay: 0.1,
-        max_grad_norm: Some(CLIP),
-        ..AdamW::default()
-    }
-}
-
-struct Reference {
-    losses: Vec<f64>,
-    grad_norms: Vec<f64>,
-    params: BTreeMap<String, Tensor>,
-}
-
-fn reference(spec: &ModelSpec, steps: &[Vec<Batch>]) -> Result<Reference> {
-    let mut trainer = Trainer::new(spec, SEED, &Device::Cpu, adamw())?;
-    let (mut losses, mut grad_norms) = (Vec::new(), Vec::new());
-    for batches in steps {
-        let stats = trainer.train_step(batches)?;
-        losses.push(stats.loss);
-        grad_norms.push(stats.grad_norm);
-    }
-    let params = trainer
-        .stage()
-        .params()
-        .map(|p| (p.name.clone(), p.value.clone()))
-        .collect();
-    Ok(Reference {
-        losses,
-        grad_norms,
-        params,
-    })
-}
-
-fn schedule(kind: ScheduleKind, workers: u32, chunks: u32, microbatches: u32) -> Schedule {
-    let mut req = Request::new(kind, workers, microbatches);
-    req.chunks = chunks;
-    generate(&req).unwrap_or_else(|e| panic!("{kind} on {workers} workers: {e}"))
 }
 
 /// The names of the parameters of `params` whose bits differ from `want`'s.

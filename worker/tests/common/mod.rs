@@ -9,6 +9,7 @@ use candle_core::{D, DType, Device, Tensor, Var, backprop::GradStore};
 use pipewise_common::model::{DType as SpecDType, Family, ModelSpec};
 
 mod llama;
+pub mod reference;
 use pipewise_worker::{Result, Stage};
 
 /// The small model of the compute tests.
