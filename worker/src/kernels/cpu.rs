@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use rayon::prelude::*;
 
 use crate::error::Result;
 
@@ -302,6 +303,31 @@ pub(crate) fn cols_per_task(rows: usize, cols: usize) -> Option<usize> {
 pub(crate) fn rows_per_task(rows: usize) -> Option<usize> {
     let t = threads();
     (t > 1 && rows >= PAR_MIN_ROWS).then(|| rows.div_ceil(4 * t).max(16))
+}
+
+/// A fresh output of `rows` rows of `cols` f32, filled block by block of whole rows, over
+/// the threads where [`rows_per_task`] says so: `fill(first_row, block)` is given a block's
+/// first row and its room, `block.len() / cols` rows. A kernel whose rows are independent
+/// needs no more scaffolding than its row loop.
+///
+/// # Safety
+/// `fill` must write every element of every block it is given.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn fill_rows(
+    rows: usize,
+    cols: usize,
+    fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
+) -> Vec<f32> {
+    let mut out = uninit(rows * cols);
+    match rows_per_task(rows) {
+        Some(k) if cols > 0 => out
+            .par_chunks_mut(k * cols)
+            .enumerate()
+            .for_each(|(i, block)| fill(i * k, block)),
+        _ => fill(0, &mut out),
+    }
+    // SAFETY: the blocks cover `out`, and `fill` writes all of each (the caller's contract).
+    unsafe { written(out) }
 }
 
 /// The elements of `s` under a contiguous `l` inside a [`candle_core::CustomOp1`]-style

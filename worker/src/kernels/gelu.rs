@@ -9,9 +9,8 @@
 use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
-use rayon::prelude::*;
 
-use super::cpu::{rows_per_task, storage_f32, uninit, written};
+use super::cpu::{fill_rows, storage_f32};
 use super::simd::{self, multiversion};
 use crate::error::Result;
 
@@ -45,24 +44,6 @@ multiversion! {
     }
 }
 
-/// `chunk(range of inputs, range of output)` over `len` elements of `rows` equal rows,
-/// split over threads by rows where [`rows_per_task`] says so.
-fn split(
-    rows: usize,
-    len: usize,
-    out: &mut [MaybeUninit<f32>],
-    chunk: impl Fn(std::ops::Range<usize>, &mut [MaybeUninit<f32>]) + Sync,
-) {
-    let cols = len / rows.max(1);
-    match rows_per_task(rows) {
-        Some(k) if cols > 0 => out
-            .par_chunks_mut(k * cols)
-            .enumerate()
-            .for_each(|(i, o)| chunk(i * k * cols..i * k * cols + o.len(), o)),
-        _ => chunk(0..len, out),
-    }
-}
-
 /// Rows of a `[.., features]` shape (1 for a rank-0 or rank-1 one).
 fn rows_of(shape: &Shape) -> usize {
     let dims = shape.dims();
@@ -82,13 +63,15 @@ impl CustomOp1 for Forward {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let u = storage_f32(s, l, self.name())?;
-        let mut out = uninit(u.len());
-        split(rows_of(l.shape()), u.len(), &mut out, |r, o| {
-            forward_chunk(&u[r], o)
-        });
-        // SAFETY: the chunks cover `out`, and each writes all of its part.
+        let rows = rows_of(l.shape());
+        let cols = u.len() / rows.max(1);
+        // SAFETY: `forward_chunk` writes every element of its block.
         #[allow(unsafe_code)]
-        let out = unsafe { written(out) };
+        let out = unsafe {
+            fill_rows(rows, cols, |r0, o| {
+                forward_chunk(&u[r0 * cols..r0 * cols + o.len()], o)
+            })
+        };
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 }
@@ -119,13 +102,16 @@ impl CustomOp2 for Backward {
                 l2.shape()
             );
         }
-        let mut out = uninit(u.len());
-        split(rows_of(l1.shape()), u.len(), &mut out, |r, o| {
-            backward_chunk(&u[r.clone()], &dy[r], o)
-        });
-        // SAFETY: the chunks cover `out`, and each writes all of its part.
+        let rows = rows_of(l1.shape());
+        let cols = u.len() / rows.max(1);
+        // SAFETY: `backward_chunk` writes every element of its block.
         #[allow(unsafe_code)]
-        let out = unsafe { written(out) };
+        let out = unsafe {
+            fill_rows(rows, cols, |r0, o| {
+                let r = r0 * cols..r0 * cols + o.len();
+                backward_chunk(&u[r.clone()], &dy[r], o)
+            })
+        };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

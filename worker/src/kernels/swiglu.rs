@@ -10,9 +10,8 @@
 use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
-use rayon::prelude::*;
 
-use super::cpu::{rows_per_task, storage_f32, uninit, written};
+use super::cpu::{fill_rows, storage_f32};
 use super::simd::{self, multiversion};
 use crate::error::Result;
 
@@ -45,23 +44,6 @@ multiversion! {
     }
 }
 
-/// `chunk(first row, rows' outputs)` over `rows` rows of `out_cols` outputs each, split
-/// over threads by rows where [`rows_per_task`] says so.
-fn split(
-    rows: usize,
-    out_cols: usize,
-    out: &mut [MaybeUninit<f32>],
-    chunk: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
-) {
-    match rows_per_task(rows) {
-        Some(k) if out_cols > 0 => out
-            .par_chunks_mut(k * out_cols)
-            .enumerate()
-            .for_each(|(i, o)| chunk(i * k, o)),
-        _ => chunk(0, out),
-    }
-}
-
 /// `(rows, m)` of `gu: [rows, 2m]`; an error naming `op` otherwise.
 fn dims(op: &str, l: &Layout) -> candle_core::Result<(usize, usize)> {
     let (rows, cols) = l.shape().dims2()?;
@@ -81,13 +63,13 @@ impl CustomOp1 for Forward {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let gu = storage_f32(s, l, self.name())?;
         let (rows, m) = dims(self.name(), l)?;
-        let mut out = uninit(rows * m);
-        split(rows, m, &mut out, |r0, o| {
-            forward_rows(&gu[r0 * 2 * m..(r0 * m + o.len()) * 2], m, o)
-        });
-        // SAFETY: the chunks cover `out`, and each writes all of its rows.
+        // SAFETY: `forward_rows` writes every element of its rows.
         #[allow(unsafe_code)]
-        let out = unsafe { written(out) };
+        let out = unsafe {
+            fill_rows(rows, m, |r0, o| {
+                forward_rows(&gu[r0 * 2 * m..(r0 * m + o.len()) * 2], m, o)
+            })
+        };
         Ok((CpuStorage::F32(out), Shape::from((rows, m))))
     }
 }
@@ -119,14 +101,14 @@ impl CustomOp2 for Backward {
                 l2.shape()
             );
         }
-        let mut out = uninit(rows * 2 * m);
-        split(rows, 2 * m, &mut out, |r0, o| {
-            let r1 = r0 + o.len() / (2 * m);
-            backward_rows(&gu[r0 * 2 * m..r1 * 2 * m], &dy[r0 * m..r1 * m], m, o)
-        });
-        // SAFETY: the chunks cover `out`, and each writes all of its rows.
+        // SAFETY: `backward_rows` writes every element of its rows.
         #[allow(unsafe_code)]
-        let out = unsafe { written(out) };
+        let out = unsafe {
+            fill_rows(rows, 2 * m, |r0, o| {
+                let r1 = r0 + o.len() / (2 * m);
+                backward_rows(&gu[r0 * 2 * m..r1 * 2 * m], &dy[r0 * m..r1 * m], m, o)
+            })
+        };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
