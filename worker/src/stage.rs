@@ -17,6 +17,7 @@ use crate::piece::{ForwardStash, NormGrads, PieceState, WeightStash};
 mod evaluate;
 pub mod infer;
 mod passes_in_lanes;
+mod recompute;
 pub(crate) mod tied;
 
 /// One microbatch's `F` among side-by-side passes: its index, input and (on the last
@@ -40,6 +41,13 @@ enum Pending {
         shape: (usize, usize),
         stashes: Vec<ForwardStash>,
     },
+    /// After `F` on a stage that recomputes ([`Stage::set_recompute`]): only the stage's
+    /// input (and the last stage's targets); `B` runs `F` again first.
+    Recompute {
+        shape: (usize, usize),
+        input: Tensor,
+        targets: Option<Tensor>,
+    },
     /// After `B`: one stash per piece.
     Weight { stashes: Vec<WeightStash> },
 }
@@ -48,6 +56,10 @@ impl Pending {
     fn bytes(&self) -> u64 {
         match self {
             Pending::Backward { stashes, .. } => stashes.iter().map(ForwardStash::bytes).sum(),
+            Pending::Recompute { input, targets, .. } => std::iter::once(input)
+                .chain(targets)
+                .map(recompute::bytes)
+                .sum(),
             Pending::Weight { stashes } => stashes.iter().map(WeightStash::bytes).sum(),
         }
     }
@@ -88,6 +100,10 @@ pub struct Stage {
     peak_stash_bytes: u64,
     /// Seconds the last pass spent in the stage's embedding or head piece.
     edge_secs: f64,
+    /// `F` keeps only the stage's input and `B` runs it again ([`Stage::set_recompute`]).
+    recompute: bool,
+    /// Bytes of the stashes `B` rebuilt since [`Stage::take_rebuilt_bytes`] last asked.
+    rebuilt_bytes: u64,
 }
 
 impl Stage {
@@ -138,6 +154,8 @@ impl Stage {
             stash_bytes: 0,
             peak_stash_bytes: 0,
             edge_secs: 0.0,
+            recompute: false,
+            rebuilt_bytes: 0,
         })
     }
 
@@ -246,7 +264,7 @@ impl Stage {
         let mut w = Vec::new();
         for (&mb, p) in &self.pending {
             match p {
-                Pending::Backward { .. } => b.push(mb),
+                Pending::Backward { .. } | Pending::Recompute { .. } => b.push(mb),
                 Pending::Weight { .. } => w.push(mb),
             }
         }
@@ -287,15 +305,9 @@ impl Stage {
         let shape = self.check_forward(mb, input, targets)?;
         let f = self.forward_compute(shape, input, targets)?;
         self.edge_secs = f.edge_secs;
-        self.pending.insert(
-            mb,
-            Pending::Backward {
-                shape,
-                stashes: f.stashes,
-            },
-        );
+        let out = self.stash_forward(mb, shape, f, input, targets);
         self.account();
-        Ok(f.out)
+        Ok(out)
     }
 
     /// Checks that `F` of `mb` may run on `input` (and `targets`); its `(b, t)`.
@@ -399,11 +411,9 @@ impl Stage {
         grad_output: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
         self.check_backward_input(mb, grad_output)?;
-        let Some(Pending::Backward { shape, stashes }) = self.pending.remove(&mb) else {
-            return Err(self.order_error("B", mb, "no forward pending"));
-        };
+        let (shape, stashes, recompute_edge) = self.take_forward(mb)?;
         let b = self.backward_input_compute(mb, shape, stashes, grad_output)?;
-        self.edge_secs = b.edge_secs;
+        self.edge_secs = b.edge_secs + recompute_edge;
         self.add_norm_grads(b.norms)?;
         self.pending
             .insert(mb, Pending::Weight { stashes: b.stashes });
@@ -422,7 +432,7 @@ impl Stage {
     /// Checks that `B` of `mb` may run, with `grad_output` if given.
     fn check_backward_input(&self, mb: u32, grad_output: Option<&Tensor>) -> Result<()> {
         match self.pending.get(&mb) {
-            Some(Pending::Backward { .. }) => {}
+            Some(Pending::Backward { .. } | Pending::Recompute { .. }) => {}
             Some(Pending::Weight { .. }) => {
                 return Err(self.order_error("B", mb, "B already ran (waiting for W)"));
             }

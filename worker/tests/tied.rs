@@ -16,7 +16,7 @@ use pipewise_worker::checkpoint::tensor_bits;
 use pipewise_worker::runtime::{LocalOptions, LocalRun, run_local};
 use pipewise_worker::{AdamW, Batch, Result, Stage, Trainer};
 
-use common::reference::{CLIP, Reference, SEED, adamw, reference, schedule};
+use common::reference::{CLIP, Reference, SEED, adamw, differing, reference, schedule};
 const MICROBATCHES: u32 = 8;
 const STEPS: u64 = 5;
 
@@ -28,24 +28,6 @@ fn tied(layers: u32) -> ModelSpec {
         tie_embeddings: true,
         ..common::small_llama(layers)
     }
-}
-
-/// The names of the parameters of `params` whose bits differ from `want`'s.
-fn differing(
-    params: &BTreeMap<String, Tensor>,
-    want: &BTreeMap<String, Tensor>,
-) -> Result<Vec<String>> {
-    assert_eq!(params.len(), want.len(), "parameter count");
-    let mut differ = Vec::new();
-    for (name, w) in want {
-        let Some(got) = params.get(name) else {
-            panic!("no parameter {name}");
-        };
-        if tensor_bits(got)? != tensor_bits(w)? {
-            differ.push(name.clone());
-        }
-    }
-    Ok(differ)
 }
 
 /// The head's copy of the table, transposed back, has the embedding's bits.

@@ -376,6 +376,8 @@ pub struct LocalOptions<'a> {
     /// `[validation]`: `(set, freq)`, evaluate `set` after every `freq`-th step (counted
     /// from the job's first) and after the last of the steps run.
     pub validation: Option<(&'a ValidationSet, u64)>,
+    /// The stages that recompute their activations in `B` ([`crate::Stage::set_recompute`]).
+    pub recompute: &'a [u32],
 }
 
 impl Default for LocalOptions<'_> {
@@ -389,6 +391,7 @@ impl Default for LocalOptions<'_> {
             checkpoints: None,
             replicas: 1,
             validation: None,
+            recompute: &[],
         }
     }
 }
@@ -526,6 +529,7 @@ pub fn run_local(
                             })?;
                         }
                         rt.set_timeout(options.timeout);
+                        rt.set_recompute(options.recompute);
                         if let Some(output) = options.checkpoints
                             && options.first_step > 0
                         {

@@ -89,7 +89,10 @@ pub(super) fn run_side_by_side(
                 .zip(&grads)
                 .map(|(&mb, g)| (mb, g.as_ref()))
                 .collect();
-            let ran = p.stage_mut(s)?.backward_input_side_by_side(&items)?;
+            let stashed_before = p.stash_bytes();
+            let stage = p.stage_mut(s)?;
+            let ran = stage.backward_input_side_by_side(&items)?;
+            peak = peak.max(stashed_before + stage.take_rebuilt_bytes());
             grads = group
                 .iter()
                 .zip(ran)

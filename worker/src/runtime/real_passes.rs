@@ -108,6 +108,13 @@ impl Passes for RealPasses<'_> {
         self.stages.values().map(Stage::stash_bytes).sum()
     }
 
+    fn take_rebuilt_bytes(&mut self) -> u64 {
+        self.stages
+            .values_mut()
+            .map(Stage::take_rebuilt_bytes)
+            .sum()
+    }
+
     fn edge_secs(&self, pass: Pass) -> Option<f64> {
         // A slowed worker is slowed in every piece (its passes stretch by the factor).
         let stretch = self.slowdown.max(1.0);

@@ -103,6 +103,12 @@ pub(crate) trait Passes {
     /// Bytes stashed for pending `B` and `W` passes now.
     fn stash_bytes(&self) -> u64;
 
+    /// Bytes of stashes rebuilt by the passes run since the last call (a recomputing
+    /// stage's `B`), held during the pass beside what was stashed before it.
+    fn take_rebuilt_bytes(&mut self) -> u64 {
+        0
+    }
+
     /// Seconds the last run `pass` spent in its stage's embedding or head piece (0: the
     /// stage has neither; `None`: not measured).
     fn edge_secs(&self, _pass: Pass) -> Option<f64> {
@@ -202,6 +208,7 @@ pub(crate) fn run_passes<P: Passes>(
                 }),
                 None => None,
             };
+            let stashed_before = passes.stash_bytes();
             let t0 = Instant::now();
             let mark = rec.core_wait.mark();
             let output = passes.run(pass, input)?;
@@ -227,7 +234,9 @@ pub(crate) fn run_passes<P: Passes>(
                 })?;
                 link.deliver(&mut local, &mut rec, pass, to, kind, value, P::into_payload)?;
             }
-            peak = peak.max(passes.stash_bytes());
+            peak = peak
+                .max(passes.stash_bytes())
+                .max(stashed_before + passes.take_rebuilt_bytes());
             if let Some(r) = &reducer {
                 if let Some((_, s)) = finals.next_if(|&(at, _)| at == i) {
                     r.sum(s, passes.stage_grads(s)?);

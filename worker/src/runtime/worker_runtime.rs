@@ -232,6 +232,14 @@ impl WorkerRuntime {
         Ok(())
     }
 
+    /// Makes the stages in `stages` recompute their activations in `B` and the others keep
+    /// them ([`Stage::set_recompute`]); stages this worker does not hold are ignored.
+    pub fn set_recompute(&mut self, stages: &[u32]) {
+        for (s, stage) in &mut self.stages {
+            stage.set_recompute(stages.contains(s));
+        }
+    }
+
     /// Sets how long to wait for a frame (and, in [`run_local`], for the other workers).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.program.timeout = timeout;

@@ -32,17 +32,10 @@ impl Stage {
             this.forward_compute(shape, input, targets)
         })?;
         let mut outs = Vec::with_capacity(ran.len());
-        for ((r, &(mb, ..)), shape) in ran.into_iter().zip(items).zip(shapes) {
-            let f = r.value?;
-            self.pending.insert(
-                mb,
-                Pending::Backward {
-                    shape,
-                    stashes: f.stashes,
-                },
-            );
+        for ((r, &(mb, input, targets)), shape) in ran.into_iter().zip(items).zip(shapes) {
+            let out = self.stash_forward(mb, shape, r.value?, input, targets);
             outs.push(Ran {
-                value: f.out,
+                value: out,
                 started: r.started,
                 ended: r.ended,
             });
@@ -61,11 +54,11 @@ impl Stage {
         for &(mb, g) in items {
             self.check_backward_input(mb, g)?;
         }
+        // A recomputing stage runs its microbatches' `F` again here, one after the other.
         let mut work = Vec::with_capacity(items.len());
         for &(mb, g) in items {
-            if let Some(Pending::Backward { shape, stashes }) = self.pending.remove(&mb) {
-                work.push((mb, shape, stashes, g));
-            }
+            let (shape, stashes, _) = self.take_forward(mb)?;
+            work.push((mb, shape, stashes, g));
         }
         let this = &*self;
         let ran = side_by_side(work, |(mb, shape, stashes, g)| {

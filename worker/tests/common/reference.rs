@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 use pipewise_common::generate::{Request, ScheduleKind, generate};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::schedule::Schedule;
+use pipewise_worker::checkpoint::tensor_bits;
 use pipewise_worker::{AdamW, Batch, Result, Trainer};
 
 /// The parameters' seed of every run of these tests.
@@ -61,4 +62,22 @@ pub fn schedule(kind: ScheduleKind, workers: u32, chunks: u32, microbatches: u32
     let mut req = Request::new(kind, workers, microbatches);
     req.chunks = chunks;
     generate(&req).unwrap_or_else(|e| panic!("{kind} on {workers} workers: {e}"))
+}
+
+/// The names of the parameters of `params` whose bits differ from `want`'s.
+pub fn differing(
+    params: &BTreeMap<String, Tensor>,
+    want: &BTreeMap<String, Tensor>,
+) -> Result<Vec<String>> {
+    assert_eq!(params.len(), want.len(), "parameter count");
+    let mut differ = Vec::new();
+    for (name, w) in want {
+        let Some(got) = params.get(name) else {
+            panic!("no parameter {name}");
+        };
+        if tensor_bits(got)? != tensor_bits(w)? {
+            differ.push(name.clone());
+        }
+    }
+    Ok(differ)
 }
