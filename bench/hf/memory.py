@@ -46,6 +46,8 @@ SIZES = {
     "330m": (1024, 24, 16, 4, 2816, 32000),
 }
 PARAMETER_GAUGE = re.compile(r'^pipewise_parameter_bytes\{[^}]*worker="(\d+)"[^}]*\}\s+(\S+)', re.M)
+ACTIVATION_GAUGE = re.compile(
+    r'^pipewise_worker_peak_activation_bytes\{[^}]*worker="(\d+)"[^}]*\}\s+(\S+)', re.M)
 
 JOB = """[job]
 name = "hf-memory-{size}"
@@ -156,20 +158,23 @@ def start(cmd, log):
     return p, line
 
 
-def scrape_gauge(port, deadline=30.0):
-    """The worker index and `pipewise_parameter_bytes` the metrics on `port` report."""
+def scrape_gauges(port, deadline=30.0):
+    """The worker index, its `pipewise_parameter_bytes` and its
+    `pipewise_worker_peak_activation_bytes` (the last step's largest stash held for pending
+    backward passes), as the metrics on `port` report them."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         try:
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
-            found = PARAMETER_GAUGE.findall(text.decode())
-            if found:
-                w, v = found[-1]
-                return int(w), int(float(v))
+            params = PARAMETER_GAUGE.findall(text.decode())
+            acts = ACTIVATION_GAUGE.findall(text.decode())
+            if params and acts:
+                (w, v), (_, a) = params[-1], acts[-1]
+                return int(w), int(float(v)), int(float(a))
         except OSError:
             pass
         time.sleep(0.2)
-    return None, None
+    return None, None, 0
 
 
 def run(args, size, tmp):
@@ -221,8 +226,8 @@ def run(args, size, tmp):
         took = time.monotonic() - t0
         rows = []
         for i, (p, port) in enumerate(zip(procs[1:], ports)):
-            worker, gauge = scrape_gauge(port)
-            rows.append((worker, status(p.pid), gauge, loaded.get(i)))
+            worker, gauge, acts = scrape_gauges(port)
+            rows.append((worker, status(p.pid), gauge, acts, loaded.get(i)))
     finally:
         for p in procs:
             p.kill()
@@ -268,30 +273,34 @@ def main():
                 failed = True
                 continue
             print(f"{'worker':>6} {'params M':>9} {'param MiB':>10} {'state MiB':>10} "
-                  f"{'loaded MiB':>11} {'peak MiB':>9} {'overhead MiB':>13} {'RssFile MiB':>12}"
-                  "  gauge")
-            for worker, st, gauge, at_load in rows:
+                  f"{'loaded MiB':>11} {'peak MiB':>9} {'acts MiB':>9} {'fixed MiB':>10} "
+                  f"{'RssFile MiB':>12}  gauge")
+            for worker, st, gauge, acts, at_load in rows:
                 n = params[worker] if worker is not None else 0
                 pb, sb = n * value, n * per_state
-                over = st["VmHWM"] - pb - sb
+                fixed = st["VmHWM"] - pb - sb - acts
                 want = n * (value + per_state - 8)
                 ok = gauge == want
                 failed |= not ok
-                overheads.setdefault(size, []).append(over)
+                overheads.setdefault(size, []).append(
+                    (st["VmHWM"] - pb - sb, acts, fixed, None if at_load is None else at_load - pb))
                 shown = "?" if at_load is None else f"{at_load / 2**20:.1f}"
                 print(f"{worker!s:>6} {n / 1e6:>9.1f} {pb / 2**20:>10.1f} {sb / 2**20:>10.1f} "
-                      f"{shown:>11} {st['VmHWM'] / 2**20:>9.1f} {over / 2**20:>13.1f} "
-                      f"{st['RssFile'] / 2**20:>12.1f}  {'= count' if ok else f'{gauge} ≠ {want} ✗'}",
-                      flush=True)
+                      f"{shown:>11} {st['VmHWM'] / 2**20:>9.1f} {acts / 2**20:>9.1f} "
+                      f"{fixed / 2**20:>10.1f} {st['RssFile'] / 2**20:>12.1f}  "
+                      f"{'= count' if ok else f'{gauge} ≠ {want} ✗'}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"logs in {tmp}")
-    if overheads:
-        print("overhead = peak − (parameters + state), MiB: "
-              + "  |  ".join(f"{s}: {min(o) / 2**20:.1f} … {max(o) / 2**20:.1f}"
-                             for s, o in overheads.items()))
+    for size, rows in overheads.items():
+        def span(i):
+            got = [r[i] for r in rows if r[i] is not None]
+            return f"{min(got) / 2**20:.1f} … {max(got) / 2**20:.1f}" if got else "?"
+        print(f"{size} MiB: after loading, peak − parameters {span(3)}; after training, "
+              f"peak − (parameters + state) {span(0)}, of which activations {span(1)} and "
+              f"the fixed overhead {span(2)}")
     return 1 if failed else 0
 
 

@@ -372,8 +372,8 @@ fn accumulate_strips(
     let (by_rows, count) = strips(inner, out, budget);
     let long = if by_rows { inner } else { out };
     PRODUCT.with_borrow_mut(|scratch| {
-        for i in 0..count {
-            let (start, end) = (long * i / count, long * (i + 1) / count);
+        for strip in 0..count {
+            let (start, end) = (long * strip / count, long * (strip + 1) / count);
             let (rows, cols) = if by_rows {
                 (end - start, out)
             } else {
@@ -424,8 +424,8 @@ fn add_wide_split(grad: &mut [f64], part: &[f32]) {
     }
 }
 
-/// Adds `part`, a row-major strip of `part.len() / rows` columns, to the columns from
-/// `start` of each row of the row-major, `cols`-wide `grad`, in f64.
+/// Adds `part`, a row-major strip with as many rows as `grad`, to the columns from `start`
+/// of each row of the row-major, `cols`-wide `grad`, in f64.
 fn add_columns(grad: &mut [f64], cols: usize, start: usize, part: &[f32]) {
     let width = part.len() / (grad.len() / cols);
     let add =
