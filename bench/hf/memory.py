@@ -22,8 +22,8 @@ and checked against the count.
 The claim: no worker maps or copies the whole model, nor a second copy of its own
 largest tensor: the fixed overhead is about the same on every worker and at every model
 size. Measured 2026-12-05 (f32, 1F1B, 4 workers, seq 32, microbatches of 1, 2 steps):
-after loading, peak − parameters is 30.0–31.7 MiB (112 M parameters) and 37.6–40.1 MiB
-(336 M); after training, the fixed overhead is 28.3–34.6 MiB (112 M) and 39.9–46.8 MiB
+after loading, peak − parameters is 30.1–31.5 MiB (112 M parameters) and 37.6–39.9 MiB
+(336 M); after training, the fixed overhead is 28.2–34.7 MiB (112 M) and 35.1–46.6 MiB
 (336 M) on every worker, the embedding's and the head's included, with activations of
 6.8–12.4 and 13.4–44.3 MiB beside it. (Before, peak − (parameters + state) was
 70.6–74.3 / 129.9–136.8 MiB on the middle workers, 237.7 / 355.2 MiB on the embedding's and
