@@ -250,12 +250,45 @@ fn write_tensors(
         .map_err(io)?;
     out.write_all(&header).map_err(io)?;
     for (_, t) in order {
-        out.write_all(&t.data()).map_err(io)?;
+        write_data(&mut out, t).map_err(io)?;
     }
     out.flush().map_err(io)
 }
 
 /// A tensor's dtype as safetensors names it.
+/// Elements per write when a tensor's bytes are streamed from its storage.
+const WRITE_CHUNK: usize = 1 << 16;
+
+/// Writes `t`'s bytes as safetensors lays them out (little-endian): an f32 or f64 CPU
+/// tensor's straight from its storage, a chunk at a time, so a save never holds a copy of
+/// a whole tensor (a vocabulary table's would be a table-sized buffer beside the
+/// parameter's own state); any other through a copy.
+fn write_data(out: &mut impl Write, t: &Tensor) -> std::io::Result<()> {
+    use crate::kernels::cpu::{with_f32, with_f64};
+    if let Some(written) = with_f32(t, |v| write_le(out, v, f32::to_le_bytes)) {
+        return written;
+    }
+    if let Some(written) = with_f64(t, |v| write_le(out, v, f64::to_le_bytes)) {
+        return written;
+    }
+    out.write_all(&t.data())
+}
+
+/// Writes `values` as their little-endian bytes, [`WRITE_CHUNK`] elements at a time.
+fn write_le<T: Copy, const N: usize>(
+    out: &mut impl Write,
+    values: &[T],
+    le: fn(T) -> [u8; N],
+) -> std::io::Result<()> {
+    let mut bytes = Vec::with_capacity(WRITE_CHUNK.min(values.len()) * N);
+    for chunk in values.chunks(WRITE_CHUNK) {
+        bytes.clear();
+        bytes.extend(chunk.iter().flat_map(|&v| le(v)));
+        out.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
 fn st_dtype(t: &Tensor) -> safetensors::Dtype {
     safetensors::View::dtype(t)
 }

@@ -10,8 +10,6 @@
 
 use candle_core::{DType, Tensor};
 
-use std::cell::RefCell;
-
 use super::cpu::{all_f32_cpu, distinct_f32, with_f32, with_f32_mut, with_f64, with_f64_mut};
 use super::simd::{self, multiversion};
 use crate::error::Result;
@@ -77,12 +75,15 @@ impl Consts {
 }
 
 multiversion! {
-    /// One AdamW step over `w` (value or master copy), `m`, `v` with gradient `g`.
-    fn step(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: Consts) {
+    /// One AdamW step over `w` (value or master copy), `m`, `v` with the accumulated
+    /// gradient `g`, each element rounded to f32 as it is read (as candle's cast rounds
+    /// it): no f32 copy of the whole gradient is made, which for a vocabulary table would
+    /// be a table-sized buffer beside the parameter's own state.
+    fn step(w: &mut [f32], g: &[f64], m: &mut [f32], v: &mut [f32], c: Consts) {
         let shrink = c.shrink.unwrap_or(1.0);
         let decay = c.shrink.is_some();
         for (((wv, &gv), mv), vv) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            let g = gv * c.scale;
+            let g = (gv as f32) * c.scale;
             let m = *mv * c.beta1 + g * c.one_minus_beta1;
             let v = *vv * c.beta2 + (g * g) * c.one_minus_beta2;
             let denom = (v * c.inv_bc2).sqrt() + c.eps;
@@ -110,11 +111,6 @@ multiversion! {
     }
 }
 
-thread_local! {
-    /// The accumulated gradient rounded to f32 for one update (reused, never shrunk).
-    static ROUNDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
 /// One AdamW update in place where `target` (an f32 parameter's value or the master copy of
 /// a narrower one), `m` and `v` are contiguous f32 CPU tensors with distinct storages and
 /// `grad` a contiguous f64 CPU tensor (the accumulated gradient, rounded to f32 here as
@@ -132,15 +128,8 @@ pub(crate) fn update(
         return Ok(false);
     }
     let c = Consts::new(h);
-    ROUNDED.with_borrow_mut(|g| -> Result<bool> {
-        let rounded = with_f64(grad, |wide| {
-            g.clear();
-            g.extend(wide.iter().map(|&x| x as f32));
-        });
-        if rounded.is_none() {
-            return Ok(false);
-        }
-        let g = &g[..];
+    // The gradient is f64 and the others f32, so it is never one of their storages.
+    let done = with_f64(grad, |g| -> Result<bool> {
         let m_done = with_f32_mut(m, |m| -> Result<bool> {
             let v_done = with_f32_mut(v, |v| -> Result<bool> {
                 Ok(with_f32_mut(target, |w| step(w, g, m, v, c))?.is_some())
@@ -148,7 +137,8 @@ pub(crate) fn update(
             Ok(v_done.transpose()?.unwrap_or(false))
         })?;
         Ok(m_done.transpose()?.unwrap_or(false))
-    })
+    });
+    Ok(done.transpose()?.unwrap_or(false))
 }
 
 /// `acc += g` in place (`g` converted to f32 first if narrower, each value then added in

@@ -303,8 +303,26 @@ impl CustomOp2 for GradInput {
 struct AccumulateGradWeight;
 
 thread_local! {
-    /// One weight gradient's product before it is added in f64 (reused, never shrunk).
+    /// One strip of a weight gradient's product before it is added in f64 (reused, never
+    /// shrunk; at most about [`STRIP_ELEMS`]).
     static PRODUCT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Elements of the f32 product a weight gradient is computed in before its f64 add, about:
+/// a larger gradient (a vocabulary table's, tens of millions of elements) is made strip by
+/// strip, so the scratch stays a fixed few MiB instead of an f32 copy of the table beside
+/// its f64 gradient. Strips change no bit: each is a product of its own, and no element's
+/// sum depends on the cut (see [`BLOCK`]); strips are at least [`BLOCK`] wide, so none is
+/// on gemm's small-product path.
+const STRIP_ELEMS: usize = 1 << 20;
+
+/// How an `inner × out` weight gradient is cut into strips of about `budget` elements:
+/// whether along its rows (else its columns, the longer side), and how many strips. Strip
+/// `i` of `count` over a side of `long` covers `long·i/count .. long·(i+1)/count`.
+fn strips(inner: usize, out: usize, budget: usize) -> (bool, usize) {
+    let (long, short) = (inner.max(out), inner.min(out));
+    let wanted = (long * short).div_ceil(budget.max(1));
+    (inner > out, wanted.min(long / BLOCK).max(1))
 }
 
 impl InplaceOp3 for AccumulateGradWeight {
@@ -337,42 +355,92 @@ impl InplaceOp3 for AccumulateGradWeight {
             CpuStorage::F64(v) => &mut v[start..end],
             _ => candle_core::bail!("{}: grad is not f64", self.name()),
         };
-        // xᵀ: element (i, t) is x[t][i].
-        let lhs = Operand {
-            ptr: x.as_ptr(),
-            rs: 1,
-            cs: inner as isize,
-        };
-        let rhs = Operand {
-            ptr: dy.as_ptr(),
-            rs: out as isize,
-            cs: 1,
-        };
-        // The product in f32 (one microbatch's gradient, the same bits wherever it is
-        // computed), then added in f64.
-        PRODUCT.with_borrow_mut(|scratch| {
-            // Grown, never cleared: the product overwrites it (no zeroing per pass).
-            if scratch.len() < inner * out {
-                scratch.resize(inner * out, 0.0);
-            }
-            let scratch = &mut scratch[..inner * out];
-            // SAFETY: `scratch` is an initialised `inner × out` row-major buffer of this
-            // thread's, so it overlaps neither `x` nor `dy`, the checked row-major slices
-            // read here.
-            unsafe { product((inner, out, n), scratch.as_mut_ptr(), false, lhs, rhs) };
-            // Element by element, so splitting it over the threads changes no bit.
-            match threads() {
-                0 | 1 => super::adamw::add_wide(grad, scratch),
-                t => {
-                    use rayon::prelude::*;
-                    let chunk = grad.len().div_ceil(t).next_multiple_of(64).max(64);
-                    grad.par_chunks_mut(chunk)
-                        .zip(scratch.par_chunks(chunk))
-                        .for_each(|(g, p)| super::adamw::add_wide(g, p));
-                }
-            }
-        });
+        accumulate_strips(grad, (x, dy), (n, inner, out), STRIP_ELEMS);
         Ok(())
+    }
+}
+
+/// `grad += xᵀ·dy` for `x: [n, inner]`, `dy: [n, out]` and a row-major `inner × out`
+/// `grad`: each strip of the product ([`strips`] of `budget` elements) in f32 (one
+/// microbatch's gradient, the same bits wherever it is computed), then added in f64.
+fn accumulate_strips(
+    grad: &mut [f64],
+    (x, dy): (&[f32], &[f32]),
+    (n, inner, out): (usize, usize, usize),
+    budget: usize,
+) {
+    let (by_rows, count) = strips(inner, out, budget);
+    let long = if by_rows { inner } else { out };
+    PRODUCT.with_borrow_mut(|scratch| {
+        for strip in 0..count {
+            let (start, end) = (long * strip / count, long * (strip + 1) / count);
+            let (rows, cols) = if by_rows {
+                (end - start, out)
+            } else {
+                (inner, end - start)
+            };
+            // xᵀ: element (i, t) is x[t][i]; the strip's rows of it, or columns of dy.
+            let lhs = Operand {
+                ptr: x.as_ptr().wrapping_add(if by_rows { start } else { 0 }),
+                rs: 1,
+                cs: inner as isize,
+            };
+            let rhs = Operand {
+                ptr: dy.as_ptr().wrapping_add(if by_rows { 0 } else { start }),
+                rs: out as isize,
+                cs: 1,
+            };
+            // Grown, never cleared: the product overwrites it (no zeroing per pass).
+            if scratch.len() < rows * cols {
+                scratch.resize(rows * cols, 0.0);
+            }
+            let part = &mut scratch[..rows * cols];
+            // SAFETY: `part` is an initialised `rows × cols` row-major buffer of this
+            // thread's, so it overlaps neither `x` nor `dy`; the operands start inside the
+            // checked `n × inner` and `n × out` row-major slices and read, through their
+            // strides, only the strip's `rows` columns of `x` or `cols` columns of `dy`.
+            unsafe { product((rows, cols, n), part.as_mut_ptr(), false, lhs, rhs) };
+            if by_rows {
+                add_wide_split(&mut grad[start * out..end * out], part);
+            } else {
+                add_columns(grad, out, start, part);
+            }
+        }
+    });
+}
+
+/// `grad += part` in f64, element by element, so splitting it over the threads changes no
+/// bit.
+fn add_wide_split(grad: &mut [f64], part: &[f32]) {
+    match threads() {
+        0 | 1 => super::adamw::add_wide(grad, part),
+        t => {
+            use rayon::prelude::*;
+            let chunk = grad.len().div_ceil(t).next_multiple_of(64).max(64);
+            grad.par_chunks_mut(chunk)
+                .zip(part.par_chunks(chunk))
+                .for_each(|(g, p)| super::adamw::add_wide(g, p));
+        }
+    }
+}
+
+/// Adds `part`, a row-major strip with as many rows as `grad`, to the columns from `start`
+/// of each row of the row-major, `cols`-wide `grad`, in f64.
+fn add_columns(grad: &mut [f64], cols: usize, start: usize, part: &[f32]) {
+    let width = part.len() / (grad.len() / cols);
+    let add =
+        |(g, p): (&mut [f64], &[f32])| super::adamw::add_wide(&mut g[start..start + width], p);
+    match threads() {
+        0 | 1 => grad
+            .chunks_exact_mut(cols)
+            .zip(part.chunks_exact(width))
+            .for_each(add),
+        _ => {
+            use rayon::prelude::*;
+            grad.par_chunks_exact_mut(cols)
+                .zip(part.par_chunks_exact(width))
+                .for_each(add);
+        }
     }
 }
 
@@ -468,6 +536,39 @@ mod tests {
         // Two 64-wide blocks of a 128 × 48 product would be on gemm's small path.
         assert_eq!(block_count(128, 48, 2), 1);
         assert_eq!(block_count(128, 96, 2), 2);
+    }
+
+    /// A weight gradient made strip by strip, along its columns or its rows, on one thread
+    /// or several, has the bits of the one product; strips are at least `BLOCK` wide.
+    #[test]
+    fn strips_do_not_change_the_bits() -> Result<()> {
+        assert_eq!(strips(1024, 32000, STRIP_ELEMS), (false, 32));
+        assert_eq!(strips(32000, 1024, STRIP_ELEMS), (true, 32));
+        assert_eq!(strips(768, 2048, STRIP_ELEMS), (false, 2));
+        assert_eq!(strips(300, 1100, 1000), (false, 4));
+        assert_eq!(strips(300, 200, 1000), (true, 1));
+        for (n, inner, out) in [(37, 300, 1100), (37, 1100, 300), (5, 64, 777)] {
+            let x = random((n, inner), 10)?.flatten_all()?.to_vec1::<f32>()?;
+            let dy = random((n, out), 11)?.flatten_all()?.to_vec1::<f32>()?;
+            let grad = |budget, threads| -> Result<Vec<f64>> {
+                let mut g = vec![0.25f64; inner * out];
+                with_threads(threads, || {
+                    accumulate_strips(&mut g, (&x, &dy), (n, inner, out), budget);
+                    Ok(())
+                })?;
+                Ok(g)
+            };
+            let whole = grad(usize::MAX, 1)?;
+            assert_ne!(strips(inner, out, 1000).1, 1, "{inner} × {out} is cut");
+            for threads in [1, 3] {
+                assert_eq!(
+                    whole,
+                    grad(1000, threads)?,
+                    "{inner} × {out}, {threads} threads"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Any thread count gives the bits of one: the output is split, never the inner dimension
