@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use pipewise_common::job::JobSpec;
 use pipewise_common::model::{DType, ModelSpec};
-use pipewise_worker::confined::Confined;
 use pipewise_worker::data::{DataSource, Tokenizer};
 use pipewise_worker::eval::{self, Sampling};
 use pipewise_worker::hf::HfModel;
@@ -94,15 +92,7 @@ pub(crate) struct Loaded {
 pub(crate) fn run_eval(args: &EvalArgs) -> Result<()> {
     let m = load(&args.model, args.seq_len)?;
     let spec = m.stages[0].spec().clone();
-    let source = DataSource {
-        path: Some(plain("data", &args.data)?),
-        tokenizer: tokenizer_file(&args.model)
-            .map(|t| plain("tokenizer", &t))
-            .transpose()?,
-        token_bytes: args.token_bytes,
-        cache: None,
-    };
-    let corpus = source
+    let corpus = data_source(&args.model, Some((&args.data, args.token_bytes)))?
         .load(&spec)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("--data {}", args.data.display()))?
@@ -166,22 +156,18 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// `path` as a plain (trusted) path for the data reader.
-fn plain(field: &'static str, path: &Path) -> Result<Confined> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    let name = path
-        .file_name()
-        .with_context(|| format!("--{field} {}: not a file", path.display()))?;
-    Confined::new(field, dir.unwrap_or(Path::new(".")), Path::new(name))
-        .map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-/// The tokenizer.json to use: `--tokenizer`, else the model directory's.
-fn tokenizer_file(args: &ModelArgs) -> Option<PathBuf> {
-    args.tokenizer.clone().or_else(|| {
+/// The data reader of `data` and its bytes per `.bin` id (`None`: only the tokenizer)
+/// with the model's tokenizer: `--tokenizer`, else the model directory's `tokenizer.json`,
+/// else a byte a token.
+fn data_source(args: &ModelArgs, data: Option<(&Path, u32)>) -> Result<DataSource> {
+    // Without data the width of ids is never used.
+    let (path, token_bytes) = data.map_or((None, 2), |(path, bytes)| (Some(path), bytes));
+    let tokenizer = args.tokenizer.clone().or_else(|| {
         let file = args.model.join("tokenizer.json");
         file.is_file().then_some(file)
-    })
+    });
+    DataSource::plain_files(path, tokenizer.as_deref(), token_bytes)
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// The context of the model at `dir`: its `max_position_embeddings`, at most 2048.
@@ -223,10 +209,9 @@ pub(crate) fn load(args: &ModelArgs, seq_len: u32) -> Result<Loaded> {
         .with_context(|| format!("--model {}", dir.display()))?;
         stages.push(stage);
     }
-    let tokenizer = match tokenizer_file(args) {
-        Some(file) => Tokenizer::from_file(&file).map_err(|e| anyhow::anyhow!("{e}"))?,
-        None => Tokenizer::ByteLevel,
-    };
+    let tokenizer = data_source(args, None)?
+        .read_tokenizer()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     if tokenizer.vocab_size() > spec.vocab {
         bail!(
             "the tokenizer's vocabulary of {} is larger than the model's {}",
@@ -239,10 +224,7 @@ pub(crate) fn load(args: &ModelArgs, seq_len: u32) -> Result<Loaded> {
 
 /// The model of a pipewise checkpoint step directory: the run's job.toml's, at `seq_len`.
 fn checkpoint_spec(step: &Path, seq_len: u32) -> Result<ModelSpec> {
-    let job = crate::export::find_job(step)?;
-    let spec = JobSpec::from_toml(&read_text(&job, 4 << 20)?)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("job file {}", job.display()))?;
+    let spec = crate::export::read_job(&crate::export::find_job(step)?)?;
     let model = ModelSpec {
         path: None,
         seq_len,

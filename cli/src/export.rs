@@ -42,10 +42,7 @@ pub(crate) fn run(args: &ExportArgs) -> Result<()> {
         Some(file) => file.clone(),
         None => find_job(&args.checkpoint)?,
     };
-    let text = read_text(&job, MAX_JOB_FILE)?;
-    let spec = JobSpec::from_toml(&text)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("job file {}", job.display()))?;
+    let spec = read_job(&job)?;
     let params = read_params(&args.checkpoint, &spec)?;
     write(&args.to, &spec, &params, args.tokenizer.as_deref())?;
     println!(
@@ -77,6 +74,13 @@ pub(crate) fn write(
             .with_context(|| format!("cannot copy {} to {}", file.display(), dest.display()))?;
     }
     Ok(())
+}
+
+/// The job of a run's job file `file`.
+pub(crate) fn read_job(file: &Path) -> Result<JobSpec> {
+    JobSpec::from_toml(&read_text(file, MAX_JOB_FILE)?)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("job file {}", file.display()))
 }
 
 /// The `job.toml` beside `checkpoint` or in one of the three directories above it.

@@ -24,7 +24,10 @@
 //! - [`checkpoints`]: a job's checkpoint folders on disk, and where its paths lead.
 //! - `checkpoints_model`: a job's Hugging Face directory read at submit (`config.json`,
 //!   the weight files' headers).
-//! - `checkpoints_data`: a job's training data and tokenizer checked at submit.
+//! - `checkpoints_data`: a job's training and validation data and tokenizer checked at
+//!   submit.
+//! - `checkpoints_text`: the tokens of a job's text counted at submit, encoded only where
+//!   it is short.
 //! - [`step_event`]: a step's event from its workers' reports.
 //! - [`events`]: what a running job reports (step events, where it starts) and the events
 //!   kept for late watchers.
@@ -48,6 +51,7 @@ pub mod audit;
 pub mod checkpoints;
 mod checkpoints_data;
 mod checkpoints_model;
+mod checkpoints_text;
 pub mod error;
 pub mod events;
 pub mod job_manager;

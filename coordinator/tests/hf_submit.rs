@@ -372,3 +372,121 @@ async fn bad_data_is_refused_at_submit_naming_field_and_file() {
     }
     c.shutdown().await;
 }
+
+/// The byte-level BPE of the worker's tests: bytes, `th`, `the`, ` the` (one token) and
+/// `<|endoftext|>` (id 259, the longest token text at 13 bytes); its file cuts texts at 4
+/// tokens, which encoding turns off.
+const BPE_EOT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../worker/testdata/bpe-eot.json"
+);
+
+/// Text encoded by a model directory's `tokenizer.json`, shorter than what the job takes of
+/// it, is refused at submit with `InvalidArgument` naming the field and the file and the
+/// exact count of its tokens, in every form (a text file, JSON Lines, a folder; as
+/// `[data] path`, `[validation] path`, or too short to hold `[validation] fraction` out); a
+/// text of exactly what it needs, or long in bytes, is taken. With seq_len 16 one window
+/// is 17 tokens; ` the` is one token of 4 bytes, so 16 of them (64 bytes) are one token
+/// short, though their bytes would make three windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_tokenized_text_is_refused_at_submit_with_its_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), data, None)
+        .await
+        .unwrap();
+    let jobs = JobServiceClient::connect(format!("http://{}", c.addr))
+        .await
+        .unwrap();
+    let mut config = config();
+    config["vocab_size"] = json!(260);
+    let model = vec![
+        ("model.safetensors", safetensors(&tensors(&config))),
+        ("tokenizer.json", std::fs::read(BPE_EOT).unwrap()),
+    ];
+    write_model(data, &config, &model);
+    let the = |n: usize| " the".repeat(n);
+    let line = |n: usize| format!("{}\n", json!({ "text": the(n) }));
+    let files = [
+        ("short.txt", the(16)),
+        ("window.txt", the(17)),
+        ("two.txt", the(33)),
+        // 360 bytes: past 17 × 13, enough without encoding.
+        ("long.txt", "hello world ".repeat(30)),
+        // 7 + 7 tokens and the end-of-text token between: 15.
+        ("short.jsonl", format!("{}\n{}", line(7), line(7))),
+        // 8 + 1 + 8.
+        ("window.jsonl", format!("{}{}", line(8), line(8))),
+        ("docs/a.txt", the(5)),
+        ("docs/b.txt", the(5)),
+        ("docs/notes.md", "x".repeat(1000)),
+    ];
+    std::fs::create_dir_all(data.join("docs")).unwrap();
+    for (name, text) in &files {
+        std::fs::write(data.join(name), text).unwrap();
+    }
+    let job =
+        |path: &str, validation: &str| format!("{JOB}\n[data]\npath = \"{path}\"\n\n{validation}");
+    let submit = |toml: String| {
+        let mut jobs = jobs.clone();
+        async move {
+            let request = pb::JobSpec {
+                toml,
+                ..Default::default()
+            };
+            jobs.submit_job(request).await
+        }
+    };
+    let taken = [
+        job("window.txt", ""),
+        job("long.txt", ""),
+        job("window.jsonl", ""),
+        job("long.txt", "[validation]\npath = \"window.txt\""),
+        job("two.txt", "[validation]\nfraction = 0.5"),
+    ];
+    for toml in taken {
+        let status = submit(toml.clone()).await;
+        assert!(status.is_ok(), "{toml}\n{status:?}");
+    }
+    let at = |name: &str| data.join(name).display().to_string();
+    let short = |name: &str, n: u64| {
+        format!(
+            "{}: {n} tokens; one window of seq_len 16 needs 17",
+            at(name)
+        )
+    };
+    let cases = [
+        (job("short.txt", ""), "data.path", short("short.txt", 16)),
+        (
+            job("short.jsonl", ""),
+            "data.path",
+            short("short.jsonl", 15),
+        ),
+        // 5 + 1 + 5: the folder's *.txt files only.
+        (job("docs", ""), "data.path", short("docs", 11)),
+        (
+            job("long.txt", "[validation]\npath = \"short.txt\""),
+            "validation.path",
+            short("short.txt", 16),
+        ),
+        (
+            job("window.txt", "[validation]\nfraction = 0.5"),
+            "validation.fraction",
+            format!(
+                "{}: 17 tokens hold 1 windows of 16: holding out 0.5 of them leaves none to \
+                 train on (33 tokens would)",
+                at("window.txt")
+            ),
+        ),
+    ];
+    for (toml, field, says) in cases {
+        let status = submit(toml).await.expect_err(&says);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        let msg = status.message();
+        assert!(
+            msg.starts_with(field) && msg.contains(&says),
+            "{msg}\nwanted {field}: {says}"
+        );
+    }
+    c.shutdown().await;
+}

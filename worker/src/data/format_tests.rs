@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use pipewise_common::model::ModelSpec;
 
-use super::encode::{cuts_cleanly, encode_documents, pieces};
+use super::encode::{PIECE_BYTES, cuts_cleanly, encode_documents, pieces};
 use super::*;
 use crate::confined::Confined;
 use crate::error::{Error, Result};
@@ -547,5 +547,72 @@ fn the_shakespeare_example_encodes_as_its_readme_says() -> Result<()> {
         assert_eq!(ids, tok.encode(&text)?, "{file}");
         assert_eq!(tok.decode(&ids)?, text, "{file}");
     }
+    Ok(())
+}
+
+/// The rule the coordinator counts a text's tokens by at submit
+/// ([`pipewise_common::data::TextTokens`]): no text encodes to fewer tokens than its bytes
+/// over the longest token text, plus an end-of-text token between documents; a tokenizer
+/// whose unknown token stands for a whole word has no bound from bytes. Checked against
+/// what the loader encodes, for the test BPE and the Shakespeare example's.
+#[test]
+fn texts_encode_to_no_fewer_tokens_than_the_submit_bound() -> Result<()> {
+    use pipewise_common::data::TextTokens;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shakespeare");
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let val = String::from_utf8_lossy(&read(&root.join("val.txt"))?).into_owned();
+    let mut sets: Vec<Vec<String>> = vec![
+        vec![" the".repeat(16)],
+        vec![" the".repeat(7), " the".repeat(7)],
+        vec!["<|endoftext|>".repeat(5), String::new(), "thethe".into()],
+        vec!["héllo wörld — ünïcode ✓ ".repeat(20)],
+    ];
+    let at = |chars: usize| val.char_indices().nth(chars).map_or(val.len(), |(i, _)| i);
+    for len in [1, 17, 200, 4000] {
+        sets.push(vec![
+            val[..at(len)].to_string(),
+            val[at(len)..at(2 * len)].to_string(),
+        ]);
+    }
+    let tokenizers = [
+        (bpe_json(), read(&bpe_json())?),
+        (
+            root.join("tokenizer.json"),
+            read(&root.join("tokenizer.json"))?,
+        ),
+    ];
+    for (path, json) in &tokenizers {
+        let tok = Tokenizer::from_json(json, path, "data.tokenizer")?;
+        let bound = TextTokens::of_tokenizer(json).map_err(|r| Error::invalid("json", r))?;
+        assert!(bound.longest.is_some() && bound.eot, "{}", path.display());
+        for docs in &sets {
+            let texts: Vec<&str> = docs.iter().map(String::as_str).collect();
+            let bytes = texts.iter().map(|t| t.len() as u64).sum();
+            let n = encode_documents(&tok, &texts, PIECE_BYTES)?.len() as u64;
+            let least = bound.at_least(bytes, texts.len() as u64);
+            assert!(
+                least <= n,
+                "{}: {least} > {n} for {bytes} bytes",
+                path.display()
+            );
+        }
+    }
+    // ` the` is one token: 64 bytes, 16 tokens (the coordinator's short text).
+    let tok = Tokenizer::from_file(&bpe_json())?;
+    assert_eq!(
+        encode_documents(&tok, &[&" the".repeat(16)], PIECE_BYTES)?.len(),
+        16
+    );
+    let metaspace = Tokenizer::from_json(METASPACE_JSON.as_bytes(), Path::new("m"), "t")?;
+    let unbounded = TextTokens::of_tokenizer(METASPACE_JSON.as_bytes())
+        .map_err(|r| Error::invalid("json", r))?;
+    assert_eq!(unbounded.longest, None);
+    // Twelve bytes of unknown words, two tokens.
+    assert_eq!(metaspace.encode("abcde fghijk")?.len(), 2);
     Ok(())
 }

@@ -101,31 +101,38 @@ impl DataSource {
     /// `spec`'s `[data]` at the paths it gives as they are (relative to the current
     /// directory), encoded at every load: the single-device reference and tools.
     pub fn plain(spec: &JobSpec) -> Result<Self> {
-        let under = |field: &'static str, path: &str| {
-            let path = Path::new(path);
-            let (dir, name) = match (path.parent(), path.file_name()) {
-                (Some(dir), Some(name)) if !dir.as_os_str().is_empty() => (dir, name),
-                (_, Some(name)) => (Path::new("."), name),
-                _ => (path, std::ffi::OsStr::new("")),
-            };
-            Confined::new(field, dir, Path::new(name))
-        };
+        let data = &spec.data;
+        Self::plain_files(
+            data.path.as_deref().map(Path::new),
+            data.tokenizer.as_deref().map(Path::new),
+            data.token_bytes,
+        )
+    }
+
+    /// Data file `path` (`None`: the generated corpus) encoded by tokenizer file
+    /// `tokenizer` (`None`: a byte a token), both as they are (relative to the current
+    /// directory), encoded at every load: tools given files rather than a job.
+    pub fn plain_files(
+        path: Option<&Path>,
+        tokenizer: Option<&Path>,
+        token_bytes: u32,
+    ) -> Result<Self> {
         Ok(DataSource {
-            path: spec
-                .data
-                .path
-                .as_deref()
-                .map(|p| under("data.path", p))
+            path: path.map(|p| plain_path("data.path", p)).transpose()?,
+            tokenizer: tokenizer
+                .map(|p| plain_path("data.tokenizer", p))
                 .transpose()?,
-            tokenizer: spec
-                .data
-                .tokenizer
-                .as_deref()
-                .map(|p| under("data.tokenizer", p))
-                .transpose()?,
-            token_bytes: spec.data.token_bytes,
+            token_bytes,
             cache: None,
         })
+    }
+
+    /// The tokenizer the text is encoded with: `data.tokenizer`'s, else a byte a token.
+    pub fn read_tokenizer(&self) -> Result<Tokenizer> {
+        match &self.tokenizer {
+            Some(path) => Tokenizer::from_confined(path),
+            None => Ok(Tokenizer::ByteLevel),
+        }
     }
 
     /// The token cache's folder in data directory `data_dir`.
@@ -137,10 +144,7 @@ impl DataSource {
     /// an id is past `model.vocab`, or the tokens do not make one window of
     /// `model.seq_len`.
     pub fn load(&self, model: &ModelSpec) -> Result<Loaded> {
-        let tokenizer = match &self.tokenizer {
-            Some(path) => Tokenizer::from_confined(path)?,
-            None => Tokenizer::ByteLevel,
-        };
+        let tokenizer = self.read_tokenizer()?;
         let (corpus, origin) = match &self.path {
             None => {
                 tokenizer.fits(model.vocab)?;
@@ -257,6 +261,17 @@ impl DataSource {
         };
         Ok((Corpus::from_tokens(tokens, v), origin))
     }
+}
+
+/// `path`, trusted as it is (relative to the current directory): its folder, and its name
+/// confined below it.
+fn plain_path(field: &'static str, path: &Path) -> Result<Confined> {
+    let (dir, name) = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if !dir.as_os_str().is_empty() => (dir, name),
+        (_, Some(name)) => (Path::new("."), name),
+        _ => (path, std::ffi::OsStr::new("")),
+    };
+    Confined::new(field, dir, Path::new(name))
 }
 
 /// The generated corpus, encoded by `tok` as one document (64 KiB: no cache needed).

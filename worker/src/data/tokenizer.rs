@@ -7,14 +7,12 @@ use std::fmt;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
+use pipewise_common::data::END_OF_TEXT;
+
 use crate::confined::Confined;
 use crate::error::{Error, Result};
 
 use super::corpus::BYTE_VOCAB;
-
-/// The names end-of-text tokens go by, in the order they are looked for: GPT-2's, Llama
-/// 3's, SentencePiece models' (Llama 2, Mistral, T5) and Gemma's.
-const END_OF_TEXT: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
 
 /// A tokenizer: byte-level, or a Hugging Face `tokenizer.json`.
 #[derive(Debug, Clone, Default)]

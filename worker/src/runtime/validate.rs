@@ -160,7 +160,7 @@ impl ValidationSet {
 /// `corpus`.
 pub fn hold_out(corpus: &Corpus, seq_len: usize, fraction: f64) -> Result<(Corpus, Corpus)> {
     let all = corpus.len().saturating_sub(1) / seq_len.max(1);
-    let held = ((fraction * all as f64).ceil() as usize).max(1);
+    let held = pipewise_common::data::held_out_windows(fraction, all as u64) as usize;
     if all < 2 || held >= all {
         return Err(Error::invalid(
             "validation.fraction",
