@@ -491,7 +491,7 @@ async fn drive(
     let started = Instant::now();
     let outcome = match failure {
         Some(e) => Err(e),
-        None => match run_job(args, (spec, data), plan, &url).await {
+        None => match run_job(args, (spec, data), plan, (&coordinator, &url)).await {
             Ok((status, mut steps)) => {
                 let run = (status.clone(), data_dir);
                 let done = finish(args, spec, plan, run, &mut steps, started, data);
@@ -602,20 +602,18 @@ async fn run_job(
     args: &LocalArgs,
     (spec, data): (&JobSpec, Option<&Path>),
     plan: &JobPlan,
-    url: &str,
+    (coordinator, url): (&Coordinator, &str),
 ) -> Result<(pb::JobStatus, Steps)> {
     let mut client = crate::connection::local_client(url)
         .await
         .context("cannot reach the coordinator")?;
-    let status = client
-        .submit_job(pb::JobSpec {
-            toml: spec.to_toml().map_err(|e| anyhow::anyhow!("{e}"))?,
-            ..Default::default()
-        })
+    // Handed over as read (the coordinator runs in this process), not as TOML to parse
+    // again; refused in the words a `SubmitJob` call's status would carry.
+    let status = coordinator
+        .submit(spec.clone())
         .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))
-        .context("the coordinator refused the job")?
-        .into_inner();
+        .map_err(|e| anyhow::anyhow!("{}", tonic::Status::from(e).message()))
+        .context("the coordinator refused the job")?;
     if !args.quiet {
         outln!(
             "job {} ({}): {} on {}, {} × {}, {}, coordinator {}",

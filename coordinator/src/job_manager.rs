@@ -429,9 +429,9 @@ impl Actor for JobManager {
         };
         for mut record in state.store.list()? {
             let unfinished = !record.state.is_final();
-            if record.after_restart(args.unfinished) {
+            if let Some(spec) = record.after_restart(args.unfinished) {
                 state.scheduler.handle(0, Input::Replanning(record.id));
-                myself.cast(JobMsg::Resume(record.id))?;
+                myself.cast(JobMsg::Resume(record.id, Box::new(spec)))?;
             }
             if unfinished {
                 state.store.put(&record)?;
@@ -494,15 +494,7 @@ impl Actor for JobManager {
             JobMsg::Planned(spec, planned, reply) => {
                 planned_job(state, me, spec, *planned, reply).await?
             }
-            JobMsg::Resume(id) => {
-                let spec = state.record(id).map(|r| JobSpec::from_toml(&r.spec_toml));
-                let Ok(Ok(spec)) = spec else {
-                    // Read when the manager started, so not reached; were it, the jobs
-                    // behind it must not wait for it.
-                    return Ok(state.feed(me, Input::Resumed(id, None)).await?);
-                };
-                plan_beside(me, &state.planner, Box::new(spec), Asked::Resume(id));
-            }
+            JobMsg::Resume(id, spec) => plan_beside(me, &state.planner, spec, Asked::Resume(id)),
             JobMsg::Resumed(id, spec, planned) => state.resumed(me, id, *spec, *planned).await?,
             JobMsg::Get(id, reply) => answer(reply, state.record(id)),
             JobMsg::List(reply) => answer(reply, state.records.values().cloned().collect()),
@@ -568,6 +560,7 @@ mod tests {
     use super::*;
     use crate::planner::tests::{gated_planner, until_held};
     use pipewise_common::job::example;
+    use pipewise_common::job::parse_count::parses_of;
 
     /// A manager with `planner`, a cluster without workers, and a fresh store in a
     /// directory named by `tag`.
@@ -669,6 +662,62 @@ mod tests {
             manager.stop(None);
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    /// A job the coordinator had running when it stopped is read from the store once, as
+    /// the manager starts, and planned again from that reading (it was read a second time
+    /// before its plan).
+    #[tokio::test]
+    async fn a_restarted_job_is_read_once() {
+        let dir = std::env::temp_dir().join(format!("pipewise-read-once-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut spec = example(2, "1f1b");
+        spec.job.name = "restarted-read-once".into();
+        {
+            let store = JobStore::open(&dir).unwrap();
+            let mut record = JobRecord::queued(1, &spec).unwrap();
+            record.state = JobState::Running;
+            store.put(&record).unwrap();
+        }
+        let (planner, _release, _waiting) = gated_planner(1).await;
+        let manager = manager_on(planner, &dir, Unfinished::Resume).await;
+        // Planned again: it no longer waits for its plan.
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let record = ractor::call!(manager, JobMsg::Get, 1).unwrap().unwrap();
+            if record.waiting != "its plan again (the coordinator restarted)" {
+                assert!(!record.state.is_final(), "{record:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "not planned again: {record:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(parses_of(&spec.job.name), 1);
+        manager.stop(None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A job submitted over the gRPC edge is parsed there once: the manager plans, stores
+    /// and queues the spec it is handed.
+    #[tokio::test]
+    async fn a_submission_is_parsed_once() {
+        use pipewise_proto::v1 as pb;
+        use pipewise_proto::v1::job_service_server::JobService;
+        let (manager, dir) = planning_manager("submit-once").await;
+        let mut spec = example(2, "1f1b");
+        spec.job.name = "submitted-parsed-once".into();
+        let jobs = crate::service::Jobs {
+            manager: manager.clone(),
+        };
+        let request = tonic::Request::new(pb::JobSpec {
+            toml: spec.to_toml().unwrap(),
+            ..Default::default()
+        });
+        let status = jobs.submit_job(request).await.unwrap().into_inner();
+        assert_eq!(status.name, spec.job.name);
+        assert_eq!(parses_of(&spec.job.name), 1);
+        manager.stop(None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The manager answers while a submitted job is being planned (a slow plan used to

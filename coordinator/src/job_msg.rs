@@ -41,9 +41,9 @@ pub enum JobMsg {
     Pool(Pool),
     /// Render a kept step's executed timeline (`step` 0: the latest).
     Trace(u64, u64, RpcReplyPort<Result<RenderedTrace>>),
-    /// Plan again a job the coordinator had queued or running when it stopped (from its
-    /// stored spec); `Resumed` queues it.
-    Resume(u64),
+    /// Plan again a job the coordinator had queued or running when it stopped (its stored
+    /// spec, read when the manager started); `Resumed` queues it.
+    Resume(u64, Box<JobSpec>),
     /// A resumed job's plan (or why it has none).
     Resumed(u64, Box<JobSpec>, Box<Result<JobPlan>>),
     /// A job's run actor finished.

@@ -88,7 +88,7 @@ use membership::MembershipMsg;
 use root::{Root, RootArgs, RootMsg};
 pub use security::Security;
 use security::{Role, RunSecrets};
-use store::JobStore;
+use store::{JobRecord, JobStore};
 
 /// How long [`Coordinator::shutdown`] waits for calls in flight once the actors stopped
 /// (well within a pod's termination grace period).
@@ -226,6 +226,13 @@ impl Coordinator {
             root: Some((root.get_cell(), root_handle)),
             ended,
         })
+    }
+
+    /// Submits a job this process has read already (`pipewise local`'s, in the same
+    /// process): checked, planned, stored and queued as a `SubmitJob` call's, without the
+    /// job's TOML written out and parsed again at the gRPC edge.
+    pub async fn submit(&self, spec: pipewise_common::job::JobSpec) -> Result<JobRecord> {
+        ractor::call!(self.jobs, JobMsg::Submit, Box::new(spec))?
     }
 
     /// Waits until the coordinator's actors end by themselves (one of them failed or

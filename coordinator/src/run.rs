@@ -293,18 +293,12 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
         let assignment = pb::Assignment {
             run: a.run.raw(),
             first_step: a.first_step,
-            end_step: a.end_step,
             worker_index: i as u32,
-            stages: schedule.placement.stages_of(i as u32),
             placement: Some((&schedule.placement).into()),
-            model: Some((&spec.model).into()),
             program: program_to_proto(&schedule.workers[i]),
             peers: peers[replica].clone(),
             microbatches: a.plan.microbatches,
-            seed: spec.training.seed,
-            microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size,
             job_toml: toml.clone(),
-            stage_count: schedule.placement.stages(),
             stage_pieces: a.stage_pieces.clone(),
             abandon: false,
             // The gRPC edge adds it when the coordinator takes tokens.

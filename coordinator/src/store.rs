@@ -115,20 +115,21 @@ impl JobRecord {
         })
     }
 
-    /// A job the coordinator had queued or running when it stopped: planned again from its
-    /// stored spec and queued in its place (`Resume`; a running one resumes from its last
-    /// complete checkpoint), or failed (`Fail`, or a spec that no longer reads). Whether it
-    /// is planned again; a job that was neither queued nor running is left as it is.
-    pub fn after_restart(&mut self, unfinished: Unfinished) -> bool {
+    /// A job the coordinator had queued or running when it stopped: queued in its place
+    /// to be planned again from its stored spec (`Resume`; a running one resumes from its
+    /// last complete checkpoint), or failed (`Fail`, or a spec that no longer reads). The
+    /// spec, read here once, when the job is to be planned again; a job that was neither
+    /// queued nor running is left as it is.
+    pub fn after_restart(&mut self, unfinished: Unfinished) -> Option<JobSpec> {
         if self.state != JobState::Running && self.state != JobState::Queued {
-            return false;
+            return None;
         }
         let failed = match JobSpec::from_toml(&self.spec_toml) {
-            Ok(_) if unfinished == Unfinished::Resume => {
+            Ok(spec) if unfinished == Unfinished::Resume => {
                 self.state = JobState::Queued;
                 self.restarts += 1;
                 self.waiting = "its plan again (the coordinator restarted)".into();
-                return true;
+                return Some(spec);
             }
             Ok(_) => "the coordinator restarted before the job finished".to_string(),
             Err(e) => format!(
@@ -139,7 +140,7 @@ impl JobRecord {
         self.state = JobState::Failed;
         self.error = failed;
         self.waiting.clear();
-        false
+        None
     }
 
     /// Where a job planned again after a restart starts: its last complete checkpoint.

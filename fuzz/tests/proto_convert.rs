@@ -151,21 +151,15 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
     };
     Ok(v1::Assignment {
         run: u.arbitrary()?,
-        first_step,
-        end_step: first_step + u64::from(spec.training.steps),
+        first_step: first_step.min(u64::from(spec.training.steps)),
         worker_index: w,
-        stages: placement.stages_of(w),
         placement: Some(placement.into()),
-        model: Some((&spec.model).into()),
         program: program_to_proto(&plan.schedule.workers[w as usize]),
         peers: (0..placement.workers())
             .map(|i| (i, format!("http://127.0.0.1:{}", 7000 + i)))
             .collect::<HashMap<_, _>>(),
         microbatches: plan.microbatches,
-        seed: spec.training.seed,
-        microbatch_size: spec.parallelism.pipeline_parallel_microbatch_size,
         job_toml: spec.to_toml().unwrap_or_default(),
-        stage_count: placement.stages(),
         stage_pieces,
         run_secret: Vec::new(),
         abandon: false,
@@ -193,7 +187,7 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
 
 /// One edit of an assignment's fields.
 fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result<()> {
-    match u.int_in_range(0..=18)? {
+    match u.int_in_range(0..=13)? {
         0 => a.job_toml = mutate::text(u, &a.job_toml, &[], 2)?,
         1 => {
             a.placement = if u.arbitrary()? {
@@ -202,34 +196,22 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
                 None
             }
         }
-        2 => {
-            a.model = if u.arbitrary()? {
-                Some(model_message(u)?)
-            } else {
-                None
-            }
-        }
-        3 if !a.program.is_empty() => {
+        2 if !a.program.is_empty() => {
             let i = u.choose_index(a.program.len())?;
             a.program[i] = pass_message(u)?;
         }
-        4 => a.program.truncate(u.choose_index(a.program.len() + 1)?),
-        5 => a.first_step = mutate::number_u64(u)?,
-        6 => a.end_step = mutate::number_u64(u)?,
-        7 => {
+        3 => a.program.truncate(u.choose_index(a.program.len() + 1)?),
+        4 => a.first_step = mutate::number_u64(u)?,
+        5 => {
             let w = u.int_in_range(0..=4)?;
             a.peers.remove(&w);
         }
-        8 => a.microbatches = mutate::number_u32(u)?,
-        9 => a.seed = mutate::number_u64(u)?,
-        10 => a.microbatch_size = mutate::number_u32(u)?,
-        11 => a.stages.push(u.int_in_range(0..=8)?),
-        12 => a.stage_count = mutate::number_u32(u)?,
-        13 => a.worker_index = mutate::number_u32(u)?,
-        14 => a.replica = mutate::number_u32(u)?,
-        15 => a.replicas = mutate::number_u32(u)?,
-        16 => a.offer_held = u.arbitrary()?,
-        17 => a.handover.push(v1::HeldStage {
+        6 => a.microbatches = mutate::number_u32(u)?,
+        7 => a.worker_index = mutate::number_u32(u)?,
+        8 => a.replica = mutate::number_u32(u)?,
+        9 => a.replicas = mutate::number_u32(u)?,
+        10 => a.offer_held = u.arbitrary()?,
+        11 => a.handover.push(v1::HeldStage {
             stage: mutate::number_u32(u)?,
             first_piece: mutate::number_u32(u)?,
             end_piece: mutate::number_u32(u)?,
@@ -245,19 +227,15 @@ fn mutate_assignment(u: &mut Unstructured<'_>, a: &mut v1::Assignment) -> Result
 }
 
 /// The assignment fields a worker's refusal names first.
-const ASSIGNMENT_FIELDS: [&str; 16] = [
+const ASSIGNMENT_FIELDS: [&str; 12] = [
     "job_toml",
     "placement",
-    "stage_count",
     "program",
     "steps",
+    "worker_index",
     "peers",
     "stage_pieces",
-    "model",
-    "seed",
-    "microbatch_size",
     "stages",
-    "worker_index",
     "replica",
     "collective_root",
     "grad_root",

@@ -6,7 +6,8 @@
 //!   TOML, get / list / cancel jobs, and watch a job's steps as a stream of [`v1::StepEvent`].
 //! - `ClusterService` ([`v1::cluster_service_server`], [`v1::cluster_service_client`]):
 //!   worker registration, heartbeats with measured pass times and activation bytes, and a
-//!   stream of [`v1::Assignment`]s (the worker's program, placement, model and peers).
+//!   stream of [`v1::Assignment`]s (the worker's program, placement and peers, and the job
+//!   as TOML).
 //! - `ActivationService` ([`v1::activation_service_server`],
 //!   [`v1::activation_service_client`]): a client stream of [`v1::TensorFrame`]s, the data
 //!   plane between pipeline stages.

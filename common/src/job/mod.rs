@@ -75,6 +75,7 @@
 //! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
 //! - `memory`: the memory a planned job is predicted to take on each worker;
 //! - [`layout`]: checkpoint folder names and run ids.
+//! - [`parse_count`]: how many times tests saw a job's TOML parsed.
 //! - [`lr`]: `[lr_scheduler]`, the learning rate of each step.
 //! - `validation`: `[validation]`, the held-out loss measured during training.
 
@@ -83,6 +84,7 @@ pub mod confine;
 pub mod layout;
 pub mod lr;
 mod memory;
+pub mod parse_count;
 pub mod plan;
 pub mod spec;
 mod validation;

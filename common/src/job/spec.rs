@@ -521,16 +521,23 @@ impl JobSpec {
         }
         let invalid =
             |e: &dyn std::fmt::Display| Error::invalid("toml", e.to_string().trim().to_string());
-        let mut spec: JobSpec = toml::from_str(text).map_err(|e| invalid(&e))?;
-        // The document as parsed, integers kept as written (a `toml::Table` refuses a seed
-        // above `i64::MAX`, which the job's `u64` takes).
+        // The document parsed once, integers kept as written (a `toml::Table` refuses a
+        // seed above `i64::MAX`, which the job's `u64` takes): looked at for the keys the
+        // spec's fields cannot tell apart from their defaults, then deserialized.
         let doc = toml::de::DeTable::parse(text).map_err(|e| invalid(&e))?;
         let given = doc.get_ref().iter().any(|(key, value)| {
             key.get_ref().as_ref() == "parallelism"
                 && matches!(value.get_ref(), toml::de::DeValue::Table(p)
                     if p.iter().any(|(k, _)| k.get_ref().as_ref() == MICROBATCH_SIZE_KEY))
         });
+        let mut spec =
+            JobSpec::deserialize(toml::de::Deserializer::from(doc)).map_err(|mut e| {
+                // The parsed document does not keep the text; the error's line comes from it.
+                e.set_input(Some(text));
+                invalid(&e)
+            })?;
         spec.parallelism.search_microbatch_size = !given;
+        super::parse_count::add(&spec.job.name);
         Ok(spec)
     }
 
@@ -722,6 +729,18 @@ mod tests {
         assert!(err.contains("pipeline_parallel_layers_per_stage"), "{err}");
     }
 
+    /// Each reading of a job file counts once (`parse_count`, which the other crates'
+    /// tests use to check that a process reads a job once).
+    #[test]
+    fn a_reading_counts_once() {
+        let mut spec = example(2, "1f1b");
+        spec.job.name = "counted-once".into();
+        let text = spec.to_toml().expect("toml");
+        assert_eq!(super::super::parse_count::parses_of("counted-once"), 0);
+        JobSpec::from_toml(&text).expect("parses");
+        assert_eq!(super::super::parse_count::parses_of("counted-once"), 1);
+    }
+
     #[test]
     fn example_validates_and_round_trips_through_toml() {
         let spec = example(4, "v-half");
@@ -756,6 +775,9 @@ mod tests {
                 Err(Error::InvalidArgument { field, reason }) => {
                     assert_eq!(field, "toml");
                     assert!(reason.contains(key), "{reason}");
+                    // The line of the key, from the text the document was parsed from.
+                    let line = text.lines().position(|l| l.starts_with(key)).unwrap_or(0) + 1;
+                    assert!(reason.contains(&format!("line {line}")), "{reason}");
                 }
                 other => panic!("{other:?}"),
             }

@@ -1,14 +1,13 @@
 //! An assignment as the assignment loop runs it: the coordinator's `pb::Assignment` decoded once
-//! and checked, with the job spec (its TOML) as the one source of truth. The message's
-//! copies of what the spec says (`model`, `seed`, `microbatch_size`) and of what the
-//! placement says (`stages`, `stage_count`) must agree with it.
+//! and checked. The job spec (its TOML, parsed here once per assignment) is the one source
+//! of the model, seed, microbatch size and steps, and the placement of this worker's
+//! stages: the message carries none of them beside it.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
 
 use pipewise_common::job::{Found, JobSpec, check_links, job_dir, job_of};
-use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
 use pipewise_proto::convert::program_from_proto;
@@ -95,22 +94,23 @@ impl Assignment {
             .map_err(|e| Error::invalid("assignment", format!("job_toml: {e}")))?;
         let placement = Placement::try_from(a.placement.unwrap_or_default())
             .map_err(|e| Error::invalid("assignment", format!("placement: {e}")))?;
-        if placement.stages() != a.stage_count {
+        let program = program_from_proto(a.program)
+            .map_err(|e| Error::invalid("assignment", format!("program: {e}")))?;
+        let end_step = u64::from(spec.training.steps);
+        if a.first_step > end_step {
+            return Err(Error::invalid(
+                "assignment",
+                format!("steps [{}, {end_step}) are empty", a.first_step),
+            ));
+        }
+        if a.worker_index >= placement.workers() {
             return Err(Error::invalid(
                 "assignment",
                 format!(
-                    "stage_count {} but the placement has {} stages",
-                    a.stage_count,
-                    placement.stages()
+                    "worker_index {} of a placement of {} workers",
+                    a.worker_index,
+                    placement.workers()
                 ),
-            ));
-        }
-        let program = program_from_proto(a.program)
-            .map_err(|e| Error::invalid("assignment", format!("program: {e}")))?;
-        if a.first_step > a.end_step {
-            return Err(Error::invalid(
-                "assignment",
-                format!("steps [{}, {}) are empty", a.first_step, a.end_step),
             ));
         }
         let replica = Replica {
@@ -203,17 +203,6 @@ impl Assignment {
             .collect();
         let goes_on_otherwise = a.resume_in_memory || !a.copy_from.is_empty();
         let handover = handover_of(&a.handover, a.offer_held, goes_on_otherwise, &spec, &mine)?;
-        agrees_with_spec(&spec, a.model, a.seed, a.microbatch_size)?;
-        let stages = placement.stages_of(a.worker_index);
-        if a.stages != stages {
-            return Err(Error::invalid(
-                "assignment",
-                format!(
-                    "stages {:?}, but the placement gives worker {} stages {stages:?}",
-                    a.stages, a.worker_index
-                ),
-            ));
-        }
         // The coordinator checked the paths under its data directory; this worker's may be
         // another, with other links in it.
         let found = |p: &Path| match (p.canonicalize(), p.symlink_metadata()) {
@@ -272,7 +261,7 @@ impl Assignment {
         Ok(Assignment {
             run: a.run,
             worker: a.worker_index,
-            steps: a.first_step..a.end_step,
+            steps: a.first_step..end_step,
             spec,
             placement,
             program,
@@ -366,37 +355,6 @@ fn handover_of(
     Ok(held)
 }
 
-/// The message's copies of the spec's model, seed and microbatch size agree with the spec.
-fn agrees_with_spec(
-    spec: &JobSpec,
-    model: Option<pb::ModelSpec>,
-    seed: u64,
-    microbatch_size: u32,
-) -> Result<()> {
-    let model = ModelSpec::try_from(model.unwrap_or_default())
-        .map_err(|e| Error::invalid("assignment", format!("model: {e}")))?;
-    if model != spec.model {
-        return Err(Error::invalid(
-            "assignment",
-            format!("model {model:?} is not the job spec's {:?}", spec.model),
-        ));
-    }
-    if seed != spec.training.seed {
-        return Err(Error::invalid(
-            "assignment",
-            format!("seed {seed} is not the job spec's {}", spec.training.seed),
-        ));
-    }
-    let size = spec.parallelism.pipeline_parallel_microbatch_size;
-    if microbatch_size != size {
-        return Err(Error::invalid(
-            "assignment",
-            format!("microbatch_size {microbatch_size} is not the job spec's {size}"),
-        ));
-    }
-    Ok(())
-}
-
 /// The partition `stage_pieces` (pieces per stage) describes: one positive count per
 /// stage, adding up to the model's pieces.
 fn pieces_partition(
@@ -413,4 +371,55 @@ fn pieces_partition(
     spec.model
         .split_by_counts(stage_pieces)
         .map_err(|e| Error::invalid("assignment", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use pipewise_common::job::{example, parse_count::parses_of};
+    use pipewise_proto::convert::program_to_proto;
+
+    /// An assignment's TOML is parsed once as it is decoded, and the steps, model and
+    /// microbatch size the worker runs are the spec's (the message no longer carries
+    /// copies of them).
+    #[test]
+    fn an_assignment_parses_its_job_once() {
+        let mut spec = example(2, "1f1b");
+        spec.job.name = "assignment-parsed-once".into();
+        spec.training.steps = 7;
+        let plan = spec.validate().unwrap();
+        let placement = &plan.schedule.placement;
+        let message = pb::Assignment {
+            run: 1,
+            first_step: 3,
+            worker_index: 1,
+            placement: Some(placement.into()),
+            program: program_to_proto(&plan.schedule.workers[1]),
+            peers: (0..2)
+                .map(|w| (w, format!("http://127.0.0.1:{}", 7000 + w)))
+                .collect(),
+            microbatches: plan.microbatches,
+            job_toml: spec.to_toml().unwrap(),
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let a = Assignment::decode(message.clone(), dir.path()).unwrap();
+        assert_eq!(parses_of(&spec.job.name), 1);
+        assert_eq!(a.steps, 3..7);
+        assert_eq!(a.spec, spec);
+        assert_eq!(a.worker, 1);
+        // A worker past the placement is refused, naming the field.
+        let past = pb::Assignment {
+            worker_index: 2,
+            ..message
+        };
+        match Assignment::decode(past, dir.path()) {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.starts_with("worker_index"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
