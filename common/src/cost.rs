@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::pass::PassKind;
 use crate::placement::Placement;
+use crate::schedule::{Recomputation, Recompute, RecomputeShares};
 
 /// Costs of one stage (one chunk on a worker).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -28,6 +29,11 @@ pub struct Costs {
     pub comm: f64,
     /// Fraction of a microbatch's activation freed when B finishes (the rest at W).
     pub release_at_b: f64,
+    /// Each stage's recomputation ([`Costs::recomputing`]); empty when no stage recomputes.
+    /// A recomputing stage's `mem` is what its F keeps and its `b` includes the redone
+    /// forward.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recompute: Vec<Recomputation>,
 }
 
 /// Pass times of one stage of `1/d` of the model: the `--times F,B,W[,comm]` convention.
@@ -88,6 +94,7 @@ impl Costs {
             stages: vec![stage; placement.stages() as usize],
             comm: times.comm,
             release_at_b: 0.0,
+            recompute: Vec::new(),
         })
     }
 
@@ -126,6 +133,7 @@ impl Costs {
             stages,
             comm,
             release_at_b: 0.0,
+            recompute: Vec::new(),
         })
     }
 
@@ -145,6 +153,14 @@ impl Costs {
                 .collect(),
             comm: self.comm * k,
             release_at_b: self.release_at_b,
+            recompute: self
+                .recompute
+                .iter()
+                .map(|r| Recomputation {
+                    redo: r.redo * k,
+                    ..*r
+                })
+                .collect(),
         }
     }
 
@@ -163,15 +179,91 @@ impl Costs {
         Ok(())
     }
 
+    /// These costs with stage `s` recomputing `modes[s]` at `shares[s]`: its F keeps
+    /// `keep` of its stash, its B (and BW) first redoes `time` of its F. Asked once, of
+    /// costs that do not recompute yet.
+    pub fn recomputing(&self, modes: &[Recompute], shares: &[RecomputeShares]) -> Result<Costs> {
+        let stages = self.stages.len();
+        if modes.len() != stages || shares.len() != stages {
+            return Err(Error::invalid(
+                "recompute",
+                format!(
+                    "{} modes and {} shares for {stages} stages; give one of each per stage",
+                    modes.len(),
+                    shares.len()
+                ),
+            ));
+        }
+        if !self.recompute.is_empty() {
+            return Err(Error::invalid(
+                "recompute",
+                "these costs already recompute; start from the costs without recomputation",
+            ));
+        }
+        let mut out = self.clone();
+        for (s, ((c, &mode), sh)) in out.stages.iter_mut().zip(modes).zip(shares).enumerate() {
+            sh.check()
+                .map_err(|e| Error::invalid("recompute", format!("stage {s}: {e}")))?;
+            let redo = c.f * sh.time(mode);
+            out.recompute.push(Recomputation {
+                mode,
+                redo,
+                stash: c.mem,
+            });
+            c.b += redo;
+            c.mem *= sh.keep(mode);
+        }
+        Ok(out)
+    }
+
+    /// The mode of `stage` (none when these costs do not recompute).
+    pub fn recompute_of(&self, stage: u32) -> Recompute {
+        self.recompute
+            .get(stage as usize)
+            .map_or(Recompute::None, |r| r.mode)
+    }
+
+    /// A stage's whole stash of one microbatch: what its F keeps without recomputation.
+    fn stash(&self, stage: u32) -> f64 {
+        self.recompute
+            .get(stage as usize)
+            .map_or(self.stages[stage as usize].mem, |r| r.stash)
+    }
+
     /// How a pass changes its worker's activation memory: `+mem` for F (at its start);
-    /// B releases `release_at_b` of it, W the rest, BW all of it (at their end).
+    /// B releases `release_at_b` of it, W the rest, BW all of it (at their end). A
+    /// recomputing stage's B ends holding what W needs of the whole stash it rebuilt
+    /// (`1 − release_at_b` of it), and W frees that.
     pub fn memory_change(&self, pass: crate::pass::Pass) -> f64 {
         let m = self.stages[pass.stage as usize].mem;
+        let held_for_w = self.stash(pass.stage) * (1.0 - self.release_at_b);
         match pass.kind {
             PassKind::F => m,
-            PassKind::B => -m * self.release_at_b,
-            PassKind::W => -m * (1.0 - self.release_at_b),
+            PassKind::B => held_for_w - m,
+            PassKind::W => -held_for_w,
             PassKind::BW => -m,
+        }
+    }
+
+    /// Memory a pass holds while it runs beyond its worker's before it: a recomputing
+    /// stage's B (or BW) rebuilds the part of the stash its F did not keep.
+    pub fn transient(&self, pass: crate::pass::Pass) -> f64 {
+        match pass.kind {
+            PassKind::B | PassKind::BW => {
+                (self.stash(pass.stage) - self.stages[pass.stage as usize].mem).max(0.0)
+            }
+            PassKind::F | PassKind::W => 0.0,
+        }
+    }
+
+    /// Time of the forward a pass redoes (inside its duration): idle time, not work.
+    pub fn redone(&self, pass: crate::pass::Pass) -> f64 {
+        match pass.kind {
+            PassKind::B | PassKind::BW => self
+                .recompute
+                .get(pass.stage as usize)
+                .map_or(0.0, |r| r.redo),
+            PassKind::F | PassKind::W => 0.0,
         }
     }
 

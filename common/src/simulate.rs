@@ -4,6 +4,10 @@
 //! communication latency when the dependency ran on another worker). Activation memory of a
 //! (stage, microbatch) is allocated when its F starts and released when its W (or BW) ends;
 //! a fraction `release_at_b` may be released when B ends.
+//!
+//! A recomputing stage's B ([`Costs::recomputing`]) runs longer by the forward it redoes,
+//! which counts as idle time in the bubble rates (busy time is training work), and holds the
+//! stash it rebuilds while it runs.
 
 use serde::Serialize;
 
@@ -31,8 +35,10 @@ pub struct Simulation {
     pub timeline: Vec<Vec<TimedPass>>,
     /// Time from the first start to the last end.
     pub makespan: f64,
-    /// Busy time of every worker.
+    /// Busy time of every worker: its passes' time less the forwards they redo.
     pub busy: Vec<f64>,
+    /// Time every worker spends redoing forwards inside recomputing backwards.
+    pub recomputed: Vec<f64>,
     /// `1 − Σ busy / (workers × makespan)`.
     pub bubble: f64,
     /// `max_w (span_w − busy_w) / span_w`, span = first start to last end on `w` (the paper's tables).
@@ -76,7 +82,7 @@ fn span_bubbles<'a>(
 /// Lower bounds on the makespan.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Bounds {
-    /// The largest per-worker amount of work.
+    /// The largest per-worker time in passes (redone forwards included).
     pub max_work: f64,
     /// The longest dependency chain of one microbatch (all F, then all B, then one W,
     /// with communication on every hop between workers).
@@ -223,9 +229,14 @@ fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) 
         .map(|p| p.end)
         .fold(0.0, f64::max);
     let makespan = if first.is_finite() { last - first } else { 0.0 };
+    let recomputed: Vec<f64> = timeline
+        .iter()
+        .map(|t| t.iter().map(|p| costs.redone(p.pass)).sum())
+        .collect();
     let busy: Vec<f64> = timeline
         .iter()
-        .map(|t| t.iter().map(|p| p.end - p.start).sum())
+        .zip(&recomputed)
+        .map(|(t, redone)| t.iter().map(|p| p.end - p.start).sum::<f64>() - redone)
         .collect();
     let total: f64 = busy.iter().sum();
     let workers = timeline.len() as f64;
@@ -241,11 +252,12 @@ fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) 
         .iter()
         .map(|t| peak_of(t, costs))
         .collect::<Vec<_>>();
-    let bounds = bounds(schedule, costs, &busy, &peak_memory);
+    let bounds = bounds(schedule, costs, &busy, &recomputed, &peak_memory);
     Simulation {
         timeline,
         makespan,
         busy,
+        recomputed,
         bubble,
         bubble_span,
         peak_memory,
@@ -254,19 +266,31 @@ fn summarise(schedule: &Schedule, costs: &Costs, timeline: Vec<Vec<TimedPass>>) 
 }
 
 /// Peak memory of one worker: passes run one at a time in program order, so allocations
-/// and releases happen in that order.
+/// and releases happen in that order; a recomputing backward holds its rebuilt stash while
+/// it runs.
 fn peak_of(passes: &[TimedPass], costs: &Costs) -> f64 {
     let (mut now, mut peak) = (0.0f64, 0.0f64);
     for p in passes {
+        peak = peak.max(now + costs.transient(p.pass));
         now += costs.memory_change(p.pass);
         peak = peak.max(now);
     }
     peak
 }
 
-fn bounds(schedule: &Schedule, costs: &Costs, busy: &[f64], peak: &[f64]) -> Bounds {
+fn bounds(
+    schedule: &Schedule,
+    costs: &Costs,
+    busy: &[f64],
+    recomputed: &[f64],
+    peak: &[f64],
+) -> Bounds {
     let placement = &schedule.placement;
-    let max_work = busy.iter().copied().fold(0.0, f64::max);
+    let max_work = busy
+        .iter()
+        .zip(recomputed)
+        .map(|(b, r)| b + r)
+        .fold(0.0, f64::max);
     let stages = placement.stages();
     let mut chain = 0.0;
     let mut hops = 0u32;

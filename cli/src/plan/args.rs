@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 use pipewise_common::generate::{MAX_CHUNKS, MAX_MICROBATCHES, MAX_WORKERS};
+use pipewise_common::schedule::Recompute;
 use pipewise_common::{ScheduleKind, Times};
 
 use crate::values::{parse_bytes, parse_times, positive};
@@ -31,6 +32,8 @@ Examples:
   pipewise plan -s interleaved-1f1b -d 4 -n 16 --chunks 3 --times 1,2,1,0.1
   pipewise plan --compare -d 8 -n 32 --times 1,1,1 --activation-bytes 2GiB
   pipewise plan -s zb-h1 -d 4 -n 8 --format csv -o zb.csv
+  pipewise plan -s 1f1b-r -d 16 -n 64 --times 12.96,13.22,9.76,0.67
+  pipewise plan -s v-half -d 8 -n 32 --recompute selective
   pipewise plan -s csv:zb.csv --format grid";
 
 /// Output formats.
@@ -185,6 +188,18 @@ pub(crate) struct PlanArgs {
     #[arg(long, verbatim_doc_comment, conflicts_with_all = ["compare", "memory_limit"])]
     pub(crate) sweep_memory: bool,
 
+    /// Activation recomputation on every stage: none, selective or full.
+    ///
+    /// full: F keeps only the stage's input, B first re-runs F; selective:
+    /// F keeps each block's input, attention output and log-sum-exp, B
+    /// first redoes the block's linear layers. Without a model, a stage's
+    /// kept share is GPT's at large hidden size (full 1/16 of a unit,
+    /// selective 1/8) and selective redoes all of F's time. The redone
+    /// forward counts as idle time in the bubble rates (seed 000's Table 4
+    /// counts 1F1B-R so). -s 1f1b-r is 1F1B with full recomputation.
+    #[arg(long, value_name = "MODE", value_parser = parse_recompute, verbatim_doc_comment)]
+    pub(crate) recompute: Option<Recompute>,
+
     /// Write the output to FILE instead of standard output.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
@@ -239,6 +254,11 @@ impl MemoryLimit {
         }
         Ok(units)
     }
+}
+
+/// Parses `--recompute`.
+fn parse_recompute(text: &str) -> std::result::Result<Recompute, String> {
+    text.parse::<Recompute>().map_err(|e| e.to_string())
 }
 
 /// Parses `--memory-limit`: units, `0.5x`, or bytes with a unit.

@@ -18,6 +18,7 @@ use pipewise_common::generate::generate_with;
 use pipewise_common::render::curve::{Series, line_chart};
 use pipewise_common::render::report::{Report, compare_table, fmt_bytes};
 use pipewise_common::render::{chrome, grid, svg};
+use pipewise_common::schedule::{Recompute, RecomputeShares};
 use pipewise_common::{
     Costs, Error, Placement, Request, Schedule, ScheduleKind, Simulation, StageCost, simulate,
 };
@@ -48,13 +49,14 @@ fn run_plan(plan: &Plan) -> Result<()> {
         } => {
             let start = Instant::now();
             let request = request(plan, *kind, *workers, *microbatches, *chunks)?;
-            let schedule = generate_planned(plan, &request)
+            let mut schedule = generate_planned(plan, &request)
                 .map_err(|e| in_bytes(e, plan.activation_bytes))
                 .with_context(|| {
                     format!(
                         "cannot plan {kind} with --workers {workers} --microbatches {microbatches}"
                     )
                 })?;
+            schedule.name = recomputing_name(plan, &schedule.name);
             render(plan, &schedule, start)?
         }
         Source::Csv {
@@ -66,8 +68,9 @@ fn run_plan(plan: &Plan) -> Result<()> {
                 .with_context(|| format!("--schedule csv:{}", path.display()))?;
             let start = Instant::now();
             let name = format!("csv:{}", path.display());
-            let schedule = from_csv(&text, &name)
+            let mut schedule = from_csv(&text, &name)
                 .with_context(|| format!("--schedule {name}: not a valid schedule"))?;
+            schedule.name = recomputing_name(plan, &schedule.name);
             if let Some(d) = workers
                 && *d != schedule.num_workers()
             {
@@ -306,13 +309,14 @@ fn sweep(plan: &Plan, kind: ScheduleKind, d: u32, n: u32) -> Result<String> {
     })
 }
 
-/// 1F1B's peak activation memory in units under the plan's stage memory: 1F1B with the
+/// 1F1B's peak activation memory in units under the plan's stage memory (without
+/// recomputation, the reference a `0.5x` limit is taken of): 1F1B with the
 /// same layers on each worker as `placement` holds `d − w` microbatches of worker `w`'s
 /// stages, so its peak is `max_w (d − w)·m_w` with `m_w` the memory of `w`'s stages: `d`
 /// units when every worker holds 1/d of the model (`--times`, or `--stage-times` without
 /// a memory column).
 fn one_f_one_b_peak(plan: &Plan, placement: &Placement) -> Result<f64> {
-    let costs = costs(plan, placement)?;
+    let costs = base_costs(plan, placement)?;
     let d = placement.workers() as usize;
     let mut per_worker = vec![0.0f64; d];
     for (s, c) in costs.stages.iter().enumerate() {
@@ -329,8 +333,33 @@ fn one_f_one_b_peak(plan: &Plan, placement: &Placement) -> Result<f64> {
     Ok(peak)
 }
 
-/// The cost model for `placement`: `--stage-times` if given, else `--times`.
+/// A schedule's name with the plan's recomputation: the name it was asked by (`1f1b-r`),
+/// or `NAME + MODE recompute`.
+fn recomputing_name(plan: &Plan, name: &str) -> String {
+    match (&plan.recomputing_name, plan.recompute) {
+        (Some(asked), _) => asked.clone(),
+        (None, Recompute::None) => name.to_string(),
+        (None, mode) => format!("{name} + {mode} recompute"),
+    }
+}
+
+/// The cost model for `placement`: `--stage-times` if given, else `--times`, with the
+/// plan's recomputation on every stage.
 fn costs(plan: &Plan, placement: &Placement) -> Result<Costs> {
+    let base = base_costs(plan, placement)?;
+    if plan.recompute == Recompute::None {
+        return Ok(base);
+    }
+    let stages = base.stages.len();
+    base.recomputing(
+        &vec![plan.recompute; stages],
+        &vec![RecomputeShares::WITHOUT_MODEL; stages],
+    )
+    .context("--recompute")
+}
+
+/// The cost model without recomputation.
+fn base_costs(plan: &Plan, placement: &Placement) -> Result<Costs> {
     match &plan.stage_times {
         None => Costs::uniform(placement, plan.times).context("--times"),
         Some((path, stages)) => {
@@ -414,7 +443,8 @@ fn compare(plan: &Plan, d: u32, n: u32, chunks: u32) -> Result<String> {
         let start = Instant::now();
         let outcome = request(plan, kind, d, n, chunks)
             .and_then(|req| generate_planned(plan, &req).map_err(anyhow::Error::from))
-            .and_then(|schedule| {
+            .and_then(|mut schedule| {
+                schedule.name = recomputing_name(plan, &schedule.name);
                 let sim = simulate_with(plan, &schedule)?;
                 Ok((schedule, sim))
             });

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use pipewise_common::generate::MAX_STAGE_MICROBATCHES;
+use pipewise_common::schedule::{Recompute, recomputing_schedule};
 use pipewise_common::{ScheduleKind, Times};
 
 use super::args::{Format, MemoryLimit, PlanArgs};
@@ -72,6 +73,10 @@ pub(crate) struct Plan {
     pub(crate) memory_limit: Option<MemoryLimit>,
     /// `--sweep-memory`.
     pub(crate) sweep_memory: bool,
+    /// Every stage's recomputation (`--recompute`, or the schedule's name).
+    pub(crate) recompute: Recompute,
+    /// The name the schedule was asked by when it says its recomputation (`1f1b-r`).
+    pub(crate) recomputing_name: Option<String>,
 }
 
 impl PlanArgs {
@@ -118,6 +123,7 @@ impl PlanArgs {
                 );
             }
         }
+        let (recompute, recomputing_name) = self.recompute(&source)?;
         let stage_times = match &self.stage_times {
             Some(path) => Some((path.clone(), read_stage_times(path)?)),
             None => None,
@@ -131,6 +137,29 @@ impl PlanArgs {
             output: self.output,
             memory_limit: self.memory_limit,
             sweep_memory: self.sweep_memory,
+            recompute,
+            recomputing_name,
+        })
+    }
+
+    /// The recomputation of every stage: `--recompute`, or what the schedule's name says
+    /// (`1f1b-r`), which `--recompute` may repeat but not contradict.
+    fn recompute(&self, source: &Source) -> Result<(Recompute, Option<String>)> {
+        let named = self.schedule.as_deref().and_then(|n| {
+            recomputing_schedule(n).map(|(_, mode)| (n.trim().to_ascii_lowercase(), mode))
+        });
+        if matches!(source, Source::Auto { .. }) && self.recompute.is_some() {
+            bail!(
+                "--recompute does not apply to --auto: the auto-planner does not weigh recomputation yet"
+            );
+        }
+        Ok(match (named, self.recompute) {
+            (Some((name, mode)), Some(asked)) if asked != mode => bail!(
+                "--recompute {asked} contradicts --schedule {name}, which recomputes {mode}; \
+                 drop --recompute or name the schedule without it"
+            ),
+            (Some((name, mode)), _) => (mode, Some(name)),
+            (None, asked) => (asked.unwrap_or_default(), None),
         })
     }
 
@@ -216,7 +245,10 @@ impl PlanArgs {
                 microbatches: self.microbatches,
             });
         }
-        let kind = parse_schedule("--schedule", name, "; or csv:PATH to import one")?;
+        let kind = match recomputing_schedule(name) {
+            Some((kind, _)) => kind,
+            None => parse_schedule("--schedule", name, "; or 1f1b-r, or csv:PATH to import one")?,
+        };
         let (workers, microbatches) = self.shape(&format!("--schedule {kind}"))?;
         if self.chunks.is_some() && !kind.uses_chunks() {
             bail!(

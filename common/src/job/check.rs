@@ -39,6 +39,7 @@ impl JobSpec {
                  (f16 is accepted for planning and emulated compute)",
             ));
         }
+        self.activation_checkpoint.check()?;
         let t = &self.training;
         if t.steps == 0 {
             return Err(Error::invalid("training.steps", "must be at least 1"));

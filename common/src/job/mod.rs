@@ -71,6 +71,8 @@
 //!
 //! - [`spec`]: the schema (sections, fields, defaults, TOML form);
 //! - `check`: field validation;
+//! - `activation`: `[activation_checkpoint]`, recomputation (planned, refused until the
+//!   workers execute it);
 //! - [`confine()`]: the job's paths confined to a data directory, and caps on free text;
 //! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
 //! - `memory`: the memory a planned job is predicted to take on each worker;
@@ -79,6 +81,7 @@
 //! - [`lr`]: `[lr_scheduler]`, the learning rate of each step.
 //! - `validation`: `[validation]`, the held-out loss measured during training.
 
+mod activation;
 mod check;
 pub mod confine;
 pub mod layout;
@@ -89,6 +92,7 @@ pub mod plan;
 pub mod spec;
 mod validation;
 
+pub use activation::ActivationCheckpoint;
 pub use confine::{Found, MAX_PATH_BYTES, check_links, check_text, confine};
 pub use layout::{
     FINAL_CHECKPOINT, checkpoint_dir, checkpoint_file, checkpoint_file_name, checkpoint_name,

@@ -8,6 +8,8 @@ use crate::cost::Times;
 use crate::error::{Error, Result};
 use crate::model::{DType, ModelSpec};
 
+use super::activation::ActivationCheckpoint;
+
 /// The longest `job.name`, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;
 /// The longest `job.description`, in bytes.
@@ -488,6 +490,9 @@ pub struct JobSpec {
     /// `[validation]` (absent: no validation loss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<Validation>,
+    /// `[activation_checkpoint]` (absent: no recomputation).
+    #[serde(default, skip_serializing_if = "ActivationCheckpoint::is_default")]
+    pub activation_checkpoint: ActivationCheckpoint,
 }
 
 impl JobSpec {
@@ -672,6 +677,7 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
         data: Data::default(),
         compute: Compute::default(),
         validation: None,
+        activation_checkpoint: ActivationCheckpoint::default(),
     }
 }
 

@@ -2,6 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
+mod recompute;
+
+pub use recompute::{
+    RECOMPUTING_SCHEDULES, Recomputation, Recompute, RecomputeShares, recomputing_schedule,
+};
+
 use crate::pass::Pass;
 use crate::placement::Placement;
 
