@@ -392,7 +392,7 @@ const BPE_EOT: &str = concat!(
 async fn short_tokenized_text_is_refused_at_submit_with_its_count() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
-    let c = Coordinator::start("127.0.0.1:0".parse().unwrap(), data, None)
+    let c = Coordinator::start_cluster("127.0.0.1:0".parse().unwrap(), data, Unfinished::Resume)
         .await
         .unwrap();
     let jobs = JobServiceClient::connect(format!("http://{}", c.addr))

@@ -4,6 +4,7 @@
 use super::plan::JobPlan;
 use super::spec::JobSpec;
 use crate::error::{Error, Result};
+use crate::schedule::{Recompute, RecomputeShares};
 
 impl JobPlan {
     /// The peak activation bytes each worker is predicted to hold in a step: its program
@@ -71,6 +72,12 @@ impl JobPlan {
 
     /// [`JobPlan::predicted_peak_bytes`] with the model's pieces cut into `ranges`, one per
     /// stage (e.g. a split that moved layers off a slow worker).
+    ///
+    /// With `[activation_checkpoint]` a stage's `F` keeps only its share of the stash
+    /// ([`RecomputeShares::of_stage`]) and its `B` holds the part it rebuilds beside what is
+    /// pending while it runs (as the worker counts its peaks): the whole stash with `full`
+    /// (the kept input counted again in the first piece's rebuilt stash), the part not kept
+    /// with `selective`.
     pub fn predicted_peak_bytes_over(
         &self,
         spec: &JobSpec,
@@ -79,9 +86,10 @@ impl JobPlan {
         use crate::pass::PassKind;
         self.check_ranges(ranges)?;
         let b = spec.parallelism.pipeline_parallel_microbatch_size;
-        let per_stage: Vec<_> = ranges
+        let mode = spec.activation_checkpoint.recompute()?;
+        let per_stage: Vec<StageBytes> = ranges
             .iter()
-            .map(|r| spec.model.range_activation_bytes(r.clone(), b))
+            .map(|r| StageBytes::of(spec, r.clone(), b, mode))
             .collect();
         Ok(self
             .schedule
@@ -90,23 +98,55 @@ impl JobPlan {
             .map(|program| {
                 let (mut now, mut peak) = (0i128, 0i128);
                 for p in program {
-                    let a = per_stage[p.stage as usize];
-                    let (f, bw) = (
-                        i128::from(a.after_forward),
-                        i128::from(a.after_backward_input),
-                    );
-                    now += match p.kind {
-                        PassKind::F => f,
-                        PassKind::B => bw - f,
-                        PassKind::W => -bw,
-                        PassKind::BW => -f,
-                    };
+                    let s = per_stage[p.stage as usize];
+                    match p.kind {
+                        PassKind::F => now += s.kept,
+                        PassKind::B => {
+                            peak = peak.max(now + s.rebuilt);
+                            now += s.held_for_w - s.kept;
+                        }
+                        PassKind::W => now -= s.held_for_w,
+                        PassKind::BW => {
+                            peak = peak.max(now + s.rebuilt);
+                            now -= s.kept;
+                        }
+                    }
                     peak = peak.max(now);
                 }
                 // Never negative (it starts at 0); past u64 only for saturated stashes.
                 u64::try_from(peak).unwrap_or(u64::MAX)
             })
             .collect())
+    }
+}
+
+/// A stage's activation bytes for one microbatch, as its worker holds them.
+#[derive(Debug, Clone, Copy)]
+struct StageBytes {
+    /// Kept from `F` to `B`.
+    kept: i128,
+    /// Rebuilt at the start of `B` and held through it, beside what is pending.
+    rebuilt: i128,
+    /// Kept from `B` until `W`.
+    held_for_w: i128,
+}
+
+impl StageBytes {
+    fn of(spec: &JobSpec, pieces: std::ops::Range<usize>, b: u32, mode: Recompute) -> StageBytes {
+        let a = spec.model.range_activation_bytes(pieces.clone(), b);
+        let stash = a.after_forward as f64;
+        let shares = RecomputeShares::of_stage(&spec.model, pieces, b);
+        let kept = (stash * shares.keep(mode)).round();
+        let rebuilt = match mode {
+            Recompute::None => 0.0,
+            Recompute::Selective => stash - kept,
+            Recompute::Full => stash,
+        };
+        StageBytes {
+            kept: kept as i128,
+            rebuilt: rebuilt as i128,
+            held_for_w: i128::from(a.after_backward_input),
+        }
     }
 }
 
@@ -137,5 +177,31 @@ mod tests {
         // Fewer blocks on worker 0, more on worker 1.
         assert!(split[0] < even[0], "{split:?} against {even:?}");
         assert!(split[1] > even[1], "{split:?} against {even:?}");
+    }
+
+    /// Recomputation shrinks the predicted peaks of 1F1B's fullest worker: full keeps each
+    /// stage's input and holds one rebuilt stash; selective keeps more than full.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn recomputation_shrinks_the_predicted_peaks() {
+        use crate::schedule::Recompute;
+        let mut spec = example(4, "1f1b");
+        spec.model.layers = 8;
+        let plan = spec.validate().unwrap();
+        let mut peaks = Vec::new();
+        for mode in Recompute::ALL {
+            spec.activation_checkpoint.mode = mode.to_string();
+            peaks.push(plan.predicted_peak_bytes(&spec).unwrap());
+        }
+        let (none, selective, full) = (&peaks[0], &peaks[1], &peaks[2]);
+        assert!(full[0] < selective[0], "{full:?} against {selective:?}");
+        assert!(selective[0] < none[0], "{selective:?} against {none:?}");
+        // 1F1B's worker 0 keeps 4 microbatches: with full it holds 4 inputs and one
+        // rebuilt stash instead of 4 stashes.
+        let ranges = spec.stage_ranges(&plan.schedule.placement).unwrap();
+        let b = spec.parallelism.pipeline_parallel_microbatch_size;
+        let stash = spec.model.range_activation_bytes(ranges[0].clone(), b);
+        assert_eq!(none[0], 4 * stash.after_forward);
+        assert!(full[0] > stash.after_forward && full[0] < 2 * stash.after_forward);
     }
 }

@@ -66,7 +66,9 @@ use super::respec::{replan, replan_after_loss, respec, spec_split};
 use super::straggler::{Straggle, straggle_of};
 use super::worker::Worker;
 use crate::calibration::CostModel;
+use crate::error::Result;
 use crate::job::{JobPlan, JobSpec};
+use crate::schedule::{Recompute, RecomputeShares};
 use crate::{Costs, Schedule, simulate};
 
 use io::Ended;
@@ -655,6 +657,21 @@ impl Supervisor {
     }
 }
 
+/// `costs` with every stage recomputing as `[activation_checkpoint]` says, each at its
+/// own shares of time and stash ([`RecomputeShares::of_stage`]).
+fn recomputing(spec: &JobSpec, ranges: &[std::ops::Range<usize>], costs: Costs) -> Result<Costs> {
+    let mode = spec.activation_checkpoint.recompute()?;
+    if mode == Recompute::None {
+        return Ok(costs);
+    }
+    let b = spec.parallelism.pipeline_parallel_microbatch_size;
+    let shares: Vec<RecomputeShares> = ranges
+        .iter()
+        .map(|r| RecomputeShares::of_stage(&spec.model, r.clone(), b))
+        .collect();
+    costs.recomputing(&vec![mode; ranges.len()], &shares)
+}
+
 /// The plan a step of `plan` on `ranges` (pieces per stage) by `workers` is shown with:
 /// for real compute, the schedule simulated with the job's cost model as it stands (costs
 /// of the steps observed so far); for emulated compute, the schedule simulated under the
@@ -695,6 +712,7 @@ pub fn shown(
         }
     };
     let simulated = Costs::uniform(&plan.schedule.placement, times)
+        .and_then(|c| recomputing(spec, ranges, c))
         .map(costs_of)
         .and_then(|c| Ok((simulate(&plan.schedule, &c)?, c)));
     match simulated {
