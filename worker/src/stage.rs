@@ -80,8 +80,8 @@ impl Pending {
 ///
 /// Memory: [`Stage::stash_bytes`] is the sum of the sizes of the tensors held for pending
 /// `B` and `W` passes, updated at every pass boundary (transient buffers inside a pass are
-/// not counted); it equals [`ModelSpec::range_activation_bytes`] times the microbatches in
-/// each state. Parameters are kept in the model dtype; accumulated gradients, AdamW moments
+/// not counted); without recomputation ([`Stage::set_recompute`]) it equals
+/// [`ModelSpec::range_activation_bytes`] times the microbatches in each state. Parameters are kept in the model dtype; accumulated gradients, AdamW moments
 /// and the master copy of bf16 and f16 parameters in f32.
 #[derive(Debug)]
 pub struct Stage {
