@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use pipewise_common::model::{self, Family, ModelSpec, Piece};
+use pipewise_common::schedule::Recompute;
 
 use crate::error::{Error, Result};
 use crate::llama_ops::Rope;
@@ -36,13 +37,14 @@ pub fn candle_dtype(d: model::DType) -> DType {
 /// What a microbatch has on this stage between passes.
 #[derive(Debug)]
 enum Pending {
-    /// After `F`: one stash per piece, and the microbatch's `(b, t)`.
+    /// After `F`: one stash per piece (under selective recomputation a block's is what it
+    /// keeps), and the microbatch's `(b, t)`.
     Backward {
         shape: (usize, usize),
         stashes: Vec<ForwardStash>,
     },
-    /// After `F` on a stage that recomputes ([`Stage::set_recompute`]): only the stage's
-    /// input (and the last stage's targets); `B` runs `F` again first.
+    /// After `F` on a stage under full recomputation ([`Stage::set_recompute`]): only the
+    /// stage's input (and the last stage's targets); `B` runs `F` again first.
     Recompute {
         shape: (usize, usize),
         input: Tensor,
@@ -78,8 +80,8 @@ impl Pending {
 ///
 /// Memory: [`Stage::stash_bytes`] is the sum of the sizes of the tensors held for pending
 /// `B` and `W` passes, updated at every pass boundary (transient buffers inside a pass are
-/// not counted); it equals [`ModelSpec::range_activation_bytes`] times the microbatches in
-/// each state. Parameters are kept in the model dtype; accumulated gradients, AdamW moments
+/// not counted); without recomputation ([`Stage::set_recompute`]) it equals
+/// [`ModelSpec::range_activation_bytes`] times the microbatches in each state. Parameters are kept in the model dtype; accumulated gradients, AdamW moments
 /// and the master copy of bf16 and f16 parameters in f32.
 #[derive(Debug)]
 pub struct Stage {
@@ -100,8 +102,8 @@ pub struct Stage {
     peak_stash_bytes: u64,
     /// Seconds the last pass spent in the stage's embedding or head piece.
     edge_secs: f64,
-    /// `F` keeps only the stage's input and `B` runs it again ([`Stage::set_recompute`]).
-    recompute: bool,
+    /// What `F` keeps and `B` redoes first ([`Stage::set_recompute`]).
+    recompute: Recompute,
     /// Bytes of the stashes `B` rebuilt since [`Stage::take_rebuilt_bytes`] last asked.
     rebuilt_bytes: u64,
 }
@@ -154,7 +156,7 @@ impl Stage {
             stash_bytes: 0,
             peak_stash_bytes: 0,
             edge_secs: 0.0,
-            recompute: false,
+            recompute: Recompute::None,
             rebuilt_bytes: 0,
         })
     }
@@ -303,7 +305,7 @@ impl Stage {
     /// mean loss (rank-0 f32, not yet scaled by `1/n`).
     pub fn forward(&mut self, mb: u32, input: &Tensor, targets: Option<&Tensor>) -> Result<Tensor> {
         let shape = self.check_forward(mb, input, targets)?;
-        let f = self.forward_compute(shape, input, targets)?;
+        let f = self.forward_compute(shape, input, targets, self.keeps_selected())?;
         self.edge_secs = f.edge_secs;
         let out = self.stash_forward(mb, shape, f, input, targets);
         self.account();
@@ -348,12 +350,14 @@ impl Stage {
         Ok((b, t))
     }
 
-    /// The arithmetic of `F` on a checked input of `(b, t)`.
+    /// The arithmetic of `F` on a checked input of `(b, t)`; with `selected`, each piece's
+    /// stash is what selective recomputation keeps of it.
     fn forward_compute(
         &self,
         (b, t): (usize, usize),
         input: &Tensor,
         targets: Option<&Tensor>,
+        selected: bool,
     ) -> Result<Forwarded> {
         let h = self.spec.hidden as usize;
         let (mask, mut x) = self.forward_inputs((b, t), input)?;
@@ -386,7 +390,7 @@ impl Stage {
                 }
             };
             edge += since(started);
-            stashes.push(stash);
+            stashes.push(if selected { stash.selected(&x) } else { stash });
             x = out;
         }
         let out = if self.is_last() {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use pipewise_common::job::{Compute, JobSpec, example};
 use pipewise_common::model::{Family, ModelSpec};
+use pipewise_common::schedule::Recompute;
 
 use super::{ComputeArg, LocalArgs, ModelArg};
 use crate::text_file::read_text;
@@ -122,6 +123,9 @@ fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     if given("lr") {
         spec.optimizer.lr = args.lr;
     }
+    if let Some(mode) = args.recompute {
+        spec.activation_checkpoint.mode = mode.name().into();
+    }
     if given("compute") && args.compute == ComputeArg::Emulate {
         if let [f, b, w] = args.emulate_ms[..] {
             spec.compute = Compute::emulate(f, b, w);
@@ -129,6 +133,12 @@ fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     } else if given("compute") {
         spec.compute = Compute::default();
     }
+}
+
+/// Parses `--recompute`.
+pub(super) fn parse_recompute(text: &str) -> std::result::Result<Recompute, String> {
+    text.parse()
+        .map_err(|e: pipewise_common::Error| e.to_string())
 }
 
 /// Where `[validation] path` is linked (or copied) under the data directory.
@@ -204,6 +214,13 @@ mod tests {
         assert_eq!(spec.parallelism.pipeline_parallel_schedule, "v-half");
         assert_eq!(spec.parallelism.pipeline_parallel_degree, 4);
         assert_eq!(spec.optimizer.lr, 1e-3);
+        assert_eq!(spec.activation_checkpoint.recompute()?, Recompute::None);
+        let spec = parsed(&["--recompute", "selective"])?;
+        assert_eq!(
+            spec.activation_checkpoint.recompute()?,
+            Recompute::Selective
+        );
+        assert!(parsed(&["--recompute", "half"]).is_err());
         std::fs::write(&file, "[job]\nname = \"x\"\n[model]\nvocab = 0\n")?;
         let err = format!("{:#}", parsed(&[]).expect_err("a bad file"));
         assert!(err.contains("job.toml"), "{err}");

@@ -1,9 +1,8 @@
 //! `[activation_checkpoint]` (torchtitan's section): whether the stages recompute their
-//! activations in the backward instead of keeping them.
-//!
-//! The planner counts recomputation ([`crate::schedule::Recompute`]); the workers do not
-//! execute it yet, so a job asking for `selective` or `full` is refused when it is
-//! checked, rather than run without it under a plan that assumes it.
+//! activations in the backward instead of keeping them ([`crate::schedule::Recompute`]:
+//! what each mode keeps and redoes), on every stage. Workers with real compute apply it to
+//! every stage they hold; emulated compute has no activations to keep or redo, so a job
+//! asking for recomputation there is refused when it is checked.
 
 use serde::{Deserialize, Serialize};
 
@@ -49,17 +48,19 @@ impl ActivationCheckpoint {
         })
     }
 
-    /// Checks the mode, and refuses the ones the workers cannot execute yet.
-    pub(crate) fn check(&self) -> Result<()> {
+    /// Checks the mode, and refuses recomputation under emulated compute (`emulated`),
+    /// whose passes hold no activations.
+    pub(crate) fn check(&self, emulated: bool) -> Result<()> {
         match self.recompute()? {
             Recompute::None => Ok(()),
-            mode => Err(Error::invalid(
+            mode if emulated => Err(Error::invalid(
                 "activation_checkpoint.mode",
                 format!(
-                    "{mode:?} recomputation is planned (`pipewise plan --recompute {mode}`) but \
-                     the workers do not execute it yet; use mode = \"none\""
+                    "{mode} recomputation means nothing under [compute] mode = \"emulate\" \
+                     (its passes hold no activations); use mode = \"none\" or real compute"
                 ),
             )),
+            _ => Ok(()),
         }
     }
 }
@@ -69,7 +70,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::job::{JobSpec, example};
+    use crate::job::{Compute, JobSpec, example};
 
     fn with_section(section: &str) -> Result<JobSpec> {
         let mut text = example(2, "1f1b").to_toml().unwrap();
@@ -105,21 +106,28 @@ mod tests {
     }
 
     #[test]
-    fn recomputation_is_refused_until_the_workers_execute_it() {
+    fn recomputation_is_accepted_with_real_compute_and_refused_emulated() {
         for mode in [Recompute::Selective, Recompute::Full] {
-            let spec =
+            let mut spec =
                 with_section(&format!("\n[activation_checkpoint]\nmode = \"{mode}\"\n")).unwrap();
+            assert!(!spec.compute.is_emulated());
+            assert!(spec.validate().is_ok(), "{mode} with real compute");
+            let back = JobSpec::from_toml(&spec.to_toml().unwrap()).unwrap();
+            assert_eq!(back.activation_checkpoint.recompute(), Ok(mode));
+            spec.compute = Compute::emulate(1.0, 1.0, 1.0);
             match spec.validate() {
                 Err(Error::InvalidArgument { field, reason }) => {
                     assert_eq!(field, "activation_checkpoint.mode");
-                    assert!(reason.contains("do not execute it yet"), "{reason}");
+                    assert!(reason.contains("emulate"), "{reason}");
                 }
-                other => panic!("{mode}: expected a refusal, got {other:?}"),
+                other => panic!("{mode}: expected a refusal under emulation, got {other:?}"),
             }
         }
-        let none = with_section("\n[activation_checkpoint]\nmode = \"none\"\n").unwrap();
+        let mut none = with_section("\n[activation_checkpoint]\nmode = \"none\"\n").unwrap();
         assert!(none.validate().is_ok());
         // The default section is left out of the TOML form, so jobs read back unchanged.
         assert!(!none.to_toml().unwrap().contains("activation_checkpoint"));
+        none.compute = Compute::emulate(1.0, 1.0, 1.0);
+        assert!(none.validate().is_ok(), "no recomputation is fine emulated");
     }
 }

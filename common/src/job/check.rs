@@ -39,7 +39,8 @@ impl JobSpec {
                  (f16 is accepted for planning and emulated compute)",
             ));
         }
-        self.activation_checkpoint.check()?;
+        self.activation_checkpoint
+            .check(self.compute.is_emulated())?;
         let t = &self.training;
         if t.steps == 0 {
             return Err(Error::invalid("training.steps", "must be at least 1"));

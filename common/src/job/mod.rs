@@ -71,8 +71,7 @@
 //!
 //! - [`spec`]: the schema (sections, fields, defaults, TOML form);
 //! - `check`: field validation;
-//! - `activation`: `[activation_checkpoint]`, recomputation (planned, refused until the
-//!   workers execute it);
+//! - `activation`: `[activation_checkpoint]`, each stage's activation recomputation;
 //! - [`confine()`]: the job's paths confined to a data directory, and caps on free text;
 //! - [`plan`]: planning a job's schedule ([`plan_job`], [`JobPlan`]);
 //! - `memory`: the memory a planned job is predicted to take on each worker;

@@ -161,6 +161,9 @@ impl RealCompute {
         };
         rt.set_timeout(config.timeout);
         rt.set_slowdown(config.slowdown);
+        // `[activation_checkpoint] mode`, on every stage this worker holds.
+        let recompute = spec.activation_checkpoint.recompute()?;
+        rt.set_recompute(&vec![recompute; a.placement.stages() as usize]);
         if a.replica.count > 1 {
             rt.set_replica(a.replica)?;
         }

@@ -53,6 +53,20 @@ pub(crate) struct ForwardStash {
     mask: Tensor,
 }
 
+/// Held from `F` to `B` under selective recomputation: what the attention core's backward
+/// needs besides Q, K and V (its output and log-sum-exp), and the block's input, from which
+/// [`Block::rebuild`] redoes the norms and linear layers but not the attention core.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    b: usize,
+    t: usize,
+    /// The block's input `[N, h]`.
+    x: Tensor,
+    lse: Tensor,
+    y: Tensor,
+    mask: Tensor,
+}
+
 /// Held from `B` to `W`: each linear layer's input and output gradient (the LayerNorms'
 /// weight gradients are done in `B`, see [`NormGrads`]).
 #[derive(Debug)]
@@ -85,6 +99,35 @@ impl ForwardStash {
         .into_iter()
         .map(ops::bytes)
         .sum()
+    }
+}
+
+impl ForwardStash {
+    /// What selective recomputation keeps of this stash of a block whose input was `x`.
+    pub(crate) fn keep(self, x: &Tensor) -> Kept {
+        Kept {
+            b: self.b,
+            t: self.t,
+            x: x.clone(),
+            lse: self.lse,
+            y: self.y,
+            mask: self.mask,
+        }
+    }
+}
+
+impl Kept {
+    pub(crate) fn bytes(&self) -> u64 {
+        [&self.x, &self.lse, &self.y]
+            .into_iter()
+            .map(ops::bytes)
+            .sum()
+    }
+
+    /// Bytes of what the stash rebuilt from this shares with it (attention's output and
+    /// log-sum-exp move into it).
+    pub(crate) fn shared_bytes(&self) -> u64 {
+        ops::bytes(&self.lse) + ops::bytes(&self.y)
     }
 }
 
@@ -222,6 +265,36 @@ impl Block {
             mask: mask.clone(),
         };
         Ok((out, stash))
+    }
+
+    /// The stash [`Block::forward`] made, from what selective recomputation kept: the same
+    /// operations on the same input and parameters, so the same bits.
+    pub(crate) fn rebuild(&self, k: Kept) -> Result<ForwardStash> {
+        let x = &k.x;
+        let ln1 = ops::layer_norm(x, &self.ln1_w.value, &self.ln1_b.value)?;
+        let a = ln1.y;
+        let qkv = ops::linear(&a, &self.qkv_w.value, Some(&self.qkv_b.value))?;
+        let x1 = ops::linear_residual(&k.y, &self.proj_w.value, Some(&self.proj_b.value), Some(x))?;
+        let ln2 = ops::layer_norm(&x1, &self.ln2_w.value, &self.ln2_b.value)?;
+        let c = ln2.y;
+        let u = ops::linear(&c, &self.fc_w.value, Some(&self.fc_b.value))?;
+        let g = ops::gelu(&u)?;
+        Ok(ForwardStash {
+            b: k.b,
+            t: k.t,
+            xhat1: ln1.xhat,
+            rstd1: ln1.rstd,
+            a,
+            qkv,
+            lse: k.lse,
+            y: k.y,
+            xhat2: ln2.xhat,
+            rstd2: ln2.rstd,
+            c,
+            u,
+            g,
+            mask: k.mask,
+        })
     }
 
     /// The input gradient, and the LayerNorms' weight gradients (`ln1`, then `ln2`), which

@@ -59,6 +59,21 @@ pub(crate) struct ForwardStash {
     rope: Rope,
 }
 
+/// Held from `F` to `B` under selective recomputation: the attention core's output and
+/// log-sum-exp, and the block's input, from which [`Block::rebuild`] redoes the norms,
+/// linear layers and rotation but not the attention core.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    b: usize,
+    t: usize,
+    /// The block's input `[N, h]`.
+    x: Tensor,
+    lse: Tensor,
+    y: Tensor,
+    mask: Tensor,
+    rope: Rope,
+}
+
 /// Held from `B` to `W`: each linear layer's input and output gradient.
 #[derive(Debug)]
 pub(crate) struct WeightStash {
@@ -90,6 +105,36 @@ impl ForwardStash {
         .into_iter()
         .map(ops::bytes)
         .sum()
+    }
+}
+
+impl ForwardStash {
+    /// What selective recomputation keeps of this stash of a block whose input was `x`.
+    pub(crate) fn keep(self, x: &Tensor) -> Kept {
+        Kept {
+            b: self.b,
+            t: self.t,
+            x: x.clone(),
+            lse: self.lse,
+            y: self.y,
+            mask: self.mask,
+            rope: self.rope,
+        }
+    }
+}
+
+impl Kept {
+    pub(crate) fn bytes(&self) -> u64 {
+        [&self.x, &self.lse, &self.y]
+            .into_iter()
+            .map(ops::bytes)
+            .sum()
+    }
+
+    /// Bytes of what the stash rebuilt from this shares with it (attention's output and
+    /// log-sum-exp move into it).
+    pub(crate) fn shared_bytes(&self) -> u64 {
+        ops::bytes(&self.lse) + ops::bytes(&self.y)
     }
 }
 
@@ -217,6 +262,38 @@ impl Block {
             rope: rope.clone(),
         };
         Ok((out, stash))
+    }
+
+    /// The stash [`Block::forward`] made, from what selective recomputation kept: the same
+    /// operations on the same input and parameters, so the same bits.
+    pub(crate) fn rebuild(&self, k: Kept) -> Result<ForwardStash> {
+        let (x, bt) = (&k.x, (k.b, k.t));
+        let n1 = llama_ops::rms_norm(x, &self.attn_norm.value, self.eps)?;
+        let a = n1.y;
+        let qkv = ops::linear(&a, &self.qkv_w.value, None)?;
+        let qkv = k.rope.apply(qkv, bt, self.heads(), false)?;
+        let x1 = ops::linear_residual(&k.y, &self.o_w.value, None, Some(x))?;
+        let n2 = llama_ops::rms_norm(&x1, &self.mlp_norm.value, self.eps)?;
+        let c = n2.y;
+        let gu = ops::linear(&c, &self.gate_up_w.value, None)?;
+        let m = llama_ops::swiglu(&gu)?;
+        Ok(ForwardStash {
+            b: k.b,
+            t: k.t,
+            xhat1: n1.xhat,
+            rstd1: n1.rstd,
+            a,
+            qkv,
+            lse: k.lse,
+            y: k.y,
+            xhat2: n2.xhat,
+            rstd2: n2.rstd,
+            c,
+            gu,
+            m,
+            mask: k.mask,
+            rope: k.rope,
+        })
     }
 
     /// The input gradient, and the RMSNorms' weight gradients (`attn_norm`, then

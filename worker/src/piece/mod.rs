@@ -7,7 +7,7 @@ pub(crate) mod llama;
 pub(crate) mod llama_decode;
 pub(crate) mod norm_grads;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use pipewise_common::model::{Family, ModelSpec, Piece};
 
 use crate::error::Result;
@@ -30,6 +30,10 @@ pub(crate) enum ForwardStash {
     Block(Box<block::ForwardStash>),
     LlamaBlock(Box<llama::ForwardStash>),
     Head(head::ForwardStash),
+    /// A block's under selective recomputation, rebuilt whole before `B`
+    /// ([`PieceState::rebuild`]).
+    KeptBlock(Box<block::Kept>),
+    KeptLlamaBlock(Box<llama::Kept>),
 }
 
 /// A piece's stash from `B` to `W`.
@@ -48,6 +52,19 @@ impl ForwardStash {
             ForwardStash::Block(s) => s.bytes(),
             ForwardStash::LlamaBlock(s) => s.bytes(),
             ForwardStash::Head(s) => s.bytes(),
+            ForwardStash::KeptBlock(s) => s.bytes(),
+            ForwardStash::KeptLlamaBlock(s) => s.bytes(),
+        }
+    }
+
+    /// What selective recomputation keeps of this stash of a piece whose input was `x`: a
+    /// block's input, attention output and log-sum-exp; the embedding's and head's stash
+    /// whole.
+    pub(crate) fn selected(self, x: &Tensor) -> ForwardStash {
+        match self {
+            ForwardStash::Block(s) => ForwardStash::KeptBlock(Box::new(s.keep(x))),
+            ForwardStash::LlamaBlock(s) => ForwardStash::KeptLlamaBlock(Box::new(s.keep(x))),
+            other => other,
         }
     }
 }
@@ -115,6 +132,24 @@ impl PieceState {
             PieceState::LlamaBlock(p) => p.params_mut(),
             PieceState::Head(p) => p.params_mut(),
         }
+    }
+
+    /// The whole stash `F` made, from what selective recomputation kept of it (a stash
+    /// kept whole comes back as it is), and the bytes the rebuilding allocated.
+    pub(crate) fn rebuild(&self, stash: ForwardStash) -> Result<(ForwardStash, u64)> {
+        let (whole, kept_shared) = match (self, stash) {
+            (PieceState::Block(p), ForwardStash::KeptBlock(k)) => {
+                let shared = k.shared_bytes();
+                (ForwardStash::Block(Box::new(p.rebuild(*k)?)), shared)
+            }
+            (PieceState::LlamaBlock(p), ForwardStash::KeptLlamaBlock(k)) => {
+                let shared = k.shared_bytes();
+                (ForwardStash::LlamaBlock(Box::new(p.rebuild(*k)?)), shared)
+            }
+            (_, whole) => return Ok((whole, 0)),
+        };
+        let allocated = whole.bytes().saturating_sub(kept_shared);
+        Ok((whole, allocated))
     }
 
     /// Adds the LayerNorm gradients `B` computed for one microbatch.

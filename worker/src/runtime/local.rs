@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use pipewise_common::model::ModelSpec;
-use pipewise_common::schedule::Schedule;
+use pipewise_common::schedule::{Recompute, Schedule};
 
 use super::program::DEFAULT_TIMEOUT;
 use super::step::StepReport;
@@ -376,8 +376,9 @@ pub struct LocalOptions<'a> {
     /// `[validation]`: `(set, freq)`, evaluate `set` after every `freq`-th step (counted
     /// from the job's first) and after the last of the steps run.
     pub validation: Option<(&'a ValidationSet, u64)>,
-    /// The stages that recompute their activations in `B` ([`crate::Stage::set_recompute`]).
-    pub recompute: &'a [u32],
+    /// Each stage's activation recomputation, by stage (a stage past the end: none;
+    /// [`crate::Stage::set_recompute`]).
+    pub recompute: &'a [Recompute],
 }
 
 impl Default for LocalOptions<'_> {

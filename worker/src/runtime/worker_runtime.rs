@@ -11,7 +11,7 @@ use pipewise_common::job::{checkpoint_file_name, checkpoint_name};
 use pipewise_common::model::ModelSpec;
 use pipewise_common::pass::Pass;
 use pipewise_common::placement::Placement;
-use pipewise_common::schedule::Schedule;
+use pipewise_common::schedule::{Recompute, Schedule};
 
 use super::one_worker_step::{holds_every_stage, run_side_by_side};
 use super::program::{WorkerProgram, check_partition, schedule_program};
@@ -232,11 +232,11 @@ impl WorkerRuntime {
         Ok(())
     }
 
-    /// Makes the stages in `stages` recompute their activations in `B` and the others keep
-    /// them ([`Stage::set_recompute`]); stages this worker does not hold are ignored.
-    pub fn set_recompute(&mut self, stages: &[u32]) {
-        for (s, stage) in &mut self.stages {
-            stage.set_recompute(stages.contains(s));
+    /// Sets each held stage's activation recomputation ([`Stage::set_recompute`]): stage
+    /// `s` gets `modes[s]`, a stage past the end of `modes` none.
+    pub fn set_recompute(&mut self, modes: &[Recompute]) {
+        for (&s, stage) in &mut self.stages {
+            stage.set_recompute(modes.get(s as usize).copied().unwrap_or_default());
         }
     }
 

@@ -27,9 +27,10 @@ impl Stage {
             .map(|&(mb, input, targets)| self.check_forward(mb, input, targets))
             .collect::<Result<Vec<_>>>()?;
         let this = &*self;
+        let selected = self.keeps_selected();
         let work: Vec<_> = items.iter().zip(&shapes).collect();
         let ran = side_by_side(work, |(&(_, input, targets), &shape)| {
-            this.forward_compute(shape, input, targets)
+            this.forward_compute(shape, input, targets, selected)
         })?;
         let mut outs = Vec::with_capacity(ran.len());
         for ((r, &(mb, input, targets)), shape) in ran.into_iter().zip(items).zip(shapes) {
@@ -54,7 +55,7 @@ impl Stage {
         for &(mb, g) in items {
             self.check_backward_input(mb, g)?;
         }
-        // A recomputing stage runs its microbatches' `F` again here, one after the other.
+        // A recomputing stage rebuilds its microbatches' stashes here, one after the other.
         let mut work = Vec::with_capacity(items.len());
         for &(mb, g) in items {
             let (shape, stashes, _) = self.take_forward(mb)?;
@@ -178,6 +179,7 @@ fn split_evenly(sizes: &[u64], parts: usize) -> Vec<usize> {
 mod tests {
     use candle_core::Device;
     use pipewise_common::model::{DType, ModelSpec};
+    use pipewise_common::schedule::Recompute;
 
     use super::*;
     use crate::kernels::testing::{bits, with_threads};
@@ -217,14 +219,16 @@ mod tests {
     }
 
     /// After `F`, `B` and `W` of every microbatch, run one after the other (`lanes` = 1) or
-    /// in groups of `lanes` side by side: the bits of the losses, of the input gradients of
-    /// a stage without the embedding and of every accumulated gradient, and the peak stash.
+    /// in groups of `lanes` side by side, the stage without the embedding under `mode`: the
+    /// bits of the losses, of that stage's input gradients and of every accumulated
+    /// gradient, and its peak stash.
     #[allow(clippy::type_complexity)]
-    fn run(lanes: usize) -> Result<(Vec<u64>, Vec<u64>, Vec<Vec<u64>>, u64)> {
+    fn run(lanes: usize, mode: Recompute) -> Result<(Vec<u64>, Vec<u64>, Vec<Vec<u64>>, u64)> {
         let spec = spec(3);
         let device = Device::Cpu;
         let mut first = Stage::new(&spec, 0..2, 3, &device)?;
         let mut rest = Stage::new(&spec, 2..5, 3, &device)?;
+        rest.set_recompute(mode);
         let batches: Vec<_> = (0..MBS).map(batch).collect::<Result<_>>()?;
         let (mut losses, mut grads) = (Vec::new(), Vec::new());
         for s in [&mut first, &mut rest] {
@@ -245,6 +249,7 @@ mod tests {
                 for &(mb, x, t) in &items {
                     losses.extend(bits(&rest.forward(mb, x, t)?)?);
                     grads.extend(bits(&given(rest.backward_input(mb, None)?)?)?);
+                    rest.take_rebuilt_bytes();
                     rest.backward_weight(mb)?;
                 }
             } else {
@@ -258,6 +263,8 @@ mod tests {
                 }
                 rest.backward_weight_side_by_side(group, lanes)?;
             }
+            // As the runtime does after each pass: a group's rebuilt stashes are gone.
+            rest.take_rebuilt_bytes();
             for &mb in group {
                 first.discard(mb);
             }
@@ -270,17 +277,26 @@ mod tests {
     }
 
     /// Side-by-side passes give the bits of the passes one after the other, in groups of
-    /// two and of three (an uneven last group), each lane on one thread; a group holds as
+    /// two and of three (an uneven last group), each lane on one thread, under every
+    /// recomputation (whose rebuilt stashes are those kept without it); a group holds as
     /// many stashes as it has microbatches.
     #[test]
     fn side_by_side_passes_give_the_same_bits() -> Result<()> {
-        let (losses, grads, params, peak) = with_threads(2, || run(1))?;
-        for lanes in [2, 3] {
-            let (l, g, p, pk) = with_threads(lanes, || run(lanes))?;
-            assert_eq!(l, losses, "{lanes} lanes: losses");
-            assert_eq!(g, grads, "{lanes} lanes: input gradients");
-            assert_eq!(p, params, "{lanes} lanes: weight gradients");
-            assert_eq!(pk, peak * lanes as u64, "{lanes} lanes: peak stash");
+        let (losses, grads, params, _) = with_threads(2, || run(1, Recompute::None))?;
+        for mode in Recompute::ALL {
+            let (l, g, p, peak) = with_threads(2, || run(1, mode))?;
+            assert_eq!(
+                (l, g, p),
+                (losses.clone(), grads.clone(), params.clone()),
+                "{mode}"
+            );
+            for lanes in [2, 3] {
+                let (l, g, p, pk) = with_threads(lanes, || run(lanes, mode))?;
+                assert_eq!(l, losses, "{mode}, {lanes} lanes: losses");
+                assert_eq!(g, grads, "{mode}, {lanes} lanes: input gradients");
+                assert_eq!(p, params, "{mode}, {lanes} lanes: weight gradients");
+                assert_eq!(pk, peak * lanes as u64, "{mode}, {lanes} lanes: peak stash");
+            }
         }
         Ok(())
     }

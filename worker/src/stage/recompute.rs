@@ -1,12 +1,22 @@
-//! Full activation recomputation (torchtitan's `full` activation checkpointing, the seed
-//! paper's 1F1B-R): a stage that recomputes keeps only its input after `F` (the last stage
-//! its targets too) and runs `F` again at the start of `B` to rebuild what `B` and `W` need.
-//! `F` reads only the parameters and its input, so the rebuilt stashes are the ones the first
-//! `F` made, bit for bit, and training is unchanged; what changes is the memory between a
-//! microbatch's `F` and its `B` (its input instead of every piece's activations) and the time
-//! of `B` (an `F` more).
+//! Activation recomputation ([`Recompute`], torchtitan's activation checkpointing): what a
+//! stage keeps from a microbatch's `F` to its `B`, and what `B` rebuilds first.
+//!
+//! - `none`: every piece's whole stash.
+//! - `selective`: per block its input, the attention core's output (the projection's input)
+//!   and its f32 log-sum-exp per head and token; the embedding's and head's stashes whole.
+//!   `B` first redoes each block's norms and linear layers (norm, QKV, RoPE for Llama,
+//!   projection and residual, norm, MLP) from its input, but not the attention core's
+//!   `t × t` products: its backward reads Q, K, V (rebuilt), its output and the
+//!   log-sum-exp (kept), and recomputes the probabilities from them.
+//! - `full` (the seed paper's 1F1B-R): the stage's input only (the last stage's targets
+//!   too); `B` runs the stage's whole `F` again.
+//!
+//! The redone operations read only the parameters and what was kept, so the rebuilt
+//! stashes are the ones the first `F` made, bit for bit, and training is unchanged; what
+//! changes is the memory between a microbatch's `F` and its `B` and the time of `B`.
 
 use candle_core::Tensor;
+use pipewise_common::schedule::Recompute;
 
 use super::{Forwarded, Pending, Stage};
 use crate::error::Result;
@@ -18,15 +28,20 @@ pub(super) fn bytes(t: &Tensor) -> u64 {
 }
 
 impl Stage {
-    /// Whether `F` keeps only the stage's input and `B` runs `F` again first. Set between
-    /// steps: a microbatch's `F` and `B` run under the same setting.
-    pub fn set_recompute(&mut self, on: bool) {
-        self.recompute = on;
+    /// What `F` keeps and `B` redoes first. Set between steps: a microbatch's `F` and `B`
+    /// run under the same setting.
+    pub fn set_recompute(&mut self, mode: Recompute) {
+        self.recompute = mode;
     }
 
-    /// Whether the stage recomputes ([`Stage::set_recompute`]).
-    pub fn recomputes(&self) -> bool {
+    /// The stage's recomputation ([`Stage::set_recompute`]).
+    pub fn recompute(&self) -> Recompute {
         self.recompute
+    }
+
+    /// Whether `F` keeps per block only what selective recomputation keeps.
+    pub(super) fn keeps_selected(&self) -> bool {
+        self.recompute == Recompute::Selective
     }
 
     /// Bytes of the stashes the `B` passes run since the last call rebuilt (0 without
@@ -36,8 +51,9 @@ impl Stage {
         std::mem::take(&mut self.rebuilt_bytes)
     }
 
-    /// Keeps what `B` of `mb` needs after its `F`: the stashes, or with recomputation its
-    /// input and targets. Returns `F`'s output.
+    /// Keeps what `B` of `mb` needs after its `F`: the stashes (under selective
+    /// recomputation, what `F` kept of them), or under full recomputation its input and
+    /// targets. Returns `F`'s output.
     pub(super) fn stash_forward(
         &mut self,
         mb: u32,
@@ -46,42 +62,48 @@ impl Stage {
         input: &Tensor,
         targets: Option<&Tensor>,
     ) -> Tensor {
-        let pending = if self.recompute {
-            Pending::Recompute {
+        let pending = match self.recompute {
+            Recompute::Full => Pending::Recompute {
                 shape,
                 input: input.clone(),
-                targets: targets.cloned(),
-            }
-        } else {
-            Pending::Backward {
+                // Only the head reads them (other stages ignore any given).
+                targets: targets.filter(|_| self.is_last()).cloned(),
+            },
+            Recompute::None | Recompute::Selective => Pending::Backward {
                 shape,
                 stashes: f.stashes,
-            }
+            },
         };
         self.pending.insert(mb, pending);
         f.out
     }
 
-    /// Takes `mb`'s forward stashes for its `B`, running `F` again where the stage
-    /// recomputes: its `(b, t)`, the stashes and the seconds the recomputed `F` spent in the
+    /// Takes `mb`'s forward stashes for its `B`, rebuilding what the stage's recomputation
+    /// did not keep: its `(b, t)`, the stashes and the seconds a recomputed `F` spent in the
     /// embedding or head piece.
     pub(super) fn take_forward(
         &mut self,
         mb: u32,
     ) -> Result<((usize, usize), Vec<ForwardStash>, f64)> {
         match self.pending.remove(&mb) {
-            Some(Pending::Backward { shape, stashes }) => Ok((shape, stashes, 0.0)),
+            Some(Pending::Backward { shape, stashes }) => {
+                let mut whole = Vec::with_capacity(stashes.len());
+                let mut rebuilt = 0;
+                for (piece, stash) in self.pieces.iter().zip(stashes) {
+                    let (stash, allocated) = piece.rebuild(stash)?;
+                    whole.push(stash);
+                    rebuilt += allocated;
+                }
+                self.count_rebuilt(rebuilt);
+                Ok((shape, whole, 0.0))
+            }
             Some(Pending::Recompute {
                 shape,
                 input,
                 targets,
             }) => {
-                let f = self.forward_compute(shape, &input, targets.as_ref())?;
-                // The rebuilt stashes are held through `B`, beside what is pending: the
-                // peaks count them though no pass boundary sees them.
-                self.rebuilt_bytes += f.stashes.iter().map(ForwardStash::bytes).sum::<u64>();
-                self.peak_stash_bytes =
-                    (self.peak_stash_bytes).max(self.stash_bytes + self.rebuilt_bytes);
+                let f = self.forward_compute(shape, &input, targets.as_ref(), false)?;
+                self.count_rebuilt(f.stashes.iter().map(ForwardStash::bytes).sum());
                 Ok((shape, f.stashes, f.edge_secs))
             }
             other => {
@@ -91,5 +113,14 @@ impl Stage {
                 Err(self.order_error("B", mb, "no forward pending"))
             }
         }
+    }
+
+    /// Counts `bytes` of rebuilt stashes: held through `B`, beside what is pending, so the
+    /// peaks count them though no pass boundary sees them.
+    fn count_rebuilt(&mut self, bytes: u64) {
+        self.rebuilt_bytes += bytes;
+        self.peak_stash_bytes = self
+            .peak_stash_bytes
+            .max(self.stash_bytes + self.rebuilt_bytes);
     }
 }
