@@ -4,6 +4,7 @@
 use super::plan::JobPlan;
 use super::spec::JobSpec;
 use crate::error::{Error, Result};
+use crate::model::Piece;
 use crate::schedule::{Recompute, RecomputeShares};
 
 impl JobPlan {
@@ -75,9 +76,8 @@ impl JobPlan {
     ///
     /// With `[activation_checkpoint]` a stage's `F` keeps only its share of the stash
     /// ([`RecomputeShares::of_stage`]) and its `B` holds the part it rebuilds beside what is
-    /// pending while it runs (as the worker counts its peaks): the whole stash with `full`
-    /// (the kept input counted again in the first piece's rebuilt stash), the part not kept
-    /// with `selective`.
+    /// pending while it runs (as the worker counts its peaks): the whole stash with `full`,
+    /// the part not kept and each block's input with `selective`.
     pub fn predicted_peak_bytes_over(
         &self,
         spec: &JobSpec,
@@ -135,11 +135,22 @@ impl StageBytes {
     fn of(spec: &JobSpec, pieces: std::ops::Range<usize>, b: u32, mode: Recompute) -> StageBytes {
         let a = spec.model.range_activation_bytes(pieces.clone(), b);
         let stash = a.after_forward as f64;
-        let shares = RecomputeShares::of_stage(&spec.model, pieces, b);
+        let shares = RecomputeShares::of_stage(&spec.model, pieces.clone(), b);
         let kept = (stash * shares.keep(mode)).round();
+        // While B rebuilds, the kept inputs it rebuilds from are still held: with `full` the
+        // stage's input beside its whole stash, with `selective` each block's input beside
+        // the parts of its stash not kept (its attention output and log-sum-exp go on into
+        // the stash).
+        let block_inputs = spec.model.pieces().get(pieces.clone()).map_or(0, |p| {
+            p.iter().filter(|p| matches!(p, Piece::Block(_))).count()
+        }) as f64
+            * f64::from(b)
+            * f64::from(spec.model.seq_len)
+            * f64::from(spec.model.hidden)
+            * spec.model.dtype.bytes() as f64;
         let rebuilt = match mode {
             Recompute::None => 0.0,
-            Recompute::Selective => stash - kept,
+            Recompute::Selective => stash - kept + block_inputs,
             Recompute::Full => stash,
         };
         StageBytes {
