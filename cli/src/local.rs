@@ -25,6 +25,7 @@ use clap::{Args, ValueEnum};
 use pipewise_common::job::{JobPlan, JobSpec, layout};
 use pipewise_common::model::{DType, Family};
 use pipewise_common::render::report::fmt_bytes;
+use pipewise_common::run::StepEvent;
 use pipewise_common::schedule::Recompute;
 use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_coordinator::{Coordinator, Unfinished};
@@ -39,7 +40,7 @@ use crate::logging::{LogFormat, init_logs_at};
 use crate::runtime::{available_cores, runtime};
 use crate::schedule_name::check_job_schedule;
 use step_lines::StepLines;
-use summary::{StepSummary, Steps};
+use summary::Steps;
 
 mod job_file;
 mod plot;
@@ -646,13 +647,12 @@ async fn run_job(
     let mut steps = Steps::new(args.output_dir.as_deref(), &shown)?;
     let mut lines = StepLines::new(spec, args.quiet);
     while let Some(event) = events.next().await {
-        let e = event.context("watch stream")?;
-        let summary = StepSummary::of(&e);
-        lines.event(&e, &summary);
+        let e = StepEvent::from(event.context("watch stream")?);
+        lines.event(&e);
         if let Some(v) = e.initial_validation_loss {
             steps.add_initial_validation(v)?;
         }
-        steps.add(&summary)?;
+        steps.add(&e)?;
     }
     // The bar goes before the summary is printed.
     drop(lines);

@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use pipewise_common::run::StepEvent;
 use pipewise_proto::v1 as pb;
 use tokio_stream::StreamExt as _;
 
@@ -89,6 +90,7 @@ pub(crate) async fn follow(
             tonic::Code::Unknown if s.message().contains("h2 protocol error") => lost(job, &s),
             _ => status_error(s),
         })?;
+        let e = StepEvent::from(e);
         if let Some(bar) = &mut bar {
             bar.clear();
         }
@@ -101,7 +103,7 @@ pub(crate) async fn follow(
         let peaks: Vec<String> = e
             .peaks
             .iter()
-            .map(|p| format!("{:.0}", p.peak_activation_bytes as f64 / 1024.0))
+            .map(|&(_, bytes)| format!("{:.0}", bytes as f64 / 1024.0))
             .collect();
         if let Some(v) = e.initial_validation_loss {
             outln!("step {:>4}  val {v:.7}", 0);

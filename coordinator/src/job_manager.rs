@@ -23,7 +23,7 @@ use tokio::sync::broadcast;
 
 use crate::checkpoints::create_output_dir;
 use crate::error::{CoordinatorError, Result};
-use crate::events::{History, StepEventData};
+use crate::events::{History, StepEvent};
 pub use crate::job_msg::{JobMsg, Watch};
 use crate::membership::MembershipMsg;
 use crate::planner::PlannerMsg;
@@ -63,7 +63,7 @@ pub struct JobManagerState {
     records: BTreeMap<u64, JobRecord>,
     /// The run actors of the started jobs.
     runs: BTreeMap<u64, ActorRef<RunMsg>>,
-    watchers: HashMap<u64, broadcast::Sender<StepEventData>>,
+    watchers: HashMap<u64, broadcast::Sender<StepEvent>>,
     traces: TraceStore,
     history: History,
 }
@@ -270,11 +270,7 @@ impl JobManagerState {
 
     /// A step's event: kept for its trace, stored, kept for late watchers and sent to the
     /// live ones.
-    async fn progress(
-        &mut self,
-        myself: &ActorRef<JobMsg>,
-        mut event: StepEventData,
-    ) -> Result<()> {
+    async fn progress(&mut self, myself: &ActorRef<JobMsg>, mut event: StepEvent) -> Result<()> {
         if let Some(schedule) = event.replanned.take() {
             // Traces from here on follow the new schedule (the old run's are dropped: they
             // no longer match it).
@@ -799,7 +795,7 @@ mod tests {
             .id;
         let steps = crate::events::HISTORY_STEPS as u64 + 10;
         for step in 1..=steps {
-            let event = StepEventData {
+            let event = StepEvent {
                 job,
                 step,
                 ..Default::default()

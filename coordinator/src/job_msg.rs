@@ -7,7 +7,7 @@ use ractor::RpcReplyPort;
 use tokio::sync::broadcast;
 
 use crate::error::Result;
-use crate::events::StepEventData;
+use crate::events::StepEvent;
 use crate::store::JobRecord;
 use crate::traces::RenderedTrace;
 
@@ -32,7 +32,7 @@ pub enum JobMsg {
     /// then a live receiver (which ends when the job does).
     Watch(u64, RpcReplyPort<Result<Watch>>),
     /// A run's step event.
-    Progress(Box<StepEventData>),
+    Progress(Box<StepEvent>),
     /// What a running job waits for (empty: nothing any more).
     Waiting(u64, String),
     /// The workers a job holds now (its claim).
@@ -58,4 +58,4 @@ pub enum JobMsg {
 }
 
 /// What a watcher gets: the steps so far, then the live ones.
-pub type Watch = (Vec<StepEventData>, broadcast::Receiver<StepEventData>);
+pub type Watch = (Vec<StepEvent>, broadcast::Receiver<StepEvent>);

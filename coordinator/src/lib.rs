@@ -80,7 +80,7 @@ use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
 pub use error::{CoordinatorError, Result};
-pub use events::{Start, StepEventData};
+pub use events::{Start, StepEvent};
 
 pub use job_manager::Unfinished;
 use job_msg::JobMsg;

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use pipewise_common::run::StepReport;
 use pipewise_common::run::registry::{self, Action, Gauges, Note, Pool, Registry};
 use pipewise_common::run::supervisor::{Member, Taken};
 use pipewise_proto::v1 as pb;
@@ -115,7 +116,7 @@ pub enum MembershipMsg {
         RpcReplyPort<std::result::Result<(), Taken>>,
     ),
     /// A worker's step report; replies what its run must do.
-    Report(Box<pb::StepReport>, RpcReplyPort<ReportAnswer>),
+    Report(Box<StepReport>, RpcReplyPort<ReportAnswer>),
     /// A worker leaves (it was asked to stop), having abandoned run `u64` (0: none): it is
     /// forgotten, and the run actors are told at once. Replies when they have been.
     Leave(String, u64, RpcReplyPort<()>),
@@ -232,7 +233,7 @@ impl MembershipState {
     }
 
     /// Routes a step report to its run's actor; what the run must do.
-    fn report(&mut self, report: Box<pb::StepReport>) -> ReportAnswer {
+    fn report(&mut self, report: Box<StepReport>) -> ReportAnswer {
         let run = report.run;
         let answer = self.registry.report(run);
         if answer.routed

@@ -31,7 +31,7 @@ use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 
-use crate::events::StepEventData;
+use crate::events::StepEvent;
 use pipewise_common::run::Reason;
 
 /// Job states (the label values of `pipewise_jobs`).
@@ -132,7 +132,7 @@ pub fn record_replan(reason: &'static str) {
 }
 
 /// Records one finished step of a job: bubbles, step time, throughput, peaks.
-pub fn record_step(e: &StepEventData, tokens_per_step: f64, samples_per_step: f64) {
+pub fn record_step(e: &StepEvent, tokens_per_step: f64, samples_per_step: f64) {
     let job = e.job.to_string();
     gauge!("pipewise_bubble_ratio", "source" => "planned", "job_id" => job.clone())
         .set(e.planned_bubble);

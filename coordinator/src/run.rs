@@ -32,7 +32,7 @@ use crate::error::{CoordinatorError, Result};
 use crate::job_msg::JobMsg;
 use crate::membership::{HEARTBEAT_INTERVAL, MISSED_HEARTBEATS, MembershipMsg};
 pub use crate::run_msg::RunMsg;
-use crate::step_event::{event, report_of};
+use crate::step_event::event;
 
 /// How often the supervisor is told the time.
 const TICK: Duration = Duration::from_millis(200);
@@ -134,7 +134,7 @@ impl Actor for RunActor {
     ) -> std::result::Result<(), ActorProcessingErr> {
         let input = match msg {
             RunMsg::Input(input) => *input,
-            RunMsg::Report(r) => Input::Report(Box::new(report_of(*r))),
+            RunMsg::Report(r) => Input::Report(r),
             RunMsg::Tick => Input::Tick,
         };
         if input == Input::Cancel {

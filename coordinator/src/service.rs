@@ -12,7 +12,6 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
 use crate::error::CoordinatorError;
-use crate::events::StepEventData;
 use crate::job_msg::JobMsg;
 use crate::membership::{Heartbeat, MembershipMsg, WorkerInfo};
 use crate::store::{JobRecord, JobState};
@@ -102,32 +101,6 @@ pub fn spec_of(req: &pb::JobSpec) -> Result<JobSpec, CoordinatorError> {
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StepEvent, Status>> + Send>>;
 type AssignmentStream = Pin<Box<dyn Stream<Item = Result<pb::Assignment, Status>> + Send>>;
 
-fn event_of(e: StepEventData) -> pb::StepEvent {
-    pb::StepEvent {
-        job: e.job,
-        step: e.step,
-        loss: e.loss,
-        step_time_ms: e.step_time_ms,
-        planned_bubble: e.planned_bubble,
-        measured_bubble: e.measured_bubble,
-        core_wait_bubble: e.core_wait_bubble,
-        pass_core_wait: e.pass_core_wait,
-        predicted_step_time_ms: e.predicted_step_time_ms,
-        peaks: e
-            .peaks
-            .into_iter()
-            .map(|(worker, peak_activation_bytes)| pb::WorkerPeak {
-                worker,
-                peak_activation_bytes,
-            })
-            .collect(),
-        replan_reason: e.replan_reason,
-        plan_choice: e.plan_choice,
-        validation_loss: e.validation_loss,
-        initial_validation_loss: e.initial_validation_loss,
-    }
-}
-
 #[tonic::async_trait]
 impl JobService for Jobs {
     async fn submit_job(
@@ -170,13 +143,14 @@ impl JobService for Jobs {
         let (past, rx) =
             ractor::call!(self.manager, JobMsg::Watch, id).map_err(CoordinatorError::from)??;
         let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|item| match item {
-            Ok(event) => Some(Ok(event_of(event))),
+            Ok(event) => Some(Ok(pb::StepEvent::from(event))),
             // A slow watcher skips events rather than stalling the job.
             Err(_) => None,
         });
         // The steps before the call first (a watcher that subscribes late misses none),
         // then the live ones; the job manager hands both over atomically.
-        let stream = tokio_stream::iter(past.into_iter().map(|e| Ok(event_of(e)))).chain(live);
+        let stream =
+            tokio_stream::iter(past.into_iter().map(|e| Ok(pb::StepEvent::from(e)))).chain(live);
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -318,6 +292,15 @@ impl ClusterService for Cluster {
     ) -> Result<Response<pb::StepAck>, Status> {
         let report = request.into_inner();
         named_worker(&report.worker_id, "StepReport.worker_id")?;
+        let (report, bad_span) = pipewise_proto::convert::step::step_report_from_proto(report);
+        if let Some(e) = bad_span {
+            tracing::warn!(
+                run = report.run,
+                step = report.step,
+                worker = report.worker_index,
+                "bad trace span (the step has no trace): {e}"
+            );
+        }
         let answer = ractor::call!(self.membership, MembershipMsg::Report, Box::new(report))
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(pb::StepAck {

@@ -1,9 +1,8 @@
 //! One step's event (and its executed timeline) from every worker's report.
 
-use pipewise_common::run::{StageTimes, StepReport};
-use pipewise_proto::v1 as pb;
+use pipewise_common::run::StepReport;
 
-use crate::events::StepEventData;
+use crate::events::StepEvent;
 
 pub use pipewise_common::run::supervisor::Shown;
 
@@ -14,7 +13,7 @@ pub(crate) fn event(
     planned: Shown,
     predicted_peaks: &[u64],
     reports: &[StepReport],
-) -> StepEventData {
+) -> StepEvent {
     let wall = reports.iter().map(|r| r.wall_secs).fold(0.0, f64::max);
     let busy: f64 = reports.iter().map(|r| r.busy_secs).sum();
     let core_wait: f64 = reports.iter().map(|r| r.core_wait_secs).sum();
@@ -25,7 +24,7 @@ pub(crate) fn event(
         .map(|r| r.loss)
         .find(|l| !l.is_nan())
         .unwrap_or(f64::NAN);
-    StepEventData {
+    StepEvent {
         job,
         step: step + 1,
         loss,
@@ -78,7 +77,7 @@ fn share(part: f64, whole: f64) -> f64 {
 }
 
 /// The step's executed timeline from every worker's spans (`None` when a report carries
-/// none: see [`report_of`]).
+/// none: too many to send, or a malformed one dropped on the way).
 fn step_trace(
     job: u64,
     step: u64,
@@ -97,59 +96,6 @@ fn step_trace(
         step: step + 1,
         workers,
     }))
-}
-
-/// A worker's step report as a run sees it. Its spans are dropped (with a warning) when one
-/// is malformed: the step then has no trace.
-pub(crate) fn report_of(r: pb::StepReport) -> StepReport {
-    let spans: Result<Vec<_>, _> = r
-        .spans
-        .iter()
-        .map(|s| pipewise_common::trace::Span::try_from(*s))
-        .collect();
-    let spans = spans.unwrap_or_else(|e| {
-        tracing::warn!(
-            run = r.run,
-            step = r.step,
-            worker = r.worker_index,
-            "bad trace span: {e}"
-        );
-        Vec::new()
-    });
-    StepReport {
-        worker_index: r.worker_index,
-        replica: r.replica,
-        worker_id: r.worker_id,
-        step: r.step,
-        loss: r.loss,
-        wall_secs: r.wall_secs,
-        busy_secs: r.busy_secs,
-        core_wait_secs: r.core_wait_secs,
-        pass_core_wait_secs: r.pass_core_wait_secs,
-        peak_activation_bytes: r.peak_activation_bytes,
-        static_bytes: r.static_bytes,
-        stage_times: r
-            .stage_times
-            .iter()
-            .map(|t| StageTimes {
-                stage: t.stage,
-                f: t.f_ms / 1e3,
-                b: t.b_ms / 1e3,
-                w: t.w_ms / 1e3,
-                edge: [t.edge_f_ms, t.edge_b_ms, t.edge_w_ms].map(|ms| ms / 1e3),
-            })
-            .collect(),
-        bytes_sent: r
-            .bytes_sent
-            .values()
-            .fold(0u64, |a, b| a.saturating_add(*b)),
-        spans,
-        error: r.error,
-        starting: r.starting,
-        done: r.done,
-        validation_loss: r.validation_loss,
-        initial_validation_loss: r.initial_validation_loss,
-    }
 }
 
 #[cfg(test)]

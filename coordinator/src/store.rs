@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use pipewise_common::job::{JobSpec, checkpoint_name, checkpoint_step};
 
 use crate::error::{CoordinatorError, Result};
-use crate::events::{Start, StepEventData};
+use crate::events::{Start, StepEvent};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 
@@ -154,7 +154,7 @@ impl JobRecord {
 
     /// Takes a step's event: the step, its loss, the checkpoint and the plan choice; the
     /// job waits no longer. Whether the checkpoint a restart resumes from moved.
-    pub fn take_step(&mut self, event: &StepEventData) -> bool {
+    pub fn take_step(&mut self, event: &StepEvent) -> bool {
         self.step = event.step;
         self.last_loss = Some(event.loss);
         let before = self.last_checkpoint.clone();

@@ -1,7 +1,8 @@
 //! Conversions between the `pipewise.v1` messages and the planning core's types.
 //!
 //! Core → proto never fails ([`From`]); proto → core checks every field
-//! ([`TryFrom`]) and names the offending one in [`ConvertError`].
+//! ([`TryFrom`]) and names the offending one in [`ConvertError`]. A worker's step report and
+//! a job's step event are in [`step`].
 
 use pipewise_common::generate::{MAX_CHUNKS, MAX_WORKERS};
 use pipewise_common::model::{DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, DType, Family, ModelSpec};
@@ -9,6 +10,8 @@ use pipewise_common::trace::{Activity, Span};
 use pipewise_common::{Pass, PassKind, Placement};
 
 use crate::v1;
+
+pub mod step;
 
 /// A message that does not describe a valid core value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

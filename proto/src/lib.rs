@@ -15,7 +15,9 @@
 //! Also: [`auth`] is the bearer token in a call's metadata and the fixed-time comparison
 //! of tokens and run secrets; [`convert`] maps the planning core's [`Pass`](pipewise_common::Pass),
 //! [`PassKind`](pipewise_common::PassKind), [`Placement`](pipewise_common::Placement) and
-//! [`ModelSpec`](pipewise_common::model::ModelSpec) to and from their messages;
+//! [`ModelSpec`](pipewise_common::model::ModelSpec), a worker's
+//! [`StepReport`](pipewise_common::run::StepReport) and a job's
+//! [`StepEvent`](pipewise_common::run::StepEvent) to and from their messages;
 //! [`FILE_DESCRIPTOR_SET`] feeds `tonic-reflection`; [`health_service`] and
 //! [`reflection_service`] build the standard health and reflection services.
 

@@ -6,9 +6,8 @@
 use std::time::Instant;
 
 use pipewise_common::job::JobSpec;
-use pipewise_proto::v1 as pb;
+use pipewise_common::run::StepEvent;
 
-use super::summary::StepSummary;
 use crate::progress_bar::Bar;
 
 /// The lines of one job's steps (see the [module docs](self)).
@@ -38,8 +37,8 @@ impl StepLines {
         }
     }
 
-    /// Prints step event `e` (`s`: its figures, peaks in worker order) and redraws the bar.
-    pub(super) fn event(&mut self, e: &pb::StepEvent, s: &StepSummary) {
+    /// Prints step event `e` and redraws the bar.
+    pub(super) fn event(&mut self, e: &StepEvent) {
         if let Some(bar) = &mut self.bar {
             bar.clear();
         }
@@ -55,7 +54,7 @@ impl StepLines {
         if let Some(v) = e.initial_validation_loss {
             outln!("{}", initial_line(self.steps, v));
         }
-        outln!("{}", step_line(e, s, self.steps, self.tokens_per_step));
+        outln!("{}", step_line(e, self.steps, self.tokens_per_step));
         if let Some(bar) = &mut self.bar {
             if let Some(v) = e.initial_validation_loss {
                 bar.validation(v);
@@ -74,9 +73,9 @@ pub(super) fn initial_line(steps: u32, val: f64) -> String {
 }
 
 /// Step `e`'s line of a job of `steps` steps of `tokens_per_step` tokens.
-pub(super) fn step_line(e: &pb::StepEvent, s: &StepSummary, steps: u32, tokens: f64) -> String {
-    let peaks: Vec<String> = s
-        .peak_activation_bytes
+pub(super) fn step_line(e: &StepEvent, steps: u32, tokens: f64) -> String {
+    let peaks: Vec<String> = e
+        .peak_bytes()
         .iter()
         .map(|p| format!("{:.0}", *p as f64 / 1024.0))
         .collect();
@@ -106,7 +105,7 @@ mod tests {
     /// Step 0's line lines up with the step lines: the same `step N/M` column, then `val`.
     #[test]
     fn step_zero_lines_up_with_the_step_lines() {
-        let e = pb::StepEvent {
+        let e = StepEvent {
             step: 25,
             loss: 6.22994,
             step_time_ms: 500.0,
@@ -114,13 +113,10 @@ mod tests {
             measured_bubble: 0.538,
             predicted_step_time_ms: 578.0,
             validation_loss: Some(6.48271),
+            peaks: vec![(1, 4096), (0, 2048)],
             ..Default::default()
         };
-        let s = StepSummary {
-            peak_activation_bytes: vec![2048, 4096],
-            ..Default::default()
-        };
-        let line = step_line(&e, &s, 200, 2048.0);
+        let line = step_line(&e, 200, 2048.0);
         assert_eq!(
             line,
             "step   25/200  loss 6.2299      4096 tok/s  bubble planned  52.6% measured  53.8%  \

@@ -1,5 +1,6 @@
 //! `pipewise local`'s account of the steps: running totals for the printed summary and,
-//! with `--output-dir`, every step appended to `summary.json` as it comes, so a long run
+//! with `--output-dir`, every step's event appended to `summary.json` as it comes (as
+//! [`StepEvent`] serializes), so a long run
 //! holds a few numbers per worker rather than one record per step (and the losses of each
 //! step for `loss.svg`, [`Curves`]).
 //!
@@ -13,16 +14,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use pipewise_common::job::JobSpec;
-use pipewise_proto::v1 as pb;
+use pipewise_common::run::StepEvent;
 use serde::Serialize;
 
 use super::plot::Curves;
 
-/// One step of `summary.json`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub(super) struct StepSummary {
-    pub(super) step: u64,
-    pub(super) loss: f64,
+/// The steps' times and bubbles: a running sum, or its mean ([`Steps::means`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Times {
     pub(super) step_time_ms: f64,
     pub(super) planned_bubble: f64,
     pub(super) measured_bubble: f64,
@@ -30,74 +29,26 @@ pub(super) struct StepSummary {
     pub(super) core_wait_bubble: f64,
     /// The part of the workers' time in passes spent waiting for a core.
     pub(super) pass_core_wait: f64,
-    pub(super) peak_activation_bytes: Vec<u64>,
-    pub(super) predicted_step_time_ms: f64,
-    /// What `schedule = "auto"` chose and why, on the first step of a run it chose.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) plan_choice: String,
-    /// `[validation]`: the validation loss, on the steps after which the job evaluated.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) val_loss: Option<f64>,
 }
 
-impl StepSummary {
-    pub(super) fn of(e: &pb::StepEvent) -> StepSummary {
-        // Every field named: one added to the event is a choice made here, not a gap.
-        let pb::StepEvent {
-            job: _,
-            step,
-            loss,
-            step_time_ms,
-            planned_bubble,
-            measured_bubble,
-            ref peaks,
-            replan_reason: _,
-            predicted_step_time_ms,
-            ref plan_choice,
-            core_wait_bubble,
-            pass_core_wait,
-            validation_loss,
-            // Step 0's record of its own: [`Steps::add_initial_validation`].
-            initial_validation_loss: _,
-        } = *e;
-        let mut peaks: Vec<(u32, u64)> = peaks
-            .iter()
-            .map(|p| (p.worker, p.peak_activation_bytes))
-            .collect();
-        peaks.sort_unstable();
-        StepSummary {
-            step,
-            loss,
-            step_time_ms,
-            planned_bubble,
-            measured_bubble,
-            core_wait_bubble,
-            pass_core_wait,
-            peak_activation_bytes: peaks.into_iter().map(|p| p.1).collect(),
-            predicted_step_time_ms,
-            plan_choice: plan_choice.clone(),
-            val_loss: validation_loss,
-        }
-    }
-
-    /// Adds `s`'s times and bubbles to these (a running sum; the rest stays).
-    fn add_times(&mut self, s: &StepSummary) {
-        self.step_time_ms += s.step_time_ms;
-        self.planned_bubble += s.planned_bubble;
-        self.measured_bubble += s.measured_bubble;
-        self.core_wait_bubble += s.core_wait_bubble;
-        self.pass_core_wait += s.pass_core_wait;
+impl Times {
+    /// Adds step `e`'s times and bubbles to these.
+    fn add(&mut self, e: &StepEvent) {
+        self.step_time_ms += e.step_time_ms;
+        self.planned_bubble += e.planned_bubble;
+        self.measured_bubble += e.measured_bubble;
+        self.core_wait_bubble += e.core_wait_bubble;
+        self.pass_core_wait += e.pass_core_wait;
     }
 
     /// These times and bubbles over `n` (the mean of a running sum).
-    fn times_over(&self, n: f64) -> StepSummary {
-        StepSummary {
+    fn over(&self, n: f64) -> Times {
+        Times {
             step_time_ms: self.step_time_ms / n,
             planned_bubble: self.planned_bubble / n,
             measured_bubble: self.measured_bubble / n,
             core_wait_bubble: self.core_wait_bubble / n,
             pass_core_wait: self.pass_core_wait / n,
-            ..StepSummary::default()
         }
     }
 }
@@ -144,7 +95,7 @@ pub(super) struct Steps {
     /// The first and the latest validation loss (`None`: no step evaluated).
     val_losses: Option<(f64, f64)>,
     /// The steps' times and bubbles summed.
-    sums: StepSummary,
+    sums: Times,
     /// Every worker's largest peak activation bytes.
     peaks: Vec<u64>,
     file: Option<SummaryFile>,
@@ -183,7 +134,7 @@ impl Steps {
             first_loss: f64::NAN,
             last_loss: f64::NAN,
             val_losses: None,
-            sums: StepSummary::default(),
+            sums: Times::default(),
             peaks: Vec::new(),
             file,
         })
@@ -204,24 +155,25 @@ impl Steps {
     }
 
     /// Counts step `s` (and appends it to `summary.json`).
-    pub(super) fn add(&mut self, s: &StepSummary) -> Result<()> {
+    pub(super) fn add(&mut self, s: &StepEvent) -> Result<()> {
         if self.count == 0 {
             self.first_loss = s.loss;
         }
         self.count += 1;
         self.last_loss = s.loss;
-        if let Some(v) = s.val_loss {
+        if let Some(v) = s.validation_loss {
             self.val_losses = Some((self.val_losses.map_or(v, |(first, _)| first), v));
         }
-        self.sums.add_times(s);
-        if self.peaks.len() < s.peak_activation_bytes.len() {
-            self.peaks.resize(s.peak_activation_bytes.len(), 0);
+        self.sums.add(s);
+        let peaks = s.peak_bytes();
+        if self.peaks.len() < peaks.len() {
+            self.peaks.resize(peaks.len(), 0);
         }
-        for (max, &p) in self.peaks.iter_mut().zip(&s.peak_activation_bytes) {
+        for (max, &p) in self.peaks.iter_mut().zip(&peaks) {
             *max = (*max).max(p);
         }
         if let Some(f) = &mut self.file {
-            f.curves.add(s.step, s.loss, s.val_loss);
+            f.curves.add(s.step, s.loss, s.validation_loss);
             f.append(s)?;
         }
         Ok(())
@@ -242,9 +194,9 @@ impl Steps {
         self.val_losses
     }
 
-    /// The steps' mean times and bubbles (the other fields empty).
-    pub(super) fn means(&self) -> StepSummary {
-        self.sums.times_over(self.count.max(1) as f64)
+    /// The steps' mean times and bubbles.
+    pub(super) fn means(&self) -> Times {
+        self.sums.over(self.count.max(1) as f64)
     }
 
     /// Worker `w`'s largest peak activation bytes.
@@ -292,8 +244,10 @@ mod tests {
     use super::*;
     use pipewise_common::job::example;
 
-    fn step(step: u64, loss: f64, peaks: &[u64]) -> StepSummary {
-        StepSummary {
+    /// Step `step`'s event, its `peaks` in worker order given last worker first.
+    fn step(step: u64, loss: f64, peaks: &[u64]) -> StepEvent {
+        StepEvent {
+            job: 1,
             step,
             loss,
             step_time_ms: 10.0 * step as f64,
@@ -301,10 +255,13 @@ mod tests {
             measured_bubble: 0.2,
             core_wait_bubble: 0.05 * step as f64,
             pass_core_wait: 0.25,
-            peak_activation_bytes: peaks.to_vec(),
+            peaks: (peaks.iter().enumerate().rev())
+                .map(|(w, &p)| (u32::try_from(w).unwrap(), p))
+                .collect(),
             predicted_step_time_ms: 9.0 * step as f64,
-            plan_choice: String::new(),
-            val_loss: step.is_multiple_of(2).then_some(loss - 0.5),
+            validation_loss: step.is_multiple_of(2).then_some(loss - 0.5),
+            replan_reason: "kept out of the file".into(),
+            ..StepEvent::default()
         }
     }
 
@@ -342,6 +299,14 @@ mod tests {
         assert_eq!(written["job"], serde_json::to_value(&spec).unwrap());
         assert_eq!(written["steps"], serde_json::to_value(&all).unwrap());
         assert_eq!(written["steps"][1]["val_loss"], 3.5);
+        assert_eq!(
+            written["steps"][0],
+            serde_json::json!({
+                "step": 1, "loss": 5.0, "step_time_ms": 10.0, "planned_bubble": 0.1,
+                "measured_bubble": 0.2, "core_wait_bubble": 0.05, "pass_core_wait": 0.25,
+                "peak_activation_bytes": [3, 9], "predicted_step_time_ms": 9.0,
+            })
+        );
         assert!(written["steps"][0].get("val_loss").is_none());
         assert!(!dir.join("summary.json.partial").exists());
 

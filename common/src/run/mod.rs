@@ -12,6 +12,7 @@
 //! - [`id`]: a run's id.
 //! - [`supervisor`]: the state machine of a job's runs.
 //! - [`worker`]: workers and their step reports as a run sees them.
+//! - [`step_event`]: a step's event, what watchers see of the step's reports.
 //! - [`reports`]: gathering a run's reports per step.
 //! - [`checkpoints`]: where a run resumes, from a listing of the job's checkpoint folders.
 //! - [`respec`]: the job's spec rewritten for a re-plan (another worker count, a schedule).
@@ -33,12 +34,14 @@ pub mod registry;
 pub mod reports;
 pub mod respec;
 pub mod scheduler;
+pub mod step_event;
 pub mod straggler;
 pub mod supervisor;
 pub mod worker;
 
 pub use checkpoints::{Checkpoints, Start};
 pub use id::RunId;
+pub use step_event::StepEvent;
 pub use supervisor::{
     Action, Assignment, Config, Failure, HeldStage, Input, Member, Reason, Supervisor, Taken,
 };

@@ -1,5 +1,7 @@
 //! What a run knows of its workers: who they are, and what each reports after a step.
 
+use std::collections::BTreeMap;
+
 use crate::trace::Span;
 
 /// A registered worker process, as a run sees it.
@@ -39,9 +41,13 @@ pub struct StageTimes {
     pub edge: [f64; 3],
 }
 
-/// One worker's report of one step of a run, or of its end.
+/// One worker's report of one step of a run, or of its end: what the worker's executor
+/// measured, named by the worker that ran it. The worker sends it and the coordinator's run
+/// takes it as it is (`pipewise_proto::convert` carries it over the wire).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepReport {
+    /// The run (the assignment's `run`).
+    pub run: u64,
     /// The worker's index in its replica's pipeline.
     pub worker_index: u32,
     /// The worker's data-parallel replica (0 with one).
@@ -60,14 +66,19 @@ pub struct StepReport {
     pub core_wait_secs: f64,
     /// Time in passes spent waiting for a core (part of `busy_secs`).
     pub pass_core_wait_secs: f64,
-    /// Peak activation bytes in the step.
+    /// Peak activation bytes in the step: the largest stash (bytes for pending `B` and `W`
+    /// over all the worker's stages) seen at a pass boundary.
     pub peak_activation_bytes: u64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
     /// Parameters, gradients and optimizer state held.
     pub static_bytes: u64,
     /// Mean pass times per stage the worker ran.
     pub stage_times: Vec<StageTimes>,
-    /// Activation and gradient bytes sent to peers.
-    pub bytes_sent: u64,
+    /// Activation and gradient bytes sent to each peer worker (by index).
+    pub bytes_sent: BTreeMap<u32, u64>,
+    /// Activation and gradient bytes received from each peer worker (by index).
+    pub bytes_received: BTreeMap<u32, u64>,
     /// What the worker did when (empty: not recorded, or not readable).
     pub spans: Vec<Span>,
     /// Why the worker gave up on the run (empty: it did not).
@@ -76,6 +87,8 @@ pub struct StepReport {
     pub starting: bool,
     /// The worker finished its part of the run (no step in this report).
     pub done: bool,
+    /// With `done`: where the worker wrote its final parameters.
+    pub params_path: String,
     /// `[validation]`: the validation loss, on a step after which the job evaluated.
     pub validation_loss: Option<f64>,
     /// `[validation]`: the validation loss before the job's first step, on that step's

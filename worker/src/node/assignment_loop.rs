@@ -1,14 +1,14 @@
 //! The assignment loop: one dedicated thread (candle compute stays off the async runtime) that
 //! runs assignments one after another. For each it decodes the assignment, builds its
 //! [`Compute`] (real or emulated), points the worker's transport at the run and its peers,
-//! joins the start barrier and runs the steps in one loop. After every step it queues a
-//! `StepReport` for the reporter, so the coordinator is never waited on within a step.
+//! joins the start barrier and runs the steps in one loop. After every step it queues the
+//! step's report ([`StepReport`], the executor's figures named by this worker) for the
+//! reporter, so the coordinator is never waited on within a step.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use pipewise_common::job::{job_of, run_of};
-use pipewise_common::pass::PassKind;
+use pipewise_common::run::StepReport;
 use pipewise_proto::v1 as pb;
 use tokio::sync::mpsc;
 
@@ -18,7 +18,6 @@ use super::config::NodeConfig;
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::net::NetSync;
-use crate::runtime::StepReport;
 
 /// A step report carries the step's spans only up to this many (about 9 MB encoded; the
 /// coordinator accepts 64 MiB reports); longer steps are reported without a trace.
@@ -29,7 +28,7 @@ pub(crate) fn run_assignments(
     config: &NodeConfig,
     shared: &Shared,
     assignments: &std::sync::mpsc::Receiver<pb::Assignment>,
-    reports: &mpsc::UnboundedSender<pb::StepReport>,
+    reports: &mpsc::UnboundedSender<StepReport>,
 ) {
     // Sharing its host's cores with other workers, it fans out to its share of them.
     if config.cores > 0.0 {
@@ -54,7 +53,7 @@ pub(crate) fn run_assignments(
         let mut running = None;
         let outcome = run_assignment(config, shared, a, reports, &mut running, &mut kept);
         let last_step = running.unwrap_or(first_step);
-        let mut report = pb::StepReport {
+        let mut report = StepReport {
             run: job,
             worker_id: config.id.clone(),
             worker_index: worker,
@@ -95,7 +94,7 @@ fn run_assignment(
     config: &NodeConfig,
     shared: &Shared,
     a: pb::Assignment,
-    reports: &mpsc::UnboundedSender<pb::StepReport>,
+    reports: &mpsc::UnboundedSender<StepReport>,
     running: &mut Option<u64>,
     kept: &mut Option<Kept>,
 ) -> Result<PathBuf> {
@@ -122,7 +121,7 @@ fn run_assignment(
 struct Node<'a> {
     config: &'a NodeConfig,
     shared: &'a Shared,
-    reports: &'a mpsc::UnboundedSender<pb::StepReport>,
+    reports: &'a mpsc::UnboundedSender<StepReport>,
 }
 
 impl Node<'_> {
@@ -154,9 +153,13 @@ impl Node<'_> {
             } else {
                 None
             };
-            let report = compute.step(step, &net)?;
-            crate::metrics::record_step(a.worker, &report);
-            self.publish_step(a, step, (&report, initial), compute.held_bytes());
+            let record = compute.step(step, &net)?;
+            crate::metrics::record_step(a.worker, &record);
+            let report = StepReport {
+                initial_validation_loss: initial,
+                ..record.into_report()
+            };
+            self.publish_step(a, step, report, compute.held_bytes());
             let done = step + 1;
             compute.after_step(done, a.steps.end)?;
             if sync.stop_requested() {
@@ -284,93 +287,37 @@ impl Node<'_> {
         Ok(())
     }
 
-    /// Records step `step`'s report in the heartbeat statistics (`held`: activation bytes
-    /// still stashed after it) and sends it to the coordinator, with the validation loss
-    /// evaluated before it (`initial`: the job's first step only).
+    /// Records step `step`'s `report` in the heartbeat statistics (`held`: activation bytes
+    /// still stashed after it) and sends it to the coordinator, named by this worker, with
+    /// the bytes its stages hold (`static_bytes`).
     fn publish_step(
         &self,
         a: &Assignment,
         step: u64,
-        (report, initial): (&StepReport, Option<f64>),
+        report: StepReport,
         (held, static_bytes): (u64, u64),
     ) {
-        let stage_times = stage_times(report);
         {
             let mut stats = self.shared.stats();
             stats.step = step + 1;
-            stats.peak_activation_bytes = stats.peak_activation_bytes.max(report.peak_stash_bytes);
+            stats.peak_activation_bytes = stats
+                .peak_activation_bytes
+                .max(report.peak_activation_bytes);
             stats.current_activation_bytes = held;
-            stats.stage_times = stage_times.clone();
+            stats.stage_times = report.stage_times.clone();
         }
-        let _ = self.reports.send(pb::StepReport {
+        let mut report = StepReport {
+            run: a.run,
+            worker_id: self.config.id.clone(),
+            worker_index: a.worker,
+            replica: a.replica.index,
+            step,
             static_bytes,
-            initial_validation_loss: initial,
-            ..step_report(&self.config.id, a, step, report, stage_times)
-        });
-    }
-}
-
-/// The coordinator's view of one step of assignment `a` by worker `id` (the loss is NaN
-/// when the step has none, e.g. emulated compute).
-fn step_report(
-    id: &str,
-    a: &Assignment,
-    step: u64,
-    report: &StepReport,
-    stage_times: Vec<pb::StageTimes>,
-) -> pb::StepReport {
-    pb::StepReport {
-        run: a.run,
-        worker_id: id.to_string(),
-        worker_index: a.worker,
-        replica: a.replica.index,
-        step,
-        loss: report.loss.map_or(f64::NAN, f64::from),
-        busy_secs: report.busy_secs,
-        wall_secs: report.wall_secs,
-        peak_activation_bytes: report.peak_stash_bytes,
-        grad_norm: report.grad_norm,
-        stage_times,
-        spans: if report.spans.len() <= MAX_REPORTED_SPANS {
-            report.spans.iter().map(pb::TraceSpan::from).collect()
-        } else {
-            Vec::new()
-        },
-        bytes_sent: report.bytes_sent.clone().into_iter().collect(),
-        bytes_received: report.bytes_received.clone().into_iter().collect(),
-        core_wait_secs: report.core_wait_secs,
-        pass_core_wait_secs: report.pass_core_wait_secs,
-        validation_loss: report.validation_loss,
-        ..Default::default()
-    }
-}
-
-/// Mean F / B / W milliseconds per stage (BW counted as B), and of them the part spent in
-/// the stage's embedding or head piece.
-fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
-    type Sums = [(f64, f64, u32); 3];
-    let mut sums: BTreeMap<u32, Sums> = BTreeMap::new();
-    for t in &report.pass_times {
-        let slot = match t.pass.kind {
-            PassKind::F => 0,
-            PassKind::B | PassKind::BW => 1,
-            PassKind::W => 2,
+            ..report
         };
-        let e = &mut sums.entry(t.pass.stage).or_default()[slot];
-        e.0 += t.secs * 1e3;
-        e.1 += t.edge_secs.unwrap_or(0.0) * 1e3;
-        e.2 += 1;
+        if report.spans.len() > MAX_REPORTED_SPANS {
+            report.spans = Vec::new();
+        }
+        let _ = self.reports.send(report);
     }
-    let mean = |sum: f64, n: u32| if n == 0 { 0.0 } else { sum / f64::from(n) };
-    sums.into_iter()
-        .map(|(stage, [f, b, w])| pb::StageTimes {
-            stage,
-            f_ms: mean(f.0, f.2),
-            b_ms: mean(b.0, b.2),
-            w_ms: mean(w.0, w.2),
-            edge_f_ms: mean(f.1, f.2),
-            edge_b_ms: mean(b.1, b.2),
-            edge_w_ms: mean(w.1, w.2),
-        })
-        .collect()
 }

@@ -282,7 +282,7 @@ impl Actor for Connection {
                     worker_id: state.args.id.clone(),
                     current_activation_bytes: stats.current_activation_bytes,
                     peak_activation_bytes: stats.peak_activation_bytes,
-                    stage_times: stats.stage_times,
+                    stage_times: stats.stage_times.iter().map(pb::StageTimes::from).collect(),
                     step: stats.step,
                     run: state.args.shared.current().job.unwrap_or(0),
                 };

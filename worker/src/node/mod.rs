@@ -123,7 +123,7 @@ impl WorkerNode {
         let client = ClusterServiceClient::with_interceptor(channel, config.token.clone())
             .max_decoding_message_size(ASSIGNMENT_LIMIT)
             .max_encoding_message_size(ASSIGNMENT_LIMIT);
-        let (report_tx, report_rx) = mpsc::unbounded_channel::<pb::StepReport>();
+        let (report_tx, report_rx) = mpsc::unbounded_channel::<pipewise_common::run::StepReport>();
         tokio::spawn(reporter::reporter(
             client.clone(),
             report_rx,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipewise_common::job::{job_of, run_of};
+use pipewise_common::run::StepReport;
 use pipewise_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
@@ -15,7 +16,7 @@ use super::shared::Shared;
 /// Sends step reports in order; a `cancel` answer asks the job's collectives to stop.
 pub(crate) async fn reporter(
     mut client: CoordinatorClient,
-    mut reports: mpsc::UnboundedReceiver<pb::StepReport>,
+    mut reports: mpsc::UnboundedReceiver<StepReport>,
     shared: Arc<Shared>,
 ) {
     while let Some(report) = reports.recv().await {
@@ -26,6 +27,7 @@ pub(crate) async fn reporter(
             run = run_of(report.run),
             step = report.step
         );
+        let report = pb::StepReport::from(report);
         deliver(&mut client, report, &shared).instrument(span).await;
     }
 }

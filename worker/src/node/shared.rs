@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pipewise_common::job::{job_of, run_of};
-use pipewise_proto::v1 as pb;
 
 use crate::net::GrpcTransport;
 
@@ -15,7 +14,7 @@ pub(crate) struct NodeStats {
     pub(crate) step: u64,
     pub(crate) current_activation_bytes: u64,
     pub(crate) peak_activation_bytes: u64,
-    pub(crate) stage_times: Vec<pb::StageTimes>,
+    pub(crate) stage_times: Vec<pipewise_common::run::StageTimes>,
 }
 
 /// The run being executed, if any.

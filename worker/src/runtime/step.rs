@@ -3,13 +3,17 @@
 //! running the pass through [`Passes`] (real stages or emulated compute), handing its
 //! output on and tracking the stash (with data-parallel replicas, handing each stage's
 //! final gradients to be summed beside the passes still to come), then ends the step with
-//! the [`StepSync`] collectives. Also [`StepReport`], what it returns.
+//! the [`StepSync`] collectives. Also [`StepReport`], what it returns: the runtime's own
+//! record of the step, pass by pass, which its tests and the worker's pass metrics read and
+//! [`StepReport::into_report`] turns into the report a run takes
+//! ([`pipewise_common::run::StepReport`]); nothing else carries it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use candle_core::DType;
 use pipewise_common::pass::{Pass, PassKind};
+use pipewise_common::run::StageTimes;
 use pipewise_common::trace::{Activity, Span};
 
 use super::all_reduce::{Reduced, Reducer, last_gradient_passes, sum_stage};
@@ -22,7 +26,7 @@ use super::transport::{FrameKind, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::tied::TiedGrads;
 
-/// What one worker reports about one step.
+/// What one worker's executor records of one step (see the [module docs](self)).
 #[derive(Debug, Clone)]
 pub struct StepReport {
     /// The step's mean loss over its microbatches (the same on every worker after the sync).
@@ -57,6 +61,57 @@ pub struct StepReport {
     /// `[validation]`: the mean token cross-entropy over the validation windows, when the
     /// job evaluated after this step (the same on every worker).
     pub validation_loss: Option<f64>,
+}
+
+impl StepReport {
+    /// What a run takes of this step: every figure but the worker's and the step's names
+    /// (left at their defaults for the worker to fill), pass times as each stage's means
+    /// (the loss NaN where the step has none: emulated compute).
+    pub fn into_report(self) -> pipewise_common::run::StepReport {
+        pipewise_common::run::StepReport {
+            loss: self.loss.map_or(f64::NAN, f64::from),
+            wall_secs: self.wall_secs,
+            busy_secs: self.busy_secs,
+            core_wait_secs: self.core_wait_secs,
+            pass_core_wait_secs: self.pass_core_wait_secs,
+            peak_activation_bytes: self.peak_stash_bytes,
+            grad_norm: self.grad_norm,
+            stage_times: stage_times(&self.pass_times),
+            bytes_sent: self.bytes_sent,
+            bytes_received: self.bytes_received,
+            spans: self.spans,
+            validation_loss: self.validation_loss,
+            ..Default::default()
+        }
+    }
+}
+
+/// Each stage's mean F / B / W seconds (BW counted as B), and of them the part spent in the
+/// stage's embedding or head piece, from `times`.
+fn stage_times(times: &[PassTime]) -> Vec<StageTimes> {
+    type Sums = [(f64, f64, u32); 3];
+    let mut sums: BTreeMap<u32, Sums> = BTreeMap::new();
+    for t in times {
+        let slot = match t.pass.kind {
+            PassKind::F => 0,
+            PassKind::B | PassKind::BW => 1,
+            PassKind::W => 2,
+        };
+        let e = &mut sums.entry(t.pass.stage).or_default()[slot];
+        e.0 += t.secs;
+        e.1 += t.edge_secs.unwrap_or(0.0);
+        e.2 += 1;
+    }
+    let mean = |sum: f64, n: u32| if n == 0 { 0.0 } else { sum / f64::from(n) };
+    sums.into_iter()
+        .map(|(stage, [f, b, w])| StageTimes {
+            stage,
+            f: mean(f.0, f.2),
+            b: mean(b.0, b.2),
+            w: mean(w.0, w.2),
+            edge: [mean(f.1, f.2), mean(b.1, b.2), mean(w.1, w.2)],
+        })
+        .collect()
 }
 
 /// One pass a worker ran and how long it computed (waiting for frames not included).
@@ -344,4 +399,91 @@ pub(crate) fn end_step<P: Passes>(
         pass_core_wait_secs: rec.core_wait.in_passes().as_secs_f64(),
         validation_loss: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each stage's means by kind (a fused `BW` as `B`), edges where measured, and the loss
+    /// NaN where the step has none.
+    #[test]
+    fn the_report_holds_each_stages_mean_pass_times() {
+        let time = |pass, secs, edge_secs| PassTime {
+            pass,
+            secs,
+            edge_secs,
+        };
+        let record = StepReport {
+            loss: None,
+            pass_times: vec![
+                time(Pass::f(1, 0), 1.0, Some(0.5)),
+                time(Pass::f(1, 1), 3.0, Some(0.25)),
+                time(Pass::b(1, 0), 2.0, None),
+                time(Pass::bw(1, 1), 4.0, None),
+                time(Pass::f(0, 0), 0.5, None),
+                time(Pass::w(0, 0), 0.25, Some(0.125)),
+            ],
+            busy_secs: 10.75,
+            wall_secs: 12.0,
+            peak_stash_bytes: 77,
+            grad_norm: 1.5,
+            spans: Vec::new(),
+            bytes_sent: [(1, 5)].into(),
+            bytes_received: [(1, 6)].into(),
+            core_wait_secs: 0.5,
+            pass_core_wait_secs: 0.25,
+            validation_loss: Some(2.0),
+        };
+        let report = record.into_report();
+        assert!(report.loss.is_nan());
+        assert_eq!(
+            report.stage_times,
+            [
+                StageTimes {
+                    stage: 0,
+                    f: 0.5,
+                    b: 0.0,
+                    w: 0.25,
+                    edge: [0.0, 0.0, 0.125],
+                },
+                StageTimes {
+                    stage: 1,
+                    f: 2.0,
+                    b: 3.0,
+                    w: 0.0,
+                    edge: [0.375, 0.0, 0.0],
+                },
+            ]
+        );
+        assert_eq!(
+            (report.busy_secs, report.wall_secs, report.grad_norm),
+            (10.75, 12.0, 1.5)
+        );
+        assert_eq!(report.peak_activation_bytes, 77);
+        assert_eq!(report.bytes_received.get(&1), Some(&6));
+        assert_eq!(report.validation_loss, Some(2.0));
+        let learned = StepReport {
+            loss: Some(0.5),
+            ..report_of_nothing()
+        };
+        assert_eq!(learned.into_report().loss, 0.5);
+    }
+
+    fn report_of_nothing() -> StepReport {
+        StepReport {
+            loss: None,
+            pass_times: Vec::new(),
+            busy_secs: 0.0,
+            wall_secs: 0.0,
+            peak_stash_bytes: 0,
+            grad_norm: 0.0,
+            spans: Vec::new(),
+            bytes_sent: BTreeMap::new(),
+            bytes_received: BTreeMap::new(),
+            core_wait_secs: 0.0,
+            pass_core_wait_secs: 0.0,
+            validation_loss: None,
+        }
+    }
 }
