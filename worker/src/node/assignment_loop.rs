@@ -84,6 +84,7 @@ pub(crate) fn run_assignments(
                     .abort(&format!("worker {worker} failed: {e}"));
             }
         }
+        shared.report_queued();
         let _ = reports.send(report);
         shared.current().job = None;
         shared.ended.notify_one();
@@ -148,6 +149,10 @@ impl Node<'_> {
                 step_span.record("emulated", true);
             }
             let _step_span = step_span.entered();
+            if let Some(pace) = &self.config.pace {
+                self.shared.wait_reported(self.config.timeout);
+                pace.before_step(a.run, step);
+            }
             *running = Some(step);
             let initial = if step == a.steps.start {
                 compute.before_first_step(step, &net)?
@@ -294,6 +299,17 @@ impl Node<'_> {
         (report, initial): (&StepReport, Option<f64>),
         (held, static_bytes): (u64, u64),
     ) {
+        let paced;
+        let report = match &self.config.pace {
+            Some(pace) => {
+                let slowdown = self.config.slowdown.at(step);
+                paced = paced_report(report, &a.partition, |kind, pieces| {
+                    pace.pass_secs(kind, pieces, slowdown)
+                });
+                &paced
+            }
+            None => report,
+        };
         let stage_times = stage_times(report);
         {
             let mut stats = self.shared.stats();
@@ -302,6 +318,7 @@ impl Node<'_> {
             stats.current_activation_bytes = held;
             stats.stage_times = stage_times.clone();
         }
+        self.shared.report_queued();
         let _ = self.reports.send(pb::StepReport {
             static_bytes,
             initial_validation_loss: initial,
@@ -343,6 +360,29 @@ fn step_report(
         validation_loss: report.validation_loss,
         ..Default::default()
     }
+}
+
+/// `report` with the logical pass times of a paced worker (`secs(kind, pieces)` of a pass
+/// of a stage holding `pieces` pieces of `partition`): its time in passes is their sum, its
+/// wall time the same, it waited for no core, and it carries no spans (measured, they
+/// would feed the cost model's sync, hop and sum fits).
+fn paced_report(
+    report: &StepReport,
+    partition: &[std::ops::Range<usize>],
+    secs: impl Fn(PassKind, usize) -> f64,
+) -> StepReport {
+    let mut paced = report.clone();
+    for t in &mut paced.pass_times {
+        let pieces = partition.get(t.pass.stage as usize).map_or(0, |r| r.len());
+        t.secs = secs(t.pass.kind, pieces);
+        t.edge_secs = None;
+    }
+    paced.busy_secs = paced.pass_times.iter().map(|t| t.secs).sum();
+    paced.wall_secs = paced.busy_secs;
+    paced.core_wait_secs = 0.0;
+    paced.pass_core_wait_secs = 0.0;
+    paced.spans.clear();
+    paced
 }
 
 /// Mean F / B / W milliseconds per stage (BW counted as B), and of them the part spent in

@@ -160,7 +160,10 @@ impl RealCompute {
             Self::fresh(config, a, program)?
         };
         rt.set_timeout(config.timeout);
-        rt.set_slowdown(config.slowdown);
+        // Paced, the slowdown stretches the logical pass times the worker reports instead.
+        if config.pace.is_none() {
+            rt.set_slowdown(config.slowdown);
+        }
         if a.replica.count > 1 {
             rt.set_replica(a.replica)?;
         }

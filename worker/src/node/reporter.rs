@@ -26,7 +26,10 @@ pub(crate) async fn reporter(
             run = run_of(report.run),
             step = report.step
         );
-        deliver(&mut client, report, &shared).instrument(span).await;
+        if !shared.silenced() {
+            deliver(&mut client, report, &shared).instrument(span).await;
+        }
+        shared.report_done();
     }
 }
 
