@@ -526,15 +526,21 @@ impl Cluster {
     }
 
     /// Starts worker `w` again under its id (a new registration, on a new port: the killed
-    /// node's server is not closed in process).
+    /// node's server is not closed in process); returns once the coordinator has its
+    /// assignment stream (so what a re-plan decides next may count on it).
     pub async fn restart(&mut self, w: usize) {
         let slot = &mut self.workers[w];
         assert!(slot.node.is_none(), "worker {w} runs");
         slot.pace.killed.store(false, Ordering::SeqCst);
+        let id = slot.config.id.clone();
         let node = WorkerNode::start(slot.config.clone())
             .await
             .expect("the worker starts again");
         slot.node = Some(node);
+        self.wait_members(&format!("{id}'s stream"), |live| {
+            live.iter().any(|m| m.worker.id == id && m.streaming)
+        })
+        .await;
     }
 
     /// Stops the workers and the coordinator and removes the cluster's directory.
@@ -592,7 +598,7 @@ pub fn reference_losses(spec: &JobSpec) -> Vec<f64> {
             let batches = sampler
                 .step(&corpus, step, n, &device)
                 .expect("a step's batches");
-            f64::from(trainer.train_step(&batches).expect("a reference step").loss)
+            trainer.train_step(&batches).expect("a reference step").loss
         })
         .collect()
 }
