@@ -22,11 +22,11 @@
 //!   job alone. A slowed worker sleeps no more: it only reports slower passes.
 //! - **Lockstep steps.** Before step `k`, a worker waits until the coordinator answered its
 //!   earlier step reports, then until the harness has seen the job's event for step `k − 1`
-//!   (the run actor casts a stop it decides on that step's reports right after the event).
+//!   since the run started (the run actor casts a stop it decides on that step's reports
+//!   right after the event).
 //!   A stop decided after step `k` thus reaches worker 0 with step `k + 1`'s report answer,
 //!   before step `k + 2` starts: every worker stops after step `k + 2`, whatever the load.
 //! - **Its speed.** The profile a worker registers is the pace's fixed FLOP/s.
-//!
 //! - **The coordinator's clock** is logical ([`Coordinator::start_clocked`], the second
 //!   seam): the registry's heartbeat expiry, the scheduler's and the supervisors' graces read
 //!   it, and it stands still unless the scenario moves it ([`Cluster::advance`]), which it
@@ -84,8 +84,12 @@ pub const FLOPS: f64 = 1e10;
 /// What the gate knows.
 #[derive(Debug, Default)]
 struct GateState {
-    /// Per job, the last step (1-based) whose event was seen.
-    seen: HashMap<u64, u64>,
+    /// Per job, the steps (1-based) of its events seen, in order (a step run again after
+    /// a re-plan shows again).
+    seen: HashMap<u64, Vec<u64>>,
+    /// Per run, its first step and how many of its job's events came before it started:
+    /// its later steps wait for its own events, not for those of the run before.
+    runs: HashMap<u64, (u64, usize)>,
     /// No step from this one (0-based) starts.
     hold: Option<u64>,
     /// Workers waiting at the gate, and before which step.
@@ -129,9 +133,15 @@ impl Pace for WorkerPace {
         st.waiting.insert(self.id.clone(), step);
         self.gate.changed.notify_all();
         loop {
-            let seen = st.seen.get(&job).copied().unwrap_or(0);
+            let before = st.seen.get(&job).map_or(0, Vec::len);
+            let (first, since) = *st.runs.entry(run).or_insert((step, before));
+            let seen = step == first
+                || st
+                    .seen
+                    .get(&job)
+                    .is_some_and(|steps| steps[since..].contains(&step));
             let held = st.hold.is_some_and(|h| step >= h);
-            if (seen >= step && !held) || self.killed.load(Ordering::SeqCst) {
+            if (seen && !held) || self.killed.load(Ordering::SeqCst) {
                 break;
             }
             let now = Instant::now();
@@ -343,8 +353,7 @@ impl Cluster {
                 let (job, step) = (e.job, e.step);
                 lock(&events).entry(job).or_default().push(e);
                 gate.update(|st| {
-                    let seen = st.seen.entry(job).or_default();
-                    *seen = (*seen).max(step);
+                    st.seen.entry(job).or_default().push(step);
                 });
             }
         });
