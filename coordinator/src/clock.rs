@@ -44,3 +44,18 @@ impl Clock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Clock;
+
+    #[test]
+    fn a_logical_clock_moves_only_when_advanced_and_its_copies_with_it() {
+        let clock = Clock::logical();
+        let copy = clock.clone();
+        assert_eq!(clock.now_ms(), 0);
+        clock.advance(1_500);
+        copy.advance(1);
+        assert_eq!((clock.now_ms(), copy.now_ms()), (1_501, 1_501));
+    }
+}

@@ -414,3 +414,64 @@ fn stage_times(report: &StepReport) -> Vec<pb::StageTimes> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use pipewise_common::pass::{Pass, PassKind};
+    use pipewise_common::trace::{Activity, Span};
+
+    use super::{StepReport, paced_report};
+    use crate::runtime::PassTime;
+
+    #[test]
+    fn a_paced_report_carries_the_logical_pass_times_only() {
+        let pass = |kind, stage| Pass { kind, stage, mb: 0 };
+        let measured = |p: Pass| PassTime {
+            pass: p,
+            secs: 0.5,
+            edge_secs: Some(0.1),
+        };
+        let passes = [
+            pass(PassKind::F, 0),
+            pass(PassKind::F, 1),
+            pass(PassKind::BW, 1),
+        ];
+        let report = StepReport {
+            loss: Some(1.0),
+            pass_times: passes.iter().copied().map(measured).collect(),
+            busy_secs: 1.5,
+            wall_secs: 2.0,
+            peak_stash_bytes: 7,
+            grad_norm: 1.0,
+            spans: vec![Span {
+                activity: Activity::Sync,
+                start: 0.0,
+                end: 1.0,
+            }],
+            bytes_sent: Default::default(),
+            bytes_received: Default::default(),
+            core_wait_secs: 0.25,
+            pass_core_wait_secs: 0.125,
+            validation_loss: None,
+        };
+        // Stage 0 holds 2 pieces, stage 1 holds 3; F is 1 s a piece, BW 10 s.
+        let secs = |kind, pieces: usize| match kind {
+            PassKind::F => pieces as f64,
+            _ => 10.0 * pieces as f64,
+        };
+        let paced = paced_report(&report, &[0..2, 2..5], secs);
+        let times: Vec<(f64, Option<f64>)> = paced
+            .pass_times
+            .iter()
+            .map(|t| (t.secs, t.edge_secs))
+            .collect();
+        assert_eq!(times, [(2.0, None), (3.0, None), (30.0, None)]);
+        assert_eq!((paced.busy_secs, paced.wall_secs), (35.0, 35.0));
+        assert_eq!(
+            (paced.core_wait_secs, paced.pass_core_wait_secs),
+            (0.0, 0.0)
+        );
+        assert!(paced.spans.is_empty());
+        assert_eq!((paced.loss, paced.peak_stash_bytes), (Some(1.0), 7));
+    }
+}
