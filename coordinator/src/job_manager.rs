@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::Instant;
 
 use pipewise_common::job::{JobPlan, JobSpec};
 use pipewise_common::run::scheduler::{self, Action, Input, Planned, Scheduler, Starting};
@@ -49,13 +48,15 @@ pub struct JobManagerArgs {
     /// What becomes of the jobs the store holds as queued or running (a coordinator that
     /// stopped under them).
     pub unfinished: Unfinished,
+    /// The scheduler's and the run actors' time.
+    pub clock: crate::clock::Clock,
 }
 
 /// The job manager's state.
 pub struct JobManagerState {
     scheduler: Scheduler,
-    /// Time zero of the scheduler's clock.
-    epoch: Instant,
+    /// The scheduler's and the run actors' clock.
+    clock: crate::clock::Clock,
     store: JobStore,
     planner: ActorRef<PlannerMsg>,
     membership: ActorRef<MembershipMsg>,
@@ -114,7 +115,7 @@ impl JobManagerState {
 
     /// Feeds the scheduler `input` and carries out what it asks.
     async fn feed(&mut self, myself: &ActorRef<JobMsg>, input: Input) -> Result<()> {
-        let now = self.epoch.elapsed().as_millis() as u64;
+        let now = self.clock.now_ms();
         for action in self.scheduler.handle(now, input) {
             match action {
                 Action::Start(starting) => self.start(myself, *starting).await,
@@ -173,6 +174,7 @@ impl JobManagerState {
                     start,
                     membership: self.membership.clone(),
                     manager: myself.clone(),
+                    clock: self.clock.clone(),
                 };
                 Actor::spawn_linked(None, RunActor, args, myself.get_cell())
                     .await
@@ -412,7 +414,7 @@ impl Actor for JobManager {
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
         let mut state = JobManagerState {
             scheduler: Scheduler::default(),
-            epoch: Instant::now(),
+            clock: args.clock,
             store: args.store,
             planner: args.planner,
             membership: args.membership,
@@ -557,6 +559,7 @@ mod tests {
     use crate::planner::tests::{gated_planner, until_held};
     use pipewise_common::job::example;
     use pipewise_common::job::parse_count::parses_of;
+    use std::time::Instant;
 
     /// A manager with `planner`, a cluster without workers, and a fresh store in a
     /// directory named by `tag`.
@@ -575,9 +578,13 @@ mod tests {
         dir: &std::path::Path,
         unfinished: Unfinished,
     ) -> ActorRef<JobMsg> {
-        let (membership, _) = Actor::spawn(None, crate::membership::Membership, ())
-            .await
-            .unwrap();
+        let (membership, _) = Actor::spawn(
+            None,
+            crate::membership::Membership,
+            crate::clock::Clock::wall(),
+        )
+        .await
+        .unwrap();
         let (manager, _) = Actor::spawn(
             None,
             JobManager,
@@ -587,6 +594,7 @@ mod tests {
                 membership,
                 data_dir: dir.to_path_buf(),
                 unfinished,
+                clock: crate::clock::Clock::wall(),
             },
         )
         .await

@@ -40,6 +40,7 @@
 //! - `tls_accept`: the port's TLS handshakes, done here so that failed ones are seen.
 //! - [`service`]: the gRPC `JobService` and `ClusterService`; the only place errors become
 //!   `tonic::Status`.
+//! - [`clock`]: the actors' time: the wall clock, or a test harness's logical one.
 //! - [`error`]: the crate's one error type.
 //! - `root`: the supervisor of the planner, the membership actor and the job manager: one
 //!   that ends stops the coordinator, visibly ([`Coordinator::stopped`]).
@@ -52,6 +53,7 @@ pub mod checkpoints;
 mod checkpoints_data;
 mod checkpoints_model;
 mod checkpoints_text;
+pub mod clock;
 pub mod error;
 pub mod events;
 pub mod job_manager;
@@ -79,6 +81,7 @@ use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
+pub use clock::Clock;
 pub use error::{CoordinatorError, Result};
 pub use events::{Start, StepEvent};
 
@@ -132,6 +135,18 @@ impl Coordinator {
         unfinished: Unfinished,
         security: &Security,
     ) -> Result<Coordinator> {
+        Self::start_clocked(listen, data_dir, unfinished, security, Clock::wall()).await
+    }
+
+    /// Like [`Coordinator::start_secured`], with its actors' time read from `clock` (an
+    /// in-process test harness's logical clock; see [`clock`]).
+    pub async fn start_clocked(
+        listen: SocketAddr,
+        data_dir: &Path,
+        unfinished: Unfinished,
+        security: &Security,
+        clock: Clock,
+    ) -> Result<Coordinator> {
         metrics::describe();
         metrics::describe_refusals(audit::Refusal::ALL.map(audit::Refusal::label));
         let store = JobStore::open(data_dir)?;
@@ -147,6 +162,7 @@ impl Coordinator {
             data_dir: data_dir.to_path_buf(),
             unfinished,
             ended: ended_tx,
+            clock,
         };
         let (root, root_handle) = Actor::spawn(None, Root, args)
             .await

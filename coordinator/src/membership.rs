@@ -7,7 +7,7 @@
 //! one whenever an assignment stream ends), and carries out what it asks.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pipewise_common::run::StepReport;
 use pipewise_common::run::registry::{self, Action, Gauges, Note, Pool, Registry};
@@ -16,6 +16,7 @@ use pipewise_proto::v1 as pb;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
 
+use crate::clock::Clock;
 use crate::error::{CoordinatorError, Result};
 use crate::job_msg::JobMsg;
 use crate::run_msg::RunMsg;
@@ -76,8 +77,8 @@ pub struct Membership;
 /// The membership actor's state.
 pub struct MembershipState {
     registry: Registry,
-    /// Time zero of the registry's clock.
-    epoch: Instant,
+    /// The registry's clock.
+    clock: Clock,
     streams: HashMap<String, mpsc::Sender<pb::Assignment>>,
     /// run → the run actor its workers' step reports go to.
     sinks: HashMap<u64, ActorRef<RunMsg>>,
@@ -132,9 +133,9 @@ pub enum MembershipMsg {
 }
 
 impl MembershipState {
-    /// The registry's clock: milliseconds since the actor started.
+    /// The registry's clock: milliseconds since the coordinator started.
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     /// Tells the registry of the assignment streams that ended since it last heard.
@@ -298,18 +299,18 @@ fn show(gauges: &Gauges) {
 impl Actor for Membership {
     type Msg = MembershipMsg;
     type State = MembershipState;
-    type Arguments = ();
+    type Arguments = Clock;
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        _args: (),
+        clock: Clock,
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
         // The tick that feeds the registry its time.
         myself.send_interval(Duration::from_secs(1), || MembershipMsg::Tick);
         Ok(MembershipState {
             registry: Registry::default(),
-            epoch: Instant::now(),
+            clock,
             streams: HashMap::new(),
             sinks: HashMap::new(),
             followers: HashMap::new(),
@@ -427,7 +428,9 @@ mod tests {
     /// process's stream, which may not look closed yet.
     #[tokio::test]
     async fn a_registration_drops_the_earlier_stream() {
-        let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
+        let (m, _) = Actor::spawn(None, Membership, crate::clock::Clock::wall())
+            .await
+            .unwrap();
         let register = |m: &ActorRef<MembershipMsg>| {
             let m = m.clone();
             async move {
@@ -475,7 +478,9 @@ mod tests {
     /// heartbeat), and a worker that leaves is forgotten at once.
     #[tokio::test]
     async fn aborts_are_pushed_and_a_leaving_worker_is_forgotten() {
-        let (m, _) = Actor::spawn(None, Membership, ()).await.unwrap();
+        let (m, _) = Actor::spawn(None, Membership, crate::clock::Clock::wall())
+            .await
+            .unwrap();
         ractor::call!(m, MembershipMsg::Register, worker("w"))
             .unwrap()
             .unwrap();

@@ -28,6 +28,8 @@ pub(crate) struct RootArgs {
     pub(crate) unfinished: Unfinished,
     /// Set to why the coordinator stopped when one of its actors ended.
     pub(crate) ended: watch::Sender<Option<String>>,
+    /// The actors' time.
+    pub(crate) clock: crate::clock::Clock,
 }
 
 /// The root's children, in the order they stop.
@@ -76,13 +78,15 @@ impl Actor for Root {
         let me = myself.get_cell();
         let (planner, _) =
             Actor::spawn_linked(None, Planner, PlannerArgs::default(), me.clone()).await?;
-        let (membership, _) = Actor::spawn_linked(None, Membership, (), me.clone()).await?;
+        let (membership, _) =
+            Actor::spawn_linked(None, Membership, args.clock.clone(), me.clone()).await?;
         let manager = JobManagerArgs {
             store: args.store,
             planner: planner.clone(),
             membership: membership.clone(),
             data_dir: args.data_dir,
             unfinished: args.unfinished,
+            clock: args.clock,
         };
         let (jobs, _) = Actor::spawn_linked(None, JobManager, manager, me).await?;
         let children = Children {

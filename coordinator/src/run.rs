@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pipewise_common::job::{JobPlan, JobSpec};
 use pipewise_common::run::Start;
@@ -56,6 +56,8 @@ pub struct RunArgs {
     pub membership: ActorRef<MembershipMsg>,
     /// The job manager, told about every step and the end.
     pub manager: ActorRef<JobMsg>,
+    /// The supervisor's time.
+    pub clock: crate::clock::Clock,
 }
 
 /// A run actor's state.
@@ -66,7 +68,7 @@ pub struct RunState {
     output: PathBuf,
     membership: ActorRef<MembershipMsg>,
     manager: ActorRef<JobMsg>,
-    epoch: Instant,
+    clock: crate::clock::Clock,
     cancelled: bool,
     tokens_per_step: f64,
     samples_per_step: f64,
@@ -118,7 +120,7 @@ impl Actor for RunActor {
             output: args.output,
             membership: args.membership,
             manager: args.manager,
-            epoch: Instant::now(),
+            clock: args.clock,
             cancelled: false,
         };
         myself.send_interval(TICK, || RunMsg::Tick);
@@ -142,7 +144,7 @@ impl Actor for RunActor {
         }
         let mut inputs = VecDeque::from([input]);
         while let Some(input) = inputs.pop_front() {
-            let now = st.epoch.elapsed().as_millis() as u64;
+            let now = st.clock.now_ms();
             for action in st.sup.handle(now, input) {
                 if let Err(e) = perform(&myself, st, action, &mut inputs).await {
                     finish(&myself, st, Err(e));

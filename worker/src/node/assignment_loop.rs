@@ -8,7 +8,10 @@
 use std::path::PathBuf;
 
 use pipewise_common::job::{job_of, run_of};
+use pipewise_common::pass::PassKind;
 use pipewise_common::run::StepReport;
+
+use crate::runtime::StepReport as StepRecord;
 use pipewise_proto::v1 as pb;
 use tokio::sync::mpsc;
 
@@ -83,6 +86,7 @@ pub(crate) fn run_assignments(
                     .abort(&format!("worker {worker} failed: {e}"));
             }
         }
+        shared.report_queued();
         let _ = reports.send(report);
         shared.current().job = None;
         shared.ended.notify_one();
@@ -147,6 +151,10 @@ impl Node<'_> {
                 step_span.record("emulated", true);
             }
             let _step_span = step_span.entered();
+            if let Some(pace) = &self.config.pace {
+                self.shared.wait_reported(self.config.timeout);
+                pace.before_step(a.run, step);
+            }
             *running = Some(step);
             let initial = if step == a.steps.start {
                 compute.before_first_step(step, &net)?
@@ -154,6 +162,15 @@ impl Node<'_> {
                 None
             };
             let record = compute.step(step, &net)?;
+            let record = match &self.config.pace {
+                Some(pace) => {
+                    let slowdown = self.config.slowdown.at(step);
+                    paced_report(&record, &a.partition, |kind, pieces| {
+                        pace.pass_secs(kind, pieces, slowdown)
+                    })
+                }
+                None => record,
+            };
             crate::metrics::record_step(a.worker, &record);
             let report = StepReport {
                 initial_validation_loss: initial,
@@ -306,6 +323,7 @@ impl Node<'_> {
             stats.current_activation_bytes = held;
             stats.stage_times = report.stage_times.clone();
         }
+        self.shared.report_queued();
         let mut report = StepReport {
             run: a.run,
             worker_id: self.config.id.clone(),
@@ -319,5 +337,89 @@ impl Node<'_> {
             report.spans = Vec::new();
         }
         let _ = self.reports.send(report);
+    }
+}
+
+/// `record` with the logical pass times of a paced worker (`secs(kind, pieces)` of a pass
+/// of a stage holding `pieces` pieces of `partition`): its time in passes is their sum, its
+/// wall time the same, it waited for no core, and it carries no spans (measured, they
+/// would feed the cost model's sync, hop and sum fits).
+fn paced_report(
+    record: &StepRecord,
+    partition: &[std::ops::Range<usize>],
+    secs: impl Fn(PassKind, usize) -> f64,
+) -> StepRecord {
+    let mut paced = record.clone();
+    for t in &mut paced.pass_times {
+        let pieces = partition.get(t.pass.stage as usize).map_or(0, |r| r.len());
+        t.secs = secs(t.pass.kind, pieces);
+        t.edge_secs = None;
+    }
+    paced.busy_secs = paced.pass_times.iter().map(|t| t.secs).sum();
+    paced.wall_secs = paced.busy_secs;
+    paced.core_wait_secs = 0.0;
+    paced.pass_core_wait_secs = 0.0;
+    paced.spans.clear();
+    paced
+}
+
+#[cfg(test)]
+mod tests {
+    use pipewise_common::pass::{Pass, PassKind};
+    use pipewise_common::trace::{Activity, Span};
+
+    use super::{StepRecord as StepReport, paced_report};
+    use crate::runtime::PassTime;
+
+    #[test]
+    fn a_paced_report_carries_the_logical_pass_times_only() {
+        let pass = |kind, stage| Pass { kind, stage, mb: 0 };
+        let measured = |p: Pass| PassTime {
+            pass: p,
+            secs: 0.5,
+            edge_secs: Some(0.1),
+        };
+        let passes = [
+            pass(PassKind::F, 0),
+            pass(PassKind::F, 1),
+            pass(PassKind::BW, 1),
+        ];
+        let report = StepReport {
+            loss: Some(1.0),
+            pass_times: passes.iter().copied().map(measured).collect(),
+            busy_secs: 1.5,
+            wall_secs: 2.0,
+            peak_stash_bytes: 7,
+            grad_norm: 1.0,
+            spans: vec![Span {
+                activity: Activity::Sync,
+                start: 0.0,
+                end: 1.0,
+            }],
+            bytes_sent: Default::default(),
+            bytes_received: Default::default(),
+            core_wait_secs: 0.25,
+            pass_core_wait_secs: 0.125,
+            validation_loss: None,
+        };
+        // Stage 0 holds 2 pieces, stage 1 holds 3; F is 1 s a piece, BW 10 s.
+        let secs = |kind, pieces: usize| match kind {
+            PassKind::F => pieces as f64,
+            _ => 10.0 * pieces as f64,
+        };
+        let paced = paced_report(&report, &[0..2, 2..5], secs);
+        let times: Vec<(f64, Option<f64>)> = paced
+            .pass_times
+            .iter()
+            .map(|t| (t.secs, t.edge_secs))
+            .collect();
+        assert_eq!(times, [(2.0, None), (3.0, None), (30.0, None)]);
+        assert_eq!((paced.busy_secs, paced.wall_secs), (35.0, 35.0));
+        assert_eq!(
+            (paced.core_wait_secs, paced.pass_core_wait_secs),
+            (0.0, 0.0)
+        );
+        assert!(paced.spans.is_empty());
+        assert_eq!((paced.loss, paced.peak_stash_bytes), (Some(1.0), 7));
     }
 }

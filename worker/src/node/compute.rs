@@ -160,7 +160,10 @@ impl RealCompute {
             Self::fresh(config, a, program)?
         };
         rt.set_timeout(config.timeout);
-        rt.set_slowdown(config.slowdown);
+        // Paced, the slowdown stretches the logical pass times the worker reports instead.
+        if config.pace.is_none() {
+            rt.set_slowdown(config.slowdown);
+        }
         // `[activation_checkpoint] mode`, on every stage this worker holds.
         let recompute = spec.activation_checkpoint.recompute()?;
         rt.set_recompute(&vec![recompute; a.placement.stages() as usize]);

@@ -49,6 +49,9 @@ pub struct NodeConfig {
     /// under it, and one that leads outside is refused (absolute, so that absolute paths
     /// under it are recognised).
     pub data_dir: PathBuf,
+    /// An in-process test harness's pace and clock ([`super::pace`]); `None` (every
+    /// process): as fast as it can, on the wall clock.
+    pub pace: Option<std::sync::Arc<dyn super::pace::Pace>>,
 }
 
 /// The data directory of a worker and of a coordinator that are not told one (relative to
@@ -74,6 +77,7 @@ impl NodeConfig {
             tls: TlsSettings::default(),
             token: BearerToken::none(),
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            pace: None,
         }
     }
 }

@@ -102,6 +102,8 @@ pub struct ConnArgs {
     pub(crate) cores: f64,
     pub(crate) shared: Arc<Shared>,
     pub(crate) assignments: std::sync::mpsc::Sender<pb::Assignment>,
+    /// A test harness's pace, told of every heartbeat answered.
+    pub(crate) pace: Option<Arc<dyn super::pace::Pace>>,
 }
 
 /// Messages of the connection actor.
@@ -289,6 +291,9 @@ impl Actor for Connection {
                 match state.args.client.clone().heartbeat(beat).await {
                     Ok(reply) => {
                         let reply = reply.into_inner();
+                        if let Some(pace) = &state.args.pace {
+                            pace.heartbeat_answered();
+                        }
                         if !reply.known {
                             // The coordinator restarted or forgot us: join again.
                             if let Err(e) = Self::register(&state.args).await {

@@ -17,6 +17,7 @@
 //! - `assignment_loop`: one dedicated thread (candle compute stays off the async runtime) that
 //!   runs assignments one after another: each decoded once (`assignment`), run by one step
 //!   loop over real or emulated compute (`compute`).
+//! - [`pace`]: an in-process test harness's pace and clock ([`NodeConfig::pace`]).
 //! - `outputs`: checkpoints and final parameters; [`memory`]: the host's available memory;
 //!   `validation`: a run's `[validation]` windows, evaluated between steps.
 //! - The activation service: the [`GrpcTransport`] started with the node, whose address is
@@ -41,6 +42,7 @@ pub mod config;
 mod connection;
 pub mod memory;
 mod outputs;
+pub mod pace;
 mod profile;
 mod reporter;
 mod shared;
@@ -57,6 +59,7 @@ pub use assignment::check_assignment;
 pub use config::NodeConfig;
 pub use connection::{ConnArgs, ConnMsg, ConnState, Connection};
 pub use memory::{available_memory, host_available_memory};
+pub use pace::Pace;
 
 use crate::Device;
 use crate::error::{Error, Result};
@@ -115,8 +118,10 @@ impl WorkerNode {
         // A few tens of milliseconds; a failed profile only leaves the planner's default.
         // A worker slowed by `--slowdown` from its first step profiles that much slower (one
         // slowed from a later step only shows it in its pass times).
-        let flops_per_second =
-            profile::linear_flops(&config.device).unwrap_or(0.0) / config.slowdown.at(0);
+        let flops_per_second = match &config.pace {
+            Some(pace) => pace.flops_per_second() / config.slowdown.at(0),
+            None => profile::linear_flops(&config.device).unwrap_or(0.0) / config.slowdown.at(0),
+        };
         let channel =
             connection::connect(&config.coordinator, &config.tls, config.connect_for).await?;
         // An assignment carries the worker's whole program (up to millions of passes).
@@ -156,6 +161,7 @@ impl WorkerNode {
                 cores: config.cores,
                 shared: Arc::clone(&shared),
                 assignments: assign_tx.clone(),
+                pace: config.pace.clone(),
             },
         )
         .await
@@ -216,6 +222,14 @@ impl WorkerNode {
             Err(_) => tracing::warn!(worker = %self.id, "the coordinator did not answer the leave"),
         }
         run
+    }
+
+    /// Stops as a killed process would (a test harness's kill, [`pace`]): nothing more
+    /// reaches the coordinator (no heartbeat, step report or leave); the running run is
+    /// aborted and the assignment loop waited for.
+    pub async fn kill(self) {
+        self.shared.silence();
+        self.shutdown().await;
     }
 
     /// Stops taking assignments, aborts the running one and waits for the assignment loop.

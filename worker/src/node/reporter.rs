@@ -27,8 +27,11 @@ pub(crate) async fn reporter(
             run = run_of(report.run),
             step = report.step
         );
-        let report = pb::StepReport::from(report);
-        deliver(&mut client, report, &shared).instrument(span).await;
+        if !shared.silenced() {
+            let report = pb::StepReport::from(report);
+            deliver(&mut client, report, &shared).instrument(span).await;
+        }
+        shared.report_done();
     }
 }
 

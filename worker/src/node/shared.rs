@@ -2,7 +2,7 @@
 //! the heartbeat's statistics and the run being executed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use pipewise_common::job::{job_of, run_of};
 
@@ -34,6 +34,12 @@ pub(crate) struct Shared {
     /// Notified when the assignment loop ends a run, so the next heartbeat says so at once (a
     /// re-plan waits for the run's workers to have left it).
     pub(crate) ended: tokio::sync::Notify,
+    /// Step reports queued for the reporter, and of them those it is done with (answered,
+    /// or given up): a paced worker waits for the answers before its next step.
+    reports: Mutex<(u64, u64)>,
+    reported: Condvar,
+    /// Killed (a test harness's kill): no more step reports leave.
+    silenced: AtomicBool,
 }
 
 impl Shared {
@@ -44,7 +50,46 @@ impl Shared {
             current: Mutex::new(Current::default()),
             draining: AtomicBool::new(false),
             ended: tokio::sync::Notify::new(),
+            reports: Mutex::new((0, 0)),
+            reported: Condvar::new(),
+            silenced: AtomicBool::new(false),
         }
+    }
+
+    /// From now on no step report leaves, as from a killed process.
+    pub(crate) fn silence(&self) {
+        self.silenced.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the worker was killed.
+    pub(crate) fn silenced(&self) -> bool {
+        self.silenced.load(Ordering::SeqCst)
+    }
+
+    /// Counts a report queued for the reporter.
+    pub(crate) fn report_queued(&self) {
+        self.reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0 += 1;
+    }
+
+    /// Counts a report the reporter is done with.
+    pub(crate) fn report_done(&self) {
+        self.reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1 += 1;
+        self.reported.notify_all();
+    }
+
+    /// Waits until the reporter is done with every report queued, at most `within`
+    /// (a reporter that is gone answers nothing more; the step's collectives then fail).
+    pub(crate) fn wait_reported(&self, within: std::time::Duration) {
+        let reports = self.reports.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self
+            .reported
+            .wait_timeout_while(reports, within, |(queued, done)| done < queued);
     }
 
     /// Marks the worker as leaving.
