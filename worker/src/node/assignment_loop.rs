@@ -10,8 +10,6 @@ use std::path::PathBuf;
 use pipewise_common::job::{job_of, run_of};
 use pipewise_common::pass::PassKind;
 use pipewise_common::run::StepReport;
-
-use crate::runtime::StepReport as StepRecord;
 use pipewise_proto::v1 as pb;
 use tokio::sync::mpsc;
 
@@ -21,6 +19,7 @@ use super::config::NodeConfig;
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::net::NetSync;
+use crate::runtime::StepReport as StepRecord;
 
 /// A step report carries the step's spans only up to this many (about 9 MB encoded; the
 /// coordinator accepts 64 MiB reports); longer steps are reported without a trace.
