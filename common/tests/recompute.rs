@@ -319,3 +319,25 @@ proptest! {
         }
     }
 }
+
+/// 1F1B's last worker runs every microbatch's `B` right after its `F`, so a recomputing
+/// worker keeps all of them whole; worker 0 none until its warm-up is over (its first
+/// `F` of the steady state is followed by the `B` of an earlier microbatch).
+#[test]
+fn a_backward_that_follows_its_forward_at_once_is_found() {
+    use pipewise_common::schedule::backward_follows;
+    let schedule = generate(&Request::new(ScheduleKind::OneFOneB, 4, 8)).unwrap();
+    let last = backward_follows(&schedule.workers[3]);
+    assert_eq!(last, (0..8).map(|mb| (3, mb)).collect());
+    assert!(backward_follows(&schedule.workers[0]).is_empty());
+    // V-Half turns around on worker 0: the last stage's passes are there.
+    let v = generate(&Request::new(ScheduleKind::VHalf, 4, 8)).unwrap();
+    assert!(!backward_follows(&v.workers[0]).is_empty());
+    assert!(
+        backward_follows(&v.workers[0])
+            .iter()
+            .all(|&(stage, _)| stage == v.placement.stages() - 1),
+        "{:?}",
+        backward_follows(&v.workers[0])
+    );
+}

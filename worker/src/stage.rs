@@ -304,10 +304,28 @@ impl Stage {
     /// elsewhere. Returns hidden states `[b, t, h]`, or on the last stage the microbatch's
     /// mean loss (rank-0 f32, not yet scaled by `1/n`).
     pub fn forward(&mut self, mb: u32, input: &Tensor, targets: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_keeping(mb, input, targets, false)
+    }
+
+    /// [`Stage::forward`], keeping the whole stash whatever the stage's recomputation when
+    /// `whole` (a microbatch whose `B` is the worker's next pass: rebuilding it would save
+    /// nothing).
+    pub fn forward_keeping(
+        &mut self,
+        mb: u32,
+        input: &Tensor,
+        targets: Option<&Tensor>,
+        whole: bool,
+    ) -> Result<Tensor> {
         let shape = self.check_forward(mb, input, targets)?;
-        let f = self.forward_compute(shape, input, targets, self.keeps_selected())?;
+        let mode = if whole {
+            Recompute::None
+        } else {
+            self.recompute
+        };
+        let f = self.forward_compute(shape, input, targets, mode == Recompute::Selective)?;
         self.edge_secs = f.edge_secs;
-        let out = self.stash_forward(mb, shape, f, input, targets);
+        let out = self.stash_forward(mb, shape, f, input, targets, mode);
         self.account();
         Ok(out)
     }

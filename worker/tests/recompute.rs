@@ -183,3 +183,26 @@ fn kept_shares_are_the_planners() -> Result<()> {
     }
     Ok(())
 }
+
+/// 1F1B's last worker runs each microbatch's `B` right after its `F`: rebuilding would save
+/// nothing, so under every mode it keeps the whole stash and peaks as keeping everything
+/// does (rebuilding, it would hold the kept input beside the rebuilt stash, more than none).
+#[test]
+fn a_backward_right_after_its_forward_keeps_the_whole_stash() -> Result<()> {
+    for spec in [gpt(8), llama(8)] {
+        let last_peak = |mode| -> Result<u64> {
+            let r = run(&spec, ScheduleKind::OneFOneB, 4, 1, mode)?;
+            Ok(r.reports
+                .iter()
+                .map(|s| s[3].peak_stash_bytes)
+                .max()
+                .unwrap_or(0))
+        };
+        let none = last_peak(Recompute::None)?;
+        assert!(none > 0);
+        for mode in [Recompute::Selective, Recompute::Full] {
+            assert_eq!(last_peak(mode)?, none, "{:?}, {mode}", spec.family);
+        }
+    }
+    Ok(())
+}

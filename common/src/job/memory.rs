@@ -5,7 +5,7 @@ use super::plan::JobPlan;
 use super::spec::JobSpec;
 use crate::error::{Error, Result};
 use crate::model::Piece;
-use crate::schedule::{Recompute, RecomputeShares};
+use crate::schedule::{Recompute, RecomputeShares, backward_follows};
 
 impl JobPlan {
     /// The peak activation bytes each worker is predicted to hold in a step: its program
@@ -77,7 +77,8 @@ impl JobPlan {
     /// With `[activation_checkpoint]` a stage's `F` keeps only its share of the stash
     /// ([`RecomputeShares::of_stage`]) and its `B` holds the part it rebuilds beside what is
     /// pending while it runs (as the worker counts its peaks): the whole stash with `full`,
-    /// the part not kept and each block's input with `selective`.
+    /// the part not kept and each block's input with `selective`. A microbatch whose `B`
+    /// follows its `F` at once keeps its whole stash ([`backward_follows`]).
     pub fn predicted_peak_bytes_over(
         &self,
         spec: &JobSpec,
@@ -96,9 +97,13 @@ impl JobPlan {
             .workers
             .iter()
             .map(|program| {
+                let whole = backward_follows(program);
                 let (mut now, mut peak) = (0i128, 0i128);
                 for p in program {
-                    let s = per_stage[p.stage as usize];
+                    let mut s = per_stage[p.stage as usize];
+                    if whole.contains(&(p.stage, p.mb)) {
+                        s = s.keeping_all();
+                    }
                     match p.kind {
                         PassKind::F => now += s.kept,
                         PassKind::B => {
@@ -129,9 +134,20 @@ struct StageBytes {
     rebuilt: i128,
     /// Kept from `B` until `W`.
     held_for_w: i128,
+    /// The whole stash, what `F` keeps without recomputation.
+    stash: i128,
 }
 
 impl StageBytes {
+    /// The bytes of a microbatch whose stash is kept whole.
+    fn keeping_all(self) -> StageBytes {
+        StageBytes {
+            kept: self.stash,
+            rebuilt: 0,
+            ..self
+        }
+    }
+
     fn of(spec: &JobSpec, pieces: std::ops::Range<usize>, b: u32, mode: Recompute) -> StageBytes {
         let a = spec.model.range_activation_bytes(pieces.clone(), b);
         let stash = a.after_forward as f64;
@@ -157,6 +173,7 @@ impl StageBytes {
             kept: kept as i128,
             rebuilt: rebuilt as i128,
             held_for_w: i128::from(a.after_backward_input),
+            stash: i128::from(a.after_forward),
         }
     }
 }

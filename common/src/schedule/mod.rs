@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 mod recompute;
 
 pub use recompute::{
-    RECOMPUTING_SCHEDULES, Recomputation, Recompute, RecomputeShares, recomputing_schedule,
+    RECOMPUTING_SCHEDULES, Recomputation, Recompute, RecomputeShares, backward_follows,
+    recomputing_schedule,
 };
 
 use crate::pass::Pass;

@@ -213,6 +213,24 @@ impl Recomputation {
     }
 }
 
+/// The `(stage, microbatch)` pairs of one worker's `program` whose `B` (or `BW`) is the
+/// very next pass after their `F`. Nothing runs between the two, so a recomputing stage keeps
+/// their whole stash: its `B` would rebuild it at once, holding the kept part beside it, for
+/// no memory saved (1F1B's last stage: every microbatch). The workers keep them, and the
+/// job's predicted peaks count them so.
+pub fn backward_follows(program: &[crate::pass::Pass]) -> std::collections::BTreeSet<(u32, u32)> {
+    use crate::pass::PassKind;
+    program
+        .windows(2)
+        .filter(|w| {
+            w[0].kind == PassKind::F
+                && matches!(w[1].kind, PassKind::B | PassKind::BW)
+                && (w[0].stage, w[0].mb) == (w[1].stage, w[1].mb)
+        })
+        .map(|w| (w[0].stage, w[0].mb))
+        .collect()
+}
+
 /// The schedules named with their recomputation: seed 000's `1f1b-r` is 1F1B with full
 /// recomputation on every stage.
 pub const RECOMPUTING_SCHEDULES: [(&str, crate::ScheduleKind, Recompute); 1] =

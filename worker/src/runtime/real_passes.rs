@@ -1,7 +1,7 @@
 //! [`RealPasses`]: a [`WorkerRuntime`](super::WorkerRuntime)'s candle stages computing
 //! the passes of one step, as the pass loop and the side-by-side step drive them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use candle_core::{DType, Tensor};
@@ -29,6 +29,10 @@ pub(super) struct RealPasses<'a> {
     pub(super) max_grad_norm: Option<f64>,
     /// This worker's data-parallel replica and the replica count.
     pub(super) replica: Replica,
+    /// `(stage, microbatch)` whose `B` follows their `F` at once: kept whole whatever the
+    /// stage's recomputation
+    /// ([`backward_follows`](pipewise_common::schedule::backward_follows)).
+    pub(super) kept_whole: BTreeSet<(u32, u32)>,
 }
 
 impl RealPasses<'_> {
@@ -81,7 +85,11 @@ impl Passes for RealPasses<'_> {
             PassKind::F => {
                 let input = input.unwrap_or_else(|| batch.tokens.clone());
                 let targets = (s == self.last).then_some(&batch.targets);
-                Some(self.stage_mut(s)?.forward(mb, &input, targets)?)
+                let whole = self.kept_whole.contains(&(s, mb));
+                Some(
+                    self.stage_mut(s)?
+                        .forward_keeping(mb, &input, targets, whole)?,
+                )
             }
             PassKind::B => self.stage_mut(s)?.backward_input(mb, input.as_ref())?,
             PassKind::BW => self.stage_mut(s)?.backward(mb, input.as_ref())?,

@@ -404,6 +404,7 @@ impl WorkerRuntime {
             slowdown: self.slowdown.at(step),
             max_grad_norm: self.optimizer.max_grad_norm,
             replica: self.replica,
+            kept_whole: pipewise_common::schedule::backward_follows(&self.program.passes),
         };
         if lanes > 1 && self.program.microbatches > 1 && holds_every_stage(&self.program) {
             return run_side_by_side(&mut passes, &self.program, step, sync, started, lanes);

@@ -34,7 +34,7 @@ impl Stage {
         })?;
         let mut outs = Vec::with_capacity(ran.len());
         for ((r, &(mb, input, targets)), shape) in ran.into_iter().zip(items).zip(shapes) {
-            let out = self.stash_forward(mb, shape, r.value?, input, targets);
+            let out = self.stash_forward(mb, shape, r.value?, input, targets, self.recompute);
             outs.push(Ran {
                 value: out,
                 started: r.started,

@@ -53,7 +53,8 @@ impl Stage {
 
     /// Keeps what `B` of `mb` needs after its `F`: the stashes (under selective
     /// recomputation, what `F` kept of them), or under full recomputation its input and
-    /// targets. Returns `F`'s output.
+    /// targets. `mode` is the stage's, or `none` for a microbatch kept whole. Returns `F`'s
+    /// output.
     pub(super) fn stash_forward(
         &mut self,
         mb: u32,
@@ -61,8 +62,9 @@ impl Stage {
         f: Forwarded,
         input: &Tensor,
         targets: Option<&Tensor>,
+        mode: Recompute,
     ) -> Tensor {
-        let pending = match self.recompute {
+        let pending = match mode {
             Recompute::Full => Pending::Recompute {
                 shape,
                 input: input.clone(),
