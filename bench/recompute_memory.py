@@ -17,38 +17,16 @@ whether planned = measured within 5 % on every worker. Linux or macOS; not part 
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
+# The same scrape of the predicted peaks as the V schedules' memory bench.
+from memory import loopback_port, scrape
+
 BOUNDS = {"selective": 0.70, "full": 0.30}
-PREDICTED = re.compile(
-    r'^pipewise_activation_memory_bytes\{(?=[^}]*kind="predicted_peak")[^}]*worker="(\d+)"[^}]*\}'
-    r"\s+(\S+)", re.M)
-
-
-def loopback_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(url, seen, done):
-    """Keeps the predicted peaks of the latest scrape of `url` in `seen` until `done`."""
-    while not done.is_set():
-        try:
-            text = urllib.request.urlopen(url, timeout=1).read().decode()
-            found = {int(w): int(float(v)) for w, v in PREDICTED.findall(text)}
-            if found:
-                seen.update(found)
-        except OSError:
-            pass
-        time.sleep(0.2)
 
 
 def job_file(base, mode, workers, steps, folder):
