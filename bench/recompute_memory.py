@@ -8,14 +8,19 @@ peak activation (bytes from summary.json; the stash is deterministic, so the fig
 move with the machine's load) beside the planner's predicted peak, scraped from the run's
 metrics (`pipewise_activation_memory_bytes{kind="predicted_peak"}`); then the fullest
 worker's peak against none's with the acceptance bounds (full ≤ 0.30, selective ≤ 0.70) and
-whether planned = measured within 5 % on every worker. Linux or macOS; not part of CI.
+whether planned = measured within 5 % on every worker. With `--processes` the run is a
+`pipewise coordinator`, one `pipewise worker` process per worker and `pipewise submit --wait`
+(the measured peaks read from its step lines, whole KiB), instead of `pipewise local`.
+Linux or macOS; not part of CI.
 
     cargo build --release -p pipewise-cli
     python3 bench/recompute_memory.py --pipewise target/release/pipewise
+    python3 bench/recompute_memory.py --pipewise target/release/pipewise --processes
 """
 
 import argparse
 import json
+import shutil
 import re
 import subprocess
 import sys
@@ -65,6 +70,56 @@ def run(binary, job, workers, out, timeout):
     return measured, [predicted.get(w) for w in range(workers)]
 
 
+STEP_PEAKS = re.compile(r"peak KiB \[([0-9 ]+)\]")
+
+
+def start(cmd, log):
+    """Starts `cmd` and returns it with the first line it prints (its address line)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+    line = p.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{cmd[1]} did not start; see {log}")
+    return p, line
+
+
+def run_processes(binary, job, workers, out, timeout):
+    """`run` on a coordinator, `workers` worker processes and `submit --wait`."""
+    out.mkdir(parents=True)
+    port = loopback_port()
+    procs = []
+    predicted, done = {}, threading.Event()
+    poller = threading.Thread(target=scrape,
+                              args=(f"http://127.0.0.1:{port}/metrics", predicted, done))
+    try:
+        coord, line = start([binary, "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
+                             str(out / "coordinator"), "--metrics-listen", f"127.0.0.1:{port}"],
+                            out / "coordinator.log")
+        procs.append(coord)
+        url = "http://" + line.split()[3]
+        for w in range(workers):
+            p, _ = start([binary, "worker", "--coordinator", url, "--id", f"w{w}",
+                          "--data-dir", str(out / f"w{w}")], out / f"w{w}.log")
+            procs.append(p)
+        poller.start()
+        ran = subprocess.run([binary, "submit", str(job), "--coordinator", url, "--wait"],
+                             capture_output=True, text=True, timeout=timeout)
+    finally:
+        done.set()
+        if poller.is_alive():
+            poller.join()
+        for p in procs:
+            p.kill()
+            p.wait()
+    if ran.returncode != 0:
+        raise RuntimeError(f"{job.name}: submit failed:\n{(ran.stdout + ran.stderr)[-3000:]}")
+    measured = [0] * workers
+    for peaks in STEP_PEAKS.findall(ran.stdout):
+        for w, kib in enumerate(peaks.split()):
+            measured[w] = max(measured[w], int(kib) * 1024)
+    shutil.rmtree(out, ignore_errors=True)
+    return measured, [predicted.get(w) for w in range(workers)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipewise", default="target/release/pipewise", help="the pipewise binary")
@@ -73,6 +128,8 @@ def main():
     ap.add_argument("--modes", default="none,selective,full", help="modes, comma-separated")
     ap.add_argument("--steps", type=int, default=2, help="steps per run")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
+    ap.add_argument("--processes", action="store_true",
+                    help="a coordinator and a process per worker instead of pipewise local")
     args = ap.parse_args()
     binary = str(Path(args.pipewise).resolve())
     if not Path(binary).exists():
@@ -82,11 +139,13 @@ def main():
     for mode in args.modes.split(","):
         job = job_file(Path(args.job), mode, args.workers, args.steps, folder)
         try:
-            rows[mode] = run(binary, job, args.workers, folder / mode, args.timeout)
+            runner = run_processes if args.processes else run
+            rows[mode] = runner(binary, job, args.workers, folder / mode, args.timeout)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"{mode}: {e}", file=sys.stderr)
             failed = True
-    print(f"1F1B, {args.workers} workers: peak activation KiB per worker, measured / planned")
+    how = "worker processes" if args.processes else "workers in one process"
+    print(f"1F1B, {args.workers} {how}: peak activation KiB per worker, measured / planned")
     base = max(rows["none"][0]) if "none" in rows else None
     for mode, (measured, predicted) in rows.items():
         cells, close = [], True
