@@ -552,6 +552,18 @@ impl Cluster {
         .await;
     }
 
+    /// Waits for `job` to end and shuts the cluster down: what the job left.
+    pub async fn finish(mut self, job: u64) -> Ended {
+        let status = self.wait(job).await;
+        let ended = Ended {
+            status,
+            replans: self.replans(job),
+            losses: self.losses(job),
+        };
+        self.shutdown().await;
+        ended
+    }
+
     /// Stops the workers and the coordinator and removes the cluster's directory.
     pub async fn shutdown(mut self) {
         for slot in &self.workers {
@@ -572,6 +584,36 @@ impl Cluster {
 
 /// How often [`Cluster::wait`] and [`Cluster::wait_held`] look again.
 const POLL: Duration = Duration::from_millis(10);
+
+/// What an ended job left ([`Cluster::finish`]).
+#[derive(Debug)]
+pub struct Ended {
+    /// Its final status.
+    pub status: pb::JobStatus,
+    /// Its re-plans: (step event's index, reason), in order.
+    pub replans: Vec<(u64, String)>,
+    /// Every step's loss in the order the steps ran (a step run again after a re-plan too).
+    pub losses: Vec<(u64, f64)>,
+}
+
+impl Ended {
+    /// Asserts the job succeeded, ran `steps` (1-based) in that order, and every step's loss
+    /// equals the single device's (`reference`, from [`reference_losses`]) within 1e-5.
+    pub fn assert_exact(&self, steps: &[u64], reference: &[f64]) {
+        assert_eq!(
+            self.status.state,
+            pb::JobState::Succeeded as i32,
+            "{:?}",
+            self.status
+        );
+        let ran: Vec<u64> = self.losses.iter().map(|(s, _)| *s).collect();
+        assert_eq!(ran, steps);
+        for (step, loss) in &self.losses {
+            let want = reference[*step as usize - 1];
+            assert!((loss - want).abs() <= 1e-5, "step {step}: {loss} vs {want}");
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use pipewise_harness::{Cluster, reference_losses, spec};
-use pipewise_proto::v1 as pb;
 
 /// Worker w1 of three, each with its own data directory, reports its passes 3× slower from
 /// step 7 (1-based) on: steps 7 to 9 take longer than predicted, the drift rule
@@ -26,18 +25,10 @@ async fn a_worker_slowed_mid_run_has_its_layers_moved_by_the_recalibrated_costs(
         .start()
         .await;
     let job = cluster.submit(spec).await;
-    let status = cluster.wait(job).await;
-    let replans = cluster.replans(job);
-    let losses = cluster.losses(job);
-    cluster.shutdown().await;
-    assert_eq!(status.state, pb::JobState::Succeeded as i32, "{status:?}");
+    let ended = cluster.finish(job).await;
     let drifted = "steps 7 (114% over), 8 (91% over), 9 (67% over) took longer than planned; \
                    recalibrated, the new plan is predicted 80% faster: pieces per stage \
                    [6, 5, 5] → [7, 2, 7]; going on after step 11 from the workers' memory";
-    assert_eq!(replans, [(12, drifted.to_string())]);
-    let steps: Vec<u64> = losses.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, (1..=16).collect::<Vec<u64>>());
-    for ((step, loss), want) in losses.iter().zip(&reference) {
-        assert!((loss - want).abs() <= 1e-5, "step {step}: {loss} vs {want}");
-    }
+    ended.assert_exact(&(1..=16).collect::<Vec<u64>>(), &reference);
+    assert_eq!(ended.replans, [(12, drifted.to_string())]);
 }

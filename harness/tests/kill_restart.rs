@@ -5,17 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use pipewise_harness::{Cluster, reference_losses, spec};
-use pipewise_proto::v1 as pb;
 
 const ALL: [&str; 3] = ["w0", "w1", "w2"];
-
-/// Every step's loss equals the single device's (a step run again after a re-plan too).
-fn assert_exact(losses: &[(u64, f64)], reference: &[f64]) {
-    for (step, loss) in losses {
-        let want = reference[*step as usize - 1];
-        assert!((loss - want).abs() <= 1e-5, "step {step}: {loss} vs {want}");
-    }
-}
 
 /// Worker w2 dies while every worker waits before step 6 (1-based): once its heartbeats
 /// are missed, the job is re-planned onto w0 and w1 from the checkpoint of step 3, runs
@@ -37,17 +28,11 @@ async fn a_lost_worker_is_replanned_onto_the_survivors() {
     cluster.expire().await;
     cluster.wait_lost("w2").await;
     cluster.release();
-    let status = cluster.wait(job).await;
-    let replans = cluster.replans(job);
-    let losses = cluster.losses(job);
-    cluster.shutdown().await;
-    assert_eq!(status.state, pb::JobState::Succeeded as i32, "{status:?}");
+    let ended = cluster.finish(job).await;
+    ended.assert_exact(&[1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10], &reference);
     let lost = "worker 2 (w2) stopped heartbeating; re-planned onto 2 workers (v-half, 4 \
                 stages), resuming from the checkpoint of step 3";
-    assert_eq!(replans, [(4, lost.to_string())]);
-    let steps: Vec<u64> = losses.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, [1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10]);
-    assert_exact(&losses, &reference);
+    assert_eq!(ended.replans, [(4, lost.to_string())]);
 }
 
 /// Worker w2 killed before step 6 (1-based) and started again at once under its id and
@@ -68,19 +53,13 @@ async fn a_worker_restarted_under_its_id_is_a_lost_one() {
     cluster.restart(2).await;
     let address = cluster.address(2).unwrap();
     cluster.release();
-    let status = cluster.wait(job).await;
-    let replans = cluster.replans(job);
-    let losses = cluster.losses(job);
-    cluster.shutdown().await;
-    assert_eq!(status.state, pb::JobState::Succeeded as i32, "{status:?}");
+    let ended = cluster.finish(job).await;
+    ended.assert_exact(&[1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10], &reference);
     // The next run leaves the restarted process out, though its assignment stream was
     // open before the survivors were released (so on every run, loaded or not).
     let restarted = format!(
         "worker 2 (w2) restarted (registered again from {address}); re-planned onto 2 workers \
          (1f1b, 2 stages), resuming from the checkpoint of step 3"
     );
-    assert_eq!(replans, [(4, restarted)]);
-    let steps: Vec<u64> = losses.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, [1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10]);
-    assert_exact(&losses, &reference);
+    assert_eq!(ended.replans, [(4, restarted)]);
 }

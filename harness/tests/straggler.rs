@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use pipewise_harness::{Cluster, reference_losses, spec};
-use pipewise_proto::v1 as pb;
 
 /// Worker 2 reports every pass six times as long: the straggler rule moves layers off it
 /// after the same step every time (from the workers' memory: no data directory is shared,
@@ -24,20 +23,12 @@ async fn layers_move_off_a_straggler() {
         .start()
         .await;
     let job = cluster.submit(spec).await;
-    let status = cluster.wait(job).await;
-    let replans = cluster.replans(job);
-    let losses = cluster.losses(job);
-    cluster.shutdown().await;
-    assert_eq!(status.state, pb::JobState::Succeeded as i32, "{status:?}");
+    let ended = cluster.finish(job).await;
     // Steps 2 to 4 show it (the first step of a run is not counted); the stop asked after
     // step 4 reaches the workers with step 5's answers, so they stop after step 6.
     let moved = "worker 2 (w2) took 5.4× the median's time per unit of work over 3 steps; \
                  moved layers: pieces per stage [6, 5, 5] → [7, 8, 1] (predicted 73% less \
                  time on the busiest worker); going on after step 6 from the workers' memory";
-    assert_eq!(replans, [(7, moved.to_string())]);
-    let steps: Vec<u64> = losses.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, (1..=12).collect::<Vec<u64>>());
-    for ((step, loss), want) in losses.iter().zip(&reference) {
-        assert!((loss - want).abs() <= 1e-5, "step {step}: {loss} vs {want}");
-    }
+    ended.assert_exact(&(1..=12).collect::<Vec<u64>>(), &reference);
+    assert_eq!(ended.replans, [(7, moved.to_string())]);
 }
