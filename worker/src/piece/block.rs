@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::kept::KeptAttention;
 use super::norm_grads::NormGrads;
 use crate::error::Result;
 use crate::ops;
@@ -53,19 +54,8 @@ pub(crate) struct ForwardStash {
     mask: Tensor,
 }
 
-/// Held from `F` to `B` under selective recomputation: what the attention core's backward
-/// needs besides Q, K and V (its output and log-sum-exp), and the block's input, from which
-/// [`Block::rebuild`] redoes the norms and linear layers but not the attention core.
-#[derive(Debug)]
-pub(crate) struct Kept {
-    b: usize,
-    t: usize,
-    /// The block's input `[N, h]`.
-    x: Tensor,
-    lse: Tensor,
-    y: Tensor,
-    mask: Tensor,
-}
+/// Held from `F` to `B` under selective recomputation ([`Block::rebuild`]).
+pub(crate) type Kept = KeptAttention;
 
 /// Held from `B` to `W`: each linear layer's input and output gradient (the LayerNorms'
 /// weight gradients are done in `B`, see [`NormGrads`]).
@@ -105,7 +95,7 @@ impl ForwardStash {
 impl ForwardStash {
     /// What selective recomputation keeps of this stash of a block whose input was `x`.
     pub(crate) fn keep(self, x: &Tensor) -> Kept {
-        Kept {
+        KeptAttention {
             b: self.b,
             t: self.t,
             x: x.clone(),
@@ -113,21 +103,6 @@ impl ForwardStash {
             y: self.y,
             mask: self.mask,
         }
-    }
-}
-
-impl Kept {
-    pub(crate) fn bytes(&self) -> u64 {
-        [&self.x, &self.lse, &self.y]
-            .into_iter()
-            .map(ops::bytes)
-            .sum()
-    }
-
-    /// Bytes of what the stash rebuilt from this shares with it (attention's output and
-    /// log-sum-exp move into it).
-    pub(crate) fn shared_bytes(&self) -> u64 {
-        ops::bytes(&self.lse) + ops::bytes(&self.y)
     }
 }
 

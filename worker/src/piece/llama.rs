@@ -6,6 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 use pipewise_common::model::ModelSpec;
 
+use super::kept::KeptAttention;
 use super::norm_grads::NormGrads;
 use crate::error::Result;
 use crate::llama_ops::{self, Rope};
@@ -59,18 +60,12 @@ pub(crate) struct ForwardStash {
     rope: Rope,
 }
 
-/// Held from `F` to `B` under selective recomputation: the attention core's output and
-/// log-sum-exp, and the block's input, from which [`Block::rebuild`] redoes the norms,
-/// linear layers and rotation but not the attention core.
+/// Held from `F` to `B` under selective recomputation: a block's kept activations and its
+/// rotation, from which [`Block::rebuild`] redoes the norms, linear layers and rotation but
+/// not the attention core.
 #[derive(Debug)]
 pub(crate) struct Kept {
-    b: usize,
-    t: usize,
-    /// The block's input `[N, h]`.
-    x: Tensor,
-    lse: Tensor,
-    y: Tensor,
-    mask: Tensor,
+    attention: KeptAttention,
     rope: Rope,
 }
 
@@ -112,12 +107,14 @@ impl ForwardStash {
     /// What selective recomputation keeps of this stash of a block whose input was `x`.
     pub(crate) fn keep(self, x: &Tensor) -> Kept {
         Kept {
-            b: self.b,
-            t: self.t,
-            x: x.clone(),
-            lse: self.lse,
-            y: self.y,
-            mask: self.mask,
+            attention: KeptAttention {
+                b: self.b,
+                t: self.t,
+                x: x.clone(),
+                lse: self.lse,
+                y: self.y,
+                mask: self.mask,
+            },
             rope: self.rope,
         }
     }
@@ -125,16 +122,11 @@ impl ForwardStash {
 
 impl Kept {
     pub(crate) fn bytes(&self) -> u64 {
-        [&self.x, &self.lse, &self.y]
-            .into_iter()
-            .map(ops::bytes)
-            .sum()
+        self.attention.bytes()
     }
 
-    /// Bytes of what the stash rebuilt from this shares with it (attention's output and
-    /// log-sum-exp move into it).
     pub(crate) fn shared_bytes(&self) -> u64 {
-        ops::bytes(&self.lse) + ops::bytes(&self.y)
+        self.attention.shared_bytes()
     }
 }
 
@@ -266,12 +258,13 @@ impl Block {
 
     /// The stash [`Block::forward`] made, from what selective recomputation kept: the same
     /// operations on the same input and parameters, so the same bits.
-    pub(crate) fn rebuild(&self, k: Kept) -> Result<ForwardStash> {
+    pub(crate) fn rebuild(&self, kept: Kept) -> Result<ForwardStash> {
+        let (k, rope) = (kept.attention, kept.rope);
         let (x, bt) = (&k.x, (k.b, k.t));
         let n1 = llama_ops::rms_norm(x, &self.attn_norm.value, self.eps)?;
         let a = n1.y;
         let qkv = ops::linear(&a, &self.qkv_w.value, None)?;
-        let qkv = k.rope.apply(qkv, bt, self.heads(), false)?;
+        let qkv = rope.apply(qkv, bt, self.heads(), false)?;
         let x1 = ops::linear_residual(&k.y, &self.o_w.value, None, Some(x))?;
         let n2 = llama_ops::rms_norm(&x1, &self.mlp_norm.value, self.eps)?;
         let c = n2.y;
@@ -292,7 +285,7 @@ impl Block {
             gu,
             m,
             mask: k.mask,
-            rope: k.rope,
+            rope,
         })
     }
 

@@ -3,6 +3,7 @@
 pub(crate) mod block;
 pub(crate) mod embedding;
 pub(crate) mod head;
+pub(crate) mod kept;
 pub(crate) mod llama;
 pub(crate) mod llama_decode;
 pub(crate) mod norm_grads;
