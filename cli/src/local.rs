@@ -26,7 +26,6 @@ use pipewise_common::job::{JobPlan, JobSpec, layout};
 use pipewise_common::model::{DType, Family};
 use pipewise_common::render::report::fmt_bytes;
 use pipewise_common::run::StepEvent;
-use pipewise_common::schedule::Recompute;
 use pipewise_coordinator::traces::KEEP_STEPS;
 use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
@@ -173,10 +172,12 @@ pub(crate) struct LocalArgs {
     /// time and frames are real buffers of the true size; no learning, no parameters).
     #[arg(long, value_enum, default_value_t = ComputeArg::Real)]
     pub(crate) compute: ComputeArg,
-    /// Activation recomputation on every stage: `none`, `selective` or `full`
-    /// (`[activation_checkpoint] mode`; real compute only). Default: the job file's, or none.
+    /// Activation recomputation on every stage: `none`, `selective` or `full`; or `auto`
+    /// with `--schedule auto`: only the stages whose worker would overflow its
+    /// `--memory-bytes` (`[activation_checkpoint] mode`; real compute only). Default: the
+    /// job file's, or none.
     #[arg(long, value_name = "MODE", value_parser = job_file::parse_recompute)]
-    pub(crate) recompute: Option<Recompute>,
+    pub(crate) recompute: Option<String>,
     /// Emulated pass times in milliseconds, F,B,W, of one stage holding 1/d of the model.
     #[arg(
         long,

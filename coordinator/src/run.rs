@@ -20,7 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pipewise_common::job::{JobPlan, JobSpec};
+use pipewise_common::job::{ActivationCheckpoint, JobPlan, JobSpec};
 use pipewise_common::run::Start;
 use pipewise_common::run::supervisor::{Action, Assignment, Config, Input, Supervisor};
 use pipewise_proto::convert::program_to_proto;
@@ -238,7 +238,7 @@ fn beside(myself: &ActorRef<RunMsg>, search: impl FnOnce() -> Input + Send + 'st
 
 /// The spec a run of `plan` on `replicas` replicas follows: the job's, with the schedule and
 /// microbatch size `schedule = "auto"` chose for it (the plan's microbatches, on every
-/// replica, divide the global batch).
+/// replica, divide the global batch) and the plan's recomputation.
 fn run_spec(spec: &JobSpec, plan: &JobPlan, replicas: u32) -> JobSpec {
     let mut spec = spec.clone();
     if spec.is_auto() {
@@ -248,6 +248,8 @@ fn run_spec(spec: &JobSpec, plan: &JobPlan, replicas: u32) -> JobSpec {
         p.pipeline_parallel_microbatch_size = per_replica / plan.microbatches.max(1);
         p.search_microbatch_size = false;
     }
+    // The plan's modes, one per stage: auto's choice, or the job's for the plan's stages.
+    spec.activation_checkpoint = ActivationCheckpoint::of_stages(&plan.recompute);
     spec
 }
 

@@ -94,6 +94,42 @@ exact!(v_half_2, ScheduleKind::VHalf, 2, 1);
 exact!(v_half_4, ScheduleKind::VHalf, 4, 1);
 exact!(v_zb_4, ScheduleKind::VZb, 4, 1);
 
+/// Each stage its own mode (full, selective, none, in turn), as auto's plans recompute only
+/// where a worker needs it: the reference's losses and parameters, bit for bit.
+#[test]
+fn modes_differing_by_stage_match_the_reference() -> Result<()> {
+    for spec in [gpt(8), llama(8)] {
+        let data = common::step_batches(&spec, STEPS, MICROBATCHES)?;
+        let want = reference(&spec, &data)?;
+        let losses: Vec<f32> = want.losses.iter().map(|&l| l as f32).collect();
+        for (kind, workers) in [(ScheduleKind::OneFOneB, 4), (ScheduleKind::VHalf, 2)] {
+            let schedule = schedule(kind, workers, 1, MICROBATCHES);
+            let stages = schedule.placement.stages() as usize;
+            let modes: Vec<Recompute> = (0..stages)
+                .map(|s| [Recompute::Full, Recompute::Selective, Recompute::None][s % 3])
+                .collect();
+            let options = LocalOptions {
+                recompute: &modes,
+                ..LocalOptions::default()
+            };
+            let got = run_local(
+                &schedule,
+                &spec,
+                SEED,
+                adamw(),
+                &Device::Cpu,
+                &data,
+                options,
+            )?;
+            let what = format!("{:?} {kind} on {workers}, {modes:?}", spec.family);
+            assert_eq!(got.losses, losses, "{what}: losses");
+            let differ = differing(&got.params, &want.params)?;
+            assert!(differ.is_empty(), "{what}: parameters differ: {differ:?}");
+        }
+    }
+    Ok(())
+}
+
 /// Worker 0's largest peak stash over the steps of `run`.
 fn worker0_peak(run: &LocalRun) -> u64 {
     run.reports

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use pipewise_common::job::{Compute, JobSpec, example};
+use pipewise_common::job::{AUTO_RECOMPUTE, ActivationCheckpoint, Compute, JobSpec, example};
 use pipewise_common::model::{Family, ModelSpec};
 use pipewise_common::schedule::Recompute;
 
@@ -123,8 +123,11 @@ fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     if given("lr") {
         spec.optimizer.lr = args.lr;
     }
-    if let Some(mode) = args.recompute {
-        spec.activation_checkpoint.mode = mode.name().into();
+    if let Some(mode) = &args.recompute {
+        spec.activation_checkpoint = ActivationCheckpoint {
+            mode: mode.clone(),
+            per_stage: Vec::new(),
+        };
     }
     if given("compute") && args.compute == ComputeArg::Emulate {
         if let [f, b, w] = args.emulate_ms[..] {
@@ -135,10 +138,14 @@ fn over(spec: &mut JobSpec, args: &LocalArgs, given: &dyn Fn(&str) -> bool) {
     }
 }
 
-/// Parses `--recompute`.
-pub(super) fn parse_recompute(text: &str) -> std::result::Result<Recompute, String> {
-    text.parse()
-        .map_err(|e: pipewise_common::Error| e.to_string())
+/// Parses `--recompute`: a mode for every stage, or `auto`.
+pub(super) fn parse_recompute(text: &str) -> std::result::Result<String, String> {
+    if text.trim().eq_ignore_ascii_case(AUTO_RECOMPUTE) {
+        return Ok(AUTO_RECOMPUTE.into());
+    }
+    text.parse::<Recompute>()
+        .map(|m| m.name().to_string())
+        .map_err(|e| format!("{e}, or auto (with --schedule auto)"))
 }
 
 /// Where `[validation] path` is linked (or copied) under the data directory.
@@ -174,6 +181,7 @@ pub(crate) fn local_data(args: &LocalArgs, spec: &JobSpec) -> Option<PathBuf> {
 mod tests {
     use super::*;
     use clap::Parser as _;
+    use pipewise_common::job::RecomputeRequest;
 
     #[derive(clap::Parser)]
     struct Cli {
@@ -214,11 +222,19 @@ mod tests {
         assert_eq!(spec.parallelism.pipeline_parallel_schedule, "v-half");
         assert_eq!(spec.parallelism.pipeline_parallel_degree, 4);
         assert_eq!(spec.optimizer.lr, 1e-3);
-        assert_eq!(spec.activation_checkpoint.recompute()?, Recompute::None);
+        assert_eq!(
+            spec.activation_checkpoint.request()?,
+            RecomputeRequest::Every(Recompute::None)
+        );
         let spec = parsed(&["--recompute", "selective"])?;
         assert_eq!(
-            spec.activation_checkpoint.recompute()?,
-            Recompute::Selective
+            spec.activation_checkpoint.request()?,
+            RecomputeRequest::Every(Recompute::Selective)
+        );
+        let spec = parsed(&["--recompute", "auto", "--schedule", "auto"])?;
+        assert_eq!(
+            spec.activation_checkpoint.request()?,
+            RecomputeRequest::WhereNeeded
         );
         assert!(parsed(&["--recompute", "half"]).is_err());
         std::fs::write(&file, "[job]\nname = \"x\"\n[model]\nvocab = 0\n")?;

@@ -198,7 +198,7 @@ pub(crate) struct PlanArgs {
     /// forward counts as idle time in the bubble rates (seed 000's Table 4
     /// counts 1F1B-R so). -s 1f1b-r is 1F1B with full recomputation.
     #[arg(long, value_name = "MODE", value_parser = parse_recompute, verbatim_doc_comment)]
-    pub(crate) recompute: Option<Recompute>,
+    pub(crate) recompute: Option<RecomputeArg>,
 
     /// Write the output to FILE instead of standard output.
     #[arg(long, short = 'o', value_name = "FILE")]
@@ -256,9 +256,22 @@ impl MemoryLimit {
     }
 }
 
+/// `--recompute`: a mode for every stage, or (with `--auto`) only where a worker would
+/// overflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecomputeArg {
+    Every(Recompute),
+    WhereNeeded,
+}
+
 /// Parses `--recompute`.
-fn parse_recompute(text: &str) -> std::result::Result<Recompute, String> {
-    text.parse::<Recompute>().map_err(|e| e.to_string())
+fn parse_recompute(text: &str) -> std::result::Result<RecomputeArg, String> {
+    if text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(RecomputeArg::WhereNeeded);
+    }
+    text.parse::<Recompute>()
+        .map(RecomputeArg::Every)
+        .map_err(|e| format!("{e}, or auto (with --auto)"))
 }
 
 /// Parses `--memory-limit`: units, `0.5x`, or bytes with a unit.

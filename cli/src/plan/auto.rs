@@ -10,7 +10,7 @@ use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use pipewise_common::auto::{
     AutoPlan, AutoRequest, Candidate, DEFAULT_FLOPS_PER_MS, DEFAULT_SUM_MS_PER_VALUE, LayerTimes,
-    Rejected, Replicas, Why, auto_plan, partition_summary,
+    RecomputeSearch, Rejected, Replicas, Why, auto_plan, partition_summary, recompute_summary,
 };
 use pipewise_common::model::{DType, ModelSpec};
 
@@ -225,7 +225,12 @@ pub(crate) fn parse_layer_times(text: &str) -> std::result::Result<LayerTimes, S
 }
 
 /// Builds the planner's request from the arguments.
-fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
+fn request(
+    args: &AutoArgs,
+    workers: u32,
+    comm_ms: f64,
+    recompute: RecomputeSearch,
+) -> Result<AutoRequest> {
     fn need(value: Option<u32>, flag: &str) -> Result<u32> {
         value.ok_or_else(|| anyhow!("--auto needs {flag}"))
     }
@@ -268,13 +273,20 @@ fn request(args: &AutoArgs, workers: u32, comm_ms: f64) -> Result<AutoRequest> {
                 .all_reduce_ns
                 .map_or(DEFAULT_SUM_MS_PER_VALUE, |ns| ns * 1e-6),
         },
+        recompute,
     })
 }
 
 /// Runs `pipewise plan --auto` on `workers` workers with `comm_ms` per hop and returns the
 /// report: a table, or JSON when `json`.
-pub(crate) fn run_auto(args: &AutoArgs, workers: u32, comm_ms: f64, json: bool) -> Result<String> {
-    let req = request(args, workers, comm_ms)?;
+pub(crate) fn run_auto(
+    args: &AutoArgs,
+    workers: u32,
+    comm_ms: f64,
+    recompute: RecomputeSearch,
+    json: bool,
+) -> Result<String> {
+    let req = request(args, workers, comm_ms, recompute)?;
     let plan = auto_plan(&req).map_err(|e| anyhow!("--auto: {e}"))?;
     if json {
         let value = serde_json::json!({ "request": req, "plan": plan });
@@ -401,6 +413,12 @@ fn report(req: &AutoRequest, plan: &AutoPlan) -> String {
     }
     for c in plan.ranked.iter().filter(|c| !c.note.is_empty()) {
         let _ = writeln!(out, "  {}: {}", c.label(), c.note);
+    }
+    for c in &plan.ranked {
+        let recompute = recompute_summary(&c.recompute);
+        if !recompute.is_empty() {
+            let _ = writeln!(out, "  {}: {recompute}", c.label());
+        }
     }
     rejected_section(&mut out, plan);
     out

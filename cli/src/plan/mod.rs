@@ -94,9 +94,13 @@ fn run_plan(plan: &Plan) -> Result<()> {
             microbatches,
             chunks,
         } => compare(plan, *workers, *microbatches, *chunks)?,
-        Source::Auto { workers, args } => {
-            auto::run_auto(args, *workers, plan.times.comm, plan.format == Format::Json)?
-        }
+        Source::Auto { workers, args } => auto::run_auto(
+            args,
+            *workers,
+            plan.times.comm,
+            plan.auto_recompute,
+            plan.format == Format::Json,
+        )?,
     };
     write_output(plan, &text)
 }

@@ -5,11 +5,12 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use pipewise_common::auto::RecomputeSearch;
 use pipewise_common::generate::MAX_STAGE_MICROBATCHES;
 use pipewise_common::schedule::{Recompute, recomputing_schedule};
 use pipewise_common::{ScheduleKind, Times};
 
-use super::args::{Format, MemoryLimit, PlanArgs};
+use super::args::{Format, MemoryLimit, PlanArgs, RecomputeArg};
 use super::stage_times::{StageTimes, read_stage_times};
 use crate::schedule_name::parse_schedule;
 
@@ -77,6 +78,8 @@ pub(crate) struct Plan {
     pub(crate) recompute: Recompute,
     /// The name the schedule was asked by when it says its recomputation (`1f1b-r`).
     pub(crate) recomputing_name: Option<String>,
+    /// `--auto`'s recomputation (`--recompute`, none by default).
+    pub(crate) auto_recompute: RecomputeSearch,
 }
 
 impl PlanArgs {
@@ -124,6 +127,11 @@ impl PlanArgs {
             }
         }
         let (recompute, recomputing_name) = self.recompute(&source)?;
+        let auto_recompute = match self.recompute {
+            Some(RecomputeArg::Every(mode)) => RecomputeSearch::Every(mode),
+            Some(RecomputeArg::WhereNeeded) => RecomputeSearch::WhereNeeded,
+            None => RecomputeSearch::default(),
+        };
         let stage_times = match &self.stage_times {
             Some(path) => Some((path.clone(), read_stage_times(path)?)),
             None => None,
@@ -139,6 +147,7 @@ impl PlanArgs {
             sweep_memory: self.sweep_memory,
             recompute,
             recomputing_name,
+            auto_recompute,
         })
     }
 
@@ -148,12 +157,16 @@ impl PlanArgs {
         let named = self.schedule.as_deref().and_then(|n| {
             recomputing_schedule(n).map(|(_, mode)| (n.trim().to_ascii_lowercase(), mode))
         });
-        if matches!(source, Source::Auto { .. }) && self.recompute.is_some() {
-            bail!(
-                "--recompute does not apply to --auto: the auto-planner does not weigh recomputation yet"
-            );
-        }
-        Ok(match (named, self.recompute) {
+        let asked = match self.recompute {
+            // `--auto` weighs its own; the schedules it plans are not named here.
+            _ if matches!(source, Source::Auto { .. }) => return Ok((Recompute::None, None)),
+            Some(RecomputeArg::WhereNeeded) => {
+                bail!("--recompute auto applies to --auto; name a mode for one schedule")
+            }
+            Some(RecomputeArg::Every(mode)) => Some(mode),
+            None => None,
+        };
+        Ok(match (named, asked) {
             (Some((name, mode)), Some(asked)) if asked != mode => bail!(
                 "--recompute {asked} contradicts --schedule {name}, which recomputes {mode}; \
                  drop --recompute or name the schedule without it"

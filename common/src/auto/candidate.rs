@@ -8,7 +8,7 @@ use serde::{Serialize, Serializer};
 use crate::cost::StageCost;
 use crate::generate::ScheduleKind;
 use crate::model::ModelSpec;
-use crate::schedule::Schedule;
+use crate::schedule::{Recompute, Schedule};
 
 /// Relative tolerance when comparing step times.
 pub(super) const REL_EPS: f64 = 1e-9;
@@ -24,6 +24,24 @@ fn serialize_kind<S: Serializer>(
     s: S,
 ) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(kind.name())
+}
+
+/// Which stages recompute, in words: empty when none does, else e.g. `full recompute on
+/// every stage` or `recompute: stage 0 full, stage 1 selective`.
+pub fn recompute_summary(modes: &[Recompute]) -> String {
+    let recomputing: Vec<String> = modes
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| **m != Recompute::None)
+        .map(|(s, m)| format!("stage {s} {m}"))
+        .collect();
+    match modes.first() {
+        _ if recomputing.is_empty() => String::new(),
+        Some(first) if recomputing.len() == modes.len() && modes.iter().all(|m| m == first) => {
+            format!("{first} recompute on every stage")
+        }
+        _ => format!("recompute: {}", recomputing.join(", ")),
+    }
 }
 
 /// What the search varies: the schedule, the microbatching and the replicas.
@@ -89,6 +107,8 @@ pub struct Candidate {
     /// The schedule itself (not serialized).
     #[serde(skip)]
     pub schedule: Schedule,
+    /// Each stage's activation recomputation.
+    pub recompute: Vec<Recompute>,
 }
 
 impl Candidate {

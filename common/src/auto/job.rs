@@ -3,12 +3,14 @@
 //! split), the workers' memory and a cost model's costs, turned into the spec, plan and
 //! split the job runs, with what was chosen and why in words.
 
-use super::candidate::{Candidate, partition_summary};
+use super::candidate::{Candidate, partition_summary, recompute_summary};
 use super::configuration::INTERLEAVED_CHUNKS;
-use super::request::{AutoRequest, DEFAULT_SUM_MS_PER_VALUE, Fixed, Measured, Replicas};
+use super::request::{
+    AutoRequest, DEFAULT_SUM_MS_PER_VALUE, Fixed, Measured, RecomputeSearch, Replicas,
+};
 use super::search::auto_plan;
 use crate::error::{Error, Result};
-use crate::job::{JobPlan, JobSpec};
+use crate::job::{ActivationCheckpoint, JobPlan, JobSpec, RecomputeRequest};
 use crate::render::report::fmt_bytes;
 
 /// One plan the search ranked, as shown.
@@ -28,6 +30,8 @@ pub struct Ranked {
     pub split: String,
     /// Predicted step time (ms): the simulated makespan plus the end-of-step sync.
     pub predicted_ms: f64,
+    /// Which stages recompute (empty: none).
+    pub recompute: String,
 }
 
 impl Ranked {
@@ -40,6 +44,7 @@ impl Ranked {
             replicas: spec.replicas(),
             split: partition_summary(&spec.model, &c.partition),
             predicted_ms: c.step_ms + sync_ms,
+            recompute: recompute_summary(&c.recompute),
         }
     }
 
@@ -50,8 +55,13 @@ impl Ranked {
             0 | 1 => String::new(),
             r => format!("{r} replicas of "),
         };
+        let recompute = match self.recompute.as_str() {
+            "" => String::new(),
+            r => format!(", {r}"),
+        };
         format!(
-            "{} ({} chunk{}), {replicas}{} microbatches × {}, split {}, predicted {:.1} ms",
+            "{} ({} chunk{}), {replicas}{} microbatches × {}, split {}{recompute}, predicted \
+             {:.1} ms",
             self.schedule,
             self.chunks,
             if self.chunks == 1 { "" } else { "s" },
@@ -183,6 +193,16 @@ pub fn choose_for_job(
             split,
         },
         replicas,
+        recompute: match spec.activation_checkpoint.request()? {
+            RecomputeRequest::Every(mode) => RecomputeSearch::Every(mode),
+            RecomputeRequest::WhereNeeded => RecomputeSearch::WhereNeeded,
+            RecomputeRequest::PerStage(_) => {
+                return Err(Error::invalid(
+                    "activation_checkpoint.per_stage",
+                    "auto plans its own stages; use mode = \"auto\"",
+                ));
+            }
+        },
         ..AutoRequest::new(
             spec.model.clone(),
             spec.training.global_batch_size,
@@ -207,6 +227,7 @@ pub fn choose_for_job(
         cp.pipeline_parallel_degree = workers;
         cp.search_microbatch_size = false;
         cp.memory_limit = None;
+        chosen.activation_checkpoint = ActivationCheckpoint::of_stages(&c.recompute);
         PlanOption {
             shown: Ranked::of(&chosen, &c, overheads.sync_ms),
             stage_pieces: c.partition.iter().map(|r| r.len() as u32).collect(),
@@ -214,6 +235,7 @@ pub fn choose_for_job(
                 kind: c.config.kind,
                 microbatches: c.config.microbatches,
                 schedule: c.schedule,
+                recompute: c.recompute,
             },
             spec: chosen,
         }

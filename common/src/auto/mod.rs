@@ -74,11 +74,13 @@ mod worker_memory;
 /// The auto-planner's balanced partition search (kept here for its old path).
 pub use crate::partition::balance;
 pub use activation_limit::{ADAPTIVE_ASCENT_STEPS, ADAPTIVE_DESCENT_STEPS};
-pub use candidate::{AutoPlan, Candidate, Configuration, Rejected, Why, partition_summary};
+pub use candidate::{
+    AutoPlan, Candidate, Configuration, Rejected, Why, partition_summary, recompute_summary,
+};
 pub use configuration::{INTERLEAVED_CHUNKS, MAX_ADAPTIVE_SHAPE, MAX_FIXED_SHAPE};
 pub use request::{
     AutoRequest, DEFAULT_FLOPS_PER_MS, DEFAULT_SUM_MS_PER_VALUE, Fixed, LayerTimes, Measured,
-    Replicas, slowest_per_rank,
+    RecomputeSearch, Replicas, slowest_per_rank,
 };
 pub use search::{auto_kinds, auto_plan};
 

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::cost::Times;
 use crate::error::{Error, Result};
 use crate::model::{ModelSpec, Piece};
+use crate::schedule::Recompute;
 
 /// Sustained FLOP rate assumed without measured times: `1e11` FLOPs per millisecond
 /// (100 TFLOP/s, a modest sustained rate for a current datacenter GPU in bf16).
@@ -22,6 +23,23 @@ pub struct LayerTimes {
     pub w: f64,
     /// The microbatch size (sequences) they were measured at.
     pub microbatch_size: u32,
+}
+
+/// How the search plans activation recomputation ([`Recompute`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RecomputeSearch {
+    /// Every stage of every plan recomputes this way.
+    Every(Recompute),
+    /// Each plan of a fixed kind recomputes only where a worker would overflow the budget:
+    /// on that worker's stage with the largest stash, `selective` before `full`, stage by
+    /// stage until it fits (the adaptive kinds fit their schedule to the budget instead).
+    WhereNeeded,
+}
+
+impl Default for RecomputeSearch {
+    fn default() -> Self {
+        RecomputeSearch::Every(Recompute::None)
+    }
 }
 
 /// What to plan.
@@ -48,6 +66,8 @@ pub struct AutoRequest {
     /// Data-parallel replicas of the pipeline: a fixed count, or every count the workers
     /// and the batch allow.
     pub replicas: Replicas,
+    /// How the stages recompute their activations.
+    pub recompute: RecomputeSearch,
 }
 
 /// Milliseconds per gradient value summed over replicas before any sum is measured: 8 bytes
@@ -98,6 +118,7 @@ impl AutoRequest {
             measured: None,
             fixed: Fixed::default(),
             replicas: Replicas::default(),
+            recompute: RecomputeSearch::default(),
         }
     }
 

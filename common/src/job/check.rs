@@ -40,7 +40,7 @@ impl JobSpec {
             ));
         }
         self.activation_checkpoint
-            .check(self.compute.is_emulated())?;
+            .check(self.compute.is_emulated(), self.is_auto())?;
         let t = &self.training;
         if t.steps == 0 {
             return Err(Error::invalid("training.steps", "must be at least 1"));

@@ -59,6 +59,11 @@ impl JobPlan {
             .state_bytes_by_worker(&self.schedule.placement, ranges))
     }
 
+    /// Stage `stage`'s recomputation (none past the plan's modes).
+    fn mode_of(&self, stage: usize) -> Recompute {
+        self.recompute.get(stage).copied().unwrap_or_default()
+    }
+
     /// `ranges` has one range per stage.
     fn check_ranges(&self, ranges: &[std::ops::Range<usize>]) -> Result<()> {
         let stages = self.schedule.placement.stages();
@@ -74,7 +79,7 @@ impl JobPlan {
     /// [`JobPlan::predicted_peak_bytes`] with the model's pieces cut into `ranges`, one per
     /// stage (e.g. a split that moved layers off a slow worker).
     ///
-    /// With `[activation_checkpoint]` a stage's `F` keeps only its share of the stash
+    /// With the plan's recomputation a stage's `F` keeps only its share of the stash
     /// ([`RecomputeShares::of_stage`]) and its `B` holds the part it rebuilds beside what is
     /// pending while it runs (as the worker counts its peaks): the whole stash with `full`,
     /// the part not kept and each block's input with `selective`. A microbatch whose `B`
@@ -87,10 +92,10 @@ impl JobPlan {
         use crate::pass::PassKind;
         self.check_ranges(ranges)?;
         let b = spec.parallelism.pipeline_parallel_microbatch_size;
-        let mode = spec.activation_checkpoint.recompute()?;
         let per_stage: Vec<StageBytes> = ranges
             .iter()
-            .map(|r| StageBytes::of(spec, r.clone(), b, mode))
+            .enumerate()
+            .map(|(s, r)| StageBytes::of(spec, r.clone(), b, self.mode_of(s)))
             .collect();
         Ok(self
             .schedule
@@ -215,12 +220,13 @@ mod tests {
         use crate::schedule::Recompute;
         let mut spec = example(4, "1f1b");
         spec.model.layers = 8;
-        let plan = spec.validate().unwrap();
         let mut peaks = Vec::new();
         for mode in Recompute::ALL {
             spec.activation_checkpoint.mode = mode.to_string();
+            let plan = spec.validate().unwrap();
             peaks.push(plan.predicted_peak_bytes(&spec).unwrap());
         }
+        let mut plan = spec.validate().unwrap();
         let (none, selective, full) = (&peaks[0], &peaks[1], &peaks[2]);
         assert!(full[0] < selective[0], "{full:?} against {selective:?}");
         assert!(selective[0] < none[0], "{selective:?} against {none:?}");
@@ -231,5 +237,15 @@ mod tests {
         let stash = spec.model.range_activation_bytes(ranges[0].clone(), b);
         assert_eq!(none[0], 4 * stash.after_forward);
         assert!(full[0] > stash.after_forward && full[0] < 2 * stash.after_forward);
+        // Recomputing on the first stage only changes worker 0's peak alone.
+        plan.recompute = vec![
+            Recompute::Full,
+            Recompute::None,
+            Recompute::None,
+            Recompute::None,
+        ];
+        let first = plan.predicted_peak_bytes(&spec).unwrap();
+        assert_eq!(first[0], full[0]);
+        assert_eq!(first[1..], none[1..]);
     }
 }

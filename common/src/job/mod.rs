@@ -91,7 +91,7 @@ pub mod plan;
 pub mod spec;
 mod validation;
 
-pub use activation::ActivationCheckpoint;
+pub use activation::{AUTO_RECOMPUTE, ActivationCheckpoint, RecomputeRequest};
 pub use confine::{Found, MAX_PATH_BYTES, check_links, check_text, confine};
 pub use layout::{
     FINAL_CHECKPOINT, checkpoint_dir, checkpoint_file, checkpoint_file_name, checkpoint_name,

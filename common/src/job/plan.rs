@@ -3,7 +3,7 @@
 use super::spec::JobSpec;
 use crate::error::{Error, Result};
 use crate::generate::{ScheduleKind, generate};
-use crate::schedule::Schedule;
+use crate::schedule::{Recompute, Schedule};
 
 /// The schedule a valid job runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +14,16 @@ pub struct JobPlan {
     pub microbatches: u32,
     /// The schedule.
     pub schedule: Schedule,
+    /// Each stage's recomputation, in stage order (`[activation_checkpoint]`'s modes, or
+    /// auto's choice).
+    pub recompute: Vec<Recompute>,
+}
+
+impl JobPlan {
+    /// Whether any stage recomputes.
+    pub fn recomputes(&self) -> bool {
+        self.recompute.iter().any(|m| *m != Recompute::None)
+    }
 }
 
 /// Checks every field of `spec` and plans its schedule; the first problem found is
@@ -33,10 +43,18 @@ pub fn plan_job(spec: &JobSpec) -> Result<JobPlan> {
         other => other,
     })?;
     spec.check_outputs()?;
+    let stages = schedule.placement.stages() as usize;
+    // Auto's modes come with its plan; until then it is held as planned without them.
+    let recompute = if spec.is_auto() {
+        vec![Recompute::None; stages]
+    } else {
+        spec.activation_checkpoint.modes(stages)?
+    };
     Ok(JobPlan {
         kind,
         microbatches: request.microbatches,
         schedule,
+        recompute,
     })
 }
 

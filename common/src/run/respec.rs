@@ -1,7 +1,7 @@
 //! Rewriting a job's spec for a re-plan: onto another worker count, onto the schedule a
 //! memory-pressure move chose, keeping the job's layer split.
 
-use crate::job::{JobPlan, JobSpec, Parallelism};
+use crate::job::{ActivationCheckpoint, JobPlan, JobSpec, Parallelism};
 
 /// The job's own layer split for `plan`'s stages (torchtitan's first / last stage less
 /// layers; empty: the default split, [`JobSpec::stage_ranges`]), as [`replan`] checked it for a plan on
@@ -83,10 +83,17 @@ pub fn replan(spec: &JobSpec, d: u32) -> crate::Result<JobPlan> {
 }
 
 /// `spec` for `d` workers: its degree set to `d`, its memory limit (in units of
-/// `1/degree` of the model) scaled to the same bytes, and no blocks per stage (that pins
-/// the stage count, which changes with the workers).
+/// `1/degree` of the model) scaled to the same bytes, and no blocks per stage nor modes
+/// per stage (they pin the stage count, which changes with the workers: the stages
+/// recompute as the most recomputing of them did).
 pub fn respec(spec: &JobSpec, d: u32) -> JobSpec {
     let mut spec = spec.clone();
+    if d != spec.parallelism.pipeline_parallel_degree {
+        let ac = &mut spec.activation_checkpoint;
+        if !ac.per_stage.is_empty() {
+            *ac = ActivationCheckpoint::of_stages(&ac.modes_after_replan(1, &[]));
+        }
+    }
     let p = &mut spec.parallelism;
     p.memory_limit = p
         .memory_limit

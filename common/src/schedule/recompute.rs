@@ -27,8 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::{ModelSpec, Piece};
 
-/// How much of its forward a stage recomputes in its backward.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// How much of its forward a stage recomputes in its backward (ordered by how much).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     /// Keep every activation the backward needs.

@@ -164,9 +164,11 @@ impl RealCompute {
         if config.pace.is_none() {
             rt.set_slowdown(config.slowdown);
         }
-        // `[activation_checkpoint] mode`, on every stage this worker holds.
-        let recompute = spec.activation_checkpoint.recompute()?;
-        rt.set_recompute(&vec![recompute; a.placement.stages() as usize]);
+        // The plan's recomputation (`[activation_checkpoint]` of the run's spec), by stage.
+        let modes = spec
+            .activation_checkpoint
+            .modes(a.placement.stages() as usize)?;
+        rt.set_recompute(&modes);
         if a.replica.count > 1 {
             rt.set_replica(a.replica)?;
         }

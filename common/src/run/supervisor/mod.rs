@@ -68,7 +68,7 @@ use super::worker::Worker;
 use crate::calibration::CostModel;
 use crate::error::Result;
 use crate::job::{JobPlan, JobSpec};
-use crate::schedule::{Recompute, RecomputeShares};
+use crate::schedule::RecomputeShares;
 use crate::{Costs, Schedule, simulate};
 
 use io::Ended;
@@ -657,11 +657,15 @@ impl Supervisor {
     }
 }
 
-/// `costs` with every stage recomputing as `[activation_checkpoint]` says, each at its
-/// own shares of time and stash ([`RecomputeShares::of_stage`]).
-fn recomputing(spec: &JobSpec, ranges: &[std::ops::Range<usize>], costs: Costs) -> Result<Costs> {
-    let mode = spec.activation_checkpoint.recompute()?;
-    if mode == Recompute::None {
+/// `costs` with every stage recomputing as `plan` says, each at its own shares of time and
+/// stash ([`RecomputeShares::of_stage`]).
+fn recomputing(
+    spec: &JobSpec,
+    plan: &JobPlan,
+    ranges: &[std::ops::Range<usize>],
+    costs: Costs,
+) -> Result<Costs> {
+    if !plan.recomputes() {
         return Ok(costs);
     }
     let b = spec.parallelism.pipeline_parallel_microbatch_size;
@@ -669,7 +673,7 @@ fn recomputing(spec: &JobSpec, ranges: &[std::ops::Range<usize>], costs: Costs) 
         .iter()
         .map(|r| RecomputeShares::of_stage(&spec.model, r.clone(), b))
         .collect();
-    costs.recomputing(&vec![mode; ranges.len()], &shares)
+    costs.recomputing(&plan.recompute, &shares)
 }
 
 /// The plan a step of `plan` on `ranges` (pieces per stage) by `workers` is shown with:
@@ -712,7 +716,7 @@ pub fn shown(
         }
     };
     let simulated = Costs::uniform(&plan.schedule.placement, times)
-        .and_then(|c| recomputing(spec, ranges, c))
+        .and_then(|c| recomputing(spec, plan, ranges, c))
         .map(costs_of)
         .and_then(|c| Ok((simulate(&plan.schedule, &c)?, c)));
     match simulated {
