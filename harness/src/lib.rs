@@ -60,6 +60,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+mod grow;
+mod memory;
+pub mod reference;
+mod status;
+
 use pipewise_common::job::{JobSpec, layout};
 use pipewise_common::pass::PassKind;
 use pipewise_common::run::supervisor::Member;
@@ -187,6 +192,7 @@ pub struct Builder {
     workers: usize,
     own_data_dirs: bool,
     slow: Vec<(usize, Slowdown)>,
+    memory: Vec<(usize, memory::Memory)>,
 }
 
 impl Builder {
@@ -258,6 +264,9 @@ impl Builder {
             if let Some((_, slowdown)) = self.slow.iter().find(|(i, _)| *i == w) {
                 config.slowdown = *slowdown;
             }
+            if let Some((_, memory)) = self.memory.iter().find(|(i, _)| *i == w) {
+                memory.apply(&mut config);
+            }
             let pace = Arc::new(WorkerPace {
                 id,
                 gate: Arc::clone(&cluster.gate),
@@ -309,6 +318,7 @@ impl Cluster {
             workers: 2,
             own_data_dirs: false,
             slow: Vec::new(),
+            memory: Vec::new(),
         }
     }
 
