@@ -26,6 +26,8 @@
 //!   right after the event).
 //!   A stop decided after step `k` thus reaches worker 0 with step `k + 1`'s report answer,
 //!   before step `k + 2` starts: every worker stops after step `k + 2`, whatever the load.
+//! - **Replicas' reports in order.** A worker of a replica other than the first reports a
+//!   step once the first replica's reports made its event (module `order`).
 //! - **Its speed.** The profile a worker registers is the pace's fixed FLOP/s.
 //! - **The coordinator's clock** is logical ([`Coordinator::start_clocked`], the second
 //!   seam): the registry's heartbeat expiry, the scheduler's and the supervisors' graces read
@@ -62,6 +64,7 @@ use std::time::{Duration, Instant};
 
 mod grow;
 mod memory;
+mod order;
 pub mod reference;
 mod status;
 
@@ -163,6 +166,10 @@ impl Pace for WorkerPace {
         }
         st.waiting.remove(&self.id);
         self.gate.changed.notify_all();
+    }
+
+    fn before_report(&self, run: u64, step: u64, replica: u32) {
+        order::after_the_first_replica(self, run, step, replica);
     }
 
     fn pass_secs(&self, kind: PassKind, pieces: usize, slowdown: f64) -> f64 {
