@@ -79,7 +79,10 @@ async fn replica_lost_and_rebuilt(schedule: &str, lost: usize, went: &str) {
     cluster.release();
     let ended = cluster.ended(job).await;
     let diff = max_param_diff(&ref_params, &cluster.final_params(job));
+    // The last run's first replica saves the final parameters: one file per rank.
+    let finals = cluster.final_files(job);
     cluster.shutdown().await;
+    assert_eq!(finals, 2, "{name}");
     ended.assert_exact(&(1..=u64::from(STEPS)).collect::<Vec<_>>(), &ref_losses);
     assert_eq!(diff, 0.0, "{name}: not bit-identical to the reference");
     let replans = [(6, went.to_string()), (12, REBUILT.to_string())];
