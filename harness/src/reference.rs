@@ -189,9 +189,7 @@ impl Cluster {
         }
         all
     }
-}
 
-impl Cluster {
     /// Asserts `job`'s final parameters are within `tolerance` of `reference`'s; the largest
     /// difference.
     pub fn assert_params(&self, job: u64, reference: &Params, tolerance: f64) -> f64 {
