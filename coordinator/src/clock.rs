@@ -37,6 +37,11 @@ impl Clock {
         }
     }
 
+    /// Whether this is a logical clock (an in-process test harness's).
+    pub fn is_logical(&self) -> bool {
+        matches!(self, Clock::Logical(_))
+    }
+
     /// Moves a logical clock `ms` milliseconds on (the wall clock moves by itself: no-op).
     pub fn advance(&self, ms: u64) {
         if let Clock::Logical(now) = self {
@@ -57,5 +62,6 @@ mod tests {
         clock.advance(1_500);
         copy.advance(1);
         assert_eq!((clock.now_ms(), copy.now_ms()), (1_501, 1_501));
+        assert!(clock.is_logical() && !Clock::wall().is_logical());
     }
 }

@@ -220,7 +220,14 @@ async fn perform(
         Action::Replanned(reason) => crate::metrics::record_replan(reason.label()),
         Action::ReadCheckpoints => inputs.push_back(Input::Checkpoints(read(&st.output)?)),
         Action::ClearAfter(step) => remove_after(&st.output, step)?,
+        // On a logical clock (the harness) a search's answer is taken before the next input:
+        // the step a memory-pressure move or an auto trial's moves follow from must not hang
+        // on how fast the search ran beside the workers' steps.
+        Action::Search(search) if st.clock.is_logical() => {
+            inputs.push_back(Input::Searched(search.run()));
+        }
         Action::Search(search) => beside(myself, move || Input::Searched(search.run())),
+        Action::Choose(choose) if st.clock.is_logical() => inputs.push_back(choose.answer()),
         Action::Choose(choose) => beside(myself, move || choose.answer()),
         Action::Finish(outcome) => finish(myself, st, outcome.map_err(CoordinatorError::from)),
     }

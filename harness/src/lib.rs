@@ -26,6 +26,8 @@
 //!   right after the event).
 //!   A stop decided after step `k` thus reaches worker 0 with step `k + 1`'s report answer,
 //!   before step `k + 2` starts: every worker stops after step `k + 2`, whatever the load.
+//! - **Replicas' reports in order.** A worker of a replica other than the first reports a
+//!   step once the first replica's reports made its event (module `order`).
 //! - **Its speed.** The profile a worker registers is the pace's fixed FLOP/s.
 //! - **The coordinator's clock** is logical ([`Coordinator::start_clocked`], the second
 //!   seam): the registry's heartbeat expiry, the scheduler's and the supervisors' graces read
@@ -59,6 +61,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+mod grow;
+mod memory;
+mod order;
+pub mod reference;
+mod status;
 
 use pipewise_common::job::{JobSpec, layout};
 use pipewise_common::pass::PassKind;
@@ -160,6 +168,10 @@ impl Pace for WorkerPace {
         self.gate.changed.notify_all();
     }
 
+    fn before_report(&self, run: u64, step: u64, replica: u32) {
+        order::after_the_first_replica(self, run, step, replica);
+    }
+
     fn pass_secs(&self, kind: PassKind, pieces: usize, slowdown: f64) -> f64 {
         let [f, b, w] = PIECE_MS;
         let ms = match kind {
@@ -187,6 +199,7 @@ pub struct Builder {
     workers: usize,
     own_data_dirs: bool,
     slow: Vec<(usize, Slowdown)>,
+    memory: Vec<(usize, memory::Memory)>,
 }
 
 impl Builder {
@@ -258,6 +271,9 @@ impl Builder {
             if let Some((_, slowdown)) = self.slow.iter().find(|(i, _)| *i == w) {
                 config.slowdown = *slowdown;
             }
+            if let Some((_, memory)) = self.memory.iter().find(|(i, _)| *i == w) {
+                memory.apply(&mut config);
+            }
             let pace = Arc::new(WorkerPace {
                 id,
                 gate: Arc::clone(&cluster.gate),
@@ -309,6 +325,7 @@ impl Cluster {
             workers: 2,
             own_data_dirs: false,
             slow: Vec::new(),
+            memory: Vec::new(),
         }
     }
 

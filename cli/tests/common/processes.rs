@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use pipewise_common::job::{JobSpec, example, layout};
 use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
-use pipewise_worker::{Corpus, Sampler, Trainer, clip_scale};
+use pipewise_worker::{Corpus, Sampler, Trainer};
 
 pub(crate) const STEPS: u32 = 20;
 pub(crate) const TOLERANCE: f64 = 1e-5;
@@ -94,15 +94,6 @@ pub(crate) fn spawn_on_free_port(
 
 pub(crate) fn start(dir: &Path, workers: usize) -> Cluster {
     start_with(dir, workers, &[])
-}
-
-/// The arguments giving worker `id` its own data directory under `dir` (no directory shared
-/// with the coordinator or another worker, as on separate hosts).
-pub(crate) fn own_data_dir(dir: &Path, id: &str) -> [String; 2] {
-    [
-        "--data-dir".into(),
-        dir.join(format!("{id}-data")).display().to_string(),
-    ]
 }
 
 /// [`start`], with extra arguments for worker `w` for every `(w, args)`.
@@ -355,23 +346,6 @@ pub(crate) fn wait_until(
     }
 }
 
-/// `spec` named `name` with checkpoints saved only when a move stops its workers, run on
-/// `cluster` from the file in `dir`: its single-device reference, the job id and the
-/// job's history.
-pub(crate) fn run_movable(
-    cluster: &Cluster,
-    dir: &Path,
-    mut spec: JobSpec,
-    name: &str,
-) -> (Reference, u64, String) {
-    spec.job.name = name.into();
-    spec.checkpoint.enable_checkpoint = true;
-    spec.checkpoint.interval = 1000;
-    let reference = reference(&spec);
-    let (job, _) = submit_wait(cluster, &write_spec(dir, &spec));
-    (reference, job, history(cluster, job))
-}
-
 /// `pipewise watch JOB` once the job has ended: everything it printed.
 pub(crate) fn history(cluster: &Cluster, job: u64) -> String {
     let out = pipewise()
@@ -467,78 +441,6 @@ pub(crate) fn replans_counted(cluster: &Cluster, reason: &str) -> f64 {
 /// The single-device reference of a spec: every step's loss and the final parameters.
 pub(crate) type Reference = (Vec<f64>, HashMap<String, Tensor>);
 
-/// How far the single-device trainer moves from itself when each step's microbatches come
-/// with their halves swapped (the same math, summed in another order): the largest loss
-/// and parameter differences.
-pub(crate) fn reordered_floor(spec: &JobSpec) -> (f64, f64) {
-    let device = Device::Cpu;
-    let (mut trainer, corpus, sampler) = single_device(spec);
-    let n = spec.microbatches();
-    let mut losses = Vec::new();
-    for step in 0..u64::from(spec.training.steps) {
-        let mut batches = sampler.step(&corpus, step, n, &device).unwrap();
-        batches.rotate_left(n as usize / 2);
-        losses.push(trainer.train_step(&batches).unwrap().loss);
-    }
-    let params: HashMap<String, Tensor> = trainer
-        .stage()
-        .params()
-        .map(|p| (p.name.clone(), p.value.clone()))
-        .collect();
-    let (ref_losses, ref_params) = reference(spec);
-    let loss = losses
-        .iter()
-        .zip(&ref_losses)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    (loss, super::max_param_diff(&params, &ref_params))
-}
-
-/// The single-device model trained on `spec`'s data with each step's microbatch gradients
-/// summed share by share, as data-parallel replicas sum them (`shares(step)` equal shares,
-/// each summed from zero in microbatch order, then the shares in order): the losses and
-/// final parameters.
-pub(crate) fn summed_by_shares(spec: &JobSpec, shares: impl Fn(u64) -> usize) -> Reference {
-    let device = Device::Cpu;
-    let (mut trainer, corpus, sampler) = single_device(spec);
-    let n = spec.microbatches();
-    let max_norm = trainer.stage().optimizer().max_grad_norm;
-    let stage = trainer.stage_mut();
-    let mut losses = Vec::new();
-    for step in 0..u64::from(spec.training.steps) {
-        let batches = sampler.step(&corpus, step, n, &device).unwrap();
-        stage.set_microbatches(n);
-        let mut loss = 0.0;
-        let mut sum: Option<Vec<f64>> = None;
-        for (r, share) in batches.chunks(n as usize / shares(step)).enumerate() {
-            for (k, b) in share.iter().enumerate() {
-                let mb = (r * share.len() + k) as u32;
-                let l = stage.forward(mb, &b.tokens, Some(&b.targets)).unwrap();
-                loss += f64::from(l.to_scalar::<f32>().unwrap());
-                stage.backward(mb, None).unwrap();
-            }
-            let g = stage.flat_grads().unwrap();
-            stage.set_flat_grads(&vec![0.0; g.len()]).unwrap();
-            sum = Some(match sum {
-                None => g,
-                Some(mut s) => {
-                    s.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
-                    s
-                }
-            });
-        }
-        stage.set_flat_grads(&sum.unwrap()).unwrap();
-        let scale = clip_scale(stage.grad_sq_norm().unwrap(), max_norm);
-        stage.optimizer_step(scale).unwrap();
-        losses.push(loss / f64::from(n));
-    }
-    let params = stage
-        .params()
-        .map(|p| (p.name.clone(), p.value.clone()))
-        .collect();
-    (losses, params)
-}
-
 /// Three worker processes running `schedule` for `steps` steps with checkpoints every
 /// `interval`, submitted and seen running past step `past`: the directory, cluster, spec,
 /// its reference and the job id.
@@ -623,24 +525,6 @@ pub(crate) fn moved_to(log: &Path, step: u64, besides: &str) -> bool {
     })
 }
 
-/// In a job's watch output, the first step line after the `re-planned:` line holding `what`
-/// is the step after the last one before it: the move ran no step again.
-pub(crate) fn assert_continues_after(stdout: &str, what: &str) {
-    let step_of = |l: &str| -> Option<u64> { l.split_whitespace().nth(1)?.parse().ok() };
-    let lines: Vec<&str> = stdout.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.starts_with("re-planned:") && l.contains(what))
-        .unwrap_or_else(|| panic!("no re-plan with {what:?}:\n{stdout}"));
-    let before = lines[..at].iter().rev().find(|l| l.starts_with("step"));
-    let after = lines[at..].iter().find(|l| l.starts_with("step"));
-    let (before, after) = (
-        before.and_then(|l| step_of(l)),
-        after.and_then(|l| step_of(l)),
-    );
-    assert_eq!(after, before.map(|k| k + 1), "{stdout}");
-}
-
 /// The step lines of a job's watch output count 1, 2, 3, … once each: no step ran twice
 /// (a move went on from memory, not back to an earlier checkpoint).
 pub(crate) fn assert_no_step_repeated(stdout: &str) {
@@ -667,18 +551,6 @@ pub(crate) fn succeeded_replanned_once(
     assert_eq!(found.len(), 1, "{stdout}");
     let why = found[0].to_string();
     (stdout, why)
-}
-
-/// Files in the job's `final/` directory (one per worker of the last run).
-pub(crate) fn finals(cluster: &Cluster, job: u64) -> usize {
-    std::iter::once(&cluster.data)
-        .chain(&cluster.worker_data)
-        .filter_map(|data| {
-            let checkpoints = data.join("checkpoints");
-            std::fs::read_dir(layout::final_dir(&layout::job_dir(&checkpoints, job))).ok()
-        })
-        .map(Iterator::count)
-        .sum()
 }
 
 /// The pieces per stage before and after a move, from its `re-planned:` line ("… pieces per

@@ -175,6 +175,9 @@ impl Node<'_> {
                 initial_validation_loss: initial,
                 ..record.into_report()
             };
+            if let Some(pace) = &self.config.pace {
+                pace.before_report(a.run, step, a.replica.index);
+            }
             self.publish_step(a, step, report, compute.held_bytes());
             let done = step + 1;
             compute.after_step(done, a.steps.end)?;

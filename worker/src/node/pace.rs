@@ -12,7 +12,8 @@
 //!   core waits are 0), and its reports carry no spans (no trace; the cost model's sync, hop
 //!   and gradient-sum costs stay at their priors); `--slowdown` stretches only those
 //!   logical times (no pass sleeps);
-//! - its start-up profile is the pace's [`Pace::flops_per_second`], not a measurement.
+//! - its start-up profile is the pace's [`Pace::flops_per_second`], not a measurement;
+//! - it reports each step once [`Pace::before_report`] lets it.
 
 use pipewise_common::pass::PassKind;
 
@@ -21,6 +22,11 @@ pub trait Pace: Send + Sync + std::fmt::Debug {
     /// Blocks the assignment thread until step `step` of run `run` may start (every step,
     /// the run's first included).
     fn before_step(&self, run: u64, step: u64);
+
+    /// Blocks the assignment thread before it reports step `step` of run `run` as a worker
+    /// of replica `replica` (the cost model takes a step's first replica's reports and the
+    /// others' in the order they come: a harness orders them).
+    fn before_report(&self, _run: u64, _step: u64, _replica: u32) {}
 
     /// The logical seconds of a `kind` pass of a stage holding `pieces` pieces, in a step
     /// `slowdown` times slower than the worker's normal speed.
