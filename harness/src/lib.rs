@@ -71,6 +71,10 @@ use pipewise_worker::node::{NodeConfig, Pace, WorkerNode};
 use pipewise_worker::runtime::Slowdown;
 use tokio_stream::StreamExt as _;
 
+mod jobs;
+pub mod logs;
+mod memory;
+
 /// How long a scenario waits for anything (a job's end, workers at the gate) before it
 /// fails: far beyond what a step of the test models takes on a loaded machine.
 pub const LIMIT: Duration = Duration::from_secs(120);
@@ -187,6 +191,8 @@ pub struct Builder {
     workers: usize,
     own_data_dirs: bool,
     slow: Vec<(usize, Slowdown)>,
+    /// Per worker: its memory budget and the bytes it reports beyond its passes'.
+    memory: Vec<(usize, u64, u64)>,
 }
 
 impl Builder {
@@ -258,6 +264,9 @@ impl Builder {
             if let Some((_, slowdown)) = self.slow.iter().find(|(i, _)| *i == w) {
                 config.slowdown = *slowdown;
             }
+            if let Some((_, budget, unplanned)) = self.memory.iter().find(|(i, ..)| *i == w) {
+                (config.memory_bytes, config.unplanned_bytes) = (*budget, *unplanned);
+            }
             let pace = Arc::new(WorkerPace {
                 id,
                 gate: Arc::clone(&cluster.gate),
@@ -309,6 +318,7 @@ impl Cluster {
             workers: 2,
             own_data_dirs: false,
             slow: Vec::new(),
+            memory: Vec::new(),
         }
     }
 
