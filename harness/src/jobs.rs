@@ -6,7 +6,20 @@ use std::time::Instant;
 use pipewise_common::job::JobSpec;
 use pipewise_proto::v1 as pb;
 
+use pipewise_coordinator::membership::HEARTBEAT_INTERVAL;
+
 use crate::{Cluster, LIMIT, POLL};
+
+/// Whether a job in `state` has ended.
+fn ended(state: i32) -> bool {
+    [
+        pb::JobState::Succeeded,
+        pb::JobState::Failed,
+        pb::JobState::Cancelled,
+    ]
+    .iter()
+    .any(|s| *s as i32 == state)
+}
 
 impl Cluster {
     /// `job`'s status now.
@@ -39,6 +52,20 @@ impl Cluster {
             );
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// [`Cluster::wait`] for a job that fails: a worker's error fails its job only once the
+    /// coordinator's clock has passed the grace in which a silent peer would show, so the
+    /// clock moves on a heartbeat at a time ([`Cluster::advance`]: the running workers stay
+    /// live) until the job ended.
+    pub async fn wait_as_time_passes(&mut self, job: u64) -> pb::JobStatus {
+        let deadline = Instant::now() + LIMIT;
+        let beat = HEARTBEAT_INTERVAL.as_millis() as u64;
+        while !ended(self.status(job).await.state) {
+            assert!(Instant::now() < deadline, "job {job} never ended");
+            self.advance(beat).await;
+        }
+        self.wait(job).await
     }
 
     /// Submits `spec` as `pipewise submit` does (its TOML over gRPC) and expects it refused:
