@@ -442,7 +442,10 @@ fn validation_shows_in_the_step_lines_summary_and_plot() {
     std::fs::create_dir_all(&dir).unwrap();
     let lines: String = (0..40)
         .map(|i| {
-            let text = ["the stage sends a frame to w1 ", "a worker waits for the w0 frame "];
+            let text = [
+                "the stage sends a frame to w1 ",
+                "a worker waits for the w0 frame ",
+            ];
             format!("{{\"text\": \"{}\"}}\n", text[i % 2])
         })
         .collect();
@@ -468,7 +471,10 @@ fn validation_shows_in_the_step_lines_summary_and_plot() {
         .collect();
     let steps: Vec<u64> = evaluated.iter().map(|e| e.0).collect();
     assert_eq!(steps, [0, 3, 4], "{summary}");
-    assert!(records[0]["loss"].as_f64().is_none(), "step 0 trained nothing");
+    assert!(
+        records[0]["loss"].as_f64().is_none(),
+        "step 0 trained nothing"
+    );
     let vals: Vec<f64> = evaluated.iter().map(|e| e.1).collect();
     let printed = format!("validation loss {:.4} → {:.4}", vals[0], vals[2]);
     assert!(stdout.contains(&printed), "{printed}\n{stdout}");

@@ -181,7 +181,10 @@ fn emulated_job_runs_on_worker_processes() {
     let deadline = Instant::now() + Duration::from_secs(EXPIRY_SECS + 30);
     let (coordinator, worker) = loop {
         let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
-        let left: usize = job_gauges.iter().map(|p| series(&coordinator, p)).sum::<usize>()
+        let left: usize = job_gauges
+            .iter()
+            .map(|p| series(&coordinator, p))
+            .sum::<usize>()
             + series(&worker, "pipewise_worker_bubble_ratio{");
         if left == 0 {
             break (coordinator, worker);

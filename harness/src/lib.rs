@@ -74,6 +74,7 @@ use tokio_stream::StreamExt as _;
 mod jobs;
 pub mod logs;
 mod memory;
+pub mod params;
 
 /// How long a scenario waits for anything (a job's end, workers at the gate) before it
 /// fails: far beyond what a step of the test models takes on a loaded machine.

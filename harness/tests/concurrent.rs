@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 
 use pipewise_common::job::JobSpec;
+use pipewise_harness::params::{max_param_diff, reference_params};
 use pipewise_harness::{Cluster, reference_losses, spec};
 use pipewise_proto::v1 as pb;
 
@@ -33,19 +34,28 @@ fn with_degree(name: &str, steps: u32, degree: u32) -> JobSpec {
     s
 }
 
-/// Waits until `job` ended; asserts it succeeded with every step's loss the single
-/// device's.
+/// Waits until `job` ended; asserts it succeeded, never re-planned, with every step's loss
+/// and its final parameters the single device's.
 async fn assert_succeeded_exactly(cluster: &mut Cluster, job: u64, spec: &JobSpec) {
     let status = cluster.wait(job).await;
     assert!(is(&status, pb::JobState::Succeeded), "{status:?}");
+    assert_eq!(cluster.replans(job), []);
     let reference = reference_losses(spec);
     let losses = cluster.losses(job);
     let steps: Vec<u64> = losses.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, (1..=u64::from(spec.training.steps)).collect::<Vec<_>>());
+    assert_eq!(
+        steps,
+        (1..=u64::from(spec.training.steps)).collect::<Vec<_>>()
+    );
     for (step, loss) in losses {
         let want = reference[step as usize - 1];
-        assert!((loss - want).abs() <= 1e-5, "job {job} step {step}: {loss} vs {want}");
+        assert!(
+            (loss - want).abs() <= 1e-5,
+            "job {job} step {step}: {loss} vs {want}"
+        );
     }
+    let diff = max_param_diff(&reference_params(spec), &cluster.final_params(job));
+    assert!(diff <= 1e-5, "job {job}: Δparam {diff}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -119,10 +129,7 @@ async fn backfill(cluster: &mut Cluster) {
     );
     // Each says what it waits for (`pipewise status` prints "waiting for" before it).
     let waits = [
-        (
-            id_d,
-            "8 idle workers (predicted free in about ".to_string(),
-        ),
+        (id_d, "8 idle workers (predicted free in about ".to_string()),
         (
             id_long,
             format!("job {id_d} to start: this job, predicted "),

@@ -79,7 +79,11 @@ async fn malformed_frames_fail_their_job_naming_the_field() {
     cluster.release();
     let status = cluster.wait_as_time_passes(job).await;
     assert_eq!(status.state, pb::JobState::Failed as i32, "{status:?}");
-    assert!(status.error.contains("TensorFrame.data"), "{}", status.error);
+    assert!(
+        status.error.contains("TensorFrame.data"),
+        "{}",
+        status.error
+    );
     let steps: Vec<u64> = cluster.losses(job).iter().map(|(s, _)| *s).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5]);
     cluster.shutdown().await;

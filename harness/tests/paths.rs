@@ -111,7 +111,11 @@ async fn a_checkpoint_folder_swapped_for_a_link_mid_run_fails_the_job() {
     // The worker wrote it before it waits; the directory may be named a little later.
     let deadline = Instant::now() + LIMIT;
     while !first.exists() {
-        assert!(Instant::now() < deadline, "no checkpoint at {}", first.display());
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint at {}",
+            first.display()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let folder = data.join("ckpt");

@@ -28,7 +28,11 @@ async fn run(cluster: &mut Cluster, spec: JobSpec) -> Run {
         .collect();
     assert!(initial.len() <= 1, "step 0 evaluated twice: {initial:?}");
     let before = events.first().and_then(|e| e.initial_validation_loss);
-    assert_eq!(before, initial.first().copied(), "step 0 is on step 1's event");
+    assert_eq!(
+        before,
+        initial.first().copied(),
+        "step 0 is on step 1's event"
+    );
     let records = events
         .iter()
         .map(|e| (e.step, e.loss, e.validation_loss))
@@ -111,7 +115,11 @@ async fn validation_losses_come_back_on_the_steps_that_evaluate() {
     let (_, zero, two) = run(&mut cluster, spec.clone()).await;
     assert_eq!(evaluated(&two), [3, 4], "after step 3 and the last");
     let vals = val_bits(zero, &two);
-    assert_eq!(vals.len(), 3, "before the first step, after step 3 and the last");
+    assert_eq!(
+        vals.len(),
+        3,
+        "before the first step, after step 3 and the last"
+    );
     assert!(
         vals.iter()
             .map(|b| f64::from_bits(*b))
