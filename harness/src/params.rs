@@ -12,8 +12,9 @@ use crate::Cluster;
 /// Named parameter tensors.
 pub type Params = HashMap<String, Tensor>;
 
-/// The parameters of `spec` trained on one device (as [`crate::reference_losses`] trains).
-pub fn reference_params(spec: &JobSpec) -> Params {
+/// `spec` trained on one device (as [`crate::reference_losses`] trains): every step's loss
+/// and the final parameters.
+pub fn reference(spec: &JobSpec) -> (Vec<f64>, Params) {
     use pipewise_worker::job::{corpus_of, optimizer_of, sampler_of};
     let device = pipewise_worker::Device::Cpu;
     let mut trainer =
@@ -21,17 +22,20 @@ pub fn reference_params(spec: &JobSpec) -> Params {
             .expect("the reference trainer");
     let corpus = corpus_of(spec).expect("the job's data");
     let sampler = sampler_of(spec);
-    for step in 0..u64::from(spec.training.steps) {
-        let batches = sampler
-            .step(&corpus, step, spec.microbatches(), &device)
-            .expect("a step's batches");
-        trainer.train_step(&batches).expect("a reference step");
-    }
-    trainer
+    let losses = (0..u64::from(spec.training.steps))
+        .map(|step| {
+            let batches = sampler
+                .step(&corpus, step, spec.microbatches(), &device)
+                .expect("a step's batches");
+            trainer.train_step(&batches).expect("a reference step").loss
+        })
+        .collect();
+    let params = trainer
         .stage()
         .params()
         .map(|p| (p.name.clone(), p.value.clone()))
-        .collect()
+        .collect();
+    (losses, params)
 }
 
 impl Cluster {

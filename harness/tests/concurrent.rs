@@ -9,8 +9,8 @@
 use std::collections::BTreeSet;
 
 use pipewise_common::job::JobSpec;
-use pipewise_harness::params::{max_param_diff, reference_params};
-use pipewise_harness::{Cluster, reference_losses, spec};
+use pipewise_harness::params::{Params, max_param_diff, reference};
+use pipewise_harness::{Cluster, spec};
 use pipewise_proto::v1 as pb;
 
 const STEPS: u32 = 20;
@@ -34,38 +34,40 @@ fn with_degree(name: &str, steps: u32, degree: u32) -> JobSpec {
     s
 }
 
-/// Waits until `job` ended; asserts it succeeded, never re-planned, with every step's loss
-/// and its final parameters the single device's.
-async fn assert_succeeded_exactly(cluster: &mut Cluster, job: u64, spec: &JobSpec) {
+/// Waits until `job` ended; asserts it succeeded, never re-planned, and every step's loss
+/// and its final parameters are the single device's (`reference`).
+async fn assert_succeeded_exactly(
+    cluster: &mut Cluster,
+    job: u64,
+    (ref_losses, ref_params): &(Vec<f64>, Params),
+) {
     let status = cluster.wait(job).await;
     assert!(is(&status, pb::JobState::Succeeded), "{status:?}");
     assert_eq!(cluster.replans(job), []);
-    let reference = reference_losses(spec);
     let losses = cluster.losses(job);
     let steps: Vec<u64> = losses.iter().map(|(s, _)| *s).collect();
-    assert_eq!(
-        steps,
-        (1..=u64::from(spec.training.steps)).collect::<Vec<_>>()
-    );
+    assert_eq!(steps, (1..=ref_losses.len() as u64).collect::<Vec<_>>());
     for (step, loss) in losses {
-        let want = reference[step as usize - 1];
+        let want = ref_losses[step as usize - 1];
         assert!(
             (loss - want).abs() <= 1e-5,
             "job {job} step {step}: {loss} vs {want}"
         );
     }
-    let diff = max_param_diff(&reference_params(spec), &cluster.final_params(job));
+    let diff = max_param_diff(ref_params, &cluster.final_params(job));
     assert!(diff <= 1e-5, "job {job}: Δparam {diff}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jobs_run_side_by_side_on_disjoint_workers() {
-    let mut cluster = Cluster::builder("concurrent").workers(8).start().await;
     let (a, b, c) = (
         four("a", STEPS_LONG),
         four("b", STEPS_LONG),
         four("c", STEPS),
     );
+    // A and B train alike (their names aside): one reference.
+    let (long, short) = (reference(&a), reference(&c));
+    let mut cluster = Cluster::builder("concurrent").workers(8).start().await;
     let mut ids = Vec::new();
     for spec in [&a, &b, &c] {
         ids.push(cluster.submit(spec.clone()).await);
@@ -97,8 +99,8 @@ async fn jobs_run_side_by_side_on_disjoint_workers() {
     );
 
     // C starts once A or B is done, and every job ends exact.
-    for (id, spec) in ids.iter().zip([&a, &b, &c]) {
-        assert_succeeded_exactly(&mut cluster, *id, spec).await;
+    for (id, reference) in ids.iter().zip([&long, &long, &short]) {
+        assert_succeeded_exactly(&mut cluster, *id, reference).await;
     }
 
     backfill(&mut cluster).await;
@@ -111,17 +113,19 @@ async fn jobs_run_side_by_side_on_disjoint_workers() {
 /// Then a 10-worker job, which can never start on 8 workers, lets the 2-worker job behind
 /// it backfill.
 async fn backfill(cluster: &mut Cluster) {
+    let (d, e) = (with_degree("d", STEPS, 8), with_degree("e", STEPS, 2));
+    let small = with_degree("small", STEPS, 2);
+    let (ref_d, ref_e, ref_small) = (reference(&d), reference(&e), reference(&small));
     let id_f = cluster.submit(four("f", 2000)).await;
     cluster
         .wait_for(id_f, "f running", |s| {
             is(s, pb::JobState::Running) && s.step > 0
         })
         .await;
-    let (d, e) = (with_degree("d", STEPS, 8), with_degree("e", STEPS, 2));
-    let id_d = cluster.submit(d.clone()).await;
+    let id_d = cluster.submit(d).await;
     let id_long = cluster.submit(with_degree("long", 1_000_000, 2)).await;
-    let id_e = cluster.submit(e.clone()).await;
-    assert_succeeded_exactly(cluster, id_e, &e).await;
+    let id_e = cluster.submit(e).await;
+    assert_succeeded_exactly(cluster, id_e, &ref_e).await;
     let sf = cluster.status(id_f).await;
     assert!(
         is(&sf, pb::JobState::Running),
@@ -146,16 +150,15 @@ async fn backfill(cluster: &mut Cluster) {
         let status = cluster.wait(id).await;
         assert!(is(&status, pb::JobState::Cancelled), "{status:?}");
     }
-    assert_succeeded_exactly(cluster, id_d, &d).await;
+    assert_succeeded_exactly(cluster, id_d, &ref_d).await;
 
     // A 10-worker job can never start on 8 workers: the 2-worker job behind it backfills.
     let mut big = four("big", STEPS);
     big.parallelism.pipeline_parallel_degree = 10;
     big.model.layers = 18;
-    let small = with_degree("small", STEPS, 2);
     let id_big = cluster.submit(big).await;
-    let id_small = cluster.submit(small.clone()).await;
-    assert_succeeded_exactly(cluster, id_small, &small).await;
+    let id_small = cluster.submit(small).await;
+    assert_succeeded_exactly(cluster, id_small, &ref_small).await;
     // It waits, and says so (the small job's workers are back).
     cluster
         .wait_for(id_big, "big waiting for 8 of 10", |s| {
