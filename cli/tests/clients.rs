@@ -66,7 +66,7 @@ fn submit_waits_for_a_starting_coordinator() {
         "gave up at once"
     );
 
-    let submit = pipewise()
+    let mut submit = pipewise()
         .arg("submit")
         .arg(&file)
         .args(["--coordinator", &url, "--wait-for-coordinator", "60"])
@@ -74,7 +74,17 @@ fn submit_waits_for_a_starting_coordinator() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The coordinator starts once the command said it waits for one.
+    let said = said_on(submit.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waits = loop {
+        let line = said
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("submit says it waits up to 60 s");
+        if line.contains("waiting up to 60 s") {
+            break line;
+        }
+    };
     let mut cmd = pipewise();
     cmd.args([
         "coordinator",
@@ -87,13 +97,24 @@ fn submit_waits_for_a_starting_coordinator() {
     let out = submit.wait_with_output().unwrap();
     let _ = coordinator.kill();
     let _ = coordinator.wait();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr: Vec<String> = said.try_iter().collect();
+    assert!(out.status.success(), "{stdout}\n{waits}\n{stderr:?}");
     assert!(stdout.starts_with("job 1 "), "{stdout}");
-    assert!(stderr.contains("waiting up to 60 s"), "{stderr}");
+}
+
+/// The lines `stream` gives, as they come.
+fn said_on(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stream)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// A coordinator that takes the connection and never answers (a frozen process, a dead

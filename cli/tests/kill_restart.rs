@@ -1,4 +1,5 @@
-//! A killed and restarted coordinator process resumes its jobs; training stays exact.
+//! A killed and restarted coordinator process resumes its jobs; training stays exact. A
+//! coordinator on a damaged job store does not start.
 //! (Killed and restarted workers: `harness/tests/kill_restart.rs`.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -59,4 +60,27 @@ fn a_restarted_coordinator_resumes_its_jobs() {
     let left = kept();
     assert_eq!(left.len(), 3, "{left:?}");
     assert_eq!(left[2], "step-60", "{left:?}");
+}
+
+/// A coordinator whose job store was cut short refuses to start with one error naming the
+/// file, and nothing of the storage library's assertion before it.
+#[test]
+fn a_damaged_job_store_is_one_clear_error() {
+    let dir = tempdir("cut-store");
+    drop(start(&dir, 0)); // kills the coordinator, which leaves an empty store
+    let store = dir.join("data").join("jobs.redb");
+    let bytes = std::fs::read(&store).unwrap();
+    std::fs::write(&store, &bytes[..10_000]).unwrap();
+    let out = pipewise()
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("jobs.redb: the job store is damaged"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

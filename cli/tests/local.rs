@@ -382,24 +382,125 @@ fn trace_dir_writes_a_chrome_trace_and_an_svg_per_step() {
         let svg = traces.join(format!("step-{step}.svg"));
         let text = std::fs::read_to_string(&svg).unwrap();
         assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
-        let png = svg.with_extension("png");
-        match Command::new("rsvg-convert")
-            .arg(&svg)
-            .arg("-o")
-            .arg(&png)
-            .status()
-        {
-            Ok(status) => {
-                assert!(status.success(), "rsvg-convert failed on {}", svg.display());
-                assert!(std::fs::metadata(&png).unwrap().len() > 1000);
-            }
-            Err(_) => assert!(
-                std::env::var_os("PIPEWISE_REQUIRE_RSVG").is_none(),
-                "PIPEWISE_REQUIRE_RSVG is set but rsvg-convert is not installed"
-            ),
-        }
+        assert_renders(&svg);
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `svg` renders to PNG with `rsvg-convert`, a strict XML and SVG reader (`.ci/run`
+/// installs it and sets `PIPEWISE_REQUIRE_RSVG=1`).
+fn assert_renders(svg: &Path) {
+    let png = svg.with_extension("png");
+    match Command::new("rsvg-convert")
+        .arg(svg)
+        .arg("-o")
+        .arg(&png)
+        .status()
+    {
+        Ok(status) => {
+            assert!(status.success(), "rsvg-convert failed on {}", svg.display());
+            assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+        }
+        Err(_) => assert!(
+            std::env::var_os("PIPEWISE_REQUIRE_RSVG").is_none(),
+            "PIPEWISE_REQUIRE_RSVG is set but rsvg-convert is not installed"
+        ),
+    }
+}
+
+/// Runs `pipewise local FILE` for `spec` in `dir` (where the files it names are), writing to
+/// `dir/out`: its standard output and `summary.json`.
+fn local_file(dir: &Path, spec: &pipewise_common::job::JobSpec, out: &str) -> (String, Value) {
+    let file = dir.join(format!("{out}.toml"));
+    std::fs::write(&file, spec.to_toml().unwrap()).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_pipewise"))
+        .current_dir(dir)
+        .arg("local")
+        .arg(&file)
+        .arg("--output-dir")
+        .arg(dir.join(out))
+        .output()
+        .expect("runs pipewise");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = std::fs::read_to_string(dir.join(out).join("summary.json")).unwrap();
+    (stdout, serde_json::from_str(&summary).unwrap())
+}
+
+/// `pipewise local JOB.toml` with `[validation]` every 3 of 4 steps (the losses themselves:
+/// `harness/tests/validation.rs`): the step lines show the validation loss before the first
+/// step (step 0) and after steps 3 and 4, as `summary.json` holds them; the summary prints
+/// their first and last, and `loss.svg` plots training and validation. Without
+/// `[validation]` no line shows one.
+#[test]
+fn validation_shows_in_the_step_lines_summary_and_plot() {
+    let dir = tempfile_dir("validation");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lines: String = (0..40)
+        .map(|i| {
+            let text = [
+                "the stage sends a frame to w1 ",
+                "a worker waits for the w0 frame ",
+            ];
+            format!("{{\"text\": \"{}\"}}\n", text[i % 2])
+        })
+        .collect();
+    std::fs::write(dir.join("valid.jsonl"), lines).unwrap();
+    let mut spec = pipewise_common::job::example(2, "1f1b");
+    spec.training.steps = 4;
+    spec.validation = Some(pipewise_common::job::Validation {
+        path: Some("valid.jsonl".into()),
+        freq: 3,
+        ..Default::default()
+    });
+    let (stdout, summary) = local_file(&dir, &spec, "two");
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step")).collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(lines[0].starts_with("step    0/4  val "), "{stdout}");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line.contains("  val "), [0, 3, 4].contains(&i), "{line}");
+    }
+    let records = summary["steps"].as_array().unwrap();
+    let evaluated: Vec<(u64, f64)> = records
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["val_loss"].as_f64()?)))
+        .collect();
+    let steps: Vec<u64> = evaluated.iter().map(|e| e.0).collect();
+    assert_eq!(steps, [0, 3, 4], "{summary}");
+    assert!(
+        records[0]["loss"].as_f64().is_none(),
+        "step 0 trained nothing"
+    );
+    let vals: Vec<f64> = evaluated.iter().map(|e| e.1).collect();
+    let printed = format!("validation loss {:.4} → {:.4}", vals[0], vals[2]);
+    assert!(stdout.contains(&printed), "{printed}\n{stdout}");
+    assert!(
+        lines[0].ends_with(&format!("val {:.4}", vals[0])),
+        "{stdout}"
+    );
+    let plot = dir.join("two").join("loss.svg");
+    let text = std::fs::read_to_string(&plot).unwrap();
+    assert_eq!(
+        text.matches("<polyline").count(),
+        2,
+        "training and validation"
+    );
+    assert_renders(&plot);
+    assert!(
+        stdout.contains("summary.json, loss.svg, params.safetensors"),
+        "{stdout}"
+    );
+    spec.validation = None;
+    let (stdout, _) = local_file(&dir, &spec, "without");
+    assert!(
+        !stdout.contains(" val ") && !stdout.contains("step    0"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--compute emulate`: passes sleep, frames are real buffers over gRPC, nothing is learned

@@ -2,7 +2,7 @@
 //! loopback, jobs submitted with `pipewise submit`. Training across processes must equal the
 //! single-device reference trainer, whatever the schedule, worker count or split; emulated
 //! compute reaches the workers through the job spec (and a finished job's gauges leave the
-//! metrics).
+//! metrics); what the binaries write around a job (trace, JSON logs, metrics, cancel).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -177,30 +177,107 @@ fn emulated_job_runs_on_worker_processes() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(EXPIRY_SECS * 1000 + 1500));
-    let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
-    for prefix in job_gauges {
-        assert_eq!(
-            series(&coordinator, prefix),
-            0,
-            "{prefix} stayed:\n{coordinator}"
+    // Then they leave, --metrics-expiry after the job's last step.
+    let deadline = Instant::now() + Duration::from_secs(EXPIRY_SECS + 30);
+    let (coordinator, worker) = loop {
+        let (coordinator, worker) = (scrape(cluster.metrics[0]), scrape(cluster.metrics[1]));
+        let left: usize = job_gauges
+            .iter()
+            .map(|p| series(&coordinator, p))
+            .sum::<usize>()
+            + series(&worker, "pipewise_worker_bubble_ratio{");
+        if left == 0 {
+            break (coordinator, worker);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job's gauges stayed:\n{coordinator}\n{worker}"
         );
-    }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     for prefix in kept {
         assert!(
             series(&coordinator, prefix) > 0,
             "{prefix} missing:\n{coordinator}"
         );
     }
-    assert_eq!(
-        series(&worker, "pipewise_worker_bubble_ratio{"),
-        0,
-        "{worker}"
-    );
     assert!(
         series(&worker, "pipewise_worker_steps_total{") > 0,
         "{worker}"
     );
+}
+
+/// What the binaries themselves write around a finished job: `pipewise trace` a kept step's
+/// timeline (and a refusal naming the field for a step not kept), a worker's JSON log lines
+/// with the job and the worker of their spans, metrics `promtool check metrics` accepts,
+/// and `pipewise cancel` saying a running job is being cancelled.
+#[test]
+fn trace_logs_metrics_and_cancel_of_the_binaries() {
+    let dir = tempdir("outputs");
+    let cluster = start(&dir, 2);
+    let mut short = spec(2, "zb-h1", 3);
+    short.job.name = "outputs".into();
+    let (job, losses) = submit_wait(&cluster, &write_spec(&dir, &short));
+    assert_eq!(losses.len(), 3);
+
+    let traces = dir.join("traces");
+    common::succeeds(
+        pipewise()
+            .args(["trace", &job.to_string(), "--step", "2"])
+            .args(["--coordinator", &cluster.url])
+            .arg("--out")
+            .arg(&traces),
+    );
+    let chrome: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(traces.join("step-2.trace.json")).unwrap())
+            .unwrap();
+    assert_eq!(chrome["otherData"]["job"], job);
+    assert!(
+        std::fs::read_to_string(traces.join("step-2.svg"))
+            .unwrap()
+            .starts_with("<svg")
+    );
+    let out = pipewise()
+        .args(["trace", &job.to_string(), "--step", "9"])
+        .args(["--coordinator", &cluster.url])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("step: step 9") && err.contains("1..=3"),
+        "{err}"
+    );
+
+    // `--log-format json`: one object a line, the job and the worker from the spans.
+    let log = std::fs::read_to_string(dir.join("w1.log")).unwrap();
+    let in_job = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["span"]["job"] == job)
+        .expect("a JSON line in the job's span");
+    assert_eq!(in_job["span"]["worker"], 1, "{in_job}");
+
+    for port in cluster.metrics {
+        common::promtool_accepts(port);
+    }
+
+    let long = submit(&cluster, &write_spec(&dir, &spec(2, "v-half", 5000)));
+    wait_until(&cluster, long, Duration::from_secs(60), |s, step| {
+        s == "running" && step >= 1
+    });
+    let said = common::succeeds(pipewise().args([
+        "cancel",
+        &long.to_string(),
+        "--coordinator",
+        &cluster.url,
+    ]));
+    assert!(
+        said.contains("cancelling: its workers stop after the current step"),
+        "{said}"
+    );
+    let line = ended(&cluster, long, Duration::from_secs(60));
+    assert!(line.contains("cancelled"), "{line}");
 }
 
 /// The peak activation KiB per worker of every step a watch output prints.

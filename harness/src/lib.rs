@@ -62,12 +62,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-mod grow;
-mod memory;
-mod order;
-pub mod reference;
-mod status;
-
 use pipewise_common::job::{JobSpec, layout};
 use pipewise_common::pass::PassKind;
 use pipewise_common::run::supervisor::Member;
@@ -78,6 +72,14 @@ use pipewise_proto::v1::job_service_client::JobServiceClient;
 use pipewise_worker::node::{NodeConfig, Pace, WorkerNode};
 use pipewise_worker::runtime::Slowdown;
 use tokio_stream::StreamExt as _;
+
+mod grow;
+mod jobs;
+pub mod logs;
+mod memory;
+mod order;
+pub mod reference;
+mod status;
 
 /// How long a scenario waits for anything (a job's end, workers at the gate) before it
 /// fails: far beyond what a step of the test models takes on a loaded machine.

@@ -17,14 +17,14 @@ async fn a_job_waiting_for_workers_says_so() {
     let job = cluster.submit(spec).await;
     let waiting =
         |n: usize| move |s: &pb::JobStatus| s.waiting == format!("workers: {n} of 3 ready");
-    let status = cluster.wait_status(job, "1 of 3 ready", waiting(1)).await;
+    let status = cluster.wait_for(job, "1 of 3 ready", waiting(1)).await;
     assert_eq!(
         (status.state, status.step, status.steps),
         (pb::JobState::Running as i32, 0, 2),
         "{status:?}"
     );
     cluster.add_worker().await;
-    cluster.wait_status(job, "2 of 3 ready", waiting(2)).await;
+    cluster.wait_for(job, "2 of 3 ready", waiting(2)).await;
     cluster.add_worker().await;
     let ended = cluster.finish(job).await;
     assert_eq!(

@@ -357,7 +357,12 @@ fn sender_reconnects_to_a_late_peer() -> TestResult {
     a.set_peer(1, port.to_string())?;
     let t = Tensor::from_vec(values(64, 1), (8, 8), &Device::Cpu)?;
     a.send(1, frame(0, 1, 0, FrameKind::Activation, t.clone()))?;
-    std::thread::sleep(Duration::from_millis(300));
+    // The receiver starts once a connection attempt has failed: the frame waits for it.
+    let deadline = Instant::now() + WAIT;
+    while a.take_errors().is_empty() {
+        assert!(Instant::now() < deadline, "no connection attempt failed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut config = GrpcConfig::new(JOB, [1]);
     config.listen = port;
     let b = GrpcTransport::start(config)?;
