@@ -75,6 +75,8 @@ struct Segment {
 pub(crate) struct ShardState {
     /// The shard's range in the stage's flattened parameters.
     pub(crate) range: Range<usize>,
+    /// All the stage's flattened parameters.
+    pub(crate) total: usize,
     segments: Vec<Segment>,
     /// The f32 values the update works on: the master copy of narrower parameters, kept;
     /// of f32 parameters, their values' shard, taken for the update only
@@ -103,6 +105,7 @@ impl ShardState {
         let range = shard_range(total, sharding.index, sharding.count);
         let mut state = Self {
             range: range.clone(),
+            total,
             segments: Vec::new(),
             wide: Vec::with_capacity(if keeps_master { range.len() } else { 0 }),
             keeps_master,

@@ -234,6 +234,7 @@ impl Passes for RealPasses<'_> {
                 group: self.replica.index / sharding.count,
                 shard: sharding.index,
                 shards: sharding.count,
+                total: shard.total as u64,
                 what: Gathered::Values,
             };
             let values = sync.all_gather_shards(part, &shard.wide)?;

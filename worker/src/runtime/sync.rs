@@ -151,6 +151,8 @@ pub struct ShardPart {
     pub shard: u32,
     /// The shard degree: the parts the gather takes.
     pub shards: u32,
+    /// The stage's flattened parameters, all shards' together.
+    pub total: u64,
     /// Which state.
     pub what: Gathered,
 }

@@ -326,6 +326,7 @@ impl WorkerRuntime {
                     group,
                     shard: sharding.index,
                     shards: sharding.count,
+                    total: shard.total as u64,
                     what,
                 };
                 sync.all_gather_shards(part, values)
@@ -344,6 +345,11 @@ impl WorkerRuntime {
             self.shard_stages()?;
         }
         Ok(())
+    }
+
+    /// Whether the optimizer state is sharded now (not gathered whole).
+    pub fn is_sharded(&self) -> bool {
+        !self.shards.is_empty()
     }
 
     /// The optimizer-state and summed-gradient bytes this worker holds now.
@@ -424,6 +430,15 @@ impl WorkerRuntime {
     /// Writes every stage's checkpoint after `step` steps under `output`
     /// (`step-K/stage-S.safetensors`), following no link below its data directory.
     pub fn save_checkpoints(&self, output: &Confined, step: u64) -> Result<()> {
+        if self.is_sharded() {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                format!(
+                    "step {step}: the optimizer state is sharded; a checkpoint needs it \
+                     gathered whole first (WorkerRuntime::unshard)"
+                ),
+            ));
+        }
         let dir = output.join(checkpoint_name(step))?.dir(true)?;
         for (s, stage) in &self.stages {
             stage.save_checkpoint_in(&dir, checkpoint_file_name(*s))?;
