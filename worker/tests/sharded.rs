@@ -11,9 +11,10 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use pipewise_common::generate::ScheduleKind;
+use pipewise_common::job::JobSpec;
 use pipewise_common::model::{DType as SpecDType, ModelSpec};
 use pipewise_worker::optim::ZeroStage;
-use pipewise_worker::runtime::{LocalOptions, LocalRun, run_local};
+use pipewise_worker::runtime::{LocalOptions, LocalRun, Replica, WorkerRuntime, run_local};
 use pipewise_worker::{Batch, Result};
 
 use common::reference::{SEED, adamw, differing, reference, schedule};
@@ -203,5 +204,47 @@ fn a_degree_that_does_not_fit_is_refused() -> Result<()> {
         .unwrap_err()
         .to_string();
     assert!(err.contains("zero_stage") && err.contains('3'), "{err}");
+    Ok(())
+}
+
+/// bench/job.toml's model on d = 2 workers, S = 4 (4 copies, 8 workers): each worker's
+/// optimizer bytes, and with ZeRO-2 its summed-gradient bytes, measured from the state it
+/// holds, at most 0.30 of the unsharded worker's (printed per worker).
+#[test]
+fn the_bench_models_workers_hold_a_quarter_of_the_state() -> Result<()> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/job.toml"))
+        .expect("bench/job.toml");
+    let job = JobSpec::from_toml(&text).expect("bench/job.toml parses");
+    let spec = job.model.clone();
+    let schedule = schedule(ScheduleKind::OneFOneB, WORKERS, 1, MICROBATCHES / 4);
+    let partition = spec.balanced_split(&schedule.placement)?;
+    let worker = |w: u32, r: u32, shard: Option<ZeroStage>| -> Result<WorkerRuntime> {
+        let mut rt =
+            WorkerRuntime::new(w, &schedule, &spec, &partition, SEED, &Device::Cpu, adamw())?;
+        rt.set_replica(Replica { index: r, count: 4 })?;
+        if let Some(zero) = shard {
+            rt.set_sharding(4, zero)?;
+        }
+        Ok(rt)
+    };
+    for zero in [ZeroStage::OptimizerState, ZeroStage::Gradients] {
+        for w in 0..WORKERS {
+            let full = worker(w, 0, None)?.optimizer_bytes();
+            for r in 0..4 {
+                let got = worker(w, r, Some(zero))?.optimizer_bytes();
+                let opt = got.optimizer as f64 / full.optimizer as f64;
+                let grads = got.summed_grads as f64 / full.summed_grads as f64;
+                eprintln!(
+                    "bench model {zero:?} S=4 d=2 worker {w} replica {r}: optimizer {} of {} \
+                     bytes ({opt:.3}), summed gradients {} of {} bytes ({grads:.3})",
+                    got.optimizer, full.optimizer, got.summed_grads, full.summed_grads
+                );
+                assert!(opt <= 0.30, "worker {w} replica {r}: {opt}");
+                if zero == ZeroStage::Gradients {
+                    assert!(grads <= 0.30, "worker {w} replica {r}: {grads}");
+                }
+            }
+        }
+    }
     Ok(())
 }
