@@ -175,10 +175,17 @@ impl RealCompute {
             let zero = ZeroStage::from_number(spec.parallelism.zero_stage)?;
             rt.set_sharding(spec.shard_degree(), zero)?;
         }
+        // A sharded optimizer's shard is held beside the parameters' own state.
+        let shard_bytes = if rt.is_sharded() {
+            rt.optimizer_bytes().optimizer
+        } else {
+            0
+        };
         let static_bytes: u64 = rt
             .params()
             .map(|p| p.state_bytes())
             .sum::<u64>()
+            .saturating_add(shard_bytes)
             .saturating_add(config.unplanned_bytes);
         crate::metrics::record_parameters(&rt);
         let corpus = a.data.load(&spec.model)?.corpus;
@@ -266,16 +273,23 @@ impl RealCompute {
     }
 }
 
-/// Every stage's state in `rt`, by stage, as a checkpoint shard's bytes (refused while
-/// its optimizer state is sharded: the bytes would lack the other shards').
-fn states_of(rt: &WorkerRuntime) -> Result<Vec<(u32, bytes::Bytes)>> {
+/// Refuses to hand a stage's whole state over, or take one in, while `rt`'s optimizer
+/// state is sharded: it holds its shard only.
+fn refuse_sharded(rt: &WorkerRuntime) -> Result<()> {
     if rt.is_sharded() {
         return Err(Error::invalid(
             "data_parallel_shard_degree",
             "a worker of a sharded optimizer holds a shard of its stages' state: it cannot \
-             hand them over whole",
+             hand it over or take one in whole",
         ));
     }
+    Ok(())
+}
+
+/// Every stage's state in `rt`, by stage, as a checkpoint shard's bytes (refused while
+/// its optimizer state is sharded: the bytes would lack the other shards').
+fn states_of(rt: &WorkerRuntime) -> Result<Vec<(u32, bytes::Bytes)>> {
+    refuse_sharded(rt)?;
     rt.stages()
         .iter()
         .map(|(s, stage)| Ok((*s, bytes::Bytes::from(stage.checkpoint_bytes()?))))
@@ -369,6 +383,7 @@ impl Compute for RealCompute {
     }
 
     fn load_stage_state(&mut self, stage: u32, bytes: &[u8]) -> Result<()> {
+        refuse_sharded(&self.rt)?;
         let Some(held) = self.rt.stages_mut().get_mut(&stage) else {
             return Err(Error::invalid(
                 "copy_from",
@@ -383,6 +398,7 @@ impl Compute for RealCompute {
     }
 
     fn load_handover(&mut self, held: &[bytes::Bytes]) -> Result<()> {
+        refuse_sharded(&self.rt)?;
         let held: Vec<&[u8]> = held.iter().map(|b| b.as_ref()).collect();
         for stage in self.rt.stages_mut().values_mut() {
             stage.load_checkpoint_buffers(&held)?;
