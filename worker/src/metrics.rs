@@ -7,6 +7,8 @@
 //! | `pipewise_worker_bubble_ratio` | gauge | `worker` |
 //! | `pipewise_worker_peak_activation_bytes` | gauge | `worker` |
 //! | `pipewise_parameter_bytes` | gauge | `worker` (parameters + f32 master copies + AdamW moments) |
+//! | `pipewise_optimizer_bytes` | gauge | `worker` (AdamW moments + f32 master copies: a shard's when sharded) |
+//! | `pipewise_summed_gradient_bytes` | gauge | `worker` (the summed gradients the optimizer reads) |
 //! | `pipewise_worker_steps_total` | counter | `worker` |
 //! | `pipewise_peer_bytes_total` | counter | `worker`, `peer`, `direction` = sent \| received |
 
@@ -42,6 +44,17 @@ pub fn describe() {
         "pipewise_parameter_bytes",
         Unit::Bytes,
         "Bytes of this worker's parameters, their f32 master copies (bf16, f16) and AdamW moments"
+    );
+    describe_gauge!(
+        "pipewise_optimizer_bytes",
+        Unit::Bytes,
+        "Bytes of this worker's AdamW moments and f32 master copies (its shard's, when the \
+         optimizer is sharded)"
+    );
+    describe_gauge!(
+        "pipewise_summed_gradient_bytes",
+        Unit::Bytes,
+        "Bytes of the summed gradients this worker's optimizer reads (ZeRO-2: its shard's)"
     );
     describe_counter!("pipewise_worker_steps_total", "Steps this worker finished");
     describe_counter!(
@@ -85,11 +98,19 @@ pub fn record_step(worker: u32, report: &StepReport) {
     counter!("pipewise_worker_steps_total", "worker" => w).increment(1);
 }
 
-/// Records the parameter and optimizer-state bytes of a worker's stages (all but gradients).
+/// Records the parameter and optimizer-state bytes of a worker's stages (all but gradients),
+/// and apart its optimizer-state and summed-gradient bytes (what a sharded optimizer
+/// divides).
 pub fn record_parameters(rt: &WorkerRuntime) {
+    let held = rt.optimizer_bytes();
+    let sharded = if rt.is_sharded() { held.optimizer } else { 0 };
     let bytes: u64 = rt
         .params()
         .map(|p| p.state_bytes() - p.grad_bytes())
-        .sum::<u64>();
-    gauge!("pipewise_parameter_bytes", "worker" => rt.worker().to_string()).set(bytes as f64);
+        .sum::<u64>()
+        + sharded;
+    let w = rt.worker().to_string();
+    gauge!("pipewise_parameter_bytes", "worker" => w.clone()).set(bytes as f64);
+    gauge!("pipewise_optimizer_bytes", "worker" => w.clone()).set(held.optimizer as f64);
+    gauge!("pipewise_summed_gradient_bytes", "worker" => w).set(held.summed_grads as f64);
 }

@@ -19,6 +19,7 @@ mod evaluate;
 pub mod infer;
 mod passes_in_lanes;
 mod recompute;
+mod sharded;
 pub(crate) mod tied;
 
 /// One microbatch's `F` among side-by-side passes: its index, input and (on the last

@@ -143,12 +143,15 @@ impl JobSpec {
                 ),
             ));
         }
+        check_sharding(self, d)?;
+        let r = self.replicas();
         if !u64::from(t.global_batch_size).is_multiple_of(u64::from(mbs) * u64::from(r)) {
             return Err(Error::invalid(
                 "training.global_batch_size",
                 format!(
                     "{} sequences do not split into {r} replicas \
-                     (parallelism.data_parallel_replicate_degree) of microbatches of {mbs}",
+                     (parallelism.data_parallel_replicate_degree × \
+                     data_parallel_shard_degree) of microbatches of {mbs}",
                     t.global_batch_size
                 ),
             ));
@@ -356,6 +359,52 @@ const BYTE_VOCAB: u32 = 256;
 const MAX_SCHEDULE_NAME_BYTES: usize = 64;
 
 /// `model.<field>` for a field name the model spec reports.
+/// `data_parallel_shard_degree` and `zero_stage`: a degree of at least 1 whose copies
+/// (replicate × shard × `d` workers) fit, on real compute (an emulated pass has no
+/// optimizer state to shard), and ZeRO-1 or ZeRO-2 (not of a tied table, which sums its
+/// gradients whole).
+fn check_sharding(spec: &JobSpec, d: u32) -> Result<()> {
+    let p = &spec.parallelism;
+    let (r, s) = (
+        p.data_parallel_replicate_degree,
+        p.data_parallel_shard_degree,
+    );
+    let workers = u64::from(d) * u64::from(r) * u64::from(s);
+    if s == 0 || workers > u64::from(MAX_WORKERS) {
+        return Err(Error::invalid(
+            "parallelism.data_parallel_shard_degree",
+            format!(
+                "must be at least 1, with degree × replicas × shard degree at most \
+                 {MAX_WORKERS} workers; got a shard degree of {s} with {r} replicas of {d} \
+                 workers"
+            ),
+        ));
+    }
+    if s > 1 && spec.compute.is_emulated() {
+        return Err(Error::invalid(
+            "parallelism.data_parallel_shard_degree",
+            format!("{s}: emulated compute has no optimizer state to shard; use 1 or real compute"),
+        ));
+    }
+    if !(1..=2).contains(&p.zero_stage) {
+        return Err(Error::invalid(
+            "parallelism.zero_stage",
+            format!(
+                "{}: 1 shards the optimizer state, 2 also the summed gradients",
+                p.zero_stage
+            ),
+        ));
+    }
+    if s > 1 && p.zero_stage == 2 && spec.model.tie_embeddings {
+        return Err(Error::invalid(
+            "parallelism.zero_stage",
+            "2 shards the summed gradients, which a tied embedding table sums whole: use \
+             zero_stage = 1 with model.tie_embeddings",
+        ));
+    }
+    Ok(())
+}
+
 fn model_field(field: &'static str) -> &'static str {
     match field {
         "vocab" => "model.vocab",
@@ -476,6 +525,29 @@ mod tests {
             }),
             ("parallelism.data_parallel_replicate_degree", |s| {
                 s.parallelism.data_parallel_replicate_degree = u32::MAX
+            }),
+            ("parallelism.data_parallel_shard_degree", |s| {
+                s.parallelism.data_parallel_shard_degree = 0
+            }),
+            ("parallelism.data_parallel_shard_degree", |s| {
+                s.parallelism.data_parallel_replicate_degree = 64;
+                s.parallelism.data_parallel_shard_degree = 64;
+            }),
+            ("parallelism.data_parallel_shard_degree", |s| {
+                s.parallelism.data_parallel_shard_degree = 2;
+                s.compute = Compute::emulate(1.0, 1.0, 1.0);
+            }),
+            ("parallelism.zero_stage", |s| s.parallelism.zero_stage = 3),
+            ("parallelism.zero_stage", |s| {
+                s.parallelism.data_parallel_shard_degree = 2;
+                s.parallelism.zero_stage = 2;
+                s.model.family = crate::model::Family::Llama;
+                s.model.tie_embeddings = true;
+            }),
+            // 8 sequences in microbatches of 1 do not split into 2 × 3 copies.
+            ("training.global_batch_size", |s| {
+                s.parallelism.data_parallel_replicate_degree = 2;
+                s.parallelism.data_parallel_shard_degree = 3;
             }),
             // Auto plans replicas too, on a batch that splits into them.
             ("training.global_batch_size", |s| {

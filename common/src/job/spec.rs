@@ -141,6 +141,16 @@ pub struct Parallelism {
     /// optimizer step.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub data_parallel_replicate_degree: u32,
+    /// Data-parallel copies that shard their optimizer state (torchtitan's name): `S`
+    /// copies of the pipeline per replicate group, `R × S` in all, each worker of a group
+    /// keeping AdamW's moments and master weights (and with [`Parallelism::zero_stage`] 2
+    /// the summed gradients) for `1/S` of its stages' parameters.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub data_parallel_shard_degree: u32,
+    /// What the shard degree's copies shard: 1 the optimizer state (ZeRO-1), 2 also the
+    /// summed gradients (ZeRO-2).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub zero_stage: u32,
     /// With [`AUTO_SCHEDULE`]: the plans predicted within this fraction of the best
     /// (0.06: within 6 %) are each measured for a few steps before the job settles on the
     /// fastest measured; 0 measures none and keeps the search's choice.
@@ -573,15 +583,31 @@ impl JobSpec {
         self.parallelism.pipeline_parallel_schedule == AUTO_SCHEDULE
     }
 
-    /// Data-parallel replicas (at least 1).
+    /// Data-parallel copies of the pipeline in all (at least 1): the replicate degree
+    /// times the shard degree.
     pub fn replicas(&self) -> u32 {
-        self.parallelism.data_parallel_replicate_degree.max(1)
+        self.parallelism
+            .data_parallel_replicate_degree
+            .max(1)
+            .saturating_mul(self.shard_degree())
     }
 
-    /// This spec with `replicas` data-parallel replicas.
+    /// The shard degree (at least 1): consecutive copies sharing their optimizer state.
+    pub fn shard_degree(&self) -> u32 {
+        self.parallelism.data_parallel_shard_degree.max(1)
+    }
+
+    /// This spec with `replicas` data-parallel copies in all: in shard groups of the shard
+    /// degree where it divides them, else unsharded.
     pub fn with_replicas(&self, replicas: u32) -> JobSpec {
         let mut spec = self.clone();
-        spec.parallelism.data_parallel_replicate_degree = replicas;
+        let degree = self.shard_degree();
+        if replicas.is_multiple_of(degree) {
+            spec.parallelism.data_parallel_replicate_degree = replicas / degree;
+        } else {
+            spec.parallelism.data_parallel_replicate_degree = replicas;
+            spec.parallelism.data_parallel_shard_degree = 1;
+        }
         spec
     }
 
@@ -669,6 +695,8 @@ pub fn example(workers: u32, schedule: &str) -> JobSpec {
             pipeline_parallel_last_stage_less_layers: 0,
             pipeline_parallel_layers_per_stage: None,
             data_parallel_replicate_degree: 1,
+            data_parallel_shard_degree: 1,
+            zero_stage: 1,
             auto_trial_band: DEFAULT_TRIAL_BAND,
             torchtitan_split: false,
             search_microbatch_size: false,
@@ -915,5 +943,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A shard degree multiplies the copies; re-sizing keeps whole shard groups where the
+    /// degree divides the new count and drops the sharding where it does not.
+    #[test]
+    fn shard_groups_count_among_the_copies() {
+        let mut spec = example(2, "1f1b");
+        spec.parallelism.data_parallel_replicate_degree = 2;
+        spec.parallelism.data_parallel_shard_degree = 4;
+        assert_eq!((spec.replicas(), spec.workers_needed()), (8, 16));
+        let fewer = spec.with_replicas(4);
+        assert_eq!(fewer.parallelism.data_parallel_replicate_degree, 1);
+        assert_eq!((fewer.shard_degree(), fewer.replicas()), (4, 4));
+        let odd = spec.with_replicas(3);
+        assert_eq!((odd.shard_degree(), odd.replicas()), (1, 3));
     }
 }

@@ -141,6 +141,13 @@ pub(crate) fn update(
     Ok(done.transpose()?.unwrap_or(false))
 }
 
+/// One AdamW update of plain host slices (a shard of a stage's flattened parameters, as a
+/// sharded optimizer holds it): the same f32 arithmetic as [`update`], element by element,
+/// so a shard updated here gets the bits the whole parameter would.
+pub(crate) fn update_slices(w: &mut [f32], g: &[f64], m: &mut [f32], v: &mut [f32], h: Hyper) {
+    step(w, g, m, v, Consts::new(h));
+}
+
 /// `acc += g` in place (`g` converted to f32 first if narrower, each value then added in
 /// f64) where `acc` is a contiguous f64 CPU tensor; `false`, having changed nothing,
 /// otherwise.

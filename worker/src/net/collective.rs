@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status};
 use super::RunName;
 use super::grad_sum::{GradSums, SumResult, TIED_PARTS, to_bytes};
 use crate::error::{Error, Result};
-use crate::runtime::{ReplicaPart, StepSync, TiedHolder, TiedPart, sum_in_window_order};
+use crate::runtime::{ReplicaPart, ShardPart, StepSync, TiedHolder, TiedPart, sum_in_window_order};
 
 mod chunked;
 
@@ -712,6 +712,10 @@ impl StepSync for NetSync {
         self.sum_in_chunks(&what, (ReduceOp::Tied, replica_part), grads)
     }
 
+    fn all_gather_shards(&self, part: ShardPart, shard: &[f32]) -> Result<Vec<f32>> {
+        self.gather_by_sum(part, shard)
+    }
+
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
         Ok(self.step_call(step, ReduceOp::SqNorm, vec![local])?.value)
     }
@@ -909,6 +913,51 @@ mod tests {
         assert_eq!(grads, [1.25, 1.0]);
         let theirs = other.join().expect("thread").expect("replica 1's sum");
         assert_eq!(theirs, [1.25, 1.0]);
+    }
+
+    /// A sharded optimizer's all-gather over gRPC, through its rank's replica sum: every
+    /// replica of 2 shard groups of 2 gets the first group's shards side by side, bit for
+    /// bit (a `-0.0` among them keeps its sign).
+    #[test]
+    fn shards_are_gathered_bit_for_bit_through_the_replica_sum() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let server = |replicas: u32| {
+            let collective = Arc::new(Collective::default());
+            collective.configure(7, 8, replicas, Duration::from_secs(2));
+            CollectiveServer {
+                collective,
+                secret: Arc::new(super::super::secret::RunSecret::default()),
+            }
+        };
+        let (root, rank) = (server(1), server(4));
+        let part = |replica: u32| ShardPart {
+            step: 2,
+            stage: 1,
+            group: replica / 2,
+            shard: replica % 2,
+            shards: 2,
+            total: 5,
+            what: crate::runtime::Gathered::Values,
+        };
+        // Shard 0 holds values 0..2, shard 1 values 2..5; group 1's are ignored.
+        let shards: [&[f32]; 4] = [&[1.5, -0.0], &[0.0, 3.25, -7.0], &[9.0, 9.0], &[9.0; 3]];
+        let calls: Vec<_> = (0..4u32)
+            .map(|replica| {
+                let worker = 2 * replica + 1;
+                let sync = in_process_sync(&runtime, worker, &root)
+                    .with_grad_sums(in_process_sync(&runtime, worker, &rank));
+                let shard = shards[replica as usize].to_vec();
+                std::thread::spawn(move || sync.all_gather_shards(part(replica), &shard))
+            })
+            .collect();
+        let want: Vec<u32> = [1.5f32, -0.0, 0.0, 3.25, -7.0].map(f32::to_bits).to_vec();
+        for call in calls {
+            let got = call.join().expect("thread").expect("the gather");
+            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+        }
+        let wrong = in_process_sync(&runtime, 1, &root).all_gather_shards(part(0), &[1.0]);
+        let err = wrong.expect_err("a shard of the wrong length").to_string();
+        assert!(err.contains("data_parallel_shard_degree"), "{err}");
     }
 
     /// Worker `worker`'s sync of run 7 whose calls go to `server` in process (nothing

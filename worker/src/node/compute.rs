@@ -19,6 +19,7 @@ use crate::data::{Corpus, Sampler};
 use crate::error::{Error, Result};
 use crate::job::{optimizer_of, sampler_of};
 use crate::net::Delivery;
+use crate::optim::ZeroStage;
 use crate::runtime::{EmulatedRuntime, Replica, StepReport, StepSync, Transport, WorkerRuntime};
 
 /// What a run's steps talk through: the run id, the transport and the collectives.
@@ -172,10 +173,21 @@ impl RealCompute {
         if a.replica.count > 1 {
             rt.set_replica(a.replica)?;
         }
+        if spec.shard_degree() > 1 {
+            let zero = ZeroStage::from_number(spec.parallelism.zero_stage)?;
+            rt.set_sharding(spec.shard_degree(), zero)?;
+        }
+        // A sharded optimizer's shard is held beside the parameters' own state.
+        let shard_bytes = if rt.is_sharded() {
+            rt.optimizer_bytes().optimizer
+        } else {
+            0
+        };
         let static_bytes: u64 = rt
             .params()
             .map(|p| p.state_bytes())
             .sum::<u64>()
+            .saturating_add(shard_bytes)
             .saturating_add(config.unplanned_bytes);
         crate::metrics::record_parameters(&rt);
         let corpus = a.data.load(&spec.model)?.corpus;
@@ -254,8 +266,32 @@ impl RealCompute {
     }
 }
 
-/// Every stage's state in `rt`, by stage, as a checkpoint shard's bytes.
+impl RealCompute {
+    /// Whether a checkpoint is written once `done` steps are done: at its interval, and
+    /// at the assignment's end.
+    fn checkpoint_due(&self, done: u64) -> bool {
+        self.checkpoint_interval
+            .is_some_and(|i| done.is_multiple_of(i) || done == self.end_step)
+    }
+}
+
+/// Refuses to hand a stage's whole state over, or take one in, while `rt`'s optimizer
+/// state is sharded: it holds its shard only.
+fn refuse_sharded(rt: &WorkerRuntime) -> Result<()> {
+    if rt.is_sharded() {
+        return Err(Error::invalid(
+            "data_parallel_shard_degree",
+            "a worker of a sharded optimizer holds a shard of its stages' state: it cannot \
+             hand it over or take one in whole",
+        ));
+    }
+    Ok(())
+}
+
+/// Every stage's state in `rt`, by stage, as a checkpoint shard's bytes (refused while
+/// its optimizer state is sharded: the bytes would lack the other shards').
 fn states_of(rt: &WorkerRuntime) -> Result<Vec<(u32, bytes::Bytes)>> {
+    refuse_sharded(rt)?;
     rt.stages()
         .iter()
         .map(|(s, stage)| Ok((*s, bytes::Bytes::from(stage.checkpoint_bytes()?))))
@@ -305,6 +341,10 @@ impl Compute for RealCompute {
             .rt
             .run_step(net.run, step, &batches, net.transport, net.sync)?;
         self.state_step = step + 1;
+        if self.rt.is_sharded() && self.checkpoint_due(step + 1) {
+            // Every shard group's replicas take part; replica 0 then saves it whole.
+            self.rt.unshard(net.sync, step)?;
+        }
         if let Some(v) = &mut self.validation {
             let through = (net.transport, net.sync);
             v.after_step(&self.rt, (net.run, step), through, &mut report)?;
@@ -329,10 +369,15 @@ impl Compute for RealCompute {
             Some(interval)
                 if done.is_multiple_of(interval) && done < end && self.replica.index == 0 =>
             {
-                self.rt.save_checkpoints(&self.output, done)
+                self.rt.save_checkpoints(&self.output, done)?;
             }
-            _ => Ok(()),
+            _ => {}
         }
+        // A sharded optimizer gathered for the checkpoint goes on with its shard.
+        if done < end {
+            self.rt.reshard()?;
+        }
+        Ok(())
     }
 
     fn stage_states(&self) -> Result<Vec<(u32, bytes::Bytes)>> {
@@ -340,6 +385,7 @@ impl Compute for RealCompute {
     }
 
     fn load_stage_state(&mut self, stage: u32, bytes: &[u8]) -> Result<()> {
+        refuse_sharded(&self.rt)?;
         let Some(held) = self.rt.stages_mut().get_mut(&stage) else {
             return Err(Error::invalid(
                 "copy_from",
@@ -354,6 +400,7 @@ impl Compute for RealCompute {
     }
 
     fn load_handover(&mut self, held: &[bytes::Bytes]) -> Result<()> {
+        refuse_sharded(&self.rt)?;
         let held: Vec<&[u8]> = held.iter().map(|b| b.as_ref()).collect();
         for stage in self.rt.stages_mut().values_mut() {
             stage.load_checkpoint_buffers(&held)?;

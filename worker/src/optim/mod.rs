@@ -9,9 +9,12 @@
 //! fused kernel, which the update calls, can name [`AdamW`] without an import cycle.
 
 mod adamw;
+mod shard;
 mod update;
 
 pub use adamw::{AdamW, clip_scale};
+pub(crate) use shard::ShardState;
+pub use shard::{Sharding, ZeroStage, shard_range};
 pub(crate) use update::update;
 /// The fused update and the candle reference the kernels' tests compare it with.
 #[cfg(test)]

@@ -111,6 +111,15 @@ impl Param {
             .sum()
     }
 
+    /// Bytes of the optimizer's state: the two AdamW moments and the master copy (if any).
+    pub fn optimizer_bytes(&self) -> u64 {
+        [&self.m, &self.v]
+            .into_iter()
+            .chain(self.master.as_ref())
+            .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+            .sum()
+    }
+
     /// Bytes of the accumulated gradient.
     pub fn grad_bytes(&self) -> u64 {
         (self.grad.elem_count() * self.grad.dtype().size_in_bytes()) as u64

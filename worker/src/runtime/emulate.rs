@@ -299,7 +299,7 @@ impl Passes for EmulatedPasses<'_> {
         Ok(0.0)
     }
 
-    fn optimizer_step(&mut self, _global_sq: f64) -> Result<()> {
+    fn optimizer_step(&mut self, _global_sq: f64, _sync: &dyn StepSync, _step: u64) -> Result<()> {
         Ok(())
     }
 }

@@ -15,15 +15,16 @@ use pipewise_common::schedule::{Recompute, Schedule};
 use super::program::DEFAULT_TIMEOUT;
 use super::step::StepReport;
 use super::sync::{
-    Replica, ReplicaPart, StepSync, TiedHolder, TiedPart, sum_in_replica_order, sum_in_window_order,
+    Gathered, Replica, ReplicaPart, ShardPart, StepSync, TiedHolder, TiedPart,
+    sum_in_replica_order, sum_in_window_order,
 };
 use super::transport::{MemoryTransport, Transport};
 use super::validate::ValidationSet;
-use super::worker_runtime::WorkerRuntime;
+use super::worker_runtime::{OptimizerBytes, WorkerRuntime};
 use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::optim::AdamW;
+use crate::optim::{AdamW, ZeroStage};
 
 /// The operation a [`LocalSync`] round is collecting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +52,28 @@ struct SyncState {
 /// table's over its two copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum SumKey {
-    Replicas { step: u64, stage: u32 },
-    Tied { step: u64, replica: u32 },
+    Replicas {
+        step: u64,
+        stage: u32,
+    },
+    Tied {
+        step: u64,
+        replica: u32,
+    },
+    Shards {
+        step: u64,
+        stage: u32,
+        group: u32,
+        what: Gathered,
+    },
+}
+
+/// How a round's parts combine: summed, or concatenated.
+type Combine = fn(&[Option<Vec<f64>>]) -> std::result::Result<Vec<f64>, (usize, usize)>;
+
+/// The parts concatenated in part order (an all-gather).
+fn concatenated(parts: &[Option<Vec<f64>>]) -> std::result::Result<Vec<f64>, (usize, usize)> {
+    Ok(parts.iter().flatten().flatten().copied().collect())
 }
 
 /// One gradient sum: each part (a replica's, or a tied copy's), then the sum.
@@ -212,15 +233,41 @@ impl LocalSync {
         grads: &mut [f64],
         awaited: &dyn Fn() -> String,
     ) -> Result<()> {
+        let sum = self.combine_parts(key, (index, parts), grads, sum_in_replica_order, awaited)?;
+        if sum.len() != grads.len() {
+            return Err(Error::invalid(
+                "replicas",
+                format!(
+                    "{}: parts of {} and {} values",
+                    awaited(),
+                    sum.len(),
+                    grads.len()
+                ),
+            ));
+        }
+        grads.copy_from_slice(&sum);
+        Ok(())
+    }
+
+    /// Puts `part` in as part `index` of `parts` of the round `key`, waits until every
+    /// part is in and returns them combined by `combine`.
+    fn combine_parts(
+        &self,
+        key: SumKey,
+        (index, parts): (usize, usize),
+        part: &[f64],
+        combine: Combine,
+        awaited: &dyn Fn() -> String,
+    ) -> Result<std::sync::Arc<Vec<f64>>> {
         let mut rounds = self
             .rounds
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let round = rounds.entry(key).or_default();
         round.parts.resize(parts, None);
-        round.parts[index] = Some(grads.to_vec());
+        round.parts[index] = Some(part.to_vec());
         if round.parts.iter().all(Option::is_some) {
-            let sum = sum_in_replica_order(&round.parts).map_err(|(a, b)| {
+            let sum = combine(&round.parts).map_err(|(a, b)| {
                 Error::invalid(
                     "replicas",
                     format!("{}: parts of {a} and {b} values", awaited()),
@@ -239,10 +286,7 @@ impl LocalSync {
                 if round.taken == parts {
                     rounds.remove(&key);
                 }
-                drop(rounds);
-                // Every part, this one among them, had the sum's length.
-                grads.copy_from_slice(&sum);
-                return Ok(());
+                return Ok(sum);
             }
             // `abort` takes `rounds` before it notifies, so this check cannot miss it.
             if let Some(reason) = self.aborted() {
@@ -308,6 +352,28 @@ impl StepSync for LocalSync {
             TiedHolder::Head => 1,
         };
         self.sum_parts(key, (index, 2), grads, &awaited)
+    }
+
+    fn all_gather_shards(&self, part: ShardPart, shard: &[f32]) -> Result<Vec<f32>> {
+        let awaited = || format!("{part}: every shard");
+        let groups = self.replicas / part.shards.max(1) as usize;
+        if part.shards == 0 || part.shard >= part.shards || part.group as usize >= groups {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                format!("{part}: a sync for {} replicas", self.replicas),
+            ));
+        }
+        let key = SumKey::Shards {
+            step: part.step,
+            stage: part.stage,
+            group: part.group,
+            what: part.what,
+        };
+        // f32 to f64 and back is exact: the gather moves the bits unchanged.
+        let wide: Vec<f64> = shard.iter().map(|&x| f64::from(x)).collect();
+        let at = (part.shard as usize, part.shards as usize);
+        let all = self.combine_parts(key, at, &wide, concatenated, &awaited)?;
+        Ok(all.iter().map(|&x| x as f32).collect())
     }
 
     fn all_reduce_sq_norm(&self, step: u64, local: f64) -> Result<f64> {
@@ -379,6 +445,11 @@ pub struct LocalOptions<'a> {
     /// Each stage's activation recomputation, by stage (a stage past the end: none;
     /// [`crate::Stage::set_recompute`]).
     pub recompute: &'a [Recompute],
+    /// `data_parallel_shard_degree`: consecutive replicas (of `replicas` in all) that
+    /// shard their optimizer state ([`WorkerRuntime::set_sharding`]); 1 shards nothing.
+    pub shard_degree: u32,
+    /// What the shard groups shard (`zero_stage`).
+    pub zero_stage: ZeroStage,
 }
 
 impl Default for LocalOptions<'_> {
@@ -393,6 +464,8 @@ impl Default for LocalOptions<'_> {
             replicas: 1,
             validation: None,
             recompute: &[],
+            shard_degree: 1,
+            zero_stage: ZeroStage::OptimizerState,
         }
     }
 }
@@ -407,6 +480,8 @@ impl std::fmt::Debug for LocalOptions<'_> {
             .field("first_step", &self.first_step)
             .field("checkpoints", &self.checkpoints)
             .field("replicas", &self.replicas)
+            .field("shard_degree", &self.shard_degree)
+            .field("zero_stage", &self.zero_stage)
             .field(
                 "validation",
                 &self.validation.map(|(set, freq)| (set.windows(), freq)),
@@ -427,6 +502,9 @@ pub struct LocalRun {
     pub reports: Vec<Vec<StepReport>>,
     /// The other replicas' parameters (`replica_params[r - 1]`), to check they agree.
     pub replica_params: Vec<BTreeMap<String, Tensor>>,
+    /// Each worker's optimizer-state and summed-gradient bytes after the last step (as
+    /// [`LocalRun::reports`] orders the workers).
+    pub optimizer_bytes: Vec<OptimizerBytes>,
 }
 
 /// Aborts the networks and the sync when a worker thread ends early (error or panic).
@@ -449,7 +527,7 @@ impl Drop for AbortGuard<'_> {
     }
 }
 
-type WorkerOutcome = (Vec<StepReport>, Vec<(String, Tensor)>);
+type WorkerOutcome = (Vec<StepReport>, Vec<(String, Tensor)>, OptimizerBytes);
 
 /// Trains `steps.len()` steps (`steps[i]` holds step `i`'s `n` microbatches) with every
 /// worker of `schedule` on its own thread, [`MemoryTransport`] between them and a
@@ -529,6 +607,9 @@ pub fn run_local(
                                 count: replicas,
                             })?;
                         }
+                        if options.shard_degree != 1 {
+                            rt.set_sharding(options.shard_degree, options.zero_stage)?;
+                        }
                         rt.set_timeout(options.timeout);
                         rt.set_recompute(options.recompute);
                         if let Some(output) = options.checkpoints
@@ -567,18 +648,21 @@ pub fn run_local(
                             }
                             reports.push(report);
                         }
+                        let bytes = rt.optimizer_bytes();
+                        let end = options.first_step + steps.len() as u64;
+                        if options.checkpoints.is_some() {
+                            // Every shard's part of the state, whole, in the checkpoint.
+                            rt.unshard(sync, end)?;
+                        }
                         // Every replica holds the same parameters: the first saves them.
                         if let Some(output) = options.checkpoints.filter(|_| r == 0) {
-                            rt.save_checkpoints(
-                                &Confined::at(output),
-                                options.first_step + steps.len() as u64,
-                            )?;
+                            rt.save_checkpoints(&Confined::at(output), end)?;
                         }
                         let params = rt
                             .params()
                             .map(|p| (p.name.clone(), p.value.clone()))
                             .collect();
-                        Ok((reports, params))
+                        Ok((reports, params, bytes))
                     };
                     let result = run();
                     if result.is_err() {
@@ -630,7 +714,9 @@ pub fn run_local(
     }
     let mut reports: Vec<Vec<StepReport>> = (0..steps.len()).map(|_| Vec::new()).collect();
     let mut all_params = vec![BTreeMap::new(); replicas as usize];
-    for (index, (worker_reports, worker_params)) in per_worker.into_iter().enumerate() {
+    let mut optimizer_bytes = Vec::with_capacity(per_worker.len());
+    for (index, (worker_reports, worker_params, bytes)) in per_worker.into_iter().enumerate() {
+        optimizer_bytes.push(bytes);
         for (step, r) in worker_reports.into_iter().enumerate() {
             reports[step].push(r);
         }
@@ -646,6 +732,7 @@ pub fn run_local(
         params,
         reports,
         replica_params: all_params,
+        optimizer_bytes,
     })
 }
 

@@ -41,8 +41,10 @@ pub mod worker_runtime;
 pub use emulate::{EmulatedRuntime, run_emulated_local};
 pub use local::{LocalOptions, LocalRun, LocalSync, WrapTransport, run_local};
 pub use program::DEFAULT_TIMEOUT;
-pub use step::{PassTime, Replica, ReplicaPart, StepReport, StepSync, TiedHolder, TiedPart};
+pub use step::{
+    Gathered, PassTime, Replica, ReplicaPart, ShardPart, StepReport, StepSync, TiedHolder, TiedPart,
+};
 pub(crate) use sync::{sum_in_replica_order, sum_in_window_order};
 pub use transport::{Buffer, Frame, FrameKind, MemoryTransport, Payload, Transport};
 pub use validate::{ValidationSet, hold_out};
-pub use worker_runtime::{Slowdown, WorkerRuntime};
+pub use worker_runtime::{OptimizerBytes, Slowdown, WorkerRuntime};

@@ -7,11 +7,11 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use pipewise_common::pass::{Pass, PassKind};
 
-use super::step::{Passes, Replica};
+use super::step::{Gathered, Passes, Replica, ShardPart, StepSync};
 use super::transport::Payload;
 use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::optim::clip_scale;
+use crate::optim::{ShardState, Sharding, ZeroStage, clip_scale};
 use crate::stage::Stage;
 use crate::stage::tied::TiedGrads;
 
@@ -33,6 +33,10 @@ pub(super) struct RealPasses<'a> {
     /// stage's recomputation
     /// ([`backward_follows`](pipewise_common::schedule::backward_follows)).
     pub(super) kept_whole: BTreeSet<(u32, u32)>,
+    /// A sharded optimizer: this worker's place in its shard group, and each stage's
+    /// shard of the optimizer state (empty without sharding).
+    pub(super) sharding: Option<Sharding>,
+    pub(super) shards: &'a mut BTreeMap<u32, ShardState>,
 }
 
 impl RealPasses<'_> {
@@ -142,7 +146,27 @@ impl Passes for RealPasses<'_> {
     }
 
     fn set_stage_grads(&mut self, stage: u32, grads: &[f64]) -> Result<()> {
-        self.stage_mut(stage)?.set_flat_grads(grads)
+        let zero2 = self
+            .sharding
+            .is_some_and(|s| s.stage == ZeroStage::Gradients);
+        match self.shards.get_mut(&stage) {
+            // ZeRO-2: the shard keeps its part of the sum, the parameters none.
+            Some(shard) if zero2 => {
+                let part = grads.get(shard.range.clone()).ok_or_else(|| {
+                    Error::invalid(
+                        "data_parallel_shard_degree",
+                        format!(
+                            "stage {stage}: {} summed gradient values for a shard {:?}",
+                            grads.len(),
+                            shard.range
+                        ),
+                    )
+                })?;
+                shard.grad = Some(part.to_vec());
+                self.stage_mut(stage)?.zero_grad()
+            }
+            _ => self.stage_mut(stage)?.set_flat_grads(grads),
+        }
     }
 
     fn tied_grads(&mut self) -> Result<TiedGrads> {
@@ -163,6 +187,21 @@ impl Passes for RealPasses<'_> {
     }
 
     fn grad_sq_norm(&self) -> Result<f64> {
+        if let Some(sharding) = self.sharding
+            && sharding.stage == ZeroStage::Gradients
+        {
+            // Each shard of the first shard group counts its part of the sum once.
+            if self.replica.index >= sharding.count {
+                return Ok(0.0);
+            }
+            let sq = |g: &Vec<f64>| g.iter().map(|x| x * x).sum::<f64>();
+            return Ok(self
+                .shards
+                .values()
+                .filter_map(|s| s.grad.as_ref())
+                .map(sq)
+                .sum());
+        }
         if self.replica.index > 0 {
             return Ok(0.0);
         }
@@ -173,10 +212,34 @@ impl Passes for RealPasses<'_> {
         Ok(local_sq)
     }
 
-    fn optimizer_step(&mut self, global_sq: f64) -> Result<()> {
+    fn optimizer_step(&mut self, global_sq: f64, sync: &dyn StepSync, step: u64) -> Result<()> {
         let scale = clip_scale(global_sq, self.max_grad_norm);
-        for stage in self.stages.values_mut() {
-            stage.optimizer_step(scale)?;
+        let Some(sharding) = self.sharding else {
+            for stage in self.stages.values_mut() {
+                stage.optimizer_step(scale)?;
+            }
+            return Ok(());
+        };
+        for (&s, stage) in self.stages.iter_mut() {
+            let shard = self.shards.get_mut(&s).ok_or_else(|| {
+                Error::invalid(
+                    "data_parallel_shard_degree",
+                    format!("stage {s} has no optimizer shard"),
+                )
+            })?;
+            stage.sharded_step(shard, scale)?;
+            let part = ShardPart {
+                step,
+                stage: s,
+                group: self.replica.index / sharding.count,
+                shard: sharding.index,
+                shards: sharding.count,
+                total: shard.total as u64,
+                what: Gathered::Values,
+            };
+            let values = sync.all_gather_shards(part, &shard.wide)?;
+            shard.release_values();
+            stage.install_gathered(&values)?;
         }
         Ok(())
     }

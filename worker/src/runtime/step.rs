@@ -21,7 +21,7 @@ use super::exchange::{Input, Local};
 use super::program::WorkerProgram;
 use super::recorder::Recorder;
 use super::sync::sum_tied_parts;
-pub use super::sync::{Replica, ReplicaPart, StepSync, TiedHolder, TiedPart};
+pub use super::sync::{Gathered, Replica, ReplicaPart, ShardPart, StepSync, TiedHolder, TiedPart};
 use super::transport::{FrameKind, Payload, Transport};
 use crate::error::{Error, Result};
 use crate::stage::tied::TiedGrads;
@@ -208,8 +208,9 @@ pub(crate) trait Passes {
     /// first, whose gradients, once reduced, are the first's: counted once).
     fn grad_sq_norm(&self) -> Result<f64>;
 
-    /// The optimizer step, given the squared gradient norm over every worker.
-    fn optimizer_step(&mut self, global_sq: f64) -> Result<()>;
+    /// The optimizer step of step `step`, given the squared gradient norm over every
+    /// worker; a sharded optimizer gathers its updated shards through `sync`.
+    fn optimizer_step(&mut self, global_sq: f64, sync: &dyn StepSync, step: u64) -> Result<()>;
 }
 
 /// Runs `program` with `passes` for step `step` of run `job`, which started at `started`:
@@ -383,7 +384,7 @@ pub(crate) fn end_step<P: Passes>(
     rec.core_wait.add_since(mark);
     // Last, after every collective: a step that fails leaves the parameters as they were
     // before it, so its workers can go on from memory (a replica lost mid-step).
-    passes.optimizer_step(global_sq)?;
+    passes.optimizer_step(global_sq, sync, step)?;
     rec.span(Activity::Sync, sync_started);
     Ok(StepReport {
         loss: P::LEARNS.then_some(loss),

@@ -39,6 +39,17 @@ pub trait StepSync: Send + Sync {
         ))
     }
 
+    /// A sharded optimizer (`data_parallel_shard_degree`): gathers the shards of `part`'s
+    /// state (each replica of the shard group passes its own, `shard`) and returns them
+    /// concatenated in shard order to every replica of the group. A sync without it
+    /// refuses.
+    fn all_gather_shards(&self, part: ShardPart, _shard: &[f32]) -> Result<Vec<f32>> {
+        Err(Error::invalid(
+            "data_parallel_shard_degree",
+            format!("{part}: this transport has no all-gather of optimizer shards"),
+        ))
+    }
+
     /// `[validation]`: gathers one validation batch's `(window, mean loss)` pairs (each
     /// worker passes those its last stage evaluated, none elsewhere) and returns their sum
     /// in window order ([`sum_in_window_order`]) to every worker. `round` counts the run's
@@ -108,6 +119,50 @@ impl std::fmt::Display for ReplicaPart {
             f,
             "step {} stage {} (replica {})",
             self.step, self.stage, self.replica
+        )
+    }
+}
+
+/// Which state of a stage an all-gather of shards returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Gathered {
+    /// The updated values, after the optimizer step.
+    Values,
+    /// The f32 master values, for a checkpoint.
+    Master,
+    /// AdamW's first moment, for a checkpoint.
+    FirstMoment,
+    /// AdamW's second moment, for a checkpoint.
+    SecondMoment,
+}
+
+/// Whose shard a [`StepSync::all_gather_shards`] gets: a stage's `what`, in a step, from
+/// shard `shard` of shard group `group` (the replicas `group · S .. (group + 1) · S` for a
+/// shard degree `S`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardPart {
+    /// The step (0-based).
+    pub step: u64,
+    /// The stage whose state this is.
+    pub stage: u32,
+    /// The shard group (which of the replicate degree's copies).
+    pub group: u32,
+    /// The contributing worker's shard.
+    pub shard: u32,
+    /// The shard degree: the parts the gather takes.
+    pub shards: u32,
+    /// The stage's flattened parameters, all shards' together.
+    pub total: u64,
+    /// Which state.
+    pub what: Gathered,
+}
+
+impl std::fmt::Display for ShardPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {} stage {} {:?} (shard {} of {} in group {})",
+            self.step, self.stage, self.what, self.shard, self.shards, self.group
         )
     }
 }

@@ -16,14 +16,14 @@ use pipewise_common::schedule::{Recompute, Schedule};
 use super::one_worker_step::{holds_every_stage, run_side_by_side};
 use super::program::{WorkerProgram, check_partition, schedule_program};
 use super::real_passes::RealPasses;
-use super::step::{Replica, StepReport, StepSync, run_passes};
+use super::step::{Gathered, Replica, ShardPart, StepReport, StepSync, run_passes};
 use super::transport::Transport;
 use super::validate::{Evaluator, ValidationSet, evaluate};
 use crate::confined::Confined;
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::lanes::lanes_for;
-use crate::optim::AdamW;
+use crate::optim::{AdamW, ShardState, Sharding, ZeroStage};
 use crate::param::Param;
 use crate::stage::Stage;
 
@@ -43,6 +43,21 @@ pub struct WorkerRuntime {
     slowdown: Slowdown,
     /// Which data-parallel replica of the pipeline this worker belongs to.
     replica: Replica,
+    /// A sharded optimizer across the replicas ([`WorkerRuntime::set_sharding`]).
+    sharding: Option<Sharding>,
+    /// Each stage's shard of the optimizer state (empty without sharding).
+    shards: BTreeMap<u32, ShardState>,
+}
+
+/// A worker's training-state bytes that a sharded optimizer divides, measured from what
+/// it holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptimizerBytes {
+    /// AdamW's moments and the f32 master copies.
+    pub optimizer: u64,
+    /// The step's gradients summed over the replicas, as the optimizer reads them (whole
+    /// in the parameters, or ZeRO-2's shard).
+    pub summed_grads: u64,
 }
 
 /// A stand-in for a slower device, to exercise straggler and drift handling: every pass
@@ -166,6 +181,8 @@ impl WorkerRuntime {
             hidden: spec.hidden as usize,
             slowdown: Slowdown::default(),
             replica: Replica::default(),
+            sharding: None,
+            shards: BTreeMap::new(),
         })
     }
 
@@ -182,6 +199,13 @@ impl WorkerRuntime {
         program: Vec<Pass>,
         partition: &[Range<usize>],
     ) -> Result<()> {
+        if self.sharding.is_some() {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                "a worker whose optimizer state is sharded keeps only its shard: it cannot \
+                 go on alone in another run",
+            ));
+        }
         let program = WorkerProgram::new(worker, placement, microbatches, program)?;
         let wanted: Vec<(u32, Option<&Range<usize>>)> = placement
             .stages_of(worker)
@@ -230,6 +254,127 @@ impl WorkerRuntime {
         }
         self.replica = replica;
         Ok(())
+    }
+
+    /// Shards the optimizer state over the data-parallel replicas: `degree` consecutive
+    /// replicas (a shard group; [`WorkerRuntime::set_replica`] first) each keep 1/`degree`
+    /// of every stage's moments and master weights, and with [`ZeroStage::Gradients`] of
+    /// its summed gradients; the update runs on the shard and an all-gather returns the
+    /// values. Degree 1 shards nothing. Refused, changing nothing, where the degree does
+    /// not divide the replicas, the state is sharded already, or (ZeRO-2) the model ties
+    /// its embeddings.
+    pub fn set_sharding(&mut self, degree: u32, stage: ZeroStage) -> Result<()> {
+        let replicas = self.replica.count;
+        if degree == 0 || !replicas.is_multiple_of(degree) {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                format!("{degree} does not divide the {replicas} data-parallel copies"),
+            ));
+        }
+        if self.sharding.is_some() {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                "the optimizer state is sharded already",
+            ));
+        }
+        if stage == ZeroStage::Gradients && self.stages.values().any(Stage::is_tied) {
+            return Err(Error::invalid(
+                "zero_stage",
+                "2 shards the summed gradients, which a tied embedding table sums whole: \
+                 use zero_stage = 1 with tie_embeddings",
+            ));
+        }
+        if degree == 1 {
+            return Ok(());
+        }
+        self.sharding = Some(Sharding {
+            index: self.replica.index % degree,
+            count: degree,
+            stage,
+        });
+        self.shard_stages()
+    }
+
+    /// Moves every stage's optimizer state into its shard.
+    fn shard_stages(&mut self) -> Result<()> {
+        let Some(sharding) = self.sharding else {
+            return Ok(());
+        };
+        for (&s, stage) in &mut self.stages {
+            self.shards.insert(s, stage.shard_optimizer(sharding)?);
+        }
+        Ok(())
+    }
+
+    /// Gathers every stage's whole optimizer state from the shard group through `sync`
+    /// (as step `step`'s) and gives it back to the parameters, as without sharding: what
+    /// a checkpoint saves, loadable on any layout. Every replica of the group takes part;
+    /// the state stays whole until [`WorkerRuntime::reshard`].
+    pub fn unshard(&mut self, sync: &dyn StepSync, step: u64) -> Result<()> {
+        let Some(sharding) = self.sharding else {
+            return Ok(());
+        };
+        let group = self.replica.index / sharding.count;
+        for (&s, stage) in &mut self.stages {
+            let Some(shard) = self.shards.remove(&s) else {
+                continue;
+            };
+            let gather = |what, values: &[f32]| {
+                let part = ShardPart {
+                    step,
+                    stage: s,
+                    group,
+                    shard: sharding.index,
+                    shards: sharding.count,
+                    total: shard.total as u64,
+                    what,
+                };
+                sync.all_gather_shards(part, values)
+            };
+            let wide = gather(Gathered::Master, &shard.wide_of(stage.params())?)?;
+            let m = gather(Gathered::FirstMoment, &shard.m)?;
+            let v = gather(Gathered::SecondMoment, &shard.v)?;
+            stage.unshard_optimizer(&wide, &m, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Shards the whole optimizer state again after [`WorkerRuntime::unshard`].
+    pub fn reshard(&mut self) -> Result<()> {
+        if self.shards.is_empty() {
+            self.shard_stages()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the optimizer state is sharded now (not gathered whole).
+    pub fn is_sharded(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    /// The optimizer-state and summed-gradient bytes this worker holds now.
+    pub fn optimizer_bytes(&self) -> OptimizerBytes {
+        if !self.shards.is_empty() {
+            let zero2 = self
+                .sharding
+                .is_some_and(|s| s.stage == ZeroStage::Gradients);
+            let grads: u64 = if zero2 {
+                self.shards
+                    .values()
+                    .map(|s| (s.range.len() * std::mem::size_of::<f64>()) as u64)
+                    .sum()
+            } else {
+                self.params().map(Param::grad_bytes).sum()
+            };
+            return OptimizerBytes {
+                optimizer: self.shards.values().map(ShardState::optimizer_bytes).sum(),
+                summed_grads: grads,
+            };
+        }
+        OptimizerBytes {
+            optimizer: self.params().map(Param::optimizer_bytes).sum(),
+            summed_grads: self.params().map(Param::grad_bytes).sum(),
+        }
     }
 
     /// Sets each held stage's activation recomputation ([`Stage::set_recompute`]): stage
@@ -285,6 +430,15 @@ impl WorkerRuntime {
     /// Writes every stage's checkpoint after `step` steps under `output`
     /// (`step-K/stage-S.safetensors`), following no link below its data directory.
     pub fn save_checkpoints(&self, output: &Confined, step: u64) -> Result<()> {
+        if self.is_sharded() {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                format!(
+                    "step {step}: the optimizer state is sharded; a checkpoint needs it \
+                     gathered whole first (WorkerRuntime::unshard)"
+                ),
+            ));
+        }
         let dir = output.join(checkpoint_name(step))?.dir(true)?;
         for (s, stage) in &self.stages {
             stage.save_checkpoint_in(&dir, checkpoint_file_name(*s))?;
@@ -296,10 +450,11 @@ impl WorkerRuntime {
     /// files may come from another partition (a re-planned job): tensors are found by name.
     pub fn resume(&mut self, output: &Confined, step: u64) -> Result<()> {
         let dir = output.join(checkpoint_name(step))?.dir(false)?;
+        self.shards.clear();
         for stage in self.stages.values_mut() {
             stage.load_checkpoint_in(&dir)?;
         }
-        Ok(())
+        self.shard_stages()
     }
 
     /// Every parameter of the worker's stages, in stage then model order.
@@ -360,6 +515,10 @@ impl WorkerRuntime {
             // Zeroing only fails on a broken device; the next step then fails loudly too.
             let _ = stage.zero_grad();
         }
+        for shard in self.shards.values_mut() {
+            shard.grad = None;
+            shard.release_values();
+        }
     }
 
     fn run_step_inner(
@@ -405,6 +564,8 @@ impl WorkerRuntime {
             max_grad_norm: self.optimizer.max_grad_norm,
             replica: self.replica,
             kept_whole: pipewise_common::schedule::backward_follows(&self.program.passes),
+            sharding: self.sharding,
+            shards: &mut self.shards,
         };
         if lanes > 1 && self.program.microbatches > 1 && holds_every_stage(&self.program) {
             return run_side_by_side(&mut passes, &self.program, step, sync, started, lanes);

@@ -7,7 +7,12 @@ use pipewise_proto::v1::{ReduceOp, ReduceReply};
 use super::NetSync;
 use crate::error::{Error, Result};
 use crate::net::grad_sum::{GRAD_CHUNK, GRAD_WINDOW, from_bytes};
-use crate::runtime::ReplicaPart;
+use crate::optim::shard_range;
+use crate::runtime::{Gathered, ReplicaPart, ShardPart, StepSync};
+
+/// The steps a gather of shards is keyed by in the replicas' sums, apart from every
+/// training step's: this bit, then the step and which state.
+const GATHER_STEPS: u64 = 1 << 62;
 
 impl NetSync {
     /// Sends `grads` in chunks for the sum `sum` (`what` names it in errors) and leaves the
@@ -79,5 +84,46 @@ impl NetSync {
             }
         }
         Ok(())
+    }
+}
+
+impl NetSync {
+    /// An all-gather of optimizer shards through the replicas' gradient sum: every replica
+    /// passes the stage's whole length of `-0.0` with its shard in place (the first shard
+    /// group's; the other groups hold the same values and pass `-0.0` only). Adding `-0.0`
+    /// leaves every value's bits as they are, so the sum is the shards side by side.
+    pub(super) fn gather_by_sum(&self, part: ShardPart, shard: &[f32]) -> Result<Vec<f32>> {
+        let total = usize::try_from(part.total).unwrap_or(usize::MAX);
+        let range = shard_range(total, part.shard, part.shards);
+        if range.len() != shard.len() || part.shards == 0 {
+            return Err(Error::invalid(
+                "data_parallel_shard_degree",
+                format!(
+                    "{part}: a shard of {} values, not {}",
+                    shard.len(),
+                    range.len()
+                ),
+            ));
+        }
+        let mut values = vec![-0.0f64; total];
+        if part.group == 0 {
+            for (v, &x) in values[range].iter_mut().zip(shard) {
+                *v = f64::from(x);
+            }
+        }
+        let what = match part.what {
+            Gathered::Values => 0,
+            Gathered::Master => 1,
+            Gathered::FirstMoment => 2,
+            Gathered::SecondMoment => 3,
+        };
+        let key = ReplicaPart {
+            step: GATHER_STEPS | (part.step << 2) | what,
+            stage: part.stage,
+            replica: part.group * part.shards + part.shard,
+        };
+        self.all_reduce_replicas(key, &mut values)?;
+        // Each value is one shard's f32, widened exactly.
+        Ok(values.iter().map(|&v| v as f32).collect())
     }
 }
