@@ -53,7 +53,8 @@
 //!
 //! Assert the exact sequence: the pace makes it the same on every run. Hold the workers
 //! before a step ([`Cluster::hold_before`], [`Cluster::wait_held`]) to kill or restart one
-//! at a known step. Use a multi-threaded tokio runtime (`#[tokio::test(flavor =
+//! at a known step; where the re-plan must wait for the survivors to leave their run, wait
+//! too until the coordinator has heard them running it ([`Cluster::wait_running`]). Use a multi-threaded tokio runtime (`#[tokio::test(flavor =
 //! "multi_thread")]`): the nodes block in places.
 
 use std::collections::HashMap;
@@ -534,6 +535,22 @@ impl Cluster {
             assert!(Instant::now() < deadline, "waited in vain for {what}");
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Waits until the coordinator has seen each of the workers `ids` running `job` (a
+    /// heartbeat naming its run). Heartbeats go out on the wall clock, so a run younger than
+    /// an interval may still look idle to the coordinator; a loss decided then would not
+    /// wait for the survivors to leave the run, and what the re-plan finds would hang on
+    /// the machine's speed.
+    pub async fn wait_running(&self, ids: &[&str], job: u64) {
+        self.wait_members(&format!("{ids:?} seen running job {job}"), |live| {
+            ids.iter().all(|id| {
+                live.iter().any(|m| {
+                    m.worker.id == *id && m.running != 0 && layout::job_of(m.running) == job
+                })
+            })
+        })
+        .await;
     }
 
     /// The address worker `w` registered (its activation service), while it runs.

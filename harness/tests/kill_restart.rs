@@ -37,7 +37,10 @@ async fn a_lost_worker_is_replanned_onto_the_survivors() {
 
 /// Worker w2 killed before step 6 (1-based) and started again at once under its id and
 /// address registers before its heartbeats are missed: the run holding the dead process
-/// has lost it all the same and is re-planned, and training stays exact.
+/// has lost it all the same and is re-planned, and training stays exact. The re-plan waits
+/// for the survivors to leave the lost run, and they are held in it until released, after
+/// the restarted process opened its stream: that process is a streaming worker of the job
+/// by then, and the next run takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_restarted_under_its_id_is_a_lost_one() {
     let mut spec = spec(3, "1f1b", 10);
@@ -49,17 +52,18 @@ async fn a_worker_restarted_under_its_id_is_a_lost_one() {
     cluster.hold_before(5);
     let job = cluster.submit(spec).await;
     cluster.wait_held(&ALL, 5).await;
+    // A survivor the coordinator has not yet heard running the run would look gone from it
+    // already, and the re-plan would not wait for the restarted process's stream.
+    cluster.wait_running(&ALL, job).await;
     cluster.kill(2).await;
     cluster.restart(2).await;
     let address = cluster.address(2).unwrap();
     cluster.release();
     let ended = cluster.finish(job).await;
     ended.assert_exact(&[1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10], &reference);
-    // The next run leaves the restarted process out, though its assignment stream was
-    // open before the survivors were released (so on every run, loaded or not).
     let restarted = format!(
-        "worker 2 (w2) restarted (registered again from {address}); re-planned onto 2 workers \
-         (1f1b, 2 stages), resuming from the checkpoint of step 3"
+        "worker 2 (w2) restarted (registered again from {address}); re-planned onto 3 workers \
+         (1f1b, 3 stages), resuming from the checkpoint of step 3"
     );
     assert_eq!(ended.replans, [(4, restarted)]);
 }

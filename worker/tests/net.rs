@@ -68,6 +68,16 @@ fn tensor_of(payload: Payload) -> Tensor {
     }
 }
 
+/// Polls `done` every 20 ms until it holds; fails the test, saying `what` it waited for,
+/// after [`WAIT`].
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "waited in vain for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn exchanges_frames_bit_exactly() -> TestResult {
     let (a, b) = pair()?;
@@ -403,8 +413,9 @@ fn a_peer_restarted_at_its_address_gets_only_the_new_runs_frames() -> TestResult
         let got = tensor_of(b.recv(NEXT, 3, 1, mb, FrameKind::Activation, WAIT)?);
         assert_eq!(bits(&got)?, bits(&(&t * f64::from(mb))?)?);
     }
-    // The old run's task gives up after its back-off (2 s at most) without sending.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The old run's task gives up after its back-off without sending: once it has ended,
+    // only the next run's peer task runs, and no frame of the old run reached b.
+    wait_until("the old run's peer task to end", || a.peer_tasks() == 1);
     assert_eq!(
         b.stats().rejected_frames,
         0,
@@ -501,13 +512,10 @@ fn a_dropped_peer_stops_being_retried() -> TestResult {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The next assignment has no peer 1: at most the attempt already under way (after a
-    // back-off of up to 2 s; a refused connection fails at once) still fails.
+    // back-off of up to 2 s; a refused connection fails at once) still fails, then its task
+    // ends, and nothing is left to retry it.
     a.set_peers(JOB, std::iter::empty())?;
-    std::thread::sleep(Duration::from_secs(4));
-    let _ = a.take_errors();
-    std::thread::sleep(Duration::from_secs(5));
-    let late = a.take_errors();
-    assert!(late.is_empty(), "still retried: {late:?}");
+    wait_until("the dropped peer's task to end", || a.peer_tasks() == 0);
     Ok(())
 }
 
@@ -524,7 +532,9 @@ fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
     let started = Instant::now();
     std::thread::scope(|s| {
         s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(300));
+            // The abort comes once b's barrier call is under way: the root holds its
+            // contribution.
+            wait_until("b's barrier call", || a.collective().waiting() == 1);
             b.abort("job 7 was aborted by the coordinator");
         });
         let err = sync.barrier().expect_err("worker 0 never joins");

@@ -9,6 +9,7 @@
 //! [`send_call`]: the `SendAck` and the `grpc-status` trailer, as any gRPC client would.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -55,6 +56,34 @@ impl PeerErrors {
     }
 }
 
+/// How many peer tasks run: one per peer the transport has, and a dropped peer's until its
+/// back-off or call under way is over (it then ends without sending). Shown for tests, which
+/// wait for a dropped peer's task to end rather than for its longest back-off.
+#[derive(Debug, Default)]
+pub(crate) struct RunningPeers(AtomicUsize);
+
+impl RunningPeers {
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts one peer task in [`RunningPeers`] for as long as the task lives.
+struct Counted(Arc<RunningPeers>);
+
+impl Counted {
+    fn new(running: &Arc<RunningPeers>) -> Counted {
+        running.0.fetch_add(1, Ordering::SeqCst);
+        Counted(Arc::clone(running))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The queue into one peer's task.
 #[derive(Debug, Clone)]
 pub(crate) struct Peer {
@@ -86,6 +115,7 @@ pub(crate) fn spawn_peer(
     address: String,
     settings: &ClientSettings,
     errors: Arc<PeerErrors>,
+    running: &Arc<RunningPeers>,
 ) -> crate::error::Result<Peer> {
     let endpoint = super::tls::endpoint(
         &address,
@@ -109,7 +139,11 @@ pub(crate) fn spawn_peer(
     let max = settings.max_message_bytes;
     let label = format!("peer {worker} ({address})");
     let chunk_bytes = settings.chunk_bytes;
-    runtime.spawn(drive(endpoint, max, chunk_bytes, frames, label, errors));
+    let counted = Counted::new(running);
+    runtime.spawn(async move {
+        let _counted = counted;
+        drive(endpoint, max, chunk_bytes, frames, label, errors).await;
+    });
     Ok(Peer {
         address,
         run: None,

@@ -155,6 +155,13 @@ impl Collective {
         Ok((bytes.slice(start..end), chunks as u32))
     }
 
+    /// The contributions waiting in rounds not yet complete (the start barrier's among
+    /// them): each is a worker's call waiting for the round's answer. Shown for tests, which
+    /// wait for a call to be under way before they end it.
+    pub fn waiting(&self) -> usize {
+        self.lock().rounds.values().map(|round| round.arrived).sum()
+    }
+
     /// Fails every pending and later round with `reason` (until the next `configure`).
     pub fn abort(&self, reason: &str) {
         let mut st = self.lock();

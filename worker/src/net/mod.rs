@@ -65,7 +65,7 @@ pub use tls_cause::{TlsCause, tls_cause, with_tls_cause};
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};
-use client::{ClientSettings, Peer, PeerErrors};
+use client::{ClientSettings, Peer, PeerErrors, RunningPeers};
 use inbox::Inbox;
 use secret::RunSecret;
 use server::ActivationServer;
@@ -141,6 +141,7 @@ pub struct GrpcTransport {
     peers: RwLock<HashMap<u32, Peer>>,
     settings: ClientSettings,
     errors: Arc<PeerErrors>,
+    running_peers: Arc<RunningPeers>,
     collective: Arc<Collective>,
     secret: Arc<RunSecret>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -237,6 +238,7 @@ impl GrpcTransport {
                 tls: config.tls,
             },
             errors: Arc::new(PeerErrors::default()),
+            running_peers: Arc::default(),
             collective,
             secret,
             shutdown: Some(shutdown),
@@ -295,6 +297,7 @@ impl GrpcTransport {
             address,
             &self.settings,
             Arc::clone(&self.errors),
+            &self.running_peers,
         )?;
         peer.run = run;
         peers.insert(worker, peer);
@@ -349,6 +352,13 @@ impl GrpcTransport {
     /// Counts of accepted, rejected and queued frames on the receiving side.
     pub fn stats(&self) -> InboxStats {
         self.inbox.stats()
+    }
+
+    /// The sending side's peer tasks still running: one per peer set, and a dropped peer's
+    /// until its back-off or call under way is over. For tests: a dropped peer's task has
+    /// ended once this counts only the peers set since, and it sends nothing more.
+    pub fn peer_tasks(&self) -> usize {
+        self.running_peers.count()
     }
 
     /// Failures of the sending side since the last call (a peer rejected a frame, a
