@@ -8,14 +8,18 @@ with `--memory-bytes BUDGET`, twice per round, in alternating order:
 
 - **auto**: `pipeline_parallel_schedule = "auto"` with `[activation_checkpoint] mode = "auto"`
   (the planner recomputes only the stages of workers that would overflow);
-- **full**: 1F1B with `mode = "full"` on every stage.
+- **full**: 1F1B with `mode = "full"` on every stage;
+- **stage**: 1F1B with `per_stage` as `--per-stage` says (by default what the auto-planner
+  gives 1F1B under this budget: `selective` on the first stage only), so a run recomputing
+  only where needed is measured even when auto's choice needs no recomputation at all.
 
 The budget is the auto-planner's own figure for 1F1B at this microbatch size, less a quarter
 of the fullest worker's activations (`pipewise plan --auto … --format json`), unless
 `--memory-bytes` gives one. Per run it prints the plan auto chose (its line), whether any
 re-plan was for memory, the median step time of the last `--tail` steps and its tokens/s, and
 auto's median predicted step time against its measured one; then auto's tokens/s against
-full's per round (the ratio, ≥ 1.10 wanted) with the spread over rounds. Linux; not part of CI.
+full's per round (the ratio, ≥ 1.10 wanted) with the spread over rounds, and the same for
+**stage**. Linux; not part of CI.
 
     cargo build --release -p pipewise-cli
     python3 bench/recompute_auto.py --pipewise target/release/pipewise --rounds 3
@@ -54,7 +58,7 @@ def budget_from_planner(binary, workers):
     raise RuntimeError("the planner gave no 1F1B plan at microbatch size 4")
 
 
-def job_file(base, name, schedule, mode, workers, steps, folder):
+def job_file(base, name, schedule, mode, workers, steps, folder, per_stage=None):
     text = base.read_text()
     text = re.sub(r"(?m)^pipeline_parallel_degree = \d+", f"pipeline_parallel_degree = {workers}",
                   text)
@@ -62,7 +66,11 @@ def job_file(base, name, schedule, mode, workers, steps, folder):
                   f'pipeline_parallel_schedule = "{schedule}"', text)
     text = re.sub(r"(?m)^steps = \d+", f"steps = {steps}", text)
     text = re.sub(r'(?m)^name = "[^"]*"', f'name = "{name}"', text, count=1)
-    text += f'\n[activation_checkpoint]\nmode = "{mode}"\n'
+    if per_stage:
+        modes = ", ".join(f'"{m}"' for m in per_stage)
+        text += f"\n[activation_checkpoint]\nper_stage = [{modes}]\n"
+    else:
+        text += f'\n[activation_checkpoint]\nmode = "{mode}"\n'
     path = folder / f"job-{name}.toml"
     path.write_text(text)
     return path
@@ -123,6 +131,8 @@ def main():
     ap.add_argument("--tail", type=int, default=8, help="last steps the medians are taken over")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (auto, full), alternated")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
+    ap.add_argument("--per-stage", default="selective,none,none,none",
+                    help="the stage side's modes, one per stage")
     args = ap.parse_args()
     binary = str(Path(args.pipewise).resolve())
     if not Path(binary).exists():
@@ -137,10 +147,12 @@ def main():
     sides = {
         "auto": job_file(Path(args.job), "auto", "auto", "auto", args.workers, args.steps, folder),
         "full": job_file(Path(args.job), "full", "1f1b", "full", args.workers, args.steps, folder),
+        "stage": job_file(Path(args.job), "stage", "1f1b", None, args.workers, args.steps, folder,
+                          per_stage=args.per_stage.split(",")),
     }
-    ratios, failed = [], False
+    ratios, stage_ratios, failed = [], [], False
     for r in range(args.rounds):
-        order = ["auto", "full"] if r % 2 == 0 else ["full", "auto"]
+        order = ["auto", "stage", "full"] if r % 2 == 0 else ["full", "stage", "auto"]
         got = {}
         for side in order:
             try:
@@ -164,10 +176,18 @@ def main():
             ratio = got["auto"]["tokens_per_s"] / got["full"]["tokens_per_s"]
             ratios.append(ratio)
             print(f"round {r + 1}: auto / full tokens/s {ratio:.3f}", flush=True)
+        if "stage" in got and "full" in got:
+            ratio = got["stage"]["tokens_per_s"] / got["full"]["tokens_per_s"]
+            stage_ratios.append(ratio)
+            print(f"round {r + 1}: stage / full tokens/s {ratio:.3f}", flush=True)
     if ratios:
         print(f"auto / full tokens/s: median {statistics.median(ratios):.3f} "
               f"(spread {min(ratios):.3f}–{max(ratios):.3f}) over {len(ratios)} rounds")
         failed |= statistics.median(ratios) < 1.10
+    if stage_ratios:
+        print(f"stage / full tokens/s: median {statistics.median(stage_ratios):.3f} "
+              f"(spread {min(stage_ratios):.3f}–{max(stage_ratios):.3f}) over "
+              f"{len(stage_ratios)} rounds")
     shutil.rmtree(folder, ignore_errors=True)
     return 1 if failed else 0
 

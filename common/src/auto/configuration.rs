@@ -52,6 +52,13 @@ fn split(
     by_counts(pieces.len(), &counts).map_err(|e| e.to_string())
 }
 
+/// [`balance`]d stages of `pieces`, whatever the workers' speeds.
+fn balanced_cut(pieces: &[PieceCost], stages: usize) -> Option<Vec<Range<usize>>> {
+    let times: Vec<f64> = pieces.iter().map(|p| p.f + p.b + p.w).collect();
+    let params: Vec<u64> = pieces.iter().map(|p| p.params).collect();
+    balance(&times, &params, stages)
+}
+
 /// Plans one (kind, microbatch size) configuration. `partitions` holds the partitions of
 /// `pieces` by the stages' workers ([`split`]), computed on first use.
 pub(super) fn plan_one(
@@ -148,6 +155,19 @@ pub(super) fn plan_one(
         Ok(f) => f,
         Err((why, reason, needed)) => return Ok(skip(why, reason, needed)),
     };
+    // A cut for measured speeds may crowd a fast worker past the budget: the balanced cut
+    // (unit speeds, parameters as the tie-break) is planned instead when only it fits.
+    if !fitted.fits(req.memory_per_worker)
+        && req.fixed.split.is_none()
+        && req.measured.is_some()
+        && let Some(cut) = balanced_cut(pieces, stages)
+        && cut != partition
+        && let Ok(again) = setting.fit(&cut, None)?
+        && again.fits(req.memory_per_worker)
+    {
+        fitted = again;
+        partition = cut;
+    }
     // Recomputing stages take longer: the model cut again for the stages' modes, kept when
     // it fits and is faster (starting from those modes, or from none on the new cut).
     if fitted.recomputes()

@@ -430,6 +430,38 @@ mod tests {
         assert!(reason.contains("memory per worker"), "{reason}");
     }
 
+    /// A split for measured speeds that crowds the fast worker past the budget gives way
+    /// to the balanced cut where only that fits.
+    #[test]
+    fn a_speed_split_past_the_budget_falls_back_to_the_balanced_cut() {
+        let one_f_one_b = |factors: Vec<f64>, memory: u64| {
+            let plan = auto_plan(&AutoRequest {
+                measured: Some(measured(1.0, factors)),
+                fixed: Fixed {
+                    microbatch_size: Some(1),
+                    split: None,
+                },
+                ..AutoRequest::new(job(2).model, 8, 2, memory, 100)
+            })
+            .unwrap();
+            plan.ranked
+                .into_iter()
+                .find(|c| c.config.kind == ScheduleKind::OneFOneB)
+        };
+        let even = one_f_one_b(vec![1.0, 1.0], u64::MAX).unwrap();
+        let slow = one_f_one_b(vec![1.0, 4.0], u64::MAX).unwrap();
+        assert_ne!(slow.partition, even.partition);
+        assert!(
+            even.max_worker_bytes < slow.max_worker_bytes,
+            "{} against {}",
+            even.max_worker_bytes,
+            slow.max_worker_bytes
+        );
+        let fitted = one_f_one_b(vec![1.0, 4.0], even.max_worker_bytes).unwrap();
+        assert_eq!(fitted.partition, even.partition);
+        assert!(fitted.fits);
+    }
+
     /// With replicas the plan is one replica's pipeline on its share of the batch, split
     /// for the slowest worker of each rank over the replicas, its step ending with the
     /// gradient sums at the job's measured rate.
