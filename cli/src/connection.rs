@@ -34,6 +34,13 @@ pub(crate) struct Endpoint {
     #[arg(long, value_name = "SECONDS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub(crate) wait_for_coordinator: u64,
+    /// Give up on a coordinator silent for this many seconds: an attempt to connect that
+    /// gets no answer, or a call or watch whose HTTP/2 pings (every half of this, at most
+    /// 10 s) go unanswered (a frozen process, a dead link).
+    #[arg(long, env = ANSWER_TIMEOUT_ENV, value_name = "SECONDS",
+          default_value_t = DEFAULT_ANSWER_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub(crate) answer_timeout: u64,
     #[command(flatten)]
     pub(crate) auth: ClientAuth,
 }
@@ -47,13 +54,34 @@ pub(crate) struct JobArgs {
     pub(crate) endpoint: Endpoint,
 }
 
-/// How long one attempt to reach the coordinator may take: a frozen one (stopped, or behind
-/// a dead link) accepts the TCP connection and answers nothing.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// HTTP/2 pings on the client's connection, idle or not: a coordinator that answers none
-/// for [`KEEPALIVE_TIMEOUT`] ends the call (a request or a watch would wait forever).
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The environment variable `--answer-timeout` falls back to.
+pub(crate) const ANSWER_TIMEOUT_ENV: &str = "PIPEWISE_ANSWER_TIMEOUT";
+/// How long a coordinator may stay silent before a client command gives up, by default.
+const DEFAULT_ANSWER_TIMEOUT_SECS: u64 = 20;
+
+/// The timeouts a client command gives a silent coordinator, from `--answer-timeout`: a
+/// frozen one (stopped, or behind a dead link) accepts the TCP connection and answers
+/// nothing, and without them a request or a watch would wait forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Silence {
+    /// One attempt to connect.
+    connect: Duration,
+    /// HTTP/2 pings on the connection, idle or not.
+    ping_every: Duration,
+    /// A ping unanswered this long ends the call.
+    ping_answer: Duration,
+}
+
+impl Silence {
+    fn of(answer_timeout_secs: u64) -> Silence {
+        let answer = Duration::from_secs(answer_timeout_secs.max(1));
+        Silence {
+            connect: answer.min(Duration::from_secs(10)),
+            ping_every: (answer / 2).clamp(Duration::from_millis(500), Duration::from_secs(10)),
+            ping_answer: answer,
+        }
+    }
+}
 
 /// A client of the coordinator at `url` with no TLS and no token (the one `pipewise local`
 /// starts for itself).
@@ -69,6 +97,7 @@ pub(crate) async fn local_client(url: &str) -> Result<JobClient> {
 
 pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobClient> {
     let token = endpoint.auth.token()?;
+    let silence = Silence::of(endpoint.answer_timeout);
     let channel = pipewise_worker::net::endpoint(
         &endpoint.coordinator,
         &endpoint.auth.tls()?,
@@ -76,21 +105,21 @@ pub(crate) async fn client(endpoint: &Endpoint) -> Result<JobClient> {
         "the coordinator",
     )
     .map_err(|e| anyhow::anyhow!("--coordinator {e}"))?
-    .connect_timeout(CONNECT_TIMEOUT)
-    .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-    .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+    .connect_timeout(silence.connect)
+    .http2_keep_alive_interval(silence.ping_every)
+    .keep_alive_timeout(silence.ping_answer)
     .keep_alive_while_idle(true);
     let deadline = Instant::now() + Duration::from_secs(endpoint.wait_for_coordinator);
     let mut said = false;
     loop {
-        let attempt = match tokio::time::timeout(CONNECT_TIMEOUT, channel.connect()).await {
+        let attempt = match tokio::time::timeout(silence.connect, channel.connect()).await {
             Ok(connected) => connected.map_err(|e| match tls_cause(&e) {
                 Some(cause) => anyhow::Error::new(e).context(cause.explain("the coordinator")),
                 None => anyhow::Error::new(e),
             }),
             Err(_) => Err(anyhow::anyhow!(
                 "no answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
+                silence.connect.as_secs()
             )),
         };
         match attempt {
@@ -128,5 +157,35 @@ pub(crate) fn status_error(s: tonic::Status) -> anyhow::Error {
         e.context("the coordinator went away or stopped answering")
     } else {
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_timeout_sets_the_connect_and_ping_timeouts() {
+        let secs = Duration::from_secs;
+        // The default: connect for 10 s, ping every 10 s, give up after 20 s unanswered.
+        assert_eq!(
+            Silence::of(DEFAULT_ANSWER_TIMEOUT_SECS),
+            Silence {
+                connect: secs(10),
+                ping_every: secs(10),
+                ping_answer: secs(20),
+            }
+        );
+        assert_eq!(
+            Silence::of(2),
+            Silence {
+                connect: secs(2),
+                ping_every: secs(1),
+                ping_answer: secs(2),
+            }
+        );
+        let long = Silence::of(600);
+        assert_eq!((long.connect, long.ping_every), (secs(10), secs(10)));
+        assert_eq!(Silence::of(1).ping_every, Duration::from_millis(500));
     }
 }

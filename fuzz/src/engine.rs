@@ -1,5 +1,10 @@
-//! The engine: cases drawn from a seed under a time or case budget, each run with its
+//! The engine: cases drawn from a seed under a case or time budget, each run with its
 //! panics (on any thread) and hangs caught, and a report of what the cases did.
+//!
+//! Without a budget in the environment a target runs the fixed number of cases it asks for
+//! from its fixed seed: the same cases on every machine however loaded (a time budget
+//! would run fewer where the machine is busy), so `cargo test` checks the same inputs each
+//! time. Long runs set `PIPEWISE_FUZZ_SECS` (and a random seed).
 //!
 //! A case is a byte string derived from `(seed, case index)` alone, read through
 //! [`arbitrary::Unstructured`] by the target's generator, so any case replays from its two
@@ -51,9 +56,6 @@ impl From<&str> for Error {
     }
 }
 
-/// Seconds per target when neither a time nor a case budget is given: the CI run.
-pub const DEFAULT_SECS: f64 = 15.0;
-
 /// A case running longer than this many seconds is a hang (unless overridden).
 pub const DEFAULT_HANG_SECS: f64 = 30.0;
 
@@ -78,9 +80,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The settings in the environment; without a time or case budget, [`DEFAULT_SECS`]
-    /// seconds, and without a seed, one fixed per target (so CI runs the same cases).
-    pub fn from_env(target: &str) -> Result<Settings, Error> {
+    /// The settings in the environment; without a time or case budget, `default_cases`
+    /// cases, and without a seed, one fixed per target (so CI runs the same cases).
+    pub fn from_env(target: &str, default_cases: u64) -> Result<Settings, Error> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let bad = |name: &'static str, value: &str, expected: &'static str| Error::Setting {
             name,
@@ -103,10 +105,10 @@ impl Settings {
                 .map(|v| parse_u64(&v).ok_or_else(|| bad(name, &v, "a whole number")))
                 .transpose()
         };
-        let mut secs = number("PIPEWISE_FUZZ_SECS")?;
-        let cases = whole("PIPEWISE_FUZZ_CASES")?;
+        let secs = number("PIPEWISE_FUZZ_SECS")?;
+        let mut cases = whole("PIPEWISE_FUZZ_CASES")?;
         if secs.is_none() && cases.is_none() {
-            secs = Some(DEFAULT_SECS);
+            cases = Some(default_cases);
         }
         let seed = match var("PIPEWISE_FUZZ_SEED") {
             None => fnv1a(target.as_bytes()),
@@ -311,12 +313,17 @@ impl fmt::Display for Report {
     }
 }
 
-/// Runs `case` on inputs drawn from the environment's [`Settings`] until the budget is
-/// spent, and returns the report (also printed). Panics, naming the case and how to replay
+/// Runs `case` on inputs drawn from the environment's [`Settings`] (`default_cases` cases
+/// when it sets no budget) until the budget is spent, and returns the report (also
+/// printed). Panics, naming the case and how to replay
 /// it, at the first case that panics (on any thread) or breaks a property; ends the process
 /// at a case that hangs.
-pub fn run(target: &str, mut case: impl FnMut(&mut Unstructured<'_>) -> Verdict) -> Report {
-    let settings = match Settings::from_env(target) {
+pub fn run(
+    target: &str,
+    default_cases: u64,
+    mut case: impl FnMut(&mut Unstructured<'_>) -> Verdict,
+) -> Report {
+    let settings = match Settings::from_env(target, default_cases) {
         Ok(s) => s,
         Err(e) => panic!("fuzz {target}: {e}"),
     };

@@ -13,6 +13,10 @@ use pipewise_common::validate::validate;
 use pipewise_fuzz::arbitrary::{Result, Unstructured};
 use pipewise_fuzz::{mutate, run};
 
+/// Cases `cargo test` runs (a few seconds in a debug build, the same cases every run); longer
+/// runs set `PIPEWISE_FUZZ_SECS` or `PIPEWISE_FUZZ_CASES` (docs/fuzzing.md).
+const CASES: u64 = 10_000;
+
 /// The seed files: exported generated schedules and the repository's CSV.
 fn seeds() -> &'static [String] {
     static SEEDS: OnceLock<Vec<String>> = OnceLock::new();
@@ -220,7 +224,7 @@ fn check(text: &str) -> pipewise_fuzz::Verdict {
 
 #[test]
 fn csv_schedules_are_imported_or_refused_by_cell() {
-    let report = run("csv_import", |u| match mutant(u) {
+    let report = run("csv_import", CASES, |u| match mutant(u) {
         Ok(text) => check(&text),
         Err(e) => Err(format!("generator: {e}").into()),
     });

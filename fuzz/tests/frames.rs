@@ -27,6 +27,10 @@ use tonic::Code;
 use tonic::body::Body;
 use tonic::transport::Channel;
 
+/// Cases `cargo test` runs (a few seconds in a debug build, the same cases every run); longer
+/// runs set `PIPEWISE_FUZZ_SECS` or `PIPEWISE_FUZZ_CASES` (docs/fuzzing.md).
+const CASES: u64 = 2_000;
+
 /// The run whose frames the worker takes.
 const RUN: u64 = 0x5eed;
 /// The stages the worker holds (2 and 4 are another worker's).
@@ -456,7 +460,7 @@ fn check(c: Case) -> Verdict {
 
 #[test]
 fn frames_are_assembled_or_refused_by_field() {
-    let report = run("frames", |u| match case(u) {
+    let report = run("frames", CASES, |u| match case(u) {
         Ok(c) => check(c),
         Err(e) => Err(format!("generator: {e}").into()),
     });

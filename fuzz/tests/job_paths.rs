@@ -31,6 +31,10 @@ use pipewise_proto::v1::job_service_client::JobServiceClient;
 use tonic::Code;
 use tonic::transport::Channel;
 
+/// Cases `cargo test` runs (a few seconds in a debug build, the same cases every run); longer
+/// runs set `PIPEWISE_FUZZ_SECS` or `PIPEWISE_FUZZ_CASES` (docs/fuzzing.md).
+const CASES: u64 = 100;
+
 /// A call not answered within this is a hang; so is a job not started (or not ended after
 /// its cancel) within it.
 const ANSWER: Duration = Duration::from_secs(10);
@@ -433,7 +437,7 @@ fn alive(c: &Cluster) -> std::result::Result<(), Error> {
 #[test]
 fn job_paths_are_confined_or_refused_by_field() {
     let c = Cluster::start("job-paths");
-    let report = run("job_paths", |u| {
+    let report = run("job_paths", CASES, |u| {
         let case = case(u, &c).map_err(|e| format!("generator: {e}"))?;
         engine::show(&(
             &case.spec.checkpoint.folder,

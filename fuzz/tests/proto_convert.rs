@@ -25,6 +25,10 @@ use pipewise_proto::v1;
 use pipewise_worker::node::check_assignment;
 use prost::Message;
 
+/// Cases `cargo test` runs (a few seconds in a debug build, the same cases every run); longer
+/// runs set `PIPEWISE_FUZZ_SECS` or `PIPEWISE_FUZZ_CASES` (docs/fuzzing.md).
+const CASES: u64 = 20_000;
+
 /// The field a conversion error names.
 fn field_of(e: &ConvertError) -> &'static str {
     match e {
@@ -377,7 +381,7 @@ fn case(u: &mut Unstructured<'_>) -> Result<Verdict> {
 
 #[test]
 fn messages_convert_or_are_refused_by_field() {
-    let report = run("proto_convert", |u| match case(u) {
+    let report = run("proto_convert", CASES, |u| match case(u) {
         Ok(verdict) => verdict,
         Err(e) => Err(format!("generator: {e}").into()),
     });
