@@ -193,6 +193,10 @@ impl Pace for WorkerPace {
     fn heartbeat_answered(&self) {
         self.beats.fetch_add(1, Ordering::SeqCst);
     }
+
+    fn heartbeat_interval(&self, _given: Duration) -> Duration {
+        BEAT_EVERY
+    }
 }
 
 /// How a [`Cluster`] starts.
@@ -620,6 +624,10 @@ impl Cluster {
 
 /// How often [`Cluster::wait`] and [`Cluster::wait_held`] look again.
 const POLL: Duration = Duration::from_millis(10);
+
+/// The wall-clock cadence of the workers' heartbeats: the coordinator's clock is logical,
+/// so a beat only has to be there when [`Cluster::advance`] waits for one, not every 500 ms.
+const BEAT_EVERY: Duration = Duration::from_millis(20);
 
 /// What an ended job left ([`Cluster::finish`]).
 #[derive(Debug)]

@@ -234,7 +234,11 @@ impl Actor for Connection {
         myself: ActorRef<Self::Msg>,
         args: ConnArgs,
     ) -> std::result::Result<Self::State, ActorProcessingErr> {
-        let interval = Self::register(&args).await?;
+        let given = Self::register(&args).await?;
+        let interval = args
+            .pace
+            .as_ref()
+            .map_or(given, |pace| pace.heartbeat_interval(given));
         let stream = tokio::spawn(follow_assignments(
             args.client.clone(),
             args.id.clone(),

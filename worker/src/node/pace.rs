@@ -15,6 +15,8 @@
 //! - its start-up profile is the pace's [`Pace::flops_per_second`], not a measurement;
 //! - it reports each step once [`Pace::before_report`] lets it.
 
+use std::time::Duration;
+
 use pipewise_common::pass::PassKind;
 
 /// A test harness's pace of one worker (see the [module docs](self)).
@@ -38,4 +40,11 @@ pub trait Pace: Send + Sync + std::fmt::Debug {
     /// The coordinator answered one of the worker's heartbeats (a harness that moves the
     /// coordinator's logical clock waits for them, so that no live worker expires).
     fn heartbeat_answered(&self) {}
+
+    /// How often the worker sends heartbeats when the coordinator asks for one every
+    /// `given`: a harness on the coordinator's logical clock has no use for the wall-clock
+    /// cadence, only for the beats, and waits for them after every move of that clock.
+    fn heartbeat_interval(&self, given: Duration) -> Duration {
+        given
+    }
 }
