@@ -48,9 +48,10 @@ for 5 s and for 30 s from the step-line --fault-at on (under --fault-profile). I
 step lines and `re-planned:` lines of each, and checks that every step's loss and the final
 parameters equal the reference's, byte for byte.
 
---smoke: CI's check (skips with a message, exit 0, unless root and `ip netns` work): one
-cluster, 2 emulated workers under `two-group`, 1F1B for 4 steps, then a 3 s hole on w1 mid-job;
-both jobs must finish.
+--smoke: CI's check (skips with a message, exit 0, unless root and `ip netns` work): 2
+emulated workers, 1F1B for 6 steps, under `none` and under `two-group` (w0 and w1 across the
+WAN link: the median step must grow by at least the 2 x 5 ms its critical path crosses), then
+a 3 s hole on w1 mid-job under `two-group`: every job must finish.
 """
 
 import argparse
@@ -362,14 +363,17 @@ class Cluster:
         return "".join(lines), p.returncode
 
     def tails(self):
-        return "".join(f"--- {f.name}\n{f.read_text()[-1500:]}\n"
+        return "".join(f"--- {f.name}\n{f.read_text()[-800:]}\n"
                        for f in sorted(self.folder.glob(f"{self.tag}-*.log")))
 
 
 def emulated_job(folder, pass_ms):
+    """bench/job.toml's model with 6 blocks (8 pieces: the V and interleaved schedules place
+    8 stages on 4 workers), emulated; its frames are the real activation size."""
     f, b, w = pass_ms
     path = folder / "job-emulated.toml"
-    path.write_text(JOB.read_text() + f'\n[compute]\nmode = "emulate"\nf_ms = {f}\nb_ms = {b}\nw_ms = {w}\n')
+    text = JOB.read_text().replace("layers = 4", "layers = 6")
+    path.write_text(text + f'\n[compute]\nmode = "emulate"\nf_ms = {f}\nb_ms = {b}\nw_ms = {w}\n')
     return path
 
 
@@ -403,7 +407,7 @@ def table(args, binary, folder):
                     if rc != 0 or len(rows) < args.steps:
                         failed += 1
                         print(f"{topology:<10} {kind:<13} {schedule:<17} failed (rc {rc}, "
-                              f"{len(rows)} step lines):\n{out[-2000:]}\n{c.tails()}", flush=True)
+                              f"{len(rows)} step lines):\n{out[-1500:]}", flush=True)
                         continue
                     planned, measured, predicted, ms = medians(rows, args.first, args.steps)
                     diff, ratio = abs(measured - planned), predicted / ms if ms else 0
@@ -480,34 +484,42 @@ def faults(args, binary, folder):
 
 
 def smoke(args, binary, folder):
+    """CI's check: the same emulated job unshaped and across a WAN link, then a hole."""
     job = emulated_job(folder, (2.0, 2.0, 2.0))
-    with Cluster(binary, 2, "two-group", args.delay, folder, pin=False) as c:
-        out, rc = c.submit(job, 2, "1f1b", 4, args.timeout)
-        rows = LINE.findall(out)
-        print(out, end="")
-        if rc != 0 or len(rows) != 4:
-            print(f"smoke: the job failed (rc {rc}, {len(rows)} step lines)\n{c.tails()}")
-            return 1
-        # Two-group: w1 is across the WAN link from w0, 5 ms each way; a 1F1B step of 2
-        # stages and 8 microbatches crosses it at least 2 x 8 times in sequence... at least
-        # twice on its critical path: a step under 10 ms would mean the relay delays nothing.
-        ms = [float(m[2]) for m in rows]
-        if min(ms) < 10:
-            print(f"smoke: steps of {ms} ms cannot have crossed a 5 ms link")
-            return 1
-        hole = {}
+    step_ms = {}
+    for topology in ("none", "two-group"):
+        with Cluster(binary, 2, topology, args.delay, folder, pin=False) as c:
+            out, rc = c.submit(job, 2, "1f1b", 6, args.timeout)
+            rows = [m.groupdict() for m in LINE.finditer(out)]
+            print(out, end="")
+            if rc != 0 or len(rows) != 6:
+                print(f"smoke: the {topology} job failed (rc {rc}, {len(rows)} step lines)\n"
+                      f"{c.tails()}")
+                return 1
+            step_ms[topology] = medians(rows, 3, 6)[3]
+            if topology == "none":
+                continue
+            hole = {}
 
-        def watch(line):
-            m = LINE.match(line)
-            if not hole and m and int(m["step"]) == 2:
-                hole["said"] = c.blackhole("w1", 3)
+            def watch(line, c=c, hole=hole):
+                m = LINE.match(line)
+                if not hole and m and int(m["step"]) == 2:
+                    hole["said"] = c.blackhole("w1", 3)
 
-        out, rc = c.submit(job, 2, "1f1b", 6, args.timeout, on_line=watch)
-        print(out, end="")
-        print(f"smoke: relay {hole.get('said', 'never asked')}")
-        if rc != 0 or not hole:
-            print(f"smoke: the job with a hole failed (rc {rc})\n{c.tails()}")
-            return 1
+            out, rc = c.submit(job, 2, "1f1b", 6, args.timeout, on_line=watch)
+            print(out, end="")
+            print(f"smoke: relay {hole.get('said', 'never asked')}")
+            if rc != 0 or not hole or len(LINE.findall(out)) < 6:
+                print(f"smoke: the job with a hole failed (rc {rc})\n{c.tails()}")
+                return 1
+    # Under two-group w0 and w1 sit on either side of the WAN link (5 ms each way): every
+    # step's critical path crosses it at least twice (the first forward, the last backward),
+    # so the step grows by 10 ms or more over the unshaped one unless the relay delays nothing.
+    grew = step_ms["two-group"] - step_ms["none"]
+    print(f"smoke: median step {step_ms['none']:.1f} ms unshaped, {step_ms['two-group']:.1f} ms "
+          f"across the WAN link (+{grew:.1f} ms, at least 10 expected)")
+    if grew < 10:
+        return 1
     print("smoke: ok")
     return 0
 
@@ -520,7 +532,7 @@ def main():
     ap.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated")
     ap.add_argument("--kinds", default="4 emulated,2 real",
                     help="which rows: '4 emulated', '2 real' or both, comma-separated")
-    ap.add_argument("--pass-ms", default="4,4,3",
+    ap.add_argument("--pass-ms", default="20,25,20",
                     help="F,B,W ms of a stage holding 1/d of the model, for the emulated rows")
     ap.add_argument("--steps", type=int, default=8, help="steps per job")
     ap.add_argument("--first", type=int, default=3, help="first step in the medians")
