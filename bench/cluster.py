@@ -178,6 +178,7 @@ class Cluster:
         self.tag = f"pw{os.getpid() % 10000:04d}{random.randrange(36 ** 2):03x}"[:9]
         self.nodes = ["coordinator"] + [f"w{i}" for i in range(workers)]
         self.namespaces, self.links, self.procs, self.logs = [], [], [], []
+        self.names = ["relay", "coordinator"] + [f"w{i}" for i in range(workers)]
         self.bridge = None
         self.control = None
 
@@ -278,24 +279,20 @@ class Cluster:
     def _processes(self):
         config = self.folder / f"{self.tag}-relay.json"
         config.write_text(json.dumps(self._relay_config(), indent=1))
-        relay_log = self.folder / f"{self.tag}-relay.log"
         self.procs.append(start([self.binary, "relay", "--config", str(config)], self.log("relay")))
-        deadline = time.monotonic() + 30
-        while self.control is None:
-            m = re.search(r"control on (\S+)", relay_log.read_text())
-            if m:
-                host, port = m.group(1).rsplit(":", 1)
-                self.control = (host, int(port))
-            elif self.procs[0].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"relay did not start:\n{relay_log.read_text()}")
-            else:
-                time.sleep(0.05)
+        m = re.search(r"control on (\S+)", self.wait_for_line("relay", "control on"))
+        host, port = m.group(1).rsplit(":", 1)
+        self.control = (host, int(port))
         self.data = self.folder / f"{self.tag}-data"
         env = dict(os.environ, RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1")
         self.procs.append(start(
             ["ip", "netns", "exec", self.ns("coordinator"), self.binary, "coordinator",
              "--listen", f"{self.ip('coordinator')}:{COORD_PORT}", "--data-dir", str(self.data)],
             self.log("coordinator")))
+        # Through the relay a worker's connect always succeeds (the relay takes it) and a
+        # coordinator not listening yet shows as a reset, which a worker does not retry:
+        # start the workers once it listens.
+        self.wait_for_line("coordinator", "coordinator listening on")
         for i in range(self.workers):
             node = f"w{i}"
             self.procs.append(start(
@@ -306,6 +303,23 @@ class Cluster:
                  "--id", f"emu-{node}", "--data-dir", str(self.data)],
                 self.log(node), core=i % 2 if self.pin else None, env=env))
         self.url = f"http://{self.ip('coordinator')}:{COORD_PORT}"
+
+    def wait_for_line(self, name, text, timeout=60):
+        """The log of the process `name` (the last started) once it holds `text`."""
+        path, proc = self.folder / f"{self.tag}-{name}.log", self.procs[-1]
+        deadline = time.monotonic() + timeout
+        while True:
+            log = path.read_text()
+            if text in log:
+                return log
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{log[-2000:]}")
+            time.sleep(0.05)
+
+    def dead(self):
+        """'name (exit status)' of each process of the cluster that has ended."""
+        return [f"{name} (exit {p.returncode})" for name, p in zip(self.names, self.procs)
+                if p.poll() is not None]
 
     def stop_worker(self, i):
         """Stops worker i (SIGTERM: it leaves the cluster)."""
@@ -320,7 +334,7 @@ class Cluster:
         return answer
 
     def alive(self):
-        return all(p.poll() is None for p in self.procs)
+        return not self.dead()
 
     def close(self):
         stop(self.procs)
@@ -408,6 +422,10 @@ def table(args, binary, folder):
                         failed += 1
                         print(f"{topology:<10} {kind:<13} {schedule:<17} failed (rc {rc}, "
                               f"{len(rows)} step lines):\n{out[-1500:]}", flush=True)
+                        if not c.alive():
+                            print(f"ended: {', '.join(c.dead())}; the profile's other rows "
+                                  f"are left out\n{c.tails()}", flush=True)
+                            break
                         continue
                     planned, measured, predicted, ms = medians(rows, args.first, args.steps)
                     diff, ratio = abs(measured - planned), predicted / ms if ms else 0
