@@ -145,3 +145,33 @@ fn command(line: &str, config: &Config, holes: &Holes) -> Result<String> {
         _ => bail!("unknown command {line:?} (blackhole NODE SECONDS)"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_commands_black_hole_a_node_or_say_why_not() {
+        let config = Config::parse(
+            r#"{"nodes": [{"name": "w0", "address": "10.0.0.1"}],
+                "routes": [{"to": "w0", "listen": "127.0.0.1:9", "target": "10.0.0.1:1"}]}"#,
+        )
+        .expect("valid");
+        let holes = Holes::default();
+        let said = command("blackhole w0 5", &config, &holes).expect("a node");
+        assert_eq!(said, "w0 black-holed for 5 s");
+        let until = holes
+            .closed_until(Some("w1"), "w0")
+            .expect("w0's links held");
+        assert!(until > Instant::now() + Duration::from_secs(4));
+        for (line, says) in [
+            ("blackhole w9 5", "\"w9\" is no node"),
+            ("blackhole w0 -1", "SECONDS \"-1\" is not 0 to 3600"),
+            ("blackhole w0 soon", "SECONDS \"soon\""),
+            ("heal w0", "unknown command"),
+        ] {
+            let err = command(line, &config, &holes).expect_err(line).to_string();
+            assert!(err.contains(says), "{line}: {err}");
+        }
+    }
+}

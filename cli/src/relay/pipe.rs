@@ -35,7 +35,7 @@ impl Holes {
     }
 
     /// When the link between `a` and `b` is open again, if it is black-holed now.
-    fn closed_until(&self, a: Option<&str>, b: &str) -> Option<Instant> {
+    pub(super) fn closed_until(&self, a: Option<&str>, b: &str) -> Option<Instant> {
         let holes = self.until.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         [a, Some(b)]
