@@ -321,10 +321,6 @@ class Cluster:
         return [f"{name} (exit {p.returncode})" for name, p in zip(self.names, self.procs)
                 if p.poll() is not None]
 
-    def stop_worker(self, i):
-        """Stops worker i (SIGTERM: it leaves the cluster)."""
-        stop([self.procs[2 + i]])
-
     def blackhole(self, node, seconds):
         with socket.create_connection(self.control, timeout=10) as s:
             s.sendall(f"blackhole {node} {seconds}\n".encode())
@@ -438,15 +434,17 @@ def table(args, binary, folder):
 
 
 def final_parameters(data):
-    """{tensor name: sha256 of its bytes} of the newest job's final parameters under `data`,
-    whatever files (stages) hold them."""
+    """({tensor name: sha256 of its bytes}, the step folder) of the newest job's last step
+    under `data`, whatever files (stages) hold them."""
     jobs = sorted(data.glob("ckpt/job-*"), key=lambda p: int(p.name.split("-")[1]))
     if not jobs:
-        return {}
+        return {}, "-"
     steps = sorted((p for p in jobs[-1].glob("step-*") if p.is_dir()),
                    key=lambda p: int(p.name.split("-")[1]))
+    if not steps:
+        return {}, "-"
     tensors = {}
-    for f in sorted(steps[-1].rglob("*.safetensors")) if steps else []:
+    for f in sorted(steps[-1].rglob("*.safetensors")):
         raw = f.read_bytes()
         (n,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8:8 + n])
@@ -471,7 +469,6 @@ def faults(args, binary, folder):
             def watch(line, c=c, seconds=seconds, hole=hole):
                 m = LINE.match(line)
                 if seconds and not hole and m and int(m["step"]) == args.fault_at:
-                    hole["at"] = time.monotonic()
                     hole["said"] = c.blackhole("w1", seconds)
 
             begun = time.monotonic()
@@ -492,12 +489,12 @@ def faults(args, binary, folder):
     failed = 0
     for label, rc, losses, params in results[1:]:
         same_loss = losses == ref[2] and len(losses) == args.fault_steps
-        same_params = params == ref[3] and bool(params and params[0])
+        same_params = params == ref[3] and bool(params[0])
         ok = rc == 0 and same_loss and same_params
         failed += not ok
         print(f"{label}: finished {'yes' if rc == 0 else 'NO'}, every step's loss equal to the "
-              f"reference: {same_loss}, final parameters ({len(params[0]) if params else 0} tensors, "
-              f"{params[1] if params else '-'}) bit-identical: {same_params}")
+              f"reference: {same_loss}, final parameters ({len(params[0])} tensors, {params[1]}) "
+              f"bit-identical: {same_params}")
     return failed
 
 
