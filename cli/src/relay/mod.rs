@@ -41,7 +41,7 @@ pub(crate) struct RelayArgs {
 
 /// Runs the relay until the process is killed.
 pub(crate) fn run(args: &RelayArgs) -> Result<()> {
-    let text = crate::text_file::read_text(&args.config, 1 << 20)?;
+    let text = crate::text_file::read_text(&args.config, 1 << 20).context("--config")?;
     let config = Arc::new(Config::parse(&text).with_context(|| args.config.display().to_string())?);
     let holes = Arc::new(Holes::default());
     let control = TcpListener::bind(args.control)
