@@ -73,6 +73,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from compare import stop_all  # noqa: E402  (the benches' process handling)
+
 JOB = HERE / "job.toml"
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "v-min", "v-half", "v-zb",
              "adaptive-v"]
@@ -154,20 +157,6 @@ def start(cmd, log, core=None, env=None):
                             preexec_fn=preexec)
 
 
-def stop(procs):
-    """SIGTERM to every process (the last started first); SIGKILL to those up 10 s later."""
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 10
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
 class Cluster:
     """Namespaces, veths, bridge, shaping, relay, coordinator and `workers` workers; a
     context manager that tears all of it down."""
@@ -178,7 +167,6 @@ class Cluster:
         self.tag = f"pw{os.getpid() % 10000:04d}{random.randrange(36 ** 2):03x}"[:9]
         self.nodes = ["coordinator"] + [f"w{i}" for i in range(workers)]
         self.namespaces, self.links, self.procs, self.logs = [], [], [], []
-        self.names = ["relay", "coordinator"] + [f"w{i}" for i in range(workers)]
         self.bridge = None
         self.control = None
 
@@ -318,7 +306,7 @@ class Cluster:
 
     def dead(self):
         """'name (exit status)' of each process of the cluster that has ended."""
-        return [f"{name} (exit {p.returncode})" for name, p in zip(self.names, self.procs)
+        return [f"{name} (exit {p.returncode})" for name, p in zip(["relay", *self.nodes], self.procs)
                 if p.poll() is not None]
 
     def blackhole(self, node, seconds):
@@ -333,11 +321,8 @@ class Cluster:
         return not self.dead()
 
     def close(self):
-        stop(self.procs)
-        self.procs = []
-        for f in self.logs:
-            f.close()
-        self.logs = []
+        stop_all(self.procs, self.logs)
+        self.procs, self.logs = [], []
         # Deleting a namespace deletes its veth end, and with it the bridge side.
         for ns in self.namespaces:
             sh("ip", "netns", "del", ns, check=False)
