@@ -126,6 +126,15 @@ pub(crate) enum Command {
     ///   pipewise completions fish > ~/.config/fish/completions/pipewise.fish
     #[command(verbatim_doc_comment)]
     Completions(crate::completions::CompletionsArgs),
+    /// Relay TCP between an emulated cluster's nodes, delaying each link.
+    ///
+    /// Listens on each route's address and forwards to its target, every
+    /// direction delayed by the link's latency ± jitter (in order), and
+    /// black-holes a node's links on `blackhole NODE SECONDS` at --control.
+    /// bench/cluster.py runs it between network namespaces; see
+    /// docs/cluster-emulation.md.
+    #[command(verbatim_doc_comment)]
+    Relay(crate::relay::RelayArgs),
 }
 
 #[cfg(test)]

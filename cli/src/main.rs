@@ -17,7 +17,8 @@
 //!   one process), [`coordinator`] and [`worker`] (the two kinds of process of a cluster),
 //!   [`submit`], [`status`], [`watch`], [`cancel`] and [`trace`] (clients of a running
 //!   coordinator), [`certs`] (a CA and certificates for TLS), [`completions`] (shell
-//!   completion scripts).
+//!   completion scripts), [`relay`] (a delaying TCP relay between an emulated cluster's
+//!   nodes).
 //! - Shared flags and value parsers: [`values`] (numbers, times, byte counts, dtypes),
 //!   [`schedule_name`] (schedule names, with "did you mean"), [`device`] (`--device`),
 //!   [`text_file`] (reading a file the user names).
@@ -55,6 +56,7 @@ mod metrics;
 mod plan;
 mod progress;
 mod progress_bar;
+mod relay;
 mod runtime;
 mod schedule_name;
 mod security;
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => cancel::run(&args),
         Command::Trace(args) => trace::run(&args),
         Command::Certs(args) => certs::run(&args),
+        Command::Relay(args) => relay::run(&args),
         Command::Completions(args) => completions::run(&args, Cli::command()),
     };
     match outcome {
