@@ -79,8 +79,8 @@ impl ChainSums {
     pub(crate) fn fail(&mut self, why: &str) {
         for (_, link) in self.links.drain() {
             let failed = || Some(Err(Status::aborted(why.to_string())));
-            let _ = link.partial.send(failed());
-            let _ = link.sum.send(failed());
+            link.partial.send_replace(failed());
+            link.sum.send_replace(failed());
         }
     }
 
@@ -135,7 +135,7 @@ impl ChainSums {
             )));
         }
         link.arrived = true;
-        let _ = link.partial.send(Some(Ok(Arc::new(values))));
+        link.partial.send_replace(Some(Ok(Arc::new(values))));
         Ok(link.sum.subscribe())
     }
 
@@ -153,7 +153,7 @@ impl ChainSums {
     /// replica before, and the link ends.
     pub(crate) fn finish(&mut self, key: LinkKey, sum: SumResult) {
         if let Some(link) = self.links.remove(&key) {
-            let _ = link.sum.send(Some(sum));
+            link.sum.send_replace(Some(sum));
         }
     }
 
