@@ -330,7 +330,9 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
                         .map(|(w, a)| (w as u32, a.as_str())),
                 )?;
             }
-            nets[0].collective().configure(JOB, d, Replica::default(), TIMEOUT);
+            nets[0]
+                .collective()
+                .configure(JOB, d, Replica::default(), TIMEOUT);
             let syncs = nets
                 .iter()
                 .enumerate()

@@ -73,12 +73,7 @@ fn run(
     (replicas, shard_degree, zero): (u32, u32, ZeroStage),
     over_grpc: bool,
 ) -> Result<LocalRun> {
-    let schedule = schedule(
-        ScheduleKind::OneFOneB,
-        WORKERS,
-        1,
-        MICROBATCHES / replicas,
-    );
+    let schedule = schedule(ScheduleKind::OneFOneB, WORKERS, 1, MICROBATCHES / replicas);
     let (_transports, syncs) = if over_grpc {
         grpc_syncs(replicas)?
     } else {
@@ -93,7 +88,15 @@ fn run(
         syncs: over_grpc.then_some(syncs.as_slice()),
         ..LocalOptions::default()
     };
-    run_local(&schedule, &spec(), SEED, adamw(), &Device::Cpu, data, options)
+    run_local(
+        &schedule,
+        &spec(),
+        SEED,
+        adamw(),
+        &Device::Cpu,
+        data,
+        options,
+    )
 }
 
 /// `run`'s parameters (every replica's) are `want`'s bits and its losses `losses`.

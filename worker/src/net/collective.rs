@@ -35,8 +35,6 @@ use crate::runtime::{
 mod chain;
 mod chunked;
 
-pub use chain::GradChain;
-
 /// A completed round: the value and whether to stop after this step, or why it failed.
 type RoundResult = std::result::Result<(f64, bool), Status>;
 
@@ -457,6 +455,27 @@ impl std::fmt::Debug for NetSync {
             .field("aborted", &self.aborted.is_some())
             .field("in_process", &self.local.is_some())
             .field("chain", &self.chain)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This worker's place in its rank's chain of gradient sums.
+pub struct GradChain {
+    replica: Replica,
+    /// This worker's own collective service, where the replica before's partials come.
+    here: CollectiveServer,
+    /// The replica before's worker of the rank, in errors (none on replica 0).
+    before: Option<String>,
+    /// The next replica's worker of the rank (none on the last replica).
+    next: Option<Arc<NetSync>>,
+}
+
+impl std::fmt::Debug for GradChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GradChain")
+            .field("replica", &self.replica)
+            .field("before", &self.before)
+            .field("next", &self.next.as_ref().map(|n| &n.root))
             .finish_non_exhaustive()
     }
 }

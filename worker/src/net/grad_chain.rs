@@ -220,8 +220,16 @@ mod tests {
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(e.message().starts_with(field), "{e:?}");
         };
-        refused(&mut ChainSums::default(), partial(0, &[1.0]), "ReduceRequest.op");
-        refused(&mut chain(0, 3), partial(0, &[1.0]), "ReduceRequest.replica");
+        refused(
+            &mut ChainSums::default(),
+            partial(0, &[1.0]),
+            "ReduceRequest.op",
+        );
+        refused(
+            &mut chain(0, 3),
+            partial(0, &[1.0]),
+            "ReduceRequest.replica",
+        );
         let mut sums = chain(2, 3);
         refused(&mut sums, partial(0, &[1.0]), "ReduceRequest.replica");
         let mut past = partial(1, &[1.0]);

@@ -17,32 +17,11 @@ use std::time::{Duration, Instant};
 use pipewise_proto::v1::ReduceOp;
 use tonic::Status;
 
-use super::{CollectiveServer, NetSync, abandoned};
+use super::{CollectiveServer, GradChain, NetSync, abandoned};
 use crate::error::{Error, Result};
 use crate::net::grad_chain::LinkKey;
 use crate::net::grad_sum::{GRAD_CHUNK, GRAD_WINDOW, from_bytes};
 use crate::runtime::{Replica, ReplicaPart};
-
-/// This worker's place in its rank's chain of gradient sums.
-pub struct GradChain {
-    replica: Replica,
-    /// This worker's own collective service, where the replica before's partials come.
-    here: CollectiveServer,
-    /// The replica before's worker of the rank, in errors (none on replica 0).
-    before: Option<String>,
-    /// The next replica's worker of the rank (none on the last replica).
-    next: Option<Arc<NetSync>>,
-}
-
-impl std::fmt::Debug for GradChain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GradChain")
-            .field("replica", &self.replica)
-            .field("before", &self.before)
-            .field("next", &self.next.as_ref().map(|n| &n.root))
-            .finish_non_exhaustive()
-    }
-}
 
 impl GradChain {
     /// `replica`'s place in the chain of `addresses` (its rank's worker in every replica,
@@ -283,15 +262,24 @@ mod tests {
             .map(|r| service(replica(r), timeout))
             .collect();
         let root = service(Replica::default(), timeout);
-        let addresses: Vec<String> = (0..replicas).map(|r| format!("127.0.0.1:{}", r + 1)).collect();
+        let addresses: Vec<String> = (0..replicas)
+            .map(|r| format!("127.0.0.1:{}", r + 1))
+            .collect();
         let syncs = (0..replicas)
             .map(|r| {
                 let worker = 2 * r + 1;
-                let next = services
-                    .get(r as usize + 1)
-                    .map(|s| sync(runtime, &addresses[r as usize + 1], worker, Some(s), timeout));
-                let link = GradChain::new(replica(r), &addresses, services[r as usize].clone(), next)
-                    .expect("a chain");
+                let next = services.get(r as usize + 1).map(|s| {
+                    sync(
+                        runtime,
+                        &addresses[r as usize + 1],
+                        worker,
+                        Some(s),
+                        timeout,
+                    )
+                });
+                let link =
+                    GradChain::new(replica(r), &addresses, services[r as usize].clone(), next)
+                        .expect("a chain");
                 sync(runtime, "127.0.0.1:1", worker, Some(&root), timeout).with_grad_chain(link)
             })
             .collect();
@@ -340,8 +328,14 @@ mod tests {
                 .collect();
             for (r, call) in calls.into_iter().enumerate() {
                 let got = call.join().expect("thread").expect("the sum");
-                let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
-                assert!(same && got.len() == want.len(), "R = {replicas}, replica {r}");
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same && got.len() == want.len(),
+                    "R = {replicas}, replica {r}"
+                );
             }
             for s in &services {
                 assert_eq!(s.collective.links(), 0, "R = {replicas}");
@@ -378,8 +372,15 @@ mod tests {
         }
         services[2].collective.abort("replica 2's worker left");
         for (r, call) in calls.into_iter().enumerate() {
-            let err = call.join().expect("thread").expect_err("no sum").to_string();
-            assert!(err.contains("replica 2's worker left"), "replica {r}: {err}");
+            let err = call
+                .join()
+                .expect("thread")
+                .expect_err("no sum")
+                .to_string();
+            assert!(
+                err.contains("replica 2's worker left"),
+                "replica {r}: {err}"
+            );
         }
     }
 
@@ -432,8 +433,8 @@ mod tests {
         let first = |timeout: Duration| {
             let here = service(replica(0), timeout);
             let next = sync(&runtime, &addr, 1, None, timeout);
-            let link = GradChain::new(replica(0), &addresses, here.clone(), Some(next))
-                .expect("a chain");
+            let link =
+                GradChain::new(replica(0), &addresses, here.clone(), Some(next)).expect("a chain");
             sync(&runtime, "127.0.0.1:1", 1, Some(&here), timeout).with_grad_chain(link)
         };
         let at = |step, replica| ReplicaPart {
@@ -447,7 +448,16 @@ mod tests {
             .all_reduce_replicas(at(0, 0), &mut [1.0])
             .expect_err("nothing listens");
         assert!(started.elapsed() >= timeout, "failed at once: {err}");
-        assert!(matches!(err, Error::Call { code: tonic::Code::Unavailable, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                Error::Call {
+                    code: tonic::Code::Unavailable,
+                    ..
+                }
+            ),
+            "{err}"
+        );
 
         let timeout = Duration::from_secs(5);
         let last = service(replica(1), timeout);
@@ -460,13 +470,18 @@ mod tests {
         );
         let other = std::thread::spawn(move || {
             let mut grads = vec![2.0];
-            second.all_reduce_replicas(at(1, 1), &mut grads).map(|()| grads)
+            second
+                .all_reduce_replicas(at(1, 1), &mut grads)
+                .map(|()| grads)
         });
         let mut grads = vec![1.0];
         first(timeout)
             .all_reduce_replicas(at(1, 0), &mut grads)
             .expect("replica 0's sum");
         assert_eq!(grads, [3.0]);
-        assert_eq!(other.join().expect("thread").expect("replica 1's sum"), [3.0]);
+        assert_eq!(
+            other.join().expect("thread").expect("replica 1's sum"),
+            [3.0]
+        );
     }
 }
