@@ -51,20 +51,11 @@ impl Link {
 }
 
 /// The links of one run's chain sums at this worker (see the [module docs](self)).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct ChainSums {
     /// This worker's replica (a count of 1: the run sums nothing over replicas).
     replica: Replica,
     links: HashMap<LinkKey, Link>,
-}
-
-impl Default for ChainSums {
-    fn default() -> Self {
-        Self {
-            replica: Replica::default(),
-            links: HashMap::new(),
-        }
-    }
 }
 
 impl ChainSums {

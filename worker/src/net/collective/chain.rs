@@ -143,9 +143,10 @@ impl NetSync {
                         message: s.message().to_string(),
                     })?;
                     same_length(&what, partial.len(), values.len())?;
-                    // The replicas before first, then this one's: replica order.
+                    // The replicas before summed, plus this one's part: replica order (one
+                    // IEEE addition commutes bit for bit).
                     for (v, p) in values.iter_mut().zip(partial.iter()) {
-                        *v = *p + *v;
+                        *v += *p;
                     }
                 }
                 match next {
