@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Many workers: a coordinator and `--workers` emulated `pipewise worker` processes, one job
-of R replicas of a d-worker pipeline, planned against measured bubble and the coordinator's
-own CPU time.
+of R replicas of a d-worker pipeline, planned against measured bubble, the coordinator's
+own CPU time and every worker's.
 
     python3 bench/scale.py --pipewise target/release/pipewise [--replicas 8 --degree 8]
 
 The job: emulated compute (`[compute] mode = "emulate"`, F, B, W of 20 ms each for a stage
 holding 1/d of the model), V-Half, R replicas of d workers (R × d worker processes), 16
 microbatches per replica, `--steps` steps. After `--warmup` steps it samples the
-coordinator process's utime + stime (/proc/PID/stat) over the next `--window` seconds and
-prints it as a share of the wall time, with the median planned and measured bubble of the
-steps in that window. Linux only; standard library only (it reuses compare.py's process
+utime + stime (/proc/PID/stat) of the coordinator and of every worker process over the next
+`--window` seconds and prints the coordinator's as a share of the wall time, the workers'
+busiest, median and least (the busiest over the median: an emulated pass sleeps, so a
+worker's CPU is its frames and collectives, the replicas' gradient sums the largest part),
+with the median planned and measured bubble of the steps in that window. Linux only; standard library only (it reuses compare.py's process
 handling); not part of CI.
 """
 
@@ -98,12 +100,14 @@ def main():
                  str(tmp / "data")], stdout=log, stderr=subprocess.STDOUT)
             procs.append(coordinator)
             env = dict(os.environ, RAYON_NUM_THREADS="1")
+            workers = []
             for w in range(r * d):
                 log = open(tmp / f"w{w}.log", "w")
                 logs.append(log)
-                procs.append(subprocess.Popen(
+                workers.append(subprocess.Popen(
                     [binary, "worker", "--coordinator", url, "--id", f"w{w:03}",
                      "--timeout", "120"], stdout=log, stderr=subprocess.STDOUT, env=env))
+            procs.extend(workers)
             out = tmp / "submit.out"
             with open(out, "w") as f:
                 submit = subprocess.Popen(
@@ -113,7 +117,8 @@ def main():
                 while submit.poll() is None:
                     steps = LINE.findall(out.read_text())
                     if window is None and len(steps) >= args.warmup:
-                        window = (time.monotonic(), cpu_seconds(coordinator.pid), len(steps))
+                        window = (time.monotonic(), cpu_seconds(coordinator.pid), len(steps),
+                                  [cpu_seconds(p.pid) for p in workers])
                     if window and time.monotonic() - window[0] >= args.window:
                         break
                     time.sleep(0.2)
@@ -121,6 +126,7 @@ def main():
                     raise SystemExit(f"the job ended before {args.warmup} steps:\n{out.read_text()}")
                 wall = time.monotonic() - window[0]
                 cpu = cpu_seconds(coordinator.pid) - window[1]
+                worker_cpu = [cpu_seconds(p.pid) - before for p, before in zip(workers, window[3])]
                 text = out.read_text()
                 steps = LINE.findall(text)[window[2]:]
                 submit.terminate()
@@ -134,6 +140,14 @@ def main():
             print(f"bubble: planned {planned:.1f} %, measured {measured:.1f} % (medians; "
                   f"|difference| {abs(measured - planned):.1f} points)")
             print(f"coordinator CPU: {cpu:.2f} s of {wall:.1f} s wall = {100 * cpu / wall:.1f} %")
+            busiest = max(range(len(worker_cpu)), key=worker_cpu.__getitem__)
+            median = statistics.median(worker_cpu)
+            print(f"worker CPU over the window: busiest w{busiest:03} {worker_cpu[busiest]:.2f} s, "
+                  f"median {median:.2f} s, least {min(worker_cpu):.2f} s; busiest / median = "
+                  f"{worker_cpu[busiest] / median:.2f}" if median > 0 else
+                  f"worker CPU over the window: none measured ({worker_cpu})")
+            top = sorted(range(len(worker_cpu)), key=worker_cpu.__getitem__, reverse=True)[:4]
+            print("busiest workers: " + ", ".join(f"w{w:03} {worker_cpu[w]:.2f} s" for w in top))
             print(f"load average: {os.getloadavg()}")
         finally:
             compare.stop_all(procs, logs)

@@ -324,10 +324,13 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
                 String::new()
             },
             offer_copies: replica == 0 && a.rebuilt_replicas > 0,
-            grad_root: if replicas > 1 {
-                a.workers[i].address.clone()
+            grad_chain: if replicas > 1 {
+                a.workers
+                    .chunks(d)
+                    .map(|replica| replica[i].address.clone())
+                    .collect()
             } else {
-                String::new()
+                Vec::new()
             },
             handover: handover.clone(),
             offer_held: a.handover.iter().any(|h| h.holder.id == w.id),

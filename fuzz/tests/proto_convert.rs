@@ -173,7 +173,7 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
         resume_in_memory: false,
         copy_from: String::new(),
         offer_copies: false,
-        grad_root: String::new(),
+        grad_chain: Vec::new(),
         // A move's hand-over: the whole model held by one worker of the run before.
         handover: if u.arbitrary()? {
             vec![v1::HeldStage {
@@ -242,7 +242,7 @@ const ASSIGNMENT_FIELDS: [&str; 12] = [
     "stages",
     "replica",
     "collective_root",
-    "grad_root",
+    "grad_chain",
     "handover",
 ];
 
@@ -388,10 +388,10 @@ fn messages_convert_or_are_refused_by_field() {
     assert!(report.cases > 0);
 }
 
-/// With replicas, a worker needs where its stages' gradients are summed: on replica 0 its
-/// own address (it serves them), on the others replica 0's worker of its rank.
+/// With replicas, a worker needs the chain its stages' gradients are summed along: its
+/// rank's worker in every replica, its own address at its replica's place.
 #[test]
-fn replicas_need_their_gradient_sums_worker() {
+fn replicas_need_their_gradient_sums_chain() {
     let bytes = [0u8; 64];
     let mut a = assignment(&mut Unstructured::new(&bytes)).expect("an assignment");
     let own = a.peers[&a.worker_index].clone();
@@ -401,20 +401,22 @@ fn replicas_need_their_gradient_sums_worker() {
         other => panic!("expected a refusal, got {other:?}"),
     };
     assert!(
-        refused(&a).starts_with("grad_root: none"),
+        refused(&a).starts_with("grad_chain: 0 addresses"),
         "{}",
         refused(&a)
     );
-    a.grad_root = "http://127.0.0.1:1".into();
+    let other = "http://127.0.0.1:1".to_string();
+    a.grad_chain = vec![other.clone(), own.clone()];
     assert!(
-        refused(&a).contains("not this worker's address"),
+        refused(&a).contains("at replica 0 is not this worker's address"),
         "{}",
         refused(&a)
     );
-    a.grad_root = own;
-    check_assignment(a.clone(), &std::env::temp_dir()).expect("replica 0 sums its own stages");
+    a.grad_chain = vec![own.clone(), other.clone()];
+    check_assignment(a.clone(), &std::env::temp_dir()).expect("replica 0 starts the chain");
     a.replica = 1;
     a.collective_root = "http://127.0.0.1:7000".into();
-    a.grad_root = "http://127.0.0.1:1".into();
-    check_assignment(a, &std::env::temp_dir()).expect("replica 1 sends them to replica 0");
+    assert!(refused(&a).contains("at replica 1"), "{}", refused(&a));
+    a.grad_chain = vec![other, own];
+    check_assignment(a, &std::env::temp_dir()).expect("replica 1 ends it");
 }

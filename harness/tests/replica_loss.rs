@@ -33,8 +33,8 @@ async fn an_auto_job_loses_and_rebuilds_a_replica_the_same_way() {
     replica_lost_and_rebuilt("auto", 3, went).await;
 }
 
-/// The same when the worker killed is replica 0's rank 1, which sums rank 1's gradients of
-/// both replicas: replica 1 goes on as replica 0 and rebuilds the other.
+/// The same when the worker killed is replica 0's rank 1, where rank 1's chain of gradient
+/// sums starts: replica 1 goes on as replica 0 and rebuilds the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn losing_a_worker_that_sums_a_ranks_gradients_is_the_same() {
     let went = "worker 1 (w1) closed its connection; replica 0 left the job: 1 replica of 2 \

@@ -54,7 +54,7 @@ use pipewise_common::trace::{Activity, Span};
 use pipewise_common::{Costs, simulate};
 use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport, NetSync};
 use pipewise_worker::runtime::{
-    EmulatedRuntime, LocalSync, MemoryTransport, StepReport, StepSync, Transport,
+    EmulatedRuntime, LocalSync, MemoryTransport, Replica, StepReport, StepSync, Transport,
 };
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -330,7 +330,9 @@ fn measure(spec: &JobSpec, transport: &'static str, steps: u64) -> BenchResult<R
                         .map(|(w, a)| (w as u32, a.as_str())),
                 )?;
             }
-            nets[0].collective().configure(JOB, d, 1, TIMEOUT);
+            nets[0]
+                .collective()
+                .configure(JOB, d, Replica::default(), TIMEOUT);
             let syncs = nets
                 .iter()
                 .enumerate()

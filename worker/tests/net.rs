@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pipewise_proto::v1::activation_service_client::ActivationServiceClient;
 use pipewise_proto::v1::{self, TensorFrame};
 use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport};
-use pipewise_worker::runtime::{Buffer, Frame, FrameKind, Payload, Transport};
+use pipewise_worker::runtime::{Buffer, Frame, FrameKind, Payload, Replica, Transport};
 use pipewise_worker::{CandleDType, Device, Tensor};
 
 const JOB: u64 = 7;
@@ -527,7 +527,8 @@ fn an_abandoned_job_leaves_the_start_barrier_at_once() -> TestResult {
     let (a, b) = pair()?;
     let timeout = Duration::from_secs(60);
     // Worker 0 (a) serves the collectives of a 2-worker job but never joins the barrier.
-    a.collective().configure(JOB, 2, 1, timeout);
+    a.collective()
+        .configure(JOB, 2, Replica::default(), timeout);
     let sync = b.sync_to(&a.local_addr().to_string(), JOB, 1, timeout)?;
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -558,7 +559,8 @@ fn a_follower_ahead_of_the_root_waits_for_it_at_the_start_barrier() -> TestResul
     let secret = |run: u64| bytes::Bytes::from(format!("the secret of run {run}").into_bytes());
     // Both ran job 7; worker 1 (b) has taken up job 8, the root (a) not yet.
     a.set_run_secret(JOB, secret(JOB));
-    a.collective().configure(JOB, 2, 1, timeout);
+    a.collective()
+        .configure(JOB, 2, Replica::default(), timeout);
     b.set_run_secret(NEXT, secret(NEXT));
     let root_addr = a.local_addr().to_string();
     // Until the root takes up job 8, the follower's barrier is told "not yet", and retries:
@@ -574,7 +576,8 @@ fn a_follower_ahead_of_the_root_waits_for_it_at_the_start_barrier() -> TestResul
     std::thread::scope(|s| -> TestResult {
         let waiting = s.spawn(move || follower.barrier());
         a.set_run_secret(NEXT, secret(NEXT));
-        a.collective().configure(NEXT, 2, 1, timeout);
+        a.collective()
+            .configure(NEXT, 2, Replica::default(), timeout);
         a.sync_at(&root_addr, NEXT, 0, timeout)?.barrier()?;
         waiting.join().map_err(|_| "the follower's thread")??;
         Ok(())

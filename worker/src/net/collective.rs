@@ -2,10 +2,10 @@
 //! `pipewise.v1.CollectiveService` next to its `ActivationService`. A job's worker 0 (the
 //! root) takes the barrier, squared norms and losses: every worker (worker 0 included)
 //! sends its contribution with one unary `AllReduce` call, and every call is answered, with
-//! the same result, once all the job's workers have contributed. With replicas, replica 0's
-//! worker of each rank takes that rank's gradient sums ([`super::grad_sum`]); the root
-//! also sums a tied table's two copies' gradients when the embedding and the head are on
-//! different workers.
+//! the same result, once all the job's workers have contributed. With replicas, each rank's
+//! workers sum their stages' gradients along a chain in replica order, with no root
+//! ([`super::grad_chain`], the calls in `chain`); the root sums a tied table's two copies'
+//! gradients when the embedding and the head are on different workers.
 //!
 //! The reduction matches [`LocalSync`](crate::runtime::LocalSync): squared norms are summed
 //! in value order and losses averaged in f64, so a step gives the same numbers whether its
@@ -25,10 +25,14 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::RunName;
+use super::grad_chain::ChainSums;
 use super::grad_sum::{GradSums, SumResult, TIED_PARTS, to_bytes};
 use crate::error::{Error, Result};
-use crate::runtime::{ReplicaPart, ShardPart, StepSync, TiedHolder, TiedPart, sum_in_window_order};
+use crate::runtime::{
+    Replica, ReplicaPart, ShardPart, StepSync, TiedHolder, TiedPart, sum_in_window_order,
+};
 
+mod chain;
 mod chunked;
 
 /// A completed round: the value and whether to stop after this step, or why it failed.
@@ -56,8 +60,8 @@ struct State {
     completed: HashMap<i32, u64>,
     stop: bool,
     aborted: Option<String>,
-    /// Data-parallel replicas' gradient sums.
-    sums: GradSums,
+    /// This worker's links of the data-parallel replicas' chain sums.
+    chain: ChainSums,
     /// Tied tables' sums of their two copies' gradients.
     tied: GradSums,
 }
@@ -81,11 +85,12 @@ impl Collective {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Serves run `run` with `workers` contributors (over all its `replicas`) from now on;
-    /// pending rounds of an earlier run fail, and the stop signal is cleared.
-    pub fn configure(&self, run: u64, workers: u32, replicas: u32, timeout: Duration) {
+    /// Serves run `run` with `workers` contributors (over all its replicas) from now on,
+    /// and the chain sums of this worker's `replica`; pending rounds of an earlier run
+    /// fail, and the stop signal is cleared.
+    pub fn configure(&self, run: u64, workers: u32, replica: Replica, timeout: Duration) {
         let mut st = self.lock();
-        st.sums.reset(replicas, "the worker was reassigned");
+        st.chain.reset(replica, "the worker was reassigned");
         st.tied.reset(TIED_PARTS, "the worker was reassigned");
         for (_, round) in st.rounds.drain() {
             let _ = round
@@ -168,7 +173,7 @@ impl Collective {
         for (_, round) in st.rounds.drain() {
             let _ = round.done.send(Some(Err(Status::aborted(reason))));
         }
-        st.sums.fail(reason);
+        st.chain.fail(reason);
         st.tied.fail(reason);
         st.aborted = Some(reason.to_string());
     }
@@ -192,8 +197,8 @@ impl Collective {
         Ok(st)
     }
 
-    /// Takes a replica's chunk of a stage's gradients, or a tied table's copy's: the
-    /// receiver gets the sum.
+    /// Takes the replica before's partial sum of a chunk of a stage's gradients, or a tied
+    /// table's copy's chunk: the receiver gets the sum.
     fn contribute_grads(
         &self,
         req: &ReduceRequest,
@@ -202,7 +207,13 @@ impl Collective {
         if req.op == ReduceOp::Tied as i32 {
             return st.tied.contribute_tied(req);
         }
-        st.sums.contribute(req)
+        st.chain.receive(req)
+    }
+
+    /// The chain links open at this worker. For tests, which wait for a partial to have
+    /// come before they end a call.
+    pub fn links(&self) -> usize {
+        self.lock().chain.open()
     }
 
     fn contribute(
@@ -408,8 +419,8 @@ impl CollectiveServer {
     }
 }
 
-/// [`StepSync`] across processes: calls worker 0's `CollectiveService` (a rank's gradient
-/// sums: replica 0's worker of the rank).
+/// [`StepSync`] across processes: calls worker 0's `CollectiveService` (the replicas'
+/// gradient sums: the next replica's worker of the rank, [`GradChain`]).
 pub struct NetSync {
     runtime: tokio::runtime::Handle,
     client: CollectiveServiceClient<Channel>,
@@ -430,9 +441,8 @@ pub struct NetSync {
     /// contributions (with replicas, its whole gradient share every step) are handed to it
     /// directly instead of crossing loopback gRPC.
     local: Option<CollectiveServer>,
-    /// Where the stages' gradient sums go when not to the root (replica 0's worker of this
-    /// rank): each of replica 0's workers sums its own stages, not the root all of them.
-    grads: Option<Box<NetSync>>,
+    /// The chain the stages' gradients are summed over the replicas along.
+    chain: Option<GradChain>,
 }
 
 impl std::fmt::Debug for NetSync {
@@ -444,13 +454,48 @@ impl std::fmt::Debug for NetSync {
             .field("stop", &self.stop)
             .field("aborted", &self.aborted.is_some())
             .field("in_process", &self.local.is_some())
-            .field("grads", &self.grads.as_ref().map(|g| &g.root))
+            .field("chain", &self.chain)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This worker's place in its rank's chain of gradient sums.
+pub struct GradChain {
+    replica: Replica,
+    /// This worker's own collective service, where the replica before's partials come.
+    here: CollectiveServer,
+    /// The replica before's worker of the rank, in errors (none on replica 0).
+    before: Option<String>,
+    /// The next replica's worker of the rank (none on the last replica).
+    next: Option<Arc<NetSync>>,
+}
+
+impl std::fmt::Debug for GradChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GradChain")
+            .field("replica", &self.replica)
+            .field("before", &self.before)
+            .field("next", &self.next.as_ref().map(|n| &n.root))
             .finish_non_exhaustive()
     }
 }
 
 /// Whether (and why) a job was abandoned.
 pub(crate) type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Why the job was abandoned, once `aborted` says it was (checked every 50 ms); never
+/// without a check.
+async fn abandoned(aborted: Option<AbortCheck>) -> String {
+    match aborted {
+        Some(check) => loop {
+            if let Some(why) = check() {
+                return why;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        },
+        None => std::future::pending().await,
+    }
+}
 
 impl NetSync {
     /// Worker `worker` of run `run` (`member`), reducing through the root at `root`
@@ -489,7 +534,7 @@ impl NetSync {
             stop: std::sync::atomic::AtomicBool::new(false),
             aborted: None,
             local: None,
-            grads: None,
+            chain: None,
         })
     }
 
@@ -506,9 +551,9 @@ impl NetSync {
         self
     }
 
-    /// Sums the stages' gradients over the replicas through `to` instead of the root.
-    pub(crate) fn with_grad_sums(mut self, to: NetSync) -> Self {
-        self.grads = Some(Box::new(to));
+    /// Sums the stages' gradients over the replicas along `chain`.
+    pub fn with_grad_chain(mut self, chain: GradChain) -> Self {
+        self.chain = Some(chain);
         self
     }
 
@@ -601,17 +646,6 @@ impl NetSync {
                 code,
                 message,
             };
-            let abandoned = async {
-                match aborted {
-                    Some(check) => loop {
-                        if let Some(why) = check() {
-                            return why;
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    },
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 answer = tokio::time::timeout(limit, call) => match answer {
                     Err(_) => Err(Error::Timeout {
@@ -623,7 +657,7 @@ impl NetSync {
                         .map_err(|s| failed(s.code(), s.message().to_string())),
                 },
                 // The run was abandoned here: the call ends as the root would end it.
-                why = abandoned => Err(failed(tonic::Code::Aborted, why)),
+                why = abandoned(aborted) => Err(failed(tonic::Code::Aborted, why)),
             }
         }
     }
@@ -697,11 +731,13 @@ impl NetSync {
 
 impl StepSync for NetSync {
     fn all_reduce_replicas(&self, part: ReplicaPart, grads: &mut [f64]) -> Result<()> {
-        if let Some(to) = &self.grads {
-            return to.all_reduce_replicas(part, grads);
-        }
-        let what = format!("step {} gradients of stage {}", part.step + 1, part.stage);
-        self.sum_in_chunks(&what, (ReduceOp::Grads, part), grads)
+        let Some(chain) = &self.chain else {
+            return Err(Error::invalid(
+                "replicas",
+                format!("{part}: this worker has no chain of gradient sums"),
+            ));
+        };
+        self.sum_along(chain, part, grads)
     }
 
     fn sum_tied(&self, part: TiedPart, grads: &mut [f64]) -> Result<()> {
@@ -769,7 +805,7 @@ mod tests {
     #[test]
     fn validation_pairs_are_summed_in_window_order() {
         let c = Collective::default();
-        c.configure(1, 2, 1, Duration::from_secs(1));
+        c.configure(1, 2, Replica::default(), Duration::from_secs(1));
         let pairs = |worker: u32, values: Vec<f64>| ReduceRequest {
             op: ReduceOp::Validation as i32,
             values,
@@ -790,7 +826,7 @@ mod tests {
     #[test]
     fn only_open_rounds_take_contributions() {
         let c = Collective::default();
-        c.configure(1, 2, 1, Duration::from_secs(1));
+        c.configure(1, 2, Replica::default(), Duration::from_secs(1));
         let rx = c.contribute(&req(0, 0, 1.0)).expect("open");
         c.contribute(&req(0, 1, 2.0)).expect("open");
         let reduced = rx.borrow().clone().map(|r| r.map_err(|s| s.code()));
@@ -806,7 +842,7 @@ mod tests {
         c.contribute(&req(1, 0, f64::NAN))
             .expect("a NaN norm passes on");
         // A new job starts afresh.
-        c.configure(2, 1, 1, Duration::from_secs(1));
+        c.configure(2, 1, Replica::default(), Duration::from_secs(1));
         let mut first = req(0, 0, 1.0);
         first.run = 2;
         c.contribute(&first).expect("a new job's first step");
@@ -819,7 +855,7 @@ mod tests {
     fn the_roots_own_calls_need_no_network() {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let collective = Arc::new(Collective::default());
-        collective.configure(7, 1, 1, Duration::from_secs(2));
+        collective.configure(7, 1, Replica::default(), Duration::from_secs(2));
         let secret = Arc::new(super::super::secret::RunSecret::default());
         secret.set(7, bytes::Bytes::from_static(b"run-secret"));
         // Port 1 on loopback: nothing listens there.
@@ -860,7 +896,7 @@ mod tests {
     fn a_run_not_taken_up_yet_is_retryable_and_a_wrong_secret_is_not() {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let collective = Arc::new(Collective::default());
-        collective.configure(7, 2, 1, Duration::from_secs(2));
+        collective.configure(7, 2, Replica::default(), Duration::from_secs(2));
         let secret = Arc::new(super::super::secret::RunSecret::default());
         secret.set(7, bytes::Bytes::from_static(b"secret of run 7"));
         let server = CollectiveServer { collective, secret };
@@ -881,90 +917,6 @@ mod tests {
         assert_eq!(call(8, b"secret of run 8"), tonic::Code::FailedPrecondition);
         assert_eq!(call(7, b"secret of run 8"), tonic::Code::PermissionDenied);
         assert_eq!(call(7, b""), tonic::Code::PermissionDenied);
-    }
-
-    /// With the sums spread, rank 1's gradients of both replicas meet at replica 0's rank
-    /// 1, which sums them; the root (here serving no sums: it refuses them) sees none.
-    #[test]
-    fn a_ranks_sums_meet_at_its_replica_0_worker_not_the_root() {
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let server = |replicas: u32| {
-            let collective = Arc::new(Collective::default());
-            collective.configure(7, 4, replicas, Duration::from_secs(2));
-            CollectiveServer {
-                collective,
-                secret: Arc::new(super::super::secret::RunSecret::default()),
-            }
-        };
-        let (root, rank1) = (server(1), server(2));
-        let sync = |worker: u32, to: &CollectiveServer| in_process_sync(&runtime, worker, to);
-        let part = |replica| ReplicaPart {
-            step: 0,
-            stage: 1,
-            replica,
-        };
-        let unspread = sync(3, &root);
-        let err = unspread
-            .all_reduce_replicas(part(1), &mut [1.0])
-            .expect_err("the root serves no sums here");
-        assert!(err.to_string().contains("without replicas"), "{err}");
-        let spread = |worker| sync(worker, &root).with_grad_sums(sync(worker, &rank1));
-        let (r0, r1) = (spread(1), spread(3));
-        let other = std::thread::spawn(move || {
-            let mut grads = vec![0.25, 2.0];
-            r1.all_reduce_replicas(part(1), &mut grads).map(|()| grads)
-        });
-        let mut grads = vec![1.0, -1.0];
-        r0.all_reduce_replicas(part(0), &mut grads)
-            .expect("replica 0's sum");
-        assert_eq!(grads, [1.25, 1.0]);
-        let theirs = other.join().expect("thread").expect("replica 1's sum");
-        assert_eq!(theirs, [1.25, 1.0]);
-    }
-
-    /// A sharded optimizer's all-gather over gRPC, through its rank's replica sum: every
-    /// replica of 2 shard groups of 2 gets the first group's shards side by side, bit for
-    /// bit (a `-0.0` among them keeps its sign).
-    #[test]
-    fn shards_are_gathered_bit_for_bit_through_the_replica_sum() {
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let server = |replicas: u32| {
-            let collective = Arc::new(Collective::default());
-            collective.configure(7, 8, replicas, Duration::from_secs(2));
-            CollectiveServer {
-                collective,
-                secret: Arc::new(super::super::secret::RunSecret::default()),
-            }
-        };
-        let (root, rank) = (server(1), server(4));
-        let part = |replica: u32| ShardPart {
-            step: 2,
-            stage: 1,
-            group: replica / 2,
-            shard: replica % 2,
-            shards: 2,
-            total: 5,
-            what: crate::runtime::Gathered::Values,
-        };
-        // Shard 0 holds values 0..2, shard 1 values 2..5; group 1's are ignored.
-        let shards: [&[f32]; 4] = [&[1.5, -0.0], &[0.0, 3.25, -7.0], &[9.0, 9.0], &[9.0; 3]];
-        let calls: Vec<_> = (0..4u32)
-            .map(|replica| {
-                let worker = 2 * replica + 1;
-                let sync = in_process_sync(&runtime, worker, &root)
-                    .with_grad_sums(in_process_sync(&runtime, worker, &rank));
-                let shard = shards[replica as usize].to_vec();
-                std::thread::spawn(move || sync.all_gather_shards(part(replica), &shard))
-            })
-            .collect();
-        let want: Vec<u32> = [1.5f32, -0.0, 0.0, 3.25, -7.0].map(f32::to_bits).to_vec();
-        for call in calls {
-            let got = call.join().expect("thread").expect("the gather");
-            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
-        }
-        let wrong = in_process_sync(&runtime, 1, &root).all_gather_shards(part(0), &[1.0]);
-        let err = wrong.expect_err("a shard of the wrong length").to_string();
-        assert!(err.contains("data_parallel_shard_degree"), "{err}");
     }
 
     /// Worker `worker`'s sync of run 7 whose calls go to `server` in process (nothing
@@ -991,7 +943,7 @@ mod tests {
     fn tied_copies_are_summed_at_the_root_per_replica() {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let collective = Arc::new(Collective::default());
-        collective.configure(7, 4, 2, Duration::from_secs(2));
+        collective.configure(7, 4, Replica::default(), Duration::from_secs(2));
         let server = CollectiveServer {
             collective,
             secret: Arc::new(super::super::secret::RunSecret::default()),
@@ -1026,56 +978,5 @@ mod tests {
             .map(|h| h.join().expect("thread").expect("the head's sum"))
             .collect();
         assert_eq!(theirs, [[1.5, 1.0], [20.0, 40.0]]);
-    }
-
-    /// A rank's sums go to replica 0's worker over a channel first used then: a chunk the
-    /// worker could not be reached for is sent again (here it starts listening late).
-    #[test]
-    fn a_chunk_is_sent_again_while_its_summing_worker_is_unreachable() {
-        use pipewise_proto::v1::collective_service_server::CollectiveServiceServer;
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let collective = Arc::new(Collective::default());
-        collective.configure(7, 2, 2, Duration::from_secs(5));
-        let server = CollectiveServer {
-            collective,
-            secret: Arc::new(super::super::secret::RunSecret::default()),
-        };
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        let sync = |worker| {
-            NetSync::new(
-                runtime.handle().clone(),
-                &addr.to_string(),
-                &super::super::TlsSettings::default(),
-                (7, worker),
-                Duration::from_secs(5),
-            )
-            .expect("sync")
-        };
-        let (here, remote) = (sync(0).in_process(server.clone()), sync(1));
-        let part = |replica| ReplicaPart {
-            step: 0,
-            stage: 0,
-            replica,
-        };
-        let other = std::thread::spawn(move || {
-            let mut grads = vec![2.0];
-            remote
-                .all_reduce_replicas(part(1), &mut grads)
-                .map(|()| grads)
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        runtime.spawn(
-            tonic::transport::Server::builder()
-                .add_service(CollectiveServiceServer::new(server))
-                .serve(addr),
-        );
-        let mut grads = vec![1.0];
-        here.all_reduce_replicas(part(0), &mut grads)
-            .expect("replica 0's sum");
-        assert_eq!(grads, [3.0]);
-        let theirs = other.join().expect("thread").expect("sent again, summed");
-        assert_eq!(theirs, [3.0]);
     }
 }

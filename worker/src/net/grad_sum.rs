@@ -1,12 +1,8 @@
-//! Data-parallel replicas over gRPC: the sums of the stages' gradients. Each replica's
-//! worker of a stage sends its gradients in chunks ([`GRAD_CHUNK`] values, under tonic's
-//! 4 MiB message limit) as `REDUCE_OP_GRADS` contributions to replica 0's worker of its rank
-//! (the assignment's `grad_root`: each of replica 0's workers sums its own stages); once
-//! every replica's chunk is in, that worker sums them in replica order (the order
-//! [`LocalSync`](crate::runtime::LocalSync) sums in, so a job gives the same bits whether
-//! its replicas share a process or not) and answers every replica with the sum. A tied
-//! table's two copies are summed the same way (`REDUCE_OP_TIED`, at the root), the
-//! embedding's part first.
+//! Gradient chunks over gRPC: [`GRAD_CHUNK`] values per call (under tonic's 4 MiB message
+//! limit), [`GRAD_WINDOW`] calls in flight, f64 values as little-endian bytes; and the sums
+//! of a tied table's two copies at the root ([`GradSums`], `REDUCE_OP_TIED`), the
+//! embedding's part first, when the embedding and the head are on different workers. The
+//! replicas' sums go along a chain instead ([`super::grad_chain`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,8 +16,8 @@ use crate::runtime::sum_in_replica_order;
 /// Gradient values per contribution: 2 MiB of f64.
 pub(crate) const GRAD_CHUNK: usize = 1 << 18;
 
-/// Chunks of one stage's sum a worker has in flight at once (8 MiB: the summing worker holds
-/// at most this much of each replica's stage at a time).
+/// Chunks of one sum a worker has in flight at once (8 MiB: a worker holds at most this
+/// much of a sum's partials and answers at a time).
 pub(crate) const GRAD_WINDOW: usize = 4;
 
 /// A chunk's sum, or why it failed.
@@ -36,11 +32,11 @@ struct SumRound {
 /// The parts of a tied table's gradient sum: the embedding's copy and the head's.
 pub(crate) const TIED_PARTS: u32 = 2;
 
-/// The sums in progress of one run: the replicas' of a stage's chunk, by (step, stage,
-/// chunk), or a tied table's copies' in a replica, by (step, replica, chunk).
+/// The tied tables' sums in progress of one run: a table's copies' in a replica, by
+/// (step, replica, chunk).
 #[derive(Debug, Default)]
 pub(crate) struct GradSums {
-    /// The parts each sum takes: the replicas, or [`TIED_PARTS`].
+    /// The parts each sum takes: [`TIED_PARTS`].
     parts: u32,
     rounds: HashMap<(u64, u32, u32), SumRound>,
 }
@@ -65,8 +61,7 @@ pub(crate) fn from_bytes(bytes: &[u8], field: &str) -> Result<Vec<f64>, Status> 
 }
 
 impl GradSums {
-    /// Sums `parts` parts (the replicas, or [`TIED_PARTS`]) from now on; pending sums fail
-    /// with `why`.
+    /// Sums `parts` parts ([`TIED_PARTS`]) from now on; pending sums fail with `why`.
     pub(crate) fn reset(&mut self, parts: u32, why: &str) {
         self.fail(why);
         self.parts = parts;
@@ -77,33 +72,6 @@ impl GradSums {
         for (_, round) in self.rounds.drain() {
             let _ = round.done.send(Some(Err(Status::aborted(why.to_string()))));
         }
-    }
-
-    /// Takes replica `req.replica`'s chunk; the receiver gets the sum once every replica's
-    /// chunk is in.
-    pub(crate) fn contribute(
-        &mut self,
-        req: &ReduceRequest,
-    ) -> Result<watch::Receiver<Option<SumResult>>, Status> {
-        let replicas = self.parts;
-        if replicas < 2 {
-            return Err(Status::invalid_argument(
-                "ReduceRequest.op: a gradient sum in a run without replicas",
-            ));
-        }
-        if req.replica >= replicas {
-            return Err(Status::invalid_argument(format!(
-                "ReduceRequest.replica: {} of a {replicas}-replica run",
-                req.replica
-            )));
-        }
-        let key = (req.step, req.stage, req.chunk);
-        self.take(req, key, req.replica, || {
-            format!(
-                "ReduceRequest.replica: replica {} already sent chunk {} of stage {} in step {}",
-                req.replica, req.chunk, req.stage, req.step
-            )
-        })
     }
 
     /// Tied embeddings (a sum of [`TIED_PARTS`]): takes the chunk of the tied table's copy
@@ -178,12 +146,12 @@ mod tests {
     use super::*;
     use pipewise_proto::v1::ReduceOp;
 
-    fn chunk(replica: u32, values: &[f64]) -> ReduceRequest {
+    fn copy(stage: u32, replica: u32, values: &[f64]) -> ReduceRequest {
         ReduceRequest {
             run: 1,
             step: 3,
-            op: ReduceOp::Grads as i32,
-            stage: 1,
+            op: ReduceOp::Tied as i32,
+            stage,
             chunk: 0,
             chunks: 1,
             replica,
@@ -192,39 +160,11 @@ mod tests {
         }
     }
 
-    /// The sum comes in replica order whatever the arrival order (f64 addition is not
-    /// associative: 1e17 + 1 - 1e17 differs by order), and only once every replica is in.
-    #[test]
-    fn sums_in_replica_order_once_all_are_in() {
-        let parts = [1e17_f64, 1.0, -1e17];
-        let mut want = parts[0];
-        want += parts[1];
-        want += parts[2];
-        for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0]] {
-            let mut sums = GradSums::default();
-            sums.reset(3, "new run");
-            let mut rx = Vec::new();
-            for &r in &order {
-                rx.push(sums.contribute(&chunk(r, &[parts[r as usize]])).unwrap());
-                let done = rx.iter().filter(|x| x.borrow().is_some()).count();
-                assert_eq!(done, if rx.len() == 3 { 3 } else { 0 }, "{order:?}");
-            }
-            let got = rx[0].borrow().clone().unwrap().unwrap();
-            assert_eq!(got[0].to_bits(), want.to_bits(), "{order:?}");
-        }
-    }
-
     /// A tied table's copies: the embedding's (stage 0) and the head's (another stage) of
     /// one replica make one sum, whichever comes first; another replica's pair is its own,
     /// and a copy sent twice is refused.
     #[test]
     fn tied_copies_make_one_sum_per_replica() {
-        let copy = |stage: u32, replica: u32, values: &[f64]| ReduceRequest {
-            op: ReduceOp::Tied as i32,
-            stage,
-            replica,
-            ..chunk(0, values)
-        };
         let mut sums = GradSums::default();
         sums.reset(TIED_PARTS, "new run");
         let head = sums.contribute_tied(&copy(5, 0, &[0.5, 1.0])).unwrap();
@@ -239,36 +179,30 @@ mod tests {
         assert!(other.borrow().is_none(), "replica 1's head has not sent");
     }
 
-    /// Bad contributions are refused naming the field; a reset fails the pending sums.
+    /// Bad chunks are refused naming the field; a reset fails the pending sums.
     #[test]
     fn bad_chunks_are_refused_and_a_reset_fails_the_pending() {
         let mut sums = GradSums::default();
+        sums.reset(TIED_PARTS, "new run");
         let refused = |sums: &mut GradSums, req: ReduceRequest, field: &str| {
-            let e = sums.contribute(&req).unwrap_err();
+            let e = sums.contribute_tied(&req).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(e.message().starts_with(field), "{e:?}");
         };
-        refused(&mut sums, chunk(0, &[1.0]), "ReduceRequest.op");
-        sums.reset(2, "new run");
-        refused(&mut sums, chunk(2, &[1.0]), "ReduceRequest.replica");
-        let mut odd = chunk(0, &[1.0]);
+        let mut odd = copy(0, 0, &[1.0]);
         odd.grads.pop();
         refused(&mut sums, odd, "ReduceRequest.grads");
-        let mut past = chunk(0, &[1.0]);
+        let mut past = copy(0, 0, &[1.0]);
         past.chunk = 1;
         refused(&mut sums, past, "ReduceRequest.chunk");
-        let rx = sums.contribute(&chunk(0, &[1.0])).unwrap();
-        refused(&mut sums, chunk(0, &[1.0]), "ReduceRequest.replica");
-        let rx1 = sums.contribute(&chunk(1, &[1.0, 2.0])).unwrap();
+        sums.contribute_tied(&copy(0, 0, &[1.0])).unwrap();
+        let rx1 = sums.contribute_tied(&copy(1, 0, &[1.0, 2.0])).unwrap();
         let e = rx1.borrow().clone().unwrap().unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().starts_with("ReduceRequest.grads"), "{e:?}");
-        let mut sums = GradSums::default();
-        sums.reset(2, "new run");
-        let rx2 = sums.contribute(&chunk(0, &[1.0])).unwrap();
-        sums.reset(2, "the worker was reassigned");
+        let rx2 = sums.contribute_tied(&copy(0, 0, &[1.0])).unwrap();
+        sums.reset(TIED_PARTS, "the worker was reassigned");
         let failed = rx2.borrow().clone().unwrap().unwrap_err();
         assert_eq!(failed.code(), tonic::Code::Aborted);
-        drop(rx);
     }
 }

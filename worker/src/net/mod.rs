@@ -38,6 +38,7 @@ pub mod certs;
 mod client;
 mod codec;
 mod collective;
+mod grad_chain;
 mod grad_sum;
 mod inbox;
 mod run_name;
@@ -57,7 +58,7 @@ use tokio::sync::oneshot;
 
 pub use address::{grpc_uri, http_uri, names_tls};
 pub use codec::Delivery;
-pub use collective::{Collective, NetSync};
+pub use collective::{Collective, GradChain, NetSync};
 pub use inbox::InboxStats;
 pub use run_name::RunName;
 pub use tls::{Dial, TlsSettings, endpoint};
@@ -332,6 +333,32 @@ impl GrpcTransport {
                 collective: Arc::clone(&self.collective),
                 secret: Arc::clone(&self.secret),
             }))
+    }
+
+    /// Worker `worker` of `job` (its contributor index) as `replica`'s link of its rank's
+    /// chain of gradient sums along `addresses` (its rank's worker in every replica, in
+    /// replica order): partials come to this transport's collective service, and go on
+    /// to the next replica's worker.
+    pub fn grad_chain(
+        &self,
+        replica: crate::runtime::Replica,
+        addresses: &[String],
+        job: u64,
+        worker: u32,
+        timeout: Duration,
+    ) -> Result<collective::GradChain> {
+        let next = match addresses.get(replica.index as usize + 1) {
+            Some(at) => Some(
+                self.sync_to(at, job, worker, timeout)?
+                    .serving(format!("replica {}'s worker", replica.index + 1)),
+            ),
+            None => None,
+        };
+        let here = collective::CollectiveServer {
+            collective: Arc::clone(&self.collective),
+            secret: Arc::clone(&self.secret),
+        };
+        collective::GradChain::new(replica, addresses, here, next)
     }
 
     /// A [`NetSync`] for worker `worker` of `job` whose collectives go to the root

@@ -44,9 +44,9 @@ pub(crate) struct Assignment {
     pub(crate) replica: Replica,
     /// The collectives' root: replica 0's worker 0.
     pub(crate) root: String,
-    /// With replicas, where this worker's stages' gradient sums over them meet: replica 0's
-    /// worker of this rank (on replica 0, this worker, which serves them).
-    pub(crate) grad_root: Option<String>,
+    /// With replicas, the chain this worker's stages' gradients are summed along: its
+    /// rank's worker in every replica, in replica order (this worker at its replica's).
+    pub(crate) grad_chain: Option<Vec<String>>,
     /// This worker's contributor index in the run's collectives: `replica · d + rank`.
     pub(crate) contributor: u32,
     /// Where checkpoints and final parameters go: `job-N` under `checkpoint.folder` in
@@ -140,27 +140,25 @@ impl Assignment {
                 ));
             }
         };
-        let grad_root = match (replica.count, a.grad_root.is_empty()) {
+        let grad_chain = match (replica.count, a.grad_chain.len()) {
             (1, _) => None,
-            (n, true) => {
+            (n, len) if len != n as usize => {
                 return Err(Error::invalid(
                     "assignment",
-                    format!("grad_root: none for a run of {n} replicas"),
+                    format!("grad_chain: {len} addresses for a run of {n} replicas"),
                 ));
             }
-            // Replica 0's workers serve their own stages' sums.
-            (_, false)
-                if replica.index == 0 && a.peers.get(&a.worker_index) != Some(&a.grad_root) =>
-            {
+            // The chain passes through this worker at its replica's place.
+            _ if a.peers.get(&a.worker_index) != a.grad_chain.get(replica.index as usize) => {
                 return Err(Error::invalid(
                     "assignment",
                     format!(
-                        "grad_root: {} on replica 0 is not this worker's address",
-                        a.grad_root
+                        "grad_chain: {} at replica {} is not this worker's address",
+                        a.grad_chain[replica.index as usize], replica.index
                     ),
                 ));
             }
-            (_, false) => Some(a.grad_root),
+            _ => Some(a.grad_chain),
         };
         for w in 0..placement.workers() {
             if !a.peers.contains_key(&w) {
@@ -270,7 +268,7 @@ impl Assignment {
             peers: a.peers,
             replica,
             root,
-            grad_root,
+            grad_chain,
             contributor,
             output,
             data,

@@ -208,30 +208,25 @@ impl Node<'_> {
         transport.set_run_secret(a.run, a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
         transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
-        // With replicas, replica 0's workers serve their stages' gradient sums.
-        let serves_sums = a.replica.index == 0 && a.grad_root.is_some();
-        if a.contributor == 0 || serves_sums {
+        // With replicas, every worker takes partial sums of its rank's chain.
+        if a.contributor == 0 || a.grad_chain.is_some() {
             let workers = a.placement.workers() * a.replica.count;
             transport
                 .collective()
-                .configure(a.run, workers, a.replica.count, timeout);
+                .configure(a.run, workers, a.replica, timeout);
         }
         let sync = match a.contributor {
             0 => transport.sync_at(a.root(), a.run, 0, timeout)?,
             n => transport.sync_to(a.root(), a.run, n, timeout)?,
         };
         let replica_0s = format!("replica 0's worker {}", a.worker);
-        // Before the barrier: past it, other replicas' sums may come.
-        let sync = match &a.grad_root {
-            Some(at) if serves_sums => {
-                sync.with_grad_sums(transport.sync_at(at, a.run, a.contributor, timeout)?)
-            }
-            Some(at) => {
-                let sums = transport
-                    .sync_to(at, a.run, a.contributor, timeout)
-                    .map_err(|e| Error::invalid("assignment", format!("grad_root: {e}")))?
-                    .serving(replica_0s.clone());
-                sync.with_grad_sums(sums)
+        // Before the barrier: past it, the replica before's partials may come.
+        let sync = match &a.grad_chain {
+            Some(chain) => {
+                let chain = transport
+                    .grad_chain(a.replica, chain, a.run, a.contributor, timeout)
+                    .map_err(|e| Error::invalid("assignment", format!("grad_chain: {e}")))?;
+                sync.with_grad_chain(chain)
             }
             None => sync,
         };

@@ -450,6 +450,9 @@ pub struct LocalOptions<'a> {
     pub shard_degree: u32,
     /// What the shard groups shard (`zero_stage`).
     pub zero_stage: ZeroStage,
+    /// Each worker's collectives instead of the in-process [`LocalSync`] (replica `r`'s
+    /// worker `w` at `r · workers + w`): e.g. gRPC's, to check they give the same bits.
+    pub syncs: Option<&'a [&'a dyn StepSync]>,
 }
 
 impl Default for LocalOptions<'_> {
@@ -466,6 +469,7 @@ impl Default for LocalOptions<'_> {
             recompute: &[],
             shard_degree: 1,
             zero_stage: ZeroStage::OptimizerState,
+            syncs: None,
         }
     }
 }
@@ -482,6 +486,7 @@ impl std::fmt::Debug for LocalOptions<'_> {
             .field("replicas", &self.replicas)
             .field("shard_degree", &self.shard_degree)
             .field("zero_stage", &self.zero_stage)
+            .field("syncs", &self.syncs.map(<[_]>::len))
             .field(
                 "validation",
                 &self.validation.map(|(set, freq)| (set.windows(), freq)),
@@ -561,6 +566,17 @@ pub fn run_local(
             ),
         ));
     }
+    if let Some(syncs) = options.syncs
+        && syncs.len() != (workers * replicas) as usize
+    {
+        return Err(Error::invalid(
+            "syncs",
+            format!(
+                "{} syncs for {replicas} replica(s) of {workers} workers",
+                syncs.len()
+            ),
+        ));
+    }
     let partition: Vec<Range<usize>> = match options.partition {
         Some(p) => p.to_vec(),
         None => spec.balanced_split(&schedule.placement)?,
@@ -588,13 +604,17 @@ pub fn run_local(
             .into_iter()
             .map(|(r, w, handle)| {
                 let index = r * workers + w;
-                let (partition, networks, sync, first_failed) =
+                let (partition, networks, local_sync, first_failed) =
                     (&partition, &networks, &sync, &first_failed);
+                let sync: &dyn StepSync = match options.syncs {
+                    Some(syncs) => syncs[index as usize],
+                    None => local_sync,
+                };
                 scope.spawn(move || {
                     let mut guard = AbortGuard {
                         worker: index,
                         networks,
-                        sync,
+                        sync: local_sync,
                         armed: true,
                     };
                     let run = || -> Result<WorkerOutcome> {

@@ -1,6 +1,6 @@
-//! A sum of gradients over gRPC in chunks: a replica's stage gradients (to the worker
-//! summing its rank) or a tied table's copy (to the root), [`GRAD_CHUNK`] values per call
-//! with [`GRAD_WINDOW`] calls in flight at once.
+//! A tied table's copy's gradients summed at the root over gRPC in chunks, [`GRAD_CHUNK`]
+//! values per call with [`GRAD_WINDOW`] calls in flight at once; and the all-gather of
+//! optimizer shards, through the replicas' chain sum.
 
 use pipewise_proto::v1::{ReduceOp, ReduceReply};
 
@@ -23,12 +23,9 @@ impl NetSync {
         sum: (ReduceOp, ReplicaPart),
         grads: &mut [f64],
     ) -> Result<()> {
-        let field = match sum.0 {
-            ReduceOp::Tied => "tie_embeddings",
-            _ => "replicas",
-        };
+        let field = "tie_embeddings";
         let chunks = grads.len().div_ceil(GRAD_CHUNK).max(1) as u32;
-        // A window of chunks in flight at once (the root sums each as its replicas' parts
+        // A window of chunks in flight at once (the root sums each as both copies' parts
         // come): the round trips overlap, and the bytes held on both sides stay bounded.
         let window = GRAD_CHUNK * GRAD_WINDOW;
         for (first, group) in grads.chunks_mut(window).enumerate() {
@@ -58,8 +55,7 @@ impl NetSync {
             for (i, (values, reply)) in group.chunks_mut(GRAD_CHUNK).zip(replies).enumerate() {
                 let chunk = (first * GRAD_WINDOW + i) as u32;
                 let reply = match reply {
-                    // Not delivered: the channel to the summing worker is first used here
-                    // (the barrier warmed the root's, not this one).
+                    // Not delivered: the root not reachable yet.
                     Err(Error::Call {
                         code: tonic::Code::Unavailable,
                         ..
@@ -88,7 +84,7 @@ impl NetSync {
 }
 
 impl NetSync {
-    /// An all-gather of optimizer shards through the replicas' gradient sum: every replica
+    /// An all-gather of optimizer shards through the replicas' chain sum: every replica
     /// passes the stage's whole length of `-0.0` with its shard in place (the first shard
     /// group's; the other groups hold the same values and pass `-0.0` only). Adding `-0.0`
     /// leaves every value's bits as they are, so the sum is the shards side by side.
