@@ -69,10 +69,10 @@ impl RunningPeers {
 }
 
 /// Counts one peer task in [`RunningPeers`] for as long as the task lives.
-struct Counted(Arc<RunningPeers>);
+pub(crate) struct Counted(Arc<RunningPeers>);
 
 impl Counted {
-    fn new(running: &Arc<RunningPeers>) -> Counted {
+    pub(crate) fn new(running: &Arc<RunningPeers>) -> Counted {
         running.0.fetch_add(1, Ordering::SeqCst);
         Counted(Arc::clone(running))
     }
@@ -91,6 +91,12 @@ pub(crate) struct Peer {
     /// The run whose frames it sends (`None`: set by hand, for any run).
     pub(crate) run: Option<u64>,
     pub(crate) queue: mpsc::UnboundedSender<Outgoing>,
+    /// How the frames travel.
+    pub(crate) tier: super::Tier,
+    /// The shared-memory ring's sending end (the shared-memory tier), stopped with the
+    /// last clone (held for that, never read).
+    #[allow(dead_code)]
+    pub(crate) shm: Option<Arc<super::shm::Sending>>,
 }
 
 /// Client settings shared by every peer.
@@ -144,10 +150,17 @@ pub(crate) fn spawn_peer(
         let _counted = counted;
         drive(endpoint, max, chunk_bytes, frames, label, errors).await;
     });
+    let tier = if settings.tls.mutual() {
+        super::Tier::GrpcTls
+    } else {
+        super::Tier::Grpc
+    };
     Ok(Peer {
         address,
         run: None,
         queue,
+        tier,
+        shm: None,
     })
 }
 

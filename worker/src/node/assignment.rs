@@ -40,6 +40,8 @@ pub(crate) struct Assignment {
     pub(crate) microbatches: u32,
     /// Every worker's activation-service address in this worker's replica.
     pub(crate) peers: HashMap<u32, String>,
+    /// The peers on this worker's host (frames through shared memory).
+    pub(crate) same_host: std::collections::BTreeSet<u32>,
     /// This worker's data-parallel replica.
     pub(crate) replica: Replica,
     /// The collectives' root: replica 0's worker 0.
@@ -170,6 +172,16 @@ impl Assignment {
                 ));
             }
         }
+        if let Some(w) = a
+            .same_host_peers
+            .iter()
+            .find(|&&w| w == a.worker_index || !a.peers.contains_key(&w))
+        {
+            return Err(Error::invalid(
+                "assignment",
+                format!("same_host_peers: {w} is this worker or no peer of it"),
+            ));
+        }
         let contributor = replica
             .index
             .checked_mul(placement.workers())
@@ -268,6 +280,7 @@ impl Assignment {
             partition,
             microbatches: a.microbatches,
             peers: a.peers,
+            same_host: a.same_host_peers.into_iter().collect(),
             replica,
             root,
             grad_root,

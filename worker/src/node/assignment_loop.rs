@@ -207,7 +207,19 @@ impl Node<'_> {
         let timeout = self.config.timeout;
         transport.set_run_secret(a.run, a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
-        transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+        let tier = |w: &u32| match a.same_host.contains(w) {
+            true => crate::net::Tier::Shm,
+            false => transport.network_tier(),
+        };
+        transport.set_peers_with_tiers(
+            a.run,
+            a.worker,
+            a.peers.iter().map(|(w, addr)| (*w, addr.as_str(), tier(w))),
+        )?;
+        crate::metrics::record_tiers(
+            a.worker,
+            a.peers.keys().filter(|&&w| w != a.worker).map(|&w| (w, tier(&w))),
+        );
         // With replicas, replica 0's workers serve their stages' gradient sums.
         let serves_sums = a.replica.index == 0 && a.grad_root.is_some();
         if a.contributor == 0 || serves_sums {
