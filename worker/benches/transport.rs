@@ -317,7 +317,11 @@ fn main() -> BenchResult<()> {
     b.set_peer(0, a.local_addr().to_string())?;
     tb.set_peer(0, ta.local_addr().to_string())?;
     let rounds = if quick { 5 } else { 50 };
-    println!("round trip (activation out, gradient back): median of {} rounds' medians of 10, sides taking turns", rounds / 10.min(rounds));
+    println!(
+        "round trip (activation out, gradient back): median of {} medians of {}, sides taking turns",
+        rounds / rounds.min(10),
+        rounds.min(10)
+    );
     println!(
         "{:>9} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}",
         "frame", "tcp ms", "grpc ms", "ratio", "tls ms", "ratio", "shm ms", "ratio"

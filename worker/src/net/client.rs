@@ -94,8 +94,7 @@ pub(crate) struct Peer {
     /// How the frames travel.
     pub(crate) tier: super::Tier,
     /// The shared-memory ring's sending end (the shared-memory tier), stopped with the
-    /// last clone (held for that, never read).
-    #[allow(dead_code)]
+    /// last clone.
     pub(crate) shm: Option<Arc<super::shm::Sending>>,
 }
 

@@ -156,7 +156,14 @@ impl Values {
 
     /// Appends the little-endian elements in `data` (a whole number of elements).
     fn extend_le(&mut self, data: &[u8]) {
-        fn extend<T: LeElement>(v: &mut Vec<T>, data: &[u8]) {
+        fn extend<T: LeElement + bytemuck::Pod>(v: &mut Vec<T>, data: &[u8]) {
+            // Aligned little-endian data is the elements already: one memcpy.
+            if cfg!(target_endian = "little")
+                && let Ok(elements) = bytemuck::try_cast_slice::<u8, T>(data)
+            {
+                v.extend_from_slice(elements);
+                return;
+            }
             v.extend(
                 data.chunks_exact(std::mem::size_of::<T>())
                     .map(T::from_le_chunk),

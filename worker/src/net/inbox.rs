@@ -357,6 +357,22 @@ impl Inbox {
         Ok(())
     }
 
+    /// The frame of `(job, step, stage, mb, kind)` if it is there (`recv` without waiting).
+    pub(crate) fn take_ready(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+    ) -> Result<Option<Payload>> {
+        match self.recv(job, step, stage, mb, kind, Duration::ZERO) {
+            Err(Error::Timeout { .. }) => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
+    /// Waits for the frame of `(job, step, stage, mb, kind)`.
     pub(crate) fn recv(
         &self,
         job: u64,

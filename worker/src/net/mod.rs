@@ -78,6 +78,11 @@ use server::ActivationServer;
 
 const MIB: usize = 1 << 20;
 
+/// How long `recv` reads the shared-memory rings itself before it sleeps until their
+/// threads deliver: a hop's reply usually comes within it, and is then taken without a
+/// thread's wake-up in between.
+const SHM_POLL: Duration = Duration::from_micros(300);
+
 /// Settings of a [`GrpcTransport`].
 #[derive(Debug, Clone)]
 pub struct GrpcConfig {
@@ -178,7 +183,7 @@ pub struct GrpcTransport {
     inbox: Arc<Inbox>,
     peers: RwLock<HashMap<u32, Peer>>,
     /// The rings from same-host peers, by peer.
-    inbound: Mutex<HashMap<u32, shm::Receiving>>,
+    inbound: Mutex<HashMap<u32, Arc<shm::Receiving>>>,
     shm_ring_bytes: usize,
     settings: ClientSettings,
     errors: Arc<PeerErrors>,
@@ -372,7 +377,7 @@ impl GrpcTransport {
                 Arc::clone(&self.inbox),
                 Arc::clone(&self.secret),
             )?;
-            inbound.insert(worker, receiving);
+            inbound.insert(worker, Arc::new(receiving));
         }
         Ok(())
     }
@@ -522,7 +527,11 @@ impl Transport for GrpcTransport {
             )
         })?;
         let message = codec::encode(&frame)?.with_run_secret(self.secret.get());
-        peer.queue.send(message).map_err(|_| Error::Closed {
+        let sent = match &peer.shm {
+            Some(shm) => shm.send(message, &peer.queue),
+            None => peer.queue.send(message),
+        };
+        sent.map_err(|_| Error::Closed {
             awaited: format!("send to worker {to_worker}"),
             reason: "its sender task has stopped".into(),
         })
@@ -537,7 +546,33 @@ impl Transport for GrpcTransport {
         kind: FrameKind,
         timeout: Duration,
     ) -> Result<Payload> {
-        self.inbox.recv(job, step, stage, mb, kind, timeout)
+        let rings: Vec<Arc<shm::Receiving>> = self
+            .inbound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        if rings.is_empty() {
+            return self.inbox.recv(job, step, stage, mb, kind, timeout);
+        }
+        // A frame from a same-host peer that comes within `SHM_POLL` is read from its ring
+        // here, without waking a thread; later ones are delivered by the rings' threads.
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(payload) = self.inbox.take_ready(job, step, stage, mb, kind)? {
+                return Ok(payload);
+            }
+            if started.elapsed() >= SHM_POLL.min(timeout) {
+                break;
+            }
+            for ring in &rings {
+                ring.poll();
+            }
+        }
+        let _sleeping: Vec<_> = rings.iter().map(|r| r.sleeping()).collect();
+        let left = timeout.saturating_sub(started.elapsed());
+        self.inbox.recv(job, step, stage, mb, kind, left)
     }
 }
 

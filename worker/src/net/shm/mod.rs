@@ -28,7 +28,8 @@
 mod ring;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,7 +41,7 @@ use super::client::{Counted, PeerErrors, RunningPeers};
 use super::codec::Outgoing;
 use super::inbox::Inbox;
 use super::secret::RunSecret;
-use ring::{Ring, RingError};
+use ring::{Ring, RingError, WORD};
 
 /// The prefix of a message on a ring.
 const PREFIX: usize = 16;
@@ -90,14 +91,61 @@ pub fn host_identity() -> String {
     }
 }
 
-/// The sending side's end of one peer's ring, for stopping it when the peer is dropped.
+/// The padded length of a message of a `header_len`-byte header and `data_len` bytes.
+fn message_len(header_len: usize, data_len: usize) -> usize {
+    PREFIX + header_len.next_multiple_of(WORD) + data_len.next_multiple_of(WORD)
+}
+
+/// One same-host peer's sending end: the ring (mapped on the first frame), written by the
+/// caller of `send` when the whole message fits and nothing is queued before it, else by
+/// the peer's thread.
 #[derive(Debug, Default)]
-pub(crate) struct Sending(Arc<OnceLock<Arc<Ring>>>);
+struct Producer {
+    ring: OnceLock<Arc<Ring>>,
+    /// Held while a message is written, so messages do not interleave.
+    writing: Mutex<()>,
+    /// Frames handed to the thread and not yet written.
+    queued: AtomicUsize,
+}
+
+/// The sending side of one same-host peer; dropping it stops the peer's thread even when
+/// it waits for room in the ring.
+#[derive(Debug, Default)]
+pub(crate) struct Sending(Arc<Producer>);
+
+impl Sending {
+    /// Writes `frame` into the ring now if it fits and no frame waits before it; otherwise
+    /// (or when the ring is not mapped yet) hands it back for the thread's queue.
+    pub(crate) fn send(
+        &self,
+        frame: Outgoing,
+        queue: &mpsc::UnboundedSender<Outgoing>,
+    ) -> Result<(), mpsc::error::SendError<Outgoing>> {
+        let producer = &self.0;
+        if let Some(ring) = producer.ring.get()
+            && producer.queued.load(Ordering::SeqCst) == 0
+            && let Ok(_writing) = producer.writing.try_lock()
+            && producer.queued.load(Ordering::SeqCst) == 0
+        {
+            let header = convert::encode_message(frame.header());
+            // With the room there, the write does not wait, so it cannot fail on the peer.
+            if ring.free() >= message_len(header.len(), frame.data_len())
+                && write_frame(ring, &frame, &header).is_ok()
+            {
+                return Ok(());
+            }
+        }
+        producer.queued.fetch_add(1, Ordering::SeqCst);
+        queue.send(frame).inspect_err(|_| {
+            producer.queued.fetch_sub(1, Ordering::SeqCst);
+        })
+    }
+}
 
 impl Drop for Sending {
     fn drop(&mut self) {
         // A thread blocked on a full ring ends now rather than when the receiver reads.
-        if let Some(ring) = self.0.get() {
+        if let Some(ring) = self.0.ring.get() {
             ring.stop();
         }
     }
@@ -113,13 +161,13 @@ pub(crate) fn spawn_sender(
     running: &Arc<RunningPeers>,
 ) -> crate::error::Result<Sending> {
     let sending = Sending::default();
-    let ring = Arc::clone(&sending.0);
+    let producer = Arc::clone(&sending.0);
     let counted = Counted::new(running);
     std::thread::Builder::new()
         .name(format!("pipewise-shm-to-{worker}"))
         .spawn(move || {
             let _counted = counted;
-            if let Err(e) = send_all(&ring, &path, frames, connect_timeout) {
+            if let Err(e) = send_all(&producer, &path, frames, connect_timeout) {
                 errors.push(format!("peer {worker} over shared memory: {e}"));
             }
         })
@@ -131,20 +179,29 @@ pub(crate) fn spawn_sender(
 }
 
 fn send_all(
-    ring: &OnceLock<Arc<Ring>>,
+    producer: &Producer,
     path: &Path,
     mut frames: mpsc::UnboundedReceiver<Outgoing>,
     connect_timeout: Duration,
 ) -> Result<(), String> {
     while let Some(frame) = frames.blocking_recv() {
-        let ring = match ring.get() {
+        let ring = match producer.ring.get() {
             Some(ring) => ring,
             None => {
                 let opened = open_ring(path, connect_timeout)?;
-                ring.get_or_init(|| Arc::new(opened))
+                producer.ring.get_or_init(|| Arc::new(opened))
             }
         };
-        write_frame(ring, &frame).map_err(|e| e.to_string())?;
+        let header = convert::encode_message(frame.header());
+        let written = {
+            let _writing = producer
+                .writing
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            write_frame(ring, &frame, &header)
+        };
+        producer.queued.fetch_sub(1, Ordering::SeqCst);
+        written.map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -173,8 +230,7 @@ fn open_ring(path: &Path, timeout: Duration) -> Result<Ring, String> {
 }
 
 /// Writes one message: the prefix, the header, the data straight from the tensor's memory.
-fn write_frame(ring: &Ring, frame: &Outgoing) -> Result<(), RingError> {
-    let header = convert::encode_message(frame.header());
+fn write_frame(ring: &Ring, frame: &Outgoing, header: &[u8]) -> Result<(), RingError> {
     let data_len = frame.data_len();
     let mut prefix = [0u8; PREFIX];
     prefix[..4].copy_from_slice(&(header.len() as u32).to_le_bytes());
@@ -198,19 +254,98 @@ fn write_frame(ring: &Ring, frame: &Outgoing) -> Result<(), RingError> {
     }
 }
 
-/// The receiving end of one same-host peer's ring: a thread reading it into the inbox,
-/// stopped when this is dropped.
+/// One same-host peer's receiving end: read into the inbox by its thread and, while `recv`
+/// waits, by `recv`'s caller ([`Receiving::poll`]), whichever comes first.
+#[derive(Debug)]
+struct Consumer {
+    ring: Ring,
+    run: u64,
+    from: u32,
+    inbox: Arc<Inbox>,
+    secret: Arc<RunSecret>,
+    /// Held while a message is read.
+    reading: Mutex<()>,
+    /// Threads sleeping in `recv` until this ring's thread delivers: while there are any,
+    /// every write wakes the thread; else it looks at the ring every millisecond (a frame
+    /// that comes while no `recv` waits is read by `recv` itself when it comes, and one
+    /// that `recv` polls for is read by it: neither needs the thread woken at once, which
+    /// would cost a wake-up and, on a busy host, a core taken from the caller).
+    sleepers: AtomicUsize,
+    /// Set once the file's name is removed.
+    unlinked: AtomicBool,
+}
+
+/// The receiving end of one same-host peer's ring; dropping it stops its thread.
 #[derive(Debug)]
 pub(crate) struct Receiving {
-    ring: Arc<Ring>,
+    consumer: Arc<Consumer>,
     /// Where the ring is (the peers' next setting keeps a ring at the same path).
     pub(crate) path: PathBuf,
 }
 
+/// Counts a thread in `recv` as sleeping until the ring's thread delivers, until dropped.
+pub(crate) struct Sleeping<'a>(&'a Consumer);
+
+impl Drop for Sleeping<'_> {
+    fn drop(&mut self) {
+        self.0.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Receiving {
+    /// Marks the calling thread as sleeping until the ring's thread delivers (so every
+    /// write wakes that thread) until the guard is dropped.
+    pub(crate) fn sleeping(&self) -> Sleeping<'_> {
+        self.consumer.sleepers.fetch_add(1, Ordering::SeqCst);
+        // It may be in a lazy sleep: it looks again now, and sleeps eagerly from here.
+        self.consumer.ring.nudge();
+        Sleeping(&self.consumer)
+    }
+
+    /// Reads every message wholly in the ring into the inbox, without waiting (nothing if
+    /// another thread is reading).
+    pub(crate) fn poll(&self) {
+        let c = &self.consumer;
+        let Ok(_reading) = c.reading.try_lock() else {
+            return;
+        };
+        while let Some(len) = c.next_message() {
+            if c.ring.queued() < len || receive_one(c).is_err() {
+                return;
+            }
+        }
+    }
+}
+
 impl Drop for Receiving {
     fn drop(&mut self) {
-        self.ring.stop();
+        self.consumer.ring.stop();
     }
+}
+
+impl Consumer {
+    /// The length of the next message, when its prefix is in the ring.
+    fn next_message(&self) -> Option<usize> {
+        if self.ring.queued() < PREFIX {
+            return None;
+        }
+        let mut prefix = [0u8; PREFIX];
+        self.ring.peek(&mut prefix);
+        let (header_len, data_len) = parse_prefix(&prefix);
+        Some(message_len(header_len, data_len))
+    }
+}
+
+/// The header's and the data's lengths of a message prefix.
+fn parse_prefix(prefix: &[u8; PREFIX]) -> (usize, usize) {
+    let mut header = [0u8; 4];
+    header.copy_from_slice(&prefix[..4]);
+    let mut data = [0u8; 8];
+    data.copy_from_slice(&prefix[8..]);
+    (
+        u32::from_le_bytes(header) as usize,
+        u64::from_le_bytes(data) as usize,
+    )
 }
 
 /// Creates the ring from worker `from` at `path` (`capacity` bytes) and starts the thread
@@ -223,90 +358,105 @@ pub(crate) fn spawn_receiver(
     inbox: Arc<Inbox>,
     secret: Arc<RunSecret>,
 ) -> crate::error::Result<Receiving> {
-    let ring = Arc::new(Ring::create(&path, capacity).map_err(|source| {
-        crate::error::Error::Io {
-            path: path.clone(),
-            source,
-        }
-    })?);
-    let reader = Arc::clone(&ring);
+    let ring = Ring::create(&path, capacity).map_err(|source| crate::error::Error::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let consumer = Arc::new(Consumer {
+        ring,
+        run,
+        from,
+        inbox,
+        secret,
+        reading: Mutex::new(()),
+        sleepers: AtomicUsize::new(0),
+        unlinked: AtomicBool::new(false),
+    });
+    let reader = Arc::clone(&consumer);
     std::thread::Builder::new()
         .name(format!("pipewise-shm-from-{from}"))
-        .spawn(move || receive_all(run, from, &reader, &inbox, &secret))
+        .spawn(move || receive_all(&reader))
         .map_err(|source| crate::error::Error::Start {
             what: "a shared-memory receiver thread",
             source,
         })?;
-    Ok(Receiving { ring, path })
+    Ok(Receiving { consumer, path })
 }
 
-fn receive_all(run: u64, from: u32, ring: &Ring, inbox: &Inbox, secret: &RunSecret) {
-    let mut unlinked = false;
+fn receive_all(c: &Consumer) {
     let end = loop {
-        let mut prefix = [0u8; PREFIX];
-        let mut filled = 0;
-        if let Err(e) = ring.read_with(PREFIX, |piece| {
-            prefix[filled..filled + piece.len()].copy_from_slice(piece);
-            filled += piece.len();
-        }) {
+        // Waits without holding the reading lock, so `recv`'s caller may read meanwhile.
+        let eager = || c.sleepers.load(Ordering::SeqCst) > 0;
+        if let Err(e) = c.ring.wait_queued(PREFIX, eager) {
             break e;
         }
-        if !unlinked && ring.producer_attached() {
-            // Both sides have it mapped: the name is no longer needed.
-            let _ = std::fs::remove_file(ring.path());
-            unlinked = true;
+        let _reading = c
+            .reading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if c.ring.queued() < PREFIX {
+            continue; // `recv`'s caller took it.
         }
-        let header_len = u32::from_le_bytes(prefix[..4].try_into().unwrap_or_default()) as usize;
-        let data_len = u64::from_le_bytes(prefix[8..].try_into().unwrap_or_default()) as usize;
-        if header_len > MAX_HEADER {
-            // The stream cannot be followed past a message it cannot frame.
-            tracing::error!(
-                from,
-                "a {header_len}-byte header on the shared-memory ring: giving up the ring"
-            );
-            inbox.close_run(
-                run,
-                &format!("worker {from}'s shared-memory ring is corrupt"),
-            );
-            return;
-        }
-        let mut header = Vec::with_capacity(header_len);
-        if let Err(e) = ring.read_with(header_len, |piece| header.extend_from_slice(piece)) {
-            break e;
-        }
-        let frame = match <TensorFrame as prost::Message>::decode(Bytes::from(header)) {
-            Ok(frame) => frame,
-            Err(e) => {
-                tracing::warn!(from, "an undecodable frame header on the shared-memory ring: {e}");
-                if let Err(e) = ring.read_with(data_len, |_| ()) {
-                    break e;
-                }
-                continue;
-            }
-        };
-        if let Err(e) = receive_frame(from, ring, inbox, secret, &frame, data_len) {
-            break e;
+        match receive_one(c) {
+            Ok(()) => {}
+            Err(Some(e)) => break e,
+            Err(None) => return,
         }
     };
     match end {
         RingError::Stopped | RingError::Closed => {}
-        RingError::Died(_) => inbox.close_run(run, &format!("worker {from}: {end}")),
+        RingError::Died(_) => c.inbox.close_run(c.run, &format!("worker {}: {end}", c.from)),
     }
+}
+
+/// Reads one message (its prefix is in the ring) into the inbox. `Err(None)`: the ring is
+/// corrupt and given up.
+fn receive_one(c: &Consumer) -> Result<(), Option<RingError>> {
+    let ring = &c.ring;
+    let mut prefix = [0u8; PREFIX];
+    ring.peek(&mut prefix);
+    ring.read_with(PREFIX, |_| ())?;
+    if !c.unlinked.load(Ordering::Relaxed) && ring.producer_attached() {
+        // Both sides have it mapped: the name is no longer needed.
+        let _ = std::fs::remove_file(ring.path());
+        c.unlinked.store(true, Ordering::Relaxed);
+    }
+    let (header_len, data_len) = parse_prefix(&prefix);
+    if header_len > MAX_HEADER {
+        // The stream cannot be followed past a message it cannot frame.
+        tracing::error!(
+            from = c.from,
+            "a {header_len}-byte header on the shared-memory ring: giving up the ring"
+        );
+        c.inbox.close_run(
+            c.run,
+            &format!("worker {}'s shared-memory ring is corrupt", c.from),
+        );
+        ring.stop();
+        return Err(None);
+    }
+    let mut header = Vec::with_capacity(header_len);
+    ring.read_with(header_len, |piece| header.extend_from_slice(piece))?;
+    match <TensorFrame as prost::Message>::decode(Bytes::from(header)) {
+        Ok(frame) => receive_frame(c, &frame, data_len)?,
+        Err(e) => {
+            tracing::warn!(
+                from = c.from,
+                "an undecodable frame header on the shared-memory ring: {e}"
+            );
+            ring.read_with(data_len, |_| ())?;
+        }
+    }
+    Ok(())
 }
 
 /// Takes one frame's data into the inbox (or past it, when the frame is refused); a ring
 /// that ends mid-frame fails `recv` of that frame.
-fn receive_frame(
-    from: u32,
-    ring: &Ring,
-    inbox: &Inbox,
-    secret: &RunSecret,
-    frame: &TensorFrame,
-    data_len: usize,
-) -> Result<(), RingError> {
-    if !secret.admits(&frame.run_secret) {
+fn receive_frame(c: &Consumer, frame: &TensorFrame, data_len: usize) -> Result<(), RingError> {
+    let (ring, inbox) = (&c.ring, &c.inbox);
+    if !c.secret.admits(&frame.run_secret) {
         tracing::warn!(
-            from,
+            from = c.from,
             run = frame.run,
             "refused a frame without the run's secret"
         );
@@ -324,7 +474,7 @@ fn receive_frame(
         }
     });
     if let Err(e) = read {
-        inbox.abandon(assembly, &format!("worker {from}: {e}"));
+        inbox.abandon(assembly, &format!("worker {}: {e}", c.from));
         return Err(e);
     }
     match refused {

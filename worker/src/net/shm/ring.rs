@@ -41,6 +41,9 @@ pub(crate) const WORD: usize = 8;
 /// How often a waiting side checks that the other is still there.
 const POLL: Duration = Duration::from_millis(50);
 
+/// The longest a consumer not asked to be eager sleeps between looks at the ring.
+const LAZY: Duration = Duration::from_millis(1);
+
 /// How many times a side looks again before it sleeps on the futex (a round trip's reply
 /// often comes within a few microseconds; a sleep and a wake-up cost more).
 const SPINS: u32 = 200;
@@ -295,12 +298,16 @@ impl Ring {
     }
 
     /// Waits until `ready()` gives a nonzero count: spins a little, then sleeps on the
-    /// futex at `seq` (announcing it in `sleeps`), checking the other side every [`POLL`].
+    /// futex at `seq`, checking the other side every [`POLL`]. While `eager()` holds, the
+    /// sleep is announced in `sleeps`, so the other side wakes it at its next write; else
+    /// it is not, and the sleep lasts up to [`LAZY`] unless [`Ring::nudge`] (or a full
+    /// ring's producer) ends it sooner.
     fn wait(
         &self,
         seq: usize,
         sleeps: usize,
         ready: impl Fn() -> usize,
+        eager: impl Fn() -> bool,
     ) -> Result<usize, RingError> {
         for _ in 0..SPINS {
             let n = ready();
@@ -314,7 +321,10 @@ impl Ring {
                 return Err(RingError::Stopped);
             }
             let seen = self.u32_at(seq).load(Ordering::SeqCst);
-            self.u32_at(sleeps).store(1, Ordering::SeqCst);
+            let eager = eager();
+            if eager {
+                self.u32_at(sleeps).store(1, Ordering::SeqCst);
+            }
             let n = ready();
             if n > 0 {
                 self.u32_at(sleeps).store(0, Ordering::Relaxed);
@@ -325,12 +335,65 @@ impl Ring {
                 self.u32_at(sleeps).store(0, Ordering::Relaxed);
                 return Err(gone);
             }
-            futex_wait(self.u32_at(seq), seen, POLL);
+            futex_wait(self.u32_at(seq), seen, if eager { POLL } else { LAZY });
             self.u32_at(sleeps).store(0, Ordering::Relaxed);
             let n = ready();
             if n > 0 {
                 return Ok(n);
             }
+        }
+    }
+
+    /// Ends the consumer's lazy sleep now (see [`Ring::wait_queued`]).
+    pub(crate) fn nudge(&self) {
+        // Bumped too, so a consumer about to sleep (past its `eager()`) does not.
+        self.u32_at(OFF_DATA_SEQ).fetch_add(1, Ordering::SeqCst);
+        futex_wake(self.u32_at(OFF_DATA_SEQ));
+    }
+
+    /// Bytes the producer may write now without waiting.
+    pub(crate) fn free(&self) -> usize {
+        let head = self.u64_at(OFF_HEAD).load(Ordering::Relaxed);
+        self.capacity - (head - self.u64_at(OFF_TAIL).load(Ordering::Acquire)) as usize
+    }
+
+    /// Bytes the consumer may read now without waiting.
+    pub(crate) fn queued(&self) -> usize {
+        let tail = self.u64_at(OFF_TAIL).load(Ordering::Relaxed);
+        (self.u64_at(OFF_HEAD).load(Ordering::Acquire) - tail) as usize
+    }
+
+    /// Waits (consumer's side) until at least `min` bytes are queued, or the ring is full;
+    /// woken by each write only while `eager()` holds (else it looks every [`LAZY`], and
+    /// when the producer finds the ring full).
+    pub(crate) fn wait_queued(
+        &self,
+        min: usize,
+        eager: impl Fn() -> bool,
+    ) -> Result<(), RingError> {
+        let min = min.min(self.capacity);
+        let ready = || {
+            let n = self.queued();
+            if n >= min { n } else { 0 }
+        };
+        self.wait(OFF_DATA_SEQ, OFF_CONSUMER_SLEEPS, ready, eager)
+            .map(|_| ())
+    }
+
+    /// Copies the first `into.len()` queued bytes without taking them (call when that many
+    /// are queued).
+    pub(crate) fn peek(&self, into: &mut [u8]) {
+        debug_assert!(self.queued() >= into.len());
+        let at = self.u64_at(OFF_TAIL).load(Ordering::Relaxed) as usize & (self.capacity - 1);
+        let first = into.len().min(self.capacity - at);
+        // SAFETY: the ranges are inside the data area and queued (published by `head`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data().add(at), into.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(
+                self.data(),
+                into.as_mut_ptr().add(first),
+                into.len() - first,
+            );
         }
     }
 
@@ -352,7 +415,11 @@ impl Ring {
                 let at = head.load(Ordering::Relaxed);
                 self.capacity - (at - tail.load(Ordering::Acquire)) as usize
             };
-            let room = self.wait(OFF_SPACE_SEQ, OFF_PRODUCER_SLEEPS, free)?;
+            if free() == 0 {
+                // The consumer may be in a lazy sleep: it must read for this side to go on.
+                futex_wake(self.u32_at(OFF_DATA_SEQ));
+            }
+            let room = self.wait(OFF_SPACE_SEQ, OFF_PRODUCER_SLEEPS, free, || true)?;
             let at = head.load(Ordering::Relaxed);
             let start = (at as usize) & (self.capacity - 1);
             let n = room.min(self.capacity - start).min(padded - written);
@@ -386,7 +453,7 @@ impl Ring {
         let mut read = 0;
         while read < padded {
             let queued = || (head.load(Ordering::Acquire) - tail.load(Ordering::Relaxed)) as usize;
-            let ready = self.wait(OFF_DATA_SEQ, OFF_CONSUMER_SLEEPS, queued)?;
+            let ready = self.wait(OFF_DATA_SEQ, OFF_CONSUMER_SLEEPS, queued, || true)?;
             let at = tail.load(Ordering::Relaxed);
             let start = (at as usize) & (self.capacity - 1);
             let n = ready.min(self.capacity - start).min(padded - read);
