@@ -241,7 +241,10 @@ fn main() -> BenchResult<()> {
         GrpcTransport::start(config_b_shm)?,
     );
     let (at_sa, at_sb) = (sa.local_addr().to_string(), sb.local_addr().to_string());
-    let shm_peers = [(0, at_sa.as_str(), Tier::Shm), (1, at_sb.as_str(), Tier::Shm)];
+    let shm_peers = [
+        (0, at_sa.as_str(), Tier::Shm),
+        (1, at_sb.as_str(), Tier::Shm),
+    ];
     sa.set_peers_with_tiers(1, 0, shm_peers)?;
     sb.set_peers_with_tiers(1, 1, shm_peers)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -355,7 +358,13 @@ fn main() -> BenchResult<()> {
             shm / tcp
         );
     }
-    let errors = [a.take_errors(), ta.take_errors(), sa.take_errors(), sb.take_errors()].concat();
+    let errors = [
+        a.take_errors(),
+        ta.take_errors(),
+        sa.take_errors(),
+        sb.take_errors(),
+    ]
+    .concat();
     if !errors.is_empty() {
         return Err(format!("sender errors: {errors:?}").into());
     }

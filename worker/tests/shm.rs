@@ -26,7 +26,10 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Two transports of job [`JOB`] whose peers are each other over `tier` (worker 0 holds
 /// stages 0 and 3, worker 1 stages 1 and 2), with rings of `ring_bytes`.
-fn pair(tier: Tier, ring_bytes: usize) -> Result<(GrpcTransport, GrpcTransport), Box<dyn std::error::Error>> {
+fn pair(
+    tier: Tier,
+    ring_bytes: usize,
+) -> Result<(GrpcTransport, GrpcTransport), Box<dyn std::error::Error>> {
     let start = |stages: [u32; 2]| {
         let mut config = GrpcConfig::new(JOB, stages);
         config.shm_ring_bytes = ring_bytes;
@@ -59,9 +62,24 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 /// The bytes of a tensor's elements as they are stored.
 fn raw(t: &Tensor) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
     Ok(match t.dtype() {
-        CandleDType::F32 => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        CandleDType::F16 => t.flatten_all()?.to_vec1::<half::f16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => t.flatten_all()?.to_vec1::<half::bf16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        CandleDType::F32 => t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        CandleDType::F16 => t
+            .flatten_all()?
+            .to_vec1::<half::f16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        _ => t
+            .flatten_all()?
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
     })
 }
 
@@ -80,8 +98,19 @@ fn frame(step: u64, stage: u32, mb: u32, kind: FrameKind, payload: Payload) -> F
 fn frames_of_every_kind_dtype_and_size_cross_bit_exactly() -> TestResult {
     // A 64 KiB ring: the 1 MiB tensors stream through it in many pieces.
     let (a, b) = pair(Tier::Shm, 64 << 10)?;
-    assert_eq!((a.tier_of(1), b.tier_of(0)), (Some(Tier::Shm), Some(Tier::Shm)));
-    let shapes: [&[usize]; 7] = [&[], &[0, 4], &[5], &[3, 1, 7], &[2, 3, 4, 8], &[64, 257], &[256, 1024]];
+    assert_eq!(
+        (a.tier_of(1), b.tier_of(0)),
+        (Some(Tier::Shm), Some(Tier::Shm))
+    );
+    let shapes: [&[usize]; 7] = [
+        &[],
+        &[0, 4],
+        &[5],
+        &[3, 1, 7],
+        &[2, 3, 4, 8],
+        &[64, 257],
+        &[256, 1024],
+    ];
     let dtypes = [CandleDType::F32, CandleDType::F16, CandleDType::BF16];
     let mut sent = Vec::new();
     for (mb, (shape, dtype)) in shapes
@@ -93,8 +122,14 @@ fn frames_of_every_kind_dtype_and_size_cross_bit_exactly() -> TestResult {
         let n = shape.iter().product::<usize>();
         let t = Tensor::from_vec(values(n, mb), shape, &Device::Cpu)?.to_dtype(dtype)?;
         // Forward: worker 0 → stage 1 on worker 1; backward: worker 1 → stage 0 on worker 0.
-        a.send(1, frame(3, 1, mb, FrameKind::Activation, Payload::Tensor(t.clone())))?;
-        b.send(0, frame(3, 0, mb, FrameKind::Gradient, Payload::Tensor(t.clone())))?;
+        a.send(
+            1,
+            frame(3, 1, mb, FrameKind::Activation, Payload::Tensor(t.clone())),
+        )?;
+        b.send(
+            0,
+            frame(3, 0, mb, FrameKind::Gradient, Payload::Tensor(t.clone())),
+        )?;
         sent.push((mb, t));
     }
     for (mb, t) in sent.iter().rev() {
@@ -109,7 +144,10 @@ fn frames_of_every_kind_dtype_and_size_cross_bit_exactly() -> TestResult {
         }
     }
     let stats = b.stats();
-    assert_eq!((stats.accepted_frames, stats.rejected_frames, stats.queued), (sent.len() as u64, 0, 0));
+    assert_eq!(
+        (stats.accepted_frames, stats.rejected_frames, stats.queued),
+        (sent.len() as u64, 0, 0)
+    );
     assert!(a.take_errors().is_empty() && b.take_errors().is_empty());
     Ok(())
 }
@@ -124,16 +162,34 @@ fn buffers_cross_as_bytes_and_foreign_frames_are_refused() -> TestResult {
         shape: vec![100_003],
         bytes: bytes.clone().into(),
     };
-    a.send(1, frame(0, 1, 0, FrameKind::Activation, Payload::Buffer(buffer)))?;
+    a.send(
+        1,
+        frame(0, 1, 0, FrameKind::Activation, Payload::Buffer(buffer)),
+    )?;
     // Stage 0 is not worker 1's: refused, and `recv` of it fails at once.
     let small = Buffer::filled(CandleDType::F32, &[4], 1);
-    a.send(1, frame(0, 0, 1, FrameKind::Activation, Payload::Buffer(small.clone())))?;
+    a.send(
+        1,
+        frame(
+            0,
+            0,
+            1,
+            FrameKind::Activation,
+            Payload::Buffer(small.clone()),
+        ),
+    )?;
     // A frame after the refused one still arrives: the ring stays in step.
-    a.send(1, frame(0, 2, 2, FrameKind::Gradient, Payload::Buffer(small)))?;
+    a.send(
+        1,
+        frame(0, 2, 2, FrameKind::Gradient, Payload::Buffer(small)),
+    )?;
     let Payload::Buffer(got) = b.recv(JOB, 0, 1, 0, FrameKind::Activation, WAIT)? else {
         panic!("a tensor from a transport that delivers buffers");
     };
-    assert_eq!((got.dtype, got.shape.as_slice()), (CandleDType::BF16, &[100_003][..]));
+    assert_eq!(
+        (got.dtype, got.shape.as_slice()),
+        (CandleDType::BF16, &[100_003][..])
+    );
     assert!(got.bytes == bytes);
     assert!(matches!(
         b.recv(JOB, 0, 2, 2, FrameKind::Gradient, WAIT)?,
@@ -150,7 +206,10 @@ fn buffers_cross_as_bytes_and_foreign_frames_are_refused() -> TestResult {
 #[test]
 fn each_pair_gets_its_own_tier() -> TestResult {
     let (a, b) = pair(Tier::Grpc, 4096)?;
-    assert_eq!((a.tier_of(1), b.tier_of(0)), (Some(Tier::Grpc), Some(Tier::Grpc)));
+    assert_eq!(
+        (a.tier_of(1), b.tier_of(0)),
+        (Some(Tier::Grpc), Some(Tier::Grpc))
+    );
     // This worker itself is never sent to over shared memory.
     let at_a = a.local_addr().to_string();
     a.set_peers_with_tiers(JOB + 1, 0, [(0, at_a.as_str(), Tier::Shm)])?;
@@ -196,9 +255,15 @@ fn losses_over(tier: Option<Tier>) -> Result<Vec<f32>, Box<dyn std::error::Error
                     GrpcTransport::start(config).map(Arc::new)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let addresses: Vec<String> = transports.iter().map(|t| t.local_addr().to_string()).collect();
+            let addresses: Vec<String> = transports
+                .iter()
+                .map(|t| t.local_addr().to_string())
+                .collect();
             for (w, t) in transports.iter().enumerate() {
-                let peers = addresses.iter().enumerate().map(|(p, a)| (p as u32, a.as_str(), tier));
+                let peers = addresses
+                    .iter()
+                    .enumerate()
+                    .map(|(p, a)| (p as u32, a.as_str(), tier));
                 t.set_peers_with_tiers(JOB, w as u32, peers)?;
             }
             transports
@@ -217,10 +282,21 @@ fn losses_over(tier: Option<Tier>) -> Result<Vec<f32>, Box<dyn std::error::Error
         wrap: Some(&wrap),
         ..LocalOptions::default()
     };
-    let run = run_local(&schedule, &spec, SEED, adamw(), &Device::Cpu, &data, options)?;
+    let run = run_local(
+        &schedule,
+        &spec,
+        SEED,
+        adamw(),
+        &Device::Cpu,
+        &data,
+        options,
+    )?;
     for t in &transports {
         assert!(t.take_errors().is_empty());
-        assert!(t.stats().accepted_frames > 0, "frames went through the transport");
+        assert!(
+            t.stats().accepted_frames > 0,
+            "frames went through the transport"
+        );
     }
     Ok(run.losses)
 }
@@ -246,7 +322,14 @@ fn child_sender_that_dies() -> TestResult {
     };
     let a = GrpcTransport::start(GrpcConfig::new(JOB, [0]))?;
     let own = a.local_addr().to_string();
-    a.set_peers_with_tiers(JOB, 0, [(0, own.as_str(), Tier::Shm), (1, parent.as_str(), Tier::Shm)])?;
+    a.set_peers_with_tiers(
+        JOB,
+        0,
+        [
+            (0, own.as_str(), Tier::Shm),
+            (1, parent.as_str(), Tier::Shm),
+        ],
+    )?;
     let t = Tensor::from_vec(values(1000, 1), &[1000], &Device::Cpu)?;
     a.send(1, frame(0, 1, 0, FrameKind::Activation, Payload::Tensor(t)))?;
     // The sender thread has written the frame once the parent has it; the parent says so by
@@ -264,11 +347,20 @@ fn a_dead_peer_process_fails_recv_at_once() -> TestResult {
     let b = GrpcTransport::start(GrpcConfig::new(JOB, [1]))?;
     let own = b.local_addr().to_string();
     // The child's address is never dialled: this side sends nothing.
-    b.set_peers_with_tiers(JOB, 1, [(0, "127.0.0.1:9", Tier::Shm), (1, own.as_str(), Tier::Shm)])?;
+    b.set_peers_with_tiers(
+        JOB,
+        1,
+        [(0, "127.0.0.1:9", Tier::Shm), (1, own.as_str(), Tier::Shm)],
+    )?;
     let flag = std::env::temp_dir().join(format!("pipewise-shm-test-{}", std::process::id()));
     std::fs::write(&flag, b"")?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_sender_that_dies", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_sender_that_dies",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("PIPEWISE_SHM_TEST_PARENT", &own)
         .env("PIPEWISE_SHM_TEST_FLAG", &flag)
         .stdout(std::process::Stdio::null())
@@ -285,6 +377,10 @@ fn a_dead_peer_process_fails_recv_at_once() -> TestResult {
     let next = b.recv(JOB, 0, 1, 1, FrameKind::Activation, WAIT);
     let message = format!("{:?}", next.err());
     assert!(message.contains("died"), "{message}");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     Ok(())
 }

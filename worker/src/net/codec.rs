@@ -157,11 +157,20 @@ impl Values {
     /// Appends the little-endian elements in `data` (a whole number of elements).
     fn extend_le(&mut self, data: &[u8]) {
         fn extend<T: LeElement + bytemuck::Pod>(v: &mut Vec<T>, data: &[u8]) {
-            // Aligned little-endian data is the elements already: one memcpy.
-            if cfg!(target_endian = "little")
-                && let Ok(elements) = bytemuck::try_cast_slice::<u8, T>(data)
-            {
-                v.extend_from_slice(elements);
+            // Little-endian data is the elements already: one memcpy when aligned, else a
+            // memset and a memcpy (both vectorised, unlike decoding element by element;
+            // HTTP/2 DATA frames put the data at any offset).
+            if cfg!(target_endian = "little") {
+                if let Ok(elements) = bytemuck::try_cast_slice::<u8, T>(data) {
+                    v.extend_from_slice(elements);
+                } else {
+                    let start = v.len();
+                    v.resize(
+                        start + data.len() / std::mem::size_of::<T>(),
+                        bytemuck::Zeroable::zeroed(),
+                    );
+                    bytemuck::cast_slice_mut::<T, u8>(&mut v[start..]).copy_from_slice(data);
+                }
                 return;
             }
             v.extend(

@@ -278,7 +278,11 @@ impl Inbox {
     /// Starts a frame whose `data_len` bytes of data are added by
     /// [`Assembly::append_slice`] (a shared-memory ring's), then handed to
     /// [`Inbox::complete`]. A refusal is recorded for `recv`, as [`Inbox::accept`]'s are.
-    pub(crate) fn begin(&self, frame: &TensorFrame, data_len: usize) -> Result<Assembly, Rejection> {
+    pub(crate) fn begin(
+        &self,
+        frame: &TensorFrame,
+        data_len: usize,
+    ) -> Result<Assembly, Rejection> {
         let started = self.start(frame, true).and_then(|assembly| {
             let total = assembly.progress().1;
             if total == data_len {

@@ -44,10 +44,12 @@ mod codec;
 mod collective;
 mod grad_sum;
 mod inbox;
+mod peers;
 mod run_name;
 mod secret;
 mod server;
 mod shm;
+mod tier;
 mod tls;
 mod tls_cause;
 
@@ -66,13 +68,15 @@ pub use collective::{Collective, NetSync};
 pub use inbox::InboxStats;
 pub use run_name::RunName;
 pub use shm::host_identity;
+pub use tier::Tier;
 pub use tls::{Dial, TlsSettings, endpoint};
 pub use tls_cause::{TlsCause, tls_cause, with_tls_cause};
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};
-use client::{ClientSettings, Peer, PeerErrors, RunningPeers};
+use client::{ClientSettings, Peer};
 use inbox::Inbox;
+use peers::{PeerErrors, RunningPeers};
 use secret::RunSecret;
 use server::ActivationServer;
 
@@ -119,34 +123,6 @@ pub struct GrpcConfig {
     /// Bytes of the ring from each same-host peer ([`Tier::Shm`]; default 8 MiB, rounded up
     /// to a power of two): a larger frame streams through it in pieces.
     pub shm_ring_bytes: usize,
-}
-
-/// How frames travel to a peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Tier {
-    /// Through a ring in shared memory (a peer on the same host).
-    Shm,
-    /// Over gRPC, in plain text.
-    Grpc,
-    /// Over gRPC with mutual TLS.
-    GrpcTls,
-}
-
-impl Tier {
-    /// Its name in traces and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Shm => "shm",
-            Tier::Grpc => "grpc",
-            Tier::GrpcTls => "grpc-tls",
-        }
-    }
-}
-
-impl std::fmt::Display for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 impl GrpcConfig {

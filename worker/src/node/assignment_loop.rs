@@ -216,10 +216,14 @@ impl Node<'_> {
             a.worker,
             a.peers.iter().map(|(w, addr)| (*w, addr.as_str(), tier(w))),
         )?;
-        crate::metrics::record_tiers(
-            a.worker,
-            a.peers.keys().filter(|&&w| w != a.worker).map(|&w| (w, tier(&w))),
-        );
+        let tiers: Vec<(u32, crate::net::Tier)> = a
+            .peers
+            .keys()
+            .filter(|&&w| w != a.worker)
+            .map(|&w| (w, tier(&w)))
+            .collect();
+        tracing::info!(run = a.run, worker = a.worker, ?tiers, "peer tiers");
+        crate::metrics::record_tiers(a.worker, tiers);
         // With replicas, replica 0's workers serve their stages' gradient sums.
         let serves_sums = a.replica.index == 0 && a.grad_root.is_some();
         if a.contributor == 0 || serves_sums {

@@ -37,9 +37,9 @@ use pipewise_proto::convert;
 use pipewise_proto::v1::TensorFrame;
 use tokio::sync::mpsc;
 
-use super::client::{Counted, PeerErrors, RunningPeers};
 use super::codec::Outgoing;
 use super::inbox::Inbox;
+use super::peers::{Counted, PeerErrors, RunningPeers};
 use super::secret::RunSecret;
 use ring::{Ring, RingError, WORD};
 
@@ -64,11 +64,9 @@ pub(crate) fn ring_dir() -> PathBuf {
 /// workers of different clusters on one host (a live listener's port is its own).
 pub(crate) fn ring_path(run: u64, from: u32, to: u32, to_address: &str) -> PathBuf {
     // FNV-1a: short, stable across builds and platforms (std's hasher is neither).
-    let hash = to_address
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+    let hash = to_address.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     ring_dir().join(format!("pipewise-{run:x}-{from}-to-{to}-{hash:016x}"))
 }
 
@@ -405,7 +403,9 @@ fn receive_all(c: &Consumer) {
     };
     match end {
         RingError::Stopped | RingError::Closed => {}
-        RingError::Died(_) => c.inbox.close_run(c.run, &format!("worker {}: {end}", c.from)),
+        RingError::Died(_) => c
+            .inbox
+            .close_run(c.run, &format!("worker {}: {end}", c.from)),
     }
 }
 

@@ -499,15 +499,18 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_larger_than_the_ring_arrives_in_order() -> Result<(), Box<dyn std::error::Error>>
-    {
+    fn a_stream_larger_than_the_ring_arrives_in_order() -> Result<(), Box<dyn std::error::Error>> {
         let p = path("stream");
         let consumer = Ring::create(&p, 4096)?;
         let producer = Ring::open(&p)?;
         assert!(consumer.producer_attached());
         // Lengths that are not whole words, so padding is exercised; 10× the ring.
         let messages: Vec<Vec<u8>> = (0..40u32)
-            .map(|i| (0..(i as usize * 997 + 3)).map(|b| (b as u32 ^ i) as u8).collect())
+            .map(|i| {
+                (0..(i as usize * 997 + 3))
+                    .map(|b| (b as u32 ^ i) as u8)
+                    .collect()
+            })
             .collect();
         let sent = messages.clone();
         let writer = std::thread::spawn(move || -> Result<(), RingError> {
@@ -528,8 +531,8 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_producer_ends_the_wait_after_what_it_wrote() -> Result<(), Box<dyn std::error::Error>>
-    {
+    fn a_closed_producer_ends_the_wait_after_what_it_wrote()
+    -> Result<(), Box<dyn std::error::Error>> {
         let p = path("closed");
         let consumer = Ring::create(&p, 4096)?;
         let producer = Ring::open(&p)?;
@@ -556,7 +559,10 @@ mod tests {
         let head = producer.u64_at(OFF_HEAD);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while head.load(Ordering::SeqCst) < 4096 {
-            assert!(std::time::Instant::now() < deadline, "the writer never filled the ring");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never filled the ring"
+            );
             std::thread::yield_now();
         }
         drop(consumer);
@@ -575,7 +581,10 @@ mod tests {
             std::thread::spawn(move || consumer.read_with(8, |_| ()))
         };
         consumer.stop();
-        assert_eq!(reader.join().map_err(|_| "reader panicked")?, Err(RingError::Stopped));
+        assert_eq!(
+            reader.join().map_err(|_| "reader panicked")?,
+            Err(RingError::Stopped)
+        );
         drop(producer);
         // A producer whose process is gone without closing: a pid no process has (above
         // the kernel's maximum), as a killed one leaves.
@@ -584,12 +593,16 @@ mod tests {
         other
             .u32_at(OFF_PRODUCER_PID)
             .store(u32::MAX >> 1, Ordering::SeqCst);
-        assert_eq!(fresh.read_with(8, |_| ()), Err(RingError::Died(u32::MAX >> 1)));
+        assert_eq!(
+            fresh.read_with(8, |_| ()),
+            Err(RingError::Died(u32::MAX >> 1))
+        );
         Ok(())
     }
 
     #[test]
-    fn a_second_producer_and_a_foreign_file_are_refused() -> Result<(), Box<dyn std::error::Error>> {
+    fn a_second_producer_and_a_foreign_file_are_refused() -> Result<(), Box<dyn std::error::Error>>
+    {
         let p = path("second");
         let _consumer = Ring::create(&p, 4096)?;
         let _producer = Ring::open(&p)?;
