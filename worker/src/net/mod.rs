@@ -505,7 +505,7 @@ impl Transport for GrpcTransport {
         let message = codec::encode(&frame)?.with_run_secret(self.secret.get());
         let sent = match &peer.shm {
             Some(shm) => shm.send(message, &peer.queue),
-            None => peer.queue.send(message),
+            None => peer.queue.send(message).map_err(|_| shm::QueueClosed),
         };
         sent.map_err(|_| Error::Closed {
             awaited: format!("send to worker {to_worker}"),

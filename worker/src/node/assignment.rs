@@ -423,6 +423,26 @@ mod tests {
         assert_eq!(a.steps, 3..7);
         assert_eq!(a.spec, spec);
         assert_eq!(a.worker, 1);
+        assert!(a.same_host.is_empty());
+        // Same-host peers are peers other than this worker.
+        let shared = pb::Assignment {
+            same_host_peers: vec![0],
+            ..message.clone()
+        };
+        let decoded = Assignment::decode(shared, dir.path()).unwrap();
+        assert_eq!(decoded.same_host.into_iter().collect::<Vec<_>>(), [0]);
+        for bad in [1, 5] {
+            let wrong = pb::Assignment {
+                same_host_peers: vec![bad],
+                ..message.clone()
+            };
+            match Assignment::decode(wrong, dir.path()) {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.starts_with("same_host_peers: "), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
         // A worker past the placement is refused, naming the field.
         let past = pb::Assignment {
             worker_index: 2,

@@ -106,6 +106,10 @@ struct Producer {
     queued: AtomicUsize,
 }
 
+/// The peer's thread has ended (its ring failed), so the frame cannot be sent.
+#[derive(Debug)]
+pub(crate) struct QueueClosed;
+
 /// The sending side of one same-host peer; dropping it stops the peer's thread even when
 /// it waits for room in the ring.
 #[derive(Debug, Default)]
@@ -118,7 +122,7 @@ impl Sending {
         &self,
         frame: Outgoing,
         queue: &mpsc::UnboundedSender<Outgoing>,
-    ) -> Result<(), mpsc::error::SendError<Outgoing>> {
+    ) -> Result<(), QueueClosed> {
         let producer = &self.0;
         if let Some(ring) = producer.ring.get()
             && producer.queued.load(Ordering::SeqCst) == 0
@@ -134,8 +138,9 @@ impl Sending {
             }
         }
         producer.queued.fetch_add(1, Ordering::SeqCst);
-        queue.send(frame).inspect_err(|_| {
+        queue.send(frame).map_err(|_| {
             producer.queued.fetch_sub(1, Ordering::SeqCst);
+            QueueClosed
         })
     }
 }

@@ -92,6 +92,8 @@ impl std::fmt::Display for RingError {
     }
 }
 
+impl std::error::Error for RingError {}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Producer,
