@@ -342,6 +342,24 @@ fn child_sender_that_dies() -> TestResult {
     std::process::abort();
 }
 
+/// Whether a file named `prefix…` in `/dev/shm` is a ring whose consumer is gone.
+fn stale_from_dead_consumers(prefix: &str) -> Result<bool, Box<dyn std::error::Error>> {
+    for entry in std::fs::read_dir("/dev/shm")?.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let bytes = std::fs::read(entry.path()).unwrap_or_default();
+        let Some(pid) = bytes.get(136..140) else {
+            continue;
+        };
+        let pid = u32::from_le_bytes(pid.try_into()?);
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 #[test]
 fn a_dead_peer_process_fails_recv_at_once() -> TestResult {
     let b = GrpcTransport::start(GrpcConfig::new(JOB, [1]))?;
@@ -382,5 +400,12 @@ fn a_dead_peer_process_fails_recv_at_once() -> TestResult {
         "{:?}",
         started.elapsed()
     );
+    // The child's ring from this side (never mapped here) outlived it: the next ring
+    // created removes it.
+    let _fresh = pair(Tier::Shm, 4096)?;
+    if std::path::Path::new("/dev/shm").is_dir() {
+        let childs = format!("pipewise-{JOB:x}-1-to-0-");
+        assert!(!stale_from_dead_consumers(&childs)?);
+    }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //!   it (its path known to both sides: [`ring_path`]) when the peers are set, and one thread
 //!   reads it into the transport's inbox, through the same checks as a gRPC stream's frames
 //!   (run, stage, step, duplicates, the run's secret). The file is removed once the sender
-//!   has mapped it, so nothing is left in `/dev/shm` after a crash past that point.
+//!   has mapped it, or when the receiver drops it; one left by a receiver that died before
+//!   either is removed by the next receiver to create a ring (its pid is gone).
 //! - Sending ([`spawn_sender`]): one thread per same-host peer takes the peer's queue (the
 //!   gRPC peer's, so [`crate::runtime::Transport::send`] is the same call), maps the ring on
 //!   the first frame (waiting up to the connect timeout for the receiver to create it) and
@@ -361,6 +362,9 @@ pub(crate) fn spawn_receiver(
     inbox: Arc<Inbox>,
     secret: Arc<RunSecret>,
 ) -> crate::error::Result<Receiving> {
+    if let Some(dir) = path.parent() {
+        ring::sweep_stale(dir);
+    }
     let ring = Ring::create(&path, capacity).map_err(|source| crate::error::Error::Io {
         path: path.clone(),
         source,

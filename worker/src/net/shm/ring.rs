@@ -164,6 +164,32 @@ fn alive(pid: u32) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// Removes the rings in `dir` (files named `pipewise-…`) whose consumer's process is gone:
+/// a ring is removed by its consumer once the producer mapped it, or when the consumer
+/// drops it, so only a consumer that died before either leaves one behind.
+pub(crate) fn sweep_stale(dir: &Path) {
+    use std::io::Read;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("pipewise-") {
+            continue;
+        }
+        let mut control = [0u8; OFF_CONSUMER_PID + 4];
+        let read = File::open(entry.path()).and_then(|mut f| f.read_exact(&mut control));
+        if read.is_err() || control[..8] != MAGIC.to_le_bytes() {
+            continue;
+        }
+        let mut pid = [0u8; 4];
+        pid.copy_from_slice(&control[OFF_CONSUMER_PID..]);
+        if !alive(u32::from_le_bytes(pid)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 impl Ring {
     /// Creates the consumer's end in a new file at `path` (replacing a stale one) with
     /// `capacity` bytes of data, rounded up to a power of two.
