@@ -61,6 +61,10 @@ pub(crate) struct WorkerArgs {
     /// leading outside it is refused.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
     pub(crate) data_dir: PathBuf,
+    /// Frames to and from workers on this host go over gRPC too, not through shared
+    /// memory (`/dev/shm`).
+    #[arg(long, env = "PIPEWISE_NO_SHM")]
+    pub(crate) no_shm: bool,
     #[command(flatten)]
     pub(crate) auth: crate::security::ClientAuth,
     #[command(flatten)]
@@ -92,6 +96,9 @@ pub(crate) fn run(args: &WorkerArgs) -> Result<()> {
     config.slowdown = args.slowdown.unwrap_or_default();
     config.memory_bytes = args.memory_bytes.unwrap_or(0);
     config.cores = crate::runtime::available_cores();
+    if !args.no_shm {
+        config.host = pipewise_worker::net::host_identity();
+    }
     config.unplanned_bytes = args.unplanned_bytes.unwrap_or(0);
     config.device = args.device.open()?;
     config.tls = args.tls.settings(&args.auth)?;

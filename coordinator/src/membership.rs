@@ -41,6 +41,8 @@ pub struct WorkerInfo {
     pub flops_per_second: f64,
     /// Cores it may count on (0: not known).
     pub cores: f64,
+    /// Its host for the shared-memory tier (empty: not known, or the tier is off).
+    pub host: String,
     /// The run it still runs, if any (0: none), until its first heartbeat.
     pub job: u64,
 }
@@ -56,6 +58,7 @@ impl WorkerInfo {
             // Both checked finite and ≥ 0 at registration; `as` saturates.
             flops_per_second: self.flops_per_second as u64,
             millicores: (self.cores * 1000.0) as u32,
+            host: self.host.clone(),
         }
     }
 }
@@ -419,6 +422,7 @@ mod tests {
             memory_bytes: 0,
             flops_per_second: 0.0,
             cores: 0.0,
+            host: String::new(),
             job: 0,
         }
     }

@@ -300,6 +300,14 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
         .collect();
     for (g, w) in a.workers.iter().enumerate() {
         let (replica, i) = (g / d, g % d);
+        // Frames go only among a replica's workers: its same-host ones use shared memory.
+        let same_host_peers = a.workers[replica * d..]
+            .iter()
+            .take(d)
+            .enumerate()
+            .filter(|&(j, p)| j != i && !w.host.is_empty() && p.host == w.host)
+            .map(|(j, _)| j as u32)
+            .collect();
         let rebuilt = replica as u32 >= rebuilt_from;
         let assignment = pb::Assignment {
             run: a.run.raw(),
@@ -308,6 +316,7 @@ async fn assign(st: &RunState, a: &Assignment) -> Result<Option<(usize, String)>
             placement: Some((&schedule.placement).into()),
             program: program_to_proto(&schedule.workers[i]),
             peers: peers[replica].clone(),
+            same_host_peers,
             microbatches: a.plan.microbatches,
             job_toml: toml.clone(),
             stage_pieces: a.stage_pieces.clone(),

@@ -217,6 +217,11 @@ impl ClusterService for Cluster {
                 r.address
             )));
         }
+        if r.host.len() > MAX_ADDRESS || r.host.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(format!(
+                "host: at most {MAX_ADDRESS} bytes without control characters"
+            )));
+        }
         for (field, value) in [("flops_per_second", r.flops_per_second), ("cores", r.cores)] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(Status::invalid_argument(format!(
@@ -231,6 +236,7 @@ impl ClusterService for Cluster {
             memory_bytes: r.memory_bytes,
             flops_per_second: r.flops_per_second,
             cores: r.cores,
+            host: r.host,
             // Until its first heartbeat: the run it still runs, if any.
             job: r.run,
         };

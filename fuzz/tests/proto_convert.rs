@@ -186,6 +186,7 @@ fn assignment(u: &mut Unstructured<'_>) -> Result<v1::Assignment> {
             Vec::new()
         },
         offer_held: false,
+        same_host_peers: Vec::new(),
     })
 }
 

@@ -15,13 +15,16 @@
 //!   `Delivery::Buffers`): the transport's own cost, without the tensor copies.
 //! - gRPC over mutual TLS (`grpc-tls`, `r-tls` = grpc-tls / tcp): the tensor run between
 //!   two transports with certificates from `net::certs` (rustls, ring): TLS's cost.
+//! - shared memory (`shm`, `r-shm` = shm / tcp): the tensor run between two transports whose
+//!   peers are each other over the shared-memory tier (`Tier::Shm`, 8 MiB rings): what
+//!   workers on one host pay.
 //! - raw TCP: one connection, the writer sends `k` buffers, the reader reads each into a
 //!   buffer (reused: the ideal; and fresh per frame, as a receiver that hands each frame
 //!   on must).
 
 use std::time::{Duration, Instant};
 
-use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport, TlsSettings};
+use pipewise_worker::net::{Delivery, GrpcConfig, GrpcTransport, Tier, TlsSettings};
 use pipewise_worker::runtime::{Buffer, Frame, FrameKind, Payload, Transport};
 use pipewise_worker::{Device, Tensor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -224,6 +227,7 @@ fn main() -> BenchResult<()> {
         ca: Some(tonic::transport::Certificate::from_pem(&issued.ca.cert)),
         identity: Some(issued.worker.identity()),
     };
+    let (config_a_shm, config_b_shm) = (config_a.clone(), config_b.clone());
     let (mut tls_a, mut tls_b) = (config_a.clone(), config_b.clone());
     (tls_a.tls, tls_b.tls) = (tls.clone(), tls);
     let a = GrpcTransport::start(config_a)?;
@@ -231,6 +235,18 @@ fn main() -> BenchResult<()> {
     a.set_peer(1, b.local_addr().to_string())?;
     let (ta, tb) = (GrpcTransport::start(tls_a)?, GrpcTransport::start(tls_b)?);
     ta.set_peer(1, tb.local_addr().to_string())?;
+    // The same pair on the shared-memory tier (both ways, for the round trips).
+    let (sa, sb) = (
+        GrpcTransport::start(config_a_shm)?,
+        GrpcTransport::start(config_b_shm)?,
+    );
+    let (at_sa, at_sb) = (sa.local_addr().to_string(), sb.local_addr().to_string());
+    let shm_peers = [
+        (0, at_sa.as_str(), Tier::Shm),
+        (1, at_sb.as_str(), Tier::Shm),
+    ];
+    sa.set_peers_with_tiers(1, 0, shm_peers)?;
+    sb.set_peers_with_tiers(1, 1, shm_peers)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -241,7 +257,7 @@ fn main() -> BenchResult<()> {
          (adaptive window: {adaptive}; heap: {heap})"
     );
     println!(
-        "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8} {:>10} {:>8} {:>9} {:>6}",
+        "{:>9} {:>6} {:>11} {:>13} {:>13} {:>8} {:>8} {:>10} {:>8} {:>9} {:>6} {:>9} {:>6}",
         "frame",
         "frames",
         "grpc MiB/s",
@@ -252,7 +268,9 @@ fn main() -> BenchResult<()> {
         "grpc-buf",
         "r-buf",
         "grpc-tls",
-        "r-tls"
+        "r-tls",
+        "shm",
+        "r-shm"
     );
     let mut step = 0u64; // the last step used
     for bytes in sizes {
@@ -268,10 +286,11 @@ fn main() -> BenchResult<()> {
         step += 1;
         grpc_run(&a, &b, &tensor, step, 1)?;
         grpc_run(&ta, &tb, &tensor, step, 1)?;
+        grpc_run(&sa, &sb, &tensor, step, 1)?;
         tcp_run(&rt, bytes, 1, false)?;
         // The transports take turns, so a burst of load on this shared machine hits all of
         // them; each keeps its best round.
-        let mut best = [Duration::MAX; 5];
+        let mut best = [Duration::MAX; 6];
         for _ in 0..reps {
             step += 1;
             best[0] = best[0].min(grpc_run(&a, &b, &tensor, step, frames)?);
@@ -280,46 +299,72 @@ fn main() -> BenchResult<()> {
             step += 1;
             best[3] = best[3].min(grpc_run(&a, &b, &buffer, step, frames)?);
             best[4] = best[4].min(grpc_run(&ta, &tb, &tensor, step, frames)?);
+            best[5] = best[5].min(grpc_run(&sa, &sb, &tensor, step, frames)?);
         }
-        let [g, t, f, gb, gt] = best.map(|time| mib_per_s(bytes, frames, time));
+        let [g, t, f, gb, gt, sh] = best.map(|time| mib_per_s(bytes, frames, time));
         let label = if bytes >= MIB {
             format!("{} MiB", bytes / MIB)
         } else {
             format!("{} KiB", bytes >> 10)
         };
         println!(
-            "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2} {gb:>10.0} {:>8.2} {gt:>9.0} {:>6.2}",
+            "{label:>9} {frames:>6} {g:>11.0} {t:>13.0} {f:>13.0} {:>8.2} {:>8.2} {gb:>10.0} {:>8.2} {gt:>9.0} {:>6.2} {sh:>9.0} {:>6.2}",
             g / t,
             g / f,
             gb / t,
-            gt / t
+            gt / t,
+            sh / t
         );
     }
     // Latency: what one pipeline hop costs, which a throughput figure hides.
     b.set_peer(0, a.local_addr().to_string())?;
+    tb.set_peer(0, ta.local_addr().to_string())?;
     let rounds = if quick { 5 } else { 50 };
-    println!("round trip (activation out, gradient back), median of {rounds}");
     println!(
-        "{:>9} {:>11} {:>11} {:>8}",
-        "frame", "grpc ms", "tcp ms", "ratio"
+        "round trip (activation out, gradient back): median of {} medians of {}, sides taking turns",
+        rounds / rounds.min(10),
+        rounds.min(10)
+    );
+    println!(
+        "{:>9} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}",
+        "frame", "tcp ms", "grpc ms", "ratio", "tls ms", "ratio", "shm ms", "ratio"
     );
     b.assign(1, [1], Delivery::Tensors);
+    tb.assign(1, [1], Delivery::Tensors);
+    sb.assign(1, [1], Delivery::Tensors);
+    let pairs = [(&a, &b), (&ta, &tb), (&sa, &sb)];
     for bytes in [32 << 10, 512 << 10, 4 * MIB] {
         let tensor = Tensor::zeros(bytes / 4, candle_core::DType::F32, &Device::Cpu)?;
         step += 1;
-        grpc_round_trip(&a, &b, &tensor, step, 2)?;
-        step += 1;
-        let grpc = grpc_round_trip(&a, &b, &tensor, step, rounds)?;
-        let tcp = tcp_round_trip(&rt, bytes, rounds)?;
+        for (x, y) in pairs {
+            grpc_round_trip(x, y, &tensor, step, 2)?;
+        }
+        // Rounds of 10 taking turns, so a burst of load hits every side.
+        let per = rounds.min(10);
+        let mut times: [Vec<Duration>; 4] = Default::default();
+        for _ in 0..rounds / per {
+            step += 1;
+            times[0].push(tcp_round_trip(&rt, bytes, per)?);
+            for (i, (x, y)) in pairs.iter().enumerate() {
+                times[i + 1].push(grpc_round_trip(x, y, &tensor, step, per)?);
+            }
+        }
+        let [tcp, grpc, tls, shm] = times.map(|t| median(t).as_secs_f64() * 1e3);
         println!(
-            "{:>9} {:>11.3} {:>11.3} {:>8.2}",
+            "{:>9} {tcp:>9.3} {grpc:>9.3} {:>7.2} {tls:>9.3} {:>7.2} {shm:>9.3} {:>7.2}",
             format!("{} KiB", bytes >> 10),
-            grpc.as_secs_f64() * 1e3,
-            tcp.as_secs_f64() * 1e3,
-            grpc.as_secs_f64() / tcp.as_secs_f64()
+            grpc / tcp,
+            tls / tcp,
+            shm / tcp
         );
     }
-    let errors = [a.take_errors(), ta.take_errors()].concat();
+    let errors = [
+        a.take_errors(),
+        ta.take_errors(),
+        sa.take_errors(),
+        sb.take_errors(),
+    ]
+    .concat();
     if !errors.is_empty() {
         return Err(format!("sender errors: {errors:?}").into());
     }

@@ -11,6 +11,7 @@
 //! | `pipewise_summed_gradient_bytes` | gauge | `worker` (the summed gradients the optimizer reads) |
 //! | `pipewise_worker_steps_total` | counter | `worker` |
 //! | `pipewise_peer_bytes_total` | counter | `worker`, `peer`, `direction` = sent \| received |
+//! | `pipewise_peer_tier` | gauge (1: the tier in use, 0: not) | `worker`, `peer`, `tier` = shm \| grpc \| grpc-tls |
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
@@ -62,6 +63,29 @@ pub fn describe() {
         Unit::Bytes,
         "Activation and gradient bytes this worker sent to or received from a peer worker"
     );
+    describe_gauge!(
+        "pipewise_peer_tier",
+        Unit::Count,
+        "1 for the transport tier frames to and from a peer worker take (shm: shared memory, \
+         the same host; grpc, grpc-tls: the network), 0 for the others"
+    );
+}
+
+/// Records the tier of each of worker `worker`'s `peers` in its current run.
+pub fn record_tiers(worker: u32, peers: impl IntoIterator<Item = (u32, crate::net::Tier)>) {
+    use crate::net::Tier;
+    let w = worker.to_string();
+    for (peer, tier) in peers {
+        for each in [Tier::Shm, Tier::Grpc, Tier::GrpcTls] {
+            gauge!(
+                "pipewise_peer_tier",
+                "worker" => w.clone(),
+                "peer" => peer.to_string(),
+                "tier" => each.name()
+            )
+            .set(if each == tier { 1.0 } else { 0.0 });
+        }
+    }
 }
 
 /// Records one step of worker `worker` (its index in the job).

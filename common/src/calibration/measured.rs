@@ -71,6 +71,7 @@ mod tests {
             incarnation: 1,
             flops_per_second: flops,
             millicores: 0,
+            host: String::new(),
         }
     }
 

@@ -22,6 +22,9 @@ pub struct Worker {
     /// (0: not given; `pipewise local`'s threads on fewer cores than workers get less than
     /// 1000).
     pub millicores: u32,
+    /// Its host as the shared-memory tier sees it (empty: not known, or the tier is off):
+    /// workers with the same non-empty host exchange frames through shared memory.
+    pub host: String,
 }
 
 /// One stage's mean measured pass times in a step (seconds; a fused `BW` counts as `b`).

@@ -9,7 +9,6 @@
 //! [`send_call`]: the `SendAck` and the `grpc-status` trailer, as any gRPC client would.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -24,65 +23,8 @@ use tonic::{Code, Status};
 use tower_service::Service;
 
 use super::codec::{Chunk, Outgoing, PREFIX};
+use super::peers::{Counted, PeerErrors, RunningPeers};
 use super::server::SEND_PATH;
-
-/// Errors seen by the peer tasks, newest last (bounded).
-#[derive(Debug, Default)]
-pub(crate) struct PeerErrors {
-    list: Mutex<Vec<String>>,
-}
-
-const MAX_ERRORS: usize = 64;
-
-impl PeerErrors {
-    pub(crate) fn push(&self, error: String) {
-        let mut list = self
-            .list
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if list.len() == MAX_ERRORS {
-            list.remove(0);
-        }
-        list.push(error);
-    }
-
-    pub(crate) fn take(&self) -> Vec<String> {
-        std::mem::take(
-            &mut *self
-                .list
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
-}
-
-/// How many peer tasks run: one per peer the transport has, and a dropped peer's until its
-/// back-off or call under way is over (it then ends without sending). Shown for tests, which
-/// wait for a dropped peer's task to end rather than for its longest back-off.
-#[derive(Debug, Default)]
-pub(crate) struct RunningPeers(AtomicUsize);
-
-impl RunningPeers {
-    pub(crate) fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Counts one peer task in [`RunningPeers`] for as long as the task lives.
-struct Counted(Arc<RunningPeers>);
-
-impl Counted {
-    fn new(running: &Arc<RunningPeers>) -> Counted {
-        running.0.fetch_add(1, Ordering::SeqCst);
-        Counted(Arc::clone(running))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// The queue into one peer's task.
 #[derive(Debug, Clone)]
@@ -91,6 +33,11 @@ pub(crate) struct Peer {
     /// The run whose frames it sends (`None`: set by hand, for any run).
     pub(crate) run: Option<u64>,
     pub(crate) queue: mpsc::UnboundedSender<Outgoing>,
+    /// How the frames travel.
+    pub(crate) tier: super::tier::Tier,
+    /// The shared-memory ring's sending end (the shared-memory tier), stopped with the
+    /// last clone.
+    pub(crate) shm: Option<Arc<super::shm::Sending>>,
 }
 
 /// Client settings shared by every peer.
@@ -144,10 +91,17 @@ pub(crate) fn spawn_peer(
         let _counted = counted;
         drive(endpoint, max, chunk_bytes, frames, label, errors).await;
     });
+    let tier = if settings.tls.mutual() {
+        super::tier::Tier::GrpcTls
+    } else {
+        super::tier::Tier::Grpc
+    };
     Ok(Peer {
         address,
         run: None,
         queue,
+        tier,
+        shm: None,
     })
 }
 

@@ -156,7 +156,23 @@ impl Values {
 
     /// Appends the little-endian elements in `data` (a whole number of elements).
     fn extend_le(&mut self, data: &[u8]) {
-        fn extend<T: LeElement>(v: &mut Vec<T>, data: &[u8]) {
+        fn extend<T: LeElement + bytemuck::Pod>(v: &mut Vec<T>, data: &[u8]) {
+            // Little-endian data is the elements already: one memcpy when aligned, else a
+            // memset and a memcpy (both vectorised, unlike decoding element by element;
+            // HTTP/2 DATA frames put the data at any offset).
+            if cfg!(target_endian = "little") {
+                if let Ok(elements) = bytemuck::try_cast_slice::<u8, T>(data) {
+                    v.extend_from_slice(elements);
+                } else {
+                    let start = v.len();
+                    v.resize(
+                        start + data.len() / std::mem::size_of::<T>(),
+                        bytemuck::Zeroable::zeroed(),
+                    );
+                    bytemuck::cast_slice_mut::<T, u8>(&mut v[start..]).copy_from_slice(data);
+                }
+                return;
+            }
             v.extend(
                 data.chunks_exact(std::mem::size_of::<T>())
                     .map(T::from_le_chunk),
@@ -317,8 +333,18 @@ impl Outgoing {
         })
     }
 
+    /// The frame's fields but `data` (with the run's secret).
+    pub(crate) fn header(&self) -> &TensorFrame {
+        &self.header
+    }
+
+    /// The data's length in bytes.
+    pub(crate) fn data_len(&self) -> usize {
+        self.data_len
+    }
+
     /// The bytes `offset..offset + len` of the frame's data.
-    fn with_bytes<R>(
+    pub(crate) fn with_bytes<R>(
         &self,
         offset: usize,
         len: usize,
@@ -482,6 +508,9 @@ enum Sink {
     Tensor(Values),
     /// The chunks' data as received (slices of the DATA frames, not copies).
     Buffer(Vec<Bytes>),
+    /// The data copied into one buffer as it comes (from memory that is reused, e.g. a
+    /// shared-memory ring).
+    Copied(BytesMut),
 }
 
 /// A tensor being received chunk by chunk, straight into its own storage (or its bytes,
@@ -504,6 +533,25 @@ impl Assembly {
         first: &TensorFrame,
         max_bytes: usize,
         delivery: Delivery,
+    ) -> Result<Self, Rejection> {
+        Self::start_as(first, max_bytes, delivery, false)
+    }
+
+    /// [`Assembly::start`] for data added by [`Assembly::append_slice`] from memory that is
+    /// reused once it returns: buffers are copied into one as they come.
+    pub(crate) fn start_copied(
+        first: &TensorFrame,
+        max_bytes: usize,
+        delivery: Delivery,
+    ) -> Result<Self, Rejection> {
+        Self::start_as(first, max_bytes, delivery, true)
+    }
+
+    fn start_as(
+        first: &TensorFrame,
+        max_bytes: usize,
+        delivery: Delivery,
+        copied: bool,
     ) -> Result<Self, Rejection> {
         let (dtype, element_bytes, shape, total) = check_layout(first, max_bytes)?;
         if first.offset != 0 {
@@ -528,6 +576,7 @@ impl Assembly {
                 Delivery::Tensors => {
                     Sink::Tensor(Values::with_capacity(dtype, total / element_bytes)?)
                 }
+                Delivery::Buffers if copied => Sink::Copied(BytesMut::with_capacity(total)),
                 Delivery::Buffers => Sink::Buffer(Vec::new()),
             },
         })
@@ -592,6 +641,29 @@ impl Assembly {
 
     /// Copies a chunk's data into the tensor's storage (or keeps it, see [`Delivery`]).
     pub(crate) fn append(&mut self, data: &Bytes) -> Result<(), Rejection> {
+        self.check_append(data)?;
+        match &mut self.sink {
+            Sink::Tensor(values) => values.extend_le(data),
+            Sink::Buffer(parts) => parts.push(data.clone()),
+            Sink::Copied(joined) => joined.extend_from_slice(data),
+        }
+        self.filled += data.len();
+        Ok(())
+    }
+
+    /// Copies a piece of the data into the tensor's storage or the buffer.
+    pub(crate) fn append_slice(&mut self, data: &[u8]) -> Result<(), Rejection> {
+        self.check_append(data)?;
+        match &mut self.sink {
+            Sink::Tensor(values) => values.extend_le(data),
+            Sink::Buffer(parts) => parts.push(Bytes::copy_from_slice(data)),
+            Sink::Copied(joined) => joined.extend_from_slice(data),
+        }
+        self.filled += data.len();
+        Ok(())
+    }
+
+    fn check_append(&self, data: &[u8]) -> Result<(), Rejection> {
         let end = self.filled + data.len();
         if end > self.total {
             return Err(Rejection::new(
@@ -622,11 +694,6 @@ impl Assembly {
                 "an empty chunk of a non-empty tensor",
             ));
         }
-        match &mut self.sink {
-            Sink::Tensor(values) => values.extend_le(data),
-            Sink::Buffer(parts) => parts.push(data.clone()),
-        }
-        self.filled = end;
         Ok(())
     }
 
@@ -659,6 +726,11 @@ impl Assembly {
                     bytes,
                 }))
             }
+            Sink::Copied(joined) => Ok(Payload::Buffer(Buffer {
+                dtype: self.dtype,
+                shape: self.shape,
+                bytes: joined.freeze(),
+            })),
         }
     }
 }

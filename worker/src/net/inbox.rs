@@ -135,6 +135,16 @@ impl Inbox {
         self.arrived.notify_all();
     }
 
+    /// Fails every pending and later `recv` of run `run` with `reason`, if the inbox is
+    /// still that run's (a later assignment is not failed by what happened to an earlier).
+    pub(crate) fn close_run(&self, run: u64, reason: &str) {
+        let mut state = self.lock();
+        if state.run == run && state.closed.is_none() {
+            state.closed = Some(reason.to_string());
+        }
+        self.arrived.notify_all();
+    }
+
     /// Records a rejection under every key the frame names (both kinds if its kind is bad),
     /// except for a duplicate, whose first copy stays deliverable.
     fn reject(&self, frame: &TensorFrame, rejection: &Rejection) {
@@ -208,41 +218,98 @@ impl Inbox {
     }
 
     fn take(&self, pending: &mut Option<Assembly>, frame: &TensorFrame) -> Result<bool, Rejection> {
-        let key = (
-            frame.step,
-            frame.stage,
-            frame.mb,
-            codec::kind_from_proto(frame.kind)?,
-        );
         let mut assembly = match pending.take() {
             Some(assembly) => {
                 assembly.check_continues(frame)?;
                 assembly
             }
-            None => {
-                let delivery = {
-                    let state = self.lock();
-                    Self::check_key(&state, frame, key)?;
-                    state.delivery
-                };
-                Assembly::start(frame, self.max_bytes, delivery)?
-            }
+            None => self.start(frame, false)?,
         };
         assembly.append(&frame.data)?;
         if !assembly.is_complete() {
             *pending = Some(assembly);
             return Ok(false);
         }
+        self.store(assembly)?;
+        Ok(true)
+    }
+
+    /// Starts the frame announced by `frame`, checked against the run and its stages;
+    /// `copied`: its data comes from memory that is reused ([`Assembly::start_copied`]).
+    fn start(&self, frame: &TensorFrame, copied: bool) -> Result<Assembly, Rejection> {
+        let key = Self::key_of(frame)?;
+        let delivery = {
+            let state = self.lock();
+            Self::check_key(&state, frame, key)?;
+            state.delivery
+        };
+        if copied {
+            Assembly::start_copied(frame, self.max_bytes, delivery)
+        } else {
+            Assembly::start(frame, self.max_bytes, delivery)
+        }
+    }
+
+    fn key_of(frame: &TensorFrame) -> Result<Key, Rejection> {
+        Ok((
+            frame.step,
+            frame.stage,
+            frame.mb,
+            codec::kind_from_proto(frame.kind)?,
+        ))
+    }
+
+    /// Queues a complete frame for `recv`.
+    fn store(&self, assembly: Assembly) -> Result<(), Rejection> {
+        let header = assembly.header().clone();
+        let key = Self::key_of(&header)?;
         let bytes = assembly.progress().1 as u64;
         let payload = assembly.finish(&self.device)?;
         let mut state = self.lock();
         // The run or the key may have changed while the tensor arrived.
-        Self::check_key(&state, frame, key)?;
+        Self::check_key(&state, &header, key)?;
         state.frames.insert(key, payload);
         state.accepted_frames += 1;
         state.accepted_bytes += bytes;
         self.arrived.notify_all();
-        Ok(true)
+        Ok(())
+    }
+
+    /// Starts a frame whose `data_len` bytes of data are added by
+    /// [`Assembly::append_slice`] (a shared-memory ring's), then handed to
+    /// [`Inbox::complete`]. A refusal is recorded for `recv`, as [`Inbox::accept`]'s are.
+    pub(crate) fn begin(
+        &self,
+        frame: &TensorFrame,
+        data_len: usize,
+    ) -> Result<Assembly, Rejection> {
+        let started = self.start(frame, true).and_then(|assembly| {
+            let total = assembly.progress().1;
+            if total == data_len {
+                Ok(assembly)
+            } else {
+                Err(Rejection::new(
+                    "data",
+                    format!(
+                        "{data_len} bytes follow, but the tensor's shape {:?} needs {total}",
+                        frame.shape
+                    ),
+                ))
+            }
+        });
+        started.inspect_err(|rejection| self.reject(frame, rejection))
+    }
+
+    /// Queues a frame started by [`Inbox::begin`] whose data is all there.
+    pub(crate) fn complete(&self, assembly: Assembly) -> Result<(), Rejection> {
+        let header = assembly.header().clone();
+        self.store(assembly)
+            .inspect_err(|rejection| self.reject(&header, rejection))
+    }
+
+    /// Records that a frame started by [`Inbox::begin`] was refused part way.
+    pub(crate) fn refuse(&self, assembly: &Assembly, rejection: &Rejection) {
+        self.reject(assembly.header(), rejection);
     }
 
     fn check_key(state: &State, frame: &TensorFrame, key: Key) -> Result<(), Rejection> {
@@ -294,6 +361,22 @@ impl Inbox {
         Ok(())
     }
 
+    /// The frame of `(job, step, stage, mb, kind)` if it is there (`recv` without waiting).
+    pub(crate) fn take_ready(
+        &self,
+        job: u64,
+        step: u64,
+        stage: u32,
+        mb: u32,
+        kind: FrameKind,
+    ) -> Result<Option<Payload>> {
+        match self.recv(job, step, stage, mb, kind, Duration::ZERO) {
+            Err(Error::Timeout { .. }) => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
+    /// Waits for the frame of `(job, step, stage, mb, kind)`.
     pub(crate) fn recv(
         &self,
         job: u64,

@@ -29,6 +29,10 @@
 //!   slices, and a receiver assigned [`Delivery::Buffers`] hands over the slice of the DATA
 //!   frame that carried a one-chunk frame (larger ones are joined with one copy).
 //! - Wire form: little-endian raw elements of f32, f16 or bf16, row-major, bit-exact.
+//! - Tiers ([`Tier`]): a peer on the same host (the coordinator tells from the hosts the
+//!   workers registered, [`host_identity`]) is sent to through a ring in shared memory
+//!   (see `shm`) rather than over gRPC, when [`GrpcTransport::set_peers_with_tiers`] says
+//!   so; its frames come into the same inbox, through the same checks.
 //! - Limits: messages up to [`GrpcConfig::max_message_bytes`] (256 MiB by default), HTTP/2
 //!   stream and connection windows of 64 / 128 MiB and 2 MiB HTTP/2 frames, so 64 MiB
 //!   tensors stream without stalling on flow control.
@@ -41,15 +45,18 @@ mod collective;
 mod grad_chain;
 mod grad_sum;
 mod inbox;
+mod peers;
 mod run_name;
 mod secret;
 mod server;
+mod shm;
+mod tier;
 mod tls;
 mod tls_cause;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use candle_core::Device;
@@ -61,17 +68,25 @@ pub use codec::Delivery;
 pub use collective::{Collective, GradChain, NetSync};
 pub use inbox::InboxStats;
 pub use run_name::RunName;
+pub use shm::host_identity;
+pub use tier::Tier;
 pub use tls::{Dial, TlsSettings, endpoint};
 pub use tls_cause::{TlsCause, tls_cause, with_tls_cause};
 
 use crate::error::{Error, Result};
 use crate::runtime::transport::{Frame, FrameKind, Payload, Transport};
-use client::{ClientSettings, Peer, PeerErrors, RunningPeers};
+use client::{ClientSettings, Peer};
 use inbox::Inbox;
+use peers::{PeerErrors, RunningPeers};
 use secret::RunSecret;
 use server::ActivationServer;
 
 const MIB: usize = 1 << 20;
+
+/// How long `recv` reads the shared-memory rings itself before it sleeps until their
+/// threads deliver: a hop's reply usually comes within it, and is then taken without a
+/// thread's wake-up in between.
+const SHM_POLL: Duration = Duration::from_micros(300);
 
 /// Settings of a [`GrpcTransport`].
 #[derive(Debug, Clone)]
@@ -106,6 +121,9 @@ pub struct GrpcConfig {
     pub delivery: Delivery,
     /// TLS: with a certificate and a CA, mutual TLS with every peer (default none).
     pub tls: TlsSettings,
+    /// Bytes of the ring from each same-host peer ([`Tier::Shm`]; default 8 MiB, rounded up
+    /// to a power of two): a larger frame streams through it in pieces.
+    pub shm_ring_bytes: usize,
 }
 
 impl GrpcConfig {
@@ -125,6 +143,7 @@ impl GrpcConfig {
             device: Device::Cpu,
             delivery: Delivery::Tensors,
             tls: TlsSettings::default(),
+            shm_ring_bytes: 8 * MIB,
         }
     }
 }
@@ -140,6 +159,9 @@ pub struct GrpcTransport {
     local_addr: SocketAddr,
     inbox: Arc<Inbox>,
     peers: RwLock<HashMap<u32, Peer>>,
+    /// The rings from same-host peers, by peer.
+    inbound: Mutex<HashMap<u32, Arc<shm::Receiving>>>,
+    shm_ring_bytes: usize,
     settings: ClientSettings,
     errors: Arc<PeerErrors>,
     running_peers: Arc<RunningPeers>,
@@ -228,6 +250,8 @@ impl GrpcTransport {
             local_addr,
             inbox,
             peers: RwLock::new(HashMap::new()),
+            inbound: Mutex::new(HashMap::new()),
+            shm_ring_bytes: config.shm_ring_bytes,
             settings: ClientSettings {
                 max_message_bytes: config.max_message_bytes,
                 stream_window: config.stream_window_bytes,
@@ -254,7 +278,7 @@ impl GrpcTransport {
     /// Sets (or replaces) the address of worker `worker`'s `ActivationService`
     /// (`host:port` or `http://host:port`). Nothing connects until the first frame.
     pub fn set_peer(&self, worker: u32, address: impl Into<String>) -> Result<()> {
-        self.put_peer(worker, address.into(), None)
+        self.put_peer(worker, 0, address.into(), None, self.network_tier())
     }
 
     /// Sets the peers of run `run` to `peers` (worker index → address), as an `Assignment`
@@ -267,39 +291,131 @@ impl GrpcTransport {
         run: u64,
         peers: impl IntoIterator<Item = (u32, &'a str)>,
     ) -> Result<()> {
+        let tier = self.network_tier();
+        self.set_peers_with_tiers(run, 0, peers.into_iter().map(|(w, a)| (w, a, tier)))
+    }
+
+    /// The tier of a peer on another host: gRPC, with mutual TLS when configured.
+    pub fn network_tier(&self) -> Tier {
+        if self.settings.tls.mutual() {
+            Tier::GrpcTls
+        } else {
+            Tier::Grpc
+        }
+    }
+
+    /// [`GrpcTransport::set_peers`] with each peer's tier: [`Tier::Shm`] for a peer on this
+    /// host, whose frames then travel both ways through rings in shared memory (the peer
+    /// must be given this worker as `Tier::Shm` too); any other tier is gRPC, with TLS as
+    /// configured. `me` is this worker's index: its own entry, if listed, is its address
+    /// as the peers know it, and names the rings from them.
+    pub fn set_peers_with_tiers<'a>(
+        &self,
+        run: u64,
+        me: u32,
+        peers: impl IntoIterator<Item = (u32, &'a str, Tier)>,
+    ) -> Result<()> {
+        let peers: Vec<(u32, &str, Tier)> = peers.into_iter().collect();
+        let own = peers
+            .iter()
+            .find(|p| p.0 == me)
+            .map_or_else(|| self.local_addr.to_string(), |p| p.1.to_string());
         let mut listed = std::collections::HashSet::new();
-        for (worker, address) in peers {
-            self.put_peer(worker, address.to_string(), Some(run))?;
+        let mut rings = HashMap::new();
+        for &(worker, address, tier) in &peers {
+            let tier = match tier {
+                Tier::Shm if worker != me => Tier::Shm,
+                _ => self.network_tier(),
+            };
+            self.put_peer(worker, me, address.to_string(), Some(run), tier)?;
             listed.insert(worker);
+            if tier == Tier::Shm {
+                rings.insert(worker, shm::ring_path(run, worker, me, &own));
+            }
         }
         self.peers
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|worker, _| listed.contains(worker));
+        let mut inbound = self
+            .inbound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        inbound.retain(|worker, r| rings.get(worker) == Some(&r.path));
+        for (worker, path) in rings {
+            if inbound.contains_key(&worker) {
+                continue;
+            }
+            let receiving = shm::spawn_receiver(
+                run,
+                worker,
+                path,
+                self.shm_ring_bytes,
+                Arc::clone(&self.inbox),
+                Arc::clone(&self.secret),
+            )?;
+            inbound.insert(worker, Arc::new(receiving));
+        }
         Ok(())
     }
 
-    /// Keeps worker `worker`'s peer task if it sends to `address` for `run`; starts a new
-    /// one otherwise (the old one ends, dropping what it still holds).
-    fn put_peer(&self, worker: u32, address: String, run: Option<u64>) -> Result<()> {
+    /// How frames travel to worker `worker`, if it is a peer.
+    pub fn tier_of(&self, worker: u32) -> Option<Tier> {
+        self.peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&worker)
+            .map(|p| p.tier)
+    }
+
+    /// Keeps worker `worker`'s peer task if it sends to `address` for `run` over `tier`;
+    /// starts a new one otherwise (the old one ends, dropping what it still holds).
+    fn put_peer(
+        &self,
+        worker: u32,
+        me: u32,
+        address: String,
+        run: Option<u64>,
+        tier: Tier,
+    ) -> Result<()> {
         let mut peers = self
             .peers
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if peers
             .get(&worker)
-            .is_some_and(|p| p.address == address && p.run == run)
+            .is_some_and(|p| p.address == address && p.run == run && p.tier == tier)
         {
             return Ok(());
         }
-        let mut peer = client::spawn_peer(
-            &self.runtime,
-            worker,
-            address,
-            &self.settings,
-            Arc::clone(&self.errors),
-            &self.running_peers,
-        )?;
+        let mut peer = if tier == Tier::Shm {
+            let (queue, frames) = tokio::sync::mpsc::unbounded_channel();
+            let path = shm::ring_path(run.unwrap_or(0), me, worker, &address);
+            let sending = shm::spawn_sender(
+                worker,
+                path,
+                frames,
+                self.settings.connect_timeout,
+                Arc::clone(&self.errors),
+                &self.running_peers,
+            )?;
+            Peer {
+                address,
+                run,
+                queue,
+                tier,
+                shm: Some(Arc::new(sending)),
+            }
+        } else {
+            client::spawn_peer(
+                &self.runtime,
+                worker,
+                address,
+                &self.settings,
+                Arc::clone(&self.errors),
+                &self.running_peers,
+            )?
+        };
         peer.run = run;
         peers.insert(worker, peer);
         Ok(())
@@ -414,7 +530,11 @@ impl Transport for GrpcTransport {
             )
         })?;
         let message = codec::encode(&frame)?.with_run_secret(self.secret.get());
-        peer.queue.send(message).map_err(|_| Error::Closed {
+        let sent = match &peer.shm {
+            Some(shm) => shm.send(message, &peer.queue),
+            None => peer.queue.send(message).map_err(|_| shm::QueueClosed),
+        };
+        sent.map_err(|_| Error::Closed {
             awaited: format!("send to worker {to_worker}"),
             reason: "its sender task has stopped".into(),
         })
@@ -429,7 +549,33 @@ impl Transport for GrpcTransport {
         kind: FrameKind,
         timeout: Duration,
     ) -> Result<Payload> {
-        self.inbox.recv(job, step, stage, mb, kind, timeout)
+        let rings: Vec<Arc<shm::Receiving>> = self
+            .inbound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        if rings.is_empty() {
+            return self.inbox.recv(job, step, stage, mb, kind, timeout);
+        }
+        // A frame from a same-host peer that comes within `SHM_POLL` is read from its ring
+        // here, without waking a thread; later ones are delivered by the rings' threads.
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(payload) = self.inbox.take_ready(job, step, stage, mb, kind)? {
+                return Ok(payload);
+            }
+            if started.elapsed() >= SHM_POLL.min(timeout) {
+                break;
+            }
+            for ring in &rings {
+                ring.poll();
+            }
+        }
+        let _sleeping: Vec<_> = rings.iter().map(|r| r.sleeping()).collect();
+        let left = timeout.saturating_sub(started.elapsed());
+        self.inbox.recv(job, step, stage, mb, kind, left)
     }
 }
 
@@ -441,6 +587,9 @@ impl Drop for GrpcTransport {
         }
         if let Ok(mut peers) = self.peers.write() {
             peers.clear();
+        }
+        if let Ok(mut inbound) = self.inbound.lock() {
+            inbound.clear();
         }
         if let Some(runtime) = self.owned_runtime.take() {
             runtime.shutdown_background();

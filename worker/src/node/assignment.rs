@@ -40,6 +40,8 @@ pub(crate) struct Assignment {
     pub(crate) microbatches: u32,
     /// Every worker's activation-service address in this worker's replica.
     pub(crate) peers: HashMap<u32, String>,
+    /// The peers on this worker's host (frames through shared memory).
+    pub(crate) same_host: std::collections::BTreeSet<u32>,
     /// This worker's data-parallel replica.
     pub(crate) replica: Replica,
     /// The collectives' root: replica 0's worker 0.
@@ -168,6 +170,16 @@ impl Assignment {
                 ));
             }
         }
+        if let Some(w) = a
+            .same_host_peers
+            .iter()
+            .find(|&&w| w == a.worker_index || !a.peers.contains_key(&w))
+        {
+            return Err(Error::invalid(
+                "assignment",
+                format!("same_host_peers: {w} is this worker or no peer of it"),
+            ));
+        }
         let contributor = replica
             .index
             .checked_mul(placement.workers())
@@ -266,6 +278,7 @@ impl Assignment {
             partition,
             microbatches: a.microbatches,
             peers: a.peers,
+            same_host: a.same_host_peers.into_iter().collect(),
             replica,
             root,
             grad_chain,
@@ -408,6 +421,26 @@ mod tests {
         assert_eq!(a.steps, 3..7);
         assert_eq!(a.spec, spec);
         assert_eq!(a.worker, 1);
+        assert!(a.same_host.is_empty());
+        // Same-host peers are peers other than this worker.
+        let shared = pb::Assignment {
+            same_host_peers: vec![0],
+            ..message.clone()
+        };
+        let decoded = Assignment::decode(shared, dir.path()).unwrap();
+        assert_eq!(decoded.same_host.into_iter().collect::<Vec<_>>(), [0]);
+        for bad in [1, 5] {
+            let wrong = pb::Assignment {
+                same_host_peers: vec![bad],
+                ..message.clone()
+            };
+            match Assignment::decode(wrong, dir.path()) {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.starts_with("same_host_peers: "), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
         // A worker past the placement is refused, naming the field.
         let past = pb::Assignment {
             worker_index: 2,

@@ -207,7 +207,23 @@ impl Node<'_> {
         let timeout = self.config.timeout;
         transport.set_run_secret(a.run, a.run_secret.clone());
         transport.assign(a.run, a.placement.stages_of(a.worker), delivery);
-        transport.set_peers(a.run, a.peers.iter().map(|(w, addr)| (*w, addr.as_str())))?;
+        let tier = |w: &u32| match a.same_host.contains(w) {
+            true => crate::net::Tier::Shm,
+            false => transport.network_tier(),
+        };
+        transport.set_peers_with_tiers(
+            a.run,
+            a.worker,
+            a.peers.iter().map(|(w, addr)| (*w, addr.as_str(), tier(w))),
+        )?;
+        let tiers: Vec<(u32, crate::net::Tier)> = a
+            .peers
+            .keys()
+            .filter(|&&w| w != a.worker)
+            .map(|&w| (w, tier(&w)))
+            .collect();
+        tracing::info!(run = a.run, worker = a.worker, ?tiers, "peer tiers");
+        crate::metrics::record_tiers(a.worker, tiers);
         // With replicas, every worker takes partial sums of its rank's chain.
         if a.contributor == 0 || a.grad_chain.is_some() {
             let workers = a.placement.workers() * a.replica.count;

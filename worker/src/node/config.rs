@@ -36,6 +36,10 @@ pub struct NodeConfig {
     /// (`pipewise local`: the machine's cores over its workers); 0: not known. The
     /// coordinator's cost model slows a worker with less than one core accordingly.
     pub cores: f64,
+    /// This worker's host as it registers it for the shared-memory tier
+    /// ([`crate::net::host_identity`] for a worker process); peers registering the same one
+    /// exchange frames with it through shared memory. Empty (the default): the tier is off.
+    pub host: String,
     /// Bytes the worker reports holding beyond what it computes: a stand-in for memory no
     /// plan predicts (allocator slack, other processes), to exercise the coordinator's
     /// after-a-step memory check (0: none).
@@ -73,6 +77,7 @@ impl NodeConfig {
             slowdown: crate::runtime::Slowdown::default(),
             memory_bytes: 0,
             cores: 0.0,
+            host: String::new(),
             unplanned_bytes: 0,
             tls: TlsSettings::default(),
             token: BearerToken::none(),

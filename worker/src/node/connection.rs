@@ -100,6 +100,8 @@ pub struct ConnArgs {
     pub(crate) flops_per_second: f64,
     /// Cores the worker may count on (0: not known).
     pub(crate) cores: f64,
+    /// Its host for the shared-memory tier (empty: off).
+    pub(crate) host: String,
     pub(crate) shared: Arc<Shared>,
     pub(crate) assignments: std::sync::mpsc::Sender<pb::Assignment>,
     /// A test harness's pace, told of every heartbeat answered.
@@ -137,6 +139,7 @@ impl Connection {
                 run: job,
                 flops_per_second: args.flops_per_second,
                 cores: args.cores,
+                host: args.host.clone(),
             })
             .await
             .map_err(|s| {

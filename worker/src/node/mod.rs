@@ -159,6 +159,7 @@ impl WorkerNode {
                 memory_bytes: config.memory_bytes,
                 flops_per_second,
                 cores: config.cores,
+                host: config.host.clone(),
                 shared: Arc::clone(&shared),
                 assignments: assign_tx.clone(),
                 pace: config.pace.clone(),
