@@ -67,9 +67,13 @@ async fn submit(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_of_another_model_are_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Coordinator::start_cluster("127.0.0.1:0".parse().unwrap(), dir.path(), Unfinished::Resume)
-        .await
-        .unwrap();
+    let c = Coordinator::start_cluster(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.path(),
+        Unfinished::Resume,
+    )
+    .await
+    .unwrap();
     let mut jobs = JobServiceClient::connect(format!("http://{}", c.addr))
         .await
         .unwrap();

@@ -149,7 +149,11 @@ fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> 
     }
     let range = ints("meta/range")?;
     let spec = ints(SPEC_TENSOR)?;
-    let model = if has_model { Some(ints(MODEL_TENSOR)?) } else { None };
+    let model = if has_model {
+        Some(ints(MODEL_TENSOR)?)
+    } else {
+        None
+    };
     let step = ints("meta/step")?
         .first()
         .copied()

@@ -398,22 +398,34 @@ fn another_model(device: &Device) -> Result<()> {
     let cases: Vec<(&str, ModelSpec, &str)> = vec![
         (
             "model.hidden",
-            ModelSpec { hidden: 64, ..spec.clone() },
+            ModelSpec {
+                hidden: 64,
+                ..spec.clone()
+            },
             "holds hidden 32, the job asks for 64",
         ),
         (
             "model.layers",
-            ModelSpec { layers: 4, ..spec.clone() },
+            ModelSpec {
+                layers: 4,
+                ..spec.clone()
+            },
             "holds layers 2, the job asks for 4",
         ),
         (
             "model.vocab",
-            ModelSpec { vocab: 512, ..spec.clone() },
+            ModelSpec {
+                vocab: 512,
+                ..spec.clone()
+            },
             "holds vocab 256, the job asks for 512",
         ),
         (
             "model.family",
-            ModelSpec { family: Family::Llama, ..spec.clone() },
+            ModelSpec {
+                family: Family::Llama,
+                ..spec.clone()
+            },
             "holds a model of family gpt, the job asks for llama",
         ),
         (
@@ -435,7 +447,11 @@ fn another_model(device: &Device) -> Result<()> {
     for (field, other, says) in cases {
         let mut stage = Stage::new(&other, 0..2, 1, device)?;
         named(stage.load_checkpoint(&file), field, says);
-        named(stage.load_checkpoint_bytes(&s0.checkpoint_bytes()?), field, says);
+        named(
+            stage.load_checkpoint_bytes(&s0.checkpoint_bytes()?),
+            field,
+            says,
+        );
         if other.family == spec.family {
             // A Llama stage's tensors have other names: no file of the directory holds them.
             named(stage.load_checkpoint_dir(&dir), field, says);

@@ -218,17 +218,49 @@ mod tests {
     fn another_model_is_refused_naming_the_field() {
         type Edit = fn(&mut ModelSpec);
         let cases: Vec<(&str, Edit, &str)> = vec![
-            ("model.hidden", |m| m.hidden = 128, "holds hidden 64, the job asks for 128"),
-            ("model.layers", |m| m.layers = 4, "holds layers 8, the job asks for 4"),
-            ("model.vocab", |m| m.vocab = 512, "holds vocab 256, the job asks for 512"),
-            ("model.heads", |m| m.heads = 8, "holds heads 4, the job asks for 8"),
+            (
+                "model.hidden",
+                |m| m.hidden = 128,
+                "holds hidden 64, the job asks for 128",
+            ),
+            (
+                "model.layers",
+                |m| m.layers = 4,
+                "holds layers 8, the job asks for 4",
+            ),
+            (
+                "model.vocab",
+                |m| m.vocab = 512,
+                "holds vocab 256, the job asks for 512",
+            ),
+            (
+                "model.heads",
+                |m| m.heads = 8,
+                "holds heads 4, the job asks for 8",
+            ),
             ("model.seq_len", |m| m.seq_len = 16, "holds seq_len 32"),
-            ("model.kv_heads", |m| m.kv_heads = Some(1), "holds key/value heads 2"),
-            ("model.intermediate", |m| m.intermediate = Some(512), "an MLP width of"),
-            ("model.dtype", |m| m.dtype = DType::BF16, "parameters in f32, the job asks for bf16"),
-            ("model.family", |m| {
-                *m = ModelSpec::default();
-            }, "a model of family llama, the job asks for gpt"),
+            (
+                "model.kv_heads",
+                |m| m.kv_heads = Some(1),
+                "holds key/value heads 2",
+            ),
+            (
+                "model.intermediate",
+                |m| m.intermediate = Some(512),
+                "an MLP width of",
+            ),
+            (
+                "model.dtype",
+                |m| m.dtype = DType::BF16,
+                "parameters in f32, the job asks for bf16",
+            ),
+            (
+                "model.family",
+                |m| {
+                    *m = ModelSpec::default();
+                },
+                "a model of family llama, the job asks for gpt",
+            ),
         ];
         let held = CheckpointModel::of(&llama());
         for (field, edit, says) in cases {
@@ -237,7 +269,10 @@ mod tests {
             let (got, reason) = refused(held.check(&job, "ckpt/job-1/step-2/stage-0.safetensors"));
             assert_eq!(got, field, "{reason}");
             assert!(reason.contains(says), "{field}: {reason}");
-            assert!(reason.contains("ckpt/job-1/step-2/stage-0.safetensors"), "{reason}");
+            assert!(
+                reason.contains("ckpt/job-1/step-2/stage-0.safetensors"),
+                "{reason}"
+            );
         }
     }
 
@@ -247,7 +282,10 @@ mod tests {
         let held = CheckpointModel::of(&ModelSpec::default());
         let (field, reason) = refused(held.check(&llama(), "f"));
         assert_eq!(field, "model.family");
-        assert!(reason.contains("family gpt, the job asks for llama"), "{reason}");
+        assert!(
+            reason.contains("family gpt, the job asks for llama"),
+            "{reason}"
+        );
     }
 
     /// A file from before `meta/model` is checked on its sizes alone.
