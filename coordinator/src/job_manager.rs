@@ -205,6 +205,8 @@ impl JobManagerState {
         plan: JobPlan,
     ) -> Result<JobRecord> {
         let id = self.records.keys().next_back().copied().unwrap_or(0) + 1;
+        // Known only now, with the id: the folder the job's runs would resume from.
+        crate::checkpoints_left::check_left_checkpoints(&self.data_dir, id, &spec)?;
         let record = self.save(JobRecord::queued(id, &spec)?)?;
         tracing::info!(job = id, name = %record.name, "job queued");
         let start = Default::default();

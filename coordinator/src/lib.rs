@@ -24,6 +24,8 @@
 //! - [`checkpoints`]: a job's checkpoint folders on disk, and where its paths lead.
 //! - `checkpoints_model`: a job's Hugging Face directory read at submit (`config.json`,
 //!   the weight files' headers).
+//! - `checkpoints_left`: the checkpoints already in a submitted job's output directory,
+//!   refused at submit when another model wrote them.
 //! - `checkpoints_data`: a job's training and validation data and tokenizer checked at
 //!   submit.
 //! - `checkpoints_text`: the tokens of a job's text counted at submit, encoded only where
@@ -51,6 +53,7 @@
 pub mod audit;
 pub mod checkpoints;
 mod checkpoints_data;
+mod checkpoints_left;
 mod checkpoints_model;
 mod checkpoints_text;
 pub mod clock;

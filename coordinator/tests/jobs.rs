@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pipewise_common::job::{JobSpec, example, job_of, run_of};
+use pipewise_common::job::{Compute, JobSpec, example, job_of, run_of};
 use pipewise_coordinator::{Coordinator, Unfinished};
 use pipewise_proto::v1 as pb;
 use pipewise_proto::v1::cluster_service_client::ClusterServiceClient;
@@ -176,6 +176,30 @@ async fn invalid_specs_are_invalid_argument_naming_the_field() {
         ("checkpoint.interval", |s| {
             s.checkpoint.enable_checkpoint = true;
             s.checkpoint.interval = 0;
+        }),
+        // Sharding and recomputation where they mean nothing or cannot split.
+        ("parallelism.data_parallel_shard_degree", |s| {
+            s.parallelism.data_parallel_shard_degree = 0
+        }),
+        ("parallelism.data_parallel_shard_degree", |s| {
+            s.parallelism.data_parallel_shard_degree = 2;
+            s.compute = Compute::emulate(1.0, 1.0, 1.0);
+        }),
+        ("parallelism.zero_stage", |s| {
+            s.parallelism.data_parallel_shard_degree = 2;
+            s.parallelism.zero_stage = 3;
+        }),
+        // 8 sequences do not split into 3 sharded copies of microbatches of 1.
+        ("training.global_batch_size", |s| {
+            s.parallelism.data_parallel_shard_degree = 3
+        }),
+        ("activation_checkpoint.mode", |s| {
+            s.activation_checkpoint.mode = "full".into();
+            s.compute = Compute::emulate(1.0, 1.0, 1.0);
+        }),
+        ("activation_checkpoint.per_stage", |s| {
+            s.activation_checkpoint.per_stage = vec!["none".into(), "selective".into()];
+            s.compute = Compute::emulate(1.0, 1.0, 1.0);
         }),
     ];
     for (field, edit) in cases {

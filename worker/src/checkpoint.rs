@@ -4,7 +4,8 @@
 //! for every parameter and `master/{name}` (f32) for those of a bf16 or f16 model (`name`
 //! as [`Param::name`](crate::param::Param::name), e.g. `block3.attn.qkv.weight`),
 //! and `meta/step` (`[1]` i64), `meta/range` (`[2]` i64, the piece range), `meta/spec`
-//! (`[5]` i64: vocab, hidden, heads, layers, seq_len) and `meta/format` (`[1]` i64,
+//! and `meta/model` (the model that wrote it: [`CheckpointModel`]; a file of another model
+//! is refused naming the `[model]` field that differs) and `meta/format` (`[1]` i64,
 //! [`FORMAT`]; files without it are format 1: moments in the model dtype, no master
 //! copies). A file of a later format is refused with its number. A checkpoint loads only into a stage
 //! with the same spec and piece range ([`Stage::load_checkpoint`]); a step's directory of
@@ -27,28 +28,22 @@ use candle_core::{DType, Device, Tensor};
 use safetensors::View as _;
 use safetensors::tensor::TensorInfo;
 
+use pipewise_common::model::checkpoint_meta::{CheckpointModel, MODEL_TENSOR, SPEC_TENSOR};
+
 use crate::confined::{Confined, Dir};
 use crate::error::{Error, Result};
 use crate::param::{Param, STATE_DTYPE};
 use crate::stage::Stage;
 
-fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+fn meta(stage: &Stage, device: &Device) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
     let s = stage.spec();
     let step = i64::try_from(stage.step()).unwrap_or(i64::MAX);
     let r = stage.range();
     Ok((
         Tensor::new(&[step], device)?,
         Tensor::new(&[r.start as i64, r.end as i64], device)?,
-        Tensor::new(
-            &[
-                i64::from(s.vocab),
-                i64::from(s.hidden),
-                i64::from(s.heads),
-                i64::from(s.layers),
-                i64::from(s.seq_len),
-            ],
-            device,
-        )?,
+        Tensor::new(&CheckpointModel::spec_values(s), device)?,
+        Tensor::new(&CheckpointModel::model_values(s), device)?,
     ))
 }
 
@@ -62,7 +57,8 @@ struct Shard {
     format: i64,
     step: i64,
     range: Vec<i64>,
-    spec: Vec<i64>,
+    /// The model it records (`meta/spec`, `meta/model`).
+    model: CheckpointModel,
     tensors: HashMap<String, Tensor>,
 }
 
@@ -132,6 +128,7 @@ fn read_open_shard(mut file: File, path: &Path) -> Result<Shard> {
 /// The meta and tensors of a checkpoint's tensors, read from `path` (named in errors).
 fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> {
     let has_format = tensors.contains_key("meta/format");
+    let has_model = tensors.contains_key(MODEL_TENSOR);
     let mut ints = |key: &str| -> Result<Vec<i64>> {
         let t = tensors
             .remove(key)
@@ -151,7 +148,12 @@ fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> 
         ));
     }
     let range = ints("meta/range")?;
-    let spec = ints("meta/spec")?;
+    let spec = ints(SPEC_TENSOR)?;
+    let model = if has_model {
+        Some(ints(MODEL_TENSOR)?)
+    } else {
+        None
+    };
     let step = ints("meta/step")?
         .first()
         .copied()
@@ -161,7 +163,7 @@ fn shard_of(mut tensors: HashMap<String, Tensor>, path: &Path) -> Result<Shard> 
         format,
         step,
         range,
-        spec,
+        model: CheckpointModel { spec, model },
         tensors,
     })
 }
@@ -371,10 +373,11 @@ impl Stage {
                 tensors.insert(format!("master/{}", p.name), master.to_device(&cpu)?);
             }
         }
-        let (step, range, spec) = meta(self, &cpu)?;
+        let (step, range, spec, model) = meta(self, &cpu)?;
         tensors.insert("meta/step".into(), step);
         tensors.insert("meta/range".into(), range);
-        tensors.insert("meta/spec".into(), spec);
+        tensors.insert(SPEC_TENSOR.into(), spec);
+        tensors.insert(MODEL_TENSOR.into(), model);
         tensors.insert("meta/format".into(), Tensor::new(&[FORMAT], &cpu)?);
         Ok(tensors)
     }
@@ -477,18 +480,11 @@ impl Stage {
 
     /// Installs this stage's tensors from `shards` (which all passed [`read_shard`]).
     fn install(&mut self, mut shards: Vec<Shard>) -> Result<()> {
-        let (_, _, want_spec) = meta(self, &Device::Cpu)?;
-        let want_spec = want_spec.to_vec1::<i64>()?;
+        // Another model's file names the job's field that differs (`model.hidden`, …).
         for shard in &shards {
-            if shard.spec != want_spec {
-                return Err(bad(
-                    &shard.path,
-                    format!(
-                        "model sizes {:?} differ from this stage's {want_spec:?}",
-                        shard.spec
-                    ),
-                ));
-            }
+            shard
+                .model
+                .check(self.spec(), &shard.path.display().to_string())?;
         }
         let step = shards.first().map_or(0, |s| s.step);
         let dtype = self.dtype();

@@ -385,6 +385,84 @@ fn mismatch(device: &Device) -> Result<()> {
 
 test_device!(checkpoint_needs_same_range_and_spec, mismatch);
 
+/// A checkpoint of another model (sizes, family, dtype) is refused as it is loaded, naming
+/// the job's `[model]` field that differs, what the file holds and what the job asks, from
+/// a file, a step's directory and bytes in memory alike.
+fn another_model(device: &Device) -> Result<()> {
+    use pipewise_common::model::Family;
+    let spec = spec();
+    let dir = tmp(&format!("another-model-{:?}", device.location()));
+    let s0 = Stage::new(&spec, 0..2, 1, device)?;
+    save_dir(&dir, std::slice::from_ref(&s0))?;
+    let file = dir.join("stage-0.safetensors");
+    let cases: Vec<(&str, ModelSpec, &str)> = vec![
+        (
+            "model.hidden",
+            ModelSpec {
+                hidden: 64,
+                ..spec.clone()
+            },
+            "holds hidden 32, the job asks for 64",
+        ),
+        (
+            "model.layers",
+            ModelSpec {
+                layers: 4,
+                ..spec.clone()
+            },
+            "holds layers 2, the job asks for 4",
+        ),
+        (
+            "model.vocab",
+            ModelSpec {
+                vocab: 512,
+                ..spec.clone()
+            },
+            "holds vocab 256, the job asks for 512",
+        ),
+        (
+            "model.family",
+            ModelSpec {
+                family: Family::Llama,
+                ..spec.clone()
+            },
+            "holds a model of family gpt, the job asks for llama",
+        ),
+        (
+            "model.dtype",
+            spec_in(SpecDType::BF16),
+            "holds parameters in f32, the job asks for bf16",
+        ),
+    ];
+    let named = |err: Result<()>, field: &str, says: &str| match err {
+        Err(pipewise_worker::Error::Spec(pipewise_common::Error::InvalidArgument {
+            field: got,
+            reason,
+        })) => {
+            assert_eq!(got, field, "{reason}");
+            assert!(reason.contains(says), "{field}: {reason}");
+        }
+        other => panic!("{field}: expected an error naming the field, got {other:?}"),
+    };
+    for (field, other, says) in cases {
+        let mut stage = Stage::new(&other, 0..2, 1, device)?;
+        named(stage.load_checkpoint(&file), field, says);
+        named(
+            stage.load_checkpoint_bytes(&s0.checkpoint_bytes()?),
+            field,
+            says,
+        );
+        if other.family == spec.family {
+            // A Llama stage's tensors have other names: no file of the directory holds them.
+            named(stage.load_checkpoint_dir(&dir), field, says);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+test_device!(a_checkpoint_of_another_model_names_the_field, another_model);
+
 /// Writes `stages` as a step directory `dir` (`stage-S.safetensors`), replacing it.
 fn save_dir(dir: &std::path::Path, stages: &[Stage]) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);

@@ -475,6 +475,23 @@ mod tests {
         assert!(spec.validate().is_ok());
     }
 
+    /// A shard degree whose copies the batch does not split into is named beside the batch.
+    #[test]
+    fn a_shard_degree_the_batch_does_not_split_into_names_both() {
+        let mut spec = example(2, "1f1b");
+        spec.parallelism.data_parallel_shard_degree = 3;
+        match spec.validate() {
+            Err(Error::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "training.global_batch_size");
+                assert!(reason.contains("3 replicas"), "{reason}");
+                assert!(reason.contains("data_parallel_shard_degree"), "{reason}");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        spec.parallelism.data_parallel_shard_degree = 2;
+        assert!(spec.validate().is_ok(), "{:?}", spec.validate().err());
+    }
+
     #[test]
     fn every_bad_field_is_named() {
         type Edit = fn(&mut JobSpec);

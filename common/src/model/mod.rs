@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+pub mod checkpoint_meta;
 pub mod family;
 pub mod hf;
 pub mod hf_weights;
